@@ -1,0 +1,34 @@
+"""te-align: make diffusion-model training condition on text exactly the way the model was trained.
+
+Public API. Heavy modules (torch, transformers, diffusers) are imported only when a function that
+needs them is called, so ``import te_align`` and the CLI start fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from te_align.errors import TeAlignError
+from te_align.profiles import AlignmentProfile, profile, profiles
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.encoding import Conditioning
+
+
+def encode(profile: AlignmentProfile | str, prompts: str | list[str], **kwargs: Any) -> Conditioning:
+    """Encode prompts exactly by a profile (see :func:`te_align.encoding.encode`)."""
+    from te_align.encoding import encode as _encode
+
+    return _encode(profile, prompts, **kwargs)
+
+
+def load_text_encoders(profile: AlignmentProfile | str, path_or_repo: str, **kwargs: Any) -> tuple[dict, dict]:
+    """Load the tokenizers and text encoders a profile needs (see :func:`te_align.encoding.load_text_encoders`)."""
+    from te_align.encoding import load_text_encoders as _load
+
+    return _load(profile, path_or_repo, **kwargs)
+
+
+__all__ = ["AlignmentProfile", "TeAlignError", "__version__", "encode", "load_text_encoders", "profile", "profiles"]

@@ -1,0 +1,5 @@
+import sys
+
+from te_align.cli import main
+
+sys.exit(main())

@@ -1,0 +1,168 @@
+"""``te-align profile list | show | diff | build``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from te_align.commands._util import write_text_atomic
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="list, show, compare and build alignment profiles")
+    ps = p.add_subparsers(dest="profile_command", metavar="SUBCOMMAND", required=True)
+
+    lst = ps.add_parser("list", help="list the bundled profiles")
+    lst.add_argument("--json", action="store_true", help="machine-readable output")
+    lst.set_defaults(func=cmd_list)
+
+    show = ps.add_parser("show", help="show every value of a profile with its source")
+    show.add_argument("name", help="bundled name or alias, profile file, model folder, checkpoint or hub repo id")
+    show.add_argument("--json", action="store_true", help="the whole profile as JSON")
+    show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value (repeatable), e.g. t5_max_length=512")
+    show.set_defaults(func=cmd_show)
+
+    diff = ps.add_parser("diff", help="behaviour differences between two profiles")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.add_argument("--json", action="store_true")
+    diff.set_defaults(func=cmd_diff)
+
+    build = ps.add_parser("build", help="build a profile from a model folder, hub repo id or .safetensors checkpoint")
+    build.add_argument("source", metavar="PATH_OR_REPO")
+    build.add_argument("-o", "--output", help="write the profile here (.toml or .json); default: print TOML")
+    build.set_defaults(func=cmd_build)
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; values are read as TOML scalars (512, true, "text"), else as strings."""
+    import tomllib
+
+    from te_align.errors import ProfileError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ProfileError(f"expected KEY=VALUE, got {item!r}", key="--set")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        out[key.strip()] = value
+    return out
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from te_align.profiles import profiles
+
+    rows = [
+        {"name": p.name, "display_name": p.display_name, "family": p.family, "repo": p.repo,
+         "slots": list(p.slot_names), "aliases": list(p.aliases), "fingerprint": p.fingerprint()}
+        for p in profiles()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    w = max(len(r["name"]) for r in rows)
+    for r in rows:
+        print(f"{r['name']:<{w}}  {r['family']:<10} {'+'.join(r['slots']):<22} {r['repo']}")
+    return 0
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False) if (v == "" or v != v.strip() or "\n" in v or len(v) > 60) else v
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _clip(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from te_align.profiles import profile
+
+    p = profile(args.name, **parse_set(args.set))
+    if args.json:
+        data = p.to_dict()
+        data["fingerprint"] = p.fingerprint()
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{p.name} — {p.display_name}")
+    print(f"  repo {p.repo or '-'} · pipeline {p.pipeline or '-'} · family {p.family} · fingerprint {p.fingerprint()}")
+    if p.aliases:
+        print(f"  aliases: {', '.join(p.aliases)}")
+    if p.description:
+        print(f"  {p.description}")
+    paths = p.behaviour_paths()
+    width = max(len(x.split(".", 2)[-1]) for x in paths if x.startswith("slots.")) + 2
+    last_group = None
+    for path in paths:
+        if path.startswith("slots."):
+            _, slot, rest = path.split(".", 2)
+            group = f"slot {slot} ({p.slot(slot).tokenizer_subfolder}/ + {p.slot(slot).encoder_subfolder}/)"
+            label = rest
+        elif path.startswith("outputs."):
+            group, label = "outputs", path.split(".", 1)[1]
+        else:
+            group, label = "model", path
+        if group != last_group:
+            print(f"\n[{group}]")
+            last_group = group
+        value = _fmt(p.get(path))
+        pv = p.provenance_of(path)
+        src = f"{pv.status}: {pv.source}" if pv else "no source recorded"
+        if len(value) > 40:
+            print(f"  {label:<{width}}{value}")
+            print(f"  {'':<{width}}  └ {_clip(src, 160)}")
+        else:
+            print(f"  {label:<{width}}{value:<24} {_clip(src, 140)}")
+        if pv:
+            for alt in pv.alternatives:
+                print(f"  {'':<{width}}  ≠ {_fmt(alt.value)} ({alt.status}: {_clip(alt.source, 120)})")
+            own = dict(p.provenance).get(path)
+            if pv.note and own is pv:
+                print(f"  {'':<{width}}  note: {_clip(pv.note, 150)}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from te_align.profiles import profile
+
+    a, b = profile(args.a), profile(args.b)
+    ba, bb = a.behaviour(), b.behaviour()
+    rows = [(k, ba.get(k, "<absent>"), bb.get(k, "<absent>")) for k in dict.fromkeys([*ba, *bb]) if ba.get(k, "<absent>") != bb.get(k, "<absent>")]
+    if args.json:
+        print(json.dumps({"a": a.name, "b": b.name, "differences": [{"path": k, "a": x, "b": y} for k, x, y in rows]}, indent=2))
+        return 0
+    if not rows:
+        print(f"{a.name} and {b.name} behave identically (fingerprint {a.fingerprint()})")
+        return 0
+    w = max(len(k) for k, _, _ in rows) + 2
+    print(f"{'field':<{w}}{_clip(a.name, 30):<32}{_clip(b.name, 30)}")
+    for k, x, y in rows:
+        print(f"{k:<{w}}{_clip(_fmt(x), 30):<32}{_clip(_fmt(y), 60)}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import sys
+
+    from te_align.profiles.sources import build
+
+    report = build(args.source)
+    for line in report.summary_lines():
+        print(line, file=sys.stderr)
+    if args.output:
+        text = report.profile.to_json() + "\n" if args.output.lower().endswith(".json") else report.profile.to_toml()
+        write_text_atomic(args.output, text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(report.profile.to_toml(), end="")
+    return 0

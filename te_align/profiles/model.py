@@ -1,0 +1,354 @@
+"""The alignment profile: a frozen, typed description of how one model turns prompts into conditioning.
+
+A profile is data. Behaviour lives in :class:`TokenizerSpec`, :class:`EncoderSpec`, :class:`MaskSpec`
+(one of each per text-encoder *slot*) and in model-level rules (how slots combine into the tensors
+the denoiser takes, what an empty prompt becomes). Where each value came from lives beside it in
+``AlignmentProfile.provenance``, keyed by the value's dotted path (``slots.t5.tokenizer.max_length``).
+The fingerprint hashes behaviour only, so rewording a source never invalidates a cache.
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args, get_origin
+
+from te_align.errors import ProfileError, closest
+
+#: Provenance statuses, strongest first. ``override`` marks a value a user changed.
+STATUSES = ("official", "derived-copy", "code", "paper", "inferred", "unconfirmed", "override")
+
+Padding = Literal["max_length", "longest"]
+PaddingSide = Literal["right", "left"]
+TextCleaning = Literal["none", "basic", "wan", "pixart"]
+TokenWindow = Literal["all", "bos_and_tail"]
+Pooled = Literal["none", "pooler_output", "text_embeds", "first_eos"]
+Repad = Literal["none", "batch_longest", "max_length"]
+EmptyPrompt = Literal["encode", "zeros"]
+LayerName = Literal["last", "penultimate", "all"]
+
+FINGERPRINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How prompts become token ids for one slot."""
+
+    cls: str
+    max_length: int
+    padding: Padding = "max_length"
+    truncation: bool = True
+    add_special_tokens: bool = True
+    pad_token: str | None = None
+    pad_token_id: int | None = None
+    bos_token: str | None = None
+    bos_token_id: int | None = None
+    eos_token: str | None = None
+    eos_token_id: int | None = None
+    padding_side: PaddingSide = "right"
+    #: Pad to at least this many tokens even when ``padding == "longest"`` (SD3 reference code: 77).
+    min_length: int | None = None
+    #: Text wrapped around the prompt before tokenizing; ``{prompt}`` and ``{system_prompt}`` are filled in.
+    template: str = "{prompt}"
+    system_prompt: str | None = None
+    #: Template used for negative / unconditional prompts (Lumina 2 and Sana use the bare prompt).
+    negative_template: str = "{prompt}"
+    #: Token positions dropped from the front of the encoder output (Qwen-Image drops its 34-token
+    #: chat prefix). The tokenizer is called with ``max_length + drop_start_tokens``.
+    drop_start_tokens: int = 0
+    #: ``bos_and_tail`` keeps position 0 and the last ``max_length - 1`` positions (Sana).
+    token_window: TokenWindow = "all"
+    text_cleaning: TextCleaning = "none"
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """Which encoder runs and which of its outputs become conditioning."""
+
+    cls: str
+    hidden_size: int
+    num_layers: int
+    projection_dim: int | None = None
+    max_position_embeddings: int | None = None
+    vocab_size: int | None = None
+    #: ``last`` (last_hidden_state), ``penultimate`` (hidden_states[-2]), ``all``
+    #: (every layer's output, hidden_states[1:], stacked), or an index into hidden_states.
+    layer: LayerName | int = "last"
+    #: Apply the encoder's final layer norm to the selected hidden state (CLIP clip-skip style).
+    final_layer_norm: bool = False
+    pooled: Pooled = "none"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """The three separate mask switches, plus how masked positions are trimmed."""
+
+    #: The tokenizer's attention mask is passed into the text encoder.
+    encoder: bool = False
+    #: Padded positions of the output embeddings are multiplied by zero.
+    zero_padded: bool = False
+    #: A mask is handed to the denoiser.
+    denoiser: bool = False
+    #: How many padding positions stay visible to the denoiser after the real tokens (Chroma: 1).
+    denoiser_extra_pad_tokens: int = 0
+    #: Drop masked positions per sample and re-pad with zeros to the batch's longest (Qwen-Image)
+    #: or to ``max_length`` (Wan).
+    repad: Repad = "none"
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """One text encoder of a model, with its tokenizer."""
+
+    name: str
+    tokenizer_subfolder: str
+    encoder_subfolder: str
+    tokenizer: TokenizerSpec
+    encoder: EncoderSpec
+    masks: MaskSpec = field(default_factory=MaskSpec)
+    #: Per-encoder caption dropout the model was trained with (SD3: 0.464), when known.
+    train_dropout: float | None = None
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A value another source gives for the same field."""
+
+    value: Any
+    source: str
+    status: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a value came from, and the values other sources give."""
+
+    source: str
+    status: str
+    note: str = ""
+    alternatives: tuple[Alternative, ...] = ()
+
+
+@dataclass(frozen=True)
+class AlignmentProfile:
+    """The exact text-conditioning recipe of one model."""
+
+    name: str
+    family: str
+    display_name: str
+    repo: str
+    pipeline: str
+    slots: tuple[SlotSpec, ...]
+    #: Named conditioning tensors and the expression that builds each (see te_align.encoding).
+    outputs: tuple[tuple[str, str], ...]
+    empty_prompt: EmptyPrompt = "encode"
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    provenance: tuple[tuple[str, Provenance], ...] = ()
+
+    # ----------------------------------------------------------------- lookups
+    def slot(self, name: str) -> SlotSpec:
+        for s in self.slots:
+            if s.name == name:
+                return s
+        raise ProfileError(
+            f"profile '{self.name}' has no text-encoder slot '{name}'; slots: "
+            + ", ".join(self.slot_names)
+            + closest(name, self.slot_names)
+        )
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slots)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.outputs)
+
+    def get(self, path: str) -> Any:
+        """The value at a dotted path such as ``slots.t5.tokenizer.max_length``."""
+        return _get_path(self, path)
+
+    def provenance_of(self, path: str) -> Provenance | None:
+        """Provenance of a dotted path; falls back to the nearest enclosing path that has one."""
+        table = dict(self.provenance)
+        probe = path
+        while probe:
+            if probe in table:
+                return table[probe]
+            probe = probe.rpartition(".")[0]
+        return None
+
+    def behaviour_paths(self) -> list[str]:
+        """Every dotted path of a behaviour value (what the fingerprint covers)."""
+        return [p for p, _ in _walk_behaviour(self)]
+
+    # ------------------------------------------------------------ fingerprint
+    def behaviour(self) -> dict[str, Any]:
+        """The behaviour fields only, as plain data (what the fingerprint hashes)."""
+        return {p: v for p, v in _walk_behaviour(self)}
+
+    def fingerprint(self) -> str:
+        """A stable 16-hex-digit hash of the behaviour fields (not names, aliases or provenance)."""
+        payload = json.dumps(
+            {"v": FINGERPRINT_VERSION, "behaviour": self.behaviour()}, sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+    # -------------------------------------------------------------- overrides
+    def with_overrides(self, overrides: dict[str, Any] | None = None, /, **kw: Any) -> AlignmentProfile:
+        """A copy with validated changes, each recorded in provenance with status ``override``.
+
+        Keys are dotted paths (``slots.t5.tokenizer.max_length``), slot-relative paths
+        (``t5.max_length``, ``t5.masks.encoder``) or shorthands (``t5_max_length``,
+        ``clip_l_layer``, ``empty_prompt``).
+        """
+        from te_align.profiles.overrides import apply_overrides
+
+        merged = dict(overrides or {})
+        merged.update(kw)
+        return apply_overrides(self, merged)
+
+    # ---------------------------------------------------------- serialization
+    def to_dict(self) -> dict[str, Any]:
+        from te_align.profiles.serialize import profile_to_dict
+
+        return profile_to_dict(self)
+
+    def to_toml(self) -> str:
+        from te_align.profiles.serialize import profile_to_toml
+
+        return profile_to_toml(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------- walking helpers
+_BEHAVIOUR_TOP = ("family", "empty_prompt")
+
+
+def _walk_behaviour(profile: AlignmentProfile) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = [(k, getattr(profile, k)) for k in _BEHAVIOUR_TOP]
+    for slot in profile.slots:
+        base = f"slots.{slot.name}"
+        out.append((f"{base}.train_dropout", slot.train_dropout))
+        for part in ("tokenizer", "encoder", "masks"):
+            spec = getattr(slot, part)
+            for f in fields(spec):
+                out.append((f"{base}.{part}.{f.name}", getattr(spec, f.name)))
+    for name, expr in profile.outputs:
+        out.append((f"outputs.{name}", expr))
+    return out
+
+
+def _get_path(profile: AlignmentProfile, path: str) -> Any:
+    parts = path.split(".")
+    if parts[0] == "slots" and len(parts) >= 2:
+        obj: Any = profile.slot(parts[1])
+        rest = parts[2:]
+    elif parts[0] == "outputs" and len(parts) == 2:
+        table = dict(profile.outputs)
+        if parts[1] not in table:
+            raise ProfileError(f"profile '{profile.name}' has no output '{parts[1]}'", key=path)
+        return table[parts[1]]
+    else:
+        obj = profile
+        rest = parts
+    for p in rest:
+        if not dataclasses.is_dataclass(obj) or p not in {f.name for f in fields(obj)}:
+            raise ProfileError(f"no such profile field '{p}'", key=path)
+        obj = getattr(obj, p)
+    return obj
+
+
+# ------------------------------------------------------------------------- typed construction
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if tp is type(None):
+        return "nothing"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, *, key: str, file: str | None = None) -> Any:
+    """Check ``value`` against a type hint (Literal, unions, int/float/bool/str, tuples); return it.
+
+    Raises :class:`ProfileError` naming ``key`` and the expected type.
+    """
+    origin = get_origin(tp)
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in get_args(tp)):
+            return value
+        raise ProfileError(f"expected one of {_type_name(tp)}, got {value!r}", file=file, key=key)
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return coerce(value, arg, key=key, file=file)
+            except ProfileError:
+                continue
+        raise ProfileError(f"expected {_type_name(tp)}, got {value!r}", file=file, key=key)
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ProfileError(f"expected nothing, got {value!r}", file=file, key=key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ProfileError(f"expected true or false, got {value!r}", file=file, key=key)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ProfileError(f"expected an integer, got {value!r}", file=file, key=key)
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ProfileError(f"expected a number, got {value!r}", file=file, key=key)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ProfileError(f"expected a string, got {value!r}", file=file, key=key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ProfileError(f"expected a list, got {value!r}", file=file, key=key)
+        (inner, _ellipsis) = get_args(tp)
+        return tuple(coerce(v, inner, key=f"{key}[{i}]", file=file) for i, v in enumerate(value))
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported type hint {tp!r} for {key}")  # a bug in this module, not user input
+
+
+def build_spec(cls: type, data: Any, *, key: str, file: str | None = None) -> Any:
+    """Construct a spec dataclass from a plain dict, rejecting unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"expected a table, got {data!r}", file=file, key=key)
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        k = unknown[0]
+        raise ProfileError(
+            f"unknown field '{k}' in {cls.__name__}{closest(k, names)}", file=file, key=f"{key}.{k}"
+        )
+    kwargs = {}
+    for f in fields(cls):
+        if f.name in data:
+            kwargs[f.name] = coerce(data[f.name], hints[f.name], key=f"{key}.{f.name}", file=file)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ProfileError(f"missing required field '{f.name}'", file=file, key=f"{key}.{f.name}")
+    return cls(**kwargs)
+
+
+def spec_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
