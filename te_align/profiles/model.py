@@ -26,7 +26,7 @@ STATUSES = ("official", "derived-copy", "code", "paper", "inferred", "unconfirme
 
 Padding = Literal["max_length", "longest"]
 PaddingSide = Literal["right", "left"]
-TextCleaning = Literal["none", "basic", "wan", "pixart"]
+TextCleaning = Literal["none", "basic", "wan", "pixart", "lower"]
 TokenWindow = Literal["all", "bos_and_tail"]
 Pooled = Literal["none", "pooler_output", "text_embeds", "first_eos"]
 Repad = Literal["none", "batch_longest", "max_length"]
@@ -59,6 +59,9 @@ class TokenizerSpec:
     system_prompt: str | None = None
     #: Template used for negative / unconditional prompts (Lumina 2 and Sana use the bare prompt).
     negative_template: str = "{prompt}"
+    #: Truncation length handed to the tokenizer when it differs from ``max_length`` (Qwen-Image
+    #: tokenizes up to 1024 + 34 and cuts the output to ``max_length`` afterwards).
+    tokenize_max_length: int | None = None
     #: Token positions dropped from the front of the encoder output (Qwen-Image drops its 34-token
     #: chat prefix). The tokenizer is called with ``max_length + drop_start_tokens``.
     drop_start_tokens: int = 0

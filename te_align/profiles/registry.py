@@ -26,8 +26,9 @@ def _bundled_files() -> dict[str, Any]:
 
 @functools.cache
 def _load_bundled(name: str) -> AlignmentProfile:
-    from te_align.profiles.serialize import profile_from_dict
     import tomllib
+
+    from te_align.profiles.serialize import profile_from_dict
 
     res = _bundled_files()[name]
     data = tomllib.loads(res.read_text(encoding="utf-8"))

@@ -1,0 +1,513 @@
+"""Reference text encoding by an alignment profile.
+
+One mechanism for every family: each slot is tokenized, encoded and post-processed as its
+profile entry says (:func:`encode_slot`), then the profile's output expressions combine the slot
+results into the named tensors the denoiser takes (:func:`evaluate`). Family differences live in
+profile data, not in code paths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from te_align.encoding.conditioning import Conditioning
+from te_align.encoding.text import render, template_prefix
+from te_align.errors import EncodingError
+from te_align.profiles.expr import Call, Node, Ref, parse_expression
+from te_align.profiles.model import AlignmentProfile, SlotSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+#: CLIP-style chunk body length for long prompts (77 positions minus BOS and EOS).
+CHUNK_BODY = 75
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """Options that change conditioning; all off by default. Part of every cache key.
+
+    long_prompt_chunks:
+        0 = off (the profile's truncation). N >= 1 = the NovelAI long-prompt method for CLIP slots:
+        the prompt's tokens are split into 75-token chunks, each wrapped in BOS/EOS and padded to
+        77, at most N chunks; chunk hidden states are concatenated along the sequence and the pooled
+        output comes from the first chunk. Every prompt of a batch gets the batch's chunk count.
+        Source: NovelAI's "Improvements to SD" (2022) and AUTOMATIC1111/kohya ``max_token_length``.
+    dropout_policy:
+        What a dropped caption or dropped encoder becomes: ``"empty"`` (the encoded empty prompt)
+        or ``"zeros"``; ``"profile"`` uses the profile's ``empty_prompt`` rule.
+    """
+
+    long_prompt_chunks: int = 0
+    dropout_policy: str = "profile"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"long_prompt_chunks": self.long_prompt_chunks, "dropout_policy": self.dropout_policy}
+
+
+@dataclass
+class SlotResult:
+    """Everything one slot produced, before combination."""
+
+    hidden: torch.Tensor
+    pooled: torch.Tensor | None
+    mask: torch.Tensor
+    ids: torch.Tensor
+    denoiser_mask: torch.Tensor
+    token_counts: list[int] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------ components
+def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind: str) -> Any:
+    if table is None:
+        table = {}
+    folder = getattr(slot, attr)
+    for key in (slot.name, folder):
+        if key in table and table[key] is not None:
+            return table[key]
+    raise EncodingError(
+        f"no {kind} for slot '{slot.name}' (pass it under '{slot.name}' or '{folder}'); got: "
+        + (", ".join(sorted(table)) or "nothing")
+    )
+
+
+def _from_pipeline(pipeline: Any, slot: SlotSpec) -> tuple[Any, Any]:
+    tok = getattr(pipeline, slot.tokenizer_subfolder, None)
+    enc = getattr(pipeline, slot.encoder_subfolder, None)
+    if tok is None or enc is None:
+        missing = slot.tokenizer_subfolder if tok is None else slot.encoder_subfolder
+        raise EncodingError(f"slot '{slot.name}': the pipeline has no component '{missing}'")
+    return tok, enc
+
+
+def _config_width(config: Any) -> int | None:
+    for name in ("hidden_size", "d_model"):
+        v = getattr(config, name, None)
+        if isinstance(v, int):
+            return v
+    text_config = getattr(config, "text_config", None)
+    if text_config is not None and text_config is not config:
+        return _config_width(text_config)
+    return None
+
+
+def check_components(profile: AlignmentProfile, slot: SlotSpec, tokenizer: Any, encoder: Any, device: torch.device | None) -> None:
+    """Refuse encoders that do not fit the profile, naming the slot and both values."""
+    width = _config_width(getattr(encoder, "config", None))
+    if width is not None and width != slot.encoder.hidden_size:
+        raise EncodingError(
+            f"slot '{slot.name}': the loaded encoder has hidden size {width} but profile "
+            f"'{profile.name}' expects {slot.encoder.hidden_size} (override with "
+            f"{slot.name}_hidden_size=... if this is intended)"
+        )
+    if not callable(tokenizer):
+        raise EncodingError(f"slot '{slot.name}': the tokenizer is a {type(tokenizer).__name__}, not a tokenizer")
+    if device is not None:
+        p = next(iter(encoder.parameters()), None)
+        if p is not None and p.device.type != device.type:
+            raise EncodingError(
+                f"slot '{slot.name}': the encoder is on {p.device} but device={device} was requested; "
+                "move the encoder first (encoder.to(device))"
+            )
+
+
+def _encoder_dtype(encoder: Any) -> torch.dtype:
+    dt = getattr(encoder, "dtype", None)
+    if isinstance(dt, torch.dtype):
+        return dt
+    p = next(iter(encoder.parameters()), None)
+    return p.dtype if p is not None else torch.float32
+
+
+def _encoder_device(encoder: Any) -> torch.device:
+    p = next(iter(encoder.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _final_norm(encoder: Any, slot: SlotSpec) -> Any:
+    for path in ("text_model.final_layer_norm", "final_layer_norm", "encoder.final_layer_norm", "norm", "model.norm"):
+        obj = encoder
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    raise EncodingError(f"slot '{slot.name}': the profile applies the final layer norm but {type(encoder).__name__} has none")
+
+
+# ------------------------------------------------------------------------------ tokenizing
+def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    t = slot.tokenizer
+    length = t.tokenize_max_length or (t.max_length + t.drop_start_tokens)
+    if t.token_window == "bos_and_tail":
+        prefix = template_prefix(t, negative=negative)
+        if prefix:
+            length = len(tokenizer.encode(prefix)) + t.max_length - 2
+    old_side = getattr(tokenizer, "padding_side", None)
+    try:
+        if old_side is not None:
+            tokenizer.padding_side = t.padding_side
+        kwargs: dict[str, Any] = {"add_special_tokens": t.add_special_tokens, "return_tensors": "pt"}
+        if t.truncation:
+            kwargs.update(truncation=True, max_length=length)
+            kwargs["padding"] = "max_length" if t.padding == "max_length" else True
+        else:
+            kwargs.update(truncation=False, padding=True)
+        enc = tokenizer(texts, **kwargs)
+    finally:
+        if old_side is not None:
+            tokenizer.padding_side = old_side
+    ids = enc["input_ids"]
+    mask = enc.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(ids)
+    floor = max(t.min_length or 0, length if (t.padding == "max_length" and not t.truncation) else 0)
+    if ids.shape[1] < floor:
+        pad_id = t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
+        extra = floor - ids.shape[1]
+        if t.padding_side == "left":
+            ids = F.pad(ids, (extra, 0), value=pad_id)
+            mask = F.pad(mask, (extra, 0), value=0)
+        else:
+            ids = F.pad(ids, (0, extra), value=pad_id)
+            mask = F.pad(mask, (0, extra), value=0)
+    return ids, mask
+
+
+def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False) -> list[int]:
+    """Tokens per prompt for a slot, without special tokens and without truncation."""
+    texts = [render(slot.tokenizer, p, negative=negative) for p in prompts]
+    return [len(x) for x in tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]]
+
+
+def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int) -> tuple[torch.Tensor, list[int], int]:
+    """NovelAI chunking: (B * n_chunks, 77) ids, token counts, chunks per prompt."""
+    t = slot.tokenizer
+    bos = t.bos_token_id if t.bos_token_id is not None else tokenizer.bos_token_id
+    eos = t.eos_token_id if t.eos_token_id is not None else tokenizer.eos_token_id
+    pad = t.pad_token_id if t.pad_token_id is not None else tokenizer.pad_token_id
+    body = t.max_length - 2
+    raw = tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+    counts = [len(r) for r in raw]
+    n = max(1, min(max_chunks, max(math.ceil(c / body) for c in counts) if counts else 1))
+    rows = []
+    for r in raw:
+        r = r[: n * body]
+        for k in range(n):
+            part = r[k * body : (k + 1) * body]
+            row = [bos, *part, eos]
+            row += [pad] * (t.max_length - len(row))
+            rows.append(row)
+    return torch.tensor(rows, dtype=torch.long), counts, n
+
+
+# ------------------------------------------------------------------------------- encoding
+def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    e = slot.encoder
+    need_states = not (e.layer == "last" and e.final_layer_norm)
+    kwargs: dict[str, Any] = {"input_ids": ids}
+    if slot.masks.encoder:
+        kwargs["attention_mask"] = mask
+    if need_states:
+        kwargs["output_hidden_states"] = True
+    out = encoder(**kwargs)
+    if e.layer == "last" and e.final_layer_norm:
+        hidden = out[0]
+    elif e.layer == "all":
+        hidden = torch.stack(tuple(out.hidden_states[1:]), dim=0)
+    else:
+        index = {"last": -1, "penultimate": -2}.get(e.layer, e.layer)  # type: ignore[arg-type]
+        hidden = out.hidden_states[index]
+        if e.final_layer_norm:
+            hidden = _final_norm(encoder, slot)(hidden)
+    pooled: torch.Tensor | None
+    if e.pooled == "none":
+        pooled = None
+    elif e.pooled == "pooler_output":
+        pooled = out.pooler_output
+    elif e.pooled == "text_embeds":
+        pooled = out.text_embeds
+    else:  # first_eos
+        eos = slot.tokenizer.eos_token_id
+        positions = (ids == eos).int().argmax(dim=-1)
+        last = out[0]
+        pooled = last[torch.arange(last.shape[0], device=last.device), positions]
+    return hidden, pooled
+
+
+def _seq_dim(hidden: torch.Tensor) -> int:
+    return hidden.dim() - 2
+
+
+def encode_slot(
+    profile: AlignmentProfile,
+    slot: SlotSpec,
+    tokenizer: Any,
+    encoder: Any,
+    prompts: Sequence[str],
+    *,
+    device: torch.device,
+    negative: bool = False,
+    options: EncodeOptions = EncodeOptions(),
+) -> SlotResult:
+    """Tokenize, encode and post-process one slot exactly as its profile entry says."""
+    t, m = slot.tokenizer, slot.masks
+    texts = [render(t, p, negative=negative) for p in prompts]
+    chunked = options.long_prompt_chunks >= 1 and t.cls.startswith("CLIP")
+    if chunked:
+        ids, counts, n = _chunk_ids(slot, tokenizer, texts, options.long_prompt_chunks)
+        mask = torch.ones_like(ids)
+    else:
+        ids, mask = _tokenize(slot, tokenizer, texts, negative)
+        counts, n = [int(x) for x in mask.sum(dim=1)], 1
+    ids, mask = ids.to(device), mask.to(device)
+    hidden, pooled = _forward(slot, encoder, ids, mask)
+    if chunked:
+        b = len(texts)
+        hidden = hidden.reshape(b, n * hidden.shape[1], hidden.shape[-1])
+        pooled = pooled.reshape(b, n, -1)[:, 0] if pooled is not None else None
+        ids = ids.reshape(b, -1)
+        mask = mask.reshape(b, -1)
+    hidden = hidden.to(_encoder_dtype(encoder))
+    if pooled is not None:
+        pooled = pooled.to(_encoder_dtype(encoder))
+    sd = _seq_dim(hidden)
+    if t.token_window == "bos_and_tail":
+        index = torch.tensor([0, *range(hidden.shape[sd] - t.max_length + 1, hidden.shape[sd])], device=hidden.device)
+        hidden = hidden.index_select(sd, index)
+        mask = mask.index_select(1, index)
+        ids = ids.index_select(1, index)
+    if m.zero_padded:
+        hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype) if hidden.dim() == 3 else hidden * mask[None, :, :, None].to(hidden.dtype)
+    if m.repad != "none":
+        hidden, mask, ids = _repad(slot, hidden, mask, ids)
+    elif t.drop_start_tokens:
+        d = t.drop_start_tokens
+        hidden = hidden.narrow(sd, d, hidden.shape[sd] - d)
+        mask, ids = mask[:, d:], ids[:, d:]
+    if t.tokenize_max_length and m.repad != "max_length":
+        hidden = hidden.narrow(sd, 0, min(hidden.shape[sd], t.max_length))
+        mask, ids = mask[:, : t.max_length], ids[:, : t.max_length]
+    lengths = mask.sum(dim=1, keepdim=True)
+    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+    denoiser_mask = (positions < lengths + m.denoiser_extra_pad_tokens).to(hidden.dtype)
+    return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask, token_counts=counts)
+
+
+def _repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop masked positions per sample (and the template prefix), then re-pad with zeros."""
+    if hidden.dim() != 3:
+        raise EncodingError(f"slot '{slot.name}': repad needs (batch, sequence, width) hidden states")
+    d = slot.tokenizer.drop_start_tokens
+    keep = mask.bool()
+    parts = [hidden[i][keep[i]][d:] for i in range(hidden.shape[0])]
+    id_parts = [ids[i][keep[i]][d:] for i in range(ids.shape[0])]
+    target = max(p.shape[0] for p in parts) if slot.masks.repad == "batch_longest" else slot.tokenizer.max_length
+    out_h = torch.stack([torch.cat([p, p.new_zeros(target - p.shape[0], p.shape[1])]) for p in parts])
+    out_m = torch.stack([torch.cat([torch.ones(p.shape[0], dtype=torch.long, device=p.device), torch.zeros(target - p.shape[0], dtype=torch.long, device=p.device)]) for p in parts])
+    out_i = torch.stack([torch.cat([p, p.new_zeros(target - p.shape[0])]) for p in id_parts])
+    return out_h, out_m, out_i
+
+
+# ------------------------------------------------------------------------------ combining
+def evaluate(node: Node, results: Mapping[str, SlotResult]) -> torch.Tensor | int:
+    """Evaluate an output expression over slot results."""
+    if isinstance(node, int):
+        return node
+    if isinstance(node, Ref):
+        value = getattr(results[node.slot], node.attr)
+        if value is None:
+            raise EncodingError(f"slot '{node.slot}' has no {node.attr} output (its profile sets pooled = 'none')")
+        return value
+    assert isinstance(node, Call)
+    args = [evaluate(a, results) for a in node.args]
+    if node.fn == "feat":
+        return torch.cat(args, dim=-1)  # type: ignore[arg-type]
+    if node.fn == "seq":
+        return torch.cat(args, dim=-2)  # type: ignore[arg-type]
+    if node.fn == "padw":
+        x, w = args
+        width = w if isinstance(w, int) else w.shape[-1]
+        return F.pad(x, (0, width - x.shape[-1]))  # type: ignore[union-attr]
+    if node.fn == "text_ids":
+        (x,) = args
+        return torch.zeros(x.shape[-2], 3).to(device=x.device, dtype=x.dtype)  # type: ignore[union-attr]
+    raise EncodingError(f"unknown function {node.fn}")  # pragma: no cover - rejected at profile load
+
+
+# ---------------------------------------------------------------------------------- public
+def resolve_profile(profile: AlignmentProfile | str) -> AlignmentProfile:
+    if isinstance(profile, AlignmentProfile):
+        return profile
+    from te_align.profiles import profile as load
+
+    return load(profile)
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise EncodingError(f"dtype must be a torch dtype or one of {', '.join(_DTYPES)}, got {dtype!r}")
+
+
+def encode(
+    profile: AlignmentProfile | str,
+    prompts: str | Sequence[str],
+    *,
+    tokenizers: Mapping[str, Any] | None = None,
+    text_encoders: Mapping[str, Any] | None = None,
+    pipeline: Any = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+    negative: bool = False,
+    options: EncodeOptions | None = None,
+    drop: Sequence[bool] | None = None,
+    drop_slots: Mapping[str, Sequence[bool]] | None = None,
+    requires_grad: bool = False,
+) -> Conditioning:
+    """Encode prompts exactly as the profile's official pipeline does.
+
+    Components are looked up per slot by slot name (``clip_l``) or diffusers component name
+    (``tokenizer_2`` / ``text_encoder_2``) in ``tokenizers`` / ``text_encoders``, or taken from a
+    diffusers ``pipeline``. ``negative=True`` uses the profile's negative template (Lumina 2 and
+    Sana encode negatives without their system prompt). ``drop`` marks prompts whose whole caption
+    is dropped and ``drop_slots`` marks, per slot, samples whose encoder output is dropped; dropped
+    parts become what ``options.dropout_policy`` says.
+    """
+    p = resolve_profile(profile)
+    opts = options or EncodeOptions()
+    if opts.dropout_policy not in ("profile", "empty", "zeros"):
+        raise EncodingError(f"dropout_policy must be 'profile', 'empty' or 'zeros', got {opts.dropout_policy!r}")
+    if opts.long_prompt_chunks < 0:
+        raise EncodingError(f"long_prompt_chunks must be >= 0, got {opts.long_prompt_chunks}")
+    batch = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not batch or not all(isinstance(x, str) for x in batch):
+        raise EncodingError("prompts must be a string or a non-empty list of strings")
+    out_dtype = _resolve_dtype(dtype)
+    dev = torch.device(device) if device is not None else None
+    policy = p.empty_prompt if opts.dropout_policy == "profile" else ("encode" if opts.dropout_policy == "empty" else "zeros")
+    drop_all = list(drop) if drop is not None else [False] * len(batch)
+    if len(drop_all) != len(batch):
+        raise EncodingError(f"drop has {len(drop_all)} entries for {len(batch)} prompts")
+    for name, flags in (drop_slots or {}).items():
+        p.slot(name)
+        if len(flags) != len(batch):
+            raise EncodingError(f"drop_slots['{name}'] has {len(flags)} entries for {len(batch)} prompts")
+    texts = ["" if d and policy == "encode" else x for x, d in zip(batch, drop_all, strict=True)]
+
+    results: dict[str, SlotResult] = {}
+    with torch.set_grad_enabled(requires_grad):
+        for slot in p.slots:
+            if pipeline is not None and (tokenizers is None or text_encoders is None):
+                tok, enc = _from_pipeline(pipeline, slot)
+            else:
+                tok = _component(tokenizers, slot, "tokenizer_subfolder", "tokenizer")
+                enc = _component(text_encoders, slot, "encoder_subfolder", "text encoder")
+            check_components(p, slot, tok, enc, dev)
+            slot_dev = dev or _encoder_device(enc)
+            res = encode_slot(p, slot, tok, enc, texts, device=slot_dev, negative=negative, options=opts)
+            flags = [a or b for a, b in zip(drop_all, (drop_slots or {}).get(slot.name, [False] * len(batch)), strict=True)]
+            if any(flags):
+                res = _apply_slot_drop(p, slot, tok, enc, res, flags, policy, slot_dev, negative, opts, drop_all)
+            results[slot.name] = res
+        tensors: dict[str, torch.Tensor] = {}
+        for name, expr in p.outputs:
+            value = evaluate(parse_expression(expr, key=f"outputs.{name}"), results)
+            assert isinstance(value, torch.Tensor)
+            if out_dtype is not None and value.is_floating_point():
+                value = value.to(out_dtype)
+            tensors[name] = value
+    counts = next(iter(results.values())).token_counts if results else None
+    return Conditioning(tensors=tensors, profile_name=p.name, fingerprint=p.fingerprint(), token_counts=counts)
+
+
+def _apply_slot_drop(
+    p: AlignmentProfile,
+    slot: SlotSpec,
+    tok: Any,
+    enc: Any,
+    res: SlotResult,
+    flags: list[bool],
+    policy: str,
+    device: torch.device,
+    negative: bool,
+    opts: EncodeOptions,
+    whole: list[bool],
+) -> SlotResult:
+    """Replace dropped samples of one slot by zeros or by the encoded empty prompt."""
+    rows = torch.tensor(flags, device=res.hidden.device)
+    if policy == "zeros":
+        sel = rows.view(*([1] * (res.hidden.dim() - 3)), -1, 1, 1)
+        hidden = torch.where(sel, torch.zeros_like(res.hidden), res.hidden)
+        pooled = None if res.pooled is None else torch.where(rows[:, None], torch.zeros_like(res.pooled), res.pooled)
+        return SlotResult(hidden, pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts)
+    if all(a == b for a, b in zip(flags, whole, strict=True)):
+        return res  # whole captions were already replaced by "" before encoding
+    empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=negative, options=opts)
+    if empty.hidden.shape[-2] != res.hidden.shape[-2]:
+        raise EncodingError(f"slot '{slot.name}': the empty prompt encodes to a different length; use dropout_policy='zeros'")
+    sel = rows.view(*([1] * (res.hidden.dim() - 3)), -1, 1, 1)
+    hidden = torch.where(sel, empty.hidden.expand_as(res.hidden), res.hidden)
+    pooled = None if res.pooled is None else torch.where(rows[:, None], empty.pooled.expand_as(res.pooled), res.pooled)  # type: ignore[union-attr]
+    mask = torch.where(rows[:, None], empty.mask.expand_as(res.mask), res.mask)
+    dmask = torch.where(rows[:, None], empty.denoiser_mask.expand_as(res.denoiser_mask), res.denoiser_mask)
+    return SlotResult(hidden, pooled, mask, res.ids, dmask, res.token_counts)
+
+
+def encode_uncond(profile: AlignmentProfile | str, batch_size: int = 1, **kwargs: Any) -> Conditioning:
+    """What an empty prompt / dropped caption becomes under the profile's ``empty_prompt`` rule.
+
+    ``encode``: the encoded empty prompt (negative template). ``zeros``: zeros shaped like it
+    (masks are kept), as SDXL's ``force_zeros_for_empty_prompt``.
+    """
+    p = resolve_profile(profile)
+    kwargs.setdefault("negative", True)
+    cond = encode(p, [""] * batch_size, **kwargs)
+    if p.empty_prompt == "zeros":
+        return Conditioning(
+            tensors={k: (torch.zeros_like(v) if v.is_floating_point() and "mask" not in k and k != "text_ids" else v) for k, v in cond.tensors.items()},
+            profile_name=cond.profile_name,
+            fingerprint=cond.fingerprint,
+            token_counts=cond.token_counts,
+        )
+    return cond
+
+
+def sample_dropout(
+    profile: AlignmentProfile | str,
+    batch_size: int,
+    probabilities: Mapping[str, float],
+    generator: torch.Generator | None = None,
+) -> dict[str, list[bool]]:
+    """Independent per-encoder dropout flags (SD3 trained with 46.4% per encoder).
+
+    ``probabilities`` maps slot names to a probability; ``"profile"`` as the only key's value is not
+    accepted, pass numbers (``profile.slot(name).train_dropout`` holds the published ones).
+    """
+    p = resolve_profile(profile)
+    flags: dict[str, list[bool]] = {}
+    for name, prob in probabilities.items():
+        p.slot(name)
+        if not 0.0 <= prob <= 1.0:
+            raise EncodingError(f"dropout probability for slot '{name}' must be in [0, 1], got {prob}")
+        draws = torch.rand(batch_size, generator=generator)
+        flags[name] = [bool(x) for x in (draws < prob)]
+    return flags

@@ -1,0 +1,67 @@
+"""Load the tokenizers and text encoders a profile needs from a diffusers-format folder or hub repo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from te_align.errors import EncodingError
+from te_align.profiles.model import AlignmentProfile
+
+
+def _transformers_class(name: str, fallback: str, slot: str) -> Any:
+    import transformers
+
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        cls = getattr(transformers, fallback)
+    return cls
+
+
+def load_text_encoders(
+    profile: AlignmentProfile | str,
+    path_or_repo: str | Path,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    revision: str | None = None,
+    local_files_only: bool = False,
+    slots: list[str] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(tokenizers, text_encoders)`` keyed by slot name, loaded with transformers.
+
+    Each slot's tokenizer comes from ``<path>/<tokenizer_subfolder>`` and its encoder from
+    ``<path>/<encoder_subfolder>``, with the classes the profile names. ``dtype`` defaults to the
+    profile's encoder dtype. ``slots`` restricts loading to some slots (e.g. only ``t5``).
+    """
+    from te_align.encoding.core import _resolve_dtype, resolve_profile
+
+    p = resolve_profile(profile)
+    source = str(path_or_repo)
+    is_local = Path(source).expanduser().exists()
+    if is_local:
+        source = str(Path(source).expanduser())
+    wanted = slots or list(p.slot_names)
+    tokenizers: dict[str, Any] = {}
+    encoders: dict[str, Any] = {}
+    for name in wanted:
+        slot = p.slot(name)
+        common: dict[str, Any] = {"revision": revision, "local_files_only": local_files_only}
+        if is_local and not (Path(source) / slot.tokenizer_subfolder).is_dir():
+            raise EncodingError(f"slot '{name}': no tokenizer folder '{slot.tokenizer_subfolder}' in {source}")
+        if is_local and not (Path(source) / slot.encoder_subfolder).is_dir():
+            raise EncodingError(f"slot '{name}': no text-encoder folder '{slot.encoder_subfolder}' in {source}")
+        tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer", name)
+        enc_cls = _transformers_class(slot.encoder.cls, "AutoModel", name)
+        torch_dtype = _resolve_dtype(dtype if dtype is not None else slot.encoder.dtype)
+        try:
+            tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)
+            enc = enc_cls.from_pretrained(source, subfolder=slot.encoder_subfolder, dtype=torch_dtype, **common)
+        except OSError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise EncodingError(f"slot '{name}': cannot load from {source}: {first}") from None
+        enc.eval()
+        if device is not None:
+            enc.to(device)
+        encoders[name] = enc
+    return tokenizers, encoders

@@ -1,0 +1,73 @@
+"""Text preprocessing before tokenization: cleaning and prompt templates (no torch)."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from te_align.profiles.model import TokenizerSpec
+
+_WS = re.compile(r"\s+")
+
+
+def _unescape_twice(text: str) -> str:
+    return html.unescape(html.unescape(text))
+
+
+def clean_basic(text: str) -> str:
+    """ftfy repair (when installed), HTML unescaped twice, whitespace runs collapsed, ends stripped.
+
+    The cleaning the Wan 2.1 pipeline applies (diffusers ``pipelines/wan``: ``basic_clean`` then
+    ``whitespace_clean``).
+    """
+    try:
+        import ftfy
+    except ImportError:  # pragma: no cover - ftfy is a dependency
+        ftfy = None
+    if ftfy is not None:
+        text = ftfy.fix_text(text)
+    text = _unescape_twice(text).strip()
+    return _WS.sub(" ", text).strip()
+
+
+def clean_pixart(text: str) -> str:
+    """The PixArt / DeepFloyd caption cleaner, as the diffusers PixArt pipelines run it.
+
+    The cleaner is a long list of regular expressions tuned on LAION captions; to stay exactly equal
+    to the official pipeline we call the pipeline's own method rather than keep a drifting copy.
+    It needs ``beautifulsoup4`` and ``ftfy`` (as in diffusers, which otherwise skips cleaning).
+    """
+    from diffusers.pipelines.pixart_alpha.pipeline_pixart_alpha import PixArtAlphaPipeline
+    from diffusers.utils import is_bs4_available, is_ftfy_available
+
+    if not (is_bs4_available() and is_ftfy_available()):
+        # Same fallback as the pipeline: no cleaning when its dependencies are missing.
+        return text.lower().strip()
+    # _clean_caption reads only class-level regexes from ``self``; the pipeline runs it twice.
+    owner = PixArtAlphaPipeline
+    return owner._clean_caption(owner, owner._clean_caption(owner, text))  # type: ignore[arg-type]
+
+
+def clean(text: str, mode: str) -> str:
+    if mode == "none":
+        return text
+    if mode in ("basic", "wan"):
+        return clean_basic(text)
+    if mode == "pixart":
+        return clean_pixart(text)
+    if mode == "lower":
+        return text.lower().strip()
+    raise ValueError(f"unknown text_cleaning {mode!r}")  # validated by the profile schema
+
+
+def render(spec: TokenizerSpec, prompt: str, *, negative: bool = False) -> str:
+    """Clean a prompt and wrap it in the slot's template (or negative template)."""
+    template = spec.negative_template if negative else spec.template
+    text = clean(prompt, spec.text_cleaning)
+    return template.replace("{system_prompt}", spec.system_prompt or "").replace("{prompt}", text)
+
+
+def template_prefix(spec: TokenizerSpec, *, negative: bool = False) -> str:
+    """The part of the template before ``{prompt}`` (e.g. Sana's instruction block)."""
+    template = spec.negative_template if negative else spec.template
+    return template.split("{prompt}", 1)[0].replace("{system_prompt}", spec.system_prompt or "")

@@ -1,0 +1,186 @@
+"""The profile data model: overrides, fingerprint, serialization, errors, CLI (no torch)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import te_align
+from te_align.cli import main
+from te_align.errors import ProfileError, ProfileNotFound
+from te_align.profiles import profile_from_dict
+from te_align.profiles.expr import parse_expression
+
+
+@pytest.fixture(scope="module")
+def sd35():
+    return te_align.profile("sd35-large")
+
+
+def test_aliases_resolve_to_the_same_profile(sd35):
+    for alias in ("SD3.5-Large", "sd35l", "stabilityai/stable-diffusion-3.5-large", "sd3.5_large"):
+        assert te_align.profile(alias) is sd35
+
+
+def test_override_changes_value_records_provenance_and_fingerprint(sd35):
+    q = te_align.profile("sd35-large", t5_max_length=512)
+    assert q.slot("t5").tokenizer.max_length == 512
+    assert sd35.slot("t5").tokenizer.max_length == 256
+    prov = q.provenance_of("slots.t5.tokenizer.max_length")
+    assert prov.status == "override"
+    assert prov.alternatives[0].value == 256
+    assert q.fingerprint() != sd35.fingerprint()
+    # the same override spelled three ways gives the same behaviour
+    for key in ("t5.max_length", "slots.t5.tokenizer.max_length"):
+        assert te_align.profile("sd35-large", **{key: 512}).fingerprint() == q.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("t5_max_lenght", 512, "did you mean: t5_max_length"),
+        ("t5_max_length", "long", "expected an integer"),
+        ("t5_padding", "sideways", "expected one of 'max_length' | 'longest'"),
+        ("clip_l_max_length", 100, "exceeds the encoder's max_position_embeddings 77"),
+        ("clip_l_layer", 40, "outside hidden_states"),
+        ("empty_prompt", "nothing", "expected one of 'encode' | 'zeros'"),
+        ("clip_l_train_dropout", 1.5, "probability"),
+    ],
+)
+def test_bad_overrides_are_one_line_errors(key, value, message):
+    with pytest.raises(ProfileError) as exc:
+        te_align.profile("sd35-large", **{key: value})
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_fingerprint_ignores_provenance_and_names_but_not_behaviour(sd35):
+    data = sd35.to_dict()
+    data["name"] = "renamed"
+    data["aliases"] = ["x"]
+    data["description"] = "other words"
+    data["provenance"]["slots.t5"]["source"] = "somewhere else"
+    assert profile_from_dict(data).fingerprint() == sd35.fingerprint()
+    for path, value in [
+        ("slots.t5.masks.encoder", True),
+        ("slots.clip_g.tokenizer.pad_token_id", 49407),
+        ("slots.clip_l.encoder.layer", -3),
+        ("outputs.pooled_prompt_embeds", "feat(clip_g.pooled, clip_l.pooled)"),
+        ("empty_prompt", "zeros"),
+    ]:
+        assert sd35.with_overrides({path: value}).fingerprint() != sd35.fingerprint(), path
+
+
+def test_every_behaviour_field_changes_the_fingerprint(sd35):
+    base = sd35.fingerprint()
+    behaviour = sd35.behaviour()
+    assert len(behaviour) > 100
+    # behaviour() is exactly what is hashed: changing any one value changes the payload
+    seen = set()
+    for path in behaviour:
+        payload = dict(behaviour)
+        payload[path] = ("changed", payload[path])
+        seen.add(json.dumps(payload, sort_keys=True, default=str))
+    assert len(seen) == len(behaviour)
+    assert te_align.profile("sd35-large").fingerprint() == base  # stable across loads
+
+
+def test_round_trips(sd35, tmp_path):
+    assert profile_from_dict(tomllib.loads(sd35.to_toml())) == sd35
+    assert profile_from_dict(json.loads(sd35.to_json())) == sd35
+    q = sd35.with_overrides(t5_max_length=77, t5_min_length=77)
+    f = tmp_path / "mine.toml"
+    f.write_text(q.to_toml())
+    assert te_align.profile(str(f)) == q
+    g = tmp_path / "mine.json"
+    g.write_text(q.to_json())
+    assert te_align.profile(str(g)) == q
+
+
+def test_malformed_profile_files_name_file_and_key(sd35, tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text("name = 'x'\nfamily = [\n")
+    with pytest.raises(ProfileError, match=r"bad\.toml: not valid TOML"):
+        te_align.profile(str(f))
+    data = sd35.to_dict()
+    data["slots"]["t5"]["tokenizer"]["max_lenght"] = 3
+    f.write_text(json.dumps(data))
+    f = f.rename(tmp_path / "bad.json")
+    with pytest.raises(ProfileError) as exc:
+        te_align.profile(str(f))
+    assert "bad.json" in str(exc.value) and "slots.t5.tokenizer.max_lenght" in str(exc.value)
+    assert "did you mean: max_length" in str(exc.value)
+    data = sd35.to_dict()
+    data["outputs"]["prompt_embeds"] = "seq(clip_x.hidden)"
+    with pytest.raises(ProfileError, match="names slot 'clip_x'"):
+        profile_from_dict(data, file="p.toml")
+    data = sd35.to_dict()
+    data["provenance"]["slots.t5.tokenizer.max_len"] = {"source": "x", "status": "code"}
+    with pytest.raises(ProfileError, match="provenance for a field that does not exist"):
+        profile_from_dict(data)
+    data = sd35.to_dict()
+    data["provenance"]["slots.t5"]["status"] = "rumour"
+    with pytest.raises(ProfileError, match="expected a status"):
+        profile_from_dict(data)
+
+
+def test_unknown_profile_names_closest(sd35):
+    with pytest.raises(ProfileNotFound, match="did you mean: sd35-large"):
+        te_align.profile("sd35-larg")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("seq(", "unexpected end"),
+        ("foo(t5.hidden)", "unknown function 'foo'"),
+        ("t5.hiden", "did you mean: hidden"),
+        ("padw(t5.hidden)", "padw() takes 2 arguments, got 1"),
+        ("seq(t5.hidden) x", "after the end"),
+    ],
+)
+def test_expression_errors(text, message):
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        parse_expression(text)
+
+
+def test_cli_show_list_diff(capsys, sd35):
+    assert main(["profile", "show", "sd35-large"]) == 0
+    out = capsys.readouterr().out
+    assert sd35.fingerprint() in out
+    assert "max_length" in out and "≠ 77" in out  # the SD3 reference-code alternative is shown
+    assert main(["profile", "show", "sd35-large", "--json", "--set", "t5_max_length=512"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["slots"]["t5"]["tokenizer"]["max_length"] == 512
+    assert main(["profile", "list", "--json"]) == 0
+    names = [r["name"] for r in json.loads(capsys.readouterr().out)]
+    assert "sd35-large" in names
+    assert main(["profile", "diff", "sd35-large", "sd35-large"]) == 0
+    assert "behave identically" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line_exit_2(capsys):
+    assert main(["profile", "show", "nope-model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("te-align: error: unknown profile 'nope-model'")
+    assert err.count("\n") == 1
+    assert main(["profile", "show", "sd35-large", "--set", "t5_max_length=abc"]) == 2
+    assert "expected an integer" in capsys.readouterr().err
+
+
+def test_cli_needs_no_torch():
+    code = (
+        "import sys, contextlib, io\n"
+        "from te_align.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['profile', 'show', 'sd35-large']); main(['profile', 'list'])\n"
+        "heavy = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
