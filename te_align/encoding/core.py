@@ -152,13 +152,25 @@ def _final_norm(encoder: Any, slot: SlotSpec) -> Any:
 
 
 # ------------------------------------------------------------------------------ tokenizing
-def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def tokenize_length(slot: SlotSpec, tokenizer: Any, *, negative: bool = False) -> int:
+    """The truncation length handed to the tokenizer for one slot.
+
+    ``max_length`` plus dropped template tokens, or an explicit ``tokenize_max_length``; for a
+    ``bos_and_tail`` window behind a template prefix (Sana), the prefix's token count plus
+    ``max_length - 2``, as the Sana pipeline computes it.
+    """
     t = slot.tokenizer
     length = t.tokenize_max_length or (t.max_length + t.drop_start_tokens)
     if t.token_window == "bos_and_tail":
         prefix = template_prefix(t, negative=negative)
         if prefix:
             length = len(tokenizer.encode(prefix)) + t.max_length - 2
+    return length
+
+
+def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    t = slot.tokenizer
+    length = tokenize_length(slot, tokenizer, negative=negative)
     old_side = getattr(tokenizer, "padding_side", None)
     try:
         if old_side is not None:
@@ -306,7 +318,9 @@ def encode_slot(
         mask, ids = mask[:, : t.max_length], ids[:, : t.max_length]
     lengths = mask.sum(dim=1, keepdim=True)
     positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
-    denoiser_mask = (positions < lengths + m.denoiser_extra_pad_tokens).to(hidden.dtype)
+    visible = positions < lengths + m.denoiser_extra_pad_tokens
+    mask_dtype = {"int64": torch.long, "bool": torch.bool, "embeds": hidden.dtype}[m.denoiser_mask_dtype]
+    denoiser_mask = visible.to(mask_dtype)
     return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask, token_counts=counts)
 
 
@@ -436,7 +450,8 @@ def encode(
                 value = value.to(out_dtype)
             tensors[name] = value
     counts = next(iter(results.values())).token_counts if results else None
-    return Conditioning(tensors=tensors, profile_name=p.name, fingerprint=p.fingerprint(), token_counts=counts)
+    shared = tuple(name for name, expr in p.outputs if expr.replace(" ", "").startswith("text_ids("))
+    return Conditioning(tensors=tensors, profile_name=p.name, fingerprint=p.fingerprint(), token_counts=counts, shared=shared)
 
 
 def _apply_slot_drop(
@@ -483,10 +498,11 @@ def encode_uncond(profile: AlignmentProfile | str, batch_size: int = 1, **kwargs
     cond = encode(p, [""] * batch_size, **kwargs)
     if p.empty_prompt == "zeros":
         return Conditioning(
-            tensors={k: (torch.zeros_like(v) if v.is_floating_point() and "mask" not in k and k != "text_ids" else v) for k, v in cond.tensors.items()},
+            tensors={k: (v if k in cond.shared or "mask" in k else torch.zeros_like(v)) for k, v in cond.tensors.items()},
             profile_name=cond.profile_name,
             fingerprint=cond.fingerprint,
             token_counts=cond.token_counts,
+            shared=cond.shared,
         )
     return cond
 

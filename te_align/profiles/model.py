@@ -30,6 +30,7 @@ TextCleaning = Literal["none", "basic", "wan", "pixart", "lower"]
 TokenWindow = Literal["all", "bos_and_tail"]
 Pooled = Literal["none", "pooler_output", "text_embeds", "first_eos"]
 Repad = Literal["none", "batch_longest", "max_length"]
+MaskDtype = Literal["int64", "bool", "embeds"]
 EmptyPrompt = Literal["encode", "zeros"]
 LayerName = Literal["last", "penultimate", "all"]
 
@@ -101,6 +102,8 @@ class MaskSpec:
     denoiser: bool = False
     #: How many padding positions stay visible to the denoiser after the real tokens (Chroma: 1).
     denoiser_extra_pad_tokens: int = 0
+    #: dtype of ``SLOT.denoiser_mask``: the tokenizer's int64, bool, or the embeddings' dtype (Chroma).
+    denoiser_mask_dtype: MaskDtype = "int64"
     #: Drop masked positions per sample and re-pad with zeros to the batch's longest (Qwen-Image)
     #: or to ``max_length`` (Wan).
     repad: Repad = "none"

@@ -1,0 +1,233 @@
+"""Parity: ``te_align.encode`` equals the official diffusers pipeline's ``encode_prompt``, bit for bit.
+
+For every bundled family whose pipeline exists in the installed diffusers, the real pipeline class is
+built with tiny random-weight encoders and real-convention tokenizers (tests/support), and both
+encoders run on the same prompt suite. ``torch.equal`` plus equal dtypes is required for every named
+tensor. Pipelines are called under ``torch.no_grad()``, as their ``__call__`` runs them (T5 gives
+slightly different float results with autograd recording on, so the comparison must fix the mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+import te_align
+from te_align.encoding.core import tokenize_length
+from te_align.encoding.text import render
+from te_align.profiles import AlignmentProfile
+from tests.support import build_pipeline_for_encoding
+from tests.support.adapt import fit_profile
+
+
+@dataclass(frozen=True)
+class Case:
+    """How to call one family's ``encode_prompt`` and name what it returns."""
+
+    profile: str
+    family: str  # tests.support family
+    call: Callable[[Any, list[str], AlignmentProfile], tuple]
+    returns: tuple[str | None, ...]  # output name per returned position (None = not compared)
+    #: Where the pipeline returns a tensor in another layout, how ours maps onto it (documented quirks).
+    to_pipeline_layout: Callable[[str, torch.Tensor, te_align.encoding.Conditioning], torch.Tensor] | None = None
+
+
+def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> torch.Tensor:
+    """AuraFlow's encode_prompt returns the mask expanded to the embeddings and flattened to (B, S * D)."""
+    if key != "prompt_attention_mask":
+        return t
+    return t.unsqueeze(-1).expand(cond["prompt_embeds"].shape).reshape(t.shape[0], -1)
+
+
+def _t5_len(p: AlignmentProfile, slot: str = "t5") -> int:
+    return p.slot(slot).tokenizer.max_length
+
+
+def _sana_instruction() -> list[str]:
+    from diffusers import SanaPipeline
+
+    return inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
+
+
+CASES: dict[str, Case] = {
+    "sd15": Case("sd15", "sd15", lambda pipe, x, p: pipe.encode_prompt(x, "cpu", 1, False), ("prompt_embeds", None)),
+    "sd21": Case("sd21", "sd21", lambda pipe, x, p: pipe.encode_prompt(x, "cpu", 1, False), ("prompt_embeds", None)),
+    "sdxl": Case(
+        "sdxl", "sdxl",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False),
+        ("prompt_embeds", None, "pooled_prompt_embeds", None),
+    ),
+    **{
+        name: Case(
+            name, "sd3",
+            lambda pipe, x, p: pipe.encode_prompt(
+                prompt=x, prompt_2=None, prompt_3=None, device="cpu", do_classifier_free_guidance=False,
+                max_sequence_length=_t5_len(p),
+            ),
+            ("prompt_embeds", None, "pooled_prompt_embeds", None),
+        )
+        for name in ("sd3-medium", "sd35-large", "sd35-medium")
+    },
+    **{
+        name: Case(
+            name, "flux",
+            lambda pipe, x, p: pipe.encode_prompt(prompt=x, prompt_2=None, device="cpu", max_sequence_length=_t5_len(p)),
+            ("prompt_embeds", "pooled_prompt_embeds", "text_ids"),
+        )
+        for name in ("flux-dev", "flux-schnell")
+    },
+    "chroma": Case(
+        "chroma", "chroma",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False, max_sequence_length=_t5_len(p)),
+        ("prompt_embeds", "text_ids", "prompt_attention_mask", None, None, None),
+    ),
+    "pixart-sigma": Case(
+        "pixart-sigma", "pixart-sigma",
+        lambda pipe, x, p: pipe.encode_prompt(
+            x, do_classifier_free_guidance=False, device="cpu", clean_caption=True, max_sequence_length=_t5_len(p)
+        ),
+        ("prompt_embeds", "prompt_attention_mask", None, None),
+    ),
+    "auraflow": Case(
+        "auraflow", "auraflow",
+        lambda pipe, x, p: pipe.encode_prompt(x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)),
+        ("prompt_embeds", "prompt_attention_mask", None, None),
+        _auraflow_layout,
+    ),
+    "lumina2": Case(
+        "lumina2", "lumina2",
+        lambda pipe, x, p: pipe.encode_prompt(
+            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p, "gemma")
+        ),
+        ("prompt_embeds", "prompt_attention_mask", None, None),
+    ),
+    "sana": Case(
+        "sana", "sana",
+        lambda pipe, x, p: pipe.encode_prompt(
+            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p, "gemma"),
+            complex_human_instruction=_sana_instruction(),
+        ),
+        ("prompt_embeds", "prompt_attention_mask", None, None),
+    ),
+    "qwen-image": Case(
+        "qwen-image", "qwen-image",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen")),
+        ("prompt_embeds", "prompt_embeds_mask"),
+    ),
+    "hidream": Case(
+        "hidream", "hidream",
+        lambda pipe, x, p: pipe.encode_prompt(
+            prompt=x, prompt_2=None, prompt_3=None, prompt_4=None, device="cpu", do_classifier_free_guidance=False,
+            max_sequence_length=_t5_len(p),
+        ),
+        ("prompt_embeds_t5", None, "prompt_embeds_llama3", None, "pooled_prompt_embeds", None),
+    ),
+    "wan21": Case(
+        "wan21", "wan21",
+        lambda pipe, x, p: pipe.encode_prompt(
+            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
+        ),
+        ("prompt_embeds", None),
+    ),
+}  # fmt: skip
+
+
+@functools.cache
+def _setup(name: str) -> tuple[Any, AlignmentProfile]:
+    case = CASES[name]
+    pipe = build_pipeline_for_encoding(case.family)
+    return pipe, fit_profile(te_align.profile(case.profile), pipe)
+
+
+def _at_limit(p: AlignmentProfile, pipe: Any, slot_name: str) -> str:
+    """A prompt whose rendered text has exactly the slot's max_length tokens (special tokens included)."""
+    slot = p.slot(slot_name)
+    tok = getattr(pipe, slot.tokenizer_subfolder)
+    target = tokenize_length(slot, tok)
+
+    def count(words: list[str]) -> int:
+        return len(tok(render(slot.tokenizer, " ".join(words)), add_special_tokens=slot.tokenizer.add_special_tokens)["input_ids"])
+
+    words: list[str] = []
+    while count(words) < target:
+        for w in ("cat", "a", "x", ",", "."):
+            if count([*words, w]) <= target:
+                words.append(w)
+                break
+        else:
+            break
+    assert count(words) == target, f"could not build a prompt of exactly {target} tokens for {slot_name}"
+    return " ".join(words)
+
+
+def prompt_suite(p: AlignmentProfile, pipe: Any) -> dict[str, list[str]]:
+    first, last = p.slots[0].name, p.slots[-1].name
+    long_words = " ".join(f"word{i} cat, dog!" for i in range(400))
+    suite = {
+        "empty": [""],
+        "one word": ["cat"],
+        f"at limit ({first})": [_at_limit(p, pipe, first)],
+        "far over limit": [long_words],
+        "exclamation marks": ["wow!!! a cat! on a mat!", "!"],
+        "unicode and emoji": ["café crème, 東京の猫 🐱🎉 naïve résumé"],
+        "newlines": ["a cat\non a mat\n\n  with   spaces  "],
+        "weight syntax": ["(cat:1.2), [dog], ((masterpiece)), <lora:foo:0.8>"],
+        "mixed batch": ["", "cat", "a very long prompt " * 40, "!!", "short & sweet"],
+    }
+    if last != first:
+        suite[f"at limit ({last})"] = [_at_limit(p, pipe, last)]
+    return suite
+
+
+def _pipeline_outputs(name: str, prompts: list[str]) -> dict[str, torch.Tensor]:
+    pipe, p = _setup(name)
+    case = CASES[name]
+    with torch.no_grad():
+        result = case.call(pipe, prompts, p)
+    assert len(result) == len(case.returns), f"{name}: encode_prompt returned {len(result)} values"
+    return {n: t for n, t in zip(case.returns, result, strict=True) if n is not None}
+
+
+def _assert_equal(name: str, label: str, ref: dict[str, torch.Tensor], ours: te_align.encoding.Conditioning) -> None:
+    assert list(ours) == [n for n in CASES[name].returns if n is not None] or set(ref) <= set(ours), (
+        f"{name}: outputs {list(ours)} vs pipeline {list(ref)}"
+    )
+    layout = CASES[name].to_pipeline_layout
+    for key, expected in ref.items():
+        got = layout(key, ours[key], ours) if layout else ours[key]
+        if expected is None:
+            # Qwen-Image returns no mask when every position is real; ours must then be all ones.
+            assert bool(got.all()), f"{name} [{label}] {key}: the pipeline says no masking is needed but ours masks"
+            continue
+        assert got.dtype == expected.dtype, f"{name} [{label}] {key}: dtype {got.dtype} != {expected.dtype}"
+        assert got.shape == expected.shape, f"{name} [{label}] {key}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
+        if not torch.equal(got, expected):
+            diff = (got.double() - expected.double()).abs().max().item()
+            raise AssertionError(f"{name} [{label}] {key}: values differ (max abs diff {diff:.3g})")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_encode_equals_pipeline_encode_prompt(name):
+    pipe, p = _setup(name)
+    for label, prompts in prompt_suite(p, pipe).items():
+        ref = _pipeline_outputs(name, prompts)
+        ours = te_align.encode(p, prompts, pipeline=pipe)
+        _assert_equal(name, label, ref, ours)
+
+
+def test_flux_schnell_profile_differs_from_pipeline_default_and_matches_it_at_256():
+    """The schnell profile deliberately uses 256 T5 tokens; the pipeline default is 512."""
+    pipe, p = _setup("flux-schnell")
+    assert p.slot("t5").tokenizer.max_length == 256
+    prompts = ["a cat", "far " * 600]
+    with torch.no_grad():
+        default = pipe.encode_prompt(prompt=prompts, prompt_2=None, device="cpu")
+    ours = te_align.encode(p, prompts, pipeline=pipe)
+    assert default[0].shape[1] == 512 and ours["prompt_embeds"].shape[1] == 256
+    _assert_equal("flux-schnell", "256", _pipeline_outputs("flux-schnell", prompts), ours)
