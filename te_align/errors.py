@@ -7,8 +7,8 @@ anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from difflib import get_close_matches
 from collections.abc import Iterable
+from difflib import get_close_matches
 
 
 class TeAlignError(Exception):

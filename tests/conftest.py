@@ -14,6 +14,11 @@ def pytest_configure(config):
 
     for name in ("diffusers", "transformers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # One intra-op thread: on a shared 2-core machine, tiny matmuls are ~50x faster this way, and
+    # bit-exact comparisons must run both sides with the same setting anyway.
+    import torch
+
+    torch.set_num_threads(1)
     try:
         import diffusers.utils.logging as dlog
         import transformers.utils.logging as tlog

@@ -179,6 +179,7 @@ def test_cli_needs_no_torch():
         "from te_align.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['profile', 'show', 'sd35-large']); main(['profile', 'list'])\n"
+        "    main(['profile', 'diff', 'flux-dev', 'flux-schnell']); main(['cache', 'info', '.'])\n"
         "heavy = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -1,9 +1,148 @@
-"""``te-align inspect`` (being built)."""
+"""``te-align inspect FILE.safetensors``: the te-align stamp and kohya text-encoder settings (header only; no torch)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    return None
+    p = sub.add_parser("inspect", help="show the te-align stamp and kohya text-encoder settings of a .safetensors file")
+    p.add_argument("file", metavar="FILE.safetensors")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_inspect)
+
+
+def _onoff(v: Any) -> str:
+    if v is True:
+        return "on"
+    if v is False:
+        return "off"
+    return "-" if v is None else str(v)
+
+
+def _short(v: Any, n: int = 60) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def stamp_lines(data: dict[str, Any]) -> list[str]:
+    """Plain-words description of the te_align section of :func:`te_align.metadata.read`'s result."""
+    te = data["te_align"]
+    if not data["stamped"]:
+        return ["no te-align stamp"]
+    check = data["profile_check"] or {}
+    name, fp = te.get("te_align.profile", "?"), te.get("te_align.fingerprint", "?")
+    lines = [f"profile {name}, fingerprint {fp}"]
+    if check.get("bundled"):
+        if check.get("matches"):
+            lines.append(f"  matches the current bundled profile {check.get('bundled_name', name)}")
+        else:
+            diffs = check.get("differences") or []
+            lines.append(
+                f"  does NOT match the current bundled profile {check.get('bundled_name', name)} "
+                f"(now {check.get('current_fingerprint')})" + (f"; {len(diffs)} value(s) differ:" if diffs else "")
+            )
+            for d in diffs[:12]:
+                lines.append(f"    {d['path']}: stamped {_short(d['stamped'], 40)}, bundled now {_short(d['current'], 40)}")
+            if len(diffs) > 12:
+                lines.append(f"    … and {len(diffs) - 12} more")
+    else:
+        lines.append(f"  '{name}' is not a bundled profile")
+    same = [s for s in check.get("same_behaviour_as", []) if s != name]
+    if same:
+        lines.append(f"  same behaviour as bundled: {', '.join(same)}")
+    lines.append(
+        f"  family {te.get('te_align.family', '-')}, empty prompt: {te.get('te_align.empty_prompt', '-')}, "
+        f"stamped by te-align {te.get('te_align.version', '?')}"
+    )
+    slots = [s for s in str(te.get("te_align.slots", "")).split(",") if s]
+    for s in slots:
+        b = f"te_align.{s}."
+        lines.append(
+            f"  {s}: max {te.get(b + 'max_length', '?')} tokens, layer {te.get(b + 'layer', '?')}, "
+            f"final LN {_onoff(te.get(b + 'final_layer_norm'))}, pooled {te.get(b + 'pooled', '?')}, "
+            f"masks: encoder {_onoff(te.get(b + 'masks.encoder'))}, zero-padded {_onoff(te.get(b + 'masks.zero_padded'))}, "
+            f"denoiser {_onoff(te.get(b + 'masks.denoiser'))}"
+        )
+    for k, v in te.items():
+        if k.startswith("te_align.extra."):
+            lines.append(f"  {k.removeprefix('te_align.extra.')}: {_short(v, 100)}")
+    return lines
+
+
+def kohya_lines(kohya: dict[str, Any], text_encoder_tensors: int | None = None) -> list[str]:
+    """Plain-words description of kohya sd-scripts' text-encoder keys (and of text-encoder LoRA tensors)."""
+    lines: list[str] = []
+    if text_encoder_tensors:
+        lines.append(f"text-encoder weights in this file: {text_encoder_tensors} tensors (lora_te*/text_encoder*)")
+    if not kohya:
+        return [*lines, "no kohya sd-scripts text-encoder keys"]
+    version = kohya.get("ss_base_model_version")
+    if "ss_base_model_version" in kohya or "modelspec.architecture" in kohya:
+        arch = kohya.get("modelspec.architecture")
+        lines.append(f"base model {version if version is not None else '-'}" + (f" (modelspec {arch})" if arch else ""))
+    if kohya.get("ss_v2") is True:
+        lines.append("SD 2.x (--v2)")
+    if kohya.get("ss_sd_model_name"):
+        lines.append(f"trained on {_short(kohya['ss_sd_model_name'], 100)}")
+    if kohya.get("ss_model_prediction_type") is not None:
+        lines.append(f"model prediction type {kohya['ss_model_prediction_type']}")
+    if "ss_clip_skip" in kohya:
+        skip = kohya["ss_clip_skip"]
+        used = version is None or str(version).startswith("sd_v")
+        note = "" if used else f"; not used by sd-scripts for {version}"
+        if isinstance(skip, int):
+            lines.append(f"clip_skip {skip} (sd-scripts: hidden_states[-{skip}] + final LN{note})")
+        else:
+            lines.append(f"clip_skip not set (sd-scripts: last layer, text_encoder(ids)[0]{note})")
+    if "ss_max_token_length" in kohya:
+        m = kohya["ss_max_token_length"]
+        if isinstance(m, int):
+            lines.append(f"CLIP max tokens {m} ({m // 75} windows of 75 tokens + BOS/EOS, concatenated)")
+        else:
+            lines.append("CLIP max tokens 75 (one 77-token window)")
+    if "ss_t5xxl_max_token_length" in kohya:
+        lines.append(f"T5 max tokens {kohya['ss_t5xxl_max_token_length']}")
+    if "ss_apply_t5_attn_mask" in kohya:
+        lines.append(f"T5 attention mask: {_onoff(kohya['ss_apply_t5_attn_mask'])}")
+    if "ss_apply_lg_attn_mask" in kohya:
+        lines.append(f"CLIP-L/G attention mask: {_onoff(kohya['ss_apply_lg_attn_mask'])}")
+    if kohya.get("ss_network_train_unet_only") is True:
+        lines.append("text encoder trained: no (network_train_unet_only)")
+    if "ss_text_encoder_lr" in kohya:
+        lr = kohya["ss_text_encoder_lr"]
+        if lr is None:
+            lines.append("text encoder lr not set (sd-scripts uses --learning_rate unless --network_train_unet_only)")
+        elif lr in (0, 0.0, [], [0], [0.0]):
+            lines.append(f"text encoder lr {lr} (text encoder frozen)")
+        else:
+            lines.append(f"text encoder lr {lr}")
+    if "ss_caption_dropout_rate" in kohya or "ss_caption_tag_dropout_rate" in kohya:
+        lines.append(
+            f"caption dropout {_onoff(kohya.get('ss_caption_dropout_rate'))}, "
+            f"tag dropout {_onoff(kohya.get('ss_caption_tag_dropout_rate'))}"
+        )
+    if "ss_weighted_captions" in kohya:
+        lines.append(f"weighted captions: {_onoff(kohya['ss_weighted_captions'])}")
+    if kohya.get("ss_training_comment"):
+        lines.append(f"training comment: {_short(kohya['ss_training_comment'], 100)}")
+    return lines
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from te_align.metadata import read
+
+    data = read(args.file)
+    if args.json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{data['path']}: {data['tensor_count']} tensors, {data['metadata_keys']} metadata keys")
+    print("\n[te-align]")
+    for line in stamp_lines(data):
+        print(f"  {line}")
+    print("\n[kohya sd-scripts text encoder]")
+    for line in kohya_lines(data["kohya"], data.get("text_encoder_tensors")):
+        print(f"  {line}")
+    return 0

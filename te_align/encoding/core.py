@@ -232,15 +232,20 @@ def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int
 # ------------------------------------------------------------------------------- encoding
 def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     e = slot.encoder
-    need_states = not (e.layer == "last" and e.final_layer_norm)
+    # last_hidden_state is read by name: position 0 of a CLIPTextModelWithProjection output is
+    # text_embeds, and language-model heads return logits and no last_hidden_state at all.
+    is_lm_head = type(encoder).__name__.endswith(("ForCausalLM", "ForConditionalGeneration"))
+    need_states = not (e.layer == "last" and e.final_layer_norm) or is_lm_head
     kwargs: dict[str, Any] = {"input_ids": ids}
     if slot.masks.encoder:
         kwargs["attention_mask"] = mask
     if need_states:
         kwargs["output_hidden_states"] = True
     out = encoder(**kwargs)
-    if e.layer == "last" and e.final_layer_norm:
-        hidden = out[0]
+    if e.layer == "last" and e.final_layer_norm and getattr(out, "last_hidden_state", None) is not None:
+        hidden = out.last_hidden_state
+    elif e.layer == "last" and e.final_layer_norm:
+        hidden = out.hidden_states[-1]  # language models: the last entry is already normed
     elif e.layer == "all":
         hidden = torch.stack(tuple(out.hidden_states[1:]), dim=0)
     else:
@@ -258,7 +263,7 @@ def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor
     else:  # first_eos
         eos = slot.tokenizer.eos_token_id
         positions = (ids == eos).int().argmax(dim=-1)
-        last = out[0]
+        last = out.last_hidden_state
         pooled = last[torch.arange(last.shape[0], device=last.device), positions]
     return hidden, pooled
 
@@ -289,13 +294,17 @@ def encode_slot(
         ids, mask = _tokenize(slot, tokenizer, texts, negative)
         counts, n = [int(x) for x in mask.sum(dim=1)], 1
     ids, mask = ids.to(device), mask.to(device)
-    hidden, pooled = _forward(slot, encoder, ids, mask)
     if chunked:
+        # One forward per chunk position with the plain batch shape, so chunk 1 is bit-identical to
+        # the unchunked encoding (float results depend on the batch shape).
         b = len(texts)
-        hidden = hidden.reshape(b, n * hidden.shape[1], hidden.shape[-1])
-        pooled = pooled.reshape(b, n, -1)[:, 0] if pooled is not None else None
-        ids = ids.reshape(b, -1)
-        mask = mask.reshape(b, -1)
+        ids, mask = ids.reshape(b, n, -1), mask.reshape(b, n, -1)
+        parts = [_forward(slot, encoder, ids[:, k], mask[:, k]) for k in range(n)]
+        hidden = torch.cat([h for h, _ in parts], dim=-2)
+        pooled = parts[0][1]
+        ids, mask = ids.reshape(b, -1), mask.reshape(b, -1)
+    else:
+        hidden, pooled = _forward(slot, encoder, ids, mask)
     hidden = hidden.to(_encoder_dtype(encoder))
     if pooled is not None:
         pooled = pooled.to(_encoder_dtype(encoder))

@@ -1,0 +1,133 @@
+"""The result of encoding prompts: named tensors plus the profile they were made by.
+
+:class:`Conditioning` is a small read-only mapping ``name -> tensor`` (``prompt_embeds``,
+``pooled_prompt_embeds``, ``text_ids``, masks, …) in the order the profile lists its outputs. It
+records the profile name and fingerprint so caches and trainers can check where it came from.
+
+Tensors whose first dimension is the batch are *batched*; a tensor without a batch dimension (Flux's
+``text_ids`` of shape ``(seq, 3)``) is *shared* by every prompt. Name shared tensors in ``shared``;
+tensors not named there are treated as shared too when their first dimension differs from the batch
+size, so an encoder that forgets to list them still gets correct slices.
+
+torch is only imported by the methods that build new tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass(frozen=True, eq=False)
+class Conditioning(Mapping[str, "torch.Tensor"]):
+    """Named conditioning tensors for a batch of prompts, encoded by one profile."""
+
+    tensors: dict[str, torch.Tensor]
+    profile_name: str
+    fingerprint: str
+    #: Real (unpadded) token count per prompt, when the encoder reports it.
+    token_counts: list[int] | None = None
+    #: Names of tensors that have no batch dimension (kept whole by :meth:`index`).
+    shared: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        # A private copy so later changes to the caller's dict cannot change this object.
+        object.__setattr__(self, "tensors", dict(self.tensors))
+        object.__setattr__(self, "shared", tuple(self.shared))
+        if self.token_counts is not None:
+            object.__setattr__(self, "token_counts", [int(n) for n in self.token_counts])
+
+    # ----------------------------------------------------------------- mapping
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{name!r} (this conditioning has: {', '.join(self.tensors)})") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    # Tensors have no single truth value, so equality is identity (Mapping's __eq__ would compare them).
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={tuple(v.shape)}:{str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items())
+        return f"Conditioning({self.profile_name} {self.fingerprint}: {shapes})"
+
+    # ------------------------------------------------------------------- batch
+    @property
+    def batch_size(self) -> int:
+        """Number of prompts: ``len(token_counts)`` when known, else dim 0 of the first batched tensor."""
+        if self.token_counts is not None:
+            return len(self.token_counts)
+        for name, t in self.tensors.items():
+            if name not in self.shared and t.dim() > 0:
+                return int(t.shape[0])
+        return 1
+
+    def is_batched(self, name: str) -> bool:
+        """Whether tensor ``name`` has a leading batch dimension."""
+        t = self.tensors[name]
+        return name not in self.shared and t.dim() > 0 and int(t.shape[0]) == self.batch_size
+
+    def index(self, i: int) -> Conditioning:
+        """Prompt ``i`` alone, as a batch of one (batched tensors sliced ``[i:i+1]``, shared ones kept)."""
+        n = self.batch_size
+        if not -n <= i < n:
+            raise IndexError(f"prompt index {i} out of range for a batch of {n}")
+        i %= n
+        tensors = {k: (t[i : i + 1] if self.is_batched(k) else t) for k, t in self.tensors.items()}
+        counts = None
+        if self.token_counts is not None:
+            counts = [self.token_counts[i]]
+        return Conditioning(tensors, self.profile_name, self.fingerprint, counts, self.shared)
+
+    def split(self) -> list[Conditioning]:
+        """One batch-1 conditioning per prompt."""
+        return [self.index(i) for i in range(self.batch_size)]
+
+    @classmethod
+    def cat(cls, items: Sequence[Conditioning]) -> Conditioning:
+        """Concatenate conditionings of one profile along the batch (shared tensors taken from the first)."""
+        import torch
+
+        if not items:
+            raise ValueError("Conditioning.cat needs at least one item")
+        first = items[0]
+        for c in items[1:]:
+            if c.fingerprint != first.fingerprint or list(c) != list(first):
+                raise ValueError(
+                    f"cannot concatenate conditionings of different profiles or tensor sets "
+                    f"({first.profile_name} {first.fingerprint} {list(first)} vs {c.profile_name} {c.fingerprint} {list(c)})"
+                )
+        tensors = {
+            k: (torch.cat([c.tensors[k] for c in items], dim=0) if first.is_batched(k) else t)
+            for k, t in first.tensors.items()
+        }
+        counts: list[int] | None = None
+        if all(c.token_counts is not None for c in items):
+            counts = [n for c in items for n in (c.token_counts or [])]
+        return cls(tensors, first.profile_name, first.fingerprint, counts, first.shared)
+
+    # ------------------------------------------------------------------ moving
+    def to(self, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False) -> Conditioning:
+        """A copy on ``device``; ``dtype`` applies to floating-point tensors only (ids and masks keep theirs)."""
+        out = {}
+        for k, t in self.tensors.items():
+            target = dtype if (dtype is not None and t.is_floating_point()) else None
+            out[k] = t.to(device=device, dtype=target, non_blocking=non_blocking)
+        return Conditioning(out, self.profile_name, self.fingerprint, self.token_counts, self.shared)
+
+
+__all__ = ["Conditioning"]

@@ -1,0 +1,444 @@
+"""Read and stamp the text-conditioning recipe in a ``.safetensors`` file's metadata (LoRAs, checkpoints).
+
+A safetensors file is an 8-byte little-endian header length ``N``, ``N`` bytes of JSON (tensor
+names -> dtype, shape, data offsets, plus an optional ``__metadata__`` table of strings), then the
+tensor bytes. Everything here works on that header by hand: no tensor is ever loaded, torch is never
+imported, and :func:`stamp` copies the tensor bytes unchanged behind a rewritten header.
+
+:func:`stamp` writes ``te_align.*`` keys (profile, fingerprint, and the per-slot values that decide
+what the text encoders produce). :func:`read` returns those keys, the text-encoder settings kohya
+sd-scripts records (``ss_clip_skip``, ``ss_apply_t5_attn_mask``, …), and whether the stamp still
+matches the bundled profile of that name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_align.errors import TeAlignError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
+
+#: The safetensors library refuses headers larger than this; so do we.
+MAX_HEADER_BYTES = 100_000_000
+PREFIX = "te_align."
+#: Version of the ``te_align.*`` key layout written by :func:`stamp`.
+STAMP_FORMAT = 1
+
+#: kohya sd-scripts metadata keys that describe text conditioning (train_network.py and the
+#: architecture-specific ``update_metadata`` of sd3_/flux_train_network.py), plus the modelspec
+#: architecture. Keys some forks or older versions write (ss_t5xxl_max_token_length,
+#: ss_network_train_unet_only, ss_weighted_captions) are read when present.
+KOHYA_KEYS = (
+    "ss_base_model_version",
+    "ss_v2",
+    "ss_sd_model_name",
+    "modelspec.architecture",
+    "ss_model_prediction_type",
+    "ss_clip_skip",
+    "ss_max_token_length",
+    "ss_t5xxl_max_token_length",
+    "ss_apply_t5_attn_mask",
+    "ss_apply_lg_attn_mask",
+    "ss_text_encoder_lr",
+    "ss_network_train_unet_only",
+    "ss_caption_dropout_rate",
+    "ss_caption_tag_dropout_rate",
+    "ss_weighted_captions",
+    "ss_training_comment",
+)
+
+# Bytes per element of the safetensors dtypes (sub-byte float formats are not size-checked).
+_DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+
+
+class MetadataError(TeAlignError):
+    """A file that is not a readable safetensors file, or one that cannot be stamped."""
+
+
+# ------------------------------------------------------------------------------- header parsing
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """The parsed header of a safetensors file (no tensor data)."""
+
+    path: str
+    header_len: int
+    tensors: dict[str, dict[str, Any]]
+    metadata: dict[str, str]
+    #: Byte offset of the tensor data (8 + header_len) and its length.
+    data_start: int
+    data_len: int
+    #: The header JSON object as read (tensor entries and ``__metadata__``, in file order).
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def parse_header(prefix: bytes, file_size: int, path: str | os.PathLike[str] = "<bytes>") -> SafetensorsHeader:
+    """Parse and validate a header from the first bytes of a file (at least ``8 + N`` of them).
+
+    Checks what the safetensors library checks: a sane length, a JSON object, string metadata,
+    known-size dtypes matching their shapes, and tensor data that exactly tiles the rest of the file.
+    """
+    name = str(path)
+
+    def bad(msg: str) -> MetadataError:
+        return MetadataError(f"not a valid safetensors file: {msg}", file=name)
+
+    if file_size < 8 or len(prefix) < 8:
+        raise bad(f"only {file_size} bytes, shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n == 0 or n > MAX_HEADER_BYTES:
+        raise bad(f"header length {n} is out of range")
+    if 8 + n > file_size or len(prefix) < 8 + n:
+        raise bad(f"header length {n} runs past the end of the {file_size}-byte file (truncated?)")
+    raw_json = prefix[8 : 8 + n]
+    try:
+        header = json.loads(raw_json.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"header is not JSON ({e.__class__.__name__} at byte {getattr(e, 'pos', getattr(e, 'start', '?'))})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    meta = header.get("__metadata__", {})
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise bad("__metadata__ must map strings to strings")
+    data_len = file_size - 8 - n
+    tensors: dict[str, dict[str, Any]] = {}
+    spans: list[tuple[int, int, str]] = []
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise bad(f"tensor '{key}' has no description")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise bad(f"tensor '{key}' has no dtype")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise bad(f"tensor '{key}' has a bad shape {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise bad(f"tensor '{key}' has bad data_offsets {offsets!r}")
+        if dtype in _DTYPE_SIZES:
+            numel = 1
+            for d in shape:
+                numel *= d
+            if offsets[1] - offsets[0] != numel * _DTYPE_SIZES[dtype]:
+                raise bad(f"tensor '{key}' ({dtype} {shape}) does not fit its {offsets[1] - offsets[0]} bytes")
+        tensors[key] = info
+        spans.append((offsets[0], offsets[1], key))
+    end = 0
+    for start, stop, key in sorted(spans):
+        if start != end:
+            raise bad(f"tensor '{key}' starts at {start}, expected {end} (overlapping or gapped data)")
+        end = stop
+    if end != data_len:
+        raise bad(f"tensor data is {data_len} bytes but the header describes {end} (truncated or padded file)")
+    return SafetensorsHeader(name, n, tensors, dict(meta), 8 + n, data_len, header)
+
+
+def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
+    """Read and validate only the header of a safetensors file."""
+    name = str(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(8)
+            if len(first) == 8:
+                (n,) = struct.unpack("<Q", first)
+                if 0 < n <= MAX_HEADER_BYTES and 8 + n <= size:
+                    first += f.read(n)
+    except FileNotFoundError:
+        raise MetadataError("no such file", file=name) from None
+    except IsADirectoryError:
+        raise MetadataError("is a folder, not a .safetensors file", file=name) from None
+    except OSError as e:
+        raise MetadataError(f"cannot read: {e.strerror}", file=name) from None
+    return parse_header(first, size, name)
+
+
+def _encode_header(header: dict[str, Any]) -> bytes:
+    """Header JSON padded with spaces so the tensor data starts at a multiple of 8 bytes."""
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body += b" " * (-(8 + len(body)) % 8)
+    return struct.pack("<Q", len(body)) + body
+
+
+# ------------------------------------------------------------------------------------ stamping
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "none"
+    return str(v)
+
+
+def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """The ``te_align.*`` metadata keys for a profile (all values strings)."""
+    from te_align import __version__
+    from te_align.profiles import profile as resolve
+
+    p = resolve(profile) if isinstance(profile, str) else profile
+    keys: dict[str, str] = {
+        "te_align.version": __version__,
+        "te_align.stamp_format": str(STAMP_FORMAT),
+        "te_align.profile": p.name,
+        "te_align.fingerprint": p.fingerprint(),
+        "te_align.family": p.family,
+        "te_align.empty_prompt": p.empty_prompt,
+        "te_align.slots": ",".join(p.slot_names),
+    }
+    for s in p.slots:
+        base = f"te_align.{s.name}"
+        keys[f"{base}.max_length"] = _value(s.tokenizer.max_length)
+        keys[f"{base}.layer"] = _value(s.encoder.layer)
+        keys[f"{base}.final_layer_norm"] = _value(s.encoder.final_layer_norm)
+        keys[f"{base}.pooled"] = _value(s.encoder.pooled)
+        keys[f"{base}.masks.encoder"] = _value(s.masks.encoder)
+        keys[f"{base}.masks.zero_padded"] = _value(s.masks.zero_padded)
+        keys[f"{base}.masks.denoiser"] = _value(s.masks.denoiser)
+    keys["te_align.profile_json"] = json.dumps(p.behaviour(), separators=(",", ":"), ensure_ascii=False)
+    for k, v in (extra or {}).items():
+        if not isinstance(k, str) or not k:
+            raise MetadataError(f"extra metadata keys must be non-empty strings, got {k!r}")
+        keys[f"te_align.extra.{k}"] = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return keys
+
+
+def stamp(
+    path_in: str | os.PathLike[str],
+    path_out: str | os.PathLike[str] | None = None,
+    *,
+    profile: AlignmentProfile | str,
+    extra: dict[str, Any] | None = None,
+    backup: bool = False,
+) -> dict[str, str]:
+    """Write the ``te_align.*`` keys of ``profile`` into a safetensors file's metadata.
+
+    Only the header is rewritten: other metadata keys are kept, earlier ``te_align.*`` keys are
+    replaced, tensor entries and offsets are unchanged, and the tensor bytes are streamed across
+    unchanged (no tensor is loaded). The output is written to a temporary file next to it, fsynced
+    and renamed over the target, so a crash never leaves a half-written file. With ``path_out``
+    None (or equal to ``path_in``) the file is stamped in place; ``backup=True`` then keeps the
+    original as ``<file>.bak``. Returns the keys written.
+    """
+    src = Path(path_in)
+    dst = Path(path_out) if path_out is not None else src
+    in_place = path_out is None or _same_file(src, dst)
+    if backup and not in_place:
+        raise MetadataError("backup=True only applies to stamping in place (path_out is given)", file=str(src))
+    head = read_header(src)
+    keys = stamp_keys(profile, extra)
+
+    meta = {k: v for k, v in head.metadata.items() if not k.startswith(PREFIX)}
+    meta.update(keys)
+    new_header: dict[str, Any] = {"__metadata__": meta}
+    new_header.update((k, v) for k, v in head.raw.items() if k != "__metadata__")
+    encoded = _encode_header(new_header)
+
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    except OSError as e:
+        raise MetadataError(f"cannot write: {e.strerror}", file=str(dst)) from None
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
+            out.write(encoded)
+            f.seek(head.data_start)
+            copied = _copy_exactly(f, out, head.data_len)
+            if copied != head.data_len:
+                raise MetadataError(
+                    f"file changed while stamping ({copied} of {head.data_len} tensor bytes read)", file=str(src)
+                )
+            out.flush()
+            os.fsync(out.fileno())
+        shutil.copymode(dst if dst.exists() else src, tmp)
+        if in_place and backup:
+            _link_or_copy(src, src.with_name(src.name + ".bak"))
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return keys
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _copy_exactly(f: Any, out: Any, n: int, chunk: int = 16 << 20) -> int:
+    done = 0
+    while done < n:
+        buf = f.read(min(chunk, n - done))
+        if not buf:
+            break
+        out.write(buf)
+        done += len(buf)
+    return done
+
+
+def _link_or_copy(src: Path, bak: Path) -> None:
+    """Make ``bak`` hold the current ``src`` (a hard link when possible: no copy, no window)."""
+    tmp = bak.with_name(f".{bak.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, bak)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------- reading
+#: Tensor-name prefixes of text-encoder weights: kohya LoRA (lora_te_, lora_te1_…) and diffusers/PEFT.
+_TE_TENSOR_PREFIXES = ("lora_te", "text_encoder")
+_BOOL_SUFFIXES = (".final_layer_norm", ".masks.encoder", ".masks.zero_padded", ".masks.denoiser")
+
+
+def _parse_stamp_value(key: str, v: str) -> Any:
+    if key == "te_align.profile_json":
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            return v
+    if key.startswith("te_align.extra."):
+        return v
+    if key.endswith(_BOOL_SUFFIXES) and v in ("true", "false"):
+        return v == "true"
+    if key.endswith((".max_length", ".layer")) or key == "te_align.stamp_format":
+        if re.fullmatch(r"-?\d+", v):
+            return int(v)
+    return v
+
+
+def _parse_kohya_value(v: str) -> Any:
+    """sd-scripts writes ``str(value)``: "None", "True", "2", "0.0001", "[1e-05, 2e-05]"."""
+    if v == "None":
+        return None
+    if v in ("True", "False"):
+        return v == "True"
+    if re.fullmatch(r"-?\d+", v):
+        return int(v)
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    if v.startswith("[") and v.endswith("]"):
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError:
+            pass
+    return v
+
+
+def _profile_check(stamp: dict[str, Any]) -> dict[str, Any] | None:
+    """Compare a stamp's fingerprint with the bundled profile of the same name (bundled only: no files, no hub)."""
+    fp = stamp.get("te_align.fingerprint")
+    name = stamp.get("te_align.profile")
+    if not isinstance(fp, str):
+        return None
+    from te_align.errors import ProfileNotFound
+    from te_align.profiles import bundled, profiles
+
+    same = [p.name for p in profiles() if p.fingerprint() == fp]
+    check: dict[str, Any] = {
+        "profile": name,
+        "stamped_fingerprint": fp,
+        "bundled": False,
+        "current_fingerprint": None,
+        "matches": None,
+        "same_behaviour_as": same,
+        "differences": [],
+    }
+    try:
+        current = bundled(name) if isinstance(name, str) else None
+    except ProfileNotFound:
+        current = None
+    if current is None:
+        return check
+    check["bundled"] = True
+    check["bundled_name"] = current.name
+    check["current_fingerprint"] = current.fingerprint()
+    check["matches"] = current.fingerprint() == fp
+    old = stamp.get("te_align.profile_json")
+    if not check["matches"] and isinstance(old, dict):
+        now = current.behaviour()
+        check["differences"] = [
+            {"path": k, "stamped": old.get(k, "<absent>"), "current": now.get(k, "<absent>")}
+            for k in dict.fromkeys([*old, *now])
+            if old.get(k, "<absent>") != now.get(k, "<absent>")
+        ]
+    return check
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The te-align stamp and kohya text-encoder metadata of a safetensors file (header only).
+
+    Returns ``{"path", "stamped", "te_align": {key: value}, "kohya": {key: value}, "profile_check",
+    "tensor_count", "text_encoder_tensors", "metadata_keys"}``. ``te_align`` holds the ``te_align.*`` keys with numbers and
+    booleans parsed and ``te_align.profile_json`` decoded; ``kohya`` holds the sd-scripts keys of
+    :data:`KOHYA_KEYS` that are present, parsed from their ``str()`` form. ``profile_check`` (None
+    when unstamped) says whether the stamped fingerprint equals the current fingerprint of the
+    bundled profile with the stamped name, which bundled profiles have that fingerprint, and — when
+    they differ — which behaviour values changed.
+    """
+    head = read_header(path)
+    meta = head.metadata
+    te = {k: _parse_stamp_value(k, v) for k, v in meta.items() if k.startswith(PREFIX)}
+    kohya = {k: _parse_kohya_value(meta[k]) for k in KOHYA_KEYS if k in meta}
+    stamped = "te_align.fingerprint" in te
+    return {
+        "path": str(path),
+        "stamped": stamped,
+        "te_align": te,
+        "kohya": kohya,
+        "profile_check": _profile_check(te) if stamped else None,
+        "tensor_count": len(head.tensors),
+        "text_encoder_tensors": sum(1 for n in head.tensors if n.startswith(_TE_TENSOR_PREFIXES)),
+        "metadata_keys": len(meta),
+    }
+
+
+__all__ = [
+    "KOHYA_KEYS",
+    "MetadataError",
+    "SafetensorsHeader",
+    "parse_header",
+    "read",
+    "read_header",
+    "stamp",
+    "stamp_keys",
+]

@@ -1,0 +1,192 @@
+"""The reference encoder's options and its refusals: chunking, dropout, empty prompts, negatives, bad input."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import te_align
+from te_align.encoding import EncodeOptions, encode, encode_uncond, sample_dropout
+from te_align.errors import EncodingError, TeAlignError
+from tests.support import build_pipeline_for_encoding
+from tests.support.adapt import fit_profile
+
+
+@functools.cache
+def _pipe(profile: str, family: str):
+    pipe = build_pipeline_for_encoding(family)
+    return pipe, fit_profile(te_align.profile(profile), pipe)
+
+
+def sdxl():
+    return _pipe("sdxl", "sdxl")
+
+
+def sd35():
+    return _pipe("sd35-large", "sd3")
+
+
+# --------------------------------------------------------------------------------- negatives
+@pytest.mark.parametrize(
+    ("profile", "family", "call", "neg_positions"),
+    [
+        # SDXL: force_zeros_for_empty_prompt -> zeros for prompt and pooled embeddings
+        ("sdxl", "sdxl", lambda pipe, x: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=True),
+         {1: "prompt_embeds", 3: "pooled_prompt_embeds"}),
+        ("sd35-large", "sd3", lambda pipe, x: pipe.encode_prompt(
+            prompt=x, prompt_2=None, prompt_3=None, device="cpu", do_classifier_free_guidance=True),
+         {1: "prompt_embeds", 3: "pooled_prompt_embeds"}),
+        # Lumina 2: the negative prompt gets no system prompt
+        ("lumina2", "lumina2", lambda pipe, x: pipe.encode_prompt(x, do_classifier_free_guidance=True, device="cpu"),
+         {2: "prompt_embeds", 3: "prompt_attention_mask"}),
+        # Sana: the negative prompt gets no complex human instruction
+        ("sana", "sana", lambda pipe, x: pipe.encode_prompt(x, do_classifier_free_guidance=True, device="cpu"),
+         {2: "prompt_embeds", 3: "prompt_attention_mask"}),
+        ("chroma", "chroma", lambda pipe, x: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=True),
+         {3: "prompt_embeds", 5: "prompt_attention_mask"}),
+    ],
+)  # fmt: skip
+def test_uncond_equals_pipeline_negative(profile, family, call, neg_positions):
+    pipe, p = _pipe(profile, family)
+    with torch.no_grad():
+        result = call(pipe, ["a cat", "a dog on a mat"])
+    ours = encode_uncond(p, 2, pipeline=pipe)
+    for pos, name in neg_positions.items():
+        assert ours[name].dtype == result[pos].dtype
+        assert torch.equal(ours[name], result[pos]), f"{profile}: {name} differs from the pipeline's negative"
+
+
+def test_sdxl_uncond_is_zeros_and_sd3_uncond_is_encoded_empty_prompt():
+    pipe, p = sdxl()
+    u = encode_uncond(p, 1, pipeline=pipe)
+    assert not u["prompt_embeds"].any() and not u["pooled_prompt_embeds"].any()
+    pipe3, p3 = sd35()
+    u3 = encode_uncond(p3, 1, pipeline=pipe3)
+    assert torch.equal(u3["prompt_embeds"], encode(p3, [""], pipeline=pipe3)["prompt_embeds"])
+    assert u3["prompt_embeds"].abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------ chunking
+def test_long_prompt_chunking_novelai_method():
+    pipe, p = sdxl()
+    words = " ".join(f"w{i}" for i in range(100))  # well over 75 tokens
+    short = "a cat"
+    opts = EncodeOptions(long_prompt_chunks=3)
+    c = encode(p, [words, short], pipeline=pipe, options=opts)
+    counts = c.token_counts
+    assert counts[0] > 150 and counts[1] == 2
+    n = min(3, -(-counts[0] // 75))
+    assert c["prompt_embeds"].shape[1] == 77 * n
+    # chunk 1 of each prompt is the plain 77-token encoding of that prompt (truncated at 75 tokens)
+    plain = encode(p, [words, short], pipeline=pipe)
+    assert torch.equal(c["prompt_embeds"][:, :77], plain["prompt_embeds"])
+    # pooled output comes from the first chunk only
+    assert torch.equal(c["pooled_prompt_embeds"], plain["pooled_prompt_embeds"])
+    # the second chunk of the long prompt is different from a padding-only chunk of the short one
+    assert not torch.equal(c["prompt_embeds"][0, 77:154], c["prompt_embeds"][1, 77:154])
+    # with one chunk allowed, chunking equals plain truncation
+    one = encode(p, [words, short], pipeline=pipe, options=EncodeOptions(long_prompt_chunks=1))
+    assert torch.equal(one["prompt_embeds"], plain["prompt_embeds"])
+
+
+def test_chunking_touches_only_clip_slots_in_sd3():
+    pipe, p = sd35()
+    words = " ".join(f"w{i}" for i in range(100))
+    c = encode(p, [words], pipeline=pipe, options=EncodeOptions(long_prompt_chunks=2))
+    plain = encode(p, [words], pipeline=pipe)
+    t5_len = p.slot("t5").tokenizer.max_length
+    assert c["prompt_embeds"].shape[1] == 2 * 77 + t5_len
+    assert torch.equal(c["prompt_embeds"][:, -t5_len:], plain["prompt_embeds"][:, -t5_len:])
+
+
+# ------------------------------------------------------------------------------- dropout
+def test_per_encoder_dropout_zeros_and_empty_policies():
+    pipe, p = sd35()
+    prompts = ["a cat", "a dog"]
+    plain = encode(p, prompts, pipeline=pipe)
+    z = encode(p, prompts, pipeline=pipe, drop_slots={"t5": [True, False]}, options=EncodeOptions(dropout_policy="zeros"))
+    t5_len = p.slot("t5").tokenizer.max_length
+    assert not z["prompt_embeds"][0, 77:].any()
+    assert torch.equal(z["prompt_embeds"][0, :77], plain["prompt_embeds"][0, :77])
+    assert torch.equal(z["prompt_embeds"][1], plain["prompt_embeds"][1])
+    assert torch.equal(z["pooled_prompt_embeds"], plain["pooled_prompt_embeds"])  # t5 has no pooled part
+    e = encode(p, prompts, pipeline=pipe, drop_slots={"clip_g": [False, True]}, options=EncodeOptions(dropout_policy="empty"))
+    empty = encode(p, [""], pipeline=pipe)
+    width_l = pipe.text_encoder.config.hidden_size
+    width_g = pipe.text_encoder_2.config.hidden_size
+    g = slice(width_l, width_l + width_g)
+    assert torch.equal(e["prompt_embeds"][1, :77, g], empty["prompt_embeds"][0, :77, g])
+    assert torch.equal(e["prompt_embeds"][1, :77, :width_l], plain["prompt_embeds"][1, :77, :width_l])
+    assert torch.equal(e["prompt_embeds"][1, 77:], plain["prompt_embeds"][1, 77:])
+    assert torch.equal(e["pooled_prompt_embeds"][1, width_l:], empty["pooled_prompt_embeds"][0, width_l:])
+    assert torch.equal(e["prompt_embeds"][0], plain["prompt_embeds"][0])
+    assert t5_len == e["prompt_embeds"].shape[1] - 77
+
+
+def test_whole_caption_dropout_follows_profile_rule():
+    pipe, p = sdxl()  # SDXL: empty prompt -> zeros
+    c = encode(p, ["a cat", "a dog"], pipeline=pipe, drop=[False, True])
+    assert not c["prompt_embeds"][1].any() and not c["pooled_prompt_embeds"][1].any()
+    assert c["prompt_embeds"][0].abs().sum() > 0
+    pipe3, p3 = sd35()  # SD3: empty prompt -> the encoded ""
+    c3 = encode(p3, ["a cat", "a dog"], pipeline=pipe3, drop=[True, False])
+    assert torch.equal(c3["prompt_embeds"][0], encode(p3, [""], pipeline=pipe3)["prompt_embeds"][0])
+
+
+def test_sample_dropout_is_seeded_and_independent():
+    p = te_align.profile("sd35-large")
+    probs = {s.name: s.train_dropout for s in p.slots}
+    assert probs == {"clip_l": 0.464, "clip_g": 0.464, "t5": 0.464}
+    a = sample_dropout(p, 2000, probs, generator=torch.Generator().manual_seed(0))
+    b = sample_dropout(p, 2000, probs, generator=torch.Generator().manual_seed(0))
+    assert a == b
+    rates = {k: sum(v) / len(v) for k, v in a.items()}
+    assert all(0.43 < r < 0.50 for r in rates.values()), rates
+    assert a["clip_l"] != a["t5"]  # independent draws per encoder
+    with pytest.raises(EncodingError, match="must be in"):
+        sample_dropout(p, 4, {"t5": 1.5})
+    with pytest.raises(TeAlignError, match="no text-encoder slot 'clip_x'"):
+        sample_dropout(p, 4, {"clip_x": 0.1})
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_missing_component_names_the_slot():
+    pipe, p = sd35()
+    toks = {"clip_l": pipe.tokenizer, "clip_g": pipe.tokenizer_2}
+    encs = {"clip_l": pipe.text_encoder, "clip_g": pipe.text_encoder_2}
+    with pytest.raises(EncodingError, match=r"no tokenizer for slot 't5'.*'tokenizer_3'"):
+        encode(p, ["a"], tokenizers=toks, text_encoders=encs)
+
+
+def test_hidden_size_mismatch_names_slot_and_both_values():
+    pipe = sd35()[0]
+    real = te_align.profile("sd35-large")  # real sizes, tiny encoders
+    with pytest.raises(EncodingError) as exc:
+        encode(real, ["a"], pipeline=pipe)
+    msg = str(exc.value)
+    assert "slot 'clip_l'" in msg and "hidden size 32" in msg and "expects 768" in msg
+
+
+def test_bad_dtype_device_and_prompts():
+    pipe, p = sd35()
+    with pytest.raises(EncodingError, match="dtype must be"):
+        encode(p, ["a"], pipeline=pipe, dtype="float8")
+    with pytest.raises(EncodingError, match="slot 'clip_l': the encoder is on cpu but device=cuda"):
+        encode(p, ["a"], pipeline=pipe, device="cuda")
+    with pytest.raises(EncodingError, match="non-empty list of strings"):
+        encode(p, [], pipeline=pipe)
+    with pytest.raises(EncodingError, match="drop has 1 entries for 2 prompts"):
+        encode(p, ["a", "b"], pipeline=pipe, drop=[True])
+    with pytest.raises(EncodingError, match="dropout_policy"):
+        encode(p, ["a"], pipeline=pipe, options=EncodeOptions(dropout_policy="maybe"))
+
+
+def test_dtype_argument_casts_float_outputs_only():
+    pipe, p = _pipe("chroma", "chroma")
+    c = encode(p, ["a cat"], pipeline=pipe, dtype="bfloat16")
+    assert c["prompt_embeds"].dtype == torch.bfloat16
+    assert c["prompt_attention_mask"].dtype == torch.bfloat16  # Chroma's mask has the embeddings' dtype
+    q = encode(_pipe("pixart-sigma", "pixart-sigma")[1], ["a cat"], pipeline=_pipe("pixart-sigma", "pixart-sigma")[0], dtype=torch.float16)
+    assert q["prompt_embeds"].dtype == torch.float16 and q["prompt_attention_mask"].dtype == torch.int64

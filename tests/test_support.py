@@ -1,0 +1,423 @@
+"""Checks of the offline test support (tests/support): tokenizer conventions, tiny encoders, pipelines."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import regex
+import torch
+import transformers
+
+from tests.support import encoders as enc
+from tests.support import tokenizers as toks
+
+PROMPT = "a photo of a cat"
+
+# Ids of the real OpenAI CLIP tokenizer (openai/clip-vit-large-patch14), well known from the CLIP papers,
+# READMEs and countless notebooks.
+KNOWN_CLIP_IDS = {
+    "a photo of a cat": [49406, 320, 1125, 539, 320, 2368, 49407],
+    "a photo of a dog": [49406, 320, 1125, 539, 320, 1929, 49407],
+    "hello world": [49406, 3306, 1002, 49407],
+    "": [49406, 49407],
+}
+
+# Free-form prompts that must tokenize without error everywhere.
+ODD_PROMPTS = [
+    PROMPT,
+    "An astronaut riding a horse on the moon, 4k, highly detailed!!",
+    "(masterpiece:1.2), best_quality, 1girl, looking at viewer; {blue|red} [sky] ~ #42 @home",
+    "don't   stop\tbelievin'\n— café naïve 東京",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("te-align-tokenizers")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    # The models are tiny: one intra-op thread is faster, and much faster on a busy machine, where
+    # OpenMP barriers between two threads cost ~30 ms per matmul. Restored after this module.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLIP
+# --------------------------------------------------------------------------------------------------
+
+
+def _reference_clip_ids(folder: Path, text: str) -> list[int]:
+    """Independent OpenAI-CLIP BPE (rank-ordered merges over byte-level symbols) for ASCII text."""
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "#version: 0.2"
+    ranks = {tuple(line.split()): i for i, line in enumerate(lines[1:])}
+    byte_chars = toks.bytes_to_unicode()
+    ids = [vocab["<|startoftext|>"]]
+    pattern = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+    for word in regex.findall(pattern, " ".join(text.lower().split())):
+        symbols = [byte_chars[b] for b in word.encode("utf-8")]
+        symbols[-1] += "</w>"
+        while len(symbols) > 1:
+            best = min(itertools.pairwise(symbols), key=lambda p: ranks.get(p, math.inf))
+            if best not in ranks:
+                break
+            merged: list[str] = []
+            i = 0
+            while i < len(symbols):
+                if i < len(symbols) - 1 and (symbols[i], symbols[i + 1]) == best:
+                    merged.append(symbols[i] + symbols[i + 1])
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            symbols = merged
+        ids.extend(vocab[s] for s in symbols)
+    return [*ids, vocab["<|endoftext|>"]]
+
+
+def test_bytes_to_unicode_layout() -> None:
+    table = toks.bytes_to_unicode()
+    assert len(table) == 256 and len(set(table.values())) == 256
+    chars = list(table.values())
+    assert chars[0] == "!" and table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_clip_tokenizer_known_ids(cache_dir: Path, fast: bool) -> None:
+    tokenizer = toks.clip_tokenizer(fast=fast, cache_dir=cache_dir)
+    assert isinstance(tokenizer, transformers.CLIPTokenizer)
+    assert len(tokenizer) == toks.CLIP_VOCAB_SIZE == 49408
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (49406, 49407)
+    assert tokenizer.unk_token == tokenizer.eos_token == "<|endoftext|>"
+    assert tokenizer.model_max_length == 77 and tokenizer.padding_side == "right"
+    for text, ids in KNOWN_CLIP_IDS.items():
+        assert tokenizer(text).input_ids == ids, text
+    # lower-casing and whitespace folding
+    assert tokenizer("A  Photo OF a CAT").input_ids == KNOWN_CLIP_IDS[PROMPT]
+    assert "open_clip" not in sys.modules
+
+
+def test_clip_tokenizer_matches_reference_bpe(cache_dir: Path) -> None:
+    tokenizer = toks.clip_tokenizer(cache_dir=cache_dir)
+    folder = Path(tokenizer.name_or_path)
+    for text in [*ODD_PROMPTS[:3], "hello!! world!", "it's a DSLR photo, 85mm f/1.8 - bokeh"]:
+        assert tokenizer(text).input_ids == _reference_clip_ids(folder, text), text
+
+
+def test_clip_slow_and_fast_layouts_agree(cache_dir: Path) -> None:
+    # transformers 5 has one tokenizer class per model; the "Fast" names are aliases.
+    assert transformers.CLIPTokenizerFast is transformers.CLIPTokenizer
+    for pad in ("<|endoftext|>", "!"):
+        slow = toks.clip_tokenizer(pad=pad, fast=False, cache_dir=cache_dir)
+        fast = toks.clip_tokenizer(pad=pad, fast=True, cache_dir=cache_dir)
+        assert (Path(fast.name_or_path) / "tokenizer.json").is_file()
+        assert not (Path(slow.name_or_path) / "tokenizer.json").exists()
+        assert slow.pad_token == fast.pad_token == pad
+        for text in ODD_PROMPTS:
+            kwargs: dict[str, Any] = {"padding": "max_length", "max_length": 77, "truncation": True}
+            assert slow(text, **kwargs).input_ids == fast(text, **kwargs).input_ids
+
+
+def test_special_tokens_map_only_read_for_legacy_configs(cache_dir: Path, tmp_path: Path) -> None:
+    # transformers 5 reads special_tokens_map.json only when tokenizer_config.json has no
+    # added_tokens_decoder; then the map wins over the config (the legacy layout's config says
+    # pad "<|endoftext|>", its map says "!"). With an added_tokens_decoder the map is ignored.
+    legacy = Path(toks.clip_tokenizer(pad="!", fast=False, cache_dir=cache_dir).name_or_path)
+    assert json.loads((legacy / "tokenizer_config.json").read_text())["pad_token"] == "<|endoftext|>"
+    new = Path(toks.clip_tokenizer(pad="!", fast=True, cache_dir=cache_dir).name_or_path)
+    copy = tmp_path / "clip"
+    copy.mkdir()
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        (copy / name).write_bytes((new / name).read_bytes())
+    (copy / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|endoftext|>"}))
+    assert transformers.CLIPTokenizer.from_pretrained(str(copy)).pad_token == "!"
+
+
+def test_clip_pad_conventions(cache_dir: Path) -> None:
+    eot = toks.clip_tokenizer(pad="<|endoftext|>", cache_dir=cache_dir)
+    bang = toks.clip_tokenizer(pad="!", cache_dir=cache_dir)
+    assert (eot.pad_token, eot.pad_token_id) == ("<|endoftext|>", 49407)
+    assert (bang.pad_token, bang.pad_token_id) == ("!", 0)
+    padded = {
+        name: t("a cat", padding="max_length", max_length=8) for name, t in [("eot", eot), ("bang", bang)]
+    }
+    assert padded["eot"].input_ids == [49406, 320, 2368, 49407, 49407, 49407, 49407, 49407]
+    assert padded["bang"].input_ids == [49406, 320, 2368, 49407, 0, 0, 0, 0]
+    assert padded["eot"].attention_mask == padded["bang"].attention_mask == [1, 1, 1, 1, 0, 0, 0, 0]
+    # True behaviour: a pad token is registered as a special added token, so with pad "!" every "!" in
+    # the text is split off and encoded as id 0, while the "<|endoftext|>"-padded tokenizer uses the
+    # normal BPE pieces ("!</w>" = 256, "!!</w>" = 748).
+    assert eot("!").input_ids == [49406, 256, 49407]
+    assert bang("!").input_ids == [49406, 0, 49407]
+    assert eot("hello!! world!").input_ids == [49406, 3306, 748, 1002, 256, 49407]
+    assert bang("hello!! world!").input_ids == [49406, 3306, 0, 0, 1002, 0, 49407]
+
+
+def test_clip_truncation_keeps_eos(cache_dir: Path) -> None:
+    tokenizer = toks.clip_tokenizer(cache_dir=cache_dir, model_max_length=77)
+    ids = tokenizer(" ".join(["cat"] * 200), padding="max_length", truncation=True, max_length=77).input_ids
+    assert len(ids) == 77 and ids[0] == 49406 and ids[-1] == 49407 and set(ids[1:-1]) == {2368}
+    long = toks.clip_tokenizer(cache_dir=cache_dir, model_max_length=128)
+    assert long.model_max_length == 128
+
+
+def test_tokenizer_cache_reuses_files(cache_dir: Path) -> None:
+    first = toks.t5_tokenizer(cache_dir=cache_dir)
+    folder = Path(first.name_or_path)
+    stamp = (folder / "tokenizer.json").stat().st_mtime_ns
+    second = toks.t5_tokenizer(cache_dir=cache_dir)
+    assert second is not first and Path(second.name_or_path) == folder
+    assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
+    assert folder.parent == cache_dir
+    default = toks.default_cache_dir()
+    assert default.parent == Path(tempfile.gettempdir()) and default.name.startswith(
+        "te-align-test-tokenizers-"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# small tokenizers
+# --------------------------------------------------------------------------------------------------
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text).input_ids)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [toks.t5_tokenizer, toks.umt5_tokenizer, toks.pile_t5_tokenizer, toks.gemma_tokenizer,
+     toks.llama3_tokenizer, toks.qwen2_tokenizer],
+)  # fmt: skip
+def test_small_tokenizers_are_small_and_total(cache_dir: Path, factory: Callable[..., Any]) -> None:
+    tokenizer = factory(cache_dir=cache_dir)
+    assert len(tokenizer) <= 1000
+    for text in ODD_PROMPTS:
+        ids = _ids(tokenizer, text)
+        assert ids and all(0 <= i < len(tokenizer) for i in ids)
+    # whole prompt words are single pieces
+    words = [t for t in tokenizer.convert_ids_to_tokens(_ids(tokenizer, PROMPT)) if not t.startswith("<")]
+    assert [w.lstrip("▁Ġ") for w in words] == PROMPT.split()
+
+
+def test_t5_conventions(cache_dir: Path) -> None:
+    t5 = toks.t5_tokenizer(cache_dir=cache_dir)
+    assert (
+        isinstance(t5, transformers.T5TokenizerFast)
+        and transformers.T5TokenizerFast is transformers.T5Tokenizer
+    )
+    assert (t5.pad_token_id, t5.eos_token_id, t5.unk_token_id, t5.bos_token) == (0, 1, 2, None)
+    assert t5.model_max_length == 512 and t5.padding_side == "right"
+    ids = _ids(t5, PROMPT)
+    assert ids[-1] == 1 and 1 not in ids[:-1] and ids[0] not in (0, 1, 2)
+    assert t5.convert_ids_to_tokens(ids) == ["▁a", "▁photo", "▁of", "▁a", "▁cat", "</s>"]
+    assert t5.convert_tokens_to_ids("<extra_id_0>") == len(t5) - 1
+    assert t5.convert_tokens_to_ids("<extra_id_99>") == len(t5) - 100
+    batch = t5([PROMPT, "a cat"], padding="max_length", max_length=10)
+    assert batch.input_ids[1] == [*_ids(t5, "a cat"), 0, 0, 0, 0, 0, 0, 0]
+    assert batch.attention_mask[1] == [1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert _ids(t5, "") == [1]
+    assert t5.decode(ids, skip_special_tokens=True) == PROMPT
+
+
+def test_umt5_conventions(cache_dir: Path) -> None:
+    umt5 = toks.umt5_tokenizer(cache_dir=cache_dir)
+    assert isinstance(umt5, transformers.T5TokenizerFast)
+    assert (umt5.pad_token_id, umt5.eos_token_id, umt5.unk_token_id, umt5.bos_token) == (0, 1, 2, None)
+    ids = _ids(umt5, "café 日本語")
+    assert ids[-1] == 1 and umt5.unk_token_id not in ids
+
+
+def test_pile_t5_conventions(cache_dir: Path) -> None:
+    pile = toks.pile_t5_tokenizer(cache_dir=cache_dir)
+    assert isinstance(pile, transformers.LlamaTokenizerFast)
+    assert (pile.unk_token_id, pile.bos_token_id, pile.eos_token_id, pile.pad_token_id) == (0, 1, 2, 0)
+    assert pile.padding_side == "right" and pile.model_max_length == 512
+    ids = _ids(pile, PROMPT)
+    assert ids[-1] == 2 and ids[0] != 1
+    assert pile.convert_ids_to_tokens(ids)[:2] == ["▁a", "▁photo"]
+    # byte fallback instead of <unk>
+    assert pile.convert_ids_to_tokens(_ids(pile, "é")) == ["▁", "<0xC3>", "<0xA9>", "</s>"]
+    assert pile("a cat", padding="max_length", max_length=6).input_ids[-2:] == [0, 0]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_gemma_conventions(cache_dir: Path, side: str) -> None:
+    gemma = toks.gemma_tokenizer(padding_side=side, cache_dir=cache_dir)
+    assert isinstance(gemma, transformers.GemmaTokenizerFast)
+    assert (gemma.pad_token_id, gemma.eos_token_id, gemma.bos_token_id, gemma.unk_token_id) == (0, 1, 2, 3)
+    assert gemma.padding_side == side
+    ids = _ids(gemma, PROMPT)
+    assert ids[0] == 2 and 1 not in ids
+    assert gemma.convert_ids_to_tokens(ids)[:3] == ["<bos>", "a", "▁photo"]  # no dummy prefix
+    assert gemma.convert_ids_to_tokens(_ids(gemma, "東"))[1:] == ["<0xE6>", "<0x9D>", "<0xB1>"]
+    padded = gemma("a cat", padding="max_length", max_length=6).input_ids
+    assert padded == (
+        [0, 0, 0, *_ids(gemma, "a cat")] if side == "left" else [*_ids(gemma, "a cat"), 0, 0, 0]
+    )
+
+
+def test_llama3_conventions(cache_dir: Path) -> None:
+    llama = toks.llama3_tokenizer(cache_dir=cache_dir)
+    # PreTrainedTokenizerFast is the generic TokenizersBackend in transformers 5.
+    assert type(llama) is transformers.PreTrainedTokenizerFast
+    assert (
+        llama.bos_token == "<|begin_of_text|>" and llama.eos_token == "<|eot_id|>" and llama.pad_token is None
+    )
+    special_ids = [llama.convert_tokens_to_ids(t) for t in toks.LLAMA3_SPECIAL_TOKENS]
+    assert special_ids == list(range(len(llama) - len(special_ids), len(llama)))
+    ids = _ids(llama, PROMPT)
+    assert ids[0] == llama.bos_token_id and llama.eos_token_id not in ids
+    assert _ids(llama, "<|start_header_id|>user<|end_header_id|>")[1] == special_ids[6]
+    for text in ODD_PROMPTS:
+        assert llama.decode(_ids(llama, text), skip_special_tokens=True) == text
+
+
+def test_qwen2_conventions(cache_dir: Path) -> None:
+    qwen = toks.qwen2_tokenizer(cache_dir=cache_dir)
+    assert isinstance(qwen, transformers.Qwen2TokenizerFast)
+    assert qwen.bos_token is None and qwen.eos_token == "<|im_end|>" and qwen.pad_token == "<|endoftext|>"
+    special_ids = [qwen.convert_tokens_to_ids(t) for t in toks.QWEN2_SPECIAL_TOKENS]
+    assert special_ids == list(range(len(qwen) - len(special_ids), len(qwen)))
+    ids = _ids(qwen, PROMPT)
+    assert len(ids) == 5 and not set(ids) & set(special_ids)
+    chat = _ids(qwen, "<|im_start|>user\nhi<|im_end|>")
+    assert chat[0] == special_ids[1] and chat[-1] == special_ids[2]
+    prefix = toks.QWEN_IMAGE_TEMPLATE.split("{}")[0]
+    assert len(_ids(qwen, prefix)) == toks.QWEN_IMAGE_TEMPLATE_PREFIX_TOKENS == 34
+    for text in ODD_PROMPTS:
+        assert qwen.decode(_ids(qwen, text)) == text
+
+
+# --------------------------------------------------------------------------------------------------
+# encoders and pipelines
+# --------------------------------------------------------------------------------------------------
+
+
+def test_encoder_factories_are_deterministic() -> None:
+    state = torch.random.get_rng_state()
+    a, b = enc.clip_text_model_with_projection("G"), enc.clip_text_model_with_projection("G")
+    assert torch.equal(torch.random.get_rng_state(), state)  # callers' RNG untouched
+    assert not a.training and a.dtype == torch.float32
+    assert a.config.eos_token_id == 2 and a.config.max_position_embeddings == 77
+    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(p, q), name
+    t5a, t5b = enc.t5_encoder_model(512), enc.t5_encoder_model(512)
+    assert all(torch.equal(p, q) for p, q in zip(t5a.parameters(), t5b.parameters(), strict=True))
+
+
+# Expected shapes of encode_prompt(PROMPT) per family (batch 1, CFG on where the pipeline has it).
+L, H, G = (enc.CLIP_VARIANTS[v]["hidden_size"] for v in "LHG")
+PL, PG = enc.CLIP_VARIANTS["L"]["projection_dim"], enc.CLIP_VARIANTS["G"]["projection_dim"]
+T5 = enc.T5_D_MODEL
+EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
+    "sd15": ((1, 77, L), (1, 77, L)),
+    "sd21": ((1, 77, H), (1, 77, H)),
+    "sdxl": ((1, 77, L + G), (1, 77, L + G), (1, PG), (1, PG)),
+    "sd3": ((1, 77 + 256, T5), (1, 77 + 256, T5), (1, PL + PG), (1, PL + PG)),
+    "flux": ((1, 512, T5), (1, PL), (512, 3)),
+    "chroma": ((1, 512, T5), (512, 3), (1, 512), (1, 512, T5), (512, 3), (1, 512)),
+    "pixart-sigma": ((1, 300, T5), (1, 300), (1, 300, T5), (1, 300)),
+    # AuraFlow returns its mask expanded to the embedding shape and flattened: (B, 256 * d_model).
+    "auraflow": ((1, 256, 64), (1, 256 * 64), (1, 256, 64), (1, 256 * 64)),
+    "lumina2": ((1, 256, 32), (1, 256), (1, 256, 32), (1, 256)),
+    "hidream": ((1, 128, T5), (1, 128, T5), (3, 1, 128, 32), (3, 1, 128, 32), (1, PL + PG), (1, PL + PG)),
+    "sana": ((1, 300, 32), (1, 300), (1, 300, 32), (1, 300)),
+    # 5 prompt tokens + "<|im_end|>\n<|im_start|>assistant\n" (5 tokens); mask None when all ones.
+    "qwen-image": ((1, 10, 32), None),
+    "wan21": ((1, 226, 64), (1, 226, 64)),
+}
+
+# Positional arguments needed besides the prompt.
+ENCODE_ARGS: dict[str, tuple[Any, ...]] = {
+    "sd15": (torch.device("cpu"), 1, True),
+    "sd21": (torch.device("cpu"), 1, True),
+    "sd3": (None, None),
+}
+
+_PIPELINES: dict[str, Any] = {}
+
+
+def _pipeline(family: str, cache_dir: Path) -> Any:
+    if family not in _PIPELINES:
+        _PIPELINES[family] = enc.build_pipeline_for_encoding(family, cache_dir=cache_dir)
+    return _PIPELINES[family]
+
+
+def _shapes(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, tuple | list):
+        return tuple(_shapes(v) for v in value)
+    return value
+
+
+def test_families_cover_the_brief() -> None:
+    assert set(enc.FAMILIES) == set(EXPECTED_SHAPES)
+
+
+@pytest.mark.parametrize("family", enc.FAMILIES)
+def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: str) -> None:
+    pipe = _pipeline(family, cache_dir)
+    pipeline_cls = type(pipe)
+    assert pipeline_cls.__name__ == enc.PIPELINE_CLASSES[family]
+    params = inspect.signature(pipeline_cls.__init__).parameters
+    components = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder"))}
+    assert components and all(v is not None for v in components.values())
+    for name, component in components.items():
+        hint = params[name].annotation
+        if (family, name) == ("auraflow", "tokenizer"):
+            # diffusers hints T5Tokenizer; the official fal/AuraFlow model_index loads LlamaTokenizerFast.
+            assert hint is transformers.T5Tokenizer and isinstance(component, transformers.LlamaTokenizerFast)
+        elif (family, name) == ("wan21", "tokenizer"):
+            # hint AutoTokenizer; the official model_index loads T5TokenizerFast.
+            assert hint is transformers.AutoTokenizer and isinstance(component, transformers.T5TokenizerFast)
+        else:
+            assert isinstance(component, hint), (family, name, hint)
+        if isinstance(component, torch.nn.Module):
+            assert not component.training and component.dtype == torch.float32
+
+
+@pytest.mark.parametrize("family", enc.FAMILIES)
+def test_encode_prompt_runs(cache_dir: Path, family: str) -> None:
+    pipe = _pipeline(family, cache_dir)
+    with torch.no_grad():
+        out = pipe.encode_prompt(PROMPT, *ENCODE_ARGS.get(family, ()))
+    assert _shapes(out) == EXPECTED_SHAPES[family]
+    first = out[0]
+    assert first.dtype == torch.float32 and torch.isfinite(first).all()
+
+
+def test_pipeline_side_effects_on_tokenizers(cache_dir: Path) -> None:
+    # Lumina2 forces right padding on a left-padding Gemma tokenizer; HiDream pads Llama with its eos.
+    assert toks.gemma_tokenizer(padding_side="left", cache_dir=cache_dir).padding_side == "left"
+    assert _pipeline("lumina2", cache_dir).tokenizer.padding_side == "right"
+    llama_tok = _pipeline("hidream", cache_dir).tokenizer_4
+    assert llama_tok.pad_token == llama_tok.eos_token == "<|eot_id|>"
+    # SDXL zeroes the negative embeddings for an empty negative prompt (force_zeros_for_empty_prompt).
+    with torch.no_grad():
+        _, negative, _, negative_pooled = _pipeline("sdxl", cache_dir).encode_prompt(PROMPT)
+    assert not negative.any() and not negative_pooled.any()
+
+
+def test_sd3_without_t5_uses_transformer_width(cache_dir: Path) -> None:
+    pipe = enc.build_pipeline_for_encoding("sd3", cache_dir=cache_dir, text_encoder_3=None, tokenizer_3=None)
+    with torch.no_grad():
+        embeds, _, pooled, _ = pipe.encode_prompt(PROMPT, None, None)
+    assert embeds.shape == (1, 77 + 256, pipe.transformer.config.joint_attention_dim)
+    assert not embeds[:, 77:].any() and pooled.shape == (1, PL + PG)
