@@ -190,3 +190,83 @@ def test_dtype_argument_casts_float_outputs_only():
     assert c["prompt_attention_mask"].dtype == torch.bfloat16  # Chroma's mask has the embeddings' dtype
     q = encode(_pipe("pixart-sigma", "pixart-sigma")[1], ["a cat"], pipeline=_pipe("pixart-sigma", "pixart-sigma")[0], dtype=torch.float16)
     assert q["prompt_embeds"].dtype == torch.float16 and q["prompt_attention_mask"].dtype == torch.int64
+
+
+def test_hidream_llama_layers_keep_batch_in_dim_1_through_index_cat_and_cache(tmp_path):
+    from te_align.encoding import Conditioning
+    from te_align.encoding.cache import EmbeddingCache
+
+    pipe, p = _pipe("hidream", "hidream")
+    prompts = ["a cat", "a dog on a mat", "!"]
+    c = encode(p, prompts, pipeline=pipe)
+    llama = c["prompt_embeds_llama3"]
+    n_layers = pipe.text_encoder_4.config.num_hidden_layers
+    assert llama.shape[:2] == (n_layers, 3)
+    assert c.batch_size == 3 and c.batch_dim("prompt_embeds_llama3") == 1
+    one = c.index(1)
+    assert torch.equal(one["prompt_embeds_llama3"], llama[:, 1:2])
+    assert torch.equal(one["prompt_embeds_t5"], c["prompt_embeds_t5"][1:2])
+    assert torch.equal(Conditioning.cat(c.split())["prompt_embeds_llama3"], llama)
+    cache = EmbeddingCache(tmp_path / "cache", p, "tiny-weights")
+    cache.put(prompts[2], c.index(2))
+    back = cache.get(prompts[2])
+    assert back.batch_dim("prompt_embeds_llama3") == 1
+    assert torch.equal(back["prompt_embeds_llama3"], llama[:, 2:3])
+
+
+@pytest.mark.parametrize(("profile", "family"), [("sd35-large", "sd3"), ("qwen-image", "qwen-image")])
+def test_load_text_encoders_from_a_diffusers_folder(tmp_path, profile, family):
+    pipe, p = _pipe(profile, family)
+    for slot in p.slots:
+        getattr(pipe, slot.tokenizer_subfolder).save_pretrained(tmp_path / slot.tokenizer_subfolder)
+        getattr(pipe, slot.encoder_subfolder).save_pretrained(tmp_path / slot.encoder_subfolder)
+    tokenizers, encoders = te_align.load_text_encoders(p, tmp_path)
+    assert set(tokenizers) == set(encoders) == set(p.slot_names)
+    for slot in p.slots:
+        assert type(encoders[slot.name]).__name__ == slot.encoder.cls
+        assert not encoders[slot.name].training
+    prompts = ["a cat", "wow!! 東京 🐱"]
+    loaded = te_align.encode(p, prompts, tokenizers=tokenizers, text_encoders=encoders)
+    original = te_align.encode(p, prompts, pipeline=pipe)
+    for name in p.output_names:
+        assert torch.equal(loaded[name], original[name]), name
+    half, _ = te_align.load_text_encoders(p, tmp_path, slots=[p.slots[0].name])
+    assert list(half) == [p.slots[0].name]
+
+
+def test_load_text_encoders_names_the_missing_folder(tmp_path):
+    p = te_align.profile("flux-dev")
+    (tmp_path / "tokenizer").mkdir()
+    with pytest.raises(EncodingError, match=r"slot 'clip_l': no text-encoder folder 'text_encoder' in"):
+        te_align.load_text_encoders(p, tmp_path)
+    (tmp_path / "text_encoder").mkdir()
+    with pytest.raises(EncodingError, match=r"slot 'clip_l': cannot load from"):
+        te_align.load_text_encoders(p, tmp_path)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("repad", ["batch_longest", "max_length"])
+def test_repad_selects_real_tokens_after_the_dropped_prefix(side, repad):
+    from te_align.encoding.core import _repad
+
+    p = te_align.profile("qwen-image", qwen_padding_side=side, qwen_repad=repad, qwen_max_length=9, qwen_drop_start_tokens=2)
+    slot = p.slot("qwen")
+    lengths = [7, 4, 2]
+    seq = 8
+    hidden = torch.randn(3, seq, 5)
+    mask = torch.zeros(3, seq, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        if side == "right":
+            mask[i, :n] = 1
+        else:
+            mask[i, seq - n :] = 1
+    ids = torch.arange(3 * seq).reshape(3, seq) + 1
+    out_h, out_m, out_i = _repad(slot, hidden, mask, ids)
+    target = max(n - 2 for n in lengths) if repad == "batch_longest" else 9
+    assert out_h.shape == (3, target, 5) and out_m.shape == (3, target)
+    for i, n in enumerate(lengths):
+        real = hidden[i][mask[i].bool()][2:]
+        assert torch.equal(out_h[i, : n - 2], real)
+        assert not out_h[i, n - 2 :].any()
+        assert out_m[i].tolist() == [1] * (n - 2) + [0] * (target - n + 2)
+        assert torch.equal(out_i[i, : n - 2], ids[i][mask[i].bool()][2:])

@@ -524,6 +524,7 @@ class EmbeddingCache:
             names = json.loads(meta["te_align.tensor_names"])
             counts = json.loads(meta.get("te_align.token_counts", "null"))
             shared = json.loads(meta.get("te_align.shared", "[]"))
+            batch_dims = json.loads(meta.get("te_align.batch_dims", "{}"))
         except json.JSONDecodeError as e:
             raise _Corrupt(f"metadata is not valid JSON ({e.msg})") from None
         if not isinstance(names, list) or sorted(names) != sorted(head.tensors) or len(set(names)) != len(names):
@@ -532,6 +533,8 @@ class EmbeddingCache:
             raise _Corrupt("metadata te_align.token_counts is not a list of integers")
         if not isinstance(shared, list):
             raise _Corrupt("metadata te_align.shared is not a list")
+        if not (isinstance(batch_dims, dict) and all(isinstance(d, int) for d in batch_dims.values())):
+            raise _Corrupt("metadata te_align.batch_dims is not a table of integers")
         try:
             from safetensors.torch import load
 
@@ -541,7 +544,7 @@ class EmbeddingCache:
         tensors = {n: loaded[n] for n in names}
         if self.verify and _tensors_digest(tensors) != meta["te_align.tensors_sha256"]:
             raise _Corrupt("tensor bytes do not match their recorded digest")
-        return Conditioning(tensors, self.profile.name, self.fingerprint, counts, tuple(shared))
+        return Conditioning(tensors, self.profile.name, self.fingerprint, counts, tuple(shared), tuple(batch_dims.items()))
 
     def _discard(self, path: Path, st: os.stat_result, reason: str) -> None:
         """Delete a corrupt entry (unless a writer replaced it since we read it) and report it once."""
@@ -574,7 +577,7 @@ class EmbeddingCache:
         if not cond.tensors:
             raise CacheError("conditioning has no tensors")
         tensors = {k: t.detach().to("cpu").contiguous().clone() for k, t in cond.tensors.items()}
-        return Conditioning(tensors, self.profile.name, self.fingerprint, cond.token_counts, cond.shared)
+        return Conditioning(tensors, self.profile.name, self.fingerprint, cond.token_counts, cond.shared, cond.batch_dims)
 
     def _store(self, key: str, caption: str, cond: Conditioning) -> None:
         from safetensors.torch import save
@@ -592,6 +595,7 @@ class EmbeddingCache:
             "te_align.tensors_sha256": _tensors_digest(cond.tensors),
             "te_align.token_counts": json.dumps(cond.token_counts),
             "te_align.shared": json.dumps([s for s in cond.shared if s in cond.tensors]),
+            "te_align.batch_dims": json.dumps({k: d for k, d in cond.batch_dims if k in cond.tensors}),
             "te_align.created": f"{time.time():.3f}",
         }
         blob = save(dict(cond.tensors), metadata=meta)

@@ -33,11 +33,15 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
     token_counts: list[int] | None = None
     #: Names of tensors that have no batch dimension (kept whole by :meth:`index`).
     shared: tuple[str, ...] = field(default=())
+    #: Tensors whose batch dimension is not the first, as (name, dim) pairs: HiDream's Llama
+    #: embeddings are (layers, batch, sequence, width), so ``("prompt_embeds_llama3", 1)``.
+    batch_dims: tuple[tuple[str, int], ...] = field(default=())
 
     def __post_init__(self) -> None:
         # A private copy so later changes to the caller's dict cannot change this object.
         object.__setattr__(self, "tensors", dict(self.tensors))
         object.__setattr__(self, "shared", tuple(self.shared))
+        object.__setattr__(self, "batch_dims", tuple((str(k), int(d)) for k, d in self.batch_dims))
         if self.token_counts is not None:
             object.__setattr__(self, "token_counts", [int(n) for n in self.token_counts])
 
@@ -72,14 +76,20 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
         if self.token_counts is not None:
             return len(self.token_counts)
         for name, t in self.tensors.items():
-            if name not in self.shared and t.dim() > 0:
-                return int(t.shape[0])
+            d = self.batch_dim(name)
+            if name not in self.shared and t.dim() > d:
+                return int(t.shape[d])
         return 1
+
+    def batch_dim(self, name: str) -> int:
+        """The dimension of tensor ``name`` that indexes prompts (0 unless ``batch_dims`` says otherwise)."""
+        return dict(self.batch_dims).get(name, 0)
 
     def is_batched(self, name: str) -> bool:
         """Whether tensor ``name`` has a leading batch dimension."""
         t = self.tensors[name]
-        return name not in self.shared and t.dim() > 0 and int(t.shape[0]) == self.batch_size
+        d = self.batch_dim(name)
+        return name not in self.shared and t.dim() > d and int(t.shape[d]) == self.batch_size
 
     def index(self, i: int) -> Conditioning:
         """Prompt ``i`` alone, as a batch of one (batched tensors sliced ``[i:i+1]``, shared ones kept)."""
@@ -87,11 +97,11 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
         if not -n <= i < n:
             raise IndexError(f"prompt index {i} out of range for a batch of {n}")
         i %= n
-        tensors = {k: (t[i : i + 1] if self.is_batched(k) else t) for k, t in self.tensors.items()}
+        tensors = {k: (t.narrow(self.batch_dim(k), i, 1) if self.is_batched(k) else t) for k, t in self.tensors.items()}
         counts = None
         if self.token_counts is not None:
             counts = [self.token_counts[i]]
-        return Conditioning(tensors, self.profile_name, self.fingerprint, counts, self.shared)
+        return Conditioning(tensors, self.profile_name, self.fingerprint, counts, self.shared, self.batch_dims)
 
     def split(self) -> list[Conditioning]:
         """One batch-1 conditioning per prompt."""
@@ -112,13 +122,13 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
                     f"({first.profile_name} {first.fingerprint} {list(first)} vs {c.profile_name} {c.fingerprint} {list(c)})"
                 )
         tensors = {
-            k: (torch.cat([c.tensors[k] for c in items], dim=0) if first.is_batched(k) else t)
+            k: (torch.cat([c.tensors[k] for c in items], dim=first.batch_dim(k)) if first.is_batched(k) else t)
             for k, t in first.tensors.items()
         }
         counts: list[int] | None = None
         if all(c.token_counts is not None for c in items):
             counts = [n for c in items for n in (c.token_counts or [])]
-        return cls(tensors, first.profile_name, first.fingerprint, counts, first.shared)
+        return cls(tensors, first.profile_name, first.fingerprint, counts, first.shared, first.batch_dims)
 
     # ------------------------------------------------------------------ moving
     def to(self, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False) -> Conditioning:
@@ -127,7 +137,7 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
         for k, t in self.tensors.items():
             target = dtype if (dtype is not None and t.is_floating_point()) else None
             out[k] = t.to(device=device, dtype=target, non_blocking=non_blocking)
-        return Conditioning(out, self.profile_name, self.fingerprint, self.token_counts, self.shared)
+        return Conditioning(out, self.profile_name, self.fingerprint, self.token_counts, self.shared, self.batch_dims)
 
 
 __all__ = ["Conditioning"]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from te_align.encoding.conditioning import Conditioning
 from te_align.encoding.text import render, template_prefix
 from te_align.errors import EncodingError
-from te_align.profiles.expr import Call, Node, Ref, parse_expression
+from te_align.profiles.expr import Call, Node, Ref, parse_expression, refs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,6 +172,8 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
     t = slot.tokenizer
     length = tokenize_length(slot, tokenizer, negative=negative)
     old_side = getattr(tokenizer, "padding_side", None)
+    if old_side == t.padding_side:
+        old_side = None  # nothing to switch (setting it is not free on fast tokenizers)
     try:
         if old_side is not None:
             tokenizer.padding_side = t.padding_side
@@ -334,18 +336,35 @@ def encode_slot(
 
 
 def _repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop masked positions per sample (and the template prefix), then re-pad with zeros."""
+    """Drop masked positions per sample (and the template prefix), then re-pad with zeros.
+
+    Vectorised: a stable sort brings each sample's real positions to the front in their order,
+    the first ``drop_start_tokens`` of them are skipped, and positions past a sample's length are
+    zero. Values are gathered, never recomputed, so they equal the pipelines' per-sample loops.
+    """
     if hidden.dim() != 3:
         raise EncodingError(f"slot '{slot.name}': repad needs (batch, sequence, width) hidden states")
     d = slot.tokenizer.drop_start_tokens
     keep = mask.bool()
-    parts = [hidden[i][keep[i]][d:] for i in range(hidden.shape[0])]
-    id_parts = [ids[i][keep[i]][d:] for i in range(ids.shape[0])]
-    target = max(p.shape[0] for p in parts) if slot.masks.repad == "batch_longest" else slot.tokenizer.max_length
-    out_h = torch.stack([torch.cat([p, p.new_zeros(target - p.shape[0], p.shape[1])]) for p in parts])
-    out_m = torch.stack([torch.cat([torch.ones(p.shape[0], dtype=torch.long, device=p.device), torch.zeros(target - p.shape[0], dtype=torch.long, device=p.device)]) for p in parts])
-    out_i = torch.stack([torch.cat([p, p.new_zeros(target - p.shape[0])]) for p in id_parts])
-    return out_h, out_m, out_i
+    lengths = (keep.sum(dim=1) - d).clamp(min=0)
+    target = int(lengths.max()) if slot.masks.repad == "batch_longest" else slot.tokenizer.max_length
+    valid = torch.arange(target, device=mask.device).unsqueeze(0) < lengths.unsqueeze(1)
+    if slot.tokenizer.padding_side == "right":
+        # Right padding: real positions are a prefix, so a slice is the same selection.
+        span = hidden.shape[1] - d
+        gathered, gathered_ids = hidden[:, d : d + target], ids[:, d : d + target]
+        if span < target:
+            gathered = F.pad(gathered, (0, 0, 0, target - span))
+            gathered_ids = F.pad(gathered_ids, (0, target - span))
+    else:
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, d : d + target]
+        if order.shape[1] < target:
+            order = F.pad(order, (0, target - order.shape[1]))
+        gathered = hidden.gather(1, order.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+        gathered_ids = ids.gather(1, order)
+    out_h = torch.where(valid.unsqueeze(-1), gathered, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+    out_i = torch.where(valid, gathered_ids, torch.zeros((), dtype=ids.dtype, device=ids.device))
+    return out_h, valid.to(torch.long), out_i
 
 
 # ------------------------------------------------------------------------------ combining
@@ -460,7 +479,14 @@ def encode(
             tensors[name] = value
     counts = next(iter(results.values())).token_counts if results else None
     shared = tuple(name for name, expr in p.outputs if expr.replace(" ", "").startswith("text_ids("))
-    return Conditioning(tensors=tensors, profile_name=p.name, fingerprint=p.fingerprint(), token_counts=counts, shared=shared)
+    # Outputs built from a layer = "all" slot carry a leading layer dimension: batch is dim 1.
+    stacked = {s.name for s in p.slots if s.encoder.layer == "all"}
+    batch_dims = tuple(
+        (name, 1) for name, expr in p.outputs if any(r.slot in stacked and r.attr == "hidden" for r in refs(parse_expression(expr)))
+    )
+    return Conditioning(
+        tensors=tensors, profile_name=p.name, fingerprint=p.fingerprint(), token_counts=counts, shared=shared, batch_dims=batch_dims
+    )
 
 
 def _apply_slot_drop(

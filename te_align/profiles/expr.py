@@ -10,6 +10,7 @@ This module only parses and checks (no torch); ``te_align.encoding`` evaluates.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -64,7 +65,9 @@ def _tokenize(text: str, key: str, file: str | None) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
 def parse_expression(text: str, *, key: str = "expression", file: str | None = None) -> Node:
+    """Parse an output expression (cached: nodes are immutable)."""
     toks = _tokenize(text, key, file)
     i = 0
 

@@ -204,10 +204,15 @@ class AlignmentProfile:
 
     def fingerprint(self) -> str:
         """A stable 16-hex-digit hash of the behaviour fields (not names, aliases or provenance)."""
+        cached = self.__dict__.get("_fingerprint")
+        if cached is not None:
+            return cached
         payload = json.dumps(
             {"v": FINGERPRINT_VERSION, "behaviour": self.behaviour()}, sort_keys=True, separators=(",", ":")
         )
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+        value = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+        object.__setattr__(self, "_fingerprint", value)  # frozen: behaviour can never change afterwards
+        return value
 
     # -------------------------------------------------------------- overrides
     def with_overrides(self, overrides: dict[str, Any] | None = None, /, **kw: Any) -> AlignmentProfile:
