@@ -86,6 +86,12 @@ def test_long_prompt_chunking_novelai_method():
     assert torch.equal(c["pooled_prompt_embeds"], plain["pooled_prompt_embeds"])
     # the second chunk of the long prompt is different from a padding-only chunk of the short one
     assert not torch.equal(c["prompt_embeds"][0, 77:154], c["prompt_embeds"][1, 77:154])
+    from te_align.encoding import long_prompt_chunks
+
+    assert long_prompt_chunks(p, [words, short, ""], 3, pipeline=pipe) == [n, 1, 1]
+    assert long_prompt_chunks(p, [words], 1, pipeline=pipe) == [1]
+    with pytest.raises(EncodingError, match="no CLIP slot"):
+        long_prompt_chunks("chroma", [words], 3)
     # with one chunk allowed, chunking equals plain truncation
     one = encode(p, [words, short], pipeline=pipe, options=EncodeOptions(long_prompt_chunks=1))
     assert torch.equal(one["prompt_embeds"], plain["prompt_embeds"])

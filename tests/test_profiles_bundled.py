@@ -39,8 +39,8 @@ EXPECTED_NAMES = [
     "wan21",
 ]
 
-#: Profiles written alongside this test (sd35-large predates it and is held to the lenient checks).
-NEW_PROFILES = [n for n in EXPECTED_NAMES if n != "sd35-large"]
+#: Profiles held to the strict provenance checks (all of them).
+NEW_PROFILES = list(EXPECTED_NAMES)
 
 #: Bundled profile -> the repo id its official-config snapshot is filed under.
 SNAPSHOT_REPO = {

@@ -16,6 +16,7 @@ _EXPORTS = {
     "encode": "te_align.encoding.core",
     "encode_slot": "te_align.encoding.core",
     "encode_uncond": "te_align.encoding.core",
+    "long_prompt_chunks": "te_align.encoding.core",
     "sample_dropout": "te_align.encoding.core",
     "tokenize_length": "te_align.encoding.core",
     "load_text_encoders": "te_align.encoding.loading",

@@ -210,6 +210,29 @@ def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, nega
     return [len(x) for x in tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]]
 
 
+def long_prompt_chunks(
+    profile: AlignmentProfile | str,
+    prompts: Sequence[str],
+    max_chunks: int,
+    *,
+    tokenizers: Mapping[str, Any] | None = None,
+    pipeline: Any = None,
+) -> list[int]:
+    """Chunks each prompt needs under the NovelAI method (1..max_chunks), per the profile's first CLIP slot.
+
+    Bucket a dataset by this number so a batch is not padded to its longest prompt's chunk count.
+    """
+    p = resolve_profile(profile)
+    clip = next((s for s in p.slots if s.tokenizer.cls.startswith("CLIP")), None)
+    if clip is None:
+        raise EncodingError(f"profile '{p.name}' has no CLIP slot; long-prompt chunking applies to CLIP slots only")
+    if max_chunks < 1:
+        raise EncodingError(f"max_chunks must be >= 1, got {max_chunks}")
+    tok = _from_pipeline(pipeline, clip)[0] if pipeline is not None else _component(tokenizers, clip, "tokenizer_subfolder", "tokenizer")
+    body = clip.tokenizer.max_length - 2
+    return [max(1, min(max_chunks, math.ceil(n / body))) for n in count_tokens(clip, tok, prompts)]
+
+
 def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int) -> tuple[torch.Tensor, list[int], int]:
     """NovelAI chunking: (B * n_chunks, 77) ids, token counts, chunks per prompt."""
     t = slot.tokenizer
