@@ -18,11 +18,11 @@ import os
 import re
 import shutil
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._atomic import atomic_file
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -253,30 +253,14 @@ def stamp(
     new_header.update((k, v) for k, v in head.raw.items() if k != "__metadata__")
     encoded = _encode_header(new_header)
 
-    try:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    except OSError as e:
-        raise MetadataError(f"cannot write: {e.strerror}", file=str(dst)) from None
-    try:
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
-            out.write(encoded)
+    backup_fn = (lambda: _link_or_copy(src, src.with_name(src.name + ".bak"))) if in_place and backup else None
+    with atomic_file(dst, error=MetadataError, mode_from=dst if dst.exists() else src, before_replace=backup_fn) as out:
+        out.write(encoded)
+        with open(src, "rb") as f:
             f.seek(head.data_start)
             copied = _copy_exactly(f, out, head.data_len)
-            if copied != head.data_len:
-                raise MetadataError(
-                    f"file changed while stamping ({copied} of {head.data_len} tensor bytes read)", file=str(src)
-                )
-            out.flush()
-            os.fsync(out.fileno())
-        shutil.copymode(dst if dst.exists() else src, tmp)
-        if in_place and backup:
-            _link_or_copy(src, src.with_name(src.name + ".bak"))
-        os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if copied != head.data_len:
+            raise MetadataError(f"file changed while stamping ({copied} of {head.data_len} tensor bytes read)", file=str(src))
     return keys
 
 
@@ -307,19 +291,6 @@ def _link_or_copy(src: Path, bak: Path) -> None:
     except OSError:
         shutil.copy2(src, tmp)
     os.replace(tmp, bak)
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------- reading

@@ -185,3 +185,22 @@ def test_cli_needs_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == ""
+
+
+def test_atomic_writes_use_normal_permissions_and_leave_nothing_on_failure(tmp_path):
+    import os
+
+    from te_align._atomic import atomic_file
+    from te_align.commands._util import write_text_atomic
+
+    target = tmp_path / "out" / "p.toml"
+    write_text_atomic(target, "x = 1\n")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_text() == "x = 1\n"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+    with pytest.raises(RuntimeError), atomic_file(target, "w") as f:
+        f.write("half")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "x = 1\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["p.toml"]

@@ -29,13 +29,13 @@ import logging
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._atomic import atomic_file
 from te_align.encoding.conditioning import Conditioning
 from te_align.errors import CacheError, TeAlignError
 
@@ -385,28 +385,8 @@ def _write_marker(d: Path) -> None:
     marker = d / MARKER_NAME
     if marker.is_file():
         return
-    text = json.dumps({"format": CACHE_FORMAT, "format_version": FORMAT_VERSION}) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{MARKER_NAME}.", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, marker)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-_UMASK: int | None = None
-
-
-def _umask() -> int:
-    global _UMASK
-    if _UMASK is None:
-        current = os.umask(0o022)
-        os.umask(current)
-        _UMASK = current
-    return _UMASK
+    with atomic_file(marker, "w", error=CacheError) as f:
+        f.write(json.dumps({"format": CACHE_FORMAT, "format_version": FORMAT_VERSION}) + "\n")
 
 
 class _Corrupt(Exception):
@@ -599,22 +579,8 @@ class EmbeddingCache:
             "te_align.created": f"{time.time():.3f}",
         }
         blob = save(dict(cond.tensors), metadata=meta)
-        path = self._path(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=path.parent)
-        except OSError as e:
-            raise CacheError(f"cannot write cache entry: {e.strerror}", file=str(path)) from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(self._path(key), error=CacheError) as f:
+            f.write(blob)
         self.stats.written += 1
 
     # ------------------------------------------------------------ batches

@@ -64,21 +64,14 @@ def resolve_key(profile: AlignmentProfile, key: str) -> str:
 def apply_overrides(profile: AlignmentProfile, overrides: dict[str, Any]) -> AlignmentProfile:
     if not overrides:
         return profile
-    from te_align.profiles.serialize import profile_from_dict, profile_to_dict
+    from te_align.profiles.serialize import profile_from_dict, profile_to_dict, set_dict_path
 
     data = profile_to_dict(profile)
     prov = data["provenance"]
     for key, value in overrides.items():
         path = resolve_key(profile, key)
         old = profile.get(path)
-        parts = path.split(".")
-        target = data
-        for p in parts[:-1]:
-            target = target.setdefault(p, {})
-        if value is None:
-            target.pop(parts[-1], None)
-        else:
-            target[parts[-1]] = value
+        set_dict_path(data, path, value)
         before = profile.provenance_of(path)
         alts = []
         if before is not None:

@@ -82,6 +82,18 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, Any]:
     }
 
 
+def set_dict_path(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted path (``slots.t5.tokenizer.max_length``) in a profile dict; ``None`` removes the key."""
+    parts = path.split(".")
+    target = data
+    for part in parts[:-1]:
+        target = target.setdefault(part, {})
+    if value is None:
+        target.pop(parts[-1], None)
+    else:
+        target[parts[-1]] = value
+
+
 def _req(data: dict[str, Any], key: str, file: str | None, where: str = "") -> Any:
     if key not in data:
         raise ProfileError(f"missing required field '{key}'", file=file, key=f"{where}{key}")

@@ -330,7 +330,7 @@ class _Collector:
             self.notes.append(text)
 
     def apply(self, *, name: str, kind: SourceKind, source: str, reason: str, repo: str) -> BuildReport:
-        from te_align.profiles.serialize import profile_from_dict, profile_to_dict
+        from te_align.profiles.serialize import profile_from_dict, profile_to_dict, set_dict_path
 
         base = self.base
         data = profile_to_dict(base)
@@ -342,14 +342,7 @@ class _Collector:
             if value == old and type(value) is type(old):
                 confirmed += 1
                 continue
-            parts = path.split(".")
-            target = data
-            for p in parts[:-1]:
-                target = target.setdefault(p, {})
-            if value is None:
-                target.pop(parts[-1], None)
-            else:
-                target[parts[-1]] = value
+            set_dict_path(data, path, value)
             before = base.provenance_of(path)
             entry: dict[str, Any] = {
                 "source": f"{file} {detail}".strip(),
