@@ -1,0 +1,5 @@
+"""Runtime hooks into trainers (one module per trainer); the shared machinery is in ``base``."""
+
+from te_align.hooks.base import ENV_SWITCH, Hook, HookError, Target, hooks_disabled
+
+__all__ = ["ENV_SWITCH", "Hook", "HookError", "Target", "hooks_disabled"]

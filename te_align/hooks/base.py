@@ -1,0 +1,197 @@
+"""The shared machinery of runtime hooks: declared targets, all-or-nothing install, clean uninstall.
+
+Modelled on OpenTelemetry's instrumentors. A hook (one per trainer) declares every function or method
+it replaces as a :class:`Target` (module path, qualified name, expected parameter names). ``install``
+first resolves and checks *every* target; if one is missing or its signature changed it refuses with
+one message naming each problem and the detected trainer version, and changes nothing. Only then are
+the replacements applied; a failure half-way restores what was already replaced. ``uninstall``
+restores the originals. Both are idempotent. ``TE_ALIGN=off`` in the environment makes ``install`` a
+logged no-op, which is how A/B runs get the trainer's unmodified behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from te_align.errors import TeAlignError
+
+logger = logging.getLogger("te_align")
+
+#: Environment switch: ``off`` / ``0`` / ``false`` disables every hook.
+ENV_SWITCH = "TE_ALIGN"
+
+
+class HookError(TeAlignError):
+    """A hook cannot be installed (missing or changed targets, unsupported version)."""
+
+
+def hooks_disabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in {"off", "0", "false", "no", "disabled"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One function or method a hook replaces.
+
+    ``module`` is imported; ``qualname`` is looked up attribute by attribute (``Class.method``).
+    ``params`` are the parameter names the replacement relies on, in order (``self`` included for
+    methods); extra trailing parameters with defaults are tolerated, anything else is a changed
+    signature.
+    """
+
+    module: str
+    qualname: str
+    params: tuple[str, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+
+@dataclass
+class ResolvedTarget:
+    target: Target
+    owner: Any
+    attr: str
+    original: Any
+    #: The attribute lives on ``owner`` itself (not inherited): uninstall puts it back, else deletes.
+    own: bool = True
+
+    def restore(self) -> None:
+        if self.own:
+            setattr(self.owner, self.attr, self.original)
+        else:
+            delattr(self.owner, self.attr)
+
+
+def _unwrap_descriptor(value: Any) -> Any:
+    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+
+
+def resolve(target: Target) -> ResolvedTarget:
+    """Import and look up a target; raises HookError naming what is missing."""
+    try:
+        obj: Any = importlib.import_module(target.module)
+    except Exception as e:  # any import failure means the target is unusable
+        raise HookError(f"{target.label}: cannot import {target.module} ({type(e).__name__}: {e})") from None
+    parts = target.qualname.split(".")
+    for part in parts[:-1]:
+        if not hasattr(obj, part):
+            raise HookError(f"{target.label}: {part} not found")
+        obj = getattr(obj, part)
+    attr = parts[-1]
+    if isinstance(obj, type):
+        own = attr in obj.__dict__
+        try:
+            raw = inspect.getattr_static(obj, attr)
+        except AttributeError:
+            raw = None
+    else:
+        own = True
+        raw = getattr(obj, attr, None)
+    if raw is None:
+        raise HookError(f"{target.label}: not found")
+    if target.params is not None:
+        fn = _unwrap_descriptor(raw)
+        fn = getattr(fn, "__te_align_original__", fn)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            raise HookError(f"{target.label}: signature cannot be read") from None
+        names = [p.name for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        want = list(target.params)
+        extra = sig.parameters
+        if names[: len(want)] != want or any(
+            extra[n].default is inspect.Parameter.empty for n in names[len(want) :]
+        ):
+            raise HookError(f"{target.label}: signature changed: expected ({', '.join(want)}), found ({', '.join(names)})")
+    return ResolvedTarget(target, obj, attr, raw, own)
+
+
+def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``functools.wraps`` plus a marker so a second install never wraps a wrapper."""
+    functools.update_wrapper(wrapper, original)
+    wrapper.__te_align_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+@dataclass
+class Hook:
+    """Base class: subclasses set ``name`` and implement ``targets`` and ``replacement``."""
+
+    name: ClassVar[str] = "hook"
+    #: Human-readable list of the trainer versions the targets were verified against.
+    supported_versions: ClassVar[str] = ""
+
+    installed: list[ResolvedTarget] = field(default_factory=list)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    # -- to implement -------------------------------------------------------------------------
+    def targets(self) -> Sequence[Target]:
+        raise NotImplementedError
+
+    def replacement(self, resolved: ResolvedTarget) -> Any:
+        """The object to put in place of ``resolved.original`` (keep descriptor kinds)."""
+        raise NotImplementedError
+
+    def detect_version(self) -> str:
+        """The installed trainer's version (or 'unknown')."""
+        return "unknown"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def is_installed(self) -> bool:
+        return bool(self.installed)
+
+    def check(self) -> list[ResolvedTarget]:
+        """Resolve every target; raise one HookError listing every problem (nothing is changed)."""
+        resolved, problems = [], []
+        for t in self.targets():
+            try:
+                resolved.append(resolve(t))
+            except HookError as e:
+                problems.append(e.message)
+        if problems:
+            raise HookError(
+                f"{self.name} hooks not installed (trainer version {self.detect_version()}; verified with "
+                f"{self.supported_versions or 'n/a'}): " + "; ".join(problems)
+            )
+        return resolved
+
+    def install(self) -> bool:
+        """Install every replacement or none. Returns False when disabled by ``TE_ALIGN=off``."""
+        with self._lock:
+            if hooks_disabled():
+                logger.info("te-align: %s hooks disabled by %s=%s", self.name, ENV_SWITCH, os.environ.get(ENV_SWITCH))
+                return False
+            if self.installed:
+                return True
+            resolved = self.check()
+            done: list[ResolvedTarget] = []
+            try:
+                for r in resolved:
+                    if getattr(_unwrap_descriptor(r.original), "__te_align_original__", None) is not None:
+                        raise HookError(f"{r.target.label} is already wrapped by another te-align hook instance")
+                    setattr(r.owner, r.attr, self.replacement(r))
+                    done.append(r)
+            except BaseException:
+                for r in reversed(done):
+                    r.restore()
+                raise
+            self.installed = done
+            logger.info("te-align: %s hooks installed on %d targets", self.name, len(done))
+            return True
+
+    def uninstall(self) -> None:
+        with self._lock:
+            for r in reversed(self.installed):
+                r.restore()
+            self.installed = []
