@@ -1,0 +1,87 @@
+"""Registry of trainer planners for on-disk patching.
+
+Each trainer module (``te_align.patching.<name>``) exposes::
+
+    detect(path: Path) -> Detection | None    # is this an installation of mine? which layout/version?
+    plan(detection: Detection, profile: str | None) -> Plan
+
+``te-align patch PATH`` asks every registered module (or the one named with ``--trainer``) and
+patches with the first that recognises PATH.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from te_align.patching.transaction import STATE_DIR, PatchError, read_manifest
+
+#: trainer name -> module implementing detect()/plan()
+PLANNERS: dict[str, str] = {
+    "kohya": "te_align.patching.kohya",
+    "ai-toolkit": "te_align.patching.ai_toolkit",
+}
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What a planner found at a path."""
+
+    trainer: str
+    #: The folder that is patched (e.g. the sd-scripts submodule inside a kohya_ss GUI folder).
+    root: Path
+    layout: str
+    version: str
+    notes: tuple[str, ...] = field(default=())
+
+
+def _module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(PLANNERS[name])
+    except ModuleNotFoundError as e:
+        if e.name == PLANNERS[name]:
+            return None  # that integration is not part of this build
+        raise
+
+
+def available() -> list[str]:
+    return [n for n in PLANNERS if _module(n) is not None]
+
+
+def detect(path: str | Path, trainer: str = "auto") -> Detection:
+    """Find which trainer installation ``path`` is; one-line errors name what was looked for."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise PatchError(f"no such folder: {p}")
+    names = available() if trainer == "auto" else [trainer]
+    if trainer != "auto" and trainer not in PLANNERS:
+        raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(PLANNERS)}")
+    for name in names:
+        mod = _module(name)
+        if mod is None:
+            raise PatchError(f"the {name} integration is not available in this te-align")
+        found = mod.detect(p)
+        if found is not None:
+            return found
+    raise PatchError(
+        f"{p} is not a trainer installation te-align can patch (looked for: {', '.join(names) or 'none available'})"
+    )
+
+
+def plan_for(detection: Detection, profile: str | None):
+    mod = _module(detection.trainer)
+    assert mod is not None
+    return mod.plan(detection, profile)
+
+
+def patched_root(path: str | Path) -> Path:
+    """The folder holding te-align's patch state for ``path`` (PATH itself or a detected sub-folder)."""
+    p = Path(path).expanduser()
+    if (p / STATE_DIR).exists() or read_manifest(p) is not None:
+        return p
+    try:
+        return detect(p).root
+    except PatchError:
+        return p
