@@ -15,7 +15,7 @@ from te_align import __version__
 from te_align.errors import TeAlignError
 
 #: Command modules under te_align.commands, in --help order.
-COMMAND_MODULES = ("profile", "cache", "inspect", "patch")
+COMMAND_MODULES = ("profile", "cache", "inspect", "patch", "train", "check", "probe")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import te_align
+
+    te_align._running_cli = True  # e.g. TE_ALIGN_ACTIVE=1 must not install trainer hooks into the CLI
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -21,6 +21,7 @@ import torch
 import te_align
 from te_align.encoding.core import tokenize_length
 from te_align.encoding.text import render
+from te_align.probe.core import prompt_suite as standard_prompt_suite
 from te_align.profiles import AlignmentProfile
 from tests.support import build_pipeline_for_encoding
 from tests.support.adapt import fit_profile
@@ -145,43 +146,16 @@ def _setup(name: str) -> tuple[Any, AlignmentProfile]:
     return pipe, fit_profile(te_align.profile(case.profile), pipe)
 
 
-def _at_limit(p: AlignmentProfile, pipe: Any, slot_name: str) -> str:
-    """A prompt whose rendered text has exactly the slot's max_length tokens (special tokens included)."""
-    slot = p.slot(slot_name)
-    tok = getattr(pipe, slot.tokenizer_subfolder)
-    target = tokenize_length(slot, tok)
-
-    def count(words: list[str]) -> int:
-        return len(tok(render(slot.tokenizer, " ".join(words)), add_special_tokens=slot.tokenizer.add_special_tokens)["input_ids"])
-
-    words: list[str] = []
-    while count(words) < target:
-        for w in ("cat", "a", "x", ",", "."):
-            if count([*words, w]) <= target:
-                words.append(w)
-                break
-        else:
-            break
-    assert count(words) == target, f"could not build a prompt of exactly {target} tokens for {slot_name}"
-    return " ".join(words)
-
-
 def prompt_suite(p: AlignmentProfile, pipe: Any) -> dict[str, list[str]]:
-    first, last = p.slots[0].name, p.slots[-1].name
-    long_words = " ".join(f"word{i} cat, dog!" for i in range(400))
-    suite = {
-        "empty": [""],
-        "one word": ["cat"],
-        f"at limit ({first})": [_at_limit(p, pipe, first)],
-        "far over limit": [long_words],
-        "exclamation marks": ["wow!!! a cat! on a mat!", "!"],
-        "unicode and emoji": ["café crème, 東京の猫 🐱🎉 naïve résumé"],
-        "newlines": ["a cat\non a mat\n\n  with   spaces  "],
-        "weight syntax": ["(cat:1.2), [dog], ((masterpiece)), <lora:foo:0.8>"],
-        "mixed batch": ["", "cat", "a very long prompt " * 40, "!!", "short & sweet"],
-    }
-    if last != first:
-        suite[f"at limit ({last})"] = [_at_limit(p, pipe, last)]
+    """The standard prompt suite (te_align.probe.core), checking its at-limit prompts are exact."""
+    tokenizers = {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots}
+    suite = standard_prompt_suite(p, tokenizers)
+    for slot in {p.slots[0].name: p.slots[0], p.slots[-1].name: p.slots[-1]}.values():
+        (text,) = suite[f"at limit ({slot.name})"]
+        tok = tokenizers[slot.tokenizer_subfolder]
+        rendered = render(slot.tokenizer, text)
+        n = len(tok(rendered, add_special_tokens=slot.tokenizer.add_special_tokens)["input_ids"])
+        assert n == tokenize_length(slot, tok), f"at-limit prompt for {slot.name} has {n} tokens"
     return suite
 
 

@@ -32,3 +32,31 @@ def test_readme_main_job_is_a_real_command():
 def test_changelog_has_unreleased_section():
     text = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in text and "### Added" in text
+
+
+def test_wheel_ships_the_drop_in_files(tmp_path):
+    """A non-editable install must be able to patch: the wheel carries patches/ as te_align/_patches."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"  # build a copy, so no build/ folder appears in the working tree
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("te_align", "patches"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = tmp_path.glob("te_align-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {p.relative_to(ROOT / "patches").as_posix() for p in (ROOT / "patches").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert shipped, "patches/ is empty"
+    missing = sorted(s for s in shipped if f"te_align/_patches/{s}" not in names)
+    assert not missing, missing
+    assert "te_align/profiles/data/profiles/sd35-large.toml" in names

@@ -46,7 +46,8 @@ class EncodeOptions:
         0 = off (the profile's truncation). N >= 1 = the NovelAI long-prompt method for CLIP slots:
         the prompt's tokens are split into 75-token chunks, each wrapped in BOS/EOS and padded to
         77, at most N chunks; chunk hidden states are concatenated along the sequence and the pooled
-        output comes from the first chunk. Every prompt of a batch gets the batch's chunk count.
+        output comes from the first chunk. Every prompt of a batch gets the batch's chunk count
+        (or exactly N with ``pad_chunks``).
         Source: NovelAI's "Improvements to SD" (2022) and AUTOMATIC1111/kohya ``max_token_length``.
     dropout_policy:
         What a dropped caption or dropped encoder becomes: ``"empty"`` (the encoded empty prompt)
@@ -55,9 +56,12 @@ class EncodeOptions:
 
     long_prompt_chunks: int = 0
     dropout_policy: str = "profile"
+    #: With chunking: always emit ``long_prompt_chunks`` chunks (fixed shapes, e.g. for a trainer's
+    #: per-caption tokenization that is collated later) instead of the batch's longest need.
+    pad_chunks: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {"long_prompt_chunks": self.long_prompt_chunks, "dropout_policy": self.dropout_policy}
+        return {"long_prompt_chunks": self.long_prompt_chunks, "dropout_policy": self.dropout_policy, "pad_chunks": self.pad_chunks}
 
 
 @dataclass
@@ -233,7 +237,7 @@ def long_prompt_chunks(
     return [max(1, min(max_chunks, math.ceil(n / body))) for n in count_tokens(clip, tok, prompts)]
 
 
-def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int) -> tuple[torch.Tensor, list[int], int]:
+def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int, fixed: bool = False) -> tuple[torch.Tensor, list[int], int]:
     """NovelAI chunking: (B * n_chunks, 77) ids, token counts, chunks per prompt."""
     t = slot.tokenizer
     bos = t.bos_token_id if t.bos_token_id is not None else tokenizer.bos_token_id
@@ -242,7 +246,7 @@ def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int
     body = t.max_length - 2
     raw = tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
     counts = [len(r) for r in raw]
-    n = max(1, min(max_chunks, max(math.ceil(c / body) for c in counts) if counts else 1))
+    n = max_chunks if fixed else max(1, min(max_chunks, max(math.ceil(c / body) for c in counts) if counts else 1))
     rows = []
     for r in raw:
         r = r[: n * body]
@@ -297,6 +301,10 @@ def _seq_dim(hidden: torch.Tensor) -> int:
     return hidden.dim() - 2
 
 
+def _chunked(slot: SlotSpec, options: EncodeOptions) -> bool:
+    return options.long_prompt_chunks >= 1 and slot.tokenizer.cls.startswith("CLIP")
+
+
 def encode_slot(
     profile: AlignmentProfile,
     slot: SlotSpec,
@@ -309,27 +317,69 @@ def encode_slot(
     options: EncodeOptions = EncodeOptions(),
 ) -> SlotResult:
     """Tokenize, encode and post-process one slot exactly as its profile entry says."""
-    t, m = slot.tokenizer, slot.masks
-    texts = [render(t, p, negative=negative) for p in prompts]
-    chunked = options.long_prompt_chunks >= 1 and t.cls.startswith("CLIP")
-    if chunked:
-        ids, counts, n = _chunk_ids(slot, tokenizer, texts, options.long_prompt_chunks)
-        mask = torch.ones_like(ids)
-    else:
-        ids, mask = _tokenize(slot, tokenizer, texts, negative)
-        counts, n = [int(x) for x in mask.sum(dim=1)], 1
-    ids, mask = ids.to(device), mask.to(device)
-    if chunked:
-        # One forward per chunk position with the plain batch shape, so chunk 1 is bit-identical to
-        # the unchunked encoding (float results depend on the batch shape).
-        b = len(texts)
-        ids, mask = ids.reshape(b, n, -1), mask.reshape(b, n, -1)
-        parts = [_forward(slot, encoder, ids[:, k], mask[:, k]) for k in range(n)]
+    ids, mask = tokenize_slot(slot, tokenizer, prompts, negative=negative, options=options)
+    counts = count_tokens(slot, tokenizer, prompts, negative=negative) if _chunked(slot, options) else None
+    return encode_slot_tokens(profile, slot, encoder, ids, mask, device=device, counts=counts)
+
+
+def tokenize_slot(
+    slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False, options: EncodeOptions = EncodeOptions()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and attention mask of one slot exactly as :func:`encode_slot` makes them.
+
+    Trainer hooks call this where the trainer tokenizes (e.g. in DataLoader workers) and hand the
+    result to :func:`encode_slot_tokens` later; together they equal :func:`encode_slot`. With
+    long-prompt chunking the chunks are laid side by side: (batch, chunks * max_length).
+    """
+    texts = [render(slot.tokenizer, p, negative=negative) for p in prompts]
+    if _chunked(slot, options):
+        ids, _, n = _chunk_ids(slot, tokenizer, texts, options.long_prompt_chunks, fixed=options.pad_chunks)
+        ids = ids.reshape(len(texts), n * ids.shape[1])
+        return ids, torch.ones_like(ids)
+    return _tokenize(slot, tokenizer, texts, negative)
+
+
+def encode_slot_tokens(
+    profile: AlignmentProfile,
+    slot: SlotSpec,
+    encoder: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    device: torch.device | None = None,
+    counts: list[int] | None = None,
+) -> SlotResult:
+    """Encode and post-process ids from :func:`tokenize_slot` (default device: the encoder's).
+
+    CLIP ids longer than ``max_length`` (a whole multiple of it) are long-prompt chunks: each chunk
+    position is encoded with the plain batch shape, so chunk 1 is bit-identical to the unchunked
+    encoding (float results depend on the batch shape); the pooled output comes from chunk 1.
+    """
+    ids, mask = ids.to(device or _encoder_device(encoder)), mask.to(device or _encoder_device(encoder))
+    width = slot.tokenizer.max_length
+    if slot.tokenizer.cls.startswith("CLIP") and ids.shape[1] > width and ids.shape[1] % width == 0:
+        parts = [
+            _forward(slot, encoder, ids[:, k : k + width], mask[:, k : k + width]) for k in range(0, ids.shape[1], width)
+        ]
         hidden = torch.cat([h for h, _ in parts], dim=-2)
         pooled = parts[0][1]
-        ids, mask = ids.reshape(b, -1), mask.reshape(b, -1)
     else:
         hidden, pooled = _forward(slot, encoder, ids, mask)
+    if counts is None:
+        counts = [int(x) for x in mask.sum(dim=1)]
+    return _finish_slot(slot, encoder, hidden, pooled, ids, mask, counts)
+
+
+def _finish_slot(
+    slot: SlotSpec,
+    encoder: Any,
+    hidden: torch.Tensor,
+    pooled: torch.Tensor | None,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    counts: list[int],
+) -> SlotResult:
+    t, m = slot.tokenizer, slot.masks
     hidden = hidden.to(_encoder_dtype(encoder))
     if pooled is not None:
         pooled = pooled.to(_encoder_dtype(encoder))

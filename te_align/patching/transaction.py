@@ -331,7 +331,7 @@ def apply(plan: Plan, *, replan: bool = False, dry_run: bool = False) -> ApplyRe
         entry = known.get(c.path)
         keep_original = entry is not None and (sha256_file(f) == entry["patched_sha256"])
         if keep_original:
-            rec = {k: entry[k] for k in ("original_sha256", "original_mode", "backup")}
+            rec = {k: entry[k] for k in ("original_sha256", "original_mode", "backup", "created_dirs") if k in entry}
         else:
             if entry is not None and entry.get("backup"):
                 (state / entry["backup"]).unlink(missing_ok=True)
@@ -342,6 +342,13 @@ def apply(plan: Plan, *, replan: bool = False, dry_run: bool = False) -> ApplyRe
                 rec = {"original_sha256": sha256_file(f), "original_mode": f.stat().st_mode & 0o7777, "backup": backup}
             else:
                 rec = {"original_sha256": None, "original_mode": None, "backup": None}
+                # folders this file creates, deepest first: revert removes them again when empty
+                created, d = [], f.parent
+                while d != root and not d.exists():
+                    created.append(d.relative_to(root).as_posix())
+                    d = d.parent
+                if created:
+                    rec["created_dirs"] = created
         mode = rec["original_mode"]
         _write_bytes(f, c.content, mode)
         rec["patched_sha256"] = sha256_bytes(c.content)
@@ -369,6 +376,10 @@ def _restore_one(root: Path, path: str, entry: dict[str, Any]) -> None:
         _write_bytes(f, (_state(root) / entry["backup"]).read_bytes(), entry.get("original_mode"))
     else:
         f.unlink(missing_ok=True)
+        for d in entry.get("created_dirs", ()):
+            folder = root / d
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def revert(root: str | Path, *, keep_changed: bool = False) -> list[str]:

@@ -1,0 +1,53 @@
+"""Cold-start time of ``te-align check`` on one config, next to ``python -c pass``.
+
+Run: ``python benchmarks/bench_check.py [--runs N]``. Prints the median whole-process wall time of each
+command and its ratio to a bare interpreter start. Target: ``te-align check CONFIG`` < 1 s (no torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EX = Path(__file__).resolve().parents[1] / "examples"
+CHECK = [sys.executable, "-m", "te_align", "check"]
+COMMANDS = {
+    "python -c pass": ([sys.executable, "-c", "pass"], 0),
+    "check kohya/flux_schnell_lora.toml": ([*CHECK, str(EX / "kohya" / "flux_schnell_lora.toml")], 1),
+    "check ai-toolkit/flux_schnell_lora.yaml": ([*CHECK, str(EX / "ai-toolkit" / "flux_schnell_lora.yaml")], 1),
+    "check simpletuner/sd3_config.json": ([*CHECK, str(EX / "simpletuner" / "sd3_config.json")], 1),
+    "check onetrainer/flux_lora.json --json": ([*CHECK, str(EX / "onetrainer" / "flux_lora.json"), "--json"], 1),
+}
+
+
+def wall(cmd: list[str], expect: int) -> float:
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    t = time.perf_counter() - t0
+    if rc != expect:
+        raise SystemExit(f"{' '.join(cmd)} exited {rc}, expected {expect}")
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    results = {}
+    for name, (cmd, expect) in COMMANDS.items():
+        wall(cmd, expect)  # warm the OS file cache
+        results[name] = statistics.median(wall(cmd, expect) for _ in range(args.runs))
+    base = results["python -c pass"]
+    print(f"{'command':<42}{'median s':>10}{'x python':>10}")
+    for name, t in results.items():
+        print(f"{name:<42}{t:>10.3f}{t / base:>10.1f}")
+    worst = max(t for n, t in results.items() if n.startswith("check"))
+    print(f"\ncheck target < 1 s: {'met' if worst < 1.0 else 'MISSED'} (slowest {worst:.3f} s)")
+
+
+if __name__ == "__main__":
+    main()

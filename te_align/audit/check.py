@@ -1,0 +1,134 @@
+"""``check_file``: read a trainer config the way the trainer does, compare its effective text-encoder
+settings with an alignment profile, and collect findings. No torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from te_align.audit import readers
+from te_align.audit.findings import CheckResult, Finding
+from te_align.audit.rules import Context, evaluate
+from te_align.audit.trainers import module
+from te_align.errors import TeAlignError
+
+
+def check_file(
+    path: str,
+    *,
+    trainer: str = "auto",
+    profile: Any = None,
+    extra_args: Sequence[str] = (),
+    cache_dir: str | None = None,
+) -> CheckResult:
+    """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2)."""
+    result = CheckResult(file=str(path))
+    try:
+        raw = readers.load(str(path))
+        name = readers.detect_trainer(raw) if trainer == "auto" else trainer
+        if name not in readers.TRAINERS:
+            raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.TRAINERS)}")
+        result.trainer = name
+        _check(raw, name, profile, list(extra_args), cache_dir, result)
+    except readers.ConfigSyntaxError as e:
+        result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
+                                       line=e.line, column=e.column))
+    except TeAlignError as e:
+        result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e)))
+    return result
+
+
+def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
+           result: CheckResult) -> None:
+    from te_align.profiles import profile as resolve
+
+    mod = module(name)
+    parsed = mod.parse(raw, extra_args)
+    result.cached = parsed.cached
+    findings = list(parsed.findings)
+    if profile is not None:
+        prof = resolve(profile) if isinstance(profile, str) else profile
+        result.family_reason = f"--profile {prof.name}"
+        if parsed.profile_guess and parsed.profile_guess != prof.name:
+            guessed = resolve(parsed.profile_guess)
+            if guessed.family != prof.family:
+                findings.append(Finding(
+                    kind="note", severity="info", setting="profile",
+                    message=f"the config looks like {guessed.name} ({parsed.family_reason}) but --profile {prof.name} was given",
+                ))
+    else:
+        if not parsed.profile_guess:
+            raise readers.UnreadableConfig(
+                "cannot work out the model family" + (f" from {parsed.family_reason}" if parsed.family_reason else "")
+                + "; pass --profile NAME", file=raw.file)
+        prof = resolve(parsed.profile_guess)
+        result.family_reason = parsed.family_reason
+    result.profile = prof.name
+    if prof.family not in parsed.supported:
+        raise readers.UnreadableConfig(f"{name} does not train {prof.family} models (profile {prof.name})", file=raw.file)
+    ctx = Context(values=parsed.values, profile_name=prof.name, cached=parsed.cached)
+    deviations, effective = evaluate(parsed.trainer, prof, ctx)
+    findings += deviations
+    result.effective = effective
+    caches = getattr(mod, "CACHES", {})
+    spec = caches.get(prof.family)
+    if cache_dir is not None:
+        findings += _scan_cache(cache_dir, name, prof, effective, spec)
+    if parsed.cached and spec is not None and any(
+            f.kind == "deviation" and f.severity in ("error", "warning") for f in deviations):
+        findings.append(Finding(
+            kind="stale-cache", severity="warning", setting="text-encoder cache",
+            message=(f"text-encoder outputs are cached and {name} reuses cached files by {spec.validates}: "
+                     "files made before you change the settings above will be used as they are"),
+            fix=f"after fixing, {spec.rebuild}", trainer_source=spec.source,
+        ))
+    order = {"syntax": 0, "deviation": 1, "unused-value": 2, "unknown-key": 3, "stale-cache": 4, "note": 5}
+    sev = {"error": 0, "warning": 1, "info": 2}
+    result.findings = sorted(findings, key=lambda f: (order[f.kind], sev[f.severity]))
+
+
+def _scan_cache(cache_dir: str, name: str, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
+    from pathlib import Path
+
+    from te_align.audit.cachefiles import scan
+
+    if not Path(cache_dir).is_dir():
+        raise readers.UnreadableConfig("no such cache folder", file=cache_dir)
+    found, lengths, bad, path_of = scan(cache_dir, name)
+    if name == "ai-toolkit":
+        path_of = "t5.tokenizer.max_length" if "t5" in prof.slot_names else f"{prof.slot_names[-1]}.tokenizer.max_length"
+    out: list[Finding] = []
+    where = spec.source if spec else ""
+    if not found:
+        out.append(Finding(kind="note", severity="info", setting="text-encoder cache",
+                           message=f"no cached text-encoder files found in {cache_dir}"))
+        return out
+    want = effective.get(path_of)
+    stale = {n: c for n, c in lengths.items() if want is not None and n != want}
+    if stale:
+        made = ", ".join(f"{c} with {n}" for n, c in sorted(stale.items()))
+        out.append(Finding(
+            kind="stale-cache", severity="error", setting=path_of, effective=want,
+            profile=prof.get(f"slots.{path_of}"),
+            message=(f"{sum(stale.values())} of {found} cached files in {cache_dir} were made with another "
+                     f"{path_of} ({made}) than this config gives ({want}); {name} does not notice "
+                     f"(its reuse check compares {spec.validates if spec else 'nothing'})"),
+            fix=spec.rebuild if spec else f"delete the cached files in {cache_dir}", trainer_source=where,
+        ))
+    elif not lengths:
+        out.append(Finding(
+            kind="note", severity="info", setting="text-encoder cache",
+            message=(f"{found} cached files in {cache_dir} record no readable settings"
+                     + (f" ({bad} unreadable)" if bad else "")
+                     + "; they are stale whenever they were made under other settings"),
+            trainer_source=where,
+        ))
+    return out
+
+
+def check_files(paths: Sequence[str], **kw: Any) -> list[CheckResult]:
+    return [check_file(p, **kw) for p in paths]
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    return max((r.exit_code for r in results), default=0)

@@ -1,0 +1,157 @@
+"""Reading trainer config files: TOML / JSON / YAML with exact syntax-error positions, key lines,
+the bundled lists of valid keys, and telling the trainer from a file's shape. No torch."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from te_align.errors import TeAlignError
+
+
+class ConfigSyntaxError(TeAlignError):
+    """A config file that does not parse; carries the 1-based line and column."""
+
+    def __init__(self, file: str, line: int | None, column: int | None, message: str) -> None:
+        self.line = line
+        self.column = column
+        where = file if line is None else f"{file}:{line}:{column or 1}"
+        super().__init__(f"{where}: syntax error: {message}")
+
+
+class UnreadableConfig(TeAlignError):
+    """A missing file, an unknown format or a file whose trainer cannot be told."""
+
+
+@dataclass
+class RawConfig:
+    file: str
+    fmt: str  # "toml" | "json" | "yaml"
+    text: str
+    data: Any
+
+
+_TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+def load(path: str) -> RawConfig:
+    """Parse a config file; raise :class:`ConfigSyntaxError` with file, line and column."""
+    p = Path(path)
+    if not p.is_file():
+        raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnreadableConfig(f"cannot read: {e}", file=path) from None
+    suffix = p.suffix.lower()
+    if suffix == ".toml":
+        return RawConfig(path, "toml", text, _parse_toml(path, text))
+    if suffix == ".json":
+        return RawConfig(path, "json", text, _parse_json(path, text))
+    if suffix in (".yaml", ".yml"):
+        return RawConfig(path, "yaml", text, _parse_yaml(path, text))
+    raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml", file=path)
+
+
+def _parse_toml(path: str, text: str) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = _TOML_POS.search(msg)
+        if m:
+            raise ConfigSyntaxError(path, int(m.group(1)), int(m.group(2)), msg[: m.start()]) from None
+        raise ConfigSyntaxError(path, None, None, msg) from None
+
+
+def _parse_json(path: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigSyntaxError(path, e.lineno, e.colno, e.msg) from None
+
+
+def _parse_yaml(path: str, text: str) -> Any:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context = getattr(e, "context", None)
+        msg = f"{context}: {problem}" if context else str(problem)
+        if mark is not None:
+            raise ConfigSyntaxError(path, mark.line + 1, mark.column + 1, msg) from None
+        raise ConfigSyntaxError(path, None, None, msg) from None
+
+
+def key_line(text: str, key: str) -> int | None:
+    """1-based line of the first ``key = …`` / ``"key": …`` / ``key: …`` in ``text``."""
+    pat = re.compile(r'^\s*(?:-\s*)?["\']?' + re.escape(key) + r'["\']?\s*[=:]', re.M)
+    m = pat.search(text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
+
+
+# ---------------------------------------------------------------------------------- valid keys
+@functools.cache
+def known_keys(trainer: str) -> dict[str, frozenset[str]]:
+    """The bundled list of valid keys for a trainer, by section (``""`` when it has none)."""
+    res = resources.files("te_align.audit").joinpath("data", f"{trainer}.txt")
+    sections: dict[str, set[str]] = {}
+    current = ""
+    for raw in res.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            continue
+        sections.setdefault(current, set()).add(line)
+    return {k: frozenset(v) for k, v in sections.items()}
+
+
+# ------------------------------------------------------------------------------ trainer shape
+TRAINERS = ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
+
+_GUI_MARKERS = ("LoRA_type", "model_list", "flux1_checkbox", "sd3_checkbox", "sdxl_cache_text_encoder_outputs",
+                "additional_parameters", "lumina_checkbox")
+_OT_MARKERS = ("training_method", "base_model_name", "text_encoder_2_sequence_length", "concept_file_name",
+               "__version")
+
+
+def detect_trainer(raw: RawConfig) -> str:
+    """Tell the trainer from the file's shape, or raise :class:`UnreadableConfig`."""
+    data = raw.data
+    if not isinstance(data, dict):
+        raise UnreadableConfig("expected a table/object at the top level", file=raw.file)
+    cfg = data.get("config")
+    if isinstance(cfg, dict) and isinstance(cfg.get("process"), list):
+        return "ai-toolkit"
+    keys = {k.lstrip("-") for k in data}
+    if "model_family" in keys:
+        return "simpletuner"
+    if raw.fmt == "json" and sum(k in keys for k in _GUI_MARKERS) >= 1:
+        return "kohya-gui"
+    if raw.fmt == "json" and "model_type" in keys and any(k in keys for k in _OT_MARKERS):
+        return "onetrainer"
+    if raw.fmt == "toml":
+        flat = set(keys)
+        for v in data.values():
+            if isinstance(v, dict):
+                flat.update(v)
+        if flat & known_keys("kohya")[""]:
+            return "kohya"
+    raise UnreadableConfig(
+        "cannot tell which trainer this config is for; pass --trainer "
+        "kohya|kohya-gui|ai-toolkit|simpletuner|onetrainer",
+        file=raw.file,
+    )

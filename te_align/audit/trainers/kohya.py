@@ -1,0 +1,278 @@
+"""kohya-ss/sd-scripts: ``--config_file`` TOML (sections flattened, keys = argparse dest names) plus
+extra CLI args.
+
+Every fact below was read at kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba8c07910eb
+(/work/shared/research/kohya.md §2-7, §10, §14); ``source`` gives file:line at that commit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
+from te_align.audit.rules import ByProfile, Rule, Trainer, family_of, guess_from_name
+from te_align.audit.trainers import CacheSpec, Parsed, unknown_key_finding
+
+_SD = ("sd1", "sd2")
+_CLIP_SLOTS = {"sd1": "clip_l", "sd2": "clip_h"}
+
+#: The sd-scripts table: one row per (families, profile path) or per accepted-but-unused key.
+RULES: tuple[Rule, ...] = (
+    # ---- SD 1.x / 2.x (train_network.py)
+    Rule("clip_l.encoder.layer", ("sd1",), "clip_skip", None,
+         "clip_skip N takes hidden_states[-N] + final layer norm (1 or unset = last layer)",
+         "library/strategy_sd.py:73-78; library/train_util.py:4020", convert="sd_clip_skip"),
+    Rule("clip_h.encoder.layer", ("sd2",), "clip_skip", None,
+         "clip_skip N takes hidden_states[-N] + final layer norm of the 23-layer SD2 encoder",
+         "library/strategy_sd.py:73-78; library/train_util.py:4020,4421-4422", convert="sd_clip_skip"),
+    Rule("clip_l.tokenizer.max_length", ("sd1",), "max_token_length", None,
+         "max_token_length 150/225 tokenizes to 152/227 and encodes 75-token chunks wrapped in BOS/EOS",
+         "library/strategy_sd.py:22-37; library/strategy_base.py:236-272; library/train_util.py:3902",
+         convert="sd_tokens"),
+    Rule("clip_h.tokenizer.max_length", ("sd2",), "max_token_length", None,
+         "max_token_length 150/225 tokenizes to 152/227 and encodes 75-token chunks wrapped in BOS/EOS",
+         "library/strategy_sd.py:22-37; library/strategy_base.py:236-272; library/train_util.py:3902",
+         convert="sd_tokens"),
+    # ---- SDXL (sdxl_train_network.py)
+    Rule("clip_l.encoder.layer", ("sdxl",), None, "penultimate",
+         "TE1 uses hidden_states[11] (penultimate, no final LN), hard-coded",
+         "library/strategy_sdxl.py:127-128"),
+    Rule("clip_g.encoder.layer", ("sdxl",), None, "penultimate",
+         "TE2 uses hidden_states[-2] (no final LN), hard-coded", "library/strategy_sdxl.py:131-132"),
+    Rule(None, ("sdxl",), "clip_skip", None,
+         "SDXL ignores clip_skip (warning 'clip_skip will be unexpected')",
+         "library/sdxl_train_util.py:350-352; sdxl_train_network.py:81-82", convert="sd_clip_skip",
+         honoured="never"),
+    Rule("clip_l.tokenizer.max_length", ("sdxl",), "max_token_length", None,
+         "max_token_length 150/225 encodes BOS/EOS-wrapped 75-token chunks (pooled from chunk 1)",
+         "library/strategy_sdxl.py:28-38,143-167; library/train_util.py:3902", convert="sd_tokens"),
+    Rule("clip_g.tokenizer.max_length", ("sdxl",), "max_token_length", None,
+         "max_token_length 150/225 encodes BOS/EOS-wrapped 75-token chunks (pooled from chunk 1)",
+         "library/strategy_sdxl.py:28-38,143-167; library/train_util.py:3902", convert="sd_tokens"),
+    Rule("clip_g.tokenizer.pad_token", ("sdxl",), None, "<|endoftext|>",
+         "CLIP-G loads the laion tokenizer and only sets pad_token_id = 0, so a literal '!' stays an "
+         "ordinary token (the diffusers tokenizer_2 turns every '!' into the pad id 0)",
+         "library/strategy_sdxl.py:18-31 (pad_token_id = 0 at :26)", severity="warning"),
+    # ---- SD3 / SD3.5 (sd3_train_network.py)
+    Rule("t5.tokenizer.max_length", ("sd3",), "t5xxl_max_token_length", 256,
+         "T5 length (default 256)", "library/sd3_train_utils.py:188-192; library/strategy_sd3.py:34-48"),
+    Rule("clip_l.masks.encoder", ("sd3",), "apply_lg_attn_mask", False,
+         "the CLIP-L/G mask reaches the encoders only on the cached path: encode_tokens defaults to False "
+         "and the live path passes no flag (the default-False bug)",
+         "library/strategy_sd3.py:75-90,333-340; train_network.py:434-439; library/sd3_train_utils.py:194",
+         convert="bool", honoured="cached"),
+    Rule("clip_g.masks.encoder", ("sd3",), "apply_lg_attn_mask", False,
+         "the CLIP-L/G mask reaches the encoders only on the cached path: encode_tokens defaults to False "
+         "and the live path passes no flag (the default-False bug)",
+         "library/strategy_sd3.py:75-90,333-340; train_network.py:434-439; library/sd3_train_utils.py:194",
+         convert="bool", honoured="cached"),
+    Rule("t5.masks.encoder", ("sd3",), "apply_t5_attn_mask", False,
+         "the T5 mask reaches T5 only on the cached path: encode_tokens defaults to False and the live "
+         "path passes no flag (the default-False bug); embeddings are never zeroed",
+         "library/strategy_sd3.py:75-90,192-197,333-340; train_network.py:434-439; library/sd3_train_utils.py:199",
+         convert="bool", honoured="cached"),
+    Rule("clip_l.encoder.layer", ("sd3",), None, "penultimate", "CLIP-L hidden_states[-2], no final LN",
+         "library/strategy_sd3.py:130-141"),
+    Rule("clip_g.encoder.layer", ("sd3",), None, "penultimate", "CLIP-G hidden_states[-2], no final LN",
+         "library/strategy_sd3.py:130-141"),
+    Rule("clip_g.tokenizer.pad_token", ("sd3",), None, "<|endoftext|>",
+         "CLIP-G loads the laion tokenizer and only sets pad_token_id = 0, so a literal '!' stays an "
+         "ordinary token (the diffusers tokenizer_2 turns every '!' into the pad id 0)",
+         "library/strategy_sd3.py:21-32", severity="warning"),
+    Rule("clip_l.train_dropout", ("sd3",), "clip_l_dropout_rate", 0.0,
+         "per-encoder caption dropout (zeroed embeddings)", "library/sd3_train_utils.py:204-209",
+         severity="info"),
+    Rule("clip_g.train_dropout", ("sd3",), "clip_g_dropout_rate", 0.0,
+         "per-encoder caption dropout (zeroed embeddings)", "library/sd3_train_utils.py:210-215",
+         severity="info"),
+    Rule("t5.train_dropout", ("sd3",), "t5_dropout_rate", 0.0,
+         "per-encoder caption dropout (zeroed embeddings)", "library/sd3_train_utils.py:216-221",
+         severity="info"),
+    Rule(None, ("sd3",), "max_token_length", None,
+         "SD3 ignores max_token_length (it logs 'max_token_length is not used')",
+         "sd3_train_network.py:57-58", convert="sd_tokens", honoured="never"),
+    Rule(None, ("sd3",), "clip_skip", None, "SD3 does not use clip_skip", "library/strategy_sd3.py:130-141",
+         convert="sd_clip_skip", honoured="never"),
+    # ---- FLUX.1 dev / schnell, Chroma (flux_train_network.py)
+    Rule("t5.tokenizer.max_length", ("flux",), "t5xxl_max_token_length", ByProfile({"flux-schnell": 256, "*": 512}),
+         "T5 length; unset = 256 when the checkpoint has no guidance embedder (schnell), else 512",
+         "flux_train_network.py:162-180; library/flux_train_utils.py:636-641"),
+    Rule("t5.tokenizer.max_length", ("chroma",), "t5xxl_max_token_length", 512,
+         "T5 length; unset = 512 for Chroma", "flux_train_network.py:162-180; library/flux_train_utils.py:636-641"),
+    Rule("t5.masks.encoder", ("flux", "chroma"), "apply_t5_attn_mask", False,
+         "apply_t5_attn_mask passes the tokenizer mask into T5 (live and cached)",
+         "library/strategy_flux.py:55-60,75-76; library/flux_train_utils.py:643-646", convert="bool"),
+    Rule("t5.masks.denoiser", ("flux", "chroma"), "apply_t5_attn_mask", False,
+         "apply_t5_attn_mask also key-masks the text tokens in the double and single blocks",
+         "flux_train_network.py:359-377; library/flux_models.py:715-726,815-833", convert="bool"),
+    Rule("t5.masks.denoiser_extra_pad_tokens", ("chroma",), None, 1,
+         "Chroma attends to the real tokens + EOS + one pad token (attn_padding=1)",
+         "library/chroma_models.py:664-705"),
+    Rule(None, ("flux", "chroma"), "max_token_length", None,
+         "FLUX ignores max_token_length (warning at start)", "flux_train_network.py:74-75",
+         convert="sd_tokens", honoured="never"),
+    Rule(None, ("flux", "chroma"), "clip_skip", None, "FLUX ignores clip_skip (warning at start)",
+         "flux_train_network.py:74-75", convert="sd_clip_skip", honoured="never"),
+    # ---- Lumina-Image 2.0 (lumina_train_network.py)
+    Rule("gemma.tokenizer.system_prompt", ("lumina2",), "system_prompt", "",
+         "the prompt gets '<system_prompt> <Prompt Start> ' in front only when system_prompt is non-empty; "
+         "the default \"\" adds nothing at all",
+         "library/strategy_lumina.py:35-39; library/lumina_train_util.py:1082-1087", convert="nonempty"),
+    Rule("gemma.tokenizer.max_length", ("lumina2",), "gemma2_max_token_length", 256,
+         "Gemma-2 length (unset = 256)", "library/strategy_lumina.py:41-44; library/lumina_train_util.py:1036-1042"),
+    Rule("gemma.encoder.layer", ("lumina2",), None, "penultimate", "Gemma-2 hidden_states[-2]",
+         "library/strategy_lumina.py:95-123"),
+)
+
+#: Script names (first positional after ``--``) -> profile family guess.
+SCRIPTS = {
+    "train_network.py": "sd15", "train_db.py": "sd15", "fine_tune.py": "sd15",
+    "train_textual_inversion.py": "sd15",
+    "sdxl_train_network.py": "sdxl", "sdxl_train.py": "sdxl", "sdxl_train_textual_inversion.py": "sdxl",
+    "sd3_train_network.py": "sd35-large", "sd3_train.py": "sd35-large",
+    "flux_train_network.py": "flux-dev", "flux_train.py": "flux-dev",
+    "lumina_train_network.py": "lumina2", "lumina_train.py": "lumina2",
+}
+
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2")
+
+#: Text-encoder output caches per family: file suffix, what the reuse check compares, source.
+CACHES = {
+    "sdxl": CacheSpec(("*_te_outputs.npz",), "key names only",
+                      "library/strategy_sdxl.py:238-254", "delete the *_te_outputs.npz files"),
+    "sd3": CacheSpec(("*_sd3_te.npz",), "key names and apply_lg_attn_mask / apply_t5_attn_mask, not the T5 length",
+                     "library/strategy_sd3.py:275-309", "delete the *_sd3_te.npz files"),
+    "flux": CacheSpec(("*_flux_te.npz",), "key names and apply_t5_attn_mask, not the T5 length or model type",
+                      "library/strategy_flux.py:107-134", "delete the *_flux_te.npz files"),
+    "lumina2": CacheSpec(("*_lumina_te.npz",), "key names only (not the system prompt or length)",
+                         "library/strategy_lumina.py:170-197", "delete the *_lumina_te.npz files"),
+}
+CACHES["chroma"] = CACHES["flux"]
+
+
+def toml_literal(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return json.dumps(str(v), ensure_ascii=False)
+
+
+def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None]:
+    """``--key value`` / ``--key=value`` / ``--flag`` -> values; a ``*.py`` positional is the script."""
+    values: dict[str, Any] = {}
+    script = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            name, eq, val = a[2:].partition("=")
+            name = name.replace("-", "_")
+            if eq:
+                values[name] = _scalar(val)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                values[name] = _scalar(args[i + 1])
+                i += 1
+            else:
+                values[name] = True
+        elif a.endswith(".py") and script is None:
+            script = a.replace("\\", "/").rsplit("/", 1)[-1]
+        i += 1
+    return values, script
+
+
+def _scalar(s: str) -> Any:
+    low = s.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        return float(s)
+    except ValueError:
+        return s
+
+
+def flatten(data: dict[str, Any]) -> dict[str, Any]:
+    """read_config_from_file flattens every section into one namespace (library/train_util.py:4700-4764)."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | None, str]:
+    """The bundled profile an sd-scripts run trains, and why we think so."""
+    path = values.get("pretrained_model_name_or_path")
+    by_name = guess_from_name(path)
+    if script in SCRIPTS:
+        fam = SCRIPTS[script]
+        if fam.startswith("flux") and values.get("model_type") == "chroma":
+            return "chroma", f"script {script} with model_type = \"chroma\""
+        if by_name and by_name != fam and family_of(by_name) == family_of(fam):
+            return by_name, f"script {script} and pretrained_model_name_or_path {path!r}"
+        if fam == "sd15" and values.get("v2"):
+            return "sd21", f"script {script} with v2 = true"
+        return fam, f"script {script}"
+    if values.get("model_type") == "chroma":
+        return "chroma", 'model_type = "chroma" (flux_train_network.py)'
+    if any(k in values for k in ("system_prompt", "gemma2", "gemma2_max_token_length")):
+        return "lumina2", "Lumina keys (system_prompt / gemma2*) (lumina_train_network.py)"
+    if any(k in values for k in ("apply_lg_attn_mask", "clip_g", "clip_g_dropout_rate", "t5_dropout_rate")):
+        prof = by_name if by_name and by_name.startswith("sd3") else "sd35-large"
+        return prof, "SD3 keys (clip_g / apply_lg_attn_mask) (sd3_train_network.py)" + (
+            f" and pretrained_model_name_or_path {path!r}" if prof == by_name else "; variant assumed")
+    if any(k in values for k in ("t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask")):
+        prof = "flux-schnell" if by_name == "flux-schnell" else "flux-dev"
+        return prof, "FLUX keys (t5xxl / ae) (flux_train_network.py)" + (
+            f" and pretrained_model_name_or_path {path!r}" if by_name == prof else "; dev assumed (pass --profile flux-schnell for schnell)")
+    if values.get("v2"):
+        return "sd21", "v2 = true (train_network.py)"
+    if by_name:
+        return by_name, f"pretrained_model_name_or_path {path!r}"
+    return None, ""
+
+
+def make_trainer(raw: RawConfig, cli_keys: set[str]) -> Trainer:
+    def fix_set(key: str, value: Any) -> str:
+        if key in cli_keys or raw.fmt != "toml":
+            return f"--{key}" if value is True else f"--{key} {value if not isinstance(value, str) else json.dumps(value)}"
+        return f"{key} = {toml_literal(value)}"
+
+    def fix_remove(key: str) -> str:
+        return f"remove --{key}" if key in cli_keys else f"remove {key} from {raw.file}"
+
+    return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: key_line(raw.text, key))
+
+
+def unknown_keys(keys: dict[str, int | None], trainer: str = "sd-scripts") -> list:
+    valid = known_keys("kohya")[""]
+    out = []
+    for key, line in keys.items():
+        if key not in valid:
+            out.append(unknown_key_finding(
+                key, valid, trainer=f"{trainer}: library/train_util.py:4700-4764", line=line,
+                behaviour="sd-scripts puts every TOML key into the argument namespace and never reads this one",
+            ))
+    return out
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    if not isinstance(raw.data, dict):
+        raise UnreadableConfig("expected a TOML table", file=raw.file)
+    values = flatten(raw.data)
+    cli, script = parse_cli(extra_args)
+    findings = unknown_keys({k: key_line(raw.text, k) for k in values})
+    findings += unknown_keys({k: None for k in cli if k not in values})
+    values.update(cli)
+    if script is None and isinstance(values.get("script"), str):
+        script = values["script"].rsplit("/", 1)[-1]
+    prof, reason = guess_profile(values, script)
+    cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
+    return Parsed(make_trainer(raw, set(cli)), values, prof, reason, cached, None, findings, SUPPORTED)

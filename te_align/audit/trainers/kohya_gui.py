@@ -1,0 +1,146 @@
+"""bmaltais/kohya_ss GUI saved configuration JSON (LoRA tab).
+
+The GUI turns its fields into a flat sd-scripts TOML and picks the script from the model checkbox
+(kohya_gui/lora_gui.py:1779-1792, 2147-2589 at bmaltais/kohya_ss@45088f04). This module does the same
+translation for the text-encoder keys and then applies the sd-scripts table, with fixes in GUI terms.
+Note: the GUI pins sd-scripts 6721028c, newer than the 48d368fa the sd-scripts facts were read at.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
+from te_align.audit.rules import Trainer, guess_from_name
+from te_align.audit.trainers import Parsed, kohya, unknown_key_finding
+
+RULES = kohya.RULES
+CACHES = kohya.CACHES
+SUPPORTED = kohya.SUPPORTED
+
+#: sd-scripts key -> (GUI field, families whose tab writes it) (lora_gui.py:2186-2192, 2244-2251, 2394-2399, 2499-2507).
+GUI_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "clip_skip": ("clip_skip", ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma")),
+    "max_token_length": ("max_token_length", ("sd1", "sd2", "sdxl", "sd3")),
+    "t5xxl_max_token_length": ("t5xxl_max_token_length", ("flux", "chroma")),
+    "apply_t5_attn_mask": ("apply_t5_attn_mask", ("flux",)),
+    "system_prompt": ("lumina_system_prompt", ("lumina2",)),
+    "gemma2_max_token_length": ("lumina_gemma2_max_token_length", ("lumina2",)),
+}
+
+_CHECKBOXES = (
+    ("sdxl", "sdxl", "sdxl_train_network.py"),
+    ("flux1_checkbox", "flux", "flux_train_network.py"),
+    ("sd3_checkbox", "sd3", "sd3_train_network.py"),
+    ("hunyuan_image_checkbox", "hunyuan", "hunyuan_image_train_network.py"),
+    ("anima_checkbox", "anima", "anima_train_network.py"),
+    ("lumina_checkbox", "lumina2", "lumina_train_network.py"),
+)
+
+
+def _on(v: Any) -> bool:
+    return v not in ("", False, None, 0, "0", "false", "False")
+
+
+def to_sd_scripts(g: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The text-encoder part of the TOML the GUI writes for these fields, and the script it runs."""
+    arch, script = "sd", "train_network.py"
+    for box, name, scr in _CHECKBOXES:  # first checked box wins, as in lora_gui.py:1779-1792
+        if _on(g.get(box)):
+            arch, script = name, scr
+            break
+    flux, sd3, sdxl, lumina = arch == "flux", arch == "sd3", arch == "sdxl", arch == "lumina2"
+    chroma = flux and str(g.get("model_type") or "").lower() == "chroma"
+    out: dict[str, Any] = {
+        "pretrained_model_name_or_path": g.get("pretrained_model_name_or_path"),
+        "v2": g.get("v2"),
+        "cache_text_encoder_outputs": True if (
+            (sdxl and _on(g.get("sdxl_cache_text_encoder_outputs")))
+            or (flux and _on(g.get("flux1_cache_text_encoder_outputs")))
+            or (sd3 and _on(g.get("sd3_cache_text_encoder_outputs")))
+            or (lumina and _on(g.get("lumina_cache_text_encoder_outputs")))
+        ) else None,
+        "cache_text_encoder_outputs_to_disk": True if (
+            (flux and _on(g.get("flux1_cache_text_encoder_outputs_to_disk")))
+            or (sd3 and _on(g.get("sd3_cache_text_encoder_outputs_to_disk")))
+            or (lumina and _on(g.get("lumina_cache_text_encoder_outputs_to_disk")))
+        ) else None,
+        "clip_skip": g.get("clip_skip") if _on(g.get("clip_skip")) and arch not in ("lumina2", "anima", "hunyuan") else None,
+        "max_token_length": _int(g.get("max_token_length")) if arch in ("sd", "sdxl", "sd3") else None,
+        "model_type": "chroma" if chroma else None,
+        "t5xxl_max_token_length": _int(g.get("t5xxl_max_token_length")) if flux else None,
+        "apply_t5_attn_mask": True if chroma else (g.get("apply_t5_attn_mask") if flux else None),
+        "gemma2_max_token_length": _int(g.get("lumina_gemma2_max_token_length")) if lumina and _on(g.get("lumina_gemma2_max_token_length")) else None,
+        "system_prompt": g.get("lumina_system_prompt") if lumina and _on(g.get("lumina_system_prompt")) else None,
+        "weighted_captions": g.get("weighted_captions"),
+    }
+    # The GUI drops "", False and None (lora_gui.py:2558-2566), then appends additional_parameters (2592-2597).
+    out = {k: v for k, v in out.items() if _on(v) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0)}
+    extra = g.get("additional_parameters")
+    if isinstance(extra, str) and extra.strip():
+        try:
+            cli, _ = kohya.parse_cli(shlex.split(extra))
+        except ValueError:
+            cli = {}
+        out.update(cli)
+    return out, script
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    g = raw.data
+    if not isinstance(g, dict):
+        raise UnreadableConfig("expected a JSON object", file=raw.file)
+    valid = known_keys("kohya-gui")[""]
+    findings = [
+        unknown_key_finding(k, valid, trainer="kohya_ss: kohya_gui/lora_gui.py:448 open_configuration",
+                            line=key_line(raw.text, k), behaviour="the GUI ignores keys it does not know")
+        for k in g if k not in valid
+    ]
+    values, script = to_sd_scripts(g)
+    cli, _ = kohya.parse_cli(extra_args)
+    values.update(cli)
+    prof, reason = kohya.guess_profile(values, script)
+    if script in ("hunyuan_image_train_network.py", "anima_train_network.py"):
+        prof, reason = None, f"{script} (no bundled te-align profile)"
+    elif prof is None:
+        prof = guess_from_name(values.get("pretrained_model_name_or_path")) or "sd15"
+        reason = "no model checkbox checked (train_network.py)"
+
+    def fix_set(key: str, value: Any) -> str:
+        field, fams = GUI_FIELDS.get(key, ("", ()))
+        fam = _family(prof)
+        if field and fam in fams:
+            return f'"{field}": {json.dumps(value, ensure_ascii=False)}'
+        flag = f"--{key}" if value is True else f"--{key} {json.dumps(value) if isinstance(value, str) else value}"
+        return f'add {flag} to "additional_parameters" (the GUI has no field for it)'
+
+    def fix_remove(key: str) -> str:
+        field, fams = GUI_FIELDS.get(key, ("", ()))
+        if field and _family(prof) in fams:
+            if key in ("clip_skip",):
+                return f'"{field}": 1'
+            if key == "max_token_length":
+                return f'"{field}": 75'
+            return f'"{field}": ' + ('false' if key == "apply_t5_attn_mask" else '""')
+        return f'remove --{key} from "additional_parameters"'
+
+    trainer = Trainer("kohya-gui", RULES, fix_set, fix_remove, lambda key: key_line(raw.text, GUI_FIELDS.get(key, (key,))[0]))
+    cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
+    return Parsed(trainer, values, prof, f"kohya_ss GUI: {reason}", cached, None, findings, SUPPORTED)
+
+
+def _family(prof: str | None) -> str:
+    if not prof:
+        return ""
+    from te_align.audit.rules import family_of
+
+    return family_of(prof)

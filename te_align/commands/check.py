@@ -1,0 +1,115 @@
+"""``te-align check CONFIG [more…] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [-- EXTRA]``.
+
+Exit codes: 0 aligned, 1 deviations found, 2 unreadable input. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+TRAINER_CHOICES = ("auto", "kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trainer", choices=TRAINER_CHOICES, default="auto",
+                   help="which trainer reads the config (default: tell from the file's shape)")
+    p.add_argument("--profile", metavar="NAME", help="compare with this profile instead of the one for the detected family")
+    p.add_argument("--json", action="store_true", help="machine-readable findings")
+    p.add_argument("--cache-dir", metavar="DIR", help="also read cached text-encoder files here and flag stale ones")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check",
+        help="audit trainer configs against the model's alignment profile (exit 0 aligned, 1 deviations, 2 unreadable)",
+        description="Read sd-scripts TOML, kohya_ss GUI JSON, ai-toolkit YAML, SimpleTuner config.json/.toml or "
+                    "OneTrainer JSON; work out the model family and the trainer's effective text-encoder settings; "
+                    "compare them with the alignment profile. Extra sd-scripts CLI args (and the script name) go "
+                    "after `--`.",
+        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [-- EXTRA_ARGS]",
+    )
+    _options(p)
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
+    p.set_defaults(func=cmd_check)
+
+
+def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
+    rest = list(args.args)
+    extra: list[str] = []
+    if "--" in rest:
+        i = rest.index("--")
+        rest, extra = rest[:i], rest[i + 1:]
+    inner = argparse.ArgumentParser(prog="te-align check")
+    _options(inner)
+    inner.add_argument("configs", nargs="+", metavar="CONFIG")
+    ns = inner.parse_args(rest)
+    for name in ("trainer", "profile", "json", "cache_dir"):
+        outer = getattr(args, name)
+        if outer not in (None, False, "auto"):
+            setattr(ns, name, outer)
+    return ns, extra
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from te_align.audit import check_files, exit_code
+
+    ns, extra = _split(args)
+    results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir)
+    code = exit_code(results)
+    if ns.json:
+        print(json.dumps({"exit_code": code, "results": [r.to_dict() for r in results]}, indent=2, ensure_ascii=False,
+                         default=str))
+        return code
+    for i, r in enumerate(results):
+        if i:
+            print()
+        _print_result(r)
+    return code
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False) if (v == "" or len(v) > 24 or " " in v) else v
+    return str(v)
+
+
+def _clip(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _print_result(r: Any) -> None:
+    syntax = [f for f in r.findings if f.kind == "syntax"]
+    if syntax:
+        for f in syntax:
+            print(f"{f.message}")
+        return
+    print(f"{r.file}: {r.trainer} · profile {r.profile} ({r.family_reason})")
+    table = [f for f in r.findings if f.kind == "deviation"]
+    others = [f for f in r.findings if f.kind != "deviation"]
+    if not r.findings:
+        print("  aligned: every text-encoder setting this trainer controls matches the profile")
+        return
+    if table:
+        w = max(len(f.setting) for f in table) + 2
+        print(f"  {'severity':<9}{'setting':<{w}}{'effective':<18}{'profile':<18}")
+        for f in table:
+            loc = f"  (line {f.line})" if f.line else ""
+            print(f"  {f.severity:<9}{f.setting:<{w}}{_clip(_fmt(f.effective), 16):<18}{_clip(_fmt(f.profile), 40):<18}{loc}")
+            print(f"  {'':<9}  trainer: {_clip(f.message, 150)} [{_clip(f.trainer_source, 100)}]")
+            print(f"  {'':<9}  profile: {_clip(f.source, 150)}")
+            print(f"  {'':<9}  fix: {f.fix}")
+    for f in others:
+        loc = f" (line {f.line})" if f.line else ""
+        print(f"  {f.severity:<9}{f.kind}: {f.message}{loc}")
+        if f.fix:
+            print(f"  {'':<9}  fix: {f.fix}")
+    n_err = sum(f.severity == "error" for f in r.findings)
+    n_warn = sum(f.severity == "warning" for f in r.findings)
+    n_info = sum(f.severity == "info" for f in r.findings)
+    print(f"  {n_err} error(s), {n_warn} warning(s), {n_info} note(s)")

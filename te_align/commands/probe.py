@@ -1,0 +1,100 @@
+"""``te-align probe`` (one trainer x profile, measured) and ``te-align matrix`` (every trainer found x family).
+
+Exit codes of ``probe``: 0 identical, 1 the trainer's encoding differs from the profile, 2 bad input.
+Torch and the trainers are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "probe",
+        help="run a trainer's real prompt encoding on tiny models and measure how it differs from the profile",
+        description="Import the trainer's real encoding code (ai-toolkit: the installed ostris-ai-toolkit package or "
+                    "a checkout at --path; kohya: an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR), run it and "
+                    "te_align.encode on the same tiny random-weight encoders over the standard prompt suite, and "
+                    "report per output tensor: shapes, max abs difference, mean cosine similarity, prompts that "
+                    "differ. Exit 0 identical, 1 differs, 2 bad input.",
+    )
+    p.add_argument("--trainer", required=True, metavar="T", help="ai-toolkit, kohya or simpletuner")
+    p.add_argument("--path", metavar="INSTALL", help="the trainer's checkout or package folder (ai-toolkit: default the installed package)")
+    p.add_argument("--profile", required=True, metavar="NAME", help="bundled profile name or alias")
+    p.add_argument("--hooks", action="store_true", help="measure with te-align's hooks for the trainer installed")
+    p.add_argument("--json", action="store_true", help="machine-readable result")
+    p.set_defaults(func=cmd_probe)
+
+    m = sub.add_parser(
+        "matrix",
+        help="probe every trainer found x every family it supports, with and without te-align's hooks",
+        description="Trainers: an sd-scripts checkout in $TE_ALIGN_KOHYA_DIR, ai-toolkit as the installed "
+                    "ostris-ai-toolkit package and/or a checkout in $TE_ALIGN_AI_TOOLKIT_DIR, SimpleTuner if "
+                    "installed. Writes a markdown table (to --out atomically, else to stdout).",
+    )
+    m.add_argument("--out", metavar="FILE", help="write the markdown table here (e.g. matrix.md)")
+    m.add_argument("--profile", action="append", metavar="NAME", help="only these profiles (repeatable)")
+    m.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    m.set_defaults(func=cmd_matrix)
+
+
+def _fmt_shape(s: Any) -> str:
+    return "-" if s is None else str(tuple(s))
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from te_align.probe import probe
+
+    r = probe(args.trainer, args.profile, args.path, hooks=args.hooks)
+    code = 0 if r.aligned else 1
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=2, ensure_ascii=False))
+        return code
+    print(f"te-align probe: {r.trainer} {r.version} ({r.location})")
+    print(f"profile {r.profile}, {'with' if r.hooks else 'without'} te-align hooks; {len(r.prompts)} prompts "
+          "(standard suite), tiny random-weight encoders, real-convention tokenizers")  # fmt: skip
+    print()
+    rows = [("tensor", "trainer shape", "profile shape", "max|Δ|", "mean cos", "differ")]
+    for t in r.tensors:
+        if t.trainer_shape is None:
+            rows.append((t.name, "not produced", _fmt_shape(t.profile_shape), "-", "-", "-"))
+            continue
+        diff = "0" if t.identical else f"{t.max_abs_diff:.3g}" + ("*" if not t.shape_match else "")
+        rows.append((t.name, _fmt_shape(t.trainer_shape), _fmt_shape(t.profile_shape), diff,
+                     f"{t.mean_cosine:.4f}", f"{len(t.differing)}/{t.compared}"))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if any(t.trainer_shape is not None and not t.shape_match for t in r.tensors):
+        print("* over the overlapping region (shapes differ)")
+    differing = sorted({label for t in r.tensors for label in t.differing}, key=list(r.prompts).index)
+    if differing:
+        print()
+        print("prompts that differ:")
+        for label in differing:
+            text = r.prompts[label]
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            print(f"  {label}: {json.dumps(shown, ensure_ascii=False)}")
+    for n in r.notes:
+        print(f"note: {n}")
+    print()
+    print("result: " + ("identical to the profile" if r.aligned else "DIFFERS from the profile"))
+    return code
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from te_align.probe.matrix import run_matrix
+
+    m = run_matrix(profiles=args.profile, out=args.out)
+    if args.json:
+        print(json.dumps(m.to_dict(), indent=2, ensure_ascii=False))
+    elif args.out:
+        print(f"te-align matrix: {len(m.rows)} rows written to {args.out}")
+        for a in m.absent:
+            print(f"  not probed: {a}")
+    else:
+        print(m.markdown(), end="")
+    return 0

@@ -1,0 +1,44 @@
+"""``te-align train CONFIG.toml [--resume [CHECKPOINT]] [--check]``: LoRA training aligned by the model's profile."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a LoRA with every caption encoded by the model's profile")
+    p.add_argument("config", metavar="CONFIG.toml", help="training config (see examples/train/)")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="CHECKPOINT",
+        help="continue from the newest checkpoint in the output folder, or from CHECKPOINT",
+    )
+    p.add_argument("--check", action="store_true", help="validate the config and exit (loads no model)")
+    p.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from te_align.train.config import load_config
+
+    cfg = load_config(args.config)
+    if args.max_steps is not None:
+        cfg.train.max_steps = args.max_steps
+    if args.check:
+        print(f"{args.config}: ok (model {cfg.model.path}, profile {cfg.model.profile}, data {cfg.data.path})")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="te-align: %(message)s")
+    from te_align.train.loop import train
+
+    result = train(cfg, resume=args.resume)
+    if result.lora_path is not None:
+        print(f"LoRA: {result.lora_path}")
+    if result.kohya_path is not None:
+        print(f"kohya/ComfyUI: {result.kohya_path}")
+    print(f"{result.steps} steps, profile {result.profile_name} ({result.fingerprint}), output {result.output_dir}")
+    return 0

@@ -1,0 +1,55 @@
+"""Measured divergence: run a trainer's real prompt-encoding code next to :func:`te_align.encode`.
+
+``te-align probe`` imports the encoding functions of an installed trainer (ai-toolkit, sd-scripts),
+runs them on tiny random-weight encoders with real-convention tokenizers (:mod:`te_align.probe.tiny`,
+:mod:`te_align.probe.tokenizers`) over the standard prompt suite, and compares every output tensor
+with what the alignment profile prescribes: shape, max abs difference, mean cosine similarity and
+which prompts differ. ``te-align matrix`` does that for every trainer found x every family it
+supports, with and without te-align's hooks.
+
+This module is light; torch and the trainers are imported only when a probe runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.probe.core import ProbeResult, TensorComparison
+
+__all__ = ["ProbeError", "ProbeResult", "TensorComparison", "find_trainers", "probe", "run_matrix"]
+
+from te_align.errors import TeAlignError
+
+
+class ProbeError(TeAlignError):
+    """A probe that cannot run: unknown trainer, a path that is not that trainer, an unsupported profile."""
+
+
+def probe(trainer: str, profile: str, path: str | None = None, *, hooks: bool = False) -> ProbeResult:
+    """Probe one trainer x profile (see :func:`te_align.probe.core.probe`)."""
+    from te_align.probe.core import probe as _probe
+
+    return _probe(trainer, profile, path, hooks=hooks)
+
+
+def find_trainers() -> list[Any]:
+    """Trainers present here (see :func:`te_align.probe.matrix.find_trainers`)."""
+    from te_align.probe.matrix import find_trainers as _find
+
+    return _find()
+
+
+def run_matrix(**kwargs: Any) -> Any:
+    """Probe every trainer found x every family it supports (see :func:`te_align.probe.matrix.run_matrix`)."""
+    from te_align.probe.matrix import run_matrix as _run
+
+    return _run(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ProbeResult", "TensorComparison"):
+        from te_align.probe import core
+
+        return getattr(core, name)
+    raise AttributeError(name)

@@ -1,0 +1,193 @@
+"""``te-align matrix``: every trainer found x every family it supports, with and without te-align's hooks.
+
+Trainers are found the way the test suite finds them: an sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR``,
+ai-toolkit as the installed ``ostris-ai-toolkit`` package and/or a checkout in
+``TE_ALIGN_AI_TOOLKIT_DIR``, SimpleTuner when importable. Each trainer's modules are imported once
+and every profile is probed in that session. A cell whose hooks cannot be installed says why
+("hooks unavailable: ...") instead of failing the matrix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_align.probe import ProbeError
+from te_align.probe.core import ProbeResult, compare, quiet
+
+ENV_KOHYA = "TE_ALIGN_KOHYA_DIR"
+ENV_AI_TOOLKIT = "TE_ALIGN_AI_TOOLKIT_DIR"
+
+
+@dataclass
+class Found:
+    """A trainer installation to probe (``path`` None: the installed package)."""
+
+    trainer: str
+    path: str | None
+    how: str
+
+
+@dataclass
+class Cell:
+    result: ProbeResult | None = None
+    unavailable: str | None = None
+
+    def text(self) -> str:
+        if self.result is None:
+            return str(self.unavailable)
+        r = self.result
+        return ("identical" if r.aligned else "**differs**") + " — " + r.summary().split(": ", 1)[1]
+
+
+@dataclass
+class Row:
+    trainer: str
+    profile: str
+    plain: Cell
+    hooked: Cell
+
+
+@dataclass
+class Matrix:
+    rows: list[Row] = field(default_factory=list)
+    #: One line per trainer that was not probed, with the reason.
+    absent: list[str] = field(default_factory=list)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    prompts: int = 0
+
+    def markdown(self) -> str:
+        import diffusers
+        import torch
+        import transformers
+
+        import te_align
+
+        lines = [
+            "# te-align trainer matrix",
+            "",
+            f"Measured by `te-align matrix` (te-align {te_align.__version__}, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}, diffusers {diffusers.__version__}): each trainer's real prompt-encoding code "
+            "and `te_align.encode` run on the same tiny random-weight encoders with real-convention tokenizers over "
+            f"the standard prompt suite (up to {self.prompts} prompts per profile, in groups encoded as one batch each). "
+            "\"identical\" means bit-identical for every prompt and tensor; otherwise, per tensor: per-prompt shape "
+            "(trainer vs profile), max |Δ| and mean cosine similarity (over the overlapping region when shapes "
+            "differ) and how many prompts differ.",
+            "",
+            "| trainer | profile | trainer as installed | with te-align hooks |",
+            "|---|---|---|---|",
+        ]
+        for r in self.rows:
+            cells = [r.trainer, r.profile, r.plain.text(), r.hooked.text()]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        if self.absent:
+            lines += ["", "Not probed:", ""] + [f"- {a}" for a in self.absent]
+        if self.notes:
+            lines += ["", "How each trainer was called:", ""]
+            for key, notes in self.notes.items():
+                for n in notes:
+                    lines.append(f"- {key}: {n}")
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        def cell(c: Cell) -> dict[str, Any]:
+            return {"result": c.result.to_dict() if c.result else None, "unavailable": c.unavailable}
+
+        return {
+            "rows": [
+                {"trainer": r.trainer, "profile": r.profile, "plain": cell(r.plain), "hooked": cell(r.hooked)}
+                for r in self.rows
+            ],
+            "absent": self.absent,
+            "notes": self.notes,
+        }
+
+
+def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found], list[str]]:
+    """(trainers to probe, lines for trainers that are not here)."""
+    env = os.environ if environ is None else environ
+    found: list[Found] = []
+    absent: list[str] = []
+    kohya = env.get(ENV_KOHYA)
+    if kohya:
+        found.append(Found("kohya", kohya, f"{ENV_KOHYA}={kohya}"))
+    else:
+        absent.append(f"kohya sd-scripts: {ENV_KOHYA} is not set (path of a kohya-ss/sd-scripts checkout)")
+    if importlib.util.find_spec("ostris_ai_toolkit") is not None:
+        found.append(Found("ai-toolkit", None, "installed ostris-ai-toolkit package"))
+    at_dir = env.get(ENV_AI_TOOLKIT)
+    if at_dir:
+        found.append(Found("ai-toolkit", at_dir, f"{ENV_AI_TOOLKIT}={at_dir}"))
+    if not at_dir and importlib.util.find_spec("ostris_ai_toolkit") is None:
+        absent.append(f"ai-toolkit: ostris-ai-toolkit is not installed and {ENV_AI_TOOLKIT} is not set")
+    if importlib.util.find_spec("simpletuner") is not None:
+        absent.append("SimpleTuner: installed, but te-align has no probe adapter for it yet")
+    else:
+        absent.append("SimpleTuner: not installed")
+    return found, absent
+
+
+def run_matrix(
+    *,
+    trainers: Sequence[Found] | None = None,
+    profiles: Sequence[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Matrix:
+    """Probe every trainer found x profile (optionally only ``profiles``); write markdown to ``out``."""
+    from te_align.probe.trainers import HooksUnavailable, adapter_for
+    from te_align.profiles import profile as load
+
+    wanted = None if profiles is None else {load(p).name for p in profiles}
+    matrix = Matrix()
+    if trainers is None:
+        trainers, matrix.absent = find_trainers(environ)
+    for f in trainers:
+        try:
+            adapter = adapter_for(f.trainer, f.path)
+        except ProbeError as e:
+            matrix.absent.append(f"{f.trainer} ({f.how}): {e}")
+            continue
+        label = f"{adapter.name} {adapter.version}" + (" (PyPI)" if f.path is None and adapter.name == "ai-toolkit" else "")
+        names = [p for p in adapter.profiles if wanted is None or p in wanted]
+        if not names:
+            continue
+        try:
+            with quiet(), adapter.session():
+                for name in names:
+                    matrix.rows.append(_row(adapter, label, name, compare, HooksUnavailable, matrix))
+        except ProbeError as e:
+            matrix.absent.append(f"{label} ({f.how}): {e}")
+    if out is not None:
+        from te_align._atomic import atomic_file
+
+        text = matrix.markdown()
+        with atomic_file(Path(out), "w", error=ProbeError) as fh:
+            fh.write(text)
+    return matrix
+
+
+def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: type[Exception], matrix: Matrix) -> Row:
+    try:
+        case = adapter.case(name)
+        tensors, labels = compare_fn(case)
+    except Exception as e:  # one broken cell must not hide the others
+        msg = f"probe failed: {type(e).__name__}: {e}"
+        return Row(label, name, Cell(unavailable=msg), Cell(unavailable=msg))
+    matrix.prompts = max(matrix.prompts, len(labels))
+    matrix.notes[f"{label} {name}"] = list(case.notes)
+    plain = Cell(ProbeResult(adapter.name, adapter.version, adapter.location, name, False, tensors, labels, list(case.notes)))
+    try:
+        with adapter.hooked(case.profile) as hook_notes:
+            h_tensors, _ = compare_fn(case)
+        hooked = Cell(ProbeResult(adapter.name, adapter.version, adapter.location, name, True, h_tensors, labels,
+                                  [*case.notes, *hook_notes]))  # fmt: skip
+    except unavailable_exc as e:
+        hooked = Cell(unavailable=f"hooks unavailable: {e}")
+    except Exception as e:
+        hooked = Cell(unavailable=f"hooks unavailable: probe with hooks failed ({type(e).__name__}: {e})")
+    return Row(label, name, plain, hooked)

@@ -1,0 +1,556 @@
+"""Tiny random-weight text encoders, the real diffusers pipelines built around them, and profile fitting.
+
+Used by ``te-align probe`` to run a trainer's real encoding code and :func:`te_align.encode` on the
+same small models (and re-exported for the test suite by ``tests/support/encoders.py`` and
+``tests/support/adapt.py``).
+
+Every factory builds a fresh model from a small config under a fixed seed (the global torch RNG is
+forked, so callers' random state is untouched); two calls give bit-identical weights. Models are
+float32 and in eval mode. Sizes keep the relations of the real models that the pipelines rely on
+(hidden sizes differ between encoders so that a mixed-up concatenation changes shapes; SD3's T5 width is
+larger than the two CLIP widths together, as 4096 > 768 + 1280).
+
+``family_components(family)`` returns the tokenizers and text encoders under the component names of
+the diffusers 0.42.1 pipeline (classes as in the pipeline's ``__init__`` type hints, or the official
+``model_index.json`` where the two disagree), and ``build_pipeline_for_encoding(family)`` instantiates
+the real pipeline class with them, so ``pipeline.encode_prompt(...)`` runs. Non-text components are
+``None`` (no pipeline's ``__init__`` or ``encode_prompt`` needs them), except SD3, which gets a tiny
+real ``SD3Transformer2DModel`` because ``encode_prompt`` reads ``transformer.config.joint_attention_dim``
+when ``text_encoder_3`` is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import diffusers
+import torch
+import transformers
+
+from te_align.probe import tokenizers as tok
+from te_align.profiles import AlignmentProfile
+
+__all__ = [
+    "CLIP_VARIANTS",
+    "FAMILIES",
+    "PIPELINE_CLASSES",
+    "T5_D_MODEL",
+    "architecture_overrides",
+    "build_pipeline_for_encoding",
+    "clip_text_model",
+    "clip_text_model_with_projection",
+    "family_components",
+    "fit_profile",
+    "gemma2_model",
+    "llama_for_causal_lm",
+    "qwen2_5_vl_model",
+    "sd3_transformer",
+    "t5_encoder_model",
+    "umt5_encoder_model",
+]
+
+ClipVariant = Literal["L", "H", "G"]
+
+#: Tiny stand-ins for the three CLIP text towers (real values in the comments; hf_configs[...]).
+#: L = OpenAI CLIP ViT-L/14 (768 wide, 12 layers, quick_gelu, projection 768),
+#: H = OpenCLIP ViT-H/14 as in SD2.x (1024 wide, 23 layers, gelu, projection 512),
+#: G = OpenCLIP ViT-bigG/14 (1280 wide, 32 layers, gelu, projection 1280).
+CLIP_VARIANTS: dict[str, dict[str, Any]] = {
+    "L": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+          "projection_dim": 32, "hidden_act": "quick_gelu"},
+    "H": {"hidden_size": 40, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 4,
+          "projection_dim": 24, "hidden_act": "gelu"},
+    "G": {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "projection_dim": 48, "hidden_act": "gelu"},
+}  # fmt: skip
+
+#: Family name -> diffusers pipeline class name.
+PIPELINE_CLASSES: dict[str, str] = {
+    "sd15": "StableDiffusionPipeline",
+    "sd21": "StableDiffusionPipeline",
+    "sdxl": "StableDiffusionXLPipeline",
+    "sd3": "StableDiffusion3Pipeline",
+    "flux": "FluxPipeline",
+    "chroma": "ChromaPipeline",
+    "pixart-sigma": "PixArtSigmaPipeline",
+    "auraflow": "AuraFlowPipeline",
+    "lumina2": "Lumina2Pipeline",
+    "hidream": "HiDreamImagePipeline",
+    "sana": "SanaPipeline",
+    "qwen-image": "QwenImagePipeline",
+    "wan21": "WanPipeline",
+}
+FAMILIES: tuple[str, ...] = tuple(PIPELINE_CLASSES)
+
+T5_D_MODEL = 96  # > CLIP-L (32) + CLIP-G (48), as T5-XXL 4096 > 768 + 1280 (SD3 pads CLIP to T5 width)
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _seed_for(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _finish(model: torch.nn.Module) -> Any:
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        raise AssertionError(f"{type(model).__name__} was not built in float32")
+    return model.eval()
+
+
+def _round_up(n: int, multiple: int = 64) -> int:
+    return -(-n // multiple) * multiple
+
+
+# --------------------------------------------------------------------------------------------------
+# encoder factories
+# --------------------------------------------------------------------------------------------------
+
+
+def _clip_config(variant: ClipVariant, max_position_embeddings: int) -> transformers.CLIPTextConfig:
+    # bos 0 / eos 2 / pad 1 are the legacy values of every SD CLIP text config (hf_configs[...]
+    # .text_encoder). eos_token_id == 2 makes CLIP pool at argmax(input_ids), i.e. the first 49407.
+    return transformers.CLIPTextConfig(
+        vocab_size=tok.CLIP_VOCAB_SIZE,
+        max_position_embeddings=max_position_embeddings,
+        layer_norm_eps=1e-5,
+        attention_dropout=0.0,
+        dropout=0.0,
+        initializer_factor=1.0,
+        initializer_range=0.02,
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=1,
+        **CLIP_VARIANTS[variant],
+    )
+
+
+def clip_text_model(
+    variant: ClipVariant = "L",
+    max_position_embeddings: int = 77,
+    seed: int | None = None,
+    num_hidden_layers: int | None = None,
+) -> transformers.CLIPTextModel:
+    """Tiny ``CLIPTextModel`` (vocab 49408) of the given :data:`CLIP_VARIANTS` entry.
+
+    ``num_hidden_layers`` replaces the variant's layer count, for code that reads a hidden state by
+    absolute index (sd-scripts' SDXL reads CLIP-L ``hidden_states[11]``, the penultimate of 12).
+    """
+    config = _clip_config(variant, max_position_embeddings)
+    tag = ""
+    if num_hidden_layers is not None:
+        config.num_hidden_layers = num_hidden_layers
+        tag = f"-{num_hidden_layers}l"
+    seed = _seed_for(f"clip-{variant}-{max_position_embeddings}{tag}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.CLIPTextModel(config))
+
+
+def clip_text_model_with_projection(
+    variant: ClipVariant = "G", max_position_embeddings: int = 77, seed: int | None = None
+) -> transformers.CLIPTextModelWithProjection:
+    """Tiny ``CLIPTextModelWithProjection`` (vocab 49408); ``text_embeds`` has ``projection_dim`` features."""
+    seed = _seed_for(f"clip-proj-{variant}-{max_position_embeddings}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(
+            transformers.CLIPTextModelWithProjection(_clip_config(variant, max_position_embeddings))
+        )
+
+
+def t5_encoder_model(
+    vocab_size: int, d_model: int = T5_D_MODEL, seed: int | None = None
+) -> transformers.T5EncoderModel:
+    """Tiny T5 v1.1 encoder (gated-gelu, untied embeddings, relative buckets 32/128, pad 0, eos 1),
+    as ``google/t5-v1_1-xxl`` (hf_configs[...].text_encoder_3: d_model 4096, vocab 32128)."""
+    config = transformers.T5Config(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        d_kv=16,
+        d_ff=2 * d_model,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.1,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    seed = _seed_for(f"t5-{vocab_size}-{d_model}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.T5EncoderModel(config))
+
+
+def umt5_encoder_model(
+    vocab_size: int, d_model: int = 64, eos_token_id: int = 1, seed: int | None = None
+) -> transformers.UMT5EncoderModel:
+    """Tiny UMT5 encoder (per-layer relative attention bias, gated-gelu, pad 0).
+
+    ``eos_token_id`` 1 for Wan's ``google/umt5-xxl``, 2 for AuraFlow's pile-T5 (hf_configs[fal/AuraFlow]
+    .text_encoder, official).
+    """
+    config = transformers.UMT5Config(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        d_kv=16,
+        d_ff=2 * d_model,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.1,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=eos_token_id,
+        decoder_start_token_id=0,
+    )
+    seed = _seed_for(f"umt5-{vocab_size}-{d_model}-{eos_token_id}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.UMT5EncoderModel(config))
+
+
+def gemma2_model(vocab_size: int, seed: int | None = None) -> transformers.Gemma2Model:
+    """Tiny ``Gemma2Model`` (gemma-2-2b layout: GQA, alternating sliding/full attention, soft-capping,
+    bos 2 / eos 1 / pad 0). Three layers, so ``hidden_states[-2]`` (Lumina2) is an inner layer."""
+    config = transformers.Gemma2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=4096,
+        max_position_embeddings=8192,
+        hidden_activation="gelu_pytorch_tanh",
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    seed = _seed_for(f"gemma2-{vocab_size}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.Gemma2Model(config))
+
+
+def llama_for_causal_lm(
+    vocab_size: int, bos_token_id: int, eos_token_ids: list[int], seed: int | None = None
+) -> transformers.LlamaForCausalLM:
+    """Tiny ``LlamaForCausalLM`` with the Llama-3.1 rope scaling (hf_configs[HiDream-ai/HiDream-I1-Full]
+    .text_encoder_4). Eager attention: HiDream calls it with ``output_attentions=True``, which the SDPA
+    path in transformers 5 cannot return (it warns and drops them)."""
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        tie_word_embeddings=False,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_ids,
+        attn_implementation="eager",
+    )
+    seed = _seed_for(f"llama-{vocab_size}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.LlamaForCausalLM(config))
+
+
+def qwen2_5_vl_model(
+    tokenizer: transformers.PreTrainedTokenizerBase, seed: int | None = None
+) -> transformers.Qwen2_5_VLForConditionalGeneration:
+    """Tiny ``Qwen2_5_VLForConditionalGeneration`` (text: 2 layers, GQA, M-RoPE sections [2, 3, 3] for
+    head_dim 16 as [16, 24, 24] for 128; vision tower: 1 block of width 16). Special-token ids in the
+    config are taken from ``tokenizer`` (real: vision_start 151652, image 151655, video 151656)."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN2_SPECIAL_TOKENS}
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": _round_up(len(tokenizer)),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 128000,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0},
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "fullatt_block_indexes": [0],
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    seed = _seed_for(f"qwen2.5-vl-{len(tokenizer)}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.Qwen2_5_VLForConditionalGeneration(config))
+
+
+def sd3_transformer(joint_attention_dim: int = T5_D_MODEL, pooled_projection_dim: int | None = None) -> Any:
+    """Tiny real ``SD3Transformer2DModel``; ``encode_prompt`` reads only its ``joint_attention_dim``."""
+    if pooled_projection_dim is None:
+        pooled_projection_dim = CLIP_VARIANTS["L"]["projection_dim"] + CLIP_VARIANTS["G"]["projection_dim"]
+    with _seeded(_seed_for("sd3-transformer")):
+        model = diffusers.SD3Transformer2DModel(
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            num_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=joint_attention_dim,
+            caption_projection_dim=16,
+            pooled_projection_dim=pooled_projection_dim,
+            out_channels=4,
+            pos_embed_max_size=8,
+        )
+    return _finish(model)
+
+
+# --------------------------------------------------------------------------------------------------
+# families
+# --------------------------------------------------------------------------------------------------
+
+
+def _t5_pair(
+    cache_dir: tok.PathLike | None,
+) -> tuple[transformers.T5TokenizerFast, transformers.T5EncoderModel]:
+    t5_tok = tok.t5_tokenizer(cache_dir=cache_dir)
+    return t5_tok, t5_encoder_model(_round_up(len(t5_tok), 128))
+
+
+def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dict[str, Any]:
+    """Tokenizers and text encoders of ``family`` keyed by the diffusers component names.
+
+    Fresh objects every call (deterministic weights, freshly loaded tokenizers). Families and classes
+    (diffusers 0.42.1 ``__init__`` type hints; official ``model_index.json`` in hf_configs):
+
+    * ``sd15``: CLIPTokenizer (pad ``<|endoftext|>``) + CLIPTextModel (L).
+    * ``sd21``: CLIPTokenizer (pad ``!``) + CLIPTextModel (H).
+    * ``sdxl``: CLIPTokenizer (pad eot) + CLIPTextModel (L); tokenizer_2 CLIPTokenizer (pad ``!``) +
+      CLIPTextModelWithProjection (G).
+    * ``sd3`` (SD3-medium, SD3.5-large/medium): CLIPTokenizer + CLIPTextModelWithProjection (L),
+      CLIPTokenizer (pad ``!``) + CLIPTextModelWithProjection (G), T5TokenizerFast + T5EncoderModel.
+    * ``flux`` (dev/schnell): CLIPTokenizer + CLIPTextModel (L); T5TokenizerFast + T5EncoderModel.
+    * ``chroma``: T5TokenizerFast + T5EncoderModel.
+    * ``pixart-sigma``: T5Tokenizer + T5EncoderModel.
+    * ``auraflow``: LlamaTokenizerFast (pile-T5; official model_index, the type hint says T5Tokenizer) +
+      UMT5EncoderModel.
+    * ``lumina2``: GemmaTokenizerFast (padding_side left, the pipeline forces right) + Gemma2Model.
+    * ``hidream``: CLIP L and G with projection (128 positions: the pipeline feeds min(128, 218) tokens),
+      T5Tokenizer + T5EncoderModel, PreTrainedTokenizerFast (Llama-3.1) + LlamaForCausalLM.
+    * ``sana``: GemmaTokenizerFast (padding_side right) + Gemma2Model.
+    * ``qwen-image``: Qwen2TokenizerFast + Qwen2_5_VLForConditionalGeneration.
+    * ``wan21``: T5TokenizerFast (umt5) + UMT5EncoderModel.
+    """
+    if family in ("sd15", "sd21"):
+        pad, variant = ("<|endoftext|>", "L") if family == "sd15" else ("!", "H")
+        return {
+            "tokenizer": tok.clip_tokenizer(pad=pad, cache_dir=cache_dir),
+            "text_encoder": clip_text_model(variant),
+        }
+    if family == "sdxl":
+        return {
+            "tokenizer": tok.clip_tokenizer(pad="<|endoftext|>", cache_dir=cache_dir),
+            "text_encoder": clip_text_model("L"),
+            "tokenizer_2": tok.clip_tokenizer(pad="!", cache_dir=cache_dir),
+            "text_encoder_2": clip_text_model_with_projection("G"),
+        }
+    if family == "sd3":
+        t5_tok, t5 = _t5_pair(cache_dir)
+        return {
+            "tokenizer": tok.clip_tokenizer(pad="<|endoftext|>", cache_dir=cache_dir),
+            "text_encoder": clip_text_model_with_projection("L"),
+            "tokenizer_2": tok.clip_tokenizer(pad="!", cache_dir=cache_dir),
+            "text_encoder_2": clip_text_model_with_projection("G"),
+            "tokenizer_3": t5_tok,
+            "text_encoder_3": t5,
+        }
+    if family == "flux":
+        t5_tok, t5 = _t5_pair(cache_dir)
+        return {
+            "tokenizer": tok.clip_tokenizer(pad="<|endoftext|>", cache_dir=cache_dir),
+            "text_encoder": clip_text_model("L"),
+            "tokenizer_2": t5_tok,
+            "text_encoder_2": t5,
+        }
+    if family in ("chroma", "pixart-sigma"):
+        t5_tok, t5 = _t5_pair(cache_dir)
+        return {"tokenizer": t5_tok, "text_encoder": t5}
+    if family == "auraflow":
+        pile = tok.pile_t5_tokenizer(cache_dir=cache_dir)
+        return {"tokenizer": pile, "text_encoder": umt5_encoder_model(_round_up(len(pile)), eos_token_id=2)}
+    if family in ("lumina2", "sana"):
+        gemma_tok = tok.gemma_tokenizer(
+            padding_side="left" if family == "lumina2" else "right", cache_dir=cache_dir
+        )
+        return {"tokenizer": gemma_tok, "text_encoder": gemma2_model(len(gemma_tok))}
+    if family == "hidream":
+        t5_tok, t5 = _t5_pair(cache_dir)
+        llama_tok = tok.llama3_tokenizer(cache_dir=cache_dir)
+        eos_ids = [
+            llama_tok.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
+        ]
+        return {
+            "tokenizer": tok.clip_tokenizer(pad="<|endoftext|>", model_max_length=128, cache_dir=cache_dir),
+            "text_encoder": clip_text_model_with_projection("L", max_position_embeddings=128),
+            "tokenizer_2": tok.clip_tokenizer(pad="!", model_max_length=128, cache_dir=cache_dir),
+            "text_encoder_2": clip_text_model_with_projection("G", max_position_embeddings=128),
+            "tokenizer_3": t5_tok,
+            "text_encoder_3": t5,
+            "tokenizer_4": llama_tok,
+            "text_encoder_4": llama_for_causal_lm(len(llama_tok), llama_tok.bos_token_id, eos_ids),
+        }
+    if family == "qwen-image":
+        qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
+        return {"tokenizer": qwen_tok, "text_encoder": qwen2_5_vl_model(qwen_tok)}
+    if family == "wan21":
+        umt5_tok = tok.umt5_tokenizer(cache_dir=cache_dir)
+        return {
+            "tokenizer": umt5_tok,
+            "text_encoder": umt5_encoder_model(_round_up(len(umt5_tok)), eos_token_id=1),
+        }
+    raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
+
+
+# Non-text constructor arguments per pipeline (everything the __init__ requires besides the text side).
+_NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
+    "StableDiffusionPipeline": {
+        "vae": None,
+        "unet": None,
+        "scheduler": None,
+        "safety_checker": None,
+        "feature_extractor": None,
+        "requires_safety_checker": False,
+    },
+    "StableDiffusionXLPipeline": {"vae": None, "unet": None, "scheduler": None, "add_watermarker": False},
+    "StableDiffusion3Pipeline": {"vae": None, "scheduler": None},
+    "FluxPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "ChromaPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "PixArtSigmaPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "AuraFlowPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Lumina2Pipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "HiDreamImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "SanaPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
+}
+
+
+def build_pipeline_for_encoding(
+    family: str, cache_dir: tok.PathLike | None = None, **overrides: Any
+) -> diffusers.DiffusionPipeline:
+    """The real diffusers pipeline of ``family`` with tiny text components, ready for ``encode_prompt``.
+
+    ``overrides`` replace components or constructor arguments (e.g. ``text_encoder_3=None,
+    tokenizer_3=None`` for SD3 without T5). ``cache_dir`` is where tokenizer files are written (default
+    :func:`te_align.probe.tokenizers.default_cache_dir`). Every call builds fresh objects.
+    """
+    cls_name = PIPELINE_CLASSES.get(family)
+    if cls_name is None:
+        raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
+    kwargs: dict[str, Any] = dict(_NON_TEXT_KWARGS[cls_name])
+    if family == "sd3":
+        kwargs["transformer"] = sd3_transformer()
+    kwargs.update(family_components(family, cache_dir=cache_dir))
+    kwargs.update(overrides)
+    pipeline_cls = getattr(diffusers, cls_name)
+    pipe = pipeline_cls(**kwargs)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# --------------------------------------------------------------------------------------------------
+# fitting a bundled profile to the tiny encoders
+# --------------------------------------------------------------------------------------------------
+# The behaviour fields (lengths, layers, masks, templates, outputs) stay exactly as bundled; only the
+# sizes that a tiny random model cannot share with the real one (hidden size, layer count, projection,
+# vocabulary, token ids of a small vocabulary, dtype) are overridden, the same way a user's folder
+# build adopts the values it reads.
+
+
+def _text_config(config: Any) -> Any:
+    return getattr(config, "text_config", None) or config
+
+
+def architecture_overrides(profile: AlignmentProfile, components: Any) -> dict[str, Any]:
+    """Overrides (dotted path -> value) that fit ``profile`` to a pipeline's (or dict's) components."""
+
+    def get(name: str) -> Any:
+        return components[name] if isinstance(components, dict) else getattr(components, name)
+
+    out: dict[str, Any] = {}
+    for slot in profile.slots:
+        base = f"slots.{slot.name}"
+        cfg = _text_config(get(slot.encoder_subfolder).config)
+        width = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
+        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_layers", None)
+        out[f"{base}.encoder.hidden_size"] = width
+        out[f"{base}.encoder.num_layers"] = layers
+        if slot.encoder.projection_dim is not None:
+            out[f"{base}.encoder.projection_dim"] = get(slot.encoder_subfolder).config.projection_dim
+        if slot.encoder.vocab_size is not None:
+            out[f"{base}.encoder.vocab_size"] = cfg.vocab_size
+        if slot.encoder.max_position_embeddings is not None:
+            out[f"{base}.encoder.max_position_embeddings"] = cfg.max_position_embeddings
+        out[f"{base}.encoder.dtype"] = "float32"
+        tok = get(slot.tokenizer_subfolder)
+        for kind in ("pad", "bos", "eos"):
+            if getattr(slot.tokenizer, f"{kind}_token_id") is not None:
+                token = getattr(slot.tokenizer, f"{kind}_token")
+                tid = tok.convert_tokens_to_ids(token) if token is not None else getattr(tok, f"{kind}_token_id")
+                if tid is not None and tid != getattr(slot.tokenizer, f"{kind}_token_id"):
+                    out[f"{base}.tokenizer.{kind}_token_id"] = tid
+    return out
+
+
+def fit_profile(profile: AlignmentProfile, components: Any, **overrides: Any) -> AlignmentProfile:
+    """``profile`` with architecture numbers taken from the tiny components (plus ``overrides``)."""
+    merged = architecture_overrides(profile, components)
+    merged.update(overrides)
+    return profile.with_overrides(merged)

@@ -1,0 +1,31 @@
+"""Built-in PEFT LoRA trainer, aligned by construction: every caption is encoded by ``te_align.encode``.
+
+``te-align train CONFIG.toml``, ``python -m te_align.train CONFIG.toml`` (also under
+``accelerate launch -m te_align.train CONFIG.toml``) or :func:`train` from Python. The config schema
+is :mod:`te_align.train.config`. Submodules that need torch load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TrainConfig": "te_align.train.config",
+    "TrainError": "te_align.train.config",
+    "config_from_dict": "te_align.train.config",
+    "load_config": "te_align.train.config",
+    "TrainResult": "te_align.train.loop",
+    "train": "te_align.train.loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'te_align.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,408 @@
+"""The training config: a TOML file with sections ``[model] [data] [lora] [train] [output] [sample] [logging]``.
+
+Every key is a typed field below with its default and meaning. :func:`load_config` reads a file,
+:func:`config_from_dict` validates a mapping; both reject unknown keys naming the closest valid one,
+wrong types naming the key and the expected type, and out-of-range values. This module imports no
+torch, so ``te-align train --check`` and ``--help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from te_align.errors import TeAlignError, closest
+
+
+class TrainError(TeAlignError):
+    """A training config, dataset or model the trainer cannot use, or a run that had to stop."""
+
+
+Objective = Literal["auto", "eps", "v", "flow"]
+Precision = Literal["no", "fp16", "bf16"]
+Schedule = Literal["constant", "cosine"]
+Optimizer = Literal["adamw", "adamw8bit"]
+DropoutPolicy = Literal["profile", "empty", "zeros"]
+LatentSample = Literal["sample", "mean"]
+
+
+@dataclass
+class ModelConfig:
+    #: Diffusers folder, hub repo id or single-file ``.safetensors`` checkpoint.
+    path: str = ""
+    #: ``auto`` (read from the model), a bundled profile name, or a profile ``.toml``/``.json`` file.
+    profile: str = "auto"
+    #: Validated profile overrides (``t5_max_length = 512``); recorded in the LoRA metadata.
+    profile_overrides: dict[str, Any] = field(default_factory=dict)
+    #: For single-file checkpoints: the diffusers folder or hub id that holds the pipeline configs.
+    config: str = ""
+    revision: str = ""
+    variant: str = ""
+    #: dtype of the frozen weights: float32, bfloat16 or float16.
+    dtype: str = "float32"
+
+
+@dataclass
+class DataConfig:
+    #: Folder of images with same-name ``.txt`` captions; ``N_name`` sub-folders repeat N times (kohya).
+    path: str = ""
+    caption_extension: str = ".txt"
+    #: Extra repeats for every image (multiplied with the folder's ``N_``).
+    repeats: int = 1
+    #: Target training area is ``resolution x resolution`` pixels.
+    resolution: int = 1024
+    enable_bucketing: bool = True
+    #: Bucket sides are multiples of this many pixels.
+    bucket_step: int = 64
+    min_bucket: int = 256
+    max_bucket: int = 2048
+    random_flip: bool = False
+    #: Cache VAE latents (mean and std of the latent distribution) on disk.
+    cache_latents: bool = True
+    #: Draw a latent from the cached distribution each step (``sample``) or use its mean.
+    latent_sample: LatentSample = "sample"
+    #: Cache text embeddings in a te-align EmbeddingCache (not used when tags are shuffled or
+    #: text encoders are trained: those captions change every step).
+    cache_text: bool = True
+    #: Cache folder; default ``<output.dir>/cache``.
+    cache_dir: str = ""
+    shuffle_tags: bool = False
+    tag_separator: str = ","
+    #: Leading tags that are never shuffled (kohya ``keep_tokens``).
+    keep_tokens: int = 0
+    #: Probability that a whole caption is dropped.
+    caption_dropout: float = 0.0
+    #: What a dropped caption becomes: "" = the profile's empty prompt, else this text (a quality string).
+    dropout_caption: str = ""
+    #: Per-encoder dropout probabilities by slot name (``{t5 = 0.464}``), or ``{all = "profile"}``
+    #: for the profile's published ``train_dropout`` values.
+    encoder_dropout: dict[str, Any] = field(default_factory=dict)
+    #: What a dropped encoder output becomes (te_align EncodeOptions.dropout_policy).
+    dropout_policy: DropoutPolicy = "profile"
+    #: NovelAI long-prompt chunks for CLIP slots (0 = off); batches are bucketed by chunk count.
+    long_prompt_chunks: int = 0
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 16
+    alpha: float = 16.0
+    dropout: float = 0.0
+    #: Module names to adapt; empty = the family default (diffusers' LoRA example scripts).
+    target_modules: list[str] = field(default_factory=list)
+    #: Text-encoder slots to train LoRA on too (CLIP slots: ``["clip_l"]``); empty = none.
+    text_encoders: list[str] = field(default_factory=list)
+    text_encoder_rank: int = 0
+    text_encoder_target_modules: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainSection:
+    seed: int = 42
+    batch_size: int = 1
+    gradient_accumulation: int = 1
+    #: Optimizer steps to run (takes precedence over ``epochs`` when > 0).
+    max_steps: int = 1000
+    epochs: int = 0
+    learning_rate: float = 1e-4
+    #: Learning rate of text-encoder LoRA (0 = learning_rate).
+    text_encoder_lr: float = 0.0
+    lr_scheduler: Schedule = "constant"
+    warmup_steps: int = 0
+    optimizer: Optimizer = "adamw"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    weight_decay: float = 1e-4
+    max_grad_norm: float = 1.0
+    mixed_precision: Precision = "no"
+    gradient_checkpointing: bool = False
+    #: ``auto``: the scheduler's prediction type for SD1.5/SDXL, rectified flow for SD3/Flux;
+    #: ``flow`` on SDXL trains it as a flow-matching model.
+    objective: Objective = "auto"
+    #: Flow timesteps t = sigmoid(N(log(flow_shift), 1)); 0 = the family default (SD3/Flux 1.0, SDXL 3.0).
+    flow_shift: float = 0.0
+    #: Flux dev guidance-embedding value during training.
+    guidance: float = 1.0
+    noise_offset: float = 0.0
+    #: Save a resumable checkpoint every N optimizer steps (0 = only at the end).
+    checkpoint_every: int = 500
+    #: Keep the newest N checkpoints (0 = all).
+    checkpoints_keep: int = 3
+    #: ``auto`` (accelerate's choice), ``cpu``, ``cuda``, ``cuda:1``…
+    device: str = "auto"
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "output"
+    name: str = "lora"
+    #: Also write ``<name>_kohya.safetensors`` in the kohya / ComfyUI key format.
+    kohya: bool = True
+
+
+@dataclass
+class SampleConfig:
+    #: Sample images every N optimizer steps (0 = never; a last set is made at the end when prompts are set).
+    every: int = 0
+    prompts: list[str] = field(default_factory=list)
+    negative_prompt: str = ""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    steps: int = 20
+    guidance_scale: float = 5.0
+    width: int = 0
+    height: int = 0
+
+
+@dataclass
+class LoggingConfig:
+    #: Log a CSV row every N optimizer steps.
+    every: int = 1
+    progress: bool = True
+    #: Write TensorBoard event files when the ``tensorboard`` package is installed.
+    tensorboard: bool = True
+    loss_plot: bool = True
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: Where the config was read from (relative paths are resolved against its folder).
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source", None)
+        return d
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "lora": LoraConfig,
+    "train": TrainSection,
+    "output": OutputConfig,
+    "sample": SampleConfig,
+    "logging": LoggingConfig,
+}
+
+
+# ------------------------------------------------------------------------------------- validation
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (list, dict):
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, file: str | None) -> Any:
+    origin = get_origin(tp)
+
+    def bad(extra: str = "") -> TrainError:
+        return TrainError(f"expected {_type_name(tp)}, got {value!r}{extra}", file=file, key=key)
+
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices:
+            hint = closest(str(value), [str(c) for c in choices]) if isinstance(value, str) else ""
+            raise bad(hint)
+        return value
+    if origin in (types.UnionType, typing.Union):
+        for arg in get_args(tp):
+            try:
+                return _coerce(value, arg, key, file)
+            except TrainError:
+                continue
+        raise bad()
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad()
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad()
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise bad()
+        (inner,) = get_args(tp)
+        return [_coerce(v, inner, f"{key}[{i}]", file) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad()
+        _, inner = get_args(tp)
+        return {str(k): (v if inner is Any else _coerce(v, inner, f"{key}.{k}", file)) for k, v in value.items()}
+    if tp is Any:
+        return value
+    raise bad()  # pragma: no cover
+
+
+def _section(cls: type, data: Any, name: str, file: str | None) -> Any:
+    if not isinstance(data, dict):
+        raise TrainError(f"expected a table [{name}], got {data!r}", file=file, key=name)
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in hints:
+            raise TrainError(
+                f"unknown key{closest(key, valid) or ''}; valid keys of [{name}]: {', '.join(valid)}",
+                file=file,
+                key=f"{name}.{key}",
+            )
+        values[key] = _coerce(value, hints[key], f"{name}.{key}", file)
+    return cls(**values)
+
+
+def _check(cfg: TrainConfig, file: str | None) -> None:
+    def need(ok: bool, key: str, message: str) -> None:
+        if not ok:
+            raise TrainError(message, file=file, key=key)
+
+    need(bool(cfg.model.path), "model.path", "missing: a diffusers folder, hub repo id or .safetensors checkpoint")
+    need(bool(cfg.data.path), "data.path", "missing: a folder of images with .txt captions")
+    need(cfg.model.dtype in ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), "model.dtype",
+         f"expected float32, bfloat16 or float16, got {cfg.model.dtype!r}")
+    d, t, lo, s = cfg.data, cfg.train, cfg.lora, cfg.sample
+    need(d.resolution >= 8, "data.resolution", f"must be >= 8, got {d.resolution}")
+    need(d.bucket_step >= 8 and d.bucket_step % 8 == 0, "data.bucket_step", f"must be a multiple of 8, got {d.bucket_step}")
+    need(0 < d.min_bucket <= d.max_bucket, "data.min_bucket", "must be > 0 and <= data.max_bucket")
+    need(d.repeats >= 1, "data.repeats", f"must be >= 1, got {d.repeats}")
+    need(d.keep_tokens >= 0, "data.keep_tokens", f"must be >= 0, got {d.keep_tokens}")
+    need(0.0 <= d.caption_dropout <= 1.0, "data.caption_dropout", f"must be in [0, 1], got {d.caption_dropout}")
+    need(d.long_prompt_chunks >= 0, "data.long_prompt_chunks", f"must be >= 0, got {d.long_prompt_chunks}")
+    need(d.caption_extension.startswith("."), "data.caption_extension", f"must start with '.', got {d.caption_extension!r}")
+    for k, v in d.encoder_dropout.items():
+        if k == "all":
+            need(v == "profile", "data.encoder_dropout.all", f"only \"profile\" is accepted here, got {v!r}")
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+            need(ok, f"data.encoder_dropout.{k}", f"must be a probability in [0, 1], got {v!r}")
+    need(lo.rank >= 1, "lora.rank", f"must be >= 1, got {lo.rank}")
+    need(lo.alpha > 0, "lora.alpha", f"must be > 0, got {lo.alpha}")
+    need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must be in [0, 1), got {lo.dropout}")
+    need(lo.text_encoder_rank >= 0, "lora.text_encoder_rank", "must be >= 0")
+    need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
+    need(t.gradient_accumulation >= 1, "train.gradient_accumulation", "must be >= 1")
+    need(t.max_steps > 0 or t.epochs > 0, "train.max_steps", "set train.max_steps or train.epochs to a positive number")
+    need(t.max_steps >= 0 and t.epochs >= 0, "train.max_steps", "must be >= 0")
+    need(t.learning_rate > 0, "train.learning_rate", f"must be > 0, got {t.learning_rate}")
+    need(t.text_encoder_lr >= 0, "train.text_encoder_lr", "must be >= 0")
+    need(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+    need(t.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
+    need(t.flow_shift >= 0, "train.flow_shift", "must be >= 0 (0 = family default)")
+    need(t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
+    need(t.checkpoints_keep >= 0, "train.checkpoints_keep", "must be >= 0")
+    need(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain file name")
+    need(s.every >= 0, "sample.every", "must be >= 0")
+    need(s.steps >= 1, "sample.steps", "must be >= 1")
+    need(bool(s.seeds), "sample.seeds", "needs at least one seed")
+    need(cfg.logging.every >= 1, "logging.every", "must be >= 1")
+
+
+def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir: str | Path | None = None) -> TrainConfig:
+    """Validate a config mapping; relative paths are resolved against ``base_dir``."""
+    if not isinstance(data, dict):
+        raise TrainError("a training config must be a table", file=file)
+    sections: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in SECTIONS:
+            hint = closest(name, SECTIONS)
+            if not hint:
+                owners = [s for s, cls in SECTIONS.items() if name in {f.name for f in dataclasses.fields(cls)}]
+                hint = f" (it belongs under [{owners[0]}])" if owners else ""
+            raise TrainError(f"unknown section{hint}; sections: {', '.join(SECTIONS)}", file=file, key=name)
+        sections[name] = _section(SECTIONS[name], value, name, file)
+    cfg = TrainConfig(**sections, source=file or "")
+    if base_dir is not None:
+        base = Path(base_dir)
+
+        def rel(p: str) -> str:
+            if not p:
+                return p
+            q = Path(p).expanduser()
+            if q.is_absolute():
+                return str(q)
+            local = base / q
+            # A hub id (owner/name) that is not a local path stays as written.
+            return str(local) if local.exists() or not _looks_like_hub_id(p) else p
+
+        cfg.model.path = rel(cfg.model.path)
+        if cfg.model.config:
+            cfg.model.config = rel(cfg.model.config)
+        if cfg.model.profile.endswith((".toml", ".json")):
+            cfg.model.profile = rel(cfg.model.profile)
+        cfg.data.path = str((base / Path(cfg.data.path).expanduser()) if cfg.data.path else "")
+        cfg.output.dir = str(base / Path(cfg.output.dir).expanduser())
+        if cfg.data.cache_dir:
+            cfg.data.cache_dir = str(base / Path(cfg.data.cache_dir).expanduser())
+    _check(cfg, file)
+    return cfg
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?", text))
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read and validate a TOML training config (paths relative to its folder)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise TrainError("no such config file", file=str(path))
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise TrainError(f"not valid TOML: {e}", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrainError(f"cannot read: {e}", file=str(path)) from None
+    return config_from_dict(data, file=str(path), base_dir=p.resolve().parent)
+
+
+def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
+    """A :class:`TrainConfig` from a config object, a mapping or a TOML path."""
+    if isinstance(config, TrainConfig):
+        _check(config, config.source or None)
+        return config
+    if isinstance(config, dict):
+        return config_from_dict(config)
+    return load_config(config)
+
+
+__all__ = [
+    "SECTIONS",
+    "DataConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OutputConfig",
+    "SampleConfig",
+    "TrainConfig",
+    "TrainError",
+    "TrainSection",
+    "as_config",
+    "config_from_dict",
+    "load_config",
+]

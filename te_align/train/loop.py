@@ -1,0 +1,580 @@
+"""The training run: set-up, the optimisation loop, checkpoints, outputs.
+
+:func:`train` is the whole run; everything it needs is in the config. Order of work: validate the
+config, scan the dataset (fails fast before any model is loaded), resolve the profile, load the
+model with diffusers and check it against the profile, bucket the images, fill the latent and
+text caches, add LoRA, then optimise. Conditioning always comes from ``te_align.encode`` with the
+run's profile (cached per caption in a te-align ``EmbeddingCache`` when captions are static).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_align._atomic import atomic_file
+from te_align.train.config import TrainConfig, TrainError, as_config
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger("te_align.train")
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    lora_path: Path | None
+    kohya_path: Path | None
+    steps: int
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    last_checkpoint: Path | None = None
+    profile_name: str = ""
+    fingerprint: str = ""
+    steps_per_s: float = 0.0
+
+
+# ------------------------------------------------------------------------------------------ latents
+class LatentStore:
+    """VAE latent distributions (mean, std) per (image, flip), in memory and optionally on disk."""
+
+    def __init__(self, vae: Any, directory: Path | None, device: Any, dtype: Any) -> None:
+        from te_align.encoding.cache import hash_text_encoders
+
+        self.vae = vae
+        self.dir = directory
+        self.device = device
+        self.dtype = dtype
+        self.mem: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.vae_hash = hash_text_encoders({"vae": vae}) if directory is not None else ""
+
+    def _encode(self, item: Any, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        from te_align.train.data import load_pixels
+
+        px, _ = load_pixels(item, flip)
+        with torch.no_grad():
+            dist = self.vae.encode(px[None].to(self.device, self.dtype)).latent_dist
+        return dist.mean[0].float().cpu(), dist.std[0].float().cpu()
+
+    def get(self, index: int, item: Any, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (index, flip)
+        if key in self.mem:
+            return self.mem[key]
+        if self.dir is None:
+            return self._encode(item, flip)
+        import hashlib
+
+        from safetensors.torch import load_file, save
+
+        from te_align.train.data import file_digest
+
+        ident = f"{file_digest(item.path)}|{item.bucket}|{flip}|{self.vae_hash}|{self.dtype}"
+        name = hashlib.sha256(ident.encode()).hexdigest()
+        path = self.dir / name[:2] / f"{name}.safetensors"
+        value = None
+        if path.is_file():
+            try:
+                t = load_file(str(path))
+                value = (t["mean"], t["std"])
+            except Exception:  # a corrupt entry is recomputed
+                value = None
+        if value is None:
+            value = self._encode(item, flip)
+            with atomic_file(path, "wb", error=TrainError) as f:
+                f.write(save({"mean": value[0].contiguous(), "std": value[1].contiguous()}))
+        self.mem[key] = value
+        return value
+
+
+# ------------------------------------------------------------------------------------------ text
+class TextSource:
+    """Conditioning for a batch of raw captions: caption processing, dropout and te_align.encode."""
+
+    def __init__(self, cfg: TrainConfig, profile: Any, pipe: Any, device: Any, dtype: Any, *, trainable: bool, cache_dir: Path) -> None:
+        from te_align.encoding import EncodeOptions
+
+        self.cfg = cfg.data
+        self.profile = profile
+        self.pipe = pipe
+        self.device = device
+        self.dtype = dtype
+        self.trainable = trainable
+        self.options = EncodeOptions(long_prompt_chunks=cfg.data.long_prompt_chunks, dropout_policy=cfg.data.dropout_policy)
+        probs: dict[str, float] = {}
+        for k, v in cfg.data.encoder_dropout.items():
+            if k == "all":
+                for s in profile.slots:
+                    if s.train_dropout:
+                        probs[s.name] = float(s.train_dropout)
+            else:
+                try:
+                    profile.slot(k)
+                except Exception as e:
+                    raise TrainError(str(e), key=f"data.encoder_dropout.{k}") from None
+                probs[k] = float(v)
+        self.slot_probs = probs
+        self.use_cache = cfg.data.cache_text and not trainable and not cfg.data.shuffle_tags
+        if cfg.data.cache_text and not self.use_cache:
+            why = "text encoders are trained" if trainable else "tags are shuffled"
+            logger.info("text-embedding cache off: %s, so captions change every step", why)
+        self._caches: dict[str, Any] = {}
+        self._memo: dict[tuple[str, str], Any] = {}
+        self.cache_dir = cache_dir
+        self._te_hash: str | None = None
+
+    def _cache(self, pattern: str) -> Any:
+        if pattern not in self._caches:
+            from te_align.encoding.cache import EmbeddingCache, hash_text_encoders
+
+            if self._te_hash is None:
+                self._te_hash = hash_text_encoders({s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots})
+            opts = dict(self.options.as_dict(), dropped=pattern)
+            self._caches[pattern] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
+        return self._caches[pattern]
+
+    def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]]) -> Any:
+        import te_align
+
+        return te_align.encode(
+            self.profile, captions, pipeline=self.pipe, options=self.options, drop=drop,
+            drop_slots=drop_slots or None, requires_grad=self.trainable,
+        )  # fmt: skip
+
+    def precache(self, captions: list[str], batch: int = 16) -> None:
+        if not self.use_cache:
+            return
+        cache = self._cache("")
+        for i in range(0, len(captions), batch):
+            chunk = captions[i : i + batch]
+            for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {})), strict=True):
+                self._memo[("", text)] = cond
+
+    def batch(self, captions: list[str], gen: torch.Generator) -> Any:
+        import torch
+
+        from te_align.encoding import Conditioning, sample_dropout
+        from te_align.train.data import process_caption
+
+        n = len(captions)
+        texts = [process_caption(c, self.cfg, gen) for c in captions]
+        drop = [False] * n
+        if self.cfg.caption_dropout > 0:
+            draws = torch.rand(n, generator=gen).tolist()
+            for i, x in enumerate(draws):
+                if x < self.cfg.caption_dropout:
+                    if self.cfg.dropout_caption:
+                        texts[i] = self.cfg.dropout_caption
+                    else:
+                        drop[i] = True
+        slot_flags = sample_dropout(self.profile, n, self.slot_probs, gen) if self.slot_probs else {}
+        if not self.use_cache:
+            cond = self._encode(texts, drop, slot_flags)
+        else:
+            parts = []
+            for i in range(n):
+                if drop[i]:
+                    pattern, text = "*", ""
+                else:
+                    pattern = ",".join(s for s, f in slot_flags.items() if f[i])
+                    text = texts[i]
+                dropped = [s for s in self.slot_probs if pattern == "*" or s in pattern.split(",")]
+
+                def fn(caps: list[str], pattern: str = pattern, dropped: list[str] = dropped) -> Any:
+                    m = len(caps)
+                    return self._encode(caps, [pattern == "*"] * m, {s: [True] * m for s in dropped if pattern != "*"})
+
+                hit = self._memo.get((pattern, text))
+                if hit is None:
+                    hit = self._memo[(pattern, text)] = self._cache(pattern).get_or_encode([text], fn)[0]
+                parts.append(hit)
+            cond = Conditioning.cat(parts)
+        return cond.to(self.device, dtype=self.dtype)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _resolve_objective(name: str, family: Any, scheduler_config: Any) -> str:
+    if family.flow_native:
+        if name not in ("auto", "flow"):
+            raise TrainError(f"{family.name} models train with rectified flow only; got {name!r}", key="train.objective")
+        return "flow"
+    if name == "flow" and family.name != "sdxl":
+        raise TrainError("the flow-matching objective is available for SDXL, SD3 and Flux", key="train.objective")
+    if name == "auto":
+        pred = getattr(scheduler_config, "prediction_type", None) or (scheduler_config or {}).get("prediction_type", "epsilon")
+        return "v" if pred == "v_prediction" else "eps"
+    return name
+
+
+def _lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "cosine":
+            span = max(1, total - warmup)
+            progress = min(1.0, (step - warmup) / span)
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return f
+
+
+def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any) -> Any:
+    import importlib.util
+
+    import torch
+
+    t = cfg.train
+    kw = {"betas": (t.adam_beta1, t.adam_beta2), "eps": t.adam_epsilon, "weight_decay": t.weight_decay}
+    if t.optimizer == "adamw8bit":
+        if importlib.util.find_spec("bitsandbytes") is not None and device.type == "cuda":
+            import bitsandbytes as bnb
+
+            return bnb.optim.AdamW8bit(groups, **kw)
+        logger.warning("train.optimizer = adamw8bit needs bitsandbytes and a CUDA device; using torch AdamW")
+    return torch.optim.AdamW(groups, **kw)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with atomic_file(path, "w", error=TrainError) as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
+
+
+# ------------------------------------------------------------------------------------------ train
+def train(
+    config: TrainConfig | dict[str, Any] | str | Path,
+    *,
+    resume: bool | str | Path | None = None,
+    stop_after: int | None = None,
+    pipeline: Any = None,
+) -> TrainResult:
+    """Run a LoRA training as configured.
+
+    ``resume``: True continues from the newest checkpoint in the output folder, a path from that
+    checkpoint. ``stop_after`` ends the run after that many optimizer steps as if interrupted
+    (a checkpoint is written there; used by tests and for time-boxed jobs). ``pipeline``: an
+    already loaded diffusers pipeline to train instead of loading ``model.path`` (it is still
+    checked against the profile; ``model.path`` is then only recorded).
+    """
+    import torch
+    from accelerate import Accelerator
+
+    import te_align
+    from te_align.train import checkpoint as ckpt
+    from te_align.train import data as D
+    from te_align.train import models as M
+    from te_align.train.export import save_diffusers_lora, save_kohya_lora
+    from te_align.train.logs import RunLog, plot_losses, read_losses
+
+    cfg = as_config(config)
+    t = cfg.train
+    out_dir = Path(cfg.output.dir)
+    cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
+    device = accelerator.device if t.device in ("auto", "cpu") else torch.device(t.device)
+    main = accelerator.is_main_process
+    from accelerate.utils import set_seed
+
+    set_seed(t.seed + accelerator.process_index)  # global RNGs (LoRA dropout); per-step draws use step_generator
+
+    # ---- data first: a bad dataset fails before any model is loaded
+    report = D.scan(cfg.data)
+    items = report.items
+
+    # ---- profile and model
+    profile = M.resolve_profile(cfg.model)
+    family = M.family_of(profile)
+    pipe = pipeline if pipeline is not None else M.load_pipeline(cfg.model, profile)
+    M.check_model(profile, pipe, cfg.model.path)
+    denoiser = getattr(pipe, family.denoiser_attr)
+    vae = pipe.vae
+    weight_dtype = M.torch_dtype(cfg.model.dtype)
+    objective = _resolve_objective(t.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
+    for module in [denoiser, vae] + [getattr(pipe, s.encoder_subfolder) for s in profile.slots]:
+        module.requires_grad_(False)
+        module.to(device)
+    compute_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(t.mixed_precision, weight_dtype)
+
+    # ---- buckets
+    scale = M.vae_scale_factor(vae)
+    buckets = D.make_buckets(cfg.data, scale * family.patch)
+    for it in items:
+        it.bucket = D.assign_bucket(it.size, buckets)
+    if cfg.data.long_prompt_chunks:
+        from te_align.encoding import long_prompt_chunks
+
+        counts = long_prompt_chunks(profile, [it.caption for it in items], cfg.data.long_prompt_chunks, pipeline=pipe)
+        for it, c in zip(items, counts, strict=True):
+            it.chunks = c
+
+    cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "cache"
+    latents = LatentStore(vae, cache_dir / "latents" if cfg.data.cache_latents else None, device, vae.dtype)
+    if cfg.data.cache_latents:
+        for i, it in enumerate(items):
+            for flip in (False, True) if cfg.data.random_flip else (False,):
+                latents.get(i, it, flip)
+    shift, scaling = M.latent_transform(vae)
+
+    # ---- LoRA
+    te_slots = list(cfg.lora.text_encoders)
+    for name in te_slots:
+        slot = profile.slot(name) if name in profile.slot_names else None
+        if slot is None:
+            raise TrainError(f"no slot '{name}' in profile '{profile.name}' (slots: {', '.join(profile.slot_names)})", key="lora.text_encoders")
+        if not slot.tokenizer.cls.startswith("CLIP"):
+            raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {slot.name} LoRA)", key="lora.text_encoders")
+    lo = cfg.lora
+    den_params = M.add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                            targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
+    lora_models: dict[str, Any] = {family.denoiser_attr: denoiser}
+    te_params: list[Any] = []
+    for k, name in enumerate(te_slots):
+        slot = profile.slot(name)
+        enc = getattr(pipe, slot.encoder_subfolder)
+        te_params += M.add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                targets=lo.text_encoder_target_modules or M.CLIP_TARGETS, seed=t.seed + 1 + k)  # fmt: skip
+        lora_models[slot.encoder_subfolder] = enc
+        enc.train()
+    if t.gradient_checkpointing:
+        denoiser.enable_gradient_checkpointing()
+        for name in te_slots:
+            getattr(pipe, profile.slot(name).encoder_subfolder).gradient_checkpointing_enable()
+    denoiser.train()
+    named_trainable = {f"{comp}.{n}": p for comp, m in lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
+
+    text = TextSource(cfg, profile, pipe, device, compute_dtype if weight_dtype == torch.float32 else weight_dtype,
+                      trainable=bool(te_slots), cache_dir=cache_dir / "text")  # fmt: skip
+    text.precache(sorted({it.caption for it in items}))
+
+    # ---- order, optimizer, schedule
+    order = D.BatchOrder(items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
+    per_epoch = max(1, math.ceil(order.batches_per_epoch() / t.gradient_accumulation))
+    total = t.max_steps if t.max_steps > 0 else t.epochs * per_epoch
+    groups = [{"params": den_params, "lr": t.learning_rate}]
+    if te_params:
+        groups.append({"params": te_params, "lr": t.text_encoder_lr or t.learning_rate})
+    optimizer = _make_optimizer(cfg, groups, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(t.lr_scheduler, t.warmup_steps, total))
+    model, optimizer = accelerator.prepare(denoiser, optimizer)
+
+    noise_sched = None
+    if objective in ("eps", "v"):
+        from diffusers import DDPMScheduler
+
+        noise_sched = DDPMScheduler.from_config(pipe.scheduler.config)
+        if objective == "v":
+            noise_sched.register_to_config(prediction_type="v_prediction")
+    flow_shift = t.flow_shift or M.default_flow_shift(family)
+
+    # ---- resume
+    step = 0
+    pos = D.Position()
+    last_ckpt: Path | None = None
+    if resume:
+        path = ckpt.latest_checkpoint(out_dir) if resume is True else Path(resume)
+        if path is None:
+            raise TrainError("no checkpoint to resume from in the output folder", file=str(out_dir / "checkpoints"), key="--resume")
+        state = ckpt.load_checkpoint(path)
+        if state["state"].get("fingerprint") != profile.fingerprint():
+            raise TrainError(
+                f"the checkpoint was trained with profile fingerprint {state['state'].get('fingerprint')} but this run's "
+                f"profile '{profile.name}' has {profile.fingerprint()}", file=str(path), key="--resume",
+            )  # fmt: skip
+        missing = set(named_trainable) - set(state["params"])
+        if missing:
+            raise TrainError(f"the checkpoint lacks {len(missing)} trainable tensors (different LoRA settings?)", file=str(path), key="--resume")
+        with torch.no_grad():
+            for k, p in named_trainable.items():
+                p.copy_(state["params"][k].to(p.dtype))
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        step = int(state["state"]["step"])
+        pos = D.Position(**state["state"]["position"])
+        last_ckpt = path
+        if main:
+            logger.info("resuming from %s (step %d)", path, step)
+
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(out_dir / "train_config.json", {
+            "config": cfg.to_dict(), "profile": profile.name, "fingerprint": profile.fingerprint(),
+            "profile_overrides": cfg.model.profile_overrides, "objective": objective, "family": family.name,
+            "images": len(items), "buckets": sorted({it.bucket for it in items}), "te_align": te_align.__version__,
+            "missing_captions": [str(p) for p in report.missing_captions],
+            "unreadable": [str(p) for p, _ in report.unreadable],
+        })  # fmt: skip
+    log = RunLog(out_dir, resume_step=step, tensorboard=cfg.logging.tensorboard, enabled=main)
+    extra = {
+        "base_model": cfg.model.path, "objective": objective, "steps": total, "rank": lo.rank, "alpha": lo.alpha,
+        "profile_overrides": cfg.model.profile_overrides, "learning_rate": t.learning_rate, "seed": t.seed,
+    }  # fmt: skip
+
+    def save_ckpt(at: int, at_pos: Any) -> Path:
+        nonlocal last_ckpt
+        if main:
+            last_ckpt = ckpt.save_checkpoint(
+                out_dir, at, params=named_trainable, optimizer=optimizer, scheduler=scheduler, keep=t.checkpoints_keep,
+                state={"position": dataclasses.asdict(at_pos), "fingerprint": profile.fingerprint(), "profile": profile.name},
+            )  # fmt: skip
+        accelerator.wait_for_everyone()
+        assert last_ckpt is not None or not main
+        return last_ckpt  # type: ignore[return-value]
+
+    def do_samples(at: int) -> None:
+        if not (main and cfg.sample.prompts):
+            return
+        from te_align.train.sampling import sample_images
+
+        denoiser.eval()
+        try:
+            side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
+            sample_images(pipe, profile, cfg.sample, out_dir / "samples", at, size=(side, side), device=device,
+                          dtype=compute_dtype if weight_dtype == torch.float32 else weight_dtype)  # fmt: skip
+        finally:
+            denoiser.train()
+
+    # ---- loop
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=step, disable=not (main and cfg.logging.progress), desc="train", unit="step", dynamic_ncols=True)
+    stream = order.stream(pos)
+    trainable = den_params + te_params
+    t_start = time.perf_counter()
+    steps_done = 0
+    rate = 0.0
+    try:
+        while step < total:
+            if stop_after is not None and steps_done >= stop_after:
+                break
+            micro_losses = []
+            for micro in range(t.gradient_accumulation):
+                pos, batch = next(stream)
+                gen = D.step_generator(t.seed, step, micro)
+                sync = micro == t.gradient_accumulation - 1
+                ctx = contextlib.nullcontext() if sync or accelerator.num_processes == 1 else accelerator.no_sync(model)
+                with ctx:
+                    loss = _micro_step(
+                        batch=batch, items=items, gen=gen, cfg=cfg, family=family, objective=objective, model=model,
+                        unwrapped=denoiser, latents=latents, text=text, noise_sched=noise_sched, flow_shift=flow_shift,
+                        shift=shift, scaling=scaling, device=device, compute_dtype=compute_dtype, accelerator=accelerator,
+                    )  # fmt: skip
+                    detached = loss.detach()
+                    value = float(accelerator.gather(detached[None]).mean() if accelerator.num_processes > 1 else detached)
+                    if not math.isfinite(value):
+                        where = str(last_ckpt) if last_ckpt else "none (no checkpoint was saved before this step)"
+                        raise TrainError(
+                            f"loss is {value} at step {step + 1}: training stopped. Last good checkpoint: {where}. "
+                            "Lower train.learning_rate, use mixed_precision = \"bf16\" instead of fp16, or check the data"
+                        )
+                    accelerator.backward(loss / t.gradient_accumulation if t.gradient_accumulation > 1 else loss)
+                    micro_losses.append(value)
+            if te_params and accelerator.num_processes > 1:
+                for p in te_params:
+                    if p.grad is not None:
+                        p.grad = accelerator.reduce(p.grad, reduction="mean")
+            if t.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(trainable, t.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            steps_done += 1
+            loss_value = sum(micro_losses) / len(micro_losses)
+            elapsed = time.perf_counter() - t_start
+            rate = steps_done / elapsed if elapsed > 0 else 0.0
+            lr = scheduler.get_last_lr()[0]
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
+            if step % cfg.logging.every == 0 or step == total:
+                log.log(step, pos.epoch, loss_value, lr, rate, elapsed)
+            if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
+                save_ckpt(step, pos)
+            if cfg.sample.every and step % cfg.sample.every == 0 and step < total:
+                do_samples(step)
+    finally:
+        bar.close()
+        log.close()
+
+    interrupted = step < total
+    if interrupted:
+        path = save_ckpt(step, pos)
+        return TrainResult(out_dir, None, None, step, read_losses(log.csv_path), path, profile.name, profile.fingerprint(), rate)
+
+    lora_path = kohya_path = None
+    if main:
+        lora_path = save_diffusers_lora(type(pipe), lora_models, out_dir / f"{cfg.output.name}.safetensors", profile=profile, extra=extra)
+        if cfg.output.kohya:
+            n_te = len(profile.slots)
+            kohya_path = save_kohya_lora(lora_models, out_dir / f"{cfg.output.name}_kohya.safetensors", n_text_encoders=n_te,
+                                         profile=profile, extra=extra, base_model=cfg.model.path, family=family.name)  # fmt: skip
+    if t.checkpoint_every:
+        save_ckpt(step, pos)
+    losses = read_losses(log.csv_path)
+    if main and cfg.logging.loss_plot:
+        plot_losses(losses, out_dir / "loss.png")
+    do_samples(step)
+    accelerator.wait_for_everyone()
+    return TrainResult(out_dir, lora_path, kohya_path, step, losses, last_ckpt, profile.name, profile.fingerprint(), rate)
+
+
+def _micro_step(
+    *, batch: list[int], items: list[Any], gen: torch.Generator, cfg: TrainConfig, family: Any, objective: str, model: Any,
+    unwrapped: Any, latents: LatentStore, text: TextSource, noise_sched: Any, flow_shift: float, shift: float,
+    scaling: float, device: Any, compute_dtype: Any, accelerator: Any,
+) -> torch.Tensor:
+    """One micro-batch: latents, noise, conditioning, denoiser, loss (float32 scalar)."""
+    import torch
+    import torch.nn.functional as F
+
+    from te_align.train import models as M
+
+    b = len(batch)
+    flips = torch.rand(b, generator=gen).lt(0.5).tolist() if cfg.data.random_flip else [False] * b
+    means, stds = zip(*(latents.get(i, items[i], f) for i, f in zip(batch, flips, strict=True)), strict=True)
+    mean, std = torch.stack(means), torch.stack(stds)
+    if cfg.data.latent_sample == "sample":
+        x0 = mean + std * torch.randn(mean.shape, generator=gen)
+    else:
+        x0 = mean
+    x0 = ((x0 - shift) * scaling).to(device)
+    noise = torch.randn(x0.shape, generator=gen)
+    if cfg.train.noise_offset:
+        noise = noise + cfg.train.noise_offset * torch.randn((b, x0.shape[1], 1, 1), generator=gen)
+    noise = noise.to(device)
+    cond = text.batch([items[i].caption for i in batch], gen)
+    time_ids = None
+    if family.name == "sdxl":
+        from te_align.train.data import crop_for
+
+        rows = []
+        for i in batch:
+            it = items[i]
+            rows.append(M.sdxl_time_ids((it.size[1], it.size[0]), crop_for(it), (it.bucket[1], it.bucket[0])))
+        time_ids = torch.tensor(rows, device=device, dtype=compute_dtype)
+    if objective == "flow":
+        tt = M.logit_normal(b, flow_shift, gen).to(device)
+        s = tt.view(b, 1, 1, 1)
+        noisy = (1.0 - s) * x0 + s * noise
+        timesteps = tt * M.flow_timestep_scale(family)
+        target = noise - x0
+    else:
+        timesteps = torch.randint(0, noise_sched.config.num_train_timesteps, (b,), generator=gen).to(device)
+        noisy = noise_sched.add_noise(x0, noise, timesteps)
+        target = noise if objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
+    with accelerator.autocast():
+        pred = M.denoise(family, model, noisy.to(compute_dtype), timesteps, cond, time_ids=time_ids, guidance=cfg.train.guidance,
+                         config=unwrapped.config)  # fmt: skip
+    return F.mse_loss(pred.float(), target.float())
+
+
+__all__ = ["TrainResult", "train"]

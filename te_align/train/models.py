@@ -1,0 +1,341 @@
+"""Loading a model with diffusers, checking it against its profile, and each family's denoiser call.
+
+Families: ``sd1`` / ``sd2`` (UNet, eps or v), ``sdxl`` (UNet with pooled + size conditioning; eps, v
+or flow), ``sd3`` (MMDiT, rectified flow), ``flux`` (packed latents, image/text position ids,
+guidance embedding for dev; rectified flow). Conditioning always comes from ``te_align.encode``
+with the run's profile; this module only routes its named tensors into the denoiser.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_align.train.config import ModelConfig, TrainError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from te_align.profiles import AlignmentProfile
+
+logger = logging.getLogger("te_align.train")
+
+SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux")
+
+#: Default LoRA targets, as diffusers' LoRA example scripts use them.
+UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
+SD3_TARGETS = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+               "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v"]  # fmt: skip
+FLUX_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+                "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+                "ff_context.net.2"]  # fmt: skip
+CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, _DTYPES[name])
+
+
+@dataclass
+class Family:
+    """What differs between families on the denoiser side."""
+
+    name: str
+    denoiser_attr: str  # "unet" or "transformer"
+    default_targets: list[str]
+    flow_native: bool
+    patch: int = 1  # latent side must be a multiple of this
+
+    @property
+    def lora_prefix(self) -> str:
+        return self.denoiser_attr
+
+
+FAMILIES: dict[str, Family] = {
+    "sd1": Family("sd1", "unet", UNET_TARGETS, False),
+    "sd2": Family("sd2", "unet", UNET_TARGETS, False),
+    "sdxl": Family("sdxl", "unet", UNET_TARGETS, False),
+    "sd3": Family("sd3", "transformer", SD3_TARGETS, True, patch=2),
+    "flux": Family("flux", "transformer", FLUX_TARGETS, True, patch=2),
+}
+
+
+def family_of(profile: AlignmentProfile) -> Family:
+    fam = FAMILIES.get(profile.family)
+    if fam is None:
+        raise TrainError(
+            f"profile '{profile.name}' is a {profile.family} model; te-align train supports "
+            "SD1.5/SD2 (sd1, sd2), SDXL, SD3/3.5 and Flux",
+            key="model.profile",
+        )
+    return fam
+
+
+# ----------------------------------------------------------------------------------------- loading
+def resolve_profile(cfg: ModelConfig) -> AlignmentProfile:
+    import te_align
+
+    source = cfg.path if cfg.profile == "auto" else cfg.profile
+    try:
+        p = te_align.profile(source)
+        return p.with_overrides(cfg.profile_overrides) if cfg.profile_overrides else p
+    except TrainError:
+        raise
+    except Exception as e:
+        from te_align.errors import TeAlignError
+
+        if isinstance(e, TeAlignError):
+            raise TrainError(f"model.profile: {e}") from None
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile) -> Any:
+    """The diffusers pipeline of the model, from a folder, a hub id or a single-file checkpoint."""
+    import diffusers
+
+    dtype = torch_dtype(cfg.dtype)
+    path = Path(cfg.path).expanduser()
+    common: dict[str, Any] = {"torch_dtype": dtype}
+    if cfg.revision:
+        common["revision"] = cfg.revision
+    if cfg.variant:
+        common["variant"] = cfg.variant
+    import warnings
+
+    try:
+        warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+        if path.is_file():
+            if path.suffix.lower() not in (".safetensors", ".sft"):
+                raise TrainError("single-file checkpoints must be .safetensors (pickle files are never opened)", file=str(path), key="model.path")
+            pipe = _load_single_file(path, cfg, profile, common)
+        elif path.is_dir():
+            if not (path / "model_index.json").is_file():
+                raise TrainError("not a diffusers model folder (no model_index.json)", file=str(path), key="model.path")
+            pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **common)
+        elif path.suffix.lower() in (".safetensors", ".sft", ".ckpt") or str(path).startswith((".", "/", "~")):
+            raise TrainError("no such model file or folder", file=cfg.path, key="model.path")
+        else:
+            pipe = diffusers.DiffusionPipeline.from_pretrained(cfg.path, **common)
+    except TrainError:
+        raise
+    except (OSError, ValueError) as e:
+        raise TrainError(f"cannot load the model: {_first_line(e)}", file=cfg.path, key="model.path") from None
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+#: Denoiser class per denoiser attribute and family, for denoiser-only single-file checkpoints.
+_DENOISER_CLASSES = {"unet": "UNet2DConditionModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel"}
+
+
+def _load_single_file(path: Path, cfg: ModelConfig, profile: AlignmentProfile, common: dict[str, Any]) -> Any:
+    """A pipeline from a single-file checkpoint in the original (non-diffusers) layout.
+
+    ``model.config`` (a diffusers folder or hub id) gives diffusers the component configs, so no
+    config is fetched. A checkpoint with every component loads as a whole; one that holds only the
+    denoiser (the usual Flux / SD3 / fine-tuned UNet file) loads the denoiser from the file and the
+    other components from ``model.config``.
+    """
+    import diffusers
+    from diffusers.loaders.single_file_utils import SingleFileComponentError
+
+    cls = getattr(diffusers, profile.pipeline)
+    options = {k: v for k, v in common.items() if k != "variant"}
+    extra = {"config": cfg.config} if cfg.config else {}
+    try:
+        return cls.from_single_file(str(path), **extra, **options)
+    except SingleFileComponentError as e:
+        if not cfg.config:
+            raise TrainError(f"the checkpoint does not hold every component ({_first_line(e)}); set model.config to the "
+                             "diffusers folder or hub id of the base model", file=str(path), key="model.config") from None  # fmt: skip
+    fam = family_of(profile)
+    denoiser_cls = getattr(diffusers, _DENOISER_CLASSES[fam.denoiser_attr if fam.denoiser_attr == "unet" else fam.name])
+    denoiser = denoiser_cls.from_single_file(str(path), config=cfg.config, subfolder=fam.denoiser_attr, **options)
+    return diffusers.DiffusionPipeline.from_pretrained(cfg.config, **{fam.denoiser_attr: denoiser}, **common)
+
+
+def _base_pipeline(name: str) -> str:
+    for suffix in ("Img2Img", "Inpaint", "InstructPix2Pix", "ControlNet", "PAG"):
+        name = name.replace(suffix, "")
+    return name
+
+
+def check_model(profile: AlignmentProfile, pipe: Any, where: str) -> None:
+    """Refuse a model whose pipeline or text encoders do not fit the profile (one line, names both)."""
+    from te_align.encoding.core import _config_width
+
+    got = _base_pipeline(type(pipe).__name__)
+    want = _base_pipeline(profile.pipeline)
+    if got != want:
+        raise TrainError(
+            f"the model is a {got} but profile '{profile.name}' is for {want}; set model.profile to a matching "
+            "profile or \"auto\"",
+            file=where,
+        )
+    fam = family_of(profile)
+    if getattr(pipe, fam.denoiser_attr, None) is None or getattr(pipe, "vae", None) is None:
+        raise TrainError(f"the model has no {fam.denoiser_attr} or no vae", file=where)
+    for slot in profile.slots:
+        tok = getattr(pipe, slot.tokenizer_subfolder, None)
+        enc = getattr(pipe, slot.encoder_subfolder, None)
+        if tok is None or enc is None:
+            missing = slot.tokenizer_subfolder if tok is None else slot.encoder_subfolder
+            raise TrainError(f"the model has no '{missing}' for profile '{profile.name}' slot '{slot.name}'", file=where)
+        width = _config_width(getattr(enc, "config", None))
+        if width is not None and width != slot.encoder.hidden_size:
+            raise TrainError(
+                f"{slot.encoder_subfolder} has hidden size {width} but profile '{profile.name}' slot '{slot.name}' "
+                f"expects {slot.encoder.hidden_size}: the model does not match the profile (use model.profile = \"auto\" "
+                "or model.profile_overrides)",
+                file=where,
+            )
+
+
+def vae_scale_factor(vae: Any) -> int:
+    return 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def latent_transform(vae: Any) -> tuple[float, float]:
+    """(shift, scale): latents = (vae_latents - shift) * scale."""
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    return float(shift), float(vae.config.scaling_factor)
+
+
+# ------------------------------------------------------------------------------------------- lora
+def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: list[str], seed: int) -> list[Any]:
+    """Add a peft LoRA adapter ``default`` to a diffusers model or transformers text encoder; trainable params."""
+    import torch
+    from peft import LoraConfig
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian", target_modules=targets)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model.add_adapter(config)
+        except ValueError as e:
+            raise TrainError(f"cannot add LoRA to {type(model).__name__}: {_first_line(e)}", key="lora.target_modules") from None
+    params = [p for n, p in model.named_parameters() if "lora_" in n]
+    if not params:
+        raise TrainError(f"no module of {type(model).__name__} matches {targets}", key="lora.target_modules")
+    for p in params:
+        p.requires_grad_(True)
+        if p.dtype != torch.float32:
+            p.data = p.data.float()
+    return params
+
+
+# ------------------------------------------------------------------------------------ denoiser call
+def pack_latents(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H/2 * W/2, C*4): Flux's 2x2 patch sequence."""
+    b, c, h, w = x.shape
+    return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Inverse of :func:`pack_latents` for a latent of side (h, w)."""
+    b, _, d = x.shape
+    c = d // 4
+    return x.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
+def image_ids(h: int, w: int, device: Any, dtype: Any) -> torch.Tensor:
+    """Flux image position ids (H/2 * W/2, 3): (0, row, column)."""
+    import torch
+
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 1] = torch.arange(h // 2)[:, None]
+    ids[..., 2] = torch.arange(w // 2)[None, :]
+    return ids.reshape(-1, 3).to(device=device, dtype=dtype)
+
+
+def sdxl_time_ids(original: tuple[int, int], crop: tuple[int, int], target: tuple[int, int]) -> list[float]:
+    """SDXL micro-conditioning: original (h, w), crop (top, left), target (h, w)."""
+    return [float(original[0]), float(original[1]), float(crop[0]), float(crop[1]), float(target[0]), float(target[1])]
+
+
+def denoise(
+    family: Family,
+    model: Any,
+    noisy: torch.Tensor,
+    timesteps: torch.Tensor,
+    cond: Any,
+    *,
+    time_ids: torch.Tensor | None = None,
+    guidance: float | None = None,
+    config: Any = None,
+) -> torch.Tensor:
+    """The denoiser's prediction in latent layout (B, C, H, W)."""
+    import torch
+
+    emb = cond["prompt_embeds"]
+    if family.name in ("sd1", "sd2"):
+        return model(noisy, timesteps, encoder_hidden_states=emb, return_dict=False)[0]
+    if family.name == "sdxl":
+        added = {"text_embeds": cond["pooled_prompt_embeds"], "time_ids": time_ids}
+        return model(noisy, timesteps, encoder_hidden_states=emb, added_cond_kwargs=added, return_dict=False)[0]
+    if family.name == "sd3":
+        return model(
+            hidden_states=noisy, timestep=timesteps, encoder_hidden_states=emb,
+            pooled_projections=cond["pooled_prompt_embeds"], return_dict=False,
+        )[0]  # fmt: skip
+    # flux
+    b, _, h, w = noisy.shape
+    g = None
+    if getattr(config if config is not None else model.config, "guidance_embeds", False):
+        g = torch.full((b,), float(guidance if guidance is not None else 1.0), device=noisy.device, dtype=noisy.dtype)
+    out = model(
+        hidden_states=pack_latents(noisy),
+        timestep=timesteps,
+        guidance=g,
+        pooled_projections=cond["pooled_prompt_embeds"],
+        encoder_hidden_states=emb,
+        txt_ids=cond["text_ids"],
+        img_ids=image_ids(h, w, noisy.device, noisy.dtype),
+        return_dict=False,
+    )[0]
+    return unpack_latents(out, h, w)
+
+
+def default_flow_shift(family: Family) -> float:
+    return 3.0 if family.name == "sdxl" else 1.0
+
+
+def flow_timestep_scale(family: Family) -> float:
+    """What the denoiser takes for flow time t in [0, 1]: t * 1000 (SD3, SDXL-flow) or t (Flux)."""
+    return 1.0 if family.name == "flux" else 1000.0
+
+
+def logit_normal(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
+    """t = sigmoid(N(log(shift), 1)) (the SD3 logit-normal, shifted)."""
+    import torch
+
+    return torch.sigmoid(torch.randn(n, generator=gen) + math.log(shift))
+
+
+__all__ = [
+    "FAMILIES",
+    "SUPPORTED_FAMILIES",
+    "Family",
+    "add_lora",
+    "check_model",
+    "denoise",
+    "family_of",
+    "image_ids",
+    "load_pipeline",
+    "pack_latents",
+    "resolve_profile",
+    "unpack_latents",
+]

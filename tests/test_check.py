@@ -1,0 +1,371 @@
+"""``te-align check``: trainer configs (aligned, misaligned, misspelled, broken) with exact findings."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from te_align.audit import check_file
+from te_align.audit.findings import NOT_SETTABLE
+from te_align.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+SCHNELL_256 = "256"
+LUMINA_SP = ("You are an assistant designed to generate superior images with the superior degree of "
+             "image-text alignment based on textual prompts or user prompts.")
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def rows(result):
+    """(kind, severity, setting, effective, profile, fix) of every finding."""
+    return [(f.kind, f.severity, f.setting, f.effective, f.profile, f.fix) for f in result.findings]
+
+
+def deviations(result):
+    return {f.setting: (f.effective, f.profile, f.severity, f.fix) for f in result.findings if f.kind == "deviation"}
+
+
+# ------------------------------------------------------------------------------------ sd-scripts
+FLUX_DEV = """
+pretrained_model_name_or_path = "/m/flux1-dev.safetensors"
+clip_l = "/m/clip_l.safetensors"
+t5xxl = "/m/t5xxl.safetensors"
+ae = "/m/ae.safetensors"
+network_module = "networks.lora_flux"
+"""
+
+
+def test_kohya_aligned_flux_dev(tmp_path):
+    r = check_file(write(tmp_path, "a.toml", FLUX_DEV))
+    assert (r.trainer, r.profile, r.exit_code, r.findings) == ("kohya", "flux-dev", 0, [])
+    assert r.effective == {"t5.tokenizer.max_length": 512, "t5.masks.encoder": False, "t5.masks.denoiser": False}
+
+
+def test_kohya_schnell_misaligned_exact(tmp_path):
+    text = FLUX_DEV.replace("flux1-dev", "flux1-schnell") + (
+        "[te]\nt5xxl_max_token_length = 512\napply_t5_attn_mask = true\n")
+    r = check_file(write(tmp_path, "s.toml", text))
+    assert r.profile == "flux-schnell" and r.exit_code == 1
+    assert rows(r) == [
+        ("deviation", "error", "t5.masks.encoder", True, False, f"remove apply_t5_attn_mask from {tmp_path / 's.toml'}"),
+        ("deviation", "error", "t5.masks.denoiser", True, False, f"remove apply_t5_attn_mask from {tmp_path / 's.toml'}"),
+        ("deviation", "warning", "t5.tokenizer.max_length", 512, 256, "t5xxl_max_token_length = 256"),
+    ]
+    assert r.findings[2].line == 8
+    assert "black-forest-labs/flux" in r.findings[2].source
+
+
+def test_kohya_schnell_default_is_256_when_unset(tmp_path):
+    r = check_file(write(tmp_path, "s.toml", FLUX_DEV.replace("flux1-dev", "flux1-schnell")))
+    assert r.exit_code == 0 and r.effective["t5.tokenizer.max_length"] == 256
+
+
+def test_kohya_misspelled_key_and_unused_clip_skip(tmp_path):
+    text = ('pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\nclip_skip = 2\n'
+            "t5xxl_max_token_lenght = 256\n")
+    r = check_file(write(tmp_path, "x.toml", text))
+    assert r.profile == "sdxl" and r.exit_code == 1
+    assert rows(r) == [
+        ("deviation", "warning", "clip_g.tokenizer.pad_token", "<|endoftext|>", "!", NOT_SETTABLE),
+        ("unused-value", "warning", "clip_skip", 2, None, f"remove clip_skip from {tmp_path / 'x.toml'}"),
+        ("unknown-key", "warning", "t5xxl_max_token_lenght", None, None, "did you mean 't5xxl_max_token_length'?"),
+    ]
+    assert [f.line for f in r.findings] == [None, 2, 3]
+
+
+def test_kohya_sd3_mask_flags_ignored_live_but_used_when_cached(tmp_path):
+    base = ('pretrained_model_name_or_path = "/m/sd3.5_large.safetensors"\nclip_g = "/m/g.safetensors"\n'
+            't5xxl = "/m/t5.safetensors"\napply_t5_attn_mask = true\n')
+    live = check_file(write(tmp_path, "live.toml", base))
+    unused = [f for f in live.findings if f.kind == "unused-value"]
+    assert [(f.setting, f.effective, f.severity) for f in unused] == [("apply_t5_attn_mask", True, "warning")]
+    assert live.effective["t5.masks.encoder"] is False
+    cached = check_file(write(tmp_path, "cached.toml", base + "cache_text_encoder_outputs = true\n"))
+    assert deviations(cached)["t5.masks.encoder"] == (True, False, "error", f"remove apply_t5_attn_mask from {tmp_path / 'cached.toml'}")
+    assert not [f for f in cached.findings if f.kind == "unused-value"]
+    assert [f.kind for f in cached.findings][-1] == "stale-cache"
+
+
+def test_kohya_lumina_empty_system_prompt(tmp_path):
+    r = check_file(write(tmp_path, "l.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\nsystem_prompt = ""\n'))
+    assert r.profile == "lumina2"
+    assert deviations(r) == {"gemma.tokenizer.system_prompt": (None, LUMINA_SP, "error", f"system_prompt = {json.dumps(LUMINA_SP)}")}
+    ok = check_file(write(tmp_path, "ok.toml", f"system_prompt = {json.dumps(LUMINA_SP)}\n"))
+    assert ok.exit_code == 0
+
+
+def test_kohya_sd1_clip_skip_and_chunks(tmp_path):
+    r = check_file(write(tmp_path, "sd.toml", 'pretrained_model_name_or_path = "runwayml/stable-diffusion-v1-5"\n'
+                         "clip_skip = 2\nmax_token_length = 225\n"))
+    assert r.profile == "sd15"
+    assert deviations(r) == {
+        "clip_l.encoder.layer": ("penultimate", "last", "error", f"remove clip_skip from {tmp_path / 'sd.toml'}"),
+        "clip_l.tokenizer.max_length": (227, 77, "error", f"remove max_token_length from {tmp_path / 'sd.toml'}"),
+    }
+
+
+def test_kohya_extra_cli_args_override_toml_and_name_the_script(tmp_path):
+    path = write(tmp_path, "c.toml", 'pretrained_model_name_or_path = "/m/model.safetensors"\nt5xxl_max_token_length = 512\n')
+    r = check_file(path, extra_args=["flux_train_network.py", "--t5xxl_max_token_length", "256", "--apply_t5_attn_mask"],
+                   profile="flux-schnell")
+    assert r.effective == {"t5.tokenizer.max_length": 256, "t5.masks.encoder": True, "t5.masks.denoiser": True}
+    assert deviations(r)["t5.masks.encoder"][3] == "remove --apply_t5_attn_mask"
+
+
+def test_kohya_broken_toml_reports_line_and_column(tmp_path):
+    r = check_file(write(tmp_path, "b.toml", 'pretrained_model_name_or_path = "x"\nclip_skip = = 2\n'))
+    assert r.exit_code == 2
+    (f,) = r.findings
+    assert (f.kind, f.line, f.column) == ("syntax", 2, 13)
+    assert f.message.startswith(f"{tmp_path / 'b.toml'}:2:13: syntax error: ")
+
+
+# ------------------------------------------------------------------------------------ kohya GUI
+def test_gui_flux_schnell_512_and_additional_parameters(tmp_path):
+    g = {"LoRA_type": "Flux1", "flux1_checkbox": True, "pretrained_model_name_or_path": "/m/flux1-schnell.safetensors",
+         "t5xxl_max_token_length": 512, "apply_t5_attn_mask": False, "clip_skip": 1, "max_token_length": 75,
+         "additional_parameters": ""}
+    r = check_file(write(tmp_path, "g.json", json.dumps(g, indent=2)))
+    assert (r.trainer, r.profile) == ("kohya-gui", "flux-schnell")
+    assert rows(r) == [("deviation", "warning", "t5.tokenizer.max_length", 512, 256, '"t5xxl_max_token_length": 256')]
+    g["additional_parameters"] = "--t5xxl_max_token_length 256"
+    assert check_file(write(tmp_path, "g2.json", json.dumps(g))).exit_code == 0
+
+
+def test_gui_sd3_t5_length_fix_goes_to_additional_parameters(tmp_path):
+    g = {"LoRA_type": "Standard", "sd3_checkbox": True, "pretrained_model_name_or_path": "/m/sd3.5_large.safetensors",
+         "additional_parameters": "--t5xxl_max_token_length 154", "bogus_field": 1}
+    r = check_file(write(tmp_path, "g.json", json.dumps(g)))
+    assert deviations(r)["t5.tokenizer.max_length"] == (
+        154, 256, "error", 'add --t5xxl_max_token_length 256 to "additional_parameters" (the GUI has no field for it)')
+    unknown = [f for f in r.findings if f.kind == "unknown-key"]
+    assert [(f.setting, f.severity) for f in unknown] == [("bogus_field", "warning")]
+
+
+def test_gui_broken_json(tmp_path):
+    r = check_file(write(tmp_path, "g.json", '{\n  "LoRA_type": "Flux1",\n  "sdxl": tru\n}\n'))
+    assert (r.exit_code, r.findings[0].line, r.findings[0].column) == (2, 3, 11)
+
+
+# ------------------------------------------------------------------------------------ ai-toolkit
+AT = """job: extension
+config:
+  name: x
+  process:
+    - type: sd_trainer
+      model:
+        name_or_path: {path}
+        {flag}: true
+{extra}
+      train:
+        lr: 1e-4
+"""
+
+
+def test_ai_toolkit_schnell_512_not_settable(tmp_path):
+    r = check_file(write(tmp_path, "a.yaml", AT.format(path="black-forest-labs/FLUX.1-schnell", flag="is_flux", extra="")))
+    assert (r.trainer, r.profile) == ("ai-toolkit", "flux-schnell")
+    assert rows(r) == [("deviation", "warning", "t5.tokenizer.max_length", 512, 256, NOT_SETTABLE)]
+
+
+def test_ai_toolkit_dev_aligned_and_attn_masking(tmp_path):
+    r = check_file(write(tmp_path, "a.yaml", AT.format(path="black-forest-labs/FLUX.1-dev", flag="is_flux", extra="")))
+    assert r.exit_code == 0 and r.findings == []
+    r = check_file(write(tmp_path, "b.yaml", AT.format(path="black-forest-labs/FLUX.1-dev", flag="is_flux",
+                                                      extra="        attn_masking: true")))
+    assert rows(r) == [("deviation", "error", "t5.masks.zero_padded", True, False, "remove model.attn_masking (or set it to false)")]
+
+
+def test_ai_toolkit_misspelled_and_myth_keys(tmp_path):
+    text = AT.format(path="stabilityai/stable-diffusion-3.5-large", flag="is_v3",
+                     extra="        t5_max_length: 154\n        quantise: true")
+    r = check_file(write(tmp_path, "a.yaml", text))
+    assert r.profile == "sd35-large"
+    assert [(f.kind, f.setting, f.fix, f.line) for f in r.findings] == [
+        ("unknown-key", "model.t5_max_length",
+         "ai-toolkit has no T5 length setting (the CivitAI SD3.5 advice does nothing): not settable: use `te-align patch`", 9),
+        ("unknown-key", "model.quantise", "did you mean 'quantize'?", 10),
+    ]
+
+
+def test_ai_toolkit_broken_yaml(tmp_path):
+    # the CivitAI advice written into YAML as "t5_max_length = 154" under a mapping
+    text = "job: extension\nconfig:\n  process:\n    - model:\n        is_v3: true\n      t5_max_length = 154\n      x: 1\n"
+    r = check_file(write(tmp_path, "a.yaml", text))
+    assert r.exit_code == 2
+    f = r.findings[0]
+    assert (f.kind, f.line, f.column) == ("syntax", 7, 7)
+
+
+# ------------------------------------------------------------------------------------ SimpleTuner
+def test_simpletuner_sd3_capped_at_154_and_fix(tmp_path):
+    cfg = {"model_family": "sd3", "model_flavour": "large", "tokenizer_max_length": 256, "model_type": "lora"}
+    r = check_file(write(tmp_path, "config.json", json.dumps(cfg)))
+    assert deviations(r) == {"t5.tokenizer.max_length": (154, 256, "error", '"tokenizer_max_length": 256, "i_know_what_i_am_doing": true')}
+    cfg["i_know_what_i_am_doing"] = True
+    assert check_file(write(tmp_path, "ok.json", json.dumps(cfg))).exit_code == 0
+
+
+def test_simpletuner_unknown_key_is_an_error_and_toml_works(tmp_path):
+    text = 'model_family = "flux"\nmodel_flavour = "schnell"\n"--flux_fast_schedule" = true\ntokenizer_max_lenght = 512\n'
+    r = check_file(write(tmp_path, "config.toml", text))
+    assert (r.trainer, r.profile) == ("simpletuner", "flux-schnell")
+    assert rows(r) == [("unknown-key", "error", "tokenizer_max_lenght", None, None, "did you mean 'tokenizer_max_length'?")]
+
+
+def test_simpletuner_flux_ignores_tokenizer_max_length(tmp_path):
+    r = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "flux", "tokenizer_max_length": 256})))
+    assert r.profile == "flux-dev" and r.effective["t5.tokenizer.max_length"] == 512
+    assert [(f.kind, f.setting) for f in r.findings] == [("unused-value", "tokenizer_max_length")]
+
+
+# ------------------------------------------------------------------------------------ OneTrainer
+def test_onetrainer_flux_77_and_aligned(tmp_path):
+    cfg = {"__version": 10, "model_type": "FLUX_DEV_1", "training_method": "LORA",
+           "base_model_name": "black-forest-labs/FLUX.1-dev"}
+    r = check_file(write(tmp_path, "ot.json", json.dumps(cfg)))
+    assert rows(r) == [("deviation", "error", "t5.tokenizer.max_length", 77, 512, '"text_encoder_2_sequence_length": 512')]
+    cfg["text_encoder_2_sequence_length"] = 512
+    cfg["transformer"] = {"attention_mask": False, "trian": True}
+    r = check_file(write(tmp_path, "ot2.json", json.dumps(cfg)))
+    assert rows(r) == [("unknown-key", "warning", "transformer.trian", None, None, "did you mean 'train'?")]
+
+
+def test_onetrainer_sd3_hard_77(tmp_path):
+    r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA"})))
+    assert r.profile == "sd35-large"
+    # 77 is what SAI's reference code pads T5 to (min_length=77), so a documented alternative: warning
+    assert deviations(r) == {"t5.tokenizer.max_length": (77, 256, "warning", NOT_SETTABLE)}
+
+
+# ------------------------------------------------------------------------------------ input errors
+def test_unknown_trainer_shape_and_missing_file(tmp_path):
+    r = check_file(write(tmp_path, "x.json", '{"hello": 1}'))
+    assert r.exit_code == 2 and "cannot tell which trainer" in r.findings[0].message
+    r = check_file(str(tmp_path / "missing.toml"))
+    assert r.exit_code == 2 and "no such file" in r.findings[0].message
+
+
+def test_family_unknown_needs_profile(tmp_path):
+    path = write(tmp_path, "x.toml", 'pretrained_model_name_or_path = "/m/model.safetensors"\nlearning_rate = 1e-4\n')
+    assert "pass --profile" in check_file(path).findings[0].message
+    assert check_file(path, profile="sd15").exit_code == 0
+
+
+# ------------------------------------------------------------------------------------ cache folder
+def _npy(shape: tuple[int, ...], descr: str = "<f2", data: bytes = b"") -> bytes:
+    header = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode("latin1")
+    pad = 64 - (10 + len(header) + 1) % 64
+    header += b" " * pad + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + data
+
+
+def test_stale_sd_scripts_cache_files(tmp_path):
+    cache = tmp_path / "img"
+    cache.mkdir()
+    for i, length in enumerate((512, 512, 256)):
+        with zipfile.ZipFile(cache / f"{i}_flux_te.npz", "w") as z:
+            z.writestr("t5_out.npy", _npy((length, 4096)))
+            z.writestr("apply_t5_attn_mask.npy", _npy((), "|b1", b"\x00"))
+    path = write(tmp_path, "c.toml", FLUX_DEV.replace("flux1-dev", "flux1-schnell") + "cache_text_encoder_outputs_to_disk = true\n")
+    r = check_file(path, cache_dir=str(cache))
+    stale = [f for f in r.findings if f.kind == "stale-cache"]
+    assert [(f.severity, f.setting, f.effective) for f in stale] == [("error", "t5.tokenizer.max_length", 256)]
+    assert "2 of 3 cached files" in stale[0].message and "2 with 512" in stale[0].message
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_cli_exit_codes_and_json(capsys, tmp_path):
+    good = write(tmp_path, "good.toml", FLUX_DEV)
+    assert main(["check", good]) == 0
+    assert "aligned" in capsys.readouterr().out
+    bad = write(tmp_path, "bad.toml", FLUX_DEV + "apply_t5_attn_mask = true\n")
+    assert main(["check", good, bad, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["exit_code"] == 1 and [r["exit_code"] for r in data["results"]] == [0, 1]
+    f = data["results"][1]["findings"][0]
+    assert {k: f[k] for k in ("kind", "severity", "setting", "effective", "profile")} == {
+        "kind": "deviation", "severity": "error", "setting": "t5.masks.encoder", "effective": True, "profile": False}
+    broken = write(tmp_path, "broken.json", "{")
+    assert main(["check", good, broken]) == 2
+    assert f"{broken}:1:2: syntax error" in capsys.readouterr().out
+
+
+def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):
+    path = write(tmp_path, "c.toml", 'pretrained_model_name_or_path = "/m/x.safetensors"\n')
+    assert main(["check", path, "--profile", "flux-schnell", "--trainer", "kohya", "--", "--t5xxl_max_token_length", "512"]) == 1
+    out = capsys.readouterr().out
+    assert "t5.tokenizer.max_length" in out and "fix: --t5xxl_max_token_length 256" in out
+    assert main(["check", "--trainer", "simpletuner", path]) == 2
+    assert "cannot work out the model family" in capsys.readouterr().out
+
+
+def test_check_needs_no_torch():
+    code = (
+        "import sys, contextlib, io\n"
+        "from te_align.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    main(['check', {str(EX / 'kohya' / 'flux_schnell_lora.toml')!r}, {str(EX / 'ai-toolkit' / 'flux_schnell_lora.yaml')!r},\n"
+        f"          {str(EX / 'simpletuner' / 'sd3_config.json')!r}, {str(EX / 'onetrainer' / 'flux_lora.json')!r}, '--json'])\n"
+        "heavy = [m for m in ('torch', 'transformers', 'diffusers') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+
+
+# ------------------------------------------------------------------------------------ examples
+EXAMPLES = {
+    "kohya/flux_dev_aligned.toml": (0, []),
+    "kohya/flux_schnell_lora.toml": (1, [("deviation", "error", "t5.masks.encoder"), ("deviation", "error", "t5.masks.denoiser"),
+                                         ("deviation", "warning", "t5.tokenizer.max_length"),
+                                         ("stale-cache", "warning", "text-encoder cache")]),
+    "kohya/sd35_masks_live.toml": (1, [("deviation", "warning", "clip_g.tokenizer.pad_token"),
+                                       ("deviation", "info", "clip_l.train_dropout"), ("deviation", "info", "clip_g.train_dropout"),
+                                       ("deviation", "info", "t5.train_dropout"),
+                                       ("unused-value", "warning", "apply_lg_attn_mask"),
+                                       ("unused-value", "warning", "apply_t5_attn_mask")]),
+    "kohya/lumina2_lora.toml": (1, [("deviation", "error", "gemma.tokenizer.system_prompt")]),
+    "kohya/sdxl_typo.toml": (1, [("deviation", "warning", "clip_g.tokenizer.pad_token"), ("unused-value", "warning", "clip_skip"),
+                                 ("unknown-key", "warning", "cache_text_encoder_output")]),
+    "kohya-gui/sdxl_lora.json": (1, [("deviation", "error", "clip_l.tokenizer.max_length"),
+                                     ("deviation", "error", "clip_g.tokenizer.max_length"),
+                                     ("deviation", "warning", "clip_g.tokenizer.pad_token"),
+                                     ("stale-cache", "warning", "text-encoder cache")]),
+    "kohya-gui/flux_schnell_lora.json": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
+                                             ("stale-cache", "warning", "text-encoder cache")]),
+    "ai-toolkit/flux_schnell_lora.yaml": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
+                                              ("unknown-key", "warning", "model.t5_max_length")]),
+    "ai-toolkit/sd35_large_lora.yaml": (1, [("unknown-key", "warning", "model.t5_max_length")]),
+    "simpletuner/sd3_config.json": (1, [("deviation", "error", "t5.tokenizer.max_length"),
+                                        ("stale-cache", "warning", "text-encoder cache")]),
+    "simpletuner/flux_schnell_config.toml": (0, []),
+    "onetrainer/flux_lora.json": (1, [("deviation", "error", "t5.tokenizer.max_length")]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_examples_give_their_documented_findings(name):
+    code, expected = EXAMPLES[name]
+    r = check_file(str(EX / name))
+    assert [(f.kind, f.severity, f.setting) for f in r.findings] == expected
+    assert r.exit_code == code
+
+
+def test_every_example_config_is_covered():
+    found = {str(p.relative_to(EX)) for d in ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
+             for p in (EX / d).iterdir()}
+    assert found == set(EXAMPLES)

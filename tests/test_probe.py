@@ -1,0 +1,163 @@
+"""``te-align probe`` / ``te-align matrix``: measured divergence of real trainer code from the profile.
+
+ai-toolkit runs from the installed PyPI packaging ``ostris-ai-toolkit`` 0.2.7 (CI installs it with
+--no-deps); sd-scripts from a checkout in ``TE_ALIGN_KOHYA_DIR`` (skipped otherwise). Expectations are
+the measured ones (research trainers.md §2.2/§3 for ai-toolkit; kohya.md for sd-scripts).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from te_align.errors import TeAlignError
+from te_align.probe import ProbeError, probe
+from te_align.probe.matrix import Found, find_trainers, run_matrix
+
+HAVE_AT = importlib.util.find_spec("ostris_ai_toolkit") is not None
+needs_at = pytest.mark.skipif(not HAVE_AT, reason="ostris-ai-toolkit 0.2.7 is not installed (pip install --no-deps ostris-ai-toolkit==0.2.7)")
+KOHYA_DIR = os.environ.get("TE_ALIGN_KOHYA_DIR")
+needs_kohya = pytest.mark.skipif(not KOHYA_DIR, reason="TE_ALIGN_KOHYA_DIR is not set (path of a kohya-ss/sd-scripts checkout)")
+
+
+def _t(result, name):
+    return next(t for t in result.tensors if t.name == name)
+
+
+@pytest.fixture(scope="module")
+def schnell():
+    return probe("ai-toolkit", "flux-schnell")
+
+
+@needs_at
+def test_ai_toolkit_flux_schnell_t5_at_512_is_a_shape_mismatch(schnell):
+    emb = _t(schnell, "prompt_embeds")
+    assert emb.trainer_shape == (512, 96) and emb.profile_shape == (256, 96) and not emb.shape_match
+    assert len(emb.differing) == emb.compared == len(schnell.prompts) == 15
+    assert emb.max_abs_diff > 0 and 0.5 < emb.mean_cosine < 1.0  # measured on the overlapping 256 tokens
+    assert _t(schnell, "pooled_prompt_embeds").identical  # CLIP side is the same
+    assert _t(schnell, "text_ids").trainer_shape is None  # made in the transformer call, not by the encoder
+    assert not schnell.aligned and "shape (512, 96) vs profile (256, 96)" in schnell.summary()
+    assert any("max_length=512" in n and "stable_diffusion_model.py:" in n for n in schnell.notes)
+
+
+@needs_at
+def test_ai_toolkit_with_hooks_equals_profile():
+    hooked = probe("ai-toolkit", "flux-schnell", hooks=True)
+    assert hooked.aligned and _t(hooked, "prompt_embeds").trainer_shape == (256, 96)
+
+
+@needs_at
+@pytest.mark.parametrize("name", ["sdxl", "sd35-large"])
+def test_ai_toolkit_sdxl_and_sd3_encode_like_the_profile_without_dropout(name):
+    # §2.2/§3: SDXL = diffusers; SD3 calls the pipeline's own _get_*_prompt_embeds (T5 256 from diffusers'
+    # default). Their documented gap is prompt_dropout_prob (ignored for SD3), which the suite does not use.
+    r = probe("ai-toolkit", name)
+    assert r.aligned and {t.name for t in r.tensors} == {"prompt_embeds", "pooled_prompt_embeds"}
+
+
+@needs_at
+def test_ai_toolkit_pixart_skips_caption_cleaning():
+    r = probe("ai-toolkit", "pixart-sigma")
+    emb = _t(r, "prompt_embeds")
+    assert emb.shape_match and emb.differing == ["weight syntax", "mixed batch[4]"]  # diffusers clean_caption=True
+
+
+@needs_at
+def test_probe_leaves_the_interpreter_as_it_found_it(schnell):
+    assert HAVE_TV or ("torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None)
+    assert not any(n == "library" or n.startswith("library.") for n in sys.modules) or KOHYA_DIR
+    assert not any(type(m).__name__ == "_StubModule" for m in list(sys.modules.values()))
+
+
+HAVE_TV = importlib.util.find_spec("torchvision") is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trainer", "foo", "--profile", "sdxl"], "unknown trainer 'foo'; known: ai-toolkit, kohya, simpletuner"),
+        (["--trainer", "kohya", "--path", "{tmp}", "--profile", "sdxl"], "is not a kohya-ss/sd-scripts checkout"),
+        (["--trainer", "ai-toolkit", "--path", "{tmp}", "--profile", "sdxl"], "is not an ai-toolkit installation"),
+        (["--trainer", "ai-toolkit", "--profile", "no-such-model"], "no-such-model"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
+    from te_align.cli import main
+
+    code = main(["probe", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and message in err and err.startswith("te-align: error:")
+
+
+@needs_at
+def test_unsupported_profile_names_the_probed_ones(monkeypatch):
+    with pytest.raises(TeAlignError, match=r"ai-toolkit 0\.2\.7 has no encoding path .* 'chroma'; probed profiles: sd15"):
+        probe("ai-toolkit", "chroma")
+    monkeypatch.delenv("TE_ALIGN_KOHYA_DIR", raising=False)
+    with pytest.raises(ProbeError, match=r"give --path to a kohya-ss/sd-scripts checkout \(or set TE_ALIGN_KOHYA_DIR\)"):
+        probe("kohya", "sdxl", None)
+
+
+@needs_at
+def test_cli_probe_report_and_exit_code(capsys):
+    from te_align.cli import main
+
+    code = main(["probe", "--trainer", "ai-toolkit", "--profile", "flux-schnell"])
+    out = capsys.readouterr().out
+    assert code == 1 and "result: DIFFERS from the profile" in out
+    assert "prompt_embeds         (512, 96)      (256, 96)" in out and "15/15" in out
+
+
+@needs_at
+def test_matrix_writes_measured_table_and_reports_unavailable_hooks(tmp_path, monkeypatch):
+    out = tmp_path / "matrix.md"
+    at = [Found("ai-toolkit", None, "installed ostris-ai-toolkit package")]
+    m = run_matrix(trainers=at, profiles=["flux-schnell"], out=out)
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if "| flux-schnell |" in line)
+    assert row.startswith("| ai-toolkit 0.2.7 (PyPI) | flux-schnell | **differs** — prompt_embeds: shape (512, 96) vs profile (256, 96)")
+    assert row.endswith("| identical — prompt_embeds, pooled_prompt_embeds (not produced by the trainer: text_ids) |")
+    assert "max\\|Δ\\|" in row and m.rows[0].hooked.result.aligned
+    monkeypatch.setenv("TE_ALIGN", "off")
+    off = run_matrix(trainers=at, profiles=["sdxl"])
+    assert off.rows[0].plain.result.aligned and off.rows[0].hooked.unavailable == "hooks unavailable: disabled by TE_ALIGN=off"
+    assert "| sdxl | identical — prompt_embeds, pooled_prompt_embeds | hooks unavailable: disabled by TE_ALIGN=off |" in off.markdown()
+
+
+def test_find_trainers_says_what_is_missing():
+    found, absent = find_trainers({})
+    assert any(line.startswith("kohya sd-scripts: TE_ALIGN_KOHYA_DIR is not set") for line in absent)
+    if importlib.util.find_spec("simpletuner") is None:
+        assert "SimpleTuner: not installed" in absent
+    assert [f.trainer for f in found] == (["ai-toolkit"] if HAVE_AT else [])
+    found, _ = find_trainers({"TE_ALIGN_KOHYA_DIR": "/x"})
+    assert found[0] == Found("kohya", "/x", "TE_ALIGN_KOHYA_DIR=/x")
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from te_align.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------ sd-scripts checkout
+@needs_kohya
+def test_kohya_sdxl_and_sd3_differ_only_on_clip_g_exclamation_marks():
+    for name in ("sdxl", "sd35-large"):
+        r = probe("kohya", name, KOHYA_DIR)
+        for t in r.tensors:
+            assert t.shape_match and all("!" in r.prompts[label] for label in t.differing) and t.differing, (name, t)
+        assert probe("kohya", name, KOHYA_DIR, hooks=True).aligned
+
+
+@needs_kohya
+@pytest.mark.parametrize("name", ["sd15", "flux-dev", "flux-schnell"])
+def test_kohya_identical_families(name):
+    # sd-scripts picks T5 256 for schnell and 512 for dev itself (flux_train_network.get_tokenize_strategy)
+    assert probe("kohya", name, KOHYA_DIR).aligned
