@@ -169,43 +169,9 @@ def clip_text_model_with_projection(
         )
 
 
-def t5_encoder_model(
-    vocab_size: int, d_model: int = T5_D_MODEL, seed: int | None = None
-) -> transformers.T5EncoderModel:
-    """Tiny T5 v1.1 encoder (gated-gelu, untied embeddings, relative buckets 32/128, pad 0, eos 1),
-    as ``google/t5-v1_1-xxl`` (hf_configs[...].text_encoder_3: d_model 4096, vocab 32128)."""
-    config = transformers.T5Config(
-        vocab_size=vocab_size,
-        d_model=d_model,
-        d_kv=16,
-        d_ff=2 * d_model,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=32,
-        relative_attention_max_distance=128,
-        dropout_rate=0.1,
-        layer_norm_epsilon=1e-6,
-        feed_forward_proj="gated-gelu",
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-    )
-    seed = _seed_for(f"t5-{vocab_size}-{d_model}") if seed is None else seed
-    with _seeded(seed):
-        return _finish(transformers.T5EncoderModel(config))
-
-
-def umt5_encoder_model(
-    vocab_size: int, d_model: int = 64, eos_token_id: int = 1, seed: int | None = None
-) -> transformers.UMT5EncoderModel:
-    """Tiny UMT5 encoder (per-layer relative attention bias, gated-gelu, pad 0).
-
-    ``eos_token_id`` 1 for Wan's ``google/umt5-xxl``, 2 for AuraFlow's pile-T5 (hf_configs[fal/AuraFlow]
-    .text_encoder, official).
-    """
-    config = transformers.UMT5Config(
+def _t5_family_config(config_cls: Any, vocab_size: int, d_model: int, eos_token_id: int) -> Any:
+    """The shared tiny T5-family encoder config (gated-gelu, untied embeddings, relative buckets 32/128, pad 0)."""
+    return config_cls(
         vocab_size=vocab_size,
         d_model=d_model,
         d_kv=16,
@@ -223,6 +189,28 @@ def umt5_encoder_model(
         eos_token_id=eos_token_id,
         decoder_start_token_id=0,
     )
+
+
+def t5_encoder_model(
+    vocab_size: int, d_model: int = T5_D_MODEL, seed: int | None = None
+) -> transformers.T5EncoderModel:
+    """Tiny T5 v1.1 encoder (gated-gelu, untied embeddings, relative buckets 32/128, pad 0, eos 1),
+    as ``google/t5-v1_1-xxl`` (hf_configs[...].text_encoder_3: d_model 4096, vocab 32128)."""
+    config = _t5_family_config(transformers.T5Config, vocab_size, d_model, eos_token_id=1)
+    seed = _seed_for(f"t5-{vocab_size}-{d_model}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.T5EncoderModel(config))
+
+
+def umt5_encoder_model(
+    vocab_size: int, d_model: int = 64, eos_token_id: int = 1, seed: int | None = None
+) -> transformers.UMT5EncoderModel:
+    """Tiny UMT5 encoder (per-layer relative attention bias, gated-gelu, pad 0).
+
+    ``eos_token_id`` 1 for Wan's ``google/umt5-xxl``, 2 for AuraFlow's pile-T5 (hf_configs[fal/AuraFlow]
+    .text_encoder, official).
+    """
+    config = _t5_family_config(transformers.UMT5Config, vocab_size, d_model, eos_token_id=eos_token_id)
     seed = _seed_for(f"umt5-{vocab_size}-{d_model}-{eos_token_id}") if seed is None else seed
     with _seeded(seed):
         return _finish(transformers.UMT5EncoderModel(config))
