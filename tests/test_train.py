@@ -177,6 +177,15 @@ def test_loss_decreases(tmp_path: Path, models: dict[str, Path], dataset: Path) 
     assert np.mean(losses[-10:]) < 0.9 * np.mean(losses[:10]), losses
     assert (tmp_path / "o" / "loss.png").is_file()
     assert (tmp_path / "o" / "logs" / "train_log.csv").read_text().startswith("step,epoch,loss")
+    # TensorBoard events hold the same losses
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in (tmp_path / "o").rglob("events.out.tfevents.*")}
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    tag = next(t for t in acc.Tags()["scalars"] if "loss" in t)
+    logged = [e.value for e in acc.Scalars(tag)]
+    assert len(logged) == 40 and np.allclose(logged, losses, rtol=1e-6)
 
 
 @pytest.mark.parametrize("family", list(PIPELINES))
