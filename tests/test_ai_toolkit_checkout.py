@@ -24,8 +24,6 @@ are loaded); every method under test is ai-toolkit's own code.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -43,7 +41,8 @@ from te_align.hooks import HookError
 from te_align.hooks.ai_toolkit import AiToolkitHook
 from te_align.patching import apply, revert, status
 from te_align.patching.trainers import detect, plan_for
-from tests.support import build_pipeline_for_encoding, family_components
+from te_align.probe import ai_toolkit_models as am
+from tests.support import build_pipeline_for_encoding
 from tests.support.adapt import architecture_overrides, fit_profile
 
 ENV = "TE_ALIGN_AI_TOOLKIT_DIR"
@@ -107,25 +106,9 @@ def test_legacy_train_tools_equal_te_align(checkout_on_path):
 
 # ------------------------------------------------------------------------------ method-level hooks
 PROMPTS = ["a photo of a cat", "", "an astronaut riding a horse on the moon, " * 8]
-MODEL_PACKAGE = "extensions_built_in.diffusion_models"
-
-
-def _import_model_package() -> str | None:
-    """Import ai-toolkit's model package; returns a note when it had to be registered without its ``__init__``.
-
-    That ``__init__`` imports every built-in model; OmniGen2's triton kernels ask the CUDA driver for the
-    device at import, which raises on a machine without a GPU (ai-toolkit itself cannot start there). The
-    modules under test (Chroma, HiDream, Qwen-Image) are then imported for real below the bare package.
-    """
-    try:
-        importlib.import_module(MODEL_PACKAGE)
-        return None
-    except Exception as e:
-        for name in [m for m in sys.modules if m == MODEL_PACKAGE or m.startswith(MODEL_PACKAGE + ".")]:
-            del sys.modules[name]
-        spec = importlib.util.find_spec(MODEL_PACKAGE)
-        sys.modules[MODEL_PACKAGE] = importlib.util.module_from_spec(spec)
-        return f"{MODEL_PACKAGE}/__init__.py not run ({type(e).__name__}: {str(e)[:80]})"
+# shared with the probe (te_align.probe.ai_toolkit_models): model objects via cls.__new__ on tiny models
+_import_model_package = am.import_model_package
+BASE_MODELS = am.BASE_MODELS
 
 
 @pytest.fixture(scope="module")
@@ -135,33 +118,13 @@ def aitk(checkout_on_path) -> dict[str, Any]:
 
     hf_logging.set_verbosity_error()
     try:
-        _import_model_package()
-        from extensions_built_in.diffusion_models.chroma.chroma_model import ChromaModel
-        from extensions_built_in.diffusion_models.hidream.hidream_model import HidreamModel
-        from extensions_built_in.diffusion_models.hidream.src.pipelines.hidream_image.pipeline_hidream_image import (
-            HiDreamImagePipeline,
-        )
-        from extensions_built_in.diffusion_models.qwen_image.qwen_image import QwenImageModel
-        from toolkit.config_modules import ModelConfig
-        from toolkit.models.wan21.wan21 import Wan21
-        from toolkit.stable_diffusion_model import StableDiffusion
+        return am.import_model_classes()
     except Exception as e:  # CI: no torchvision / torchaudio / cv2 beside torch 2.13 CPU
         pytest.skip(f"ai-toolkit's model modules do not import here ({type(e).__name__}: {e})")
-    return {"ModelConfig": ModelConfig, "StableDiffusion": StableDiffusion, "chroma": ChromaModel, "hidream": HidreamModel,
-            "qwen-image": QwenImageModel, "wan": Wan21, "HiDreamImagePipeline": HiDreamImagePipeline}  # fmt: skip
 
 
 def _bare(aitk: dict[str, Any], cls: Any, model: dict[str, Any], **attrs: Any) -> Any:
-    """An ai-toolkit model object with only what its encode methods read (ai-toolkit's own methods)."""
-    m = cls.__new__(cls)
-    m.model_config = aitk["ModelConfig"](**{"name_or_path": "tiny", **model})
-    if cls is aitk["StableDiffusion"]:
-        m.arch = m.model_config.arch
-    m.device_torch, m.torch_dtype = torch.device("cpu"), torch.float32
-    m.encode_control_in_text_embeddings = False
-    for k, v in attrs.items():
-        setattr(m, k, v)
-    return m
+    return am.bare(aitk, cls, model, **attrs)
 
 
 def _encode(model: Any, hook: AiToolkitHook | None, prompts: list[str] = PROMPTS, **kw: Any) -> Any:
@@ -175,27 +138,9 @@ def _encode(model: Any, hook: AiToolkitHook | None, prompts: list[str] = PROMPTS
             hook.uninstall()
 
 
-# family -> (profile, model: section, tests.support family, legacy components: count)
-BASE_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "chroma": ("chroma", {"arch": "chroma"}, "chroma"),
-    "hidream": ("hidream", {"arch": "hidream"}, "hidream"),
-    "qwen-image": ("qwen-image", {"arch": "qwen_image"}, "qwen-image"),
-    "wan": ("wan21", {"arch": "wan22_14b"}, "wan21"),
-}
-
-
 def _base_model(aitk: dict[str, Any], family: str) -> tuple[Any, Any, Any]:
-    name, model, support = BASE_MODELS[family]
-    if family == "hidream":  # ai-toolkit's own HiDream pipeline (its _encode_prompt is what get_prompt_embeds calls)
-        comps = {k: v for k, v in family_components("hidream").items() if k.startswith(("tokenizer", "text_encoder"))}
-        pipe = aitk["HiDreamImagePipeline"](scheduler=None, vae=None, transformer=None, **comps)
-    else:
-        pipe = build_pipeline_for_encoding(support)
-    sfx = [s for s in ("", "_2", "_3", "_4") if hasattr(pipe, f"tokenizer{s}")]
-    toks, encs = [getattr(pipe, f"tokenizer{s}") for s in sfx], [getattr(pipe, f"text_encoder{s}") for s in sfx]
-    if family == "chroma":  # ChromaModel: [FakeCLIP, T5]
-        toks, encs = [None, pipe.tokenizer], [None, pipe.text_encoder]
-    m = _bare(aitk, aitk[family], model, pipeline=pipe, tokenizer=toks, text_encoder=encs)
+    name, _, support = BASE_MODELS[family]
+    m, pipe = am.base_model(aitk, family, build_pipeline_for_encoding(support))
     over = architecture_overrides(te_align.profile(name), pipe)
     return m, pipe, over
 
@@ -267,27 +212,15 @@ def test_wan_casts_to_model_dtype_and_refuses_other_families(aitk):
     assert not hook.is_installed
 
 
-# profile -> (model: section, tests.support family, number of tokenizer/encoder pairs)
-LEGACY: dict[str, tuple[dict[str, Any], str, int]] = {
-    "sd15": ({"arch": "sd1", "name_or_path": "runwayml/stable-diffusion-v1-5"}, "sd15", 1),
-    "sdxl": ({"arch": "sdxl"}, "sdxl", 2),
-    "sd35-large": ({"arch": "sd3", "name_or_path": "stabilityai/stable-diffusion-3.5-large"}, "sd3", 3),
-    "flux-dev": ({"arch": "flux", "name_or_path": "black-forest-labs/FLUX.1-dev"}, "flux", 2),
-    "flux-schnell": ({"arch": "flux", "name_or_path": "black-forest-labs/FLUX.1-schnell"}, "flux", 2),
-    "auraflow": ({"arch": "auraflow"}, "auraflow", 1),
-    "lumina2": ({"arch": "lumina2"}, "lumina2", 1),
-    "pixart-sigma": ({"arch": "pixart_sigma"}, "pixart-sigma", 1),
-}  # fmt: skip
+LEGACY = {k: v for k, v in am.LEGACY.items() if k in ("sd15", "sdxl", "sd35-large", "flux-dev", "flux-schnell", "auraflow",
+                                                       "lumina2", "pixart-sigma")}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(LEGACY))
 def test_legacy_stable_diffusion_encode_prompt(aitk, name):
-    model, support, n = LEGACY[name]
+    _, support, _ = LEGACY[name]
     pipe = build_pipeline_for_encoding(support)
-    sfx = ["" if i == 0 else f"_{i + 1}" for i in range(n)]
-    toks, encs = [getattr(pipe, f"tokenizer{s}") for s in sfx], [getattr(pipe, f"text_encoder{s}") for s in sfx]
-    m = _bare(aitk, aitk["StableDiffusion"], model, pipeline=pipe, tokenizer=toks if n > 1 else toks[0],
-              text_encoder=encs if n > 1 else encs[0])  # fmt: skip
+    m = am.legacy_model(aitk, name, pipe)
     over = architecture_overrides(te_align.profile(name), pipe)
     prof = te_align.profile(name, **over)
     hook = lambda: AiToolkitHook(overrides=over, layout="current", parts=("train_tools", "legacy"))  # noqa: E731

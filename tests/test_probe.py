@@ -161,3 +161,84 @@ def test_kohya_sdxl_and_sd3_differ_only_on_clip_g_exclamation_marks():
 def test_kohya_identical_families(name):
     # sd-scripts picks T5 256 for schnell and 512 for dev itself (flux_train_network.get_tokenize_strategy)
     assert probe("kohya", name, KOHYA_DIR).aligned
+
+
+@needs_kohya
+def test_kohya_chroma_is_identical():
+    # flux_train_network.py --model_type chroma: T5 512 with --apply_t5_attn_mask (required), DummyCLIPL; the
+    # transformer's text length (mask sum + attn_padding 1) equals the profile's mask
+    r = probe("kohya", "chroma", KOHYA_DIR)
+    assert r.aligned and {t.name for t in r.tensors} == {"prompt_embeds", "prompt_attention_mask", "text_ids"}
+
+
+@needs_kohya
+def test_kohya_lumina2_has_no_system_prompt_by_default():
+    r = probe("kohya", "lumina2", KOHYA_DIR)
+    emb = _t(r, "prompt_embeds")
+    assert emb.shape_match and emb.trainer_shape == (256, 32) and len(emb.differing) == emb.compared == len(r.prompts)
+    assert any("--system_prompt ''" in n for n in r.notes)
+    assert probe("kohya", "lumina2", KOHYA_DIR, hooks=True).aligned
+
+
+# ------------------------------------------------------------------------------ ai-toolkit model modules
+AT_DIR = os.environ.get("TE_ALIGN_AI_TOOLKIT_DIR")
+MODEL_PROFILES = ("lumina2", "chroma", "hidream", "qwen-image", "wan21")
+
+
+def _fake_checkout(root: Path) -> Path:
+    """A checkout whose model modules need a package that is not installed (the CI situation, by construction)."""
+    (root / "toolkit").mkdir(parents=True)
+    (root / "toolkit" / "__init__.py").write_text("")
+    (root / "toolkit" / "train_tools.py").write_text("")
+    (root / "toolkit" / "stable_diffusion_model.py").write_text("")
+    (root / "version.py").write_text('VERSION = "0.0.1"\n')
+    pkg = root / "extensions_built_in" / "diffusion_models" / "chroma"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parent.parent, pkg.parent, pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "chroma_model.py").write_text("import te_align_absent_media_stack\n")
+    return root
+
+
+def test_model_cells_say_not_importable_here(tmp_path):
+    at = [Found("ai-toolkit", str(_fake_checkout(tmp_path / "ai-toolkit")), "fake checkout")]
+    m = run_matrix(trainers=at, profiles=list(MODEL_PROFILES))
+    want = "not importable here: ModuleNotFoundError: No module named 'te_align_absent_media_stack'"
+    assert [r.profile for r in m.rows] == list(MODEL_PROFILES)
+    assert all(r.plain.text() == r.hooked.text() == want for r in m.rows)
+    assert f"| ai-toolkit 0.0.1 | chroma | {want} | {want} |" in m.markdown()
+    with pytest.raises(ProbeError, match=r"ChromaModel\.encode_prompt \(profile chroma\) is not importable here"):
+        probe("ai-toolkit", "chroma", at[0].path)
+    assert "te_align_absent_media_stack" not in sys.modules and "toolkit" not in sys.modules
+
+
+def _models_import() -> bool:
+    return bool(AT_DIR) and all(importlib.util.find_spec(n) is not None for n in ("torchvision", "torchaudio", "cv2"))
+
+
+@pytest.mark.skipif(not AT_DIR or _models_import(), reason="needs TE_ALIGN_AI_TOOLKIT_DIR in an environment without ai-toolkit's media stack")
+def test_real_checkout_model_cells_not_importable_in_main_env():
+    m = run_matrix(trainers=[Found("ai-toolkit", AT_DIR, "env")], profiles=["sd15", *MODEL_PROFILES])
+    rows = {r.profile: r for r in m.rows}
+    for name in MODEL_PROFILES:
+        assert rows[name].plain.text().startswith("not importable here: ModuleNotFoundError: No module named "), name
+    assert rows["sd15"].plain.result.aligned  # legacy families fall back to the replayed train_tools call
+    assert any("StableDiffusion.encode_prompt is not importable here" in n for n in rows["sd15"].plain.result.notes)
+
+
+@pytest.mark.skipif(not _models_import(), reason="ai-toolkit's model modules need TE_ALIGN_AI_TOOLKIT_DIR plus torchvision, torchaudio and cv2 (see tests/test_ai_toolkit_checkout.py)")
+def test_real_base_model_and_legacy_probe():
+    m = run_matrix(trainers=[Found("ai-toolkit", AT_DIR, "env")], profiles=["flux-schnell", *MODEL_PROFILES])
+    rows = {r.profile: r for r in m.rows}
+    if any(r.plain.unavailable for r in m.rows):
+        pytest.skip(f"model modules do not import: {m.rows[0].plain.unavailable}")
+    for name in ("lumina2", "hidream", "wan21"):
+        assert rows[name].plain.result.aligned and rows[name].hooked.result.aligned, name
+    chroma = rows["chroma"].plain.result
+    assert not _t(chroma, "prompt_embeds").identical and _t(chroma, "prompt_attention_mask").identical  # T5 run unmasked
+    qwen = _t(rows["qwen-image"].plain.result, "prompt_embeds")
+    assert not qwen.shape_match and qwen.trainer_shape[0] > 512  # max_sequence_length 1024, profile 512
+    for name in ("chroma", "qwen-image", "flux-schnell"):
+        assert rows[name].hooked.result.aligned, name
+    assert _t(rows["flux-schnell"].plain.result, "prompt_embeds").trainer_shape == (512, 96)
+    assert any("StableDiffusion.encode_prompt(prompts)" in n for n in rows["flux-schnell"].plain.result.notes)

@@ -145,7 +145,8 @@ class Case:
     profile: Any
     tokenizers: dict[str, Any]
     text_encoders: dict[str, Any]
-    #: prompts -> {output name: tensor}, batch first except names in ``unbatched``.
+    #: prompts -> {output name: tensor}, batch in the profile's batch dimension (first, except e.g. HiDream's
+    #: Llama layer stack), except names in ``unbatched``.
     run: Callable[[list[str]], dict[str, Any]]
     notes: list[str] = field(default_factory=list)
     unbatched: tuple[str, ...] = ("text_ids",)
@@ -172,8 +173,10 @@ def _compare_item(acc: _Acc, label: str, got: Any, want: Any) -> None:
     if acc.trainer_shape is None:
         acc.trainer_shape = shape
     if shape != tuple(want.shape):
+        if acc.shape_match:  # report the first mismatch with the profile's shape for the same prompt
+            acc.profile_shape = tuple(want.shape)
+            acc.trainer_shape = shape
         acc.shape_match = False
-        acc.trainer_shape = shape
     same = shape == tuple(want.shape) and got.dtype == want.dtype and torch.equal(got, want)
     if not same:
         acc.differing.append(label)
@@ -209,8 +212,10 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
         for name in want:
             ref = want[name]
             batched = want.is_batched(name) and name not in case.unbatched
+            d = want.batch_dim(name) if batched else 0
             if name not in accs:
-                accs[name] = _Acc(name, tuple(ref.shape[1:]) if batched else tuple(ref.shape))
+                shape = tuple(ref.shape)
+                accs[name] = _Acc(name, shape[:d] + shape[d + 1 :] if batched else shape)
             acc = accs[name]
             if name not in got or got[name] is None:
                 acc.missing = True
@@ -219,12 +224,12 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
             if not batched:
                 _compare_item(acc, group, out, ref)
                 continue
-            if out.shape[0] != ref.shape[0]:
-                raise ProbeError(f"{name}: the trainer returned a batch of {out.shape[0]} for {ref.shape[0]} prompts")
-            for i in range(ref.shape[0]):
+            if out.dim() <= d or out.shape[d] != ref.shape[d]:
+                raise ProbeError(f"{name}: the trainer returned {tuple(out.shape)} for {ref.shape[d]} prompts (batch dim {d})")
+            for i in range(ref.shape[d]):
                 label = f"{group}[{i}]" if len(prompts) > 1 else group
                 labels[label] = prompts[i]
-                _compare_item(acc, label, out[i], ref[i])
+                _compare_item(acc, label, out.select(d, i), ref.select(d, i))
     result = []
     for acc in accs.values():
         if acc.missing:

@@ -4,7 +4,9 @@ Trainers are found the way the test suite finds them: an sd-scripts checkout in 
 ai-toolkit as the installed ``ostris-ai-toolkit`` package and/or a checkout in
 ``TE_ALIGN_AI_TOOLKIT_DIR``, SimpleTuner when importable. Each trainer's modules are imported once
 and every profile is probed in that session. A cell whose hooks cannot be installed says why
-("hooks unavailable: ...") instead of failing the matrix.
+("hooks unavailable: ...") instead of failing the matrix; a cell whose trainer code does not import in
+this environment (ai-toolkit's model modules without torchvision/torchaudio/OpenCV) says
+"not importable here: <import error>".
 """
 
 from __future__ import annotations
@@ -172,9 +174,14 @@ def run_matrix(
 
 
 def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: type[Exception], matrix: Matrix) -> Row:
+    from te_align.probe.trainers import NotImportable
+
     try:
         case = adapter.case(name)
         tensors, labels = compare_fn(case)
+    except NotImportable as e:  # a fact about this environment, not a failure
+        msg = f"not importable here: {e.reason}"
+        return Row(label, name, Cell(unavailable=msg), Cell(unavailable=msg))
     except Exception as e:  # one broken cell must not hide the others
         msg = f"probe failed: {type(e).__name__}: {e}"
         return Row(label, name, Cell(unavailable=msg), Cell(unavailable=msg))

@@ -40,7 +40,8 @@ ALIASES = {"ai_toolkit": "ai-toolkit", "aitoolkit": "ai-toolkit", "ostris": "ai-
 #: tiny-model family (te_align.probe.tiny) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
                "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",
-               "pixart-sigma": "pixart-sigma", "auraflow": "auraflow"}  # fmt: skip
+               "pixart-sigma": "pixart-sigma", "auraflow": "auraflow", "lumina2": "lumina2", "hidream": "hidream",
+               "qwen-image": "qwen-image", "wan21": "wan21"}  # fmt: skip
 
 #: Third-party packages whose absence must not stop a trainer module from importing (stood in).
 OPTIONAL_IMPORTS = (
@@ -52,6 +53,17 @@ OPTIONAL_IMPORTS = (
 
 class HooksUnavailable(Exception):
     """te-align's hooks for this trainer cannot be installed here (the reason is the message)."""
+
+
+class NotImportable(ProbeError):
+    """The trainer code path for a profile does not import in this environment (a measured fact, not a failure).
+
+    ``reason`` is the import error; the matrix shows the cell as ``not importable here: <reason>``.
+    """
+
+    def __init__(self, trainer: str, profile: str, where: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{trainer}: {where} (profile {profile}) is not importable here: {reason}")
 
 
 def _hf_quiet() -> None:
@@ -200,6 +212,17 @@ class AiToolkit(Adapter):
         self.location = str(self.root)
         self._calls: dict[str, ast.Call] = {}
         self._source_file = self.root / "toolkit" / "stable_diffusion_model.py"
+        self.classes: dict[str, Any] | None = None
+        self.model_error: str | None = None
+        self._parts: dict[str, tuple[str, ...]] = {}
+        if self.layout == "current":
+            from te_align.probe.ai_toolkit_models import BASE_MODEL_PROFILES, LEGACY
+
+            for p in LEGACY:
+                self.profiles[p] = ("StableDiffusion.encode_prompt (where ai-toolkit's model modules import; "
+                                    "else " + self.profiles.get(p, "not probed") + ")")  # fmt: skip
+            for p, fam in BASE_MODEL_PROFILES.items():
+                self.profiles[p] = f"{BASE_MODEL_CLASSES[fam]}.encode_prompt -> get_prompt_embeds (BaseModel)"
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -207,17 +230,32 @@ class AiToolkit(Adapter):
         import transformers  # noqa: F401
 
         _hf_quiet()
-        with _stubs.sandbox([self.root], [self.sys_path] if self.sys_path else []), \
-                _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]):  # fmt: skip
-            if self.layout == "pypi":
-                _stubs.register_package_without_init("ostris_ai_toolkit")
-            try:
-                self.train_tools = importlib.import_module(f"{self.prefix}toolkit.train_tools")
-            except Exception as e:
-                raise ProbeError(f"ai-toolkit: cannot import {self.prefix}toolkit.train_tools from {self.root} "
-                                 f"({type(e).__name__}: {e})") from None  # fmt: skip
-            self._calls = _encode_prompt_calls(self._source_file.read_text(encoding="utf-8"))
-            yield
+        with _stubs.sandbox([self.root], [self.sys_path] if self.sys_path else []), _albumentations_offline():
+            if self.layout == "current":
+                self._import_models()
+            with _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]):
+                yield from self._session_train_tools()
+
+    def _import_models(self) -> None:
+        """ai-toolkit's model classes, imported for real (no stand-ins); else the reason, kept for the cells."""
+        from te_align.probe.ai_toolkit_models import import_model_classes
+
+        self.classes, self.model_error = None, None
+        try:
+            self.classes = import_model_classes()
+        except Exception as e:
+            self.model_error = f"{type(e).__name__}: {e}"
+
+    def _session_train_tools(self) -> Iterator[None]:
+        if self.layout == "pypi":
+            _stubs.register_package_without_init("ostris_ai_toolkit")
+        try:
+            self.train_tools = importlib.import_module(f"{self.prefix}toolkit.train_tools")
+        except Exception as e:
+            raise ProbeError(f"ai-toolkit: cannot import {self.prefix}toolkit.train_tools from {self.root} "
+                             f"({type(e).__name__}: {e})") from None  # fmt: skip
+        self._calls = _encode_prompt_calls(self._source_file.read_text(encoding="utf-8"))
+        yield
 
     def _attn_masking_default(self) -> bool:
         try:
@@ -227,6 +265,56 @@ class AiToolkit(Adapter):
             return False
 
     def case(self, profile_name: str) -> Case:
+        from te_align.probe.ai_toolkit_models import BASE_MODEL_PROFILES, LEGACY
+
+        model_level = self.layout == "current" and (profile_name in BASE_MODEL_PROFILES or profile_name in LEGACY)
+        if model_level and self.classes is not None:
+            return self._model_case(profile_name)
+        if model_level and profile_name not in self.FUNCTIONS:
+            fam = BASE_MODEL_PROFILES.get(profile_name)
+            where = f"{BASE_MODEL_CLASSES[fam]}.encode_prompt" if fam else "StableDiffusion.encode_prompt"
+            raise NotImportable(self.name, profile_name, where, str(self.model_error))
+        case = self._train_tools_case(profile_name)
+        if model_level:
+            case.notes.append(f"StableDiffusion.encode_prompt is not importable here ({self.model_error}): "
+                              "its train_tools call is replayed")  # fmt: skip
+        return case
+
+    def _model_case(self, profile_name: str) -> Case:
+        """The real ``StableDiffusion.encode_prompt`` / ``BaseModel.encode_prompt`` on a ``__new__``-made object."""
+        from te_align.probe import ai_toolkit_models as am
+
+        assert self.classes is not None
+        prof, toks, encs, pipe = _tiny(profile_name)
+        notes = [n for n in (self.classes.get("package_note"),) if n]
+        if profile_name in am.BASE_MODEL_PROFILES:
+            fam = am.BASE_MODEL_PROFILES[profile_name]
+            model, _ = am.base_model(self.classes, fam, pipe)
+            self._parts[profile_name] = ("models",)
+            notes.append(f"{BASE_MODEL_CLASSES[fam]}.encode_prompt(prompts) -> get_prompt_embeds, object made with "
+                         f"__new__ (no weights), model: {am.BASE_MODELS[fam][1]}")  # fmt: skip
+        else:
+            model = am.legacy_model(self.classes, profile_name, pipe)
+            self._parts[profile_name] = ("train_tools", "legacy")
+            notes.append(f"StableDiffusion.encode_prompt(prompts) with its defaults, object made with __new__ "
+                         f"(no weights), model: {am.LEGACY[profile_name][0]}")  # fmt: skip
+        if profile_name == "chroma":
+            notes.append("prompt_attention_mask: the text length ai-toolkit's Chroma transformer uses (tokenizer mask "
+                         "+ attn_padding=1, src/model.py), as a float mask like the profile's")  # fmt: skip
+
+        def run(prompts: list[str]) -> dict[str, Any]:
+            log = logging.getLogger(type(model.pipeline).__module__)  # HiDream's pipeline logs every truncation
+            level = log.level
+            log.setLevel(logging.ERROR)
+            try:
+                return _prompt_embeds_outputs(profile_name, model.encode_prompt(prompts))
+            finally:
+                log.setLevel(level)
+
+        return Case(prof, toks, encs, run, notes)
+
+    def _train_tools_case(self, profile_name: str) -> Case:
+        self._parts[profile_name] = ("train_tools",)
         fn_name = self.FUNCTIONS[profile_name]
         call = self._calls.get(fn_name)
         if call is None:
@@ -289,16 +377,57 @@ class AiToolkit(Adapter):
         try:
             from te_align.hooks.ai_toolkit import AiToolkitHook
 
-            hook = AiToolkitHook(profile=profile, layout=self.layout, parts=("train_tools",))
+            parts = self._parts.get(profile.name, ("train_tools",))
+            hook = AiToolkitHook(profile=profile, layout=self.layout, parts=parts)
             installed = hook.install()
         except Exception as e:  # the hook module is someone else's work in progress: never fail the probe
             raise HooksUnavailable(f"{type(e).__name__}: {e}") from None
         if not installed:
             raise HooksUnavailable("disabled by TE_ALIGN=off")
         try:
-            yield ["hooks: AiToolkitHook parts=('train_tools',) (StableDiffusion.encode_prompt itself is not importable here)"]
+            why = "" if parts != ("train_tools",) else " (StableDiffusion.encode_prompt is not called on this path)"
+            yield [f"hooks: AiToolkitHook parts={parts}{why}"]
         finally:
             hook.uninstall()
+
+
+def _prompt_embeds_outputs(profile_name: str, pe: Any) -> dict[str, Any]:
+    """ai-toolkit's ``PromptEmbeds`` as the profile's output names."""
+    import torch
+
+    embeds, pooled, mask = pe.text_embeds, getattr(pe, "pooled_embeds", None), getattr(pe, "attention_mask", None)
+    if profile_name == "hidream":
+        t5, llama = embeds
+        return {"prompt_embeds_t5": t5, "prompt_embeds_llama3": llama, "pooled_prompt_embeds": pooled}
+    out: dict[str, Any] = {"prompt_embeds": embeds}
+    if pooled is not None:
+        out["pooled_prompt_embeds"] = pooled
+    if mask is not None:
+        if profile_name == "qwen-image":
+            out["prompt_embeds_mask"] = mask
+        elif profile_name == "chroma":
+            length = torch.clip(mask.sum(dim=-1).to(torch.int64) + 1, 0, mask.shape[1])
+            out["prompt_attention_mask"] = (torch.arange(mask.shape[1])[None, :] < length[:, None]).to(embeds.dtype)
+        else:  # AuraFlow's mask comes expanded over the embedding width
+            out["prompt_attention_mask"] = mask[..., 0] if mask.dim() == 3 else mask
+    return out
+
+
+#: ai-toolkit class per BaseModel family key (te_align.probe.ai_toolkit_models.BASE_MODELS)
+BASE_MODEL_CLASSES = {"chroma": "ChromaModel", "hidream": "HidreamModel", "qwen-image": "QwenImageModel", "wan": "Wan21"}
+
+
+@contextlib.contextmanager
+def _albumentations_offline() -> Iterator[None]:
+    """albumentations asks PyPI for updates when imported; NO_ALBUMENTATIONS_UPDATE=1 for the session."""
+    key = "NO_ALBUMENTATIONS_UPDATE"
+    before = os.environ.get(key)
+    os.environ.setdefault(key, "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
 
 
 def _read_version(path: Path) -> str | None:
@@ -372,6 +501,10 @@ class Kohya(Adapter):
                for p in ("sd3-medium", "sd35-large", "sd35-medium")},
             "flux-dev": "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy",
             "flux-schnell": "FluxTokenizeStrategy(256) + FluxTextEncodingStrategy",
+            "chroma": "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy(apply_t5_attn_mask=True) + DummyCLIPL "
+                      "(flux_train_network.py --model_type chroma)",
+            "lumina2": "LuminaTokenizeStrategy(system_prompt='', max_length=None) + LuminaTextEncodingStrategy "
+                       "(lumina_train_network.py)",
         }  # fmt: skip
 
     @contextlib.contextmanager
@@ -393,7 +526,7 @@ class Kohya(Adapter):
                     _stubs.stub_missing(("torchvision", "cv2", "bitsandbytes", "open_clip", "xformers"), [self.root]), \
                     tempfile.TemporaryDirectory(prefix="te-align-probe-kohya-") as cache:  # fmt: skip
                 self.modules: dict[str, Any] = {}
-                for name in ("strategy_sd", "strategy_sdxl", "strategy_sd3", "strategy_flux"):
+                for name in ("strategy_sd", "strategy_sdxl", "strategy_sd3", "strategy_flux", "flux_utils", "strategy_lumina"):
                     try:
                         self.modules[name] = importlib.import_module(f"library.{name}")
                     except Exception as e:
@@ -470,9 +603,70 @@ class Kohya(Adapter):
                 pooled, t5, txt_ids, _ = es.encode_tokens(ts, models, ts.tokenize(prompts))
                 return {"prompt_embeds": t5, "pooled_prompt_embeds": pooled, "text_ids": txt_ids[0]}
 
+        elif profile_name == "chroma":
+            # flux_train_network.py --model_type chroma: is_schnell False -> T5 512 (no --t5xxl_max_token_length),
+            # --apply_t5_attn_mask asserted on, CLIP-L replaced by flux_utils.DummyCLIPL (zero pooled output)
+            ts = m["strategy_flux"].FluxTokenizeStrategy(512, self.cache)
+            es = m["strategy_flux"].FluxTextEncodingStrategy(apply_t5_attn_mask=True)
+            chroma_models = [m["flux_utils"].DummyCLIPL(), models[0]]
+            notes.append("flux_train_network.py --model_type chroma: T5 length 512 (is_schnell False), "
+                         "--apply_t5_attn_mask required, flux_utils.DummyCLIPL in CLIP-L's place")  # fmt: skip
+            notes.append("prompt_attention_mask: the text length Chroma's transformer uses "
+                         "(library/chroma_models.py: mask.sum() + attn_padding=1, clipped), as a float mask like the profile's")  # fmt: skip
+
+            def run(prompts: list[str]) -> dict[str, Any]:
+                _, t5, txt_ids, mask = es.encode_tokens(ts, chroma_models, ts.tokenize(prompts))
+                length = torch.clip(mask.sum(dim=-1).to(torch.int64) + 1, 0, mask.shape[1])
+                used = (torch.arange(mask.shape[1])[None, :] < length[:, None]).to(t5.dtype)
+                return {"prompt_embeds": t5, "prompt_attention_mask": used, "text_ids": txt_ids[0]}
+
+        elif profile_name == "lumina2":
+            ts = self._lumina_tokenize_strategy(toks["tokenizer"])
+            es = m["strategy_lumina"].LuminaTextEncodingStrategy()
+            notes.append("lumina_train_network.py defaults: --system_prompt '' (no system prompt), "
+                         "--gemma2_max_token_length None -> 256; LuminaTokenizeStrategy's hub download of "
+                         "google/gemma-2-2b answered with the tiny Gemma tokenizer (a fresh copy)")  # fmt: skip
+
+            def run(prompts: list[str]) -> dict[str, Any]:
+                hidden, _, mask = es.encode_tokens(ts, models, ts.tokenize(prompts))
+                return {"prompt_embeds": hidden, "prompt_attention_mask": mask}
+
         else:  # pragma: no cover - guarded by profile_name()
             raise ProbeError(f"kohya: no probe for {profile_name}")
         return Case(prof, toks, encs, run, notes)
+
+    def _lumina_tokenize_strategy(self, tokenizer: Any) -> Any:
+        """sd-scripts' real ``LuminaTokenizeStrategy.__init__`` with its hub download answered locally.
+
+        It calls ``AutoTokenizer.from_pretrained("google/gemma-2-2b", cache_dir=--tokenizer_cache_dir)`` (a hub
+        cache, not the local-folder convention of the other strategies). That one call is answered with a
+        fresh copy of the tiny Gemma tokenizer; the rest of ``__init__`` (padding side, system prompt, max
+        length) runs as written. A copy, because ``__init__`` sets ``padding_side`` on the object it gets.
+        """
+        import transformers
+
+        mod = self.modules["strategy_lumina"]
+        folder = Path(self.cache) / mod.GEMMA_ID.replace("/", "_")
+        if not folder.is_dir():
+            tokenizer.save_pretrained(str(folder))
+        asked: list[str] = []
+
+        class _LocalHub:
+            @staticmethod
+            def from_pretrained(model_id: str, *args: Any, **kwargs: Any) -> Any:
+                asked.append(model_id)
+                kwargs.pop("cache_dir", None)
+                return transformers.AutoTokenizer.from_pretrained(str(folder), *args, **kwargs)
+
+        original = mod.AutoTokenizer
+        mod.AutoTokenizer = _LocalHub
+        try:
+            ts = mod.LuminaTokenizeStrategy(None, None, self.cache)  # --system_prompt "" / --gemma2_max_token_length
+        finally:
+            mod.AutoTokenizer = original
+        if asked != [mod.GEMMA_ID]:
+            raise ProbeError(f"kohya: LuminaTokenizeStrategy asked for tokenizers {asked}, expected [{mod.GEMMA_ID!r}]")
+        return ts
 
     @contextlib.contextmanager
     def hooked(self, profile: Any) -> Iterator[list[str]]:

@@ -86,8 +86,13 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     keep: int = 0,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``step-NNNNNNNN`` atomically and prune to the newest ``keep`` (0 = keep all)."""
+    """Write ``step-NNNNNNNN`` atomically and prune to the newest ``keep`` (0 = keep all).
+
+    ``rng``: the RNG states to store (default: this process's :func:`rng_state`); a data-parallel
+    run passes its own state with every process's state under ``"ranks"``.
+    """
     from safetensors.torch import save
 
     root = checkpoint_root(output_dir)
@@ -103,7 +108,7 @@ def save_checkpoint(
         with atomic_file(tmp / "scheduler.pt", error=TrainError) as f:
             f.write(_torch_bytes(scheduler.state_dict()))
         with atomic_file(tmp / "rng.pt", error=TrainError) as f:
-            f.write(_torch_bytes(rng_state()))
+            f.write(_torch_bytes(rng if rng is not None else rng_state()))
         payload = dict(state, format=STATE_FORMAT, step=step)
         with atomic_file(tmp / "state.json", "w", error=TrainError) as f:
             f.write(json.dumps(payload, indent=1, sort_keys=True))

@@ -7,7 +7,9 @@ listed in a warning; unreadable images are skipped and listed.
 The batch order is a pure function of ``(seed, epoch)``: images are shuffled within their bucket
 (aspect ratio, and chunk count when long-prompt chunking is on), cut into batches, and the batches
 shuffled. A run resumed at ``(epoch, batch)`` therefore sees exactly the batches an uninterrupted
-run would have seen. Per-step randomness (tag shuffle, dropout, noise) comes from a generator
+run would have seen. Under data parallelism the batches are *global* (``batch_size x processes``
+images, identical on every process) and each process trains its :meth:`BatchOrder.shard` of each
+one, so N processes with batch b see the same data as one process with batch N x b. Per-step randomness (tag shuffle, dropout, noise) comes from a generator
 seeded by ``(seed, step)``, so it needs no saved state either.
 """
 
@@ -219,21 +221,31 @@ class Position:
 
 
 class BatchOrder:
-    """Deterministic per-epoch batches of item indices, bucketed by (bucket, chunks), sharded by process."""
+    """Deterministic per-epoch global batches of item indices, bucketed by (bucket, chunks).
+
+    A global batch holds ``batch_size * world`` indices and is the same on every process; process
+    ``rank`` trains the slice :meth:`shard` gives it. With ``world = 1`` this is the plain batch order.
+    """
 
     def __init__(self, items: Sequence[Item], batch_size: int, seed: int, rank: int = 0, world: int = 1) -> None:
         self.items = list(items)
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
-        self.world = world
+        self.world = max(1, world)
         self._cache: dict[int, list[list[int]]] = {}
 
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world
+
     def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The global batches of ``epoch`` (identical on every process)."""
         if epoch in self._cache:
             return self._cache[epoch]
         import torch
 
+        size = self.global_batch_size
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, it in enumerate(self.items):
@@ -243,13 +255,20 @@ class BatchOrder:
             idx = groups[key]
             perm = torch.randperm(len(idx), generator=gen).tolist()
             shuffled = [idx[j] for j in perm]
-            batches.extend(shuffled[k : k + self.batch_size] for k in range(0, len(shuffled), self.batch_size))
+            batches.extend(shuffled[k : k + size] for k in range(0, len(shuffled), size))
         order = torch.randperm(len(batches), generator=gen).tolist()
         batches = [batches[j] for j in order]
-        per_rank = max(1, len(batches) // self.world)
-        mine = batches[self.rank :: self.world][:per_rank] if len(batches) >= self.world else batches[:1]
-        self._cache = {epoch: mine}
-        return mine
+        self._cache = {epoch: batches}
+        return batches
+
+    def shard(self, n: int) -> tuple[int, int]:
+        """This process's ``[lo, hi)`` slice of a global batch of ``n`` indices.
+
+        A full batch gives every process exactly ``batch_size``; a short last batch of a bucket is
+        split as evenly as possible, so a slice may be empty when ``n < world`` (the caller then
+        runs a zero-weight step to keep the gradient all-reduce in step).
+        """
+        return self.rank * n // self.world, (self.rank + 1) * n // self.world
 
     def stream(self, start: Position) -> Iterator[tuple[Position, list[int]]]:
         """Batches from ``start`` on, forever; yields (position after this batch, batch)."""

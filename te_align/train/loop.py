@@ -159,7 +159,12 @@ class TextSource:
             for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {})), strict=True):
                 self._memo[("", text)] = cond
 
-    def batch(self, captions: list[str], gen: torch.Generator) -> Any:
+    def batch(self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None) -> Any:
+        """Conditioning for ``captions[lo:hi]`` (``span``; default all).
+
+        Caption processing and dropout are drawn for the whole (global) batch, so every process
+        consumes ``gen`` exactly as a single process training the whole batch would.
+        """
         import torch
 
         from te_align.encoding import Conditioning, sample_dropout
@@ -177,6 +182,11 @@ class TextSource:
                     else:
                         drop[i] = True
         slot_flags = sample_dropout(self.profile, n, self.slot_probs, gen) if self.slot_probs else {}
+        if span is not None:
+            lo, hi = span
+            texts, drop = texts[lo:hi], drop[lo:hi]
+            slot_flags = {k: v[lo:hi] for k, v in slot_flags.items()}
+            n = len(texts)
         if not self.use_cache:
             cond = self._encode(texts, drop, slot_flags)
         else:
@@ -319,9 +329,10 @@ def train(
     cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "cache"
     latents = LatentStore(vae, cache_dir / "latents" if cfg.data.cache_latents else None, device, vae.dtype)
     if cfg.data.cache_latents:
-        for i, it in enumerate(items):
-            for flip in (False, True) if cfg.data.random_flip else (False,):
-                latents.get(i, it, flip)
+        with accelerator.main_process_first():  # the main process writes the disk cache, the others read it
+            for i, it in enumerate(items):
+                for flip in (False, True) if cfg.data.random_flip else (False,):
+                    latents.get(i, it, flip)
     shift, scaling = M.latent_transform(vae)
 
     # ---- LoRA
@@ -353,7 +364,8 @@ def train(
 
     text = TextSource(cfg, profile, pipe, device, compute_dtype if weight_dtype == torch.float32 else weight_dtype,
                       trainable=bool(te_slots), cache_dir=cache_dir / "text")  # fmt: skip
-    text.precache(sorted({it.caption for it in items}))
+    with accelerator.main_process_first():
+        text.precache(sorted({it.caption for it in items}))
 
     # ---- order, optimizer, schedule
     order = D.BatchOrder(items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
@@ -397,7 +409,9 @@ def train(
                 p.copy_(state["params"][k].to(p.dtype))
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        ckpt.set_rng_state(state["rng"])
+        rng = state["rng"]
+        ranks = rng.get("ranks") if isinstance(rng, dict) else None
+        ckpt.set_rng_state(ranks[accelerator.process_index] if ranks and len(ranks) == accelerator.num_processes else rng)
         step = int(state["state"]["step"])
         pos = D.Position(**state["state"]["position"])
         last_ckpt = path
@@ -421,10 +435,16 @@ def train(
 
     def save_ckpt(at: int, at_pos: Any) -> Path:
         nonlocal last_ckpt
+        rng = None
+        if accelerator.num_processes > 1:  # every process's RNG state, so each resumes its own stream
+            from accelerate.utils import gather_object
+
+            rng = dict(ckpt.rng_state(), ranks=gather_object([ckpt.rng_state()]))
         if main:
             last_ckpt = ckpt.save_checkpoint(
                 out_dir, at, params=named_trainable, optimizer=optimizer, scheduler=scheduler, keep=t.checkpoints_keep,
                 state={"position": dataclasses.asdict(at_pos), "fingerprint": profile.fingerprint(), "profile": profile.name},
+                rng=rng,
             )  # fmt: skip
         accelerator.wait_for_everyone()
         assert last_ckpt is not None or not main
@@ -458,8 +478,14 @@ def train(
                 break
             micro_losses = []
             for micro in range(t.gradient_accumulation):
-                pos, batch = next(stream)
+                pos, batch = next(stream)  # the global batch; this process trains batch[lo:hi]
                 gen = D.step_generator(t.seed, step, micro)
+                lo, hi = order.shard(len(batch))
+                # the loss of this shard, weighted so that the all-reduce *mean* of the gradients over
+                # processes is the gradient of the mean loss over the whole global batch
+                weight = (hi - lo) * accelerator.num_processes / len(batch)
+                if hi <= lo:  # more processes than images left in this bucket: a zero-weight step keeps DDP in sync
+                    lo, hi, weight = 0, 1, 0.0
                 sync = micro == t.gradient_accumulation - 1
                 ctx = contextlib.nullcontext() if sync or accelerator.num_processes == 1 else accelerator.no_sync(model)
                 with ctx:
@@ -467,9 +493,14 @@ def train(
                         batch=batch, items=items, gen=gen, cfg=cfg, family=family, objective=objective, model=model,
                         unwrapped=denoiser, latents=latents, text=text, noise_sched=noise_sched, flow_shift=flow_shift,
                         shift=shift, scaling=scaling, device=device, compute_dtype=compute_dtype, accelerator=accelerator,
+                        span=(lo, hi),
                     )  # fmt: skip
-                    detached = loss.detach()
-                    value = float(accelerator.gather(detached[None]).mean() if accelerator.num_processes > 1 else detached)
+                    if accelerator.num_processes > 1:
+                        loss = loss * weight
+                        # sum over processes of weight x shard mean / N = mean loss over the global batch
+                        value = float(accelerator.gather(loss.detach()[None]).sum()) / accelerator.num_processes
+                    else:
+                        value = float(loss.detach())
                     if not math.isfinite(value):
                         where = str(last_ckpt) if last_ckpt else "none (no checkpoint was saved before this step)"
                         raise TrainError(
@@ -519,6 +550,7 @@ def train(
                                          profile=profile, extra=extra, base_model=cfg.model.path, family=family.name)  # fmt: skip
     if t.checkpoint_every:
         save_ckpt(step, pos)
+    accelerator.wait_for_everyone()  # the main process has closed the CSV log
     losses = read_losses(log.csv_path)
     if main and cfg.logging.loss_plot:
         plot_losses(losses, out_dir / "loss.png")
@@ -530,45 +562,55 @@ def train(
 def _micro_step(
     *, batch: list[int], items: list[Any], gen: torch.Generator, cfg: TrainConfig, family: Any, objective: str, model: Any,
     unwrapped: Any, latents: LatentStore, text: TextSource, noise_sched: Any, flow_shift: float, shift: float,
-    scaling: float, device: Any, compute_dtype: Any, accelerator: Any,
+    scaling: float, device: Any, compute_dtype: Any, accelerator: Any, span: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """One micro-batch: latents, noise, conditioning, denoiser, loss (float32 scalar)."""
+    """One micro-batch: latents, noise, conditioning, denoiser, loss (float32 scalar).
+
+    ``batch`` is the global batch; only ``batch[lo:hi]`` (``span``, default all) is computed, the
+    loss is the mean over that slice. Every random draw is made for the whole global batch and then
+    sliced, so the processes of a data-parallel run together draw exactly what one process training
+    the whole batch draws (same flips, noise, timesteps and caption dropout per image).
+    """
     import torch
     import torch.nn.functional as F
 
     from te_align.train import models as M
 
-    b = len(batch)
-    flips = torch.rand(b, generator=gen).lt(0.5).tolist() if cfg.data.random_flip else [False] * b
-    means, stds = zip(*(latents.get(i, items[i], f) for i, f in zip(batch, flips, strict=True)), strict=True)
+    n = len(batch)
+    lo, hi = span if span is not None else (0, n)
+    local = batch[lo:hi]
+    b = len(local)
+    flips = torch.rand(n, generator=gen).lt(0.5).tolist() if cfg.data.random_flip else [False] * n
+    means, stds = zip(*(latents.get(i, items[i], f) for i, f in zip(local, flips[lo:hi], strict=True)), strict=True)
     mean, std = torch.stack(means), torch.stack(stds)
+    full = (n, *mean.shape[1:])
     if cfg.data.latent_sample == "sample":
-        x0 = mean + std * torch.randn(mean.shape, generator=gen)
+        x0 = mean + std * torch.randn(full, generator=gen)[lo:hi]
     else:
         x0 = mean
     x0 = ((x0 - shift) * scaling).to(device)
-    noise = torch.randn(x0.shape, generator=gen)
+    noise = torch.randn(full, generator=gen)[lo:hi]
     if cfg.train.noise_offset:
-        noise = noise + cfg.train.noise_offset * torch.randn((b, x0.shape[1], 1, 1), generator=gen)
+        noise = noise + cfg.train.noise_offset * torch.randn((n, x0.shape[1], 1, 1), generator=gen)[lo:hi]
     noise = noise.to(device)
-    cond = text.batch([items[i].caption for i in batch], gen)
+    cond = text.batch([items[i].caption for i in batch], gen, span=(lo, hi))
     time_ids = None
     if family.name == "sdxl":
         from te_align.train.data import crop_for
 
         rows = []
-        for i in batch:
+        for i in local:
             it = items[i]
             rows.append(M.sdxl_time_ids((it.size[1], it.size[0]), crop_for(it), (it.bucket[1], it.bucket[0])))
         time_ids = torch.tensor(rows, device=device, dtype=compute_dtype)
     if objective == "flow":
-        tt = M.logit_normal(b, flow_shift, gen).to(device)
+        tt = M.logit_normal(n, flow_shift, gen)[lo:hi].to(device)
         s = tt.view(b, 1, 1, 1)
         noisy = (1.0 - s) * x0 + s * noise
         timesteps = tt * M.flow_timestep_scale(family)
         target = noise - x0
     else:
-        timesteps = torch.randint(0, noise_sched.config.num_train_timesteps, (b,), generator=gen).to(device)
+        timesteps = torch.randint(0, noise_sched.config.num_train_timesteps, (n,), generator=gen)[lo:hi].to(device)
         noisy = noise_sched.add_noise(x0, noise, timesteps)
         target = noise if objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
     with accelerator.autocast():
