@@ -20,13 +20,19 @@ def test_ci_runs_the_readme_test_command():
     assert test_cmd in ci
 
 
-def test_readme_main_job_is_a_real_command():
+def test_readme_main_job_is_a_real_command(tmp_path, monkeypatch):
     from te_align.cli import main
 
     blocks = _bash_blocks((ROOT / "README.md").read_text())
     main_job = blocks[1]
     assert main_job.startswith("te-align ")
+    # `te-align demo` writes into the current folder; the suite runs it short (the README runs the full default)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TE_ALIGN_DEMO_STEPS", "2")
+    monkeypatch.setenv("TE_ALIGN_DEMO_SEEDS", "1")
     assert main(main_job.split()[1:]) == 0
+    if main_job.split()[1] == "demo":
+        assert (tmp_path / "te-align-demo" / "ab" / "report.html").is_file()
 
 
 def test_changelog_has_unreleased_section():

@@ -1,0 +1,35 @@
+"""A/B preset trainings: a trainer's default conditioning (arm A) against the profile (arm B).
+
+``te-align ab run PRESET`` / :func:`run_ab` trains both arms with :func:`te_align.train.train` on
+identical data, seeds, steps and hyper-parameters, scores them with a deterministic validation loss,
+measures how far their conditioning differs, renders samples and writes ``report.md`` and
+``report.html``. ``te-align demo`` / :func:`run_demo` does all of it offline on a tiny SD3-shaped
+model. Presets live in ``presets/`` (:mod:`te_align.ab.preset`). Submodules that need torch load on
+first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ABError": "te_align.ab.preset",
+    "Preset": "te_align.ab.preset",
+    "list_presets": "te_align.ab.preset",
+    "load_preset": "te_align.ab.preset",
+    "ABResult": "te_align.ab.runner",
+    "run_ab": "te_align.ab.runner",
+    "run_demo": "te_align.ab.demo",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'te_align.ab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,210 @@
+"""A/B evaluation: deterministic validation loss, conditioning divergence and the arm transforms.
+
+Validation loss follows the SD3 paper's (Esser et al. 2024, §5.1 "validation loss") recipe: every
+held-out image is noised at a fixed set of timesteps with noise drawn once from a fixed seed, so
+the same checkpoint always gives the same number and the two arms are scored on identical inputs.
+Flow models (SD3, Flux, SDXL-flow) use ``x_t = (1 - t) x0 + t n`` with target ``n - x0``; eps / v
+models use the scheduler's ``add_noise`` at ``round(t * (T - 1))``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from te_align.ab.preset import ABError
+
+DEFAULT_TIMESTEPS = tuple((i + 0.5) / 8 for i in range(8))
+
+
+# ----------------------------------------------------------------------------------- transforms
+def _kohya_clip_g_tokenizer(tok: Any) -> Any:
+    """sd-scripts' CLIP-G tokenizer: the same BPE with pad <|endoftext|>, then ``pad_token_id = 0`` ("!" stays plain BPE)."""
+    import json
+
+    import transformers
+
+    kw = {"pad_token": "<|endoftext|>", "model_max_length": tok.model_max_length}
+    backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        model = json.loads(backend.to_str())["model"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        new = transformers.CLIPTokenizer(vocab=model["vocab"], merges=merges, **kw)
+    else:  # pragma: no cover - transformers < 5 slow tokenizer
+        new = transformers.CLIPTokenizer(tok.vocab_file, tok.merges_file, **kw)
+    new.pad_token_id = 0
+    ids = new("!", padding="max_length", max_length=4).input_ids
+    if ids[1] == 0 or ids[-1] != 0:  # pragma: no cover - depends on the transformers version
+        raise ABError(f"cannot rebuild sd-scripts' CLIP-G tokenization with this transformers version (got {ids})")
+    return new
+
+
+@contextlib.contextmanager
+def transformed(pipe: Any, name: str) -> Iterator[Any]:
+    """The pipeline with arm A's transform applied for the duration of the block (no-op for "")."""
+    if not name:
+        yield pipe
+        return
+    if name == "kohya-clip-g-bpe-exclamation":
+        old = pipe.tokenizer_2
+        pipe.tokenizer_2 = _kohya_clip_g_tokenizer(old)
+        try:
+            yield pipe
+        finally:
+            pipe.tokenizer_2 = old
+        return
+    raise ABError(f"unknown transform {name!r}")  # pragma: no cover - validated with the preset
+
+
+def apply_transform(pipe: Any, name: str) -> Any:
+    """Apply arm A's transform permanently (for a pipeline handed to the trainer)."""
+    if name == "kohya-clip-g-bpe-exclamation":
+        pipe.tokenizer_2 = _kohya_clip_g_tokenizer(pipe.tokenizer_2)
+    return pipe
+
+
+# ----------------------------------------------------------------------------------- divergence
+@dataclass
+class Divergence:
+    tensor: str
+    shape_a: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    max_abs_diff: float
+    cosine: float
+    prompts_differing: int
+    prompts: int
+
+
+def conditioning_divergence(cond_a: Any, cond_b: Any) -> list[Divergence]:
+    """Per output tensor: max abs difference and mean per-prompt cosine similarity.
+
+    Tensors of different shapes (e.g. T5 154 vs 256 tokens) are zero-padded to the larger shape first,
+    so the missing positions count as differences.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for name in sorted(set(cond_a) & set(cond_b)):
+        a, b = cond_a[name].float().cpu(), cond_b[name].float().cpu()
+        sa, sb = tuple(a.shape), tuple(b.shape)
+        if a.dim() != b.dim():
+            continue
+        shape = [max(x, y) for x, y in zip(sa, sb, strict=True)]
+        pa, pb = torch.zeros(shape), torch.zeros(shape)
+        pa[tuple(slice(0, n) for n in sa)] = a
+        pb[tuple(slice(0, n) for n in sb)] = b
+        diff = (pa - pb).abs()
+        batched = name != "text_ids" and pa.dim() >= 2
+        if batched:
+            fa, fb = pa.reshape(shape[0], -1), pb.reshape(shape[0], -1)
+            cos = F.cosine_similarity(fa, fb, dim=1, eps=1e-12)
+            same = (fa == fb).all(dim=1) & (fa.norm(dim=1) == fb.norm(dim=1))
+            cos = torch.where(same, torch.ones_like(cos), cos)
+            differing = int((diff.reshape(shape[0], -1).amax(dim=1) > 0).sum())
+            n = shape[0]
+        else:
+            fa, fb = pa.reshape(1, -1), pb.reshape(1, -1)
+            cos = torch.ones(1) if torch.equal(fa, fb) else F.cosine_similarity(fa, fb, dim=1, eps=1e-12)
+            differing, n = int(diff.max() > 0), 1
+        out.append(Divergence(name, sa, sb, float(diff.max()) if diff.numel() else 0.0, float(cos.mean()), differing, n))
+    return out
+
+
+# ----------------------------------------------------------------------------------- validation
+def load_val_latents(pipe: Any, files: Sequence[Path], resolution: int) -> Any:
+    """(N, C, h, w) scaled latents (distribution mean) of square centre crops of the validation images."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from te_align.train import models as M
+
+    xs = []
+    for f in files:
+        with Image.open(f) as im:
+            im = im.convert("RGB")
+            s = resolution / min(im.size)
+            im = im.resize((max(resolution, round(im.size[0] * s)), max(resolution, round(im.size[1] * s))), Image.BICUBIC)
+            left, top = (im.size[0] - resolution) // 2, (im.size[1] - resolution) // 2
+            im = im.crop((left, top, left + resolution, top + resolution))
+            xs.append(torch.from_numpy(np.asarray(im, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1))
+    shift, scaling = M.latent_transform(pipe.vae)
+    with torch.no_grad():
+        mean = pipe.vae.encode(torch.stack(xs).to(pipe.vae.dtype)).latent_dist.mean.float()
+    return (mean - shift) * scaling
+
+
+def fixed_noise(latents: Any, n_timesteps: int, seed: int) -> Any:
+    """(N, T, C, h, w) noise: validation image i always gets the draws of generator ``seed + i``."""
+    import torch
+
+    return torch.stack([
+        torch.randn((n_timesteps, *latents.shape[1:]), generator=torch.Generator().manual_seed(seed + i)) for i in range(latents.shape[0])
+    ])  # fmt: skip
+
+
+def resolve_objective(family: Any, pipe: Any, configured: str) -> str:
+    if family.name in ("sd3", "flux"):
+        return "flow"
+    if configured in ("eps", "v", "flow"):
+        return configured
+    pred = getattr(pipe.scheduler, "config", {}).get("prediction_type", "epsilon")
+    return "v" if pred == "v_prediction" else "eps"
+
+
+def validation_loss(
+    *, family: Any, denoiser: Any, latents: Any, noise: Any, timesteps: Sequence[float], cond: Any, objective: str,
+    scheduler_config: Any = None, guidance: float = 1.0, flow_shift_scale: float = 1000.0, pixel_size: int = 0,
+) -> float:
+    """Mean MSE over validation images x fixed timesteps (deterministic; no gradients)."""
+    import torch
+    import torch.nn.functional as F
+
+    from te_align.train import models as M
+
+    tt = torch.tensor(list(timesteps), dtype=torch.float32)
+    k = len(tt)
+    n = latents.shape[0]
+    sched = None
+    if objective in ("eps", "v"):
+        from diffusers import DDPMScheduler
+
+        sched = DDPMScheduler.from_config(scheduler_config)
+        steps = torch.round(tt * (sched.config.num_train_timesteps - 1)).long()
+    total = 0.0
+    with torch.no_grad():
+        for i in range(n):
+            x0 = latents[i : i + 1].expand(k, *latents.shape[1:])
+            nz = noise[i]
+            c = {}
+            for name, v in cond.items():
+                batched = name != "text_ids" and v.dim() >= 1 and v.shape[0] == n
+                c[name] = v[i : i + 1].expand(k, *v.shape[1:]) if batched else v
+            time_ids = None
+            if family.name == "sdxl":
+                px = pixel_size or latents.shape[-1] * 8
+                time_ids = torch.tensor([[px, px, 0, 0, px, px]] * k, dtype=torch.float32)
+            if objective == "flow":
+                s = tt.view(k, 1, 1, 1)
+                noisy = (1.0 - s) * x0 + s * nz
+                target = nz - x0
+                ts = tt * flow_shift_scale
+            else:
+                noisy = sched.add_noise(x0, nz, steps)
+                target = nz if objective == "eps" else sched.get_velocity(x0, nz, steps)
+                ts = steps
+            pred = M.denoise(family, denoiser, noisy, ts, c, time_ids=time_ids, guidance=guidance)
+            total += float(F.mse_loss(pred.float(), target.float()))
+    value = total / max(n, 1)
+    if not math.isfinite(value):
+        raise ABError(f"validation loss is {value}")
+    return value
+
+
+__all__ = ["DEFAULT_TIMESTEPS", "Divergence", "apply_transform", "conditioning_divergence", "fixed_noise", "load_val_latents",
+           "resolve_objective", "transformed", "validation_loss"]  # fmt: skip

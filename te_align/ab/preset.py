@@ -1,0 +1,250 @@
+"""A/B presets: which trainer default arm A emulates, and the shared training and evaluation settings.
+
+A preset is a TOML file (``presets/<family>/<name>.toml`` or ``presets/tiny-demo.toml``)::
+
+    name = "sd35-large-vs-simpletuner"
+    profile = "sd35-large"                      # arm B: the bundled profile (the official conditioning)
+    model = "stabilityai/stable-diffusion-3.5-large"
+    description = "..."
+
+    [baseline]                                  # arm A: how the trainer conditions by default
+    trainer = "simpletuner"
+    version = "SimpleTuner 4.8.0"
+    behaviour = "T5 at 154 tokens (tokenizer_max_length defaults to 154, capped at 154)"
+    why = "the profile trains T5 at 256 tokens (the official pipeline)"
+    source = "research/trainers.md §4.1, §6.1 (simpletuner/helpers/models/sd3/model.py:848-865)"
+    overrides = { t5_max_length = 154 }         # profile.with_overrides(...)
+    transform = ""                              # a named transform where an override cannot express it
+
+    [train]                                     # te_align.train config sections (model/data paths are set by the runner)
+    data = { resolution = 1024 }
+    lora = { rank = 16 }
+    train = { max_steps = 1000, learning_rate = 1e-4 }
+
+    [eval]
+    every = 250                                 # checkpoint + validation loss every N steps
+    ...
+
+Arm A is ``profile.with_overrides(baseline.overrides)`` plus, where the trainer's difference is not
+a profile value, one of :data:`TRANSFORMS` (a documented change to the loaded pipeline's tokenizers).
+Both arms train with :func:`te_align.train.train` on the same data, seeds, steps and hyper-parameters.
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from te_align.errors import TeAlignError, closest
+
+
+class ABError(TeAlignError):
+    """A preset, dataset or A/B output folder the A/B runner cannot use."""
+
+
+#: Transforms for trainer behaviours that no profile value expresses: name -> (what it does, source).
+TRANSFORMS: dict[str, tuple[str, str]] = {
+    "kohya-clip-g-bpe-exclamation": (
+        "CLIP-G tokenizer as sd-scripts loads it: the laion tokenizer with pad <|endoftext|> and then "
+        "pad_token_id = 0, so a literal '!' is the ordinary BPE token 256 (and '!!' 748) instead of the "
+        "hub tokenizer_2's special pad token id 0; padding stays id 0",
+        "research/kohya.md §3.1 and §4.3 (sd-scripts library/strategy_sdxl.py:26, sdxl_train_util.py:157; "
+        "diffusers issue #4153)",
+    ),
+}
+
+TRAINERS = ("kohya", "ai-toolkit", "onetrainer", "simpletuner")
+
+#: Keys of [train] that the runner owns (set per arm) and a preset may not set.
+_RUNNER_KEYS = {
+    "model": {"path", "profile", "profile_overrides", "config"},
+    "data": {"path", "cache_dir"},
+    "train": {"seed", "checkpoint_every", "checkpoints_keep"},
+    "output": {"dir", "name", "kohya"},
+}
+
+
+@dataclass
+class Baseline:
+    trainer: str = ""
+    version: str = ""
+    behaviour: str = ""
+    why: str = ""
+    source: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    transform: str = ""
+
+
+@dataclass
+class EvalSettings:
+    #: Checkpoint and validation loss every N optimizer steps (0 = only the end).
+    every: int = 0
+    #: Validation images held out of --data when it has no val/ folder (fraction of the images).
+    holdout: float = 0.2
+    #: Fixed flow times t in (0, 1) (eps/v models: t * (num_train_timesteps - 1)); empty = 8 equally spaced.
+    timesteps: list[float] = field(default_factory=list)
+    #: Seed of the fixed noise: validation image i uses noise drawn from noise_seed + i.
+    noise_seed: int = 1234
+    #: Side of the square validation crops (0 = data.resolution).
+    resolution: int = 0
+    #: Sample prompts and seeds (identical for both arms).
+    prompts: list[str] = field(default_factory=list)
+    sample_seeds: list[int] = field(default_factory=lambda: [0])
+    sample_steps: int = 20
+    guidance_scale: float = 5.0
+    sample_size: int = 0
+    #: Default number of training seeds (``--seeds`` overrides).
+    seeds: int = 1
+
+
+@dataclass
+class Preset:
+    name: str
+    profile: str
+    baseline: Baseline
+    model: str = ""
+    description: str = ""
+    train: dict[str, Any] = field(default_factory=dict)
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    source: str = ""
+
+    def arm_profiles(self, base: Any = None) -> tuple[Any, Any]:
+        """(arm A, arm B) profiles: B is ``base`` (default: the bundled profile), A is B with the baseline overrides."""
+        import te_align
+
+        b = base if base is not None else te_align.profile(self.profile)
+        a = b.with_overrides(self.baseline.overrides) if self.baseline.overrides else b
+        return a, b
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source", None)
+        return d
+
+
+def presets_root() -> Path:
+    """The repository's ``presets/`` folder."""
+    return Path(__file__).resolve().parents[2] / "presets"
+
+
+def list_presets() -> dict[str, Path]:
+    """Bundled A/B presets (TOML files with a [baseline] table) by name."""
+    out: dict[str, Path] = {}
+    root = presets_root()
+    if root.is_dir():
+        for p in sorted(root.rglob("*.toml")):
+            try:
+                data = tomllib.loads(p.read_text(encoding="utf-8"))
+            except (OSError, tomllib.TOMLDecodeError):
+                continue
+            if isinstance(data, dict) and "baseline" in data:
+                out[str(data.get("name") or p.stem)] = p
+    return out
+
+
+def _fields(cls: type, data: Any, where: str, file: str) -> Any:
+    if not isinstance(data, dict):
+        raise ABError(f"expected a table, got {data!r}", file=file, key=where)
+    valid = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in valid:
+            raise ABError(f"unknown key{closest(key, list(valid)) or ''}; valid keys: {', '.join(valid)}", file=file, key=f"{where}.{key}")
+    return cls(**data)
+
+
+def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
+    """Validate a preset mapping: keys, baseline trainer, overrides (against the profile), transform, [train] sections."""
+    import te_align
+    from te_align.train.config import SECTIONS, TrainError, config_from_dict
+
+    top = {"name", "profile", "model", "description", "baseline", "train", "eval"}
+    for key in data:
+        if key not in top:
+            raise ABError(f"unknown key{closest(key, sorted(top)) or ''}; valid keys: {', '.join(sorted(top))}", file=file, key=key)
+    for key in ("name", "profile", "baseline"):
+        if key not in data:
+            raise ABError("missing", file=file, key=key)
+    baseline = _fields(Baseline, data["baseline"], "baseline", file)
+    ev = _fields(EvalSettings, data.get("eval", {}), "eval", file)
+    preset = Preset(name=str(data["name"]), profile=str(data["profile"]), baseline=baseline, model=str(data.get("model", "")),
+                    description=str(data.get("description", "")), train=dict(data.get("train", {})), eval=ev, source=file)  # fmt: skip
+    if baseline.trainer not in TRAINERS:
+        raise ABError(f"expected one of {', '.join(TRAINERS)}, got {baseline.trainer!r}", file=file, key="baseline.trainer")
+    for key in ("behaviour", "why", "source"):
+        if not getattr(baseline, key):
+            raise ABError("missing: every baseline names the documented behaviour, why it differs and its source", file=file, key=f"baseline.{key}")
+    if baseline.transform and baseline.transform not in TRANSFORMS:
+        raise ABError(f"unknown transform{closest(baseline.transform, list(TRANSFORMS)) or ''}; known: {', '.join(TRANSFORMS)}",
+                      file=file, key="baseline.transform")  # fmt: skip
+    if not baseline.overrides and not baseline.transform:
+        raise ABError("arm A must differ from the profile: set overrides and/or transform", file=file, key="baseline")
+    try:
+        a, b = preset.arm_profiles()
+    except TeAlignError as e:
+        raise ABError(f"profile / overrides: {e}", file=file, key="baseline.overrides") from None
+    if not baseline.transform and a.fingerprint() == b.fingerprint():
+        raise ABError("the overrides leave the profile's behaviour unchanged: both arms would be identical", file=file, key="baseline.overrides")
+    for section, values in preset.train.items():
+        if section not in SECTIONS:
+            raise ABError(f"unknown section{closest(section, list(SECTIONS)) or ''}", file=file, key=f"train.{section}")
+        if not isinstance(values, dict):
+            raise ABError("expected a table", file=file, key=f"train.{section}")
+        owned = _RUNNER_KEYS.get(section, set()) & set(values)
+        if owned:
+            raise ABError(f"set by the A/B runner per arm, not by a preset: {', '.join(sorted(owned))}", file=file, key=f"train.{section}")
+    if preset.train.get("lora", {}).get("text_encoders"):
+        raise ABError("A/B presets train the denoiser only (the arms differ in conditioning)", file=file, key="train.lora.text_encoders")
+    try:
+        config_from_dict(train_config_dict(preset, model="model", data="data", out="out", profile=b.name, seed=0))
+    except TrainError as e:
+        raise ABError(f"[train]: {e}", file=file) from None
+    if ev.every < 0 or not 0.0 < ev.holdout < 1.0 or ev.seeds < 1 or ev.sample_steps < 1:
+        raise ABError("every >= 0, 0 < holdout < 1, seeds >= 1, sample_steps >= 1", file=file, key="eval")
+    if any(not 0.0 < t < 1.0 for t in ev.timesteps):
+        raise ABError("timesteps must lie in (0, 1)", file=file, key="eval.timesteps")
+    if not ev.prompts:
+        raise ABError("needs at least one sample prompt", file=file, key="eval.prompts")
+    te_align.profile(preset.profile)  # a bundled name or a file
+    return preset
+
+
+def train_config_dict(preset: Preset, *, model: str, data: str, out: str, profile: str, seed: int, max_steps: int | None = None) -> dict[str, Any]:
+    """The te_align.train config of one arm (identical for both arms apart from ``profile`` and ``out``)."""
+    raw: dict[str, Any] = {k: dict(v) for k, v in preset.train.items()}
+    raw.setdefault("model", {}).update({"path": model, "profile": profile})
+    raw.setdefault("data", {})["path"] = data
+    tr = raw.setdefault("train", {})
+    tr.update({"seed": 42 + seed, "checkpoint_every": preset.eval.every or 1_000_000_000, "checkpoints_keep": 0})
+    if max_steps is not None:
+        tr["max_steps"] = max_steps
+        tr["epochs"] = 0
+    raw["output"] = {"dir": out, "name": "lora", "kohya": False}
+    raw.setdefault("logging", {}).setdefault("progress", False)
+    raw["logging"].setdefault("tensorboard", False)
+    raw["sample"] = {}
+    return raw
+
+
+def load_preset(name_or_path: str | Path) -> Preset:
+    """A preset by bundled name (``tiny-demo``, ``sd35-large``…) or from a TOML file."""
+    p = Path(name_or_path).expanduser()
+    if not p.is_file():
+        known = list_presets()
+        if str(name_or_path) not in known:
+            raise ABError(f"no such preset{closest(str(name_or_path), list(known)) or ''}; bundled: {', '.join(known)}", file=str(name_or_path))
+        p = known[str(name_or_path)]
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ABError(f"not valid TOML: {e}", file=str(p)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ABError(f"cannot read: {e}", file=str(p)) from None
+    return preset_from_dict(data, file=str(p))
+
+
+__all__ = ["TRANSFORMS", "ABError", "Baseline", "EvalSettings", "Preset", "list_presets", "load_preset", "preset_from_dict",
+           "presets_root", "train_config_dict"]  # fmt: skip

@@ -1,0 +1,178 @@
+"""The A/B report: ``report.md`` (plots as files next to it) and a self-contained ``report.html``
+(the same content, PNG plots embedded as base64). Both are rendered from one list of blocks, so the
+two never disagree; every number in the tables is the runner's measured value, formatted with
+:func:`fmt`.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from te_align._atomic import atomic_file
+from te_align.ab.plots import Series, band_plot, image_grid
+from te_align.ab.preset import ABError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.ab.runner import ABResult
+
+COLOURS = {"A": (214, 96, 40), "B": (40, 90, 200)}
+Block = tuple[Any, ...]
+
+
+def fmt(v: float) -> str:
+    """Numbers in the report tables (parsed back by the tests)."""
+    return "nan" if not math.isfinite(v) else f"{v:.6g}"
+
+
+def _ema(values: list[float], alpha: float = 0.1) -> list[float]:
+    out, e = [], values[0] if values else 0.0
+    for v in values:
+        e = (1 - alpha) * e + alpha * v
+        out.append(e)
+    return out
+
+
+def _band(per_seed: list[dict[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    steps = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
+    mean = [statistics.fmean(d[s] for d in per_seed) for s in steps]
+    lo = [min(d[s] for d in per_seed) for s in steps]
+    hi = [max(d[s] for d in per_seed) for s in steps]
+    return steps, mean, lo, hi
+
+
+def _write(path: Path, data: bytes | str) -> None:
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w", error=ABError) as f:
+        f.write(data)
+
+
+def _plots(result: ABResult) -> dict[str, Path]:
+    from PIL import Image
+
+    plots = result.out_dir / "plots"
+    names = {"A": f"A: {result.preset.baseline.trainer} default", "B": "B: profile"}
+    train_series, val_series = [], []
+    for arm in ("A", "B"):
+        runs = [r for r in result.runs if r.arm == arm]
+        smoothed = []
+        for r in runs:
+            steps = [s for s, _ in r.losses]
+            smoothed.append(dict(zip(steps, _ema([v for _, v in r.losses]), strict=True)))
+        x, m, lo, hi = _band(smoothed)
+        train_series.append(Series(f"{names[arm]} (EMA, min-max of {len(runs)} seeds)", COLOURS[arm], x, m, lo, hi))
+        x, m, lo, hi = _band([dict(r.val) for r in runs])
+        val_series.append(Series(f"{names[arm]} (mean, min-max of {len(runs)} seeds)", COLOURS[arm], x, m, lo, hi, markers=True))
+    out = {"train_loss": plots / "train_loss.png", "val_loss": plots / "val_loss.png", "samples": plots / "samples.png"}
+    _write(out["train_loss"], band_plot(train_series, title="training loss (EMA 0.1), band = min-max across seeds"))
+    _write(out["val_loss"], band_plot(val_series, title="validation loss per checkpoint (profile conditioning, fixed t and noise)"))
+    columns, rows = [], []
+    for r in result.runs:
+        columns.append(f"seed {r.seed} {r.arm}")
+    n = len(result.runs[0].samples) if result.runs else 0
+    sample_seeds = result.preset.eval.sample_seeds
+    for k in range(n):
+        prompt = result.preset.eval.prompts[k // max(1, len(sample_seeds))]
+        images = []
+        for r in result.runs:
+            images.append(Image.open(r.samples[k]) if k < len(r.samples) and Path(r.samples[k]).is_file() else None)
+        rows.append((f"{prompt} [sample seed {sample_seeds[k % len(sample_seeds)]}]", images))
+    _write(out["samples"], image_grid(rows, columns, title="final weights, identical prompts and seeds, profile conditioning"))
+    return out
+
+
+def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
+    p, b = result.preset, result.preset.baseline
+    blocks: list[Block] = [("h1", f"A/B: {p.name}"), ("p", p.description)] if p.description else [("h1", f"A/B: {p.name}")]
+    blocks.append(("table", ["arm", "conditioning", "source"], [
+        ["A", f"{b.trainer} default ({b.version}): {b.behaviour}" + (f"; transform {b.transform}" if b.transform else ""), b.source],
+        ["B", f"profile {p.profile}: {b.why}", "te-align bundled profile (te-align profile show " + p.profile + ")"],
+    ]))  # fmt: skip
+    over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"
+    blocks.append(("p", f"Arm A = profile with overrides {over}. Identical data, seeds, steps and hyper-parameters; "
+                        f"{result.seeds} seed(s); {result.runs[0].steps if result.runs else 0} steps per arm; wall time {result.seconds:.1f} s."))  # fmt: skip
+    blocks.append(("h2", f"Summary ({result.seeds} seed(s); difference = A - B, its mean and standard deviation across seeds)"))
+    blocks.append(("table", ["metric", "A mean", "A sd", "B mean", "B sd", "A-B mean", "A-B sd", "seeds"],
+                   [[r.metric, fmt(r.a_mean), fmt(r.a_sd), fmt(r.b_mean), fmt(r.b_sd), fmt(r.diff_mean), fmt(r.diff_sd), str(r.n)]
+                    for r in result.summary]))  # fmt: skip
+    blocks.append(("h2", "Conditioning divergence between the arms"))
+    blocks.append(("p", "Every caption and sample prompt encoded by both arms; tensors of different shapes are zero-padded to the "
+                        "larger shape, so missing positions count. Cosine = mean over prompts of the flattened per-prompt cosine."))  # fmt: skip
+    blocks.append(("table", ["tensor", "shape A", "shape B", "max abs diff", "mean cosine", "prompts differing"],
+                   [[d.tensor, "x".join(map(str, d.shape_a)), "x".join(map(str, d.shape_b)), fmt(d.max_abs_diff), fmt(d.cosine),
+                     f"{d.prompts_differing}/{d.prompts}"] for d in result.divergence]))  # fmt: skip
+    blocks.append(("h2", "Training loss"))
+    blocks.append(("img", "training loss A vs B", plots["train_loss"]))
+    blocks.append(("h2", "Validation loss per checkpoint"))
+    blocks.append(("p", "Held-out images, fixed timesteps and fixed noise per image (SD3 paper's validation loss), conditioned "
+                        "by the profile, i.e. as the official pipeline conditions at inference. Step 0 is the base model."))  # fmt: skip
+    blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
+    steps = sorted({s for r in result.runs for s, _ in r.val})
+    header = ["step"] + [f"seed {r.seed} {r.arm}" for r in result.runs]
+    rows = [[str(s)] + [fmt(dict(r.val).get(s, float("nan"))) for r in result.runs] for s in steps]
+    blocks.append(("table", header, rows))
+    blocks.append(("h2", "Runs"))
+    blocks.append(("table", ["seed", "arm", "steps", "seconds", "training loss (last 20%)", "val loss (profile)", "val loss (own)"],
+                   [[str(r.seed), r.arm, str(r.steps), f"{r.seconds:.1f}", fmt(r.final_train), fmt(r.final_val), fmt(r.final_val_own)]
+                    for r in result.runs]))  # fmt: skip
+    blocks.append(("h2", "Samples"))
+    blocks.append(("img", "sample grid", plots["samples"]))
+    return blocks
+
+
+def _md(blocks: list[Block], root: Path) -> str:
+    out = []
+    for blk in blocks:
+        kind = blk[0]
+        if kind == "h1":
+            out.append(f"# {blk[1]}\n")
+        elif kind == "h2":
+            out.append(f"## {blk[1]}\n")
+        elif kind == "p":
+            out.append(f"{blk[1]}\n")
+        elif kind == "img":
+            out.append(f"![{blk[1]}]({blk[2].relative_to(root).as_posix()})\n")
+        elif kind == "table":
+            header, rows = blk[1], blk[2]
+            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def _html(blocks: list[Block], title: str) -> str:
+    e = html.escape
+    body = []
+    for blk in blocks:
+        kind = blk[0]
+        if kind in ("h1", "h2"):
+            body.append(f"<{kind}>{e(blk[1])}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{e(blk[1])}</p>")
+        elif kind == "img":
+            data = base64.b64encode(blk[2].read_bytes()).decode("ascii")
+            body.append(f'<p><img alt="{e(blk[1])}" src="data:image/png;base64,{data}"></p>')
+        elif kind == "table":
+            head = "".join(f"<th>{e(c)}</th>" for c in blk[1])
+            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in blk[2])
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}img{max-width:100%}")  # fmt: skip
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title><style>{style}</style></head>"
+            f"<body>\n" + "\n".join(body) + "\n</body></html>\n")  # fmt: skip
+
+
+def write_report(result: ABResult) -> tuple[Path, Path]:
+    """Write plots, ``report.md`` and ``report.html`` into the A/B folder; returns (md, html)."""
+    plots = _plots(result)
+    blocks = _blocks(result, plots)
+    md, page = result.out_dir / "report.md", result.out_dir / "report.html"
+    _write(md, _md(blocks, result.out_dir))
+    _write(page, _html(blocks, f"A/B: {result.preset.name}"))
+    return md, page
+
+
+__all__ = ["fmt", "write_report"]

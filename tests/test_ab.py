@@ -1,0 +1,223 @@
+"""A/B preset trainings: presets validate, the demo runs end to end, the report holds the measured numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from te_align.ab.preset import TRANSFORMS, ABError, list_presets, load_preset, preset_from_dict, presets_root
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILY_PRESETS = {"sd15": "sd15", "sdxl": "sdxl", "sd35-large": "sd35-large", "flux-dev": "flux-dev", "flux-schnell": "flux-schnell"}
+
+
+# --------------------------------------------------------------------------------------- presets
+def test_every_bundled_preset_validates() -> None:
+    found = list_presets()
+    assert set(found) == {*FAMILY_PRESETS, "tiny-demo"}
+    for name, path in found.items():
+        p = load_preset(path)
+        assert p.name == name
+        if name in FAMILY_PRESETS:
+            assert path.parent.name == FAMILY_PRESETS[name] and p.profile == FAMILY_PRESETS[name] and p.model
+        assert "research/" in p.baseline.source and p.baseline.behaviour and p.baseline.why
+        a, b = p.arm_profiles()
+        assert p.baseline.transform in TRANSFORMS or a.fingerprint() != b.fingerprint()
+    assert load_preset("tiny-demo") == load_preset(presets_root() / "tiny-demo.toml")
+
+
+def _tiny_demo_data() -> dict[str, Any]:
+    return tomllib.loads((presets_root() / "tiny-demo.toml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["baseline"].update(trainer="kohyaa"), "expected one of"),
+        (lambda d: d["baseline"].pop("source"), "baseline.source"),
+        (lambda d: d["baseline"].update(overrides={"t5_max_length": 256}), "both arms would be identical"),
+        (lambda d: d["baseline"].update(overrides={}), "must differ"),
+        (lambda d: d["baseline"].update(transform="kohya-clip-g"), "kohya-clip-g-bpe-exclamation"),
+        (lambda d: d["train"]["train"].update(seed=3), "set by the A/B runner"),
+        (lambda d: d["train"]["train"].update(max_step=3), "max_steps"),
+        (lambda d: d.update(evl={}), "eval"),
+        (lambda d: d["eval"].update(timesteps=[0.0, 0.5]), "timesteps"),
+    ],
+)
+def test_preset_errors_name_the_key(change: Any, message: str) -> None:
+    data = _tiny_demo_data()
+    change(data)
+    with pytest.raises(ABError, match=re.escape(message)):
+        preset_from_dict(data, file="x.toml")
+
+
+def test_unknown_preset_names_the_closest() -> None:
+    with pytest.raises(ABError, match="tiny-demo"):
+        load_preset("tiny-dem")
+
+
+def test_kohya_transform_changes_only_exclamation_captions() -> None:
+    import te_align
+    from te_align.ab.evaluate import conditioning_divergence, transformed
+    from te_align.probe.tiny import build_pipeline_for_encoding, fit_profile
+
+    pipe = build_pipeline_for_encoding("sdxl")
+    prof = fit_profile(te_align.profile("sdxl"), pipe)
+    prompts = ["wow! amazing!!", "a photo of a cat"]
+    with transformed(pipe, "kohya-clip-g-bpe-exclamation") as p:
+        assert p.tokenizer_2("!").input_ids[1] == 256
+        a = te_align.encode(prof, prompts, pipeline=p)
+    assert pipe.tokenizer_2("!").input_ids[1] == 0  # restored
+    b = te_align.encode(prof, prompts, pipeline=pipe)
+    div = {d.tensor: d for d in conditioning_divergence(a, b)}
+    assert div["prompt_embeds"].prompts_differing == 1 and div["prompt_embeds"].max_abs_diff > 0
+    assert div["prompt_embeds"].cosine < 1.0
+
+
+# ------------------------------------------------------------------------------------------ demo
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from te_align.ab.demo import run_demo
+
+    out = tmp_path_factory.mktemp("demo")
+    return run_demo(out, steps=4, seeds=2, say=lambda s: None)
+
+
+def _tables(md: str) -> list[list[list[str]]]:
+    tables, cur = [], []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            cur.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif cur:
+            tables.append(cur)
+            cur = []
+    if cur:
+        tables.append(cur)
+    return tables
+
+
+def test_demo_runs_end_to_end(demo: Any) -> None:
+    assert demo.seeds == 2 and len(demo.runs) == 4
+    for r in demo.runs:
+        assert r.steps == 4 and len(r.losses) == 4
+        assert [s for s, _ in r.val] == [0, 4] and len(r.samples) == 4
+        assert all(Path(f).is_file() for f in r.samples)
+    # step 0 is the base model: identical for both arms under the profile's conditioning
+    assert demo.run(0, "A").val[0] == demo.run(0, "B").val[0]
+    # arm B is conditioned by the profile: both of its validation losses coincide
+    assert demo.run(0, "B").val == demo.run(0, "B").val_own
+    div = {d.tensor: d for d in demo.divergence}
+    t5_a, t5_b = 77 + 154, 77 + 256
+    assert div["prompt_embeds"].shape_a[1] == t5_a and div["prompt_embeds"].shape_b[1] == t5_b
+    assert div["prompt_embeds"].max_abs_diff > 0 and div["pooled_prompt_embeds"].max_abs_diff == 0
+    state = json.loads((demo.out_dir / "ab_state.json").read_text())
+    assert set(state["runs"]) == {"0/A", "0/B", "1/A", "1/B"} and all(r["evaluated"] for r in state["runs"].values())
+
+
+def test_report_tables_hold_the_measured_numbers(demo: Any) -> None:
+    from te_align.ab.report import fmt
+
+    md = demo.report_md.read_text(encoding="utf-8")
+    tables = _tables(md)
+    summary = next(t for t in tables if t[0][0] == "metric")
+    assert len(summary) - 2 == len(demo.summary)
+    for row, s in zip(summary[2:], demo.summary, strict=True):
+        assert row == [s.metric, fmt(s.a_mean), fmt(s.a_sd), fmt(s.b_mean), fmt(s.b_sd), fmt(s.diff_mean), fmt(s.diff_sd), str(s.n)]
+        assert float(row[5]) == pytest.approx(float(row[1]) - float(row[3]), abs=2e-5 * max(1.0, abs(float(row[1]))))  # 6 significant digits
+    val_a = [r.final_val for r in demo.runs if r.arm == "A"]
+    val_b = [r.final_val for r in demo.runs if r.arm == "B"]
+    assert demo.summary[0].diff_mean == pytest.approx(sum(val_a) / 2 - sum(val_b) / 2)
+    div = next(t for t in tables if t[0][0] == "tensor")
+    assert {r[0]: float(r[3]) for r in div[2:]} == {d.tensor: float(fmt(d.max_abs_diff)) for d in demo.divergence}
+    per_step = next(t for t in tables if t[0][0] == "step")
+    assert per_step[0][1:] == [f"seed {r.seed} {r.arm}" for r in demo.runs]
+    for row in per_step[2:]:
+        step = int(row[0])
+        assert row[1:] == [fmt(dict(r.val)[step]) for r in demo.runs]
+    runs = next(t for t in tables if t[0][0] == "seed")
+    assert [(int(r[0]), r[1], r[5]) for r in runs[2:]] == [(r.seed, r.arm, fmt(r.final_val)) for r in demo.runs]
+
+
+def test_report_pngs_are_valid_and_html_is_self_contained(demo: Any) -> None:
+    from PIL import Image
+
+    md = demo.report_md.read_text(encoding="utf-8")
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(links) == 3
+    for link in links:
+        with Image.open(demo.out_dir / link) as im:
+            im.verify()
+        with Image.open(demo.out_dir / link) as im:
+            assert im.format == "PNG" and im.size[0] > 100 and im.size[1] > 100
+    page = demo.report_html.read_text(encoding="utf-8")
+    srcs = re.findall(r'src="([^"]+)"', page)
+    assert len(srcs) == 3 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    import base64
+    import io
+
+    for s in srcs:
+        with Image.open(io.BytesIO(base64.b64decode(s.split(",", 1)[1]))) as im:
+            im.verify()
+
+
+def test_interrupted_ab_resumes_finished_arms(demo: Any) -> None:
+    from te_align.ab.runner import run_ab
+    from te_align.ab.tiny_model import tiny_profile_overrides
+
+    state_path = demo.out_dir / "ab_state.json"
+    state = json.loads(state_path.read_text())
+    del state["runs"]["1/B"]  # as if the run had stopped while training seed 1, arm B
+    state_path.write_text(json.dumps(state))
+    said: list[str] = []
+    model = demo.out_dir.parent / "model"
+    again = run_ab("tiny-demo", model=model, data=demo.out_dir.parent / "data", seeds=2, out=demo.out_dir, max_steps=4,
+                   profile_overrides=tiny_profile_overrides(model), say=said.append, report=False)  # fmt: skip
+    trained = [s for s in said if s.startswith("seed") and "..." in s]
+    assert trained == ["seed 1 arm B (profile sd35-large): resuming ..."]
+    assert again.run(1, "B").val == demo.run(1, "B").val  # same weights, same fixed noise: same numbers
+    assert again.run(0, "A").val == demo.run(0, "A").val
+    with pytest.raises(ABError, match="different preset"):
+        run_ab("tiny-demo", model=model, data=demo.out_dir.parent / "data", seeds=2, out=demo.out_dir, max_steps=5,
+               profile_overrides=tiny_profile_overrides(model), say=said.append)  # fmt: skip
+
+
+def test_cli_ab_list_and_help_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom te_align.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['ab', 'list']) == 0\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_sdxl_preset_with_the_kohya_transform_trains_and_evaluates(tmp_path: Path) -> None:
+    """The transform path (a transformed pipeline handed to te_align.train) and the eps validation loss."""
+    from te_align.ab.runner import run_ab
+    from tests.support.train_models import build_model_folder, make_dataset, profile_overrides
+
+    data = tomllib.loads((presets_root() / "sdxl" / "sdxl-vs-kohya.toml").read_text(encoding="utf-8"))
+    data["train"]["data"] = {"resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64}
+    data["train"]["train"] = {"max_steps": 2, "batch_size": 2, "learning_rate": 1e-3}
+    data["eval"].update(every=1, resolution=32, sample_size=32, sample_steps=2, sample_seeds=[0])
+    preset = preset_from_dict(data)
+    model = build_model_folder("sdxl", tmp_path / "sdxl")
+    ds = make_dataset(tmp_path / "data", n=6)
+    for i, txt in enumerate(sorted(ds.glob("*.txt"))):
+        if i % 2:
+            txt.write_text(txt.read_text() + ", wow!", encoding="utf-8")
+    result = run_ab(preset, model=model, data=ds, seeds=1, out=tmp_path / "ab", profile_overrides=profile_overrides("sdxl"),
+                    say=lambda s: None)  # fmt: skip
+    a, b = result.run(0, "A"), result.run(0, "B")
+    assert [s for s, _ in a.val] == [0, 1, 2] and a.val[0] == b.val[0]
+    assert a.val_own[0] != a.val[0]  # the base model sees different conditioning for the '!' captions
+    div = {d.tensor: d for d in result.divergence}
+    assert div["prompt_embeds"].shape_a == div["prompt_embeds"].shape_b and 0 < div["prompt_embeds"].prompts_differing
+    assert div["prompt_embeds"].prompts_differing < div["prompt_embeds"].prompts  # captions without '!' are identical
+    assert (tmp_path / "ab" / "data" / "val").is_dir()  # a held-out split was made
+    assert result.report_html is not None and result.report_html.is_file()
