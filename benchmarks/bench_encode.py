@@ -91,7 +91,7 @@ def main() -> None:
             return te_align.encode(p, captions, pipeline=pipe)
 
         with tempfile.TemporaryDirectory() as tmp:
-            te_hash = hash_text_encoders(encoders)
+            te_hash = hash_text_encoders(encoders, {s.name: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             fresh, hit = [], []
             for i in range(args.repeats):
                 cache = EmbeddingCache(Path(tmp) / str(i), p, te_hash)

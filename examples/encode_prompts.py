@@ -33,7 +33,7 @@ def main() -> None:
         return te_align.encode(profile, captions, tokenizers=tokenizers, text_encoders=encoders)
 
     if args.cache:
-        cache = EmbeddingCache(args.cache, profile, hash_text_encoders(encoders))
+        cache = EmbeddingCache(args.cache, profile, hash_text_encoders(encoders, tokenizers))
         results = cache.get_or_encode(args.prompts, encode)
         print(f"cache: {cache.stats}")
     else:

@@ -436,3 +436,18 @@ def test_library_clear_by_profile(tmp_path: Path) -> None:
     assert a.clear("stable-diffusion-3.5-large") == 3
     assert b.info().entries == 2
     assert b.clear() == 2 and scan(tmp_path).entries == 0
+
+
+def test_tokenizer_changes_the_text_encoder_hash() -> None:
+    """Same weights, a different tokenizer (CLIP-G padding with '!' vs '<|endoftext|>'): a different key."""
+    from te_align.encoding.cache import hash_text_encoders, hash_tokenizer
+    from tests.support import clip_text_model, clip_tokenizer
+
+    enc = {"clip_g": clip_text_model("L")}
+    bang, eot = clip_tokenizer(pad="!"), clip_tokenizer(pad="<|endoftext|>")
+    assert hash_tokenizer(bang) == hash_tokenizer(clip_tokenizer(pad="!"))  # stable across loads
+    assert hash_tokenizer(bang) != hash_tokenizer(eot)
+    base = hash_text_encoders(enc)
+    with_bang = hash_text_encoders(enc, {"clip_g": bang})
+    assert with_bang == hash_text_encoders(enc, {"clip_g": clip_tokenizer(pad="!")})
+    assert len({base, with_bang, hash_text_encoders(enc, {"clip_g": eot})}) == 3

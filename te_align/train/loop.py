@@ -137,7 +137,10 @@ class TextSource:
             from te_align.encoding.cache import EmbeddingCache, hash_text_encoders
 
             if self._te_hash is None:
-                self._te_hash = hash_text_encoders({s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots})
+                self._te_hash = hash_text_encoders(
+                    {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots},
+                    {s.name: getattr(self.pipe, s.tokenizer_subfolder) for s in self.profile.slots},
+                )
             opts = dict(self.options.as_dict(), dropped=pattern)
             self._caches[pattern] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
         return self._caches[pattern]
