@@ -6,8 +6,7 @@ Submodules that need torch (``core``, ``loading``) are imported on first use, so
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from te_align._lazy import lazy_exports
 
 _EXPORTS = {
     "Conditioning": "te_align.encoding.conditioning",
@@ -23,12 +22,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'te_align.encoding' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -7,8 +7,7 @@ is :mod:`te_align.train.config`. Submodules that need torch load on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from te_align._lazy import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "te_align.train.config",
@@ -20,12 +19,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'te_align.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
