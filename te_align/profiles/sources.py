@@ -427,6 +427,14 @@ def _detect_folder(tree: _Tree, model_index: dict[str, Any], class_name: str, hi
     return name, f"{why}; {detail}"
 
 
+def _from_folder_name(hint: str, table: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
+    """Last-resort variant guess: the first profile whose pattern matches the folder or repo name."""
+    for name, pattern in table:
+        if re.search(pattern, hint):
+            return name, f"folder name '{hint}'"
+    return None
+
+
 def _pick_sd(tree: _Tree, model_index: dict[str, Any], hint: str) -> tuple[str, str]:
     widths = {768: "sd15", 1024: "sd21"}
     te = tree.read("text_encoder/config.json") or {}
@@ -437,10 +445,9 @@ def _pick_sd(tree: _Tree, model_index: dict[str, Any], hint: str) -> tuple[str, 
     width = unet.get("cross_attention_dim")
     if width in widths:
         return widths[width], f"unet/config.json cross_attention_dim {width}"
-    if re.search(r"(?<![0-9.])2[-_.]?[01](?![0-9])|v2|sd2", hint):
-        return "sd21", f"folder name '{hint}'"
-    if re.search(r"(?<![0-9.])1[-_.]?[45](?![0-9])|v1|sd1", hint):
-        return "sd15", f"folder name '{hint}'"
+    by_name = _from_folder_name(hint, (("sd21", r"(?<![0-9.])2[-_.]?[01](?![0-9])|v2|sd2"), ("sd15", r"(?<![0-9.])1[-_.]?[45](?![0-9])|v1|sd1")))
+    if by_name:
+        return by_name
     raise ProfileError(
         "cannot tell Stable Diffusion 1.x from 2.x: neither text_encoder/config.json hidden_size nor "
         "unet/config.json cross_attention_dim is 768 (SD 1.x) or 1024 (SD 2.x)",
@@ -481,12 +488,11 @@ def _pick_sd3(tree: _Tree, model_index: dict[str, Any], hint: str) -> tuple[str,
             file=label,
             key="num_layers",
         )
-    if re.search(r"3\.?5[-_ ]?l", hint):
-        return "sd35-large", f"folder name '{hint}'"
-    if re.search(r"3\.?5[-_ ]?m", hint):
-        return "sd35-medium", f"folder name '{hint}'"
-    if re.search(r"(?<![0-9.])3[-_ ]?m", hint):
-        return "sd3-medium", f"folder name '{hint}'"
+    by_name = _from_folder_name(
+        hint, (("sd35-large", r"3\.?5[-_ ]?l"), ("sd35-medium", r"3\.?5[-_ ]?m"), ("sd3-medium", r"(?<![0-9.])3[-_ ]?m"))
+    )
+    if by_name:
+        return by_name
     raise ProfileError(
         "cannot tell SD3 medium, SD3.5 medium and SD3.5 large apart without transformer/config.json "
         "num_layers (24 / 24 with dual_attention_layers / 38)",
@@ -509,10 +515,9 @@ def _pick_flux(tree: _Tree, model_index: dict[str, Any], hint: str) -> tuple[str
             if dynamic
             else ("flux-schnell", f"{sched_rel} use_dynamic_shifting false")
         )
-    if "schnell" in hint:
-        return "flux-schnell", f"folder name '{hint}'"
-    if re.search(r"(?<![a-z])dev(?![a-z])", hint):
-        return "flux-dev", f"folder name '{hint}'"
+    by_name = _from_folder_name(hint, (("flux-schnell", r"schnell"), ("flux-dev", r"(?<![a-z])dev(?![a-z])")))
+    if by_name:
+        return by_name
     raise ProfileError(
         "cannot tell FLUX.1-dev from FLUX.1-schnell: transformer/config.json has no guidance_embeds, "
         "scheduler/scheduler_config.json no use_dynamic_shifting, and the folder name says neither; "
