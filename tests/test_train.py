@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -329,3 +330,87 @@ def test_sdxl_flow_objective_with_long_prompt_chunk_buckets(tmp_path: Path, mode
     assert info["objective"] == "flow"
     with pytest.raises(TrainError, match=r"train\.objective"):
         train(make_config("sd3", models["sd3"], data, tmp_path / "o3", train={"objective": "eps"}))
+
+
+def test_adamw8bit_keeps_8_bit_state_and_resumes_exactly(tmp_path: Path, models: dict[str, Path], dataset: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """bitsandbytes' AdamW8bit runs on CPU (>= 0.48): its moments are uint8, and resume is exact with it too."""
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (it is in the [test] extra)")
+    import bitsandbytes as bnb
+
+    from te_align.train import loop
+
+    made: list[Any] = []
+    real = loop._make_optimizer
+
+    def recording(*a: Any, **k: Any) -> Any:
+        made.append(real(*a, **k))
+        return made[-1]
+
+    monkeypatch.setattr(loop, "_make_optimizer", recording)
+    # rank 128 makes some LoRA matrices reach bitsandbytes' min_8bit_size (4096 elements); smaller ones keep
+    # 32-bit moments by bitsandbytes' own rule
+    sections: dict[str, Any] = {"train": {"max_steps": 4, "checkpoint_every": 2, "optimizer": "adamw8bit"},
+                                "lora": {"rank": 128, "alpha": 128.0}}  # fmt: skip
+    full = train(make_config("sd15", models["sd15"], dataset, tmp_path / "full", **sections))
+    assert isinstance(made[0], bnb.optim.AdamW8bit)
+    sizes = {id(s): p.numel() for p, s in made[0].state.items()}
+    states = [(sizes[id(s)], s) for s in made[0].state.values() if "state1" in s]
+    assert any(n >= 4096 for n, _ in states)
+    for n, s in states:
+        want = torch.uint8 if n >= 4096 else torch.float32
+        assert s["state1"].dtype == want and s["state2"].dtype == want, n
+    assert all(math.isfinite(v) for _, v in full.losses)
+    part_cfg = make_config("sd15", models["sd15"], dataset, tmp_path / "part", **sections)
+    train(part_cfg, stop_after=2)
+    resumed = train(part_cfg, resume=True)
+    a, b = load_file(str(full.lora_path)), load_file(str(resumed.lora_path))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert resumed.losses == full.losses
+
+
+@pytest.mark.parametrize("precision", ["no", "fp16"])
+def test_direct_optimizer_step_matches_accelerate(precision: str) -> None:
+    """Stepping the inner optimizer and torch's clip equals accelerate's wrappers bit for bit; with fp16 the
+    wrappers (gradient scaler) are kept."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    from te_align.train.loop import _direct_step
+
+    def run(direct: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+        acc = Accelerator(cpu=True, mixed_precision="no")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, opt = acc.prepare(model, opt)
+        params = list(model.parameters())
+        step, clip = _direct_step(acc, opt, params) if direct else (opt.step, lambda n: acc.clip_grad_norm_(params, n))
+        for i in range(5):
+            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(i))
+            acc.backward(model(x).pow(2).mean())
+            clip(0.1)
+            step()
+            opt.zero_grad(set_to_none=True)
+        return [p.detach().clone() for p in params]
+
+    if precision == "no":
+        assert all(torch.equal(a, b) for a, b in zip(run(True), run(False), strict=True))
+        acc = Accelerator(cpu=True)
+        opt = acc.prepare(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+        step, _ = _direct_step(acc, opt, [])
+        assert isinstance(opt, AcceleratedOptimizer) and step == opt.optimizer.step
+    else:
+        class Scaled:  # an AcceleratedOptimizer with a gradient scaler (fp16 on CUDA) keeps accelerate's step
+
+            scaler = object()
+            optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+
+            def step(self) -> None:
+                pass
+
+        acc = Accelerator(cpu=True)
+        wrapped = Scaled()
+        step, _ = _direct_step(acc, wrapped, [])
+        assert step == wrapped.step

@@ -249,12 +249,39 @@ def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any)
     t = cfg.train
     kw = {"betas": (t.adam_beta1, t.adam_beta2), "eps": t.adam_epsilon, "weight_decay": t.weight_decay}
     if t.optimizer == "adamw8bit":
-        if importlib.util.find_spec("bitsandbytes") is not None and device.type == "cuda":
+        if importlib.util.find_spec("bitsandbytes") is None:
+            logger.warning("train.optimizer = adamw8bit needs bitsandbytes (pip install bitsandbytes); using torch AdamW")
+        else:
             import bitsandbytes as bnb
 
-            return bnb.optim.AdamW8bit(groups, **kw)
-        logger.warning("train.optimizer = adamw8bit needs bitsandbytes and a CUDA device; using torch AdamW")
+            try:
+                # bitsandbytes >= 0.48 has 8-bit optimizer kernels for CPU as well as CUDA
+                return bnb.optim.AdamW8bit(groups, **kw)
+            except Exception as e:  # an old bitsandbytes without this device's kernels
+                logger.warning("train.optimizer = adamw8bit: bitsandbytes %s cannot run on %s (%s); using torch AdamW",
+                               getattr(bnb, "__version__", "?"), device.type, str(e).splitlines()[0] if str(e) else type(e).__name__)  # fmt: skip
     return torch.optim.AdamW(groups, **kw)
+
+
+def _direct_step(accelerator: Any, optimizer: Any, trainable: list[Any]) -> tuple[Callable[[], Any], Callable[[float], Any]]:
+    """(optimizer step, gradient clip) without accelerate's per-step wrapper work where it adds nothing.
+
+    ``AcceleratedOptimizer.step`` looks up the optional ``lomo_optim`` package twice per call (a
+    filesystem search) and ``Accelerator.clip_grad_norm_`` walks every parameter in Python looking
+    for DTensors before calling ``torch.nn.utils.clip_grad_norm_``; at small model sizes that is a
+    measurable share of a step. Without a gradient scaler (fp16) and outside XLA/DeepSpeed/FSDP the
+    wrapper's step is exactly the inner optimizer's step (te-align does its own accumulation, so
+    ``sync_gradients`` is always true here) and the clip is exactly torch's, so both are called
+    directly. Otherwise accelerate's own methods run.
+    """
+    import torch
+    from accelerate.utils import DistributedType
+
+    plain = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+    inner = getattr(optimizer, "optimizer", None)
+    if inner is None or getattr(optimizer, "scaler", None) is not None or accelerator.distributed_type not in plain:
+        return optimizer.step, lambda norm: accelerator.clip_grad_norm_(trainable, norm)
+    return inner.step, lambda norm: torch.nn.utils.clip_grad_norm_(trainable, norm)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -472,6 +499,7 @@ def train(
     bar = tqdm(total=total, initial=step, disable=not (main and cfg.logging.progress), desc="train", unit="step", dynamic_ncols=True)
     stream = order.stream(pos)
     trainable = den_params + te_params
+    optimizer_step, clip_gradients = _direct_step(accelerator, optimizer, trainable)
     t_start = time.perf_counter()
     steps_done = 0
     rate = 0.0
@@ -517,8 +545,8 @@ def train(
                     if p.grad is not None:
                         p.grad = accelerator.reduce(p.grad, reduction="mean")
             if t.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(trainable, t.max_grad_norm)
-            optimizer.step()
+                clip_gradients(t.max_grad_norm)
+            optimizer_step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
