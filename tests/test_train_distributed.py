@@ -168,7 +168,8 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path: Path) ->
 @pytest.mark.parametrize("family", ["sd3", "flux"])
 def test_flow_families_two_processes_equal_one_process(tmp_path: Path, family: str) -> None:
     """The rectified-flow path (logit-normal timesteps, packed Flux latents, several text encoders with
-    caption and per-encoder dropout drawn per global batch) is data-parallel exact in the same sense."""
+    caption and per-encoder dropout drawn per global batch) is data-parallel exact in the same sense,
+    and only rank 0 writes cache files."""
     profile = {"sd3": "sd35-large", "flux": "flux-dev"}[family]
     model = build_model_folder(family, tmp_path / "model")
     data = make_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32),))
@@ -184,6 +185,9 @@ def test_flow_families_two_processes_equal_one_process(tmp_path: Path, family: s
     config = tmp_path / "ddp.toml"
     config.write_text(_toml(raw(tmp_path / "out", tmp_path / "cache", batch=1)), encoding="utf-8")
     _launch(config, tmp_path / "audit")
+    # rank 1 writes nothing, not even text-cache entries for the dropped-caption patterns it meets
+    assert _written(tmp_path / "audit", 1, tmp_path / "out") == [] and _written(tmp_path / "audit", 1, tmp_path / "cache") == []
+    assert any("/text/" in p for p in _written(tmp_path / "audit", 0, tmp_path / "cache"))
     a, b = load_file(str(tmp_path / "out" / "lora.safetensors")), load_file(str(ref.lora_path))
     assert a.keys() == b.keys()
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)

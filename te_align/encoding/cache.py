@@ -610,12 +610,15 @@ class EmbeddingCache:
         self.stats.written += 1
 
     # ------------------------------------------------------------ batches
-    def get_or_encode(self, captions: Sequence[str], encode_fn: Callable[[list[str]], Conditioning]) -> list[Conditioning]:
+    def get_or_encode(
+        self, captions: Sequence[str], encode_fn: Callable[[list[str]], Conditioning], *, store: bool = True
+    ) -> list[Conditioning]:
         """Conditioning for each caption: hits from disk, misses encoded in one ``encode_fn`` call and stored.
 
         ``encode_fn(missing_captions)`` must return one :class:`Conditioning` with a batch of
         ``len(missing_captions)`` (each distinct missing caption once, in first-seen order). The
-        result is one batch-of-one conditioning per input caption, in input order.
+        result is one batch-of-one conditioning per input caption, in input order. ``store=False``
+        reads the cache but writes nothing (e.g. the non-main processes of a data-parallel run).
         """
         if isinstance(captions, str):
             raise CacheError("get_or_encode takes a list of captions, not one string")
@@ -638,7 +641,8 @@ class EmbeddingCache:
                 raise CacheError(f"encode_fn returned a batch of {batch.batch_size} for {len(missing)} captions")
             for i, c in enumerate(missing):
                 single = self._prepare(batch.index(i))
-                self._store(self.key(c), c, single)
+                if store:
+                    self._store(self.key(c), c, single)
                 found[c] = single
         return [found[c] for c in captions]
 

@@ -100,7 +100,10 @@ class LatentStore:
 class TextSource:
     """Conditioning for a batch of raw captions: caption processing, dropout and te_align.encode."""
 
-    def __init__(self, cfg: TrainConfig, profile: Any, pipe: Any, device: Any, dtype: Any, *, trainable: bool, cache_dir: Path) -> None:
+    def __init__(
+        self, cfg: TrainConfig, profile: Any, pipe: Any, device: Any, dtype: Any, *, trainable: bool, cache_dir: Path,
+        writer: bool = True,
+    ) -> None:
         from te_align.encoding import EncodeOptions
 
         self.cfg = cfg.data
@@ -130,6 +133,8 @@ class TextSource:
         self._caches: dict[str, Any] = {}
         self._memo: dict[tuple[str, str], Any] = {}
         self.cache_dir = cache_dir
+        #: Only this process writes cache files (rank 0 of a data-parallel run; the others read them).
+        self.writer = writer
         self._te_hash: str | None = None
 
     def _cache(self, pattern: str) -> Any:
@@ -159,7 +164,7 @@ class TextSource:
         cache = self._cache("")
         for i in range(0, len(captions), batch):
             chunk = captions[i : i + batch]
-            for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {})), strict=True):
+            for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {}), store=self.writer), strict=True):
                 self._memo[("", text)] = cond
 
     def batch(self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None) -> Any:
@@ -208,7 +213,7 @@ class TextSource:
 
                 hit = self._memo.get((pattern, text))
                 if hit is None:
-                    hit = self._memo[(pattern, text)] = self._cache(pattern).get_or_encode([text], fn)[0]
+                    hit = self._memo[(pattern, text)] = self._cache(pattern).get_or_encode([text], fn, store=self.writer)[0]
                 parts.append(hit)
             cond = Conditioning.cat(parts)
         return cond.to(self.device, dtype=self.dtype)
@@ -393,7 +398,7 @@ def train(
     named_trainable = {f"{comp}.{n}": p for comp, m in lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
 
     text = TextSource(cfg, profile, pipe, device, compute_dtype if weight_dtype == torch.float32 else weight_dtype,
-                      trainable=bool(te_slots), cache_dir=cache_dir / "text")  # fmt: skip
+                      trainable=bool(te_slots), cache_dir=cache_dir / "text", writer=main)  # fmt: skip
     with accelerator.main_process_first():
         text.precache(sorted({it.caption for it in items}))
 
