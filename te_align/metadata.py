@@ -208,9 +208,12 @@ def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, Any] | None = N
     for s in p.slots:
         base = f"te_align.{s.name}"
         keys[f"{base}.max_length"] = _value(s.tokenizer.max_length)
-        keys[f"{base}.layer"] = _value(s.encoder.layer)
-        keys[f"{base}.final_layer_norm"] = _value(s.encoder.final_layer_norm)
-        keys[f"{base}.pooled"] = _value(s.encoder.pooled)
+        if s.tokenizer_only:  # no encoder (Anima's T5 ids): no layer / norm / pooling keys
+            keys[f"{base}.tokenizer_only"] = _value(True)
+        else:
+            keys[f"{base}.layer"] = _value(s.encoder.layer)
+            keys[f"{base}.final_layer_norm"] = _value(s.encoder.final_layer_norm)
+            keys[f"{base}.pooled"] = _value(s.encoder.pooled)
         keys[f"{base}.masks.encoder"] = _value(s.masks.encoder)
         keys[f"{base}.masks.zero_padded"] = _value(s.masks.zero_padded)
         keys[f"{base}.masks.denoiser"] = _value(s.masks.denoiser)
@@ -296,7 +299,7 @@ def _link_or_copy(src: Path, bak: Path) -> None:
 # ------------------------------------------------------------------------------------- reading
 #: Tensor-name prefixes of text-encoder weights: kohya LoRA (lora_te_, lora_te1_…) and diffusers/PEFT.
 _TE_TENSOR_PREFIXES = ("lora_te", "text_encoder")
-_BOOL_SUFFIXES = (".final_layer_norm", ".masks.encoder", ".masks.zero_padded", ".masks.denoiser")
+_BOOL_SUFFIXES = (".final_layer_norm", ".masks.encoder", ".masks.zero_padded", ".masks.denoiser", ".tokenizer_only")
 
 
 def _parse_stamp_value(key: str, v: str) -> Any:

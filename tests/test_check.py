@@ -107,6 +107,29 @@ def test_kohya_lumina_empty_system_prompt(tmp_path):
     assert ok.exit_code == 0
 
 
+def test_kohya_anima_lengths_and_script(tmp_path):
+    base = 'pretrained_model_name_or_path = "/m/anima.safetensors"\nqwen3 = "/m/qwen_3_06b_base.safetensors"\n'
+    ok = check_file(write(tmp_path, "a.toml", base))
+    assert (ok.profile, ok.exit_code, ok.findings) == ("anima", 0, [])
+    assert ok.effective == {"qwen.tokenizer.max_length": 512, "t5.tokenizer.max_length": 512}
+    r = check_file(write(tmp_path, "b.toml", base + "t5_max_token_length = 256\n"), extra_args=["anima_train_network.py"])
+    assert r.profile == "anima" and deviations(r) == {"t5.tokenizer.max_length": (256, 512, "error", "t5_max_token_length = 512")}
+
+
+def test_kohya_hunyuan_image_hard_coded_differences(tmp_path):
+    base = 'pretrained_model_name_or_path = "/m/hunyuanimage2.1.safetensors"\nbyt5 = "/m/byt5.safetensors"\n'
+    r = check_file(write(tmp_path, "h.toml", base))
+    assert r.profile == "hunyuanimage-2.1"
+    dev = deviations(r)
+    assert set(dev) == {"qwen.tokenizer.max_length", "qwen.tokenizer.padding", "byt5.tokenizer.text_transform"}
+    assert dev["qwen.tokenizer.max_length"][:2] == (1024, 1000) and dev["qwen.tokenizer.padding"][:3] == ("longest", "max_length", "info")
+    assert dev["byt5.tokenizer.text_transform"][:3] == ("quoted_text without '...'", "quoted_text", "warning")
+    assert all(fix == NOT_SETTABLE for *_, fix in dev.values())
+    by_script = check_file(write(tmp_path, "s.toml", 'pretrained_model_name_or_path = "/m/model.safetensors"\n'),
+                           extra_args=["hunyuan_image_train_network.py"])
+    assert by_script.profile == "hunyuanimage-2.1"
+
+
 def test_kohya_sd1_clip_skip_and_chunks(tmp_path):
     r = check_file(write(tmp_path, "sd.toml", 'pretrained_model_name_or_path = "runwayml/stable-diffusion-v1-5"\n'
                          "clip_skip = 2\nmax_token_length = 225\n"))

@@ -220,7 +220,9 @@ def test_hidream_llama_layers_keep_batch_in_dim_1_through_index_cat_and_cache(tm
     assert torch.equal(back["prompt_embeds_llama3"], llama[:, 2:3])
 
 
-@pytest.mark.parametrize(("profile", "family"), [("sd35-large", "sd3"), ("qwen-image", "qwen-image")])
+@pytest.mark.parametrize(
+    ("profile", "family"), [("sd35-large", "sd3"), ("qwen-image", "qwen-image"), ("hunyuanimage-2.1", "hunyuanimage")]
+)
 def test_load_text_encoders_from_a_diffusers_folder(tmp_path, profile, family):
     pipe, p = _pipe(profile, family)
     for slot in p.slots:
@@ -238,6 +240,33 @@ def test_load_text_encoders_from_a_diffusers_folder(tmp_path, profile, family):
         assert torch.equal(loaded[name], original[name]), name
     half, _ = te_align.load_text_encoders(p, tmp_path, slots=[p.slots[0].name])
     assert list(half) == [p.slots[0].name]
+
+
+def test_anima_tokenizer_only_slot_loads_encodes_and_drops(tmp_path):
+    """Anima's t5 slot is tokenized only: load_text_encoders gives its tokenizer and no encoder, encode needs
+    none, the slot's ids/masks follow the qwen slot's device, and dropped captions get the ids of ""."""
+    pipe, p = _pipe("anima", "anima")
+    pipe.tokenizer.save_pretrained(tmp_path / "tokenizer")
+    pipe.text_encoder.save_pretrained(tmp_path / "text_encoder")
+    pipe.t5_tokenizer.save_pretrained(tmp_path / "t5_tokenizer")
+    tokenizers, encoders = te_align.load_text_encoders(p, tmp_path)
+    assert set(tokenizers) == {"qwen", "t5"} and set(encoders) == {"qwen"}
+    assert type(encoders["qwen"]).__name__ == "Qwen3Model" and not encoders["qwen"].training
+    prompts = ["a cat", "wow!! 東京 🐱", ""]
+    loaded = te_align.encode(p, prompts, tokenizers=tokenizers, text_encoders=encoders)
+    original = te_align.encode(p, prompts, pipeline=pipe)
+    for name in p.output_names:
+        assert torch.equal(loaded[name], original[name]), name
+    assert loaded["t5_input_ids"].dtype == torch.long and loaded.token_counts == [int(x) for x in loaded["qwen_attention_mask"].sum(1)]
+    for policy in ("profile", "zeros"):
+        dropped = te_align.encode(p, prompts, pipeline=pipe, drop_slots={"t5": [False, True, False]},
+                                  options=te_align.encoding.EncodeOptions(dropout_policy=policy))  # fmt: skip
+        as_empty = te_align.encode(p, ["a cat", "", ""], pipeline=pipe)
+        assert torch.equal(dropped["t5_input_ids"], as_empty["t5_input_ids"])  # the batch's tokens with "" there
+        assert torch.equal(dropped["t5_attention_mask"], as_empty["t5_attention_mask"])
+        assert torch.equal(dropped["qwen_prompt_embeds"], original["qwen_prompt_embeds"])  # only the t5 slot is dropped
+    with pytest.raises(EncodingError, match="no tokenizer for slot 't5'"):
+        te_align.encode(p, prompts, tokenizers={"qwen": tokenizers["qwen"]}, text_encoders=encoders)
 
 
 def test_load_text_encoders_names_the_missing_folder(tmp_path):
@@ -276,3 +305,70 @@ def test_repad_selects_real_tokens_after_the_dropped_prefix(side, repad):
         assert not out_h[i, n - 2 :].any()
         assert out_m[i].tolist() == [1] * (n - 2) + [0] * (target - n + 2)
         assert torch.equal(out_i[i, : n - 2], ids[i][mask[i].bool()][2:])
+
+
+
+# ------------------------------------------------------------- text transform, absent text, per-sample
+def _spy(module):
+    """Record (batch size, attention-mask dtype) of every forward call of ``module``."""
+    calls = []
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        mask = kwargs.get("attention_mask")
+        calls.append((kwargs["input_ids"].shape[0], None if mask is None else mask.dtype))
+        return original(*args, **kwargs)
+
+    module.forward = forward
+    return calls
+
+
+def test_quoted_text_slot_encodes_glyph_text_per_sample_with_a_float_mask_and_zeros_otherwise():
+    from te_align.encoding.core import encode_slot_tokens, tokenize_slot
+    from te_align.encoding.text import quoted_text, render
+
+    pipe, p = _pipe("hunyuanimage-2.1", "hunyuanimage")
+    slot = p.slot("byt5")
+    prompts = ["a cat", 'a sign "OPEN"', "", "it's 'x' and “y”"]
+    assert [quoted_text(x) for x in prompts] == [None, 'Text "OPEN". ', None, 'Text "s ". Text "y". ']
+    assert render(slot.tokenizer, "a cat") == ""  # no text renders as the empty string would
+    ids, mask = tokenize_slot(slot, pipe.tokenizer_2, prompts)
+    assert ids.shape == mask.shape == (4, 128)
+    assert mask.sum(dim=1).tolist()[0] == 0 and mask.sum(dim=1).tolist()[2] == 0 and not ids[[0, 2]].any()
+    calls = _spy(pipe.text_encoder_2)
+    try:
+        with torch.no_grad():  # as encode runs it (T5 floats differ with autograd recording)
+            res = encode_slot_tokens(p, slot, pipe.text_encoder_2, ids, mask)
+        assert calls == [(1, torch.float32), (1, torch.float32)]  # only the two prompts with quoted text
+        calls.clear()
+        c = encode(p, prompts, pipeline=pipe)
+        assert len(calls) == 2
+        calls.clear()
+        batched = p.with_overrides(byt5_per_sample=False, byt5_encoder_mask_dtype="int64")
+        b = encode(batched, prompts, pipeline=pipe)
+        assert calls == [(2, torch.int64)]  # the present samples in one batch, absent ones still not encoded
+    finally:
+        del pipe.text_encoder_2.forward
+    assert torch.equal(res.hidden, c["prompt_embeds_2"]) and torch.equal(res.denoiser_mask, c["prompt_embeds_mask_2"])
+    assert not c["prompt_embeds_2"][[0, 2]].any() and c["prompt_embeds_2"][[1, 3]].abs().sum(dim=(1, 2)).all()
+    assert c["prompt_embeds_mask_2"].dtype == torch.int64 and not c["prompt_embeds_mask_2"][[0, 2]].any()
+    assert b["prompt_embeds_2"].shape == c["prompt_embeds_2"].shape and not b["prompt_embeds_2"][[0, 2]].any()
+    # all absent: zeros of the encoder's width, nothing encoded; a dropped caption is the empty prompt -> zeros
+    none = encode(p, ["a", "b"], pipeline=pipe)
+    assert none["prompt_embeds_2"].shape == (2, 128, pipe.text_encoder_2.config.d_model) and not none["prompt_embeds_2"].any()
+    dropped = encode(p, prompts, pipeline=pipe, drop=[False, True, False, False])
+    assert not dropped["prompt_embeds_2"][1].any() and torch.equal(dropped["prompt_embeds_2"][3], c["prompt_embeds_2"][3])
+
+
+def test_new_slot_fields_are_validated():
+    from te_align.errors import ProfileError
+
+    with pytest.raises(ProfileError, match="absent_text applies to prompts a text_transform"):
+        te_align.profile("hunyuanimage-2.1", byt5_text_transform="none")
+    with pytest.raises(ProfileError, match=r"encoder_mask_dtype needs masks\.encoder = true"):
+        te_align.profile("hunyuanimage-2.1", **{"byt5.masks.encoder": False})
+    with pytest.raises(ProfileError, match=r"expected one of 'none' \| 'quoted_text'"):
+        te_align.profile("sd15", clip_l_text_transform="glyphs")
+    # a plain slot can take the quoted text too, with the empty string encoded for prompts without it
+    p = te_align.profile("sd15", clip_l_text_transform="quoted_text")
+    assert p.slot("clip_l").tokenizer.absent_text == "empty"

@@ -28,11 +28,13 @@ PINNED: dict[str, dict[str, tuple[str, ...]]] = {
         "SdTokenizeStrategy.tokenize": ("self", "text"),
         "SdTokenizeStrategy.tokenize_with_weights": ("self", "text"),
         "SdTextEncodingStrategy.encode_tokens": ("self", "tokenize_strategy", "models", "tokens"),
+        "SdTextEncodingStrategy.encode_tokens_with_weights": ("self", "tokenize_strategy", "models", "tokens_list", "weights_list"),
     },
     "library.strategy_sdxl": {
         "SdxlTokenizeStrategy.tokenize": ("self", "text"),
         "SdxlTokenizeStrategy.tokenize_with_weights": ("self", "text"),
         "SdxlTextEncodingStrategy.encode_tokens": ("self", "tokenize_strategy", "models", "tokens"),
+        "SdxlTextEncodingStrategy.encode_tokens_with_weights": ("self", "tokenize_strategy", "models", "tokens_list", "weights_list"),
         "SdxlTextEncoderOutputsCachingStrategy.is_disk_cached_outputs_expected": ("self", "npz_path"),
         "SdxlTextEncoderOutputsCachingStrategy.cache_batch_outputs": ("self", "tokenize_strategy", "models", "text_encoding_strategy", "infos"),
     },
@@ -54,15 +56,38 @@ PINNED: dict[str, dict[str, tuple[str, ...]]] = {
         "LuminaTokenizeStrategy.tokenize": ("self", "text", "is_negative"),
         "LuminaTokenizeStrategy.tokenize_with_weights": ("self", "text"),
         "LuminaTextEncodingStrategy.encode_tokens": ("self", "tokenize_strategy", "models", "tokens"),
+        "LuminaTextEncodingStrategy.encode_tokens_with_weights": ("self", "tokenize_strategy", "models", "tokens", "weights"),
         "LuminaTextEncoderOutputsCachingStrategy.is_disk_cached_outputs_expected": ("self", "npz_path"),
         "LuminaTextEncoderOutputsCachingStrategy.cache_batch_outputs": ("self", "tokenize_strategy", "models", "text_encoding_strategy", "batch"),
     },
+    "library.strategy_anima": {
+        "AnimaTokenizeStrategy.tokenize": ("self", "text"),
+        "AnimaTextEncodingStrategy.encode_tokens": ("self", "tokenize_strategy", "models", "tokens"),
+        "AnimaTextEncoderOutputsCachingStrategy.is_disk_cached_outputs_expected": ("self", "npz_path"),
+        "AnimaTextEncoderOutputsCachingStrategy.cache_batch_outputs": ("self", "tokenize_strategy", "models", "text_encoding_strategy", "infos"),
+    },
     "library.flux_utils": {"analyze_checkpoint_state": ("ckpt_path",), "DummyCLIPL.__init__": ("self",)},
+    "library.strategy_hunyuan_image": {
+        "HunyuanImageTokenizeStrategy.tokenize": ("self", "text"),
+        "HunyuanImageTextEncodingStrategy.encode_tokens": ("self", "tokenize_strategy", "models", "tokens"),
+        "HunyuanImageTextEncoderOutputsCachingStrategy.is_disk_cached_outputs_expected": ("self", "npz_path"),
+        "HunyuanImageTextEncoderOutputsCachingStrategy.cache_batch_outputs": (
+            "self", "tokenize_strategy", "models", "text_encoding_strategy", "infos",
+        ),
+    },
+    "library.lpw_stable_diffusion": {
+        "get_weighted_text_embeddings": (
+            "pipe", "prompt", "uncond_prompt", "max_embeddings_multiples", "no_boseos_middle", "skip_parsing", "skip_weighting", "clip_skip",
+        ),
+        "StableDiffusionLongPromptWeightingPipeline.__call__": ("self", "prompt", "negative_prompt"),
+    },
+    "library.sdxl_lpw_stable_diffusion": {"SdxlStableDiffusionLongPromptWeightingPipeline.__call__": ("self", "prompt", "negative_prompt")},
     **{m: {"LoRANetwork.save_weights": ("self", "file", "dtype", "metadata")} for m in (
-        "networks.lora", "networks.lora_flux", "networks.lora_sd3", "networks.lora_lumina")},
+        "networks.lora", "networks.lora_flux", "networks.lora_sd3", "networks.lora_lumina", "networks.lora_anima")},
 }  # fmt: skip
 
-SCRIPTS = ["train_network.py", "sdxl_train_network.py", "sd3_train_network.py", "flux_train_network.py", "lumina_train_network.py"]
+SCRIPTS = ["train_network.py", "sdxl_train_network.py", "sd3_train_network.py", "flux_train_network.py", "lumina_train_network.py",
+           "hunyuan_image_train_network.py"]
 
 
 def test_targets_are_pinned():
@@ -74,7 +99,11 @@ def test_targets_are_pinned():
 
 
 # ------------------------------------------------------------------------------ stand-in tree
-_DEFAULTS = {"is_negative": "False", "apply_lg_attn_mask": "False", "apply_t5_attn_mask": "None", "enable_dropout": "True"}
+_DEFAULTS = {
+    "is_negative": "False", "apply_lg_attn_mask": "False", "apply_t5_attn_mask": "None", "enable_dropout": "True",
+    "uncond_prompt": "None", "max_embeddings_multiples": "3", "no_boseos_middle": "False", "skip_parsing": "False",
+    "skip_weighting": "False", "clip_skip": "None", "negative_prompt": "None",
+}  # fmt: skip
 
 _BODIES = {
     "SdTokenizeStrategy.__init__": "self.tokenizer = tokenizer\n        self.max_length = 77",
@@ -89,6 +118,13 @@ _BODIES = {
         "        save_file({'lora_unet.w': torch.zeros(2)}, file, metadata)"
     ),
     "analyze_checkpoint_state": "return False, 'schnell' in ckpt_path, (19, 38), []",
+    "HunyuanImageTextEncoderOutputsCachingStrategy.is_disk_cached_outputs_expected": "return self.cache_to_disk and os.path.exists(npz_path)",
+    "HunyuanImageTextEncoderOutputsCachingStrategy.cache_batch_outputs": (
+        "for info in infos:\n            np.savez(info.text_encoder_outputs_npz, vlm_embed=np.zeros(2), ocr_mask=np.array(True))"
+    ),
+    "StableDiffusionLongPromptWeightingPipeline.__call__": "return negative_prompt",
+    "SdxlStableDiffusionLongPromptWeightingPipeline.__call__": "return negative_prompt",
+    "get_weighted_text_embeddings": "return 'plain', uncond_prompt",
 }
 
 
@@ -290,16 +326,130 @@ def test_max_token_length_becomes_long_prompt_chunking(standin, caplog):
     assert hk.cache_fingerprint(p, tok).endswith("+long_prompt_chunks=3")
 
 
-def test_weighted_captions_are_refused_with_the_way_out(standin):
-    from library import strategy_sd
+def _clip_weights(tokenizer, pieces: list[tuple[str, float]], length: int = 77):
+    """Per-position weights written out by hand: BOS, each piece's tokens at its weight, 1.0 after."""
+    import torch
 
-    from te_align.hooks import HookError
+    w = [1.0]
+    for text, weight in pieces:
+        w += [weight] * len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return torch.tensor(w + [1.0] * (length - len(w)), dtype=torch.float32)
+
+
+def test_weighted_captions_follow_profile_with_sd_scripts_weights(standin, caplog, tmp_path):
+    """--weighted_captions: the profile's tokens and layer; hidden x weight as sd-scripts (strategy_sd.py:108-129)."""
+    import numpy as np
+    import torch
+    from library import strategy_sd, strategy_sdxl
+
+    import te_align
     from te_align.hooks import kohya as hk
+    from tests.support import family_components
+    from tests.support.adapt import fit_profile
 
-    hk.install(profile="sd15")
-    tok = strategy_sd.SdTokenizeStrategy(None)
-    with pytest.raises(HookError, match=r"--weighted_captions is not supported.*TE_ALIGN=off"):
-        tok.tokenize_with_weights("a (cat:1.2)")
+    comps = family_components("sd15")
+    p = fit_profile(te_align.profile("sd15"), comps)
+    tok = strategy_sd.SdTokenizeStrategy(comps["tokenizer"])
+    enc = strategy_sd.SdTextEncodingStrategy()
+    with caplog.at_level("INFO", logger="te_align"):
+        hk.install(profile=p)
+        ids, weights = tok.tokenize_with_weights(["a photo of a cat", "a (red:1.5) [cat], (wow!)"])
+        out = enc.encode_tokens_with_weights(tok, [comps["text_encoder"]], ids, weights)[0]
+    plain = te_align.encode(p, ["a photo of a cat", "a red cat, wow!"], tokenizers=comps, text_encoders=comps)["prompt_embeds"]
+    w = _clip_weights(comps["tokenizer"], [("a", 1.0), ("red", 1.5), ("cat", 1 / 1.1), (",", 1.0), ("wow!", 1.1)])
+    plain_ids = comps["tokenizer"]("a red cat, wow!", padding="max_length", max_length=77, return_tensors="pt")["input_ids"]
+    assert ids[0].shape == weights[0].shape == (2, 1, 77) and torch.equal(ids[0][1], plain_ids)  # the syntax is not tokenized
+    assert torch.equal(out[0], plain[0])  # no weight syntax: exactly te_align.encode
+    assert torch.equal(out[1], plain[1] * w.unsqueeze(-1))
+    assert any("weighted prompts (sd: --weighted_captions)" in r.getMessage() and "no renormalisation" in r.getMessage() for r in caplog.records)
+    # a weighted TE-output cache (SDXL is_weighted) has its own fingerprint: switching --weighted_captions re-encodes
+    cache = strategy_sdxl.SdxlTextEncoderOutputsCachingStrategy()
+    cache.is_weighted = True
+    npz = str(tmp_path / "img_te_outputs.npz")
+    cache.cache_batch_outputs(None, [], None, [type("Info", (), {"text_encoder_outputs_npz": npz})()])
+    with np.load(npz) as data:
+        assert str(data["te_align_fingerprint"]).endswith("+weighted_captions=sd-scripts")
+    assert cache.is_disk_cached_outputs_expected(npz)
+    cache.is_weighted = False
+    assert not cache.is_disk_cached_outputs_expected(npz)
+
+
+def test_sample_embeddings_and_missing_negative(standin):
+    """SD lpw sample embeddings follow the profile (mean restored); a missing negative becomes zeros only where the profile says so."""
+    import types
+
+    import torch
+    from library import lpw_stable_diffusion, sdxl_lpw_stable_diffusion
+
+    import te_align
+    from te_align.hooks import kohya as hk
+    from te_align.hooks.kohya_sample import MISSING_NEGATIVE
+    from tests.support import family_components
+    from tests.support.adapt import fit_profile
+
+    comps = family_components("sd15")
+    p = fit_profile(te_align.profile("sd15"), comps)
+    pipe = types.SimpleNamespace(tokenizer=comps["tokenizer"], text_encoder=comps["text_encoder"])
+    assert lpw_stable_diffusion.get_weighted_text_embeddings(pipe, "x", "") == ("plain", "")
+    hk.install(profile=p)
+    cond, uncond = lpw_stable_diffusion.get_weighted_text_embeddings(pipe, "a (red:1.5) cat", "")
+    ref = te_align.encode(p, ["a red cat", ""], tokenizers=comps, text_encoders=comps)["prompt_embeds"]
+    h = ref[:1]
+    scaled = h * _clip_weights(comps["tokenizer"], [("a", 1.0), ("red", 1.5), ("cat", 1.0)]).unsqueeze(-1)
+    expect = scaled * (h.float().mean(dim=(-2, -1)) / scaled.float().mean(dim=(-2, -1))).view(-1, 1, 1)
+    assert torch.equal(cond, expect) and torch.equal(uncond, ref[1:])
+    # SD1.5 encodes a missing negative; SDXL's profile (force_zeros_for_empty_prompt) marks it for zeros
+    assert lpw_stable_diffusion.StableDiffusionLongPromptWeightingPipeline()("x") is None
+    hk.uninstall()
+    hk.install(profile="sdxl")
+    sdxl_pipe = sdxl_lpw_stable_diffusion.SdxlStableDiffusionLongPromptWeightingPipeline()
+    assert sdxl_pipe("x") is MISSING_NEGATIVE and (sdxl_pipe("x") or "") is MISSING_NEGATIVE
+    assert sdxl_pipe("x", "") == "" and sdxl_pipe("x", negative_prompt="blurry") == "blurry"
+    hk.uninstall()
+    assert sdxl_pipe("x") is None and lpw_stable_diffusion.get_weighted_text_embeddings(pipe, "x") == ("plain", None)
+
+
+def test_hooked_anima_path_equals_te_align_encode_padded_to_512(standin, caplog):
+    """Anima: the profile's tokens padded to sd-scripts' fixed 512 (per caption, so they collate); encode_tokens
+    gives te_align.encode of the batch zero-padded to 512, T5 ids passed through (strategy_anima.py:53-107)."""
+    import torch
+    import torch.nn.functional as F
+    from library import strategy_anima
+
+    import te_align
+    from te_align.hooks import kohya as hk
+    from tests.support import family_components
+    from tests.support.adapt import fit_profile
+
+    comps = family_components("anima")
+    p = fit_profile(te_align.profile("anima"), comps)
+    tok = strategy_anima.AnimaTokenizeStrategy()
+    tok.qwen3_tokenizer, tok.t5_tokenizer = comps["tokenizer"], comps["t5_tokenizer"]
+    tok.qwen3_max_length, tok.t5_max_length = 256, 512  # sd-scripts --qwen3_max_token_length 256
+    enc = strategy_anima.AnimaTextEncodingStrategy()
+    prompts = ["a photo of a cat", "", "a very long prompt " * 40]
+    with caplog.at_level("INFO", logger="te_align"):
+        hk.install()
+        assert hk.profile_for("anima").name == "anima"
+        hk.uninstall()
+        hk.install(profile=p)
+        per_caption = [tok.tokenize(x) for x in prompts]
+    assert all(t.shape == (1, 512) for c in per_caption for t in c)
+    tokens = [torch.cat([c[j] for c in per_caption]) for j in range(4)]
+    with torch.no_grad():
+        out = enc.encode_tokens(tok, [comps["text_encoder"]], tokens)
+        empty = enc.encode_tokens(tok, [comps["text_encoder"]], tok.tokenize(["", ""]))
+    toks = {k: comps[k] for k in ("tokenizer", "t5_tokenizer")}
+
+    def padded(t):
+        return F.pad(t, (0, 0, 0, 512 - t.shape[1])) if t.dim() == 3 else F.pad(t, (0, 512 - t.shape[1]))
+
+    for batch, got in ((prompts, out), (["", ""], empty)):
+        ref = te_align.encode(p, batch, tokenizers=toks, text_encoders={"text_encoder": comps["text_encoder"]})
+        for name, t in zip(p.output_names, got, strict=True):
+            assert t.dtype == ref[name].dtype and torch.equal(t, padded(ref[name])), name
+    assert empty[0].shape == (2, 512, comps["text_encoder"].config.hidden_size) and not empty[1].any()
+    assert any("--qwen3_max_token_length 256 replaced by profile anima's 512" in r.getMessage() for r in caplog.records)
 
 
 def test_te_cache_carries_fingerprint_and_mismatch_reencodes(standin, tmp_path, caplog):
@@ -325,6 +475,57 @@ def test_te_cache_carries_fingerprint_and_mismatch_reencodes(standin, tmp_path, 
     hk.uninstall()
     hk.install(profile="sdxl", **{"kohya.clip_g_exclamation": "sd-scripts"})
     assert not cache.is_disk_cached_outputs_expected(npz)  # hook options are part of the cache key
+
+
+def _hunyuan_strategies(module, comps):
+    """sd-scripts' HunyuanImage strategies without their hub downloads: the tokenizers are the tiny ones."""
+    tok = object.__new__(module.HunyuanImageTokenizeStrategy)
+    tok.vlm_tokenizer, tok.byt5_tokenizer = comps["tokenizer"], comps["tokenizer_2"]
+    return tok, module.HunyuanImageTextEncodingStrategy()
+
+
+def test_hooked_hunyuan_image_path_equals_te_align_encode_with_fixed_shapes(standin, tmp_path):
+    import numpy as np
+    import torch
+    from library import strategy_hunyuan_image as shi
+
+    import te_align
+    from te_align.hooks import kohya as hk
+    from tests.support import family_components
+    from tests.support.adapt import fit_profile
+
+    comps = family_components("hunyuanimage")
+    p = fit_profile(te_align.profile("hunyuanimage-2.1"), comps)
+    models = [comps["text_encoder"], comps["text_encoder_2"]]
+    tok, enc = _hunyuan_strategies(shi, comps)
+    prompts = ["a cat", 'a sign "OPEN"', "", "it's 'x' on “y”"]
+    hk.install(profile=p)
+    per_caption = [tok.tokenize(x) for x in prompts]  # as sd-scripts' dataset does, one caption at a time
+    assert {tuple(tuple(t.shape) for t in c) for c in per_caption} == {((1, 1034), (1, 1034), (1, 128), (1, 128))}
+    tokens = [torch.cat([c[i] for c in per_caption]) for i in range(4)]
+    vlm, vlm_mask, byt5, byt5_mask, ocr = enc.encode_tokens(tok, models, tokens)
+    ref = te_align.encode(p, prompts, tokenizers=comps, text_encoders=comps)
+    for got, name in ((vlm, "prompt_embeds"), (vlm_mask, "prompt_embeds_mask"), (byt5, "prompt_embeds_2"), (byt5_mask, "prompt_embeds_mask_2")):
+        assert got.dtype == ref[name].dtype and torch.equal(got, ref[name]), name
+    assert ocr.dtype == torch.bool and ocr.tolist() == [False, True, False, True]
+    assert hk.profile_for("hunyuan_image").name == p.name
+    with pytest.raises(HookError, match="before the hooks were installed"):
+        enc.encode_tokens(tok, models, [tokens[0][:, :100], tokens[1][:, :100], tokens[2], tokens[3]])
+    # the TE cache of this architecture carries the fingerprint too
+    cache = shi.HunyuanImageTextEncoderOutputsCachingStrategy()
+    npz = str(tmp_path / "img_hi_te.npz")
+    info = type("Info", (), {"text_encoder_outputs_npz": npz})()
+    hk.uninstall()
+    cache.cache_batch_outputs(None, [], None, [info])
+    hk.install(profile="hunyuanimage-2.1")
+    assert not cache.is_disk_cached_outputs_expected(npz)
+    cache.cache_batch_outputs(None, [], None, [info])
+    with np.load(npz) as data:
+        assert str(data["te_align_fingerprint"]) == hk.cache_fingerprint(te_align.profile("hunyuanimage-2.1"))
+    assert cache.is_disk_cached_outputs_expected(npz)
+    hk.uninstall()
+    hk.install()  # no explicit profile: the architecture's bundled one
+    assert hk.profile_for("hunyuan_image").name == "hunyuanimage-2.1"
 
 
 def test_saved_lora_gets_the_stamp(standin, tmp_path):
@@ -456,3 +657,30 @@ def test_cli_never_installs_hooks_even_with_te_align_active(tmp_path):
     assert as_trainer.returncode != 0 and "kohya hooks not installed" in as_trainer.stderr  # no sd-scripts here
     r = subprocess.run([sys.executable, "-m", "te_align", "status", str(tmp_path)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "not patched by te-align" in r.stdout, r.stderr
+
+
+def test_saved_anima_lora_gets_the_anima_stamp(standin, tmp_path):
+    from networks import lora_anima
+
+    from te_align.hooks import kohya as hk
+    from te_align.metadata import read
+
+    hk.install()
+    hk.profile_for("anima")
+    out = tmp_path / "anima_lora.safetensors"
+    lora_anima.LoRANetwork().save_weights(str(out), None, {"ss_network_dim": "4"})
+    info = read(out)
+    assert info["stamped"] and info["te_align"]["te_align.profile"] == "anima"
+    assert info["profile_check"]["matches"] is True
+
+
+def test_patch_plan_covers_the_anima_scripts(tmp_path):
+    from te_align.patching.kohya import SCRIPTS, detect, plan
+
+    assert ("anima_train_network.py", "anima") in SCRIPTS and ("anima_train.py", "anima") in SCRIPTS
+    root = tmp_path / "sd-scripts"
+    _write_standin(root)
+    (root / "anima_train_network.py").write_text("print('anima')\n")
+    changes = {c.path for c in plan(detect(root), None).changes}
+    assert {"anima_train_network.py", "te_align_originals/anima_train_network.py"} <= changes
+    assert "anima_train.py" not in changes  # only scripts that exist get a drop-in

@@ -50,6 +50,21 @@ def _t5_len(p: AlignmentProfile, slot: str = "t5") -> int:
     return p.slot(slot).tokenizer.max_length
 
 
+#: What AnimaTextEncoderStep.encode_prompt returns (a dict), in its order; the negatives are checked separately.
+ANIMA_KEYS = ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask")
+
+
+def _anima(pipe: Any, prompts: list[str], p: AlignmentProfile, negative: list[str] | None = None) -> tuple:
+    """The modular pipeline's text step, called as its __call__ does (CFG on: negatives prepared)."""
+    from diffusers.modular_pipelines.anima.encoders import AnimaTextEncoderStep
+
+    out = AnimaTextEncoderStep.encode_prompt(
+        pipe, prompts, negative_prompt=negative, prepare_unconditional_embeds=True,
+        max_sequence_length=_t5_len(p, "qwen"), device=torch.device("cpu"), dtype=pipe.text_encoder.dtype,
+    )  # fmt: skip
+    return (*(out[k] for k in ANIMA_KEYS), *(out[f"negative_{k}"] for k in ANIMA_KEYS))
+
+
 def _sana_instruction() -> list[str]:
     from diffusers import SanaPipeline
 
@@ -121,6 +136,11 @@ CASES: dict[str, Case] = {
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen")),
         ("prompt_embeds", "prompt_embeds_mask"),
     ),
+    "hunyuanimage-2.1": Case(
+        "hunyuanimage-2.1", "hunyuanimage",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", batch_size=len(x)),
+        ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2"),
+    ),
     "hidream": Case(
         "hidream", "hidream",
         lambda pipe, x, p: pipe.encode_prompt(
@@ -129,6 +149,7 @@ CASES: dict[str, Case] = {
         ),
         ("prompt_embeds_t5", None, "prompt_embeds_llama3", None, "pooled_prompt_embeds", None),
     ),
+    "anima": Case("anima", "anima", _anima, (*ANIMA_KEYS, None, None, None, None)),
     "wan21": Case(
         "wan21", "wan21",
         lambda pipe, x, p: pipe.encode_prompt(
@@ -205,3 +226,52 @@ def test_flux_schnell_profile_differs_from_pipeline_default_and_matches_it_at_25
     ours = te_align.encode(p, prompts, pipeline=pipe)
     assert default[0].shape[1] == 512 and ours["prompt_embeds"].shape[1] == 256
     _assert_equal("flux-schnell", "256", _pipeline_outputs("flux-schnell", prompts), ours)
+
+
+def test_anima_negative_and_uncond_equal_the_pipeline():
+    """Anima prepares the unconditional branch itself (CFG on by default): "" or the negative prompt
+    through the same two tokenizers and Qwen3; a batch of "" hits the zero-length Qwen case."""
+    pipe, p = _setup("anima")
+    for prompts, negative in ((["a cat", "far " * 600], None), (["a cat", "x"], ["blurry, low quality", ""]), (["", ""], None)):
+        with torch.no_grad():
+            result = _anima(pipe, prompts, p, negative)
+        ref = dict(zip(ANIMA_KEYS, result[len(ANIMA_KEYS) :], strict=True))
+        neg = negative or [""] * len(prompts)
+        _assert_equal("anima", f"negative {neg!r}", ref, te_align.encode(p, neg, pipeline=pipe, negative=True))
+        if negative is None:
+            _assert_equal("anima", "uncond", ref, te_align.encoding.encode_uncond(p, len(prompts), pipeline=pipe))
+    # the empty batch: one Qwen position, id 0 (not the pad token), mask 0, zero states
+    cond = te_align.encode(p, ["", ""], pipeline=pipe)
+    assert cond["qwen_prompt_embeds"].shape[1] == 1 and not cond["qwen_prompt_embeds"].any()
+    assert cond["qwen_attention_mask"].tolist() == [[0], [0]]
+    assert cond["t5_input_ids"].tolist() == [[1], [1]] and cond["t5_attention_mask"].tolist() == [[1], [1]]
+
+
+#: Prompts whose quoted text reaches HunyuanImage's ByT5 slot (extract_glyph_text: '...', "...", ‘...’, “...”).
+GLYPH_PROMPTS: dict[str, list[str]] = {
+    "double quotes": ['a neon sign that says "OPEN 24/7"'],
+    "single quotes": ["a poster reading 'SALE 50%' in red"],
+    "chinese quotes": ["招牌上写着“欢迎光临”", "a label with ‘café crème’ on it"],
+    "multiple quotes": ['"A" then \'b\' then “中文” then ‘d’ then "E"'],
+    "apostrophes": ["the cat's toy and the dog's bone"],
+    "empty quotes": ['a blank sign ""'],
+    "over 128 bytes": ['a banner "' + "a long line of text, " * 12 + '"'],
+    "mixed batch": ["a cat", 'a sign "HELLO"', "", "it's a 'x'", "“标题” on top", "far " * 600],
+    "glyph only": ['"x"'],
+}
+
+
+def test_hunyuanimage_glyph_prompts_equal_the_pipeline():
+    """HunyuanImage encodes the quoted text of each prompt with ByT5, one prompt at a time; prompts
+    without quoted text get zeros and a zero mask, also inside a batch with glyph text."""
+    pipe, p = _setup("hunyuanimage-2.1")
+    for label, prompts in GLYPH_PROMPTS.items():
+        ref = _pipeline_outputs("hunyuanimage-2.1", prompts)
+        ours = te_align.encode(p, prompts, pipeline=pipe)
+        _assert_equal("hunyuanimage-2.1", label, ref, ours)
+    glyph = te_align.encode(p, GLYPH_PROMPTS["mixed batch"], pipeline=pipe)
+    assert glyph["prompt_embeds_mask_2"].any(dim=1).tolist() == [False, True, False, True, True, False]
+    assert not glyph["prompt_embeds_2"][[0, 2, 5]].any()
+    # the empty prompt (negative / dropped caption) is the chat template with no text and zero ByT5
+    uncond = te_align.encode(p, [""], pipeline=pipe, negative=True)
+    _assert_equal("hunyuanimage-2.1", "negative ''", _pipeline_outputs("hunyuanimage-2.1", [""]), uncond)

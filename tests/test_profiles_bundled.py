@@ -21,11 +21,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RESEARCH_JSON = Path("/work/shared/research/hf_configs.json")
 
 EXPECTED_NAMES = [
+    "anima",
     "auraflow",
     "chroma",
     "flux-dev",
     "flux-schnell",
     "hidream",
+    "hunyuanimage-2.1",
     "lumina2",
     "pixart-sigma",
     "qwen-image",
@@ -61,6 +63,12 @@ SNAPSHOT_REPO = {
     "qwen-image": "Qwen/Qwen-Image",
     "wan21": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
 }
+#: Bundled profiles without an official-config snapshot: the research hf_configs.json has no entry for
+#: their repo, so nothing is compared to official values; their provenance says code / inferred instead.
+NO_SNAPSHOT = {
+    "anima": "circlestone-labs/Anima-Base-v1.0-Diffusers",
+    "hunyuanimage-2.1": "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
+}
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
 #: in the order encode_prompt returns them (text_ids: returned by encode_prompt, passed as txt_ids).
@@ -80,10 +88,13 @@ EXPECTED_OUTPUTS = {
     "hidream": ("prompt_embeds_t5", "prompt_embeds_llama3", "pooled_prompt_embeds"),
     "sana": ("prompt_embeds", "prompt_attention_mask"),
     "qwen-image": ("prompt_embeds", "prompt_embeds_mask"),
+    "hunyuanimage-2.1": ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2"),
     "wan21": ("prompt_embeds",),
+    # AnimaTextEncoderStep.encode_prompt's dict / intermediate outputs (inputs of AnimaTextConditioningStep)
+    "anima": ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask"),
 }
 
-SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen"}
+SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "byt5"}
 
 #: Snapshot statuses that are checked for exact equality (hf_configs.md: "Keep status in the
 #: snapshot and let tests assert exact equality only on official, derived-copy and code values").
@@ -134,7 +145,7 @@ def _is_leaf(node: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------- loading, names
-def test_bundled_names_are_the_sixteen_expected():
+def test_bundled_names_are_the_expected_ones():
     assert bundled_names() == EXPECTED_NAMES
 
 
@@ -142,11 +153,15 @@ def test_every_profile_loads_with_known_slot_names_and_component_folders(prof: A
     assert prof.slots
     for slot in prof.slots:
         assert slot.name in SLOT_NAMES
+        if slot.tokenizer_only:  # no encoder folder; the tokenizer keeps the pipeline's component name
+            assert slot.encoder_subfolder == "" and re.fullmatch(r"[a-z0-9]+_tokenizer", slot.tokenizer_subfolder)
+            continue
         tok = re.fullmatch(r"tokenizer(_[2-9])?", slot.tokenizer_subfolder)
         enc = re.fullmatch(r"text_encoder(_[2-9])?", slot.encoder_subfolder)
         assert tok and enc, (slot.tokenizer_subfolder, slot.encoder_subfolder)
         assert tok.group(1) == enc.group(1), f"{slot.name}: tokenizer and encoder folders do not pair up"
-    assert len({s.encoder_subfolder for s in prof.slots}) == len(prof.slots)
+    encoded = [s for s in prof.slots if not s.tokenizer_only]
+    assert len({s.encoder_subfolder for s in encoded}) == len(encoded)
 
 
 def test_output_names_are_the_pipeline_keywords_in_encode_prompt_order(prof: AlignmentProfile):
@@ -189,6 +204,12 @@ def test_aliases_are_unique_across_profiles_and_resolve():
         ("Qwen/Qwen-Image", "qwen-image"),
         ("wan2.1", "wan21"),
         ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan21"),
+        ("tencent/HunyuanImage-2.1", "hunyuanimage-2.1"),
+        ("hunyuanvideo-community/HunyuanImage-2.1-Diffusers", "hunyuanimage-2.1"),
+        ("hunyuanimage-2.1-distilled", "hunyuanimage-2.1"),
+        ("hunyuanvideo-community/HunyuanImage-2.1-Distilled-Diffusers", "hunyuanimage-2.1"),
+        ("circlestone-labs/Anima-Base-v1.0-Diffusers", "anima"),
+        ("circlestone-labs/Anima", "anima"),
     ],
 )
 def test_common_spellings_resolve(alias: str, name: str):
@@ -220,8 +241,8 @@ def test_fingerprints_are_stable():
     # A change here means a behaviour value (or the behaviour schema) changed: update deliberately.
     # Adding a field to TokenizerSpec / EncoderSpec / MaskSpec also changes every fingerprint, because
     # the behaviour dict lists every field (default-valued ones included).
-    assert bundled("sd35-large").fingerprint() == "7a2c3db88992ea95"
-    assert bundled("flux-schnell").fingerprint() == "ea2a2e16bd141934"
+    assert bundled("sd35-large").fingerprint() == "69729c9c4c664279"
+    assert bundled("flux-schnell").fingerprint() == "0457a35dad4626fe"
 
 
 # ----------------------------------------------------------------------- official-config snapshot
@@ -238,6 +259,8 @@ def _class_or_token(value: Any) -> Any:
 def _snapshot_checks(p: AlignmentProfile) -> tuple[list[tuple[str, Any, Any]], list[str]]:
     """(snapshot key, snapshot value, profile value) for every strict snapshot value the mapping
     covers, plus the strict keys skipped as prose."""
+    if p.name in NO_SNAPSHOT:
+        return [], []
     snap = official_snapshot(SNAPSHOT_REPO[p.name])
     checks: list[tuple[str, Any, Any]] = []
     prose: list[str] = []
@@ -309,7 +332,7 @@ def test_profile_equals_the_official_snapshot(name: str):
 
 
 #: Snapshots whose mapped values are all inferred / unconfirmed, so nothing is compared exactly.
-NOTHING_STRICT = {"chroma", "flux-schnell", "lumina2"}
+NOTHING_STRICT = {"chroma", "flux-schnell", "lumina2", *NO_SNAPSHOT}
 #: Strict values that are prose rather than a value (checked by hand against the profile).
 KNOWN_PROSE = {
     # "T5Tokenizer in tokenizer_config.json (model_index loads T5TokenizerFast)"
@@ -335,9 +358,14 @@ def test_snapshot_comparison_covers_the_strict_values():
 
 def test_every_profile_has_a_snapshot_and_every_snapshot_a_profile():
     assert sorted(SNAPSHOT_REPO.values()) == official_repos()
+    assert set(SNAPSHOT_REPO) | set(NO_SNAPSHOT) == set(EXPECTED_NAMES) and not set(SNAPSHOT_REPO) & set(NO_SNAPSHOT)
     for name, repo in SNAPSHOT_REPO.items():
         p = bundled(name)
         assert official_snapshot(p.repo)["repo"] == repo
+    for name, repo in NO_SNAPSHOT.items():
+        assert bundled(name).repo == repo and repo not in official_repos()
+        statuses = {pv.status for _, pv in bundled(name).provenance}
+        assert "official" not in statuses and "derived-copy" not in statuses  # no official value is claimed
 
 
 def _leaves(node: Any) -> list[dict[str, Any]]:
@@ -363,6 +391,8 @@ def test_snapshot_leaves_are_value_source_status():
 
 
 def test_pipeline_default_lengths_are_the_profile_value_or_an_alternative(prof: AlignmentProfile):
+    if prof.name in NO_SNAPSHOT:
+        return
     defaults = official_snapshot(SNAPSHOT_REPO[prof.name]).get("pipeline_defaults", {})
     leaf = defaults.get("max_sequence_length")
     if not leaf or leaf["status"] not in STRICT or not isinstance(leaf["value"], int):
@@ -435,9 +465,13 @@ ALWAYS_OWN = (
     "encoder.pooled",
     "train_dropout",
 )
+#: Instead of the encoder fields, a tokenizer-only slot needs an entry of its own for this.
+TOKENIZER_ONLY_OWN = ("tokenizer.max_length", "train_dropout", "tokenizer_only")
 #: Fields that need an entry of their own whenever they differ from the schema default.
 OWN_WHEN_SET = {
     "tokenizer": (
+        "text_transform",
+        "absent_text",
         "template",
         "system_prompt",
         "negative_template",
@@ -446,11 +480,15 @@ OWN_WHEN_SET = {
         "text_cleaning",
         "tokenize_max_length",
         "padding_side",
+        "min_length",
+        "min_length_pad_id",
     ),
-    "masks": ("repad", "denoiser_extra_pad_tokens", "denoiser_mask_dtype"),
+    "encoder": ("per_sample",),
+    "masks": ("repad", "denoiser_extra_pad_tokens", "denoiser_mask_dtype", "encoder_mask_dtype"),
 }
 _DEFAULTS = {
     "tokenizer": {f.name: f.default for f in fields(TokenizerSpec)},
+    "encoder": {f.name: f.default for f in fields(EncoderSpec)},
     "masks": {f.name: f.default for f in fields(MaskSpec)},
 }
 
@@ -463,7 +501,8 @@ def _own_entry_gaps(p: AlignmentProfile) -> list[str]:
         base = f"slots.{slot.name}"
         if base not in own:
             gaps.append(base)
-        gaps += [f"{base}.{f}" for f in ALWAYS_OWN if f"{base}.{f}" not in own]
+        always = TOKENIZER_ONLY_OWN if slot.tokenizer_only else ALWAYS_OWN
+        gaps += [f"{base}.{f}" for f in always if f"{base}.{f}" not in own]
         if not any(k == f"{base}.masks" or k.startswith(f"{base}.masks.") for k in own):
             gaps.append(f"{base}.masks")
         for part, names in OWN_WHEN_SET.items():
@@ -658,8 +697,75 @@ def test_qwen_image():
     assert (q.masks.encoder, q.masks.denoiser, q.masks.repad) == (True, True, "batch_longest")
 
 
+def test_hunyuanimage():
+    p = bundled("hunyuanimage-2.1")
+    q, b = p.slot("qwen"), p.slot("byt5")
+    # Qwen-Image's chat template without the assistant turn
+    assert q.tokenizer.template == q.tokenizer.negative_template == QWEN_TEMPLATE.removesuffix("\n<|im_start|>assistant\n")
+    assert (q.tokenizer.max_length, q.tokenizer.padding, q.tokenizer.drop_start_tokens) == (1000, "max_length", 34)
+    assert q.tokenizer.tokenize_max_length is None  # the tokenizer gets max_length + drop_start_tokens = 1034
+    assert (q.encoder.layer, q.encoder.final_layer_norm, q.masks.repad) == (-3, False, "none")
+    assert (q.masks.encoder, q.masks.denoiser) == (True, True)
+    assert (b.tokenizer.cls, b.tokenizer.max_length, b.tokenizer.padding) == ("ByT5Tokenizer", 128, "max_length")
+    assert (b.tokenizer.text_transform, b.tokenizer.absent_text) == ("quoted_text", "zeros")
+    assert (b.encoder.cls, b.encoder.hidden_size, b.encoder.layer, b.encoder.final_layer_norm) == ("T5EncoderModel", 1472, "last", True)
+    assert b.encoder.per_sample and (b.masks.encoder, b.masks.encoder_mask_dtype, b.masks.denoiser) == (True, "float", True)
+    assert dict(p.outputs) == {
+        "prompt_embeds": "qwen.hidden",
+        "prompt_embeds_mask": "qwen.denoiser_mask",
+        "prompt_embeds_2": "byt5.hidden",
+        "prompt_embeds_mask_2": "byt5.denoiser_mask",
+    }
+    # sd-scripts' values are kept as alternatives
+    assert 1024 in _alternatives(p, "slots.qwen.tokenizer.max_length")
+    assert "longest" in _alternatives(p, "slots.qwen.tokenizer.padding")
+
+
 def test_wan21():
     t5 = _slot("wan21", "t5")
     assert (t5.tokenizer.max_length, t5.tokenizer.text_cleaning) == (512, "wan")
     assert (t5.encoder.cls, t5.encoder.vocab_size) == ("UMT5EncoderModel", 256384)
     assert (t5.masks.encoder, t5.masks.denoiser, t5.masks.repad) == (True, False, "max_length")
+
+
+def test_anima():
+    p = bundled("anima")
+    q, t5 = p.slot("qwen"), p.slot("t5")
+    assert (p.pipeline, p.empty_prompt) == ("AnimaModularPipeline", "encode")
+    assert (q.encoder.cls, q.encoder.hidden_size, q.encoder.num_layers) == ("Qwen3Model", 1024, 28)
+    assert _layer(q.encoder) == ("last", True, "none")
+    assert (q.tokenizer.padding, q.tokenizer.max_length, q.tokenizer.padding_side) == ("longest", 512, "right")
+    assert (q.tokenizer.min_length, q.tokenizer.min_length_pad_id) == (1, 0)  # the zero-length batch case
+    assert (q.masks.encoder, q.masks.zero_padded, q.masks.denoiser) == (True, True, True)
+    assert t5.tokenizer_only and t5.encoder_subfolder == "" and t5.tokenizer_subfolder == "t5_tokenizer"
+    assert (t5.tokenizer.cls, t5.tokenizer.padding, t5.tokenizer.max_length) == ("T5TokenizerFast", "longest", 512)
+    assert not any(path.startswith("slots.t5.encoder") for path in p.behaviour_paths())
+    assert dict(p.outputs) == {
+        "qwen_prompt_embeds": "qwen.hidden",
+        "qwen_attention_mask": "qwen.denoiser_mask",
+        "t5_input_ids": "t5.ids",
+        "t5_attention_mask": "t5.denoiser_mask",
+    }
+    # sd-scripts' fixed 512 padding is recorded as the alternative of both paddings
+    assert "max_length" in _alternatives(p, "slots.qwen.tokenizer.padding")
+    assert "max_length" in _alternatives(p, "slots.t5.tokenizer.padding")
+
+
+def test_tokenizer_only_slots_are_validated():
+    data = json.loads(bundled("anima").to_json())
+    bad = json.loads(json.dumps(data))
+    bad["outputs"]["t5_hidden"] = "t5.hidden"
+    with pytest.raises(Exception, match="tokenizer_only: it gives ids, mask and denoiser_mask"):
+        profile_from_dict(bad)
+    bad = json.loads(json.dumps(data))
+    bad["slots"]["t5"]["encoder"] = {"cls": "T5EncoderModel", "hidden_size": 8, "num_layers": 1}
+    with pytest.raises(Exception, match="no encoder table"):
+        profile_from_dict(bad)
+    bad = json.loads(json.dumps(data))
+    bad["slots"]["t5"]["masks"]["zero_padded"] = True
+    with pytest.raises(Exception, match=r"masks\.zero_padded must be false"):
+        profile_from_dict(bad)
+    bad = json.loads(json.dumps(data))
+    del bad["slots"]["qwen"]["tokenizer"]["min_length"]
+    with pytest.raises(Exception, match="min_length_pad_id needs a min_length"):
+        profile_from_dict(bad)

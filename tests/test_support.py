@@ -341,6 +341,11 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     # 5 prompt tokens + "<|im_end|>\n<|im_start|>assistant\n" (5 tokens); mask None when all ones.
     "qwen-image": ((1, 10, 32), None),
     "wan21": ((1, 226, 64), (1, 226, 64)),
+    # Qwen 1000 positions after the 34 dropped; ByT5 128 (zeros here: the prompt has no quoted text).
+    "hunyuanimage": ((1, 1000, 32), (1, 1000), (1, 128, enc.BYT5_D_MODEL), (1, 128)),
+    # AnimaTextEncoderStep.encode_prompt's dict: Qwen states + mask, T5 ids + mask ("</s>" added), then the
+    # negatives of "" (zero Qwen tokens -> one position with mask 0; T5 "</s>").
+    "anima": ((1, 5, 32), (1, 5), (1, 6), (1, 6), (1, 1, 32), (1, 1), (1, 1), (1, 1)),
 }
 
 # Positional arguments needed besides the prompt.
@@ -351,6 +356,27 @@ ENCODE_ARGS: dict[str, tuple[Any, ...]] = {
 }
 
 _PIPELINES: dict[str, Any] = {}
+
+
+def _encode_prompt(pipe: Any, family: str, prompt: str) -> Any:
+    if family in enc.MODULAR_FAMILIES:  # the modular pipeline's text step (its __call__ reads block state)
+        from diffusers.modular_pipelines.anima.encoders import AnimaTextEncoderStep
+
+        return tuple(AnimaTextEncoderStep.encode_prompt(pipe, prompt).values())
+    return pipe.encode_prompt(prompt, *ENCODE_ARGS.get(family, ()))
+
+
+def _type_hints(pipe: Any, family: str) -> dict[str, Any]:
+    if family in enc.MODULAR_FAMILIES:
+        from diffusers.modular_pipelines.anima.encoders import AnimaTextEncoderStep
+
+        return {c.name: c.type_hint for c in AnimaTextEncoderStep().expected_components}
+    hints = {k: v.annotation for k, v in inspect.signature(type(pipe).__init__).parameters.items()}
+    if any(isinstance(h, str) for h in hints.values()):  # `from __future__ import annotations` (HunyuanImage)
+        import typing
+
+        hints.update(typing.get_type_hints(type(pipe).__init__))
+    return hints
 
 
 def _pipeline(family: str, cache_dir: Path) -> Any:
@@ -376,11 +402,11 @@ def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: st
     pipe = _pipeline(family, cache_dir)
     pipeline_cls = type(pipe)
     assert pipeline_cls.__name__ == enc.PIPELINE_CLASSES[family]
-    params = inspect.signature(pipeline_cls.__init__).parameters
-    components = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder"))}
+    params = _type_hints(pipe, family)
+    components = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) or k.endswith("_tokenizer")}
     assert components and all(v is not None for v in components.values())
     for name, component in components.items():
-        hint = params[name].annotation
+        hint = params[name]
         if (family, name) == ("auraflow", "tokenizer"):
             # diffusers hints T5Tokenizer; the official fal/AuraFlow model_index loads LlamaTokenizerFast.
             assert hint is transformers.T5Tokenizer and isinstance(component, transformers.LlamaTokenizerFast)
@@ -397,7 +423,7 @@ def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: st
 def test_encode_prompt_runs(cache_dir: Path, family: str) -> None:
     pipe = _pipeline(family, cache_dir)
     with torch.no_grad():
-        out = pipe.encode_prompt(PROMPT, *ENCODE_ARGS.get(family, ()))
+        out = _encode_prompt(pipe, family, PROMPT)
     assert _shapes(out) == EXPECTED_SHAPES[family]
     first = out[0]
     assert first.dtype == torch.float32 and torch.isfinite(first).all()

@@ -358,6 +358,7 @@ _NAME_HINTS: tuple[tuple[str, str], ...] = (
     (r"aura[-_ ]?flow", "auraflow"),
     (r"lumina", "lumina2"),
     (r"hidream", "hidream"),
+    (r"hunyuan[-_ ]?image", "hunyuanimage-2.1"),
     (r"qwen", "qwen-image"),
     (r"\bwan[-_ ]?2", "wan21"),
     (r"\bsana", "sana"),

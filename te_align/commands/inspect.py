@@ -60,6 +60,10 @@ def stamp_lines(data: dict[str, Any]) -> list[str]:
     slots = [s for s in str(te.get("te_align.slots", "")).split(",") if s]
     for s in slots:
         b = f"te_align.{s}."
+        if _onoff(te.get(b + "tokenizer_only")) == "on":
+            lines.append(f"  {s}: max {te.get(b + 'max_length', '?')} tokens, tokenized only (no encoder), "
+                         f"denoiser mask {_onoff(te.get(b + 'masks.denoiser'))}")  # fmt: skip
+            continue
         lines.append(
             f"  {s}: max {te.get(b + 'max_length', '?')} tokens, layer {te.get(b + 'layer', '?')}, "
             f"final LN {_onoff(te.get(b + 'final_layer_norm'))}, pooled {te.get(b + 'pooled', '?')}, "

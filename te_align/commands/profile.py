@@ -106,7 +106,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     for path in paths:
         if path.startswith("slots."):
             _, slot, rest = path.split(".", 2)
-            group = f"slot {slot} ({p.slot(slot).tokenizer_subfolder}/ + {p.slot(slot).encoder_subfolder}/)"
+            sp = p.slot(slot)
+            group = f"slot {slot} ({sp.tokenizer_subfolder}/, tokenized only)" if sp.tokenizer_only else (
+                f"slot {slot} ({sp.tokenizer_subfolder}/ + {sp.encoder_subfolder}/)")  # fmt: skip
             label = rest
         elif path.startswith("outputs."):
             group, label = "outputs", path.split(".", 1)[1]

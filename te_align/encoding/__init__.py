@@ -16,8 +16,11 @@ _EXPORTS = {
     "encode_slot": "te_align.encoding.core",
     "encode_uncond": "te_align.encoding.core",
     "long_prompt_chunks": "te_align.encoding.core",
+    "parse_prompt_weights": "te_align.encoding.weights",
     "sample_dropout": "te_align.encoding.core",
     "tokenize_length": "te_align.encoding.core",
+    "tokenize_slot_weighted": "te_align.encoding.weights",
+    "weight_hidden_states": "te_align.encoding.weights",
     "load_text_encoders": "te_align.encoding.loading",
 }
 

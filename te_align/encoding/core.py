@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from te_align.encoding.conditioning import Conditioning
-from te_align.encoding.text import render, template_prefix
+from te_align.encoding.text import is_absent, render, template_prefix
 from te_align.errors import EncodingError
 from te_align.profiles.expr import Call, Node, Ref, parse_expression, refs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
@@ -92,6 +92,10 @@ def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind:
 
 def _from_pipeline(pipeline: Any, slot: SlotSpec) -> tuple[Any, Any]:
     tok = getattr(pipeline, slot.tokenizer_subfolder, None)
+    if slot.tokenizer_only:
+        if tok is None:
+            raise EncodingError(f"slot '{slot.name}': the pipeline has no component '{slot.tokenizer_subfolder}'")
+        return tok, None
     enc = getattr(pipeline, slot.encoder_subfolder, None)
     if tok is None or enc is None:
         missing = slot.tokenizer_subfolder if tok is None else slot.encoder_subfolder
@@ -198,6 +202,8 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
     floor = max(t.min_length or 0, length if (t.padding == "max_length" and not t.truncation) else 0)
     if ids.shape[1] < floor:
         pad_id = t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
+        if t.min_length_pad_id is not None and ids.shape[1] < (t.min_length or 0):
+            pad_id = t.min_length_pad_id
         extra = floor - ids.shape[1]
         if t.padding_side == "left":
             ids = F.pad(ids, (extra, 0), value=pad_id)
@@ -267,7 +273,7 @@ def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor
     need_states = not (e.layer == "last" and e.final_layer_norm) or is_lm_head
     kwargs: dict[str, Any] = {"input_ids": ids}
     if slot.masks.encoder:
-        kwargs["attention_mask"] = mask
+        kwargs["attention_mask"] = mask.float() if slot.masks.encoder_mask_dtype == "float" else mask
     if need_states:
         kwargs["output_hidden_states"] = True
     out = encoder(**kwargs)
@@ -295,6 +301,47 @@ def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor
         last = out.last_hidden_state
         pooled = last[torch.arange(last.shape[0], device=last.device), positions]
     return hidden, pooled
+
+
+def _run_encoder(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_forward` over a batch, one sample at a time where the profile says so (``per_sample``);
+    samples without text for the slot (``absent_text = "zeros"``: an all-zero mask) are not encoded
+    and get zeros."""
+    absent = (mask.sum(dim=1) == 0).tolist() if slot.tokenizer.absent_text == "zeros" else [False] * ids.shape[0]
+    if not slot.encoder.per_sample and not any(absent):
+        return _forward(slot, encoder, ids, mask)
+    keep = [i for i, a in enumerate(absent) if not a]
+    if slot.encoder.per_sample:
+        rows = {i: _forward(slot, encoder, ids[i : i + 1], mask[i : i + 1]) for i in keep}
+    elif keep:
+        hidden, pooled = _forward(slot, encoder, ids[keep], mask[keep])
+        bd = _seq_dim(hidden) - 1
+        rows = {
+            i: (hidden.narrow(bd, k, 1), None if pooled is None else pooled[k : k + 1]) for k, i in enumerate(keep)
+        }
+    else:
+        rows = {}
+    zero_h, zero_p = _zero_row(slot, encoder, ids, rows)
+    hiddens = [rows[i][0] if i in rows else zero_h for i in range(ids.shape[0])]
+    bd = _seq_dim(hiddens[0]) - 1
+    pooled_rows = [rows[i][1] if i in rows else zero_p for i in range(ids.shape[0])]
+    out_pooled = None if slot.encoder.pooled == "none" else torch.cat(pooled_rows, dim=0)  # type: ignore[arg-type]
+    return torch.cat(hiddens, dim=bd), out_pooled
+
+
+def _zero_row(
+    slot: SlotSpec, encoder: Any, ids: torch.Tensor, rows: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Zero hidden state (and pooled output) of one sample, shaped like an encoded one."""
+    if rows:
+        h, p = next(iter(rows.values()))
+        return torch.zeros_like(h), None if p is None else torch.zeros_like(p)
+    e = slot.encoder
+    width = _config_width(getattr(encoder, "config", None)) or e.hidden_size
+    kw: dict[str, Any] = {"dtype": _encoder_dtype(encoder), "device": ids.device}
+    lead = (e.num_layers,) if e.layer == "all" else ()
+    pooled = None if e.pooled == "none" else torch.zeros((1, e.projection_dim or width), **kw)
+    return torch.zeros((*lead, 1, ids.shape[1], width), **kw), pooled
 
 
 def _seq_dim(hidden: torch.Tensor) -> int:
@@ -336,7 +383,30 @@ def tokenize_slot(
         ids, _, n = _chunk_ids(slot, tokenizer, texts, options.long_prompt_chunks, fixed=options.pad_chunks)
         ids = ids.reshape(len(texts), n * ids.shape[1])
         return ids, torch.ones_like(ids)
-    return _tokenize(slot, tokenizer, texts, negative)
+    absent = [is_absent(slot.tokenizer, p) for p in prompts]
+    if not any(absent):
+        return _tokenize(slot, tokenizer, texts, negative)
+    return _tokenize_with_absent(slot, tokenizer, texts, absent, negative)
+
+
+def _tokenize_with_absent(
+    slot: SlotSpec, tokenizer: Any, texts: list[str], absent: list[bool], negative: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize the prompts that have text for the slot; the others get pad ids and an all-zero mask."""
+    t = slot.tokenizer
+    present = [x for x, a in zip(texts, absent, strict=True) if not a]
+    if present:
+        ids_p, mask_p = _tokenize(slot, tokenizer, present, negative)
+        width = ids_p.shape[1]
+    else:
+        width = tokenize_length(slot, tokenizer, negative=negative) if t.padding == "max_length" else max(t.min_length or 0, 1)
+        ids_p = mask_p = torch.zeros((0, width), dtype=torch.long)
+    pad_id = t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
+    ids = torch.full((len(texts), width), pad_id, dtype=ids_p.dtype)
+    mask = torch.zeros((len(texts), width), dtype=mask_p.dtype)
+    rows = torch.tensor([i for i, a in enumerate(absent) if not a], dtype=torch.long)
+    ids[rows], mask[rows] = ids_p, mask_p
+    return ids, mask
 
 
 def encode_slot_tokens(
@@ -355,6 +425,10 @@ def encode_slot_tokens(
     position is encoded with the plain batch shape, so chunk 1 is bit-identical to the unchunked
     encoding (float results depend on the batch shape); the pooled output comes from chunk 1.
     """
+    if slot.tokenizer_only:
+        if device is not None:
+            ids, mask = ids.to(device), mask.to(device)
+        return _tokens_only(slot, ids, mask, counts)
     ids, mask = ids.to(device or _encoder_device(encoder)), mask.to(device or _encoder_device(encoder))
     width = slot.tokenizer.max_length
     if slot.tokenizer.cls.startswith("CLIP") and ids.shape[1] > width and ids.shape[1] % width == 0:
@@ -364,7 +438,7 @@ def encode_slot_tokens(
         hidden = torch.cat([h for h, _ in parts], dim=-2)
         pooled = parts[0][1]
     else:
-        hidden, pooled = _forward(slot, encoder, ids, mask)
+        hidden, pooled = _run_encoder(slot, encoder, ids, mask)
     if counts is None:
         counts = [int(x) for x in mask.sum(dim=1)]
     return _finish_slot(slot, encoder, hidden, pooled, ids, mask, counts)
@@ -400,12 +474,25 @@ def _finish_slot(
     if t.tokenize_max_length and m.repad != "max_length":
         hidden = hidden.narrow(sd, 0, min(hidden.shape[sd], t.max_length))
         mask, ids = mask[:, : t.max_length], ids[:, : t.max_length]
+    denoiser_mask = _denoiser_mask(slot, mask, hidden.dtype)
+    return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask, token_counts=counts)
+
+
+def _denoiser_mask(slot: SlotSpec, mask: torch.Tensor, embeds_dtype: torch.dtype) -> torch.Tensor:
+    m = slot.masks
     lengths = mask.sum(dim=1, keepdim=True)
     positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
     visible = positions < lengths + m.denoiser_extra_pad_tokens
-    mask_dtype = {"int64": torch.long, "bool": torch.bool, "embeds": hidden.dtype}[m.denoiser_mask_dtype]
-    denoiser_mask = visible.to(mask_dtype)
-    return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask, token_counts=counts)
+    mask_dtype = {"int64": torch.long, "bool": torch.bool, "embeds": embeds_dtype}[m.denoiser_mask_dtype]
+    return visible.to(mask_dtype)
+
+
+def _tokens_only(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, counts: list[int] | None) -> SlotResult:
+    """The result of a tokenizer-only slot: ids and masks as tokenized; ``hidden`` is empty (width 0)."""
+    if counts is None:
+        counts = [int(x) for x in mask.sum(dim=1)]
+    hidden = torch.zeros((*ids.shape, 0), dtype=torch.float32, device=ids.device)
+    return SlotResult(hidden=hidden, pooled=None, mask=mask, ids=ids, denoiser_mask=_denoiser_mask(slot, mask, torch.float32), token_counts=counts)
 
 
 def _repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -529,20 +616,33 @@ def encode(
     texts = ["" if d and policy == "encode" else x for x, d in zip(batch, drop_all, strict=True)]
 
     results: dict[str, SlotResult] = {}
+    slot_dev: torch.device | None = None
     with torch.set_grad_enabled(requires_grad):
-        for slot in p.slots:
+        for slot in sorted(p.slots, key=lambda s: s.tokenizer_only):  # encoded slots first: they set the device
             if pipeline is not None and (tokenizers is None or text_encoders is None):
                 tok, enc = _from_pipeline(pipeline, slot)
             else:
                 tok = _component(tokenizers, slot, "tokenizer_subfolder", "tokenizer")
-                enc = _component(text_encoders, slot, "encoder_subfolder", "text encoder")
-            check_components(p, slot, tok, enc, dev)
-            slot_dev = dev or _encoder_device(enc)
-            res = encode_slot(p, slot, tok, enc, texts, device=slot_dev, negative=negative, options=opts)
+                enc = None if slot.tokenizer_only else _component(text_encoders, slot, "encoder_subfolder", "text encoder")
+            if slot.tokenizer_only:
+                if not callable(tok):
+                    raise EncodingError(f"slot '{slot.name}': the tokenizer is a {type(tok).__name__}, not a tokenizer")
+                # token ids go where the encoded slots' outputs are (the pipeline's execution device)
+                slot_dev = dev or slot_dev or torch.device("cpu")
+            else:
+                check_components(p, slot, tok, enc, dev)
+                slot_dev = dev or _encoder_device(enc)
             flags = [a or b for a, b in zip(drop_all, (drop_slots or {}).get(slot.name, [False] * len(batch)), strict=True)]
-            if any(flags):
-                res = _apply_slot_drop(p, slot, tok, enc, res, flags, policy, slot_dev, negative, opts, drop_all)
+            if slot.tokenizer_only:
+                # nothing encoded to zero: a dropped sample gets the tokens of "" (under either policy)
+                res = encode_slot(p, slot, tok, enc, ["" if f else x for x, f in zip(texts, flags, strict=True)],
+                                  device=slot_dev, negative=negative, options=opts)  # fmt: skip
+            else:
+                res = encode_slot(p, slot, tok, enc, texts, device=slot_dev, negative=negative, options=opts)
+                if any(flags):
+                    res = _apply_slot_drop(p, slot, tok, enc, res, flags, policy, slot_dev, negative, opts, drop_all)
             results[slot.name] = res
+        results = {s.name: results[s.name] for s in p.slots}  # profile order
         tensors: dict[str, torch.Tensor] = {}
         for name, expr in p.outputs:
             value = evaluate(parse_expression(expr, key=f"outputs.{name}"), results)
@@ -592,7 +692,8 @@ def _apply_slot_drop(
     pooled = None if res.pooled is None else torch.where(rows[:, None], empty.pooled.expand_as(res.pooled), res.pooled)  # type: ignore[union-attr]
     mask = torch.where(rows[:, None], empty.mask.expand_as(res.mask), res.mask)
     dmask = torch.where(rows[:, None], empty.denoiser_mask.expand_as(res.denoiser_mask), res.denoiser_mask)
-    return SlotResult(hidden, pooled, mask, res.ids, dmask, res.token_counts)
+    ids = torch.where(rows[:, None], empty.ids.expand_as(res.ids), res.ids)
+    return SlotResult(hidden, pooled, mask, ids, dmask, res.token_counts)
 
 
 def encode_uncond(profile: AlignmentProfile | str, batch_size: int = 1, **kwargs: Any) -> Conditioning:

@@ -31,7 +31,8 @@ def load_text_encoders(
     """``(tokenizers, text_encoders)`` keyed by slot name, loaded with transformers.
 
     Each slot's tokenizer comes from ``<path>/<tokenizer_subfolder>`` and its encoder from
-    ``<path>/<encoder_subfolder>``, with the classes the profile names. ``dtype`` defaults to the
+    ``<path>/<encoder_subfolder>``, with the classes the profile names; a ``tokenizer_only`` slot
+    (Anima's T5 ids) gets its tokenizer and no encoder entry. ``dtype`` defaults to the
     profile's encoder dtype. ``slots`` restricts loading to some slots (e.g. only ``t5``).
     """
     from te_align.encoding.core import _resolve_dtype, resolve_profile
@@ -49,6 +50,14 @@ def load_text_encoders(
         common: dict[str, Any] = {"revision": revision, "local_files_only": local_files_only}
         if is_local and not (Path(source) / slot.tokenizer_subfolder).is_dir():
             raise EncodingError(f"slot '{name}': no tokenizer folder '{slot.tokenizer_subfolder}' in {source}")
+        if slot.tokenizer_only:  # tokenized only (Anima's T5 ids): no encoder to load
+            tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer", name)
+            try:
+                tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)
+            except OSError as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise EncodingError(f"slot '{name}': cannot load the tokenizer from {source}: {first}") from None
+            continue
         if is_local and not (Path(source) / slot.encoder_subfolder).is_dir():
             raise EncodingError(f"slot '{name}': no text-encoder folder '{slot.encoder_subfolder}' in {source}")
         tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer", name)

@@ -8,6 +8,8 @@ import re
 from te_align.profiles.model import TokenizerSpec
 
 _WS = re.compile(r"\s+")
+#: Quote pairs of the ``quoted_text`` transform, searched in this order (non-greedy, per pair).
+_QUOTES = tuple(re.compile(re.escape(a) + "(.*?)" + re.escape(b)) for a, b in (("'", "'"), ('"', '"'), ("\u2018", "\u2019"), ("\u201c", "\u201d")))
 
 
 def _unescape_twice(text: str) -> str:
@@ -60,10 +62,41 @@ def clean(text: str, mode: str) -> str:
     raise ValueError(f"unknown text_cleaning {mode!r}")  # validated by the profile schema
 
 
+def quoted_text(prompt: str) -> str | None:
+    """The quoted spans of a prompt as glyph text, or None when it has none.
+
+    Every span in '...', then "...", then ‘...’, then “...” (each pair searched on its own,
+    shortest match), written as ``Text "span"``, joined with ". " and ended with ". ". The glyph
+    text HunyuanImage-2.1 gives its ByT5 encoder (diffusers ``pipelines/hunyuan_image``
+    ``extract_glyph_text``).
+    """
+    spans = [m for pattern in _QUOTES for m in pattern.findall(prompt)]
+    if not spans:
+        return None
+    return ". ".join(f'Text "{x}"' for x in spans) + ". "
+
+
+def slot_text(spec: TokenizerSpec, prompt: str) -> str | None:
+    """The part of a prompt this slot encodes (``text_transform``); None when there is none."""
+    if spec.text_transform == "none":
+        return prompt
+    if spec.text_transform == "quoted_text":
+        return quoted_text(prompt)
+    raise ValueError(f"unknown text_transform {spec.text_transform!r}")  # validated by the profile schema
+
+
+def is_absent(spec: TokenizerSpec, prompt: str) -> bool:
+    """The prompt has no text for this slot and the slot encodes nothing for it (``absent_text = "zeros"``)."""
+    return spec.absent_text == "zeros" and slot_text(spec, prompt) is None
+
+
 def render(spec: TokenizerSpec, prompt: str, *, negative: bool = False) -> str:
-    """Clean a prompt and wrap it in the slot's template (or negative template)."""
+    """Transform and clean a prompt and wrap it in the slot's template (or negative template).
+
+    A prompt without text for the slot (``text_transform``) renders as the empty string would.
+    """
     template = spec.negative_template if negative else spec.template
-    text = clean(prompt, spec.text_cleaning)
+    text = clean(slot_text(spec, prompt) or "", spec.text_cleaning)
     return template.replace("{system_prompt}", spec.system_prompt or "").replace("{prompt}", text)
 
 

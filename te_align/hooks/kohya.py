@@ -7,7 +7,10 @@ those classes, ``tokenize`` and ``encode_tokens`` with functions that call :mod:
 (:func:`~te_align.encoding.core.tokenize_slot` / :func:`~te_align.encoding.core.encode_slot_tokens`)
 and return sd-scripts' own tuple layout, so everything downstream is unchanged. Cached TE outputs
 (``*_te*.npz``) get the profile fingerprint and are re-encoded when it differs; saved LoRAs get the
-te_align metadata stamp.
+te_align metadata stamp. ``--weighted_captions`` (``tokenize_with_weights`` /
+``encode_tokens_with_weights``) is tokenized and encoded by the profile with sd-scripts' prompt
+weights applied its way (:mod:`te_align.hooks.kohya_weights`); sample images are conditioned as
+training is (:mod:`te_align.hooks.kohya_sample`, which lists every sd-scripts sample path).
 
 Activation: ``install(profile=None, **overrides)``, or ``TE_ALIGN_ACTIVE=1`` in the environment,
 which installs at import time of this module. The drop-in train scripts (``te-align patch``) set it
@@ -17,7 +20,8 @@ main script, so every process of a run is hooked. ``TE_ALIGN=off`` leaves sd-scr
 Profile choice: ``install(profile=...)`` / ``TE_ALIGN_PROFILE``; otherwise per architecture
 (SD1 ``sd15``, SD2 ``sd21`` (tokenizer pad "!"), SDXL ``sdxl``, SD3 ``sd35-large`` (every bundled
 SD3 profile has the same behaviour), Flux ``flux-dev``/``flux-schnell`` from sd-scripts' own
-checkpoint analysis, Chroma ``chroma``, Lumina 2 ``lumina2``). Overrides: keyword arguments and
+checkpoint analysis, Chroma ``chroma``, Lumina 2 ``lumina2``, Anima ``anima``, HunyuanImage
+``hunyuanimage-2.1``). Overrides: keyword arguments and
 ``TE_ALIGN_OVERRIDES`` (JSON object; keyword arguments win); keys starting with ``kohya.`` are
 hook options, the rest are profile overrides. Hook options:
 
@@ -25,7 +29,18 @@ hook options, the rest are profile overrides. Hook options:
   id 0, as the hub ``tokenizer_2`` of SDXL/SD3 does) or ``"sd-scripts"`` (plain BPE "!", as
   sd-scripts' laion tokenizer and open_clip do).
 
-HunyuanImage and Anima have no bundled profile; their strategies are left unmodified.
+HunyuanImage-2.1 (``hunyuanimage-2.1``): both tokenizers pad to the profile's fixed lengths (Qwen 1000 + 34,
+ByT5 128) so per-caption tokens and cached outputs keep one shape; see :func:`_tokenize_hunyuan` and
+:func:`_encode_hunyuan` for what differs from sd-scripts' own encoding.
+
+Anima: sd-scripts caches TE outputs per caption and collates them later, so its tokenize strategy
+pads both tokenizers to a fixed length. The hooks keep that fixed shape: the profile's tokens are
+padded to its ``max_length`` (512), and ``encode_tokens`` encodes the batch cut back to its longest
+caption (the profile's ``padding = "longest"``), then pads the states with zeros and the mask with 0.
+The result is the official encoding zero-padded to 512 (bit for bit), and padding positions get zero
+weight in the denoiser's text conditioner (see :func:`_encode_anima`): equivalent in exact arithmetic,
+with float differences at rounding level (the attention reduces over 512 instead of the batch's longest
+keys), as between official batches of different composition. The T5 ids / mask pass through unchanged.
 """
 
 from __future__ import annotations
@@ -95,6 +110,15 @@ ARCHS: tuple[Arch, ...] = (
         "lumina", "library.strategy_lumina", "LuminaTokenizeStrategy", "LuminaTextEncodingStrategy",
         "LuminaTextEncoderOutputsCachingStrategy", ("tokenizer",), ("self", "text", "is_negative"),
     ),
+    Arch(
+        "anima", "library.strategy_anima", "AnimaTokenizeStrategy", "AnimaTextEncodingStrategy",
+        "AnimaTextEncoderOutputsCachingStrategy", ("qwen3_tokenizer", "t5_tokenizer"),
+    ),
+    Arch(
+        "hunyuan_image", "library.strategy_hunyuan_image", "HunyuanImageTokenizeStrategy",
+        "HunyuanImageTextEncodingStrategy", "HunyuanImageTextEncoderOutputsCachingStrategy",
+        ("vlm_tokenizer", "byt5_tokenizer"),
+    ),
 )  # fmt: skip
 
 #: encode_tokens parameters per architecture (sd-scripts 48d368f).
@@ -104,18 +128,36 @@ ENCODE_PARAMS: dict[str, tuple[str, ...]] = {
     "sd3": ("self", "tokenize_strategy", "models", "tokens", "apply_lg_attn_mask", "apply_t5_attn_mask", "enable_dropout"),
     "flux": ("self", "tokenize_strategy", "models", "tokens", "apply_t5_attn_mask"),
     "lumina": ("self", "tokenize_strategy", "models", "tokens"),
+    "anima": ("self", "tokenize_strategy", "models", "tokens"),
+    "hunyuan_image": ("self", "tokenize_strategy", "models", "tokens"),
 }
 #: LoRA network modules whose ``LoRANetwork.save_weights(self, file, dtype, metadata)`` gets the stamp.
-NETWORK_MODULES = ("networks.lora", "networks.lora_flux", "networks.lora_sd3", "networks.lora_lumina")
+NETWORK_MODULES = ("networks.lora", "networks.lora_flux", "networks.lora_sd3", "networks.lora_lumina", "networks.lora_anima")
 #: Facts recorded from sd-scripts itself: the Flux checkpoint analysis and Chroma's dummy CLIP-L.
 FLUX_PROBES = (
     Target("library.flux_utils", "analyze_checkpoint_state", ("ckpt_path",)),
     Target("library.flux_utils", "DummyCLIPL.__init__", ("self",)),
 )
-#: Architectures whose tokenize strategy has sd-scripts' --weighted_captions path (48d368f).
+#: Architectures with sd-scripts' --weighted_captions path (48d368f), and the parameters of their
+#: ``encode_tokens_with_weights``; both weighted methods follow the profile (te_align.hooks.kohya_weights).
 WEIGHTED = ("sd", "sdxl", "lumina")
+ENCODE_WEIGHTED_PARAMS: dict[str, tuple[str, ...]] = {
+    "sd": ("self", "tokenize_strategy", "models", "tokens_list", "weights_list"),
+    "sdxl": ("self", "tokenize_strategy", "models", "tokens_list", "weights_list"),
+    "lumina": ("self", "tokenize_strategy", "models", "tokens", "weights"),
+}
+#: Sample images with their own text encoding (te_align.hooks.kohya_sample): SD1/2's lpw pipeline
+#: embeddings, and both lpw pipelines' ``__call__`` (a missing negative prompt under a zeros profile).
+SAMPLE_TARGETS = (
+    Target(
+        "library.lpw_stable_diffusion", "get_weighted_text_embeddings",
+        ("pipe", "prompt", "uncond_prompt", "max_embeddings_multiples", "no_boseos_middle", "skip_parsing", "skip_weighting", "clip_skip"),
+    ),
+    Target("library.lpw_stable_diffusion", "StableDiffusionLongPromptWeightingPipeline.__call__", ("self", "prompt", "negative_prompt")),
+    Target("library.sdxl_lpw_stable_diffusion", "SdxlStableDiffusionLongPromptWeightingPipeline.__call__", ("self", "prompt", "negative_prompt")),
+)  # fmt: skip
 #: Architectures in sd-scripts without a bundled profile: not hooked (named in the log).
-UNHOOKED = {"hunyuan_image": "library.strategy_hunyuan_image", "anima": "library.strategy_anima"}
+UNHOOKED: dict[str, str] = {}
 
 
 def all_targets() -> list[Target]:
@@ -130,8 +172,11 @@ def all_targets() -> list[Target]:
             out.append(
                 Target(a.module, f"{a.cache_cls}.cache_batch_outputs", ("self", "tokenize_strategy", "models", "text_encoding_strategy", batch))
             )
-    # --weighted_captions takes sd-scripts' own weighted path, which does not follow a profile.
-    out.extend(Target(a.module, f"{a.tokenize_cls}.tokenize_with_weights", ("self", "text")) for a in ARCHS if a.name in WEIGHTED)
+    for a in ARCHS:
+        if a.name in WEIGHTED:
+            out.append(Target(a.module, f"{a.tokenize_cls}.tokenize_with_weights", ("self", "text")))
+            out.append(Target(a.module, f"{a.encode_cls}.encode_tokens_with_weights", ENCODE_WEIGHTED_PARAMS[a.name]))
+    out.extend(SAMPLE_TARGETS)
     out.extend(FLUX_PROBES)
     out.extend(Target(m, "LoRANetwork.save_weights", ("self", "file", "dtype", "metadata")) for m in NETWORK_MODULES)
     return out
@@ -211,7 +256,8 @@ def default_profile_name(arch: str, strategy: Any = None) -> str:
         return "sd21" if tok is not None and pad != eos else "sd15"
     if arch == "flux":
         return {"schnell": "flux-schnell", "chroma": "chroma"}.get(_RUN.state().get("flux_variant", "dev"), "flux-dev")
-    return {"sdxl": "sdxl", "sd3": "sd35-large", "lumina": "lumina2", "chroma": "chroma"}[arch]
+    return {"sdxl": "sdxl", "sd3": "sd35-large", "lumina": "lumina2", "chroma": "chroma", "anima": "anima",
+            "hunyuan_image": "hunyuanimage-2.1"}[arch]
 
 
 def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
@@ -236,14 +282,45 @@ def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
     return p
 
 
-def cache_fingerprint(p: AlignmentProfile, strategy: Any = None) -> str:
-    """Fingerprint stored in TE-output caches: the profile's, plus hook options that change outputs."""
+def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
+    """SD1/2: sd-scripts' ``--clip_skip N`` taken as a user override of the profile (logged once).
+
+    sd-scripts reads ``hidden_states[-N]`` and applies the final layer norm (library/strategy_sd.py
+    encode_tokens); a base model trained with clip skip (NovelAI-lineage SD1.5 fine-tunes) needs the
+    same. An explicit layer override in ``TE_ALIGN_OVERRIDES`` wins over the flag.
+    """
+    if clip_skip in (None, 0, 1) or len(p.slots) != 1:
+        return p
+    slot = p.slots[0].name
+    if any("layer" in k for k in _RUN.overrides):
+        _RUN.once("clip_skip:ignored", "te-align: --clip_skip %s not used: the user override %s sets the layer", clip_skip,
+                  json.dumps(_RUN.overrides, sort_keys=True))  # fmt: skip
+        return p
+    key = f"{p.name}:{p.fingerprint()}:clip_skip={clip_skip}"
+    with _RUN.lock:
+        q = _RUN.profiles.get(key)
+        if q is None:
+            q = _RUN.profiles[key] = p.with_overrides(
+                {f"slots.{slot}.encoder.layer": -int(clip_skip), f"slots.{slot}.encoder.final_layer_norm": True}
+            )
+            logger.info("te-align: --clip_skip %s taken as a user override of profile %s: hidden_states[-%s] + final layer "
+                        "norm (fingerprint %s)", clip_skip, p.name, clip_skip, q.fingerprint()[:12])  # fmt: skip
+    return q
+
+
+def cache_fingerprint(p: AlignmentProfile, strategy: Any = None, *, weighted: bool = False) -> str:
+    """Fingerprint stored in TE-output caches: the profile's, plus hook options that change outputs.
+
+    ``weighted``: the cache holds --weighted_captions outputs (sd-scripts' prompt weights applied).
+    """
     fp = p.fingerprint()
     if _RUN.options["kohya.clip_g_exclamation"] != "official" and any(s.name == "clip_g" for s in p.slots):
         fp += "+clip_g_exclamation=sd-scripts"
     chunks = _chunk_options(p.family, strategy).long_prompt_chunks if strategy is not None else 0
     if chunks:
         fp += f"+long_prompt_chunks={chunks}"
+    if weighted:
+        fp += "+weighted_captions=sd-scripts"
     return fp
 
 
@@ -315,6 +392,12 @@ def _note_setting_differences(arch: Arch, strategy: Any, p: AlignmentProfile) ->
         tmpl = p.slots[0].tokenizer
         _RUN.once("lumina:sp", "te-align: Lumina 2 captions use profile %s's template (sd-scripts --system_prompt %r not used): %r",
                   p.name, sp, getattr(tmpl, "template", None))  # fmt: skip
+    if arch.name == "anima":
+        for attr, flag, slot in (("qwen3_max_length", "--qwen3_max_token_length", "qwen"), ("t5_max_length", "--t5_max_token_length", "t5")):
+            have, want = getattr(strategy, attr, None), p.slot(slot).tokenizer.max_length if slot in p.slot_names else None
+            if have is not None and want is not None and have != want:
+                _RUN.once(f"anima:{attr}", "te-align: sd-scripts' %s %s replaced by profile %s's %s (override with %s='{\"%s_max_length\": %s}')",
+                          flag, have, p.name, want, ENV_OVERRIDES, slot, have)  # fmt: skip
 
 
 def _tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> Any:
@@ -325,6 +408,10 @@ def _tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> A
     texts = [text] if isinstance(text, str) else list(text)
     p = profile_for(arch.name, strategy)
     _note_setting_differences(arch, strategy, p)
+    if arch.name == "anima":
+        return _tokenize_anima(p, strategy, texts, negative)
+    if arch.name == "hunyuan_image":
+        return _tokenize_hunyuan(p, strategy, texts, negative)
     parts: list[tuple[Any, Any]] = []
     for slot, tok in _slot_tokenizers(arch, strategy, p):
         if slot is None:  # e.g. Chroma has no CLIP-L: sd-scripts still tokenizes for its dummy encoder
@@ -395,7 +482,12 @@ def _encode(arch: Arch, self: Any, tokenize_strategy: Any, models: Sequence[Any]
     if name == "flux" and _is_chroma(models):
         _RUN.record(flux_variant="chroma")
     p = profile_for(name, tokenize_strategy)
+    if name == "anima":
+        return _encode_anima(p, models, tokens)
+    if name == "hunyuan_image":
+        return _encode_hunyuan(p, tokenize_strategy, models, tokens)
     if name == "sd":
+        p = with_clip_skip(p, getattr(self, "clip_skip", None))
         return [_slot_encode(p, p.slots[0].name, models[0], _one_chunk(tokens[0], name), None).hidden]
     if name == "sdxl":
         r1 = _slot_encode(p, "clip_l", models[0], _one_chunk(tokens[0], name), None)
@@ -453,6 +545,195 @@ def _encode_sd3(p: AlignmentProfile, self: Any, models: Sequence[Any], tokens: S
     return [lg_out, t5_out, lg_pooled, l_mask, g_mask, t5_mask]
 
 
+# ------------------------------------------------------------------------------------------ Anima
+def _fixed_length(slot: Any, ids: Any, mask: Any, length: int, pad_id: int) -> tuple[Any, Any]:
+    """Pad (never cut) tokens to ``length`` on the profile's padding side: pad id, mask 0."""
+    import torch.nn.functional as F
+
+    extra = length - ids.shape[1]
+    if extra <= 0:
+        return ids, mask
+    pad = (extra, 0) if slot.tokenizer.padding_side == "left" else (0, extra)
+    return F.pad(ids, pad, value=pad_id), F.pad(mask, pad, value=0)
+
+
+def _batch_longest(slot: Any, ids: Any, mask: Any, pad_id: int) -> tuple[Any, Any]:
+    """Fixed-length tokens cut back to what :func:`~te_align.encoding.core.tokenize_slot` gives the same
+    batch under ``padding = "longest"``: the longest caption's width (at least ``min_length``, the added
+    positions holding ``min_length_pad_id``), every other masked position the pad id (captions tokenized
+    one by one and collated may carry their own ``min_length`` fill). Tokens of a ``max_length`` profile
+    are returned as they are."""
+    import torch
+
+    t = slot.tokenizer
+    if t.padding != "longest":
+        return ids, mask
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad_id))
+    real = int(mask.sum(dim=1).max()) if mask.shape[0] else 0
+    width = min(ids.shape[1], max(real, t.min_length or 0))
+    left = t.padding_side == "left"
+    ids, mask = (ids[:, ids.shape[1] - width :], mask[:, mask.shape[1] - width :]) if left else (ids[:, :width], mask[:, :width])
+    if width > real and t.min_length_pad_id is not None:
+        ids = ids.clone()
+        if left:
+            ids[:, : width - real] = t.min_length_pad_id
+        else:
+            ids[:, real:] = t.min_length_pad_id
+    return ids, mask
+
+
+def _tokenize_anima(p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+    """``[qwen ids, qwen mask, t5 ids, t5 mask]`` as sd-scripts' AnimaTokenizeStrategy.tokenize returns them
+    (strategy_anima.py:53-69), by the profile, each padded to the slot's ``max_length`` for collation."""
+    from te_align.encoding.core import tokenize_slot
+
+    out: list[Any] = []
+    for slot_name, attr in (("qwen", "qwen3_tokenizer"), ("t5", "t5_tokenizer")):
+        slot, tok = p.slot(slot_name), getattr(strategy, attr)
+        ids, mask = tokenize_slot(slot, tok, texts, negative=negative)
+        pad_id = slot.tokenizer.pad_token_id if slot.tokenizer.pad_token_id is not None else (tok.pad_token_id or 0)
+        out.extend(_fixed_length(slot, ids, mask, slot.tokenizer.max_length, pad_id))
+    return out
+
+
+def _encode_anima(p: AlignmentProfile, models: Sequence[Any], tokens: Sequence[Any]) -> Any:
+    """``[qwen states, qwen mask, t5 ids, t5 mask]`` as AnimaTextEncodingStrategy.encode_tokens returns them
+    (strategy_anima.py:82-107): Qwen3 runs on the batch cut back to its longest caption, exactly as the
+    official pipeline encodes that batch; states and mask are then zero-padded back to sd-scripts' width.
+
+    Why the zero padding is exact for the denoiser (diffusers 0.42.1 / sd-scripts 48d368f):
+
+    * Qwen states: the conditioner's cross-attention takes the Qwen mask as key mask
+      (df models/condition_embedders/condition_embedder_anima.py:217-223 with :306-307; sd
+      library/anima_models.py:1528-1535,1574-1582), so padded source positions get zero weight; source
+      RoPE positions are ``arange`` (:312-315; sd :1586-1589) and right padding leaves the real positions at
+      0..n-1. The states of padded positions are zero either way (df modular_pipelines/anima/encoders.py:147;
+      sd library/strategy_anima.py:105).
+    * T5 ids: padded targets are key-masked in the conditioner's self-attention (:206-214; sd :1517-1525),
+      their outputs are zeroed (:340-341; sd library/anima_models.py:1370), and the official output is
+      right-padded with zeros to ``min_sequence_length`` 512 (:253,343-344), which is sd-scripts' width.
+    * The DiT takes the 512 conditioning rows without a mask (df modular_pipelines/anima/denoise.py:131-137;
+      sd anima_train_network.py:306-314), so it sees the same 512 rows: the real ones, then zeros.
+
+    A batch of captions that all tokenize to nothing (Qwen3 adds no special tokens, so "") has one key,
+    masked, officially and 512 masked keys in sd-scripts: the cross-attention output of a fully masked
+    row is 0 in both (torch >= 2.5 SDPA; sd-scripts docs/anima_train_network.md asks for torch >= 2.5).
+
+    So zero padding is exact in exact arithmetic. In float, attention over 512 instead of the batch's
+    longest keys rounds differently: on the tiny test models (fp32) the conditioner output moves by at
+    most 7.2e-7, the same as the official pipeline's own change when a prompt shares its batch with a
+    longer one (tests/test_kohya_integration.py::test_anima_padding_is_invisible_to_sd_scripts_llm_adapter).
+    """
+    import torch.nn.functional as F
+
+    from te_align.encoding.core import encode_slot_tokens
+
+    qwen = p.slot("qwen")
+    ids, mask, t5_ids, t5_mask = tokens
+    width = ids.shape[1]
+    pad_id = qwen.tokenizer.pad_token_id if qwen.tokenizer.pad_token_id is not None else 0
+    cut_ids, cut_mask = _batch_longest(qwen, ids, mask, pad_id)
+    r = encode_slot_tokens(p, qwen, models[0], cut_ids, cut_mask)
+    extra = width - r.hidden.shape[-2]
+    left = qwen.tokenizer.padding_side == "left"
+    hidden = F.pad(r.hidden, (0, 0, extra, 0) if left else (0, 0, 0, extra))
+    out_mask = F.pad(r.denoiser_mask, (extra, 0) if left else (0, extra))
+    return [hidden, out_mask, t5_ids, t5_mask]
+
+
+# ----------------------------------------------------------------------------------- HunyuanImage
+#: sd-scripts' HunyuanImage tokenizer attribute per profile slot (library/strategy_hunyuan_image.py:19-25).
+HUNYUAN_TOKENIZERS = (("qwen", "vlm_tokenizer"), ("byt5", "byt5_tokenizer"))
+
+
+def _tokenize_hunyuan(p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+    """``[vlm ids, vlm mask, byt5 ids, byt5 mask]`` as HunyuanImageTokenizeStrategy.tokenize returns them
+    (strategy_hunyuan_image.py:27-45), by the profile.
+
+    The profile pads Qwen to 1000 + 34 and ByT5 to 128 (``padding = "max_length"``), so every caption's
+    tokens have the same shape and collate, where sd-scripts pads Qwen to the batch's longest (up to
+    1024 + 34) and ByT5 to 128, or to 1 when no caption of the batch has quoted text. A caption without
+    quoted text gets ByT5 pad ids with an all-zero mask, which sd-scripts' own encode step also reads as
+    "no glyph text" (hunyuan_image_text_encoder.py:600-605).
+    """
+    from te_align.encoding.core import tokenize_slot
+
+    _RUN.once(
+        "hunyuan:settings",
+        "te-align: HunyuanImage captions follow profile %s: Qwen %s tokens (sd-scripts: up to 1024, padded to the batch's "
+        "longest), ByT5 glyph text from '...', \"...\", ‘...’ and “...” (sd-scripts skips '...')",
+        p.name, p.slot("qwen").tokenizer.max_length if "qwen" in p.slot_names else "?",
+    )  # fmt: skip
+    out: list[Any] = []
+    for slot_name, attr in HUNYUAN_TOKENIZERS:
+        ids, mask = tokenize_slot(p.slot(slot_name), getattr(strategy, attr), texts, negative=negative)
+        out.extend((ids, mask))
+    return out
+
+
+def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: Any, ids: Any) -> None:
+    from te_align.encoding.core import tokenize_length
+
+    slot = p.slot(slot_name)
+    if slot.tokenizer.padding != "max_length" or not slot.tokenizer.truncation:
+        return
+    want = tokenize_length(slot, tokenizer)
+    if ids.shape[1] != want:
+        raise HookError(
+            f"te-align kohya hunyuan_image: {slot_name} tokens are {ids.shape[1]} wide but profile {p.name} tokenizes to "
+            f"{want} (were these tokens made before the hooks were installed?)"
+        )
+
+
+def _encode_hunyuan(p: AlignmentProfile, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any]) -> Any:
+    """``[vlm_embed, vlm_mask, byt5_embed, byt5_mask, ocr_mask]`` as HunyuanImageTextEncodingStrategy.encode_tokens
+    returns them (strategy_hunyuan_image.py:53-79): states and int64 masks of both slots by the profile, and
+    ``ocr_mask`` (bool, per caption, on the CPU as sd-scripts builds it): the caption has glyph text.
+
+    The shapes stay fixed per caption ((1000, width), (1000,), (128, 1472), (128,), ()), which sd-scripts'
+    per-item TE cache and its collate (train_util.py:1748-1787) take as they are. sd-scripts' denoiser
+    (library/hunyuan_image_models.py:240-355) masks both sequences and moves the valid ByT5 and Qwen
+    tokens to the front per sample, so the longer Qwen padding changes no valid position.
+    """
+    import torch
+
+    from te_align.encoding.core import encode_slot_tokens
+
+    vlm_ids, vlm_mask, byt5_ids, byt5_mask = tokens
+    qwen, byt5 = models
+    for slot_name, attr in HUNYUAN_TOKENIZERS:
+        _check_token_width(p, slot_name, getattr(tokenize_strategy, attr, None), vlm_ids if slot_name == "qwen" else byt5_ids)
+    with torch.no_grad():  # as sd-scripts (hunyuan_image_text_encoder.py:545-548,610): neither encoder is trained
+        if getattr(getattr(qwen, "dtype", None), "itemsize", 2) == 1:
+            vlm_embed, vlm_out_mask = _encode_hunyuan_fp8(p, qwen, vlm_ids, vlm_mask)
+        else:
+            rq = encode_slot_tokens(p, p.slot("qwen"), qwen, vlm_ids, vlm_mask)
+            vlm_embed, vlm_out_mask = rq.hidden, rq.denoiser_mask
+        rb = encode_slot_tokens(p, p.slot("byt5"), byt5, byt5_ids, byt5_mask)
+    ocr = rb.denoiser_mask.bool().any(dim=1).cpu()
+    return [vlm_embed, vlm_out_mask, rb.hidden, rb.denoiser_mask, ocr.to(torch.bool)]
+
+
+def _encode_hunyuan_fp8(p: AlignmentProfile, qwen: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
+    """--fp8_vl: float8 Qwen2.5-VL weights only run through sd-scripts' own forward (bf16 autocast and the
+    float8 hooks it installs at load, hunyuan_image_text_encoder.py:411-491,544-546). It is handed the
+    profile's tokens; it takes hidden_states[-3] and drops the first 34 positions, which is the profile's
+    recipe when the profile says so (else refused). Floats then differ from an unquantised bf16 encoder."""
+    from library import hunyuan_image_text_encoder as hte
+
+    slot = p.slot("qwen")
+    same = (slot.encoder.layer, slot.tokenizer.drop_start_tokens, slot.masks.repad, slot.masks.zero_padded, slot.encoder.final_layer_norm)
+    if same != (-3, hte.PROMPT_TEMPLATE_ENCODE_START_IDX, "none", False, False) or not slot.masks.encoder:
+        raise HookError(
+            f"te-align kohya hunyuan_image: --fp8_vl runs Qwen2.5-VL through sd-scripts' own forward, which cannot follow "
+            f"profile {p.name} (layer {slot.encoder.layer}, drop {slot.tokenizer.drop_start_tokens}, repad {slot.masks.repad}); "
+            "remove --fp8_vl or those overrides"
+        )
+    _RUN.once("hunyuan:fp8", "te-align: --fp8_vl: Qwen2.5-VL encodes the profile's tokens through sd-scripts' float8 forward "
+              "(bf16 autocast); floats differ from the official bf16 encoding by the quantisation")  # fmt: skip
+    return hte.get_qwen_prompt_embeds_from_tokens(qwen, ids, mask)
+
+
 def _is_chroma(models: Sequence[Any]) -> bool:
     return bool(models) and models[0] is not None and type(models[0]).__name__ == "DummyCLIPL"
 
@@ -470,7 +751,7 @@ def _npz_fingerprint(path: str) -> str | None:
 
 def _expected_fingerprint(arch: Arch, strategy: Any) -> str:
     tok = _tokenize_strategy()
-    return cache_fingerprint(profile_for(arch.name, tok), tok)
+    return cache_fingerprint(profile_for(arch.name, tok), tok, weighted=bool(getattr(strategy, "is_weighted", False)))
 
 
 def _tokenize_strategy() -> Any:
@@ -537,26 +818,24 @@ class KohyaHook(Hook):
             return _flux_probe(t.qualname, original)
         if t.qualname == "LoRANetwork.save_weights":
             return _stamping_save(original)
+        if t in SAMPLE_TARGETS:
+            from te_align.hooks import kohya_sample
+
+            if kind == "__call__":
+                return kohya_sample.pipeline_call_wrapper(kohya_sample.PIPELINE_ARCH[t.module], original)
+            return kohya_sample.lpw_embeddings_wrapper(original)
         assert arch is not None, t.label
+        from te_align.hooks import kohya_weights
+
         factory: dict[str, Callable[[Arch, Any], Any]] = {
             "tokenize": _tokenize_wrapper,
-            "tokenize_with_weights": _refuse_weighted,
+            "tokenize_with_weights": kohya_weights.tokenize_with_weights_wrapper,
+            "encode_tokens_with_weights": kohya_weights.encode_tokens_with_weights_wrapper,
             "encode_tokens": _encode_wrapper,
             "is_disk_cached_outputs_expected": _cache_check_wrapper,
             "cache_batch_outputs": _cache_write_wrapper,
         }
         return factory[kind](arch, original)
-
-
-def _refuse_weighted(arch: Arch, original: Any) -> Any:
-    def tokenize_with_weights(self: Any, text: Any, *a: Any, **k: Any) -> Any:
-        raise HookError(
-            "te-align: --weighted_captions is not supported while te-align's kohya hooks are active (sd-scripts' "
-            "weighted path scales hidden states its own way and would bypass the profile). Remove "
-            "--weighted_captions, or run this training unmodified with TE_ALIGN=off"
-        )
-
-    return mark_wrapper(tokenize_with_weights, original)
 
 
 def _tokenize_wrapper(arch: Arch, original: Any) -> Any:
@@ -606,7 +885,7 @@ def _cache_write_wrapper(arch: Arch, original: Any) -> Any:
             _RUN.record(flux_variant="chroma")
         result = original(self, tokenize_strategy, models, text_encoding_strategy, infos)
         if getattr(self, "cache_to_disk", False):
-            fp = cache_fingerprint(profile_for(arch.name, tokenize_strategy), tokenize_strategy)
+            fp = cache_fingerprint(profile_for(arch.name, tokenize_strategy), tokenize_strategy, weighted=bool(getattr(self, "is_weighted", False)))
             for info in infos:
                 path = getattr(info, "text_encoder_outputs_npz", None)
                 if path and os.path.exists(path):
@@ -685,7 +964,8 @@ def install(profile: Any = None, **overrides: Any) -> bool:
         _configure(chosen, profile_ov, options)
         hook.install()
         _HOOK = hook
-    logger.info("te-align: kohya hooks active (%s); unhooked architectures without a profile: %s", SUPPORTED, ", ".join(UNHOOKED))
+    logger.info("te-align: kohya hooks active (%s)%s", SUPPORTED,
+                f"; unhooked architectures without a profile: {', '.join(UNHOOKED)}" if UNHOOKED else "")  # fmt: skip
     if merged:
         logger.info("te-align: user overrides for kohya: %s", json.dumps(merged, sort_keys=True, default=str))
     return True

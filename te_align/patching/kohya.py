@@ -30,12 +30,15 @@ SCRIPTS: tuple[tuple[str, str], ...] = (
     ("sd3_train_network.py", "sd3"),
     ("flux_train_network.py", "flux"),
     ("lumina_train_network.py", "lumina"),
+    ("hunyuan_image_train_network.py", "hunyuan_image"),
+    ("anima_train_network.py", "anima"),
     ("fine_tune.py", "sd"),
     ("train_db.py", "sd"),
     ("sdxl_train.py", "sdxl"),
     ("sd3_train.py", "sd3"),
     ("flux_train.py", "flux"),
     ("lumina_train.py", "lumina"),
+    ("anima_train.py", "anima"),
 )
 
 

@@ -24,14 +24,23 @@ _LONG_WORDS = " ".join(f"word{i} cat, dog!" for i in range(400))
 
 # ------------------------------------------------------------------------------ prompt suite
 def _at_limit(slot: Any, tokenizer: Any) -> str:
-    """A prompt whose rendered text has exactly the slot's max_length tokens (special tokens included)."""
+    """A prompt whose rendered text has exactly the slot's max_length tokens (special tokens included).
+
+    For a slot that encodes only part of the prompt (``text_transform``, e.g. HunyuanImage's quoted
+    glyph text) the words are put in quotes, so that part is what reaches the limit.
+    """
     from te_align.encoding.core import tokenize_length
     from te_align.encoding.text import render
 
     target = tokenize_length(slot, tokenizer)
+    quoted = slot.tokenizer.text_transform != "none"
+
+    def prompt(words: list[str]) -> str:
+        body = " ".join(words)
+        return f'a sign that says "{body}"' if quoted else body
 
     def count(words: list[str]) -> int:
-        text = render(slot.tokenizer, " ".join(words))
+        text = render(slot.tokenizer, prompt(words))
         return len(tokenizer(text, add_special_tokens=slot.tokenizer.add_special_tokens)["input_ids"])
 
     words: list[str] = []
@@ -42,7 +51,10 @@ def _at_limit(slot: Any, tokenizer: Any) -> str:
                 break
         else:
             break
-    return " ".join(words)
+    # one short (byte-level tokenizers, where every word adds an even count): lengthen the last word
+    while words and count(words) < target and count([*words[:-1], words[-1] + "x"]) <= target:
+        words[-1] += "x"
+    return prompt(words)
 
 
 def prompt_suite(profile: Any, tokenizers: Mapping[str, Any]) -> dict[str, list[str]]:

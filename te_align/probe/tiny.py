@@ -40,6 +40,7 @@ __all__ = [
     "T5_D_MODEL",
     "architecture_overrides",
     "build_pipeline_for_encoding",
+    "byt5_encoder_model",
     "clip_text_model",
     "clip_text_model_with_projection",
     "family_components",
@@ -47,6 +48,7 @@ __all__ = [
     "gemma2_model",
     "llama_for_causal_lm",
     "qwen2_5_vl_model",
+    "qwen3_model",
     "sd3_transformer",
     "t5_encoder_model",
     "umt5_encoder_model",
@@ -81,9 +83,17 @@ PIPELINE_CLASSES: dict[str, str] = {
     "hidream": "HiDreamImagePipeline",
     "sana": "SanaPipeline",
     "qwen-image": "QwenImagePipeline",
+    "hunyuanimage": "HunyuanImagePipeline",
     "wan21": "WanPipeline",
+    "anima": "AnimaModularPipeline",
 }
+#: Families whose official text encoding lives in a diffusers *modular* pipeline (diffusers.modular_pipelines).
+MODULAR_FAMILIES: tuple[str, ...] = ("anima",)
 FAMILIES: tuple[str, ...] = tuple(PIPELINE_CLASSES)
+
+#: google/byt5-small's width, kept for the tiny ByT5: sd-scripts' HunyuanImage code fills prompts without
+#: glyph text with zeros of this hard-coded width (library/hunyuan_image_text_encoder.py:603).
+BYT5_D_MODEL = 1472
 
 T5_D_MODEL = 96  # > CLIP-L (32) + CLIP-G (48), as T5-XXL 4096 > 768 + 1280 (SD3 pads CLIP to T5 width)
 
@@ -277,18 +287,20 @@ def llama_for_causal_lm(
 
 
 def qwen2_5_vl_model(
-    tokenizer: transformers.PreTrainedTokenizerBase, seed: int | None = None
+    tokenizer: transformers.PreTrainedTokenizerBase, seed: int | None = None, num_hidden_layers: int = 2
 ) -> transformers.Qwen2_5_VLForConditionalGeneration:
     """Tiny ``Qwen2_5_VLForConditionalGeneration`` (text: 2 layers, GQA, M-RoPE sections [2, 3, 3] for
     head_dim 16 as [16, 24, 24] for 128; vision tower: 1 block of width 16). Special-token ids in the
-    config are taken from ``tokenizer`` (real: vision_start 151652, image 151655, video 151656)."""
+    config are taken from ``tokenizer`` (real: vision_start 151652, image 151655, video 151656).
+    ``num_hidden_layers`` changes the text layer count (HunyuanImage reads ``hidden_states[-3]``, which
+    is the embedding output of a 2-layer model)."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN2_SPECIAL_TOKENS}
     config = transformers.Qwen2_5_VLConfig(
         text_config={
             "vocab_size": _round_up(len(tokenizer)),
             "hidden_size": 32,
             "intermediate_size": 64,
-            "num_hidden_layers": 2,
+            "num_hidden_layers": num_hidden_layers,
             "num_attention_heads": 2,
             "num_key_value_heads": 1,
             "max_position_embeddings": 128000,
@@ -314,9 +326,65 @@ def qwen2_5_vl_model(
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
-    seed = _seed_for(f"qwen2.5-vl-{len(tokenizer)}") if seed is None else seed
+    tag = "" if num_hidden_layers == 2 else f"-{num_hidden_layers}l"
+    seed = _seed_for(f"qwen2.5-vl-{len(tokenizer)}{tag}") if seed is None else seed
     with _seeded(seed):
         return _finish(transformers.Qwen2_5_VLForConditionalGeneration(config))
+
+
+def qwen3_model(tokenizer: transformers.PreTrainedTokenizerBase, seed: int | None = None) -> transformers.Qwen3Model:
+    """Tiny ``Qwen3Model`` (Anima's text encoder, Qwen3-0.6B: 28 layers, width 1024, 16 heads, 8 KV heads,
+    head_dim 128, QK-norm, rope theta 1e6, tied embeddings; kohya-ss/sd-scripts@48d368f
+    configs/qwen3_06b/config.json): 2 layers, width 32, 4 heads, 2 KV heads, head_dim 8, vocabulary
+    ``len(tokenizer)`` rounded up to 64, ``<|endoftext|>`` as bos/eos as in that config."""
+    eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = transformers.Qwen3Config(
+        vocab_size=_round_up(len(tokenizer)),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
+        bos_token_id=eot,
+        eos_token_id=eot,
+    )
+    seed = _seed_for(f"qwen3-{len(tokenizer)}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.Qwen3Model(config))
+
+
+def byt5_encoder_model(
+    vocab_size: int, d_model: int = BYT5_D_MODEL, seed: int | None = None
+) -> transformers.T5EncoderModel:
+    """Tiny ByT5 encoder as a ``T5EncoderModel`` (google/byt5-small layout: gated-gelu, untied embeddings,
+    relative buckets 32/128, pad 0, eos 1) of byt5-small's width 1472 but 2 layers, 2 heads of 16 and a
+    feed-forward of 64 (real: 12 layers, 6 heads of 64, d_ff 3584)."""
+    config = transformers.T5Config(
+        vocab_size=vocab_size,
+        d_model=d_model,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.1,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    seed = _seed_for(f"byt5-{vocab_size}-{d_model}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.T5EncoderModel(config))
 
 
 def sd3_transformer(joint_attention_dim: int = T5_D_MODEL, pooled_projection_dim: int | None = None) -> Any:
@@ -374,7 +442,12 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
       T5Tokenizer + T5EncoderModel, PreTrainedTokenizerFast (Llama-3.1) + LlamaForCausalLM.
     * ``sana``: GemmaTokenizerFast (padding_side right) + Gemma2Model.
     * ``qwen-image``: Qwen2TokenizerFast + Qwen2_5_VLForConditionalGeneration.
+    * ``hunyuanimage``: Qwen2TokenizerFast + Qwen2_5_VLForConditionalGeneration with 4 text layers (so
+      ``hidden_states[-3]`` is an inner layer); tokenizer_2 ByT5Tokenizer (byte level, no files) +
+      T5EncoderModel (:func:`byt5_encoder_model`).
     * ``wan21``: T5TokenizerFast (umt5) + UMT5EncoderModel.
+    * ``anima``: Qwen2TokenizerFast (Qwen3-0.6B-Base conventions) + Qwen3Model; ``t5_tokenizer``
+      T5TokenizerFast (t5-v1_1 conventions) with no encoder: Anima's T5 ids go to the DiT's LLM adapter.
     """
     if family in ("sd15", "sd21"):
         pad, variant = ("<|endoftext|>", "L") if family == "sd15" else ("!", "H")
@@ -437,6 +510,22 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
     if family == "qwen-image":
         qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
         return {"tokenizer": qwen_tok, "text_encoder": qwen2_5_vl_model(qwen_tok)}
+    if family == "hunyuanimage":
+        qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
+        byt5_tok = transformers.ByT5Tokenizer()
+        return {
+            "tokenizer": qwen_tok,
+            "text_encoder": qwen2_5_vl_model(qwen_tok, num_hidden_layers=4),
+            "tokenizer_2": byt5_tok,
+            "text_encoder_2": byt5_encoder_model(len(byt5_tok)),
+        }
+    if family == "anima":
+        qwen_tok = tok.qwen3_tokenizer(cache_dir=cache_dir)
+        return {
+            "tokenizer": qwen_tok,
+            "text_encoder": qwen3_model(qwen_tok),
+            "t5_tokenizer": tok.t5_tokenizer(cache_dir=cache_dir),
+        }
     if family == "wan21":
         umt5_tok = tok.umt5_tokenizer(cache_dir=cache_dir)
         return {
@@ -466,6 +555,7 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "HiDreamImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "SanaPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
 }
 
@@ -482,6 +572,15 @@ def build_pipeline_for_encoding(
     cls_name = PIPELINE_CLASSES.get(family)
     if cls_name is None:
         raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
+    if family in MODULAR_FAMILIES:
+        # a modular pipeline is built empty from its default blocks and given its components afterwards;
+        # its text step's encode_prompt(components, ...) reads them as attributes
+        import diffusers.modular_pipelines as modular
+
+        pipe = getattr(modular, cls_name)()
+        pipe.update_components(**{**family_components(family, cache_dir=cache_dir), **overrides})
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
     kwargs: dict[str, Any] = dict(_NON_TEXT_KWARGS[cls_name])
     if family == "sd3":
         kwargs["transformer"] = sd3_transformer()
@@ -515,6 +614,9 @@ def architecture_overrides(profile: AlignmentProfile, components: Any) -> dict[s
     out: dict[str, Any] = {}
     for slot in profile.slots:
         base = f"slots.{slot.name}"
+        if slot.tokenizer_only:  # no encoder: only the tokenizer's special-token ids can differ
+            _fit_token_ids(out, base, slot, get(slot.tokenizer_subfolder))
+            continue
         cfg = _text_config(get(slot.encoder_subfolder).config)
         width = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
         layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_layers", None)
@@ -527,14 +629,17 @@ def architecture_overrides(profile: AlignmentProfile, components: Any) -> dict[s
         if slot.encoder.max_position_embeddings is not None:
             out[f"{base}.encoder.max_position_embeddings"] = cfg.max_position_embeddings
         out[f"{base}.encoder.dtype"] = "float32"
-        tok = get(slot.tokenizer_subfolder)
-        for kind in ("pad", "bos", "eos"):
-            if getattr(slot.tokenizer, f"{kind}_token_id") is not None:
-                token = getattr(slot.tokenizer, f"{kind}_token")
-                tid = tok.convert_tokens_to_ids(token) if token is not None else getattr(tok, f"{kind}_token_id")
-                if tid is not None and tid != getattr(slot.tokenizer, f"{kind}_token_id"):
-                    out[f"{base}.tokenizer.{kind}_token_id"] = tid
+        _fit_token_ids(out, base, slot, get(slot.tokenizer_subfolder))
     return out
+
+
+def _fit_token_ids(out: dict[str, Any], base: str, slot: Any, tok: Any) -> None:
+    for kind in ("pad", "bos", "eos"):
+        if getattr(slot.tokenizer, f"{kind}_token_id") is not None:
+            token = getattr(slot.tokenizer, f"{kind}_token")
+            tid = tok.convert_tokens_to_ids(token) if token is not None else getattr(tok, f"{kind}_token_id")
+            if tid is not None and tid != getattr(slot.tokenizer, f"{kind}_token_id"):
+                out[f"{base}.tokenizer.{kind}_token_id"] = tid
 
 
 def fit_profile(profile: AlignmentProfile, components: Any, **overrides: Any) -> AlignmentProfile:

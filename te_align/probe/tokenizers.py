@@ -64,6 +64,7 @@ __all__ = [
     "llama3_tokenizer",
     "pile_t5_tokenizer",
     "qwen2_tokenizer",
+    "qwen3_tokenizer",
     "t5_tokenizer",
     "umt5_tokenizer",
 ]
@@ -863,7 +864,7 @@ def llama3_tokenizer(cache_dir: PathLike | None = None) -> transformers.PreTrain
     return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
 
 
-def _write_qwen2(folder: Path) -> None:
+def _write_qwen2(folder: Path, eos: str = "<|im_end|>") -> None:
     tok, vocab, merges = _byte_level_tokenizer(_QWEN2_SPLIT_REGEX, QWEN2_SPECIAL_TOKENS, max_size=1000)
     tok.normalizer = normalizers.NFC()
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
@@ -879,7 +880,7 @@ def _write_qwen2(folder: Path) -> None:
         "additional_special_tokens": list(QWEN2_SPECIAL_TOKENS[1:]),
         "bos_token": None,
         "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
+        "eos_token": eos,
         "errors": "replace",
         "model_max_length": 131072,
         "pad_token": "<|endoftext|>",
@@ -892,7 +893,7 @@ def _write_qwen2(folder: Path) -> None:
         folder / "special_tokens_map.json",
         {
             "additional_special_tokens": list(QWEN2_SPECIAL_TOKENS[1:]),
-            "eos_token": "<|im_end|>",
+            "eos_token": eos,
             "pad_token": "<|endoftext|>",
         },
     )
@@ -910,4 +911,16 @@ def qwen2_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2Toke
     with the real tokenizer, so ``prompt_template_encode_start_idx`` drops exactly the template.
     """
     folder = _materialize("qwen2", _root(cache_dir), _write_qwen2)
+    return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
+
+
+def qwen3_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2TokenizerFast:
+    """Small Qwen3-0.6B-Base tokenizer (Anima's ``tokenizer``), loaded as ``Qwen2TokenizerFast``.
+
+    The :func:`qwen2_tokenizer` recipe with the Qwen3 base conventions of kohya-ss/sd-scripts@48d368f
+    ``configs/qwen3_06b/tokenizer_config.json`` (the Qwen3-0.6B tokenizer files sd-scripts bundles for
+    Anima): eos and pad both ``<|endoftext|>``, no BOS, ``add_bos_token`` false, nothing added around
+    the text (an empty prompt has no tokens at all), right padding.
+    """
+    folder = _materialize("qwen3", _root(cache_dir), functools.partial(_write_qwen2, eos="<|endoftext|>"))
     return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))

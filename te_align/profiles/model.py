@@ -33,6 +33,9 @@ Repad = Literal["none", "batch_longest", "max_length"]
 MaskDtype = Literal["int64", "bool", "embeds"]
 EmptyPrompt = Literal["encode", "zeros"]
 LayerName = Literal["last", "penultimate", "all"]
+TextTransform = Literal["none", "quoted_text"]
+AbsentText = Literal["empty", "zeros"]
+EncoderMaskDtype = Literal["int64", "float"]
 
 FINGERPRINT_VERSION = 1
 
@@ -53,8 +56,12 @@ class TokenizerSpec:
     eos_token: str | None = None
     eos_token_id: int | None = None
     padding_side: PaddingSide = "right"
-    #: Pad to at least this many tokens even when ``padding == "longest"`` (SD3 reference code: 77).
+    #: Pad to at least this many tokens even when ``padding == "longest"`` (SD3 reference code: 77;
+    #: Anima: 1, for a batch whose prompts all tokenize to nothing).
     min_length: int | None = None
+    #: Token id of the positions added to reach ``min_length`` (default: the pad token id). Anima's
+    #: pipeline fills an empty batch with id 0, not its pad token.
+    min_length_pad_id: int | None = None
     #: Text wrapped around the prompt before tokenizing; ``{prompt}`` and ``{system_prompt}`` are filled in.
     template: str = "{prompt}"
     system_prompt: str | None = None
@@ -69,6 +76,16 @@ class TokenizerSpec:
     #: ``bos_and_tail`` keeps position 0 and the last ``max_length - 1`` positions (Sana).
     token_window: TokenWindow = "all"
     text_cleaning: TextCleaning = "none"
+    #: What of the prompt this slot encodes. ``quoted_text``: only the spans in '...', "...", ‘...’
+    #: and “...” (found in that order), written as ``Text "span". `` and joined (HunyuanImage's
+    #: ByT5 glyph text); a prompt without such a span has no text for this slot. Applied before
+    #: ``text_cleaning`` and the template.
+    text_transform: TextTransform = "none"
+    #: What a prompt without text for this slot (see ``text_transform``) becomes: ``empty``, the
+    #: empty string is encoded; ``zeros``, nothing is encoded and the sample gets zero embeddings
+    #: and an all-zero mask (HunyuanImage's ByT5 slot). A tokenized sample whose mask is all zero is
+    #: such a sample.
+    absent_text: AbsentText = "empty"
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,9 @@ class EncoderSpec:
     final_layer_norm: bool = False
     pooled: Pooled = "none"
     dtype: str = "float32"
+    #: Run the encoder on one prompt at a time (batch of one), as pipelines that loop over prompts
+    #: do (HunyuanImage's ByT5), so float results equal theirs whatever the batch.
+    per_sample: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,9 @@ class MaskSpec:
 
     #: The tokenizer's attention mask is passed into the text encoder.
     encoder: bool = False
+    #: dtype of that mask: the tokenizer's int64, or ``float`` (float32, ``attention_mask.float()``:
+    #: HunyuanImage's ByT5).
+    encoder_mask_dtype: EncoderMaskDtype = "int64"
     #: Padded positions of the output embeddings are multiplied by zero.
     zero_padded: bool = False
     #: A mask is handed to the denoiser.
@@ -109,6 +132,10 @@ class MaskSpec:
     repad: Repad = "none"
 
 
+#: The ``encoder`` of a tokenizer-only slot: a placeholder that no code path runs or hashes.
+NO_ENCODER = EncoderSpec(cls="", hidden_size=0, num_layers=0)
+
+
 @dataclass(frozen=True)
 class SlotSpec:
     """One text encoder of a model, with its tokenizer."""
@@ -117,10 +144,14 @@ class SlotSpec:
     tokenizer_subfolder: str
     encoder_subfolder: str
     tokenizer: TokenizerSpec
-    encoder: EncoderSpec
+    encoder: EncoderSpec = field(default_factory=lambda: NO_ENCODER)
     masks: MaskSpec = field(default_factory=MaskSpec)
     #: Per-encoder caption dropout the model was trained with (SD3: 0.464), when known.
     train_dropout: float | None = None
+    #: The slot is tokenized only: its token ids and mask go to the denoiser as they are and no
+    #: encoder runs (Anima's T5 ids feed the LLM adapter in the DiT). Such a slot has no ``encoder``
+    #: table and no ``hidden`` / ``pooled`` outputs.
+    tokenizer_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,7 +283,8 @@ def _walk_behaviour(profile: AlignmentProfile) -> list[tuple[str, Any]]:
     for slot in profile.slots:
         base = f"slots.{slot.name}"
         out.append((f"{base}.train_dropout", slot.train_dropout))
-        for part in ("tokenizer", "encoder", "masks"):
+        out.append((f"{base}.tokenizer_only", slot.tokenizer_only))
+        for part in ("tokenizer", "masks") if slot.tokenizer_only else ("tokenizer", "encoder", "masks"):
             spec = getattr(slot, part)
             for f in fields(spec):
                 out.append((f"{base}.{part}.{f.name}", getattr(spec, f.name)))

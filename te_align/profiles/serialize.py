@@ -10,6 +10,7 @@ from typing import Any
 
 from te_align.errors import ProfileError, closest
 from te_align.profiles.model import (
+    NO_ENCODER,
     STATUSES,
     AlignmentProfile,
     Alternative,
@@ -36,7 +37,7 @@ _TOP_KEYS = (
     "outputs",
     "provenance",
 )
-_SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer", "encoder", "masks")
+_SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks")
 
 
 def _spec_to_dict(spec: Any) -> dict[str, Any]:
@@ -52,8 +53,11 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, Any]:
         }
         if s.train_dropout is not None:
             d["train_dropout"] = s.train_dropout
+        if s.tokenizer_only:
+            d["tokenizer_only"] = True
         d["tokenizer"] = _spec_to_dict(s.tokenizer)
-        d["encoder"] = _spec_to_dict(s.encoder)
+        if not s.tokenizer_only:
+            d["encoder"] = _spec_to_dict(s.encoder)
         d["masks"] = _spec_to_dict(s.masks)
         slots[s.name] = d
     prov: dict[str, Any] = {}
@@ -124,15 +128,26 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
             dropout = coerce(dropout, float, key=f"{where}.train_dropout", file=file)
             if not 0.0 <= dropout <= 1.0:
                 raise ProfileError(f"expected a probability in [0, 1], got {dropout}", file=file, key=f"{where}.train_dropout")
+        tokenizer_only = coerce(sdata.get("tokenizer_only", False), bool, key=f"{where}.tokenizer_only", file=file)
+        if tokenizer_only:
+            # no encoder runs: no encoder table, and the encoder folder may be left out
+            if "encoder" in sdata:
+                raise ProfileError("a tokenizer_only slot has no encoder table", file=file, key=f"{where}.encoder")
+            encoder = NO_ENCODER
+            encoder_subfolder = coerce(sdata.get("encoder_subfolder", ""), str, key=f"{where}.encoder_subfolder", file=file)
+        else:
+            encoder = build_spec(EncoderSpec, _req(sdata, "encoder", file, where + "."), key=f"{where}.encoder", file=file)
+            encoder_subfolder = coerce(_req(sdata, "encoder_subfolder", file, where + "."), str, key=f"{where}.encoder_subfolder", file=file)
         slots.append(
             SlotSpec(
                 name=sname,
                 tokenizer_subfolder=coerce(_req(sdata, "tokenizer_subfolder", file, where + "."), str, key=f"{where}.tokenizer_subfolder", file=file),
-                encoder_subfolder=coerce(_req(sdata, "encoder_subfolder", file, where + "."), str, key=f"{where}.encoder_subfolder", file=file),
+                encoder_subfolder=encoder_subfolder,
                 tokenizer=build_spec(TokenizerSpec, _req(sdata, "tokenizer", file, where + "."), key=f"{where}.tokenizer", file=file),
-                encoder=build_spec(EncoderSpec, _req(sdata, "encoder", file, where + "."), key=f"{where}.encoder", file=file),
+                encoder=encoder,
                 masks=build_spec(MaskSpec, sdata.get("masks", {}), key=f"{where}.masks", file=file),
                 train_dropout=dropout,
+                tokenizer_only=tokenizer_only,
             )
         )
     outputs_raw = _req(data, "outputs", file)
@@ -185,7 +200,7 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
 
 def _validate(p: AlignmentProfile, file: str | None) -> None:
     """Cross-field checks: expressions name real slots, lengths are sane, provenance paths exist."""
-    from te_align.profiles.expr import check_expression
+    from te_align.profiles.expr import check_expression, refs
 
     for s in p.slots:
         where = f"slots.{s.name}"
@@ -208,8 +223,33 @@ def _validate(p: AlignmentProfile, file: str | None) -> None:
             raise ProfileError("expected a count >= 0", file=file, key=f"{where}.masks.denoiser_extra_pad_tokens")
         if "{prompt}" not in t.template:
             raise ProfileError("the template must contain {prompt}", file=file, key=f"{where}.tokenizer.template")
+        if t.absent_text != "empty" and t.text_transform == "none":
+            raise ProfileError(
+                "absent_text applies to prompts a text_transform finds no text in; this slot has text_transform = \"none\"",
+                file=file, key=f"{where}.tokenizer.absent_text",
+            )  # fmt: skip
+        if s.masks.encoder_mask_dtype != "int64" and not s.masks.encoder:
+            raise ProfileError("encoder_mask_dtype needs masks.encoder = true (no mask goes into the encoder)",
+                               file=file, key=f"{where}.masks.encoder_mask_dtype")  # fmt: skip
+        if t.min_length_pad_id is not None and t.min_length is None:
+            raise ProfileError("min_length_pad_id needs a min_length", file=file, key=f"{where}.tokenizer.min_length_pad_id")
+        if s.tokenizer_only:
+            for flag in ("encoder", "zero_padded"):
+                if getattr(s.masks, flag):
+                    raise ProfileError(f"a tokenizer_only slot has no encoder: masks.{flag} must be false", file=file, key=f"{where}.masks.{flag}")
+            if s.masks.repad != "none" or t.token_window != "all" or t.drop_start_tokens:
+                raise ProfileError(
+                    "a tokenizer_only slot keeps its token ids as tokenized (no repad, token_window or drop_start_tokens)",
+                    file=file, key=f"{where}.tokenizer",
+                )  # fmt: skip
+    tokenizer_only = {s.name for s in p.slots if s.tokenizer_only}
     for name, expr in p.outputs:
-        check_expression(expr, p.slot_names, key=f"outputs.{name}", file=file)
+        node = check_expression(expr, p.slot_names, key=f"outputs.{name}", file=file)
+        for r in refs(node):
+            if r.slot in tokenizer_only and r.attr not in ("ids", "mask", "denoiser_mask"):
+                raise ProfileError(
+                    f"slot '{r.slot}' is tokenizer_only: it gives ids, mask and denoiser_mask, not {r.attr}", file=file, key=f"outputs.{name}"
+                )
     valid = set(p.behaviour_paths())
     prefixes = {path.rsplit(".", i)[0] for path in valid for i in range(path.count(".") + 1)}
     for path, _ in p.provenance:

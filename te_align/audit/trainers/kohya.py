@@ -123,6 +123,26 @@ RULES: tuple[Rule, ...] = (
          "Gemma-2 length (unset = 256)", "library/strategy_lumina.py:41-44; library/lumina_train_util.py:1036-1042"),
     Rule("gemma.encoder.layer", ("lumina2",), None, "penultimate", "Gemma-2 hidden_states[-2]",
          "library/strategy_lumina.py:95-123"),
+    # ---- Anima (anima_train_network.py). Both tokenizers pad to max_length (the official pipeline pads to
+    # the batch's longest): equivalent for the denoiser (padded positions are zero and masked), no row.
+    Rule("qwen.tokenizer.max_length", ("anima",), "qwen3_max_token_length", 512,
+         "Qwen3 token length (unset = 512)", "library/strategy_anima.py:53-61; library/anima_train_utils.py:82-87"),
+    Rule("t5.tokenizer.max_length", ("anima",), "t5_max_token_length", 512,
+         "T5 token length of the LLM adapter's query tokens, and the number of text rows the DiT sees "
+         "(unset = 512; the official conditioner always pads to 512)",
+         "library/strategy_anima.py:63-68; library/anima_train_utils.py:88-93; library/anima_models.py:1345-1371"),
+    # ---- HunyuanImage-2.1 (hunyuan_image_train_network.py): module constants, no flags
+    Rule("qwen.tokenizer.max_length", ("hunyuanimage",), None, 1024,
+         "Qwen2.5-VL keeps up to 1024 tokens after the 34-token template prefix (TOKENIZER_MAX_LENGTH; the "
+         "official pipeline keeps 1000)", "library/hunyuan_image_text_encoder.py:503,514-529"),
+    Rule("qwen.tokenizer.padding", ("hunyuanimage",), None, "longest",
+         "Qwen2.5-VL tokens are padded to the batch's longest caption (padding=True); masked in the DiT, so "
+         "only the sequence length (and float noise) differs", "library/hunyuan_image_text_encoder.py:528",
+         severity="info"),
+    Rule("byt5.tokenizer.text_transform", ("hunyuanimage",), None, "quoted_text without '...'",
+         "ByT5 glyph text leaves out '...' spans (the single-quote pattern is commented out): single-quoted text "
+         "gets zero ByT5 embeddings, where the official pipeline renders it (and apostrophe spans)",
+         "library/hunyuan_image_text_encoder.py:617-631", severity="warning"),
 )
 
 #: Script names (first positional after ``--``) -> profile family guess.
@@ -133,9 +153,11 @@ SCRIPTS = {
     "sd3_train_network.py": "sd35-large", "sd3_train.py": "sd35-large",
     "flux_train_network.py": "flux-dev", "flux_train.py": "flux-dev",
     "lumina_train_network.py": "lumina2", "lumina_train.py": "lumina2",
+    "anima_train_network.py": "anima", "anima_train.py": "anima",
+    "hunyuan_image_train_network.py": "hunyuanimage-2.1",
 }
 
-SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2")
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "anima", "hunyuanimage")
 
 #: Text-encoder output caches per family: file suffix, what the reuse check compares, source.
 CACHES = {
@@ -148,6 +170,10 @@ CACHES = {
     "lumina2": CacheSpec(("*_lumina_te.npz",), "key names only (not the system prompt or length)",
                          "library/strategy_lumina.py:170-197", "delete the *_lumina_te.npz files"),
 }
+CACHES["anima"] = CacheSpec(("*_anima_te.npz",), "key names only (not the Qwen3 / T5 lengths)",
+                            "library/strategy_anima.py:171-195", "delete the *_anima_te.npz files")
+CACHES["hunyuanimage"] = CacheSpec(("*_hi_te.npz",), "key names only (not the Qwen length, padding or glyph rules)",
+                                   "library/strategy_hunyuan_image.py:83-120", "delete the *_hi_te.npz files")
 CACHES["chroma"] = CACHES["flux"]
 
 
@@ -224,6 +250,10 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
         return "chroma", 'model_type = "chroma" (flux_train_network.py)'
     if any(k in values for k in ("system_prompt", "gemma2", "gemma2_max_token_length")):
         return "lumina2", "Lumina keys (system_prompt / gemma2*) (lumina_train_network.py)"
+    if any(k in values for k in ("qwen3", "qwen3_max_token_length", "t5_max_token_length", "llm_adapter_path", "t5_tokenizer_path")):
+        return "anima", "Anima keys (qwen3 / llm_adapter_path / *_max_token_length) (anima_train_network.py)"
+    if any(k in values for k in ("byt5", "fp8_vl")):
+        return "hunyuanimage-2.1", "HunyuanImage keys (byt5 / fp8_vl) (hunyuan_image_train_network.py)"
     if any(k in values for k in ("apply_lg_attn_mask", "clip_g", "clip_g_dropout_rate", "t5_dropout_rate")):
         prof = by_name if by_name and by_name.startswith("sd3") else "sd35-large"
         return prof, "SD3 keys (clip_g / apply_lg_attn_mask) (sd3_train_network.py)" + (

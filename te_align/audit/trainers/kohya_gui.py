@@ -28,6 +28,8 @@ GUI_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "apply_t5_attn_mask": ("apply_t5_attn_mask", ("flux",)),
     "system_prompt": ("lumina_system_prompt", ("lumina2",)),
     "gemma2_max_token_length": ("lumina_gemma2_max_token_length", ("lumina2",)),
+    "qwen3_max_token_length": ("anima_qwen3_max_token_length", ("anima",)),
+    "t5_max_token_length": ("anima_t5_max_token_length", ("anima",)),
 }
 
 _CHECKBOXES = (
@@ -61,11 +63,15 @@ def to_sd_scripts(g: dict[str, Any]) -> tuple[dict[str, Any], str]:
             or (flux and _on(g.get("flux1_cache_text_encoder_outputs")))
             or (sd3 and _on(g.get("sd3_cache_text_encoder_outputs")))
             or (lumina and _on(g.get("lumina_cache_text_encoder_outputs")))
+            or (arch == "anima" and _on(g.get("anima_cache_text_encoder_outputs")))
+            or (arch == "hunyuan" and _on(g.get("hunyuan_image_cache_text_encoder_outputs")))
         ) else None,
         "cache_text_encoder_outputs_to_disk": True if (
             (flux and _on(g.get("flux1_cache_text_encoder_outputs_to_disk")))
             or (sd3 and _on(g.get("sd3_cache_text_encoder_outputs_to_disk")))
             or (lumina and _on(g.get("lumina_cache_text_encoder_outputs_to_disk")))
+            or (arch == "anima" and _on(g.get("anima_cache_text_encoder_outputs_to_disk")))
+            or (arch == "hunyuan" and _on(g.get("hunyuan_image_cache_text_encoder_outputs_to_disk")))
         ) else None,
         "clip_skip": g.get("clip_skip") if _on(g.get("clip_skip")) and arch not in ("lumina2", "anima", "hunyuan") else None,
         "max_token_length": _int(g.get("max_token_length")) if arch in ("sd", "sdxl", "sd3") else None,
@@ -74,6 +80,9 @@ def to_sd_scripts(g: dict[str, Any]) -> tuple[dict[str, Any], str]:
         "apply_t5_attn_mask": True if chroma else (g.get("apply_t5_attn_mask") if flux else None),
         "gemma2_max_token_length": _int(g.get("lumina_gemma2_max_token_length")) if lumina and _on(g.get("lumina_gemma2_max_token_length")) else None,
         "system_prompt": g.get("lumina_system_prompt") if lumina and _on(g.get("lumina_system_prompt")) else None,
+        # class_anima.py:138-149 (both 512 by default)
+        "qwen3_max_token_length": _int(g.get("anima_qwen3_max_token_length")) if arch == "anima" else None,
+        "t5_max_token_length": _int(g.get("anima_t5_max_token_length")) if arch == "anima" else None,
         "weighted_captions": g.get("weighted_captions"),
     }
     # The GUI drops "", False and None (lora_gui.py:2558-2566), then appends additional_parameters (2592-2597).
@@ -109,9 +118,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     cli, _ = kohya.parse_cli(extra_args)
     values.update(cli)
     prof, reason = kohya.guess_profile(values, script)
-    if script in ("hunyuan_image_train_network.py", "anima_train_network.py"):
-        prof, reason = None, f"{script} (no bundled te-align profile)"
-    elif prof is None:
+    if prof is None:
         prof = guess_from_name(values.get("pretrained_model_name_or_path")) or "sd15"
         reason = "no model checkbox checked (train_network.py)"
 
