@@ -58,7 +58,7 @@ def one_line(e: pytest.ExceptionInfo[BaseException]) -> str:
 
 # ================================================================================ folders
 FOLDER_PROFILES = ["sd15", "sd21", "sdxl", "sd3-medium", "sd35-medium", "sd35-large", "flux-dev", "flux-schnell",
-                   "chroma", "pixart-sigma", "auraflow", "lumina2", "hidream", "sana", "qwen-image", "wan21"]
+                   "chroma", "pixart-sigma", "auraflow", "lumina2", "hidream", "sana", "qwen-image", "wan21", "hunyuanimage-2.1"]
 
 
 @pytest.mark.parametrize("name", FOLDER_PROFILES)
@@ -335,7 +335,7 @@ def test_unknown_pipeline_class_lists_the_supported_families(tmp_path: Path) -> 
 
 
 def test_flux2_and_qwen_edit_pipelines_are_not_mistaken_for_bundled_ones(tmp_path: Path) -> None:
-    for cls in ("Flux2Pipeline", "QwenImageEditPipeline", "StableDiffusionUpscalePipeline"):
+    for cls in ("Flux2Pipeline", "QwenImageEditPipeline", "StableDiffusionUpscalePipeline", "HunyuanImageRefinerPipeline"):
         write_json(tmp_path / cls / "model_index.json", {"_class_name": cls})
         with pytest.raises(ProfileError, match="has no bundled profile"):
             build(tmp_path / cls)

@@ -215,6 +215,7 @@ RECIPES: tuple[_Recipe, ...] = (
     _Recipe("sana", "Sana"),
     _Recipe("qwen-image", "QwenImage"),
     _Recipe("wan21", "Wan"),
+    _Recipe("hunyuanimage-2.1", "HunyuanImage"),
 )
 _BY_PROFILE = {r.profile: r for r in RECIPES}
 
