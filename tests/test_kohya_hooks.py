@@ -528,18 +528,19 @@ def test_hooked_hunyuan_image_path_equals_te_align_encode_with_fixed_shapes(stan
     assert hk.profile_for("hunyuan_image").name == "hunyuanimage-2.1"
 
 
-def test_saved_lora_gets_the_stamp(standin, tmp_path):
-    from networks import lora_flux
+@pytest.mark.parametrize(("module", "arch", "profile_name"), [("lora_flux", "flux", "flux-dev"), ("lora_anima", "anima", "anima")])
+def test_saved_lora_gets_the_stamp(standin, tmp_path, module, arch, profile_name):
+    import importlib
 
     from te_align.hooks import kohya as hk
     from te_align.metadata import read
 
     hk.install()
-    hk.profile_for("flux")
+    hk.profile_for(arch)
     out = tmp_path / "lora.safetensors"
-    lora_flux.LoRANetwork().save_weights(str(out), None, {"ss_network_dim": "4"})
+    importlib.import_module(f"networks.{module}").LoRANetwork().save_weights(str(out), None, {"ss_network_dim": "4"})
     info = read(out)
-    assert info["stamped"] and info["te_align"]["te_align.profile"] == "flux-dev"
+    assert info["stamped"] and info["te_align"]["te_align.profile"] == profile_name
     assert info["profile_check"]["matches"] is True
 
 
@@ -657,21 +658,6 @@ def test_cli_never_installs_hooks_even_with_te_align_active(tmp_path):
     assert as_trainer.returncode != 0 and "kohya hooks not installed" in as_trainer.stderr  # no sd-scripts here
     r = subprocess.run([sys.executable, "-m", "te_align", "status", str(tmp_path)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "not patched by te-align" in r.stdout, r.stderr
-
-
-def test_saved_anima_lora_gets_the_anima_stamp(standin, tmp_path):
-    from networks import lora_anima
-
-    from te_align.hooks import kohya as hk
-    from te_align.metadata import read
-
-    hk.install()
-    hk.profile_for("anima")
-    out = tmp_path / "anima_lora.safetensors"
-    lora_anima.LoRANetwork().save_weights(str(out), None, {"ss_network_dim": "4"})
-    info = read(out)
-    assert info["stamped"] and info["te_align"]["te_align.profile"] == "anima"
-    assert info["profile_check"]["matches"] is True
 
 
 def test_patch_plan_covers_the_anima_scripts(tmp_path):

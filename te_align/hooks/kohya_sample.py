@@ -134,16 +134,10 @@ def lpw_embeddings(
 
 
 def lpw_embeddings_wrapper(original: Any) -> Any:
-    def get_weighted_text_embeddings(
-        pipe: Any,
-        prompt: Any,
-        uncond_prompt: Any = None,
-        max_embeddings_multiples: int | None = 3,
-        no_boseos_middle: bool | None = False,
-        skip_parsing: bool | None = False,
-        skip_weighting: bool | None = False,
-        clip_skip: Any = None,
-    ) -> tuple[Any, Any]:
-        return lpw_embeddings(pipe, prompt, uncond_prompt, max_embeddings_multiples, no_boseos_middle, skip_parsing, skip_weighting, clip_skip)
+    """The replacement of ``get_weighted_text_embeddings``: :func:`lpw_embeddings` (same parameters and
+    defaults, pinned by the declared target) under the original's name."""
+
+    def get_weighted_text_embeddings(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return lpw_embeddings(*args, **kwargs)
 
     return mark_wrapper(get_weighted_text_embeddings, original)
