@@ -2,8 +2,8 @@
 
 The baseline has the shape of diffusers' own LoRA example scripts (train_dreambooth_lora_sd3.py /
 train_dreambooth_lora_flux.py): ``add_adapter(LoraConfig(...))``, AdamW on the LoRA parameters,
-``accelerator.prepare``, latents and prompt embeddings computed once before the loop (their
-``--cache_latents`` and pre-computed instance-prompt embeddings), logit-normal timesteps, rectified
+``accelerator.prepare``, latents and each image's caption embeddings computed once before the loop
+(their ``--cache_latents`` and pre-computed prompt embeddings), logit-normal timesteps, rectified
 flow target ``noise - latents``, ``accelerator.backward``, gradient clipping, optimizer and LR
 scheduler steps. te-align runs the same model with its latent and text caches on.
 
@@ -175,13 +175,15 @@ def run_baseline(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     transformer, optimizer, lr_scheduler = accelerator.prepare(transformer, optimizer, lr_scheduler)
 
     # cached latents and prompt embeddings, as the scripts' --cache_latents / precomputed embeddings
-    dists = []
+    dists, captions = [], []
     for f in sorted(data.glob("*.png")):
         px, _ = load_pixels(Item(f, "", 1, (args.resolution,) * 2, (args.resolution,) * 2))
         with torch.no_grad():
             dists.append(vae.encode(px[None].to(accelerator.device, vae.dtype)).latent_dist)
+        captions.append(f.with_suffix(".txt").read_text(encoding="utf-8"))
+    # each image's own caption, encoded once (what te-align's text cache holds), picked per step
     with torch.no_grad():
-        cond = te_align.encode(prof, ["a red square, simple, flat"] * args.batch, pipeline=pipe, device=accelerator.device)
+        conds = te_align.encode(prof, captions, pipeline=pipe, device=accelerator.device)
     shift = getattr(vae.config, "shift_factor", None) or 0.0
     scale = vae.config.scaling_factor
     weight_dtype = dtype
@@ -189,8 +191,10 @@ def run_baseline(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     transformer.train()
     for step in range(args.steps):
         t0 = time.perf_counter()
-        picks = [dists[(step * args.batch + i) % len(dists)] for i in range(args.batch)]
-        x = torch.cat([d.sample() for d in picks])
+        rows = [(step * args.batch + i) % len(dists) for i in range(args.batch)]
+        x = torch.cat([dists[r].sample() for r in rows])
+        cond = {k: conds[k] if k == "text_ids" else conds[k][rows] for k in ("prompt_embeds", "pooled_prompt_embeds", "text_ids")
+                if k in conds}  # fmt: skip
         x = ((x - shift) * scale).to(weight_dtype)
         noise = torch.randn_like(x)
         u = compute_density_for_timestep_sampling(weighting_scheme="logit_normal", batch_size=args.batch, logit_mean=0.0, logit_std=1.0)
@@ -257,7 +261,9 @@ def main() -> None:
         return
     passthrough = [a for a in sys.argv[1:]]
     results: dict[str, list[dict[str, Any]]] = {"baseline": [], "te_align": []}
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    # a fixed glibc mmap threshold (setting it turns off glibc's dynamic one) on both sides: otherwise whether a
+    # freed block goes back to the OS depends on allocation history and peak RSS jumps by several MiB
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT), MALLOC_MMAP_THRESHOLD_="131072")
     for _ in range(args.repeats):
         for side in ("baseline", "te_align"):
             out = subprocess.run([sys.executable, __file__, *passthrough, "--side", side], capture_output=True, text=True, env=env)

@@ -414,3 +414,25 @@ def test_direct_optimizer_step_matches_accelerate(precision: str) -> None:
         wrapped = Scaled()
         step, _ = _direct_step(acc, wrapped, [])
         assert step == wrapped.step
+
+
+def test_text_memo_is_bounded_and_evicted_entries_come_back_from_the_disk_cache(
+    tmp_path: Path, models: dict[str, Path], dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from te_align.train import loop
+
+    sections: dict[str, Any] = {"train": {"max_steps": 4}, "data": {"caption_dropout": 0.3}}
+    full = train(make_config("sd3", models["sd3"], dataset, tmp_path / "a", **sections))
+    sizes: list[int] = []
+    real = loop.TextSource._remember
+
+    def recording(self: Any, key: Any, cond: Any) -> None:
+        real(self, key, cond)
+        sizes.append(len(self._memo))
+
+    monkeypatch.setattr(loop, "MEMO_BYTES", 1)  # keep one conditioning in memory at a time
+    monkeypatch.setattr(loop.TextSource, "_remember", recording)
+    small = train(make_config("sd3", models["sd3"], dataset, tmp_path / "b", **sections))
+    assert sizes and max(sizes) == 1
+    a, b = load_file(str(full.lora_path)), load_file(str(small.lora_path))
+    assert all(torch.equal(a[k], b[k]) for k in a) and small.losses == full.losses

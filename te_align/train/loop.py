@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,14 @@ class LatentStore:
 
 
 # ------------------------------------------------------------------------------------------ text
+#: In-memory budget of cached text conditioning (the rest is read from the disk cache when needed).
+MEMO_BYTES = 512 * 2**20
+
+
+def _nbytes(cond: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in cond.values())
+
+
 class TextSource:
     """Conditioning for a batch of raw captions: caption processing, dropout and te_align.encode."""
 
@@ -131,7 +140,9 @@ class TextSource:
             why = "text encoders are trained" if trainable else "tags are shuffled"
             logger.info("text-embedding cache off: %s, so captions change every step", why)
         self._caches: dict[str, Any] = {}
-        self._memo: dict[tuple[str, str], Any] = {}
+        #: Recently used conditionings in memory, least recently used first; the disk cache holds them all.
+        self._memo: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._memo_bytes = 0
         self.cache_dir = cache_dir
         #: Only this process writes cache files (rank 0 of a data-parallel run; the others read them).
         self.writer = writer
@@ -165,7 +176,20 @@ class TextSource:
         for i in range(0, len(captions), batch):
             chunk = captions[i : i + batch]
             for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {}), store=self.writer), strict=True):
-                self._memo[("", text)] = cond
+                self._remember(("", text), cond)
+
+    def _remember(self, key: tuple[str, str], cond: Any) -> None:
+        """Keep ``cond`` in the in-memory memo, evicting the least recently used beyond ``MEMO_BYTES``
+        (a large dataset's T5 conditioning would not fit in RAM: Flux, 512 x 4096 bf16 = 4 MiB per
+        caption; evicted entries are read back from the disk cache)."""
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return
+        self._memo[key] = cond
+        self._memo_bytes += _nbytes(cond)
+        while self._memo_bytes > MEMO_BYTES and len(self._memo) > 1:
+            _, old = self._memo.popitem(last=False)
+            self._memo_bytes -= _nbytes(old)
 
     def batch(self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None) -> Any:
         """Conditioning for ``captions[lo:hi]`` (``span``; default all).
@@ -213,7 +237,8 @@ class TextSource:
 
                 hit = self._memo.get((pattern, text))
                 if hit is None:
-                    hit = self._memo[(pattern, text)] = self._cache(pattern).get_or_encode([text], fn, store=self.writer)[0]
+                    hit = self._cache(pattern).get_or_encode([text], fn, store=self.writer)[0]
+                self._remember((pattern, text), hit)
                 parts.append(hit)
             cond = Conditioning.cat(parts)
         return cond.to(self.device, dtype=self.dtype)
