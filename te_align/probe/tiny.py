@@ -179,16 +179,18 @@ def clip_text_model_with_projection(
         )
 
 
-def _t5_family_config(config_cls: Any, vocab_size: int, d_model: int, eos_token_id: int) -> Any:
+def _t5_family_config(
+    config_cls: Any, vocab_size: int, d_model: int, eos_token_id: int, *, d_ff: int | None = None, num_heads: int = 4
+) -> Any:
     """The shared tiny T5-family encoder config (gated-gelu, untied embeddings, relative buckets 32/128, pad 0)."""
     return config_cls(
         vocab_size=vocab_size,
         d_model=d_model,
         d_kv=16,
-        d_ff=2 * d_model,
+        d_ff=2 * d_model if d_ff is None else d_ff,
         num_layers=2,
         num_decoder_layers=2,
-        num_heads=4,
+        num_heads=num_heads,
         relative_attention_num_buckets=32,
         relative_attention_max_distance=128,
         dropout_rate=0.1,
@@ -364,24 +366,7 @@ def byt5_encoder_model(
     """Tiny ByT5 encoder as a ``T5EncoderModel`` (google/byt5-small layout: gated-gelu, untied embeddings,
     relative buckets 32/128, pad 0, eos 1) of byt5-small's width 1472 but 2 layers, 2 heads of 16 and a
     feed-forward of 64 (real: 12 layers, 6 heads of 64, d_ff 3584)."""
-    config = transformers.T5Config(
-        vocab_size=vocab_size,
-        d_model=d_model,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=2,
-        relative_attention_num_buckets=32,
-        relative_attention_max_distance=128,
-        dropout_rate=0.1,
-        layer_norm_epsilon=1e-6,
-        feed_forward_proj="gated-gelu",
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-    )
+    config = _t5_family_config(transformers.T5Config, vocab_size, d_model, eos_token_id=1, d_ff=64, num_heads=2)
     seed = _seed_for(f"byt5-{vocab_size}-{d_model}") if seed is None else seed
     with _seeded(seed):
         return _finish(transformers.T5EncoderModel(config))
