@@ -201,17 +201,26 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
         mask = torch.ones_like(ids)
     floor = max(t.min_length or 0, length if (t.padding == "max_length" and not t.truncation) else 0)
     if ids.shape[1] < floor:
-        pad_id = t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
+        pad_id = pad_id_of(slot, tokenizer)
         if t.min_length_pad_id is not None and ids.shape[1] < (t.min_length or 0):
             pad_id = t.min_length_pad_id
-        extra = floor - ids.shape[1]
-        if t.padding_side == "left":
-            ids = F.pad(ids, (extra, 0), value=pad_id)
-            mask = F.pad(mask, (extra, 0), value=0)
-        else:
-            ids = F.pad(ids, (0, extra), value=pad_id)
-            mask = F.pad(mask, (0, extra), value=0)
+        ids, mask = pad_tokens(slot, ids, mask, floor, pad_id)
     return ids, mask
+
+
+def pad_id_of(slot: SlotSpec, tokenizer: Any) -> int:
+    """The id padding positions get: the profile's ``pad_token_id``, else the tokenizer's, else 0."""
+    t = slot.tokenizer
+    return t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
+
+
+def pad_tokens(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad (never cut) ids and mask to ``length`` on the slot's padding side: ``pad_id``, mask 0."""
+    extra = length - ids.shape[1]
+    if extra <= 0:
+        return ids, mask
+    pad = (extra, 0) if slot.tokenizer.padding_side == "left" else (0, extra)
+    return F.pad(ids, pad, value=pad_id), F.pad(mask, pad, value=0)
 
 
 def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False) -> list[int]:
@@ -401,8 +410,7 @@ def _tokenize_with_absent(
     else:
         width = tokenize_length(slot, tokenizer, negative=negative) if t.padding == "max_length" else max(t.min_length or 0, 1)
         ids_p = mask_p = torch.zeros((0, width), dtype=torch.long)
-    pad_id = t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
-    ids = torch.full((len(texts), width), pad_id, dtype=ids_p.dtype)
+    ids = torch.full((len(texts), width), pad_id_of(slot, tokenizer), dtype=ids_p.dtype)
     mask = torch.zeros((len(texts), width), dtype=mask_p.dtype)
     rows = torch.tensor([i for i, a in enumerate(absent) if not a], dtype=torch.long)
     ids[rows], mask[rows] = ids_p, mask_p

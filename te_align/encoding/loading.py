@@ -50,25 +50,21 @@ def load_text_encoders(
         common: dict[str, Any] = {"revision": revision, "local_files_only": local_files_only}
         if is_local and not (Path(source) / slot.tokenizer_subfolder).is_dir():
             raise EncodingError(f"slot '{name}': no tokenizer folder '{slot.tokenizer_subfolder}' in {source}")
-        if slot.tokenizer_only:  # tokenized only (Anima's T5 ids): no encoder to load
-            tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer", name)
-            try:
-                tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)
-            except OSError as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise EncodingError(f"slot '{name}': cannot load the tokenizer from {source}: {first}") from None
-            continue
-        if is_local and not (Path(source) / slot.encoder_subfolder).is_dir():
+        if not slot.tokenizer_only and is_local and not (Path(source) / slot.encoder_subfolder).is_dir():
             raise EncodingError(f"slot '{name}': no text-encoder folder '{slot.encoder_subfolder}' in {source}")
         tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer", name)
-        enc_cls = _transformers_class(slot.encoder.cls, "AutoModel", name)
-        torch_dtype = _resolve_dtype(dtype if dtype is not None else slot.encoder.dtype)
+        # a tokenizer_only slot (Anima's T5 ids) has no encoder to load
+        enc_cls = None if slot.tokenizer_only else _transformers_class(slot.encoder.cls, "AutoModel", name)
+        torch_dtype = None if enc_cls is None else _resolve_dtype(dtype if dtype is not None else slot.encoder.dtype)
         try:
             tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)
+            if enc_cls is None:
+                continue
             enc = enc_cls.from_pretrained(source, subfolder=slot.encoder_subfolder, dtype=torch_dtype, **common)
         except OSError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise EncodingError(f"slot '{name}': cannot load from {source}: {first}") from None
+            what = "the tokenizer " if enc_cls is None else ""
+            raise EncodingError(f"slot '{name}': cannot load {what}from {source}: {first}") from None
         enc.eval()
         if device is not None:
             enc.to(device)

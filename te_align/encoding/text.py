@@ -104,3 +104,10 @@ def template_prefix(spec: TokenizerSpec, *, negative: bool = False) -> str:
     """The part of the template before ``{prompt}`` (e.g. Sana's instruction block)."""
     template = spec.negative_template if negative else spec.template
     return template.split("{prompt}", 1)[0].replace("{system_prompt}", spec.system_prompt or "")
+
+
+def template_suffix(spec: TokenizerSpec, *, negative: bool = False) -> str:
+    """The part of the template after ``{prompt}`` (empty when the template has no ``{prompt}``)."""
+    template = spec.negative_template if negative else spec.template
+    after = template.split("{prompt}", 1)[1] if "{prompt}" in template else ""
+    return after.replace("{system_prompt}", spec.system_prompt or "")

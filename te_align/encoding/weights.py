@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from te_align.encoding.core import EncodeOptions, _chunked, tokenize_slot
-from te_align.encoding.text import template_prefix
+from te_align.encoding.text import template_prefix, template_suffix
 from te_align.errors import EncodingError
 from te_align.profiles.model import SlotSpec
 
@@ -145,15 +145,12 @@ def strip_prompt_weights(text: str) -> str:
 def _rendered_pieces(slot: SlotSpec, pieces: list[tuple[str, float]], negative: bool) -> list[tuple[str, float]]:
     """The slot's rendered text as pieces: template parts weigh 1.0."""
     spec = slot.tokenizer
-    if spec.text_cleaning != "none" or getattr(spec, "text_transform", "none") != "none":
+    if spec.text_cleaning != "none" or spec.text_transform != "none":
         raise EncodingError(
             f"slot '{slot.name}': prompt weights cannot be aligned to a slot that rewrites the prompt "
-            f"(text_cleaning={spec.text_cleaning!r}, text_transform={getattr(spec, 'text_transform', 'none')!r})"
+            f"(text_cleaning={spec.text_cleaning!r}, text_transform={spec.text_transform!r})"
         )
-    template = spec.negative_template if negative else spec.template
-    prefix = template_prefix(spec, negative=negative)
-    suffix = template.split("{prompt}", 1)[1].replace("{system_prompt}", spec.system_prompt or "") if "{prompt}" in template else ""
-    return [(prefix, 1.0), *pieces, (suffix, 1.0)]
+    return [(template_prefix(spec, negative=negative), 1.0), *pieces, (template_suffix(spec, negative=negative), 1.0)]
 
 
 def _first_visible(text: str, start: int, end: int) -> int:

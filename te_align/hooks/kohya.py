@@ -156,8 +156,6 @@ SAMPLE_TARGETS = (
     Target("library.lpw_stable_diffusion", "StableDiffusionLongPromptWeightingPipeline.__call__", ("self", "prompt", "negative_prompt")),
     Target("library.sdxl_lpw_stable_diffusion", "SdxlStableDiffusionLongPromptWeightingPipeline.__call__", ("self", "prompt", "negative_prompt")),
 )  # fmt: skip
-#: Architectures in sd-scripts without a bundled profile: not hooked (named in the log).
-UNHOOKED: dict[str, str] = {}
 
 
 def all_targets() -> list[Target]:
@@ -367,7 +365,8 @@ def _slot_tokenizers(arch: Arch, strategy: Any, p: AlignmentProfile) -> list[tup
 def _slot_name(arch: Arch, attr: str, p: AlignmentProfile) -> str:
     if arch.name in ("sd", "lumina"):
         return p.slots[0].name
-    return {"tokenizer1": "clip_l", "tokenizer2": "clip_g", "clip_l": "clip_l", "clip_g": "clip_g", "t5xxl": "t5"}[attr]
+    return {"tokenizer1": "clip_l", "tokenizer2": "clip_g", "clip_l": "clip_l", "clip_g": "clip_g", "t5xxl": "t5",
+            "qwen3_tokenizer": "qwen", "t5_tokenizer": "t5", "vlm_tokenizer": "qwen", "byt5_tokenizer": "byt5"}[attr]
 
 
 def _note_setting_differences(arch: Arch, strategy: Any, p: AlignmentProfile) -> None:
@@ -409,9 +408,9 @@ def _tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> A
     p = profile_for(arch.name, strategy)
     _note_setting_differences(arch, strategy, p)
     if arch.name == "anima":
-        return _tokenize_anima(p, strategy, texts, negative)
+        return _tokenize_anima(arch, p, strategy, texts, negative)
     if arch.name == "hunyuan_image":
-        return _tokenize_hunyuan(p, strategy, texts, negative)
+        return _tokenize_hunyuan(arch, p, strategy, texts, negative)
     parts: list[tuple[Any, Any]] = []
     for slot, tok in _slot_tokenizers(arch, strategy, p):
         if slot is None:  # e.g. Chroma has no CLIP-L: sd-scripts still tokenizes for its dummy encoder
@@ -485,7 +484,7 @@ def _encode(arch: Arch, self: Any, tokenize_strategy: Any, models: Sequence[Any]
     if name == "anima":
         return _encode_anima(p, models, tokens)
     if name == "hunyuan_image":
-        return _encode_hunyuan(p, tokenize_strategy, models, tokens)
+        return _encode_hunyuan(arch, p, tokenize_strategy, models, tokens)
     if name == "sd":
         p = with_clip_skip(p, getattr(self, "clip_skip", None))
         return [_slot_encode(p, p.slots[0].name, models[0], _one_chunk(tokens[0], name), None).hidden]
@@ -546,17 +545,6 @@ def _encode_sd3(p: AlignmentProfile, self: Any, models: Sequence[Any], tokens: S
 
 
 # ------------------------------------------------------------------------------------------ Anima
-def _fixed_length(slot: Any, ids: Any, mask: Any, length: int, pad_id: int) -> tuple[Any, Any]:
-    """Pad (never cut) tokens to ``length`` on the profile's padding side: pad id, mask 0."""
-    import torch.nn.functional as F
-
-    extra = length - ids.shape[1]
-    if extra <= 0:
-        return ids, mask
-    pad = (extra, 0) if slot.tokenizer.padding_side == "left" else (0, extra)
-    return F.pad(ids, pad, value=pad_id), F.pad(mask, pad, value=0)
-
-
 def _batch_longest(slot: Any, ids: Any, mask: Any, pad_id: int) -> tuple[Any, Any]:
     """Fixed-length tokens cut back to what :func:`~te_align.encoding.core.tokenize_slot` gives the same
     batch under ``padding = "longest"``: the longest caption's width (at least ``min_length``, the added
@@ -582,17 +570,15 @@ def _batch_longest(slot: Any, ids: Any, mask: Any, pad_id: int) -> tuple[Any, An
     return ids, mask
 
 
-def _tokenize_anima(p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_anima(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
     """``[qwen ids, qwen mask, t5 ids, t5 mask]`` as sd-scripts' AnimaTokenizeStrategy.tokenize returns them
     (strategy_anima.py:53-69), by the profile, each padded to the slot's ``max_length`` for collation."""
-    from te_align.encoding.core import tokenize_slot
+    from te_align.encoding.core import pad_id_of, pad_tokens, tokenize_slot
 
     out: list[Any] = []
-    for slot_name, attr in (("qwen", "qwen3_tokenizer"), ("t5", "t5_tokenizer")):
-        slot, tok = p.slot(slot_name), getattr(strategy, attr)
+    for slot, tok in _slot_tokenizers(arch, strategy, p):
         ids, mask = tokenize_slot(slot, tok, texts, negative=negative)
-        pad_id = slot.tokenizer.pad_token_id if slot.tokenizer.pad_token_id is not None else (tok.pad_token_id or 0)
-        out.extend(_fixed_length(slot, ids, mask, slot.tokenizer.max_length, pad_id))
+        out.extend(pad_tokens(slot, ids, mask, slot.tokenizer.max_length, pad_id_of(slot, tok)))
     return out
 
 
@@ -642,11 +628,7 @@ def _encode_anima(p: AlignmentProfile, models: Sequence[Any], tokens: Sequence[A
 
 
 # ----------------------------------------------------------------------------------- HunyuanImage
-#: sd-scripts' HunyuanImage tokenizer attribute per profile slot (library/strategy_hunyuan_image.py:19-25).
-HUNYUAN_TOKENIZERS = (("qwen", "vlm_tokenizer"), ("byt5", "byt5_tokenizer"))
-
-
-def _tokenize_hunyuan(p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
     """``[vlm ids, vlm mask, byt5 ids, byt5 mask]`` as HunyuanImageTokenizeStrategy.tokenize returns them
     (strategy_hunyuan_image.py:27-45), by the profile.
 
@@ -665,9 +647,8 @@ def _tokenize_hunyuan(p: AlignmentProfile, strategy: Any, texts: list[str], nega
         p.name, p.slot("qwen").tokenizer.max_length if "qwen" in p.slot_names else "?",
     )  # fmt: skip
     out: list[Any] = []
-    for slot_name, attr in HUNYUAN_TOKENIZERS:
-        ids, mask = tokenize_slot(p.slot(slot_name), getattr(strategy, attr), texts, negative=negative)
-        out.extend((ids, mask))
+    for slot, tok in _slot_tokenizers(arch, strategy, p):
+        out.extend(tokenize_slot(slot, tok, texts, negative=negative))
     return out
 
 
@@ -685,7 +666,7 @@ def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: Any, ids:
         )
 
 
-def _encode_hunyuan(p: AlignmentProfile, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any]) -> Any:
+def _encode_hunyuan(arch: Arch, p: AlignmentProfile, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any]) -> Any:
     """``[vlm_embed, vlm_mask, byt5_embed, byt5_mask, ocr_mask]`` as HunyuanImageTextEncodingStrategy.encode_tokens
     returns them (strategy_hunyuan_image.py:53-79): states and int64 masks of both slots by the profile, and
     ``ocr_mask`` (bool, per caption, on the CPU as sd-scripts builds it): the caption has glyph text.
@@ -701,8 +682,8 @@ def _encode_hunyuan(p: AlignmentProfile, tokenize_strategy: Any, models: Sequenc
 
     vlm_ids, vlm_mask, byt5_ids, byt5_mask = tokens
     qwen, byt5 = models
-    for slot_name, attr in HUNYUAN_TOKENIZERS:
-        _check_token_width(p, slot_name, getattr(tokenize_strategy, attr, None), vlm_ids if slot_name == "qwen" else byt5_ids)
+    for attr, ids in zip(arch.tokenizers, (vlm_ids, byt5_ids), strict=True):  # sd-scripts' order: Qwen, ByT5
+        _check_token_width(p, _slot_name(arch, attr, p), getattr(tokenize_strategy, attr, None), ids)
     with torch.no_grad():  # as sd-scripts (hunyuan_image_text_encoder.py:545-548,610): neither encoder is trained
         if getattr(getattr(qwen, "dtype", None), "itemsize", 2) == 1:
             vlm_embed, vlm_out_mask = _encode_hunyuan_fp8(p, qwen, vlm_ids, vlm_mask)
@@ -964,8 +945,7 @@ def install(profile: Any = None, **overrides: Any) -> bool:
         _configure(chosen, profile_ov, options)
         hook.install()
         _HOOK = hook
-    logger.info("te-align: kohya hooks active (%s)%s", SUPPORTED,
-                f"; unhooked architectures without a profile: {', '.join(UNHOOKED)}" if UNHOOKED else "")  # fmt: skip
+    logger.info("te-align: kohya hooks active (%s)", SUPPORTED)
     if merged:
         logger.info("te-align: user overrides for kohya: %s", json.dumps(merged, sort_keys=True, default=str))
     return True

@@ -91,7 +91,6 @@ def lpw_embeddings(
     clip_skip: Any = None,
 ) -> tuple[Any, Any]:
     """``get_weighted_text_embeddings`` of the SD1/2 lpw pipeline, by the profile."""
-    import torch
 
     from te_align.encoding.weights import tokenize_slot_weighted, weight_hidden_states
 
@@ -119,10 +118,8 @@ def lpw_embeddings(
         hidden = K._slot_encode(p, slot.name, pipe.text_encoder, ids, mask).hidden
         if weigh:
             hidden = weight_hidden_states(hidden, weights.to(hidden.dtype), restore_mean=True)
-        absent = [isinstance(t, MissingNegative) for t in texts]
-        if any(absent) and p.empty_prompt == "zeros":
-            sel = torch.tensor(absent, device=hidden.device).view(-1, 1, 1)
-            hidden = torch.where(sel, torch.zeros((), dtype=hidden.dtype, device=hidden.device), hidden)
+        if p.empty_prompt == "zeros":
+            hidden = K._zero_rows(hidden, [isinstance(t, MissingNegative) for t in texts])
         return hidden
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)

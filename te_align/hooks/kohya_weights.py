@@ -101,7 +101,6 @@ def _weigh(hidden: Any, weights: Any) -> Any:
 
 def encode_weighted(arch: Arch, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Any, weights: Any) -> Any:
     """SD/SDXL ``encode_tokens_with_weights``: the hooked encoding, then sd-scripts' weighting."""
-    import torch
 
     out = K._encode(arch, self, tokenize_strategy, models, tokens)
     if arch.name == "sd":
@@ -110,8 +109,7 @@ def encode_weighted(arch: Arch, self: Any, tokenize_strategy: Any, models: Seque
         result = [_weigh(out[0], weights[0]), _weigh(out[1], weights[1]), out[2]]
     rows = getattr(weights, "zero_rows", None)
     if rows is not None and K.profile_for(arch.name, tokenize_strategy).empty_prompt == "zeros":
-        sel = torch.tensor(rows, device=result[0].device)
-        result = [torch.where(sel.view(-1, *([1] * (t.dim() - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t) for t in result]
+        result = [K._zero_rows(t, rows) for t in result]
     return result
 
 
