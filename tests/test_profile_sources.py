@@ -479,6 +479,16 @@ def test_hub_from_a_prepopulated_cache(offline_cache: Path) -> None:
     assert profile("me/flux-schnell-ft").fingerprint() == bundled("flux-schnell").fingerprint()
 
 
+def test_profile_and_build_accept_the_same_hub_ids(offline_cache: Path) -> None:
+    """One dispatcher: te_align.profile() takes every source `te-align profile build` takes (issue 12, bug 1)."""
+    flux = need("flux-schnell")
+    hub_cache(offline_cache, "owner/my-flux-finetune", lambda d: diffusers_folder(d, flux))
+    for source in ("owner/my-flux-finetune@main", f"owner/my-flux-finetune@{COMMIT}", "owner/my-flux-finetune"):
+        built = build(source)
+        assert built.kind == "hub" and built.source == source
+        assert profile(source).fingerprint() == built.profile.fingerprint() == flux.fingerprint()
+
+
 def test_hub_cache_via_hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = need("sd35-large")
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
