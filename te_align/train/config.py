@@ -259,6 +259,8 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
         sections[name] = schema.build(SECTIONS[name], value, key=name, file=file, error=TrainError)
     cfg = TrainConfig(**sections, source=file or "")
     if base_dir is not None:
+        from te_align.profiles.resolve import is_hub_id
+
         base = Path(base_dir)
 
         def rel(p: str) -> str:
@@ -269,7 +271,7 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
                 return str(q)
             local = base / q
             # A hub id (owner/name) that is not a local path stays as written.
-            return str(local) if local.exists() or not _looks_like_hub_id(p) else p
+            return str(local) if local.exists() or not is_hub_id(p) else p
 
         cfg.model.path = rel(cfg.model.path)
         if cfg.model.config:
@@ -284,10 +286,6 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
     return cfg
 
 
-def _looks_like_hub_id(text: str) -> bool:
-    import re
-
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?", text))
 
 
 def load_config(path: str | Path) -> TrainConfig:
