@@ -92,7 +92,9 @@ def parse_header(data: bytes, file_size: int, *, label: str = "<bytes>",
     if not isinstance(header, dict):
         raise bad(f"expected a JSON object as header, got {type(header).__name__}")
     meta = header.get("__metadata__") or {}
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+    if not isinstance(meta, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+    ):
         raise bad("__metadata__ must map strings to strings")
     data_len = file_size - 8 - n
     tensors: dict[str, TensorInfo] = {}
@@ -104,7 +106,9 @@ def parse_header(data: bytes, file_size: int, *, label: str = "<bytes>",
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str):
             raise bad(f"tensor '{key}' has no dtype")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise bad(f"tensor '{key}' has a bad shape {shape!r}")
         if (
             not isinstance(offsets, list)
@@ -118,15 +122,21 @@ def parse_header(data: bytes, file_size: int, *, label: str = "<bytes>",
             for d in shape:
                 numel *= d
             if offsets[1] - offsets[0] != numel * DTYPE_SIZES[dtype]:
-                raise bad(f"tensor '{key}' ({dtype} {shape}) does not fit its {offsets[1] - offsets[0]} bytes")
+                raise bad(
+                    f"tensor '{key}' ({dtype} {shape}) does not fit its {offsets[1] - offsets[0]} bytes"
+                )
         tensors[key] = TensorInfo(dtype, tuple(shape), (offsets[0], offsets[1]))
     end = 0
     for key, t in sorted(tensors.items(), key=lambda kv: kv[1].data_offsets):
         if t.data_offsets[0] != end:
-            raise bad(f"tensor '{key}' starts at {t.data_offsets[0]}, expected {end} (overlapping or gapped data)")
+            raise bad(
+                f"tensor '{key}' starts at {t.data_offsets[0]}, expected {end} (overlapping or gapped data)"
+            )
         end = t.data_offsets[1]
     if end != data_len:
-        raise bad(f"tensor data is {data_len} bytes but the header describes {end} (truncated or padded file)")
+        raise bad(
+            f"tensor data is {data_len} bytes but the header describes {end} (truncated or padded file)"
+        )
     return Header(label, n, tensors, dict(meta), 8 + n, data_len, header)
 
 

@@ -73,7 +73,9 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def check(value: Any, tp: Any, *, key: str, file: str | None = None, error: type[TeAlignError] = TeAlignError) -> Any:
+def check(
+    value: Any, tp: Any, *, key: str, file: str | None = None, error: type[TeAlignError] = TeAlignError
+) -> Any:
     """``value`` checked against the type hint ``tp`` (ints become floats where a float is expected).
 
     Lists become tuples where the hint is a tuple; tables become dataclasses where it is one.
@@ -125,7 +127,10 @@ def check(value: Any, tp: Any, *, key: str, file: str | None = None, error: type
         if origin is tuple and args and args[-1] is not Ellipsis:  # fixed length: tuple[int, str]
             if len(value) != len(args):
                 raise bad()
-            items = [check(v, a, key=join(key, i), file=file, error=error) for i, (v, a) in enumerate(zip(value, args, strict=True))]
+            items = [
+                check(v, a, key=join(key, i), file=file, error=error)
+                for i, (v, a) in enumerate(zip(value, args, strict=True))
+            ]
         else:
             inner = args[0] if args else Any
             items = [check(v, inner, key=join(key, i), file=file, error=error) for i, v in enumerate(value)]

@@ -1,6 +1,6 @@
 """A/B presets: which trainer default arm A emulates, and the shared training and evaluation settings.
 
-A preset is a TOML file (``presets/<family>/<name>.toml`` or ``presets/tiny-demo.toml``)::
+A preset is a TOML file (``presets/<profile>/<name>.toml`` or ``presets/tiny-demo.toml``)::
 
     name = "sd35-large-vs-simpletuner"
     profile = "sd35-large"                      # arm B: the bundled profile (the official conditioning)

@@ -95,7 +95,9 @@ def classify(source: str | Path, *, bundled_names: bool = True) -> Source:
     if match is not None:
         return Source("hub", text, name=match["repo"], revision=match["revision"])
     if is_path or not bundled_names or re.search(r"[/\\]", text):
-        raise ProfileError("no such model folder or checkpoint, and not a hub repo id (owner/name[@revision])", file=text)
+        raise ProfileError(
+            "no such model folder or checkpoint, and not a hub repo id (owner/name[@revision])", file=text
+        )
     return Source("bundled", text, name=bundled(text).name)  # raises ProfileNotFound naming the closest
 
 
@@ -155,4 +157,13 @@ def profile(source: str | Path | AlignmentProfile, /, **overrides: Any) -> Align
     return base.with_overrides(overrides) if overrides else base
 
 
-__all__ = ["CHECKPOINT_SUFFIXES", "HUB_ID", "PROFILE_SUFFIXES", "Source", "build", "classify", "is_hub_id", "profile"]
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "HUB_ID",
+    "PROFILE_SUFFIXES",
+    "Source",
+    "build",
+    "classify",
+    "is_hub_id",
+    "profile",
+]

@@ -97,7 +97,7 @@ def log_report(report: BuildReport) -> None:
 
 
 
-# ================================================================ family -> bundled profile table
+# ======================================================== detected model -> bundled profile table
 EncoderRole = Literal["clip_l", "clip_h", "clip_g", "t5xxl"]
 
 
