@@ -6,7 +6,10 @@ the denoiser takes, what an empty prompt becomes). Where each value came from li
 ``AlignmentProfile.provenance``, keyed by the value's dotted path (``slots.t5.tokenizer.max_length``).
 The fingerprint hashes behaviour only, so rewording a source never invalidates a cache.
 
-This module imports no torch.
+This module is the data only: reading and validating tables lives in :mod:`te_align.profiles.serialize`
+(with :mod:`te_align._schema`), overrides in :mod:`te_align.profiles.overrides`. The convenience
+methods :meth:`AlignmentProfile.with_overrides`, ``to_dict``, ``to_toml`` and ``to_json`` reach
+them at call time; importing this module imports neither (nor torch).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple
 
 from te_align.errors import ProfileError
 from te_align.profiles.model import AlignmentProfile
+from te_align.profiles.registry import bundled, bundled_names
 
 logger = logging.getLogger("te_align")
 
@@ -75,7 +76,6 @@ def show(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False) if isinstance(v, str) else str(v)
 
 
-
 _LOGGED: set[tuple[str, str, str]] = set()
 
 
@@ -94,7 +94,6 @@ def log_report(report: BuildReport) -> None:
         if key not in _LOGGED:
             _LOGGED.add(key)
             logger.info("%s: %s", report.source, n)
-
 
 
 # ======================================================== detected model -> bundled profile table
@@ -144,17 +143,14 @@ RECIPES: tuple[Recipe, ...] = (
 BY_PROFILE = {r.profile: r for r in RECIPES}
 
 
-
 def bundled_base(name: str, reason: str) -> AlignmentProfile:
-    from te_align.profiles.registry import bundled, bundled_names
-
+    """The bundled profile a detected model starts from."""
     if name not in bundled_names():
         raise ProfileError(
             f"detected {name} ({reason}), but there is no bundled profile '{name}'; "
             f"bundled profiles: {', '.join(bundled_names()) or 'none'}"
         )
     return bundled(name)
-
 
 
 # ========================================================================= collecting the findings

@@ -68,7 +68,6 @@ def _supported_pipelines() -> str:
     return ", ".join(f"{p}Pipeline ({'/'.join(names)})" for p, names in groups.items())
 
 
-
 # ===================================================================================== file access
 @dataclass(frozen=True)
 class Tree:
@@ -128,7 +127,6 @@ def _component_class(model_index: dict[str, Any], sub: str) -> tuple[bool, str |
             return False, None
         return True, str(entry[1])
     return sub in model_index, None
-
 
 
 # ============================================================================== diffusers folders
