@@ -1,9 +1,8 @@
 """Read and stamp the text-conditioning recipe in a ``.safetensors`` file's metadata (LoRAs, checkpoints).
 
-A safetensors file is an 8-byte little-endian header length ``N``, ``N`` bytes of JSON (tensor
-names -> dtype, shape, data offsets, plus an optional ``__metadata__`` table of strings), then the
-tensor bytes. Everything here works on that header by hand: no tensor is ever loaded, torch is never
-imported, and :func:`stamp` copies the tensor bytes unchanged behind a rewritten header.
+Everything here works on the file's header (read and written by :mod:`te_align._safetensors`): no
+tensor is ever loaded, torch is never imported, and :func:`stamp` copies the tensor bytes unchanged
+behind a rewritten header.
 
 :func:`stamp` writes ``te_align.*`` keys (profile, fingerprint, and the per-slot values that decide
 what the text encoders produce). :func:`read` returns those keys, the text-encoder settings kohya
@@ -17,19 +16,17 @@ import json
 import os
 import re
 import shutil
-import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align import _safetensors
 from te_align._atomic import atomic_file
+from te_align._safetensors import Header
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
 
-#: The safetensors library refuses headers larger than this; so do we.
-MAX_HEADER_BYTES = 100_000_000
 PREFIX = "te_align."
 #: Version of the ``te_align.*`` key layout written by :func:`stamp`.
 STAMP_FORMAT = 1
@@ -57,128 +54,20 @@ KOHYA_KEYS = (
     "ss_training_comment",
 )
 
-# Bytes per element of the safetensors dtypes (sub-byte float formats are not size-checked).
-_DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
-}
-
 
 class MetadataError(TeAlignError):
     """A file that is not a readable safetensors file, or one that cannot be stamped."""
 
 
-# ------------------------------------------------------------------------------- header parsing
-@dataclass(frozen=True)
-class SafetensorsHeader:
-    """The parsed header of a safetensors file (no tensor data)."""
-
-    path: str
-    header_len: int
-    tensors: dict[str, dict[str, Any]]
-    metadata: dict[str, str]
-    #: Byte offset of the tensor data (8 + header_len) and its length.
-    data_start: int
-    data_len: int
-    #: The header JSON object as read (tensor entries and ``__metadata__``, in file order).
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+# ------------------------------------------------------------------------------- header reading
+def parse_header(prefix: bytes, file_size: int, path: str | os.PathLike[str] = "<bytes>") -> Header:
+    """Parse and validate a header from the first bytes of a file (see :func:`te_align._safetensors.parse_header`)."""
+    return _safetensors.parse_header(prefix, file_size, label=str(path), error=MetadataError)
 
 
-def parse_header(prefix: bytes, file_size: int, path: str | os.PathLike[str] = "<bytes>") -> SafetensorsHeader:
-    """Parse and validate a header from the first bytes of a file (at least ``8 + N`` of them).
-
-    Checks what the safetensors library checks: a sane length, a JSON object, string metadata,
-    known-size dtypes matching their shapes, and tensor data that exactly tiles the rest of the file.
-    """
-    name = str(path)
-
-    def bad(msg: str) -> MetadataError:
-        return MetadataError(f"not a valid safetensors file: {msg}", file=name)
-
-    if file_size < 8 or len(prefix) < 8:
-        raise bad(f"only {file_size} bytes, shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", prefix[:8])
-    if n == 0 or n > MAX_HEADER_BYTES:
-        raise bad(f"header length {n} is out of range")
-    if 8 + n > file_size or len(prefix) < 8 + n:
-        raise bad(f"header length {n} runs past the end of the {file_size}-byte file (truncated?)")
-    raw_json = prefix[8 : 8 + n]
-    try:
-        header = json.loads(raw_json.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"header is not JSON ({e.__class__.__name__} at byte {getattr(e, 'pos', getattr(e, 'start', '?'))})") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    meta = header.get("__metadata__", {})
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-        raise bad("__metadata__ must map strings to strings")
-    data_len = file_size - 8 - n
-    tensors: dict[str, dict[str, Any]] = {}
-    spans: list[tuple[int, int, str]] = []
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            raise bad(f"tensor '{key}' has no description")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str):
-            raise bad(f"tensor '{key}' has no dtype")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise bad(f"tensor '{key}' has a bad shape {shape!r}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            raise bad(f"tensor '{key}' has bad data_offsets {offsets!r}")
-        if dtype in _DTYPE_SIZES:
-            numel = 1
-            for d in shape:
-                numel *= d
-            if offsets[1] - offsets[0] != numel * _DTYPE_SIZES[dtype]:
-                raise bad(f"tensor '{key}' ({dtype} {shape}) does not fit its {offsets[1] - offsets[0]} bytes")
-        tensors[key] = info
-        spans.append((offsets[0], offsets[1], key))
-    end = 0
-    for start, stop, key in sorted(spans):
-        if start != end:
-            raise bad(f"tensor '{key}' starts at {start}, expected {end} (overlapping or gapped data)")
-        end = stop
-    if end != data_len:
-        raise bad(f"tensor data is {data_len} bytes but the header describes {end} (truncated or padded file)")
-    return SafetensorsHeader(name, n, tensors, dict(meta), 8 + n, data_len, header)
-
-
-def read_header(path: str | os.PathLike[str]) -> SafetensorsHeader:
-    """Read and validate only the header of a safetensors file."""
-    name = str(path)
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            first = f.read(8)
-            if len(first) == 8:
-                (n,) = struct.unpack("<Q", first)
-                if 0 < n <= MAX_HEADER_BYTES and 8 + n <= size:
-                    first += f.read(n)
-    except FileNotFoundError:
-        raise MetadataError("no such file", file=name) from None
-    except IsADirectoryError:
-        raise MetadataError("is a folder, not a .safetensors file", file=name) from None
-    except OSError as e:
-        raise MetadataError(f"cannot read: {e.strerror}", file=name) from None
-    return parse_header(first, size, name)
-
-
-def _encode_header(header: dict[str, Any]) -> bytes:
-    """Header JSON padded with spaces so the tensor data starts at a multiple of 8 bytes."""
-    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    body += b" " * (-(8 + len(body)) % 8)
-    return struct.pack("<Q", len(body)) + body
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read and validate only the header of a safetensors file (see :func:`te_align._safetensors.read_header`)."""
+    return _safetensors.read_header(path, error=MetadataError)
 
 
 # ------------------------------------------------------------------------------------ stamping
@@ -254,7 +143,7 @@ def stamp(
     meta.update(keys)
     new_header: dict[str, Any] = {"__metadata__": meta}
     new_header.update((k, v) for k, v in head.raw.items() if k != "__metadata__")
-    encoded = _encode_header(new_header)
+    encoded = _safetensors.encode_header(new_header)
 
     backup_fn = (lambda: _link_or_copy(src, src.with_name(src.name + ".bak"))) if in_place and backup else None
     with atomic_file(dst, error=MetadataError, mode_from=dst if dst.exists() else src, before_replace=backup_fn) as out:
@@ -409,7 +298,6 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
 __all__ = [
     "KOHYA_KEYS",
     "MetadataError",
-    "SafetensorsHeader",
     "parse_header",
     "read",
     "read_header",

@@ -56,6 +56,30 @@ def test_preset_errors_name_the_key(change: Any, message: str) -> None:
         preset_from_dict(data, file="x.toml")
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["eval"].update(seeds="3"), "x.toml: key 'eval.seeds': expected an integer, got '3'"),
+        (lambda d: d["eval"].update(every="x"), "x.toml: key 'eval.every': expected an integer, got 'x'"),
+        (lambda d: d["baseline"].update(overrides=5), "x.toml: key 'baseline.overrides': expected a table, got 5"),
+        (lambda d: d["eval"].update(timesteps=["a"]), "x.toml: key 'eval.timesteps[0]': expected a number, got 'a'"),
+        (lambda d: d["eval"].update(prompts="a red circle"),
+         "x.toml: key 'eval.prompts': expected a list of strings, got 'a red circle'"),
+        (lambda d: d["baseline"].update(trainer=3), "x.toml: key 'baseline.trainer': expected a string, got 3"),
+        (lambda d: d.update(name=3), "x.toml: key 'name': expected a string, got 3"),
+        (lambda d: d.update(train=[1]), "x.toml: key 'train': expected a table, got [1]"),
+        (lambda d: d["eval"].update(seed=3), "x.toml: key 'eval.seed': unknown key (did you mean: seeds, noise_seed, sample_seeds?)"),
+    ],
+)
+def test_wrongly_typed_preset_values_are_one_line_errors(change: Any, message: str) -> None:
+    """Presets are type-checked like the train config: file, key and expected type in one line (issue 12, bug 3)."""
+    data = _tiny_demo_data()
+    change(data)
+    with pytest.raises(ABError) as e:
+        preset_from_dict(data, file="x.toml")
+    assert str(e.value) == message
+
+
 def test_unknown_preset_names_the_closest() -> None:
     with pytest.raises(ABError, match="tiny-demo"):
         load_preset("tiny-dem")

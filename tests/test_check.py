@@ -310,6 +310,23 @@ def test_stale_sd_scripts_cache_files(tmp_path):
     assert "2 of 3 cached files" in stale[0].message and "2 with 512" in stale[0].message
 
 
+def test_ai_toolkit_cache_files_are_read_from_their_headers(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from te_align.audit.cachefiles import scan
+
+    cache = tmp_path / "_t_e_cache"
+    cache.mkdir()
+    for i, length in enumerate((512, 256)):
+        save_file({"text_embed": np.zeros((1, length, 8), dtype=np.float16)}, str(cache / f"{i}.safetensors"))
+    good = (cache / "0.safetensors").read_bytes()
+    (cache / "truncated.safetensors").write_bytes(good[:-4])
+    (cache / "garbage.safetensors").write_bytes(b"not a safetensors file")
+    found, lengths, bad, _ = scan(str(cache), "ai-toolkit")
+    assert (found, dict(lengths), bad) == (4, {512: 1, 256: 1}, 2)
+
+
 # ------------------------------------------------------------------------------------ CLI
 def test_cli_exit_codes_and_json(capsys, tmp_path):
     good = write(tmp_path, "good.toml", FLUX_DEV)

@@ -27,26 +27,20 @@ from support_files import (
     write_sparse_safetensors,
 )
 
+from te_align._safetensors import read_header
 from te_align.cli import main
 from te_align.errors import ProfileError, TeAlignError
-from te_align.profiles import bundled, bundled_names, load_profile_file, profile
+from te_align.profiles import bundled, load_profile_file, profile
 from te_align.profiles.model import AlignmentProfile
-from te_align.profiles.sources import (
-    HUB_PATTERNS,
-    RECIPES,
-    BuildReport,
-    build,
-    from_folder,
-    from_hub,
-    from_single_file,
-    read_safetensors_header,
-)
+from te_align.profiles.resolve import build, classify
+from te_align.profiles.sources.checkpoint import from_single_file
+from te_align.profiles.sources.common import RECIPES, BuildReport
+from te_align.profiles.sources.folder import from_folder
+from te_align.profiles.sources.hub import HUB_PATTERNS, from_hub
 
 
 def need(name: str) -> AlignmentProfile:
-    """The bundled profile, or skip while it has not been written yet."""
-    if name not in bundled_names():
-        pytest.skip(f"bundled profile '{name}' does not exist yet")
+    """The bundled profile (every profile these tests name exists: a missing one fails)."""
     return bundled(name)
 
 
@@ -77,11 +71,10 @@ def test_folder_stating_the_bundled_values_rebuilds_the_bundled_profile(tmp_path
 
 def test_every_recipe_row_names_a_pipeline_of_its_profile() -> None:
     for row in RECIPES:
-        if row.profile in bundled_names():
-            p = bundled(row.profile)
-            assert p.pipeline.startswith(row.pipeline), (row, p.pipeline)
-            subs = {s.encoder_subfolder for s in p.slots}
-            assert {sub for _, sub in row.encoders} <= subs, row
+        p = bundled(row.profile)
+        assert p.pipeline.startswith(row.pipeline), (row, p.pipeline)
+        subs = {s.encoder_subfolder for s in p.slots}
+        assert {sub for _, sub in row.encoders} <= subs, row
 
 
 @pytest.mark.parametrize(
@@ -290,10 +283,7 @@ def test_encoder_class_follows_model_index(tmp_path: Path) -> None:
 
 
 def test_nested_text_config_and_llm_families(tmp_path: Path) -> None:
-    name = next((n for n in ("qwen-image", "lumina2", "sana", "hidream") if n in bundled_names()), None)
-    if name is None:
-        pytest.skip("no LLM-encoder profile bundled yet")
-    base = bundled(name)
+    base = bundled("qwen-image")
     slot = next(s for s in base.slots if not s.encoder.cls.startswith(("CLIP", "T5", "UMT5")))
     folder = diffusers_folder(tmp_path / "m", base)
     cfg_path = folder / slot.encoder_subfolder / "config.json"
@@ -302,7 +292,7 @@ def test_nested_text_config_and_llm_families(tmp_path: Path) -> None:
     cfg["text_config"] = inner
     write_json(cfg_path, cfg)
     report = build(folder)
-    assert report.base == name and report.differences == []
+    assert report.base == "qwen-image" and report.differences == []
 
 
 # ------------------------------------------------------------------------------ folder errors
@@ -377,6 +367,36 @@ def test_registry_dispatches_to_folders_and_files(tmp_path: Path) -> None:
     assert p.fingerprint() == base.fingerprint()
     ckpt = write_sparse_safetensors(tmp_path / "sd35.safetensors", mmdit_keys(38))
     assert profile(str(ckpt)).fingerprint() == base.fingerprint()
+
+
+def test_one_classification_of_every_source(tmp_path: Path) -> None:
+    folder = diffusers_folder(tmp_path / "m", bundled("sd35-large"))
+    (tmp_path / "p.toml").write_text(bundled("sd15").to_toml())
+    ckpt = write_sparse_safetensors(tmp_path / "c.sft", mmdit_keys(38))
+    cases = {
+        "sd35-large": ("bundled", "sd35-large", None),
+        "SD3.5 Large": ("bundled", "sd35-large", None),
+        str(folder): ("folder", "", folder),
+        str(folder / "model_index.json"): ("folder", "", folder),
+        str(tmp_path / "p.toml"): ("profile-file", "", tmp_path / "p.toml"),
+        str(ckpt): ("single-file", "", ckpt),
+        "owner/model@refs/pr/1": ("hub", "owner/model", None),
+    }
+    for text, (kind, name, path) in cases.items():
+        src = classify(text)
+        assert (src.kind, src.name, src.path) == (kind, name, path), text
+    assert classify("owner/model@refs/pr/1").revision == "refs/pr/1"
+    # an official repo id is also an alias: te_align.profile() takes the bundled profile, build reads the hub
+    assert classify("stabilityai/stable-diffusion-3.5-large").kind == "bundled"
+    assert classify("stabilityai/stable-diffusion-3.5-large", bundled_names=False).kind == "hub"
+    # a missing file is never taken for a hub id, and build does not take profiles
+    with pytest.raises(ProfileError, match="no such profile file"):
+        profile("configs/mine.toml")
+    with pytest.raises(ProfileError, match="no such model folder"):
+        build("sd15")
+    with pytest.raises(ProfileError, match="a profile file, not a model"):
+        build(tmp_path / "p.toml")
+    assert profile(str(folder / "model_index.json")).fingerprint() == bundled("sd35-large").fingerprint()
 
 
 def test_each_difference_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -477,6 +497,16 @@ def test_hub_from_a_prepopulated_cache(offline_cache: Path) -> None:
     # and the registry routes repo ids here (the alias table does not know this fine-tune's id)
     hub_cache(offline_cache, "me/flux-schnell-ft", lambda d: diffusers_folder(d, need("flux-schnell")))
     assert profile("me/flux-schnell-ft").fingerprint() == bundled("flux-schnell").fingerprint()
+
+
+def test_profile_and_build_accept_the_same_hub_ids(offline_cache: Path) -> None:
+    """One dispatcher: te_align.profile() takes every source `te-align profile build` takes (issue 12, bug 1)."""
+    flux = need("flux-schnell")
+    hub_cache(offline_cache, "owner/my-flux-finetune", lambda d: diffusers_folder(d, flux))
+    for source in ("owner/my-flux-finetune@main", f"owner/my-flux-finetune@{COMMIT}", "owner/my-flux-finetune"):
+        built = build(source)
+        assert built.kind == "hub" and built.source == source
+        assert profile(source).fingerprint() == built.profile.fingerprint() == flux.fingerprint()
 
 
 def test_hub_cache_via_hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -689,8 +719,8 @@ def test_flux_fill_is_noted(tmp_path: Path) -> None:
 
 def test_header_reader_reads_numpy_written_files(tmp_path: Path) -> None:
     ckpt = write_numpy_safetensors(tmp_path / "t.safetensors", ["a.weight", "b.bias"])
-    shapes, metadata = read_safetensors_header(ckpt)
-    assert shapes == {"a.weight": (1,), "b.bias": (1,)} and metadata == {}
+    header = read_header(ckpt)
+    assert header.shapes == {"a.weight": (1,), "b.bias": (1,)} and header.metadata == {}
 
 
 # ------------------------------------------------------------------------- single-file errors
@@ -751,9 +781,8 @@ def test_cli_build_single_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 # -------------------------------------------------------- key names against installed diffusers
 def test_fixture_key_names_are_the_ones_diffusers_single_file_loading_uses() -> None:
-    spec = importlib.util.find_spec("diffusers")
-    if spec is None or spec.origin is None:
-        pytest.skip("diffusers is not installed")
+    spec = importlib.util.find_spec("diffusers")  # a dependency of te-align
+    assert spec is not None and spec.origin is not None
     source = (Path(spec.origin).parent / "loaders" / "single_file_utils.py").read_text(encoding="utf-8")
     fixtures: dict[str, tuple[int, ...]] = {
         **unet_keys(1024),

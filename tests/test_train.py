@@ -65,7 +65,7 @@ def test_config_errors_name_the_key_and_the_closest_valid_one(tmp_path: Path) ->
     base = {"model": {"path": "m"}, "data": {"path": "d"}}
     with pytest.raises(TrainError, match=r"key 'train.learning_rat'.*did you mean: learning_rate"):
         config_from_dict({**base, "train": {"learning_rat": 1e-4}})
-    with pytest.raises(TrainError, match=r"key 'train.batch_size'.*expected int"):
+    with pytest.raises(TrainError, match=r"key 'train.batch_size': expected an integer, got '2'"):
         config_from_dict({**base, "train": {"batch_size": "2"}})
     with pytest.raises(TrainError, match=r"key 'trian'.*did you mean: train"):
         config_from_dict({**base, "trian": {}})

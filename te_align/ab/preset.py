@@ -1,6 +1,6 @@
 """A/B presets: which trainer default arm A emulates, and the shared training and evaluation settings.
 
-A preset is a TOML file (``presets/<family>/<name>.toml`` or ``presets/tiny-demo.toml``)::
+A preset is a TOML file (``presets/<profile>/<name>.toml`` or ``presets/tiny-demo.toml``)::
 
     name = "sd35-large-vs-simpletuner"
     profile = "sd35-large"                      # arm B: the bundled profile (the official conditioning)
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_align import _schema as schema
 from te_align.errors import TeAlignError, closest
 
 
@@ -146,32 +147,13 @@ def list_presets() -> dict[str, Path]:
     return out
 
 
-def _fields(cls: type, data: Any, where: str, file: str) -> Any:
-    if not isinstance(data, dict):
-        raise ABError(f"expected a table, got {data!r}", file=file, key=where)
-    valid = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in valid:
-            raise ABError(f"unknown key{closest(key, list(valid)) or ''}; valid keys: {', '.join(valid)}", file=file, key=f"{where}.{key}")
-    return cls(**data)
-
-
 def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
     """Validate a preset mapping: keys, baseline trainer, overrides (against the profile), transform, [train] sections."""
     import te_align
     from te_align.train.config import SECTIONS, TrainError, config_from_dict
 
-    top = {"name", "profile", "model", "description", "baseline", "train", "eval"}
-    for key in data:
-        if key not in top:
-            raise ABError(f"unknown key{closest(key, sorted(top)) or ''}; valid keys: {', '.join(sorted(top))}", file=file, key=key)
-    for key in ("name", "profile", "baseline"):
-        if key not in data:
-            raise ABError("missing", file=file, key=key)
-    baseline = _fields(Baseline, data["baseline"], "baseline", file)
-    ev = _fields(EvalSettings, data.get("eval", {}), "eval", file)
-    preset = Preset(name=str(data["name"]), profile=str(data["profile"]), baseline=baseline, model=str(data.get("model", "")),
-                    description=str(data.get("description", "")), train=dict(data.get("train", {})), eval=ev, source=file)  # fmt: skip
+    preset = dataclasses.replace(schema.build(Preset, data, file=file, error=ABError, exclude=("source",)), source=file)
+    baseline, ev = preset.baseline, preset.eval
     if baseline.trainer not in TRAINERS:
         raise ABError(f"expected one of {', '.join(TRAINERS)}, got {baseline.trainer!r}", file=file, key="baseline.trainer")
     for key in ("behaviour", "why", "source"):

@@ -10,12 +10,14 @@ strategy_lumina.py:147-281 at 48d368fa). ai-toolkit ``_t_e_cache/*.safetensors``
 from __future__ import annotations
 
 import ast
-import json
 import struct
 import zipfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from te_align._safetensors import read_header
+from te_align.errors import TeAlignError
 
 #: sd-scripts cache suffix -> (array, profile path its sequence axis records)
 NPZ_LENGTH = {
@@ -64,12 +66,9 @@ def npz_record(path: Path) -> dict[str, Any]:
 
 
 def safetensors_record(path: Path) -> dict[str, Any]:
-    with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            raise ValueError("bad safetensors header")
-        header = json.loads(f.read(n))
-    shape = (header.get("text_embed") or {}).get("shape") or []
+    """``{"length": L}`` for one ai-toolkit cache file (its ``text_embed`` shape), from the header only."""
+    tensor = read_header(path).tensors.get("text_embed")
+    shape = tensor.shape if tensor is not None else ()
     return {"length": int(shape[-2])} if len(shape) >= 2 else {}
 
 
@@ -97,7 +96,7 @@ def scan(directory: str, trainer: str) -> tuple[int, Counter[int], int, str]:
             found += 1
             try:
                 rec = safetensors_record(f)
-            except (OSError, ValueError, struct.error):
+            except TeAlignError:
                 bad += 1
                 continue
             if "length" in rec:

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     diff.add_argument("--json", action="store_true")
     diff.set_defaults(func=cmd_diff)
 
-    build = ps.add_parser("build", help="build a profile from a model folder, hub repo id or .safetensors checkpoint")
+    build = ps.add_parser("build", help="build a profile from a model folder, hub repo id[@revision] or .safetensors checkpoint")
     build.add_argument("source", metavar="PATH_OR_REPO")
     build.add_argument("-o", "--output", help="write the profile here (.toml or .json); default: print TOML")
     build.set_defaults(func=cmd_build)
@@ -156,7 +156,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     import sys
 
-    from te_align.profiles.sources import build
+    from te_align.profiles.resolve import build
 
     report = build(args.source)
     for line in report.summary_lines():

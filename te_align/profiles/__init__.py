@@ -1,4 +1,4 @@
-"""Alignment profiles: data model, bundled registry, sources and serialization (no torch)."""
+"""Alignment profiles: data model, bundled registry, the one source dispatcher, sources and serialization (no torch)."""
 
 from te_align.profiles.model import (
     AlignmentProfile,
@@ -9,7 +9,8 @@ from te_align.profiles.model import (
     SlotSpec,
     TokenizerSpec,
 )
-from te_align.profiles.registry import bundled, bundled_names, profile, profiles
+from te_align.profiles.registry import bundled, bundled_names, profiles
+from te_align.profiles.resolve import profile
 from te_align.profiles.serialize import load_profile_file, profile_from_dict, profile_to_dict
 
 __all__ = [

@@ -6,7 +6,10 @@ the denoiser takes, what an empty prompt becomes). Where each value came from li
 ``AlignmentProfile.provenance``, keyed by the value's dotted path (``slots.t5.tokenizer.max_length``).
 The fingerprint hashes behaviour only, so rewording a source never invalidates a cache.
 
-This module imports no torch.
+This module is the data only: reading and validating tables lives in :mod:`te_align.profiles.serialize`
+(with :mod:`te_align._schema`), overrides in :mod:`te_align.profiles.overrides`. The convenience
+methods :meth:`AlignmentProfile.with_overrides`, ``to_dict``, ``to_toml`` and ``to_json`` reach
+them at call time; importing this module imports neither (nor torch).
 """
 
 from __future__ import annotations
@@ -14,10 +17,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import types
-import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 from te_align.errors import ProfileError, closest
 
@@ -311,87 +312,3 @@ def _get_path(profile: AlignmentProfile, path: str) -> Any:
             raise ProfileError(f"no such profile field '{p}'", key=path)
         obj = getattr(obj, p)
     return obj
-
-
-# ------------------------------------------------------------------------- typed construction
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in get_args(tp))
-    if tp is type(None):
-        return "nothing"
-    return getattr(tp, "__name__", str(tp))
-
-
-def coerce(value: Any, tp: Any, *, key: str, file: str | None = None) -> Any:
-    """Check ``value`` against a type hint (Literal, unions, int/float/bool/str, tuples); return it.
-
-    Raises :class:`ProfileError` naming ``key`` and the expected type.
-    """
-    origin = get_origin(tp)
-    if origin is Literal:
-        if any(value == a and type(value) is type(a) for a in get_args(tp)):
-            return value
-        raise ProfileError(f"expected one of {_type_name(tp)}, got {value!r}", file=file, key=key)
-    if origin in (typing.Union, types.UnionType):
-        for arg in get_args(tp):
-            try:
-                return coerce(value, arg, key=key, file=file)
-            except ProfileError:
-                continue
-        raise ProfileError(f"expected {_type_name(tp)}, got {value!r}", file=file, key=key)
-    if tp is type(None):
-        if value is None:
-            return None
-        raise ProfileError(f"expected nothing, got {value!r}", file=file, key=key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ProfileError(f"expected true or false, got {value!r}", file=file, key=key)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ProfileError(f"expected an integer, got {value!r}", file=file, key=key)
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ProfileError(f"expected a number, got {value!r}", file=file, key=key)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ProfileError(f"expected a string, got {value!r}", file=file, key=key)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ProfileError(f"expected a list, got {value!r}", file=file, key=key)
-        (inner, _ellipsis) = get_args(tp)
-        return tuple(coerce(v, inner, key=f"{key}[{i}]", file=file) for i, v in enumerate(value))
-    if tp is Any:
-        return value
-    raise TypeError(f"unsupported type hint {tp!r} for {key}")  # a bug in this module, not user input
-
-
-def build_spec(cls: type, data: Any, *, key: str, file: str | None = None) -> Any:
-    """Construct a spec dataclass from a plain dict, rejecting unknown keys and wrong types."""
-    if not isinstance(data, dict):
-        raise ProfileError(f"expected a table, got {data!r}", file=file, key=key)
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
-    unknown = [k for k in data if k not in names]
-    if unknown:
-        k = unknown[0]
-        raise ProfileError(
-            f"unknown field '{k}' in {cls.__name__}{closest(k, names)}", file=file, key=f"{key}.{k}"
-        )
-    kwargs = {}
-    for f in fields(cls):
-        if f.name in data:
-            kwargs[f.name] = coerce(data[f.name], hints[f.name], key=f"{key}.{f.name}", file=file)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProfileError(f"missing required field '{f.name}'", file=file, key=f"{key}.{f.name}")
-    return cls(**kwargs)
-
-
-def spec_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)

@@ -1,11 +1,10 @@
-"""Bundled profiles, aliases, and ``profile()`` dispatch over every profile source."""
+"""The bundled profiles and their aliases (``profile()`` over every source is :mod:`te_align.profiles.resolve`)."""
 
 from __future__ import annotations
 
 import functools
 import re
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from te_align.errors import ProfileNotFound, closest
@@ -51,6 +50,11 @@ def bundled_names() -> list[str]:
     return sorted(_bundled_files())
 
 
+def bundled_name(name: str) -> str | None:
+    """The bundled profile a name or alias stands for, or None."""
+    return _alias_table().get(_norm(name))
+
+
 def bundled(name: str) -> AlignmentProfile:
     """A bundled profile by name or alias (no overrides)."""
     key = _norm(name)
@@ -65,42 +69,3 @@ def bundled(name: str) -> AlignmentProfile:
 def profiles() -> list[AlignmentProfile]:
     """Every bundled profile."""
     return [_load_bundled(n) for n in bundled_names()]
-
-
-def profile(source: str | Path | AlignmentProfile, /, **overrides: Any) -> AlignmentProfile:
-    """Resolve a profile from any source, then apply validated overrides.
-
-    ``source`` may be a bundled name or alias (``"sd35-large"``, ``"flux-schnell"``), a profile file
-    (``.toml`` / ``.json``), a diffusers-format model folder, a single-file ``.safetensors``
-    checkpoint, or a Hugging Face hub repo id (config files only are downloaded).
-    """
-    if isinstance(source, AlignmentProfile):
-        base = source
-    else:
-        base = _resolve(str(source))
-    return base.with_overrides(overrides) if overrides else base
-
-
-def _resolve(source: str) -> AlignmentProfile:
-    key = _norm(source)
-    if key in _alias_table():
-        return _load_bundled(_alias_table()[key])
-    path = Path(source).expanduser()
-    suffix = path.suffix.lower()
-    if suffix in (".toml", ".json"):
-        from te_align.profiles.serialize import load_profile_file
-
-        return load_profile_file(path)
-    if suffix in (".safetensors", ".sft"):
-        from te_align.profiles.sources import from_single_file
-
-        return from_single_file(path)
-    if path.is_dir():
-        from te_align.profiles.sources import from_folder
-
-        return from_folder(path)
-    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source) and not path.exists():
-        from te_align.profiles.sources import from_hub
-
-        return from_hub(source)
-    return bundled(source)  # raises ProfileNotFound with the closest names

@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from te_align import _schema as schema
 from te_align.errors import ProfileError, closest
 from te_align.profiles.model import (
     NO_ENCODER,
@@ -19,9 +20,6 @@ from te_align.profiles.model import (
     Provenance,
     SlotSpec,
     TokenizerSpec,
-    build_spec,
-    coerce,
-    spec_hints,
 )
 
 _TOP_KEYS = (
@@ -98,104 +96,108 @@ def set_dict_path(data: dict[str, Any], path: str, value: Any) -> None:
         target[parts[-1]] = value
 
 
-def _req(data: dict[str, Any], key: str, file: str | None, where: str = "") -> Any:
-    if key not in data:
-        raise ProfileError(f"missing required field '{key}'", file=file, key=f"{where}{key}")
-    return data[key]
-
-
 def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile:
     """Build and validate a profile from plain data (as read from TOML or JSON)."""
     if not isinstance(data, dict):
         raise ProfileError("expected a table at the top level", file=file)
-    unknown = [k for k in data if k not in _TOP_KEYS]
-    if unknown:
-        raise ProfileError(f"unknown field '{unknown[0]}'{closest(unknown[0], _TOP_KEYS)}", file=file, key=unknown[0])
-    hints = spec_hints(AlignmentProfile)
-    slots_raw = _req(data, "slots", file)
-    if not isinstance(slots_raw, dict) or not slots_raw:
+
+    def take(table: dict[str, Any], name: str, tp: Any, key: str = "", default: Any = schema.MISSING) -> Any:
+        return schema.take(table, name, tp, key=key, default=default, file=file, error=ProfileError)
+
+    for k in data:
+        if k not in _TOP_KEYS:
+            raise schema.unknown_key(k, _TOP_KEYS, file=file, error=ProfileError)
+    slots_raw = take(data, "slots", dict[str, Any])
+    if not slots_raw:
         raise ProfileError("expected a table of one or more text-encoder slots", file=file, key="slots")
-    slots = []
-    for sname, sdata in slots_raw.items():
-        where = f"slots.{sname}"
-        if not isinstance(sdata, dict):
-            raise ProfileError("expected a table", file=file, key=where)
-        bad = [k for k in sdata if k not in _SLOT_KEYS]
-        if bad:
-            raise ProfileError(f"unknown field '{bad[0]}'{closest(bad[0], _SLOT_KEYS)}", file=file, key=f"{where}.{bad[0]}")
-        dropout = sdata.get("train_dropout")
-        if dropout is not None:
-            dropout = coerce(dropout, float, key=f"{where}.train_dropout", file=file)
-            if not 0.0 <= dropout <= 1.0:
-                raise ProfileError(f"expected a probability in [0, 1], got {dropout}", file=file, key=f"{where}.train_dropout")
-        tokenizer_only = coerce(sdata.get("tokenizer_only", False), bool, key=f"{where}.tokenizer_only", file=file)
-        if tokenizer_only:
-            # no encoder runs: no encoder table, and the encoder folder may be left out
-            if "encoder" in sdata:
-                raise ProfileError("a tokenizer_only slot has no encoder table", file=file, key=f"{where}.encoder")
-            encoder = NO_ENCODER
-            encoder_subfolder = coerce(sdata.get("encoder_subfolder", ""), str, key=f"{where}.encoder_subfolder", file=file)
-        else:
-            encoder = build_spec(EncoderSpec, _req(sdata, "encoder", file, where + "."), key=f"{where}.encoder", file=file)
-            encoder_subfolder = coerce(_req(sdata, "encoder_subfolder", file, where + "."), str, key=f"{where}.encoder_subfolder", file=file)
-        slots.append(
-            SlotSpec(
-                name=sname,
-                tokenizer_subfolder=coerce(_req(sdata, "tokenizer_subfolder", file, where + "."), str, key=f"{where}.tokenizer_subfolder", file=file),
-                encoder_subfolder=encoder_subfolder,
-                tokenizer=build_spec(TokenizerSpec, _req(sdata, "tokenizer", file, where + "."), key=f"{where}.tokenizer", file=file),
-                encoder=encoder,
-                masks=build_spec(MaskSpec, sdata.get("masks", {}), key=f"{where}.masks", file=file),
-                train_dropout=dropout,
-                tokenizer_only=tokenizer_only,
-            )
-        )
-    outputs_raw = _req(data, "outputs", file)
-    if not isinstance(outputs_raw, dict) or not outputs_raw:
+    slots = [_slot_from_dict(name, sdata, file) for name, sdata in slots_raw.items()]
+    outputs_raw = take(data, "outputs", dict[str, str])
+    if not outputs_raw:
         raise ProfileError("expected a table of output name = expression", file=file, key="outputs")
-    outputs = tuple((str(k), coerce(v, str, key=f"outputs.{k}", file=file)) for k, v in outputs_raw.items())
-    prov = []
-    for path, pdata in (data.get("provenance") or {}).items():
-        where = f"provenance.{path}"
-        if not isinstance(pdata, dict):
-            raise ProfileError("expected a table with source and status", file=file, key=where)
-        status = coerce(_req(pdata, "status", file, where + "."), str, key=f"{where}.status", file=file)
-        if status not in STATUSES:
-            raise ProfileError(f"expected a status in {', '.join(STATUSES)}, got {status!r}", file=file, key=f"{where}.status")
-        alts = []
-        for i, a in enumerate(pdata.get("alternatives", [])):
-            if not isinstance(a, dict) or "value" not in a or "source" not in a:
-                raise ProfileError("expected a table with value, source and status", file=file, key=f"{where}.alternatives[{i}]")
-            astatus = a.get("status", "unconfirmed")
-            if astatus not in STATUSES:
-                raise ProfileError(f"expected a status in {', '.join(STATUSES)}, got {astatus!r}", file=file, key=f"{where}.alternatives[{i}].status")
-            alts.append(Alternative(value=a["value"], source=str(a["source"]), status=astatus, note=str(a.get("note", ""))))
-        prov.append(
-            (
-                str(path),
-                Provenance(
-                    source=coerce(_req(pdata, "source", file, where + "."), str, key=f"{where}.source", file=file),
-                    status=status,
-                    note=str(pdata.get("note", "")),
-                    alternatives=tuple(alts),
-                ),
-            )
-        )
+    prov = [(str(path), _provenance_from_dict(path, pdata, file))
+            for path, pdata in take(data, "provenance", dict[str, Any], default={}).items()]  # fmt: skip
+    hints = schema.hints(AlignmentProfile)
+    name = take(data, "name", str)
     profile = AlignmentProfile(
-        name=coerce(_req(data, "name", file), str, key="name", file=file),
-        family=coerce(_req(data, "family", file), str, key="family", file=file),
-        display_name=coerce(data.get("display_name", data.get("name", "")), str, key="display_name", file=file),
-        repo=coerce(data.get("repo", ""), str, key="repo", file=file),
-        pipeline=coerce(data.get("pipeline", ""), str, key="pipeline", file=file),
+        name=name,
+        family=take(data, "family", str),
+        display_name=take(data, "display_name", str, default=name),
+        repo=take(data, "repo", str, default=""),
+        pipeline=take(data, "pipeline", str, default=""),
         slots=tuple(slots),
-        outputs=outputs,
-        empty_prompt=coerce(data.get("empty_prompt", "encode"), hints["empty_prompt"], key="empty_prompt", file=file),
-        aliases=coerce(data.get("aliases", []), tuple[str, ...], key="aliases", file=file),
-        description=coerce(data.get("description", ""), str, key="description", file=file),
+        outputs=tuple(outputs_raw.items()),
+        empty_prompt=take(data, "empty_prompt", hints["empty_prompt"], default="encode"),
+        aliases=take(data, "aliases", tuple[str, ...], default=()),
+        description=take(data, "description", str, default=""),
         provenance=tuple(prov),
     )
     _validate(profile, file)
     return profile
+
+
+def _slot_from_dict(name: str, sdata: Any, file: str | None) -> SlotSpec:
+    where = f"slots.{name}"
+    if not isinstance(sdata, dict):
+        raise ProfileError(f"expected a table, got {sdata!r}", file=file, key=where)
+    for k in sdata:
+        if k not in _SLOT_KEYS:
+            raise schema.unknown_key(f"{where}.{k}", _SLOT_KEYS, file=file, error=ProfileError)
+
+    def take(field: str, tp: Any, default: Any = schema.MISSING) -> Any:
+        return schema.take(sdata, field, tp, key=where, default=default, file=file, error=ProfileError)
+
+    def spec(cls: type, field: str, default: Any = schema.MISSING) -> Any:
+        raw = take(field, dict[str, Any], default)
+        return schema.build(cls, raw, key=f"{where}.{field}", file=file, error=ProfileError)
+
+    dropout = take("train_dropout", float | None, None)
+    if dropout is not None and not 0.0 <= dropout <= 1.0:
+        raise ProfileError(f"expected a probability in [0, 1], got {dropout}", file=file, key=f"{where}.train_dropout")
+    tokenizer_only = take("tokenizer_only", bool, False)
+    if tokenizer_only:
+        # no encoder runs: no encoder table, and the encoder folder may be left out
+        if "encoder" in sdata:
+            raise ProfileError("a tokenizer_only slot has no encoder table", file=file, key=f"{where}.encoder")
+        encoder = NO_ENCODER
+        encoder_subfolder = take("encoder_subfolder", str, "")
+    else:
+        encoder = spec(EncoderSpec, "encoder")
+        encoder_subfolder = take("encoder_subfolder", str)
+    return SlotSpec(
+        name=name,
+        tokenizer_subfolder=take("tokenizer_subfolder", str),
+        encoder_subfolder=encoder_subfolder,
+        tokenizer=spec(TokenizerSpec, "tokenizer"),
+        encoder=encoder,
+        masks=spec(MaskSpec, "masks", {}),
+        train_dropout=dropout,
+        tokenizer_only=tokenizer_only,
+    )
+
+
+def _provenance_from_dict(path: str, pdata: Any, file: str | None) -> Provenance:
+    where = f"provenance.{path}"
+    if not isinstance(pdata, dict):
+        raise ProfileError("expected a table with source and status", file=file, key=where)
+
+    def status(value: Any, key: str) -> str:
+        if value not in STATUSES:
+            raise ProfileError(f"expected a status in {', '.join(STATUSES)}, got {value!r}", file=file, key=key)
+        return value
+
+    source = schema.take(pdata, "source", str, key=where, file=file, error=ProfileError)
+    alts = []
+    for i, a in enumerate(pdata.get("alternatives", [])):
+        if not isinstance(a, dict) or "value" not in a or "source" not in a:
+            raise ProfileError("expected a table with value, source and status", file=file, key=f"{where}.alternatives[{i}]")
+        astatus = status(a.get("status", "unconfirmed"), f"{where}.alternatives[{i}].status")
+        alts.append(Alternative(value=a["value"], source=str(a["source"]), status=astatus, note=str(a.get("note", ""))))
+    return Provenance(
+        source=source,
+        status=status(schema.take(pdata, "status", str, key=where, file=file, error=ProfileError), f"{where}.status"),
+        note=str(pdata.get("note", "")),
+        alternatives=tuple(alts),
+    )
 
 
 def _validate(p: AlignmentProfile, file: str | None) -> None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
+from te_align import _schema as schema
 from te_align.errors import TeAlignError, closest
 
 
@@ -199,82 +198,6 @@ SECTIONS: dict[str, type] = {
 
 
 # ------------------------------------------------------------------------------------- validation
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if origin in (list, dict):
-        return str(tp).replace("typing.", "")
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str, file: str | None) -> Any:
-    origin = get_origin(tp)
-
-    def bad(extra: str = "") -> TrainError:
-        return TrainError(f"expected {_type_name(tp)}, got {value!r}{extra}", file=file, key=key)
-
-    if origin is Literal:
-        choices = get_args(tp)
-        if value not in choices:
-            hint = closest(str(value), [str(c) for c in choices]) if isinstance(value, str) else ""
-            raise bad(hint)
-        return value
-    if origin in (types.UnionType, typing.Union):
-        for arg in get_args(tp):
-            try:
-                return _coerce(value, arg, key, file)
-            except TrainError:
-                continue
-        raise bad()
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad()
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad()
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad()
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise bad()
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise bad()
-        (inner,) = get_args(tp)
-        return [_coerce(v, inner, f"{key}[{i}]", file) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad()
-        _, inner = get_args(tp)
-        return {str(k): (v if inner is Any else _coerce(v, inner, f"{key}.{k}", file)) for k, v in value.items()}
-    if tp is Any:
-        return value
-    raise bad()  # pragma: no cover
-
-
-def _section(cls: type, data: Any, name: str, file: str | None) -> Any:
-    if not isinstance(data, dict):
-        raise TrainError(f"expected a table [{name}], got {data!r}", file=file, key=name)
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in dataclasses.fields(cls)]
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in hints:
-            raise TrainError(
-                f"unknown key{closest(key, valid) or ''}; valid keys of [{name}]: {', '.join(valid)}",
-                file=file,
-                key=f"{name}.{key}",
-            )
-        values[key] = _coerce(value, hints[key], f"{name}.{key}", file)
-    return cls(**values)
-
-
 def _check(cfg: TrainConfig, file: str | None) -> None:
     def need(ok: bool, key: str, message: str) -> None:
         if not ok:
@@ -333,9 +256,11 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
                 owners = [s for s, cls in SECTIONS.items() if name in {f.name for f in dataclasses.fields(cls)}]
                 hint = f" (it belongs under [{owners[0]}])" if owners else ""
             raise TrainError(f"unknown section{hint}; sections: {', '.join(SECTIONS)}", file=file, key=name)
-        sections[name] = _section(SECTIONS[name], value, name, file)
+        sections[name] = schema.build(SECTIONS[name], value, key=name, file=file, error=TrainError)
     cfg = TrainConfig(**sections, source=file or "")
     if base_dir is not None:
+        from te_align.profiles.resolve import is_hub_id
+
         base = Path(base_dir)
 
         def rel(p: str) -> str:
@@ -346,7 +271,7 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
                 return str(q)
             local = base / q
             # A hub id (owner/name) that is not a local path stays as written.
-            return str(local) if local.exists() or not _looks_like_hub_id(p) else p
+            return str(local) if local.exists() or not is_hub_id(p) else p
 
         cfg.model.path = rel(cfg.model.path)
         if cfg.model.config:
@@ -361,10 +286,6 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
     return cfg
 
 
-def _looks_like_hub_id(text: str) -> bool:
-    import re
-
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?", text))
 
 
 def load_config(path: str | Path) -> TrainConfig:
