@@ -12,20 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support_files import (
-    DM,
-    chroma_keys,
-    diffusers_folder,
-    flux_keys,
-    hf_clip_keys,
-    mmdit_keys,
-    open_clip_keys,
-    t5_keys,
-    unet_keys,
-    write_json,
-    write_numpy_safetensors,
-    write_sparse_safetensors,
-)
 
 from te_align.cli import main
 from te_align.errors import ProfileError, TeAlignError
@@ -40,6 +26,20 @@ from te_align.profiles.sources import (
     from_hub,
     from_single_file,
     read_safetensors_header,
+)
+from tests.support.files import (
+    DM,
+    chroma_keys,
+    diffusers_folder,
+    flux_keys,
+    hf_clip_keys,
+    mmdit_keys,
+    open_clip_keys,
+    t5_keys,
+    unet_keys,
+    write_json,
+    write_numpy_safetensors,
+    write_sparse_safetensors,
 )
 
 

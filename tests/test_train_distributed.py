@@ -32,8 +32,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from te_align.tiny.datasets import make_squares_dataset
+from te_align.tiny.fit import profile_overrides
+from te_align.tiny.pipelines import build_model_folder
 from te_align.train import config_from_dict, train
-from tests.support.train_models import build_model_folder, make_dataset, profile_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -100,7 +102,7 @@ def _written(audit: Path, rank: int, under: Path) -> list[str]:
 
 def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path: Path) -> None:
     model = build_model_folder("sd15", tmp_path / "model")
-    data = make_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32), (48, 32)))
+    data = make_squares_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32), (48, 32)))
     run = tmp_path / "run"  # everything the 2-process runs may write
     out2, cache2 = run / "out", run / "cache"
 
@@ -172,7 +174,7 @@ def test_flow_families_two_processes_equal_one_process(tmp_path: Path, family: s
     and only rank 0 writes cache files."""
     profile = {"sd3": "sd35-large", "flux": "flux-dev"}[family]
     model = build_model_folder(family, tmp_path / "model")
-    data = make_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32),))
+    data = make_squares_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32),))
 
     def raw(out: Path, cache: Path, batch: int) -> dict[str, Any]:
         r = _raw(model, data, out, cache, batch)

@@ -18,6 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from te_align.tiny.datasets import make_squares_dataset
+from te_align.tiny.pipelines import build_model_folder
 from te_align.train import train
 from te_align.train.export import (
     flux_modules,
@@ -26,7 +28,6 @@ from te_align.train.export import (
     sd3_modules,
     to_kohya,
 )
-from tests.support.train_models import build_model_folder, make_dataset
 from tests.test_train import PIPELINES, _pipeline, make_config
 
 FLUX_DOUBLE = [f"transformer_blocks.0.{m}" for m in (
@@ -45,7 +46,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data") / "5_squares")
+    return make_squares_dataset(tmp_path_factory.mktemp("data") / "5_squares")
 
 
 def _latents(pipe: Any) -> np.ndarray:

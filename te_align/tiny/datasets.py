@@ -1,83 +1,28 @@
-"""The demo's tiny SD3-shaped model and its synthetic dataset (offline, CPU, seconds).
+"""Synthetic image datasets with captions, drawn offline from a seed (PNG + ``.txt`` caption per image).
 
-:func:`build_tiny_sd3` saves a real ``StableDiffusion3Pipeline`` folder (``save_pretrained``) whose
-text side is te-align's tiny random-weight encoders with real-convention tokenizers
-(:func:`te_align.probe.tiny.family_components`: CLIP-L, CLIP-G with the real CLIP BPE vocabulary and
-pad "!", T5 with a SentencePiece vocabulary of the real layout), plus a tiny SD3 transformer and VAE.
-:func:`tiny_profile_overrides` fits the bundled ``sd35-large`` profile to those encoders (hidden sizes,
-layer counts, token ids) without touching a behaviour field. :func:`make_shapes_dataset` draws coloured
-shapes with captions that name colour, shape and position.
+* :func:`make_shapes_dataset` (``te-align demo``): a coloured square, circle or triangle at a random place,
+  the caption naming colour, shape and position; ``train/`` holds every colour x shape combination,
+  ``val/`` a seeded pick of them.
+* :func:`make_squares_dataset` (tiny training runs): a coloured square in the middle, the caption naming
+  its colour, in a few sizes (for aspect buckets).
 """
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any
 
-PROFILE = "sd35-large"
+__all__ = ["COLOURS", "SHAPES", "SQUARE_COLOURS", "make_shapes_dataset", "make_squares_dataset"]
 
+#: Colours of :func:`make_shapes_dataset`.
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (235, 200, 40),
 }  # fmt: skip
+#: Shapes of :func:`make_shapes_dataset`.
 SHAPES = ("square", "circle", "triangle")
 
-
-def _seeded(name: str) -> Any:
-    import torch
-
-    fork = torch.random.fork_rng(devices=[])
-    fork.__enter__()
-    torch.manual_seed(zlib.crc32(name.encode()))
-    return fork
-
-
-def build_tiny_sd3_pipeline() -> Any:
-    """A ``StableDiffusion3Pipeline`` with tiny random weights (deterministic) and real-convention tokenizers."""
-    import diffusers
-
-    from te_align.probe.tiny import CLIP_VARIANTS, T5_D_MODEL, family_components
-
-    fork = _seeded("te-align-demo-sd3")
-    try:
-        transformer = diffusers.SD3Transformer2DModel(
-            sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
-            joint_attention_dim=T5_D_MODEL, caption_projection_dim=32,
-            pooled_projection_dim=CLIP_VARIANTS["L"]["projection_dim"] + CLIP_VARIANTS["G"]["projection_dim"],
-            out_channels=4, pos_embed_max_size=32,
-        )  # fmt: skip
-        vae = diffusers.AutoencoderKL(
-            in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
-            block_out_channels=[8, 16], layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=32,
-            shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False, use_post_quant_conv=False,
-        ).eval()  # fmt: skip
-    finally:
-        fork.__exit__(None, None, None)
-    pipe = diffusers.StableDiffusion3Pipeline(
-        transformer=transformer, vae=vae, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0), **family_components("sd3"),
-    )  # fmt: skip
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-def build_tiny_sd3(path: str | Path) -> Path:
-    """Save the tiny SD3 pipeline as a diffusers folder at ``path`` (skipped when a complete one is there)."""
-    folder = Path(path)
-    if (folder / "model_index.json").is_file() and (folder / "transformer").is_dir():
-        return folder
-    build_tiny_sd3_pipeline().save_pretrained(str(folder), safe_serialization=True)
-    return folder
-
-
-def tiny_profile_overrides(model: str | Path) -> dict[str, Any]:
-    """Overrides that fit the bundled sd35-large profile to the tiny model's encoders (architecture numbers only)."""
-    import diffusers
-
-    import te_align
-    from te_align.probe.tiny import architecture_overrides
-
-    pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(str(model), transformer=None, vae=None)
-    return architecture_overrides(te_align.profile(PROFILE), pipe)
+#: Colours of :func:`make_squares_dataset`.
+SQUARE_COLOURS: dict[str, tuple[int, int, int]] = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
 
 
 def _draw(shape: str, colour: tuple[int, int, int], size: int, rng: Any) -> Any:
@@ -120,4 +65,22 @@ def make_shapes_dataset(root: str | Path, *, size: int = 32, train_per_combo: in
     return train_dir, val_dir
 
 
-__all__ = ["PROFILE", "build_tiny_sd3", "build_tiny_sd3_pipeline", "make_shapes_dataset", "tiny_profile_overrides"]
+def make_squares_dataset(
+    path: Path, n: int = 6, sizes: tuple[tuple[int, int], ...] = ((32, 32), (48, 32), (32, 48)), seed: int = 0
+) -> Path:
+    """``n`` images in ``path``: a coloured square whose colour the caption names, sizes cycling through ``sizes``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    names = list(SQUARE_COLOURS)
+    for i in range(n):
+        w, h = sizes[i % len(sizes)]
+        c = names[i % len(names)]
+        arr = np.full((h, w, 3), 235, dtype=np.uint8)
+        arr[h // 4 : 3 * h // 4, w // 4 : 3 * w // 4] = SQUARE_COLOURS[c]
+        arr = np.clip(arr.astype(int) + rng.integers(-8, 8, arr.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(arr).save(path / f"img{i:02d}.png")
+        (path / f"img{i:02d}.txt").write_text(f"a {c} square, simple, flat", encoding="utf-8")
+    return path
