@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,19 +198,18 @@ def test_cli_ab_list_and_help_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_sdxl_preset_with_the_kohya_transform_trains_and_evaluates(tmp_path: Path) -> None:
+def test_sdxl_preset_with_the_kohya_transform_trains_and_evaluates(tmp_path: Path, tiny_model_folder: Callable[[str], Path]) -> None:
     """The transform path (a transformed pipeline handed to te_align.train) and the eps validation loss."""
     from te_align.ab.runner import run_ab
     from te_align.tiny.datasets import make_squares_dataset
     from te_align.tiny.fit import profile_overrides
-    from te_align.tiny.pipelines import build_model_folder
 
     data = tomllib.loads((presets_root() / "sdxl" / "sdxl-vs-kohya.toml").read_text(encoding="utf-8"))
     data["train"]["data"] = {"resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64}
     data["train"]["train"] = {"max_steps": 2, "batch_size": 2, "learning_rate": 1e-3}
     data["eval"].update(every=1, resolution=32, sample_size=32, sample_steps=2, sample_seeds=[0])
     preset = preset_from_dict(data)
-    model = build_model_folder("sdxl", tmp_path / "sdxl")
+    model = tiny_model_folder("sdxl")
     ds = make_squares_dataset(tmp_path / "data", n=6)
     for i, txt in enumerate(sorted(ds.glob("*.txt"))):
         if i % 2:

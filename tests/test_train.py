@@ -6,6 +6,7 @@ import logging
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from safetensors.torch import load_file
 
 from te_align.tiny.datasets import make_squares_dataset
 from te_align.tiny.fit import PROFILES, profile_overrides
-from te_align.tiny.pipelines import build_model_folder
 from te_align.train import TrainError, config_from_dict, load_config, train
 from te_align.train.config import TrainConfig
 
@@ -26,14 +26,13 @@ PIPELINES = {"sd15": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeli
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {f: build_model_folder(f, root / f"tiny-{f}") for f in PIPELINES}
+def models(tiny_model_folder: Callable[[str], Path]) -> dict[str, Path]:
+    return {f: tiny_model_folder(f) for f in PIPELINES}
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_squares_dataset(tmp_path_factory.mktemp("data") / "5_squares")
+def dataset(squares_dataset: Path) -> Path:
+    return squares_dataset
 
 
 def make_config(family: str, model: Path, data_dir: Path, out: Path, **sections: dict[str, Any]) -> TrainConfig:
