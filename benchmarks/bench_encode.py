@@ -1,6 +1,6 @@
 """``te_align.encode`` next to the official pipeline's ``encode_prompt``, and a cache hit next to a fresh encode.
 
-Side by side in one run, on the same tiny random-weight encoders (tests/support) and the same prompt
+Side by side in one run, on the same tiny random-weight encoders (te_align.tiny) and the same prompt
 batch, interleaved so machine noise hits both sides alike. Prints the median time of each side and
 the ratio ``pipeline / te_align`` (>= 1.0 means te-align is no slower), then ``fresh / cache hit``.
 
@@ -59,8 +59,8 @@ def main() -> None:
 
     import te_align
     from te_align.encoding.cache import EmbeddingCache, hash_text_encoders
-    from tests.support import build_pipeline_for_encoding
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.fit import fit_profile
+    from te_align.tiny.pipelines import build_pipeline_for_encoding
 
     torch.set_num_threads(args.threads)
     for name in ("diffusers", "transformers"):

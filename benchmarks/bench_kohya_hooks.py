@@ -46,7 +46,7 @@ def main(rounds: int = 11, batch: int = 4, pairs: int = 400) -> None:
 
     import te_align
     from te_align.hooks import kohya as hk
-    from tests.support import clip_tokenizer
+    from te_align.tiny.tokenizers import clip_tokenizer
     from tests.test_kohya_integration import import_sd_scripts
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -56,13 +56,12 @@ def build(family: str, size: str, dtype: Any) -> tuple[Any, str, dict[str, Any]]
     import torch
 
     import te_align
-    from tests.support.adapt import architecture_overrides
-    from tests.support.encoders import family_components
-    from tests.support.train_models import build_pipeline, tiny_vae
+    from te_align.tiny.fit import PROFILES, architecture_overrides
+    from te_align.tiny.pipelines import build_pipeline, tiny_vae
 
     pipe = build_pipeline(family)
-    profile = {"sd3": "sd35-large", "flux": "flux-dev"}[family]
-    comps = family_components(family)
+    profile = PROFILES[family]
+    comps = pipe.components  # the pipeline's own tiny encoders: built once
     overrides = architecture_overrides(te_align.profile(profile), comps)
     if size.startswith("real"):
         torch.manual_seed(0)
@@ -82,9 +81,9 @@ def build(family: str, size: str, dtype: Any) -> tuple[Any, str, dict[str, Any]]
 
 
 def dataset(folder: Path, n: int, resolution: int) -> Path:
-    from tests.support.train_models import make_dataset
+    from te_align.tiny.datasets import make_squares_dataset
 
-    return make_dataset(folder, n=n, sizes=((resolution, resolution),))
+    return make_squares_dataset(folder, n=n, sizes=((resolution, resolution),))
 
 
 def peak_memory(device: str) -> int:

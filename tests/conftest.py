@@ -1,8 +1,12 @@
-"""Shared test settings: no network, quiet third-party loggers."""
+"""Shared test settings (no network, quiet third-party loggers) and the session's tiny model folders and data."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -27,3 +31,28 @@ def pytest_configure(config):
         tlog.set_verbosity_error()
     except ImportError:  # pragma: no cover
         pass
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_model_folder(family)``: the saved tiny pipeline of ``family`` (:func:`te_align.tiny.pipelines.build_model_folder`),
+    built once per session on first use. Tests only read these folders."""
+    from te_align.tiny.pipelines import build_model_folder
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    built: dict[str, Path] = {}
+
+    def folder(family: str) -> Path:
+        if family not in built:
+            built[family] = build_model_folder(family, root / f"tiny-{family}")
+        return built[family]
+
+    return folder
+
+
+@pytest.fixture(scope="session")
+def squares_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default :func:`te_align.tiny.datasets.make_squares_dataset` (six images, 5 repeats), drawn once per session."""
+    from te_align.tiny.datasets import make_squares_dataset
+
+    return make_squares_dataset(tmp_path_factory.mktemp("data") / "5_squares")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,8 @@ def test_unknown_preset_names_the_closest() -> None:
 def test_kohya_transform_changes_only_exclamation_captions() -> None:
     import te_align
     from te_align.ab.evaluate import conditioning_divergence, transformed
-    from te_align.probe.tiny import build_pipeline_for_encoding, fit_profile
+    from te_align.tiny.fit import fit_profile
+    from te_align.tiny.pipelines import build_pipeline_for_encoding
 
     pipe = build_pipeline_for_encoding("sdxl")
     prof = fit_profile(te_align.profile("sdxl"), pipe)
@@ -191,7 +193,7 @@ def test_report_pngs_are_valid_and_html_is_self_contained(demo: Any) -> None:
 
 def test_interrupted_ab_resumes_finished_arms(demo: Any) -> None:
     from te_align.ab.runner import run_ab
-    from te_align.ab.tiny_model import tiny_profile_overrides
+    from te_align.tiny.fit import tiny_profile_overrides
 
     state_path = demo.out_dir / "ab_state.json"
     state = json.loads(state_path.read_text())
@@ -220,18 +222,19 @@ def test_cli_ab_list_and_help_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_sdxl_preset_with_the_kohya_transform_trains_and_evaluates(tmp_path: Path) -> None:
+def test_sdxl_preset_with_the_kohya_transform_trains_and_evaluates(tmp_path: Path, tiny_model_folder: Callable[[str], Path]) -> None:
     """The transform path (a transformed pipeline handed to te_align.train) and the eps validation loss."""
     from te_align.ab.runner import run_ab
-    from tests.support.train_models import build_model_folder, make_dataset, profile_overrides
+    from te_align.tiny.datasets import make_squares_dataset
+    from te_align.tiny.fit import profile_overrides
 
     data = tomllib.loads((presets_root() / "sdxl" / "sdxl-vs-kohya.toml").read_text(encoding="utf-8"))
     data["train"]["data"] = {"resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64}
     data["train"]["train"] = {"max_steps": 2, "batch_size": 2, "learning_rate": 1e-3}
     data["eval"].update(every=1, resolution=32, sample_size=32, sample_steps=2, sample_seeds=[0])
     preset = preset_from_dict(data)
-    model = build_model_folder("sdxl", tmp_path / "sdxl")
-    ds = make_dataset(tmp_path / "data", n=6)
+    model = tiny_model_folder("sdxl")
+    ds = make_squares_dataset(tmp_path / "data", n=6)
     for i, txt in enumerate(sorted(ds.glob("*.txt"))):
         if i % 2:
             txt.write_text(txt.read_text() + ", wow!", encoding="utf-8")

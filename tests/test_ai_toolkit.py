@@ -32,8 +32,8 @@ from te_align.patching import ai_toolkit as planner
 from te_align.patching import apply, revert, status
 from te_align.patching.trainers import detect, plan_for
 from te_align.patching.transaction import PatchError
-from tests.support import build_pipeline_for_encoding
-from tests.support.adapt import fit_profile
+from te_align.tiny.fit import fit_profile
+from te_align.tiny.pipelines import build_pipeline_for_encoding
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["a photo of a cat", "", "an astronaut riding a horse on the moon, " * 8]
@@ -61,7 +61,7 @@ def _lists(pipe: Any, n: int) -> tuple[list[Any], list[Any]]:
     return [getattr(pipe, f"tokenizer{s}") for s in names], [getattr(pipe, f"text_encoder{s}") for s in names]
 
 
-# profile, tests.support family, call of the real ai-toolkit function (as StableDiffusion.encode_prompt calls it), output names
+# profile, te_align.tiny family, call of the real ai-toolkit function (as StableDiffusion.encode_prompt calls it), output names
 CASES: dict[str, tuple[str, str, Any, tuple[str, ...]]] = {
     "sd15": ("sd15", "sd15", lambda tt, p, x, **k: tt.encode_prompts(p.tokenizer, p.text_encoder, x, **k), ("prompt_embeds",)),
     "sdxl": ("sdxl", "sdxl", lambda tt, p, x, **k: tt.encode_prompts_xl(*_lists(p, 2), x, None, **k), ("prompt_embeds", "pooled_prompt_embeds")),

@@ -42,8 +42,8 @@ from te_align.hooks.ai_toolkit import AiToolkitHook
 from te_align.patching import apply, revert, status
 from te_align.patching.trainers import detect, plan_for
 from te_align.probe import ai_toolkit_models as am
-from tests.support import build_pipeline_for_encoding
-from tests.support.adapt import architecture_overrides, fit_profile
+from te_align.tiny.fit import architecture_overrides, fit_profile
+from te_align.tiny.pipelines import build_pipeline_for_encoding
 
 ENV = "TE_ALIGN_AI_TOOLKIT_DIR"
 CHECKOUT = os.environ.get(ENV)
@@ -303,8 +303,8 @@ import te_align
 import toolkit.train_tools as tt
 from jobs.process.BaseProcess import BaseProcess
 from te_align.hooks import ai_toolkit as h
-from tests.support import build_pipeline_for_encoding
-from tests.support.adapt import architecture_overrides
+from te_align.tiny.pipelines import build_pipeline_for_encoding
+from te_align.tiny.fit import architecture_overrides
 out["wrapped_init"] = hasattr(BaseProcess.__init__, "__te_align_original__")
 job = SimpleNamespace(name="job", meta=OrderedDict())
 pipe = build_pipeline_for_encoding("flux")

@@ -441,7 +441,8 @@ def test_library_clear_by_profile(tmp_path: Path) -> None:
 def test_tokenizer_changes_the_text_encoder_hash() -> None:
     """Same weights, a different tokenizer (CLIP-G padding with '!' vs '<|endoftext|>'): a different key."""
     from te_align.encoding.cache import hash_text_encoders, hash_tokenizer
-    from tests.support import clip_text_model, clip_tokenizer
+    from te_align.tiny.encoders import clip_text_model
+    from te_align.tiny.tokenizers import clip_tokenizer
 
     enc = {"clip_g": clip_text_model("L")}
     bang, eot = clip_tokenizer(pad="!"), clip_tokenizer(pad="<|endoftext|>")

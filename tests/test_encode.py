@@ -10,8 +10,8 @@ import torch
 import te_align
 from te_align.encoding import EncodeOptions, encode, encode_uncond, sample_dropout
 from te_align.errors import EncodingError, TeAlignError
-from tests.support import build_pipeline_for_encoding
-from tests.support.adapt import fit_profile
+from te_align.tiny.fit import fit_profile
+from te_align.tiny.pipelines import build_pipeline_for_encoding
 
 
 @functools.cache

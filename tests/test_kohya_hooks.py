@@ -272,8 +272,8 @@ def test_hooked_sd_path_equals_te_align_encode_and_overrides_win(standin, monkey
 
     import te_align
     from te_align.hooks import kohya as hk
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -302,8 +302,8 @@ def test_max_token_length_becomes_long_prompt_chunking(standin, caplog):
     import te_align
     from te_align.encoding import EncodeOptions
     from te_align.hooks import kohya as hk
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -344,8 +344,8 @@ def test_weighted_captions_follow_profile_with_sd_scripts_weights(standin, caplo
 
     import te_align
     from te_align.hooks import kohya as hk
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -384,8 +384,8 @@ def test_sample_embeddings_and_missing_negative(standin):
     import te_align
     from te_align.hooks import kohya as hk
     from te_align.hooks.kohya_sample import MISSING_NEGATIVE
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -418,8 +418,8 @@ def test_hooked_anima_path_equals_te_align_encode_padded_to_512(standin, caplog)
 
     import te_align
     from te_align.hooks import kohya as hk
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components("anima")
     p = fit_profile(te_align.profile("anima"), comps)
@@ -491,8 +491,8 @@ def test_hooked_hunyuan_image_path_equals_te_align_encode_with_fixed_shapes(stan
 
     import te_align
     from te_align.hooks import kohya as hk
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components("hunyuanimage")
     p = fit_profile(te_align.profile("hunyuanimage-2.1"), comps)

@@ -102,7 +102,7 @@ def kohya() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     """sd-scripts' --tokenizer_cache_dir layout (hub id with '/' -> '_') holding the test tokenizers."""
-    from tests.support import clip_tokenizer, t5_tokenizer
+    from te_align.tiny.tokenizers import clip_tokenizer, t5_tokenizer
 
     d = tmp_path_factory.mktemp("kohya_tokenizers")
     clip_tokenizer(pad="<|endoftext|>").save_pretrained(d / "openai_clip-vit-large-patch14")
@@ -128,8 +128,8 @@ def _setup(family: str, profile_name: str) -> tuple[dict[str, Any], Any]:
     import transformers
 
     import te_align
-    from tests.support import family_components
-    from tests.support.adapt import fit_profile
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.fit import fit_profile
 
     comps = family_components(family)
     if family == "sdxl":

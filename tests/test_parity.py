@@ -1,7 +1,7 @@
 """Parity: ``te_align.encode`` equals the official diffusers pipeline's ``encode_prompt``, bit for bit.
 
 For every bundled family whose pipeline exists in the installed diffusers, the real pipeline class is
-built with tiny random-weight encoders and real-convention tokenizers (tests/support), and both
+built with tiny random-weight encoders and real-convention tokenizers (te_align.tiny), and both
 encoders run on the same prompt suite. ``torch.equal`` plus equal dtypes is required for every named
 tensor. Pipelines are called under ``torch.no_grad()``, as their ``__call__`` runs them (T5 gives
 slightly different float results with autograd recording on, so the comparison must fix the mode).
@@ -23,8 +23,8 @@ from te_align.encoding.core import tokenize_length
 from te_align.encoding.text import render
 from te_align.probe.core import prompt_suite as standard_prompt_suite
 from te_align.profiles import AlignmentProfile
-from tests.support import build_pipeline_for_encoding
-from tests.support.adapt import fit_profile
+from te_align.tiny.fit import fit_profile
+from te_align.tiny.pipelines import build_pipeline_for_encoding
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Case:
     """How to call one family's ``encode_prompt`` and name what it returns."""
 
     profile: str
-    family: str  # tests.support family
+    family: str  # te_align.tiny family
     call: Callable[[Any, list[str], AlignmentProfile], tuple]
     returns: tuple[str | None, ...]  # output name per returned position (None = not compared)
     #: Where the pipeline returns a tensor in another layout, how ours maps onto it (documented quirks).

@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support_files import (
+
+from te_align._safetensors import read_header
+from te_align.cli import main
+from te_align.errors import ProfileError, TeAlignError
+from te_align.profiles import bundled, load_profile_file, profile
+from te_align.profiles.model import AlignmentProfile
+from te_align.profiles.resolve import build, classify
+from te_align.profiles.sources.checkpoint import from_single_file
+from te_align.profiles.sources.common import RECIPES, BuildReport
+from te_align.profiles.sources.folder import from_folder
+from te_align.profiles.sources.hub import HUB_PATTERNS, from_hub
+from tests.support.files import (
     DM,
     chroma_keys,
     diffusers_folder,
@@ -26,17 +37,6 @@ from support_files import (
     write_numpy_safetensors,
     write_sparse_safetensors,
 )
-
-from te_align._safetensors import read_header
-from te_align.cli import main
-from te_align.errors import ProfileError, TeAlignError
-from te_align.profiles import bundled, load_profile_file, profile
-from te_align.profiles.model import AlignmentProfile
-from te_align.profiles.resolve import build, classify
-from te_align.profiles.sources.checkpoint import from_single_file
-from te_align.profiles.sources.common import RECIPES, BuildReport
-from te_align.profiles.sources.folder import from_folder
-from te_align.profiles.sources.hub import HUB_PATTERNS, from_hub
 
 
 def need(name: str) -> AlignmentProfile:

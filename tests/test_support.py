@@ -1,4 +1,4 @@
-"""Checks of the offline test support (tests/support): tokenizer conventions, tiny encoders, pipelines."""
+"""Checks of the offline tiny world (te_align.tiny): tokenizer conventions, tiny encoders, pipelines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,9 @@ import regex
 import torch
 import transformers
 
-from tests.support import encoders as enc
-from tests.support import tokenizers as toks
+from te_align.tiny import encoders as enc
+from te_align.tiny import pipelines as pipes
+from te_align.tiny import tokenizers as toks
 
 PROMPT = "a photo of a cat"
 
@@ -185,9 +185,14 @@ def test_tokenizer_cache_reuses_files(cache_dir: Path) -> None:
     assert (folder / "tokenizer.json").stat().st_mtime_ns == stamp
     assert folder.parent == cache_dir
     default = toks.default_cache_dir()
-    assert default.parent == Path(tempfile.gettempdir()) and default.name.startswith(
-        "te-align-test-tokenizers-"
-    )
+    assert default.parent.parts[-2:] == ("te-align", "tiny") and default.name.startswith("tokenizers-")
+
+
+def test_default_cache_dir_follows_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert toks.default_cache_dir().parent == tmp_path / "te-align" / "tiny"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert toks.default_cache_dir().parent == Path.home() / ".cache" / "te-align" / "tiny"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,7 +386,7 @@ def _type_hints(pipe: Any, family: str) -> dict[str, Any]:
 
 def _pipeline(family: str, cache_dir: Path) -> Any:
     if family not in _PIPELINES:
-        _PIPELINES[family] = enc.build_pipeline_for_encoding(family, cache_dir=cache_dir)
+        _PIPELINES[family] = pipes.build_pipeline_for_encoding(family, cache_dir=cache_dir)
     return _PIPELINES[family]
 
 
@@ -442,7 +447,7 @@ def test_pipeline_side_effects_on_tokenizers(cache_dir: Path) -> None:
 
 
 def test_sd3_without_t5_uses_transformer_width(cache_dir: Path) -> None:
-    pipe = enc.build_pipeline_for_encoding("sd3", cache_dir=cache_dir, text_encoder_3=None, tokenizer_3=None)
+    pipe = pipes.build_pipeline_for_encoding("sd3", cache_dir=cache_dir, text_encoder_3=None, tokenizer_3=None)
     with torch.no_grad():
         embeds, _, pooled, _ = pipe.encode_prompt(PROMPT, None, None)
     assert embeds.shape == (1, 77 + 256, pipe.transformer.config.joint_attention_dim)

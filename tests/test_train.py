@@ -6,6 +6,7 @@ import logging
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from te_align.tiny.datasets import make_squares_dataset
+from te_align.tiny.fit import PROFILES, profile_overrides
 from te_align.train import TrainError, config_from_dict, load_config, train
 from te_align.train.config import TrainConfig
-from tests.support.train_models import PROFILES, build_model_folder, make_dataset, profile_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = {"sd15": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline", "sd3": "StableDiffusion3Pipeline",
@@ -24,14 +26,13 @@ PIPELINES = {"sd15": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeli
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {f: build_model_folder(f, root / f"tiny-{f}") for f in PIPELINES}
+def models(tiny_model_folder: Callable[[str], Path]) -> dict[str, Path]:
+    return {f: tiny_model_folder(f) for f in PIPELINES}
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data") / "5_squares")
+def dataset(squares_dataset: Path) -> Path:
+    return squares_dataset
 
 
 def make_config(family: str, model: Path, data_dir: Path, out: Path, **sections: dict[str, Any]) -> TrainConfig:
@@ -109,7 +110,7 @@ def test_bad_datasets(tmp_path: Path, models: dict[str, Path], caplog: pytest.Lo
     (tmp_path / "empty").mkdir()
     with pytest.raises(TrainError, match="no images"):
         train(make_config("sd15", models["sd15"], tmp_path / "empty", tmp_path / "o"))
-    data = make_dataset(tmp_path / "d", n=3)
+    data = make_squares_dataset(tmp_path / "d", n=3)
     (data / "img01.txt").unlink()
     (data / "broken.png").write_bytes(b"not an image")
     from te_align.train.config import DataConfig
@@ -134,8 +135,8 @@ def test_repeat_folders_buckets_and_tag_shuffle(tmp_path: Path) -> None:
         step_generator,
     )
 
-    make_dataset(tmp_path / "3_a", n=2)
-    make_dataset(tmp_path / "b", n=1)
+    make_squares_dataset(tmp_path / "3_a", n=2)
+    make_squares_dataset(tmp_path / "b", n=1)
     items = scan(DataConfig(path=str(tmp_path))).items
     assert sorted(it.repeats for it in items) == [1, 3, 3]
     cfg = DataConfig(path=".", resolution=32, bucket_step=16, min_bucket=16, max_bucket=64)
@@ -316,7 +317,7 @@ def test_cli_train_and_resume(tmp_path: Path, models: dict[str, Path], dataset: 
 
 
 def test_sdxl_flow_objective_with_long_prompt_chunk_buckets(tmp_path: Path, models: dict[str, Path]) -> None:
-    data = make_dataset(tmp_path / "d", n=4)
+    data = make_squares_dataset(tmp_path / "d", n=4)
     long = ", ".join(f"tag{i}" for i in range(120))
     (data / "img00.txt").write_text(long, encoding="utf-8")
     (data / "img02.txt").write_text(long, encoding="utf-8")

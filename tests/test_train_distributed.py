@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from te_align.tiny.datasets import make_squares_dataset
+from te_align.tiny.fit import profile_overrides
 from te_align.train import config_from_dict, train
-from tests.support.train_models import build_model_folder, make_dataset, profile_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -98,9 +100,9 @@ def _written(audit: Path, rank: int, under: Path) -> list[str]:
     return [p for p in paths if Path(p).resolve().is_relative_to(under.resolve())]
 
 
-def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path: Path) -> None:
-    model = build_model_folder("sd15", tmp_path / "model")
-    data = make_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32), (48, 32)))
+def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path: Path, tiny_model_folder: Callable[[str], Path]) -> None:
+    model = tiny_model_folder("sd15")
+    data = make_squares_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32), (48, 32)))
     run = tmp_path / "run"  # everything the 2-process runs may write
     out2, cache2 = run / "out", run / "cache"
 
@@ -166,13 +168,13 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("family", ["sd3", "flux"])
-def test_flow_families_two_processes_equal_one_process(tmp_path: Path, family: str) -> None:
+def test_flow_families_two_processes_equal_one_process(tmp_path: Path, family: str, tiny_model_folder: Callable[[str], Path]) -> None:
     """The rectified-flow path (logit-normal timesteps, packed Flux latents, several text encoders with
     caption and per-encoder dropout drawn per global batch) is data-parallel exact in the same sense,
     and only rank 0 writes cache files."""
     profile = {"sd3": "sd35-large", "flux": "flux-dev"}[family]
-    model = build_model_folder(family, tmp_path / "model")
-    data = make_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32),))
+    model = tiny_model_folder(family)
+    data = make_squares_dataset(tmp_path / "data" / "2_squares", n=4, sizes=((32, 32),))
 
     def raw(out: Path, cache: Path, batch: int) -> dict[str, Any]:
         r = _raw(model, data, out, cache, batch)

@@ -10,6 +10,7 @@ power-of-two scales used here, so the tolerance is tight).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ from te_align.train.export import (
     sd3_modules,
     to_kohya,
 )
-from tests.support.train_models import build_model_folder, make_dataset
 from tests.test_train import PIPELINES, _pipeline, make_config
 
 FLUX_DOUBLE = [f"transformer_blocks.0.{m}" for m in (
@@ -38,14 +38,13 @@ FLUX_GLOBAL = ["x_embedder", "context_embedder", "norm_out.linear", "time_text_e
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {f: build_model_folder(f, root / f"tiny-{f}") for f in ("sd15", "sd3", "flux")}
+def models(tiny_model_folder: Callable[[str], Path]) -> dict[str, Path]:
+    return {f: tiny_model_folder(f) for f in ("sd15", "sd3", "flux")}
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("data") / "5_squares")
+def dataset(squares_dataset: Path) -> Path:
+    return squares_dataset
 
 
 def _latents(pipe: Any) -> np.ndarray:

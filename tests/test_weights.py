@@ -63,7 +63,7 @@ def test_malformed_numbers_raise_as_in_sd_scripts(text):
 
 
 def _tok(pad: str = "<|endoftext|>"):
-    from tests.support import clip_tokenizer
+    from te_align.tiny.tokenizers import clip_tokenizer
 
     return clip_tokenizer(pad=pad)
 
@@ -115,7 +115,7 @@ def test_clip_g_exclamation_pad_rule_and_chunks():
 def test_template_slot_and_tokenizer_without_offsets():
     """A templated slot (Lumina 2's system prompt): template tokens weigh 1; a tokenizer without
     offsets (transformers 4 slow classes) gives the same weights by matching the pieces."""
-    from tests.support import gemma_tokenizer
+    from te_align.tiny.tokenizers import gemma_tokenizer
 
     slot = _slot("lumina2", "gemma")
     fast = gemma_tokenizer()

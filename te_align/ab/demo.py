@@ -1,6 +1,6 @@
 """``te-align demo``: the whole A/B offline on a tiny SD3-shaped model and synthetic shapes (CPU, minutes).
 
-Builds the model (:mod:`te_align.ab.tiny_model`) and the dataset once into ``OUT/model`` and
+Builds the model (:func:`te_align.tiny.pipelines.build_tiny_sd3`) and the dataset once into ``OUT/model`` and
 ``OUT/data``, then runs the ``tiny-demo`` preset (SimpleTuner's default SD3 T5 length against the
 sd35-large profile) and writes ``OUT/ab/report.md`` and ``report.html``. ``TE_ALIGN_DEMO_STEPS`` and
 ``TE_ALIGN_DEMO_SEEDS`` (or ``steps=`` / ``seeds=``) shorten it, for tests.
@@ -30,7 +30,9 @@ def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, see
              say: Callable[[str], None] = print) -> Any:
     """Run the demo A/B; returns the :class:`te_align.ab.runner.ABResult`."""
     from te_align.ab.runner import run_ab
-    from te_align.ab.tiny_model import build_tiny_sd3, make_shapes_dataset, tiny_profile_overrides
+    from te_align.tiny.datasets import make_shapes_dataset
+    from te_align.tiny.fit import tiny_profile_overrides
+    from te_align.tiny.pipelines import build_tiny_sd3
 
     steps = steps if steps is not None else _env_int("TE_ALIGN_DEMO_STEPS")
     seeds = seeds if seeds is not None else _env_int("TE_ALIGN_DEMO_SEEDS")

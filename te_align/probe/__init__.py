@@ -1,10 +1,9 @@
 """Measured divergence: run a trainer's real prompt-encoding code next to :func:`te_align.encode`.
 
 ``te-align probe`` imports the encoding functions of an installed trainer (ai-toolkit, sd-scripts),
-runs them on tiny random-weight encoders with real-convention tokenizers (:mod:`te_align.probe.tiny`,
-:mod:`te_align.probe.tokenizers`) over the standard prompt suite, and compares every output tensor
-with what the alignment profile prescribes: shape, max abs difference, mean cosine similarity and
-which prompts differ. ``te-align matrix`` does that for every trainer found x every family it
+runs them on tiny random-weight encoders with real-convention tokenizers (:mod:`te_align.tiny`) over
+the standard prompt suite, and compares every output tensor with what the alignment profile prescribes:
+shape, max abs difference, mean cosine similarity and which prompts differ. ``te-align matrix`` does that for every trainer found x every family it
 supports, with and without te-align's hooks.
 
 This module is light; torch and the trainers are imported only when a probe runs.

@@ -19,7 +19,7 @@ from typing import Any
 
 MODEL_PACKAGE = "extensions_built_in.diffusion_models"
 
-#: family key -> (profile, ``model:`` section of the job config, te_align.probe.tiny family)
+#: family key -> (profile, ``model:`` section of the job config, te_align.tiny family)
 BASE_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
     "chroma": ("chroma", {"arch": "chroma"}, "chroma"),
     "hidream": ("hidream", {"arch": "hidream"}, "hidream"),
@@ -29,7 +29,7 @@ BASE_MODELS: dict[str, tuple[str, dict[str, Any], str]] = {
 #: profile -> family key of :data:`BASE_MODELS`
 BASE_MODEL_PROFILES = {v[0]: k for k, v in BASE_MODELS.items()}
 
-#: profile -> (``model:`` section, te_align.probe.tiny family, number of tokenizer/encoder pairs) for
+#: profile -> (``model:`` section, te_align.tiny family, number of tokenizer/encoder pairs) for
 #: ``StableDiffusion.encode_prompt``
 LEGACY: dict[str, tuple[dict[str, Any], str, int]] = {
     "sd15": ({"arch": "sd1", "name_or_path": "runwayml/stable-diffusion-v1-5"}, "sd15", 1),
@@ -103,7 +103,7 @@ def _suffixes(n: int) -> list[str]:
 def base_model(classes: Mapping[str, Any], family: str, pipe: Any) -> tuple[Any, Any]:
     """(``BaseModel`` subclass object, the pipeline it holds) for ``family`` over ``pipe``'s text side.
 
-    ``pipe`` is the tiny diffusers pipeline of the family (:func:`te_align.probe.tiny.build_pipeline_for_encoding`).
+    ``pipe`` is the tiny diffusers pipeline of the family (:func:`te_align.tiny.pipelines.build_pipeline_for_encoding`).
     HiDream gets ai-toolkit's own pipeline class over the same tokenizers and encoders (its
     ``_encode_prompt`` is what ``get_prompt_embeds`` calls).
     """

@@ -1,6 +1,6 @@
 """The probe: a trainer's real encoding code vs :func:`te_align.encode`, on the same tiny models.
 
-Both sides get the same tokenizers and random-weight encoders (:mod:`te_align.probe.tiny`), the
+Both sides get the same tokenizers and random-weight encoders (:mod:`te_align.tiny`), the
 profile is fitted to their sizes (behaviour fields untouched), and every prompt group of the standard
 suite is encoded as one batch by each side. Per output tensor the result holds the per-prompt shapes
 on both sides, the max abs difference and the mean cosine similarity (over the overlapping region

@@ -37,7 +37,7 @@ from te_align.probe.core import Case
 TRAINERS = ("ai-toolkit", "kohya", "simpletuner")
 ALIASES = {"ai_toolkit": "ai-toolkit", "aitoolkit": "ai-toolkit", "ostris": "ai-toolkit", "sd-scripts": "kohya",
            "sd_scripts": "kohya", "kohya-ss": "kohya", "kohya_ss": "kohya", "simple-tuner": "simpletuner"}  # fmt: skip
-#: tiny-model family (te_align.probe.tiny) per bundled profile.
+#: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
                "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",
                "pixart-sigma": "pixart-sigma", "auraflow": "auraflow", "lumina2": "lumina2", "hidream": "hidream",
@@ -110,16 +110,17 @@ class Adapter:
 def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
     """(fitted profile, tokenizers, text encoders, diffusers pipeline) for a profile's tiny family."""
     import te_align
-    from te_align.probe import tiny
-    from te_align.probe.tokenizers import clip_bpe_path
+    from te_align.tiny.fit import fit_profile
+    from te_align.tiny.pipelines import build_pipeline_for_encoding
+    from te_align.tiny.tokenizers import clip_bpe_path
 
     try:
         clip_bpe_path()
     except FileNotFoundError as e:
         raise ProbeError(str(e)) from None
-    pipe = tiny.build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
+    pipe = build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = tiny.fit_profile(te_align.profile(profile_name), comps)
+    prof = fit_profile(te_align.profile(profile_name), comps)
     toks = {k: v for k, v in comps.items() if k.startswith("tokenizer")}
     encs = {k: v for k, v in comps.items() if k.startswith("text_encoder")}
     return prof, toks, encs, pipe
@@ -541,7 +542,7 @@ class Kohya(Adapter):
                     delattr(sys.modules["transformers"], "CLIPFeatureExtractor")
 
     def _write_tokenizers(self, cache: str) -> None:
-        from te_align.probe import tokenizers as tok
+        from te_align.tiny import tokenizers as tok
 
         try:
             tok.clip_bpe_path()
@@ -557,7 +558,7 @@ class Kohya(Adapter):
         m = self.modules
         replace: dict[str, Any] = {}
         if profile_name == "sdxl":
-            from te_align.probe.tiny import clip_text_model
+            from te_align.tiny.encoders import clip_text_model
 
             # sd-scripts reads CLIP-L hidden_states[11] by index: the penultimate of the real 12 layers
             replace["text_encoder"] = clip_text_model("L", num_hidden_layers=12)

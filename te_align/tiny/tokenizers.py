@@ -1,6 +1,6 @@
 """Offline tokenizers that follow the real conventions of the diffusion text encoders.
 
-Used by ``te-align probe`` (and re-exported for the test suite by ``tests/support/tokenizers.py``).
+Used by ``te-align probe``, the demo's tiny model and the test suite.
 
 Every tokenizer here is written to a folder laid out like the Hugging Face repo it imitates
 (``tokenizer_config.json``, ``special_tokens_map.json`` and either ``vocab.json``/``merges.txt`` or
@@ -16,8 +16,9 @@ Nothing here touches the network.
   (at most 1,000 entries) but the real special tokens, special ids, model type (Unigram, SentencePiece
   BPE with byte fallback, byte-level BPE), pre-tokenization and post-processing templates.
 
-Facts about the real files come from ``/work/shared/research/hf_configs.json`` (cited below as
-``hf_configs[<repo>]``) and from the ``transformers`` 5.x tokenizer classes.
+Facts about the real files come from the official Hugging Face repos' tokenizer and text-encoder
+configs (cited below as ``hf_configs[<repo>]``; the package ships snapshots of them, see
+:mod:`te_align.profiles.official`) and from the ``transformers`` 5.x tokenizer classes.
 
 transformers 5 note: there is no separate slow/fast tokenizer any more. ``CLIPTokenizerFast``,
 ``T5TokenizerFast``, ``LlamaTokenizerFast``, ``GemmaTokenizerFast`` and ``Qwen2TokenizerFast`` are
@@ -178,10 +179,12 @@ _TEMPLATE_WORDS: tuple[str, ...] = tuple(
 
 
 def default_cache_dir() -> Path:
-    """Folder under the system temp dir where tokenizer files are written once and reused.
+    """Folder where tokenizer files are written once and reused: ``te-align/tiny/tokenizers-<key>`` under
+    the user cache folder (``$XDG_CACHE_HOME``, else ``~/.cache``; the system temp folder when there is no
+    home).
 
-    The name is keyed by a hash of the recipe version and the ``transformers``/``tokenizers`` versions,
-    so a changed recipe or library never reuses stale files.
+    The key is a hash of the recipe version and the ``transformers``/``tokenizers`` versions, so a changed
+    recipe or library never reuses stale files.
     """
     try:
         bpe = str(clip_bpe_path())
@@ -189,7 +192,17 @@ def default_cache_dir() -> Path:
         bpe = "no-open-clip"
     key = f"{_RECIPE_VERSION}|{transformers.__version__}|{tokenizers.__version__}|{bpe}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"te-align-test-tokenizers-{digest}"
+    return _user_cache_root() / "te-align" / "tiny" / f"tokenizers-{digest}"
+
+
+def _user_cache_root() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if xdg:
+        return Path(xdg)
+    try:
+        return Path.home() / ".cache"
+    except RuntimeError:  # no home folder can be determined
+        return Path(tempfile.gettempdir())
 
 
 def _root(cache_dir: PathLike | None) -> Path:

@@ -1,8 +1,7 @@
-"""Tiny random-weight text encoders, the real diffusers pipelines built around them, and profile fitting.
+"""Tiny random-weight text encoders and, per model family, the tokenizers and encoders a pipeline takes.
 
 Used by ``te-align probe`` to run a trainer's real encoding code and :func:`te_align.encode` on the
-same small models (and re-exported for the test suite by ``tests/support/encoders.py`` and
-``tests/support/adapt.py``).
+same small models, by the demo's tiny SD3 model, and by the test suite.
 
 Every factory builds a fresh model from a small config under a fixed seed (the global torch RNG is
 forked, so callers' random state is untouched); two calls give bit-identical weights. Models are
@@ -10,46 +9,38 @@ float32 and in eval mode. Sizes keep the relations of the real models that the p
 (hidden sizes differ between encoders so that a mixed-up concatenation changes shapes; SD3's T5 width is
 larger than the two CLIP widths together, as 4096 > 768 + 1280).
 
-``family_components(family)`` returns the tokenizers and text encoders under the component names of
-the diffusers 0.42.1 pipeline (classes as in the pipeline's ``__init__`` type hints, or the official
-``model_index.json`` where the two disagree), and ``build_pipeline_for_encoding(family)`` instantiates
-the real pipeline class with them, so ``pipeline.encode_prompt(...)`` runs. Non-text components are
-``None`` (no pipeline's ``__init__`` or ``encode_prompt`` needs them), except SD3, which gets a tiny
-real ``SD3Transformer2DModel`` because ``encode_prompt`` reads ``transformer.config.joint_attention_dim``
-when ``text_encoder_3`` is dropped.
+``family_components(family)`` returns the tokenizers (:mod:`te_align.tiny.tokenizers`) and text encoders
+under the component names of the diffusers 0.42.1 pipeline (classes as in the pipeline's ``__init__``
+type hints, or the official ``model_index.json`` where the two disagree);
+:func:`te_align.tiny.pipelines.build_pipeline_for_encoding` instantiates the real pipeline class with them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import zlib
-from collections.abc import Iterator
 from typing import Any, Literal
 
-import diffusers
-import torch
 import transformers
 
-from te_align.probe import tokenizers as tok
-from te_align.profiles import AlignmentProfile
+from te_align.tiny import tokenizers as tok
+from te_align.tiny._seed import finish as _finish
+from te_align.tiny._seed import seed_for as _seed_for
+from te_align.tiny._seed import seeded as _seeded
 
 __all__ = [
+    "BYT5_D_MODEL",
     "CLIP_VARIANTS",
     "FAMILIES",
+    "MODULAR_FAMILIES",
     "PIPELINE_CLASSES",
     "T5_D_MODEL",
-    "architecture_overrides",
-    "build_pipeline_for_encoding",
     "byt5_encoder_model",
     "clip_text_model",
     "clip_text_model_with_projection",
     "family_components",
-    "fit_profile",
     "gemma2_model",
     "llama_for_causal_lm",
     "qwen2_5_vl_model",
     "qwen3_model",
-    "sd3_transformer",
     "t5_encoder_model",
     "umt5_encoder_model",
 ]
@@ -101,23 +92,6 @@ T5_D_MODEL = 96  # > CLIP-L (32) + CLIP-G (48), as T5-XXL 4096 > 768 + 1280 (SD3
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def _seed_for(name: str) -> int:
-    return zlib.crc32(name.encode())
-
-
-@contextlib.contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-def _finish(model: torch.nn.Module) -> Any:
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        raise AssertionError(f"{type(model).__name__} was not built in float32")
-    return model.eval()
 
 
 def _round_up(n: int, multiple: int = 64) -> int:
@@ -372,27 +346,6 @@ def byt5_encoder_model(
         return _finish(transformers.T5EncoderModel(config))
 
 
-def sd3_transformer(joint_attention_dim: int = T5_D_MODEL, pooled_projection_dim: int | None = None) -> Any:
-    """Tiny real ``SD3Transformer2DModel``; ``encode_prompt`` reads only its ``joint_attention_dim``."""
-    if pooled_projection_dim is None:
-        pooled_projection_dim = CLIP_VARIANTS["L"]["projection_dim"] + CLIP_VARIANTS["G"]["projection_dim"]
-    with _seeded(_seed_for("sd3-transformer")):
-        model = diffusers.SD3Transformer2DModel(
-            sample_size=8,
-            patch_size=2,
-            in_channels=4,
-            num_layers=1,
-            attention_head_dim=8,
-            num_attention_heads=2,
-            joint_attention_dim=joint_attention_dim,
-            caption_projection_dim=16,
-            pooled_projection_dim=pooled_projection_dim,
-            out_channels=4,
-            pos_embed_max_size=8,
-        )
-    return _finish(model)
-
-
 # --------------------------------------------------------------------------------------------------
 # families
 # --------------------------------------------------------------------------------------------------
@@ -518,117 +471,3 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
             "text_encoder": umt5_encoder_model(_round_up(len(umt5_tok)), eos_token_id=1),
         }
     raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
-
-
-# Non-text constructor arguments per pipeline (everything the __init__ requires besides the text side).
-_NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
-    "StableDiffusionPipeline": {
-        "vae": None,
-        "unet": None,
-        "scheduler": None,
-        "safety_checker": None,
-        "feature_extractor": None,
-        "requires_safety_checker": False,
-    },
-    "StableDiffusionXLPipeline": {"vae": None, "unet": None, "scheduler": None, "add_watermarker": False},
-    "StableDiffusion3Pipeline": {"vae": None, "scheduler": None},
-    "FluxPipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "ChromaPipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "PixArtSigmaPipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "AuraFlowPipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "Lumina2Pipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "HiDreamImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "SanaPipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
-    "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
-}
-
-
-def build_pipeline_for_encoding(
-    family: str, cache_dir: tok.PathLike | None = None, **overrides: Any
-) -> diffusers.DiffusionPipeline:
-    """The real diffusers pipeline of ``family`` with tiny text components, ready for ``encode_prompt``.
-
-    ``overrides`` replace components or constructor arguments (e.g. ``text_encoder_3=None,
-    tokenizer_3=None`` for SD3 without T5). ``cache_dir`` is where tokenizer files are written (default
-    :func:`te_align.probe.tokenizers.default_cache_dir`). Every call builds fresh objects.
-    """
-    cls_name = PIPELINE_CLASSES.get(family)
-    if cls_name is None:
-        raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
-    if family in MODULAR_FAMILIES:
-        # a modular pipeline is built empty from its default blocks and given its components afterwards;
-        # its text step's encode_prompt(components, ...) reads them as attributes
-        import diffusers.modular_pipelines as modular
-
-        pipe = getattr(modular, cls_name)()
-        pipe.update_components(**{**family_components(family, cache_dir=cache_dir), **overrides})
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
-    kwargs: dict[str, Any] = dict(_NON_TEXT_KWARGS[cls_name])
-    if family == "sd3":
-        kwargs["transformer"] = sd3_transformer()
-    kwargs.update(family_components(family, cache_dir=cache_dir))
-    kwargs.update(overrides)
-    pipeline_cls = getattr(diffusers, cls_name)
-    pipe = pipeline_cls(**kwargs)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
-
-# --------------------------------------------------------------------------------------------------
-# fitting a bundled profile to the tiny encoders
-# --------------------------------------------------------------------------------------------------
-# The behaviour fields (lengths, layers, masks, templates, outputs) stay exactly as bundled; only the
-# sizes that a tiny random model cannot share with the real one (hidden size, layer count, projection,
-# vocabulary, token ids of a small vocabulary, dtype) are overridden, the same way a user's folder
-# build adopts the values it reads.
-
-
-def _text_config(config: Any) -> Any:
-    return getattr(config, "text_config", None) or config
-
-
-def architecture_overrides(profile: AlignmentProfile, components: Any) -> dict[str, Any]:
-    """Overrides (dotted path -> value) that fit ``profile`` to a pipeline's (or dict's) components."""
-
-    def get(name: str) -> Any:
-        return components[name] if isinstance(components, dict) else getattr(components, name)
-
-    out: dict[str, Any] = {}
-    for slot in profile.slots:
-        base = f"slots.{slot.name}"
-        if slot.tokenizer_only:  # no encoder: only the tokenizer's special-token ids can differ
-            _fit_token_ids(out, base, slot, get(slot.tokenizer_subfolder))
-            continue
-        cfg = _text_config(get(slot.encoder_subfolder).config)
-        width = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
-        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_layers", None)
-        out[f"{base}.encoder.hidden_size"] = width
-        out[f"{base}.encoder.num_layers"] = layers
-        if slot.encoder.projection_dim is not None:
-            out[f"{base}.encoder.projection_dim"] = get(slot.encoder_subfolder).config.projection_dim
-        if slot.encoder.vocab_size is not None:
-            out[f"{base}.encoder.vocab_size"] = cfg.vocab_size
-        if slot.encoder.max_position_embeddings is not None:
-            out[f"{base}.encoder.max_position_embeddings"] = cfg.max_position_embeddings
-        out[f"{base}.encoder.dtype"] = "float32"
-        _fit_token_ids(out, base, slot, get(slot.tokenizer_subfolder))
-    return out
-
-
-def _fit_token_ids(out: dict[str, Any], base: str, slot: Any, tok: Any) -> None:
-    for kind in ("pad", "bos", "eos"):
-        if getattr(slot.tokenizer, f"{kind}_token_id") is not None:
-            token = getattr(slot.tokenizer, f"{kind}_token")
-            tid = tok.convert_tokens_to_ids(token) if token is not None else getattr(tok, f"{kind}_token_id")
-            if tid is not None and tid != getattr(slot.tokenizer, f"{kind}_token_id"):
-                out[f"{base}.tokenizer.{kind}_token_id"] = tid
-
-
-def fit_profile(profile: AlignmentProfile, components: Any, **overrides: Any) -> AlignmentProfile:
-    """``profile`` with architecture numbers taken from the tiny components (plus ``overrides``)."""
-    merged = architecture_overrides(profile, components)
-    merged.update(overrides)
-    return profile.with_overrides(merged)
