@@ -3,11 +3,13 @@
 :func:`git_head`: the commit a git work tree has checked out (plain checkouts, submodules and worktrees,
 whose ``.git`` is a file pointing at the real git folder; loose and packed refs). :func:`read_version`:
 the ``VERSION = "..."`` assignment of a Python file (ai-toolkit's ``version.py``). :func:`dist_version`:
-the version of a distribution installed in a ``site-packages`` folder (its ``*.dist-info/METADATA``).
+the version of a distribution installed in a ``site-packages`` folder (its ``*.dist-info/METADATA``);
+:func:`installed_version`: the version of an installed distribution of the running Python.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from pathlib import Path
 
@@ -70,3 +72,11 @@ def dist_version(site: Path, package: str) -> str | None:
         if m:
             return m.group(1)
     return None
+
+
+def installed_version(distribution: str) -> str | None:
+    """The version of ``distribution`` installed in this Python (None: not installed)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None

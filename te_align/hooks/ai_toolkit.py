@@ -30,7 +30,6 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib
-import importlib.metadata
 import importlib.util
 import logging
 import sys
@@ -40,6 +39,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
+from te_align._git import installed_version as _installed
 from te_align._git import read_version
 from te_align.errors import TeAlignError
 from te_align.hooks.base import Hook, HookError, Target, mark_wrapper
@@ -93,10 +93,7 @@ def checkout_version(root: Path) -> str | None:
 
 def installed_version(layout: str) -> str:
     if layout == "pypi":
-        try:
-            return importlib.metadata.version("ostris-ai-toolkit")
-        except importlib.metadata.PackageNotFoundError:
-            return "unknown"
+        return _installed("ostris-ai-toolkit") or "unknown"
     spec = importlib.util.find_spec("toolkit")
     if spec is None or not spec.submodule_search_locations:
         return "unknown"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
-import importlib.metadata
 import importlib.util
 import inspect
 import logging
@@ -30,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from te_align._git import dist_version, git_head, read_version
+from te_align._git import dist_version, git_head, installed_version, read_version
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
 
@@ -201,12 +200,8 @@ class AiToolkit(Adapter):
                                  "and toolkit/stable_diffusion_model.py)")  # fmt: skip
         self.prefix = "ostris_ai_toolkit." if self.layout == "pypi" else ""
         if self.layout == "pypi":
-            try:
-                self.version = importlib.metadata.version("ostris-ai-toolkit") if path is None else "unknown"
-            except importlib.metadata.PackageNotFoundError:
-                self.version = "unknown"
-            if path is not None:
-                self.version = dist_version(self.root.parent, "ostris_ai_toolkit") or "unknown"
+            found = installed_version("ostris-ai-toolkit") if path is None else dist_version(self.root.parent, "ostris_ai_toolkit")
+            self.version = found or "unknown"
         else:
             self.version = read_version(self.root / "version.py") or "unknown"
         self.location = str(self.root)
@@ -654,10 +649,7 @@ class SimpleTuner(Adapter):
     def __init__(self, path: str | None) -> None:
         if importlib.util.find_spec("simpletuner") is None:
             raise ProbeError("simpletuner: not installed (pip install simpletuner)")
-        try:
-            self.version = importlib.metadata.version("simpletuner")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = "unknown"
+        self.version = installed_version("simpletuner") or "unknown"
         self.profiles = {}
 
     def profile_name(self, name: str) -> str:

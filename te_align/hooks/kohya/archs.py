@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_align.hooks.base import HookError, Target, mark_wrapper
 from te_align.hooks.kohya import caches, sample, slots, weights
-from te_align.hooks.kohya.run import ENV_OVERRIDES, RUN
+from te_align.hooks.kohya.run import ENV_OVERRIDES, RUN, with_clip_skip
 from te_align.trainers import kohya as table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,8 +159,6 @@ def _tokenize_sd(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str
 def _encode_sd(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
                **_: Any) -> Any:  # fmt: skip
     """``[hidden]``; sd-scripts' ``--clip_skip`` taken as a profile override (:func:`~.run.with_clip_skip`)."""
-    from te_align.hooks.kohya.run import with_clip_skip
-
     p = with_clip_skip(p, getattr(self, "clip_skip", None))
     return [slots.slot_encode(p, p.slots[0].name, models[0], slots.one_chunk(tokens[0], arch.name), None).hidden]
 
