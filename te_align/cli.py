@@ -32,9 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import te_align
-
-    te_align._running_cli = True  # e.g. TE_ALIGN_ACTIVE=1 must not install trainer hooks into the CLI
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -299,3 +299,46 @@ def test_bad_input_messages(tmp_path):
         plan_for(detect(root, trainer="ai-toolkit"), None)
     newer = detect(_fake_checkout(tmp_path / "new", version="0.13.0"), trainer="ai-toolkit")
     assert any("verified with ai-toolkit 0.12.26" in n for n in newer.notes)
+
+
+def test_process_watch_is_a_declared_target(tmp_path, monkeypatch):
+    """BaseProcess.__init__ is wrapped like every other target: checked signature, TE_ALIGN=off, uninstall.
+
+    A module with ai-toolkit's BaseProcess signature (jobs/process/BaseProcess.py at 27a03a9 and in the
+    0.2.7 wheel) stands in: the real one imports ai-toolkit's whole training stack."""
+    from te_align.hooks.ai_toolkit import ProcessWatch
+
+    pkg = tmp_path / "jobs" / "process"
+    pkg.mkdir(parents=True)
+    (tmp_path / "jobs" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "BaseProcess.py").write_text(
+        "class BaseProcess:\n    def __init__(self, process_id, job, config):\n        self.config = config\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "jobs" or m.startswith("jobs.")]:
+        monkeypatch.delitem(sys.modules, name)
+    from jobs.process.BaseProcess import BaseProcess
+
+    original = BaseProcess.__dict__["__init__"]
+    watch = ProcessWatch(layout="current")
+    monkeypatch.setenv("TE_ALIGN", "off")
+    assert watch.install() is False and BaseProcess.__dict__["__init__"] is original
+    monkeypatch.delenv("TE_ALIGN")
+    assert watch.install() and BaseProcess.__init__.__te_align_original__ is original
+    assert BaseProcess(0, None, {"name": "no model section"}).config == {"name": "no model section"}
+    with pytest.raises(HookError, match="hooks do not reach arch 'qwen_image_edit'"):  # enable() ran with the config
+        BaseProcess(1, None, {"model": {"arch": "qwen_image_edit"}, "te_align": {}})
+    watch.uninstall()
+    assert BaseProcess.__dict__["__init__"] is original
+    (pkg / "BaseProcess.py").write_text("class BaseProcess:\n    def __init__(self, process_id, job):\n        pass\n")
+    monkeypatch.delitem(sys.modules, "jobs.process.BaseProcess")
+    with pytest.raises(HookError, match=r"BaseProcess\.__init__: signature changed"):
+        ProcessWatch(layout="current").install()
+
+
+def test_run_py_shim_carries_the_hooks_off_words(tmp_path):
+    from te_align.hooks.base import OFF_WORDS
+
+    shim = planner.shim_source(planner.templates_dir()).decode()
+    assert f"_OFF_WORDS = {OFF_WORDS!r}" in shim and "_OFF_WORDS = None" not in shim

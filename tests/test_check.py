@@ -409,3 +409,30 @@ def test_every_example_config_is_covered():
     found = {str(p.relative_to(EX)) for d in ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
              for p in (EX / d).iterdir()}
     assert found == set(EXAMPLES)
+
+
+def test_one_kohya_table_for_check_hooks_and_patch():
+    """te_align.trainers.kohya is read by `te-align check`, the kohya hooks and the patch planner alike."""
+    from te_align.audit.trainers.kohya import guess_profile
+    from te_align.hooks.kohya import ARCHS, default_profile_name
+    from te_align.patching.kohya import SCRIPTS as DROP_INS
+    from te_align.trainers import kohya as table
+
+    assert {a.name for a in ARCHS} == set(table.ARCH_PROFILES)
+    for script, (arch, drop_in) in table.SCRIPTS.items():
+        assert guess_profile({}, script)[0] == table.ARCH_PROFILES[arch] == default_profile_name(arch)
+        assert ((script, arch) in DROP_INS) is drop_in
+    assert guess_profile({"model_type": "chroma"}, "flux_train_network.py")[0] == "chroma"
+    assert guess_profile({"v2": True}, "train_db.py")[0] == "sd21"
+
+
+def test_one_ai_toolkit_table_for_check_and_hooks():
+    from te_align.audit.trainers.ai_toolkit import guess_profile
+    from te_align.hooks.ai_toolkit import profile_name_for
+    from te_align.trainers import ai_toolkit as table
+
+    for arch, (profile, hooked) in table.ARCHS.items():
+        assert guess_profile({"arch": arch})[0] == profile
+        if hooked:
+            assert profile_name_for({"arch": arch}) == profile
+    assert guess_profile({"arch": "wan22_5b:ti2v"})[0] == "wan21"  # was unknown to `te-align check`

@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 import textwrap
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
 from te_align.hooks import Hook, HookError, Target
-from te_align.hooks.base import ResolvedTarget, mark_wrapper
+from te_align.hooks.base import mark_wrapper
 
 TRAINER = textwrap.dedent('''
     VERSION = "1.2.3"
@@ -41,31 +42,31 @@ def trainer(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
+def hooked(original):
+    """The wrapper factory of every fake target: the original's result, tagged."""
+    return mark_wrapper(lambda *a, **k: ("hooked", original(*a, **k)), original)
+
+
 @dataclass
 class FakeHook(Hook):
     module: str = ""
     extra: tuple[Target, ...] = ()
+    #: wrapper factory of Child.own (a test swaps it for one that fails)
+    own_wrap: object = hooked
     name = "fake"
-    supported_versions = "1.2.x"
+    supported: ClassVar[dict[str, str]] = {"1.2.3": "1.2.x"}
 
     def targets(self):
         return (
-            Target(self.module, "tokenize", ("text", "max_length")),
-            Target(self.module, "Child.encode", ("self", "tokens", "mask")),
-            Target(self.module, "Child.own", ("self", "x")),
-            Target(self.module, "Child.helper", ("a", "b")),
+            Target(self.module, "tokenize", ("text", "max_length"), wrap=hooked),
+            Target(self.module, "Child.encode", ("self", "tokens", "mask"), wrap=hooked),
+            Target(self.module, "Child.own", ("self", "x"), wrap=self.own_wrap),
+            Target(self.module, "Child.helper", ("a", "b"), wrap=hooked),  # a staticmethod: stays one
             *self.extra,
         )
 
     def detect_version(self):
         return sys.modules[self.module].VERSION
-
-    def replacement(self, r: ResolvedTarget):
-        original = r.original
-        if isinstance(original, staticmethod):
-            fn = original.__func__
-            return staticmethod(mark_wrapper(lambda *a, **k: ("hooked", fn(*a, **k)), fn))
-        return mark_wrapper(lambda *a, **k: ("hooked", original(*a, **k)), original)
 
 
 def test_install_wraps_every_target_and_uninstall_restores(trainer):
@@ -76,7 +77,7 @@ def test_install_wraps_every_target_and_uninstall_restores(trainer):
     c = trainer.Child()
     assert c.encode([1]) == ("hooked", ("base", [1], None))
     assert c.own(2) == ("hooked", ("own", 2))
-    assert trainer.Child.helper(1, 2) == ("hooked", 3)
+    assert trainer.Child.helper(1, 2) == ("hooked", 3) and isinstance(trainer.Child.__dict__["helper"], staticmethod)
     assert trainer.Base().encode([1]) == ("base", [1], None)  # the base class is untouched
     assert hook.install() is True and len(hook.installed) == 4  # idempotent
     hook.uninstall()
@@ -125,16 +126,34 @@ def test_second_instance_does_not_wrap_a_wrapper(trainer):
 
 
 def test_failure_half_way_restores_what_was_replaced(trainer):
-    @dataclass
-    class Exploding(FakeHook):
-        def replacement(self, r):
-            if r.attr == "own":
-                raise RuntimeError("boom")
-            return super().replacement(r)
+    def boom(original):
+        raise RuntimeError("boom")
 
-    hook = Exploding(module=trainer.__name__)
+    hook = FakeHook(module=trainer.__name__, own_wrap=boom)
     with pytest.raises(RuntimeError, match="boom"):
         hook.install()
     assert trainer.tokenize("a") == ["tok", "a", 77]
     assert "encode" not in trainer.Child.__dict__
     assert not hook.is_installed
+
+
+def test_a_target_without_a_wrapper_is_refused(trainer):
+    @dataclass
+    class NoWrap(FakeHook):
+        def targets(self):
+            return (*super().targets(), Target(self.module, "Base.encode", ("self", "tokens", "mask")))
+
+    hook = NoWrap(module=trainer.__name__)
+    with pytest.raises(HookError, match=r"Base\.encode: the target names no wrapper"):
+        hook.install()
+    assert trainer.tokenize("a") == ["tok", "a", 77] and not hook.is_installed
+
+
+@pytest.mark.parametrize(("value", "off"), [("off", True), (" OFF ", True), ("0", True), ("False", True), ("no", True),
+                                            ("disabled", True), ("on", False), ("1", False), ("", False)])  # fmt: skip
+def test_one_off_word_list(monkeypatch, value, off):
+    from te_align.hooks import OFF_WORDS, hooks_disabled
+
+    monkeypatch.setenv("TE_ALIGN", value)
+    assert hooks_disabled() is off
+    assert OFF_WORDS == ("off", "0", "false", "no", "disabled")

@@ -201,7 +201,7 @@ def standin(tmp_path, monkeypatch):
         del sys.modules[k]
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("TE_ALIGN_KOHYA_STATE", "{}")
-    for var in ("TE_ALIGN_OVERRIDES", "TE_ALIGN_PROFILE", "TE_ALIGN_ACTIVE", "TE_ALIGN"):
+    for var in ("TE_ALIGN_OVERRIDES", "TE_ALIGN_PROFILE", "TE_ALIGN"):
         monkeypatch.delenv(var, raising=False)
     hk.uninstall()
     yield root
@@ -383,7 +383,7 @@ def test_sample_embeddings_and_missing_negative(standin):
 
     import te_align
     from te_align.hooks import kohya as hk
-    from te_align.hooks.kohya_sample import MISSING_NEGATIVE
+    from te_align.hooks.kohya.sample import MISSING_NEGATIVE
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
 
@@ -554,7 +554,7 @@ def test_flux_variant_comes_from_sd_scripts_checkpoint_analysis(standin):
     assert hk.profile_for("flux").name == "flux-schnell"
     assert json.loads(os.environ["TE_ALIGN_KOHYA_STATE"]) == {"flux_variant": "schnell"}  # workers inherit it
     flux_utils.DummyCLIPL()
-    hk._RUN.profiles.clear()
+    hk.RUN.profiles.clear()
     assert hk.profile_for("flux").name == "chroma"
 
 
@@ -645,19 +645,27 @@ def test_patch_refuses_unknown_version_and_dirty_tree(tmp_path):
     assert r.returncode != 0 and "newer than this te-align" in r.stderr
 
 
-def test_cli_never_installs_hooks_even_with_te_align_active(tmp_path):
-    """TE_ALIGN_ACTIVE=1 in the shell must not make the te-align CLI (which reads the hook target
-    list for patch/status) try to hook sd-scripts; a training process with it set does install."""
-    env = {**os.environ, "TE_ALIGN_ACTIVE": "1", "PYTHONPATH": ""}
-    probe = "import te_align.hooks.kohya as k; print(k.is_installed())"
-    as_cli = subprocess.run(
-        [sys.executable, "-c", f"import te_align; te_align._running_cli = True; {probe}"], capture_output=True, text=True, env=env
-    )
-    assert as_cli.returncode == 0 and as_cli.stdout.strip() == "False", as_cli.stderr
-    as_trainer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
-    assert as_trainer.returncode != 0 and "kohya hooks not installed" in as_trainer.stderr  # no sd-scripts here
+def test_importing_the_hooks_installs_nothing(tmp_path):
+    """No hook installs itself on import (the drop-in scripts call install()): not even with the removed
+    TE_ALIGN_ACTIVE=1 in the environment, and the te-align CLI (which reads the hook target list for
+    patch/status) runs beside it."""
+    env = {**os.environ, "TE_ALIGN_ACTIVE": "1", "PYTHONPATH": str(REPO)}
+    probe = "import te_align.hooks.kohya as k, te_align.hooks.ai_toolkit; print(k.is_installed())"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
     r = subprocess.run([sys.executable, "-m", "te_align", "status", str(tmp_path)], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "not patched by te-align" in r.stdout, r.stderr
+
+
+def test_drop_in_decides_off_with_the_hooks_word_list(tmp_path):
+    """The drop-in decides TE_ALIGN=off before it can import te-align: it carries te_align.hooks.base.OFF_WORDS."""
+    from te_align.hooks.base import OFF_WORDS
+    from te_align.patching.kohya import shim_source
+
+    src = shim_source("train_network.py", "sdxl").decode()
+    assert f"not in {OFF_WORDS!r}:" in src and 'environ.setdefault("TE_ALIGN_PROFILE", \'sdxl\')' in src
+    assert "_te_kohya.install()" in src and "TE_ALIGN_ACTIVE" not in src
+    compile(src, "train_network.py", "exec")
 
 
 def test_patch_plan_covers_the_anima_scripts(tmp_path):

@@ -320,10 +320,10 @@ def test_flux_lengths_and_hooked_parity(kohya, tokenizer_cache, hooks, variant, 
 def test_flux_profile_follows_sd_scripts_checkpoint_analysis(kohya, hooks, monkeypatch):
     monkeypatch.delenv("TE_ALIGN_KOHYA_STATE", raising=False)
     hooks.install()
-    hooks._RUN.record(flux_variant="schnell")
+    hooks.RUN.record(flux_variant="schnell")
     assert hooks.profile_for("flux").name == "flux-schnell"
-    hooks._RUN.record(flux_variant="dev")
-    hooks._RUN.profiles.clear()
+    hooks.RUN.record(flux_variant="dev")
+    hooks.RUN.profiles.clear()
     assert hooks.profile_for("flux").name == "flux-dev"
 
 

@@ -181,3 +181,39 @@ def test_killed_mid_patch_recovers_to_a_consistent_state(install, die_after, fir
     else:
         assert (install / STATE_DIR / "manifest.json").read_text() == manifest_before
         assert not st.changed
+
+
+# ------------------------------------------------------------------------------ trainer versions
+def test_git_head_reads_checkouts_submodules_and_packed_refs(tmp_path):
+    """One git_head for the patch planner, the kohya hook and the probe: written the way git writes them."""
+    from te_align._git import git_head
+
+    a, b = "1" * 40, "2" * 40
+    plain = tmp_path / "plain"
+    (plain / ".git" / "refs" / "heads").mkdir(parents=True)
+    (plain / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (plain / ".git" / "refs" / "heads" / "main").write_text(a + "\n")
+    assert git_head(plain) == a
+    (plain / ".git" / "refs" / "heads" / "main").unlink()
+    (plain / ".git" / "packed-refs").write_text(f"# pack-refs with: peeled\n{b} refs/heads/main\n")
+    assert git_head(plain) == b
+    sub = tmp_path / "gui" / "sd-scripts"  # a submodule: .git is a file pointing into the parent's modules
+    modules = tmp_path / "gui" / ".git" / "modules" / "sd-scripts"
+    modules.mkdir(parents=True)
+    sub.mkdir(parents=True)
+    (sub / ".git").write_text("gitdir: ../.git/modules/sd-scripts\n")
+    (modules / "HEAD").write_text(a + "\n")  # detached
+    assert git_head(sub) == a
+    assert git_head(tmp_path) is None
+
+
+def test_read_version_and_dist_version(tmp_path):
+    from te_align._git import dist_version, read_version
+
+    (tmp_path / "version.py").write_text('# ai-toolkit\nVERSION = "0.12.26"\n')
+    assert read_version(tmp_path / "version.py") == "0.12.26"
+    assert read_version(tmp_path / "missing.py") is None
+    meta = tmp_path / "ostris_ai_toolkit-0.2.7.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: ostris-ai-toolkit\nVersion: 0.2.7\n")
+    assert dist_version(tmp_path, "ostris_ai_toolkit") == "0.2.7" and dist_version(tmp_path, "other") is None

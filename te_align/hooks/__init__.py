@@ -1,5 +1,5 @@
-"""Runtime hooks into trainers (one module per trainer); the shared machinery is in ``base``."""
+"""Runtime hooks into trainers (one module or package per trainer); the shared machinery is in ``base``."""
 
-from te_align.hooks.base import ENV_SWITCH, Hook, HookError, Target, hooks_disabled
+from te_align.hooks.base import ENV_SWITCH, OFF_WORDS, Hook, HookError, Target, hooks_disabled
 
-__all__ = ["ENV_SWITCH", "Hook", "HookError", "Target", "hooks_disabled"]
+__all__ = ["ENV_SWITCH", "OFF_WORDS", "Hook", "HookError", "Target", "hooks_disabled"]

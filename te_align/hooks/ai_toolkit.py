@@ -14,6 +14,10 @@ returned (verified against ai-toolkit 0.12.26 at 27a03a9 and ostris-ai-toolkit 0
 * ``cache`` (current layout only): the text-embedding cache key gets the profile name and
   fingerprint, so a changed setting re-encodes instead of reusing a stale file.
 
+:class:`ProcessWatch` (installed by the te-align extension, :func:`watch_processes`) is a hook of its
+own with one target, ``BaseProcess.__init__``: each process ai-toolkit builds from a job config calls
+:func:`enable` with its config, which installs :class:`AiToolkitHook` with the process's profile.
+
 The profile decides lengths, masks, layers and what a dropped caption becomes; ai-toolkit's own
 ``max_length`` / ``attn_mask`` arguments are ignored. Fixed gaps (research trainers.md §2.2):
 FLUX.1 schnell encoded T5 at 512 (256), Chroma ran T5 without the mask, ``prompt_dropout_prob`` was
@@ -26,25 +30,32 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib
-import importlib.metadata
 import importlib.util
 import logging
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
+from te_align._git import installed_version as _installed
+from te_align._git import read_version
 from te_align.errors import TeAlignError
-from te_align.hooks.base import Hook, HookError, ResolvedTarget, Target, mark_wrapper
+from te_align.hooks.base import Hook, HookError, Target, mark_wrapper
+from te_align.trainers import ai_toolkit as aitk_table
 
 logger = logging.getLogger("te_align")
 
 #: Module prefix per layout.
 PREFIXES: dict[str, str] = {"current": "", "pypi": "ostris_ai_toolkit."}
 PARTS: tuple[str, ...] = ("train_tools", "legacy", "models", "cache")
-SUPPORTED = "ai-toolkit 0.12.26 (27a03a9, current layout); ostris-ai-toolkit 0.2.7 (PyPI layout)"
+#: The versions the targets were read and verified against, per layout (version -> label). ``te-align patch``
+#: patches checkouts (the current layout) and names these versions.
+SUPPORTED: dict[str, dict[str, str]] = {
+    "current": {"0.12.26": "ai-toolkit 0.12.26 (27a03a9, current layout)"},
+    "pypi": {"0.2.7": "ostris-ai-toolkit 0.2.7 (PyPI layout)"},
+}
 
 #: Keys of the YAML ``te_align:`` section (config.process[i].te_align).
 SECTION_KEYS: dict[str, str] = {
@@ -75,77 +86,34 @@ def detect_layout() -> str:
     raise HookError("ai-toolkit not found: run from an ai-toolkit checkout (its 'toolkit' package on sys.path) or install ostris-ai-toolkit")
 
 
-def read_version(root: Path) -> str | None:
+def checkout_version(root: Path) -> str | None:
     """``VERSION`` from a checkout's ``version.py`` (None when absent)."""
-    try:
-        text = (root / "version.py").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    m = re.search(r"""^VERSION\s*=\s*["']([^"']+)["']""", text, re.M)
-    return m.group(1) if m else None
+    return read_version(Path(root) / "version.py")
 
 
 def installed_version(layout: str) -> str:
     if layout == "pypi":
-        try:
-            return importlib.metadata.version("ostris-ai-toolkit")
-        except importlib.metadata.PackageNotFoundError:
-            return "unknown"
+        return _installed("ostris-ai-toolkit") or "unknown"
     spec = importlib.util.find_spec("toolkit")
     if spec is None or not spec.submodule_search_locations:
         return "unknown"
-    return read_version(Path(next(iter(spec.submodule_search_locations))).parent) or "unknown"
+    return checkout_version(Path(next(iter(spec.submodule_search_locations))).parent) or "unknown"
 
 
 # ------------------------------------------------------------------------------ profiles
-#: ai-toolkit ``model.arch`` -> bundled profile (None: decided by name_or_path, see profile_name_for).
-ARCH_PROFILES: dict[str, str | None] = {
-    "sd1": "sd15", "sd2": "sd21", "sdxl": "sdxl", "sd3": None, "flux": None, "flex1": None,
-    "pixart_sigma": "pixart-sigma", "auraflow": "auraflow", "lumina2": "lumina2", "chroma": "chroma",
-    "hidream": "hidream", "qwen_image": "qwen-image", "wan21": "wan21", "wan22_14b": "wan21",
-    "wan22_5b": "wan21",
-}  # fmt: skip
-
-
-def _arch_of(model: Mapping[str, Any]) -> str | None:
-    arch = model.get("arch")
-    if arch:
-        arch = str(arch).split(":")[0]
-        return "flux" if arch == "flex1" else arch
-    for flag, name in (("is_xl", "sdxl"), ("is_v3", "sd3"), ("is_flux", "flux"), ("is_pixart_sigma", "pixart_sigma"),
-                       ("is_auraflow", "auraflow"), ("is_lumina2", "lumina2"), ("is_v2", "sd2")):  # fmt: skip
-        if model.get(flag):
-            return name
-    if model.get("is_pixart"):
-        return "pixart"
-    return "sd1" if model.get("name_or_path") else None
-
-
 def profile_name_for(model: Mapping[str, Any]) -> str:
-    """The bundled profile for an ai-toolkit ``model:`` section (``arch`` or ``is_*`` flags + name_or_path)."""
-    arch = _arch_of(model)
-    name = str(model.get("name_or_path") or "").lower()
-    if arch == "flux":
-        return "flux-schnell" if "schnell" in name else "flux-dev"
-    if arch == "pixart" and model.get("is_pixart_sigma"):  # arch: pixart with is_pixart_sigma: true
-        return "pixart-sigma"
-    if arch == "sd3":
-        if "3.5-medium" in name or "35-medium" in name or "3.5_medium" in name:
-            return "sd35-medium"
-        if "3-medium" in name:
-            return "sd3-medium"
-        return "sd35-large"
-    if ARCH_PROFILES.get(str(arch)):
-        return str(ARCH_PROFILES[arch])
-    known = ", ".join(sorted(a for a in ARCH_PROFILES if a != "flex1"))
-    raise HookError(f"te-align has no profile for ai-toolkit arch '{arch}'; supported: {known}. "
-                    "Set te_align.profile, remove the te_align section, or run with TE_ALIGN=off")  # fmt: skip
+    """The bundled profile for an ai-toolkit ``model:`` section (``arch`` or ``is_*`` flags + name_or_path),
+    from the trainer table :mod:`te_align.trainers.ai_toolkit`."""
+    name = aitk_table.hooked_profile(model)
+    if name is None:
+        raise HookError(f"te-align has no profile for ai-toolkit arch '{aitk_table.arch_of(model)}'; supported: "
+                        f"{', '.join(aitk_table.hooked_archs())}. Set te_align.profile, remove the te_align section, "
+                        "or run with TE_ALIGN=off")  # fmt: skip
+    return name
 
 
 def _model_config_dict(model_config: Any) -> dict[str, Any]:
-    keys = ("arch", "name_or_path", "is_xl", "is_v2", "is_v3", "is_flux", "is_pixart", "is_pixart_sigma",
-            "is_auraflow", "is_lumina2")  # fmt: skip
-    return {k: getattr(model_config, k, None) for k in keys}
+    return {k: getattr(model_config, k, None) for k in aitk_table.MODEL_KEYS}
 
 
 def validate_section(section: Any, where: str = "te_align") -> dict[str, Any]:
@@ -291,7 +259,7 @@ class AiToolkitHook(Hook):
     (default: every part the layout has); ``layout``: ``auto``, ``current`` or ``pypi``."""
 
     name: ClassVar[str] = "ai-toolkit"
-    supported_versions: ClassVar[str] = SUPPORTED
+    supported: ClassVar[dict[str, str]] = {v: label for layout in SUPPORTED.values() for v, label in layout.items()}
 
     profile: Any = None
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -325,17 +293,22 @@ class AiToolkitHook(Hook):
         parts = self.active_parts()
         if self.resolved_layout == "pypi" and any(p in parts for p in ("models", "cache")):
             raise HookError("the PyPI packaging ostris-ai-toolkit 0.2.7 has no BaseModel models and no text-embedding cache; use parts=('train_tools', 'legacy')")
+        pe = partial(_prompt_embeds_cls, pre)
         out: list[Target] = []
         if "train_tools" in parts:
-            out += [Target(f"{pre}toolkit.train_tools", fn, params) for fn, params in TRAIN_TOOLS_PARAMS.items()]
+            out += [Target(f"{pre}toolkit.train_tools", fn, params, wrap=partial(self._train_tools_wrapper, fn))
+                    for fn, params in TRAIN_TOOLS_PARAMS.items()]  # fmt: skip
         if "legacy" in parts:
-            out.append(Target(f"{pre}toolkit.stable_diffusion_model", "StableDiffusion.encode_prompt", ENCODE_PROMPT_PARAMS))
+            out.append(Target(f"{pre}toolkit.stable_diffusion_model", "StableDiffusion.encode_prompt", ENCODE_PROMPT_PARAMS,
+                              wrap=partial(self._legacy_encode_prompt, prompt_embeds_cls=pe)))  # fmt: skip
         if "models" in parts:
-            out.append(Target("toolkit.models.base_model", "BaseModel.encode_prompt", ENCODE_PROMPT_PARAMS))
-            out += [Target(mod, f"{cls}.get_prompt_embeds", ("self", "prompt")) for mod, cls, _ in MODEL_CLASSES.values()]
+            out.append(Target("toolkit.models.base_model", "BaseModel.encode_prompt", ENCODE_PROMPT_PARAMS, wrap=self._base_encode_prompt))
+            out += [Target(mod, f"{cls}.get_prompt_embeds", ("self", "prompt"),
+                           wrap=partial(self._get_prompt_embeds, family, pfam, prompt_embeds_cls=pe))
+                    for family, (mod, cls, pfam) in MODEL_CLASSES.items()]  # fmt: skip
         if "cache" in parts:
             out.append(Target("toolkit.dataloader_mixins", "TextEmbeddingFileItemDTOMixin.get_text_embedding_info_dict",
-                              ("self", "caption_override", "text_only")))  # fmt: skip
+                              ("self", "caption_override", "text_only"), wrap=self._cache_key))  # fmt: skip
         return out
 
     def detect_version(self) -> str:
@@ -487,27 +460,10 @@ class AiToolkitHook(Hook):
 
         return mark_wrapper(get_text_embedding_info_dict, original)
 
-    def replacement(self, resolved: ResolvedTarget) -> Any:
-        t = resolved.target
-        fn = resolved.original
-        pre = PREFIXES[self.resolved_layout]
 
-        def prompt_embeds_cls() -> Any:
-            return importlib.import_module(f"{pre}toolkit.prompt_utils").PromptEmbeds
-
-        if t.module.endswith("toolkit.train_tools"):
-            return self._train_tools_wrapper(t.qualname, fn)
-        if t.qualname == "StableDiffusion.encode_prompt":
-            return self._legacy_encode_prompt(fn, prompt_embeds_cls)
-        if t.qualname == "BaseModel.encode_prompt":
-            return self._base_encode_prompt(fn)
-        if t.qualname.endswith(".get_prompt_embeds"):
-            for family, (mod, cls, pfam) in MODEL_CLASSES.items():
-                if t.module == mod and t.qualname == f"{cls}.get_prompt_embeds":
-                    return self._get_prompt_embeds(family, pfam, fn, prompt_embeds_cls)
-        if t.qualname.endswith("get_text_embedding_info_dict"):
-            return self._cache_key(fn)
-        raise HookError(f"no replacement for {t.label}")  # pragma: no cover
+def _prompt_embeds_cls(prefix: str) -> Any:
+    """ai-toolkit's ``PromptEmbeds`` class (looked up when a wrapper runs)."""
+    return importlib.import_module(f"{prefix}toolkit.prompt_utils").PromptEmbeds
 
 
 # ------------------------------------------------------------------------------ extension entry
@@ -530,11 +486,11 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
         except HookError as e:  # not asked for explicitly: leave unsupported models alone, say so
             print(f"te-align: not active for this process ({e.message})")
             return None
-    arch = _arch_of(proc.get("model") or {})
-    if arch is not None and arch not in ARCH_PROFILES and arch != "pixart":
+    arch = aitk_table.arch_of(proc.get("model") or {})
+    if arch is not None and arch not in aitk_table.ARCHS:
         # e.g. qwen_image_edit, hidream_e1: their own get_prompt_embeds is not hooked, so a profile
         # set here would silently not apply.
-        known = ", ".join(sorted(a for a in ARCH_PROFILES if a != "flex1"))
+        known = ", ".join(aitk_table.hooked_archs())
         raise HookError(
             f"te-align's ai-toolkit hooks do not reach arch '{arch}' (it encodes prompts with its own method), so "
             f"{where} cannot apply; hooked archs: {known}. Remove the te_align section or run with TE_ALIGN=off"
@@ -560,22 +516,51 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
     return hook
 
 
-def watch_processes(default_profile: str | None = None) -> None:
-    """Make every ai-toolkit process constructed from now on call :func:`enable` with its config.
+@dataclass
+class ProcessWatch(Hook):
+    """ai-toolkit's ``BaseProcess.__init__``: every process constructed from a job config calls :func:`enable`
+    with it first (ai-toolkit imports extensions before it builds the job's processes).
 
-    Installed by the te-align extension at import (ai-toolkit imports extensions before it builds
-    the job's processes). Idempotent.
+    ``default_profile``: the profile pinned at patch time (else each process's own); ``layout``: ``auto``,
+    ``current`` or ``pypi``.
     """
-    pre = PREFIXES[detect_layout()]
-    mod = importlib.import_module(f"{pre}jobs.process.BaseProcess")
-    cls = mod.BaseProcess
-    if getattr(cls.__init__, "__te_align_original__", None) is not None:
-        return
-    original = cls.__init__
 
-    def __init__(self: Any, process_id: int, job: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(config, Mapping) and ("model" in config or "te_align" in config):
-            enable(config, default_profile=default_profile, where=f"config.process[{process_id}].te_align")
-        original(self, process_id, job, config, *args, **kwargs)
+    name: ClassVar[str] = "ai-toolkit process watch"
+    supported: ClassVar[dict[str, str]] = AiToolkitHook.supported
 
-    cls.__init__ = mark_wrapper(__init__, original)
+    default_profile: str | None = None
+    layout: str = "auto"
+
+    def targets(self) -> Sequence[Target]:
+        pre = PREFIXES[detect_layout() if self.layout == "auto" else self.layout]
+        return (Target(f"{pre}jobs.process.BaseProcess", "BaseProcess.__init__", ("self", "process_id", "job", "config"),
+                       wrap=self._process_init),)  # fmt: skip
+
+    def detect_version(self) -> str:
+        return AiToolkitHook(layout=self.layout).detect_version()
+
+    def _process_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        default_profile = self.default_profile
+
+        def __init__(process: Any, process_id: int, job: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(config, Mapping) and ("model" in config or "te_align" in config):
+                enable(config, default_profile=default_profile, where=f"config.process[{process_id}].te_align")
+            original(process, process_id, job, config, *args, **kwargs)
+
+        return mark_wrapper(__init__, original)
+
+
+_WATCH: ProcessWatch | None = None
+
+
+def watch_processes(default_profile: str | None = None) -> bool:
+    """Install :class:`ProcessWatch` (the te-align extension calls this at import). Idempotent; returns False
+    under ``TE_ALIGN=off`` (ai-toolkit then runs unmodified)."""
+    global _WATCH
+    if _WATCH is not None and _WATCH.is_installed:
+        return True
+    watch = ProcessWatch(default_profile=default_profile)
+    if not watch.install():
+        return False
+    _WATCH = watch
+    return True

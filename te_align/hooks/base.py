@@ -1,7 +1,9 @@
 """The shared machinery of runtime hooks: declared targets, all-or-nothing install, clean uninstall.
 
 Modelled on OpenTelemetry's instrumentors. A hook (one per trainer) declares every function or method
-it replaces as a :class:`Target` (module path, qualified name, expected parameter names). ``install``
+it replaces as a :class:`Target` (module path, qualified name, expected parameter names, and the
+wrapper factory that builds its replacement from the original), and the trainer versions it was
+verified with as data (:attr:`Hook.supported`). ``install``
 first resolves and checks *every* target; if one is missing or its signature changed it refuses with
 one message naming each problem and the detected trainer version, and changes nothing. Only then are
 the replacements applied; a failure half-way restores what was already replaced. ``uninstall``
@@ -17,7 +19,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,8 +27,11 @@ from te_align.errors import TeAlignError
 
 logger = logging.getLogger("te_align")
 
-#: Environment switch: ``off`` / ``0`` / ``false`` disables every hook.
+#: Environment switch: any of :data:`OFF_WORDS` disables every hook.
 ENV_SWITCH = "TE_ALIGN"
+#: The values of ``TE_ALIGN`` (case and surrounding spaces ignored) that turn te-align off: the one list,
+#: also written into the drop-in scripts ``te-align patch`` installs (they must decide before importing te-align).
+OFF_WORDS: tuple[str, ...] = ("off", "0", "false", "no", "disabled")
 
 
 class HookError(TeAlignError):
@@ -34,7 +39,8 @@ class HookError(TeAlignError):
 
 
 def hooks_disabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in {"off", "0", "false", "no", "disabled"}
+    """``TE_ALIGN`` in the environment says off (one of :data:`OFF_WORDS`)."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_WORDS
 
 
 @dataclass(frozen=True)
@@ -44,12 +50,15 @@ class Target:
     ``module`` is imported; ``qualname`` is looked up attribute by attribute (``Class.method``).
     ``params`` are the parameter names the replacement relies on, in order (``self`` included for
     methods); extra trailing parameters with defaults are tolerated, anything else is a changed
-    signature.
+    signature. ``wrap`` builds the replacement: it is called with the original function (for a
+    ``staticmethod`` / ``classmethod``, the function inside; the descriptor kind is kept) and returns
+    what is put in its place (use :func:`mark_wrapper`).
     """
 
     module: str
     qualname: str
     params: tuple[str, ...] | None = None
+    wrap: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -123,24 +132,37 @@ def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> C
     return wrapper
 
 
+def replacement(resolved: ResolvedTarget) -> Any:
+    """What ``resolved``'s target puts in place of the original: ``target.wrap(original)``, descriptor kind kept."""
+    wrap = resolved.target.wrap
+    if wrap is None:
+        raise HookError(f"{resolved.target.label}: the target names no wrapper")
+    raw = resolved.original
+    if isinstance(raw, (staticmethod, classmethod)):
+        return type(raw)(wrap(raw.__func__))
+    return wrap(raw)
+
+
 @dataclass
 class Hook:
-    """Base class: subclasses set ``name`` and implement ``targets`` and ``replacement``."""
+    """Base class: subclasses set ``name`` and ``supported`` and implement ``targets``."""
 
     name: ClassVar[str] = "hook"
-    #: Human-readable list of the trainer versions the targets were verified against.
-    supported_versions: ClassVar[str] = ""
+    #: The trainer versions (commit or version string) the targets were verified against -> label.
+    supported: ClassVar[Mapping[str, str]] = {}
 
     installed: list[ResolvedTarget] = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # -- to implement -------------------------------------------------------------------------
     def targets(self) -> Sequence[Target]:
+        """Every function or method replaced, each with its wrapper factory."""
         raise NotImplementedError
 
-    def replacement(self, resolved: ResolvedTarget) -> Any:
-        """The object to put in place of ``resolved.original`` (keep descriptor kinds)."""
-        raise NotImplementedError
+    @classmethod
+    def supported_versions(cls) -> str:
+        """The verified versions, for messages."""
+        return "; ".join(cls.supported.values())
 
     def detect_version(self) -> str:
         """The installed trainer's version (or 'unknown')."""
@@ -162,7 +184,7 @@ class Hook:
         if problems:
             raise HookError(
                 f"{self.name} hooks not installed (trainer version {self.detect_version()}; verified with "
-                f"{self.supported_versions or 'n/a'}): " + "; ".join(problems)
+                f"{self.supported_versions() or 'n/a'}): " + "; ".join(problems)
             )
         return resolved
 
@@ -180,7 +202,7 @@ class Hook:
                 for r in resolved:
                     if getattr(_unwrap_descriptor(r.original), "__te_align_original__", None) is not None:
                         raise HookError(f"{r.target.label} is already wrapped by another te-align hook instance")
-                    setattr(r.owner, r.attr, self.replacement(r))
+                    setattr(r.owner, r.attr, replacement(r))
                     done.append(r)
             except BaseException:
                 for r in reversed(done):

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from te_align.hooks.ai_toolkit import read_version
+from te_align.hooks.ai_toolkit import SUPPORTED, checkout_version
+from te_align.hooks.base import OFF_WORDS
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import FileChange, PatchError, Plan, sha256_file
 
 TRAINER = "ai-toolkit"
-VERIFIED = ("0.12.26",)
+#: ai-toolkit checkout versions the hooks were verified with (the hook's own data).
+VERIFIED = tuple(SUPPORTED["current"])
 EXTENSION = "extensions/te_align/__init__.py"
 ORIGINAL_RUN = "te_align_original_run.py"
 #: Files whose presence marks an ai-toolkit checkout.
@@ -37,11 +39,20 @@ def templates_dir() -> Path:
     return d
 
 
+def shim_source(tpl: Path) -> bytes:
+    """The ``run.py`` shim with te-align's ``TE_ALIGN=off`` words written in (it decides before importing te-align)."""
+    shim = (tpl / "run.py").read_bytes()
+    placeholder = b"_OFF_WORDS = None"
+    if placeholder not in shim:
+        raise PatchError(f"te-align's ai-toolkit shim {tpl / 'run.py'} has no {placeholder.decode()} line; reinstall te-align")
+    return shim.replace(placeholder, f"_OFF_WORDS = {OFF_WORDS!r}".encode(), 1)
+
+
 def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).exists() for m in MARKERS):
         return None
-    version = read_version(root)
+    version = checkout_version(root)
     notes: list[str] = []
     if version is None:
         version = "unknown"
@@ -63,7 +74,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
         ext = ext.replace(b"PINNED_PROFILE = None", f"PINNED_PROFILE = {profile!r}".encode(), 1)
     run = root / "run.py"
     current_run = run.read_bytes()
-    shim = (tpl / "run.py").read_bytes()
+    shim = shim_source(tpl)
     changes = [FileChange(EXTENSION, ext, sha256_file(root / EXTENSION), note="te-align extension")]
     if current_run != shim:  # an earlier patch's shim: the saved original stays as it is
         changes.append(FileChange(ORIGINAL_RUN, current_run, sha256_file(root / ORIGINAL_RUN), note="the original run.py"))

@@ -17,29 +17,17 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from te_align._git import git_dir, git_head
+from te_align.hooks.base import OFF_WORDS
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import STATE_DIR, FileChange, PatchError, Plan, read_manifest, sha256_file
+from te_align.trainers import kohya as kohya_table
 
 TRAINER = "kohya"
 ORIGINALS = "te_align_originals"
 #: Scripts that get a drop-in, with the architecture they train (LoRA first, then full fine-tunes).
-SCRIPTS: tuple[tuple[str, str], ...] = (
-    ("train_network.py", "sd"),
-    ("sdxl_train_network.py", "sdxl"),
-    ("sd3_train_network.py", "sd3"),
-    ("flux_train_network.py", "flux"),
-    ("lumina_train_network.py", "lumina"),
-    ("hunyuan_image_train_network.py", "hunyuan_image"),
-    ("anima_train_network.py", "anima"),
-    ("fine_tune.py", "sd"),
-    ("train_db.py", "sd"),
-    ("sdxl_train.py", "sdxl"),
-    ("sd3_train.py", "sd3"),
-    ("flux_train.py", "flux"),
-    ("lumina_train.py", "lumina"),
-    ("anima_train.py", "anima"),
-)
+SCRIPTS: tuple[tuple[str, str], ...] = kohya_table.drop_in_scripts()
 
 
 def templates_dir() -> Path:
@@ -47,46 +35,6 @@ def templates_dir() -> Path:
 
 
 # ------------------------------------------------------------------------------------ detection
-def _git_dir(root: Path) -> Path | None:
-    dot = root / ".git"
-    if dot.is_dir():
-        return dot
-    if dot.is_file():  # submodule / worktree: "gitdir: <path>"
-        text = dot.read_text(encoding="utf-8", errors="replace").strip()
-        if text.startswith("gitdir:"):
-            target = Path(text[len("gitdir:") :].strip())
-            return (root / target).resolve() if not target.is_absolute() else target
-    return None
-
-
-def git_head(root: Path) -> str | None:
-    """The commit checked out at ``root`` (read from the git files; no git binary needed)."""
-    gd = _git_dir(root)
-    if gd is None:
-        return None
-    try:
-        head = (gd / "HEAD").read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    if not head.startswith("ref:"):
-        return head if len(head) == 40 else None
-    ref = head[4:].strip()
-    common = gd
-    if (gd / "commondir").is_file():
-        common = (gd / (gd / "commondir").read_text(encoding="utf-8").strip()).resolve()
-    for base in (gd, common):
-        f = base / ref
-        if f.is_file():
-            return f.read_text(encoding="utf-8").strip()
-        packed = base / "packed-refs"
-        if packed.is_file():
-            for line in packed.read_text(encoding="utf-8").splitlines():
-                parts = line.split()
-                if len(parts) == 2 and parts[1] == ref:
-                    return parts[0]
-    return None
-
-
 def _is_sd_scripts(p: Path) -> bool:
     return (p / "library" / "strategy_base.py").is_file() and (p / "train_network.py").is_file()
 
@@ -114,14 +62,14 @@ def detect(path: Path) -> Detection | None:
 
 
 def _version(root: Path) -> tuple[str, tuple[str, ...]]:
-    from te_align.hooks.kohya import VERIFIED_COMMITS
+    from te_align.hooks.kohya import KohyaHook
 
     head = git_head(root)
     if head is None:
         return "unknown (no git)", ("not a git checkout: the hook targets are checked in the source instead",)
-    if head in VERIFIED_COMMITS:
+    if head in KohyaHook.supported:
         return head[:7], ()
-    return head[:7], (f"commit {head[:7]} is not one te-align was verified with ({', '.join(c[:7] for c in VERIFIED_COMMITS)}); hook targets are checked in the source",)
+    return head[:7], (f"commit {head[:7]} is not one te-align was verified with ({', '.join(c[:7] for c in KohyaHook.supported)}); hook targets are checked in the source",)
 
 
 # ------------------------------------------------------------------------------ static contract
@@ -182,7 +130,7 @@ def static_problems(root: Path) -> list[str]:
 # ------------------------------------------------------------------------------------ dirty tree
 def _dirty(root: Path, ours: set[str]) -> list[str]:
     """Tracked files with uncommitted changes (git status), not counting te-align's own."""
-    if _git_dir(root) is None or shutil.which("git") is None:
+    if git_dir(root) is None or shutil.which("git") is None:
         return []
     try:
         out = subprocess.run(
@@ -205,17 +153,20 @@ def _dirty(root: Path, ours: set[str]) -> list[str]:
 def shim_source(script: str, profile: str | None) -> bytes:
     template = (templates_dir() / "train_script.py.tmpl").read_text(encoding="utf-8")
     pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per run"
-    return template.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin).encode("utf-8")
+    return template.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS).encode("utf-8")
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
+    from te_align.hooks.kohya import KohyaHook
+
     root = detection.root
     problems = static_problems(root)
     if problems:
+        commit = next(iter(KohyaHook.supported))[:7]
         raise PatchError(
             f"unknown sd-scripts version {detection.version} at {root}: te-align's hook targets do not match "
-            f"({'; '.join(problems)}). te-align was verified with sd-scripts 48d368f; check that commit out "
-            f"(git -C {root} checkout 48d368f) or upgrade te-align"
+            f"({'; '.join(problems)}). te-align was verified with sd-scripts {commit}; check that commit out "
+            f"(git -C {root} checkout {commit}) or upgrade te-align"
         )
     manifest = read_manifest(root) or {}
     known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
@@ -254,4 +205,4 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     )  # fmt: skip
 
 
-__all__ = ["ORIGINALS", "SCRIPTS", "detect", "git_head", "plan", "shim_source", "static_problems"]
+__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

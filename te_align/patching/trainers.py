@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from te_align.patching.transaction import STATE_DIR, PatchError, read_manifest
+from te_align.patching.transaction import STATE_DIR, PatchError, Plan, read_manifest
 
 #: trainer name -> module implementing detect()/plan()
 PLANNERS: dict[str, str] = {
@@ -37,17 +37,13 @@ class Detection:
     notes: tuple[str, ...] = field(default=())
 
 
-def _module(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(PLANNERS[name])
-    except ModuleNotFoundError as e:
-        if e.name == PLANNERS[name]:
-            return None  # that integration is not part of this build
-        raise
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(PLANNERS[name])
 
 
 def available() -> list[str]:
-    return [n for n in PLANNERS if _module(n) is not None]
+    """The trainers ``te-align patch`` can patch."""
+    return list(PLANNERS)
 
 
 def detect(path: str | Path, trainer: str = "auto") -> Detection:
@@ -59,21 +55,16 @@ def detect(path: str | Path, trainer: str = "auto") -> Detection:
     if trainer != "auto" and trainer not in PLANNERS:
         raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(PLANNERS)}")
     for name in names:
-        mod = _module(name)
-        if mod is None:
-            raise PatchError(f"the {name} integration is not available in this te-align")
-        found = mod.detect(p)
+        found = _module(name).detect(p)
         if found is not None:
             return found
     raise PatchError(
-        f"{p} is not a trainer installation te-align can patch (looked for: {', '.join(names) or 'none available'})"
+        f"{p} is not a trainer installation te-align can patch (looked for: {', '.join(names)})"
     )
 
 
-def plan_for(detection: Detection, profile: str | None):
-    mod = _module(detection.trainer)
-    assert mod is not None
-    return mod.plan(detection, profile)
+def plan_for(detection: Detection, profile: str | None) -> Plan:
+    return _module(detection.trainer).plan(detection, profile)
 
 
 def patched_root(path: str | Path) -> Path:

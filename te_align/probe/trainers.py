@@ -19,18 +19,17 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
-import importlib.metadata
 import importlib.util
 import inspect
 import logging
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from te_align._git import dist_version, git_head, installed_version, read_version
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
 
@@ -202,14 +201,10 @@ class AiToolkit(Adapter):
                                  "and toolkit/stable_diffusion_model.py)")  # fmt: skip
         self.prefix = "ostris_ai_toolkit." if self.layout == "pypi" else ""
         if self.layout == "pypi":
-            try:
-                self.version = importlib.metadata.version("ostris-ai-toolkit") if path is None else "unknown"
-            except importlib.metadata.PackageNotFoundError:
-                self.version = "unknown"
-            if path is not None:
-                self.version = _dist_version(self.root.parent, "ostris_ai_toolkit") or "unknown"
+            found = installed_version("ostris-ai-toolkit") if path is None else dist_version(self.root.parent, "ostris_ai_toolkit")
+            self.version = found or "unknown"
         else:
-            self.version = _read_version(self.root / "version.py") or "unknown"
+            self.version = read_version(self.root / "version.py") or "unknown"
         self.location = str(self.root)
         self._calls: dict[str, ast.Call] = {}
         self._source_file = self.root / "toolkit" / "stable_diffusion_model.py"
@@ -431,47 +426,9 @@ def _albumentations_offline() -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def _read_version(path: Path) -> str | None:
-    try:
-        m = re.search(r"""^VERSION\s*=\s*["']([^"']+)["']""", path.read_text(encoding="utf-8"), re.M)
-    except OSError:
-        return None
-    return m.group(1) if m else None
-
-
-def _dist_version(site: Path, package: str) -> str | None:
-    for meta in site.glob(f"{package}-*.dist-info/METADATA"):
-        m = re.search(r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.M)
-        if m:
-            return m.group(1)
-    return None
-
-
 # ==============================================================================================
 # kohya sd-scripts
 # ==============================================================================================
-def git_head(root: Path) -> str | None:
-    """The checked-out commit of a git work tree (reads .git directly; no git binary needed)."""
-    git = root / ".git"
-    if git.is_file():  # a worktree: "gitdir: PATH"
-        m = re.match(r"gitdir:\s*(.+)", git.read_text(encoding="utf-8").strip())
-        git = (root / m.group(1)).resolve() if m else git
-    try:
-        head = (git / "HEAD").read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    if not head.startswith("ref:"):
-        return head or None
-    ref = head.split(None, 1)[1]
-    with contextlib.suppress(OSError):
-        return (git / ref).read_text(encoding="utf-8").strip()
-    with contextlib.suppress(OSError):
-        for line in (git / "packed-refs").read_text(encoding="utf-8").splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    return None
-
-
 class Kohya(Adapter):
     name = "kohya"
     #: tokenizer cache folder (hub id with "/" -> "_", as TokenizeStrategy._load_tokenizer) -> tiny tokenizer.
@@ -693,10 +650,7 @@ class SimpleTuner(Adapter):
     def __init__(self, path: str | None) -> None:
         if importlib.util.find_spec("simpletuner") is None:
             raise ProbeError("simpletuner: not installed (pip install simpletuner)")
-        try:
-            self.version = importlib.metadata.version("simpletuner")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = "unknown"
+        self.version = installed_version("simpletuner") or "unknown"
         self.profiles = {}
 
     def profile_name(self, name: str) -> str:

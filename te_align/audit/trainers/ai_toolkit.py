@@ -14,6 +14,7 @@ from typing import Any
 from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
 from te_align.audit.rules import Rule, Trainer, guess_from_name
 from te_align.audit.trainers import CacheSpec, Parsed, unknown_key_finding
+from te_align.trainers import ai_toolkit as aitk_table
 
 _TT = "toolkit/train_tools.py"
 _SDM = "toolkit/stable_diffusion_model.py"
@@ -83,15 +84,6 @@ _CACHE = CacheSpec(("_t_e_cache/*.safetensors", "*.safetensors"),
                    "toolkit/dataloader_mixins.py:2120-2163,2309-2310", "delete the _t_e_cache folders")
 CACHES = {f: _CACHE for f in SUPPORTED}
 
-_ARCH = {
-    "sd1": "sd15", "sd2": "sd21", "sdxl": "sdxl", "ssd": "sdxl", "vega": "sdxl", "sd3": "sd35-large",
-    "flux": "flux-dev", "flex1": "flux-dev", "flex2": "flux-dev", "chroma": "chroma", "lumina2": "lumina2",
-    "hidream": "hidream", "qwen_image": "qwen-image", "wan21": "wan21", "pixart": "pixart-sigma",
-    "pixart_sigma": "pixart-sigma", "auraflow": "auraflow",
-}
-_FLAGS = (("is_flux", "flux-dev"), ("is_v3", "sd35-large"), ("is_xl", "sdxl"), ("is_v2", "sd21"),
-          ("is_lumina2", "lumina2"), ("is_pixart_sigma", "pixart-sigma"), ("is_pixart", "pixart-sigma"),
-          ("is_auraflow", "auraflow"))
 _SECTIONS = ("model", "train", "network", "save", "sample", "logging")
 
 
@@ -104,21 +96,24 @@ def _process(data: Any, file: str) -> dict[str, Any]:
 
 
 def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
+    """The bundled profile a ``model:`` section trains (the trainer table's arch, refined by name_or_path)."""
     path = model.get("name_or_path")
     by_name = guess_from_name(path)
-    arch = str(model.get("arch") or "").split(":")[0]
+    arch = aitk_table.arch_name(model)
     if arch:
-        prof = _ARCH.get(arch)
+        prof = aitk_table.ARCHS[arch][0] if arch in aitk_table.ARCHS else None
         if prof is None:
             return None, f"model.arch {arch!r}"
         if by_name and _family(by_name) == _family(prof):
             return by_name, f"model.arch {arch!r} and model.name_or_path {path!r}"
         return prof, f"model.arch {arch!r}"
-    for flag, prof in _FLAGS:
-        if model.get(flag):
-            if by_name and _family(by_name) == _family(prof):
-                return by_name, f"model.{flag} and model.name_or_path {path!r}"
-            return prof, f"model.{flag}"
+    flagged = aitk_table.flag_arch(model)
+    if flagged is not None:
+        flag = next(f for f, a in aitk_table.FLAGS if a == flagged)
+        prof = aitk_table.ARCHS[flagged][0]
+        if by_name and _family(by_name) == _family(prof):
+            return by_name, f"model.{flag} and model.name_or_path {path!r}"
+        return prof, f"model.{flag}"
     if by_name:
         return by_name, f"model.name_or_path {path!r}"
     return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"

@@ -13,6 +13,7 @@ from typing import Any
 from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
 from te_align.audit.rules import ByProfile, Rule, Trainer, family_of, guess_from_name
 from te_align.audit.trainers import CacheSpec, Parsed, unknown_key_finding
+from te_align.trainers import kohya as kohya_table
 
 _SD = ("sd1", "sd2")
 _CLIP_SLOTS = {"sd1": "clip_l", "sd2": "clip_h"}
@@ -145,18 +146,6 @@ RULES: tuple[Rule, ...] = (
          "library/hunyuan_image_text_encoder.py:617-631", severity="warning"),
 )
 
-#: Script names (first positional after ``--``) -> profile family guess.
-SCRIPTS = {
-    "train_network.py": "sd15", "train_db.py": "sd15", "fine_tune.py": "sd15",
-    "train_textual_inversion.py": "sd15",
-    "sdxl_train_network.py": "sdxl", "sdxl_train.py": "sdxl", "sdxl_train_textual_inversion.py": "sdxl",
-    "sd3_train_network.py": "sd35-large", "sd3_train.py": "sd35-large",
-    "flux_train_network.py": "flux-dev", "flux_train.py": "flux-dev",
-    "lumina_train_network.py": "lumina2", "lumina_train.py": "lumina2",
-    "anima_train_network.py": "anima", "anima_train.py": "anima",
-    "hunyuan_image_train_network.py": "hunyuanimage-2.1",
-}
-
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "anima", "hunyuanimage")
 
 #: Text-encoder output caches per family: file suffix, what the reuse check compares, source.
@@ -237,14 +226,15 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
     """The bundled profile an sd-scripts run trains, and why we think so."""
     path = values.get("pretrained_model_name_or_path")
     by_name = guess_from_name(path)
-    if script in SCRIPTS:
-        fam = SCRIPTS[script]
-        if fam.startswith("flux") and values.get("model_type") == "chroma":
-            return "chroma", f"script {script} with model_type = \"chroma\""
+    arch = kohya_table.script_arch(script)
+    if arch is not None:  # the script's architecture (te_align.trainers.kohya), its variant from the flags
+        fam = kohya_table.profile_name(arch)
+        if values.get("model_type") == "chroma" and kohya_table.profile_name(arch, "chroma") != fam:
+            return kohya_table.profile_name(arch, "chroma"), f"script {script} with model_type = \"chroma\""
         if by_name and by_name != fam and family_of(by_name) == family_of(fam):
             return by_name, f"script {script} and pretrained_model_name_or_path {path!r}"
-        if fam == "sd15" and values.get("v2"):
-            return "sd21", f"script {script} with v2 = true"
+        if values.get("v2") and kohya_table.profile_name(arch, "v2") != fam:
+            return kohya_table.profile_name(arch, "v2"), f"script {script} with v2 = true"
         return fam, f"script {script}"
     if values.get("model_type") == "chroma":
         return "chroma", 'model_type = "chroma" (flux_train_network.py)'

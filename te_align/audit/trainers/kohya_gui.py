@@ -15,6 +15,7 @@ from typing import Any
 from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
 from te_align.audit.rules import Trainer, guess_from_name
 from te_align.audit.trainers import Parsed, kohya, unknown_key_finding
+from te_align.trainers import kohya as kohya_table
 
 RULES = kohya.RULES
 CACHES = kohya.CACHES
@@ -32,28 +33,17 @@ GUI_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "t5_max_token_length": ("anima_t5_max_token_length", ("anima",)),
 }
 
-_CHECKBOXES = (
-    ("sdxl", "sdxl", "sdxl_train_network.py"),
-    ("flux1_checkbox", "flux", "flux_train_network.py"),
-    ("sd3_checkbox", "sd3", "sd3_train_network.py"),
-    ("hunyuan_image_checkbox", "hunyuan", "hunyuan_image_train_network.py"),
-    ("anima_checkbox", "anima", "anima_train_network.py"),
-    ("lumina_checkbox", "lumina2", "lumina_train_network.py"),
-)
-
-
 def _on(v: Any) -> bool:
     return v not in ("", False, None, 0, "0", "false", "False")
 
 
 def to_sd_scripts(g: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The text-encoder part of the TOML the GUI writes for these fields, and the script it runs."""
-    arch, script = "sd", "train_network.py"
-    for box, name, scr in _CHECKBOXES:  # first checked box wins, as in lora_gui.py:1779-1792
-        if _on(g.get(box)):
-            arch, script = name, scr
-            break
-    flux, sd3, sdxl, lumina = arch == "flux", arch == "sd3", arch == "sdxl", arch == "lumina2"
+    # the script of the first checked model box (lora_gui.py:1779-1792), and its sd-scripts architecture
+    script = next((scr for box, scr in kohya_table.GUI_CHECKBOXES if _on(g.get(box))), kohya_table.GUI_DEFAULT_SCRIPT)
+    arch = kohya_table.script_arch(script)
+    flux, sd3, sdxl, lumina = arch == "flux", arch == "sd3", arch == "sdxl", arch == "lumina"
+    anima, hunyuan = arch == "anima", arch == "hunyuan_image"
     chroma = flux and str(g.get("model_type") or "").lower() == "chroma"
     out: dict[str, Any] = {
         "pretrained_model_name_or_path": g.get("pretrained_model_name_or_path"),
@@ -63,17 +53,17 @@ def to_sd_scripts(g: dict[str, Any]) -> tuple[dict[str, Any], str]:
             or (flux and _on(g.get("flux1_cache_text_encoder_outputs")))
             or (sd3 and _on(g.get("sd3_cache_text_encoder_outputs")))
             or (lumina and _on(g.get("lumina_cache_text_encoder_outputs")))
-            or (arch == "anima" and _on(g.get("anima_cache_text_encoder_outputs")))
-            or (arch == "hunyuan" and _on(g.get("hunyuan_image_cache_text_encoder_outputs")))
+            or (anima and _on(g.get("anima_cache_text_encoder_outputs")))
+            or (hunyuan and _on(g.get("hunyuan_image_cache_text_encoder_outputs")))
         ) else None,
         "cache_text_encoder_outputs_to_disk": True if (
             (flux and _on(g.get("flux1_cache_text_encoder_outputs_to_disk")))
             or (sd3 and _on(g.get("sd3_cache_text_encoder_outputs_to_disk")))
             or (lumina and _on(g.get("lumina_cache_text_encoder_outputs_to_disk")))
-            or (arch == "anima" and _on(g.get("anima_cache_text_encoder_outputs_to_disk")))
-            or (arch == "hunyuan" and _on(g.get("hunyuan_image_cache_text_encoder_outputs_to_disk")))
+            or (anima and _on(g.get("anima_cache_text_encoder_outputs_to_disk")))
+            or (hunyuan and _on(g.get("hunyuan_image_cache_text_encoder_outputs_to_disk")))
         ) else None,
-        "clip_skip": g.get("clip_skip") if _on(g.get("clip_skip")) and arch not in ("lumina2", "anima", "hunyuan") else None,
+        "clip_skip": g.get("clip_skip") if _on(g.get("clip_skip")) and not (lumina or anima or hunyuan) else None,
         "max_token_length": _int(g.get("max_token_length")) if arch in ("sd", "sdxl", "sd3") else None,
         "model_type": "chroma" if chroma else None,
         "t5xxl_max_token_length": _int(g.get("t5xxl_max_token_length")) if flux else None,
@@ -81,8 +71,8 @@ def to_sd_scripts(g: dict[str, Any]) -> tuple[dict[str, Any], str]:
         "gemma2_max_token_length": _int(g.get("lumina_gemma2_max_token_length")) if lumina and _on(g.get("lumina_gemma2_max_token_length")) else None,
         "system_prompt": g.get("lumina_system_prompt") if lumina and _on(g.get("lumina_system_prompt")) else None,
         # class_anima.py:138-149 (both 512 by default)
-        "qwen3_max_token_length": _int(g.get("anima_qwen3_max_token_length")) if arch == "anima" else None,
-        "t5_max_token_length": _int(g.get("anima_t5_max_token_length")) if arch == "anima" else None,
+        "qwen3_max_token_length": _int(g.get("anima_qwen3_max_token_length")) if anima else None,
+        "t5_max_token_length": _int(g.get("anima_t5_max_token_length")) if anima else None,
         "weighted_captions": g.get("weighted_captions"),
     }
     # The GUI drops "", False and None (lora_gui.py:2558-2566), then appends additional_parameters (2592-2597).

@@ -13,7 +13,7 @@ Every sample path of sd-scripts 48d368f and how it encodes the prompts:
   ``sample_images_common`` with ``SdxlStableDiffusionLongPromptWeightingPipeline``, whose
   ``__call__`` encodes through the strategies' weighted path
   (``library/sdxl_lpw_stable_diffusion.py:839-852``: ``tokenize_with_weights`` +
-  ``encode_tokens_with_weights``), hooked in :mod:`te_align.hooks.kohya_weights`. The module's
+  ``encode_tokens_with_weights``), hooked in :mod:`te_align.hooks.kohya.weights`. The module's
   ``get_weighted_text_embeddings`` (:296) is not called by any sample path.
 * Both pipelines' ``__call__`` turn a missing negative prompt (``None``) into ``""``
   (``lpw_stable_diffusion.py:590-591``, ``sdxl_lpw_stable_diffusion.py:849``). Where the profile's
@@ -37,13 +37,14 @@ weights with :mod:`te_align.encoding.weights` by the lpw pipeline's formula.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from te_align.hooks import kohya as K
 from te_align.hooks.base import mark_wrapper
+from te_align.hooks.kohya import slots
+from te_align.hooks.kohya.run import RUN, chunk_options, profile_for, tokenize_strategy, with_clip_skip
 
-#: The lpw pipeline module of each architecture (its ``__call__`` is wrapped; targets: kohya.SAMPLE_TARGETS).
-PIPELINE_ARCH = {"library.lpw_stable_diffusion": "sd", "library.sdxl_lpw_stable_diffusion": "sdxl"}
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.hooks.kohya.archs import Arch
 
 
 class MissingNegative(str):
@@ -60,17 +61,15 @@ class MissingNegative(str):
 MISSING_NEGATIVE = MissingNegative("")
 
 
-def _arch(name: str) -> Any:
-    return next(a for a in K.ARCHS if a.name == name)
+def pipeline_call_wrapper(arch: Arch, original: Any) -> Any:
+    """The lpw pipeline's ``__call__``: a missing negative prompt is marked where the profile makes it zeros."""
 
-
-def pipeline_call_wrapper(arch_name: str, original: Any) -> Any:
     def __call__(self: Any, prompt: Any, negative_prompt: Any = None, *args: Any, **kwargs: Any) -> Any:
         if negative_prompt is None:
-            p = K.profile_for(arch_name, K._tokenize_strategy() or self)
+            p = profile_for(arch.name, tokenize_strategy() or self)
             if p.empty_prompt == "zeros":
-                K._RUN.once(
-                    f"sample:zeros:{arch_name}",
+                RUN.once(
+                    f"sample:zeros:{arch.name}",
                     "te-align: sample images: a missing negative prompt becomes zero embeddings (profile %s empty_prompt "
                     "= zeros, as the official pipeline); sd-scripts would encode \"\"", p.name,
                 )  # fmt: skip
@@ -81,6 +80,7 @@ def pipeline_call_wrapper(arch_name: str, original: Any) -> Any:
 
 
 def lpw_embeddings(
+    arch: Arch,
     pipe: Any,
     prompt: Any,
     uncond_prompt: Any = None,
@@ -90,18 +90,17 @@ def lpw_embeddings(
     skip_weighting: bool | None = False,
     clip_skip: Any = None,
 ) -> tuple[Any, Any]:
-    """``get_weighted_text_embeddings`` of the SD1/2 lpw pipeline, by the profile."""
+    """``get_weighted_text_embeddings`` of the SD1/2 lpw pipeline (``arch``: sd), by the profile."""
 
     from te_align.encoding.weights import tokenize_slot_weighted, weight_hidden_states
 
-    arch = _arch("sd")
-    strategy = K._tokenize_strategy()
-    p = K.with_clip_skip(K.profile_for(arch.name, strategy or pipe), clip_skip)
+    strategy = tokenize_strategy()
+    p = with_clip_skip(profile_for(arch.name, strategy or pipe), clip_skip)
     slot = p.slots[0]
     tokenizer = getattr(strategy, "tokenizer", None) or pipe.tokenizer
-    opts = K._chunk_options(arch.name, strategy)
+    opts = chunk_options(arch.chunkable, strategy)
     chunks = opts.long_prompt_chunks
-    K._RUN.once(
+    RUN.once(
         "sample:sd",
         "te-align: sample images (SD lpw pipeline) follow profile %s as training does: layer %s%s, %s (sd-scripts samples "
         "with up to %s chunks whatever --max_token_length); prompt weights applied as the lpw pipeline does "
@@ -115,11 +114,11 @@ def lpw_embeddings(
 
     def embed(texts: list[Any]) -> Any:
         ids, mask, weights = tokenize_slot_weighted(slot, tokenizer, [str(t) for t in texts], options=opts, parse=parse)
-        hidden = K._slot_encode(p, slot.name, pipe.text_encoder, ids, mask).hidden
+        hidden = slots.slot_encode(p, slot.name, pipe.text_encoder, ids, mask).hidden
         if weigh:
             hidden = weight_hidden_states(hidden, weights.to(hidden.dtype), restore_mean=True)
         if p.empty_prompt == "zeros":
-            hidden = K._zero_rows(hidden, [isinstance(t, MissingNegative) for t in texts])
+            hidden = slots.zero_rows(hidden, [isinstance(t, MissingNegative) for t in texts])
         return hidden
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
@@ -130,11 +129,11 @@ def lpw_embeddings(
     return text_embeddings, embed(uncond)
 
 
-def lpw_embeddings_wrapper(original: Any) -> Any:
+def lpw_embeddings_wrapper(arch: Arch, original: Any) -> Any:
     """The replacement of ``get_weighted_text_embeddings``: :func:`lpw_embeddings` (same parameters and
     defaults, pinned by the declared target) under the original's name."""
 
     def get_weighted_text_embeddings(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        return lpw_embeddings(*args, **kwargs)
+        return lpw_embeddings(arch, *args, **kwargs)
 
     return mark_wrapper(get_weighted_text_embeddings, original)

@@ -25,15 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from te_align.hooks import kohya as K
 from te_align.hooks.base import mark_wrapper
+from te_align.hooks.kohya import slots
+from te_align.hooks.kohya.run import RUN, chunk_options, profile_for
+from te_align.hooks.kohya.sample import MissingNegative
 
 if TYPE_CHECKING:  # pragma: no cover
-    from te_align.hooks.kohya import Arch
+    from te_align.hooks.kohya.archs import Arch
     from te_align.profiles import AlignmentProfile
-
-#: Where sd-scripts applies the weights (for the log).
-_SOURCES = {"sd": "library/strategy_sd.py:108-130", "sdxl": "library/strategy_sdxl.py:195-219"}
 
 
 class NegativeWeights(list):  # type: ignore[type-arg]
@@ -43,40 +42,40 @@ class NegativeWeights(list):  # type: ignore[type-arg]
 
 
 def _announce(arch: Arch, p: AlignmentProfile, strategy: Any) -> None:
-    if arch.name == "lumina":
-        K._RUN.once(
-            "weighted:lumina",
-            "te-align: --weighted_captions (lumina): captions tokenized and encoded by profile %s; sd-scripts applies no "
-            "prompt weights to Gemma 2 (library/strategy_lumina.py:74-89,125-144), so captions are encoded as written, "
-            "weight syntax included, as without te-align", p.name,
-        )  # fmt: skip
-        return
-    chunks = K._chunk_options(arch.name, strategy).long_prompt_chunks
-    sdxl = arch.name == "sdxl"
-    K._RUN.once(
+    chunks = chunk_options(arch.chunkable, strategy).long_prompt_chunks
+    w = arch.weighted
+    RUN.once(
         f"weighted:{arch.name}",
         "te-align: weighted prompts (%s: %s): tokens, pad token%s, %s and hidden layers follow profile %s; prompt "
         "weights ((word:1.2), (word), [word]) are parsed and applied as sd-scripts does (%s): hidden states x per-token "
         "weight, no renormalisation%s",
-        arch.name, "--weighted_captions and sample images" if sdxl else "--weighted_captions", ", CLIP-G '!' rule" if sdxl else "",
-        f"{chunks} chunks of 77" if chunks else "77-token truncation", p.name, _SOURCES[arch.name],
-        ", pooled output unweighted" if sdxl else "",
+        arch.name, "--weighted_captions and sample images" if w.samples else "--weighted_captions",
+        ", CLIP-G '!' rule" if "clip_g" in arch.slots else "", f"{chunks} chunks of 77" if chunks else "77-token truncation",
+        p.name, w.source, ", pooled output unweighted" if w.pooled else "",
+    )  # fmt: skip
+
+
+def _announce_unweighted(arch: Arch, p: AlignmentProfile) -> None:
+    RUN.once(
+        f"weighted:{arch.name}",
+        "te-align: --weighted_captions (%s): captions tokenized and encoded by profile %s; sd-scripts applies no "
+        "prompt weights to %s (%s), so captions are encoded as written, weight syntax included, as without te-align",
+        arch.name, p.name, arch.weighted.encoder, arch.weighted.source,
     )  # fmt: skip
 
 
 def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:
     """SD/SDXL ``tokenize_with_weights`` by the profile: ([ids per encoder], [weights per encoder]), (B, 1, L)."""
     from te_align.encoding.weights import tokenize_slot_weighted
-    from te_align.hooks.kohya_sample import MissingNegative
 
     texts = [text] if isinstance(text, str) else list(text)
-    p = K.profile_for(arch.name, strategy)
-    K._note_setting_differences(arch, strategy, p)
+    p = profile_for(arch.name, strategy)
+    slots.note_setting_differences(arch, strategy, p)
     _announce(arch, p, strategy)
-    opts = K._chunk_options(arch.name, strategy)
+    opts = chunk_options(arch.chunkable, strategy)
     plain = [str(t) for t in texts]
     ids_list, weights_list = [], []
-    for slot, tok in K._slot_tokenizers(arch, strategy, p):
+    for slot, tok in slots.slot_tokenizers(arch, strategy, p):
         ids, _mask, weights = tokenize_slot_weighted(slot, tok, plain, options=opts)
         ids_list.append(ids.unsqueeze(1))
         weights_list.append(weights.unsqueeze(1))
@@ -100,32 +99,31 @@ def _weigh(hidden: Any, weights: Any) -> Any:
 
 
 def encode_weighted(arch: Arch, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Any, weights: Any) -> Any:
-    """SD/SDXL ``encode_tokens_with_weights``: the hooked encoding, then sd-scripts' weighting."""
-
-    out = K._encode(arch, self, tokenize_strategy, models, tokens)
-    if arch.name == "sd":
-        result = [_weigh(out[0], weights[0])]
-    else:
-        result = [_weigh(out[0], weights[0]), _weigh(out[1], weights[1]), out[2]]
+    """SD/SDXL ``encode_tokens_with_weights``: the hooked encoding, then sd-scripts' weighting of each encoder's
+    hidden states (the outputs before ``weighted.hidden_outputs``; the rest, e.g. SDXL's pooled, unweighted)."""
+    out = slots.encode(arch, self, tokenize_strategy, models, tokens)
+    n = arch.weighted.hidden_outputs
+    result = [_weigh(out[i], weights[i]) for i in range(n)] + list(out[n:])
     rows = getattr(weights, "zero_rows", None)
-    if rows is not None and K.profile_for(arch.name, tokenize_strategy).empty_prompt == "zeros":
-        result = [K._zero_rows(t, rows) for t in result]
+    if rows is not None and profile_for(arch.name, tokenize_strategy).empty_prompt == "zeros":
+        result = [slots.zero_rows(t, rows) for t in result]
     return result
 
 
 # ------------------------------------------------------------------------------ replacements
 def tokenize_with_weights_wrapper(arch: Arch, original: Any) -> Any:
-    if arch.name == "lumina":
+    """``tokenize_with_weights``: the profile's tokens with sd-scripts' weights (or, where sd-scripts applies
+    none, the plain hooked tokens and weights of 1)."""
+    if not arch.weighted.applied:
 
-        def tokenize_with_weights_lumina(self: Any, text: Any) -> Any:
+        def tokenize_with_weights_unweighted(self: Any, text: Any) -> Any:
             import torch
 
-            p = K.profile_for(arch.name, self)
-            _announce(arch, p, self)
-            ids, mask = K._tokenize(arch, self, text)
+            _announce_unweighted(arch, profile_for(arch.name, self))
+            ids, mask = slots.tokenize(arch, self, text)
             return ids, mask, [torch.ones_like(t) for t in ids]
 
-        return mark_wrapper(tokenize_with_weights_lumina, original)
+        return mark_wrapper(tokenize_with_weights_unweighted, original)
 
     def tokenize_with_weights(self: Any, text: Any) -> Any:
         return tokenize_weighted(arch, self, text)
@@ -134,12 +132,13 @@ def tokenize_with_weights_wrapper(arch: Arch, original: Any) -> Any:
 
 
 def encode_tokens_with_weights_wrapper(arch: Arch, original: Any) -> Any:
-    if arch.name == "lumina":
+    """``encode_tokens_with_weights``: the hooked encoding with sd-scripts' weighting (or none, where it has none)."""
+    if not arch.weighted.applied:
 
-        def encode_tokens_with_weights_lumina(self: Any, tokenize_strategy: Any, models: Any, tokens: Any, weights: Any) -> Any:
-            return K._encode(arch, self, tokenize_strategy, models, tokens)
+        def encode_tokens_with_weights_unweighted(self: Any, tokenize_strategy: Any, models: Any, tokens: Any, weights: Any) -> Any:
+            return slots.encode(arch, self, tokenize_strategy, models, tokens)
 
-        return mark_wrapper(encode_tokens_with_weights_lumina, original)
+        return mark_wrapper(encode_tokens_with_weights_unweighted, original)
 
     def encode_tokens_with_weights(self: Any, tokenize_strategy: Any, models: Any, tokens_list: Any, weights_list: Any) -> Any:
         return encode_weighted(arch, self, tokenize_strategy, models, tokens_list, weights_list)
