@@ -372,3 +372,36 @@ def test_new_slot_fields_are_validated():
     # a plain slot can take the quoted text too, with the empty string encoded for prompts without it
     p = te_align.profile("sd15", clip_l_text_transform="quoted_text")
     assert p.slot("clip_l").tokenizer.absent_text == "empty"
+
+
+# ---------------------------------------------------------------- empty prompt "zeros" (issue 12, bug 2)
+def test_hidream_zeros_uncond_keeps_the_llama_batch_dimension():
+    """Zeroed embeddings keep each output's batch dimension: HiDream's Llama stack is (layers, batch, seq, width)."""
+    pipe, p = _pipe("hidream", "hidream")
+    z = p.with_overrides(empty_prompt="zeros")
+    u = encode_uncond(z, 2, pipeline=pipe)
+    ref = encode(z, ["", ""], pipeline=pipe, negative=True)
+    n_layers = pipe.text_encoder_4.config.num_hidden_layers
+    llama = u["prompt_embeds_llama3"]
+    assert llama.shape == ref["prompt_embeds_llama3"].shape and llama.shape[:2] == (n_layers, 2)
+    assert u.batch_size == 2 and u.batch_dim("prompt_embeds_llama3") == 1
+    for name in p.output_names:
+        assert u[name].shape == ref[name].shape and u[name].dtype == ref[name].dtype and not u[name].any(), name
+    one = u.index(0)
+    assert one["prompt_embeds_llama3"].shape == (n_layers, 1, *llama.shape[2:])
+    assert one["prompt_embeds_t5"].shape == (1, *u["prompt_embeds_t5"].shape[1:])
+    assert one["pooled_prompt_embeds"].shape == (1, u["pooled_prompt_embeds"].shape[1])
+
+
+def test_anima_zeros_uncond_zeroes_embeddings_and_keeps_ids_and_masks():
+    """Token ids are never zeroed (Anima's T5 ids of "" are [1]: the EOS token), masks are kept, embeddings are zero."""
+    pipe, p = _pipe("anima", "anima")
+    z = p.with_overrides(empty_prompt="zeros")
+    u = encode_uncond(z, 2, pipeline=pipe)
+    ref = encode(z, ["", ""], pipeline=pipe, negative=True)
+    assert u["t5_input_ids"].tolist() == [[1], [1]] and torch.equal(u["t5_input_ids"], ref["t5_input_ids"])
+    assert u["t5_attention_mask"].tolist() == [[1], [1]]
+    assert torch.equal(u["qwen_attention_mask"], ref["qwen_attention_mask"]) and u["qwen_attention_mask"].any()
+    q = u["qwen_prompt_embeds"]
+    assert q.shape == ref["qwen_prompt_embeds"].shape and q.dtype == ref["qwen_prompt_embeds"].dtype and not q.any()
+    assert ref["qwen_prompt_embeds"].any()
