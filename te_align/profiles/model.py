@@ -16,6 +16,7 @@ import hashlib
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin
 
@@ -36,6 +37,7 @@ LayerName = Literal["last", "penultimate", "all"]
 TextTransform = Literal["none", "quoted_text"]
 AbsentText = Literal["empty", "zeros"]
 EncoderMaskDtype = Literal["int64", "float"]
+PadTokenInPrompt = Literal["pad_id", "text"]
 
 FINGERPRINT_VERSION = 1
 
@@ -86,6 +88,14 @@ class TokenizerSpec:
     #: and an all-zero mask (HunyuanImage's ByT5 slot). A tokenized sample whose mask is all zero is
     #: such a sample.
     absent_text: AbsentText = "empty"
+    #: Long prompts can be encoded as chunks (``EncodeOptions.long_prompt_chunks``, the NovelAI
+    #: method): ``max_length``-token pieces of BOS, body and EOS, each encoded alone (CLIP slots).
+    chunkable: bool = False
+    #: How the pad token, written literally in a prompt, tokenizes: ``pad_id``, as the tokenizer's
+    #: special pad token (the hub SDXL/SD3 CLIP-G tokenizer, pad "!": every "!" becomes id 0);
+    #: ``text``, as ordinary text (kohya sd-scripts' CLIP-G: "!" is BPE 256, "!!" 748; padding keeps
+    #: the pad id).
+    pad_token_in_prompt: PadTokenInPrompt = "pad_id"
 
 
 @dataclass(frozen=True)
@@ -230,8 +240,10 @@ class AlignmentProfile:
 
     # ------------------------------------------------------------ fingerprint
     def behaviour(self) -> dict[str, Any]:
-        """The behaviour fields only, as plain data (what the fingerprint hashes)."""
-        return {p: v for p, v in _walk_behaviour(self)}
+        """The behaviour fields only, as plain data (what the fingerprint hashes): every path of
+        :meth:`behaviour_paths` except fields added after fingerprint version 1 that hold the value
+        version 1 behaved as (:data:`ADDED_FIELDS`)."""
+        return {p: v for p, v in _walk_behaviour(self, hashed=True)}
 
     def fingerprint(self) -> str:
         """A stable 16-hex-digit hash of the behaviour fields (not names, aliases or provenance)."""
@@ -278,7 +290,15 @@ class AlignmentProfile:
 _BEHAVIOUR_TOP = ("family", "empty_prompt")
 
 
-def _walk_behaviour(profile: AlignmentProfile) -> list[tuple[str, Any]]:
+#: Tokenizer fields added after fingerprint version 1 -> the value version 1 behaved as. A field at
+#: that value is left out of the hash, so fingerprints (and embedding-cache keys) made before stay valid.
+ADDED_FIELDS: dict[str, Callable[[TokenizerSpec], Any]] = {
+    "chunkable": lambda t: t.cls.startswith("CLIP"),  # version 1 chunked the CLIP tokenizer classes
+    "pad_token_in_prompt": lambda t: "pad_id",
+}
+
+
+def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = [(k, getattr(profile, k)) for k in _BEHAVIOUR_TOP]
     for slot in profile.slots:
         base = f"slots.{slot.name}"
@@ -287,7 +307,10 @@ def _walk_behaviour(profile: AlignmentProfile) -> list[tuple[str, Any]]:
         for part in ("tokenizer", "masks") if slot.tokenizer_only else ("tokenizer", "encoder", "masks"):
             spec = getattr(slot, part)
             for f in fields(spec):
-                out.append((f"{base}.{part}.{f.name}", getattr(spec, f.name)))
+                value = getattr(spec, f.name)
+                if hashed and part == "tokenizer" and f.name in ADDED_FIELDS and value == ADDED_FIELDS[f.name](spec):
+                    continue
+                out.append((f"{base}.{part}.{f.name}", value))
     for name, expr in profile.outputs:
         out.append((f"outputs.{name}", expr))
     return out

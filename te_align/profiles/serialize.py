@@ -200,7 +200,7 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
 
 def _validate(p: AlignmentProfile, file: str | None) -> None:
     """Cross-field checks: expressions name real slots, lengths are sane, provenance paths exist."""
-    from te_align.profiles.expr import check_expression, refs
+    from te_align.profiles.expr import check_expression, output_specs, refs
 
     for s in p.slots:
         where = f"slots.{s.name}"
@@ -250,6 +250,10 @@ def _validate(p: AlignmentProfile, file: str | None) -> None:
                 raise ProfileError(
                     f"slot '{r.slot}' is tokenizer_only: it gives ids, mask and denoiser_mask, not {r.attr}", file=file, key=f"outputs.{name}"
                 )
+    try:
+        output_specs(p)  # every output is one kind of tensor (embeddings, mask or ids)
+    except ProfileError as e:
+        raise ProfileError(e.message, file=file, key=e.key) from None
     valid = set(p.behaviour_paths())
     prefixes = {path.rsplit(".", i)[0] for path in valid for i in range(path.count(".") + 1)}
     for path, _ in p.provenance:
