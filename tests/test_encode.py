@@ -200,7 +200,7 @@ def test_dtype_argument_casts_float_outputs_only():
 
 def test_hidream_llama_layers_keep_batch_in_dim_1_through_index_cat_and_cache(tmp_path):
     from te_align.encoding import Conditioning
-    from te_align.encoding.cache import EmbeddingCache
+    from te_align.encoding.cache.store import EmbeddingCache
 
     pipe, p = _pipe("hidream", "hidream")
     prompts = ["a cat", "a dog on a mat", "!"]
