@@ -404,3 +404,44 @@ def test_anima_zeros_uncond_zeroes_embeddings_and_keeps_ids_and_masks():
     assert torch.equal(u["qwen_attention_mask"], ref["qwen_attention_mask"])  # "" is one masked pad position: [[0], [0]]
     q = u["qwen_prompt_embeds"]
     assert q.shape == ref["qwen_prompt_embeds"].shape and q.dtype == ref["qwen_prompt_embeds"].dtype and not q.any()
+
+
+# ------------------------------------------------------------- CLIP-G "!" as a tokenizer field
+def test_pad_token_in_prompt_text_tokenizes_clip_g_as_sd_scripts():
+    """``pad_token_in_prompt = "text"``: a literal "!" is BPE text ("!" 256, "!!" 748), padding keeps id 0, and
+    the conditioning equals encoding with sd-scripts' CLIP-G tokenizer (library/strategy_sdxl.py:26: the laion
+    tokenizer, pad <|endoftext|>, then ``pad_token_id = 0``), long-prompt chunks and weighted captions included."""
+    import json
+
+    import transformers
+
+    from te_align.encoding.core import tokenize_slot
+    from te_align.encoding.weights import tokenize_slot_weighted
+
+    pipe, p = sdxl()
+    kohya = p.with_overrides({"clip_g.tokenizer.pad_token_in_prompt": "text"})
+    assert kohya.fingerprint() != p.fingerprint()
+    tok = pipe.tokenizer_2
+    wow, amazing = tok.convert_tokens_to_ids(["wow</w>", "amazing</w>"])
+    ids = tokenize_slot(kohya.slot("clip_g"), tok, ["wow! amazing!!"])[0][0].tolist()
+    assert ids[:6] == [49406, wow, 256, amazing, 748, 49407] and set(ids[6:]) == {0} and len(ids) == 77
+    official = tokenize_slot(p.slot("clip_g"), tok, ["wow! amazing!!"])[0][0].tolist()
+    assert official[:7] == [49406, wow, 0, amazing, 0, 0, 49407]  # the hub tokenizer: every "!" is the pad id
+
+    model = json.loads(tok.backend_tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    laion = transformers.CLIPTokenizer(vocab=model["vocab"], merges=merges, pad_token="<|endoftext|>")
+    laion.pad_token_id = 0
+    tokenizers = {"clip_l": pipe.tokenizer, "clip_g": laion}
+    encoders = {"clip_l": pipe.text_encoder, "clip_g": pipe.text_encoder_2}
+    prompts = ["wow! amazing!!", "a photo of a cat", "!", "!!! a!b ! <|endoftext|>", ""]
+    long = [" ".join(["w!"] * 80), "x!"]
+    for batch, opts in ((prompts, None), (long, EncodeOptions(long_prompt_chunks=3))):
+        want = encode(p, batch, tokenizers=tokenizers, text_encoders=encoders, options=opts)
+        got = encode(kohya, batch, pipeline=pipe, options=opts)
+        assert want.token_counts == got.token_counts
+        for name in p.output_names:
+            assert torch.equal(got[name], want[name]), name
+    ids_w, _, w = tokenize_slot_weighted(kohya.slot("clip_g"), tok, ["(wow!:2) x"])
+    assert torch.equal(ids_w, tokenize_slot(kohya.slot("clip_g"), tok, ["wow! x"])[0])
+    assert ids_w[0, 1:3].tolist() == [wow, 256] and w[0, 1:4].tolist() == [2.0, 2.0, 1.0]

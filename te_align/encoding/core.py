@@ -454,7 +454,7 @@ def _is_lm_head(encoder: Any) -> bool:
 
 
 def select_layer(slot: SlotSpec, encoder: Any, out: Any) -> torch.Tensor:
-    """Step 1: the hidden states the profile takes (``encoder.layer``: last, penultimate, an index
+    """HiddenMaskIds 1: the hidden states the profile takes (``encoder.layer``: last, penultimate, an index
     or every layer stacked), through the final layer norm where ``encoder.final_layer_norm`` says."""
     e = slot.encoder
     # last_hidden_state is read by name: position 0 of a CLIPTextModelWithProjection output is text_embeds
@@ -472,7 +472,7 @@ def select_layer(slot: SlotSpec, encoder: Any, out: Any) -> torch.Tensor:
 
 
 def pool(slot: SlotSpec, ids: torch.Tensor, out: Any) -> torch.Tensor | None:
-    """Step 2: the pooled embedding (``encoder.pooled``: pooler_output, text_embeds, the last hidden
+    """HiddenMaskIds 2: the pooled embedding (``encoder.pooled``: pooler_output, text_embeds, the last hidden
     state at the first EOS token, or none)."""
     e = slot.encoder
     if e.pooled == "none":
@@ -554,11 +554,12 @@ def _post_process(
                       token_counts=counts)  # fmt: skip
 
 
-Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+#: (hidden states, attention mask, token ids) as a step passes them on.
+HiddenMaskIds = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def token_window(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> Step:
-    """Step 3: ``tokenizer.token_window = "bos_and_tail"`` keeps position 0 and the last
+def token_window(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """HiddenMaskIds 3: ``tokenizer.token_window = "bos_and_tail"`` keeps position 0 and the last
     ``max_length - 1`` positions (Sana's ``select_index``); ``all`` keeps everything."""
     t = slot.tokenizer
     if t.token_window != "bos_and_tail":
@@ -569,7 +570,7 @@ def token_window(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: 
 
 
 def zero_padding(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Step 4: ``masks.zero_padded`` multiplies the padded positions of the hidden states by zero."""
+    """HiddenMaskIds 4: ``masks.zero_padded`` multiplies the padded positions of the hidden states by zero."""
     if not slot.masks.zero_padded:
         return hidden
     if hidden.dim() == 3:
@@ -577,8 +578,8 @@ def zero_padding(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor) -> to
     return hidden * mask[None, :, :, None].to(hidden.dtype)
 
 
-def drop_prefix(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> Step:
-    """Step 5: drop the template's first ``tokenizer.drop_start_tokens`` positions (Qwen-Image's chat
+def drop_prefix(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """HiddenMaskIds 5: drop the template's first ``tokenizer.drop_start_tokens`` positions (Qwen-Image's chat
     prefix); with ``masks.repad`` every padded position goes too and each sample is re-padded with
     zeros (:func:`repad`)."""
     if slot.masks.repad != "none":
@@ -590,7 +591,7 @@ def drop_prefix(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: t
     return hidden.narrow(sd, d, hidden.shape[sd] - d), mask[:, d:], ids[:, d:]
 
 
-def repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> Step:
+def repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
     """Drop masked positions per sample (and the template prefix), then re-pad with zeros to the
     batch's longest (``masks.repad = "batch_longest"``, Qwen-Image) or ``max_length`` (Wan).
 
@@ -623,8 +624,8 @@ def repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.T
     return out_h, valid.to(torch.long), out_i
 
 
-def trim(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> Step:
-    """Step 6: a slot tokenized past ``max_length`` (``tokenizer.tokenize_max_length``, Qwen-Image)
+def trim(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """HiddenMaskIds 6: a slot tokenized past ``max_length`` (``tokenizer.tokenize_max_length``, Qwen-Image)
     is cut back to ``max_length`` positions (not after a re-pad to ``max_length``)."""
     t = slot.tokenizer
     if not t.tokenize_max_length or slot.masks.repad == "max_length":

@@ -49,7 +49,6 @@ class CacheInfo:
         return d
 
 
-
 def _entry_files(directory: Path) -> Iterator[Path]:
     """Files laid out like entries (``ab/cd/abcd….safetensors``), nothing else."""
     for a in _scandir(directory):
@@ -80,7 +79,6 @@ def _scandir(d: Path) -> list[os.DirEntry[str]]:
             return sorted(it, key=lambda e: e.name)
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return []
-
 
 
 def scan(directory: str | os.PathLike[str]) -> CacheInfo:
@@ -185,7 +183,6 @@ def _unlink(path: Path) -> bool:
         return True
     except FileNotFoundError:
         return False
-
 
 
 __all__ = ["STALE_TEMP_SECONDS", "CacheInfo", "ClearResult", "ProfileEntries", "clear", "scan"]

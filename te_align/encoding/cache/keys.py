@@ -186,7 +186,6 @@ def hash_text_encoders(encoders: Mapping[str, Any] | str, tokenizers: Mapping[st
     return h.hexdigest()
 
 
-
 # -------------------------------------------------------------------------------- entry format
 def entry_path(directory: Path, key: str) -> Path:
     """Where the entry of ``key`` lives: ``DIR/ab/cd/abcd….safetensors``."""
@@ -215,14 +214,12 @@ def entry_meta(path: Path) -> dict[str, str] | None:
     return meta
 
 
-
 def write_marker(d: Path) -> None:
     marker = d / MARKER_NAME
     if marker.is_file():
         return
     with atomic_file(marker, "w", error=CacheError) as f:
         f.write(json.dumps({"format": CACHE_FORMAT, "format_version": FORMAT_VERSION}) + "\n")
-
 
 
 __all__ = [
