@@ -199,11 +199,16 @@ def test_added_tokenizer_fields_keep_v1_fingerprints_and_change_them_when_set():
         te_align.profile("flux-dev").with_overrides(t5_chunkable=True).fingerprint(),
     }
     assert len(changed) == 3 and not changed & {sdxl.fingerprint(), te_align.profile("flux-dev").fingerprint()}
-    # a profile file written before the fields existed: a CLIP slot without chunkable is not chunked
+    # a profile file written before the fields existed behaves (and hashes) as version 1 did
     old = sdxl.to_dict()
-    del old["slots"]["clip_l"]["tokenizer"]["chunkable"]
-    del old["provenance"]["slots.clip_l.tokenizer.chunkable"]
-    assert profile_from_dict(old).fingerprint() != sdxl.fingerprint()
+    for slot in ("clip_l", "clip_g"):
+        del old["slots"][slot]["tokenizer"]["chunkable"]
+    del old["slots"]["clip_g"]["tokenizer"]["pad_token_in_prompt"]
+    loaded = profile_from_dict(old)
+    assert loaded.slot("clip_l").tokenizer.chunkable and loaded.slot("clip_g").tokenizer.pad_token_in_prompt == "pad_id"
+    assert loaded.fingerprint() == sdxl.fingerprint()
+    t5 = te_align.profile("flux-dev").to_dict()["slots"]["t5"]["tokenizer"]
+    assert t5["chunkable"] is False  # written out explicitly from now on
     prov = sdxl.provenance_of("slots.clip_g.tokenizer.pad_token_in_prompt")
     assert "diffusers issue #4153" in prov.source and prov.alternatives[0].value == "text"
     assert "strategy_sdxl.py:26" in prov.alternatives[0].source

@@ -290,11 +290,12 @@ class AlignmentProfile:
 _BEHAVIOUR_TOP = ("family", "empty_prompt")
 
 
-#: Tokenizer fields added after fingerprint version 1 -> the value version 1 behaved as. A field at
-#: that value is left out of the hash, so fingerprints (and embedding-cache keys) made before stay valid.
-ADDED_FIELDS: dict[str, Callable[[TokenizerSpec], Any]] = {
-    "chunkable": lambda t: t.cls.startswith("CLIP"),  # version 1 chunked the CLIP tokenizer classes
-    "pad_token_in_prompt": lambda t: "pad_id",
+#: Tokenizer fields added after fingerprint version 1 -> the value version 1 behaved as, from the
+#: tokenizer class. A profile file without the field gets that value, and a field at that value is left
+#: out of the hash, so profile files and fingerprints (and embedding-cache keys) made before stay valid.
+ADDED_FIELDS: dict[str, Callable[[str], Any]] = {
+    "chunkable": lambda cls: cls.startswith("CLIP"),  # version 1 chunked the CLIP tokenizer classes
+    "pad_token_in_prompt": lambda cls: "pad_id",
 }
 
 
@@ -308,7 +309,7 @@ def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[
             spec = getattr(slot, part)
             for f in fields(spec):
                 value = getattr(spec, f.name)
-                if hashed and part == "tokenizer" and f.name in ADDED_FIELDS and value == ADDED_FIELDS[f.name](spec):
+                if hashed and part == "tokenizer" and f.name in ADDED_FIELDS and value == ADDED_FIELDS[f.name](spec.cls):
                     continue
                 out.append((f"{base}.{part}.{f.name}", value))
     for name, expr in profile.outputs:

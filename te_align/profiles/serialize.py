@@ -10,6 +10,7 @@ from typing import Any
 
 from te_align.errors import ProfileError, closest
 from te_align.profiles.model import (
+    ADDED_FIELDS,
     NO_ENCODER,
     STATUSES,
     AlignmentProfile,
@@ -98,6 +99,13 @@ def set_dict_path(data: dict[str, Any], path: str, value: Any) -> None:
         target[parts[-1]] = value
 
 
+def _with_added_fields(tokenizer: Any) -> Any:
+    """A tokenizer table written before a field of :data:`ADDED_FIELDS` existed gets the value version 1 behaved as."""
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("cls"), str):
+        return tokenizer  # build_spec names the problem
+    return {**{k: f(tokenizer["cls"]) for k, f in ADDED_FIELDS.items() if k not in tokenizer}, **tokenizer}
+
+
 def _req(data: dict[str, Any], key: str, file: str | None, where: str = "") -> Any:
     if key not in data:
         raise ProfileError(f"missing required field '{key}'", file=file, key=f"{where}{key}")
@@ -143,7 +151,9 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
                 name=sname,
                 tokenizer_subfolder=coerce(_req(sdata, "tokenizer_subfolder", file, where + "."), str, key=f"{where}.tokenizer_subfolder", file=file),
                 encoder_subfolder=encoder_subfolder,
-                tokenizer=build_spec(TokenizerSpec, _req(sdata, "tokenizer", file, where + "."), key=f"{where}.tokenizer", file=file),
+                tokenizer=build_spec(
+                    TokenizerSpec, _with_added_fields(_req(sdata, "tokenizer", file, where + ".")), key=f"{where}.tokenizer", file=file
+                ),
                 encoder=encoder,
                 masks=build_spec(MaskSpec, sdata.get("masks", {}), key=f"{where}.masks", file=file),
                 train_dropout=dropout,
