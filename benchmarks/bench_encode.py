@@ -58,7 +58,8 @@ def main() -> None:
     import torch
 
     import te_align
-    from te_align.encoding.cache import EmbeddingCache, hash_text_encoders
+    from te_align.encoding.cache.keys import hash_text_encoders
+    from te_align.encoding.cache.store import EmbeddingCache
     from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 import te_align
-from te_align.encoding.cache import EmbeddingCache, hash_text_encoders
+from te_align.encoding.cache.keys import hash_text_encoders
+from te_align.encoding.cache.store import EmbeddingCache
 from te_align.metadata import stamp
 
 

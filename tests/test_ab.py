@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from te_align.ab.preset import TRANSFORMS, ABError, list_presets, load_preset, preset_from_dict, presets_root
+from te_align.ab.preset import ABError, list_presets, load_preset, preset_from_dict, presets_root
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_PRESETS = {"sd15": "sd15", "sdxl": "sdxl", "sd35-large": "sd35-large", "flux-dev": "flux-dev", "flux-schnell": "flux-schnell"}
@@ -28,7 +28,7 @@ def test_every_bundled_preset_validates() -> None:
             assert path.parent.name == FAMILY_PRESETS[name] and p.profile == FAMILY_PRESETS[name] and p.model
         assert "research/" in p.baseline.source and p.baseline.behaviour and p.baseline.why
         a, b = p.arm_profiles()
-        assert p.baseline.transform in TRANSFORMS or a.fingerprint() != b.fingerprint()
+        assert a.fingerprint() != b.fingerprint()
     assert load_preset("tiny-demo") == load_preset(presets_root() / "tiny-demo.toml")
 
 
@@ -43,7 +43,8 @@ def _tiny_demo_data() -> dict[str, Any]:
         (lambda d: d["baseline"].pop("source"), "baseline.source"),
         (lambda d: d["baseline"].update(overrides={"t5_max_length": 256}), "both arms would be identical"),
         (lambda d: d["baseline"].update(overrides={}), "must differ"),
-        (lambda d: d["baseline"].update(transform="kohya-clip-g"), "kohya-clip-g-bpe-exclamation"),
+        (lambda d: d["baseline"].update(transform="kohya-clip-g"), "unknown key"),
+        (lambda d: d["baseline"].update(overrides={"t5.tokenizer.pad_token_in_prompt": "bpe"}), "'pad_id' | 'text'"),
         (lambda d: d["train"]["train"].update(seed=3), "set by the A/B runner"),
         (lambda d: d["train"]["train"].update(max_step=3), "max_steps"),
         (lambda d: d.update(evl={}), "eval"),
@@ -86,19 +87,18 @@ def test_unknown_preset_names_the_closest() -> None:
         load_preset("tiny-dem")
 
 
-def test_kohya_transform_changes_only_exclamation_captions() -> None:
+def test_kohya_clip_g_override_changes_only_exclamation_captions() -> None:
     import te_align
-    from te_align.ab.evaluate import conditioning_divergence, transformed
+    from te_align.ab.evaluate import conditioning_divergence
     from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
 
     pipe = build_pipeline_for_encoding("sdxl")
     prof = fit_profile(te_align.profile("sdxl"), pipe)
+    arm_a, _ = load_preset("sdxl").arm_profiles(prof)
+    assert arm_a.slot("clip_g").tokenizer.pad_token_in_prompt == "text"
     prompts = ["wow! amazing!!", "a photo of a cat"]
-    with transformed(pipe, "kohya-clip-g-bpe-exclamation") as p:
-        assert p.tokenizer_2("!").input_ids[1] == 256
-        a = te_align.encode(prof, prompts, pipeline=p)
-    assert pipe.tokenizer_2("!").input_ids[1] == 0  # restored
+    a = te_align.encode(arm_a, prompts, pipeline=pipe)
     b = te_align.encode(prof, prompts, pipeline=pipe)
     div = {d.tensor: d for d in conditioning_divergence(a, b)}
     assert div["prompt_embeds"].prompts_differing == 1 and div["prompt_embeds"].max_abs_diff > 0
@@ -222,8 +222,8 @@ def test_cli_ab_list_and_help_do_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_sdxl_preset_with_the_kohya_transform_trains_and_evaluates(tmp_path: Path, tiny_model_folder: Callable[[str], Path]) -> None:
-    """The transform path (a transformed pipeline handed to te_align.train) and the eps validation loss."""
+def test_sdxl_preset_with_the_kohya_clip_g_override_trains_and_evaluates(tmp_path: Path, tiny_model_folder: Callable[[str], Path]) -> None:
+    """Arm A's tokenizer override (CLIP-G "!" as text) through te_align.train, and the eps validation loss."""
     from te_align.ab.runner import run_ab
     from te_align.tiny.datasets import make_squares_dataset
     from te_align.tiny.fit import profile_overrides

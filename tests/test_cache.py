@@ -18,13 +18,9 @@ from safetensors.torch import load_file, save_file
 
 import te_align
 from te_align.cli import main
-from te_align.encoding.cache import (
-    EmbeddingCache,
-    cache_key,
-    canonical_options,
-    hash_text_encoders,
-    scan,
-)
+from te_align.encoding.cache.admin import scan
+from te_align.encoding.cache.keys import cache_key, canonical_options, hash_text_encoders
+from te_align.encoding.cache.store import EmbeddingCache
 from te_align.encoding.conditioning import Conditioning
 from te_align.errors import CacheError
 
@@ -440,7 +436,7 @@ def test_library_clear_by_profile(tmp_path: Path) -> None:
 
 def test_tokenizer_changes_the_text_encoder_hash() -> None:
     """Same weights, a different tokenizer (CLIP-G padding with '!' vs '<|endoftext|>'): a different key."""
-    from te_align.encoding.cache import hash_text_encoders, hash_tokenizer
+    from te_align.encoding.cache.keys import hash_text_encoders, hash_tokenizer
     from te_align.tiny.encoders import clip_text_model
     from te_align.tiny.tokenizers import clip_tokenizer
 

@@ -90,7 +90,7 @@ def test_long_prompt_chunking_novelai_method():
 
     assert long_prompt_chunks(p, [words, short, ""], 3, pipeline=pipe) == [n, 1, 1]
     assert long_prompt_chunks(p, [words], 1, pipeline=pipe) == [1]
-    with pytest.raises(EncodingError, match="no CLIP slot"):
+    with pytest.raises(EncodingError, match="no chunkable slot"):
         long_prompt_chunks("chroma", [words], 3)
     # with one chunk allowed, chunking equals plain truncation
     one = encode(p, [words, short], pipeline=pipe, options=EncodeOptions(long_prompt_chunks=1))
@@ -200,7 +200,7 @@ def test_dtype_argument_casts_float_outputs_only():
 
 def test_hidream_llama_layers_keep_batch_in_dim_1_through_index_cat_and_cache(tmp_path):
     from te_align.encoding import Conditioning
-    from te_align.encoding.cache import EmbeddingCache
+    from te_align.encoding.cache.store import EmbeddingCache
 
     pipe, p = _pipe("hidream", "hidream")
     prompts = ["a cat", "a dog on a mat", "!"]
@@ -282,7 +282,7 @@ def test_load_text_encoders_names_the_missing_folder(tmp_path):
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("repad", ["batch_longest", "max_length"])
 def test_repad_selects_real_tokens_after_the_dropped_prefix(side, repad):
-    from te_align.encoding.core import _repad
+    from te_align.encoding.core import repad as repad_fn
 
     p = te_align.profile("qwen-image", qwen_padding_side=side, qwen_repad=repad, qwen_max_length=9, qwen_drop_start_tokens=2)
     slot = p.slot("qwen")
@@ -296,7 +296,7 @@ def test_repad_selects_real_tokens_after_the_dropped_prefix(side, repad):
         else:
             mask[i, seq - n :] = 1
     ids = torch.arange(3 * seq).reshape(3, seq) + 1
-    out_h, out_m, out_i = _repad(slot, hidden, mask, ids)
+    out_h, out_m, out_i = repad_fn(slot, hidden, mask, ids)
     target = max(n - 2 for n in lengths) if repad == "batch_longest" else 9
     assert out_h.shape == (3, target, 5) and out_m.shape == (3, target)
     for i, n in enumerate(lengths):
@@ -372,3 +372,76 @@ def test_new_slot_fields_are_validated():
     # a plain slot can take the quoted text too, with the empty string encoded for prompts without it
     p = te_align.profile("sd15", clip_l_text_transform="quoted_text")
     assert p.slot("clip_l").tokenizer.absent_text == "empty"
+
+
+# ---------------------------------------------------------------- empty prompt "zeros" (issue 12, bug 2)
+def test_hidream_zeros_uncond_keeps_the_llama_batch_dimension():
+    """Zeroed embeddings keep each output's batch dimension: HiDream's Llama stack is (layers, batch, seq, width)."""
+    pipe, p = _pipe("hidream", "hidream")
+    z = p.with_overrides(empty_prompt="zeros")
+    u = encode_uncond(z, 2, pipeline=pipe)
+    ref = encode(z, ["", ""], pipeline=pipe, negative=True)
+    n_layers = pipe.text_encoder_4.config.num_hidden_layers
+    llama = u["prompt_embeds_llama3"]
+    assert llama.shape == ref["prompt_embeds_llama3"].shape and llama.shape[:2] == (n_layers, 2)
+    assert u.batch_size == 2 and u.batch_dim("prompt_embeds_llama3") == 1
+    for name in p.output_names:
+        assert u[name].shape == ref[name].shape and u[name].dtype == ref[name].dtype and not u[name].any(), name
+    one = u.index(0)
+    assert one["prompt_embeds_llama3"].shape == (n_layers, 1, *llama.shape[2:])
+    assert one["prompt_embeds_t5"].shape == (1, *u["prompt_embeds_t5"].shape[1:])
+    assert one["pooled_prompt_embeds"].shape == (1, u["pooled_prompt_embeds"].shape[1])
+
+
+def test_anima_zeros_uncond_zeroes_embeddings_and_keeps_ids_and_masks():
+    """Token ids are never zeroed (Anima's T5 ids of "" are [1]: the EOS token), masks are kept, embeddings are zero."""
+    pipe, p = _pipe("anima", "anima")
+    z = p.with_overrides(empty_prompt="zeros")
+    u = encode_uncond(z, 2, pipeline=pipe)
+    ref = encode(z, ["", ""], pipeline=pipe, negative=True)
+    assert u["t5_input_ids"].tolist() == [[1], [1]] and torch.equal(u["t5_input_ids"], ref["t5_input_ids"])
+    assert u["t5_attention_mask"].tolist() == [[1], [1]]
+    assert torch.equal(u["qwen_attention_mask"], ref["qwen_attention_mask"])  # "" is one masked pad position: [[0], [0]]
+    q = u["qwen_prompt_embeds"]
+    assert q.shape == ref["qwen_prompt_embeds"].shape and q.dtype == ref["qwen_prompt_embeds"].dtype and not q.any()
+
+
+# ------------------------------------------------------------- CLIP-G "!" as a tokenizer field
+def test_pad_token_in_prompt_text_tokenizes_clip_g_as_sd_scripts():
+    """``pad_token_in_prompt = "text"``: a literal "!" is BPE text ("!" 256, "!!" 748), padding keeps id 0, and
+    the conditioning equals encoding with sd-scripts' CLIP-G tokenizer (library/strategy_sdxl.py:26: the laion
+    tokenizer, pad <|endoftext|>, then ``pad_token_id = 0``), long-prompt chunks and weighted captions included."""
+    import json
+
+    import transformers
+
+    from te_align.encoding.core import tokenize_slot
+    from te_align.encoding.weights import tokenize_slot_weighted
+
+    pipe, p = sdxl()
+    kohya = p.with_overrides({"clip_g.tokenizer.pad_token_in_prompt": "text"})
+    assert kohya.fingerprint() != p.fingerprint()
+    tok = pipe.tokenizer_2
+    wow, amazing = tok.convert_tokens_to_ids(["wow</w>", "amazing</w>"])
+    ids = tokenize_slot(kohya.slot("clip_g"), tok, ["wow! amazing!!"])[0][0].tolist()
+    assert ids[:6] == [49406, wow, 256, amazing, 748, 49407] and set(ids[6:]) == {0} and len(ids) == 77
+    official = tokenize_slot(p.slot("clip_g"), tok, ["wow! amazing!!"])[0][0].tolist()
+    assert official[:7] == [49406, wow, 0, amazing, 0, 0, 49407]  # the hub tokenizer: every "!" is the pad id
+
+    model = json.loads(tok.backend_tokenizer.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    laion = transformers.CLIPTokenizer(vocab=model["vocab"], merges=merges, pad_token="<|endoftext|>")
+    laion.pad_token_id = 0
+    tokenizers = {"clip_l": pipe.tokenizer, "clip_g": laion}
+    encoders = {"clip_l": pipe.text_encoder, "clip_g": pipe.text_encoder_2}
+    prompts = ["wow! amazing!!", "a photo of a cat", "!", "!!! a!b ! <|endoftext|>", ""]
+    long = [" ".join(["w!"] * 80), "x!"]
+    for batch, opts in ((prompts, None), (long, EncodeOptions(long_prompt_chunks=3))):
+        want = encode(p, batch, tokenizers=tokenizers, text_encoders=encoders, options=opts)
+        got = encode(kohya, batch, pipeline=pipe, options=opts)
+        assert want.token_counts == got.token_counts
+        for name in p.output_names:
+            assert torch.equal(got[name], want[name]), name
+    ids_w, _, w = tokenize_slot_weighted(kohya.slot("clip_g"), tok, ["(wow!:2) x"])
+    assert torch.equal(ids_w, tokenize_slot(kohya.slot("clip_g"), tok, ["wow! x"])[0])
+    assert ids_w[0, 1:3].tolist() == [wow, 256] and w[0, 1:4].tolist() == [2.0, 2.0, 1.0]

@@ -14,7 +14,7 @@ import te_align
 from te_align.cli import main
 from te_align.errors import ProfileError, ProfileNotFound
 from te_align.profiles import profile_from_dict
-from te_align.profiles.expr import parse_expression
+from te_align.profiles.expr import output_specs, parse_expression
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +148,72 @@ def test_expression_errors(text, message):
     with pytest.raises(ProfileError, match=re.escape(message)):
         parse_expression(text)
 
+
+
+# ------------------------------------------------------------------------------ typed outputs
+def test_outputs_are_typed_from_their_expressions():
+    """Kind, sharing and batch dimension come from the expression tree, not the output's name."""
+
+    def typed(name):
+        return {o.name: (o.kind, o.shared, o.batch_dim) for o in output_specs(te_align.profile(name))}
+
+    assert typed("flux-dev") == {"prompt_embeds": ("embeds", False, 0), "pooled_prompt_embeds": ("embeds", False, 0),
+                                 "text_ids": ("ids", True, None)}  # fmt: skip
+    assert typed("hidream") == {"prompt_embeds_t5": ("embeds", False, 0), "prompt_embeds_llama3": ("embeds", False, 1),
+                                "pooled_prompt_embeds": ("embeds", False, 0)}  # fmt: skip
+    assert typed("anima") == {"qwen_prompt_embeds": ("embeds", False, 0), "qwen_attention_mask": ("mask", False, 0),
+                              "t5_input_ids": ("ids", False, 0), "t5_attention_mask": ("mask", False, 0)}  # fmt: skip
+    assert typed("sd35-large")["prompt_embeds"] == ("embeds", False, 0)
+    # a name says nothing: an output called "mask" that holds hidden states is embeddings
+    renamed = te_align.profile("sd15").to_dict()
+    renamed["outputs"] = {"mask": "clip_l.hidden", "tokens": "clip_l.ids", "visible": "clip_l.denoiser_mask"}
+    renamed["provenance"] = {k: v for k, v in renamed["provenance"].items() if not k.startswith("outputs.")}
+    assert [(o.kind, o.batch_dim) for o in output_specs(profile_from_dict(renamed))] == [("embeds", 0), ("ids", 0), ("mask", 0)]
+
+
+def test_an_output_mixing_kinds_is_a_profile_error():
+    data = te_align.profile("sdxl").to_dict()
+    data["outputs"]["prompt_embeds"] = "feat(clip_l.hidden, clip_g.mask)"
+    with pytest.raises(ProfileError, match=re.escape("key 'outputs.prompt_embeds': feat() combines embeds and mask")):
+        profile_from_dict(data, file="mine.toml")
+
+
+# ------------------------------------------------------------- tokenizer fields added after v1
+#: Fingerprints of bundled profiles with CLIP slots from before ``chunkable`` and ``pad_token_in_prompt``
+#: existed: embedding-cache keys depend on them.
+V1_FINGERPRINTS = {"sd15": "9370320943d6c410", "sd21": "748fb968e632841f", "sdxl": "aa85fc557ea00a8c",
+                   "sd35-large": "69729c9c4c664279", "flux-dev": "22fbd05825cc268d", "hidream": "679d3cfbe61cf160"}  # fmt: skip
+
+
+def test_added_tokenizer_fields_keep_v1_fingerprints_and_change_them_when_set():
+    for name, fp in V1_FINGERPRINTS.items():
+        assert te_align.profile(name).fingerprint() == fp, name
+    sdxl = te_align.profile("sdxl")
+    assert sdxl.slot("clip_g").tokenizer.chunkable and sdxl.slot("clip_g").tokenizer.pad_token_in_prompt == "pad_id"
+    assert not te_align.profile("flux-dev").slot("t5").tokenizer.chunkable
+    assert "slots.clip_g.tokenizer.chunkable" in sdxl.behaviour_paths()
+    assert "slots.clip_g.tokenizer.chunkable" not in sdxl.behaviour()  # at the value version 1 implied
+    changed = {
+        sdxl.with_overrides({"clip_g.tokenizer.pad_token_in_prompt": "text"}).fingerprint(),
+        sdxl.with_overrides(clip_l_chunkable=False).fingerprint(),
+        te_align.profile("flux-dev").with_overrides(t5_chunkable=True).fingerprint(),
+    }
+    assert len(changed) == 3 and not changed & {sdxl.fingerprint(), te_align.profile("flux-dev").fingerprint()}
+    # a profile file written before the fields existed behaves (and hashes) as version 1 did
+    old = sdxl.to_dict()
+    for slot in ("clip_l", "clip_g"):
+        del old["slots"][slot]["tokenizer"]["chunkable"]
+    del old["slots"]["clip_g"]["tokenizer"]["pad_token_in_prompt"]
+    loaded = profile_from_dict(old)
+    assert loaded.slot("clip_l").tokenizer.chunkable and loaded.slot("clip_g").tokenizer.pad_token_in_prompt == "pad_id"
+    assert loaded.fingerprint() == sdxl.fingerprint()
+    t5 = te_align.profile("flux-dev").to_dict()["slots"]["t5"]["tokenizer"]
+    assert t5["chunkable"] is False  # written out explicitly from now on
+    prov = sdxl.provenance_of("slots.clip_g.tokenizer.pad_token_in_prompt")
+    assert "diffusers issue #4153" in prov.source and prov.alternatives[0].value == "text"
+    assert "strategy_sdxl.py:26" in prov.alternatives[0].source
+    with pytest.raises(ProfileError, match=re.escape("expected one of 'pad_id' | 'text', got 'bpe'")):
+        sdxl.with_overrides({"clip_g.tokenizer.pad_token_in_prompt": "bpe"})
 
 def test_cli_show_list_diff(capsys, sd35):
     assert main(["profile", "show", "sd35-large"]) == 0

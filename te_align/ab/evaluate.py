@@ -1,4 +1,4 @@
-"""A/B evaluation: deterministic validation loss, conditioning divergence and the arm transforms.
+"""A/B evaluation: deterministic validation loss and conditioning divergence.
 
 Validation loss follows the SD3 paper's (Esser et al. 2024, §5.1 "validation loss") recipe: every
 held-out image is noised at a fixed set of timesteps with noise drawn once from a fixed seed, so
@@ -9,9 +9,8 @@ models use the scheduler's ``add_noise`` at ``round(t * (T - 1))``.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,52 +18,6 @@ from typing import Any
 from te_align.ab.preset import ABError
 
 DEFAULT_TIMESTEPS = tuple((i + 0.5) / 8 for i in range(8))
-
-
-# ----------------------------------------------------------------------------------- transforms
-def _kohya_clip_g_tokenizer(tok: Any) -> Any:
-    """sd-scripts' CLIP-G tokenizer: the same BPE with pad <|endoftext|>, then ``pad_token_id = 0`` ("!" stays plain BPE)."""
-    import json
-
-    import transformers
-
-    kw = {"pad_token": "<|endoftext|>", "model_max_length": tok.model_max_length}
-    backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
-    if backend is not None and hasattr(backend, "to_str"):
-        model = json.loads(backend.to_str())["model"]
-        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-        new = transformers.CLIPTokenizer(vocab=model["vocab"], merges=merges, **kw)
-    else:  # pragma: no cover - transformers < 5 slow tokenizer
-        new = transformers.CLIPTokenizer(tok.vocab_file, tok.merges_file, **kw)
-    new.pad_token_id = 0
-    ids = new("!", padding="max_length", max_length=4).input_ids
-    if ids[1] == 0 or ids[-1] != 0:  # pragma: no cover - depends on the transformers version
-        raise ABError(f"cannot rebuild sd-scripts' CLIP-G tokenization with this transformers version (got {ids})")
-    return new
-
-
-@contextlib.contextmanager
-def transformed(pipe: Any, name: str) -> Iterator[Any]:
-    """The pipeline with arm A's transform applied for the duration of the block (no-op for "")."""
-    if not name:
-        yield pipe
-        return
-    if name == "kohya-clip-g-bpe-exclamation":
-        old = pipe.tokenizer_2
-        pipe.tokenizer_2 = _kohya_clip_g_tokenizer(old)
-        try:
-            yield pipe
-        finally:
-            pipe.tokenizer_2 = old
-        return
-    raise ABError(f"unknown transform {name!r}")  # pragma: no cover - validated with the preset
-
-
-def apply_transform(pipe: Any, name: str) -> Any:
-    """Apply arm A's transform permanently (for a pipeline handed to the trainer)."""
-    if name == "kohya-clip-g-bpe-exclamation":
-        pipe.tokenizer_2 = _kohya_clip_g_tokenizer(pipe.tokenizer_2)
-    return pipe
 
 
 # ----------------------------------------------------------------------------------- divergence
@@ -206,5 +159,5 @@ def validation_loss(
     return value
 
 
-__all__ = ["DEFAULT_TIMESTEPS", "Divergence", "apply_transform", "conditioning_divergence", "fixed_noise", "load_val_latents",
-           "resolve_objective", "transformed", "validation_loss"]  # fmt: skip
+__all__ = ["DEFAULT_TIMESTEPS", "Divergence", "conditioning_divergence", "fixed_noise", "load_val_latents", "resolve_objective",
+           "validation_loss"]  # fmt: skip

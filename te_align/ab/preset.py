@@ -14,7 +14,6 @@ A preset is a TOML file (``presets/<profile>/<name>.toml`` or ``presets/tiny-dem
     why = "the profile trains T5 at 256 tokens (the official pipeline)"
     source = "research/trainers.md §4.1, §6.1 (simpletuner/helpers/models/sd3/model.py:848-865)"
     overrides = { t5_max_length = 154 }         # profile.with_overrides(...)
-    transform = ""                              # a named transform where an override cannot express it
 
     [train]                                     # te_align.train config sections (model/data paths are set by the runner)
     data = { resolution = 1024 }
@@ -25,8 +24,8 @@ A preset is a TOML file (``presets/<profile>/<name>.toml`` or ``presets/tiny-dem
     every = 250                                 # checkpoint + validation loss every N steps
     ...
 
-Arm A is ``profile.with_overrides(baseline.overrides)`` plus, where the trainer's difference is not
-a profile value, one of :data:`TRANSFORMS` (a documented change to the loaded pipeline's tokenizers).
+Arm A is ``profile.with_overrides(baseline.overrides)``: every trainer difference is a profile value
+(e.g. kohya's CLIP-G "!" is ``clip_g.tokenizer.pad_token_in_prompt = "text"``), validated and fingerprinted.
 Both arms train with :func:`te_align.train.train` on the same data, seeds, steps and hyper-parameters.
 This module imports no torch.
 """
@@ -47,17 +46,6 @@ class ABError(TeAlignError):
     """A preset, dataset or A/B output folder the A/B runner cannot use."""
 
 
-#: Transforms for trainer behaviours that no profile value expresses: name -> (what it does, source).
-TRANSFORMS: dict[str, tuple[str, str]] = {
-    "kohya-clip-g-bpe-exclamation": (
-        "CLIP-G tokenizer as sd-scripts loads it: the laion tokenizer with pad <|endoftext|> and then "
-        "pad_token_id = 0, so a literal '!' is the ordinary BPE token 256 (and '!!' 748) instead of the "
-        "hub tokenizer_2's special pad token id 0; padding stays id 0",
-        "research/kohya.md §3.1 and §4.3 (sd-scripts library/strategy_sdxl.py:26, sdxl_train_util.py:157; "
-        "diffusers issue #4153)",
-    ),
-}
-
 TRAINERS = ("kohya", "ai-toolkit", "onetrainer", "simpletuner")
 
 #: Keys of [train] that the runner owns (set per arm) and a preset may not set.
@@ -77,7 +65,6 @@ class Baseline:
     why: str = ""
     source: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
-    transform: str = ""
 
 
 @dataclass
@@ -148,7 +135,7 @@ def list_presets() -> dict[str, Path]:
 
 
 def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
-    """Validate a preset mapping: keys, baseline trainer, overrides (against the profile), transform, [train] sections."""
+    """Validate a preset mapping: keys, baseline trainer, overrides (against the profile), [train] sections."""
     import te_align
     from te_align.train.config import SECTIONS, TrainError, config_from_dict
 
@@ -159,16 +146,13 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
     for key in ("behaviour", "why", "source"):
         if not getattr(baseline, key):
             raise ABError("missing: every baseline names the documented behaviour, why it differs and its source", file=file, key=f"baseline.{key}")
-    if baseline.transform and baseline.transform not in TRANSFORMS:
-        raise ABError(f"unknown transform{closest(baseline.transform, list(TRANSFORMS)) or ''}; known: {', '.join(TRANSFORMS)}",
-                      file=file, key="baseline.transform")  # fmt: skip
-    if not baseline.overrides and not baseline.transform:
-        raise ABError("arm A must differ from the profile: set overrides and/or transform", file=file, key="baseline")
+    if not baseline.overrides:
+        raise ABError("arm A must differ from the profile: set overrides", file=file, key="baseline")
     try:
         a, b = preset.arm_profiles()
     except TeAlignError as e:
         raise ABError(f"profile / overrides: {e}", file=file, key="baseline.overrides") from None
-    if not baseline.transform and a.fingerprint() == b.fingerprint():
+    if a.fingerprint() == b.fingerprint():
         raise ABError("the overrides leave the profile's behaviour unchanged: both arms would be identical", file=file, key="baseline.overrides")
     for section, values in preset.train.items():
         if section not in SECTIONS:
@@ -228,5 +212,5 @@ def load_preset(name_or_path: str | Path) -> Preset:
     return preset_from_dict(data, file=str(p))
 
 
-__all__ = ["TRANSFORMS", "ABError", "Baseline", "EvalSettings", "Preset", "list_presets", "load_preset", "preset_from_dict",
+__all__ = ["ABError", "Baseline", "EvalSettings", "Preset", "list_presets", "load_preset", "preset_from_dict",
            "presets_root", "train_config_dict"]  # fmt: skip

@@ -88,7 +88,7 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     p, b = result.preset, result.preset.baseline
     blocks: list[Block] = [("h1", f"A/B: {p.name}"), ("p", p.description)] if p.description else [("h1", f"A/B: {p.name}")]
     blocks.append(("table", ["arm", "conditioning", "source"], [
-        ["A", f"{b.trainer} default ({b.version}): {b.behaviour}" + (f"; transform {b.transform}" if b.transform else ""), b.source],
+        ["A", f"{b.trainer} default ({b.version}): {b.behaviour}", b.source],
         ["B", f"profile {p.profile}: {b.why}", "te-align bundled profile (te-align profile show " + p.profile + ")"],
     ]))  # fmt: skip
     over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"

@@ -245,7 +245,6 @@ def run_ab(
     runs_state: dict[str, Any] = state.setdefault("runs", {})
 
     from te_align.train import config_from_dict
-    from te_align.train import models as M
     from te_align.train.checkpoint import latest_checkpoint
     from te_align.train.loop import train
 
@@ -259,15 +258,10 @@ def run_ab(
             cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(arm_dir),
                                                      profile=str(prof_paths[arm]), seed=s, max_steps=max_steps))  # fmt: skip
             resume = latest_checkpoint(arm_dir) is not None
-            pipeline = None
-            if arm == "A" and p.baseline.transform:
-                from te_align.ab.evaluate import apply_transform
-
-                pipeline = apply_transform(M.load_pipeline(cfg.model, prof), p.baseline.transform)
             say(f"seed {s} arm {arm} ({'trainer default: ' + p.baseline.trainer if arm == 'A' else 'profile ' + prof_b.name})"
                 f"{': resuming' if resume else ''} ...")  # fmt: skip
             t1 = time.perf_counter()
-            result = train(cfg, resume=True if resume else None, pipeline=pipeline)
+            result = train(cfg, resume=True if resume else None)
             runs_state[tag] = {"seed": s, "arm": arm, "trained": True, "steps": result.steps, "seconds": time.perf_counter() - t1,
                                "losses": result.losses, "dir": str(arm_dir)}  # fmt: skip
             _write_state(state_path, state)
@@ -320,14 +314,12 @@ def _evaluate(
 
     items = _val_items(val_dir)
     captions = [c for _, c in items]
-    with E.transformed(pipe, p.baseline.transform):
-        cond_a = te_align.encode(prof_a, captions, pipeline=pipe)
+    cond_a = te_align.encode(prof_a, captions, pipeline=pipe)
     cond_b = te_align.encode(prof_b, captions, pipeline=pipe)
 
     if "divergence" not in state:
         prompts = sorted(set(_captions(train_dir)) | set(captions) | set(p.eval.prompts))
-        with E.transformed(pipe, p.baseline.transform):
-            da = te_align.encode(prof_a, prompts, pipeline=pipe)
+        da = te_align.encode(prof_a, prompts, pipeline=pipe)
         db = te_align.encode(prof_b, prompts, pipeline=pipe)
         state["divergence"] = [asdict(d) for d in E.conditioning_divergence(da, db)]
         state["divergence_prompts"] = len(prompts)

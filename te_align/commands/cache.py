@@ -35,7 +35,7 @@ def human_bytes(n: int) -> str:
 
 
 def _open_cache(directory: str) -> Any:
-    from te_align.encoding.cache import scan
+    from te_align.encoding.cache.admin import scan
     from te_align.errors import CacheError
 
     d = Path(directory)
@@ -107,7 +107,7 @@ def _confirm(question: str) -> bool:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from te_align.encoding.cache import clear
+    from te_align.encoding.cache.admin import clear
     from te_align.errors import TeAlignError
 
     info = _open_cache(args.directory)

@@ -1,7 +1,7 @@
 """Reference encoding by an alignment profile.
 
 Submodules that need torch (``core``, ``loading``) are imported on first use, so that importing
-``te_align.encoding.cache`` or ``te_align.encoding.conditioning`` for a CLI command stays light.
+``te_align.encoding.cache.admin`` or ``te_align.encoding.conditioning`` for a CLI command stays light.
 """
 
 from __future__ import annotations

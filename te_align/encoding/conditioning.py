@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from te_align._dtypes import dtype_name
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -66,7 +68,7 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
         return id(self)
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}={tuple(v.shape)}:{str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items())
+        shapes = ", ".join(f"{k}={tuple(v.shape)}:{dtype_name(v.dtype)}" for k, v in self.tensors.items())
         return f"Conditioning({self.profile_name} {self.fingerprint}: {shapes})"
 
     # ------------------------------------------------------------------- batch

@@ -1,41 +1,35 @@
 """Reference text encoding by an alignment profile.
 
-One mechanism for every family: each slot is tokenized, encoded and post-processed as its
-profile entry says (:func:`encode_slot`), then the profile's output expressions combine the slot
-results into the named tensors the denoiser takes (:func:`evaluate`). Family differences live in
-profile data, not in code paths.
+One mechanism for every family, read top to bottom the way a diffusers ``encode_prompt`` reads:
+:func:`encode` checks the request, encodes each slot (:func:`encode_slot`: tokenize, run the
+encoder, then the post-processing steps in pipeline order: :func:`select_layer`, :func:`pool`,
+:func:`token_window`, :func:`zero_padding`, :func:`drop_prefix`, :func:`trim`) and combines the slot
+results into the named tensors the denoiser takes (:func:`evaluate` over the profile's typed
+outputs). Family differences live in profile data, not in code paths.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from te_align._dtypes import DTYPE_NAMES, torch_dtype
 from te_align.encoding.conditioning import Conditioning
 from te_align.encoding.text import is_absent, render, template_prefix
 from te_align.errors import EncodingError
-from te_align.profiles.expr import Call, Node, Ref, parse_expression, refs
+from te_align.profiles.expr import Call, Node, Ref, output_specs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 #: CLIP-style chunk body length for long prompts (77 positions minus BOS and EOS).
 CHUNK_BODY = 75
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
 
 
 @dataclass(frozen=True)
@@ -43,7 +37,8 @@ class EncodeOptions:
     """Options that change conditioning; all off by default. Part of every cache key.
 
     long_prompt_chunks:
-        0 = off (the profile's truncation). N >= 1 = the NovelAI long-prompt method for CLIP slots:
+        0 = off (the profile's truncation). N >= 1 = the NovelAI long-prompt method for chunkable
+        slots (``tokenizer.chunkable``: the CLIP slots):
         the prompt's tokens are split into 75-token chunks, each wrapped in BOS/EOS and padded to
         77, at most N chunks; chunk hidden states are concatenated along the sequence and the pooled
         output comes from the first chunk. Every prompt of a batch gets the batch's chunk count
@@ -172,12 +167,64 @@ def tokenize_length(slot: SlotSpec, tokenizer: Any, *, negative: bool = False) -
     if t.token_window == "bos_and_tail":
         prefix = template_prefix(t, negative=negative)
         if prefix:
-            length = len(tokenizer.encode(prefix)) + t.max_length - 2
+            length = len(prompt_tokenizer(slot, tokenizer).encode(prefix)) + t.max_length - 2
     return length
+
+
+#: tokenizer -> its copy that reads a literal pad token as text (built once per tokenizer object).
+_TEXT_PAD: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def prompt_tokenizer(slot: SlotSpec, tokenizer: Any) -> Any:
+    """The tokenizer that reads prompt text for ``slot``.
+
+    ``tokenizer.pad_token_in_prompt = "pad_id"``: ``tokenizer`` itself. ``"text"``: a copy (built
+    once per tokenizer) in which the pad token written in a prompt is ordinary BPE text while padding
+    keeps the pad id: the hub SDXL/SD3 CLIP-G tokenizer (pad "!") then tokenizes as kohya
+    sd-scripts' (the laion tokenizer with ``pad_token_id = 0``: "!" is 256, "!!" 748).
+    """
+    if slot.tokenizer.pad_token_in_prompt == "pad_id":
+        return tokenizer
+    cached = _TEXT_PAD.get(tokenizer)
+    if cached is None:
+        cached = _text_pad_tokenizer(slot, tokenizer)
+        _TEXT_PAD[tokenizer] = cached
+        _TEXT_PAD[cached] = cached
+    return cached
+
+
+def _text_pad_tokenizer(slot: SlotSpec, tok: Any) -> Any:
+    import transformers
+
+    pad, pad_id = tok.pad_token, tok.pad_token_id
+    if pad is None or pad in (tok.bos_token, tok.eos_token, tok.unk_token):
+        return tok  # the pad token is a special token anyway (no text spells it)
+    kw = {"pad_token": tok.eos_token, "model_max_length": tok.model_max_length}
+    backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        model = json.loads(backend.to_str())["model"]
+        if model.get("type") != "BPE":
+            raise EncodingError(
+                f"slot '{slot.name}': pad_token_in_prompt = \"text\" needs a CLIP BPE tokenizer; got a {model.get('type')} "
+                f"{type(tok).__name__}"
+            )
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        new = transformers.CLIPTokenizer(vocab=model["vocab"], merges=merges, **kw)
+    elif hasattr(tok, "vocab_file") and hasattr(tok, "merges_file"):  # pragma: no cover - transformers < 5 slow tokenizer
+        new = transformers.CLIPTokenizer(tok.vocab_file, tok.merges_file, **kw)
+    else:
+        raise EncodingError(f"slot '{slot.name}': pad_token_in_prompt = \"text\" needs a CLIP BPE tokenizer; got {type(tok).__name__}")
+    new.pad_token_id = pad_id
+    new.padding_side = tok.padding_side
+    probe = new(pad, add_special_tokens=False)["input_ids"]
+    if probe == [pad_id] or new.pad_token_id != pad_id:  # pragma: no cover - depends on the transformers version
+        raise EncodingError(f"slot '{slot.name}': cannot build a tokenizer that reads {pad!r} as text with this transformers version")
+    return new
 
 
 def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) -> tuple[torch.Tensor, torch.Tensor]:
     t = slot.tokenizer
+    tokenizer = prompt_tokenizer(slot, tokenizer)
     length = tokenize_length(slot, tokenizer, negative=negative)
     old_side = getattr(tokenizer, "padding_side", None)
     if old_side == t.padding_side:
@@ -226,6 +273,7 @@ def pad_tokens(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, length: in
 def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False) -> list[int]:
     """Tokens per prompt for a slot, without special tokens and without truncation."""
     texts = [render(slot.tokenizer, p, negative=negative) for p in prompts]
+    tokenizer = prompt_tokenizer(slot, tokenizer)
     return [len(x) for x in tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]]
 
 
@@ -237,14 +285,16 @@ def long_prompt_chunks(
     tokenizers: Mapping[str, Any] | None = None,
     pipeline: Any = None,
 ) -> list[int]:
-    """Chunks each prompt needs under the NovelAI method (1..max_chunks), per the profile's first CLIP slot.
+    """Chunks each prompt needs under the NovelAI method (1..max_chunks), per the profile's first chunkable slot.
 
     Bucket a dataset by this number so a batch is not padded to its longest prompt's chunk count.
     """
     p = resolve_profile(profile)
-    clip = next((s for s in p.slots if s.tokenizer.cls.startswith("CLIP")), None)
+    clip = next((s for s in p.slots if s.tokenizer.chunkable), None)
     if clip is None:
-        raise EncodingError(f"profile '{p.name}' has no CLIP slot; long-prompt chunking applies to CLIP slots only")
+        raise EncodingError(
+            f"profile '{p.name}' has no chunkable slot; long-prompt chunking applies to slots with tokenizer.chunkable (CLIP)"
+        )
     if max_chunks < 1:
         raise EncodingError(f"max_chunks must be >= 1, got {max_chunks}")
     tok = _from_pipeline(pipeline, clip)[0] if pipeline is not None else _component(tokenizers, clip, "tokenizer_subfolder", "tokenizer")
@@ -255,6 +305,7 @@ def long_prompt_chunks(
 def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int, fixed: bool = False) -> tuple[torch.Tensor, list[int], int]:
     """NovelAI chunking: (B * n_chunks, 77) ids, token counts, chunks per prompt."""
     t = slot.tokenizer
+    tokenizer = prompt_tokenizer(slot, tokenizer)
     bos = t.bos_token_id if t.bos_token_id is not None else tokenizer.bos_token_id
     eos = t.eos_token_id if t.eos_token_id is not None else tokenizer.eos_token_id
     pad = t.pad_token_id if t.pad_token_id is not None else tokenizer.pad_token_id
@@ -273,92 +324,14 @@ def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int
     return torch.tensor(rows, dtype=torch.long), counts, n
 
 
-# ------------------------------------------------------------------------------- encoding
-def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    e = slot.encoder
-    # last_hidden_state is read by name: position 0 of a CLIPTextModelWithProjection output is
-    # text_embeds, and language-model heads return logits and no last_hidden_state at all.
-    is_lm_head = type(encoder).__name__.endswith(("ForCausalLM", "ForConditionalGeneration"))
-    need_states = not (e.layer == "last" and e.final_layer_norm) or is_lm_head
-    kwargs: dict[str, Any] = {"input_ids": ids}
-    if slot.masks.encoder:
-        kwargs["attention_mask"] = mask.float() if slot.masks.encoder_mask_dtype == "float" else mask
-    if need_states:
-        kwargs["output_hidden_states"] = True
-    out = encoder(**kwargs)
-    if e.layer == "last" and e.final_layer_norm and getattr(out, "last_hidden_state", None) is not None:
-        hidden = out.last_hidden_state
-    elif e.layer == "last" and e.final_layer_norm:
-        hidden = out.hidden_states[-1]  # language models: the last entry is already normed
-    elif e.layer == "all":
-        hidden = torch.stack(tuple(out.hidden_states[1:]), dim=0)
-    else:
-        index = {"last": -1, "penultimate": -2}.get(e.layer, e.layer)  # type: ignore[arg-type]
-        hidden = out.hidden_states[index]
-        if e.final_layer_norm:
-            hidden = _final_norm(encoder, slot)(hidden)
-    pooled: torch.Tensor | None
-    if e.pooled == "none":
-        pooled = None
-    elif e.pooled == "pooler_output":
-        pooled = out.pooler_output
-    elif e.pooled == "text_embeds":
-        pooled = out.text_embeds
-    else:  # first_eos
-        eos = slot.tokenizer.eos_token_id
-        positions = (ids == eos).int().argmax(dim=-1)
-        last = out.last_hidden_state
-        pooled = last[torch.arange(last.shape[0], device=last.device), positions]
-    return hidden, pooled
-
-
-def _run_encoder(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_forward` over a batch, one sample at a time where the profile says so (``per_sample``);
-    samples without text for the slot (``absent_text = "zeros"``: an all-zero mask) are not encoded
-    and get zeros."""
-    absent = (mask.sum(dim=1) == 0).tolist() if slot.tokenizer.absent_text == "zeros" else [False] * ids.shape[0]
-    if not slot.encoder.per_sample and not any(absent):
-        return _forward(slot, encoder, ids, mask)
-    keep = [i for i, a in enumerate(absent) if not a]
-    if slot.encoder.per_sample:
-        rows = {i: _forward(slot, encoder, ids[i : i + 1], mask[i : i + 1]) for i in keep}
-    elif keep:
-        hidden, pooled = _forward(slot, encoder, ids[keep], mask[keep])
-        bd = _seq_dim(hidden) - 1
-        rows = {
-            i: (hidden.narrow(bd, k, 1), None if pooled is None else pooled[k : k + 1]) for k, i in enumerate(keep)
-        }
-    else:
-        rows = {}
-    zero_h, zero_p = _zero_row(slot, encoder, ids, rows)
-    hiddens = [rows[i][0] if i in rows else zero_h for i in range(ids.shape[0])]
-    bd = _seq_dim(hiddens[0]) - 1
-    pooled_rows = [rows[i][1] if i in rows else zero_p for i in range(ids.shape[0])]
-    out_pooled = None if slot.encoder.pooled == "none" else torch.cat(pooled_rows, dim=0)  # type: ignore[arg-type]
-    return torch.cat(hiddens, dim=bd), out_pooled
-
-
-def _zero_row(
-    slot: SlotSpec, encoder: Any, ids: torch.Tensor, rows: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]]
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Zero hidden state (and pooled output) of one sample, shaped like an encoded one."""
-    if rows:
-        h, p = next(iter(rows.values()))
-        return torch.zeros_like(h), None if p is None else torch.zeros_like(p)
-    e = slot.encoder
-    width = _config_width(getattr(encoder, "config", None)) or e.hidden_size
-    kw: dict[str, Any] = {"dtype": _encoder_dtype(encoder), "device": ids.device}
-    lead = (e.num_layers,) if e.layer == "all" else ()
-    pooled = None if e.pooled == "none" else torch.zeros((1, e.projection_dim or width), **kw)
-    return torch.zeros((*lead, 1, ids.shape[1], width), **kw), pooled
-
-
-def _seq_dim(hidden: torch.Tensor) -> int:
-    return hidden.dim() - 2
-
-
+# ---------------------------------------------------------------------------------- one slot
 def _chunked(slot: SlotSpec, options: EncodeOptions) -> bool:
-    return options.long_prompt_chunks >= 1 and slot.tokenizer.cls.startswith("CLIP")
+    return options.long_prompt_chunks >= 1 and slot.tokenizer.chunkable
+
+
+def _batch_dim(slot: SlotSpec) -> int:
+    """The batch dimension of a slot's hidden states: 1 for a layer stack (``layer = "all"``), else 0."""
+    return 1 if slot.encoder.layer == "all" else 0
 
 
 def encode_slot(
@@ -429,9 +402,10 @@ def encode_slot_tokens(
 ) -> SlotResult:
     """Encode and post-process ids from :func:`tokenize_slot` (default device: the encoder's).
 
-    CLIP ids longer than ``max_length`` (a whole multiple of it) are long-prompt chunks: each chunk
-    position is encoded with the plain batch shape, so chunk 1 is bit-identical to the unchunked
-    encoding (float results depend on the batch shape); the pooled output comes from chunk 1.
+    Ids of a chunkable slot longer than ``max_length`` (a whole multiple of it) are long-prompt
+    chunks: each chunk position is encoded with the plain batch shape, so chunk 1 is bit-identical
+    to the unchunked encoding (float results depend on the batch shape); the pooled output comes
+    from chunk 1.
     """
     if slot.tokenizer_only:
         if device is not None:
@@ -439,20 +413,127 @@ def encode_slot_tokens(
         return _tokens_only(slot, ids, mask, counts)
     ids, mask = ids.to(device or _encoder_device(encoder)), mask.to(device or _encoder_device(encoder))
     width = slot.tokenizer.max_length
-    if slot.tokenizer.cls.startswith("CLIP") and ids.shape[1] > width and ids.shape[1] % width == 0:
+    if slot.tokenizer.chunkable and ids.shape[1] > width and ids.shape[1] % width == 0:
         parts = [
             _forward(slot, encoder, ids[:, k : k + width], mask[:, k : k + width]) for k in range(0, ids.shape[1], width)
         ]
         hidden = torch.cat([h for h, _ in parts], dim=-2)
         pooled = parts[0][1]
     else:
-        hidden, pooled = _run_encoder(slot, encoder, ids, mask)
+        hidden, pooled = _encode_batch(slot, encoder, ids, mask)
     if counts is None:
         counts = [int(x) for x in mask.sum(dim=1)]
-    return _finish_slot(slot, encoder, hidden, pooled, ids, mask, counts)
+    return _post_process(slot, encoder, hidden, pooled, ids, mask, counts)
 
 
-def _finish_slot(
+def _tokens_only(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, counts: list[int] | None) -> SlotResult:
+    """The result of a tokenizer-only slot: ids and masks as tokenized; ``hidden`` is empty (width 0)."""
+    if counts is None:
+        counts = [int(x) for x in mask.sum(dim=1)]
+    hidden = torch.zeros((*ids.shape, 0), dtype=torch.float32, device=ids.device)
+    return SlotResult(hidden=hidden, pooled=None, mask=mask, ids=ids, denoiser_mask=denoiser_mask(slot, mask, torch.float32), token_counts=counts)
+
+
+# ------------------------------------------------------------------------- running the encoder
+def run_encoder(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+    """The encoder's output for ``ids``; the attention mask goes in only where the profile says
+    (``masks.encoder``), and all hidden states are returned when a layer other than the normed
+    last one is selected."""
+    e = slot.encoder
+    kwargs: dict[str, Any] = {"input_ids": ids}
+    if slot.masks.encoder:
+        kwargs["attention_mask"] = mask.float() if slot.masks.encoder_mask_dtype == "float" else mask
+    if not (e.layer == "last" and e.final_layer_norm) or _is_lm_head(encoder):
+        kwargs["output_hidden_states"] = True
+    return encoder(**kwargs)
+
+
+def _is_lm_head(encoder: Any) -> bool:
+    # language-model heads return logits and no last_hidden_state at all
+    return type(encoder).__name__.endswith(("ForCausalLM", "ForConditionalGeneration"))
+
+
+def select_layer(slot: SlotSpec, encoder: Any, out: Any) -> torch.Tensor:
+    """HiddenMaskIds 1: the hidden states the profile takes (``encoder.layer``: last, penultimate, an index
+    or every layer stacked), through the final layer norm where ``encoder.final_layer_norm`` says."""
+    e = slot.encoder
+    # last_hidden_state is read by name: position 0 of a CLIPTextModelWithProjection output is text_embeds
+    if e.layer == "last" and e.final_layer_norm and getattr(out, "last_hidden_state", None) is not None:
+        return out.last_hidden_state
+    if e.layer == "last" and e.final_layer_norm:
+        return out.hidden_states[-1]  # language models: the last entry is already normed
+    if e.layer == "all":
+        return torch.stack(tuple(out.hidden_states[1:]), dim=0)
+    index = {"last": -1, "penultimate": -2}.get(e.layer, e.layer)  # type: ignore[arg-type]
+    hidden = out.hidden_states[index]
+    if e.final_layer_norm:
+        hidden = _final_norm(encoder, slot)(hidden)
+    return hidden
+
+
+def pool(slot: SlotSpec, ids: torch.Tensor, out: Any) -> torch.Tensor | None:
+    """HiddenMaskIds 2: the pooled embedding (``encoder.pooled``: pooler_output, text_embeds, the last hidden
+    state at the first EOS token, or none)."""
+    e = slot.encoder
+    if e.pooled == "none":
+        return None
+    if e.pooled == "pooler_output":
+        return out.pooler_output
+    if e.pooled == "text_embeds":
+        return out.text_embeds
+    # first_eos
+    positions = (ids == slot.tokenizer.eos_token_id).int().argmax(dim=-1)
+    last = out.last_hidden_state
+    return last[torch.arange(last.shape[0], device=last.device), positions]
+
+
+def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = run_encoder(slot, encoder, ids, mask)
+    return select_layer(slot, encoder, out), pool(slot, ids, out)
+
+
+def _encode_batch(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_forward` over a batch, one sample at a time where the profile says so (``per_sample``);
+    samples without text for the slot (``absent_text = "zeros"``: an all-zero mask) are not encoded
+    and get zeros."""
+    absent = (mask.sum(dim=1) == 0).tolist() if slot.tokenizer.absent_text == "zeros" else [False] * ids.shape[0]
+    if not slot.encoder.per_sample and not any(absent):
+        return _forward(slot, encoder, ids, mask)
+    bd = _batch_dim(slot)
+    keep = [i for i, a in enumerate(absent) if not a]
+    if slot.encoder.per_sample:
+        rows = {i: _forward(slot, encoder, ids[i : i + 1], mask[i : i + 1]) for i in keep}
+    elif keep:
+        hidden, pooled = _forward(slot, encoder, ids[keep], mask[keep])
+        rows = {
+            i: (hidden.narrow(bd, k, 1), None if pooled is None else pooled[k : k + 1]) for k, i in enumerate(keep)
+        }
+    else:
+        rows = {}
+    zero_h, zero_p = _zero_row(slot, encoder, ids, rows)
+    hiddens = [rows[i][0] if i in rows else zero_h for i in range(ids.shape[0])]
+    pooled_rows = [rows[i][1] if i in rows else zero_p for i in range(ids.shape[0])]
+    out_pooled = None if slot.encoder.pooled == "none" else torch.cat(pooled_rows, dim=0)  # type: ignore[arg-type]
+    return torch.cat(hiddens, dim=bd), out_pooled
+
+
+def _zero_row(
+    slot: SlotSpec, encoder: Any, ids: torch.Tensor, rows: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Zero hidden state (and pooled output) of one sample, shaped like an encoded one."""
+    if rows:
+        h, p = next(iter(rows.values()))
+        return torch.zeros_like(h), None if p is None else torch.zeros_like(p)
+    e = slot.encoder
+    width = _config_width(getattr(encoder, "config", None)) or e.hidden_size
+    kw: dict[str, Any] = {"dtype": _encoder_dtype(encoder), "device": ids.device}
+    lead = (e.num_layers,) if e.layer == "all" else ()
+    pooled = None if e.pooled == "none" else torch.zeros((1, e.projection_dim or width), **kw)
+    return torch.zeros((*lead, 1, ids.shape[1], width), **kw), pooled
+
+
+# ------------------------------------------------------------ post-processing, in pipeline order
+def _post_process(
     slot: SlotSpec,
     encoder: Any,
     hidden: torch.Tensor,
@@ -461,50 +542,58 @@ def _finish_slot(
     mask: torch.Tensor,
     counts: list[int],
 ) -> SlotResult:
-    t, m = slot.tokenizer, slot.masks
+    """Steps 3-6 after :func:`select_layer` and :func:`pool`, in the encoder's dtype."""
     hidden = hidden.to(_encoder_dtype(encoder))
     if pooled is not None:
         pooled = pooled.to(_encoder_dtype(encoder))
-    sd = _seq_dim(hidden)
-    if t.token_window == "bos_and_tail":
-        index = torch.tensor([0, *range(hidden.shape[sd] - t.max_length + 1, hidden.shape[sd])], device=hidden.device)
-        hidden = hidden.index_select(sd, index)
-        mask = mask.index_select(1, index)
-        ids = ids.index_select(1, index)
-    if m.zero_padded:
-        hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype) if hidden.dim() == 3 else hidden * mask[None, :, :, None].to(hidden.dtype)
-    if m.repad != "none":
-        hidden, mask, ids = _repad(slot, hidden, mask, ids)
-    elif t.drop_start_tokens:
-        d = t.drop_start_tokens
-        hidden = hidden.narrow(sd, d, hidden.shape[sd] - d)
-        mask, ids = mask[:, d:], ids[:, d:]
-    if t.tokenize_max_length and m.repad != "max_length":
-        hidden = hidden.narrow(sd, 0, min(hidden.shape[sd], t.max_length))
-        mask, ids = mask[:, : t.max_length], ids[:, : t.max_length]
-    denoiser_mask = _denoiser_mask(slot, mask, hidden.dtype)
-    return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask, token_counts=counts)
+    hidden, mask, ids = token_window(slot, hidden, mask, ids)
+    hidden = zero_padding(slot, hidden, mask)
+    hidden, mask, ids = drop_prefix(slot, hidden, mask, ids)
+    hidden, mask, ids = trim(slot, hidden, mask, ids)
+    return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask(slot, mask, hidden.dtype),
+                      token_counts=counts)  # fmt: skip
 
 
-def _denoiser_mask(slot: SlotSpec, mask: torch.Tensor, embeds_dtype: torch.dtype) -> torch.Tensor:
-    m = slot.masks
-    lengths = mask.sum(dim=1, keepdim=True)
-    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
-    visible = positions < lengths + m.denoiser_extra_pad_tokens
-    mask_dtype = {"int64": torch.long, "bool": torch.bool, "embeds": embeds_dtype}[m.denoiser_mask_dtype]
-    return visible.to(mask_dtype)
+#: (hidden states, attention mask, token ids) as a step passes them on.
+HiddenMaskIds = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _tokens_only(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, counts: list[int] | None) -> SlotResult:
-    """The result of a tokenizer-only slot: ids and masks as tokenized; ``hidden`` is empty (width 0)."""
-    if counts is None:
-        counts = [int(x) for x in mask.sum(dim=1)]
-    hidden = torch.zeros((*ids.shape, 0), dtype=torch.float32, device=ids.device)
-    return SlotResult(hidden=hidden, pooled=None, mask=mask, ids=ids, denoiser_mask=_denoiser_mask(slot, mask, torch.float32), token_counts=counts)
+def token_window(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """HiddenMaskIds 3: ``tokenizer.token_window = "bos_and_tail"`` keeps position 0 and the last
+    ``max_length - 1`` positions (Sana's ``select_index``); ``all`` keeps everything."""
+    t = slot.tokenizer
+    if t.token_window != "bos_and_tail":
+        return hidden, mask, ids
+    sd = _batch_dim(slot) + 1
+    index = torch.tensor([0, *range(hidden.shape[sd] - t.max_length + 1, hidden.shape[sd])], device=hidden.device)
+    return hidden.index_select(sd, index), mask.index_select(1, index), ids.index_select(1, index)
 
 
-def _repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Drop masked positions per sample (and the template prefix), then re-pad with zeros.
+def zero_padding(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """HiddenMaskIds 4: ``masks.zero_padded`` multiplies the padded positions of the hidden states by zero."""
+    if not slot.masks.zero_padded:
+        return hidden
+    if hidden.dim() == 3:
+        return hidden * mask.unsqueeze(-1).to(hidden.dtype)
+    return hidden * mask[None, :, :, None].to(hidden.dtype)
+
+
+def drop_prefix(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """HiddenMaskIds 5: drop the template's first ``tokenizer.drop_start_tokens`` positions (Qwen-Image's chat
+    prefix); with ``masks.repad`` every padded position goes too and each sample is re-padded with
+    zeros (:func:`repad`)."""
+    if slot.masks.repad != "none":
+        return repad(slot, hidden, mask, ids)
+    d = slot.tokenizer.drop_start_tokens
+    if not d:
+        return hidden, mask, ids
+    sd = _batch_dim(slot) + 1
+    return hidden.narrow(sd, d, hidden.shape[sd] - d), mask[:, d:], ids[:, d:]
+
+
+def repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """Drop masked positions per sample (and the template prefix), then re-pad with zeros to the
+    batch's longest (``masks.repad = "batch_longest"``, Qwen-Image) or ``max_length`` (Wan).
 
     Vectorised: a stable sort brings each sample's real positions to the front in their order,
     the first ``drop_start_tokens`` of them are skipped, and positions past a sample's length are
@@ -533,6 +622,27 @@ def _repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.
     out_h = torch.where(valid.unsqueeze(-1), gathered, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
     out_i = torch.where(valid, gathered_ids, torch.zeros((), dtype=ids.dtype, device=ids.device))
     return out_h, valid.to(torch.long), out_i
+
+
+def trim(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> HiddenMaskIds:
+    """HiddenMaskIds 6: a slot tokenized past ``max_length`` (``tokenizer.tokenize_max_length``, Qwen-Image)
+    is cut back to ``max_length`` positions (not after a re-pad to ``max_length``)."""
+    t = slot.tokenizer
+    if not t.tokenize_max_length or slot.masks.repad == "max_length":
+        return hidden, mask, ids
+    sd = _batch_dim(slot) + 1
+    return hidden.narrow(sd, 0, min(hidden.shape[sd], t.max_length)), mask[:, : t.max_length], ids[:, : t.max_length]
+
+
+def denoiser_mask(slot: SlotSpec, mask: torch.Tensor, embeds_dtype: torch.dtype) -> torch.Tensor:
+    """The mask handed to the denoiser: the real tokens plus ``masks.denoiser_extra_pad_tokens``
+    visible pad positions (Chroma: 1), in ``masks.denoiser_mask_dtype``."""
+    m = slot.masks
+    lengths = mask.sum(dim=1, keepdim=True)
+    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+    visible = positions < lengths + m.denoiser_extra_pad_tokens
+    mask_dtype = {"int64": torch.long, "bool": torch.bool, "embeds": embeds_dtype}[m.denoiser_mask_dtype]
+    return visible.to(mask_dtype)
 
 
 # ------------------------------------------------------------------------------ combining
@@ -573,9 +683,117 @@ def resolve_profile(profile: AlignmentProfile | str) -> AlignmentProfile:
 def _resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise EncodingError(f"dtype must be a torch dtype or one of {', '.join(_DTYPES)}, got {dtype!r}")
+    if isinstance(dtype, str) and dtype in DTYPE_NAMES:
+        return torch_dtype(dtype)
+    raise EncodingError(f"dtype must be a torch dtype or one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A checked :func:`encode` call."""
+
+    #: What each prompt's encoded slots read: "" where a whole caption is dropped under the "encode" rule.
+    texts: list[str]
+    #: Whole captions dropped, and per slot the samples whose encoder output is dropped (whole drops included).
+    drop: list[bool]
+    drop_slots: dict[str, list[bool]]
+    #: What a dropped part becomes: "encode" (the encoded empty prompt) or "zeros".
+    policy: str
+    options: EncodeOptions
+    device: torch.device | None
+    dtype: torch.dtype | None
+    negative: bool
+
+
+def _check_request(
+    p: AlignmentProfile,
+    prompts: str | Sequence[str],
+    *,
+    options: EncodeOptions | None,
+    dtype: torch.dtype | str | None,
+    device: torch.device | str | None,
+    drop: Sequence[bool] | None,
+    drop_slots: Mapping[str, Sequence[bool]] | None,
+    negative: bool,
+) -> _Request:
+    opts = options or EncodeOptions()
+    if opts.dropout_policy not in ("profile", "empty", "zeros"):
+        raise EncodingError(f"dropout_policy must be 'profile', 'empty' or 'zeros', got {opts.dropout_policy!r}")
+    if opts.long_prompt_chunks < 0:
+        raise EncodingError(f"long_prompt_chunks must be >= 0, got {opts.long_prompt_chunks}")
+    batch = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not batch or not all(isinstance(x, str) for x in batch):
+        raise EncodingError("prompts must be a string or a non-empty list of strings")
+    out_dtype = _resolve_dtype(dtype)
+    dev = torch.device(device) if device is not None else None
+    policy = p.empty_prompt if opts.dropout_policy == "profile" else ("encode" if opts.dropout_policy == "empty" else "zeros")
+    drop_all = [bool(x) for x in drop] if drop is not None else [False] * len(batch)
+    if len(drop_all) != len(batch):
+        raise EncodingError(f"drop has {len(drop_all)} entries for {len(batch)} prompts")
+    for name, flags in (drop_slots or {}).items():
+        p.slot(name)
+        if len(flags) != len(batch):
+            raise EncodingError(f"drop_slots['{name}'] has {len(flags)} entries for {len(batch)} prompts")
+    per_slot = {
+        s.name: [a or bool(b) for a, b in zip(drop_all, (drop_slots or {}).get(s.name, [False] * len(batch)), strict=True)]
+        for s in p.slots
+    }
+    texts = ["" if d and policy == "encode" else x for x, d in zip(batch, drop_all, strict=True)]
+    return _Request(texts, drop_all, per_slot, policy, opts, dev, out_dtype, negative)
+
+
+def _encode_slots(
+    p: AlignmentProfile, req: _Request, tokenizers: Mapping[str, Any] | None, text_encoders: Mapping[str, Any] | None, pipeline: Any
+) -> dict[str, SlotResult]:
+    """Every slot's result, in profile order; dropped samples replaced as ``req.policy`` says."""
+    results: dict[str, SlotResult] = {}
+    slot_dev: torch.device | None = None
+    for slot in sorted(p.slots, key=lambda s: s.tokenizer_only):  # encoded slots first: they set the device
+        if pipeline is not None and (tokenizers is None or text_encoders is None):
+            tok, enc = _from_pipeline(pipeline, slot)
+        else:
+            tok = _component(tokenizers, slot, "tokenizer_subfolder", "tokenizer")
+            enc = None if slot.tokenizer_only else _component(text_encoders, slot, "encoder_subfolder", "text encoder")
+        if slot.tokenizer_only:
+            if not callable(tok):
+                raise EncodingError(f"slot '{slot.name}': the tokenizer is a {type(tok).__name__}, not a tokenizer")
+            # token ids go where the encoded slots' outputs are (the pipeline's execution device)
+            slot_dev = req.device or slot_dev or torch.device("cpu")
+        else:
+            check_components(p, slot, tok, enc, req.device)
+            slot_dev = req.device or _encoder_device(enc)
+        flags = req.drop_slots[slot.name]
+        if slot.tokenizer_only:
+            # nothing encoded to zero: a dropped sample gets the tokens of "" (under either policy)
+            texts = ["" if f else x for x, f in zip(req.texts, flags, strict=True)]
+            res = encode_slot(p, slot, tok, enc, texts, device=slot_dev, negative=req.negative, options=req.options)
+        else:
+            res = encode_slot(p, slot, tok, enc, req.texts, device=slot_dev, negative=req.negative, options=req.options)
+            if any(flags):
+                res = _apply_slot_drop(p, slot, tok, enc, res, flags, slot_dev, req)
+        results[slot.name] = res
+    return {s.name: results[s.name] for s in p.slots}  # profile order
+
+
+def _combine(p: AlignmentProfile, results: Mapping[str, SlotResult], dtype: torch.dtype | None) -> Conditioning:
+    """The profile's outputs evaluated over the slot results, typed (shared tensors, batch dims)."""
+    specs = output_specs(p)
+    tensors: dict[str, torch.Tensor] = {}
+    for out in specs:
+        value = evaluate(out.node, results)
+        assert isinstance(value, torch.Tensor)
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        tensors[out.name] = value
+    counts = next(iter(results.values())).token_counts if results else None
+    return Conditioning(
+        tensors=tensors,
+        profile_name=p.name,
+        fingerprint=p.fingerprint(),
+        token_counts=counts,
+        shared=tuple(o.name for o in specs if o.shared),
+        batch_dims=tuple((o.name, o.batch_dim) for o in specs if o.batch_dim),
+    )
 
 
 def encode(
@@ -603,71 +821,10 @@ def encode(
     parts become what ``options.dropout_policy`` says.
     """
     p = resolve_profile(profile)
-    opts = options or EncodeOptions()
-    if opts.dropout_policy not in ("profile", "empty", "zeros"):
-        raise EncodingError(f"dropout_policy must be 'profile', 'empty' or 'zeros', got {opts.dropout_policy!r}")
-    if opts.long_prompt_chunks < 0:
-        raise EncodingError(f"long_prompt_chunks must be >= 0, got {opts.long_prompt_chunks}")
-    batch = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not batch or not all(isinstance(x, str) for x in batch):
-        raise EncodingError("prompts must be a string or a non-empty list of strings")
-    out_dtype = _resolve_dtype(dtype)
-    dev = torch.device(device) if device is not None else None
-    policy = p.empty_prompt if opts.dropout_policy == "profile" else ("encode" if opts.dropout_policy == "empty" else "zeros")
-    drop_all = list(drop) if drop is not None else [False] * len(batch)
-    if len(drop_all) != len(batch):
-        raise EncodingError(f"drop has {len(drop_all)} entries for {len(batch)} prompts")
-    for name, flags in (drop_slots or {}).items():
-        p.slot(name)
-        if len(flags) != len(batch):
-            raise EncodingError(f"drop_slots['{name}'] has {len(flags)} entries for {len(batch)} prompts")
-    texts = ["" if d and policy == "encode" else x for x, d in zip(batch, drop_all, strict=True)]
-
-    results: dict[str, SlotResult] = {}
-    slot_dev: torch.device | None = None
+    req = _check_request(p, prompts, options=options, dtype=dtype, device=device, drop=drop, drop_slots=drop_slots, negative=negative)
     with torch.set_grad_enabled(requires_grad):
-        for slot in sorted(p.slots, key=lambda s: s.tokenizer_only):  # encoded slots first: they set the device
-            if pipeline is not None and (tokenizers is None or text_encoders is None):
-                tok, enc = _from_pipeline(pipeline, slot)
-            else:
-                tok = _component(tokenizers, slot, "tokenizer_subfolder", "tokenizer")
-                enc = None if slot.tokenizer_only else _component(text_encoders, slot, "encoder_subfolder", "text encoder")
-            if slot.tokenizer_only:
-                if not callable(tok):
-                    raise EncodingError(f"slot '{slot.name}': the tokenizer is a {type(tok).__name__}, not a tokenizer")
-                # token ids go where the encoded slots' outputs are (the pipeline's execution device)
-                slot_dev = dev or slot_dev or torch.device("cpu")
-            else:
-                check_components(p, slot, tok, enc, dev)
-                slot_dev = dev or _encoder_device(enc)
-            flags = [a or b for a, b in zip(drop_all, (drop_slots or {}).get(slot.name, [False] * len(batch)), strict=True)]
-            if slot.tokenizer_only:
-                # nothing encoded to zero: a dropped sample gets the tokens of "" (under either policy)
-                res = encode_slot(p, slot, tok, enc, ["" if f else x for x, f in zip(texts, flags, strict=True)],
-                                  device=slot_dev, negative=negative, options=opts)  # fmt: skip
-            else:
-                res = encode_slot(p, slot, tok, enc, texts, device=slot_dev, negative=negative, options=opts)
-                if any(flags):
-                    res = _apply_slot_drop(p, slot, tok, enc, res, flags, policy, slot_dev, negative, opts, drop_all)
-            results[slot.name] = res
-        results = {s.name: results[s.name] for s in p.slots}  # profile order
-        tensors: dict[str, torch.Tensor] = {}
-        for name, expr in p.outputs:
-            value = evaluate(parse_expression(expr, key=f"outputs.{name}"), results)
-            assert isinstance(value, torch.Tensor)
-            if out_dtype is not None and value.is_floating_point():
-                value = value.to(out_dtype)
-            tensors[name] = value
-    counts = next(iter(results.values())).token_counts if results else None
-    shared = tuple(name for name, expr in p.outputs if expr.replace(" ", "").startswith("text_ids("))
-    # Outputs built from a layer = "all" slot carry a leading layer dimension: batch is dim 1.
-    stacked = {s.name for s in p.slots if s.encoder.layer == "all"}
-    batch_dims = tuple(
-        (name, 1) for name, expr in p.outputs if any(r.slot in stacked and r.attr == "hidden" for r in refs(parse_expression(expr)))
-    )
-    return Conditioning(
-        tensors=tensors, profile_name=p.name, fingerprint=p.fingerprint(), token_counts=counts, shared=shared, batch_dims=batch_dims
-    )
+        results = _encode_slots(p, req, tokenizers, text_encoders, pipeline)
+        return _combine(p, results, req.dtype)
 
 
 def _apply_slot_drop(
@@ -677,25 +834,21 @@ def _apply_slot_drop(
     enc: Any,
     res: SlotResult,
     flags: list[bool],
-    policy: str,
     device: torch.device,
-    negative: bool,
-    opts: EncodeOptions,
-    whole: list[bool],
+    req: _Request,
 ) -> SlotResult:
     """Replace dropped samples of one slot by zeros or by the encoded empty prompt."""
     rows = torch.tensor(flags, device=res.hidden.device)
-    if policy == "zeros":
-        sel = rows.view(*([1] * (res.hidden.dim() - 3)), -1, 1, 1)
+    sel = rows.view(*([1] * _batch_dim(slot)), -1, 1, 1)
+    if req.policy == "zeros":
         hidden = torch.where(sel, torch.zeros_like(res.hidden), res.hidden)
         pooled = None if res.pooled is None else torch.where(rows[:, None], torch.zeros_like(res.pooled), res.pooled)
         return SlotResult(hidden, pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts)
-    if all(a == b for a, b in zip(flags, whole, strict=True)):
+    if flags == req.drop:
         return res  # whole captions were already replaced by "" before encoding
-    empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=negative, options=opts)
+    empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=req.negative, options=req.options)
     if empty.hidden.shape[-2] != res.hidden.shape[-2]:
         raise EncodingError(f"slot '{slot.name}': the empty prompt encodes to a different length; use dropout_policy='zeros'")
-    sel = rows.view(*([1] * (res.hidden.dim() - 3)), -1, 1, 1)
     hidden = torch.where(sel, empty.hidden.expand_as(res.hidden), res.hidden)
     pooled = None if res.pooled is None else torch.where(rows[:, None], empty.pooled.expand_as(res.pooled), res.pooled)  # type: ignore[union-attr]
     mask = torch.where(rows[:, None], empty.mask.expand_as(res.mask), res.mask)
@@ -707,20 +860,15 @@ def _apply_slot_drop(
 def encode_uncond(profile: AlignmentProfile | str, batch_size: int = 1, **kwargs: Any) -> Conditioning:
     """What an empty prompt / dropped caption becomes under the profile's ``empty_prompt`` rule.
 
-    ``encode``: the encoded empty prompt (negative template). ``zeros``: zeros shaped like it
-    (masks are kept), as SDXL's ``force_zeros_for_empty_prompt``.
+    ``encode``: the encoded empty prompt (negative template). ``zeros``: the embeddings are zeros
+    shaped like it; masks and ids are kept (as SDXL's ``force_zeros_for_empty_prompt``).
     """
     p = resolve_profile(profile)
     kwargs.setdefault("negative", True)
     cond = encode(p, [""] * batch_size, **kwargs)
     if p.empty_prompt == "zeros":
-        return Conditioning(
-            tensors={k: (v if k in cond.shared or "mask" in k else torch.zeros_like(v)) for k, v in cond.tensors.items()},
-            profile_name=cond.profile_name,
-            fingerprint=cond.fingerprint,
-            token_counts=cond.token_counts,
-            shared=cond.shared,
-        )
+        tensors = {o.name: torch.zeros_like(cond[o.name]) if o.kind == "embeds" else cond[o.name] for o in output_specs(p)}
+        return dataclasses.replace(cond, tensors=tensors)
     return cond
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from te_align.encoding.core import EncodeOptions, _chunked, tokenize_slot
+from te_align.encoding.core import EncodeOptions, _chunked, prompt_tokenizer, tokenize_slot
 from te_align.encoding.text import template_prefix, template_suffix
 from te_align.errors import EncodingError
 from te_align.profiles.model import SlotSpec
@@ -205,6 +205,7 @@ def content_token_weights(
     """The slot's tokens of one prompt (template included, no special tokens) and their weights."""
     pieces = parse_prompt_weights(prompt) if parse else [(prompt, 1.0)]
     rendered = _rendered_pieces(slot, pieces, negative)
+    tokenizer = prompt_tokenizer(slot, tokenizer)
     if getattr(tokenizer, "is_fast", False):
         return _content_weights_by_offsets(tokenizer, rendered)
     return _content_weights_by_suffixes(tokenizer, rendered)
@@ -242,6 +243,7 @@ def tokenize_slot_weighted(
     """
     texts = [strip_prompt_weights(p) if parse else p for p in prompts]
     options = options or EncodeOptions()
+    tokenizer = prompt_tokenizer(slot, tokenizer)
     ids, mask = tokenize_slot(slot, tokenizer, texts, negative=negative, options=options)
     weights = torch.ones(ids.shape, dtype=torch.float32)
     if not parse:

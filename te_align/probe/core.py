@@ -157,11 +157,10 @@ class Case:
     profile: Any
     tokenizers: dict[str, Any]
     text_encoders: dict[str, Any]
-    #: prompts -> {output name: tensor}, batch in the profile's batch dimension (first, except e.g. HiDream's
-    #: Llama layer stack), except names in ``unbatched``.
+    #: prompts -> {output name: tensor}, batch in each output's batch dimension (the profile's typed
+    #: outputs: first, except e.g. HiDream's Llama layer stack; none for shared outputs such as text_ids).
     run: Callable[[list[str]], dict[str, Any]]
     notes: list[str] = field(default_factory=list)
-    unbatched: tuple[str, ...] = ("text_ids",)
 
 
 class _Acc:
@@ -213,18 +212,20 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
     import torch
 
     import te_align
+    from te_align.profiles.expr import output_specs
 
     suite = suite if suite is not None else prompt_suite(case.profile, case.tokenizers)
     accs: dict[str, _Acc] = {}
     labels: dict[str, str] = {}
+    outputs = {o.name: o for o in output_specs(case.profile)}
     for group, prompts in suite.items():
         with torch.no_grad():
             want = te_align.encode(case.profile, prompts, tokenizers=case.tokenizers, text_encoders=case.text_encoders)
             got = case.run(list(prompts))
         for name in want:
             ref = want[name]
-            batched = want.is_batched(name) and name not in case.unbatched
-            d = want.batch_dim(name) if batched else 0
+            batched = outputs[name].batch_dim is not None  # a shared output (text_ids) is compared whole
+            d = outputs[name].batch_dim or 0
             if name not in accs:
                 shape = tuple(ref.shape)
                 accs[name] = _Acc(name, shape[:d] + shape[d + 1 :] if batched else shape)

@@ -5,7 +5,10 @@
     text_ids             = "text_ids(t5.hidden)"
 
 A reference is ``SLOT.ATTR``; a call is ``NAME(ARG, ...)``; an argument may also be an integer.
-This module only parses and checks (no torch); ``te_align.encoding`` evaluates.
+This module only parses, checks and types outputs (no torch); ``te_align.encoding`` evaluates.
+:func:`output_specs` types every output of a profile once (:class:`Output`: embeddings, mask or
+token ids; shared by the batch or not; which dimension is the batch), so nothing downstream
+guesses what a tensor is from its name.
 """
 
 from __future__ import annotations
@@ -13,8 +16,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from te_align.errors import ProfileError, closest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles.model import AlignmentProfile
 
 #: Attributes a slot reference may name.
 ATTRS: dict[str, str] = {
@@ -23,6 +30,18 @@ ATTRS: dict[str, str] = {
     "mask": "the tokenizer attention mask after windowing/trimming (B, S)",
     "denoiser_mask": "the mask handed to the denoiser, with the profile's extra visible pad tokens (B, S)",
     "ids": "the token ids (B, S)",
+}
+
+OutputKind = Literal["embeds", "mask", "ids"]
+
+#: What each attribute is: embeddings (zeroed for an empty prompt under ``empty_prompt = "zeros"``),
+#: a mask or token ids (never zeroed).
+ATTR_KINDS: dict[str, OutputKind] = {
+    "hidden": "embeds",
+    "pooled": "embeds",
+    "mask": "mask",
+    "denoiser_mask": "mask",
+    "ids": "ids",
 }
 
 #: Functions: name -> (min args, max args or None, description).
@@ -139,3 +158,66 @@ def check_expression(text: str, slots: tuple[str, ...], *, key: str, file: str |
                 key=key,
             )
     return node
+
+
+# ------------------------------------------------------------------------------ typed outputs
+#: Functions whose result has no batch dimension (one tensor shared by every prompt), and its kind.
+_SHARED_FUNCTIONS: dict[str, OutputKind] = {"text_ids": "ids"}
+
+
+@dataclass(frozen=True)
+class Output:
+    """One conditioning tensor of a profile, typed from its expression.
+
+    ``kind``: ``embeds`` (hidden states, pooled embeddings), ``mask`` or ``ids`` (token or position
+    ids). ``shared``: one tensor for the whole batch (Flux's ``text_ids``: (sequence, 3)).
+    ``batch_dim``: the dimension that indexes prompts, None when shared; 1 for a layer stack
+    (``layer = "all"``: (layers, batch, sequence, width), HiDream's Llama), else 0.
+    """
+
+    name: str
+    expr: str
+    kind: OutputKind
+    shared: bool
+    batch_dim: int | None
+
+    @property
+    def node(self) -> Node:
+        return parse_expression(self.expr, key=f"outputs.{self.name}")
+
+
+def _kind(node: Node, key: str, text: str) -> tuple[OutputKind, bool] | None:
+    """(kind, shared) of a node; None for an integer argument."""
+    if isinstance(node, int):
+        return None
+    if isinstance(node, Ref):
+        return ATTR_KINDS[node.attr], False
+    if node.fn in _SHARED_FUNCTIONS:
+        return _SHARED_FUNCTIONS[node.fn], True
+    args = node.args[:1] if node.fn == "padw" else node.args  # padw's second argument only gives a width
+    found = {k for a in args if (k := _kind(a, key, text)) is not None}
+    if len(found) != 1:
+        kinds = " and ".join(sorted(f"{'shared ' if sh else ''}{k}" for k, sh in found))
+        raise ProfileError(f"{node.fn}() combines {kinds or 'no tensors'} in expression {text!r}", key=key)
+    return found.pop()
+
+
+@functools.lru_cache(maxsize=256)
+def _typed(outputs: tuple[tuple[str, str], ...], stacked: frozenset[str]) -> tuple[Output, ...]:
+    out = []
+    for name, text in outputs:
+        key = f"outputs.{name}"
+        node = parse_expression(text, key=key)
+        typed = _kind(node, key, text)
+        if typed is None:
+            raise ProfileError(f"expression {text!r} is a number, not a tensor", key=key)
+        kind, shared = typed
+        layered = any(r.slot in stacked and r.attr == "hidden" for r in refs(node))
+        out.append(Output(name, text, kind, shared, None if shared else 1 if layered else 0))
+    return tuple(out)
+
+
+def output_specs(profile: AlignmentProfile) -> tuple[Output, ...]:
+    """The profile's outputs, typed, in profile order (cached: profiles are immutable)."""
+    stacked = frozenset(s.name for s in profile.slots if s.encoder.layer == "all")
+    return _typed(profile.outputs, stacked)

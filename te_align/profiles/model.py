@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ LayerName = Literal["last", "penultimate", "all"]
 TextTransform = Literal["none", "quoted_text"]
 AbsentText = Literal["empty", "zeros"]
 EncoderMaskDtype = Literal["int64", "float"]
+PadTokenInPrompt = Literal["pad_id", "text"]
 
 FINGERPRINT_VERSION = 1
 
@@ -87,6 +89,14 @@ class TokenizerSpec:
     #: and an all-zero mask (HunyuanImage's ByT5 slot). A tokenized sample whose mask is all zero is
     #: such a sample.
     absent_text: AbsentText = "empty"
+    #: Long prompts can be encoded as chunks (``EncodeOptions.long_prompt_chunks``, the NovelAI
+    #: method): ``max_length``-token pieces of BOS, body and EOS, each encoded alone (CLIP slots).
+    chunkable: bool = False
+    #: How the pad token, written literally in a prompt, tokenizes: ``pad_id``, as the tokenizer's
+    #: special pad token (the hub SDXL/SD3 CLIP-G tokenizer, pad "!": every "!" becomes id 0);
+    #: ``text``, as ordinary text (kohya sd-scripts' CLIP-G: "!" is BPE 256, "!!" 748; padding keeps
+    #: the pad id).
+    pad_token_in_prompt: PadTokenInPrompt = "pad_id"
 
 
 @dataclass(frozen=True)
@@ -231,8 +241,10 @@ class AlignmentProfile:
 
     # ------------------------------------------------------------ fingerprint
     def behaviour(self) -> dict[str, Any]:
-        """The behaviour fields only, as plain data (what the fingerprint hashes)."""
-        return {p: v for p, v in _walk_behaviour(self)}
+        """The behaviour fields only, as plain data (what the fingerprint hashes): every path of
+        :meth:`behaviour_paths` except fields added after fingerprint version 1 that hold the value
+        version 1 behaved as (:data:`ADDED_FIELDS`)."""
+        return {p: v for p, v in _walk_behaviour(self, hashed=True)}
 
     def fingerprint(self) -> str:
         """A stable 16-hex-digit hash of the behaviour fields (not names, aliases or provenance)."""
@@ -279,7 +291,16 @@ class AlignmentProfile:
 _BEHAVIOUR_TOP = ("family", "empty_prompt")
 
 
-def _walk_behaviour(profile: AlignmentProfile) -> list[tuple[str, Any]]:
+#: Tokenizer fields added after fingerprint version 1 -> the value version 1 behaved as, from the
+#: tokenizer class. A profile file without the field gets that value, and a field at that value is left
+#: out of the hash, so profile files and fingerprints (and embedding-cache keys) made before stay valid.
+ADDED_FIELDS: dict[str, Callable[[str], Any]] = {
+    "chunkable": lambda cls: cls.startswith("CLIP"),  # version 1 chunked the CLIP tokenizer classes
+    "pad_token_in_prompt": lambda cls: "pad_id",
+}
+
+
+def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = [(k, getattr(profile, k)) for k in _BEHAVIOUR_TOP]
     for slot in profile.slots:
         base = f"slots.{slot.name}"
@@ -288,7 +309,10 @@ def _walk_behaviour(profile: AlignmentProfile) -> list[tuple[str, Any]]:
         for part in ("tokenizer", "masks") if slot.tokenizer_only else ("tokenizer", "encoder", "masks"):
             spec = getattr(slot, part)
             for f in fields(spec):
-                out.append((f"{base}.{part}.{f.name}", getattr(spec, f.name)))
+                value = getattr(spec, f.name)
+                if hashed and part == "tokenizer" and f.name in ADDED_FIELDS and value == ADDED_FIELDS[f.name](spec.cls):
+                    continue
+                out.append((f"{base}.{part}.{f.name}", value))
     for name, expr in profile.outputs:
         out.append((f"outputs.{name}", expr))
     return out

@@ -11,6 +11,7 @@ from typing import Any
 from te_align import _schema as schema
 from te_align.errors import ProfileError, closest
 from te_align.profiles.model import (
+    ADDED_FIELDS,
     NO_ENCODER,
     STATUSES,
     AlignmentProfile,
@@ -96,6 +97,13 @@ def set_dict_path(data: dict[str, Any], path: str, value: Any) -> None:
         target[parts[-1]] = value
 
 
+def _with_added_fields(tokenizer: Any) -> Any:
+    """A tokenizer table written before a field of :data:`ADDED_FIELDS` existed gets the value version 1 behaved as."""
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("cls"), str):
+        return tokenizer  # build_spec names the problem
+    return {**{k: f(tokenizer["cls"]) for k, f in ADDED_FIELDS.items() if k not in tokenizer}, **tokenizer}
+
+
 def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile:
     """Build and validate a profile from plain data (as read from TOML or JSON)."""
     if not isinstance(data, dict):
@@ -167,7 +175,9 @@ def _slot_from_dict(name: str, sdata: Any, file: str | None) -> SlotSpec:
         name=name,
         tokenizer_subfolder=take("tokenizer_subfolder", str),
         encoder_subfolder=encoder_subfolder,
-        tokenizer=spec(TokenizerSpec, "tokenizer"),
+        tokenizer=schema.build(
+            TokenizerSpec, _with_added_fields(take("tokenizer", dict[str, Any])), key=f"{where}.tokenizer", file=file, error=ProfileError
+        ),
         encoder=encoder,
         masks=spec(MaskSpec, "masks", {}),
         train_dropout=dropout,
@@ -202,7 +212,7 @@ def _provenance_from_dict(path: str, pdata: Any, file: str | None) -> Provenance
 
 def _validate(p: AlignmentProfile, file: str | None) -> None:
     """Cross-field checks: expressions name real slots, lengths are sane, provenance paths exist."""
-    from te_align.profiles.expr import check_expression, refs
+    from te_align.profiles.expr import check_expression, output_specs, refs
 
     for s in p.slots:
         where = f"slots.{s.name}"
@@ -252,6 +262,10 @@ def _validate(p: AlignmentProfile, file: str | None) -> None:
                 raise ProfileError(
                     f"slot '{r.slot}' is tokenizer_only: it gives ids, mask and denoiser_mask, not {r.attr}", file=file, key=f"outputs.{name}"
                 )
+    try:
+        output_specs(p)  # every output is one kind of tensor (embeddings, mask or ids)
+    except ProfileError as e:
+        raise ProfileError(e.message, file=file, key=e.key) from None
     valid = set(p.behaviour_paths())
     prefixes = {path.rsplit(".", i)[0] for path in valid for i in range(path.count(".") + 1)}
     for path, _ in p.provenance:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from te_align import _schema as schema
+from te_align._dtypes import DTYPE_NAMES
 from te_align.errors import TeAlignError, closest
 
 
@@ -205,7 +206,7 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
 
     need(bool(cfg.model.path), "model.path", "missing: a diffusers folder, hub repo id or .safetensors checkpoint")
     need(bool(cfg.data.path), "data.path", "missing: a folder of images with .txt captions")
-    need(cfg.model.dtype in ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), "model.dtype",
+    need(cfg.model.dtype in DTYPE_NAMES, "model.dtype",
          f"expected float32, bfloat16 or float16, got {cfg.model.dtype!r}")
     d, t, lo, s = cfg.data, cfg.train, cfg.lora, cfg.sample
     need(d.resolution >= 8, "data.resolution", f"must be >= 8, got {d.resolution}")

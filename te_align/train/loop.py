@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import atomic_file
+from te_align._dtypes import torch_dtype
 from te_align.train.config import TrainConfig, TrainError, as_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,7 +49,7 @@ class LatentStore:
     """VAE latent distributions (mean, std) per (image, flip), in memory and optionally on disk."""
 
     def __init__(self, vae: Any, directory: Path | None, device: Any, dtype: Any) -> None:
-        from te_align.encoding.cache import hash_text_encoders
+        from te_align.encoding.cache.keys import hash_text_encoders
 
         self.vae = vae
         self.dir = directory
@@ -150,7 +151,8 @@ class TextSource:
 
     def _cache(self, pattern: str) -> Any:
         if pattern not in self._caches:
-            from te_align.encoding.cache import EmbeddingCache, hash_text_encoders
+            from te_align.encoding.cache.keys import hash_text_encoders
+            from te_align.encoding.cache.store import EmbeddingCache
 
             if self._te_hash is None:
                 self._te_hash = hash_text_encoders(
@@ -367,12 +369,12 @@ def train(
     M.check_model(profile, pipe, cfg.model.path)
     denoiser = getattr(pipe, family.denoiser_attr)
     vae = pipe.vae
-    weight_dtype = M.torch_dtype(cfg.model.dtype)
+    weight_dtype = torch_dtype(cfg.model.dtype)
     objective = _resolve_objective(t.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
     for module in [denoiser, vae] + [getattr(pipe, s.encoder_subfolder) for s in profile.slots]:
         module.requires_grad_(False)
         module.to(device)
-    compute_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(t.mixed_precision, weight_dtype)
+    compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
 
     # ---- buckets
     scale = M.vae_scale_factor(vae)

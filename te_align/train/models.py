@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._dtypes import torch_dtype
 from te_align.train.config import ModelConfig, TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,15 +34,6 @@ FLUX_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.ad
                 "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
                 "ff_context.net.2"]  # fmt: skip
 CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
-
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    import torch
-
-    return getattr(torch, _DTYPES[name])
-
 
 @dataclass
 class Family:
