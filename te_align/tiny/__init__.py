@@ -1,0 +1,1 @@
+"""Offline tiny parts: tokenizers, encoders, models and the procedural shapes world."""
