@@ -20,8 +20,10 @@ texture (noise, stripes, checker).
   and :func:`evaluate` compare readings with the truth. The reader is classical: the background is
   neutral, so an object pixel is ``alpha * colour`` in the opponent-colour plane whatever the
   background brightness; pixels are labelled with the nearest palette hue where the chroma is above
-  a noise-dependent threshold, grouped into connected components, and each component is matched
-  against the eight exact shape/style templates (soft IoU); the position is the cell of its centroid.
+  a noise-dependent threshold, grouped into connected components (merged per grid cell), and each
+  object's coverage map is fitted by least squares with the exact templates of every shape x style x
+  size (sharp or blurred); the position is the cell of its centroid. :func:`degrade` makes the noisy,
+  blurred or JPEG-compressed test images the reader is also measured on (benchmarks/bench_world.py).
 * :func:`grid` lays images out with a label under each (nearest-neighbour upscaling).
 
 Only ``numpy`` and Pillow are needed; the T5 tokenizer used for token positions is imported lazily
@@ -828,7 +830,7 @@ _PALETTE_ANGLE = np.arctan2(_PALETTE_AB[:, 1], _PALETTE_AB[:, 0])
 
 @dataclass(frozen=True)
 class ReadObject:
-    """One object the reader found; ``fit`` is the soft IoU of the best template (0..1)."""
+    """One object the reader found; ``fit`` is ``1 - residual / |coverage|^2`` of the best template (1 = exact)."""
 
     colour: str
     shape: str
