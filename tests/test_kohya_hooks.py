@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from te_align.errors import ProfileError
 from te_align.hooks import HookError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -261,9 +262,20 @@ def test_bad_overrides_are_refused(standin, monkeypatch):
     monkeypatch.setenv("TE_ALIGN_OVERRIDES", "[1]")
     with pytest.raises(HookError, match="must be a JSON object"):
         hk.install()
-    monkeypatch.setenv("TE_ALIGN_OVERRIDES", '{"kohya.clip_g_exclamation": "maybe"}')
-    with pytest.raises(HookError, match="must be one of official, sd-scripts"):
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", '{"kohya.clip_g_exclamation": "sd-scripts"}')
+    with pytest.raises(HookError) as e:
         hk.install()
+    assert str(e.value) == (
+        "kohya.clip_g_exclamation is now the profile override clip_g.tokenizer.pad_token_in_prompt "
+        '(pad_id = official, text = sd-scripts): use {"clip_g.tokenizer.pad_token_in_prompt": "text"}'
+    )
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", '{"kohya.other": 1}')
+    with pytest.raises(HookError, match="the kohya hooks take profile overrides only"):
+        hk.install()
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", '{"clip_g.tokenizer.pad_token_in_prompt": "maybe"}')
+    hk.install()  # overrides are validated against the profile sd-scripts' architecture picks
+    with pytest.raises(ProfileError, match="pad_token_in_prompt"):
+        hk.profile_for("sdxl")
 
 
 def test_hooked_sd_path_equals_te_align_encode_and_overrides_win(standin, monkeypatch, caplog):
@@ -473,8 +485,8 @@ def test_te_cache_carries_fingerprint_and_mismatch_reencodes(standin, tmp_path, 
         assert "hidden_state1" in data.files
     assert cache.is_disk_cached_outputs_expected(npz)
     hk.uninstall()
-    hk.install(profile="sdxl", **{"kohya.clip_g_exclamation": "sd-scripts"})
-    assert not cache.is_disk_cached_outputs_expected(npz)  # hook options are part of the cache key
+    hk.install(profile="sdxl", **{"clip_g.tokenizer.pad_token_in_prompt": "text"})
+    assert not cache.is_disk_cached_outputs_expected(npz)  # overrides are part of the cache key
 
 
 def _hunyuan_strategies(module, comps):

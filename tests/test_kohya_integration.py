@@ -242,10 +242,9 @@ def test_sdxl_exclamation_difference_and_hooked_parity(kohya, tokenizer_cache, h
     assert torch.equal(torch.cat([hs1, hs2], dim=-1), ref["prompt_embeds"])
     assert torch.equal(pool, ref["pooled_prompt_embeds"])
     # keep sd-scripts' "!" tokenization on request: equal to the unhooked ids
-    hooks.install(profile=p, **{"kohya.clip_g_exclamation": "sd-scripts"})
     hooks.uninstall()
     plain_ids = tok.tokenize(PROMPTS)[1]
-    hooks.install(profile=p, **{"kohya.clip_g_exclamation": "sd-scripts"})
+    hooks.install(profile=p, **{"clip_g.tokenizer.pad_token_in_prompt": "text"})
     assert torch.equal(tok.tokenize(PROMPTS)[1], plain_ids)
 
 

@@ -18,6 +18,7 @@ Modules (import the one you need; importing this package imports no torch):
 * :mod:`te_align.tiny.fit`: fitting a bundled profile's architecture numbers (hidden sizes, layer counts,
   token ids) to the tiny encoders, leaving every behaviour field as bundled.
 * :mod:`te_align.tiny.datasets`: synthetic captioned images (the demo's coloured shapes, coloured squares).
-* :mod:`te_align.tiny.world`: the shapes world (procedural images and captions, prompt-accuracy reader,
-  pretrained tiny base models).
+* :mod:`te_align.tiny.world`: the shapes world: procedural images of coloured shapes with captions in the
+  styles trainers use (tags, short sentences, long natural language), held-out concepts, and a
+  deterministic prompt-accuracy reader.
 """

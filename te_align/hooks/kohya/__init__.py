@@ -15,7 +15,7 @@ sample path).
 
 The package: :mod:`~te_align.hooks.kohya.archs` (one row per sd-scripts architecture: classes, slots,
 parameters, its own steps, its targets), :mod:`~te_align.hooks.kohya.slots` (the steps every
-architecture shares), :mod:`~te_align.hooks.kohya.run` (the run's state: profile, overrides, options),
+architecture shares), :mod:`~te_align.hooks.kohya.run` (the run's state: profile, overrides, facts),
 and the modules above.
 
 Activation: ``install(profile=None, **overrides)``. Importing the package installs nothing. The drop-in
@@ -28,12 +28,10 @@ Profile choice: ``install(profile=...)`` / ``TE_ALIGN_PROFILE``; otherwise per a
 ``sd35-large`` (every bundled SD3 profile has the same behaviour), Flux ``flux-dev``/``flux-schnell``
 from sd-scripts' own checkpoint analysis, Chroma ``chroma``, Lumina 2 ``lumina2``, Anima ``anima``,
 HunyuanImage ``hunyuanimage-2.1``). Overrides: keyword arguments and ``TE_ALIGN_OVERRIDES`` (JSON
-object; keyword arguments win); keys starting with ``kohya.`` are hook options
-(:data:`~te_align.hooks.kohya.run.HOOK_OPTIONS`), the rest are profile overrides. Hook options:
-
-* ``kohya.clip_g_exclamation``: ``"official"`` (default; every literal "!" becomes the pad token
-  id 0, as the hub ``tokenizer_2`` of SDXL/SD3 does) or ``"sd-scripts"`` (plain BPE "!", as
-  sd-scripts' laion tokenizer and open_clip do).
+object; keyword arguments win), all ordinary profile overrides. CLIP-G "!": by default every literal "!"
+becomes the pad token id 0, as the hub ``tokenizer_2`` of SDXL/SD3 does; the override
+``clip_g.tokenizer.pad_token_in_prompt = "text"`` keeps sd-scripts' plain BPE "!" (fingerprinted like
+every override).
 """
 
 from __future__ import annotations
@@ -55,12 +53,11 @@ from te_align.hooks.kohya.run import (
     ENV_OVERRIDES,
     ENV_PROFILE,
     ENV_STATE,
-    HOOK_OPTIONS,
     RUN,
+    check_overrides,
     default_profile_name,
     env_overrides,
     profile_for,
-    split_overrides,
     with_clip_skip,
 )
 
@@ -95,15 +92,15 @@ def install(profile: Any = None, **overrides: Any) -> bool:
     """Install the kohya hooks (idempotent; all targets or none). Returns False under ``TE_ALIGN=off``.
 
     ``profile``: a profile name or object used for every architecture (default: ``TE_ALIGN_PROFILE``,
-    else chosen per architecture). ``overrides``: profile overrides and ``kohya.*`` hook options
-    (merged over ``TE_ALIGN_OVERRIDES``; pass dotted keys with ``**{"kohya.clip_g_exclamation": ...}``).
+    else chosen per architecture). ``overrides``: profile overrides
+    (merged over ``TE_ALIGN_OVERRIDES``; pass dotted keys with ``**{"clip_g.tokenizer.pad_token_in_prompt": "text"}``).
     """
     global _HOOK
     if hooks_disabled():
         logger.info("te-align: kohya hooks disabled by %s=%s; sd-scripts runs unmodified", ENV_SWITCH, os.environ.get(ENV_SWITCH))
         return False
     merged = {**env_overrides(), **overrides}
-    profile_ov, options = split_overrides(merged)
+    profile_ov = check_overrides(merged)
     chosen = profile if profile is not None else (os.environ.get(ENV_PROFILE) or None)
     if chosen is not None and not isinstance(chosen, str):
         from te_align.profiles import AlignmentProfile
@@ -116,12 +113,11 @@ def install(profile: Any = None, **overrides: Any) -> bool:
         load(chosen)  # fail early with the profile registry's message
     with RUN.lock:
         if _HOOK is not None and _HOOK.is_installed:
-            same = (RUN.explicit, RUN.overrides, RUN.options) == (chosen, profile_ov, {**RUN.options, **options})
-            if not same:
-                RUN.configure(chosen, profile_ov, options)
+            if (RUN.explicit, RUN.overrides) != (chosen, profile_ov):
+                RUN.configure(chosen, profile_ov)
             return True
         hook = KohyaHook()
-        RUN.configure(chosen, profile_ov, options)
+        RUN.configure(chosen, profile_ov)
         hook.install()
         _HOOK = hook
     logger.info("te-align: kohya hooks active (%s)", KohyaHook.supported_versions())
@@ -150,7 +146,7 @@ def check() -> None:
 
 
 __all__ = [
-    "ARCHS", "ENV_OVERRIDES", "ENV_PROFILE", "ENV_STATE", "HOOK_OPTIONS", "NPZ_KEY", "RUN", "Arch", "KohyaHook",
+    "ARCHS", "ENV_OVERRIDES", "ENV_PROFILE", "ENV_STATE", "NPZ_KEY", "RUN", "Arch", "KohyaHook",
     "all_targets", "cache_fingerprint", "check", "default_profile_name", "install", "is_installed", "profile_for",
     "uninstall", "with_clip_skip",
 ]  # fmt: skip

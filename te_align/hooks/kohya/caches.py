@@ -26,7 +26,7 @@ TRAINER = "kohya-ss/sd-scripts"
 
 
 def cache_fingerprint(p: AlignmentProfile, strategy: Any = None, *, weighted: bool = False) -> str:
-    """Fingerprint stored in TE-output caches: the profile's, plus hook options that change outputs.
+    """Fingerprint stored in TE-output caches: the profile's, plus sd-scripts settings that change outputs.
 
     ``strategy``: the tokenize strategy (its architecture and ``--max_token_length`` decide long-prompt
     chunks). ``weighted``: the cache holds --weighted_captions outputs (sd-scripts' prompt weights applied).
@@ -34,8 +34,6 @@ def cache_fingerprint(p: AlignmentProfile, strategy: Any = None, *, weighted: bo
     from te_align.hooks.kohya.archs import arch_of_strategy
 
     fp = p.fingerprint()
-    if not RUN.clip_g_official and any(s.name == "clip_g" for s in p.slots):
-        fp += "+clip_g_exclamation=sd-scripts"
     arch = arch_of_strategy(strategy)
     chunks = chunk_options(arch.chunkable, strategy).long_prompt_chunks if arch is not None else 0
     if chunks:
@@ -141,10 +139,10 @@ def stamping_save(original: Any) -> Any:
         from te_align.metadata import stamp, stamp_keys
 
         if isinstance(metadata, dict):
-            metadata.update(stamp_keys(p, {"trainer": TRAINER, "options": RUN.options}))
+            metadata.update(stamp_keys(p, {"trainer": TRAINER}))
             return original(self, file, dtype, metadata)
         result = original(self, file, dtype, metadata)
-        stamp(file, profile=p, extra={"trainer": TRAINER, "options": RUN.options})
+        stamp(file, profile=p, extra={"trainer": TRAINER})
         return result
 
     return mark_wrapper(save_weights, original)

@@ -1,4 +1,4 @@
-"""The state of one hooked sd-scripts process: chosen profile, user overrides, hook options, facts, counters.
+"""The state of one hooked sd-scripts process: chosen profile, user overrides, facts, counters.
 
 Everything the kohya hook modules share lives here and is imported by name (``RUN``, ``profile_for``, …):
 the profile a hooked call follows (:func:`profile_for`: explicit, else the architecture's bundled one
@@ -30,14 +30,10 @@ ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
 #: Run facts the parent learns (Flux variant) handed to DataLoader workers through the environment.
 ENV_STATE = "TE_ALIGN_KOHYA_STATE"
 
-#: Hook options (``kohya.*`` keys of the overrides) and their allowed values, the default first.
-#: ``kohya.clip_g_exclamation``: ``"official"`` (every literal "!" becomes the pad token id 0, as the hub
-#: ``tokenizer_2`` of SDXL/SD3 does) or ``"sd-scripts"`` (plain BPE "!", as sd-scripts' laion tokenizer).
-HOOK_OPTIONS: dict[str, tuple[str, ...]] = {"kohya.clip_g_exclamation": ("official", "sd-scripts")}
-
-
-def default_options() -> dict[str, str]:
-    return {k: allowed[0] for k, allowed in HOOK_OPTIONS.items()}
+#: Former hook options, now ordinary profile overrides: old key -> (override key, {old value: new value}).
+RENAMED_OPTIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "kohya.clip_g_exclamation": ("clip_g.tokenizer.pad_token_in_prompt", {"official": "pad_id", "sd-scripts": "text"}),
+}
 
 
 class Run:
@@ -47,22 +43,20 @@ class Run:
         self.lock = threading.RLock()
         self.explicit: Any = None
         self.overrides: dict[str, Any] = {}
-        self.options: dict[str, str] = default_options()
         self.profiles: dict[str, AlignmentProfile] = {}
         self.logged: set[str] = set()
         self.reencoded = 0
         self.reencoded_logged = 0
         self.last_profile: AlignmentProfile | None = None
 
-    def configure(self, chosen: Any, overrides: dict[str, Any], options: dict[str, str]) -> None:
+    def configure(self, chosen: Any, overrides: dict[str, Any]) -> None:
         self.explicit = chosen
         self.overrides = overrides
-        self.options = {**default_options(), **options}
         self.profiles.clear()
 
     def reset(self) -> None:
         with self.lock:
-            self.configure(None, {}, {})
+            self.configure(None, {})
             self.last_profile = None
             self.reencoded = self.reencoded_logged = 0
             self.logged.clear()
@@ -86,28 +80,24 @@ class Run:
         data.update(facts)
         os.environ[ENV_STATE] = json.dumps(data, sort_keys=True)
 
-    @property
-    def clip_g_official(self) -> bool:
-        return self.options["kohya.clip_g_exclamation"] == "official"
-
 
 RUN = Run()
 
 
 # ------------------------------------------------------------------------------ user settings
-def split_overrides(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Overrides -> (profile overrides, ``kohya.*`` hook options), the options checked."""
-    profile_ov, options = {}, {}
+def check_overrides(raw: dict[str, Any]) -> dict[str, Any]:
+    """The user's overrides, all of them profile overrides (validated when the profile is built).
+
+    The former hook option ``kohya.clip_g_exclamation`` is refused with the override that replaces it.
+    """
     for k, v in raw.items():
+        if k in RENAMED_OPTIONS:
+            key, values = RENAMED_OPTIONS[k]
+            shown = json.dumps({key: values.get(str(v), "pad_id|text")})
+            raise HookError(f"{k} is now the profile override {key} (pad_id = official, text = sd-scripts): use {shown}")
         if k.startswith("kohya."):
-            if k not in HOOK_OPTIONS:
-                raise HookError(f"unknown kohya hook option {k!r}; known: {', '.join(HOOK_OPTIONS)}")
-            if v not in HOOK_OPTIONS[k]:
-                raise HookError(f"{k} must be one of {', '.join(HOOK_OPTIONS[k])}, got {v!r}")
-            options[k] = v
-        else:
-            profile_ov[k] = v
-    return profile_ov, options
+            raise HookError(f"unknown override {k!r}: the kohya hooks take profile overrides only (e.g. t5_max_length)")
+    return dict(raw)
 
 
 def env_overrides() -> dict[str, Any]:
@@ -151,9 +141,8 @@ def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
                 p = p.with_overrides(dict(RUN.overrides))
             RUN.profiles[key] = p
             logger.info(
-                "te-align: kohya %s follows profile %s (fingerprint %s)%s%s", arch, p.name, p.fingerprint()[:12],
+                "te-align: kohya %s follows profile %s (fingerprint %s)%s", arch, p.name, p.fingerprint()[:12],
                 f"; user overrides {json.dumps(RUN.overrides, sort_keys=True)}" if RUN.overrides else "",
-                "" if RUN.clip_g_official else "; CLIP-G '!' kept as sd-scripts tokenizes it",
             )  # fmt: skip
         RUN.last_profile = p
     return p

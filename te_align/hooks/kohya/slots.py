@@ -23,10 +23,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # -------------------------------------------------------------------------------- tokenization
 def clip_g_tokenizer(strategy: Any, attr: str) -> Any:
-    """sd-scripts' laion CLIP-G tokenizer, or a copy that splits "!" as the pad token like the hub tokenizer_2."""
+    """sd-scripts' laion CLIP-G tokenizer made the hub ``tokenizer_2`` (a copy whose pad token "!" is special).
+
+    The profile's ``clip_g.tokenizer.pad_token_in_prompt`` then decides how a literal "!" reads, as for
+    any other tokenizer (``"text"``: plain BPE, exactly sd-scripts' own tokenization).
+    """
     tok = getattr(strategy, attr)
-    if not RUN.clip_g_official:
-        return tok
     cached = strategy.__dict__.get("_te_align_clip_g")
     if cached is None or cached[0] is not tok:
         official = copy.deepcopy(tok)
