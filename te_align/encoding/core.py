@@ -11,19 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from te_align.encoding.conditioning import Conditioning
 from te_align.encoding.text import is_absent, render, template_prefix
 from te_align.errors import EncodingError
 from te_align.profiles.expr import Call, Node, Ref, parse_expression, refs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 #: CLIP-style chunk body length for long prompts (77 positions minus BOS and EOS).
 CHUNK_BODY = 75
@@ -220,7 +216,7 @@ def pad_tokens(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, length: in
     if extra <= 0:
         return ids, mask
     pad = (extra, 0) if slot.tokenizer.padding_side == "left" else (0, extra)
-    return F.pad(ids, pad, value=pad_id), F.pad(mask, pad, value=0)
+    return torch.nn.functional.pad(ids, pad, value=pad_id), torch.nn.functional.pad(mask, pad, value=0)
 
 
 def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False) -> list[int]:
@@ -522,12 +518,12 @@ def _repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.
         span = hidden.shape[1] - d
         gathered, gathered_ids = hidden[:, d : d + target], ids[:, d : d + target]
         if span < target:
-            gathered = F.pad(gathered, (0, 0, 0, target - span))
-            gathered_ids = F.pad(gathered_ids, (0, target - span))
+            gathered = torch.nn.functional.pad(gathered, (0, 0, 0, target - span))
+            gathered_ids = torch.nn.functional.pad(gathered_ids, (0, target - span))
     else:
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, d : d + target]
         if order.shape[1] < target:
-            order = F.pad(order, (0, target - order.shape[1]))
+            order = torch.nn.functional.pad(order, (0, target - order.shape[1]))
         gathered = hidden.gather(1, order.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         gathered_ids = ids.gather(1, order)
     out_h = torch.where(valid.unsqueeze(-1), gathered, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
@@ -554,7 +550,7 @@ def evaluate(node: Node, results: Mapping[str, SlotResult]) -> torch.Tensor | in
     if node.fn == "padw":
         x, w = args
         width = w if isinstance(w, int) else w.shape[-1]
-        return F.pad(x, (0, width - x.shape[-1]))  # type: ignore[union-attr]
+        return torch.nn.functional.pad(x, (0, width - x.shape[-1]))  # type: ignore[union-attr]
     if node.fn == "text_ids":
         (x,) = args
         return torch.zeros(x.shape[-2], 3).to(device=x.device, dtype=x.dtype)  # type: ignore[union-attr]
