@@ -12,7 +12,7 @@ A preset is a TOML file (``presets/<family>/<name>.toml`` or ``presets/tiny-demo
     version = "SimpleTuner 4.8.0"
     behaviour = "T5 at 154 tokens (tokenizer_max_length defaults to 154, capped at 154)"
     why = "the profile trains T5 at 256 tokens (the official pipeline)"
-    source = "research/trainers.md §4.1, §6.1 (simpletuner/helpers/models/sd3/model.py:848-865)"
+    source = "bghira/SimpleTuner@bc8e6ab simpletuner/helpers/models/sd3/model.py:848-865"
     overrides = { t5_max_length = 154 }         # profile.with_overrides(...)
     transform = ""                              # a named transform where an override cannot express it
 
@@ -52,8 +52,8 @@ TRANSFORMS: dict[str, tuple[str, str]] = {
         "CLIP-G tokenizer as sd-scripts loads it: the laion tokenizer with pad <|endoftext|> and then "
         "pad_token_id = 0, so a literal '!' is the ordinary BPE token 256 (and '!!' 748) instead of the "
         "hub tokenizer_2's special pad token id 0; padding stays id 0",
-        "research/kohya.md §3.1 and §4.3 (sd-scripts library/strategy_sdxl.py:26, sdxl_train_util.py:157; "
-        "diffusers issue #4153)",
+        "kohya-ss/sd-scripts@48d368f library/strategy_sdxl.py:26, library/sdxl_train_util.py:157; "
+        "huggingface/diffusers issue #4153",
     ),
 }
 

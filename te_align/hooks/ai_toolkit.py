@@ -15,9 +15,10 @@ returned (verified against ai-toolkit 0.12.26 at 27a03a9 and ostris-ai-toolkit 0
   fingerprint, so a changed setting re-encodes instead of reusing a stale file.
 
 The profile decides lengths, masks, layers and what a dropped caption becomes; ai-toolkit's own
-``max_length`` / ``attn_mask`` arguments are ignored. Fixed gaps (research trainers.md §2.2):
-FLUX.1 schnell encoded T5 at 512 (256), Chroma ran T5 without the mask, ``prompt_dropout_prob`` was
-ignored for SD3 and every ``BaseModel`` model, and no T5 length could be set.
+``max_length`` / ``attn_mask`` arguments are ignored. Fixed gaps (ostris/ai-toolkit@27a03a9
+toolkit/stable_diffusion_model.py:2468-2481, toolkit/models/base_model.py:1108-1131): FLUX.1 schnell
+encoded T5 at 512 (256), Chroma ran T5 without the mask, ``prompt_dropout_prob`` was ignored for SD3
+and every ``BaseModel`` model, and no T5 length could be set.
 """
 
 from __future__ import annotations
