@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from te_align.hooks import kohya as K
+from te_align.hooks import kohya
 from te_align.hooks.base import mark_wrapper
 
 #: The lpw pipeline module of each architecture (its ``__call__`` is wrapped; targets: kohya.SAMPLE_TARGETS).
@@ -61,15 +61,15 @@ MISSING_NEGATIVE = MissingNegative("")
 
 
 def _arch(name: str) -> Any:
-    return next(a for a in K.ARCHS if a.name == name)
+    return next(a for a in kohya.ARCHS if a.name == name)
 
 
 def pipeline_call_wrapper(arch_name: str, original: Any) -> Any:
     def __call__(self: Any, prompt: Any, negative_prompt: Any = None, *args: Any, **kwargs: Any) -> Any:
         if negative_prompt is None:
-            p = K.profile_for(arch_name, K._tokenize_strategy() or self)
+            p = kohya.profile_for(arch_name, kohya._tokenize_strategy() or self)
             if p.empty_prompt == "zeros":
-                K._RUN.once(
+                kohya._RUN.once(
                     f"sample:zeros:{arch_name}",
                     "te-align: sample images: a missing negative prompt becomes zero embeddings (profile %s empty_prompt "
                     "= zeros, as the official pipeline); sd-scripts would encode \"\"", p.name,
@@ -95,13 +95,13 @@ def lpw_embeddings(
     from te_align.encoding.weights import tokenize_slot_weighted, weight_hidden_states
 
     arch = _arch("sd")
-    strategy = K._tokenize_strategy()
-    p = K.with_clip_skip(K.profile_for(arch.name, strategy or pipe), clip_skip)
+    strategy = kohya._tokenize_strategy()
+    p = kohya.with_clip_skip(kohya.profile_for(arch.name, strategy or pipe), clip_skip)
     slot = p.slots[0]
     tokenizer = getattr(strategy, "tokenizer", None) or pipe.tokenizer
-    opts = K._chunk_options(arch.name, strategy)
+    opts = kohya._chunk_options(arch.name, strategy)
     chunks = opts.long_prompt_chunks
-    K._RUN.once(
+    kohya._RUN.once(
         "sample:sd",
         "te-align: sample images (SD lpw pipeline) follow profile %s as training does: layer %s%s, %s (sd-scripts samples "
         "with up to %s chunks whatever --max_token_length); prompt weights applied as the lpw pipeline does "
@@ -115,11 +115,11 @@ def lpw_embeddings(
 
     def embed(texts: list[Any]) -> Any:
         ids, mask, weights = tokenize_slot_weighted(slot, tokenizer, [str(t) for t in texts], options=opts, parse=parse)
-        hidden = K._slot_encode(p, slot.name, pipe.text_encoder, ids, mask).hidden
+        hidden = kohya._slot_encode(p, slot.name, pipe.text_encoder, ids, mask).hidden
         if weigh:
             hidden = weight_hidden_states(hidden, weights.to(hidden.dtype), restore_mean=True)
         if p.empty_prompt == "zeros":
-            hidden = K._zero_rows(hidden, [isinstance(t, MissingNegative) for t in texts])
+            hidden = kohya._zero_rows(hidden, [isinstance(t, MissingNegative) for t in texts])
         return hidden
 
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from te_align.hooks import kohya as K
+from te_align.hooks import kohya
 from te_align.hooks.base import mark_wrapper
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,16 +44,16 @@ class NegativeWeights(list):  # type: ignore[type-arg]
 
 def _announce(arch: Arch, p: AlignmentProfile, strategy: Any) -> None:
     if arch.name == "lumina":
-        K._RUN.once(
+        kohya._RUN.once(
             "weighted:lumina",
             "te-align: --weighted_captions (lumina): captions tokenized and encoded by profile %s; sd-scripts applies no "
             "prompt weights to Gemma 2 (library/strategy_lumina.py:74-89,125-144), so captions are encoded as written, "
             "weight syntax included, as without te-align", p.name,
         )  # fmt: skip
         return
-    chunks = K._chunk_options(arch.name, strategy).long_prompt_chunks
+    chunks = kohya._chunk_options(arch.name, strategy).long_prompt_chunks
     sdxl = arch.name == "sdxl"
-    K._RUN.once(
+    kohya._RUN.once(
         f"weighted:{arch.name}",
         "te-align: weighted prompts (%s: %s): tokens, pad token%s, %s and hidden layers follow profile %s; prompt "
         "weights ((word:1.2), (word), [word]) are parsed and applied as sd-scripts does (%s): hidden states x per-token "
@@ -70,13 +70,13 @@ def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:
     from te_align.hooks.kohya_sample import MissingNegative
 
     texts = [text] if isinstance(text, str) else list(text)
-    p = K.profile_for(arch.name, strategy)
-    K._note_setting_differences(arch, strategy, p)
+    p = kohya.profile_for(arch.name, strategy)
+    kohya._note_setting_differences(arch, strategy, p)
     _announce(arch, p, strategy)
-    opts = K._chunk_options(arch.name, strategy)
+    opts = kohya._chunk_options(arch.name, strategy)
     plain = [str(t) for t in texts]
     ids_list, weights_list = [], []
-    for slot, tok in K._slot_tokenizers(arch, strategy, p):
+    for slot, tok in kohya._slot_tokenizers(arch, strategy, p):
         ids, _mask, weights = tokenize_slot_weighted(slot, tok, plain, options=opts)
         ids_list.append(ids.unsqueeze(1))
         weights_list.append(weights.unsqueeze(1))
@@ -102,14 +102,14 @@ def _weigh(hidden: Any, weights: Any) -> Any:
 def encode_weighted(arch: Arch, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Any, weights: Any) -> Any:
     """SD/SDXL ``encode_tokens_with_weights``: the hooked encoding, then sd-scripts' weighting."""
 
-    out = K._encode(arch, self, tokenize_strategy, models, tokens)
+    out = kohya._encode(arch, self, tokenize_strategy, models, tokens)
     if arch.name == "sd":
         result = [_weigh(out[0], weights[0])]
     else:
         result = [_weigh(out[0], weights[0]), _weigh(out[1], weights[1]), out[2]]
     rows = getattr(weights, "zero_rows", None)
-    if rows is not None and K.profile_for(arch.name, tokenize_strategy).empty_prompt == "zeros":
-        result = [K._zero_rows(t, rows) for t in result]
+    if rows is not None and kohya.profile_for(arch.name, tokenize_strategy).empty_prompt == "zeros":
+        result = [kohya._zero_rows(t, rows) for t in result]
     return result
 
 
@@ -120,9 +120,9 @@ def tokenize_with_weights_wrapper(arch: Arch, original: Any) -> Any:
         def tokenize_with_weights_lumina(self: Any, text: Any) -> Any:
             import torch
 
-            p = K.profile_for(arch.name, self)
+            p = kohya.profile_for(arch.name, self)
             _announce(arch, p, self)
-            ids, mask = K._tokenize(arch, self, text)
+            ids, mask = kohya._tokenize(arch, self, text)
             return ids, mask, [torch.ones_like(t) for t in ids]
 
         return mark_wrapper(tokenize_with_weights_lumina, original)
@@ -137,7 +137,7 @@ def encode_tokens_with_weights_wrapper(arch: Arch, original: Any) -> Any:
     if arch.name == "lumina":
 
         def encode_tokens_with_weights_lumina(self: Any, tokenize_strategy: Any, models: Any, tokens: Any, weights: Any) -> Any:
-            return K._encode(arch, self, tokenize_strategy, models, tokens)
+            return kohya._encode(arch, self, tokenize_strategy, models, tokens)
 
         return mark_wrapper(encode_tokens_with_weights_lumina, original)
 
