@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -44,9 +43,7 @@ from te_align.profiles.sources import (
 
 
 def need(name: str) -> AlignmentProfile:
-    """The bundled profile, or skip while it has not been written yet."""
-    if name not in bundled_names():
-        pytest.skip(f"bundled profile '{name}' does not exist yet")
+    """The bundled profile (every profile these tests name is bundled: a missing one fails)."""
     return bundled(name)
 
 
@@ -77,11 +74,11 @@ def test_folder_stating_the_bundled_values_rebuilds_the_bundled_profile(tmp_path
 
 def test_every_recipe_row_names_a_pipeline_of_its_profile() -> None:
     for row in RECIPES:
-        if row.profile in bundled_names():
-            p = bundled(row.profile)
-            assert p.pipeline.startswith(row.pipeline), (row, p.pipeline)
-            subs = {s.encoder_subfolder for s in p.slots}
-            assert {sub for _, sub in row.encoders} <= subs, row
+        assert row.profile in bundled_names(), row
+        p = bundled(row.profile)
+        assert p.pipeline.startswith(row.pipeline), (row, p.pipeline)
+        subs = {s.encoder_subfolder for s in p.slots}
+        assert {sub for _, sub in row.encoders} <= subs, row
 
 
 @pytest.mark.parametrize(
@@ -290,10 +287,7 @@ def test_encoder_class_follows_model_index(tmp_path: Path) -> None:
 
 
 def test_nested_text_config_and_llm_families(tmp_path: Path) -> None:
-    name = next((n for n in ("qwen-image", "lumina2", "sana", "hidream") if n in bundled_names()), None)
-    if name is None:
-        pytest.skip("no LLM-encoder profile bundled yet")
-    base = bundled(name)
+    base = bundled("qwen-image")
     slot = next(s for s in base.slots if not s.encoder.cls.startswith(("CLIP", "T5", "UMT5")))
     folder = diffusers_folder(tmp_path / "m", base)
     cfg_path = folder / slot.encoder_subfolder / "config.json"
@@ -302,7 +296,7 @@ def test_nested_text_config_and_llm_families(tmp_path: Path) -> None:
     cfg["text_config"] = inner
     write_json(cfg_path, cfg)
     report = build(folder)
-    assert report.base == name and report.differences == []
+    assert report.base == "qwen-image" and report.differences == []
 
 
 # ------------------------------------------------------------------------------ folder errors
@@ -751,10 +745,9 @@ def test_cli_build_single_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 # -------------------------------------------------------- key names against installed diffusers
 def test_fixture_key_names_are_the_ones_diffusers_single_file_loading_uses() -> None:
-    spec = importlib.util.find_spec("diffusers")
-    if spec is None or spec.origin is None:
-        pytest.skip("diffusers is not installed")
-    source = (Path(spec.origin).parent / "loaders" / "single_file_utils.py").read_text(encoding="utf-8")
+    import diffusers
+
+    source = (Path(diffusers.__file__).parent / "loaders" / "single_file_utils.py").read_text(encoding="utf-8")
     fixtures: dict[str, tuple[int, ...]] = {
         **unet_keys(1024),
         **mmdit_keys(38),
