@@ -1,7 +1,9 @@
-"""Shared test settings (no network, quiet third-party loggers) and the session's tiny model folders and data."""
+"""Shared test settings (no network, quiet third-party loggers), the one skip rule of the kohya tests, and the
+session's tiny model folders and data."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +13,36 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+#: Environment variable naming a kohya-ss/sd-scripts checkout, and sd-scripts' own import dependencies
+#: that its tested modules need beyond te-align's (the ``kohya-test`` extra in pyproject.toml).
+KOHYA_ENV = "TE_ALIGN_KOHYA_DIR"
+KOHYA_TEST_DEPS = ("einops", "imagesize")
+
+
+def kohya_skip_reason() -> str | None:
+    """Why the tests marked ``kohya`` cannot run here (None when they can): one reason for all of them."""
+    missing = [] if os.environ.get(KOHYA_ENV) else [f"{KOHYA_ENV} is not set"]
+    absent = [name for name in KOHYA_TEST_DEPS if importlib.util.find_spec(name) is None]
+    if absent:
+        missing.append(f"sd-scripts' import dependencies {', '.join(absent)} are not installed")
+    if not missing:
+        return None
+    return (
+        f"kohya tests need a kohya-ss/sd-scripts checkout in {KOHYA_ENV} and its import dependencies "
+        f'(pip install -e ".[kohya-test]"): {"; ".join(missing)}'
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = kohya_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if item.get_closest_marker("kohya") is not None:
+            item.add_marker(skip)
 
 
 def pytest_configure(config):

@@ -26,7 +26,9 @@ def test_every_bundled_preset_validates() -> None:
         assert p.name == name
         if name in FAMILY_PRESETS:
             assert path.parent.name == FAMILY_PRESETS[name] and p.profile == FAMILY_PRESETS[name] and p.model
-        assert "research/" in p.baseline.source and p.baseline.behaviour and p.baseline.why
+        # cites upstream code a user can open: owner/repo@commit path:line
+        assert re.search(r"[\w-]+/[\w.-]+@[0-9a-f]{7,40} \S+:\d+", p.baseline.source), p.baseline.source
+        assert p.baseline.behaviour and p.baseline.why
         a, b = p.arm_profiles()
         assert a.fingerprint() != b.fingerprint()
     assert load_preset("tiny-demo") == load_preset(presets_root() / "tiny-demo.toml")

@@ -10,7 +10,7 @@ extensions. Elsewhere (CI has no torchvision) those tests skip with the import e
 
 A venv where they import (x86_64, Python 3.11; verified at ai-toolkit 27a03a9)::
 
-    python -m venv /tmp/aitk-venv && . /tmp/aitk-venv/bin/activate
+    python -m venv aitk-venv && . aitk-venv/bin/activate
     pip install torch==2.9.1 torchvision==0.24.1 && pip install torch==2.9.1 'torchaudio==2.9.*'
     pip install opencv-python-headless diffusers==0.42.1 transformers==5.5.3 peft==0.18.1 accelerate \
         safetensors sentencepiece einops pyyaml oyaml toml albumentations==1.4.15 albucore==0.0.16 \
@@ -302,9 +302,9 @@ import torch
 import te_align
 import toolkit.train_tools as tt
 from jobs.process.BaseProcess import BaseProcess
-from te_align.hooks import ai_toolkit as h
-from te_align.tiny.pipelines import build_pipeline_for_encoding
+from te_align.hooks import ai_toolkit
 from te_align.tiny.fit import architecture_overrides
+from te_align.tiny.pipelines import build_pipeline_for_encoding
 out["wrapped_init"] = hasattr(BaseProcess.__init__, "__te_align_original__")
 job = SimpleNamespace(name="job", meta=OrderedDict())
 pipe = build_pipeline_for_encoding("flux")
@@ -312,7 +312,7 @@ over = architecture_overrides(te_align.profile("flux-schnell"), pipe)
 over["t5_max_length"] = 128
 BaseProcess(0, job, OrderedDict(model={"arch": "flux", "name_or_path": "black-forest-labs/FLUX.1-schnell"},
                                 te_align={"overrides": over}))
-hook = h._INSTALLED
+hook = ai_toolkit._INSTALLED
 out["profile"] = hook.profile.name
 out["targets"] = sorted(r.target.label for r in hook.installed)
 prompts = ["a photo of a cat", ""]
@@ -326,7 +326,7 @@ try:
 except Exception as e:
     out["bad_section"] = f"{type(e).__name__}: {e}"
 BaseProcess(2, job, OrderedDict(model={"arch": "flux"}, te_align={"enabled": False}))
-out["disabled_uninstalled"] = h._INSTALLED is None and getattr(tt.encode_prompts_flux, "__te_align_original__", None) is None
+out["disabled_uninstalled"] = ai_toolkit._INSTALLED is None and getattr(tt.encode_prompts_flux, "__te_align_original__", None) is None
 print("RESULT " + json.dumps(out))
 """
 

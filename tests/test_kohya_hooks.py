@@ -425,7 +425,6 @@ def test_hooked_anima_path_equals_te_align_encode_padded_to_512(standin, caplog)
     """Anima: the profile's tokens padded to sd-scripts' fixed 512 (per caption, so they collate); encode_tokens
     gives te_align.encode of the batch zero-padded to 512, T5 ids passed through (strategy_anima.py:53-107)."""
     import torch
-    import torch.nn.functional as F
     from library import strategy_anima
 
     import te_align
@@ -454,7 +453,7 @@ def test_hooked_anima_path_equals_te_align_encode_padded_to_512(standin, caplog)
     toks = {k: comps[k] for k in ("tokenizer", "t5_tokenizer")}
 
     def padded(t):
-        return F.pad(t, (0, 0, 0, 512 - t.shape[1])) if t.dim() == 3 else F.pad(t, (0, 512 - t.shape[1]))
+        return torch.nn.functional.pad(t, (0, 0, 0, 512 - t.shape[1])) if t.dim() == 3 else torch.nn.functional.pad(t, (0, 512 - t.shape[1]))
 
     for batch, got in ((prompts, out), (["", ""], empty)):
         ref = te_align.encode(p, batch, tokenizers=toks, text_encoders={"text_encoder": comps["text_encoder"]})

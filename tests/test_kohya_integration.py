@@ -8,8 +8,8 @@ tiny encoders, real-convention tokenizers.
 sd-scripts needs torchvision and cv2 at import time for its image code; where they are missing (a
 CPU box whose PyPI torchvision does not match the CPU torch), inert stand-ins are put in their place
 after transformers/diffusers have decided they are absent. transformers 5 dropped the
-``CLIPFeatureExtractor`` alias sd-scripts imports; it is restored to ``CLIPImageProcessor``. Other pure
-Python requirements (einops, imagesize) must be installed. transformers 5 also dropped
+``CLIPFeatureExtractor`` alias sd-scripts imports; it is restored to ``CLIPImageProcessor``. Its other pure
+Python requirements (einops, imagesize) are the ``kohya-test`` extra. transformers 5 also dropped
 ``batch_encode_plus``, which sd-scripts' Anima tokenizer calls (sd-scripts pins transformers 4.54.1, where
 it equals ``__call__`` on a list of strings): the unhooked Anima tests give the tokenizers that alias.
 """
@@ -29,9 +29,7 @@ from typing import Any
 import pytest
 
 KOHYA_DIR = os.environ.get("TE_ALIGN_KOHYA_DIR")
-pytestmark = pytest.mark.skipif(
-    not KOHYA_DIR, reason="set TE_ALIGN_KOHYA_DIR to a kohya-ss/sd-scripts checkout to run the kohya integration tests"
-)
+pytestmark = pytest.mark.kohya  # skipped with one reason (tests/conftest.py) without the checkout or its dependencies
 
 PROMPTS = [
     "a photo of a cat",
@@ -328,7 +326,6 @@ def test_flux_profile_follows_sd_scripts_checkpoint_analysis(kohya, hooks, monke
 
 # --------------------------------------------------------------------------------- targets / patch
 def test_every_target_resolves_in_the_checkout(kohya):
-    pytest.importorskip("einops")
     from te_align.hooks import kohya as hk
     from te_align.patching.kohya import static_problems
 
@@ -388,10 +385,10 @@ def _anima(kohya: dict[str, Any], **lengths: int) -> tuple[Any, dict[str, Any], 
 
 def _pad_to(t: Any, n: int = 512) -> Any:
     """Right zero-padding along the sequence dimension (dim 1): the fixed shape sd-scripts caches."""
-    import torch.nn.functional as F
+    import torch
 
     extra = n - t.shape[1]
-    return F.pad(t, (0, 0, 0, extra)) if t.dim() == 3 else F.pad(t, (0, extra))
+    return torch.nn.functional.pad(t, (0, 0, 0, extra)) if t.dim() == 3 else torch.nn.functional.pad(t, (0, extra))
 
 
 ANIMA_KEYS = ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask")

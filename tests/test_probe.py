@@ -22,7 +22,7 @@ from te_align.probe.matrix import Found, find_trainers, run_matrix
 HAVE_AT = importlib.util.find_spec("ostris_ai_toolkit") is not None
 needs_at = pytest.mark.skipif(not HAVE_AT, reason="ostris-ai-toolkit 0.2.7 is not installed (pip install --no-deps ostris-ai-toolkit==0.2.7)")
 KOHYA_DIR = os.environ.get("TE_ALIGN_KOHYA_DIR")
-needs_kohya = pytest.mark.skipif(not KOHYA_DIR, reason="TE_ALIGN_KOHYA_DIR is not set (path of a kohya-ss/sd-scripts checkout)")
+needs_kohya = pytest.mark.kohya  # skipped with one reason (tests/conftest.py) without the checkout or its dependencies
 
 
 def _t(result, name):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -16,7 +15,7 @@ import pytest
 from te_align._safetensors import read_header
 from te_align.cli import main
 from te_align.errors import ProfileError, TeAlignError
-from te_align.profiles import bundled, load_profile_file, profile
+from te_align.profiles import bundled, bundled_names, load_profile_file, profile
 from te_align.profiles.model import AlignmentProfile
 from te_align.profiles.resolve import build, classify
 from te_align.profiles.sources.checkpoint import from_single_file
@@ -40,7 +39,7 @@ from tests.support.files import (
 
 
 def need(name: str) -> AlignmentProfile:
-    """The bundled profile (every profile these tests name exists: a missing one fails)."""
+    """The bundled profile (every profile these tests name is bundled: a missing one fails)."""
     return bundled(name)
 
 
@@ -71,6 +70,7 @@ def test_folder_stating_the_bundled_values_rebuilds_the_bundled_profile(tmp_path
 
 def test_every_recipe_row_names_a_pipeline_of_its_profile() -> None:
     for row in RECIPES:
+        assert row.profile in bundled_names(), row
         p = bundled(row.profile)
         assert p.pipeline.startswith(row.pipeline), (row, p.pipeline)
         subs = {s.encoder_subfolder for s in p.slots}
@@ -781,9 +781,9 @@ def test_cli_build_single_file(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 # -------------------------------------------------------- key names against installed diffusers
 def test_fixture_key_names_are_the_ones_diffusers_single_file_loading_uses() -> None:
-    spec = importlib.util.find_spec("diffusers")  # a dependency of te-align
-    assert spec is not None and spec.origin is not None
-    source = (Path(spec.origin).parent / "loaders" / "single_file_utils.py").read_text(encoding="utf-8")
+    import diffusers
+
+    source = (Path(diffusers.__file__).parent / "loaders" / "single_file_utils.py").read_text(encoding="utf-8")
     fixtures: dict[str, tuple[int, ...]] = {
         **unet_keys(1024),
         **mmdit_keys(38),

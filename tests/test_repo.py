@@ -66,3 +66,83 @@ def test_wheel_ships_the_drop_in_files(tmp_path):
     missing = sorted(s for s in shipped if f"te_align/_patches/{s}" not in names)
     assert not missing, missing
     assert "te_align/profiles/data/profiles/sd35-large.toml" in names
+
+
+# ------------------------------------------------------------------------------ machine paths, citations
+#: An absolute path on some machine (a user's or a CI box's folders); URLs do not match.
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|tmp|root|home)/")
+#: A citation of the project's research notes, which the package does not ship: shipped files cite the
+#: upstream source instead (repo@commit file:line, or a bundled official snapshot).
+NOTE_CITATION = re.compile(
+    r"research/|\bresearch (?:notes?|sources|record|marks)\b|\(research\b"
+    r"|\b(?:kohya|trainers|community|hf_configs)\.(?:md|json)\b|\bhf_configs\["
+)
+#: What the wheel ships or a user copies: the package, the drop-in patches, presets and examples.
+SHIPPED = ("te_align/", "patches/", "presets/", "examples/")
+TEXT_SUFFIXES = {".py", ".toml", ".json", ".md", ".txt", ".tmpl", ".yaml", ".yml", ".cfg", ".ini", ""}
+
+
+def _repository_files() -> list[str]:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode == 0 and out.stdout:
+        return [p for p in out.stdout.split("\0") if p]
+    skip = {".git", "__pycache__", "build", "dist", ".venv", "venv"}  # not a git checkout (e.g. an sdist)
+    return [
+        p.relative_to(ROOT).as_posix()
+        for p in ROOT.rglob("*")
+        if p.is_file() and not skip & set(p.relative_to(ROOT).parts) and not p.name.endswith(".egg-info")
+    ]
+
+
+def _text(rel: str) -> str | None:
+    path = ROOT / rel
+    if path.suffix not in TEXT_SUFFIXES or not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def test_no_machine_paths_in_the_repository():
+    found = []
+    for rel in _repository_files():
+        text = _text(rel)
+        for n, line in enumerate((text or "").splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                found.append(f"{rel}:{n}: {line.strip()[:120]}")
+    assert not found, "absolute machine paths:\n" + "\n".join(found)
+
+
+def test_shipped_files_cite_upstream_sources_not_research_notes():
+    import json
+
+    found = []
+    for rel in _repository_files():
+        if not rel.startswith(SHIPPED):
+            continue
+        text = _text(rel)
+        if text is None:
+            continue
+        if rel.startswith("te_align/profiles/data/official/"):
+            # the snapshot header records the file the snapshot was compiled from (name and sha256);
+            # every value's own "source" must still be something a user can open
+            doc = json.loads(text)
+            doc.pop("snapshot", None)
+            text = json.dumps(doc, indent=0, ensure_ascii=False)
+        for n, line in enumerate(text.splitlines(), 1):
+            if NOTE_CITATION.search(line):
+                found.append(f"{rel}:{n}: {line.strip()[:140]}")
+    assert not found, "citations of notes the package does not ship:\n" + "\n".join(found)
+
+
+def test_the_checks_find_what_they_look_for():
+    root = "/"  # kept apart so that this file does not hold a machine path itself
+    assert MACHINE_PATH.search(f'RESEARCH = Path("{root}work/shared/research/hf_configs.json")')
+    assert MACHINE_PATH.search(f"python -m venv {root}tmp/aitk-venv")
+    assert not MACHINE_PATH.search("https://github.com/org/home/blob/main/x.py")
+    for cited in ("research/trainers.md §5.2", "(research kohya.md §4.3)", "as the research notes it", "hf_configs[fal/AuraFlow]"):
+        assert NOTE_CITATION.search(cited), cited
+    assert not NOTE_CITATION.search("kohya-ss/sd-scripts@48d368f library/strategy_sdxl.py:26")

@@ -284,9 +284,9 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(tmp_path: Path, models: di
     real = loop._micro_step
     calls = {"n": 0}
 
-    def poisoned(**kw: Any) -> torch.Tensor:
+    def poisoned(*args: Any, **kw: Any) -> torch.Tensor:
         calls["n"] += 1
-        loss = real(**kw)
+        loss = real(*args, **kw)
         return loss * float("nan") if calls["n"] == 3 else loss
 
     monkeypatch.setattr(loop, "_micro_step", poisoned)

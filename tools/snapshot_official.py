@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write the bundled official-config snapshots from the research JSON.
 
-    python tools/snapshot_official.py /work/shared/research/hf_configs.json
+    python tools/snapshot_official.py PATH/TO/hf_configs.json
 
 Reads the research file (``{"_meta": ..., "models": {repo: {...}}, "cross_reference": ...}``,
 every value a ``{"value", "source", "status"}`` leaf) and writes one file per model repo to

@@ -39,7 +39,6 @@ def conditioning_divergence(cond_a: Any, cond_b: Any) -> list[Divergence]:
     so the missing positions count as differences.
     """
     import torch
-    import torch.nn.functional as F
 
     out = []
     for name in sorted(set(cond_a) & set(cond_b)):
@@ -55,14 +54,14 @@ def conditioning_divergence(cond_a: Any, cond_b: Any) -> list[Divergence]:
         batched = name != "text_ids" and pa.dim() >= 2
         if batched:
             fa, fb = pa.reshape(shape[0], -1), pb.reshape(shape[0], -1)
-            cos = F.cosine_similarity(fa, fb, dim=1, eps=1e-12)
+            cos = torch.nn.functional.cosine_similarity(fa, fb, dim=1, eps=1e-12)
             same = (fa == fb).all(dim=1) & (fa.norm(dim=1) == fb.norm(dim=1))
             cos = torch.where(same, torch.ones_like(cos), cos)
             differing = int((diff.reshape(shape[0], -1).amax(dim=1) > 0).sum())
             n = shape[0]
         else:
             fa, fb = pa.reshape(1, -1), pb.reshape(1, -1)
-            cos = torch.ones(1) if torch.equal(fa, fb) else F.cosine_similarity(fa, fb, dim=1, eps=1e-12)
+            cos = torch.ones(1) if torch.equal(fa, fb) else torch.nn.functional.cosine_similarity(fa, fb, dim=1, eps=1e-12)
             differing, n = int(diff.max() > 0), 1
         out.append(Divergence(name, sa, sb, float(diff.max()) if diff.numel() else 0.0, float(cos.mean()), differing, n))
     return out
@@ -75,7 +74,7 @@ def load_val_latents(pipe: Any, files: Sequence[Path], resolution: int) -> Any:
     import torch
     from PIL import Image
 
-    from te_align.train import models as M
+    from te_align.train.models import latent_transform
 
     xs = []
     for f in files:
@@ -86,7 +85,7 @@ def load_val_latents(pipe: Any, files: Sequence[Path], resolution: int) -> Any:
             left, top = (im.size[0] - resolution) // 2, (im.size[1] - resolution) // 2
             im = im.crop((left, top, left + resolution, top + resolution))
             xs.append(torch.from_numpy(np.asarray(im, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1))
-    shift, scaling = M.latent_transform(pipe.vae)
+    shift, scaling = latent_transform(pipe.vae)
     with torch.no_grad():
         mean = pipe.vae.encode(torch.stack(xs).to(pipe.vae.dtype)).latent_dist.mean.float()
     return (mean - shift) * scaling
@@ -116,9 +115,8 @@ def validation_loss(
 ) -> float:
     """Mean MSE over validation images x fixed timesteps (deterministic; no gradients)."""
     import torch
-    import torch.nn.functional as F
 
-    from te_align.train import models as M
+    from te_align.train.models import denoise
 
     tt = torch.tensor(list(timesteps), dtype=torch.float32)
     k = len(tt)
@@ -151,8 +149,8 @@ def validation_loss(
                 noisy = sched.add_noise(x0, nz, steps)
                 target = nz if objective == "eps" else sched.get_velocity(x0, nz, steps)
                 ts = steps
-            pred = M.denoise(family, denoiser, noisy, ts, c, time_ids=time_ids, guidance=guidance)
-            total += float(F.mse_loss(pred.float(), target.float()))
+            pred = denoise(family, denoiser, noisy, ts, c, time_ids=time_ids, guidance=guidance)
+            total += float(torch.nn.functional.mse_loss(pred.float(), target.float()))
     value = total / max(n, 1)
     if not math.isfinite(value):
         raise ABError(f"validation loss is {value}")

@@ -12,7 +12,7 @@ A preset is a TOML file (``presets/<profile>/<name>.toml`` or ``presets/tiny-dem
     version = "SimpleTuner 4.8.0"
     behaviour = "T5 at 154 tokens (tokenizer_max_length defaults to 154, capped at 154)"
     why = "the profile trains T5 at 256 tokens (the official pipeline)"
-    source = "research/trainers.md §4.1, §6.1 (simpletuner/helpers/models/sd3/model.py:848-865)"
+    source = "bghira/SimpleTuner@bc8e6ab simpletuner/helpers/models/sd3/model.py:848-865"
     overrides = { t5_max_length = 154 }         # profile.with_overrides(...)
 
     [train]                                     # te_align.train config sections (model/data paths are set by the runner)

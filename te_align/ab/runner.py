@@ -294,20 +294,20 @@ def _evaluate(
     from safetensors.torch import load_file
 
     import te_align
-    from te_align.ab import evaluate as E
+    from te_align.ab import evaluate
     from te_align.train import config_from_dict
-    from te_align.train import models as M
     from te_align.train.checkpoint import list_checkpoints
     from te_align.train.config import SampleConfig
+    from te_align.train.models import add_lora, check_model, family_of, flow_timestep_scale, load_pipeline
     from te_align.train.sampling import sample_images
 
     say("evaluating: validation loss per checkpoint, conditioning divergence, samples ...")
     cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(out_dir), profile=p.profile, seed=0,
                                              max_steps=max_steps))  # fmt: skip
-    family = M.family_of(prof_b)
-    pipe = M.load_pipeline(cfg.model, prof_b)
+    family = family_of(prof_b)
+    pipe = load_pipeline(cfg.model, prof_b)
     pipe.set_progress_bar_config(disable=True)
-    M.check_model(prof_b, pipe, model_path)
+    check_model(prof_b, pipe, model_path)
     for m in [pipe.vae, getattr(pipe, family.denoiser_attr)] + [getattr(pipe, s.encoder_subfolder) for s in prof_b.slots]:
         m.requires_grad_(False)
         m.eval()
@@ -321,20 +321,20 @@ def _evaluate(
         prompts = sorted(set(_captions(train_dir)) | set(captions) | set(p.eval.prompts))
         da = te_align.encode(prof_a, prompts, pipeline=pipe)
         db = te_align.encode(prof_b, prompts, pipeline=pipe)
-        state["divergence"] = [asdict(d) for d in E.conditioning_divergence(da, db)]
+        state["divergence"] = [asdict(d) for d in evaluate.conditioning_divergence(da, db)]
         state["divergence_prompts"] = len(prompts)
         save()
     if not todo:
         return
 
     res = p.eval.resolution or cfg.data.resolution
-    latents = E.load_val_latents(pipe, [f for f, _ in items], res)
-    timesteps = list(p.eval.timesteps) or list(E.DEFAULT_TIMESTEPS)
-    noise = E.fixed_noise(latents, len(timesteps), p.eval.noise_seed)
-    objective = E.resolve_objective(family, pipe, cfg.train.objective)
+    latents = evaluate.load_val_latents(pipe, [f for f, _ in items], res)
+    timesteps = list(p.eval.timesteps) or list(evaluate.DEFAULT_TIMESTEPS)
+    noise = evaluate.fixed_noise(latents, len(timesteps), p.eval.noise_seed)
+    objective = evaluate.resolve_objective(family, pipe, cfg.train.objective)
     denoiser = getattr(pipe, family.denoiser_attr)
     lo = cfg.lora
-    M.add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.target_modules or family.default_targets, seed=0)
+    add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.target_modules or family.default_targets, seed=0)
     denoiser.eval()
     named = {f"{family.denoiser_attr}.{n}": prm for n, prm in denoiser.named_parameters() if "lora_" in n}
     for prm in named.values():
@@ -350,9 +350,9 @@ def _evaluate(
                 prm.copy_(params[k].to(prm.dtype))
 
     def vloss(cond: Any) -> float:
-        return E.validation_loss(family=family, denoiser=denoiser, latents=latents, noise=noise, timesteps=timesteps, cond=cond,
+        return evaluate.validation_loss(family=family, denoiser=denoiser, latents=latents, noise=noise, timesteps=timesteps, cond=cond,
                                  objective=objective, scheduler_config=pipe.scheduler.config, guidance=cfg.train.guidance,
-                                 flow_shift_scale=M.flow_timestep_scale(family), pixel_size=res)  # fmt: skip
+                                 flow_shift_scale=flow_timestep_scale(family), pixel_size=res)  # fmt: skip
 
     load(zero)
     base_b, base_a = vloss(cond_b), vloss(cond_a)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from te_align._dtypes import DTYPE_NAMES, torch_dtype
 from te_align.encoding.conditioning import Conditioning
@@ -267,7 +266,7 @@ def pad_tokens(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, length: in
     if extra <= 0:
         return ids, mask
     pad = (extra, 0) if slot.tokenizer.padding_side == "left" else (0, extra)
-    return F.pad(ids, pad, value=pad_id), F.pad(mask, pad, value=0)
+    return torch.nn.functional.pad(ids, pad, value=pad_id), torch.nn.functional.pad(mask, pad, value=0)
 
 
 def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False) -> list[int]:
@@ -611,12 +610,12 @@ def repad(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.T
         span = hidden.shape[1] - d
         gathered, gathered_ids = hidden[:, d : d + target], ids[:, d : d + target]
         if span < target:
-            gathered = F.pad(gathered, (0, 0, 0, target - span))
-            gathered_ids = F.pad(gathered_ids, (0, target - span))
+            gathered = torch.nn.functional.pad(gathered, (0, 0, 0, target - span))
+            gathered_ids = torch.nn.functional.pad(gathered_ids, (0, target - span))
     else:
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, d : d + target]
         if order.shape[1] < target:
-            order = F.pad(order, (0, target - order.shape[1]))
+            order = torch.nn.functional.pad(order, (0, target - order.shape[1]))
         gathered = hidden.gather(1, order.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         gathered_ids = ids.gather(1, order)
     out_h = torch.where(valid.unsqueeze(-1), gathered, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
@@ -664,7 +663,7 @@ def evaluate(node: Node, results: Mapping[str, SlotResult]) -> torch.Tensor | in
     if node.fn == "padw":
         x, w = args
         width = w if isinstance(w, int) else w.shape[-1]
-        return F.pad(x, (0, width - x.shape[-1]))  # type: ignore[union-attr]
+        return torch.nn.functional.pad(x, (0, width - x.shape[-1]))  # type: ignore[union-attr]
     if node.fn == "text_ids":
         (x,) = args
         return torch.zeros(x.shape[-2], 3).to(device=x.device, dtype=x.dtype)  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from te_align.errors import EncodingError
 from te_align.profiles.model import AlignmentProfile
 
 
-def _transformers_class(name: str, fallback: str, slot: str) -> Any:
+def _transformers_class(name: str, fallback: str) -> Any:
     import transformers
 
     cls = getattr(transformers, name, None)
@@ -52,9 +52,9 @@ def load_text_encoders(
             raise EncodingError(f"slot '{name}': no tokenizer folder '{slot.tokenizer_subfolder}' in {source}")
         if not slot.tokenizer_only and is_local and not (Path(source) / slot.encoder_subfolder).is_dir():
             raise EncodingError(f"slot '{name}': no text-encoder folder '{slot.encoder_subfolder}' in {source}")
-        tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer", name)
+        tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer")
         # a tokenizer_only slot (Anima's T5 ids) has no encoder to load
-        enc_cls = None if slot.tokenizer_only else _transformers_class(slot.encoder.cls, "AutoModel", name)
+        enc_cls = None if slot.tokenizer_only else _transformers_class(slot.encoder.cls, "AutoModel")
         torch_dtype = None if enc_cls is None else _resolve_dtype(dtype if dtype is not None else slot.encoder.dtype)
         try:
             tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)

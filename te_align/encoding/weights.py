@@ -153,7 +153,7 @@ def _rendered_pieces(slot: SlotSpec, pieces: list[tuple[str, float]], negative: 
     return [(template_prefix(spec, negative=negative), 1.0), *pieces, (template_suffix(spec, negative=negative), 1.0)]
 
 
-def _first_visible(text: str, start: int, end: int) -> int:
+def _first_visible(text: str, start: int) -> int:
     """The token's first non-space character; for a token of spaces only, the next one after it."""
     for k in range(start, len(text)):
         if not text[k].isspace():
@@ -167,7 +167,7 @@ def _content_weights_by_offsets(tokenizer: Any, pieces: list[tuple[str, float]])
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, weights = list(enc["input_ids"]), []
     for start, end in enc["offset_mapping"]:
-        weights.append(per_char[_first_visible(text, start, end)] if end > start else 1.0)
+        weights.append(per_char[_first_visible(text, start)] if end > start else 1.0)
     return ids, weights
 
 

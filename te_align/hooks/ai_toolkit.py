@@ -19,9 +19,10 @@ own with one target, ``BaseProcess.__init__``: each process ai-toolkit builds fr
 :func:`enable` with its config, which installs :class:`AiToolkitHook` with the process's profile.
 
 The profile decides lengths, masks, layers and what a dropped caption becomes; ai-toolkit's own
-``max_length`` / ``attn_mask`` arguments are ignored. Fixed gaps (research trainers.md §2.2):
-FLUX.1 schnell encoded T5 at 512 (256), Chroma ran T5 without the mask, ``prompt_dropout_prob`` was
-ignored for SD3 and every ``BaseModel`` model, and no T5 length could be set.
+``max_length`` / ``attn_mask`` arguments are ignored. Fixed gaps (ostris/ai-toolkit@27a03a9
+toolkit/stable_diffusion_model.py:2468-2481, toolkit/models/base_model.py:1108-1131): FLUX.1 schnell
+encoded T5 at 512 (256), Chroma ran T5 without the mask, ``prompt_dropout_prob`` was ignored for SD3
+and every ``BaseModel`` model, and no T5 length could be set.
 """
 
 from __future__ import annotations

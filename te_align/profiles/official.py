@@ -1,6 +1,6 @@
 """Bundled snapshots of the official configs (model_index and component configs) per model repo.
 
-Each snapshot is the research record for one Hugging Face repo, every value a
+Each snapshot records one Hugging Face repo's official files, every value a
 ``{"value", "source", "status"}`` leaf (see ``tools/snapshot_official.py``). They back the tests
 that keep bundled profiles equal to the official configs. No network, no torch.
 """
@@ -62,7 +62,7 @@ def official_snapshot(repo: str) -> dict[str, Any]:
 
     Returns a fresh copy of the snapshot document: ``repo``, ``snapshot`` (where it was generated
     from), ``model_index``, ``components`` (``text_encoder``, ``tokenizer_2``, ...),
-    ``pipeline_defaults`` and the research notes, each value a ``{value, source, status}`` leaf.
+    ``pipeline_defaults`` and training notes, each value a ``{value, source, status}`` leaf.
     Raises :class:`~te_align.errors.ProfileNotFound` for a repo without a snapshot.
     """
     filename = _filename(repo)

@@ -47,7 +47,7 @@ __all__ = [
 
 ClipVariant = Literal["L", "H", "G"]
 
-#: Tiny stand-ins for the three CLIP text towers (real values in the comments; hf_configs[...]).
+#: Tiny stand-ins for the three CLIP text towers (real values in the comments; official[...]).
 #: L = OpenAI CLIP ViT-L/14 (768 wide, 12 layers, quick_gelu, projection 768),
 #: H = OpenCLIP ViT-H/14 as in SD2.x (1024 wide, 23 layers, gelu, projection 512),
 #: G = OpenCLIP ViT-bigG/14 (1280 wide, 32 layers, gelu, projection 1280).
@@ -104,7 +104,7 @@ def _round_up(n: int, multiple: int = 64) -> int:
 
 
 def _clip_config(variant: ClipVariant, max_position_embeddings: int) -> transformers.CLIPTextConfig:
-    # bos 0 / eos 2 / pad 1 are the legacy values of every SD CLIP text config (hf_configs[...]
+    # bos 0 / eos 2 / pad 1 are the legacy values of every SD CLIP text config (official[...]
     # .text_encoder). eos_token_id == 2 makes CLIP pool at argmax(input_ids), i.e. the first 49407.
     return transformers.CLIPTextConfig(
         vocab_size=tok.CLIP_VOCAB_SIZE,
@@ -181,7 +181,7 @@ def t5_encoder_model(
     vocab_size: int, d_model: int = T5_D_MODEL, seed: int | None = None
 ) -> transformers.T5EncoderModel:
     """Tiny T5 v1.1 encoder (gated-gelu, untied embeddings, relative buckets 32/128, pad 0, eos 1),
-    as ``google/t5-v1_1-xxl`` (hf_configs[...].text_encoder_3: d_model 4096, vocab 32128)."""
+    as ``google/t5-v1_1-xxl`` (official[...].text_encoder_3: d_model 4096, vocab 32128)."""
     config = _t5_family_config(transformers.T5Config, vocab_size, d_model, eos_token_id=1)
     seed = _seed_for(f"t5-{vocab_size}-{d_model}") if seed is None else seed
     with _seeded(seed):
@@ -193,7 +193,7 @@ def umt5_encoder_model(
 ) -> transformers.UMT5EncoderModel:
     """Tiny UMT5 encoder (per-layer relative attention bias, gated-gelu, pad 0).
 
-    ``eos_token_id`` 1 for Wan's ``google/umt5-xxl``, 2 for AuraFlow's pile-T5 (hf_configs[fal/AuraFlow]
+    ``eos_token_id`` 1 for Wan's ``google/umt5-xxl``, 2 for AuraFlow's pile-T5 (official[fal/AuraFlow]
     .text_encoder, official).
     """
     config = _t5_family_config(transformers.UMT5Config, vocab_size, d_model, eos_token_id=eos_token_id)
@@ -232,7 +232,7 @@ def gemma2_model(vocab_size: int, seed: int | None = None) -> transformers.Gemma
 def llama_for_causal_lm(
     vocab_size: int, bos_token_id: int, eos_token_ids: list[int], seed: int | None = None
 ) -> transformers.LlamaForCausalLM:
-    """Tiny ``LlamaForCausalLM`` with the Llama-3.1 rope scaling (hf_configs[HiDream-ai/HiDream-I1-Full]
+    """Tiny ``LlamaForCausalLM`` with the Llama-3.1 rope scaling (official[HiDream-ai/HiDream-I1-Full]
     .text_encoder_4). Eager attention: HiDream calls it with ``output_attentions=True``, which the SDPA
     path in transformers 5 cannot return (it warns and drops them)."""
     config = transformers.LlamaConfig(
@@ -362,7 +362,7 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
     """Tokenizers and text encoders of ``family`` keyed by the diffusers component names.
 
     Fresh objects every call (deterministic weights, freshly loaded tokenizers). Families and classes
-    (diffusers 0.42.1 ``__init__`` type hints; official ``model_index.json`` in hf_configs):
+    (diffusers 0.42.1 ``__init__`` type hints; official ``model_index.json`` in the bundled official snapshots):
 
     * ``sd15``: CLIPTokenizer (pad ``<|endoftext|>``) + CLIPTextModel (L).
     * ``sd21``: CLIPTokenizer (pad ``!``) + CLIPTextModel (H).

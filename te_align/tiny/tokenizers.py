@@ -16,9 +16,8 @@ Nothing here touches the network.
   (at most 1,000 entries) but the real special tokens, special ids, model type (Unigram, SentencePiece
   BPE with byte fallback, byte-level BPE), pre-tokenization and post-processing templates.
 
-Facts about the real files come from the official Hugging Face repos' tokenizer and text-encoder
-configs (cited below as ``hf_configs[<repo>]``; the package ships snapshots of them, see
-:mod:`te_align.profiles.official`) and from the ``transformers`` 5.x tokenizer classes.
+Facts about the real files come from the official config snapshots the package ships
+(``te_align/profiles/data/official/<org>--<name>.json``, cited below as ``official[<repo>]``) and from the ``transformers`` 5.x tokenizer classes.
 
 transformers 5 note: there is no separate slow/fast tokenizer any more. ``CLIPTokenizerFast``,
 ``T5TokenizerFast``, ``LlamaTokenizerFast``, ``GemmaTokenizerFast`` and ``Qwen2TokenizerFast`` are
@@ -344,7 +343,7 @@ def _write_clip_files(folder: Path, pad: str, model_max_length: int, layout: str
     if layout == "legacy":
         # Old-style config as in the SD1.5 / SDXL / SD2.x tokenizer folders: bos/eos/unk as serialized
         # AddedTokens, no added_tokens_decoder, and pad "<|endoftext|>" even where special_tokens_map.json
-        # says "!" (hf_configs[stabilityai/stable-diffusion-2-1].tokenizer.pad_token). Without an
+        # says "!" (official[stabilityai/stable-diffusion-2-1].tokenizer.pad_token). Without an
         # added_tokens_decoder, transformers reads special_tokens_map.json and lets it win.
         config = {
             **common,
@@ -360,7 +359,7 @@ def _write_clip_files(folder: Path, pad: str, model_max_length: int, layout: str
             "unk_token": _added_token_entry(_CLIP_EOS, special=None, normalized=True),
         }
     else:
-        # Newer-style config as in the SD3.5 / FLUX tokenizer folders (hf_configs[stabilityai/
+        # Newer-style config as in the SD3.5 / FLUX tokenizer folders (official[stabilityai/
         # stable-diffusion-3.5-large].tokenizer.format): added_tokens_decoder for 49406/49407 and plain
         # strings. With an added_tokens_decoder present, transformers 5 ignores special_tokens_map.json.
         config = {
@@ -398,7 +397,7 @@ def clip_tokenizer(
 ) -> transformers.CLIPTokenizer:
     """A real CLIP BPE tokenizer (49408 entries, ``<|startoftext|>``=49406, ``<|endoftext|>``=49407).
 
-    Conventions (hf_configs[runwayml/stable-diffusion-v1-5 | stabilityai/stable-diffusion-xl-base-1.0]
+    Conventions (official[runwayml/stable-diffusion-v1-5 | stabilityai/stable-diffusion-xl-base-1.0]
     .tokenizer / .tokenizer_2): bos ``<|startoftext|>``, eos = unk ``<|endoftext|>``, lower-casing,
     ``model_max_length`` 77, right padding.
 
@@ -572,7 +571,7 @@ def _write_t5_like(
     model_max_length: int | None,
     legacy: bool | None,
 ) -> None:
-    # Real layout (hf_configs[black-forest-labs/FLUX.1-dev].tokenizer_2): <pad>=0, </s>=1, <unk>=2, the
+    # Real layout (official[black-forest-labs/FLUX.1-dev].tokenizer_2): <pad>=0, </s>=1, <unk>=2, the
     # SentencePiece pieces, then <extra_id_{extra_ids-1}> ... <extra_id_0> (so <extra_id_0> is the last id).
     extras = [f"<extra_id_{i}>" for i in range(extra_ids - 1, -1, -1)]
     vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *pieces, *((e, 0.0) for e in extras)]
@@ -626,7 +625,7 @@ def _write_t5_like(
 def t5_tokenizer(cache_dir: PathLike | None = None) -> transformers.T5TokenizerFast:
     """Small T5 v1.1 tokenizer (``google/t5-v1_1-xxl`` conventions), loaded as ``T5TokenizerFast``.
 
-    Conventions (hf_configs[black-forest-labs/FLUX.1-dev].tokenizer_2, [...stable-diffusion-3-medium...]
+    Conventions (official[black-forest-labs/FLUX.1-dev].tokenizer_2, [...stable-diffusion-3-medium...]
     .tokenizer_3, [PixArt-alpha/...].tokenizer; ``transformers`` ``T5Tokenizer``): ``<pad>``=0,
     ``</s>``=1, ``<unk>``=2, no BOS, ``</s>`` appended, right padding, 100 sentinels ``<extra_id_*>`` at
     the end of the vocabulary (``<extra_id_0>`` last), ``model_max_length`` 512, ``legacy`` false.
@@ -649,7 +648,7 @@ _UMT5_EXTRA_SYMBOLS: tuple[str, ...] = tuple("éèàüöäßçñ中文日本한�
 def umt5_tokenizer(cache_dir: PathLike | None = None) -> transformers.T5TokenizerFast:
     """Small UMT5 tokenizer (``google/umt5-xxl`` conventions, used by Wan 2.1), loaded as ``T5TokenizerFast``.
 
-    Conventions (hf_configs[Wan-AI/Wan2.1-T2V-1.3B-Diffusers].tokenizer, model_index ``T5TokenizerFast``):
+    Conventions (official[Wan-AI/Wan2.1-T2V-1.3B-Diffusers].tokenizer, model_index ``T5TokenizerFast``):
     ``<pad>``=0, ``</s>``=1, ``<unk>``=2, no BOS added, ``</s>`` appended. The vocabulary adds a few
     non-ASCII characters (multilingual model). The sentinel count and ``model_max_length`` of the real
     repo were not read, so no sentinels and no ``model_max_length`` are written (the pipeline always passes
@@ -717,7 +716,7 @@ def _write_pile_t5(folder: Path) -> None:
 def pile_t5_tokenizer(cache_dir: PathLike | None = None) -> transformers.LlamaTokenizerFast:
     """Small pile-T5 tokenizer as used by AuraFlow, loaded as ``LlamaTokenizerFast``.
 
-    Conventions (hf_configs[fal/AuraFlow]: model_index ``LlamaTokenizerFast``; tokenizer from
+    Conventions (official[fal/AuraFlow]: model_index ``LlamaTokenizerFast``; tokenizer from
     EleutherAI pile-t5 = the Llama-2 SentencePiece BPE): ``<unk>``=0, ``<s>``=1, ``</s>``=2, byte
     fallback pieces ``<0x00>``..``<0xFF>`` at 3..258, ``add_bos_token`` false, ``add_eos_token`` true,
     Metaspace with a prefix space on the first word, ``padding_side`` right (ComfyUI copy).
@@ -795,7 +794,7 @@ def gemma_tokenizer(
 ) -> transformers.GemmaTokenizerFast:
     """Small Gemma-2 tokenizer, loaded as ``GemmaTokenizerFast``.
 
-    Conventions (hf_configs[Alpha-VLLM/Lumina-Image-2.0 | Efficient-Large-Model/Sana_1600M_1024px_diffusers]
+    Conventions (official[Alpha-VLLM/Lumina-Image-2.0 | Efficient-Large-Model/Sana_1600M_1024px_diffusers]
     .tokenizer; text encoder config bos 2 / eos 1 / pad 0): ``<pad>``=0, ``<eos>``=1, ``<bos>``=2,
     ``<unk>``=3, ``<mask>``=4, ``add_bos_token`` true (``<bos>`` prepended), ``add_eos_token`` false, no
     dummy prefix (spaces become ``▁`` by the normalizer, no pre-tokenizer), SentencePiece BPE with byte
@@ -865,7 +864,7 @@ def _write_llama3(folder: Path) -> None:
 def llama3_tokenizer(cache_dir: PathLike | None = None) -> transformers.PreTrainedTokenizerFast:
     """Small Llama-3.1-Instruct tokenizer (HiDream ``tokenizer_4``), loaded as ``PreTrainedTokenizerFast``.
 
-    Conventions (hf_configs[HiDream-ai/HiDream-I1-Full].tokenizer_4/.text_encoder_4; Llama-3.1-8B-Instruct
+    Conventions (official[HiDream-ai/HiDream-I1-Full].tokenizer_4/.text_encoder_4; Llama-3.1-8B-Instruct
     files): byte-level BPE with the Llama-3 split regex, ``<|begin_of_text|>`` prepended by the
     ``tokenizer.json`` post-processor, eos ``<|eot_id|>``, no pad token (``HiDreamImagePipeline.__init__``
     sets ``pad_token = eos_token``), right padding, ``model_max_length`` 131072. The eleven
@@ -915,7 +914,7 @@ def _write_qwen2(folder: Path, eos: str = "<|im_end|>") -> None:
 def qwen2_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2TokenizerFast:
     """Small Qwen2.5-VL tokenizer (Qwen-Image ``tokenizer``), loaded as ``Qwen2TokenizerFast``.
 
-    Conventions (hf_configs[Qwen/Qwen-Image].tokenizer: ``Qwen2Tokenizer``, bos/unk null, eos
+    Conventions (official[Qwen/Qwen-Image].tokenizer: ``Qwen2Tokenizer``, bos/unk null, eos
     ``<|im_end|>``, pad ``<|endoftext|>``, ``add_prefix_space`` false, ``split_special_tokens`` false,
     ``model_max_length`` 131072): byte-level BPE with the Qwen2 split regex and NFC, nothing added
     around the text (no BOS/EOS), right padding. :data:`QWEN2_SPECIAL_TOKENS` follow the merged pieces

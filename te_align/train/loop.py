@@ -1,10 +1,17 @@
 """The training run: set-up, the optimisation loop, checkpoints, outputs.
 
-:func:`train` is the whole run; everything it needs is in the config. Order of work: validate the
-config, scan the dataset (fails fast before any model is loaded), resolve the profile, load the
-model with diffusers and check it against the profile, bucket the images, fill the latent and
-text caches, add LoRA, then optimise. Conditioning always comes from ``te_align.encode`` with the
-run's profile (cached per caption in a te-align ``EmbeddingCache`` when captions are static).
+:func:`train` is the whole run; everything it needs is in the config. It reads as four phases over
+one :class:`Run` (what the phases share):
+
+- :func:`_setup`: validate the config, scan the dataset (fails fast before any model is loaded),
+  resolve the profile, load the model with diffusers and check it against the profile, bucket the
+  images, fill the latent and text caches, add LoRA, build the optimizer and schedule;
+- :func:`_resume`: load a checkpoint's weights, optimizer, schedule, RNG states and data position;
+- :func:`_loop`: the optimizer steps, with logs, checkpoints and samples;
+- :func:`_finish`: the LoRA files, the last checkpoint, the loss plot and samples.
+
+Conditioning always comes from ``te_align.encode`` with the run's profile (cached per caption in a
+te-align ``EmbeddingCache`` when captions are static).
 """
 
 from __future__ import annotations
@@ -16,14 +23,53 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import atomic_file
 from te_align._dtypes import torch_dtype
+from te_align.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from te_align.train.config import TrainConfig, TrainError, as_config
+from te_align.train.data import (
+    BatchOrder,
+    Item,
+    Position,
+    ScanReport,
+    assign_bucket,
+    crop_for,
+    file_digest,
+    load_pixels,
+    make_buckets,
+    process_caption,
+    scan,
+    step_generator,
+)
+from te_align.train.export import save_diffusers_lora, save_kohya_lora
+from te_align.train.logs import RunLog, plot_losses, read_losses
+from te_align.train.models import (
+    CLIP_TARGETS,
+    Family,
+    add_lora,
+    check_model,
+    default_flow_shift,
+    denoise,
+    family_of,
+    flow_timestep_scale,
+    latent_transform,
+    load_pipeline,
+    logit_normal,
+    resolve_profile,
+    sdxl_time_ids,
+    vae_scale_factor,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -61,8 +107,6 @@ class LatentStore:
     def _encode(self, item: Any, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
-        from te_align.train.data import load_pixels
-
         px, _ = load_pixels(item, flip)
         with torch.no_grad():
             dist = self.vae.encode(px[None].to(self.device, self.dtype)).latent_dist
@@ -77,8 +121,6 @@ class LatentStore:
         import hashlib
 
         from safetensors.torch import load_file, save
-
-        from te_align.train.data import file_digest
 
         ident = f"{file_digest(item.path)}|{item.bucket}|{flip}|{self.vae_hash}|{self.dtype}"
         name = hashlib.sha256(ident.encode()).hexdigest()
@@ -202,7 +244,6 @@ class TextSource:
         import torch
 
         from te_align.encoding import Conditioning, sample_dropout
-        from te_align.train.data import process_caption
 
         n = len(captions)
         texts = [process_caption(c, self.cfg, gen) for c in captions]
@@ -321,6 +362,105 @@ def _write_json(path: Path, data: Any) -> None:
         f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
+# ------------------------------------------------------------------------------------------ the run
+@dataclass(eq=False)
+class Run:
+    """What the phases of one training run share: set up by :func:`_setup`, then advanced by
+    :func:`_resume` and :func:`_loop` (``step``, ``pos``, ``last_ckpt``) and read by :func:`_finish`."""
+
+    cfg: TrainConfig
+    accelerator: Any
+    device: Any
+    #: This process writes the outputs (rank 0 of a data-parallel run).
+    main: bool
+    out_dir: Path
+    report: ScanReport
+    profile: Any
+    family: Family
+    pipe: Any
+    objective: str
+    #: Autocast dtype of the denoiser call; ``cond_dtype``: dtype of the conditioning and the samples.
+    compute_dtype: Any
+    cond_dtype: Any
+    latents: LatentStore
+    #: VAE latent shift and scaling factor.
+    shift: float
+    scaling: float
+    text: TextSource
+    #: Component attribute -> model with LoRA (the denoiser, text encoders with LoRA).
+    lora_models: dict[str, Any]
+    denoiser_params: list[Any]
+    text_encoder_params: list[Any]
+    order: BatchOrder
+    #: Optimizer steps of the whole run.
+    total: int
+    optimizer: Any
+    scheduler: Any
+    #: The denoiser as ``accelerator.prepare`` returned it (``denoiser`` is the unwrapped one).
+    model: Any
+    noise_sched: Any
+    flow_shift: float
+    step: int = 0
+    pos: Position = field(default_factory=Position)
+    last_ckpt: Path | None = None
+    log: RunLog | None = None
+    steps_per_s: float = 0.0
+
+    @property
+    def items(self) -> list[Item]:
+        return self.report.items
+
+    @property
+    def denoiser(self) -> Any:
+        return getattr(self.pipe, self.family.denoiser_attr)
+
+    @property
+    def trainable(self) -> list[Any]:
+        return self.denoiser_params + self.text_encoder_params
+
+    @property
+    def named_trainable(self) -> dict[str, Any]:
+        return {f"{comp}.{n}": p for comp, m in self.lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint at the current step (collective: every process calls it); returns its folder."""
+        rng = None
+        if self.accelerator.num_processes > 1:  # every process's RNG state, so each resumes its own stream
+            from accelerate.utils import gather_object
+
+            rng = dict(rng_state(), ranks=gather_object([rng_state()]))
+        if self.main:
+            self.last_ckpt = save_checkpoint(
+                self.out_dir, self.step, params=self.named_trainable, optimizer=self.optimizer, scheduler=self.scheduler,
+                keep=self.cfg.train.checkpoints_keep, rng=rng,
+                state={"position": dataclasses.asdict(self.pos), "fingerprint": self.profile.fingerprint(),
+                       "profile": self.profile.name},
+            )  # fmt: skip
+        self.accelerator.wait_for_everyone()
+        assert self.last_ckpt is not None or not self.main
+        return self.last_ckpt  # type: ignore[return-value]
+
+    def sample(self) -> None:
+        """Sample images at the current step (main process, when prompts are configured)."""
+        cfg = self.cfg
+        if not (self.main and cfg.sample.prompts):
+            return
+        from te_align.train.sampling import sample_images
+
+        self.denoiser.eval()
+        try:
+            side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
+            sample_images(self.pipe, self.profile, cfg.sample, self.out_dir / "samples", self.step, size=(side, side),
+                          device=self.device, dtype=self.cond_dtype)  # fmt: skip
+        finally:
+            self.denoiser.train()
+
+    def result(self, lora_path: Path | None = None, kohya_path: Path | None = None) -> TrainResult:
+        assert self.log is not None
+        return TrainResult(self.out_dir, lora_path, kohya_path, self.step, read_losses(self.log.csv_path), self.last_ckpt,
+                           self.profile.name, self.profile.fingerprint(), self.steps_per_s)  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ train
 def train(
     config: TrainConfig | dict[str, Any] | str | Path,
@@ -329,7 +469,7 @@ def train(
     stop_after: int | None = None,
     pipeline: Any = None,
 ) -> TrainResult:
-    """Run a LoRA training as configured.
+    """Run a LoRA training as configured: set up, resume, loop, finish.
 
     ``resume``: True continues from the newest checkpoint in the output folder, a path from that
     checkpoint. ``stop_after`` ends the run after that many optimizer steps as if interrupted
@@ -337,67 +477,105 @@ def train(
     already loaded diffusers pipeline to train instead of loading ``model.path`` (it is still
     checked against the profile; ``model.path`` is then only recorded).
     """
+    run = _setup(as_config(config), pipeline)
+    if resume:
+        _resume(run, resume)
+    _loop(run, stop_after)
+    return _finish(run)
+
+
+# ---------------------------------------------------------------------------------------- setup
+def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
+    """Everything the loop needs, in this order: accelerator and seed, the dataset (a bad one fails
+    before any model is loaded), profile and model, buckets, latent cache, LoRA, text conditioning,
+    batch order, optimizer and schedule."""
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import set_seed
 
-    import te_align
-    from te_align.train import checkpoint as ckpt
-    from te_align.train import data as D
-    from te_align.train import models as M
-    from te_align.train.export import save_diffusers_lora, save_kohya_lora
-    from te_align.train.logs import RunLog, plot_losses, read_losses
-
-    cfg = as_config(config)
     t = cfg.train
-    out_dir = Path(cfg.output.dir)
     cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
     accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
     device = accelerator.device if t.device in ("auto", "cpu") else torch.device(t.device)
-    main = accelerator.is_main_process
-    from accelerate.utils import set_seed
-
     set_seed(t.seed + accelerator.process_index)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
-    # ---- data first: a bad dataset fails before any model is loaded
-    report = D.scan(cfg.data)
-    items = report.items
-
-    # ---- profile and model
-    profile = M.resolve_profile(cfg.model)
-    family = M.family_of(profile)
-    pipe = pipeline if pipeline is not None else M.load_pipeline(cfg.model, profile)
-    M.check_model(profile, pipe, cfg.model.path)
-    denoiser = getattr(pipe, family.denoiser_attr)
-    vae = pipe.vae
+    report = scan(cfg.data)
+    profile, family, pipe, objective = _load_model(cfg, pipeline, device)
     weight_dtype = torch_dtype(cfg.model.dtype)
-    objective = _resolve_objective(t.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
-    for module in [denoiser, vae] + [getattr(pipe, s.encoder_subfolder) for s in profile.slots]:
+    compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
+    cond_dtype = compute_dtype if weight_dtype == torch.float32 else weight_dtype
+
+    out_dir = Path(cfg.output.dir)
+    cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "cache"
+    latents = _bucket_and_cache_latents(cfg, report.items, profile, family, pipe, device, accelerator, cache_dir)
+    shift, scaling = latent_transform(pipe.vae)
+
+    lora_models, denoiser_params, text_encoder_params = _add_lora(cfg, profile, family, pipe)
+    text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
+                      cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
+    with accelerator.main_process_first():
+        text.precache(sorted({it.caption for it in report.items}))
+
+    order = BatchOrder(report.items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
+    per_epoch = max(1, math.ceil(order.batches_per_epoch() / t.gradient_accumulation))
+    total = t.max_steps if t.max_steps > 0 else t.epochs * per_epoch
+    groups = [{"params": denoiser_params, "lr": t.learning_rate}]
+    if text_encoder_params:
+        groups.append({"params": text_encoder_params, "lr": t.text_encoder_lr or t.learning_rate})
+    optimizer = _make_optimizer(cfg, groups, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(t.lr_scheduler, t.warmup_steps, total))
+    model, optimizer = accelerator.prepare(getattr(pipe, family.denoiser_attr), optimizer)
+
+    return Run(
+        cfg=cfg, accelerator=accelerator, device=device, main=accelerator.is_main_process, out_dir=out_dir,
+        report=report, profile=profile, family=family, pipe=pipe, objective=objective, compute_dtype=compute_dtype,
+        cond_dtype=cond_dtype, latents=latents, shift=shift, scaling=scaling, text=text, lora_models=lora_models,
+        denoiser_params=denoiser_params, text_encoder_params=text_encoder_params, order=order, total=total,
+        optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
+        flow_shift=t.flow_shift or default_flow_shift(family),
+    )  # fmt: skip
+
+
+def _load_model(cfg: TrainConfig, pipeline: Any, device: Any) -> tuple[Any, Family, Any, str]:
+    """(profile, family, pipeline, objective): the model loaded (or ``pipeline``), checked against the
+    profile, frozen and on ``device``."""
+    profile = resolve_profile(cfg.model)
+    family = family_of(profile)
+    pipe = pipeline if pipeline is not None else load_pipeline(cfg.model, profile)
+    check_model(profile, pipe, cfg.model.path)
+    objective = _resolve_objective(cfg.train.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
+    for module in [getattr(pipe, family.denoiser_attr), pipe.vae] + [getattr(pipe, s.encoder_subfolder) for s in profile.slots]:
         module.requires_grad_(False)
         module.to(device)
-    compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
+    return profile, family, pipe, objective
 
-    # ---- buckets
-    scale = M.vae_scale_factor(vae)
-    buckets = D.make_buckets(cfg.data, scale * family.patch)
+
+def _bucket_and_cache_latents(
+    cfg: TrainConfig, items: list[Item], profile: Any, family: Family, pipe: Any, device: Any, accelerator: Any,
+    cache_dir: Path,
+) -> LatentStore:
+    """Assign every image its bucket (and chunk count), then fill the latent cache when it is on."""
+    vae = pipe.vae
+    buckets = make_buckets(cfg.data, vae_scale_factor(vae) * family.patch)
     for it in items:
-        it.bucket = D.assign_bucket(it.size, buckets)
+        it.bucket = assign_bucket(it.size, buckets)
     if cfg.data.long_prompt_chunks:
         from te_align.encoding import long_prompt_chunks
 
         counts = long_prompt_chunks(profile, [it.caption for it in items], cfg.data.long_prompt_chunks, pipeline=pipe)
         for it, c in zip(items, counts, strict=True):
             it.chunks = c
-
-    cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "cache"
     latents = LatentStore(vae, cache_dir / "latents" if cfg.data.cache_latents else None, device, vae.dtype)
     if cfg.data.cache_latents:
         with accelerator.main_process_first():  # the main process writes the disk cache, the others read it
             for i, it in enumerate(items):
                 for flip in (False, True) if cfg.data.random_flip else (False,):
                     latents.get(i, it, flip)
-    shift, scaling = M.latent_transform(vae)
+    return latents
 
-    # ---- LoRA
+
+def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """(LoRA models by component, denoiser LoRA parameters, text-encoder LoRA parameters)."""
     te_slots = list(cfg.lora.text_encoders)
     for name in te_slots:
         slot = profile.slot(name) if name in profile.slot_names else None
@@ -405,16 +583,17 @@ def train(
             raise TrainError(f"no slot '{name}' in profile '{profile.name}' (slots: {', '.join(profile.slot_names)})", key="lora.text_encoders")
         if not slot.tokenizer.cls.startswith("CLIP"):
             raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {slot.name} LoRA)", key="lora.text_encoders")
-    lo = cfg.lora
-    den_params = M.add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                            targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
+    lo, t = cfg.lora, cfg.train
+    denoiser = getattr(pipe, family.denoiser_attr)
+    denoiser_params = add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                               targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
     lora_models: dict[str, Any] = {family.denoiser_attr: denoiser}
-    te_params: list[Any] = []
+    text_encoder_params: list[Any] = []
     for k, name in enumerate(te_slots):
         slot = profile.slot(name)
         enc = getattr(pipe, slot.encoder_subfolder)
-        te_params += M.add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                targets=lo.text_encoder_target_modules or M.CLIP_TARGETS, seed=t.seed + 1 + k)  # fmt: skip
+        text_encoder_params += add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                        targets=lo.text_encoder_target_modules or CLIP_TARGETS, seed=t.seed + 1 + k)  # fmt: skip
         lora_models[slot.encoder_subfolder] = enc
         enc.train()
     if t.gradient_checkpointing:
@@ -422,211 +601,191 @@ def train(
         for name in te_slots:
             getattr(pipe, profile.slot(name).encoder_subfolder).gradient_checkpointing_enable()
     denoiser.train()
-    named_trainable = {f"{comp}.{n}": p for comp, m in lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
+    return lora_models, denoiser_params, text_encoder_params
 
-    text = TextSource(cfg, profile, pipe, device, compute_dtype if weight_dtype == torch.float32 else weight_dtype,
-                      trainable=bool(te_slots), cache_dir=cache_dir / "text", writer=main)  # fmt: skip
-    with accelerator.main_process_first():
-        text.precache(sorted({it.caption for it in items}))
 
-    # ---- order, optimizer, schedule
-    order = D.BatchOrder(items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
-    per_epoch = max(1, math.ceil(order.batches_per_epoch() / t.gradient_accumulation))
-    total = t.max_steps if t.max_steps > 0 else t.epochs * per_epoch
-    groups = [{"params": den_params, "lr": t.learning_rate}]
-    if te_params:
-        groups.append({"params": te_params, "lr": t.text_encoder_lr or t.learning_rate})
-    optimizer = _make_optimizer(cfg, groups, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(t.lr_scheduler, t.warmup_steps, total))
-    model, optimizer = accelerator.prepare(denoiser, optimizer)
+def _noise_scheduler(objective: str, pipe: Any) -> Any:
+    """The DDPM noise schedule of an eps / v run (None for rectified flow)."""
+    if objective not in ("eps", "v"):
+        return None
+    from diffusers import DDPMScheduler
 
-    noise_sched = None
-    if objective in ("eps", "v"):
-        from diffusers import DDPMScheduler
+    noise_sched = DDPMScheduler.from_config(pipe.scheduler.config)
+    if objective == "v":
+        noise_sched.register_to_config(prediction_type="v_prediction")
+    return noise_sched
 
-        noise_sched = DDPMScheduler.from_config(pipe.scheduler.config)
-        if objective == "v":
-            noise_sched.register_to_config(prediction_type="v_prediction")
-    flow_shift = t.flow_shift or M.default_flow_shift(family)
 
-    # ---- resume
-    step = 0
-    pos = D.Position()
-    last_ckpt: Path | None = None
-    if resume:
-        path = ckpt.latest_checkpoint(out_dir) if resume is True else Path(resume)
-        if path is None:
-            raise TrainError("no checkpoint to resume from in the output folder", file=str(out_dir / "checkpoints"), key="--resume")
-        state = ckpt.load_checkpoint(path)
-        if state["state"].get("fingerprint") != profile.fingerprint():
-            raise TrainError(
-                f"the checkpoint was trained with profile fingerprint {state['state'].get('fingerprint')} but this run's "
-                f"profile '{profile.name}' has {profile.fingerprint()}", file=str(path), key="--resume",
-            )  # fmt: skip
-        missing = set(named_trainable) - set(state["params"])
-        if missing:
-            raise TrainError(f"the checkpoint lacks {len(missing)} trainable tensors (different LoRA settings?)", file=str(path), key="--resume")
-        with torch.no_grad():
-            for k, p in named_trainable.items():
-                p.copy_(state["params"][k].to(p.dtype))
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        rng = state["rng"]
-        ranks = rng.get("ranks") if isinstance(rng, dict) else None
-        ckpt.set_rng_state(ranks[accelerator.process_index] if ranks and len(ranks) == accelerator.num_processes else rng)
-        step = int(state["state"]["step"])
-        pos = D.Position(**state["state"]["position"])
-        last_ckpt = path
-        if main:
-            logger.info("resuming from %s (step %d)", path, step)
+# --------------------------------------------------------------------------------------- resume
+def _resume(run: Run, resume: bool | str | Path) -> None:
+    """Load trainable weights, optimizer, schedule, RNG states and data position from a checkpoint."""
+    import torch
 
-    if main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(out_dir / "train_config.json", {
-            "config": cfg.to_dict(), "profile": profile.name, "fingerprint": profile.fingerprint(),
-            "profile_overrides": cfg.model.profile_overrides, "objective": objective, "family": family.name,
-            "images": len(items), "buckets": sorted({it.bucket for it in items}), "te_align": te_align.__version__,
-            "missing_captions": [str(p) for p in report.missing_captions],
-            "unreadable": [str(p) for p, _ in report.unreadable],
-        })  # fmt: skip
-    log = RunLog(out_dir, resume_step=step, tensorboard=cfg.logging.tensorboard, enabled=main)
-    extra = {
-        "base_model": cfg.model.path, "objective": objective, "steps": total, "rank": lo.rank, "alpha": lo.alpha,
-        "profile_overrides": cfg.model.profile_overrides, "learning_rate": t.learning_rate, "seed": t.seed,
-    }  # fmt: skip
+    path = latest_checkpoint(run.out_dir) if resume is True else Path(resume)
+    if path is None:
+        raise TrainError("no checkpoint to resume from in the output folder", file=str(run.out_dir / "checkpoints"), key="--resume")
+    state = load_checkpoint(path)
+    profile = run.profile
+    if state["state"].get("fingerprint") != profile.fingerprint():
+        raise TrainError(
+            f"the checkpoint was trained with profile fingerprint {state['state'].get('fingerprint')} but this run's "
+            f"profile '{profile.name}' has {profile.fingerprint()}", file=str(path), key="--resume",
+        )  # fmt: skip
+    named_trainable = run.named_trainable
+    missing = set(named_trainable) - set(state["params"])
+    if missing:
+        raise TrainError(f"the checkpoint lacks {len(missing)} trainable tensors (different LoRA settings?)", file=str(path), key="--resume")
+    with torch.no_grad():
+        for k, p in named_trainable.items():
+            p.copy_(state["params"][k].to(p.dtype))
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    rng = state["rng"]
+    ranks = rng.get("ranks") if isinstance(rng, dict) else None
+    accelerator = run.accelerator
+    set_rng_state(ranks[accelerator.process_index] if ranks and len(ranks) == accelerator.num_processes else rng)
+    run.step = int(state["state"]["step"])
+    run.pos = Position(**state["state"]["position"])
+    run.last_ckpt = path
+    if run.main:
+        logger.info("resuming from %s (step %d)", path, run.step)
 
-    def save_ckpt(at: int, at_pos: Any) -> Path:
-        nonlocal last_ckpt
-        rng = None
-        if accelerator.num_processes > 1:  # every process's RNG state, so each resumes its own stream
-            from accelerate.utils import gather_object
 
-            rng = dict(ckpt.rng_state(), ranks=gather_object([ckpt.rng_state()]))
-        if main:
-            last_ckpt = ckpt.save_checkpoint(
-                out_dir, at, params=named_trainable, optimizer=optimizer, scheduler=scheduler, keep=t.checkpoints_keep,
-                state={"position": dataclasses.asdict(at_pos), "fingerprint": profile.fingerprint(), "profile": profile.name},
-                rng=rng,
-            )  # fmt: skip
-        accelerator.wait_for_everyone()
-        assert last_ckpt is not None or not main
-        return last_ckpt  # type: ignore[return-value]
-
-    def do_samples(at: int) -> None:
-        if not (main and cfg.sample.prompts):
-            return
-        from te_align.train.sampling import sample_images
-
-        denoiser.eval()
-        try:
-            side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
-            sample_images(pipe, profile, cfg.sample, out_dir / "samples", at, size=(side, side), device=device,
-                          dtype=compute_dtype if weight_dtype == torch.float32 else weight_dtype)  # fmt: skip
-        finally:
-            denoiser.train()
-
-    # ---- loop
+# ----------------------------------------------------------------------------------------- loop
+def _loop(run: Run, stop_after: int | None) -> None:
+    """Optimizer steps until ``run.total`` (or ``stop_after`` more), with logs, checkpoints, samples."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, initial=step, disable=not (main and cfg.logging.progress), desc="train", unit="step", dynamic_ncols=True)
-    stream = order.stream(pos)
-    trainable = den_params + te_params
-    optimizer_step, clip_gradients = _direct_step(accelerator, optimizer, trainable)
+    cfg, t = run.cfg, run.cfg.train
+    if run.main:
+        _write_run_record(run)
+    run.log = RunLog(run.out_dir, resume_step=run.step, tensorboard=cfg.logging.tensorboard, enabled=run.main)
+    bar = tqdm(total=run.total, initial=run.step, disable=not (run.main and cfg.logging.progress), desc="train",
+               unit="step", dynamic_ncols=True)  # fmt: skip
+    stream = run.order.stream(run.pos)
+    optimizer_step, clip_gradients = _direct_step(run.accelerator, run.optimizer, run.trainable)
     t_start = time.perf_counter()
     steps_done = 0
-    rate = 0.0
     try:
-        while step < total:
+        while run.step < run.total:
             if stop_after is not None and steps_done >= stop_after:
                 break
-            micro_losses = []
-            for micro in range(t.gradient_accumulation):
-                pos, batch = next(stream)  # the global batch; this process trains batch[lo:hi]
-                gen = D.step_generator(t.seed, step, micro)
-                lo, hi = order.shard(len(batch))
-                # the loss of this shard, weighted so that the all-reduce *mean* of the gradients over
-                # processes is the gradient of the mean loss over the whole global batch
-                weight = (hi - lo) * accelerator.num_processes / len(batch)
-                if hi <= lo:  # more processes than images left in this bucket: a zero-weight step keeps DDP in sync
-                    lo, hi, weight = 0, 1, 0.0
-                sync = micro == t.gradient_accumulation - 1
-                ctx = contextlib.nullcontext() if sync or accelerator.num_processes == 1 else accelerator.no_sync(model)
-                with ctx:
-                    loss = _micro_step(
-                        batch=batch, items=items, gen=gen, cfg=cfg, family=family, objective=objective, model=model,
-                        unwrapped=denoiser, latents=latents, text=text, noise_sched=noise_sched, flow_shift=flow_shift,
-                        shift=shift, scaling=scaling, device=device, compute_dtype=compute_dtype, accelerator=accelerator,
-                        span=(lo, hi),
-                    )  # fmt: skip
-                    if accelerator.num_processes > 1:
-                        loss = loss * weight
-                        # sum over processes of weight x shard mean / N = mean loss over the global batch
-                        value = float(accelerator.gather(loss.detach()[None]).sum()) / accelerator.num_processes
-                    else:
-                        value = float(loss.detach())
-                    if not math.isfinite(value):
-                        where = str(last_ckpt) if last_ckpt else "none (no checkpoint was saved before this step)"
-                        raise TrainError(
-                            f"loss is {value} at step {step + 1}: training stopped. Last good checkpoint: {where}. "
-                            "Lower train.learning_rate, use mixed_precision = \"bf16\" instead of fp16, or check the data"
-                        )
-                    accelerator.backward(loss / t.gradient_accumulation if t.gradient_accumulation > 1 else loss)
-                    micro_losses.append(value)
-            if te_params and accelerator.num_processes > 1:
-                for p in te_params:
+            loss_value = _accumulate_gradients(run, stream)
+            if run.text_encoder_params and run.accelerator.num_processes > 1:
+                for p in run.text_encoder_params:
                     if p.grad is not None:
-                        p.grad = accelerator.reduce(p.grad, reduction="mean")
+                        p.grad = run.accelerator.reduce(p.grad, reduction="mean")
             if t.max_grad_norm > 0:
                 clip_gradients(t.max_grad_norm)
             optimizer_step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            run.step += 1
             steps_done += 1
-            loss_value = sum(micro_losses) / len(micro_losses)
             elapsed = time.perf_counter() - t_start
-            rate = steps_done / elapsed if elapsed > 0 else 0.0
-            lr = scheduler.get_last_lr()[0]
+            run.steps_per_s = steps_done / elapsed if elapsed > 0 else 0.0
+            lr = run.scheduler.get_last_lr()[0]
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}")
-            if step % cfg.logging.every == 0 or step == total:
-                log.log(step, pos.epoch, loss_value, lr, rate, elapsed)
-            if t.checkpoint_every and step % t.checkpoint_every == 0 and step < total:
-                save_ckpt(step, pos)
-            if cfg.sample.every and step % cfg.sample.every == 0 and step < total:
-                do_samples(step)
+            if run.step % cfg.logging.every == 0 or run.step == run.total:
+                run.log.log(run.step, run.pos.epoch, loss_value, lr, run.steps_per_s, elapsed)
+            if t.checkpoint_every and run.step % t.checkpoint_every == 0 and run.step < run.total:
+                run.save_checkpoint()
+            if cfg.sample.every and run.step % cfg.sample.every == 0 and run.step < run.total:
+                run.sample()
     finally:
         bar.close()
-        log.close()
+        run.log.close()
 
-    interrupted = step < total
-    if interrupted:
-        path = save_ckpt(step, pos)
-        return TrainResult(out_dir, None, None, step, read_losses(log.csv_path), path, profile.name, profile.fingerprint(), rate)
 
+def _write_run_record(run: Run) -> None:
+    """``train_config.json``: the config, profile and dataset summary of this run."""
+    import te_align
+
+    cfg, report = run.cfg, run.report
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(run.out_dir / "train_config.json", {
+        "config": cfg.to_dict(), "profile": run.profile.name, "fingerprint": run.profile.fingerprint(),
+        "profile_overrides": cfg.model.profile_overrides, "objective": run.objective, "family": run.family.name,
+        "images": len(report.items), "buckets": sorted({it.bucket for it in report.items}), "te_align": te_align.__version__,
+        "missing_captions": [str(p) for p in report.missing_captions],
+        "unreadable": [str(p) for p, _ in report.unreadable],
+    })  # fmt: skip
+
+
+def _accumulate_gradients(run: Run, stream: Iterator[tuple[Position, list[int]]]) -> float:
+    """The micro-batches of one optimizer step, back-propagated; returns their mean loss."""
+    t, accelerator = run.cfg.train, run.accelerator
+    micro_losses = []
+    for micro in range(t.gradient_accumulation):
+        run.pos, batch = next(stream)  # the global batch; this process trains batch[lo:hi]
+        gen = step_generator(t.seed, run.step, micro)
+        lo, hi = run.order.shard(len(batch))
+        # the loss of this shard, weighted so that the all-reduce *mean* of the gradients over
+        # processes is the gradient of the mean loss over the whole global batch
+        weight = (hi - lo) * accelerator.num_processes / len(batch)
+        if hi <= lo:  # more processes than images left in this bucket: a zero-weight step keeps DDP in sync
+            lo, hi, weight = 0, 1, 0.0
+        sync = micro == t.gradient_accumulation - 1
+        ctx = contextlib.nullcontext() if sync or accelerator.num_processes == 1 else accelerator.no_sync(run.model)
+        with ctx:
+            loss = _micro_step(run, batch=batch, gen=gen, span=(lo, hi))
+            if accelerator.num_processes > 1:
+                loss = loss * weight
+                # sum over processes of weight x shard mean / N = mean loss over the global batch
+                value = float(accelerator.gather(loss.detach()[None]).sum()) / accelerator.num_processes
+            else:
+                value = float(loss.detach())
+            if not math.isfinite(value):
+                where = str(run.last_ckpt) if run.last_ckpt else "none (no checkpoint was saved before this step)"
+                raise TrainError(
+                    f"loss is {value} at step {run.step + 1}: training stopped. Last good checkpoint: {where}. "
+                    "Lower train.learning_rate, use mixed_precision = \"bf16\" instead of fp16, or check the data"
+                )
+            accelerator.backward(loss / t.gradient_accumulation if t.gradient_accumulation > 1 else loss)
+            micro_losses.append(value)
+    return sum(micro_losses) / len(micro_losses)
+
+
+# --------------------------------------------------------------------------------------- finish
+def _finish(run: Run) -> TrainResult:
+    """An interrupted run (``stop_after``) ends with a checkpoint; a complete one writes the LoRA
+    files (diffusers and, when asked, kohya format), the final checkpoint, loss plot and samples."""
+    if run.step < run.total:
+        run.save_checkpoint()
+        return run.result()
+    cfg, profile = run.cfg, run.profile
     lora_path = kohya_path = None
-    if main:
-        lora_path = save_diffusers_lora(type(pipe), lora_models, out_dir / f"{cfg.output.name}.safetensors", profile=profile, extra=extra)
+    if run.main:
+        extra = _lora_metadata(run)
+        lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
+                                        profile=profile, extra=extra)  # fmt: skip
         if cfg.output.kohya:
-            n_te = len(profile.slots)
-            kohya_path = save_kohya_lora(lora_models, out_dir / f"{cfg.output.name}_kohya.safetensors", n_text_encoders=n_te,
-                                         profile=profile, extra=extra, base_model=cfg.model.path, family=family.name)  # fmt: skip
-    if t.checkpoint_every:
-        save_ckpt(step, pos)
-    accelerator.wait_for_everyone()  # the main process has closed the CSV log
-    losses = read_losses(log.csv_path)
-    if main and cfg.logging.loss_plot:
-        plot_losses(losses, out_dir / "loss.png")
-    do_samples(step)
-    accelerator.wait_for_everyone()
-    return TrainResult(out_dir, lora_path, kohya_path, step, losses, last_ckpt, profile.name, profile.fingerprint(), rate)
+            kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
+                                         n_text_encoders=len(profile.slots), profile=profile, extra=extra,
+                                         base_model=cfg.model.path, family=run.family.name)  # fmt: skip
+    if cfg.train.checkpoint_every:
+        run.save_checkpoint()
+    run.accelerator.wait_for_everyone()  # the main process has closed the CSV log
+    result = run.result(lora_path, kohya_path)
+    if run.main and cfg.logging.loss_plot:
+        plot_losses(result.losses, run.out_dir / "loss.png")
+    run.sample()
+    run.accelerator.wait_for_everyone()
+    return result
 
 
-def _micro_step(
-    *, batch: list[int], items: list[Any], gen: torch.Generator, cfg: TrainConfig, family: Any, objective: str, model: Any,
-    unwrapped: Any, latents: LatentStore, text: TextSource, noise_sched: Any, flow_shift: float, shift: float,
-    scaling: float, device: Any, compute_dtype: Any, accelerator: Any, span: tuple[int, int] | None = None,
-) -> torch.Tensor:
+def _lora_metadata(run: Run) -> dict[str, Any]:
+    """Training facts stamped into the saved LoRA files."""
+    cfg = run.cfg
+    return {
+        "base_model": cfg.model.path, "objective": run.objective, "steps": run.total, "rank": cfg.lora.rank,
+        "alpha": cfg.lora.alpha, "profile_overrides": cfg.model.profile_overrides,
+        "learning_rate": cfg.train.learning_rate, "seed": cfg.train.seed,
+    }  # fmt: skip
+
+
+def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple[int, int] | None = None) -> torch.Tensor:
     """One micro-batch: latents, noise, conditioning, denoiser, loss (float32 scalar).
 
     ``batch`` is the global batch; only ``batch[lo:hi]`` (``span``, default all) is computed, the
@@ -635,51 +794,48 @@ def _micro_step(
     the whole batch draws (same flips, noise, timesteps and caption dropout per image).
     """
     import torch
-    import torch.nn.functional as F
 
-    from te_align.train import models as M
-
+    cfg, family, items, device = run.cfg, run.family, run.items, run.device
     n = len(batch)
     lo, hi = span if span is not None else (0, n)
     local = batch[lo:hi]
     b = len(local)
     flips = torch.rand(n, generator=gen).lt(0.5).tolist() if cfg.data.random_flip else [False] * n
-    means, stds = zip(*(latents.get(i, items[i], f) for i, f in zip(local, flips[lo:hi], strict=True)), strict=True)
+    means, stds = zip(*(run.latents.get(i, items[i], f) for i, f in zip(local, flips[lo:hi], strict=True)), strict=True)
     mean, std = torch.stack(means), torch.stack(stds)
     full = (n, *mean.shape[1:])
     if cfg.data.latent_sample == "sample":
         x0 = mean + std * torch.randn(full, generator=gen)[lo:hi]
     else:
         x0 = mean
-    x0 = ((x0 - shift) * scaling).to(device)
+    x0 = ((x0 - run.shift) * run.scaling).to(device)
     noise = torch.randn(full, generator=gen)[lo:hi]
     if cfg.train.noise_offset:
         noise = noise + cfg.train.noise_offset * torch.randn((n, x0.shape[1], 1, 1), generator=gen)[lo:hi]
     noise = noise.to(device)
-    cond = text.batch([items[i].caption for i in batch], gen, span=(lo, hi))
+    cond = run.text.batch([items[i].caption for i in batch], gen, span=(lo, hi))
     time_ids = None
     if family.name == "sdxl":
-        from te_align.train.data import crop_for
-
         rows = []
         for i in local:
             it = items[i]
-            rows.append(M.sdxl_time_ids((it.size[1], it.size[0]), crop_for(it), (it.bucket[1], it.bucket[0])))
-        time_ids = torch.tensor(rows, device=device, dtype=compute_dtype)
-    if objective == "flow":
-        tt = M.logit_normal(n, flow_shift, gen)[lo:hi].to(device)
+            rows.append(sdxl_time_ids((it.size[1], it.size[0]), crop_for(it), (it.bucket[1], it.bucket[0])))
+        time_ids = torch.tensor(rows, device=device, dtype=run.compute_dtype)
+    if run.objective == "flow":
+        tt = logit_normal(n, run.flow_shift, gen)[lo:hi].to(device)
         s = tt.view(b, 1, 1, 1)
         noisy = (1.0 - s) * x0 + s * noise
-        timesteps = tt * M.flow_timestep_scale(family)
+        timesteps = tt * flow_timestep_scale(family)
         target = noise - x0
     else:
+        noise_sched = run.noise_sched
         timesteps = torch.randint(0, noise_sched.config.num_train_timesteps, (n,), generator=gen)[lo:hi].to(device)
         noisy = noise_sched.add_noise(x0, noise, timesteps)
-        target = noise if objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
-    with accelerator.autocast():
-        pred = M.denoise(family, model, noisy.to(compute_dtype), timesteps, cond, time_ids=time_ids, guidance=cfg.train.guidance,
-                         config=unwrapped.config)  # fmt: skip
-    return F.mse_loss(pred.float(), target.float())
+        target = noise if run.objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
+    with run.accelerator.autocast():
+        pred = denoise(family, run.model, noisy.to(run.compute_dtype), timesteps, cond, time_ids=time_ids,
+                       guidance=cfg.train.guidance, config=run.denoiser.config)  # fmt: skip
+    return torch.nn.functional.mse_loss(pred.float(), target.float())
 
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["Run", "TrainResult", "train"]

@@ -1,7 +1,7 @@
 """ostris/ai-toolkit job YAML (``config.process[0]``).
 
-Facts read at ostris/ai-toolkit@27a03a91f23eb1b757d5ec2e80ee3e129cfcc350 (/work/shared/research/trainers.md
-§2). Config classes read known keys with ``kwargs.get`` and ignore the rest silently
+Facts read at ostris/ai-toolkit@27a03a91f23eb1b757d5ec2e80ee3e129cfcc350; ``source`` gives file:line at that
+commit. Config classes read known keys with ``kwargs.get`` and ignore the rest silently
 (jobs/process/BaseSDTrainProcess.py:107-166). ai-toolkit has no key for any T5/LLM length, clip skip or
 system prompt.
 """

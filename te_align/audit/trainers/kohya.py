@@ -1,8 +1,8 @@
 """kohya-ss/sd-scripts: ``--config_file`` TOML (sections flattened, keys = argparse dest names) plus
 extra CLI args.
 
-Every fact below was read at kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba8c07910eb
-(/work/shared/research/kohya.md §2-7, §10, §14); ``source`` gives file:line at that commit.
+Every fact below was read at kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba8c07910eb;
+``source`` gives file:line at that commit.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Nerogar/OneTrainer config JSON (TrainConfig).
 
-Facts read at Nerogar/OneTrainer@23df3832e8f213d64c337e39f9365ba46e99fed0 (/work/shared/research/trainers.md
-§5). BaseConfig.from_dict reads known keys only and ignores the rest silently.
+Facts read at Nerogar/OneTrainer@23df3832e8f213d64c337e39f9365ba46e99fed0; ``source`` gives file:line at that
+commit. BaseConfig.from_dict reads known keys only and ignores the rest silently.
 """
 
 from __future__ import annotations

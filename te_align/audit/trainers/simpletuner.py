@@ -1,7 +1,7 @@
 """bghira/SimpleTuner ``config.json`` / ``config.toml`` (keys with or without the leading ``--``).
 
-Facts read at bghira/SimpleTuner@bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb (/work/shared/research/trainers.md
-§4; AGPL: facts only, no code). Config keys become ``--KEY VALUE`` and argparse rejects unknown ones,
+Facts read at bghira/SimpleTuner@bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb (AGPL: facts only, no code;
+``source`` gives file:line at that commit). Config keys become ``--KEY VALUE`` and argparse rejects unknown ones,
 so an unknown key stops training (error). ``check_user_config`` rewrites ``tokenizer_max_length`` per model.
 """
 

@@ -1,0 +1,176 @@
+"""The import graph: no circle between te_align modules, no heavy imports on the torch-free commands,
+no single-letter module aliases.
+
+The graph is read statically (``ast``) from every ``te_align/**.py``: an edge is an import executed
+when the module is imported — at module level, in class bodies, in ``try``/``if`` blocks — so imports
+inside functions (lazy on purpose) and under ``if TYPE_CHECKING:`` (type-only) are not edges. An
+import names the module it loads (``from te_align.a import b`` is an edge to ``te_align.a.b`` when that
+is a module, else to ``te_align.a``); the implicit initialisation of parent packages is not an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "diffusers")
+
+
+# ------------------------------------------------------------------------------------------ graph
+def _modules(root: Path, package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_time_statements(body: list[ast.stmt]):
+    """The import statements that run when a module body runs (not in functions, not type-only)."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _type_checking(node.test):
+                yield from _import_time_statements(node.body)
+            yield from _import_time_statements(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *[h.body for h in node.handlers]):
+                yield from _import_time_statements(block)
+        elif isinstance(node, (ast.With, ast.ClassDef)):
+            yield from _import_time_statements(node.body)
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports when it is imported."""
+    modules = _modules(root, package)
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        deps: set[str] = set()
+        for node in _import_time_statements(ast.parse(path.read_text(encoding="utf-8")).body):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                if node.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - node.level + 1]
+                    source = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    source = node.module or ""
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+            deps |= {m for m in map(owner, targets) if m and m != name}
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (each holds an import circle)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph) + 100))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_te_align_modules():
+    graph = import_graph(ROOT, "te_align")
+    assert len(graph) > 50 and graph["te_align.train.loop"]  # the walk found the package and its edges
+    found = cycles(graph)
+    detail = ["; ".join(f"{v} -> {', '.join(sorted(graph[v] & set(c)))}" for v in c) for c in found]
+    assert not found, "import circles:\n" + "\n".join(detail)
+
+
+def test_the_graph_sees_real_circles_and_ignores_type_only_and_lazy_ones(tmp_path: Path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub.b import B\n")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import c\n"
+        "def f():\n    from pkg import c\n"
+    )
+    (pkg / "c.py").write_text("from pkg import a\n")  # a -> c only type-only / lazily: no circle
+    (pkg / "sub" / "b.py").write_text("try:\n    from ..d import D\nexcept ImportError:\n    pass\nB = 1\n")
+    (pkg / "d.py").write_text("class D:\n    from pkg.sub import b\n")  # sub.b <-> d at import time
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.a"] == set() and graph["pkg.c"] == {"pkg.a"}
+    assert cycles(graph) == [["pkg.d", "pkg.sub.b"]]
+
+
+# ------------------------------------------------------------------------------ cold commands
+COLD_COMMANDS = {
+    "--help": ["--help"],
+    "profile show": ["profile", "show", "sd35-large"],
+    "check": ["check", str(Path("examples") / "kohya" / "sdxl_typo.toml")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(COLD_COMMANDS))
+def test_torch_free_commands_import_no_torch(name: str):
+    """The real entry point in a fresh interpreter; ``-X importtime`` lists every module it imported."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "te_align", *COLD_COMMANDS[name]],
+                         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert out.returncode in (0, 1), out.stderr[-2000:]  # check exits 1 when it finds a deviation
+    imported = {m.group(1).split(".")[0] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", out.stderr, re.M)}
+    assert "te_align" in imported and len(imported) > 10  # the trace is there
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
+# ---------------------------------------------------------------------------------- aliases
+def test_no_single_letter_module_aliases():
+    found = []
+    for folder in ("te_align", "tests", "tools", "benchmarks", "examples", "patches"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno}: as {a.asname}" for a in node.names
+                              if a.asname and len(a.asname.rstrip("_")) == 1]  # fmt: skip
+    assert not found, "\n".join(found)
