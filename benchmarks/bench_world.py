@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 
-from te_align.tiny import world as W
+from te_align.tiny import world
 
 DEGRADATIONS = {
     "noise sigma 8": {"noise": 8},
@@ -35,9 +35,9 @@ DEGRADATIONS = {
 }
 
 
-def _scenes(seed: int, n: int) -> list[W.Scene]:
+def _scenes(seed: int, n: int) -> list[world.Scene]:
     rng = np.random.default_rng(seed)
-    return [W.sample_scene(rng) for _ in range(n)]
+    return [world.sample_scene(rng) for _ in range(n)]
 
 
 def _row(name: str, r: dict[str, float], extra: str = "") -> None:
@@ -59,10 +59,10 @@ def main() -> None:
     for size, n in ((64, args.scenes), (32, args.scenes // 4), (128, args.scenes // 10)):
         scenes = _scenes(2000 + size, n)
         t0 = time.perf_counter()
-        images = [W.render(s, size) for s in scenes]
+        images = [world.render(s, size) for s in scenes]
         t_render = time.perf_counter() - t0
         t0 = time.perf_counter()
-        result = W.evaluate(images, scenes)
+        result = world.evaluate(images, scenes)
         t_read = time.perf_counter() - t0
         _row(
             f"{size} px, {n} scenes, {int(result['objects'])} objects",
@@ -72,14 +72,14 @@ def main() -> None:
 
     print(f"reader on degraded 64 px renders (seed 7; {args.degraded} scenes)")
     scenes = _scenes(7, args.degraded)
-    clean = [W.render(s) for s in scenes]
+    clean = [world.render(s) for s in scenes]
     for name, kw in DEGRADATIONS.items():
-        images = [W.degrade(img, seed=i, **kw) for i, img in enumerate(clean)]
-        _row(name, W.evaluate(images, scenes))
+        images = [world.degrade(img, seed=i, **kw) for i, img in enumerate(clean)]
+        _row(name, world.evaluate(images, scenes))
 
     print("captions (seed 0, 2000 samples, default style mix, tiny T5 tokenizer incl. </s>)")
     t0 = time.perf_counter()
-    samples = W.make_dataset(2000, 0, image_size=None)
+    samples = world.make_dataset(2000, 0, image_size=None)
     t_caps = time.perf_counter() - t0
     lengths = np.array([s.n_tokens for s in samples])
     styles = np.array([s.style for s in samples])
@@ -101,7 +101,7 @@ def main() -> None:
     )
     print(f"  captions + token positions: {len(samples) / t_caps:.0f} samples/s")
     t0 = time.perf_counter()
-    W.make_dataset(500, 1)
+    world.make_dataset(500, 1)
     print(
         f"  full records (scene, caption, tokens, 64 px image): {500 / (time.perf_counter() - t0):.0f} samples/s"
     )

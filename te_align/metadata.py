@@ -60,11 +60,6 @@ class MetadataError(TeAlignError):
 
 
 # ------------------------------------------------------------------------------- header reading
-def parse_header(prefix: bytes, file_size: int, path: str | os.PathLike[str] = "<bytes>") -> Header:
-    """Parse and validate a header from the first bytes of a file (see :func:`te_align._safetensors.parse_header`)."""
-    return _safetensors.parse_header(prefix, file_size, label=str(path), error=MetadataError)
-
-
 def read_header(path: str | os.PathLike[str]) -> Header:
     """Read and validate only the header of a safetensors file (see :func:`te_align._safetensors.read_header`)."""
     return _safetensors.read_header(path, error=MetadataError)
@@ -298,7 +293,6 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
 __all__ = [
     "KOHYA_KEYS",
     "MetadataError",
-    "parse_header",
     "read",
     "read_header",
     "stamp",

@@ -14,41 +14,41 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from te_align.tiny import world as W
+from te_align.tiny import world
 
 ROOT = Path(__file__).resolve().parents[1]
-PINK = W.Concept("colour", "pink", holdout=(("shape", "triangle"),))
+PINK = world.Concept("colour", "pink", holdout=(("shape", "triangle"),))
 
 
 @pytest.fixture(scope="module")
-def captions() -> list[W.Sample]:
+def captions() -> list[world.Sample]:
     """400 samples of the default mix (no images): the caption statistics below are measured on them."""
-    return W.make_dataset(400, 0, image_size=None)
+    return world.make_dataset(400, 0, image_size=None)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return W.default_tokenizer()
+    return world.default_tokenizer()
 
 
 # -- attribute space and rendering ------------------------------------------------------------------
 
 
 def test_attribute_space():
-    assert len(W.COLOURS) == 8 and len(W.SHAPES) == 4 and len(W.POSITIONS) == 9
-    assert len(W.SIZES) == 3 and len(W.STYLES) == 2
-    assert len(W.BACKGROUND_KINDS) == 4 and len(W.BACKGROUND_TONES) == 3
+    assert len(world.COLOURS) == 8 and len(world.SHAPES) == 4 and len(world.POSITIONS) == 9
+    assert len(world.SIZES) == 3 and len(world.STYLES) == 2
+    assert len(world.BACKGROUND_KINDS) == 4 and len(world.BACKGROUND_TONES) == 3
     # palette hues are in hue order and well apart (>= 25 degrees), every colour saturated
-    angles = np.degrees(W._PALETTE_ANGLE) % 360
+    angles = np.degrees(world._PALETTE_ANGLE) % 360
     gaps = np.diff(np.r_[np.sort(angles), np.sort(angles)[0] + 360])
     assert gaps.min() >= 25.0
     order = list(np.argsort(angles))
     assert order[order.index(0) :] + order[: order.index(0)] == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert min(np.hypot(*W._PALETTE_AB.T)) >= 115.0
+    assert min(np.hypot(*world._PALETTE_AB.T)) >= 115.0
     # backgrounds are neutral grey
-    for kind in W.BACKGROUND_KINDS:
-        for tone in W.BACKGROUND_TONES:
-            img = W.render(W.Scene((), W.Background(kind, tone, 5)))
+    for kind in world.BACKGROUND_KINDS:
+        for tone in world.BACKGROUND_TONES:
+            img = world.render(world.Scene((), world.Background(kind, tone, 5)))
             assert img.shape == (64, 64, 3) and img.dtype == np.uint8
             assert np.array_equal(img[:, :, 0], img[:, :, 1]) and np.array_equal(img[:, :, 1], img[:, :, 2])
             spread = int(img.max()) - int(img.min())
@@ -57,13 +57,13 @@ def test_attribute_space():
 
 def test_sampled_scenes_cover_the_space_without_overlap():
     rng = np.random.default_rng(0)
-    scenes = [W.sample_scene(rng) for _ in range(600)]
+    scenes = [world.sample_scene(rng) for _ in range(600)]
     counts = Counter(len(s.objects) for s in scenes)
     assert set(counts) == {1, 2, 3}
     for attr in ("colour", "shape", "position", "size", "style"):
-        assert {o.get(attr) for s in scenes for o in s.objects} == set(W.SPACE.values(attr))
+        assert {o.get(attr) for s in scenes for o in s.objects} == set(world.SPACE.values(attr))
     assert {(s.background.kind, s.background.tone) for s in scenes} == {
-        (k, t) for k in W.BACKGROUND_KINDS for t in W.BACKGROUND_TONES
+        (k, t) for k in world.BACKGROUND_KINDS for t in world.BACKGROUND_TONES
     }
     for s in scenes[:100]:
         assert len({o.position for o in s.objects}) == len(s.objects)
@@ -71,47 +71,47 @@ def test_sampled_scenes_cover_the_space_without_overlap():
         for size in (32, 64, 128):
             cell = size / 3
             for o in s.objects:
-                cx, cy, side = W._geometry(o, size)
-                row, col = divmod(W.POSITIONS.index(o.position), 3)
+                cx, cy, side = world._geometry(o, size)
+                row, col = divmod(world.POSITIONS.index(o.position), 3)
                 assert col * cell < cx - side / 2 and cx + side / 2 < (col + 1) * cell
                 assert row * cell < cy - side / 2 and cy + side / 2 < (row + 1) * cell
 
 
 def test_render_is_deterministic_and_exact():
-    scene = W.Scene(
+    scene = world.Scene(
         (
-            W.SceneObject("red", "circle", "top left", "large", "fill", (0.5, -0.25)),
-            W.SceneObject("blue", "triangle", "center", "medium", "outline"),
-            W.SceneObject("yellow", "cross", "bottom right", "small", "fill", (-1.0, 1.0)),
+            world.SceneObject("red", "circle", "top left", "large", "fill", (0.5, -0.25)),
+            world.SceneObject("blue", "triangle", "center", "medium", "outline"),
+            world.SceneObject("yellow", "cross", "bottom right", "small", "fill", (-1.0, 1.0)),
         ),
-        W.Background("plain", "light gray"),
+        world.Background("plain", "light gray"),
     )
-    img = W.render(scene)
-    assert np.array_equal(img, W.render(scene))
+    img = world.render(scene)
+    assert np.array_equal(img, world.render(scene))
     # plain backgrounds use only exact arithmetic: the bytes are the same on every machine
     assert hashlib.sha256(img.tobytes()).hexdigest()[:16] == "43422287098fca4a"
     assert tuple(img[0, 0]) == (196, 196, 196)
-    cx, cy, _ = W._geometry(scene.objects[0], 64)
-    assert tuple(img[int(cy), int(cx)]) == W.COLOURS["red"]
+    cx, cy, _ = world._geometry(scene.objects[0], 64)
+    assert tuple(img[int(cy), int(cx)]) == world.COLOURS["red"]
     # the outlined triangle is hollow: its centre shows the background
     assert tuple(img[32, 32]) == (196, 196, 196)
     for size in (32, 128):
-        assert W.render(scene, size).shape == (size, size, 3)
+        assert world.render(scene, size).shape == (size, size, 3)
 
 
 def test_dataset_is_deterministic_per_seed_and_per_sample():
-    a = W.make_dataset(12, 3)
-    b = W.make_dataset(12, 3)
-    c = W.make_dataset(12, 4)
+    a = world.make_dataset(12, 3)
+    b = world.make_dataset(12, 3)
+    c = world.make_dataset(12, 4)
     assert [s.caption for s in a] == [s.caption for s in b]
     assert all(np.array_equal(x.image, y.image) for x, y in zip(a, b, strict=True))
     assert b"".join(s.image.tobytes() for s in a) != b"".join(s.image.tobytes() for s in c)
     assert [s.caption for s in a] != [s.caption for s in c]
     # a sample depends only on (seed, split, index): prefixes and offsets agree
-    tail = W.make_dataset(4, 3, start=8)
+    tail = world.make_dataset(4, 3, start=8)
     assert [s.caption for s in tail] == [s.caption for s in a[8:]]
     # the scenes do not depend on the caption options
-    d = W.make_dataset(12, 3, caption_dropout=0.5, style_mix={"tags": 1.0}, image_size=None, tokenizer=False)
+    d = world.make_dataset(12, 3, caption_dropout=0.5, style_mix={"tags": 1.0}, image_size=None, tokenizer=False)
     assert [s.scene for s in d] == [s.scene for s in a]
     assert all(s.style in ("tags", "empty") for s in d) and all(s.n_tokens == -1 for s in d)
 
@@ -157,44 +157,44 @@ def test_token_positions_decode_to_the_object_descriptions(captions, tokenizer):
         covered = np.zeros(len(s.caption), dtype=bool)
         for sp in s.spans:
             covered[sp.char_start : sp.char_end] = True
-        for m in re.finditer(r"\b(" + "|".join([*W.COLOURS, *W.SHAPES]) + r")\b", s.caption):
+        for m in re.finditer(r"\b(" + "|".join([*world.COLOURS, *world.SHAPES]) + r")\b", s.caption):
             assert covered[m.start()], (s.caption, m.group())
     # truncation at 77 T5 tokens loses some objects of long captions entirely and keeps others
     assert late > 100 and early > 100
 
 
 def test_caption_styles_and_emphasis():
-    scene = W.Scene(
+    scene = world.Scene(
         (
-            W.SceneObject("red", "circle", "top left"),
-            W.SceneObject("blue", "square", "bottom right", "small", "outline"),
+            world.SceneObject("red", "circle", "top left"),
+            world.SceneObject("blue", "square", "bottom right", "small", "outline"),
         ),
-        W.Background("stripes", "white"),
+        world.Background("stripes", "white"),
     )
     rng = np.random.default_rng(0)
-    tags = W.caption_scene(scene, rng, "tags")
+    tags = world.caption_scene(scene, rng, "tags")
     assert tags.text.endswith(
         "red circle, top left, small outlined blue square, bottom right, striped background, white background"
     )
-    short = W.caption_scene(scene, np.random.default_rng(1), "short", emphasis="bang")
+    short = world.caption_scene(scene, np.random.default_rng(1), "short", emphasis="bang")
     assert (
         short.text.endswith("!")
         and "a red circle" in short.text
         and "a small outlined blue square" in short.text
     )
-    weighted = W.caption_scene(scene, np.random.default_rng(2), "tags", emphasis="weight")
+    weighted = world.caption_scene(scene, np.random.default_rng(2), "tags", emphasis="weight")
     assert re.search(r"\((red circle|small outlined blue square):(1\.[1-4]|0\.8)\)", weighted.text)
-    bang_tags = W.caption_scene(scene, np.random.default_rng(2), "tags", emphasis="bang")
+    bang_tags = world.caption_scene(scene, np.random.default_rng(2), "tags", emphasis="bang")
     assert "circle!" in bang_tags.text or "square!" in bang_tags.text
-    empty = W.caption_scene(scene, rng, "empty")
+    empty = world.caption_scene(scene, rng, "empty")
     assert empty.text == "" and empty.char_spans == ((0, 0), (0, 0))
     with pytest.raises(ValueError, match="caption style"):
-        W.caption_scene(scene, rng, "poem")
+        world.caption_scene(scene, rng, "poem")
 
 
 def test_caption_dropout_rate():
-    plain = W.make_dataset(200, 1, image_size=None, tokenizer=False)
-    dropped = W.make_dataset(200, 1, image_size=None, tokenizer=False, caption_dropout=0.25)
+    plain = world.make_dataset(200, 1, image_size=None, tokenizer=False)
+    dropped = world.make_dataset(200, 1, image_size=None, tokenizer=False, caption_dropout=0.25)
     assert not any(s.caption == "" for s in plain)
     empty = [s for s in dropped if s.style == "empty"]
     assert len(empty) == 54 and all(s.caption == "" and s.spans[0].char_end == 0 for s in empty)
@@ -202,7 +202,7 @@ def test_caption_dropout_rate():
     for a, b in zip(plain, dropped, strict=True):
         assert b.style == "empty" or a.caption == b.caption
     with pytest.raises(ValueError, match="caption_dropout"):
-        W.make_dataset(1, 1, caption_dropout=1.5, image_size=None, tokenizer=False)
+        world.make_dataset(1, 1, caption_dropout=1.5, image_size=None, tokenizer=False)
 
 
 # -- held-out concepts ------------------------------------------------------------------------------
@@ -210,9 +210,9 @@ def test_caption_dropout_rate():
 
 def test_concept_splits():
     opts = dict(concept=PINK, image_size=None, tokenizer=False)
-    base = W.make_dataset(300, 0, split="base", **opts)
-    concept = W.make_dataset(300, 0, split="concept", **opts)
-    val = W.make_dataset(100, 0, split="validation", **opts)
+    base = world.make_dataset(300, 0, split="base", **opts)
+    concept = world.make_dataset(300, 0, split="concept", **opts)
+    val = world.make_dataset(100, 0, split="validation", **opts)
     assert not any(o.colour == "pink" for s in base for o in s.objects)
     assert not any("pink" in s.caption for s in base)
     assert all(sum(o.colour == "pink" for o in s.objects) == 1 for s in concept)
@@ -226,33 +226,33 @@ def test_concept_splits():
     assert all("pink triangle" in s.caption or s.caption == "" for s in val)
     # the other objects are drawn from the base space; splits are different streams
     assert not any(o.colour == "pink" for s in val for o in s.objects if o.shape != "triangle")
-    assert [s.scene for s in W.make_dataset(5, 0, split="all", image_size=None, tokenizer=False)] != [
+    assert [s.scene for s in world.make_dataset(5, 0, split="all", image_size=None, tokenizer=False)] != [
         s.scene for s in base[:5]
     ]
     # a concept without holdout: validation is just fresh concept scenes
-    style = W.Concept("style", "outline")
-    val2 = W.make_dataset(30, 0, split="validation", concept=style, image_size=None, tokenizer=False)
+    style = world.Concept("style", "outline")
+    val2 = world.make_dataset(30, 0, split="validation", concept=style, image_size=None, tokenizer=False)
     assert all(any(o.style == "outline" for o in s.objects) for s in val2)
     # a held-out position
-    cross = W.Concept("shape", "cross", holdout=(("position", "center"),))
-    con3 = W.make_dataset(60, 0, split="concept", concept=cross, image_size=None, tokenizer=False)
-    val3 = W.make_dataset(30, 0, split="validation", concept=cross, image_size=None, tokenizer=False)
+    cross = world.Concept("shape", "cross", holdout=(("position", "center"),))
+    con3 = world.make_dataset(60, 0, split="concept", concept=cross, image_size=None, tokenizer=False)
+    val3 = world.make_dataset(30, 0, split="validation", concept=cross, image_size=None, tokenizer=False)
     assert not any(o.shape == "cross" and o.position == "center" for s in con3 for o in s.objects)
     assert all(any(o.shape == "cross" and o.position == "center" for o in s.objects) for s in val3)
     with pytest.raises(ValueError, match="needs a concept"):
-        W.make_dataset(1, 0, split="base", image_size=None, tokenizer=False)
+        world.make_dataset(1, 0, split="base", image_size=None, tokenizer=False)
     with pytest.raises(ValueError, match=r"Concept\.value"):
-        W.Concept("colour", "teal")
+        world.Concept("colour", "teal")
     with pytest.raises(ValueError, match=r"Concept\.holdout"):
-        W.Concept("colour", "pink", holdout=(("colour", "red"),))
+        world.Concept("colour", "pink", holdout=(("colour", "red"),))
 
 
 # -- the reader -------------------------------------------------------------------------------------
 
 
-def _scenes(seed: int, n: int) -> list[W.Scene]:
+def _scenes(seed: int, n: int) -> list[world.Scene]:
     rng = np.random.default_rng(seed)
-    return [W.sample_scene(rng) for _ in range(n)]
+    return [world.sample_scene(rng) for _ in range(n)]
 
 
 def test_reader_on_clean_renders():
@@ -260,56 +260,56 @@ def test_reader_on_clean_renders():
     sizes and styles). The 2,000-scene validation runs in benchmarks/bench_world.py and the slow test."""
     for size, n, objects in ((64, 120, 237), (32, 60, 115), (128, 8, 14)):
         scenes = _scenes(size, n)
-        result = W.evaluate([W.render(s, size) for s in scenes], scenes)
+        result = world.evaluate([world.render(s, size) for s in scenes], scenes)
         assert result["objects"] == objects
         assert result["object_accuracy"] == 1.0 and result["image_accuracy"] == 1.0, (size, result)
     # the reader also reads size and style exactly on clean renders
     for s in _scenes(64, 40):
-        read = W.read_objects(W.render(s))
-        truth = sorted(s.objects, key=lambda o: W.POSITIONS.index(o.position))
+        read = world.read_objects(world.render(s))
+        truth = sorted(s.objects, key=lambda o: world.POSITIONS.index(o.position))
         assert [(o.key, o.size, o.style) for o in read] == [(o.key, o.size, o.style) for o in truth]
 
 
 def test_reader_on_noisy_renders():
     scenes = _scenes(5, 60)
-    noisy = [W.degrade(W.render(s), noise=16, blur=0.8, seed=i) for i, s in enumerate(scenes)]
-    result = W.evaluate(noisy, scenes)
+    noisy = [world.degrade(world.render(s), noise=16, blur=0.8, seed=i) for i, s in enumerate(scenes)]
+    result = world.evaluate(noisy, scenes)
     assert result["object_accuracy"] == 1.0
 
 
 def test_reader_on_empty_backgrounds_returns_nothing():
-    for kind in W.BACKGROUND_KINDS:
-        for tone in W.BACKGROUND_TONES:
-            scene = W.Scene((), W.Background(kind, tone, 11))
-            assert W.read_image(W.render(scene)) == []
-            assert W.read_image(W.degrade(W.render(scene), noise=32, seed=1)) == []
-            assert W.read_image(W.render(scene, 32)) == []
-    assert W.score(W.render(W.Scene(())), W.Scene(()))["image_exact"] == 1.0
+    for kind in world.BACKGROUND_KINDS:
+        for tone in world.BACKGROUND_TONES:
+            scene = world.Scene((), world.Background(kind, tone, 11))
+            assert world.read_image(world.render(scene)) == []
+            assert world.read_image(world.degrade(world.render(scene), noise=32, seed=1)) == []
+            assert world.read_image(world.render(scene, 32)) == []
+    assert world.score(world.render(world.Scene(())), world.Scene(()))["image_exact"] == 1.0
 
 
 def test_score_gives_partial_credit():
-    truth = W.Scene((W.SceneObject("red", "circle", "top left"), W.SceneObject("blue", "square", "center")))
-    drawn = W.Scene((W.SceneObject("red", "square", "top left"), W.SceneObject("green", "square", "center")))
-    assert W.read_image(W.render(drawn)) == [("red", "square", "top left"), ("green", "square", "center")]
-    r = W.score(W.render(drawn), truth)
+    truth = world.Scene((world.SceneObject("red", "circle", "top left"), world.SceneObject("blue", "square", "center")))
+    drawn = world.Scene((world.SceneObject("red", "square", "top left"), world.SceneObject("green", "square", "center")))
+    assert world.read_image(world.render(drawn)) == [("red", "square", "top left"), ("green", "square", "center")]
+    r = world.score(world.render(drawn), truth)
     assert r["exact"] == 0 and r["object_accuracy"] == 0.0 and r["image_exact"] == 0.0
     assert (r["colour"], r["shape"], r["position"]) == (0.5, 0.5, 1.0)
     assert r["attribute_accuracy"] == pytest.approx(2 / 3)
-    r = W.score(W.render(truth), [("blue", "square", "center")])
+    r = world.score(world.render(truth), [("blue", "square", "center")])
     assert (r["exact"], r["extra"], r["object_accuracy"], r["image_exact"]) == (1, 1, 1.0, 0.0)
-    r = W.score(W.render(W.Scene(())), truth)
+    r = world.score(world.render(world.Scene(())), truth)
     assert (r["read"], r["object_accuracy"], r["colour"]) == (0, 0.0, 0.0)
 
 
 def test_grid_shows_the_images_upscaled():
-    samples = W.make_dataset(5, 2, tokenizer=False)
-    img = W.grid([s.image for s in samples], [s.caption for s in samples], columns=3)
+    samples = world.make_dataset(5, 2, tokenizer=False)
+    img = world.grid([s.image for s in samples], [s.caption for s in samples], columns=3)
     arr = np.asarray(img)
     assert img.size == (3 * (192 + 8) + 8, 2 * (192 + 4 + 4 * 12 + 8) + 8)
     # the first tile is the first image scaled 3x with nearest neighbour
     assert np.array_equal(arr[8 : 8 + 192 : 3, 8 : 8 + 192 : 3], samples[0].image)
     with pytest.raises(ValueError, match="labels"):
-        W.grid([samples[0].image], ["a", "b"])
+        world.grid([samples[0].image], ["a", "b"])
 
 
 def test_world_imports_no_torch():
@@ -324,7 +324,7 @@ def test_world_imports_no_torch():
 def test_reader_on_2000_clean_scenes():
     scenes = _scenes(2000, 2000)
     sizes = (64, 32, 128)
-    images = [W.render(s, sizes[i % 3] if i % 10 == 0 else 64) for i, s in enumerate(scenes)]
-    result = W.evaluate(images, scenes)
+    images = [world.render(s, sizes[i % 3] if i % 10 == 0 else 64) for i, s in enumerate(scenes)]
+    result = world.evaluate(images, scenes)
     assert result["object_accuracy"] >= 0.99 and math.isfinite(result["image_accuracy"])
     assert result["objects"] == 4006 and result["object_accuracy"] == 1.0

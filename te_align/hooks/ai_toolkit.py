@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 from te_align._git import installed_version as _installed
 from te_align._git import read_version
 from te_align.errors import TeAlignError
-from te_align.hooks.base import Hook, HookError, Target, mark_wrapper
+from te_align.hooks.base import Hook, HookError, Target, log_to_console, mark_wrapper
 from te_align.trainers import ai_toolkit as aitk_table
 
 logger = logging.getLogger("te_align")
@@ -485,7 +485,7 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
         try:
             profile_name_for(proc.get("model") or {})
         except HookError as e:  # not asked for explicitly: leave unsupported models alone, say so
-            print(f"te-align: not active for this process ({e.message})")
+            logger.info("te-align: not active for this process (%s)", e.message)
             return None
     arch = aitk_table.arch_of(proc.get("model") or {})
     if arch is not None and arch not in aitk_table.ARCHS:
@@ -513,7 +513,7 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
     hook = AiToolkitHook(profile=prof)
     if hook.install():
         _INSTALLED = hook
-        print(f"te-align: ai-toolkit encodes prompts by profile '{prof.name}' (fingerprint {prof.fingerprint()[:12]})")
+        logger.info("te-align: ai-toolkit encodes prompts by profile '%s' (fingerprint %s)", prof.name, prof.fingerprint()[:12])
     return hook
 
 
@@ -560,6 +560,7 @@ def watch_processes(default_profile: str | None = None) -> bool:
     global _WATCH
     if _WATCH is not None and _WATCH.is_installed:
         return True
+    log_to_console()  # ai-toolkit configures no logging: te-align's one-line announcements go to stdout
     watch = ProcessWatch(default_profile=default_profile)
     if not watch.install():
         return False

@@ -27,6 +27,19 @@ from te_align.errors import TeAlignError
 
 logger = logging.getLogger("te_align")
 
+
+def log_to_console() -> None:
+    """Make te-align's INFO lines visible in a trainer that sets up no logging (ai-toolkit): a stdout handler
+    on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent)."""
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    import sys
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
 #: Environment switch: any of :data:`OFF_WORDS` disables every hook.
 ENV_SWITCH = "TE_ALIGN"
 #: The values of ``TE_ALIGN`` (case and surrounding spaces ignored) that turn te-align off: the one list,

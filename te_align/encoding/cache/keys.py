@@ -194,11 +194,11 @@ def entry_path(directory: Path, key: str) -> Path:
 
 def entry_meta(path: Path) -> dict[str, str] | None:
     """An entry's metadata from its header, or None when it is not a valid entry file."""
-    from te_align.metadata import MetadataError, read_header
+    from te_align._safetensors import SafetensorsError, read_header
 
     try:
         head = read_header(path)
-    except MetadataError:
+    except SafetensorsError:
         return None
     meta = head.metadata
     if any(k not in meta for k in REQUIRED_META) or meta["te_align.format"] != CACHE_FORMAT:

@@ -142,11 +142,11 @@ class EmbeddingCache:
             return None
 
     def _decode(self, data: bytes, path: Path, key: str, caption: str) -> Conditioning:
-        from te_align.metadata import MetadataError, parse_header
+        from te_align._safetensors import SafetensorsError, parse_header
 
         try:
-            head = parse_header(data, len(data), path)
-        except MetadataError as e:
+            head = parse_header(data, len(data), label=str(path))
+        except SafetensorsError as e:
             raise _Corrupt(e.message) from None
         meta = head.metadata
         missing = [k for k in REQUIRED_META if k not in meta]

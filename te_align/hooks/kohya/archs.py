@@ -402,7 +402,7 @@ def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strat
     most 7.2e-7, the same as the official pipeline's own change when a prompt shares its batch with a
     longer one (tests/test_kohya_integration.py::test_anima_padding_is_invisible_to_sd_scripts_llm_adapter).
     """
-    import torch.nn.functional as F
+    import torch
 
     from te_align.encoding.core import encode_slot_tokens
 
@@ -414,8 +414,8 @@ def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strat
     r = encode_slot_tokens(p, qwen, models[0], cut_ids, cut_mask)
     extra = width - r.hidden.shape[-2]
     left = qwen.tokenizer.padding_side == "left"
-    hidden = F.pad(r.hidden, (0, 0, extra, 0) if left else (0, 0, 0, extra))
-    out_mask = F.pad(r.denoiser_mask, (extra, 0) if left else (0, extra))
+    hidden = torch.nn.functional.pad(r.hidden, (0, 0, extra, 0) if left else (0, 0, 0, extra))
+    out_mask = torch.nn.functional.pad(r.denoiser_mask, (extra, 0) if left else (0, extra))
     return [hidden, out_mask, t5_ids, t5_mask]
 
 
