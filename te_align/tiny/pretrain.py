@@ -231,8 +231,8 @@ def train_vae(
                     {
                         "phase": "vae",
                         "step": step + 1,
-                        "mse": float(mse),
-                        "kl": float(kl),
+                        "mse": mse.item(),
+                        "kl": kl.item(),
                         "seconds": time.perf_counter() - t0,
                     }
                 )
@@ -491,7 +491,7 @@ def train_transformer(
             for pe_, p in zip(ema.parameters(), transformer.parameters(), strict=True):
                 pe_.lerp_(p, 1 - decay)
         if log is not None and (step + 1) % 50 == 0:
-            log({"phase": "transformer", "step": step + 1, "loss": float(loss), "grad_norm": float(gnorm), "lr": lr,
+            log({"phase": "transformer", "step": step + 1, "loss": loss.item(), "grad_norm": float(gnorm), "lr": lr,
                  "seconds": time.perf_counter() - t0})  # fmt: skip
     transformer.eval()
     return {"transformer": transformer, "ema": ema, "optimizer_state": opt.state_dict(), "step": stop}
