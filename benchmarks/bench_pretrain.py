@@ -1,0 +1,108 @@
+"""Pretrain the tiny SD3-shaped world model and log held-out prompt accuracy against training steps.
+
+    PYTHONPATH=$PWD python benchmarks/bench_pretrain.py --out runs/sd3 --steps 4000 --eval-at 500,1000,2000,3000,4000
+
+Writes ``log.jsonl`` (every record: data, VAE, encoding, training losses, evaluations) and, at each
+evaluation point, the pipeline folder ``model-<step>`` and a sample grid ``grid-<step>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--eval-at", default="500,1000,2000,3000,4000")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--train-size", type=int, default=10000)
+    ap.add_argument("--vae-steps", type=int, default=1500)
+    ap.add_argument("--eval-n", type=int, default=16, help="held-out prompts per caption style")
+    ap.add_argument("--sample-steps", type=int, default=16)
+    ap.add_argument("--guidance", type=float, default=4.0)
+    ap.add_argument("--config", default="{}", help="JSON of further PretrainConfig fields")
+    args = ap.parse_args()
+
+    import diffusers
+    import torch
+    import transformers
+
+    from te_align.tiny import pretrain as P
+    from te_align.tiny import world
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    diffusers.logging.set_verbosity_error()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logf = (out / "log.jsonl").open("a", encoding="utf-8")
+
+    def log(r: dict) -> None:
+        r = {"time": round(time.time(), 1), **r}
+        logf.write(json.dumps(r) + "\n")
+        logf.flush()
+
+    cfg = P.PretrainConfig(
+        steps=args.steps, train_size=args.train_size, vae_steps=args.vae_steps, **json.loads(args.config)
+    )
+    log({"phase": "config", **cfg.as_dict(), "threads": args.threads})
+    prep = P.prepare(cfg, log)
+    vae = prep["vae"]
+    held_imgs = world.make_dataset(300, 10_000, image_size=cfg.image_size, tokenizer=False)
+    rt = P.vae_roundtrip_accuracy(vae, held_imgs)
+    log({"phase": "vae_roundtrip", "heldout_renders": 300, **rt})
+    evalset = [s for style in ("tags", "short", "long") for s in P.heldout_set(args.eval_n, 20_000, style)]
+    state = {"transformer": None, "ema": None, "optimizer_state": None, "step": 0}
+    points = [int(x) for x in args.eval_at.split(",") if x]
+    t_train = 0.0
+    for point in points:
+        t0 = time.perf_counter()
+        state = P.train_transformer(
+            cfg,
+            prep["latents"],
+            prep["table"],
+            prep["dropout"],
+            transformer=state["transformer"],
+            ema=state["ema"],
+            optimizer_state=state["optimizer_state"],
+            start_step=state["step"],
+            stop_step=point,
+            log=log,
+        )
+        t_train += time.perf_counter() - t0
+        pipe = P.build_pipeline(state["ema"], vae, cfg, prep["components"])
+        if point == points[0]:
+            log({"phase": "sizes", **P.model_sizes(pipe)})
+        t0 = time.perf_counter()
+        ev = P.evaluate_pipeline(pipe, evalset, steps=args.sample_steps, guidance=args.guidance)
+        images = ev.pop("images")
+        log(
+            {
+                "phase": "eval",
+                "step": state["step"],
+                "train_seconds": round(t_train, 1),
+                "eval_seconds": round(time.perf_counter() - t0, 1),
+                "guidance": args.guidance,
+                "sample_steps": args.sample_steps,
+                **ev,
+            }
+        )
+        world.grid(
+            images[:: max(1, len(images) // 12)][:12],
+            [s.caption[:120] for s in evalset[:: max(1, len(images) // 12)][:12]],
+            columns=6,
+        ).save(out / f"grid-{state['step']}.png")
+        pipe.save_pretrained(str(out / f"model-{state['step']}"), safe_serialization=True)
+        if state["step"] >= cfg.steps:
+            break
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    main()
