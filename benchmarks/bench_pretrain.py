@@ -33,8 +33,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from te_align.tiny import pretrain as P
-    from te_align.tiny import world
+    from te_align.tiny import pretrain, world
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -48,22 +47,22 @@ def main() -> None:
         logf.write(json.dumps(r) + "\n")
         logf.flush()
 
-    cfg = P.PretrainConfig(
+    cfg = pretrain.PretrainConfig(
         steps=args.steps, train_size=args.train_size, vae_steps=args.vae_steps, **json.loads(args.config)
     )
     log({"phase": "config", **cfg.as_dict(), "threads": args.threads})
-    prep = P.prepare(cfg, log)
+    prep = pretrain.prepare(cfg, log)
     vae = prep["vae"]
     held_imgs = world.make_dataset(300, 10_000, image_size=cfg.image_size, tokenizer=False)
-    rt = P.vae_roundtrip_accuracy(vae, held_imgs)
+    rt = pretrain.vae_roundtrip_accuracy(vae, held_imgs)
     log({"phase": "vae_roundtrip", "heldout_renders": 300, **rt})
-    evalset = [s for style in ("tags", "short", "long") for s in P.heldout_set(args.eval_n, 20_000, style)]
+    evalset = [s for style in ("tags", "short", "long") for s in pretrain.heldout_set(args.eval_n, 20_000, style)]
     state = {"transformer": None, "ema": None, "optimizer_state": None, "step": 0}
     points = [int(x) for x in args.eval_at.split(",") if x]
     t_train = 0.0
     for point in points:
         t0 = time.perf_counter()
-        state = P.train_transformer(
+        state = pretrain.train_transformer(
             cfg,
             prep["latents"],
             prep["table"],
@@ -76,11 +75,11 @@ def main() -> None:
             log=log,
         )
         t_train += time.perf_counter() - t0
-        pipe = P.build_pipeline(state["ema"], vae, cfg, prep["components"])
+        pipe = pretrain.build_pipeline(state["ema"], vae, cfg, prep["components"])
         if point == points[0]:
-            log({"phase": "sizes", **P.model_sizes(pipe)})
+            log({"phase": "sizes", **pretrain.model_sizes(pipe)})
         t0 = time.perf_counter()
-        ev = P.evaluate_pipeline(pipe, evalset, steps=args.sample_steps, guidance=args.guidance)
+        ev = pretrain.evaluate_pipeline(pipe, evalset, steps=args.sample_steps, guidance=args.guidance)
         images = ev.pop("images")
         log(
             {

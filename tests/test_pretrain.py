@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from te_align.tiny import pretrain as P  # noqa: E402
+from te_align.tiny import pretrain  # noqa: E402
 
-TINY = P.PretrainConfig(
+TINY = pretrain.PretrainConfig(
     seed=3, train_size=48, vae_channels=(8, 16), vae_steps=4, vae_batch=8, width=32, layers=1, steps=4, batch=8,
     warmup=2, encode_batch=48,
 )  # fmt: skip
@@ -20,8 +20,8 @@ TINY = P.PretrainConfig(
 def runs(tmp_path_factory):
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("pretrained")
-    first = P.pretrain(TINY, folder)
-    second = P.pretrain(TINY)
+    first = pretrain.pretrain(TINY, folder)
+    second = pretrain.pretrain(TINY)
     return first, second, folder
 
 
@@ -36,7 +36,7 @@ def test_two_runs_give_identical_weights(runs):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a), name
     # training moved the weights away from their initialisation
-    init = P.new_transformer(TINY, 96, 80)
+    init = pretrain.new_transformer(TINY, 96, 80)
     assert not torch.equal(
         init.state_dict()["proj_out.weight"], first.pipeline.transformer.state_dict()["proj_out.weight"]
     )
@@ -55,8 +55,8 @@ def test_vae_scaling_factors_normalise_latents(runs):
 def test_resumed_training_equals_one_run(runs):
     first, _, _ = runs
     st = first.state
-    a = P.train_transformer(TINY, st["latents"], st["table"], st["dropout"], stop_step=2)
-    b = P.train_transformer(TINY, st["latents"], st["table"], st["dropout"], transformer=a["transformer"], ema=a["ema"],
+    a = pretrain.train_transformer(TINY, st["latents"], st["table"], st["dropout"], stop_step=2)
+    b = pretrain.train_transformer(TINY, st["latents"], st["table"], st["dropout"], transformer=a["transformer"], ema=a["ema"],
                             optimizer_state=a["optimizer_state"], start_step=2)  # fmt: skip
     ref = _state(first.pipeline.transformer)
     got = _state(b["ema"])
@@ -93,12 +93,12 @@ def test_saved_folder_loads_into_the_official_pipeline_and_samples(runs):
     pipe.set_progress_bar_config(disable=True)
     assert type(pipe.transformer).__name__ == "SD3Transformer2DModel"
     assert pipe.vae.config.scaling_factor != 1.0
-    sizes = P.model_sizes(pipe)
+    sizes = pretrain.model_sizes(pipe)
     assert sizes["transformer"]["params"] < 200_000
-    samples = P.heldout_set(2, style="short")
-    result = P.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)
+    samples = pretrain.heldout_set(2, style="short")
+    result = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)
     images = result["images"]
     assert len(images) == 2 and images[0].shape == (32, 32, 3) and images[0].dtype == np.uint8
     assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
-    again = P.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
+    again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
     assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))

@@ -21,4 +21,7 @@ Modules (import the one you need; importing this package imports no torch):
 * :mod:`te_align.tiny.world`: the shapes world: procedural images of coloured shapes with captions in the
   styles trainers use (tags, short sentences, long natural language), held-out concepts, and a
   deterministic prompt-accuracy reader.
+* :mod:`te_align.tiny.pretrain`: deterministic pretraining of a tiny SD3-shaped base model on the shapes world
+  with exactly a profile's conditioning (autoencoder, cached captions, per-encoder dropout, rectified flow),
+  and its held-out prompt-accuracy evaluation through the official pipeline.
 """
