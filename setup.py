@@ -1,4 +1,5 @@
-"""Build hook: ship the repository's patches/ folder inside the wheel as te_align/_patches.
+"""Build hook: ship the repository's patches/ and presets/ folders inside the wheel as te_align/_patches and
+te_align/_presets (the names te_align._shipped.SHIPPED reads; tests/test_repo.py builds a wheel and checks).
 
 All project metadata lives in pyproject.toml; this file only extends setuptools' build_py.
 """
@@ -9,14 +10,18 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+SHIPPED = ("patches", "presets")  # = te_align._shipped.SHIPPED (setup.py cannot import the package)
 
-class BuildPyWithPatches(build_py):
+
+class BuildPyWithShippedFolders(build_py):
     def run(self) -> None:
         super().run()
-        src = Path(__file__).resolve().parent / "patches"
-        if src.is_dir():
-            dst = Path(self.build_lib) / "te_align" / "_patches"
-            shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        root = Path(__file__).resolve().parent
+        for name in SHIPPED:
+            src = root / name
+            if src.is_dir():
+                dst = Path(self.build_lib) / "te_align" / f"_{name}"
+                shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 
-setup(cmdclass={"build_py": BuildPyWithPatches})
+setup(cmdclass={"build_py": BuildPyWithShippedFolders})

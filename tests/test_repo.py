@@ -40,8 +40,9 @@ def test_changelog_has_unreleased_section():
     assert "## [Unreleased]" in text and "### Added" in text
 
 
-def test_wheel_ships_the_drop_in_files(tmp_path):
-    """A non-editable install must be able to patch: the wheel carries patches/ as te_align/_patches."""
+def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
+    """A non-editable install must be able to patch and run the demo: the wheel carries patches/ and presets/ as
+    te_align/_patches and te_align/_presets, and the CLIP BPE file."""
     import shutil
     import subprocess
     import sys
@@ -51,7 +52,7 @@ def test_wheel_ships_the_drop_in_files(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("te_align", "patches"):
+    for name in ("te_align", "patches", "presets"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
@@ -61,11 +62,17 @@ def test_wheel_ships_the_drop_in_files(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     (wheel,) = tmp_path.glob("te_align-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {p.relative_to(ROOT / "patches").as_posix() for p in (ROOT / "patches").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    assert shipped, "patches/ is empty"
-    missing = sorted(s for s in shipped if f"te_align/_patches/{s}" not in names)
-    assert not missing, missing
+    from te_align._shipped import SHIPPED
+
+    assert SHIPPED == ("patches", "presets")
+    for folder in SHIPPED:
+        files = {p.relative_to(ROOT / folder).as_posix() for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+        assert files, f"{folder}/ is empty"
+        missing = sorted(s for s in files if f"te_align/_{folder}/{s}" not in names)
+        assert not missing, missing
+    assert "te_align/_presets/tiny-demo.toml" in names
     assert "te_align/profiles/data/profiles/sd35-large.toml" in names
+    assert {"te_align/tiny/data/bpe_simple_vocab_16e6.txt.gz", "te_align/tiny/data/LICENSE-CLIP-BPE.txt"} <= names
 
 
 # ------------------------------------------------------------------------------ machine paths, citations

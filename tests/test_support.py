@@ -6,6 +6,8 @@ import inspect
 import itertools
 import json
 import math
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from te_align.tiny import encoders as enc
 from te_align.tiny import pipelines as pipes
 from te_align.tiny import tokenizers as toks
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a photo of a cat"
 
 # Ids of the real OpenAI CLIP tokenizer (openai/clip-vit-large-patch14), well known from the CLIP papers,
@@ -110,6 +113,41 @@ def test_clip_tokenizer_known_ids(cache_dir: Path, fast: bool) -> None:
     # lower-casing and whitespace folding
     assert tokenizer("A  Photo OF a CAT").input_ids == KNOWN_CLIP_IDS[PROMPT]
     assert "open_clip" not in sys.modules
+
+
+def test_clip_bpe_ships_with_te_align_and_needs_no_open_clip(tmp_path: Path) -> None:
+    """``pip install te-align`` alone builds the real CLIP tokenizer: the BPE file is package data, checked by
+    sha256, and open_clip is never looked up (here it cannot even be imported)."""
+    import hashlib
+
+    import te_align
+
+    path = toks.clip_bpe_path()
+    assert path.parent == Path(te_align.__file__).parent / "tiny" / "data"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == toks.CLIP_BPE_SHA256
+    assert (path.parent / "LICENSE-CLIP-BPE.txt").read_text(encoding="utf-8").count("Copyright (c) 2021 OpenAI") == 1
+    code = (
+        "import sys; sys.modules['open_clip'] = None\n"
+        "from te_align.tiny.tokenizers import clip_tokenizer\n"
+        f"print(clip_tokenizer(cache_dir={str(tmp_path / 'tok')!r})('a photo of a cat').input_ids)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == str(KNOWN_CLIP_IDS[PROMPT])
+
+
+def test_clip_bpe_file_changed_is_one_line(tmp_path: Path) -> None:
+    code = (
+        "import hashlib, pathlib, sys\n"
+        "import te_align.tiny.tokenizers as toks\n"
+        "toks.CLIP_BPE_SHA256 = '0' * 64\n"
+        "try:\n"
+        "    toks.clip_bpe_path()\n"
+        "except FileNotFoundError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = out.stdout.strip()
+    assert "\n" not in line and line.endswith("bpe_simple_vocab_16e6.txt.gz: te-align's CLIP BPE file does not match its sha256; reinstall te-align")
 
 
 def test_clip_tokenizer_matches_reference_bpe(cache_dir: Path) -> None:

@@ -115,8 +115,13 @@ class Preset:
 
 
 def presets_root() -> Path:
-    """The repository's ``presets/`` folder."""
-    return Path(__file__).resolve().parents[2] / "presets"
+    """The bundled ``presets/`` folder: the repository's, or its copy in an installed wheel."""
+    from te_align._shipped import shipped_dir
+
+    root = shipped_dir("presets")
+    if root is None:
+        raise ABError("te-align's bundled presets are missing from this installation (reinstall te-align)")
+    return root
 
 
 def list_presets() -> dict[str, Path]:

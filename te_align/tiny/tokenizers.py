@@ -9,9 +9,10 @@ Every tokenizer here is written to a folder laid out like the Hugging Face repo 
 
 Nothing here touches the network.
 
-* The CLIP tokenizer is the real one: its ``vocab.json``/``merges.txt`` are rebuilt from the BPE file
-  that ships inside the ``open_clip`` wheel (the same file OpenAI's CLIP repo ships), in the order the
-  Hugging Face CLIP files use, so its ids equal the real CLIP ids.
+* The CLIP tokenizer is the real one: its ``vocab.json``/``merges.txt`` are rebuilt from OpenAI CLIP's
+  BPE file ``bpe_simple_vocab_16e6.txt.gz`` (MIT licence, see ``data/LICENSE-CLIP-BPE.txt``), which this
+  package ships in ``te_align/tiny/data/`` (checked by sha256 on use), in the order the Hugging Face CLIP
+  files use, so its ids equal the real CLIP ids.
 * The other tokenizers (T5, UMT5, pile-T5/Llama-2, Gemma, Llama-3, Qwen2) use small vocabularies
   (at most 1,000 entries) but the real special tokens, special ids, model type (Unigram, SentencePiece
   BPE with byte fallback, byte-level BPE), pre-tokenization and post-processing templates.
@@ -32,7 +33,6 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -49,10 +49,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 __all__ = [
     "CLIP_BOS_ID",
+    "CLIP_BPE_SHA256",
     "CLIP_EOS_ID",
     "CLIP_VOCAB_SIZE",
     "LLAMA3_SPECIAL_TOKENS",
-    "OPEN_CLIP_HINT",
     "QWEN2_SPECIAL_TOKENS",
     "QWEN_IMAGE_TEMPLATE",
     "QWEN_IMAGE_TEMPLATE_PREFIX_TOKENS",
@@ -185,11 +185,7 @@ def default_cache_dir() -> Path:
     The key is a hash of the recipe version and the ``transformers``/``tokenizers`` versions, so a changed
     recipe or library never reuses stale files.
     """
-    try:
-        bpe = str(clip_bpe_path())
-    except FileNotFoundError:
-        bpe = "no-open-clip"
-    key = f"{_RECIPE_VERSION}|{transformers.__version__}|{tokenizers.__version__}|{bpe}"
+    key = f"{_RECIPE_VERSION}|{transformers.__version__}|{tokenizers.__version__}|{CLIP_BPE_SHA256}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return _user_cache_root() / "te-align" / "tiny" / f"tokenizers-{digest}"
 
@@ -284,25 +280,23 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-#: What to do when the CLIP BPE file is missing (shown by ``te-align probe``).
-OPEN_CLIP_HINT = (
-    "the real CLIP tokenizer is rebuilt offline from the BPE file bundled with open_clip, which is not "
-    "installed: pip install --no-deps open-clip-torch"
-)
+#: sha256 of OpenAI CLIP's ``bpe_simple_vocab_16e6.txt.gz`` (the file openai/CLIP and open_clip ship).
+CLIP_BPE_SHA256 = "924691ac288e54409236115652ad4aa250f48203de50a9e4722a6ecd48d6804a"
 
 
+@functools.cache
 def clip_bpe_path() -> Path:
-    """Path of ``bpe_simple_vocab_16e6.txt.gz`` inside the installed ``open_clip`` package.
+    """Path of the CLIP BPE file shipped in ``te_align/tiny/data/`` (checked against :data:`CLIP_BPE_SHA256`).
 
-    Only the package location is looked up; ``open_clip`` itself is never imported (it pulls in
-    torchvision, which does not work beside every torch build).
+    Raises ``FileNotFoundError`` with one line when the installed package lacks it or it was changed.
     """
-    spec = importlib.util.find_spec("open_clip")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(OPEN_CLIP_HINT)
-    path = Path(next(iter(spec.submodule_search_locations))) / "bpe_simple_vocab_16e6.txt.gz"
+    from importlib import resources
+
+    path = Path(str(resources.files("te_align.tiny").joinpath("data", "bpe_simple_vocab_16e6.txt.gz")))
     if not path.is_file():
-        raise FileNotFoundError(path)
+        raise FileNotFoundError(f"{path}: te-align's CLIP BPE file is missing from this installation; reinstall te-align")
+    if hashlib.sha256(path.read_bytes()).hexdigest() != CLIP_BPE_SHA256:
+        raise FileNotFoundError(f"{path}: te-align's CLIP BPE file does not match its sha256; reinstall te-align")
     return path
 
 
