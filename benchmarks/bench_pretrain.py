@@ -23,6 +23,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--train-size", type=int, default=10000)
     ap.add_argument("--vae-steps", type=int, default=1500)
+    ap.add_argument(
+        "--vae-eval-every",
+        type=int,
+        default=0,
+        help="VAE round-trip evaluation every N VAE steps (0: only at the end)",
+    )
+    ap.add_argument("--vae-eval-n", type=int, default=300, help="held-out renders for the VAE round trip")
     ap.add_argument("--eval-n", type=int, default=16, help="held-out prompts per caption style")
     ap.add_argument("--sample-steps", type=int, default=16)
     ap.add_argument("--guidance", type=float, default=4.0)
@@ -51,12 +58,21 @@ def main() -> None:
         steps=args.steps, train_size=args.train_size, vae_steps=args.vae_steps, **json.loads(args.config)
     )
     log({"phase": "config", **cfg.as_dict(), "threads": args.threads})
-    prep = pretrain.prepare(cfg, log)
+    held_imgs = world.make_dataset(args.vae_eval_n, 10_000, image_size=cfg.image_size, tokenizer=False)
+
+    def vae_eval(step: int, vae: object) -> None:
+        t0 = time.perf_counter()
+        rt = pretrain.vae_roundtrip_accuracy(vae, held_imgs)
+        log({"phase": "vae_roundtrip", "vae_step": step, "heldout_renders": len(held_imgs), **rt,
+             "eval_seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+
+    prep = pretrain.prepare(cfg, log, vae_callback=vae_eval, vae_callback_every=args.vae_eval_every)
     vae = prep["vae"]
-    held_imgs = world.make_dataset(300, 10_000, image_size=cfg.image_size, tokenizer=False)
-    rt = pretrain.vae_roundtrip_accuracy(vae, held_imgs)
-    log({"phase": "vae_roundtrip", "heldout_renders": 300, **rt})
-    evalset = [s for style in ("tags", "short", "long") for s in pretrain.heldout_set(args.eval_n, 20_000, style)]
+    if args.vae_eval_every <= 0 or cfg.vae_steps % args.vae_eval_every:
+        vae_eval(cfg.vae_steps, vae)
+    evalset = [
+        s for style in ("tags", "short", "long") for s in pretrain.heldout_set(args.eval_n, 20_000, style)
+    ]
     state = {"transformer": None, "ema": None, "optimizer_state": None, "step": 0}
     points = [int(x) for x in args.eval_at.split(",") if x]
     t_train = 0.0

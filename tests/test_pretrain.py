@@ -52,6 +52,25 @@ def test_vae_scaling_factors_normalise_latents(runs):
     assert lat.shape == (TINY.train_size, 4, 16, 16)
 
 
+def test_vae_callback_runs_periodically_and_leaves_the_weights_unchanged(runs):
+    first, _, _ = runs
+    train = first.state["train"]
+    seen = []
+
+    def probe(step, vae):
+        seen.append(
+            (step, torch.is_grad_enabled(), pretrain.vae_roundtrip_accuracy(vae, train[:2])["images"])
+        )
+        torch.randn(3)  # a callback that draws from the global RNG must not change training
+
+    vae = pretrain.train_vae(TINY, [s.image for s in train], callback=probe, callback_every=2)
+    assert seen == [(2, False, 2.0), (4, False, 2.0)]
+    ref = _state(first.pipeline.vae)
+    got = _state(vae)
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    assert vae.config.scaling_factor == first.pipeline.vae.config.scaling_factor
+
+
 def test_resumed_training_equals_one_run(runs):
     first, _, _ = runs
     st = first.state

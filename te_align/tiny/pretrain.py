@@ -189,10 +189,17 @@ def _vae_config(cfg: PretrainConfig) -> dict[str, Any]:
 
 
 def train_vae(
-    cfg: PretrainConfig, images: Sequence[np.ndarray], log: Callable[[dict[str, Any]], None] | None = None
+    cfg: PretrainConfig,
+    images: Sequence[np.ndarray],
+    log: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    callback: Callable[[int, Any], None] | None = None,
+    callback_every: int = 0,
 ) -> Any:
     """A small ``AutoencoderKL`` trained on ``images`` (reconstruction MSE + a tiny KL term).
 
+    ``callback(step, vae)`` runs every ``callback_every`` steps (e.g. a round-trip evaluation), without
+    gradients and with the global RNG state restored afterwards, so it does not change the weights.
     Afterwards ``shift_factor`` and ``scaling_factor`` are set so that ``(z - shift) * scale`` of the
     training latents (posterior means) has mean 0 and standard deviation 1, as SD3's VAE config does.
     """
@@ -236,6 +243,11 @@ def train_vae(
                         "seconds": time.perf_counter() - t0,
                     }
                 )
+            if callback is not None and callback_every > 0 and (step + 1) % callback_every == 0:
+                vae.eval()
+                with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                    callback(step + 1, vae)
+                vae.train()
     vae.eval()
     with torch.no_grad():
         z = torch.cat([vae.encode(x_all[i : i + 256]).latent_dist.mean for i in range(0, len(x_all), 256)])
@@ -601,8 +613,17 @@ class PretrainResult:
     state: dict[str, Any]
 
 
-def prepare(cfg: PretrainConfig, log: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Data, VAE, latents, cached conditioning and the verified slot dropout for ``cfg``."""
+def prepare(
+    cfg: PretrainConfig,
+    log: Callable[[dict[str, Any]], None],
+    *,
+    vae_callback: Callable[[int, Any], None] | None = None,
+    vae_callback_every: int = 0,
+) -> dict[str, Any]:
+    """Data, VAE, latents, cached conditioning and the verified slot dropout for ``cfg``.
+
+    ``vae_callback`` / ``vae_callback_every`` are passed to :func:`train_vae` (periodic evaluation).
+    """
     from te_align.tiny import world
 
     t0 = time.perf_counter()
@@ -611,7 +632,9 @@ def prepare(cfg: PretrainConfig, log: Callable[[dict[str, Any]], None]) -> dict[
     )
     log({"phase": "data", "samples": len(train), "seconds": time.perf_counter() - t0})
     t0 = time.perf_counter()
-    vae = train_vae(cfg, [s.image for s in train], log)
+    vae = train_vae(
+        cfg, [s.image for s in train], log, callback=vae_callback, callback_every=vae_callback_every
+    )
     log({"phase": "vae_done", "seconds": time.perf_counter() - t0, "shift_factor": vae.config.shift_factor,
          "scaling_factor": vae.config.scaling_factor})  # fmt: skip
     latents = encode_latents(vae, [s.image for s in train])
