@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=16, help="held-out prompts per caption style")
     ap.add_argument("--sample-steps", type=int, default=16)
     ap.add_argument("--guidance", type=float, default=4.0)
+    ap.add_argument("--vae-from", default="", help="reuse the autoencoder of a saved pipeline folder")
     ap.add_argument("--config", default="{}", help="JSON of further PretrainConfig fields")
     args = ap.parse_args()
 
@@ -66,12 +67,13 @@ def main() -> None:
         log({"phase": "vae_roundtrip", "vae_step": step, "heldout_renders": len(held_imgs), **rt,
              "eval_seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
 
-    prep = pretrain.prepare(cfg, log, vae_callback=vae_eval, vae_callback_every=args.vae_eval_every)
+    reused = diffusers.AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae") if args.vae_from else None
+    prep = pretrain.prepare(cfg, log, vae_callback=vae_eval, vae_callback_every=args.vae_eval_every, vae=reused)
     vae = prep["vae"]
-    if args.vae_eval_every <= 0 or cfg.vae_steps % args.vae_eval_every:
+    if reused is None and (args.vae_eval_every <= 0 or cfg.vae_steps % args.vae_eval_every):
         vae_eval(cfg.vae_steps, vae)
     evalset = [
-        s for style in ("tags", "short", "long") for s in pretrain.heldout_set(args.eval_n, 20_000, style)
+        s for style in ("tags", "short", "long") for s in pretrain.heldout_set(args.eval_n, 20_000, style, cfg.concept())
     ]
     state = {"transformer": None, "ema": None, "optimizer_state": None, "step": 0}
     points = [int(x) for x in args.eval_at.split(",") if x]

@@ -104,6 +104,18 @@ class PretrainConfig:
     scheduler_shift: float = 1.0
     encode_batch: int = 64
     style_mix: dict[str, float] | None = field(default=None, hash=False)
+    # the concept the denoiser never sees (the LoRA finetunes teach it): "attribute=value", "" for none.
+    # The autoencoder is trained on the whole world, as a real VAE is trained on all images.
+    held_out: str = "colour=pink"
+
+    def concept(self) -> Any:
+        """The held-out :class:`te_align.tiny.world.Concept` (``None`` when ``held_out`` is empty)."""
+        from te_align.tiny import world
+
+        if not self.held_out:
+            return None
+        attribute, _, value = self.held_out.partition("=")
+        return world.Concept(attribute, value)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -533,15 +545,17 @@ def build_pipeline(
 # --------------------------------------------------------------------------------------------------
 
 
-def heldout_set(n: int, seed: int = 10_000, style: str | None = None) -> list[Any]:
+def heldout_set(n: int, seed: int = 10_000, style: str | None = None, concept: Any = None) -> list[Any]:
     """``n`` world samples from a stream the training set never draws from (``seed`` differs), no empty captions.
 
-    ``style`` (tags, short, long) fixes the caption style; default the world's mix.
+    ``style`` (tags, short, long) fixes the caption style; default the world's mix. With ``concept``
+    (a :class:`te_align.tiny.world.Concept`) the scenes never show it, as the base model's data.
     """
     from te_align.tiny import world
 
     mix = {style: 1.0} if style else None
-    return world.make_dataset(n, seed, image_size=None, style_mix=mix)
+    split = "base" if concept is not None else "all"
+    return world.make_dataset(n, seed, image_size=None, style_mix=mix, split=split, concept=concept)
 
 
 def evaluate_pipeline(
@@ -619,22 +633,31 @@ def prepare(
     *,
     vae_callback: Callable[[int, Any], None] | None = None,
     vae_callback_every: int = 0,
+    vae: Any = None,
 ) -> dict[str, Any]:
     """Data, VAE, latents, cached conditioning and the verified slot dropout for ``cfg``.
 
     ``vae_callback`` / ``vae_callback_every`` are passed to :func:`train_vae` (periodic evaluation).
+    ``vae``: an autoencoder trained earlier by :func:`train_vae` (reused instead of training one). The
+    autoencoder sees the whole world; the denoiser's data never shows ``cfg.held_out``.
     """
     from te_align.tiny import world
 
     t0 = time.perf_counter()
+    concept = cfg.concept()
     train = world.make_dataset(
-        cfg.train_size, cfg.seed, image_size=cfg.image_size, tokenizer=False, style_mix=cfg.style_mix
-    )
+        cfg.train_size, cfg.seed, image_size=cfg.image_size, tokenizer=False, style_mix=cfg.style_mix,
+        split="base" if concept is not None else "all", concept=concept,
+    )  # fmt: skip
     log({"phase": "data", "samples": len(train), "seconds": time.perf_counter() - t0})
     t0 = time.perf_counter()
-    vae = train_vae(
-        cfg, [s.image for s in train], log, callback=vae_callback, callback_every=vae_callback_every
-    )
+    if vae is None:
+        vae_data = train if concept is None else world.make_dataset(
+            cfg.train_size, cfg.seed, image_size=cfg.image_size, tokenizer=False, style_mix=cfg.style_mix
+        )  # fmt: skip
+        vae = train_vae(
+            cfg, [s.image for s in vae_data], log, callback=vae_callback, callback_every=vae_callback_every
+        )
     log({"phase": "vae_done", "seconds": time.perf_counter() - t0, "shift_factor": vae.config.shift_factor,
          "scaling_factor": vae.config.scaling_factor})  # fmt: skip
     latents = encode_latents(vae, [s.image for s in train])
