@@ -314,9 +314,22 @@ class ConditioningTable:
 
 
 def _components() -> dict[str, Any]:
+    """The tiny frozen text encoders, their weights rounded to float16 values (kept in float32).
+
+    A base model is shipped in float16; rounding before pretraining makes the shipped text encoders
+    exactly the ones the denoiser was trained with, whatever ``transformers`` version initialises them.
+    """
+    import torch
+
     from te_align.tiny.encoders import family_components
 
-    return family_components(FAMILY)
+    components = family_components(FAMILY)
+    with torch.no_grad():
+        for name, module in components.items():
+            if isinstance(module, torch.nn.Module):
+                for prm in module.parameters():
+                    prm.copy_(prm.half().float())
+    return components
 
 
 def encode_captions(
