@@ -313,6 +313,15 @@ class ConditioningTable:
         return {k: v[idx] for k, v in self.tensors.items()}
 
 
+def _round_to_half(module: Any) -> None:
+    """Round every parameter of ``module`` to the nearest float16 value, in place (dtype unchanged)."""
+    import torch
+
+    with torch.no_grad():
+        for prm in module.parameters():
+            prm.copy_(prm.half().to(prm.dtype))
+
+
 def _components() -> dict[str, Any]:
     """The tiny frozen text encoders, their weights rounded to float16 values (kept in float32).
 
@@ -324,11 +333,9 @@ def _components() -> dict[str, Any]:
     from te_align.tiny.encoders import family_components
 
     components = family_components(FAMILY)
-    with torch.no_grad():
-        for name, module in components.items():
-            if isinstance(module, torch.nn.Module):
-                for prm in module.parameters():
-                    prm.copy_(prm.half().float())
+    for module in components.values():
+        if isinstance(module, torch.nn.Module):
+            _round_to_half(module)
     return components
 
 
@@ -671,6 +678,7 @@ def prepare(
         vae = train_vae(
             cfg, [s.image for s in vae_data], log, callback=vae_callback, callback_every=vae_callback_every
         )
+    _round_to_half(vae)  # shipped in float16: the latents are those of the shipped autoencoder
     log({"phase": "vae_done", "seconds": time.perf_counter() - t0, "shift_factor": vae.config.shift_factor,
          "scaling_factor": vae.config.scaling_factor})  # fmt: skip
     latents = encode_latents(vae, [s.image for s in train])
