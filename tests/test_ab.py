@@ -20,17 +20,20 @@ FAMILY_PRESETS = {"sd15": "sd15", "sdxl": "sdxl", "sd35-large": "sd35-large", "f
 # --------------------------------------------------------------------------------------- presets
 def test_every_bundled_preset_validates() -> None:
     found = list_presets()
-    assert set(found) == {*FAMILY_PRESETS, "tiny-demo"}
+    world = {n for n in found if n.startswith("world-")}
+    assert set(found) - world == {*FAMILY_PRESETS, "tiny-demo"} and "world-sd3-null" in world
     for name, path in found.items():
         p = load_preset(path)
         assert p.name == name
         if name in FAMILY_PRESETS:
             assert path.parent.name == FAMILY_PRESETS[name] and p.profile == FAMILY_PRESETS[name] and p.model
+        if p.baseline.null:
+            continue
         # cites upstream code a user can open: owner/repo@commit path:line
         assert re.search(r"[\w-]+/[\w.-]+@[0-9a-f]{7,40} \S+:\d+", p.baseline.source), p.baseline.source
         assert p.baseline.behaviour and p.baseline.why
         a, b = p.arm_profiles()
-        assert a.fingerprint() != b.fingerprint()
+        assert a.fingerprint() != b.fingerprint() or p.baseline.train
     assert load_preset("tiny-demo") == load_preset(presets_root() / "tiny-demo.toml")
 
 
@@ -155,7 +158,8 @@ def test_report_tables_hold_the_measured_numbers(demo: Any) -> None:
     summary = next(t for t in tables if t[0][0] == "metric")
     assert len(summary) - 2 == len(demo.summary)
     for row, s in zip(summary[2:], demo.summary, strict=True):
-        assert row == [s.metric, fmt(s.a_mean), fmt(s.a_sd), fmt(s.b_mean), fmt(s.b_sd), fmt(s.diff_mean), fmt(s.diff_sd), str(s.n)]
+        assert row == [s.metric, fmt(s.a_mean), fmt(s.a_sd), fmt(s.b_mean), fmt(s.b_sd), fmt(s.diff_mean), fmt(s.diff_sd), str(s.n),
+                       f"[{fmt(s.ci_low)}, {fmt(s.ci_high)}]", s.verdict]
         assert float(row[5]) == pytest.approx(float(row[1]) - float(row[3]), abs=2e-5 * max(1.0, abs(float(row[1]))))  # 6 significant digits
     val_a = [r.final_val for r in demo.runs if r.arm == "A"]
     val_b = [r.final_val for r in demo.runs if r.arm == "B"]

@@ -47,6 +47,8 @@ class ABError(TeAlignError):
 
 
 TRAINERS = ("kohya", "ai-toolkit", "onetrainer", "simpletuner")
+#: Added to arm A's training seed in a null control.
+NULL_SEED_OFFSET = 10007
 
 #: Keys of [train] that the runner owns (set per arm) and a preset may not set.
 _RUNNER_KEYS = {
@@ -65,6 +67,39 @@ class Baseline:
     why: str = ""
     source: str = ""
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: Arm A's te_align.train settings where the trainer differs outside the profile (deep-merged over
+    #: [train]), e.g. ``{ data = { encoder_dropout = {} } }`` for a trainer without per-encoder dropout.
+    train: dict[str, Any] = field(default_factory=dict)
+    #: A null control: arm A conditions exactly as arm B (no overrides, no train settings) but draws its own
+    #: training randomness (seed + NULL_SEED_OFFSET), to show how often the verdict finds a difference where
+    #: only chance differs.
+    null: bool = False
+
+
+@dataclass
+class WorldSettings:
+    """A shapes-world A/B (``[world]``): the pretrained tiny base and the finetuning data drawn from the world.
+
+    The concept (``attribute=value``) is one the base never saw; the training images always show it (never in
+    a ``holdout`` combination), the validation images always show it in a held-out combination with known
+    attributes. Data and answer keys are written into the A/B folder (``OUT/data``).
+    """
+
+    base: str = "sd3"
+    concept: str = "colour=pink"
+    holdout: list[str] = field(default_factory=lambda: ["shape=triangle"])
+    train_images: int = 64
+    val_images: int = 24
+    data_seed: int = 0
+    image_size: int = 32
+    style_mix: dict[str, float] = field(default_factory=dict)
+
+    def concept_object(self) -> Any:
+        from te_align.tiny import world
+
+        attribute, _, value = self.concept.partition("=")
+        hold = tuple(tuple(h.split("=", 1)) for h in self.holdout)
+        return world.Concept(attribute, value, holdout=hold)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -87,6 +122,9 @@ class EvalSettings:
     sample_size: int = 0
     #: Default number of training seeds (``--seeds`` overrides).
     seeds: int = 1
+    #: Prompt accuracy (validation folders with a shapes-world answer key): sampler steps and guidance.
+    accuracy_steps: int = 16
+    accuracy_guidance: float = 4.0
 
 
 @dataclass
@@ -98,6 +136,7 @@ class Preset:
     description: str = ""
     train: dict[str, Any] = field(default_factory=dict)
     eval: EvalSettings = field(default_factory=EvalSettings)
+    world: WorldSettings | None = None
     source: str = ""
 
     def arm_profiles(self, base: Any = None) -> tuple[Any, Any]:
@@ -151,14 +190,25 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
     for key in ("behaviour", "why", "source"):
         if not getattr(baseline, key):
             raise ABError("missing: every baseline names the documented behaviour, why it differs and its source", file=file, key=f"baseline.{key}")
-    if not baseline.overrides:
-        raise ABError("arm A must differ from the profile: set overrides", file=file, key="baseline")
+    if baseline.null:
+        if baseline.overrides or baseline.train:
+            raise ABError("a null control has no overrides and no train settings (arm A = arm B)", file=file, key="baseline")
+    elif not baseline.overrides and not baseline.train:
+        raise ABError("arm A must differ from the profile: set overrides or train (or null = true for a control)",
+                      file=file, key="baseline")  # fmt: skip
     try:
         a, b = preset.arm_profiles()
     except TeAlignError as e:
         raise ABError(f"profile / overrides: {e}", file=file, key="baseline.overrides") from None
-    if a.fingerprint() == b.fingerprint():
+    if baseline.overrides and not baseline.train and a.fingerprint() == b.fingerprint():
         raise ABError("the overrides leave the profile's behaviour unchanged: both arms would be identical", file=file, key="baseline.overrides")
+    for section, values in baseline.train.items():
+        if section not in SECTIONS or not isinstance(values, dict):
+            raise ABError(f"expected a table of a [train] section{closest(section, list(SECTIONS)) or ''}", file=file,
+                          key=f"baseline.train.{section}")  # fmt: skip
+        owned = _RUNNER_KEYS.get(section, set()) & set(values)
+        if owned:
+            raise ABError(f"set by the A/B runner per arm: {', '.join(sorted(owned))}", file=file, key=f"baseline.train.{section}")
     for section, values in preset.train.items():
         if section not in SECTIONS:
             raise ABError(f"unknown section{closest(section, list(SECTIONS)) or ''}", file=file, key=f"train.{section}")
@@ -170,26 +220,61 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
     if preset.train.get("lora", {}).get("text_encoders"):
         raise ABError("A/B presets train the denoiser only (the arms differ in conditioning)", file=file, key="train.lora.text_encoders")
     try:
-        config_from_dict(train_config_dict(preset, model="model", data="data", out="out", profile=b.name, seed=0))
+        for arm in ("A", "B"):
+            config_from_dict(train_config_dict(preset, model="model", data="data", out="out", profile=b.name, seed=0, arm=arm))
     except TrainError as e:
         raise ABError(f"[train]: {e}", file=file) from None
+    if preset.world is not None:
+        _check_world(preset.world, file)
     if ev.every < 0 or not 0.0 < ev.holdout < 1.0 or ev.seeds < 1 or ev.sample_steps < 1:
         raise ABError("every >= 0, 0 < holdout < 1, seeds >= 1, sample_steps >= 1", file=file, key="eval")
     if any(not 0.0 < t < 1.0 for t in ev.timesteps):
         raise ABError("timesteps must lie in (0, 1)", file=file, key="eval.timesteps")
     if not ev.prompts:
         raise ABError("needs at least one sample prompt", file=file, key="eval.prompts")
+    if ev.accuracy_steps < 1 or not ev.accuracy_guidance >= 1.0:
+        raise ABError("accuracy_steps >= 1 and accuracy_guidance >= 1", file=file, key="eval")
     te_align.profile(preset.profile)  # a bundled name or a file
     return preset
 
 
-def train_config_dict(preset: Preset, *, model: str, data: str, out: str, profile: str, seed: int, max_steps: int | None = None) -> dict[str, Any]:
-    """The te_align.train config of one arm (identical for both arms apart from ``profile`` and ``out``)."""
+def _check_world(w: WorldSettings, file: str) -> None:
+    try:
+        w.concept_object()
+    except (ValueError, TypeError) as e:
+        raise ABError(f"{e} (expected attribute=value, e.g. colour=pink; holdout entries attribute=value)", file=file,
+                      key="world.concept") from None  # fmt: skip
+    from te_align.tiny.bases import BASES
+
+    if w.base not in BASES:
+        raise ABError(f"no pretrained world base {w.base!r}{closest(w.base, list(BASES)) or ''}; bases: {', '.join(BASES)}",
+                      file=file, key="world.base")  # fmt: skip
+    if w.train_images < 1 or w.val_images < 1 or w.image_size < 8 or w.data_seed < 0:
+        raise ABError("train_images >= 1, val_images >= 1, image_size >= 8, data_seed >= 0", file=file, key="world")
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else v
+    return out
+
+
+def train_config_dict(preset: Preset, *, model: str, data: str, out: str, profile: str, seed: int, max_steps: int | None = None,
+                      arm: str = "B") -> dict[str, Any]:  # fmt: skip
+    """The te_align.train config of one arm: identical for both arms apart from ``profile``, ``out`` and, for
+    arm A, the baseline's ``train`` settings."""
     raw: dict[str, Any] = {k: dict(v) for k, v in preset.train.items()}
+    if arm == "A" and preset.baseline.train:
+        raw = _merge(raw, preset.baseline.train)
     raw.setdefault("model", {}).update({"path": model, "profile": profile})
     raw.setdefault("data", {})["path"] = data
     tr = raw.setdefault("train", {})
-    tr.update({"seed": 42 + seed, "checkpoint_every": preset.eval.every or 1_000_000_000, "checkpoints_keep": 0})
+    # a null control's arm A draws its own training randomness (data order, noise, dropout, LoRA init): with
+    # the same seed both arms would be bit-identical and the control could not fail
+    null_a = arm == "A" and preset.baseline.null
+    tr.update({"seed": 42 + seed + (NULL_SEED_OFFSET if null_a else 0), "checkpoint_every": preset.eval.every or 1_000_000_000,
+               "checkpoints_keep": 0})  # fmt: skip
     if max_steps is not None:
         tr["max_steps"] = max_steps
         tr["epochs"] = 0
@@ -217,5 +302,5 @@ def load_preset(name_or_path: str | Path) -> Preset:
     return preset_from_dict(data, file=str(p))
 
 
-__all__ = ["ABError", "Baseline", "EvalSettings", "Preset", "list_presets", "load_preset", "preset_from_dict",
+__all__ = ["ABError", "Baseline", "EvalSettings", "Preset", "WorldSettings", "list_presets", "load_preset", "preset_from_dict",
            "presets_root", "train_config_dict"]  # fmt: skip

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,12 +83,84 @@ def _plots(result: ABResult) -> dict[str, Path]:
             images.append(Image.open(r.samples[k]) if k < len(r.samples) and Path(r.samples[k]).is_file() else None)
         rows.append((f"{prompt} [sample seed {sample_seeds[k % len(sample_seeds)]}]", images))
     _write(out["samples"], image_grid(rows, columns, title="final weights, identical prompts and seeds, profile conditioning"))
+    if result.runs and all(r.accuracy_samples for r in result.runs) and result.val_dir is not None:
+        out["accuracy"] = plots / "accuracy_samples.png"
+        _write(out["accuracy"], _accuracy_grid(result))
+    return out
+
+
+#: Validation prompts shown in the accuracy grid.
+GRID_PROMPTS = 6
+
+
+def _reading(img: Any) -> str:
+    from te_align.tiny import world
+
+    found = world.read_image(img)
+    return "; ".join(" ".join(k) for k in found) if found else "nothing"
+
+
+def _accuracy_grid(result: ABResult) -> bytes:
+    """Per validation prompt: the ground-truth render, then each run's sample (seeds 0 and 1), each labelled with
+    what the reader read in it."""
+    import numpy as np
+    from PIL import Image
+
+    from te_align.tiny import world
+
+    runs = [r for r in result.runs if r.seed < 2]
+    first = runs[0].accuracy_samples[:GRID_PROMPTS]
+    images, labels = [], []
+    for k, path in enumerate(first):
+        stem = Path(path).stem
+        truth_file = result.val_dir / f"{stem}.png"  # type: ignore[operator]
+        caption_file = truth_file.with_suffix(".txt")
+        caption = caption_file.read_text(encoding="utf-8").strip() if caption_file.is_file() else ""
+        with Image.open(truth_file) as im:
+            truth = np.asarray(im.convert("RGB"))
+        images.append(truth)
+        labels.append(f"prompt: {caption[:150]}")
+        for r in runs:
+            with Image.open(r.accuracy_samples[k]) as im:
+                arr = np.asarray(im.convert("RGB"))
+            images.append(arr)
+            labels.append(f"{r.arm} seed {r.seed} read: {_reading(arr)}")
+    buf = io.BytesIO()
+    world.grid(images, labels, columns=1 + len(runs), label_lines=6).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _headline(result: ABResult) -> list[Block]:
+    """The verdict first, then each deciding metric's mean difference and 95% interval, rounded to its spread."""
+    from te_align.ab.stats import round_to_spread
+
+    out: list[Block] = [("p", f"**Verdict: {result.verdict}** ({result.seeds} seed(s), paired by seed; scored as the "
+                               "official pipeline conditions at inference).")]  # fmt: skip
+    lines = []
+    for r in result.summary:
+        if "own conditioning" in r.metric or r.metric.startswith("training"):
+            continue
+        half = (r.ci_high - r.ci_low) / 2 if math.isfinite(r.ci_high) else float("nan")
+        pct = r.higher_better
+        scale = 100.0 if pct else 1.0
+        unit = " points" if pct else ""
+
+        def f(v: float, half: float = half, scale: float = scale) -> str:
+            return round_to_spread(v * scale, half * scale)
+
+        interval = f"[{f(r.ci_low)}, {f(r.ci_high)}]" if math.isfinite(r.ci_low) else "(one seed: no interval)"
+        a_b = f"A {f(r.a_mean)}{'%' if pct else ''} vs B {f(r.b_mean)}{'%' if pct else ''}"
+        lines.append(f"{r.metric}: A - B = {f(r.diff_mean)}{unit} {interval} ({a_b}): {r.verdict}")
+    out += [("p", line) for line in lines]
     return out
 
 
 def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     p, b = result.preset, result.preset.baseline
-    blocks: list[Block] = [("h1", f"A/B: {p.name}"), ("p", p.description)] if p.description else [("h1", f"A/B: {p.name}")]
+    blocks: list[Block] = [("h1", f"A/B: {p.name}")]
+    blocks += _headline(result)
+    if p.description:
+        blocks.append(("p", p.description))
     blocks.append(("table", ["arm", "conditioning", "source"], [
         ["A", f"{b.trainer} default ({b.version}): {b.behaviour}", b.source],
         ["B", f"profile {p.profile}: {b.why}", "te-align bundled profile (te-align profile show " + p.profile + ")"],
@@ -94,10 +168,22 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"
     blocks.append(("p", f"Arm A = profile with overrides {over}. Identical data, seeds, steps and hyper-parameters; "
                         f"{result.seeds} seed(s); {result.runs[0].steps if result.runs else 0} steps per arm; wall time {result.seconds:.1f} s."))  # fmt: skip
-    blocks.append(("h2", f"Summary ({result.seeds} seed(s); difference = A - B, its mean and standard deviation across seeds)"))
-    blocks.append(("table", ["metric", "A mean", "A sd", "B mean", "B sd", "A-B mean", "A-B sd", "seeds"],
-                   [[r.metric, fmt(r.a_mean), fmt(r.a_sd), fmt(r.b_mean), fmt(r.b_sd), fmt(r.diff_mean), fmt(r.diff_sd), str(r.n)]
-                    for r in result.summary]))  # fmt: skip
+    blocks.append(("h2", f"Summary ({result.seeds} seed(s); difference = A - B: mean, standard deviation and 95% t interval across seeds)"))
+    blocks.append(("table", ["metric", "A mean", "A sd", "B mean", "B sd", "A-B mean", "A-B sd", "seeds", "A-B 95% interval", "verdict"],
+                   [[r.metric, fmt(r.a_mean), fmt(r.a_sd), fmt(r.b_mean), fmt(r.b_sd), fmt(r.diff_mean), fmt(r.diff_sd), str(r.n),
+                     f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]", r.verdict] for r in result.summary]))  # fmt: skip
+    if result.runs and all(r.accuracy for r in result.runs):
+        blocks.append(("h2", "Prompt accuracy on held-out prompts"))
+        blocks.append(("p", "Every validation caption (the concept in combinations never trained on) sampled once per run with the "
+                            "official pipeline, profile conditioning, fixed seeds; read back by the shapes-world reader. Objects exact: "
+                            "colour, shape and position all right; concept: the same over objects carrying the new concept."))  # fmt: skip
+        keys = [("object_accuracy", "objects exact"), ("concept_accuracy", "concept objects exact"), ("colour", "colour"),
+                ("shape", "shape"), ("position", "position"), ("image_accuracy", "images exact")]  # fmt: skip
+        blocks.append(("table", ["seed", "arm"] + [name for _, name in keys] + ["extra objects / image"],
+                       [[str(r.seed), r.arm] + [f"{100 * r.accuracy[k]:.1f}%" for k, _ in keys] + [f"{r.accuracy['extra_per_image']:.2f}"]
+                        for r in result.runs]))  # fmt: skip
+        if "accuracy" in plots:
+            blocks.append(("img", "held-out prompts: ground truth, then each run's sample with what the reader read", plots["accuracy"]))
     blocks.append(("h2", "Conditioning divergence between the arms"))
     blocks.append(("p", "Every caption and sample prompt encoded by both arms; tensors of different shapes are zero-padded to the "
                         "larger shape, so missing positions count. Cosine = mean over prompts of the flattened per-prompt cosine."))  # fmt: skip
@@ -151,7 +237,7 @@ def _html(blocks: list[Block], title: str) -> str:
         if kind in ("h1", "h2"):
             body.append(f"<{kind}>{e(blk[1])}</{kind}>")
         elif kind == "p":
-            body.append(f"<p>{e(blk[1])}</p>")
+            body.append("<p>" + re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", e(blk[1])) + "</p>")
         elif kind == "img":
             data = base64.b64encode(blk[2].read_bytes()).decode("ascii")
             body.append(f'<p><img alt="{e(blk[1])}" src="data:image/png;base64,{data}"></p>')

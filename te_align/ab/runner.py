@@ -48,6 +48,10 @@ class ArmRun:
     #: Validation loss per checkpoint step, conditioning as the arm was trained.
     val_own: list[tuple[int, float]] = field(default_factory=list)
     samples: list[str] = field(default_factory=list)
+    #: Prompt accuracy of the final weights (validation folders with a shapes-world answer key).
+    accuracy: dict[str, float] = field(default_factory=dict)
+    #: The accuracy samples (one image per validation caption).
+    accuracy_samples: list[str] = field(default_factory=list)
 
     @property
     def final_val(self) -> float:
@@ -75,6 +79,11 @@ class SummaryRow:
     diff_mean: float
     diff_sd: float
     n: int
+    #: 95% interval of the mean difference A - B across seeds (t interval; NaN with one seed).
+    ci_low: float = float("nan")
+    ci_high: float = float("nan")
+    verdict: str = ""
+    higher_better: bool = False
 
 
 @dataclass
@@ -89,6 +98,12 @@ class ABResult:
     report_html: Path | None = None
     seconds: float = 0.0
     profiles: dict[str, str] = field(default_factory=dict)
+    #: The validation folder (its images are the ground truth of the accuracy grid).
+    val_dir: Path | None = None
+
+    @property
+    def verdict(self) -> str:
+        return verdict_of(self.summary)
 
     def run(self, seed: int, arm: str) -> ArmRun:
         return next(r for r in self.runs if r.seed == seed and r.arm == arm)
@@ -116,6 +131,8 @@ def _run_from(d: dict[str, Any]) -> ArmRun:
     r.val = [(int(s), float(v)) for s, v in d.get("val", [])]
     r.val_own = [(int(s), float(v)) for s, v in d.get("val_own", [])]
     r.samples = list(d.get("samples", []))
+    r.accuracy = {str(k): float(v) for k, v in d.get("accuracy", {}).items()}
+    r.accuracy_samples = list(d.get("accuracy_samples", []))
     return r
 
 
@@ -169,19 +186,98 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 
 def summarize(runs: list[ArmRun], seeds: int) -> list[SummaryRow]:
-    rows = []
-    metrics: list[tuple[str, Callable[[ArmRun], float]]] = [
-        ("validation loss, final (profile conditioning)", lambda r: r.final_val),
-        ("validation loss, final (arm's own conditioning)", lambda r: r.final_val_own),
-        ("training loss, last 20% of steps", lambda r: r.final_train),
+    """Per metric: both arms' means and sds, the paired difference A - B, its 95% interval and verdict."""
+    from te_align.ab.stats import Metric, paired
+
+    metrics: list[tuple[Metric, Callable[[ArmRun], float]]] = [
+        (Metric("validation loss, final (profile conditioning)", False), lambda r: r.final_val),
+        (Metric("validation loss, final (arm's own conditioning)", False), lambda r: r.final_val_own),
+        (Metric("training loss, last 20% of steps", False), lambda r: r.final_train),
     ]
-    for name, fn in metrics:
+    if runs and all(r.accuracy for r in runs):
+        metrics += [
+            (Metric("prompt accuracy: objects exact (profile conditioning)", True), lambda r: r.accuracy["object_accuracy"]),
+            (Metric("prompt accuracy: concept objects exact", True), lambda r: r.accuracy["concept_accuracy"]),
+        ]
+    rows = []
+    for metric, fn in metrics:
         a = [fn(r) for s in range(seeds) for r in runs if r.seed == s and r.arm == "A"]
         b = [fn(r) for s in range(seeds) for r in runs if r.seed == s and r.arm == "B"]
-        d = [x - y for x, y in zip(a, b, strict=True)]
-        (am, asd), (bm, bsd), (dm, dsd) = _stats(a), _stats(b), _stats(d)
-        rows.append(SummaryRow(name, am, asd, bm, bsd, dm, dsd, len(d)))
+        ps = paired(metric, a, b)
+        (am, asd), (bm, bsd), (dm, dsd) = _stats(a), _stats(b), _stats(list(ps.diffs))
+        lo, hi = ps.interval
+        rows.append(SummaryRow(metric.name, am, asd, bm, bsd, dm, dsd, ps.n, lo, hi, ps.verdict, metric.higher_better))
     return rows
+
+
+def verdict_of(summary: list[SummaryRow]) -> str:
+    """The A/B's verdict over what inference sees: the profile-conditioned validation loss and, when
+    measured, the prompt accuracies (:func:`te_align.ab.stats.overall_verdict`)."""
+    from te_align.ab.stats import NO_DIFFERENCE
+
+    keys = [r for r in summary if "own conditioning" not in r.metric and not r.metric.startswith("training")]
+    found = {r.verdict for r in keys} - {NO_DIFFERENCE, ""}
+    if not found:
+        return NO_DIFFERENCE
+    if len(found) == 1:
+        return found.pop()
+    return "mixed (" + "; ".join(f"{r.metric}: {r.verdict}" for r in keys if r.verdict not in (NO_DIFFERENCE, "")) + ")"
+
+
+def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None]) -> Path:
+    """``OUT/data/{train,val}`` drawn from the shapes world by the preset's [world] settings (once)."""
+    from te_align.tiny import world
+    from te_align.tiny.datasets import ANSWER_KEY, write_world_split
+
+    w = p.world
+    assert w is not None
+    root = out_dir / "data"
+    if (root / "val" / ANSWER_KEY).is_file() and (root / "train" / ANSWER_KEY).is_file():
+        return root
+    concept = w.concept_object()
+    mix = dict(w.style_mix) or None
+    say(f"drawing the finetuning data from the shapes world: {w.train_images} training images with {w.concept}, "
+        f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})")  # fmt: skip
+    train = world.make_dataset(w.train_images, w.data_seed, split="concept", concept=concept, image_size=w.image_size,
+                               style_mix=mix, tokenizer=False)  # fmt: skip
+    val = world.make_dataset(w.val_images, w.data_seed, split="validation", concept=concept, image_size=w.image_size,
+                             style_mix=mix, tokenizer=False)  # fmt: skip
+    for folder, samples in (("train", train), ("val", val)):
+        tmp = root / f".{folder}.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_world_split(tmp, samples, concept)
+        shutil.rmtree(root / folder, ignore_errors=True)
+        tmp.rename(root / folder)
+    return root
+
+
+def _world_overrides(p: Preset, model: str | Path | None, model_path: str) -> dict[str, Any]:
+    """A world preset's profile fitted to its tiny encoders: from the shipped base's manifest, or read from the
+    folder given with ``--model``."""
+    from te_align.tiny.bases import BaseError, base_info
+
+    if model is None and model_path.startswith("world:"):
+        try:
+            return dict(base_info(model_path.split(":", 1)[1]).get("profile_overrides") or {})
+        except BaseError as e:
+            raise ABError(str(e), key="--model") from None
+    import te_align
+    from te_align.tiny.fit import _folder_components, architecture_overrides
+
+    prof = te_align.profile(p.profile)
+    return architecture_overrides(prof, _folder_components(Path(model_path), prof))
+
+
+def resolve_model(model: str) -> str:
+    """``world:NAME`` is a shipped shapes-world base (materialized into the cache); anything else is as given."""
+    if model.startswith("world:"):
+        from te_align.tiny.bases import BaseError, materialize
+
+        try:
+            return str(materialize(model.split(":", 1)[1]))
+        except BaseError as e:
+            raise ABError(str(e), key="--model") from None
+    return model
 
 
 def run_ab(
@@ -205,19 +301,25 @@ def run_ab(
 
     t0 = time.perf_counter()
     p = preset if isinstance(preset, Preset) else load_preset(preset)
-    model_path = str(model or p.model)
+    model_path = str(model or p.model or (f"world:{p.world.base}" if p.world is not None else ""))
     if not model_path:
         raise ABError(f"preset '{p.name}' names no model: pass --model PATH_OR_REPO", key="--model")
-    if data is None:
+    if data is None and p.world is None:
         raise ABError("needs a dataset folder (images with .txt captions)", key="--data")
-    data_dir = Path(data).expanduser()
-    if not data_dir.is_dir():
-        raise ABError("dataset folder does not exist", file=str(data_dir), key="--data")
-    n_seeds = seeds or p.eval.seeds
+    n_seeds = seeds if seeds is not None else p.eval.seeds
     if n_seeds < 1:
-        raise ABError("must be >= 1", key="--seeds")
+        raise ABError(f"must be >= 1, got {n_seeds}", key="--seeds")
     out_dir = Path(out).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        data_dir = _world_data(p, out_dir, say)
+    else:
+        data_dir = Path(data).expanduser()
+        if not data_dir.is_dir():
+            raise ABError("dataset folder does not exist", file=str(data_dir), key="--data")
+    if p.world is not None and profile_overrides is None:
+        profile_overrides = _world_overrides(p, model, model_path)
+    model_path = resolve_model(model_path)
     train_dir, val_dir = split_data(data_dir, out_dir, p.eval.holdout)
 
     base = te_align.profile(p.profile)
@@ -256,7 +358,7 @@ def run_ab(
                 continue
             arm_dir = out_dir / "runs" / f"seed-{s}" / arm
             cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(arm_dir),
-                                                     profile=str(prof_paths[arm]), seed=s, max_steps=max_steps))  # fmt: skip
+                                                     profile=str(prof_paths[arm]), seed=s, max_steps=max_steps, arm=arm))  # fmt: skip
             resume = latest_checkpoint(arm_dir) is not None
             say(f"seed {s} arm {arm} ({'trainer default: ' + p.baseline.trainer if arm == 'A' else 'profile ' + prof_b.name})"
                 f"{': resuming' if resume else ''} ...")  # fmt: skip
@@ -277,7 +379,7 @@ def run_ab(
     runs = [_run_from(runs_state[f"{s}/{arm}"]) for s in range(n_seeds) for arm in ARMS]
     divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state["divergence"]]
     result = ABResult(out_dir, p, n_seeds, runs, divergence, summarize(runs, n_seeds),
-                      profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])})  # fmt: skip
+                      profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])}, val_dir=val_dir)  # fmt: skip
     result.seconds = time.perf_counter() - t0
     if report:
         from te_align.ab.report import write_report
@@ -314,6 +416,17 @@ def _evaluate(
 
     items = _val_items(val_dir)
     captions = [c for _, c in items]
+    from te_align.ab import accuracy
+    from te_align.tiny.datasets import read_answer_key
+
+    try:
+        key = read_answer_key(val_dir)
+    except (OSError, ValueError) as e:
+        raise ABError(f"unreadable answer key: {e}", file=str(val_dir)) from None
+    if key is not None:
+        missing = [f.name for f, _ in items if f.stem not in key["items"]]
+        if missing:
+            raise ABError(f"the answer key has no entry for {missing[0]} (and {len(missing) - 1} more)", file=str(val_dir))
     cond_a = te_align.encode(prof_a, captions, pipeline=pipe)
     cond_b = te_align.encode(prof_b, captions, pipeline=pipe)
 
@@ -375,9 +488,18 @@ def _evaluate(
         sample_dir = out_dir / "samples" / f"seed-{r['seed']}" / r["arm"]
         files = sample_images(pipe, prof_b, scfg, sample_dir, ckpts[-1][0], size=(sample_size, sample_size), device=torch.device("cpu"),
                               dtype=torch.float32)  # fmt: skip
-        r.update({"val": val, "val_own": val_own, "samples": [str(f) for f in files], "evaluated": True})
+        r.update({"val": val, "val_own": val_own, "samples": [str(f) for f in files]})
+        if key is not None:
+            images = accuracy.sample_prompts(pipe, prof_b, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
+                                             size=sample_size, seed=0)  # fmt: skip
+            truths = [key["items"][f.stem]["objects"] for f, _ in items]
+            r["accuracy"] = accuracy.score_images(images, truths)
+            acc_files = accuracy.save_images(images, [f.stem for f, _ in items], sample_dir / "accuracy")
+            r["accuracy_samples"] = [str(f) for f in acc_files]
+        r["evaluated"] = True
         save()
-        say(f"seed {r['seed']} arm {r['arm']}: validation loss {val[-1][1]:.5f} (profile conditioning), {val_own[-1][1]:.5f} (own)")
+        acc = f", prompt accuracy {r['accuracy']['object_accuracy']:.1%}" if r.get("accuracy") else ""
+        say(f"seed {r['seed']} arm {r['arm']}: validation loss {val[-1][1]:.5f} (profile conditioning), {val_own[-1][1]:.5f} (own){acc}")
     load(zero)
 
 

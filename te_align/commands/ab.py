@@ -16,6 +16,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--out", default="ab-out", metavar="DIR", help="output folder; an interrupted run resumes there (default: ab-out)")
     run.add_argument("--max-steps", type=int, default=None, help="override the preset's train.max_steps")
     run.set_defaults(func=cmd_run)
+    mx = ab_sub.add_parser("matrix", help="A/B every known trainer deviation on the pretrained shapes-world bases; writes matrix.md")
+    mx.add_argument("--out", default="te-align-matrix", metavar="DIR", help="output folder; resumes there (default: te-align-matrix)")
+    mx.add_argument("--only", nargs="+", default=[], metavar="PRESET", help="run only these world presets (te-align ab list)")
+    mx.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per deviation (default: the presets', 5)")
+    mx.add_argument("--max-steps", type=int, default=None, help="override the presets' train.max_steps")
+    mx.add_argument("--doc", default=None, metavar="FILE", help="also write the table to FILE (the committed evidence document)")
+    mx.set_defaults(func=cmd_matrix)
     ls = ab_sub.add_parser("list", help="bundled A/B presets and their baselines")
     ls.set_defaults(func=cmd_list)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
@@ -59,6 +66,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from te_align.ab.runner import run_ab
 
     _summary(run_ab(args.preset, model=args.model, data=args.data, seeds=args.seeds, out=args.out, max_steps=args.max_steps))
+    return 0
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    _quiet()
+    from te_align.ab.matrix import run_matrix
+
+    rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc)
+    print(f"\n{len(rows)} deviation(s); table: {args.out}/matrix.md")
+    for r in rows:
+        print(f"  {r.preset:34} {r.verdict}")
     return 0
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COLOURS", "SHAPES", "SQUARE_COLOURS", "make_shapes_dataset", "make_squares_dataset"]
+__all__ = ["ANSWER_KEY", "COLOURS", "SHAPES", "SQUARE_COLOURS", "make_shapes_dataset", "make_squares_dataset",
+           "read_answer_key", "write_world_split"]
 
 #: Colours of :func:`make_shapes_dataset`.
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -84,3 +85,48 @@ def make_squares_dataset(
         Image.fromarray(arr).save(path / f"img{i:02d}.png")
         (path / f"img{i:02d}.txt").write_text(f"a {c} square, simple, flat", encoding="utf-8")
     return path
+
+
+#: File name of the answer key :func:`write_world_split` puts next to the images.
+ANSWER_KEY = "world.json"
+
+
+def write_world_split(folder: str | Path, samples: list[Any], concept: Any = None) -> Path:
+    """Write shapes-world samples (:func:`te_align.tiny.world.make_dataset` with images) as ``NNNNN.png`` +
+    ``NNNNN.txt`` into ``folder``, and the answer key ``world.json``: per file stem the scene's objects as
+    ``[colour, shape, position, carries_concept]`` and the caption's style, for prompt-accuracy scoring."""
+    from PIL import Image
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    items: dict[str, Any] = {}
+    for s in samples:
+        if s.image is None:
+            raise ValueError("write_world_split: samples need images (make_dataset(image_size=...))")
+        stem = f"{s.index:05d}"
+        Image.fromarray(s.image).save(out / f"{stem}.png")
+        (out / f"{stem}.txt").write_text(s.caption, encoding="utf-8")
+        items[stem] = {
+            "objects": [[o.colour, o.shape, o.position, bool(concept is not None and concept.carried_by(o))] for o in s.objects],
+            "style": s.style,
+        }
+    key = {"format": 1, "concept": None if concept is None else {"attribute": concept.attribute, "value": concept.value,
+                                                                  "holdout": [list(h) for h in concept.holdout]},
+           "items": items}  # fmt: skip
+    import json
+
+    (out / ANSWER_KEY).write_text(json.dumps(key, indent=1, sort_keys=True), encoding="utf-8")
+    return out
+
+
+def read_answer_key(folder: str | Path) -> dict[str, Any] | None:
+    """The answer key of a folder written by :func:`write_world_split`, or ``None`` when it has none."""
+    import json
+
+    path = Path(folder) / ANSWER_KEY
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(data.get("items"), dict):
+        raise ValueError(f"{path}: not a shapes-world answer key (format 1)")
+    return data
