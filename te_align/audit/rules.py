@@ -56,12 +56,15 @@ class Rule:
 
 @dataclass
 class Context:
-    """What a converter may look at: the whole config (trainer key -> value) and the profile name."""
+    """What a converter may look at: the whole config (trainer key -> value) and the profile name.
+    ``ran`` collects the rules that compared a profile value (see :func:`evaluate`)."""
 
     values: Mapping[str, Any]
     profile_name: str
     cached: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    file: str = ""
+    ran: list[str] = field(default_factory=list)
 
 
 class Remove:
@@ -208,6 +211,80 @@ CONVERTERS: dict[str, tuple[Callable[[Any, Context], Any], Callable[[Any, Contex
 }
 
 
+# ------------------------------------------------------------------------------------ value types
+_INT_CONVERTERS = {"sd_clip_skip", "sd_tokens", "ot_skip_last", "ot_skip_penultimate", "st_sd3_len", "ot_nullable_len"}
+_TRUE_FALSE = ("1", "0", "true", "false", "yes", "no", "on", "off")
+
+
+def expected_type(rule: Rule, profile_name: str) -> str | None:
+    """What a rule's config value must be: ``int``, ``bool``, ``fraction`` (0..1), ``str``, ``choice:a,b`` or None."""
+    if rule.convert in _INT_CONVERTERS:
+        return "int"
+    if rule.convert == "bool":
+        return "bool"
+    if rule.convert == "nonempty":
+        return "str"
+    if rule.convert == "st_padding":
+        return "choice:unmodified,zero"
+    if rule.convert != "same":
+        return None
+    d = rule.default_for(profile_name)
+    if isinstance(d, bool):
+        return "bool"
+    if isinstance(d, int):
+        return "int"
+    if isinstance(d, float):
+        return "fraction"
+    if isinstance(d, str):
+        return "str"
+    return None
+
+
+def value_problem(kind: str | None, v: Any) -> str | None:
+    """Why ``v`` is not a valid value of ``kind`` (None: fine, or unset)."""
+    import math
+
+    if kind is None or v is None:
+        return None
+    if kind == "int":
+        if isinstance(v, bool):
+            return "expected a whole number, got a true/false value"
+        if isinstance(v, float):
+            if not math.isfinite(v) or v != int(v):
+                return f"expected a whole number, got {v!r}"
+            v = int(v)
+        if isinstance(v, str):
+            if v.strip() == "":
+                return None
+            if not re.fullmatch(r"\s*[+-]?\d+\s*", v):
+                return f"expected a whole number, got {v!r}"
+            v = int(v)
+        if not isinstance(v, int):
+            return f"expected a whole number, got {type(v).__name__}"
+        return None if v >= 0 else f"expected a number >= 0, got {v}"
+    if kind == "bool":
+        if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+            return None
+        if isinstance(v, str) and v.strip().lower() in _TRUE_FALSE:
+            return None
+        return f"expected true or false, got {v!r}"
+    if kind == "fraction":
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                return f"expected a number between 0 and 1, got {v!r}"
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+            return f"expected a number between 0 and 1, got {v!r}"
+        return None
+    if kind == "str":
+        return None if isinstance(v, str) else f"expected a string, got {v!r}"
+    if kind.startswith("choice:"):
+        choices = kind.split(":", 1)[1].split(",")
+        return None if v in choices else f"expected one of {', '.join(choices)}, got {v!r}"
+    return None
+
+
 # ------------------------------------------------------------------------------------ evaluation
 @dataclass
 class Trainer:
@@ -264,6 +341,18 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
         present = rule.key is not None and rule.key in ctx.values
         default = rule.default_for(profile.name)
         raw = ctx.values[rule.key] if present and rule.key is not None else default
+        problem = value_problem(expected_type(rule, profile.name), raw) if present else None
+        if problem is not None and rule.key is not None:
+            if rule.key not in reported:
+                reported.add(rule.key)
+                line = trainer.key_line(rule.key)
+                where = f"{ctx.file}:{line}" if ctx.file and line else (ctx.file or "")
+                findings.append(Finding(
+                    kind="wrong-value", severity="error", setting=rule.key, effective=raw,
+                    message=f"{where + ': ' if where else ''}wrong type/value for {rule.key}: {problem}",
+                    key=rule.key, trainer_source=rule.source, line=line,
+                ))
+            continue
         honoured = rule.honoured == "always" or (rule.honoured == "cached" and ctx.cached)
         if present and not honoured and rule.key is not None:
             if _differs(to_profile, raw, default, ctx) and rule.key not in reported:
@@ -285,6 +374,7 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
             continue
         eff = to_profile(raw, ctx)
         effective[rule.path] = eff
+        ctx.ran.append(f"{rule.path} ({rule.key})" if rule.key else rule.path)
         expected = profile.get(f"slots.{rule.path}")
         if _same_value(eff, expected):
             continue

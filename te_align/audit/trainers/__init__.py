@@ -36,6 +36,16 @@ class Parsed:
     findings: list[Finding] = field(default_factory=list)
     #: Families this trainer can train (profile families); others are reported as unsupported.
     supported: tuple[str, ...] = ()
+    #: The guess is only a default (no model named): ``--profile`` of another family is accepted.
+    guess_is_default: bool = False
+    #: Set when the config cannot be checked: the reason ("te-align has no profile for Z-Image …").
+    not_checked: str = ""
+    #: ``not-checked`` or ``not-training``.
+    not_checked_status: str = "not-checked"
+    #: Extra facts for converters (``Context.extra``), e.g. caption statistics.
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: Trainer-specific findings computed once the profile is known: ``after(profile, ctx) -> [Finding]``.
+    after: Any = None
 
 
 MODULES = {
