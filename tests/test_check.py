@@ -431,8 +431,12 @@ def test_one_ai_toolkit_table_for_check_and_hooks():
     from te_align.hooks.ai_toolkit import profile_name_for
     from te_align.trainers import ai_toolkit as table
 
+    from te_align.audit.trainers.ai_toolkit import NO_PROFILE
+
     for arch, (profile, hooked) in table.ARCHS.items():
-        assert guess_profile({"arch": arch})[0] == profile
+        # Flex.2 (not hooked, not verified) is "not checked", never silently FLUX.1-dev
+        assert guess_profile({"arch": arch})[0] == (None if arch in NO_PROFILE else profile)
+        assert not (hooked and arch in NO_PROFILE)
         if hooked:
             assert profile_name_for({"arch": arch}) == profile
     assert guess_profile({"arch": "wan22_5b:ti2v"})[0] == "wan21"  # was unknown to `te-align check`

@@ -22,6 +22,9 @@ def check_file(
     cache_dir: str | None = None,
 ) -> CheckResult:
     """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2)."""
+    from te_align.audit.trainers import reset_suggestion_budget
+
+    reset_suggestion_budget()
     result = CheckResult(file=str(path))
     try:
         raw = readers.load(str(path))

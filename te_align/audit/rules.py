@@ -174,6 +174,19 @@ def _ot_nullable_len(v: Any, ctx: Context) -> Any:
     return 512 if n is None else n
 
 
+def _aitk_pixart_len(v: Any, ctx: Context) -> Any:
+    # ai-toolkit encode_prompt: max_length=300 if model.is_pixart_sigma else 120.
+    return 300 if _truthy(v) else 120
+
+
+def _aitk_pixart_len_back(p: Any, ctx: Context) -> Any:
+    if p == 300:
+        return True
+    if p == 120:
+        return REMOVE
+    raise LookupError
+
+
 def _bool(v: Any, ctx: Context) -> Any:
     return _truthy(v)
 
@@ -208,6 +221,7 @@ CONVERTERS: dict[str, tuple[Callable[[Any, Context], Any], Callable[[Any, Contex
     "st_padding": (_st_padding, _st_padding_back),
     "st_flux_len": (_st_flux_len, _unsettable),
     "ot_nullable_len": (_ot_nullable_len, _same),
+    "aitk_pixart_len": (_aitk_pixart_len, _aitk_pixart_len_back),
 }
 
 
@@ -220,7 +234,7 @@ def expected_type(rule: Rule, profile_name: str) -> str | None:
     """What a rule's config value must be: ``int``, ``bool``, ``fraction`` (0..1), ``str``, ``choice:a,b`` or None."""
     if rule.convert in _INT_CONVERTERS:
         return "int"
-    if rule.convert == "bool":
+    if rule.convert in ("bool", "aitk_pixart_len"):
         return "bool"
     if rule.convert == "nonempty":
         return "str"
