@@ -17,7 +17,8 @@ Without ``--write`` it prints the list and the difference to the bundled one. Th
   ``dreambooth_gui.py``, ``finetune_gui.py``, ``textual_inversion_gui.py``) minus the ``exclusion`` of its
   ``SaveConfigFile`` call, one section per tab (AST).
 - ai-toolkit (MIT): ``kwargs.get/pop('key')`` per config class of ``toolkit/config_modules.py``, one section per
-  ``config.process[N]`` section; ``[process]`` = every ``get_conf('key')`` of the process classes; ``[slider]`` =
+  ``config.process[N]`` section; ``[process]`` = ``type`` and every ``get_conf('key')`` of the process classes;
+  ``[slider]`` =
   the slider config classes of the slider processes (AST).
 - onetrainer (AGPL-3.0: key names only): ``data.append(("key", …))`` in ``TrainConfig.default_values`` (top level)
   and ``TrainModelPartConfig.default_values`` (parts); ``[legacy]`` = keys its config migrations consume, each
@@ -149,7 +150,7 @@ def ai_toolkit(root: Path) -> dict[str, set[str]]:
                 s = _str(n.args[0])
                 if s:
                     process.add(s)
-    out["process"] = process
+    out["process"] = process | {"type"}  # jobs/BaseJob.py:58-66 picks the process class by process['type']
     return out
 
 

@@ -4,6 +4,7 @@ settings with an alignment profile, and collect findings. No torch."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from te_align.audit import readers
@@ -20,8 +21,11 @@ def check_file(
     profile: Any = None,
     extra_args: Sequence[str] = (),
     cache_dir: str | None = None,
+    dataset: Sequence[str] = (),
 ) -> CheckResult:
-    """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2)."""
+    """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
+    cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
+    ``dataset``: caption folders to count captions in (besides the ones the config names)."""
     from te_align.audit.trainers import reset_suggestion_budget
 
     reset_suggestion_budget()
@@ -34,7 +38,7 @@ def check_file(
         if name not in readers.TRAINERS:
             raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.TRAINERS)}")
         result.trainer = name
-        _check(raw, name, profile, list(extra_args), cache_dir, result)
+        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset))
     except readers.ConfigSyntaxError as e:
         result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
@@ -50,7 +54,7 @@ def check_file(
 
 
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
-           result: CheckResult) -> None:
+           result: CheckResult, dataset: list[str] | None = None) -> None:
     from te_align.profiles import profile as resolve
 
     mod = module(name)
@@ -86,6 +90,13 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
         raise readers.UnreadableConfig(f"{name} does not train {prof.family} models (profile {prof.name})", file=raw.file)
     ctx = Context(values=parsed.values, profile_name=prof.name, cached=parsed.cached, file=raw.file,
                   extra=dict(parsed.extra))
+    if dataset:
+        for d in dataset:
+            if not Path(d).is_dir():
+                raise readers.UnreadableConfig("--dataset: no such folder", file=d)
+    from te_align.audit.captions import read_captions
+
+    ctx.extra["captions"] = read_captions(list(dataset or []) + [str(d) for d in parsed.caption_dirs])
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
     findings += deviations
     findings += parsed.after(prof, ctx) if parsed.after is not None else []
@@ -120,8 +131,6 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
 
 
 def _scan_cache(cache_dir: str, name: str, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
-    from pathlib import Path
-
     from te_align.audit.cachefiles import scan
 
     if not Path(cache_dir).is_dir():

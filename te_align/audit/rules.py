@@ -46,6 +46,9 @@ class Rule:
     fix: str | None = None
     #: Severity override for deviations (``info`` for training-recipe values such as dropout).
     severity: str | None = None
+    #: The deviation matters only for some captions: ``bang`` (captions with a literal "!") or ``over512`` (captions
+    #: that can pass 512 tokens). Warning with the count when captions are visible and some are affected, else info.
+    captions: str | None = None
 
     def applies(self, profile_name: str, family: str) -> bool:
         return "*" in self.families or family in self.families or profile_name in self.families
@@ -393,20 +396,37 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
         if _same_value(eff, expected):
             continue
         pv = profile.provenance_of(f"slots.{rule.path}")
+        severity = rule.severity or _severity(profile, rule.path, eff)
+        meaning = rule.meaning
+        if rule.captions:
+            severity, meaning = _by_captions(rule.captions, ctx.extra.get("captions"), meaning)
         findings.append(Finding(
             kind="deviation",
-            severity=rule.severity or _severity(profile, rule.path, eff),
+            severity=severity,
             setting=rule.path,
             effective=eff,
             profile=expected,
             source=f"{pv.status}: {pv.source}" if pv else "",
             fix=_fix(trainer, rule, to_trainer, expected, ctx),
-            message=rule.meaning,
+            message=meaning,
             key=rule.key,
             trainer_source=rule.source,
             line=trainer.key_line(rule.key) if present and rule.key else None,
         ))
     return findings, effective
+
+
+def _by_captions(which: str, stats: Any, meaning: str) -> tuple[str, str]:
+    """Severity and message of a deviation that only some captions feel."""
+    what = {"bang": ('contain a literal "!"', "with_bang"),
+            "over512": ("are longer than 512 bytes (so may pass 512 tokens)", "over_512_bytes")}[which]
+    if stats is None:
+        return "info", (f"{meaning}. It only matters for captions that {what[0]}; te-align cannot see the captions "
+                        "(pass --dataset DIR to count them)")
+    n = getattr(stats, what[1])
+    if n == 0:
+        return "info", f"{meaning}. No caption of {stats.describe()} {what[0]}, so no caption is affected"
+    return "warning", f"{meaning}. {n} of {stats.describe()} {what[0]}"
 
 
 def _differs(to_profile: Callable[[Any, Context], Any], raw: Any, default: Any, ctx: Context) -> bool:

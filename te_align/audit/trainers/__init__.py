@@ -47,6 +47,8 @@ class Parsed:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Trainer-specific findings computed once the profile is known: ``after(profile, ctx) -> [Finding]``.
     after: Any = None
+    #: Folders the config trains on, where ``check`` counts captions (with ``--dataset DIR``).
+    caption_dirs: list[str] = field(default_factory=list)
 
 
 MODULES = {

@@ -14,7 +14,14 @@ from typing import Any
 from te_align.audit.findings import Finding
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Rule, Trainer, guess_from_name
-from te_align.audit.trainers import CacheSpec, KeyLines, Parsed, dropout_form_finding, expect_mapping, unknown_key_finding
+from te_align.audit.trainers import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    expect_mapping,
+    unknown_key_finding,
+)
 from te_align.trainers import ai_toolkit as aitk_table
 
 _TT = "toolkit/train_tools.py"

@@ -170,6 +170,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         field, fams = GUI_FIELDS.get(key, ("", ()))
         if field and _family(prof) in fams:
+            if key.endswith("dropout_rate"):
+                return f'"{field}": 0'
             if key in ("clip_skip",):
                 return f'"{field}": 1'
             if key == "max_token_length":
@@ -181,7 +183,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
     after = kohya.make_after(values, lambda key: lines(GUI_FIELDS.get(key, (key,))[0]),
                              lambda key: f'"{GUI_FIELDS.get(key, (key,))[0]}": 0', raw)
-    return Parsed(trainer, values, prof, f"kohya_ss GUI: {reason}", cached, None, findings, SUPPORTED, after=after)
+    dirs = [g["train_data_dir"]] if isinstance(g.get("train_data_dir"), str) else []
+    return Parsed(trainer, values, prof, f"kohya_ss GUI: {reason}", cached, None, findings, SUPPORTED, after=after,
+                  caption_dirs=dirs + kohya.caption_dirs({"dataset_config": g.get("dataset_config")}))
 
 
 def _family(prof: str | None) -> str:
