@@ -13,6 +13,7 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.audit.findings import NOT_SETTABLE
+from te_align.audit.trainers.onetrainer import NOT_SETTABLE as OT_NOT_SETTABLE
 from te_align.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +272,7 @@ def test_onetrainer_sd3_hard_77(tmp_path):
     r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA"})))
     assert r.profile == "sd35-large"
     # 77 is what SAI's reference code pads T5 to (min_length=77), so a documented alternative: warning
-    assert deviations(r) == {"t5.tokenizer.max_length": (77, 256, "warning", NOT_SETTABLE)}
+    assert deviations(r) == {"t5.tokenizer.max_length": (77, 256, "warning", OT_NOT_SETTABLE)}
 
 
 # ------------------------------------------------------------------------------------ input errors

@@ -177,6 +177,37 @@ def _ot_nullable_len(v: Any, ctx: Context) -> Any:
     return 512 if n is None else n
 
 
+def _st_aura_len(v: Any, ctx: Context) -> Any:
+    # SimpleTuner AuraFlow check_user_config: unset/0 = 120 (pony: 768), capped there unless i_know_what_i_am_doing.
+    cap = 768 if ctx.values.get("model_flavour") == "pony" else 120
+    n = _int_or_none(v)
+    if not n:
+        return cap
+    if n > cap and not _truthy(ctx.values.get("i_know_what_i_am_doing")):
+        return cap
+    return n
+
+
+#: What SimpleTuner passes as Sana's instruction when the key is unset (its own text, not the pipeline's).
+ST_SANA_DEFAULT = "SimpleTuner's own 10-line instruction (field_registry/sana.py:14-27)"
+
+
+def _st_sana_instruction(v: Any, ctx: Context) -> Any:
+    # SimpleTuner _normalize_sana_complex_instruction: a list or text -> non-empty lines, each stripped;
+    # the pipeline joins them with "\n". None/"None"/"" -> no instruction.
+    if v is None:
+        return ST_SANA_DEFAULT
+    if isinstance(v, list):
+        lines = [str(x).strip() for x in v if x not in (None, "", "None") and str(x).strip()]
+    elif isinstance(v, str):
+        if v.strip() in ("", "None"):
+            return None
+        lines = [line.strip() for line in v.splitlines() if line.strip()]
+    else:
+        return v
+    return "\n".join(lines) if lines else None
+
+
 def _aitk_pixart_len(v: Any, ctx: Context) -> Any:
     # ai-toolkit encode_prompt: max_length=300 if model.is_pixart_sigma else 120.
     return 300 if _truthy(v) else 120
@@ -225,11 +256,14 @@ CONVERTERS: dict[str, tuple[Callable[[Any, Context], Any], Callable[[Any, Contex
     "st_flux_len": (_st_flux_len, _unsettable),
     "ot_nullable_len": (_ot_nullable_len, _same),
     "aitk_pixart_len": (_aitk_pixart_len, _aitk_pixart_len_back),
+    "st_aura_len": (_st_aura_len, _same),
+    "st_sana_instruction": (_st_sana_instruction, _unsettable),
 }
 
 
 # ------------------------------------------------------------------------------------ value types
-_INT_CONVERTERS = {"sd_clip_skip", "sd_tokens", "ot_skip_last", "ot_skip_penultimate", "st_sd3_len", "ot_nullable_len"}
+_INT_CONVERTERS = {"sd_clip_skip", "sd_tokens", "ot_skip_last", "ot_skip_penultimate", "st_sd3_len", "ot_nullable_len",
+                   "st_aura_len"}
 _TRUE_FALSE = ("1", "0", "true", "false", "yes", "no", "on", "off")
 
 
@@ -313,6 +347,8 @@ class Trainer:
     fix_set: Callable[[str, Any], str]
     fix_remove: Callable[[str], str]
     key_line: Callable[[str], int | None] = lambda key: None
+    #: What "no key can fix this" says for this trainer (te-align patches sd-scripts and ai-toolkit only).
+    not_settable: str = NOT_SETTABLE
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -443,11 +479,11 @@ def _cached_fix(trainer: Trainer, rule: Rule) -> str:
 
 def _fix(trainer: Trainer, rule: Rule, to_trainer: Callable[[Any, Context], Any], expected: Any, ctx: Context) -> str:
     if rule.key is None or rule.fix == "":
-        return NOT_SETTABLE
+        return trainer.not_settable
     try:
         value = to_trainer(expected, ctx)
     except LookupError:
-        return NOT_SETTABLE
+        return trainer.not_settable
     if value is REMOVE:
         return trainer.fix_remove(rule.key)
     if rule.fix:
