@@ -85,7 +85,7 @@ def kohya_cases(root: Path, tmp: Path) -> list[Case]:
                 script = next((w for w in words if w.endswith(".py")), None)
                 if script is None or "train" not in script:
                     continue
-                args = words[words.index(script):]
+                args = [w for w in words[words.index(script):] if w not in ("...", "…")]  # doc placeholders
                 if "--config_file" in args:  # the doc's own TOML is not shipped; check the CLI part
                     j = args.index("--config_file")
                     del args[j:j + 2]
@@ -95,6 +95,7 @@ def kohya_cases(root: Path, tmp: Path) -> list[Case]:
 
 def gui_cases(root: Path, tmp: Path) -> list[Case]:
     files = sorted((root / "presets").rglob("*.json")) + sorted((root / "test" / "config").glob("*.json"))
+    files = [p for p in files if not p.name.startswith("meta")]  # finetune caption metadata, not configs
     return [Case(str(p.relative_to(root)), str(p), "auto") for p in files]
 
 

@@ -15,7 +15,8 @@ Without ``--write`` it prints the list and the difference to the bundled one. Th
   top-level ``*train*.py`` scripts (AST).
 - kohya-gui (kohya_ss, Apache-2.0): the parameters of ``save_configuration`` per tab (``lora_gui.py``,
   ``dreambooth_gui.py``, ``finetune_gui.py``, ``textual_inversion_gui.py``) minus the ``exclusion`` of its
-  ``SaveConfigFile`` call, one section per tab (AST).
+  ``SaveConfigFile`` call, one section per tab; ``[legacy]`` = keys of older GUI versions that ``update_my_data``
+  (``common_gui.py``) migrates when a file is opened (AST).
 - ai-toolkit (MIT): ``kwargs.get/pop('key')`` per config class of ``toolkit/config_modules.py``, one section per
   ``config.process[N]`` section; ``[process]`` = ``type`` and every ``get_conf('key')`` of the process classes;
   ``[slider]`` =
@@ -92,6 +93,14 @@ def kohya_gui(root: Path) -> dict[str, set[str]]:
                     if k.arg == "exclusion" and isinstance(k.value, ast.List):
                         exclusion |= {s for s in map(_str, k.value.elts) if s}
         out[tab] = params - exclusion
+    # keys older GUI versions wrote, which update_my_data (common_gui.py) migrates when a file is opened
+    common = ast.parse((root / "kohya_gui" / "common_gui.py").read_text(encoding="utf-8"))
+    fn = next(n for n in common.body if isinstance(n, ast.FunctionDef) and n.name == "update_my_data")
+    legacy = _kwargs_keys(fn, ("my_data",))
+    for n in ast.walk(fn):
+        if isinstance(n, ast.For) and isinstance(n.iter, (ast.List, ast.Tuple)):
+            legacy |= {s for s in map(_str, n.iter.elts) if s}
+    out["legacy"] = legacy - set().union(*out.values())
     return out
 
 
@@ -198,6 +207,8 @@ def simpletuner(root: Path) -> dict[str, set[str]]:
                     keys |= {name.replace("{" + var + "}", str(i)) for i in range(int(a), int(b))}
                 else:
                     keys.add(name)
+            keys |= _loop_arg_names(text)
+            keys |= set(re.findall(r'"--([a-z0-9_]+)"', text))  # names in tuples a loop registers
             for m in re.finditer(r"aliases\s*=\s*\[([^\]]*)\]", text):
                 keys |= set(re.findall(r'"--([\w]+)"', m.group(1)))
             for m in re.finditer(r'name\s*=\s*"(\w+)",\s*arg_name\s*=\s*None', text):
@@ -210,6 +221,32 @@ def simpletuner(root: Path) -> dict[str, set[str]]:
     return {"": keys, "ignored": ignored - keys}
 
 
+def _loop_arg_names(text: str) -> set[str]:
+    """``for a, name, b in ((…, "x", …), …): … arg_name=f"--{name}"`` -> {"x", …} (AST, names only)."""
+    out: set[str] = set()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return out
+    for loop in ast.walk(tree):
+        if not isinstance(loop, ast.For) or not isinstance(loop.iter, (ast.Tuple, ast.List)):
+            continue
+        targets = [t.id for t in loop.target.elts] if isinstance(loop.target, ast.Tuple) else (
+            [loop.target.id] if isinstance(loop.target, ast.Name) else [])
+        used = set()
+        for n in ast.walk(loop):
+            if isinstance(n, ast.JoinedStr) and n.values and _str(n.values[0]) == "--":
+                used |= {v.value.id for v in n.values[1:] if isinstance(v, ast.FormattedValue)
+                         and isinstance(v.value, ast.Name)}
+        for var in used & set(targets):
+            i = targets.index(var)
+            for item in loop.iter.elts:
+                elts = item.elts if isinstance(item, ast.Tuple) else [item]
+                if i < len(elts) and _str(elts[i]):
+                    out.add(_str(elts[i]).lstrip("-"))
+    return out
+
+
 GENERATORS = {"kohya": kohya, "kohya-gui": kohya_gui, "ai-toolkit": ai_toolkit, "onetrainer": onetrainer,
               "simpletuner": simpletuner}
 REPOS = {"kohya": "kohya-ss/sd-scripts", "kohya-gui": "bmaltais/kohya_ss", "ai-toolkit": "ostris/ai-toolkit",
@@ -219,7 +256,8 @@ HEADERS = {
              "TOML keys given to --config_file must be one of these; read_config_from_file (library/train_util.py)\n"
              "accepts any key silently.",
     "kohya-gui": "kohya_ss GUI saved-configuration keys: the parameters of save_configuration() per tab (minus the\n"
-                 "SaveConfigFile exclusion), one section per tab. The GUI ignores keys it does not know.",
+                 "SaveConfigFile exclusion), one section per tab; [legacy]: keys update_my_data migrates. The GUI\n"
+                 "ignores keys it does not know.",
     "ai-toolkit": "ai-toolkit job-YAML keys: kwargs.get/pop keys of each config class in toolkit/config_modules.py per\n"
                   "section of config.process[N]; [process]: get_conf keys of the process classes; [slider]: the slider\n"
                   "config classes. The classes ignore other keys silently.",

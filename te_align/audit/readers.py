@@ -220,6 +220,11 @@ def detect_trainer(raw: RawConfig) -> str:
         return "kohya-gui"
     if raw.fmt == "json" and "model_type" in keys and any(k in keys for k in _OT_MARKERS):
         return "onetrainer"
+    if raw.fmt == "json" and len(keys) >= 3:
+        # a partial GUI preset (kohya_ss presets/finetune/*.json): almost every key is a GUI field
+        gui = frozenset().union(*known_keys("kohya-gui").values())
+        if sum(k in gui for k in keys) >= 0.8 * len(keys):
+            return "kohya-gui"
     if raw.fmt == "toml":
         flat = set(keys)
         for v in data.values():

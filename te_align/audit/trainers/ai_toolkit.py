@@ -68,7 +68,7 @@ RULES: tuple[Rule, ...] = (
          "extensions_built_in/diffusion_models/hidream/hidream_model.py:389-405"),
     Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
          "QwenImagePipeline.encode_prompt without max_sequence_length (encode_prompt default 1024)",
-         "extensions_built_in/diffusion_models/qwen_image/qwen_image.py:371-387"),
+         "extensions_built_in/diffusion_models/qwen_image/qwen_image.py:371-387", captions="over512"),
     Rule("t5.tokenizer.max_length", ("wan",), None, 512, "pipeline.encode_prompt(max_sequence_length=512)",
          "toolkit/models/wan21/wan21.py:605-615"),
     # ---- PixArt (is_pixart / arch pixart): encode_prompts_pixart, no caption cleaning

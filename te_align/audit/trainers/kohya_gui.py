@@ -142,7 +142,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if not isinstance(g, dict):
         raise UnreadableConfig("expected a JSON object", file=raw.file)
     tab = tab_of(g)
-    valid = known_keys("kohya-gui")[tab]
+    keys = known_keys("kohya-gui")
+    valid = keys[tab] | keys.get("legacy", frozenset())
     lines = KeyLines(raw.text)
     gui_file = TAB_FILES[tab]
     findings = [

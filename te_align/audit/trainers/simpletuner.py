@@ -53,7 +53,7 @@ RULES: tuple[Rule, ...] = (
     Rule("llama.tokenizer.max_length", ("hidream",), "tokenizer_max_length", 128, "HiDream length (unset = 128, capped at 128)",
          f"{_M}/hidream/model.py:833-845"),
     Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
-         "encode_prompt without max_sequence_length (diffusers encode_prompt default 1024)", f"{_M}/qwen_image/model.py:507-549"),
+         "encode_prompt without max_sequence_length (diffusers encode_prompt default 1024)", f"{_M}/qwen_image/model.py:507-549", captions="over512"),
     Rule("t5.tokenizer.max_length", ("wan",), None, 512, "WanPipeline.encode_prompt default max_sequence_length=512",
          f"{_M}/wan/model.py:1377-1398"),
     # ---- PixArt-Σ (model_family "pixart"): pipeline.encode_prompt with clean_caption=True
