@@ -66,7 +66,7 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
         result.status = parsed.not_checked_status
         result.reason = parsed.not_checked
         result.family_reason = parsed.family_reason
-        result.findings = _sorted(findings + [Finding(kind="not-checked", severity="info", setting="",
+        result.findings = _sorted([*findings, Finding(kind="not-checked", severity="info", setting="",
                                                       message=parsed.not_checked)])
         return
     if profile is not None:

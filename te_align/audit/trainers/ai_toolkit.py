@@ -257,5 +257,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         return f"remove {key}" + (" (or set it to false)" if key.endswith("attn_masking") else "")
 
     trainer = Trainer("ai-toolkit", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]))
+    dirs = [ds["folder_path"] for ds in datasets if isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)]
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED,
-                  guess_is_default=reason.startswith("no model.arch"), after=after)
+                  guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs)

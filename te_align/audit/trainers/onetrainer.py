@@ -12,7 +12,14 @@ from typing import Any
 from te_align.audit.findings import Finding
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Rule, Trainer, guess_from_name
-from te_align.audit.trainers import CacheSpec, KeyLines, Parsed, dropout_form_finding, expect_mapping, unknown_key_finding
+from te_align.audit.trainers import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    expect_mapping,
+    unknown_key_finding,
+)
 
 #: OneTrainer has no setting for hard-coded encoding and te-align cannot patch it.
 NOT_SETTABLE = "not settable in OneTrainer (hard-coded; te-align has no OneTrainer patch)"
