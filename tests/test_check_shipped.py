@@ -363,3 +363,15 @@ def test_cli_exit_3_json_status_and_precedence(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [(x["exit_code"], x["status"]) for x in data["results"]] == [(3, "not-training"), (1, "checked")]
     assert data["results"][1]["rules_ran"][0] == "t5.tokenizer.max_length (t5xxl_max_token_length)"
+
+
+def test_cli_dataset_option_counts_captions(tmp_path, capsys):
+    cfg = write(tmp_path, "k.toml", 'pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\n')
+    data = tmp_path / "captions"
+    write(data, "a.caption", "hello!")
+    assert main(["check", cfg]) == 0
+    capsys.readouterr()
+    assert main(["check", cfg, "--dataset", str(data)]) == 1
+    assert f'1 of 1 caption file(s) in {data} contain a literal "!"' in capsys.readouterr().out
+    assert main(["check", cfg, "--dataset", str(tmp_path / "missing")]) == 2
+    assert f"{tmp_path / 'missing'}: --dataset: no such folder" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""``te-align check CONFIG [more…] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [-- EXTRA]``.
+"""``te-align check CONFIG [more…] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [--dataset DIR] [-- EXTRA]``.
 
 Exit codes: 0 aligned (at least one rule for the trainer and model family ran and all passed), 1 deviations
 found, 2 unreadable input (syntax error, empty config, a value of the wrong type), 3 not checked (te-align has no
@@ -21,6 +21,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="NAME", help="compare with this profile instead of the one for the detected family")
     p.add_argument("--json", action="store_true", help="machine-readable findings")
     p.add_argument("--cache-dir", metavar="DIR", help="also read cached text-encoder files here and flag stale ones")
+    p.add_argument("--dataset", metavar="DIR", action="append", default=[],
+                   help="caption folder (repeatable): count the captions a deviation affects (CLIP-G '!', Qwen over "
+                        "512 tokens); the config's own data folders are read too")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "after `--`. Exit codes: 0 aligned (rules for this trainer and family ran and passed), "
                     "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
                     "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
-        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [-- EXTRA_ARGS]",
+        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] "
+              "[--dataset DIR] [-- EXTRA_ARGS]",
     )
     _options(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
@@ -55,6 +59,7 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
+    ns.dataset = list(getattr(args, "dataset", []) or []) + list(ns.dataset)
     return ns, extra
 
 
@@ -62,7 +67,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from te_align.audit import check_files, exit_code
 
     ns, extra = _split(args)
-    results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir)
+    results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
+                          dataset=ns.dataset)
     code = exit_code(results)
     if ns.json:
         print(json.dumps({"exit_code": code, "results": [r.to_dict() for r in results]}, indent=2, ensure_ascii=False,
