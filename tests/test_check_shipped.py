@@ -82,9 +82,10 @@ def test_gui_key_no_tab_reads_is_still_reported(tmp_path):
     g = {"LoRA_type": "Standard", "pretrained_model_name_or_path": "/m/v1-5.safetensors", "conv_dims": 8,
          "no_token_padding": False}
     r = check_file(write(tmp_path, "lora.json", json.dumps(g, indent=2)))
-    assert [(f.kind, f.setting, f.line) for f in r.findings] == [
-        ("unknown-key", "conv_dims", 4), ("unknown-key", "no_token_padding", 5)]
+    assert [(f.kind, f.severity, f.setting, f.line) for f in r.findings] == [
+        ("unknown-key", "warning", "conv_dims", 4), ("unknown-key", "info", "no_token_padding", 5)]
     assert "the GUI's LoRA tab ignores keys it does not know" in r.findings[0].message
+    assert "a DreamBooth-tab field; the LoRA tab does not read it (no effect)" in r.findings[1].message
 
 
 def test_onetrainer_weight_dtype_consumed_by_migration(tmp_path):

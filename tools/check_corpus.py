@@ -21,7 +21,8 @@ What it reads, per trainer:
 
 It runs :func:`te_align.audit.check_file` in-process on each (timing each) and prints per trainer: configs,
 exit-code counts, tracebacks, unknown-key findings, "not checked" results, exits 0 without a rule that ran,
-and the median time per file.
+and the median time per file. "unknown" counts unknown-key findings at warning or error severity (a kohya_ss
+GUI field of another tab is an info finding and not counted).
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]
             continue
         times.append(time.perf_counter() - t0)
         codes[r.exit_code] += 1
-        n_unknown = sum(f.kind == "unknown-key" for f in r.findings)
+        n_unknown = sum(f.kind == "unknown-key" and f.severity != "info" for f in r.findings)
         unknown += n_unknown
         unknown_files += bool(n_unknown)
         not_checked += getattr(r, "status", "checked") not in ("checked", "unreadable")

@@ -144,7 +144,7 @@ def unknown_key_finding(key: str, valid: Any, *, trainer: str, line: int | None,
         fix = "remove it"
     return Finding(
         kind="unknown-key",
-        severity="error" if severity == "error" else "warning",
+        severity=severity if severity in ("error", "info") else "warning",
         setting=where,
         message=f"unknown key '{where}': {behaviour}",
         fix=fix,

@@ -146,11 +146,21 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     valid = keys[tab] | keys.get("legacy", frozenset())
     lines = KeyLines(raw.text)
     gui_file = TAB_FILES[tab]
-    findings = [
-        unknown_key_finding(k, valid, trainer=f"kohya_ss: kohya_gui/{gui_file} open_configuration",
-                            line=lines(k), behaviour=f"the GUI's {TAB_NAMES[tab]} tab ignores keys it does not know")
-        for k in g if k not in valid
-    ]
+    other_tabs = {t: keys[t] for t in TAB_FILES if t != tab and t in keys}
+    findings = []
+    for k in g:
+        if k in valid:
+            continue
+        owner = next((t for t, ks in other_tabs.items() if k in ks), None)
+        if owner is not None:  # a real GUI field of another tab: no effect here, not a typo
+            findings.append(unknown_key_finding(
+                k, valid, trainer=f"kohya_ss: kohya_gui/{gui_file} open_configuration", line=lines(k), severity="info",
+                behaviour=f"a {TAB_NAMES[owner]}-tab field; the {TAB_NAMES[tab]} tab does not read it (no effect)",
+                hint="remove it (or load the file in the tab that uses it)"))
+            continue
+        findings.append(unknown_key_finding(
+            k, valid, trainer=f"kohya_ss: kohya_gui/{gui_file} open_configuration", line=lines(k),
+            behaviour=f"the GUI's {TAB_NAMES[tab]} tab ignores keys it does not know"))
     values, script = to_sd_scripts(g, tab)
     cli, _ = kohya.parse_cli(extra_args)
     values.update(cli)
