@@ -140,14 +140,25 @@ def test_no_rules_for_trainer_and_family_is_not_checked(tmp_path):
 
 def test_ai_toolkit_pixart_sigma_skips_caption_cleaning(tmp_path):
     text = ("job: extension\nconfig:\n  process:\n    - type: sd_trainer\n      model:\n"
-            "        name_or_path: PixArt-alpha/PixArt-Sigma-XL-2-1024-MS\n        is_pixart: true\n"
-            "        is_pixart_sigma: true\n")
-    r = check_file(write(tmp_path, "p.yaml", text))
+            "        name_or_path: PixArt-alpha/PixArt-Sigma-XL-2-1024-MS\n{flags}")
+    r = check_file(write(tmp_path, "p.yaml", text.format(flags="        is_pixart: true\n        is_pixart_sigma: true\n")))
     assert r.profile == "pixart-sigma"
     assert devs(r) == {"t5.tokenizer.text_cleaning": ("none", "pixart", "error")}
     assert r.effective["t5.tokenizer.max_length"] == 300
-    r = check_file(write(tmp_path, "a.yaml", text.replace("        is_pixart_sigma: true\n", "")))
+    # is_pixart without is_pixart_sigma on a Sigma checkpoint: 120 tokens
+    r = check_file(write(tmp_path, "a.yaml", text.format(flags="        is_pixart: true\n")))
     assert devs(r)["t5.tokenizer.max_length"] == (120, 300, "error")
+    assert [f.fix for f in r.findings if f.setting == "t5.tokenizer.max_length"] == [
+        'model.arch: "pixart" with model.is_pixart_sigma: true']
+    # is_pixart_sigma alone (arch pixart_sigma): not "is_pixart", so the generic T5 branch encodes it
+    r = check_file(write(tmp_path, "s.yaml", text.format(flags="        is_pixart_sigma: true\n")))
+    assert devs(r) == {"t5.tokenizer.max_length": (256, 300, "error"), "t5.tokenizer.text_cleaning": ("none", "pixart", "error"),
+                       "t5.masks.zero_padded": (True, False, "error"), "t5.masks.denoiser": (False, True, "error")}
+    # PixArt-α: no profile
+    alpha = text.replace("PixArt-Sigma-XL-2-1024-MS", "PixArt-XL-2-1024-MS").format(flags="        is_pixart: true\n")
+    r = check_file(write(tmp_path, "alpha.yaml", alpha))
+    assert (r.exit_code, r.reason) == (3, "not checked: te-align has no profile for PixArt-α (model.is_pixart / "
+                                          "arch pixart without is_pixart_sigma)")
 
 
 def test_simpletuner_auraflow_pixart_sana(tmp_path):

@@ -209,16 +209,24 @@ def _st_sana_instruction(v: Any, ctx: Context) -> Any:
 
 
 def _aitk_pixart_len(v: Any, ctx: Context) -> Any:
-    # ai-toolkit encode_prompt: max_length=300 if model.is_pixart_sigma else 120.
+    # ai-toolkit: arch pixart -> 300 if is_pixart_sigma else 120; arch pixart_sigma -> the generic T5 branch's 256.
+    if ctx.values.get("model._pixart_route") == "pixart_sigma":
+        return 256
     return 300 if _truthy(v) else 120
 
 
 def _aitk_pixart_len_back(p: Any, ctx: Context) -> Any:
     if p == 300:
         return True
-    if p == 120:
-        return REMOVE
     raise LookupError
+
+
+def _aitk_pixart_zero(v: Any, ctx: Context) -> Any:
+    return ctx.values.get("model._pixart_route") == "pixart_sigma"
+
+
+def _aitk_pixart_denoiser(v: Any, ctx: Context) -> Any:
+    return ctx.values.get("model._pixart_route") != "pixart_sigma"
 
 
 def _bool(v: Any, ctx: Context) -> Any:
@@ -256,6 +264,8 @@ CONVERTERS: dict[str, tuple[Callable[[Any, Context], Any], Callable[[Any, Contex
     "st_flux_len": (_st_flux_len, _unsettable),
     "ot_nullable_len": (_ot_nullable_len, _same),
     "aitk_pixart_len": (_aitk_pixart_len, _aitk_pixart_len_back),
+    "aitk_pixart_zero": (_aitk_pixart_zero, _bool_back),
+    "aitk_pixart_denoiser": (_aitk_pixart_denoiser, _bool_back),
     "st_aura_len": (_st_aura_len, _same),
     "st_sana_instruction": (_st_sana_instruction, _unsettable),
 }
@@ -271,7 +281,7 @@ def expected_type(rule: Rule, profile_name: str) -> str | None:
     """What a rule's config value must be: ``int``, ``bool``, ``fraction`` (0..1), ``str``, ``choice:a,b`` or None."""
     if rule.convert in _INT_CONVERTERS:
         return "int"
-    if rule.convert in ("bool", "aitk_pixart_len"):
+    if rule.convert in ("bool", "aitk_pixart_len", "aitk_pixart_zero", "aitk_pixart_denoiser"):
         return "bool"
     if rule.convert == "nonempty":
         return "str"

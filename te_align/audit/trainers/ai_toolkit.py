@@ -71,14 +71,26 @@ RULES: tuple[Rule, ...] = (
          "extensions_built_in/diffusion_models/qwen_image/qwen_image.py:371-387", captions="over512"),
     Rule("t5.tokenizer.max_length", ("wan",), None, 512, "pipeline.encode_prompt(max_sequence_length=512)",
          "toolkit/models/wan21/wan21.py:605-615"),
-    # ---- PixArt (is_pixart / arch pixart): encode_prompts_pixart, no caption cleaning
+    # ---- PixArt. ai-toolkit's arch decides the route (toolkit/config_modules.py:634-640,775-809): arch "pixart"
+    # (or is_pixart) -> encode_prompts_pixart with 300 tokens when is_pixart_sigma, else 120, and the mask to the
+    # transformer; arch "pixart_sigma" (or is_pixart_sigma alone) is not "is_pixart" (the property compares the arch,
+    # toolkit/stable_diffusion_model.py:266-267), so encode_prompt takes its generic T5 branch: 256 tokens, padded
+    # outputs zeroed, no mask to the transformer. Neither cleans captions.
     Rule("t5.tokenizer.max_length", ("pixart",), "model.is_pixart_sigma", False,
-         "encode_prompts_pixart gets max_length=300 with is_pixart_sigma, else 120",
-         f"{_SDM}:2442-2449; {_TT}:425-450", convert="aitk_pixart_len"),
+         "arch pixart: 300 tokens with is_pixart_sigma, else 120; arch pixart_sigma: the generic T5 branch's 256",
+         f"{_SDM}:2442-2449,2502-2510; {_TT}:425-450", convert="aitk_pixart_len",
+         fix='model.arch: "pixart" with {set}'),
     Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "none",
          "captions go to the T5 tokenizer as they are: no PixArt caption cleaning and no lower-casing",
          f"{_TT}:425-450"),
     Rule("t5.masks.encoder", ("pixart",), None, True, "the tokenizer mask goes into T5", f"{_TT}:459-464"),
+    Rule("t5.masks.zero_padded", ("pixart",), "model.is_pixart_sigma", False,
+         "arch pixart_sigma: the generic T5 branch multiplies padded outputs by 0", f"{_SDM}:2502-2520",
+         convert="aitk_pixart_zero", fix='model.arch: "pixart" with model.is_pixart_sigma: true'),
+    Rule("t5.masks.denoiser", ("pixart",), "model.is_pixart_sigma", False,
+         "arch pixart passes the mask to the transformer as encoder_attention_mask; the generic T5 branch returns "
+         "no mask", f"{_SDM}:2096,2130-2134,2513-2519", convert="aitk_pixart_denoiser",
+         fix='model.arch: "pixart" with model.is_pixart_sigma: true'),
     # ---- AuraFlow (is_auraflow / arch auraflow): encode_prompts_auraflow
     Rule("t5.tokenizer.max_length", ("auraflow",), None, 256, "encode_prompts_auraflow(max_length=256)",
          f"{_SDM}:2455-2462; {_TT}:469-492"),
@@ -164,9 +176,24 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
     return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"
 
 
-def _no_profile(model: dict[str, Any]) -> str | None:
-    """The model's name when te-align has no profile for it (Kontext, Qwen-Image-Edit, Flex.2, …)."""
+def pixart_route(model: dict[str, Any]) -> str | None:
+    """ai-toolkit's own arch for a PixArt config (config_modules.py:775-809): "pixart" or "pixart_sigma"."""
     arch = aitk_table.arch_name(model)
+    if arch:
+        return arch if arch in ("pixart", "pixart_sigma") else None
+    for flag, name in (("is_v2", None), ("is_v3", None), ("is_xl", None), ("is_pixart", "pixart"),
+                       ("is_pixart_sigma", "pixart_sigma")):
+        if model.get(flag):
+            return name
+    return None
+
+
+def _no_profile(model: dict[str, Any]) -> str | None:
+    """The model's name when te-align has no profile for it (Kontext, Qwen-Image-Edit, Flex.2, PixArt-α, …)."""
+    arch = aitk_table.arch_name(model)
+    if pixart_route(model) == "pixart" and not model.get("is_pixart_sigma") and "sigma" not in str(
+            model.get("name_or_path") or "").lower():
+        return "PixArt-α (model.is_pixart / arch pixart without is_pixart_sigma)"
     if arch and (arch in NO_PROFILE or arch not in aitk_table.ARCHS):
         return f"{NO_PROFILE.get(arch, arch)} (model.arch {arch!r})"
     name = str(model.get("name_or_path") or "")
@@ -224,6 +251,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                 if key not in valid["datasets"]:
                     unknown(key, f"datasets[{i}]", valid["datasets"])
     model = expect_mapping(proc.get("model"), "model", raw.file, lines)
+    values["model._pixart_route"] = pixart_route(model)
     missing = _no_profile(model)
     if missing:
         return Parsed(Trainer("ai-toolkit", RULES, str, str), values, None, "", False, None, findings, SUPPORTED,
