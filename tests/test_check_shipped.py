@@ -303,6 +303,19 @@ def test_qwen_1024_matters_only_for_long_captions(tmp_path):
     assert devs(r)["qwen.tokenizer.max_length"] == (1024, 512, "warning") and r.exit_code == 1
 
 
+def test_simpletuner_qwen_reads_captions_from_its_data_backend_config(tmp_path):
+    data = tmp_path / "img"
+    write(data, "1.txt", "x" * 600)
+    backends = [{"id": "d", "type": "local", "instance_data_dir": str(data)},
+                {"id": "t", "type": "local", "dataset_type": "text_embeds", "cache_dir": str(tmp_path / "te")}]
+    db = write(tmp_path, "multidatabackend.json", json.dumps(backends))
+    r = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "qwen_image", "data_backend_config": db,
+                                                              "caption_dropout_probability": 0.0})))
+    assert devs(r) == {"qwen.tokenizer.max_length": (1024, 512, "warning")}
+    assert r.findings[0].message.endswith(f"1 of 1 caption file(s) in {data} are longer than 512 bytes (so may pass "
+                                          "512 tokens)")
+
+
 def test_text_output_never_cuts_source_text(tmp_path, capsys):
     path = write(tmp_path, "ot.json", json.dumps({"model_type": "PIXART_SIGMA", "training_method": "LORA"}))
     assert main(["check", path]) == 1
@@ -341,6 +354,10 @@ def test_huge_config_work_is_bounded(tmp_path):
 @pytest.mark.parametrize(("name", "text", "extra", "key", "line", "problem"), [
     ("m.yaml", 'job: extension\nconfig:\n  process:\n    - type: sd_trainer\n      model: "flux"\n', (), "model", 5,
      "expected a table of settings, got 'flux'"),
+    ("d.yaml", "job: extension\nconfig:\n  process:\n    - type: sd_trainer\n      datasets: /data\n", (), "datasets", 5,
+     "expected a list of datasets, got '/data'"),
+    ("o.json", json.dumps({"model_type": "FLUX_DEV_1", "training_method": "LORA", "text_encoder": 5}, indent=1), (),
+     "text_encoder", 4, "expected a table of settings, got 5"),
     ("t.toml", 'pretrained_model_name_or_path = "/m/flux1-dev.safetensors"\nt5xxl = "t"\nt5xxl_max_token_length = nan\n',
      (), "t5xxl_max_token_length", 3, "expected a whole number, got nan"),
     ("c.toml", 'pretrained_model_name_or_path = "/m/flux1-dev.safetensors"\nt5xxl = "t"\n',

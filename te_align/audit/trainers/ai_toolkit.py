@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from te_align.audit.findings import Finding
-from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
+from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Rule, Trainer, guess_from_name
 from te_align.audit.trainers import (
     CacheSpec,
@@ -244,7 +244,12 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             values[f"{section}.{key}"] = v
             if key not in valid.get(section, frozenset()):
                 unknown(key, section, valid.get(section, frozenset()))
-    datasets = proc.get("datasets") if isinstance(proc.get("datasets"), list) else []
+    datasets = proc.get("datasets")
+    if datasets is None:
+        datasets = []
+    elif not isinstance(datasets, list):
+        raise ConfigSyntaxError(raw.file, lines("datasets"), None,
+                                f"wrong type/value for datasets: expected a list of datasets, got {datasets!r:.60}")
     for i, ds in enumerate(datasets):
         if isinstance(ds, dict):
             for key in ds:

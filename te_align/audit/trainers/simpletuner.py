@@ -182,4 +182,22 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 
     trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key), not_settable=NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
-    return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after)
+    return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
+                  caption_dirs=caption_dirs(values.get("data_backend_config")))
+
+
+def caption_dirs(path: Any) -> list[str]:
+    """``instance_data_dir`` of the local image backends in the data_backend_config JSON (when it exists)."""
+    from pathlib import Path
+
+    if not isinstance(path, str) or not path.endswith(".json") or not Path(path).is_file():
+        return []
+    try:
+        if Path(path).stat().st_size > 1 << 20:
+            return []
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    backends = data if isinstance(data, list) else []
+    return [b["instance_data_dir"] for b in backends if isinstance(b, dict) and b.get("type", "local") == "local"
+            and b.get("dataset_type", "image") == "image" and isinstance(b.get("instance_data_dir"), str)]
