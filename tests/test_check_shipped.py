@@ -207,10 +207,12 @@ def test_model_without_profile_is_not_checked(tmp_path, name, text, reason):
 
 
 def test_wan22_maps_to_the_same_profile_in_every_trainer(tmp_path):
-    st = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "wan", "model_flavour": "t2v-480p-14b-2.2"})))
+    st = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "wan", "model_flavour": "ti2v-5b-2.2"})))
     at = check_file(write(tmp_path, "w.yaml", "job: extension\nconfig:\n  process:\n    - type: sd_trainer\n      model:\n"
                                               "        arch: wan22_14b\n        name_or_path: ai-toolkit/Wan2.2-T2V-A14B\n"))
     assert (st.profile, st.exit_code, at.profile, at.exit_code) == ("wan21", 0, "wan21", 0)
+    assert [f.message.split(" is checked")[0] for f in st.findings + at.findings if f.kind == "note"] == [
+        "Wan 2.2 (model_flavour 'ti2v-5b-2.2')", "Wan 2.2 (model.arch 'wan22_14b')"]
 
 
 def test_profile_of_another_family_is_refused(tmp_path):

@@ -262,6 +262,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         return Parsed(Trainer("ai-toolkit", RULES, str, str), values, None, "", False, None, findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {missing}")
     prof, reason = guess_profile(model)
+    if aitk_table.arch_name(model).startswith("wan22"):
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"Wan 2.2 (model.arch {aitk_table.arch_name(model)!r}) is checked with the wan21 profile: diffusers' "
+            "WanPipeline encodes both with the same umT5-XXL at 512 tokens")))
     if prof and prof.startswith("flux") and "flex.1" in str(model.get("name_or_path") or "").lower():
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
             "Flex.1 is checked as FLUX.1 (ai-toolkit runs it as flux: same T5 encoding, 512 tokens); "

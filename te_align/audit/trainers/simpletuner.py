@@ -164,6 +164,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {name} (SimpleTuner model_family {fam!r})")
     prof, reason = guess_profile(values)
+    flavour = str(values.get("model_flavour") or "")
+    if fam == "wan" and ("2.2" in flavour or flavour.startswith("animegen")):
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"Wan 2.2 (model_flavour {flavour!r}) is checked with the wan21 profile: diffusers' WanPipeline encodes "
+            "both with the same umT5-XXL at 512 tokens")))
 
     def fix_set(key: str, value: Any) -> str:
         return f"{key} = {json.dumps(value)}" if raw.fmt == "toml" else f'"{key}": {json.dumps(value)}'
