@@ -260,6 +260,10 @@ def test_caption_dropout_form_against_empty_prompt(tmp_path):
     (f,) = [f for f in sdxl.findings if f.setting == "empty_prompt"]
     assert (f.severity, f.effective, f.profile, f.line, f.fix) == (
         "warning", "encode", "zeros", 2, "caption_dropout_rate = 0 (sd-scripts cannot drop captions as zeros)")
+    cached = check_file(write(tmp_path, "kc.toml", 'pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\n'
+                                                   "caption_dropout_rate = 0.1\ncache_text_encoder_outputs = true\n"))
+    assert [(f.kind, f.severity, f.setting) for f in cached.findings if f.setting.startswith(("caption", "empty"))] == [
+        ("unused-value", "error", "caption_dropout_rate")]
     sd15 = check_file(write(tmp_path, "k15.toml", 'pretrained_model_name_or_path = "/m/v1-5.safetensors"\n'
                                                   "caption_dropout_rate = 0.1\n"))
     assert sd15.exit_code == 0

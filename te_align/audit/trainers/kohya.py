@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from te_align.audit.findings import Finding
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Rule, Trainer, family_of, guess_from_name
 from te_align.audit.trainers import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
@@ -288,6 +289,16 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig)
             rate = values.get(key)
             if key == "caption_dropout_every_n_epochs" and rate:
                 rate = 1.0 / float(rate) if _number(rate) and float(rate) > 0 else None
+            if ctx.cached and key == "caption_dropout_rate" and _number(rate) and float(rate) > 0 and (
+                    profile.family not in ("anima", "sd1", "sd2")):
+                out.append(Finding(
+                    kind="unused-value", severity="error", setting=key, effective=rate, key=key, line=line(key),
+                    message=(f"{key} = {rate} with cached text-encoder outputs: sd-scripts stops at start ('when "
+                             "caching Text Encoder output, either caption_dropout_rate, … cannot be used')"),
+                    fix=f"{fix_zero(key)}, or turn text-encoder output caching off",
+                    trainer_source="sd-scripts: library/train_util.py:1102-1113; sdxl_train_network.py:34-37; "
+                                   "sd3_train_network.py:48-51; flux_train_network.py:65-68"))
+                continue
             out += dropout_form_finding(
                 profile, rate, "encode", key=key, trainer="sd-scripts",
                 source="library/train_util.py:821-837 process_caption (a dropped caption becomes '')",
