@@ -67,12 +67,16 @@ def _md_blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1).strip().lower(), m.group(2)) for m in re.finditer(r"```([^\n`]*)\n(.*?)```", text, re.S)]
 
 
+#: Also read translated doc pages (sd-scripts *-ja/*-zh, SimpleTuner quickstart *.ja.md, …): --all-languages.
+ALL_LANGUAGES = {"on": False}
+
+
 def kohya_cases(root: Path, tmp: Path) -> list[Case]:
     empty = tmp / "sd-scripts-empty.toml"
     empty.write_text("", encoding="utf-8")
     out: list[Case] = []
     for md in sorted((root / "docs").glob("*.md")):
-        if re.search(r"[-_](ja|zh)\.md$|README_ja", md.name):
+        if re.search(r"[-_](ja|zh)\.md$|README_ja", md.name) and not ALL_LANGUAGES["on"]:
             continue
         for i, (_, body) in enumerate(_md_blocks(md.read_text(encoding="utf-8", errors="replace"))):
             joined = re.sub(r"[ \t]*(\\|\^|`)\r?\n", " ", body)
@@ -116,7 +120,7 @@ def simpletuner_cases(root: Path, tmp: Path) -> list[Case]:
     files = sorted(ex.glob("*/config.json")) + sorted(ex.glob("*/config.toml"))
     out = [Case(str(p.relative_to(root)), str(p), "auto") for p in files]
     for md in sorted((root / "documentation" / "quickstart").glob("*.md")):
-        if re.search(r"\.[a-z]{2}(-[A-Z]{2})?\.md$", md.name):  # translations
+        if re.search(r"\.[a-z]{2}(-[A-Z]{2})?\.md$", md.name) and not ALL_LANGUAGES["on"]:  # translations
             continue
         for i, (lang, body) in enumerate(_md_blocks(md.read_text(encoding="utf-8", errors="replace"))):
             if lang not in ("json", "") or '"model_family"' not in body:
@@ -127,7 +131,7 @@ def simpletuner_cases(root: Path, tmp: Path) -> list[Case]:
                 continue  # a fragment, not a config a user can save as it is
             if not isinstance(data, dict):
                 continue
-            p = tmp / f"simpletuner-{md.stem}-{i}.json"
+            p = tmp / f"simpletuner-{md.stem}-{i}.json"  # md.stem keeps the language tag: names stay unique
             p.write_text(body, encoding="utf-8")
             out.append(Case(f"documentation/quickstart/{md.name}#{i}", str(p), "auto"))
     return out
@@ -188,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{name}", metavar="DIR", help=f"checkout (default: ${env})")
     ap.add_argument("--list", action="store_true", help="print exit code, status and profile per config")
     ap.add_argument("--show-findings", metavar="KIND", help="print findings of this kind (or 'all')")
+    ap.add_argument("--all-languages", action="store_true", help="also read the translated doc pages")
     args = ap.parse_args(argv)
+    ALL_LANGUAGES["on"] = args.all_languages
     total_tb = 0
     with tempfile.TemporaryDirectory(prefix="te-align-corpus-") as tmp:
         print(f"{'trainer':<12}{'configs':>8}  {'exit codes':<34}{'tracebacks':>10}{'unknown':>9}"
