@@ -125,7 +125,7 @@ def _print_result(r: Any) -> None:
             print(f"  {'':<9}  profile: {f.source}")
             print(f"  {'':<9}  fix: {f.fix}")
     for f in others:
-        loc = f" (line {f.line})" if f.line else ""
+        loc = f" (line {f.line})" if f.line and f.kind != "wrong-value" else ""
         print(f"  {f.severity:<9}{f.kind}: {f.message}{loc}")
         if f.fix:
             print(f"  {'':<9}  fix: {f.fix}")

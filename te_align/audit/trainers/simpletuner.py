@@ -71,7 +71,7 @@ RULES: tuple[Rule, ...] = (
     Rule("gemma.tokenizer.system_prompt", ("sana",), "sana_complex_human_instruction", None,
          "the complex-human instruction SimpleTuner passes: by default its own 10-line text (not the pipeline's), and "
          "any value has each line stripped, so the final 'User Prompt: ' loses its space",
-         f"{_M}/field_registry/sana.py:7-27; helpers/configuration/cmd_args.py:355-390; {_M}/sana/model.py:157",
+         f"{_M}/field_registry/sana.py:7-27; simpletuner/helpers/configuration/cmd_args.py:355-390; {_M}/sana/model.py:157",
          convert="st_sana_instruction"),
     # ---- AuraFlow: pipeline.encode_prompt(max_sequence_length=tokenizer_max_length)
     Rule("t5.tokenizer.max_length", ("auraflow",), "tokenizer_max_length", None,
@@ -153,7 +153,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         if len([name for name in valid if name.startswith(key)]) == 1:
             continue
         findings.append(unknown_key_finding(
-            key, valid, trainer="SimpleTuner: helpers/configuration/cli_utils.py:190-226, cmd_args.py:546-557,668",
+            key, valid, trainer="SimpleTuner: simpletuner/helpers/configuration/cli_utils.py:190-226, cmd_args.py:546-557,668",
             line=lines(str(k)), severity="error",
             behaviour="SimpleTuner turns it into --KEY and argparse stops with 'unrecognized arguments'",
         ))
@@ -181,8 +181,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         rate = values.get(key, 0.1)
         return dropout_form_finding(
             profile, rate, "encode", key=key + ("" if key in values else " (default 0.1)"), trainer="SimpleTuner",
-            source="helpers/training/collate.py:613-621 (a dropped caption becomes '' and is encoded); default 0.1 "
-                   "at simpletuner_sdk/server/services/field_registry/sections/advanced.py:1183-1190",
+            source="simpletuner/helpers/training/collate.py:613-621 (a dropped caption becomes '' and is encoded); "
+                   "default 0.1 at simpletuner/simpletuner_sdk/server/services/field_registry/sections/advanced.py:"
+                   "1183-1190",
             line=lines(key), fix=f'{fix_set(key, 0.0)} (SimpleTuner cannot drop captions as zeros)')
 
     trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key), not_settable=NOT_SETTABLE)
