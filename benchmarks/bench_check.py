@@ -23,7 +23,7 @@ COMMANDS = {
     "check ai-toolkit/flux_schnell_lora.yaml": ([*CHECK, str(EX / "ai-toolkit" / "flux_schnell_lora.yaml")], 1),
     "check simpletuner/sd3_config.json": ([*CHECK, str(EX / "simpletuner" / "sd3_config.json")], 1),
     "check onetrainer/flux_lora.json --json": ([*CHECK, str(EX / "onetrainer" / "flux_lora.json"), "--json"], 1),
-    "check flux_dev_aligned.toml kohya-gui/sdxl_lora.json": (
+    "check 2 files (kohya + kohya-gui)": (
         [*CHECK, str(EX / "kohya" / "flux_dev_aligned.toml"), str(EX / "kohya-gui" / "sdxl_lora.json")], 1),
 }
 
