@@ -251,6 +251,10 @@ def test_not_settable_never_suggests_patch_for_unpatchable_trainers(tmp_path):
     assert [f.fix for f in r.findings] == ["not settable in OneTrainer (hard-coded; te-align has no OneTrainer patch)"]
     r = check_file(write(tmp_path, "k.toml", 'pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\n'))
     assert [f.fix for f in r.findings] == [NOT_SETTABLE]  # sd-scripts: te-align patch does cover it
+    ti = check_file(write(tmp_path, "ti.json", json.dumps({"pretrained_model_name_or_path": "/m/sd_xl_base_1.0.safetensors",
+                                                           "sdxl": True, "token_string": "zkz", "init_word": "*"})))
+    assert [f.fix for f in ti.findings] == [
+        "not settable: hard-coded in sd-scripts, and te-align patch does not cover sdxl_train_textual_inversion.py"]
 
 
 # ------------------------------------------------------------------ 6. caption dropout vs empty prompt

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from te_align.audit.findings import Finding
+from te_align.audit.findings import NOT_SETTABLE, Finding
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Rule, Trainer, family_of, guess_from_name
 from te_align.audit.trainers import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
@@ -316,7 +316,14 @@ def _number(v: Any) -> bool:
     return not isinstance(v, bool)
 
 
-def make_trainer(raw: RawConfig, cli_keys: set[str]) -> Trainer:
+def not_settable(script: str | None) -> str:
+    """"use te-align patch" only where te-align's patch replaces the script (te_align.trainers.kohya.SCRIPTS)."""
+    if script in kohya_table.SCRIPTS and not kohya_table.SCRIPTS[script][1]:
+        return f"not settable: hard-coded in sd-scripts, and te-align patch does not cover {script}"
+    return NOT_SETTABLE
+
+
+def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None) -> Trainer:
     def fix_set(key: str, value: Any) -> str:
         if key in cli_keys or raw.fmt != "toml":
             return f"--{key}" if value is True else f"--{key} {value if not isinstance(value, str) else json.dumps(value)}"
@@ -326,7 +333,8 @@ def make_trainer(raw: RawConfig, cli_keys: set[str]) -> Trainer:
         return f"remove --{key}" if key in cli_keys else f"remove {key} from {raw.file}"
 
     lines = KeyLines(raw.text)
-    return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: lines(key) if key not in cli_keys else None)
+    return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: lines(key) if key not in cli_keys else None,
+                   not_settable=not_settable(script))
 
 
 def unknown_keys(keys: dict[str, int | None], trainer: str = "sd-scripts") -> list:
@@ -354,7 +362,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         script = values["script"].rsplit("/", 1)[-1]
     prof, reason = guess_profile(values, script)
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
-    trainer = make_trainer(raw, set(cli))
+    trainer = make_trainer(raw, set(cli), script)
     after = make_after(values, lambda key: lines(key) if key not in cli else None,
                        lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,

@@ -190,7 +190,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             return f'"{field}": ' + ('false' if key == "apply_t5_attn_mask" else '""')
         return f'remove --{key} from "additional_parameters"'
 
-    trainer = Trainer("kohya-gui", RULES, fix_set, fix_remove, lambda key: lines(GUI_FIELDS.get(key, (key,))[0]))
+    trainer = Trainer("kohya-gui", RULES, fix_set, fix_remove, lambda key: lines(GUI_FIELDS.get(key, (key,))[0]),
+                      not_settable=kohya.not_settable(script))
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
     after = kohya.make_after(values, lambda key: lines(GUI_FIELDS.get(key, (key,))[0]),
                              lambda key: f'"{GUI_FIELDS.get(key, (key,))[0]}": 0', raw)
