@@ -252,7 +252,7 @@ GENERATORS = {"kohya": kohya, "kohya-gui": kohya_gui, "ai-toolkit": ai_toolkit, 
 REPOS = {"kohya": "kohya-ss/sd-scripts", "kohya-gui": "bmaltais/kohya_ss", "ai-toolkit": "ostris/ai-toolkit",
          "onetrainer": "Nerogar/OneTrainer", "simpletuner": "bghira/SimpleTuner"}
 HEADERS = {
-    "kohya": "sd-scripts option names (argparse dest) of every add_argument in library/*.py and the top-level scripts.\n"
+    "kohya": "sd-scripts option names (argparse dest) of every add_argument in library/*.py and the top-level *train*.py.\n"
              "TOML keys given to --config_file must be one of these; read_config_from_file (library/train_util.py)\n"
              "accepts any key silently.",
     "kohya-gui": "kohya_ss GUI saved-configuration keys: the parameters of save_configuration() per tab (minus the\n"
