@@ -2,6 +2,8 @@
 
 Run: ``python benchmarks/bench_check.py [--runs N]``. Prints the median whole-process wall time of each
 command and its ratio to a bare interpreter start. Target: ``te-align check CONFIG`` < 1 s (no torch).
+The in-process time per file over every config the trainers ship (target: median < 0.5 s on one core) is
+measured by ``taskset -c 0 python tools/check_corpus.py`` with trainer checkouts.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ COMMANDS = {
     "check ai-toolkit/flux_schnell_lora.yaml": ([*CHECK, str(EX / "ai-toolkit" / "flux_schnell_lora.yaml")], 1),
     "check simpletuner/sd3_config.json": ([*CHECK, str(EX / "simpletuner" / "sd3_config.json")], 1),
     "check onetrainer/flux_lora.json --json": ([*CHECK, str(EX / "onetrainer" / "flux_lora.json"), "--json"], 1),
+    "check 2 files (kohya + kohya-gui)": (
+        [*CHECK, str(EX / "kohya" / "flux_dev_aligned.toml"), str(EX / "kohya-gui" / "sdxl_lora.json")], 1),
 }
 
 

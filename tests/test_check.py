@@ -13,6 +13,7 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.audit.findings import NOT_SETTABLE
+from te_align.audit.trainers.onetrainer import NOT_SETTABLE as OT_NOT_SETTABLE
 from te_align.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +80,7 @@ def test_kohya_misspelled_key_and_unused_clip_skip(tmp_path):
     r = check_file(write(tmp_path, "x.toml", text))
     assert r.profile == "sdxl" and r.exit_code == 1
     assert rows(r) == [
-        ("deviation", "warning", "clip_g.tokenizer.pad_token", "<|endoftext|>", "!", NOT_SETTABLE),
+        ("deviation", "info", "clip_g.tokenizer.pad_token", "<|endoftext|>", "!", NOT_SETTABLE),
         ("unused-value", "warning", "clip_skip", 2, None, f"remove clip_skip from {tmp_path / 'x.toml'}"),
         ("unknown-key", "warning", "t5xxl_max_token_lenght", None, None, "did you mean 't5xxl_max_token_length'?"),
     ]
@@ -271,7 +272,7 @@ def test_onetrainer_sd3_hard_77(tmp_path):
     r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA"})))
     assert r.profile == "sd35-large"
     # 77 is what SAI's reference code pads T5 to (min_length=77), so a documented alternative: warning
-    assert deviations(r) == {"t5.tokenizer.max_length": (77, 256, "warning", NOT_SETTABLE)}
+    assert deviations(r) == {"t5.tokenizer.max_length": (77, 256, "warning", OT_NOT_SETTABLE)}
 
 
 # ------------------------------------------------------------------------------------ input errors
@@ -373,17 +374,17 @@ EXAMPLES = {
     "kohya/flux_schnell_lora.toml": (1, [("deviation", "error", "t5.masks.encoder"), ("deviation", "error", "t5.masks.denoiser"),
                                          ("deviation", "warning", "t5.tokenizer.max_length"),
                                          ("stale-cache", "warning", "text-encoder cache")]),
-    "kohya/sd35_masks_live.toml": (1, [("deviation", "warning", "clip_g.tokenizer.pad_token"),
+    "kohya/sd35_masks_live.toml": (1, [("deviation", "info", "clip_g.tokenizer.pad_token"),
                                        ("deviation", "info", "clip_l.train_dropout"), ("deviation", "info", "clip_g.train_dropout"),
                                        ("deviation", "info", "t5.train_dropout"),
                                        ("unused-value", "warning", "apply_lg_attn_mask"),
                                        ("unused-value", "warning", "apply_t5_attn_mask")]),
     "kohya/lumina2_lora.toml": (1, [("deviation", "error", "gemma.tokenizer.system_prompt")]),
-    "kohya/sdxl_typo.toml": (1, [("deviation", "warning", "clip_g.tokenizer.pad_token"), ("unused-value", "warning", "clip_skip"),
+    "kohya/sdxl_typo.toml": (1, [("deviation", "info", "clip_g.tokenizer.pad_token"), ("unused-value", "warning", "clip_skip"),
                                  ("unknown-key", "warning", "cache_text_encoder_output")]),
     "kohya-gui/sdxl_lora.json": (1, [("deviation", "error", "clip_l.tokenizer.max_length"),
                                      ("deviation", "error", "clip_g.tokenizer.max_length"),
-                                     ("deviation", "warning", "clip_g.tokenizer.pad_token"),
+                                     ("deviation", "info", "clip_g.tokenizer.pad_token"),
                                      ("stale-cache", "warning", "text-encoder cache")]),
     "kohya-gui/flux_schnell_lora.json": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
                                              ("stale-cache", "warning", "text-encoder cache")]),
@@ -427,12 +428,14 @@ def test_one_kohya_table_for_check_hooks_and_patch():
 
 
 def test_one_ai_toolkit_table_for_check_and_hooks():
-    from te_align.audit.trainers.ai_toolkit import guess_profile
+    from te_align.audit.trainers.ai_toolkit import NO_PROFILE, guess_profile
     from te_align.hooks.ai_toolkit import profile_name_for
     from te_align.trainers import ai_toolkit as table
 
     for arch, (profile, hooked) in table.ARCHS.items():
-        assert guess_profile({"arch": arch})[0] == profile
+        # Flex.2 (not hooked, not verified) is "not checked", never silently FLUX.1-dev
+        assert guess_profile({"arch": arch})[0] == (None if arch in NO_PROFILE else profile)
+        assert not (hooked and arch in NO_PROFILE)
         if hooked:
             assert profile_name_for({"arch": arch}) == profile
     assert guess_profile({"arch": "wan22_5b:ti2v"})[0] == "wan21"  # was unknown to `te-align check`

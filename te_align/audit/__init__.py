@@ -3,6 +3,8 @@
 Each trainer has one data table of :class:`~te_align.audit.rules.Rule` rows
 (``te_align.audit.trainers.<trainer>.RULES``: key, default, meaning, profile path, fix, source
 file:line) evaluated by one mechanism (:func:`~te_align.audit.rules.evaluate`). No torch.
+Exit codes per file (:mod:`te_align.audit.findings`): 0 aligned (rules ran and passed), 1 deviations,
+2 unreadable input, 3 not checked (no profile or no rules for the model, or not a training job).
 """
 
 from te_align.audit.check import check_file, check_files, exit_code

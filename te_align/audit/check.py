@@ -4,6 +4,7 @@ settings with an alignment profile, and collect findings. No torch."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from te_align.audit import readers
@@ -20,42 +21,63 @@ def check_file(
     profile: Any = None,
     extra_args: Sequence[str] = (),
     cache_dir: str | None = None,
+    dataset: Sequence[str] = (),
 ) -> CheckResult:
-    """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2)."""
+    """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
+    cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
+    ``dataset``: caption folders to count captions in (besides the ones the config names)."""
+    from te_align.audit.trainers import reset_suggestion_budget
+
+    reset_suggestion_budget()
     result = CheckResult(file=str(path))
     try:
         raw = readers.load(str(path))
+        if raw.data in (None, {}, [], "") and not extra_args:
+            raise readers.UnreadableConfig("empty config: nothing to check", file=raw.file)
         name = readers.detect_trainer(raw) if trainer == "auto" else trainer
         if name not in readers.TRAINERS:
             raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.TRAINERS)}")
         result.trainer = name
-        _check(raw, name, profile, list(extra_args), cache_dir, result)
+        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset))
     except readers.ConfigSyntaxError as e:
+        result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
                                        line=e.line, column=e.column))
+    except readers.NotChecked as e:
+        result.status = "not-training" if e.status == "not-training" else "not-checked"
+        result.reason = e.reason
+        result.findings.append(Finding(kind="not-checked", severity="info", setting="", message=e.reason))
     except TeAlignError as e:
+        result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e)))
     return result
 
 
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
-           result: CheckResult) -> None:
+           result: CheckResult, dataset: list[str] | None = None) -> None:
     from te_align.profiles import profile as resolve
 
     mod = module(name)
     parsed = mod.parse(raw, extra_args)
     result.cached = parsed.cached
     findings = list(parsed.findings)
+    if parsed.not_checked:
+        # the key findings still count (exit 1 if any); the alignment itself is not checked (exit 3)
+        result.status = parsed.not_checked_status
+        result.reason = parsed.not_checked
+        result.family_reason = parsed.family_reason
+        result.findings = _sorted([*findings, Finding(kind="not-checked", severity="info", setting="",
+                                                      message=parsed.not_checked)])
+        return
     if profile is not None:
         prof = resolve(profile) if isinstance(profile, str) else profile
         result.family_reason = f"--profile {prof.name}"
-        if parsed.profile_guess and parsed.profile_guess != prof.name:
+        if parsed.profile_guess and parsed.profile_guess != prof.name and not parsed.guess_is_default:
             guessed = resolve(parsed.profile_guess)
             if guessed.family != prof.family:
-                findings.append(Finding(
-                    kind="note", severity="info", setting="profile",
-                    message=f"the config looks like {guessed.name} ({parsed.family_reason}) but --profile {prof.name} was given",
-                ))
+                raise readers.UnreadableConfig(
+                    f"--profile {prof.name} is a {prof.family} profile, but this config trains {guessed.family} "
+                    f"({parsed.family_reason}); pass a {guessed.family} profile or leave --profile out", file=raw.file)
     else:
         if not parsed.profile_guess:
             raise readers.UnreadableConfig(
@@ -66,10 +88,24 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
     result.profile = prof.name
     if prof.family not in parsed.supported:
         raise readers.UnreadableConfig(f"{name} does not train {prof.family} models (profile {prof.name})", file=raw.file)
-    ctx = Context(values=parsed.values, profile_name=prof.name, cached=parsed.cached)
+    ctx = Context(values=parsed.values, profile_name=prof.name, cached=parsed.cached, file=raw.file,
+                  extra=dict(parsed.extra))
+    if dataset:
+        for d in dataset:
+            if not Path(d).is_dir():
+                raise readers.UnreadableConfig("--dataset: no such folder", file=d)
+    from te_align.audit.captions import read_captions
+
+    ctx.extra["captions"] = read_captions(list(dataset or []) + [str(d) for d in parsed.caption_dirs])
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
     findings += deviations
+    findings += parsed.after(prof, ctx) if parsed.after is not None else []
     result.effective = effective
+    result.rules_ran = list(ctx.ran)
+    if not ctx.ran:
+        result.status = "not-checked"
+        result.reason = f"not checked: te-align has no rules for {name}/{prof.family}"
+        findings.append(Finding(kind="not-checked", severity="info", setting="", message=result.reason))
     caches = getattr(mod, "CACHES", {})
     spec = caches.get(prof.family)
     if cache_dir is not None:
@@ -82,14 +118,19 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
                      "files made before you change the settings above will be used as they are"),
             fix=f"after fixing, {spec.rebuild}", trainer_source=spec.source,
         ))
-    order = {"syntax": 0, "deviation": 1, "unused-value": 2, "unknown-key": 3, "stale-cache": 4, "note": 5}
-    sev = {"error": 0, "warning": 1, "info": 2}
-    result.findings = sorted(findings, key=lambda f: (order[f.kind], sev[f.severity]))
+    result.findings = _sorted(findings)
+
+
+_ORDER = {"syntax": 0, "wrong-value": 0, "not-checked": 1, "deviation": 1, "unused-value": 2, "unknown-key": 3,
+          "stale-cache": 4, "note": 5}
+_SEV = {"error": 0, "warning": 1, "info": 2}
+
+
+def _sorted(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (_ORDER[f.kind], _SEV[f.severity]))
 
 
 def _scan_cache(cache_dir: str, name: str, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
-    from pathlib import Path
-
     from te_align.audit.cachefiles import scan
 
     if not Path(cache_dir).is_dir():
@@ -131,4 +172,7 @@ def check_files(paths: Sequence[str], **kw: Any) -> list[CheckResult]:
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:
-    return max((r.exit_code for r in results), default=0)
+    """The exit code of several files: the most serious (2 unreadable > 1 deviations > 3 not checked > 0)."""
+    from te_align.audit.findings import combine_exit_codes
+
+    return combine_exit_codes([r.exit_code for r in results])

@@ -6,10 +6,24 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
-Kind = Literal["deviation", "unknown-key", "unused-value", "stale-cache", "syntax", "note"]
+Kind = Literal["deviation", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value", "not-checked",
+               "note"]
+Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 
-#: Exit codes: 0 aligned, 1 deviations (any error or warning finding), 2 unreadable input.
-EXIT_ALIGNED, EXIT_DEVIATIONS, EXIT_UNREADABLE = 0, 1, 2
+#: Exit codes of one file:
+#:   0 aligned: at least one rule for this trainer and model family ran and every rule passed;
+#:   1 deviations: any error or warning finding;
+#:   2 unreadable input: missing file, syntax error, empty config, a value of the wrong type (file, key, line);
+#:   3 not checked: te-align has no profile for the model the config trains, no rules for this trainer and
+#:     family, or the config is not a training job (ai-toolkit extract / generate / mod jobs).
+#: Several files: the most serious, in the order 2 > 1 > 3 > 0.
+EXIT_ALIGNED, EXIT_DEVIATIONS, EXIT_UNREADABLE, EXIT_NOT_CHECKED = 0, 1, 2, 3
+_SERIOUSNESS = {EXIT_ALIGNED: 0, EXIT_NOT_CHECKED: 1, EXIT_DEVIATIONS: 2, EXIT_UNREADABLE: 3}
+
+
+def combine_exit_codes(codes: list[int]) -> int:
+    """The exit code of several files: the most serious one (2 > 1 > 3 > 0)."""
+    return max(codes, key=lambda c: _SERIOUSNESS.get(c, 0), default=EXIT_ALIGNED)
 
 NOT_SETTABLE = "not settable: use `te-align patch`"
 
@@ -51,13 +65,21 @@ class CheckResult:
     cached: bool = False
     findings: list[Finding] = field(default_factory=list)
     effective: dict[str, Any] = field(default_factory=dict)
+    #: ``checked`` (rules ran), ``not-checked`` (no profile / no rules), ``not-training``, ``unreadable``.
+    status: Status = "checked"
+    #: Why the file was not checked (``status`` not-checked / not-training).
+    reason: str = ""
+    #: The rules that compared a profile value (``path`` of each, with its config key when it has one).
+    rules_ran: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        if any(f.kind == "syntax" for f in self.findings):
+        if self.status == "unreadable" or any(f.kind in ("syntax", "wrong-value") for f in self.findings):
             return EXIT_UNREADABLE
         if any(f.severity in ("error", "warning") for f in self.findings):
             return EXIT_DEVIATIONS
+        if self.status != "checked" or not self.rules_ran:
+            return EXIT_NOT_CHECKED
         return EXIT_ALIGNED
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +90,9 @@ class CheckResult:
             "family_reason": self.family_reason,
             "text_encoder_outputs_cached": self.cached,
             "exit_code": self.exit_code,
+            "status": self.status,
+            "reason": self.reason,
+            "rules_ran": list(self.rules_ran),
             "effective": self.effective,
             "findings": [f.to_dict() for f in self.findings],
         }

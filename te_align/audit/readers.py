@@ -28,6 +28,22 @@ class UnreadableConfig(TeAlignError):
     """A missing file, an unknown format or a file whose trainer cannot be told."""
 
 
+class NotChecked(TeAlignError):
+    """A readable config that te-align cannot check: no profile for its model, or not a training job.
+
+    ``status`` is ``not-checked`` or ``not-training`` (exit code 3)."""
+
+    def __init__(self, message: str, *, status: str = "not-checked", file: str | None = None) -> None:
+        self.status = status
+        self.reason = message
+        super().__init__(message, file=file)
+
+
+#: Limits on what ``check`` reads: file size, nesting depth (a 100k-deep YAML used to crash the interpreter).
+MAX_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 64
+
+
 @dataclass
 class RawConfig:
     file: str
@@ -44,18 +60,79 @@ def load(path: str) -> RawConfig:
     p = Path(path)
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UnreadableConfig(f"cannot read: {e}", file=path) from None
     suffix = p.suffix.lower()
-    if suffix == ".toml":
-        return RawConfig(path, "toml", text, _parse_toml(path, text))
-    if suffix == ".json":
-        return RawConfig(path, "json", text, _parse_json(path, text))
-    if suffix in (".yaml", ".yml"):
-        return RawConfig(path, "yaml", text, _parse_yaml(path, text))
-    raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml", file=path)
+    parsers = {".toml": ("toml", _parse_toml), ".json": ("json", _parse_json), ".yaml": ("yaml", _parse_yaml),
+               ".yml": ("yaml", _parse_yaml)}
+    if suffix not in parsers:
+        raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml",
+                               file=path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise UnreadableConfig(f"config is {size} bytes; te-align check reads configs up to {MAX_BYTES} bytes",
+                                   file=path)
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
+    except OSError as e:
+        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
+    fmt, parse = parsers[suffix]
+    _check_depth(path, text, fmt)
+    try:
+        data = parse(path, text)
+    except RecursionError:
+        raise ConfigSyntaxError(path, None, None, f"nested deeper than {MAX_DEPTH} levels") from None
+    return RawConfig(path, fmt, text, data)
+
+
+def _check_depth(path: str, text: str, fmt: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` before any parser sees it (brackets outside strings;
+    YAML block indentation levels; TOML dotted table headers)."""
+    depth = 0
+    quote = ""
+    line = 1
+    escaped = False
+    for ch in text:
+        if ch == "\n":
+            line += 1
+            if fmt != "json" and quote:  # YAML/TOML basic strings do not span lines (multi-line ones are rare)
+                quote = ""
+            continue
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':
+                escaped = True
+            elif ch == quote:
+                quote = ""
+            continue
+        if ch in "\"'" and (fmt != "json" or ch == '"'):
+            quote = ch
+        elif ch == "#" and fmt != "json":
+            quote = "\n"  # a comment runs to the end of the line
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigSyntaxError(path, line, None, f"nested deeper than {MAX_DEPTH} levels")
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    if fmt == "yaml":
+        stack = [-1]
+        for n, raw in enumerate(text.splitlines(), 1):
+            stripped = raw.lstrip(" -")
+            if not stripped or stripped.startswith("#"):
+                continue
+            indent = len(raw) - len(stripped)
+            while stack and indent <= stack[-1]:
+                stack.pop()
+            stack.append(indent)
+            if len(stack) + raw[:indent].count("-") > MAX_DEPTH + 1:
+                raise ConfigSyntaxError(path, n, None, f"nested deeper than {MAX_DEPTH} levels")
+    elif fmt == "toml":
+        for n, raw in enumerate(text.splitlines(), 1):
+            s = raw.strip()
+            if s.startswith("[") and s.count(".") > MAX_DEPTH:
+                raise ConfigSyntaxError(path, n, None, f"nested deeper than {MAX_DEPTH} levels")
 
 
 def _parse_toml(path: str, text: str) -> Any:
@@ -143,6 +220,11 @@ def detect_trainer(raw: RawConfig) -> str:
         return "kohya-gui"
     if raw.fmt == "json" and "model_type" in keys and any(k in keys for k in _OT_MARKERS):
         return "onetrainer"
+    if raw.fmt == "json" and len(keys) >= 3:
+        # a partial GUI preset (kohya_ss presets/finetune/*.json): almost every key is a GUI field
+        gui = frozenset().union(*known_keys("kohya-gui").values())
+        if sum(k in gui for k in keys) >= 0.8 * len(keys):
+            return "kohya-gui"
     if raw.fmt == "toml":
         flat = set(keys)
         for v in data.values():

@@ -46,6 +46,9 @@ class Rule:
     fix: str | None = None
     #: Severity override for deviations (``info`` for training-recipe values such as dropout).
     severity: str | None = None
+    #: The deviation matters only for some captions: ``bang`` (captions with a literal "!") or ``over512`` (captions
+    #: that can pass 512 tokens). Warning with the count when captions are visible and some are affected, else info.
+    captions: str | None = None
 
     def applies(self, profile_name: str, family: str) -> bool:
         return "*" in self.families or family in self.families or profile_name in self.families
@@ -56,12 +59,15 @@ class Rule:
 
 @dataclass
 class Context:
-    """What a converter may look at: the whole config (trainer key -> value) and the profile name."""
+    """What a converter may look at: the whole config (trainer key -> value) and the profile name.
+    ``ran`` collects the rules that compared a profile value (see :func:`evaluate`)."""
 
     values: Mapping[str, Any]
     profile_name: str
     cached: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    file: str = ""
+    ran: list[str] = field(default_factory=list)
 
 
 class Remove:
@@ -171,6 +177,58 @@ def _ot_nullable_len(v: Any, ctx: Context) -> Any:
     return 512 if n is None else n
 
 
+def _st_aura_len(v: Any, ctx: Context) -> Any:
+    # SimpleTuner AuraFlow check_user_config: unset/0 = 120 (pony: 768), capped there unless i_know_what_i_am_doing.
+    cap = 768 if ctx.values.get("model_flavour") == "pony" else 120
+    n = _int_or_none(v)
+    if not n:
+        return cap
+    if n > cap and not _truthy(ctx.values.get("i_know_what_i_am_doing")):
+        return cap
+    return n
+
+
+#: What SimpleTuner passes as Sana's instruction when the key is unset (its own text, not the pipeline's).
+ST_SANA_DEFAULT = "SimpleTuner's own 10-line instruction (field_registry/sana.py:14-27)"
+
+
+def _st_sana_instruction(v: Any, ctx: Context) -> Any:
+    # SimpleTuner _normalize_sana_complex_instruction: a list or text -> non-empty lines, each stripped;
+    # the pipeline joins them with "\n". None/"None"/"" -> no instruction.
+    if v is None:
+        return ST_SANA_DEFAULT
+    if isinstance(v, list):
+        lines = [str(x).strip() for x in v if x not in (None, "", "None") and str(x).strip()]
+    elif isinstance(v, str):
+        if v.strip() in ("", "None"):
+            return None
+        lines = [line.strip() for line in v.splitlines() if line.strip()]
+    else:
+        return v
+    return "\n".join(lines) if lines else None
+
+
+def _aitk_pixart_len(v: Any, ctx: Context) -> Any:
+    # ai-toolkit: arch pixart -> 300 if is_pixart_sigma else 120; arch pixart_sigma -> the generic T5 branch's 256.
+    if ctx.values.get("model._pixart_route") == "pixart_sigma":
+        return 256
+    return 300 if _truthy(v) else 120
+
+
+def _aitk_pixart_len_back(p: Any, ctx: Context) -> Any:
+    if p == 300:
+        return True
+    raise LookupError
+
+
+def _aitk_pixart_zero(v: Any, ctx: Context) -> Any:
+    return ctx.values.get("model._pixart_route") == "pixart_sigma"
+
+
+def _aitk_pixart_denoiser(v: Any, ctx: Context) -> Any:
+    return ctx.values.get("model._pixart_route") != "pixart_sigma"
+
+
 def _bool(v: Any, ctx: Context) -> Any:
     return _truthy(v)
 
@@ -205,7 +263,87 @@ CONVERTERS: dict[str, tuple[Callable[[Any, Context], Any], Callable[[Any, Contex
     "st_padding": (_st_padding, _st_padding_back),
     "st_flux_len": (_st_flux_len, _unsettable),
     "ot_nullable_len": (_ot_nullable_len, _same),
+    "aitk_pixart_len": (_aitk_pixart_len, _aitk_pixart_len_back),
+    "aitk_pixart_zero": (_aitk_pixart_zero, _bool_back),
+    "aitk_pixart_denoiser": (_aitk_pixart_denoiser, _bool_back),
+    "st_aura_len": (_st_aura_len, _same),
+    "st_sana_instruction": (_st_sana_instruction, _unsettable),
 }
+
+
+# ------------------------------------------------------------------------------------ value types
+_INT_CONVERTERS = {"sd_clip_skip", "sd_tokens", "ot_skip_last", "ot_skip_penultimate", "st_sd3_len", "ot_nullable_len",
+                   "st_aura_len"}
+_TRUE_FALSE = ("1", "0", "true", "false", "yes", "no", "on", "off")
+
+
+def expected_type(rule: Rule, profile_name: str) -> str | None:
+    """What a rule's config value must be: ``int``, ``bool``, ``fraction`` (0..1), ``str``, ``choice:a,b`` or None."""
+    if rule.convert in _INT_CONVERTERS:
+        return "int"
+    if rule.convert in ("bool", "aitk_pixart_len", "aitk_pixart_zero", "aitk_pixart_denoiser"):
+        return "bool"
+    if rule.convert == "nonempty":
+        return "str"
+    if rule.convert == "st_padding":
+        return "choice:unmodified,zero"
+    if rule.convert != "same":
+        return None
+    d = rule.default_for(profile_name)
+    if isinstance(d, bool):
+        return "bool"
+    if isinstance(d, int):
+        return "int"
+    if isinstance(d, float):
+        return "fraction"
+    if isinstance(d, str):
+        return "str"
+    return None
+
+
+def value_problem(kind: str | None, v: Any) -> str | None:
+    """Why ``v`` is not a valid value of ``kind`` (None: fine, or unset)."""
+    import math
+
+    if kind is None or v is None:
+        return None
+    if kind == "int":
+        if isinstance(v, bool):
+            return "expected a whole number, got a true/false value"
+        if isinstance(v, float):
+            if not math.isfinite(v) or v != int(v):
+                return f"expected a whole number, got {v!r}"
+            v = int(v)
+        if isinstance(v, str):
+            if v.strip() == "":
+                return None
+            if not re.fullmatch(r"\s*[+-]?\d+\s*", v):
+                return f"expected a whole number, got {v!r}"
+            v = int(v)
+        if not isinstance(v, int):
+            return f"expected a whole number, got {type(v).__name__}"
+        return None if v >= 0 else f"expected a number >= 0, got {v}"
+    if kind == "bool":
+        if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+            return None
+        if isinstance(v, str) and v.strip().lower() in _TRUE_FALSE:
+            return None
+        return f"expected true or false, got {v!r}"
+    if kind == "fraction":
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                return f"expected a number between 0 and 1, got {v!r}"
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+            return f"expected a number between 0 and 1, got {v!r}"
+        return None
+    if kind == "str":
+        return None if isinstance(v, str) else f"expected a string, got {v!r}"
+    if kind.startswith("choice:"):
+        choices = kind.split(":", 1)[1].split(",")
+        return None if v in choices else f"expected one of {', '.join(choices)}, got {v!r}"
+    return None
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -219,6 +357,8 @@ class Trainer:
     fix_set: Callable[[str, Any], str]
     fix_remove: Callable[[str], str]
     key_line: Callable[[str], int | None] = lambda key: None
+    #: What "no key can fix this" says for this trainer (te-align patches sd-scripts and ai-toolkit only).
+    not_settable: str = NOT_SETTABLE
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -264,6 +404,18 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
         present = rule.key is not None and rule.key in ctx.values
         default = rule.default_for(profile.name)
         raw = ctx.values[rule.key] if present and rule.key is not None else default
+        problem = value_problem(expected_type(rule, profile.name), raw) if present else None
+        if problem is not None and rule.key is not None:
+            if rule.key not in reported:
+                reported.add(rule.key)
+                line = trainer.key_line(rule.key)
+                where = f"{ctx.file}:{line}" if ctx.file and line else (ctx.file or "")
+                findings.append(Finding(
+                    kind="wrong-value", severity="error", setting=rule.key, effective=raw,
+                    message=f"{where + ': ' if where else ''}wrong type/value for {rule.key}: {problem}",
+                    key=rule.key, trainer_source=rule.source, line=line,
+                ))
+            continue
         honoured = rule.honoured == "always" or (rule.honoured == "cached" and ctx.cached)
         if present and not honoured and rule.key is not None:
             if _differs(to_profile, raw, default, ctx) and rule.key not in reported:
@@ -285,24 +437,42 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
             continue
         eff = to_profile(raw, ctx)
         effective[rule.path] = eff
+        ctx.ran.append(f"{rule.path} ({rule.key})" if rule.key else rule.path)
         expected = profile.get(f"slots.{rule.path}")
         if _same_value(eff, expected):
             continue
         pv = profile.provenance_of(f"slots.{rule.path}")
+        severity = rule.severity or _severity(profile, rule.path, eff)
+        meaning = rule.meaning
+        if rule.captions:
+            severity, meaning = _by_captions(rule.captions, ctx.extra.get("captions"), meaning)
         findings.append(Finding(
             kind="deviation",
-            severity=rule.severity or _severity(profile, rule.path, eff),
+            severity=severity,
             setting=rule.path,
             effective=eff,
             profile=expected,
             source=f"{pv.status}: {pv.source}" if pv else "",
             fix=_fix(trainer, rule, to_trainer, expected, ctx),
-            message=rule.meaning,
+            message=meaning,
             key=rule.key,
             trainer_source=rule.source,
             line=trainer.key_line(rule.key) if present and rule.key else None,
         ))
     return findings, effective
+
+
+def _by_captions(which: str, stats: Any, meaning: str) -> tuple[str, str]:
+    """Severity and message of a deviation that only some captions feel."""
+    what = {"bang": ('contain a literal "!"', "with_bang"),
+            "over512": ("are longer than 512 bytes (so may pass 512 tokens)", "over_512_bytes")}[which]
+    if stats is None:
+        return "info", (f"{meaning}. It only matters for captions that {what[0]}; te-align cannot see the captions "
+                        "(pass --dataset DIR to count them)")
+    n = getattr(stats, what[1])
+    if n == 0:
+        return "info", f"{meaning}. No caption of {stats.describe()} {what[0]}, so no caption is affected"
+    return "warning", f"{meaning}. {n} of {stats.describe()} {what[0]}"
 
 
 def _differs(to_profile: Callable[[Any, Context], Any], raw: Any, default: Any, ctx: Context) -> bool:
@@ -319,11 +489,11 @@ def _cached_fix(trainer: Trainer, rule: Rule) -> str:
 
 def _fix(trainer: Trainer, rule: Rule, to_trainer: Callable[[Any, Context], Any], expected: Any, ctx: Context) -> str:
     if rule.key is None or rule.fix == "":
-        return NOT_SETTABLE
+        return trainer.not_settable
     try:
         value = to_trainer(expected, ctx)
     except LookupError:
-        return NOT_SETTABLE
+        return trainer.not_settable
     if value is REMOVE:
         return trainer.fix_remove(rule.key)
     if rule.fix:

@@ -1,6 +1,9 @@
-"""``te-align check CONFIG [more…] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [-- EXTRA]``.
+"""``te-align check CONFIG [more…] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [--dataset DIR] [-- EXTRA]``.
 
-Exit codes: 0 aligned, 1 deviations found, 2 unreadable input. Imports no torch.
+Exit codes: 0 aligned (at least one rule for the trainer and model family ran and all passed), 1 deviations
+found, 2 unreadable input (syntax error, empty config, a value of the wrong type), 3 not checked (te-align has no
+profile for the model or no rules for this trainer and family, or the config is not a training job). Several files:
+the most serious code, 2 > 1 > 3 > 0. Imports no torch.
 """
 
 from __future__ import annotations
@@ -18,17 +21,24 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="NAME", help="compare with this profile instead of the one for the detected family")
     p.add_argument("--json", action="store_true", help="machine-readable findings")
     p.add_argument("--cache-dir", metavar="DIR", help="also read cached text-encoder files here and flag stale ones")
+    p.add_argument("--dataset", metavar="DIR", action="append", default=[],
+                   help="caption folder (repeatable): count the captions a deviation affects (CLIP-G '!', Qwen over "
+                        "512 tokens); the config's own data folders are read too")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
-        help="audit trainer configs against the model's alignment profile (exit 0 aligned, 1 deviations, 2 unreadable)",
+        help="audit trainer configs against the model's alignment profile "
+             "(exit 0 aligned, 1 deviations, 2 unreadable, 3 not checked)",
         description="Read sd-scripts TOML, kohya_ss GUI JSON, ai-toolkit YAML, SimpleTuner config.json/.toml or "
                     "OneTrainer JSON; work out the model family and the trainer's effective text-encoder settings; "
                     "compare them with the alignment profile. Extra sd-scripts CLI args (and the script name) go "
-                    "after `--`.",
-        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] [-- EXTRA_ARGS]",
+                    "after `--`. Exit codes: 0 aligned (rules for this trainer and family ran and passed), "
+                    "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
+                    "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
+        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] "
+              "[--dataset DIR] [-- EXTRA_ARGS]",
     )
     _options(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
@@ -49,6 +59,7 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
+    ns.dataset = list(getattr(args, "dataset", []) or []) + list(ns.dataset)
     return ns, extra
 
 
@@ -56,7 +67,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from te_align.audit import check_files, exit_code
 
     ns, extra = _split(args)
-    results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir)
+    results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
+                          dataset=ns.dataset)
     code = exit_code(results)
     if ns.json:
         print(json.dumps({"exit_code": code, "results": [r.to_dict() for r in results]}, indent=2, ensure_ascii=False,
@@ -80,7 +92,12 @@ def _fmt(v: Any) -> str:
 
 
 def _clip(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
+    """At most ``n`` characters, cut at a word boundary (never mid-word)."""
+    if len(s) <= n:
+        return s
+    cut = s[: n - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > n // 2 else cut).rstrip(" ,;:") + "…"
 
 
 def _print_result(r: Any) -> None:
@@ -89,11 +106,14 @@ def _print_result(r: Any) -> None:
         for f in syntax:
             print(f"{f.message}")
         return
-    print(f"{r.file}: {r.trainer} · profile {r.profile} ({r.family_reason})")
+    if r.status in ("not-checked", "not-training") and r.profile is None:
+        print(f"{r.file}: {r.trainer or '-'} · {r.reason}")
+    else:
+        print(f"{r.file}: {r.trainer} · profile {r.profile} ({r.family_reason})")
     table = [f for f in r.findings if f.kind == "deviation"]
-    others = [f for f in r.findings if f.kind != "deviation"]
-    if not r.findings:
-        print("  aligned: every text-encoder setting this trainer controls matches the profile")
+    others = [f for f in r.findings if f.kind not in ("deviation", "not-checked")]
+    if r.exit_code == 0:
+        print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran and every one matches the profile")
         return
     if table:
         w = max(len(f.setting) for f in table) + 2
@@ -101,14 +121,16 @@ def _print_result(r: Any) -> None:
         for f in table:
             loc = f"  (line {f.line})" if f.line else ""
             print(f"  {f.severity:<9}{f.setting:<{w}}{_clip(_fmt(f.effective), 16):<18}{_clip(_fmt(f.profile), 40):<18}{loc}")
-            print(f"  {'':<9}  trainer: {_clip(f.message, 150)} [{_clip(f.trainer_source, 100)}]")
-            print(f"  {'':<9}  profile: {_clip(f.source, 150)}")
+            print(f"  {'':<9}  trainer: {f.message} [{f.trainer_source}]")
+            print(f"  {'':<9}  profile: {f.source}")
             print(f"  {'':<9}  fix: {f.fix}")
     for f in others:
-        loc = f" (line {f.line})" if f.line else ""
+        loc = f" (line {f.line})" if f.line and f.kind != "wrong-value" else ""
         print(f"  {f.severity:<9}{f.kind}: {f.message}{loc}")
         if f.fix:
             print(f"  {'':<9}  fix: {f.fix}")
+    if r.status in ("not-checked", "not-training") and r.profile is not None:
+        print(f"  {r.reason}")
     n_err = sum(f.severity == "error" for f in r.findings)
     n_warn = sum(f.severity == "warning" for f in r.findings)
     n_info = sum(f.severity == "info" for f in r.findings)

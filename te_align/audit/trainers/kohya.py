@@ -8,11 +8,13 @@ Every fact below was read at kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
+from te_align.audit.findings import NOT_SETTABLE, Finding
+from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Rule, Trainer, family_of, guess_from_name
-from te_align.audit.trainers import CacheSpec, Parsed, unknown_key_finding
+from te_align.audit.trainers import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
 from te_align.trainers import kohya as kohya_table
 
 _SD = ("sd1", "sd2")
@@ -54,7 +56,7 @@ RULES: tuple[Rule, ...] = (
     Rule("clip_g.tokenizer.pad_token", ("sdxl",), None, "<|endoftext|>",
          "CLIP-G loads the laion tokenizer and only sets pad_token_id = 0, so a literal '!' stays an "
          "ordinary token (the diffusers tokenizer_2 turns every '!' into the pad id 0)",
-         "library/strategy_sdxl.py:18-31 (pad_token_id = 0 at :26)", severity="warning"),
+         "library/strategy_sdxl.py:18-31 (pad_token_id = 0 at :26)", captions="bang"),
     # ---- SD3 / SD3.5 (sd3_train_network.py)
     Rule("t5.tokenizer.max_length", ("sd3",), "t5xxl_max_token_length", 256,
          "T5 length (default 256)", "library/sd3_train_utils.py:188-192; library/strategy_sd3.py:34-48"),
@@ -80,7 +82,7 @@ RULES: tuple[Rule, ...] = (
     Rule("clip_g.tokenizer.pad_token", ("sd3",), None, "<|endoftext|>",
          "CLIP-G loads the laion tokenizer and only sets pad_token_id = 0, so a literal '!' stays an "
          "ordinary token (the diffusers tokenizer_2 turns every '!' into the pad id 0)",
-         "library/strategy_sd3.py:21-32", severity="warning"),
+         "library/strategy_sd3.py:21-32", captions="bang"),
     Rule("clip_l.train_dropout", ("sd3",), "clip_l_dropout_rate", 0.0,
          "per-encoder caption dropout (zeroed embeddings)", "library/sd3_train_utils.py:204-209",
          severity="info"),
@@ -259,7 +261,69 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
     return None, ""
 
 
-def make_trainer(raw: RawConfig, cli_keys: set[str]) -> Trainer:
+def caption_dirs(values: dict[str, Any]) -> list[str]:
+    """train_data_dir and the image_dir of every subset of a dataset_config TOML (when the files exist)."""
+    dirs = [values["train_data_dir"]] if isinstance(values.get("train_data_dir"), str) else []
+    cfg = values.get("dataset_config")
+    if isinstance(cfg, str) and cfg.endswith(".toml") and Path(cfg).is_file():
+        import tomllib
+
+        try:
+            data = tomllib.loads(Path(cfg).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+            data = {}
+        for ds in data.get("datasets", []) if isinstance(data.get("datasets"), list) else []:
+            for sub in ds.get("subsets", []) if isinstance(ds, dict) and isinstance(ds.get("subsets"), list) else []:
+                if isinstance(sub, dict) and isinstance(sub.get("image_dir"), str):
+                    dirs.append(sub["image_dir"])
+    return dirs
+
+
+def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig) -> Any:
+    """Caption dropout (caption_dropout_rate / caption_dropout_every_n_epochs: the caption becomes "" and is
+    encoded) against the profile's empty-prompt rule."""
+
+    def after(profile: Any, ctx: Any) -> list:
+        out = []
+        for key in ("caption_dropout_rate", "caption_dropout_every_n_epochs"):
+            rate = values.get(key)
+            if key == "caption_dropout_every_n_epochs" and rate:
+                rate = 1.0 / float(rate) if _number(rate) and float(rate) > 0 else None
+            if ctx.cached and key == "caption_dropout_rate" and _number(rate) and float(rate) > 0 and (
+                    profile.family not in ("anima", "sd1", "sd2")):
+                out.append(Finding(
+                    kind="unused-value", severity="error", setting=key, effective=rate, key=key, line=line(key),
+                    message=(f"{key} = {rate} with cached text-encoder outputs: sd-scripts stops at start ('when "
+                             "caching Text Encoder output, either caption_dropout_rate, … cannot be used')"),
+                    fix=f"{fix_zero(key)}, or turn text-encoder output caching off",
+                    trainer_source="sd-scripts: library/train_util.py:1102-1113; sdxl_train_network.py:34-37; "
+                                   "sd3_train_network.py:48-51; flux_train_network.py:65-68"))
+                continue
+            out += dropout_form_finding(
+                profile, rate, "encode", key=key, trainer="sd-scripts",
+                source="library/train_util.py:821-837 process_caption (a dropped caption becomes '')",
+                line=line(key), fix=f"{fix_zero(key)} (sd-scripts cannot drop captions as zeros)")
+        return out
+
+    return after
+
+
+def _number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(v, bool)
+
+
+def not_settable(script: str | None) -> str:
+    """"use te-align patch" only where te-align's patch replaces the script (te_align.trainers.kohya.SCRIPTS)."""
+    if script in kohya_table.SCRIPTS and not kohya_table.SCRIPTS[script][1]:
+        return f"not settable: hard-coded in sd-scripts, and te-align patch does not cover {script}"
+    return NOT_SETTABLE
+
+
+def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None) -> Trainer:
     def fix_set(key: str, value: Any) -> str:
         if key in cli_keys or raw.fmt != "toml":
             return f"--{key}" if value is True else f"--{key} {value if not isinstance(value, str) else json.dumps(value)}"
@@ -268,7 +332,9 @@ def make_trainer(raw: RawConfig, cli_keys: set[str]) -> Trainer:
     def fix_remove(key: str) -> str:
         return f"remove --{key}" if key in cli_keys else f"remove {key} from {raw.file}"
 
-    return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: key_line(raw.text, key))
+    lines = KeyLines(raw.text)
+    return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: lines(key) if key not in cli_keys else None,
+                   not_settable=not_settable(script))
 
 
 def unknown_keys(keys: dict[str, int | None], trainer: str = "sd-scripts") -> list:
@@ -288,11 +354,17 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         raise UnreadableConfig("expected a TOML table", file=raw.file)
     values = flatten(raw.data)
     cli, script = parse_cli(extra_args)
-    findings = unknown_keys({k: key_line(raw.text, k) for k in values})
+    lines = KeyLines(raw.text)
+    findings = unknown_keys({k: lines(k) for k in values})
     findings += unknown_keys({k: None for k in cli if k not in values})
     values.update(cli)
     if script is None and isinstance(values.get("script"), str):
         script = values["script"].rsplit("/", 1)[-1]
     prof, reason = guess_profile(values, script)
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
-    return Parsed(make_trainer(raw, set(cli)), values, prof, reason, cached, None, findings, SUPPORTED)
+    trainer = make_trainer(raw, set(cli), script)
+    after = make_after(values, lambda key: lines(key) if key not in cli else None,
+                       lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw)
+    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
+                  caption_dirs=caption_dirs(values), guess_is_default=script is None and reason.startswith(
+                      "pretrained_model_name_or_path"))

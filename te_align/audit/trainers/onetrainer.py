@@ -9,9 +9,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
+from te_align.audit.findings import Finding
+from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Rule, Trainer, guess_from_name
-from te_align.audit.trainers import CacheSpec, Parsed, unknown_key_finding
+from te_align.audit.trainers import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    expect_mapping,
+    unknown_key_finding,
+)
+
+#: OneTrainer has no setting for hard-coded encoding and te-align cannot patch it.
+NOT_SETTABLE = "not settable in OneTrainer (hard-coded; te-align has no OneTrainer patch)"
 
 _MM = "modules/model"
 
@@ -44,9 +55,50 @@ RULES: tuple[Rule, ...] = (
          f"{_MM}/HiDreamModel.py:276,286,296,307"),
     Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 512, "max_length 512 + 34 template tokens, cropped",
          f"{_MM}/QwenModel.py:109-136"),
+    # ---- PixArt-Σ (PixArtAlphaModel.encode_text)
+    Rule("t5.tokenizer.max_length", ("pixart",), None, 120,
+         "T5 max_length hard-coded to 120 (the 300 for PixArt-Σ is commented out 'for performance reasons')",
+         f"{_MM}/PixArtAlphaModel.py:190-202"),
+    Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "none",
+         "captions go to the T5 tokenizer as they are: no PixArt caption cleaning and no lower-casing",
+         f"{_MM}/PixArtAlphaModel.py:196-202"),
+    Rule("t5.masks.encoder", ("pixart",), None, True, "the tokenizer mask goes into T5",
+         f"{_MM}/PixArtAlphaModel.py:205-216"),
+    Rule("t5.encoder.layer", ("pixart", "chroma"), "text_encoder_layer_skip", 0,
+         "hidden_states[-1 - layer_skip] (encode_t5 default_layer=-1)",
+         f"{_MM}/PixArtAlphaModel.py:209-216; {_MM}/ChromaModel.py:210-219", convert="ot_skip_last"),
+    # ---- Sana (SanaModel.encode_text)
+    Rule("gemma.tokenizer.max_length", ("sana",), None, 300, "Gemma max_length 300", f"{_MM}/SanaModel.py:144-152"),
+    Rule("gemma.tokenizer.system_prompt", ("sana",), None, None,
+         "the caption is tokenized alone: no complex-human instruction in front (and no BOS + last-299 window)",
+         f"{_MM}/SanaModel.py:144-152"),
+    Rule("gemma.tokenizer.text_cleaning", ("sana",), None, "none", "captions are not lower-cased",
+         f"{_MM}/SanaModel.py:144-152"),
+    Rule("gemma.masks.encoder", ("sana",), None, True, "the tokenizer mask goes into Gemma",
+         f"{_MM}/SanaModel.py:156-167"),
+    Rule("gemma.encoder.layer", ("sana",), "text_encoder_layer_skip", 0,
+         "hidden_states[-1 - layer_skip] (encode_gemma default_layer=-1)", f"{_MM}/SanaModel.py:160-167",
+         convert="ot_skip_last"),
+    # ---- Chroma (ChromaModel.encode_text)
+    Rule("t5.masks.encoder", ("chroma",), None, True, "the mask (real tokens + one pad token) goes into T5",
+         f"{_MM}/ChromaModel.py:200-219"),
+    Rule("t5.masks.denoiser_extra_pad_tokens", ("chroma",), None, 1,
+         "the mask keeps the real tokens plus one pad token (mask_indices <= seq_lengths)",
+         f"{_MM}/ChromaModel.py:200-203"),
 )
 
-SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana")
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana", "anima")
+
+#: model_type values te-align has no profile for, by the model's name.
+NO_PROFILE = {"Z_IMAGE": "Z-Image", "FLUX_2": "FLUX.2", "KREA_2": "Krea 2", "ERNIE": "ERNIE-Image",
+              "IDEOGRAM_4": "Ideogram 4", "HUNYUAN_VIDEO": "HunyuanVideo", "WUERSTCHEN_2": "Würstchen v2",
+              "STABLE_CASCADE_1": "Stable Cascade", "PIXART_ALPHA": "PixArt-α"}
+#: Where a text-encoder part's dropout_probability zeroes the embeddings (a dropped caption = zeros).
+_DROPOUT_SOURCE = {
+    "sd1": f"{_MM}/StableDiffusionModel.py:272-277", "sd2": f"{_MM}/StableDiffusionModel.py:272-277",
+    "sdxl": f"{_MM}/StableDiffusionXLModel.py:298-309", "chroma": f"{_MM}/ChromaModel.py:227-232",
+    "pixart": f"{_MM}/PixArtAlphaModel.py:225-231", "sana": f"{_MM}/SanaModel.py:176-182",
+}
 
 _CACHE = CacheSpec(("text/**/*.pt",), "folder = sha256 of the concept settings; no length, layer skip or mask",
                    "modules/dataLoader/mixin/DataLoaderText2ImageMixin.py:335-352",
@@ -57,7 +109,7 @@ _TYPES = (
     ("STABLE_DIFFUSION_15", "sd15"), ("STABLE_DIFFUSION_2", "sd21"), ("STABLE_DIFFUSION_35", "sd35-large"),
     ("STABLE_DIFFUSION_3", "sd3-medium"), ("STABLE_DIFFUSION_XL", "sdxl"), ("FLUX_DEV", "flux-dev"),
     ("FLUX_FILL_DEV", "flux-dev"), ("CHROMA", "chroma"), ("HI_DREAM", "hidream"), ("QWEN", "qwen-image"),
-    ("PIXART_SIGMA", "pixart-sigma"), ("SANA", "sana"),
+    ("PIXART_SIGMA", "pixart-sigma"), ("SANA", "sana"), ("ANIMA", "anima"),
 )
 _PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "transformer", "unet", "prior",
           "decoder", "vae", "effnet_encoder", "decoder_text_encoder", "decoder_vqgan", "unconditional_transformer")
@@ -65,6 +117,8 @@ _PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", 
 
 def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     mt = str(values.get("model_type") or "STABLE_DIFFUSION_15")
+    if mt in NO_PROFILE:
+        return None, f"model_type {mt!r}"
     path = values.get("base_model_name")
     for prefix, prof in _TYPES:
         if mt.startswith(prefix):
@@ -85,23 +139,38 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a JSON object", file=raw.file)
     valid = known_keys("onetrainer")
+    legacy = {}
+    for entry in valid.get("legacy", ()):
+        name, _, below = entry.partition(" ")
+        legacy[name] = int(below) if below.isdigit() else 0
+    version = raw.data.get("__version")
+    version = version if isinstance(version, int) and not isinstance(version, bool) else None
+    lines = KeyLines(raw.text)
     values: dict[str, Any] = {}
     findings = []
     for k, v in raw.data.items():
         values[k] = v
         if k not in valid["top"]:
+            # keys an older config version had: the config migration consumes them (TrainConfig.__migration_N)
+            if k in legacy and (version is None or version < legacy[k]):
+                continue
             findings.append(unknown_key_finding(
-                k, valid["top"], trainer="OneTrainer: modules/util/config/BaseConfig.py:66", line=key_line(raw.text, k),
+                k, valid["top"], trainer="OneTrainer: modules/util/config/BaseConfig.py:66", line=lines(k),
                 behaviour="OneTrainer reads known keys only and ignores this one silently"))
-        elif k in _PARTS and isinstance(v, dict):
-            for pk, pv in v.items():
+        elif k in _PARTS and v is not None:
+            for pk, pv in expect_mapping(v, k, raw.file, lines).items():
                 values[f"{k}.{pk}"] = pv
                 if pk not in valid["part"]:
                     findings.append(unknown_key_finding(
                         pk, valid["part"], trainer="OneTrainer: modules/util/config/TrainConfig.py:295",
-                        line=key_line(raw.text, pk), section=k,
+                        line=lines(pk), section=k,
                         behaviour="OneTrainer reads known keys only and ignores this one silently"))
     prof, reason = guess_profile(values)
+    mt = str(values.get("model_type") or "")
+    if mt in NO_PROFILE:
+        return Parsed(Trainer("onetrainer", RULES, str, str), values, None, reason, False, None, findings,
+                      SUPPORTED, not_checked=f"not checked: te-align has no profile for {NO_PROFILE[mt]} "
+                                            f"(OneTrainer model_type {mt!r})")
     te_trained = any(_on(values.get(f"{p}.train", p != "transformer")) for p in ("text_encoder", "text_encoder_2"))
     cleared = _on(values.get("clear_cache_before_training", True)) and _on(values.get("latent_caching", True))
     # Text is cached only when no text encoder is trained; the cache is cleared at start by default
@@ -117,8 +186,35 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return fix_set(key, False) if key.endswith("attention_mask") else f"remove \"{key}\""
 
-    trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: key_line(raw.text, key.rsplit(".", 1)[-1]))
-    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED)
+    def after(profile: Any, ctx: Any) -> list[Finding]:
+        out: list[Finding] = []
+        for part in ("text_encoder", "text_encoder_2"):
+            key = f"{part}.dropout_probability"
+            rate = values.get(key)
+            if profile.family == "qwen-image" and _positive(rate):
+                out.append(Finding(
+                    kind="unused-value", severity="error", setting=key, effective=rate, key=key,
+                    message=f"{key} = {rate}: OneTrainer raises NotImplementedError for Qwen caption dropout",
+                    fix=fix_set(key, 0.0), trainer_source=f"OneTrainer: {_MM}/QwenModel.py:138-139",
+                    line=lines("dropout_probability")))
+            elif profile.family in _DROPOUT_SOURCE:
+                out += dropout_form_finding(
+                    profile, rate, "zeros", key=key, trainer="OneTrainer",
+                    source=f"{_DROPOUT_SOURCE[profile.family]} (a dropped caption's embeddings are multiplied by 0)",
+                    line=lines("dropout_probability"),
+                    fix=f"{fix_set(key, 0.0)} (OneTrainer cannot drop captions as an encoded \"\")")
+        return out
+
+    trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
+                      not_settable=NOT_SETTABLE)
+    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after)
+
+
+def _positive(v: Any) -> bool:
+    try:
+        return float(v) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def _on(v: Any) -> bool:

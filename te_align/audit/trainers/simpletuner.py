@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from te_align.audit.readers import RawConfig, UnreadableConfig, key_line, known_keys
+from te_align.audit.findings import Finding
+from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Rule, Trainer, guess_from_name
-from te_align.audit.trainers import CacheSpec, Parsed, unknown_key_finding
+from te_align.audit.trainers import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
 
 _M = "simpletuner/helpers/models"
 
@@ -52,13 +53,50 @@ RULES: tuple[Rule, ...] = (
     Rule("llama.tokenizer.max_length", ("hidream",), "tokenizer_max_length", 128, "HiDream length (unset = 128, capped at 128)",
          f"{_M}/hidream/model.py:833-845"),
     Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
-         "encode_prompt without max_sequence_length (diffusers encode_prompt default 1024)", f"{_M}/qwen_image/model.py:507-549"),
+         "encode_prompt without max_sequence_length (diffusers encode_prompt default 1024)", f"{_M}/qwen_image/model.py:507-549", captions="over512"),
     Rule("t5.tokenizer.max_length", ("wan",), None, 512, "WanPipeline.encode_prompt default max_sequence_length=512",
          f"{_M}/wan/model.py:1377-1398"),
+    # ---- PixArt-Σ (model_family "pixart"): pipeline.encode_prompt with clean_caption=True
+    Rule("t5.tokenizer.max_length", ("pixart",), None, 300,
+         "tokenizer_max_length is forced to 300 and passed as max_sequence_length", f"{_M}/pixart/model.py:239-246,679-681"),
+    Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "pixart", "encode_prompt(clean_caption=True)",
+         f"{_M}/pixart/model.py:239-246"),
+    Rule("t5.masks.zero_padded", ("pixart",), "t5_padding", "unmodified", 't5_padding "zero" multiplies padded T5 outputs by 0',
+         f"{_M}/pixart/model.py:248-250", convert="st_padding"),
+    # ---- Sana: pipeline.encode_prompt(clean_caption=False, max_sequence_length=300, complex_human_instruction=…)
+    Rule("gemma.tokenizer.max_length", ("sana",), None, 300, "max_sequence_length=300 (tokenizer_max_length is ignored)",
+         f"{_M}/sana/model.py:151-158,264-265"),
+    Rule("gemma.tokenizer.text_cleaning", ("sana",), None, "lower",
+         "clean_caption=False: the pipeline still lower-cases and strips the caption", f"{_M}/sana/model.py:151-158"),
+    Rule("gemma.tokenizer.system_prompt", ("sana",), "sana_complex_human_instruction", None,
+         "the complex-human instruction SimpleTuner passes: by default its own 10-line text (not the pipeline's), and "
+         "any value has each line stripped, so the final 'User Prompt: ' loses its space",
+         f"{_M}/field_registry/sana.py:7-27; simpletuner/helpers/configuration/cmd_args.py:355-390; {_M}/sana/model.py:157",
+         convert="st_sana_instruction"),
+    # ---- AuraFlow: pipeline.encode_prompt(max_sequence_length=tokenizer_max_length)
+    Rule("t5.tokenizer.max_length", ("auraflow",), "tokenizer_max_length", None,
+         "AuraFlow T5 length: unset = 120 (768 for the pony flavour), capped there unless i_know_what_i_am_doing",
+         f"{_M}/auraflow/model.py:256-263,387-399", convert="st_aura_len",
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true'),
 )
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart",
              "auraflow", "sana")
+
+#: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
+NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
+
+#: model_family values te-align has no profile for, by the model's name (simpletuner/helpers/models/<family>).
+NO_PROFILE = {
+    "z_image": "Z-Image", "z-image": "Z-Image", "z_image_omni": "Z-Image Omni", "flux2": "FLUX.2", "kolors": "Kolors",
+    "deepfloyd": "DeepFloyd IF", "cosmos": "Cosmos", "cosmos2image": "Cosmos-Predict2", "cosmos3": "Cosmos 3",
+    "ltxvideo": "LTX-Video", "ltxvideo2": "LTX-2", "hunyuanvideo": "HunyuanVideo", "sanavideo": "SANA-Video",
+    "wan_s2v": "Wan 2.2 S2V", "omnigen": "OmniGen", "stable_cascade": "Stable Cascade", "ace_step": "ACE-Step",
+    "ernie": "ERNIE-Image", "ideogram": "Ideogram", "krea2": "Krea 2", "kandinsky5-image": "Kandinsky 5 Image",
+    "kandinsky5-video": "Kandinsky 5 Video", "longcat_image": "LongCat-Image", "longcat_video": "LongCat-Video",
+    "mageflow": "MageFlow", "minimaxh3": "MiniMax H3", "minimaxmusic": "MiniMax Music", "heartmula": "HeartMuLa",
+    "infinitetalk": "InfiniteTalk", "zlab_i1": "Z-Lab I1", "boogu_image": "Boogu Image", "anima": "Anima (SimpleTuner)",
+}
 
 _CACHE = CacheSpec(("*.pt",), "file name = md5(caption) + model family; no length, padding, flavour or mask",
                    "simpletuner/helpers/caching/text_embeds.py:139-181,528-545",
@@ -68,7 +106,7 @@ CACHES = {f: _CACHE for f in SUPPORTED}
 _FAMILY = {
     "sd1x": "sd15", "sd2x": "sd21", "sdxl": "sdxl", "sd3": "sd35-large", "flux": "flux-dev", "chroma": "chroma",
     "lumina2": "lumina2", "hidream": "hidream", "qwen_image": "qwen-image", "wan": "wan21",
-    "pixart_sigma": "pixart-sigma", "auraflow": "auraflow", "sana": "sana",
+    "pixart_sigma": "pixart-sigma", "pixart": "pixart-sigma", "auraflow": "auraflow", "sana": "sana",
 }
 
 
@@ -97,19 +135,40 @@ def _same_family(a: str, b: str) -> bool:
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a JSON object / TOML table", file=raw.file)
-    valid = known_keys("simpletuner")[""]
+    keys = known_keys("simpletuner")
+    valid = keys[""]
+    ignored = keys.get("ignored", frozenset())
+    lines = KeyLines(raw.text)
     values: dict[str, Any] = {}
     findings = []
     for k, v in raw.data.items():
-        key = k.lstrip("-").replace("-", "_")
+        key = str(k).lstrip("-").replace("-", "_")
         values[key] = v
-        if key not in valid:
-            findings.append(unknown_key_finding(
-                key, valid, trainer="SimpleTuner: helpers/configuration/json_file.py:61-95, cmd_args.py:546-557",
-                line=key_line(raw.text, k), severity="error",
-                behaviour="SimpleTuner turns it into --KEY and argparse stops with 'unrecognized arguments'",
-            ))
+        if key in valid or key in ignored:
+            continue
+        # the loader drops null and "false" values before argparse (cli_utils.py:190-226); argparse accepts a
+        # unique prefix of an option (allow_abbrev)
+        if v is None or (isinstance(v, str) and v.strip().lower() == "false"):
+            continue
+        if len([name for name in valid if name.startswith(key)]) == 1:
+            continue
+        findings.append(unknown_key_finding(
+            key, valid, trainer="SimpleTuner: simpletuner/helpers/configuration/cli_utils.py:190-226, cmd_args.py:546-557,668",
+            line=lines(str(k)), severity="error",
+            behaviour="SimpleTuner turns it into --KEY and argparse stops with 'unrecognized arguments'",
+        ))
+    fam = str(values.get("model_family") or "")
+    if fam in NO_PROFILE or (fam and fam not in _FAMILY):
+        name = NO_PROFILE.get(fam, fam)
+        return Parsed(Trainer("simpletuner", RULES, str, str), values, None, f"model_family {fam!r}", True, None,
+                      findings, SUPPORTED,
+                      not_checked=f"not checked: te-align has no profile for {name} (SimpleTuner model_family {fam!r})")
     prof, reason = guess_profile(values)
+    flavour = str(values.get("model_flavour") or "")
+    if fam == "wan" and ("2.2" in flavour or flavour.startswith("animegen")):
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"Wan 2.2 (model_flavour {flavour!r}) is checked with the wan21 profile: diffusers' WanPipeline encodes "
+            "both with the same umT5-XXL at 512 tokens")))
 
     def fix_set(key: str, value: Any) -> str:
         return f"{key} = {json.dumps(value)}" if raw.fmt == "toml" else f'"{key}": {json.dumps(value)}'
@@ -117,6 +176,34 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove {key}"
 
-    trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: key_line(raw.text, key))
+    def after(profile: Any, ctx: Any) -> list[Finding]:
+        key = "caption_dropout_probability"
+        rate = values.get(key, 0.1)
+        return dropout_form_finding(
+            profile, rate, "encode", key=key + ("" if key in values else " (default 0.1)"), trainer="SimpleTuner",
+            source="simpletuner/helpers/training/collate.py:613-621 (a dropped caption becomes '' and is encoded); "
+                   "default 0.1 at simpletuner/simpletuner_sdk/server/services/field_registry/sections/advanced.py:"
+                   "1183-1190",
+            line=lines(key), fix=f'{fix_set(key, 0.0)} (SimpleTuner cannot drop captions as zeros)')
+
+    trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key), not_settable=NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
-    return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED)
+    return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
+                  caption_dirs=caption_dirs(values.get("data_backend_config")))
+
+
+def caption_dirs(path: Any) -> list[str]:
+    """``instance_data_dir`` of the local image backends in the data_backend_config JSON (when it exists)."""
+    from pathlib import Path
+
+    if not isinstance(path, str) or not path.endswith(".json") or not Path(path).is_file():
+        return []
+    try:
+        if Path(path).stat().st_size > 1 << 20:
+            return []
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    backends = data if isinstance(data, list) else []
+    return [b["instance_data_dir"] for b in backends if isinstance(b, dict) and b.get("type", "local") == "local"
+            and b.get("dataset_type", "image") == "image" and isinstance(b.get("instance_data_dir"), str)]

@@ -1,0 +1,57 @@
+"""What ``check`` can tell from the captions it can see (``--dataset DIR`` or the config's data folders):
+how many contain a literal "!" (CLIP-G pad-token difference) and how many are long enough to pass 512 tokens
+(Qwen-Image 1024 vs 512). No tokenizer, no torch: a byte-level BPE token covers at least one UTF-8 byte, so a
+caption of at most 512 bytes has at most 512 tokens."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Limits: files read per check, bytes read per caption.
+MAX_FILES = 100_000
+MAX_CAPTION_BYTES = 1 << 16
+CAPTION_EXTENSIONS = (".txt", ".caption")
+
+
+@dataclass
+class CaptionStats:
+    folders: list[str] = field(default_factory=list)
+    captions: int = 0
+    with_bang: int = 0
+    over_512_bytes: int = 0
+    truncated: bool = False
+
+    def describe(self) -> str:
+        where = ", ".join(self.folders)
+        return f"{self.captions} caption file(s) in {where}" + (" (first files only)" if self.truncated else "")
+
+
+def read_captions(folders: list[str], extensions: tuple[str, ...] = CAPTION_EXTENSIONS) -> CaptionStats | None:
+    """Count captions in the existing folders (None when none of them exists)."""
+    existing = [f for f in dict.fromkeys(folders) if f and Path(f).is_dir()]
+    if not existing:
+        return None
+    stats = CaptionStats(folders=existing)
+    exts = tuple(e if e.startswith(".") else f".{e}" for e in extensions)
+    for folder in existing:
+        for root, dirs, files in os.walk(folder, followlinks=False):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "_t_e_cache"]
+            for name in files:
+                if not name.lower().endswith(exts):
+                    continue
+                if stats.captions >= MAX_FILES:
+                    stats.truncated = True
+                    return stats
+                try:
+                    with open(os.path.join(root, name), "rb") as fh:
+                        data = fh.read(MAX_CAPTION_BYTES + 1)
+                except OSError:
+                    continue
+                stats.captions += 1
+                if b"!" in data:
+                    stats.with_bang += 1
+                if len(data.strip()) > 512:
+                    stats.over_512_bytes += 1
+    return stats
