@@ -11,8 +11,23 @@ from typing import Any
 
 import pytest
 
-from te_align.ab.preset import NULL_SEED_OFFSET, ABError, load_preset, preset_from_dict, presets_root, train_config_dict
-from te_align.ab.stats import NO_DIFFERENCE, PROFILE_BETTER, TRAINER_BETTER, Metric, paired, round_to_spread, t_quantile
+from te_align.ab.preset import (
+    NULL_SEED_OFFSET,
+    ABError,
+    load_preset,
+    preset_from_dict,
+    presets_root,
+    train_config_dict,
+)
+from te_align.ab.stats import (
+    NO_DIFFERENCE,
+    PROFILE_BETTER,
+    TRAINER_BETTER,
+    Metric,
+    paired,
+    round_to_spread,
+    t_quantile,
+)
 
 WORLD = sorted((presets_root() / "world").glob("*.toml"))
 
@@ -175,7 +190,7 @@ def test_ship_and_materialize_round_trip_and_detect_tampering(tmp_path: Path, ti
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    with pytest.raises(BaseError, match="SHA-256 .* differs from the recorded"):
+    with pytest.raises(BaseError, match=r"SHA-256 .* differs from the recorded"):
         materialize("sd3", cache_dir=tmp_path / "cache2", source=src)
     assert not (tmp_path / "cache2").exists()
 

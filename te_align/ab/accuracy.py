@@ -42,6 +42,8 @@ def sample_prompts(
             if guidance > 1:
                 neg = encode_uncond(profile, len(chunk), pipeline=pipe)
                 kwargs.update({f"negative_{k}": v for k, v in neg.items() if f"negative_{k}" in accepted})
+            if "true_cfg_scale" in accepted:  # Flux: real classifier-free guidance against the negative
+                kwargs["true_cfg_scale"] = guidance
             gens = [torch.Generator().manual_seed(seed + i + j) for j in range(len(chunk))]
             out = pipe(**kwargs, num_inference_steps=steps, guidance_scale=guidance, width=size, height=size,
                        generator=gens, output_type="np").images  # fmt: skip
