@@ -45,11 +45,20 @@ def test_two_runs_give_identical_weights(runs):
     ]
 
 
+def _vae_images(cfg):
+    """The autoencoder's training images: the whole world (the denoiser's data leaves the held-out concept out)."""
+    from te_align.tiny import world
+
+    return [s.image for s in world.make_dataset(cfg.train_size, cfg.seed, image_size=cfg.image_size, tokenizer=False)]
+
+
 def test_vae_scaling_factors_normalise_latents(runs):
     first, _, _ = runs
-    lat = first.state["latents"]
+    lat = pretrain.encode_latents(first.pipeline.vae, _vae_images(TINY))
     assert abs(float(lat.mean())) < 1e-4 and abs(float(lat.std()) - 1.0) < 1e-3
-    assert lat.shape == (TINY.train_size, 4, 16, 16)
+    assert first.state["latents"].shape == (TINY.train_size, 4, 16, 16)
+    # the denoiser's data never shows the held-out concept (pink)
+    assert all(o.colour != "pink" for s in first.state["train"] for o in s.scene.objects)
 
 
 def test_vae_callback_runs_periodically_and_leaves_the_weights_unchanged(runs):
@@ -63,7 +72,7 @@ def test_vae_callback_runs_periodically_and_leaves_the_weights_unchanged(runs):
         )
         torch.randn(3)  # a callback that draws from the global RNG must not change training
 
-    vae = pretrain.train_vae(TINY, [s.image for s in train], callback=probe, callback_every=2)
+    vae = pretrain.train_vae(TINY, _vae_images(TINY), callback=probe, callback_every=2)
     assert seen == [(2, False, 2.0), (4, False, 2.0)]
     ref = _state(first.pipeline.vae)
     got = _state(vae)
@@ -121,3 +130,40 @@ def test_saved_folder_loads_into_the_official_pipeline_and_samples(runs):
     assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
     again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
     assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))
+
+
+# Recorded from the SD3-only code (commit c543786, before PretrainConfig.family existed) with torch 2.13.0+cpu on
+# x86_64, one thread: the family refactor must leave the SD3 path's RNG consumption and weights bit-identical.
+SD3_REFERENCE = pretrain.PretrainConfig(
+    seed=5, train_size=24, vae_channels=(8, 16), vae_steps=3, vae_batch=4, width=32, layers=1, steps=3, batch=4,
+    warmup=2, encode_batch=24,
+)  # fmt: skip
+SD3_REFERENCE_SHA256 = {
+    "transformer": "1652c875643be5238565ac3e9be0a904ddc8b89dac50df4199cc3bc9e8dded52",  # the saved EMA
+    "raw": "2d54cf26c2653e3b054cbf1a98b1632eed13394dcd15019efd016c96184e590c",  # the trained weights
+    "vae": "0292b8cfa1dbc3512fe0bb1ea064f36062660ef05f10115ea7bfeabc16f0e135",
+}
+
+
+def _sha256(module) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for k, v in sorted(module.state_dict().items()):
+        digest.update(k.encode())
+        digest.update(v.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_sd3_weights_are_bit_identical_to_the_recorded_reference():
+    if torch.__version__ != "2.13.0+cpu":
+        pytest.skip(f"reference hashes recorded with torch 2.13.0+cpu; this is torch {torch.__version__}")
+    torch.set_num_threads(1)
+    res = pretrain.pretrain(SD3_REFERENCE)
+    assert (res.pipeline.vae.config.shift_factor, res.pipeline.vae.config.scaling_factor) == (0.057931, 2.772855)
+    assert res.pipeline.transformer.proj_out.weight.flatten()[:4].tolist() == [
+        -0.0059388685040175915, -0.07670241594314575, -0.16618317365646362, 0.11762692034244537,
+    ]  # fmt: skip
+    got = {"transformer": _sha256(res.pipeline.transformer), "raw": _sha256(res.state["transformer"]),
+           "vae": _sha256(res.pipeline.vae)}  # fmt: skip
+    assert got == SD3_REFERENCE_SHA256
