@@ -130,10 +130,12 @@ FAMILIES: dict[str, FamilySpec] = {
 #: Per family, the :class:`PretrainConfig` fields :meth:`PretrainConfig.for_family` changes from the defaults.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "sd3": {},
-    # 2 double-stream + 4 single-stream blocks, width 64 (2 heads x 32): close to the SD3 model's step time
-    "flux": {"layers": 2, "single_layers": 4},
-    # 3 levels (16, 8, 4 latent px), attention on the two lower ones, as SDXL's (no attention at full size)
-    "sdxl": {"unet_channels": (32, 64, 128)},
+    # 2 double-stream + 2 single-stream blocks of the SD3 model's width 64 (2 heads x 32): four blocks as the
+    # SD3 model's four joint blocks, about its step time (benchmarks/bench_pretrain.py --family flux)
+    "flux": {"layers": 2, "single_layers": 2},
+    # 3 levels (16, 8, 4 latent px), cross-attention on the two lower ones as SDXL (none at full size);
+    # (32, 64, 64) rather than SDXL's 1:2:4 widths: about the SD3 model's step time and 1.7 M parameters
+    "sdxl": {"unet_channels": (32, 64, 64)},
 }
 
 
@@ -618,7 +620,9 @@ class CaptionDropout:
             if not torch.equal(got[k], exact[k]):
                 raise AssertionError(f"CaptionDropout: dropped captions differ from te_align.encode on {k}")
             if not torch.allclose(got[k], whole[k], rtol=1e-5, atol=1e-5):
-                raise AssertionError(f"CaptionDropout: dropped captions differ from te_align.encode(drop=...) on {k}")
+                raise AssertionError(
+                    f"CaptionDropout: dropped captions differ from te_align.encode(drop=...) on {k}"
+                )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -655,7 +659,9 @@ def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
     if cfg.width % cfg.head_dim:
         raise ValueError(f"PretrainConfig.width: {cfg.width} is not a multiple of head_dim {cfg.head_dim}")
     if cfg.latent_size % 2:
-        raise ValueError(f"PretrainConfig: Flux packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd")
+        raise ValueError(
+            f"PretrainConfig: Flux packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd"
+        )
     return {
         "patch_size": 1,
         "in_channels": 4 * cfg.latent_channels,  # 2 x 2 packed latents
@@ -910,7 +916,9 @@ def pipeline_family(pipe: Any) -> str:
     for spec in FAMILIES.values():
         if spec.pipeline == name:
             return spec.name
-    raise ValueError(f"evaluate_pipeline: a {name} is none of {', '.join(s.pipeline for s in FAMILIES.values())}")
+    raise ValueError(
+        f"evaluate_pipeline: a {name} is none of {', '.join(s.pipeline for s in FAMILIES.values())}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1092,7 +1100,9 @@ def pretrain(
             log(r)
 
     prep = prepare(cfg, _log)
-    state = train_transformer(cfg, prep["latents"], prep["table"], prep["dropout"], log=_log, captions=prep["captions"])
+    state = train_transformer(
+        cfg, prep["latents"], prep["table"], prep["dropout"], log=_log, captions=prep["captions"]
+    )
     pipe = build_pipeline(state["ema"], prep["vae"], cfg, prep["components"])
     if out_dir is not None:
         pipe.save_pretrained(str(out_dir), safe_serialization=True)
