@@ -134,8 +134,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # SD3 model's four joint blocks, about its step time (benchmarks/bench_pretrain.py --family flux)
     "flux": {"layers": 2, "single_layers": 2},
     # 3 levels (16, 8, 4 latent px), cross-attention on the two lower ones as SDXL (none at full size);
-    # (32, 64, 64) rather than SDXL's 1:2:4 widths: about the SD3 model's step time and 1.7 M parameters
-    "sdxl": {"unet_channels": (32, 64, 64)},
+    # (32, 64, 64) rather than SDXL's 1:2:4 widths: at most the SD3 model's step time and 1.7 M parameters
+    # (the class defaults: unet_channels, single_layers, time_embed_dim are used by their family only)
+    "sdxl": {},
 }
 
 
@@ -149,6 +150,9 @@ def family_spec(family: str) -> FamilySpec:
 @dataclass(frozen=True)
 class PretrainConfig:
     """Everything that decides the pretrained weights (with the thread count and torch version).
+
+    ``family`` picks the model (:data:`FAMILIES`); build a family's chosen configuration with
+    :meth:`for_family` (the flux one has ``layers=2``: two double-stream blocks before ``single_layers``).
 
     Defaults are the recipe chosen before the first run (see docs in the report): 32 px images, a VAE
     with one downsampling (16 x 16 x 4 latents) and a 4-block, 64-wide MMDiT with 2 x 2 patches (64 image
@@ -190,10 +194,10 @@ class PretrainConfig:
     family: str = "sd3"
     # whole-caption dropout to the profile's empty prompt (None: the family's default, FAMILIES)
     caption_dropout: float | None = None
-    # flux: single-stream blocks after the `layers` double-stream ones
-    single_layers: int = 4
+    # flux: single-stream blocks after the `layers` double-stream ones (for_family("flux") sets layers 2)
+    single_layers: int = 2
     # sdxl: UNet block widths (attention heads of head_dim), time-id embedding width per id
-    unet_channels: tuple[int, ...] = (32, 64, 128)
+    unet_channels: tuple[int, ...] = (32, 64, 64)
     unet_layers_per_block: int = 1
     time_embed_dim: int = 16
 
