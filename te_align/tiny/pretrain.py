@@ -19,16 +19,19 @@ model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's 
   sampling can use true classifier-free guidance (``true_cfg_scale`` with ``negative_prompt=""``).
 * ``sdxl``: ``UNet2DConditionModel`` (cross-attention to CLIP-L + CLIP-G hidden states, ``text_time``
   add-embedding of the pooled CLIP-G projection and six time ids) + ``StableDiffusionXLPipeline``, profile
-  sdxl. Epsilon prediction on SDXL's scaled-linear schedule (betas 0.00085 .. 0.012, 1000 steps, uniform
-  timesteps as diffusers' train_text_to_image_sdxl.py), the latents only scaled (the SDXL pipeline ignores a
-  VAE ``shift_factor``, so the family's VAE carries none), time ids (original size, crop (0, 0), target size)
-  at the tiny resolution, as the pipeline computes them by default. No per-encoder dropout (sdxl publishes
-  none); the dropped caption becomes zeros (``empty_prompt = "zeros"``, ``force_zeros_for_empty_prompt``),
-  which is what the pipeline's classifier-free guidance feeds for a missing negative prompt.
+  sdxl. Epsilon prediction on SDXL's scaled-linear schedule (betas 0.00085 .. 0.012, 1000 steps; uniform
+  timesteps, ``add_noise`` and the time ids as diffusers'
+  examples/text_to_image/train_text_to_image_sdxl.py:1091-1119 at huggingface/diffusers@58eb52c); the
+  latents only scaled (the SDXL pipeline ignores a VAE ``shift_factor``, so the family's VAE carries none);
+  time ids (original size, crop (0, 0), target size) at the tiny resolution, as the pipeline computes them
+  by default. No per-encoder dropout (sdxl publishes none); the dropped caption becomes zeros
+  (``empty_prompt = "zeros"``, ``force_zeros_for_empty_prompt``), which is what the pipeline's
+  classifier-free guidance feeds for a missing negative prompt.
 
 The caption-dropout rate of flux and sdxl (10%) is a choice: neither model's rate was published; 10% is
-the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards and the ``ucg_rate: 0.1``
-of Stability-AI/generative-models@0ad7de9 configs/example_training/txt2img-clipl.yaml:53.
+the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards
+(CompVis/stable-diffusion-v1-4, runwayml/stable-diffusion-v1-5 on the Hugging Face Hub) and the
+``ucg_rate: 0.1`` of Stability-AI/generative-models@0ad7de9 configs/example_training/txt2img-clipl.yaml:53.
 
 The recipe, for the SD3-shaped model:
 
