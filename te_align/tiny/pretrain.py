@@ -13,8 +13,10 @@ model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's 
   the VAE's shift and scale and packed into 2 x 2 patches with the pipeline's own ``_pack_latents`` /
   ``_prepare_latent_image_ids``, the transformer fed ``t`` in [0, 1] (as diffusers'
   examples/dreambooth/train_dreambooth_lora_flux.py:1748-1820 at huggingface/diffusers@58eb52c and
-  ``FluxPipeline.__call__``'s ``timestep / 1000``). The saved scheduler is schnell's (shift 1, no dynamic
-  shifting). No per-encoder dropout (flux-schnell publishes none); the caption is dropped to the encoded
+  ``FluxPipeline.__call__``'s ``timestep / 1000``). As schnell, no guidance embedding
+  (black-forest-labs/flux@802fb47 src/flux/util.py:378 ``guidance_embed=False``) and an unshifted sampling
+  schedule (src/flux/cli.py:255 ``shift=(name != "flux-schnell")``): the saved scheduler has shift 1 and no
+  dynamic shifting. No per-encoder dropout (flux-schnell publishes none); the caption is dropped to the encoded
   empty prompt (the profile's ``empty_prompt = "encode"``) at :attr:`PretrainConfig.caption_dropout`, so that
   sampling can use true classifier-free guidance (``true_cfg_scale`` with ``negative_prompt=""``).
 * ``sdxl``: ``UNet2DConditionModel`` (cross-attention to CLIP-L + CLIP-G hidden states, ``text_time``
