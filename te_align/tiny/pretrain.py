@@ -16,9 +16,9 @@ model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's 
   ``FluxPipeline.__call__``'s ``timestep / 1000``). As schnell, no guidance embedding
   (black-forest-labs/flux@802fb47 src/flux/util.py:378 ``guidance_embed=False``) and an unshifted sampling
   schedule (src/flux/cli.py:255 ``shift=(name != "flux-schnell")``): the saved scheduler has shift 1 and no
-  dynamic shifting. No per-encoder dropout (flux-schnell publishes none); the caption is dropped to the encoded
-  empty prompt (the profile's ``empty_prompt = "encode"``) at :attr:`PretrainConfig.caption_dropout`, so that
-  sampling can use true classifier-free guidance (``true_cfg_scale`` with ``negative_prompt=""``).
+  dynamic shifting. No per-encoder dropout (flux-schnell publishes none); the caption is dropped to the
+  encoded empty prompt (the profile's ``empty_prompt = "encode"``) at :attr:`PretrainConfig.caption_dropout`,
+  so that sampling can use true classifier-free guidance (``true_cfg_scale`` with ``negative_prompt=""``).
 * ``sdxl``: ``UNet2DConditionModel`` (cross-attention to CLIP-L + CLIP-G hidden states, ``text_time``
   add-embedding of the pooled CLIP-G projection and six time ids) + ``StableDiffusionXLPipeline``, profile
   sdxl. Epsilon prediction on SDXL's scaled-linear schedule (betas 0.00085 .. 0.012, 1000 steps; uniform
