@@ -1,9 +1,13 @@
-"""Pretrain the tiny SD3-shaped world model and log held-out prompt accuracy against training steps.
+"""Pretrain a tiny world model (SD3-, Flux- or SDXL-shaped) and log held-out prompt accuracy against steps.
 
     PYTHONPATH=$PWD python benchmarks/bench_pretrain.py --out runs/sd3 --steps 4000 --eval-at 500,1000,2000,3000,4000
+    PYTHONPATH=$PWD python benchmarks/bench_pretrain.py --family flux --out runs/flux --vae-from runs/sd3/model-4000
 
 Writes ``log.jsonl`` (every record: data, VAE, encoding, training losses, evaluations) and, at each
 evaluation point, the pipeline folder ``model-<step>`` and a sample grid ``grid-<step>.png``.
+``--family`` picks the model and its chosen sizes (``PretrainConfig.for_family``); ``--config`` changes
+fields on top. ``--time-steps N`` only measures: seconds per denoiser training step over N steps (after
+2 untimed ones), logged as ``{"phase": "step_time"}`` and printed, then exits (no evaluation, nothing saved).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pathlib import Path
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--family", default="sd3", choices=["sd3", "flux", "sdxl"])
+    ap.add_argument("--time-steps", type=int, default=0, help="only measure seconds per step over N steps")
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--eval-at", default="500,1000,2000,3000,4000")
     ap.add_argument("--threads", type=int, default=2)
@@ -55,9 +61,10 @@ def main() -> None:
         logf.write(json.dumps(r) + "\n")
         logf.flush()
 
-    cfg = pretrain.PretrainConfig(
-        steps=args.steps, train_size=args.train_size, vae_steps=args.vae_steps, **json.loads(args.config)
-    )
+    fields = {"steps": args.steps, "train_size": args.train_size, "vae_steps": args.vae_steps, **json.loads(args.config)}
+    if args.time_steps > 0:
+        fields["steps"] = args.time_steps + 2
+    cfg = pretrain.PretrainConfig.for_family(args.family, **fields)
     log({"phase": "config", **cfg.as_dict(), "threads": args.threads})
     held_imgs = world.make_dataset(args.vae_eval_n, 10_000, image_size=cfg.image_size, tokenizer=False)
 
@@ -70,6 +77,21 @@ def main() -> None:
     reused = diffusers.AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae") if args.vae_from else None
     prep = pretrain.prepare(cfg, log, vae_callback=vae_eval, vae_callback_every=args.vae_eval_every, vae=reused)
     vae = prep["vae"]
+    if args.time_steps > 0:
+        common = (cfg, prep["latents"], prep["table"], prep["dropout"])
+        warm = pretrain.train_transformer(*common, captions=prep["captions"], stop_step=2)
+        t0 = time.perf_counter()
+        done = pretrain.train_transformer(
+            *common, captions=prep["captions"], transformer=warm["transformer"], ema=warm["ema"],
+            optimizer_state=warm["optimizer_state"], start_step=2,
+        )  # fmt: skip
+        seconds = (time.perf_counter() - t0) / args.time_steps
+        params = sum(p.numel() for p in done["transformer"].parameters())
+        record = {"phase": "step_time", "family": cfg.family, "batch": cfg.batch, "steps": args.time_steps,
+                  "seconds_per_step": round(seconds, 3), "denoiser_params": params}  # fmt: skip
+        log(record)
+        print(json.dumps(record))
+        return
     if reused is None and (args.vae_eval_every <= 0 or cfg.vae_steps % args.vae_eval_every):
         vae_eval(cfg.vae_steps, vae)
     evalset = [
@@ -91,6 +113,7 @@ def main() -> None:
             start_step=state["step"],
             stop_step=point,
             log=log,
+            captions=prep["captions"],
         )
         t_train += time.perf_counter() - t0
         pipe = pretrain.build_pipeline(state["ema"], vae, cfg, prep["components"])

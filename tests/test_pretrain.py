@@ -45,11 +45,23 @@ def test_two_runs_give_identical_weights(runs):
     ]
 
 
+def _vae_images(cfg):
+    """The autoencoder's training images: the whole world (the denoiser's data leaves the held-out concept out)."""
+    from te_align.tiny import world
+
+    return [
+        s.image
+        for s in world.make_dataset(cfg.train_size, cfg.seed, image_size=cfg.image_size, tokenizer=False)
+    ]
+
+
 def test_vae_scaling_factors_normalise_latents(runs):
     first, _, _ = runs
-    lat = first.state["latents"]
+    lat = pretrain.encode_latents(first.pipeline.vae, _vae_images(TINY))
     assert abs(float(lat.mean())) < 1e-4 and abs(float(lat.std()) - 1.0) < 1e-3
-    assert lat.shape == (TINY.train_size, 4, 16, 16)
+    assert first.state["latents"].shape == (TINY.train_size, 4, 16, 16)
+    # the denoiser's data never shows the held-out concept (pink)
+    assert all(o.colour != "pink" for s in first.state["train"] for o in s.scene.objects)
 
 
 def test_vae_callback_runs_periodically_and_leaves_the_weights_unchanged(runs):
@@ -63,8 +75,9 @@ def test_vae_callback_runs_periodically_and_leaves_the_weights_unchanged(runs):
         )
         torch.randn(3)  # a callback that draws from the global RNG must not change training
 
-    vae = pretrain.train_vae(TINY, [s.image for s in train], callback=probe, callback_every=2)
+    vae = pretrain.train_vae(TINY, _vae_images(TINY), callback=probe, callback_every=2)
     assert seen == [(2, False, 2.0), (4, False, 2.0)]
+    pretrain._round_to_half(vae)  # prepare() rounds the autoencoder to the float16 values it is shipped with
     ref = _state(first.pipeline.vae)
     got = _state(vae)
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
@@ -121,3 +134,248 @@ def test_saved_folder_loads_into_the_official_pipeline_and_samples(runs):
     assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
     again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
     assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))
+
+
+# Recorded from the SD3-only code (commit 64492ba: encoders and autoencoder rounded to float16 values, before
+# PretrainConfig.family existed) with torch 2.13.0+cpu on x86_64, one thread: the family refactor must leave the
+# SD3 path's RNG consumption and weights bit-identical.
+SD3_REFERENCE = pretrain.PretrainConfig(
+    seed=5, train_size=24, vae_channels=(8, 16), vae_steps=3, vae_batch=4, width=32, layers=1, steps=3, batch=4,
+    warmup=2, encode_batch=24,
+)  # fmt: skip
+SD3_REFERENCE_SHA256 = {
+    "transformer": "03704ac9e2ae4c2d85699877f01b0380ea0363422da3c1cf6c82950d001948c2",  # the saved EMA
+    "raw": "6de9281fbab5853d5cd3bf50f08b8fd52fa060b096c867a3bdaa1bb0f0b4f99b",  # the trained weights
+    "vae": "1c7ec32090d43271976c14fda9c019857fa15d0f60e54da8f3497ba00447a7d3",
+}
+
+
+def _sha256(module) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for k, v in sorted(module.state_dict().items()):
+        digest.update(k.encode())
+        digest.update(v.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_sd3_weights_are_bit_identical_to_the_recorded_reference():
+    if torch.__version__ != "2.13.0+cpu":
+        pytest.skip(f"reference hashes recorded with torch 2.13.0+cpu; this is torch {torch.__version__}")
+    torch.set_num_threads(1)
+    res = pretrain.pretrain(SD3_REFERENCE)
+    assert (res.pipeline.vae.config.shift_factor, res.pipeline.vae.config.scaling_factor) == (
+        0.057931,
+        2.772855,
+    )
+    assert res.pipeline.transformer.proj_out.weight.flatten()[:4].tolist() == [
+        -0.0059387353248894215, -0.07670232653617859, -0.16618329286575317, 0.1176268681883812,
+    ]  # fmt: skip
+    got = {"transformer": _sha256(res.pipeline.transformer), "raw": _sha256(res.state["transformer"]),
+           "vae": _sha256(res.pipeline.vae)}  # fmt: skip
+    assert got == SD3_REFERENCE_SHA256
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Flux- and SDXL-shaped families
+# ---------------------------------------------------------------------------------------------------------------
+
+FAMILY_TINY = {"seed": 4, "train_size": 24, "vae_channels": (8, 16), "vae_steps": 2, "vae_batch": 4, "width": 32,
+               "layers": 1, "single_layers": 1, "unet_channels": (32, 64), "steps": 3, "batch": 4, "warmup": 2,
+               "encode_batch": 24}  # fmt: skip
+
+
+def _family_run(family, tmp_path_factory):
+    torch.set_num_threads(1)
+    cfg = pretrain.PretrainConfig.for_family(family, **FAMILY_TINY)
+    folder = tmp_path_factory.mktemp(family)
+    return cfg, pretrain.pretrain(cfg, folder), folder
+
+
+@pytest.fixture(scope="module")
+def flux_run(tmp_path_factory):
+    return _family_run("flux", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def sdxl_run(tmp_path_factory):
+    return _family_run("sdxl", tmp_path_factory)
+
+
+@pytest.fixture(params=["flux", "sdxl"])
+def family_run(request):
+    return request.getfixturevalue(f"{request.param}_run")
+
+
+def _recorder(module):
+    """The kwargs and output of every forward call of ``module`` (a real diffusers model)."""
+    calls = []
+
+    def hook(mod, args, kwargs, output):
+        calls.append((args, dict(kwargs), output))
+
+    handle = module.register_forward_hook(hook, with_kwargs=True)
+    return calls, handle
+
+
+def test_family_configs_and_profiles():
+    assert pretrain.PretrainConfig.for_family("sd3") == pretrain.PretrainConfig()
+    flux = pretrain.PretrainConfig.for_family("flux")
+    assert (flux.layers, flux.single_layers, flux.caption_dropout_rate) == (2, 2, 0.1)
+    sdxl = pretrain.PretrainConfig.for_family("sdxl", caption_dropout=0.2)
+    assert (sdxl.unet_channels, sdxl.caption_dropout_rate) == ((32, 64, 64), 0.2)
+    assert pretrain.PretrainConfig().caption_dropout_rate == 0.0
+    with pytest.raises(
+        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, got 'sd15'"
+    ):
+        pretrain.PretrainConfig(family="sd15")
+    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl")] == [
+        "sd35-large",
+        "flux-schnell",
+        "sdxl",
+    ]
+    assert pretrain._rope_axes(32) == (4, 14, 14) and pretrain._rope_axes(128) == (16, 56, 56)
+    assert sum(pretrain._rope_axes(16)) == 16 and all(a % 2 == 0 for a in pretrain._rope_axes(16))
+
+
+def test_family_pretrains_saves_and_loads_into_the_official_pipeline(family_run):
+    from te_align.tiny.fit import profile_overrides
+    from te_align.train.config import ModelConfig
+    from te_align.train.models import check_model, load_pipeline, resolve_profile
+
+    cfg, res, folder = family_run
+    spec = pretrain.FAMILIES[cfg.family]
+    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    denoiser = getattr(pipe, spec.denoiser)
+    assert (
+        type(denoiser).__name__
+        == {"flux": "FluxTransformer2DModel", "sdxl": "UNet2DConditionModel"}[cfg.family]
+    )
+    trained = getattr(res.pipeline, spec.denoiser).state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in denoiser.state_dict().items())
+    # the pipeline's latent grid is the tiny VAE's: 32 px -> 16 latent px (Flux packs them into 8 x 8 tokens)
+    assert pipe.vae_scale_factor == cfg.image_size // cfg.latent_size == 2
+    if cfg.family == "flux":
+        assert denoiser.config.in_channels == 4 * cfg.latent_channels and not denoiser.config.guidance_embeds
+        assert (pipe.scheduler.config.shift, pipe.scheduler.config.use_dynamic_shifting) == (1.0, False)
+        assert pipe.vae.config.shift_factor is not None
+    else:
+        assert denoiser.config.cross_attention_dim == 32 + 48  # CLIP-L hidden + CLIP-G hidden
+        assert denoiser.config.projection_class_embeddings_input_dim == 6 * cfg.time_embed_dim + 48
+        assert (
+            type(pipe.scheduler).__name__ == "EulerDiscreteScheduler"
+            and pipe.config.force_zeros_for_empty_prompt
+        )
+        assert pipe.vae.config.shift_factor is None  # the SDXL pipeline decodes latents / scaling_factor only
+    samples = pretrain.heldout_set(2, style="long")
+    result = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)
+    images = result["images"]
+    assert len(images) == 2 and images[0].shape == (32, 32, 3) and images[0].dtype == np.uint8
+    assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
+    assert ("within_t5_window" in result) == (cfg.family == "flux")
+    again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
+    assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))
+    # te-align train loads the folder and accepts it for the family's fitted profile
+    profile_name = pretrain.FAMILIES[cfg.family].profile
+    mcfg = ModelConfig(path=str(folder), profile=profile_name, profile_overrides=profile_overrides(spec.fit))
+    profile = resolve_profile(mcfg)
+    loaded = load_pipeline(mcfg, profile)
+    check_model(profile, loaded, str(folder))
+    assert type(loaded).__name__ == spec.pipeline
+
+
+def test_flux_training_step_packs_latents_and_feeds_flow_time(flux_run):
+    from te_align.train.models import image_ids, pack_latents
+
+    cfg, res, _ = flux_run
+    st = res.state
+    model = pretrain.new_denoiser(cfg, 96, 32)
+    x0 = st["latents"][:3]
+    rows = st["table"].rows(torch.arange(3))
+    calls, handle = _recorder(model)
+    loss = pretrain.training_loss(cfg, model, x0, rows, st["table"].shared, torch.Generator().manual_seed(9))
+    handle.remove()
+    gen = torch.Generator().manual_seed(9)
+    t = torch.sigmoid(torch.randn(3, generator=gen))
+    noise = torch.randn(x0.shape, generator=gen)
+    xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
+    ((_, kw, out),) = calls
+    assert kw["hidden_states"].shape == (3, 64, 4 * 4) and torch.equal(kw["hidden_states"], pack_latents(xt))
+    assert torch.equal(kw["timestep"], t) and kw["guidance"] is None
+    assert torch.equal(kw["img_ids"], image_ids(16, 16, "cpu", torch.float32))
+    assert kw["txt_ids"].shape == (256, 3) and not kw["txt_ids"].any()
+    assert kw["encoder_hidden_states"].shape == (3, 256, 96) and kw["pooled_projections"].shape == (3, 32)
+    assert torch.equal(loss, torch.nn.functional.mse_loss(out[0], pack_latents(noise - x0)))
+
+
+def test_sdxl_training_step_is_epsilon_on_the_scaled_linear_schedule(sdxl_run):
+    cfg, res, _ = sdxl_run
+    st = res.state
+    model = pretrain.new_denoiser(cfg, 80, 48)
+    x0 = st["latents"][:3]
+    rows = st["table"].rows(torch.arange(3))
+    calls, handle = _recorder(model)
+    loss = pretrain.training_loss(cfg, model, x0, rows, {}, torch.Generator().manual_seed(9))
+    handle.remove()
+    gen = torch.Generator().manual_seed(9)
+    steps = torch.randint(0, 1000, (3,), generator=gen)
+    noise = torch.randn(x0.shape, generator=gen)
+    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float32) ** 2
+    abar = torch.cumprod(1 - betas, 0)[steps].view(-1, 1, 1, 1)
+    ((args, kw, out),) = calls
+    sample, timesteps = args
+    assert torch.equal(timesteps, steps)
+    assert torch.allclose(sample, abar.sqrt() * x0 + (1 - abar).sqrt() * noise, atol=1e-6)
+    assert kw["added_cond_kwargs"]["time_ids"].tolist() == [[32.0, 32.0, 0.0, 0.0, 32.0, 32.0]] * 3
+    assert kw["added_cond_kwargs"]["text_embeds"].shape == (3, 48)
+    assert kw["encoder_hidden_states"].shape == (3, 77, 80)
+    assert torch.equal(loss, torch.nn.functional.mse_loss(out[0], noise))
+    # the latents are only scaled (no shift), as the SDXL pipeline decodes them
+    vae = res.pipeline.vae
+    z = pretrain.encode_latents(vae, [s.image for s in st["train"][:2]])
+    with torch.no_grad():
+        mean = vae.encode(pretrain._images_to_tensor([s.image for s in st["train"][:2]])).latent_dist.mean
+    assert torch.equal(z, mean * vae.config.scaling_factor)
+
+
+def test_caption_dropout_is_the_profile_dropped_caption(family_run):
+    import te_align
+
+    cfg, res, _ = family_run
+    st = res.state
+    drop = st["captions"]
+    assert drop.rate == 0.1 and st["dropout"].rates == {}  # neither profile publishes per-encoder dropout
+    captions = [s.caption for s in st["train"][:4]]
+    flags = torch.tensor([True, False, False, True])
+    got = drop.apply(st["table"].rows(torch.arange(4)), flags)
+    ref = te_align.encode(st["profile"], captions, tokenizers=st["components"], text_encoders=st["components"],
+                          drop=flags.tolist())  # fmt: skip
+    for k, v in got.items():
+        assert torch.allclose(v, ref[k], atol=1e-5), k
+        assert torch.equal(v[1:3], st["table"].tensors[k][1:3]), k
+    if cfg.family == "sdxl":  # force_zeros_for_empty_prompt: the pipeline's unconditional input
+        assert not got["prompt_embeds"][[0, 3]].any() and not got["pooled_prompt_embeds"][[0, 3]].any()
+    else:  # the encoded empty prompt, as FluxPipeline encodes negative_prompt=""
+        pipe = res.pipeline
+        neg, pooled, _ = pipe.encode_prompt([""], prompt_2=None, max_sequence_length=256)
+        assert torch.allclose(got["prompt_embeds"][0], neg[0], atol=1e-5)
+        assert torch.allclose(got["pooled_prompt_embeds"][3], pooled[0], atol=1e-5)
+    # the draw: rate 0 draws nothing from the generator
+    gen = torch.Generator().manual_seed(1)
+    zero = pretrain.CaptionDropout(st["profile"], st["components"], 0.0)
+    assert not zero.sample(5, gen).any() and torch.equal(
+        gen.get_state(), torch.Generator().manual_seed(1).get_state()
+    )
+    # training without the family's caption dropout is refused
+    with pytest.raises(ValueError, match="drops 10% of captions"):
+        pretrain.train_transformer(cfg, st["latents"], st["table"], st["dropout"], stop_step=1)
+
+
+def test_slot_dropout_still_refuses_what_it_cannot_do_exactly():
+    from te_align.tiny.encoders import family_components
+
+    profile = pretrain.fitted_profile("sdxl").with_overrides({"slots.clip_l.train_dropout": 0.5})
+    with pytest.raises(ValueError, match="empties prompts as 'zeros'; only 'encode' is handled"):
+        pretrain.SlotDropout(profile, family_components("sdxl"), ["a red circle"])

@@ -1,8 +1,41 @@
-"""Pretraining a tiny SD3-shaped base model on the shapes world with exactly the sd35-large conditioning.
+"""Pretraining tiny base models (SD3-, Flux- and SDXL-shaped) on the shapes world with exactly their profile.
 
 A base model that was trained with *one* conditioning recipe is what makes "alignment" measurable: a
 LoRA trained with a deviating recipe can then be compared with one trained by the profile. This module
-pretrains such a model from scratch, deterministically, on CPU:
+pretrains such a model from scratch, deterministically, on CPU. :attr:`PretrainConfig.family` picks the
+model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's chosen sizes:
+
+* ``sd3``: ``SD3Transformer2DModel`` + ``StableDiffusion3Pipeline``, profile sd35-large (CLIP-L + CLIP-G +
+  T5 256), rectified flow, SD3's 46.4% per-encoder dropout. The steps below describe this family.
+* ``flux``: ``FluxTransformer2DModel`` (double- and single-stream blocks, no guidance embedding) +
+  ``FluxPipeline``, profile flux-schnell (T5 256 sequence, CLIP-L pooled, zero text ids). Rectified flow as
+  SD3 (``x_t = (1 - t) x_0 + t e``, target ``e - x_0``, logit-normal ``t``), the latents normalised with
+  the VAE's shift and scale and packed into 2 x 2 patches with the pipeline's own ``_pack_latents`` /
+  ``_prepare_latent_image_ids``, the transformer fed ``t`` in [0, 1] (as diffusers'
+  examples/dreambooth/train_dreambooth_lora_flux.py:1748-1820 at huggingface/diffusers@58eb52c and
+  ``FluxPipeline.__call__``'s ``timestep / 1000``). As schnell, no guidance embedding
+  (black-forest-labs/flux@802fb47 src/flux/util.py:378 ``guidance_embed=False``) and an unshifted sampling
+  schedule (src/flux/cli.py:255 ``shift=(name != "flux-schnell")``): the saved scheduler has shift 1 and no
+  dynamic shifting. No per-encoder dropout (flux-schnell publishes none); the caption is dropped to the
+  encoded empty prompt (the profile's ``empty_prompt = "encode"``) at :attr:`PretrainConfig.caption_dropout`,
+  so that sampling can use true classifier-free guidance (``true_cfg_scale`` with ``negative_prompt=""``).
+* ``sdxl``: ``UNet2DConditionModel`` (cross-attention to CLIP-L + CLIP-G hidden states, ``text_time``
+  add-embedding of the pooled CLIP-G projection and six time ids) + ``StableDiffusionXLPipeline``, profile
+  sdxl. Epsilon prediction on SDXL's scaled-linear schedule (betas 0.00085 .. 0.012, 1000 steps; uniform
+  timesteps, ``add_noise`` and the time ids as diffusers'
+  examples/text_to_image/train_text_to_image_sdxl.py:1091-1119 at huggingface/diffusers@58eb52c); the
+  latents only scaled (the SDXL pipeline ignores a VAE ``shift_factor``, so the family's VAE carries none);
+  time ids (original size, crop (0, 0), target size) at the tiny resolution, as the pipeline computes them
+  by default. No per-encoder dropout (sdxl publishes none); the dropped caption becomes zeros
+  (``empty_prompt = "zeros"``, ``force_zeros_for_empty_prompt``), which is what the pipeline's
+  classifier-free guidance feeds for a missing negative prompt.
+
+The caption-dropout rate of flux and sdxl (10%) is a choice: neither model's rate was published; 10% is
+the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards
+(CompVis/stable-diffusion-v1-4, runwayml/stable-diffusion-v1-5 on the Hugging Face Hub) and the
+``ucg_rate: 0.1`` of Stability-AI/generative-models@0ad7de9 configs/example_training/txt2img-clipl.yaml:53.
+
+The recipe, for the SD3-shaped model:
 
 1. :func:`train_vae`: a small ``AutoencoderKL`` (32 px RGB -> 16 x 16 x 4 latents, one downsampling)
    trained on world renders; its ``shift_factor`` / ``scaling_factor`` are set from the latent
@@ -33,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -44,19 +78,30 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FAMILIES",
+    "FAMILY_DEFAULTS",
+    "CaptionDropout",
     "ConditioningTable",
+    "FamilySpec",
     "PretrainConfig",
     "PretrainResult",
     "SlotDropout",
     "build_pipeline",
     "encode_captions",
     "evaluate_pipeline",
+    "family_spec",
+    "family_vae",
     "fitted_profile",
     "heldout_set",
     "model_sizes",
+    "new_denoiser",
+    "pipeline_family",
     "pretrain",
+    "sdxl_scheduler",
+    "sdxl_time_ids",
     "train_transformer",
     "train_vae",
+    "training_loss",
     "vae_roundtrip_accuracy",
 ]
 
@@ -68,8 +113,51 @@ FAMILY = "sd3"
 
 
 @dataclass(frozen=True)
+class FamilySpec:
+    """What differs between the pretrainable families."""
+
+    name: str
+    profile: str  # the bundled profile
+    fit: str  # key of te_align.tiny.fit.profile_overrides
+    components: str  # key of te_align.tiny.encoders.family_components
+    pipeline: str  # diffusers pipeline class
+    denoiser: str  # component name of the denoiser
+    caption_dropout: float  # default PretrainConfig.caption_dropout
+
+
+#: The pretrainable families (``PretrainConfig.family``).
+FAMILIES: dict[str, FamilySpec] = {
+    "sd3": FamilySpec("sd3", "sd35-large", "sd3", "sd3", "StableDiffusion3Pipeline", "transformer", 0.0),
+    "flux": FamilySpec("flux", "flux-schnell", "flux-schnell", "flux", "FluxPipeline", "transformer", 0.1),
+    "sdxl": FamilySpec("sdxl", "sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet", 0.1),
+}
+
+#: Per family, the :class:`PretrainConfig` fields :meth:`PretrainConfig.for_family` changes from the defaults.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sd3": {},
+    # 2 double-stream + 2 single-stream blocks of the SD3 model's width 64 (2 heads x 32): four blocks as the
+    # SD3 model's four joint blocks, about its step time (benchmarks/bench_pretrain.py --family flux)
+    "flux": {"layers": 2, "single_layers": 2},
+    # 3 levels (16, 8, 4 latent px), cross-attention on the two lower ones as SDXL (none at full size);
+    # (32, 64, 64) rather than SDXL's 1:2:4 widths: at most the SD3 model's step time and 1.7 M parameters
+    # (the class defaults: unet_channels, single_layers, time_embed_dim are used by their family only)
+    "sdxl": {},
+}
+
+
+def family_spec(family: str) -> FamilySpec:
+    spec = FAMILIES.get(family)
+    if spec is None:
+        raise ValueError(f"PretrainConfig.family: expected one of {', '.join(FAMILIES)}, got {family!r}")
+    return spec
+
+
+@dataclass(frozen=True)
 class PretrainConfig:
     """Everything that decides the pretrained weights (with the thread count and torch version).
+
+    ``family`` picks the model (:data:`FAMILIES`); build a family's chosen configuration with
+    :meth:`for_family` (the flux one has ``layers=2``: two double-stream blocks before ``single_layers``).
 
     Defaults are the recipe chosen before the first run (see docs in the report): 32 px images, a VAE
     with one downsampling (16 x 16 x 4 latents) and a 4-block, 64-wide MMDiT with 2 x 2 patches (64 image
@@ -107,6 +195,33 @@ class PretrainConfig:
     # the concept the denoiser never sees (the LoRA finetunes teach it): "attribute=value", "" for none.
     # The autoencoder is trained on the whole world, as a real VAE is trained on all images.
     held_out: str = "colour=pink"
+    # the model family (FAMILIES): sd3, flux or sdxl
+    family: str = "sd3"
+    # whole-caption dropout to the profile's empty prompt (None: the family's default, FAMILIES)
+    caption_dropout: float | None = None
+    # flux: single-stream blocks after the `layers` double-stream ones (for_family("flux") sets layers 2)
+    single_layers: int = 2
+    # sdxl: UNet block widths (attention heads of head_dim), time-id embedding width per id
+    unet_channels: tuple[int, ...] = (32, 64, 64)
+    unet_layers_per_block: int = 1
+    time_embed_dim: int = 16
+
+    def __post_init__(self) -> None:
+        family_spec(self.family)
+
+    @classmethod
+    def for_family(cls, family: str, **changes: Any) -> PretrainConfig:
+        """The chosen configuration of ``family`` (:data:`FAMILY_DEFAULTS`), with ``changes`` applied."""
+        family_spec(family)
+        return cls(**{**FAMILY_DEFAULTS[family], "family": family, **changes})
+
+    @property
+    def spec(self) -> FamilySpec:
+        return family_spec(self.family)
+
+    @property
+    def caption_dropout_rate(self) -> float:
+        return self.spec.caption_dropout if self.caption_dropout is None else float(self.caption_dropout)
 
     def concept(self) -> Any:
         """The held-out :class:`te_align.tiny.world.Concept` (``None`` when ``held_out`` is empty)."""
@@ -120,6 +235,7 @@ class PretrainConfig:
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["vae_channels"] = list(self.vae_channels)
+        d["unet_channels"] = list(self.unet_channels)
         return d
 
     @property
@@ -154,18 +270,19 @@ def _tensor_to_images(x: Any) -> list[np.ndarray]:
     return [a for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
 
 
-def fitted_profile() -> Any:
-    """The bundled sd35-large profile with the tiny encoders' architecture numbers (behaviour unchanged)."""
+def fitted_profile(family: str = FAMILY) -> Any:
+    """The bundled profile of ``family`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
     import te_align
     from te_align.tiny.fit import profile_overrides
 
-    return te_align.profile(PROFILE).with_overrides(profile_overrides(FAMILY))
+    spec = family_spec(family)
+    return te_align.profile(spec.profile).with_overrides(profile_overrides(spec.fit))
 
 
 def model_sizes(pipe: Any) -> dict[str, dict[str, float]]:
     """Parameter count and fp16 megabytes (10^6 bytes) per component and in total."""
     out: dict[str, dict[str, float]] = {}
-    for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+    for name in ("transformer", "unet", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         module = getattr(pipe, name, None)
         if module is None:
             continue
@@ -270,7 +387,10 @@ def train_vae(
 
 
 def encode_latents(vae: Any, images: Sequence[np.ndarray], batch: int = 256) -> Any:
-    """``(mean - shift) * scale`` of each image's posterior, as the denoiser is trained on."""
+    """``(mean - shift) * scale`` of each image's posterior, as the denoiser is trained on.
+
+    A VAE without ``shift_factor`` (the SDXL family's) gives ``mean * scale``, as the SDXL pipeline decodes.
+    """
     import torch
 
     x_all = _images_to_tensor(images)
@@ -278,7 +398,23 @@ def encode_latents(vae: Any, images: Sequence[np.ndarray], batch: int = 256) -> 
         z = torch.cat(
             [vae.encode(x_all[i : i + batch]).latent_dist.mean for i in range(0, len(x_all), batch)]
         )
+    if vae.config.shift_factor is None:
+        return z * vae.config.scaling_factor
     return (z - vae.config.shift_factor) * vae.config.scaling_factor
+
+
+def family_vae(cfg: PretrainConfig, vae: Any) -> Any:
+    """The autoencoder as ``cfg.family``'s pipeline uses it: the SDXL family's is a copy without ``shift_factor``.
+
+    ``StableDiffusionXLPipeline`` decodes ``latents / scaling_factor`` and ignores a shift (and te-align
+    train applies one when the config has it), so the SDXL model is trained and saved without it, as
+    SDXL's own VAE config. The flow families use the VAE as trained (SD3 / Flux normalise with both).
+    """
+    if cfg.family != "sdxl" or vae.config.shift_factor is None:
+        return vae
+    vae = copy.deepcopy(vae)
+    vae.register_to_config(shift_factor=None)
+    return vae
 
 
 def vae_roundtrip_accuracy(vae: Any, samples: Sequence[Any]) -> dict[str, float]:
@@ -304,10 +440,14 @@ def vae_roundtrip_accuracy(vae: Any, samples: Sequence[Any]) -> dict[str, float]
 
 @dataclass
 class ConditioningTable:
-    """The profile's conditioning of every caption (rows in caption order), computed once."""
+    """The profile's conditioning of every caption (rows in caption order), computed once.
+
+    ``shared``: outputs without a batch dimension (Flux's ``text_ids``), the same for every caption.
+    """
 
     tensors: dict[str, Any]
     captions: list[str]
+    shared: dict[str, Any] = field(default_factory=dict)
 
     def rows(self, idx: Any) -> dict[str, Any]:
         return {k: v[idx] for k, v in self.tensors.items()}
@@ -322,8 +462,8 @@ def _round_to_half(module: Any) -> None:
             prm.copy_(prm.half().to(prm.dtype))
 
 
-def _components() -> dict[str, Any]:
-    """The tiny frozen text encoders, their weights rounded to float16 values (kept in float32).
+def _components(family: str = FAMILY) -> dict[str, Any]:
+    """The tiny frozen text encoders of ``family``, their weights rounded to float16 values (kept in float32).
 
     A base model is shipped in float16; rounding before pretraining makes the shipped text encoders
     exactly the ones the denoiser was trained with, whatever ``transformers`` version initialises them.
@@ -332,7 +472,7 @@ def _components() -> dict[str, Any]:
 
     from te_align.tiny.encoders import family_components
 
-    components = family_components(FAMILY)
+    components = family_components(family_spec(family).components)
     for module in components.values():
         if isinstance(module, torch.nn.Module):
             _round_to_half(module)
@@ -348,13 +488,19 @@ def encode_captions(
     import te_align
 
     parts: dict[str, list[Any]] = {}
+    shared: dict[str, Any] = {}
     for i in range(0, len(captions), batch):
         cond = te_align.encode(
             profile, list(captions[i : i + batch]), tokenizers=components, text_encoders=components
         )
         for k, v in cond.items():
-            parts.setdefault(k, []).append(v)
-    return ConditioningTable({k: torch.cat(v) for k, v in parts.items()}, list(captions))
+            if k in cond.shared:
+                if k in shared and not torch.equal(shared[k], v):
+                    raise AssertionError(f"encode_captions: shared output {k} differs between batches")
+                shared[k] = v
+            else:
+                parts.setdefault(k, []).append(v)
+    return ConditioningTable({k: torch.cat(v) for k, v in parts.items()}, list(captions), shared)
 
 
 class SlotDropout:
@@ -373,7 +519,7 @@ class SlotDropout:
 
         self.profile = profile
         self.rates = {s.name: float(s.train_dropout) for s in profile.slots if s.train_dropout}
-        if profile.empty_prompt != "encode":
+        if self.rates and profile.empty_prompt != "encode":
             raise ValueError(
                 f"SlotDropout: profile {profile.name} empties prompts as {profile.empty_prompt!r}; only 'encode' is handled"
             )
@@ -386,7 +532,7 @@ class SlotDropout:
                 drop_slots={slot: [True] * n}, options=EncodeOptions(dropout_policy="zeros"),
             )  # fmt: skip
             self.regions[slot] = {k: (full[k] != zeroed[k]).any(dim=0) for k in full}
-        for k in full:
+        for k in full if self.rates else ():
             overlap = sum(self.regions[s][k].int() for s in self.rates)
             if bool((overlap > 1).any()):
                 raise ValueError(
@@ -440,6 +586,74 @@ class SlotDropout:
                     )
 
 
+class CaptionDropout:
+    """Whole-caption dropout on cached rows: a dropped row becomes the profile's dropped caption.
+
+    That is ``te_align.encode`` with every slot dropped: the encoded empty prompt under ``empty_prompt =
+    "encode"`` (Flux), zeros under ``"zeros"`` (SDXL, as the pipeline's ``force_zeros_for_empty_prompt``).
+    The empty prompt is encoded alone (batch of one), as ``drop_slots`` does; ``te_align.encode(drop=...)``
+    encodes it inside the batch, which differs only by float32 rounding. Outputs without a batch dimension
+    (``text_ids``) are the same for every caption and are left alone. :meth:`verify` checks both.
+    """
+
+    def __init__(self, profile: Any, components: dict[str, Any], rate: float) -> None:
+        import torch
+
+        import te_align
+
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"PretrainConfig.caption_dropout: expected a rate in [0, 1], got {rate}")
+        self.profile = profile
+        self.rate = float(rate)
+        dropped = te_align.encode(
+            profile, [""], tokenizers=components, text_encoders=components, drop_slots=self._all_slots(1)
+        )
+        self.empty = {k: v[0] for k, v in dropped.items() if k not in dropped.shared}
+        self._components = components
+        self._torch = torch
+
+    def _all_slots(self, flags: int | list[bool]) -> dict[str, list[bool]]:
+        flags = [True] * flags if isinstance(flags, int) else flags
+        return {s.name: list(flags) for s in self.profile.slots}
+
+    def sample(self, n: int, gen: Any) -> Any:
+        """``n`` flags drawn from ``gen`` (nothing is drawn when the rate is 0)."""
+        torch = self._torch
+        if self.rate <= 0.0:
+            return torch.zeros(n, dtype=torch.bool)
+        return torch.rand(n, generator=gen) < self.rate
+
+    def apply(self, rows: dict[str, Any], flags: Any) -> dict[str, Any]:
+        torch = self._torch
+        if not bool(flags.any()):
+            return rows
+        out = {}
+        for k, v in rows.items():
+            sel = flags.view(-1, *([1] * (v.dim() - 1)))
+            out[k] = torch.where(sel, self.empty[k].expand_as(v), v)
+        return out
+
+    def verify(self, captions: Sequence[str]) -> None:
+        """Alternate rows of ``captions`` dropped equal ``te_align.encode`` with every slot dropped, bit for bit,
+        and ``te_align.encode(drop=...)`` (the empty prompt encoded inside the batch) to float32 rounding."""
+        import te_align
+
+        torch = self._torch
+        flags = [i % 2 == 0 for i in range(len(captions))]
+        kw = {"tokenizers": self._components, "text_encoders": self._components}
+        base = te_align.encode(self.profile, list(captions), **kw)
+        exact = te_align.encode(self.profile, list(captions), drop_slots=self._all_slots(flags), **kw)
+        whole = te_align.encode(self.profile, list(captions), drop=flags, **kw)
+        got = self.apply({k: v for k, v in base.items() if k not in base.shared}, torch.tensor(flags))
+        for k in got:
+            if not torch.equal(got[k], exact[k]):
+                raise AssertionError(f"CaptionDropout: dropped captions differ from te_align.encode on {k}")
+            if not torch.allclose(got[k], whole[k], rtol=1e-5, atol=1e-5):
+                raise AssertionError(
+                    f"CaptionDropout: dropped captions differ from te_align.encode(drop=...) on {k}"
+                )
+
+
 # --------------------------------------------------------------------------------------------------
 # the transformer
 # --------------------------------------------------------------------------------------------------
@@ -463,11 +677,145 @@ def _transformer_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) ->
     }
 
 
+def _rope_axes(head_dim: int) -> tuple[int, int, int]:
+    """Flux's rotary axes (index, row, column) scaled from (16, 56, 56) of 128 to ``head_dim``; each even."""
+    first = max(2, 2 * round(head_dim / 16))
+    second = (head_dim - first) // 4 * 2
+    return (first, second, head_dim - first - second)
+
+
+def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[str, Any]:
+    if cfg.width % cfg.head_dim:
+        raise ValueError(f"PretrainConfig.width: {cfg.width} is not a multiple of head_dim {cfg.head_dim}")
+    if cfg.latent_size % 2:
+        raise ValueError(
+            f"PretrainConfig: Flux packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd"
+        )
+    return {
+        "patch_size": 1,
+        "in_channels": 4 * cfg.latent_channels,  # 2 x 2 packed latents
+        "num_layers": cfg.layers,
+        "num_single_layers": cfg.single_layers,
+        "attention_head_dim": cfg.head_dim,
+        "num_attention_heads": cfg.width // cfg.head_dim,
+        "joint_attention_dim": joint_dim,
+        "pooled_projection_dim": pooled_dim,
+        "guidance_embeds": False,  # flux-schnell: no guidance distillation to learn from scratch
+        "axes_dims_rope": _rope_axes(cfg.head_dim),
+    }
+
+
+def _unet_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[str, Any]:
+    n = len(cfg.unet_channels)
+    bad = [c for c in cfg.unet_channels if c % cfg.head_dim]
+    if bad or n < 2:
+        raise ValueError(
+            f"PretrainConfig.unet_channels: expected 2 or more multiples of head_dim {cfg.head_dim}, got {cfg.unet_channels}"
+        )
+    return {
+        "sample_size": cfg.latent_size,
+        "in_channels": cfg.latent_channels,
+        "out_channels": cfg.latent_channels,
+        "layers_per_block": cfg.unet_layers_per_block,
+        "block_out_channels": list(cfg.unet_channels),
+        # SDXL's layout: no attention at full resolution, cross-attention below
+        "down_block_types": ["DownBlock2D"] + ["CrossAttnDownBlock2D"] * (n - 1),
+        "up_block_types": ["CrossAttnUpBlock2D"] * (n - 1) + ["UpBlock2D"],
+        # diffusers' UNet reads attention_head_dim as the number of heads
+        "attention_head_dim": [c // cfg.head_dim for c in cfg.unet_channels],
+        "cross_attention_dim": joint_dim,  # CLIP-L hidden + CLIP-G hidden
+        "use_linear_projection": True,
+        "norm_num_groups": 8,
+        "addition_embed_type": "text_time",
+        "addition_time_embed_dim": cfg.time_embed_dim,
+        "projection_class_embeddings_input_dim": 6 * cfg.time_embed_dim + pooled_dim,
+    }
+
+
 def new_transformer(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> Any:
+    """A fresh denoiser of ``cfg.family`` (SD3 / Flux transformer, SDXL UNet) reading the given text widths."""
     import diffusers
 
+    family_spec(cfg.family)
     with _rng(cfg.seed * 1000 + 3):
+        if cfg.family == "flux":
+            return diffusers.FluxTransformer2DModel(**_flux_config(cfg, joint_dim, pooled_dim))
+        if cfg.family == "sdxl":
+            return diffusers.UNet2DConditionModel(**_unet_config(cfg, joint_dim, pooled_dim))
         return diffusers.SD3Transformer2DModel(**_transformer_config(cfg, joint_dim, pooled_dim))
+
+
+new_denoiser = new_transformer
+
+
+def sdxl_time_ids(cfg: PretrainConfig) -> tuple[int, ...]:
+    """SDXL's six time ids at the tiny resolution: original size, crop top-left (0, 0), target size.
+
+    What ``StableDiffusionXLPipeline`` computes by default at ``cfg.image_size`` (``original_size`` and
+    ``target_size`` default to the output size, ``crops_coords_top_left`` to (0, 0)).
+    """
+    size = cfg.image_size
+    return (size, size, 0, 0, size, size)
+
+
+@functools.cache
+def _ddpm_schedule() -> Any:
+    """SDXL's training noise schedule (scaled-linear betas 0.00085 .. 0.012 over 1000 steps)."""
+    import diffusers
+
+    return diffusers.DDPMScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        prediction_type="epsilon", clip_sample=False,
+    )  # fmt: skip
+
+
+def training_loss(
+    cfg: PretrainConfig, model: Any, x0: Any, rows: dict[str, Any], shared: dict[str, Any], gen: Any
+) -> Any:
+    """One batch's loss for ``cfg.family``; ``t`` / timesteps and noise are drawn from ``gen`` in that order.
+
+    * sd3: rectified flow, ``x_t = (1 - t) x_0 + t e``, logit-normal ``t``, the transformer fed ``1000 t``,
+      MSE to ``e - x_0``.
+    * flux: the same flow on 2 x 2 packed latents (``FluxPipeline._pack_latents``) with the pipeline's image
+      ids and the profile's text ids, the transformer fed ``t``; MSE to the packed ``e - x_0``.
+    * sdxl: epsilon prediction, ``x_t = sqrt(a_t) x_0 + sqrt(1 - a_t) e`` on SDXL's scaled-linear schedule,
+      uniform integer timesteps in [0, 1000), time ids :func:`sdxl_time_ids`; MSE to ``e``.
+    """
+    import torch
+
+    n = x0.shape[0]
+    if cfg.family == "sdxl":
+        sched = _ddpm_schedule()
+        timesteps = torch.randint(0, sched.config.num_train_timesteps, (n,), generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        xt = sched.add_noise(x0, noise, timesteps)
+        time_ids = torch.tensor([sdxl_time_ids(cfg)], dtype=x0.dtype).expand(n, 6)
+        pred = model(
+            xt, timesteps, encoder_hidden_states=rows["prompt_embeds"],
+            added_cond_kwargs={"text_embeds": rows["pooled_prompt_embeds"], "time_ids": time_ids}, return_dict=False,
+        )[0]  # fmt: skip
+        return torch.nn.functional.mse_loss(pred, noise)
+    t = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=gen))
+    noise = torch.randn(x0.shape, generator=gen)
+    tt = t.view(-1, 1, 1, 1)
+    xt = (1 - tt) * x0 + tt * noise
+    if cfg.family == "flux":
+        import diffusers
+
+        pack = diffusers.FluxPipeline._pack_latents
+        b, c, h, w = x0.shape
+        pred = model(
+            hidden_states=pack(xt, b, c, h, w), timestep=t, guidance=None, pooled_projections=rows["pooled_prompt_embeds"],
+            encoder_hidden_states=rows["prompt_embeds"], txt_ids=shared["text_ids"],
+            img_ids=diffusers.FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, x0.device, x0.dtype),
+            return_dict=False,
+        )[0]  # fmt: skip
+        return torch.nn.functional.mse_loss(pred, pack(noise - x0, b, c, h, w))
+    pred = model(
+        hidden_states=xt, encoder_hidden_states=rows["prompt_embeds"], pooled_projections=rows["pooled_prompt_embeds"],
+        timestep=t * 1000, return_dict=False,
+    )[0]  # fmt: skip
+    return torch.nn.functional.mse_loss(pred, noise - x0)
 
 
 def train_transformer(
@@ -482,17 +830,24 @@ def train_transformer(
     ema: Any = None,
     optimizer_state: dict[str, Any] | None = None,
     log: Callable[[dict[str, Any]], None] | None = None,
+    captions: CaptionDropout | None = None,
 ) -> dict[str, Any]:
-    """Rectified-flow training of the SD3 transformer on ``latents`` with ``table``'s conditioning.
+    """Training of ``cfg.family``'s denoiser (``transformer``: also the SDXL UNet) on ``latents`` with ``table``.
 
-    Each step draws a batch (a fresh permutation per epoch), per-slot dropout flags, SD3's
-    logit-normal ``t`` and Gaussian noise, all from generators seeded by ``cfg.seed`` and the step, so
+    Each step draws a batch (a fresh permutation per epoch), per-slot dropout flags, whole-caption
+    dropout flags (``captions``; only when its rate is above 0), then :func:`training_loss`'s ``t`` /
+    timesteps and Gaussian noise, all from generators seeded by ``cfg.seed`` and the step, so
     that training can be stopped at ``stop_step`` and resumed (``transformer``, ``ema``,
     ``optimizer_state``, ``start_step``) with the same result as one uninterrupted run.
     Returns ``{"transformer", "ema", "optimizer_state", "step"}``.
     """
     import torch
 
+    if captions is None and cfg.caption_dropout_rate > 0:
+        raise ValueError(
+            f"train_transformer: family {cfg.family} drops {cfg.caption_dropout_rate:.0%} of captions; pass "
+            "captions=CaptionDropout(...) (prepare() builds it)"
+        )
     pe = table.tensors["prompt_embeds"]
     pooled = table.tensors["pooled_prompt_embeds"]
     if transformer is None:
@@ -514,15 +869,9 @@ def train_transformer(
         idx = perm[torch.arange(pos, pos + cfg.batch) % n]
         x0 = latents[idx]
         rows = dropout.apply(table.rows(idx), dropout.sample(cfg.batch, gen))
-        t = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(cfg.batch, generator=gen))
-        noise = torch.randn(x0.shape, generator=gen)
-        tt = t.view(-1, 1, 1, 1)
-        xt = (1 - tt) * x0 + tt * noise
-        pred = transformer(
-            hidden_states=xt, encoder_hidden_states=rows["prompt_embeds"], pooled_projections=rows["pooled_prompt_embeds"],
-            timestep=t * 1000, return_dict=False,
-        )[0]  # fmt: skip
-        loss = torch.nn.functional.mse_loss(pred, noise - x0)
+        if captions is not None and captions.rate > 0:
+            rows = captions.apply(rows, captions.sample(cfg.batch, gen))
+        loss = training_loss(cfg, transformer, x0, rows, table.shared, gen)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -546,18 +895,59 @@ def train_transformer(
 # --------------------------------------------------------------------------------------------------
 
 
+def sdxl_scheduler() -> Any:
+    """SDXL base's sampling scheduler (stabilityai/stable-diffusion-xl-base-1.0 scheduler/scheduler_config.json)."""
+    import diffusers
+
+    return diffusers.EulerDiscreteScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        prediction_type="epsilon", interpolation_type="linear", use_karras_sigmas=False, steps_offset=1,
+        timestep_spacing="leading",
+    )  # fmt: skip
+
+
 def build_pipeline(
     transformer: Any, vae: Any, cfg: PretrainConfig, components: dict[str, Any] | None = None
 ) -> Any:
-    """The ``StableDiffusion3Pipeline`` of the pretrained parts and the tiny frozen text encoders."""
+    """The official pipeline of ``cfg.family`` around the pretrained parts and the tiny frozen text encoders.
+
+    ``transformer`` is the denoiser (the SDXL family's UNet). Schedulers: SD3 flow matching with
+    ``cfg.scheduler_shift``; Flux-schnell's (shift ``cfg.scheduler_shift``, no dynamic shifting); SDXL's
+    Euler (:func:`sdxl_scheduler`).
+    """
     import diffusers
 
-    pipe = diffusers.StableDiffusion3Pipeline(
-        transformer=transformer, vae=vae, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=cfg.scheduler_shift),
-        **(components or _components()),
-    )  # fmt: skip
+    components = components or _components(cfg.family)
+    if cfg.family == "flux":
+        scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
+            shift=cfg.scheduler_shift, use_dynamic_shifting=False, base_image_seq_len=256, max_image_seq_len=4096,
+            base_shift=0.5, max_shift=1.15,
+        )  # fmt: skip
+        pipe = diffusers.FluxPipeline(transformer=transformer, vae=vae, scheduler=scheduler, **components)
+    elif cfg.family == "sdxl":
+        pipe = diffusers.StableDiffusionXLPipeline(
+            unet=transformer, vae=family_vae(cfg, vae), scheduler=sdxl_scheduler(), add_watermarker=False,
+            force_zeros_for_empty_prompt=True, **components,
+        )  # fmt: skip
+    else:
+        family_spec(cfg.family)
+        pipe = diffusers.StableDiffusion3Pipeline(
+            transformer=transformer, vae=vae, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=cfg.scheduler_shift),
+            **components,
+        )  # fmt: skip
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def pipeline_family(pipe: Any) -> str:
+    """The :data:`FAMILIES` key of a pipeline (by its class)."""
+    name = type(pipe).__name__
+    for spec in FAMILIES.values():
+        if spec.pipeline == name:
+            return spec.name
+    raise ValueError(
+        f"evaluate_pipeline: a {name} is none of {', '.join(s.pipeline for s in FAMILIES.values())}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -590,33 +980,58 @@ def evaluate_pipeline(
 ) -> dict[str, Any]:
     """Sample each caption once with ``pipe`` (seed ``seed + i``) and read the images back.
 
+    The call per family (its official pipeline, at the VAE's ``sample_size``):
+
+    * StableDiffusion3Pipeline: classifier-free guidance ``guidance`` with the encoded empty negative prompt.
+    * FluxPipeline: true classifier-free guidance (``true_cfg_scale=guidance``, ``negative_prompt=""``) and
+      ``max_sequence_length`` = the profile's T5 length (flux-schnell: 256; the pipeline's default is 512).
+    * StableDiffusionXLPipeline: classifier-free guidance ``guidance`` with zeros as the negative
+      (``force_zeros_for_empty_prompt``, no negative prompt passed); ``shift`` does not apply.
+
     Returns pooled object accuracy, per-attribute accuracy and image accuracy over all samples, per
-    caption style, and over objects described inside T5's 256-token window (long captions can be cut).
+    caption style, and (families with a T5) over objects described inside T5's window (long captions
+    can be cut).
     """
     import diffusers
     import torch
 
     from te_align.tiny import world
 
+    family = pipeline_family(pipe)
+    profile = fitted_profile(family)
     if shift is not None:
+        if family == "sdxl":
+            raise ValueError("evaluate_pipeline: shift applies to the flow-matching families, not sdxl")
         pipe.scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
             pipe.scheduler.config, shift=shift
         )
+    t5 = next((s for s in profile.slots if s.name == "t5"), None)
     images: list[np.ndarray] = []
     for i in range(0, len(samples), batch):
         chunk = samples[i : i + batch]
         gens = [torch.Generator().manual_seed(seed + i + j) for j in range(len(chunk))]
-        out = pipe(
-            prompt=[s.caption for s in chunk], num_inference_steps=steps, guidance_scale=guidance, generator=gens,
-            output_type="np",
-        ).images  # fmt: skip
+        prompts = [s.caption for s in chunk]
+        if family == "flux":
+            size = pipe.vae.config.sample_size
+            assert t5 is not None
+            out = pipe(
+                prompt=prompts, negative_prompt=[""] * len(chunk), true_cfg_scale=guidance, height=size, width=size,
+                max_sequence_length=t5.tokenizer.max_length, num_inference_steps=steps, generator=gens, output_type="np",
+            ).images  # fmt: skip
+        else:
+            out = pipe(
+                prompt=prompts, num_inference_steps=steps, guidance_scale=guidance, generator=gens, output_type="np",
+            ).images  # fmt: skip
         images += [np.clip(np.rint(im * 255), 0, 255).astype(np.uint8) for im in out]
     result: dict[str, Any] = {"all": world.evaluate(images, [s.scene for s in samples])}
     for style in sorted({s.style for s in samples}):
         sel = [k for k, s in enumerate(samples) if s.style == style]
         result[style] = world.evaluate([images[k] for k in sel], [samples[k].scene for k in sel])
-    # objects whose description ends inside the 256 T5 positions (the eos takes one)
-    window = fitted_profile().slot("t5").tokenizer.max_length - 1
+    if t5 is None:
+        result["images"] = images
+        return result
+    # objects whose description ends inside the T5 positions (the eos takes one)
+    window = t5.tokenizer.max_length - 1
     seen_truth = [
         [o for o, sp in zip(s.scene.objects, s.spans, strict=True) if sp.token_end <= window] for s in samples
     ]
@@ -655,11 +1070,12 @@ def prepare(
     vae_callback_every: int = 0,
     vae: Any = None,
 ) -> dict[str, Any]:
-    """Data, VAE, latents, cached conditioning and the verified slot dropout for ``cfg``.
+    """Data, VAE, latents, cached conditioning and the verified slot and caption dropout for ``cfg``.
 
     ``vae_callback`` / ``vae_callback_every`` are passed to :func:`train_vae` (periodic evaluation).
-    ``vae``: an autoencoder trained earlier by :func:`train_vae` (reused instead of training one). The
-    autoencoder sees the whole world; the denoiser's data never shows ``cfg.held_out``.
+    ``vae``: an autoencoder trained earlier by :func:`train_vae` (reused instead of training one; any
+    family's: the recipe is the same, :func:`family_vae` adapts it). The autoencoder sees the whole
+    world; the denoiser's data never shows ``cfg.held_out``.
     """
     from te_align.tiny import world
 
@@ -678,21 +1094,25 @@ def prepare(
         vae = train_vae(
             cfg, [s.image for s in vae_data], log, callback=vae_callback, callback_every=vae_callback_every
         )
+    vae = family_vae(cfg, vae)
     _round_to_half(vae)  # shipped in float16: the latents are those of the shipped autoencoder
     log({"phase": "vae_done", "seconds": time.perf_counter() - t0, "shift_factor": vae.config.shift_factor,
          "scaling_factor": vae.config.scaling_factor})  # fmt: skip
     latents = encode_latents(vae, [s.image for s in train])
-    profile = fitted_profile()
-    components = _components()
+    profile = fitted_profile(cfg.family)
+    components = _components(cfg.family)
     for enc in ("text_encoder", "text_encoder_2", "text_encoder_3"):
-        components[enc].requires_grad_(False)
+        if enc in components:
+            components[enc].requires_grad_(False)
     t0 = time.perf_counter()
     table = encode_captions(profile, components, [s.caption for s in train], cfg.encode_batch)
     log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0})
     dropout = SlotDropout(profile, components, [s.caption for s in train[:8]])
     dropout.verify([s.caption for s in train[8:12]] + [""])
+    captions = CaptionDropout(profile, components, cfg.caption_dropout_rate)
+    captions.verify([s.caption for s in train[8:12]] + [""])
     return {"train": train, "vae": vae, "latents": latents, "profile": profile, "components": components, "table": table,
-            "dropout": dropout}  # fmt: skip
+            "dropout": dropout, "captions": captions}  # fmt: skip
 
 
 def pretrain(
@@ -700,7 +1120,7 @@ def pretrain(
     out_dir: str | Path | None = None,
     log: Callable[[dict[str, Any]], None] | None = None,
 ) -> PretrainResult:
-    """Pretrain the VAE and the transformer of ``cfg`` and (with ``out_dir``) save the pipeline there."""
+    """Pretrain the VAE and the denoiser of ``cfg`` and (with ``out_dir``) save ``cfg.family``'s pipeline there."""
     records: list[dict[str, Any]] = []
 
     def _log(r: dict[str, Any]) -> None:
@@ -710,7 +1130,9 @@ def pretrain(
             log(r)
 
     prep = prepare(cfg, _log)
-    state = train_transformer(cfg, prep["latents"], prep["table"], prep["dropout"], log=_log)
+    state = train_transformer(
+        cfg, prep["latents"], prep["table"], prep["dropout"], log=_log, captions=prep["captions"]
+    )
     pipe = build_pipeline(state["ema"], prep["vae"], cfg, prep["components"])
     if out_dir is not None:
         pipe.save_pretrained(str(out_dir), safe_serialization=True)
