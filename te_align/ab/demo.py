@@ -1,10 +1,10 @@
-"""``te-align demo``: one consequential A/B on the pretrained shapes-world base, offline, on CPU, in minutes.
+"""``te-align demo``: one consequential A/B on a pretrained shapes-world base, offline, on CPU, in minutes.
 
-The SD3-shaped world base shipped with te-align (:mod:`te_align.tiny.bases`, pretrained with exactly the
-sd35-large profile) learns a colour it never saw from captioned images drawn from the world; arm A conditions
-as OneTrainer does by default (T5 truncated and padded at 77 tokens), arm B by the profile (256). Both are
-scored as the official pipeline conditions at inference: held-out validation loss and prompt accuracy read
-back from the samples. The report (``OUT/report.md`` and ``report.html``) leads with the verdict.
+The ``tiny-demo`` preset names the base (:mod:`te_align.tiny.bases`, pretrained with exactly its family's
+profile), the concept it learns from captioned images drawn from the world, and the trainer deviation of arm A;
+arm B conditions by the profile. Both are scored as the official pipeline conditions at inference: held-out
+validation loss and prompt accuracy read back from the samples. The report (``OUT/report.md`` and
+``report.html``) leads with the verdict.
 ``TE_ALIGN_DEMO_STEPS`` and ``TE_ALIGN_DEMO_SEEDS`` (or ``steps=`` / ``seeds=``) shorten it, for tests.
 """
 
@@ -41,8 +41,8 @@ def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, see
     root = Path(out).expanduser()
     preset = load_preset(DEMO_PRESET)
     assert preset.world is not None
-    say(f"te-align demo: the pretrained SD3-shaped shapes-world base learns {preset.world.concept.split('=')[1]}; "
-        f"arm A: {preset.baseline.trainer} ({preset.baseline.overrides}), arm B: profile {preset.profile}; output in {root}")  # fmt: skip
+    say(f"te-align demo: the pretrained {preset.world.base} shapes-world base learns {preset.world.concept.split('=')[1]}; "
+        f"arm A: {preset.baseline.behaviour} ({preset.baseline.trainer}); arm B: profile {preset.profile}; output in {root}")  # fmt: skip
     return run_ab(preset, seeds=seeds, out=root, max_steps=steps, say=say)
 
 

@@ -158,10 +158,11 @@ def ship(pipe: Any, name: str, *, pretrain_config: dict[str, Any], metrics: dict
     for tok in _TOKENIZERS:
         shutil.rmtree(out / tok, ignore_errors=True)
     files = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    from te_align.tiny.fit import profile_overrides
+    from te_align.tiny.fit import PROFILES, profile_overrides
 
+    fitted = profile_overrides(next(k for k, v in PROFILES.items() if v == spec.profile))
     info = {"format": FORMAT, "name": name, "family": spec.family, "profile": spec.profile, "pipeline": spec.pipeline,
-            "profile_overrides": profile_overrides(spec.family), "pretrain_config": pretrain_config, "metrics": metrics,
+            "profile_overrides": fitted, "pretrain_config": pretrain_config, "metrics": metrics,
             "notes": notes, "files": files}  # fmt: skip
     (out / MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return out
