@@ -465,7 +465,7 @@ def sweep(
                 run_cli(argv, fault_at=n)
                 r = run_cli(["status", str(lay.work)], fault_at=1, mode="erofs")
                 problem = None
-                if r.rc not in (0, 2) or (r.rc == 2 and len(r.error_lines) != 1):
+                if r.rc not in (0, 1, 2) or (r.rc == 2 and len(r.error_lines) != 1):
                     problem = f"status on a read-only tree: exit {r.rc}: {r.output.strip()[-300:]}"
                 s = run_cli(["status", str(lay.work)])
                 ident, p2 = _judge(lay, before, after)
@@ -482,6 +482,15 @@ def _one_line_refusal(r: Run, words: Iterable[str] = ()) -> str | None:
         return f"expected exit 2 with one error line, got exit {r.rc}: {r.output.strip()[-300:]}"
     missing = [w for w in words if w not in r.error_lines[0]]
     return f"the line lacks {missing}: {r.error_lines[0]}" if missing else None
+
+
+def _backups_to(path: str) -> Callable[[dict], None]:
+    def go(data: dict) -> None:
+        for e in data["files"].values():
+            if e.get("backup"):
+                e["backup"] = path
+
+    return go
 
 
 def crafted_state(lay: Layout, tally: Tally, root_of: Callable[[Path], Path], outside: Path) -> None:
@@ -539,7 +548,7 @@ def crafted_state(lay: Layout, tally: Tally, root_of: Callable[[Path], Path], ou
         ("manifest version=list", manifest_edit(lambda d: d.__setitem__("te_align_version", [1])), ("unreadable",)),
         ("manifest path ../", manifest_edit(lambda d: d["files"].__setitem__("../outside/victim.py", d["files"][first_file(d)])), ("outside the tree",)),
         ("manifest absolute path", manifest_edit(lambda d: d["files"].__setitem__(str(outside / "victim.py"), d["files"][first_file(d)])), ("outside the tree",)),
-        ("manifest backup ../", manifest_edit(lambda d: [e.__setitem__("backup", "../../outside/victim.py") for e in d["files"].values() if e.get("backup")]), ("outside the tree",)),
+        ("manifest backup ../", manifest_edit(_backups_to("../../outside/victim.py")), ("outside the tree",)),
         ("manifest created_dirs ../", manifest_edit(lambda d: d["files"][first_file(d)].__setitem__("created_dirs", [".."])), ("outside the tree",)),
         ("backup folder is a link outside", backup_link, ("symbolic link",)),
         ("patched folder is a link outside", folder_link, ("symbolic link",)),
@@ -604,7 +613,8 @@ def user_cases(lay: Layout, tally: Tally, root_of: Callable[[Path], Path]) -> No
               traceback=r.traceback or u.traceback, lost=_lost(lay), identical=ident)  # fmt: skip
     # re-plan after the user edited the original: unpatch gives the edit back
     lay.reset("original-edited")
-    edited = {k: v for k, v in lay.templates["original-edited"][1].items() if "te_align_original" in k and v[0] == "file" and k.endswith(".py")}
+    patched_snap = lay.templates["patched"][1]
+    edited = {k: v for k, v in lay.templates["original-edited"][1].items() if v[0] == "file" and patched_snap.get(k) != v}
     r = run_cli(["patch", str(lay.work), "--replan"])
     u = run_cli(["unpatch", str(lay.work)])
     problem = None if r.rc == 0 and u.rc == 0 else f"exit {r.rc}/{u.rc}: {(r.output + u.output).strip()[-200:]}"
@@ -612,7 +622,10 @@ def user_cases(lay: Layout, tally: Tally, root_of: Callable[[Path], Path]) -> No
         now = contents(lay.work)
         if not all(v[2] in now for v in edited.values()):
             problem = "the user's edit of the original is gone after --replan and unpatch"
-    tally.add("replan-keeps-edit", problem and f"{lay.name}: {problem}", traceback=r.traceback or u.traceback, lost=_lost(lay))
+    unpatched = lay.templates["unpatched"][1]
+    replaced = {unpatched[k.replace("te_align_originals/", "").replace("te_align_original_run.py", "run.py")][2] for k in edited}
+    tally.add("replan-keeps-edit", problem and f"{lay.name}: {problem}", traceback=r.traceback or u.traceback,
+              lost=_lost(lay, lay.originals - replaced))  # fmt: skip
     # the state folder deleted by hand: patch refuses, the shim is never recorded as the original
     lay.reset("patched")
     shutil.rmtree(root / STATE)
@@ -674,10 +687,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-double-every", type=int, default=25, help="--double-every for real checkouts")
     ap.add_argument("--real-rerun-every", type=int, default=3)
     ap.add_argument("--real-disk-every", type=int, default=5)
+    ap.add_argument("--commands", help="comma-separated subset of " + ", ".join(c for c, _, _ in COMMANDS))
+    ap.add_argument("--layouts", help="comma-separated subset of the layout names (fake-sd-scripts, fake-kohya_ss-gui, ...)")
+    ap.add_argument("--no-sweep", action="store_true", help="only the other classes (state files, users, two at once)")
+    ap.add_argument("--no-extra", action="store_true", help="only the sweeps")
     ap.add_argument("--json", type=Path, help="write the counts here")
+    ap.add_argument("--merge", type=Path, nargs="+", help="add up the counts of earlier --json files and print them")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.json)
     if not (args.fake or args.kohya or args.ai_toolkit):
         ap.error("give --fake and/or --kohya DIR / --ai-toolkit DIR")
+    commands = args.commands.split(",") if args.commands else None
     _atomic.FSYNC = False  # processes are killed, not machines: the page cache survives
     os.environ.setdefault("TE_ALIGN_LOCK_WAIT", "30")
     work = args.work or Path(tempfile.mkdtemp(prefix="te-align-fault-campaign."))
@@ -705,17 +726,21 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append(("real-sd-scripts", lambda: args.kohya, True, real_opts))  # type: ignore[list-item]
     if args.ai_toolkit:
         jobs.append(("real-ai-toolkit", lambda: args.ai_toolkit, False, real_opts))  # type: ignore[list-item]
+    if args.layouts:
+        jobs = [j for j in jobs if j[0] in args.layouts.split(",")]
     for name, make, kohya, opts in jobs:
         source = make()  # type: ignore[operator]
         root_of = _kohya_root if kohya else (lambda p: p)
         lay = prepare(name, Path(source), work, kohya=kohya, root_of=root_of)
         tally = Tally()
         log(f"{name}: sweeping")
-        sweep(lay, tally, log=log, **opts)
-        log(f"{name}: crafted state files, user cases, two patches at once")
-        crafted_state(lay, tally, root_of, work / "outside")
-        user_cases(lay, tally, root_of)
-        concurrent(lay, tally, runs=10)
+        if not args.no_sweep:
+            sweep(lay, tally, log=log, commands=commands, **opts)
+        if not args.no_extra:
+            log(f"{name}: crafted state files, user cases, two patches at once")
+            crafted_state(lay, tally, root_of, work / "outside")
+            user_cases(lay, tally, root_of)
+            concurrent(lay, tally, runs=10)
         per[name] = tally.as_dict()
         log(f"{name}: {json.dumps(per[name])}")
         for f in tally.failures[:20]:
@@ -730,6 +755,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     return 0 if not total.failures else 1
+
+
+def merge(files: list[Path], out: Path | None) -> int:
+    total: dict = {"cases": 0, "tracebacks": 0, "data_loss": 0, "byte_identical_recoveries": 0, "identical_to_before": 0,
+                   "identical_to_after": 0, "not_identical": 0, "failures": 0, "classes": {}}  # fmt: skip
+    layouts: dict[str, dict] = {}
+    failures: list[str] = []
+    for f in files:
+        data = json.loads(f.read_text())
+        for name, counts in data["layouts"].items():
+            mine = layouts.setdefault(name, {k: 0 for k in total if k != "classes"} | {"classes": {}})
+            for key in (total, mine):
+                for k, v in counts.items():
+                    if k == "classes":
+                        for c, n in v.items():
+                            key["classes"][c] = key["classes"].get(c, 0) + n
+                    else:
+                        key[k] += v
+        failures += data.get("failures", [])
+    print(json.dumps({"total": total, "layouts": layouts}, indent=2))
+    if out:
+        out.write_text(json.dumps({"total": total, "layouts": layouts, "failures": failures}, indent=2) + "\n")
+    return 0 if not total["failures"] else 1
 
 
 if __name__ == "__main__":

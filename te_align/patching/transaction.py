@@ -341,6 +341,8 @@ def _flock(root: Path, deadline: float) -> Any:
 
 
 def _pid_alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill would terminate the process there: assume it is alive
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -364,7 +366,10 @@ def _pid_lock(root: Path, deadline: float) -> Any:
                 path.unlink(missing_ok=True)  # stale: its owner is gone
                 continue
             if time.monotonic() >= deadline:
-                raise _busy(root, f", pid {pid}") from None
+                raise PatchError(
+                    f"another te-align command (patch, unpatch or status, pid {pid}) is working on {root}; wait for it "
+                    f"to finish, then run this again (if no te-align is running, delete {path})"
+                ) from None
             time.sleep(0.05)
             continue
         except OSError as e:
