@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -728,33 +729,54 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append(("real-ai-toolkit", lambda: args.ai_toolkit, False, real_opts))  # type: ignore[list-item]
     if args.layouts:
         jobs = [j for j in jobs if j[0] in args.layouts.split(",")]
+
+    class _Stop(Exception):
+        pass
+
+    def _stop(signum: int, frame: object) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, _stop)  # a time limit: write what was counted so far
+    partial = False
+    try:
+        _run_jobs(jobs, work, args, commands, per, total, log)
+    except _Stop:
+        partial = True
+        log("stopped by SIGTERM: the counts below are partial")
+    summary = {"total": total.as_dict(), "layouts": per, "seconds": round(time.time() - started, 1), "failures": total.failures[:200],
+               "partial": partial}  # fmt: skip
+    print(json.dumps(summary["total"], indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0 if not total.failures and not partial else 1
+
+
+def _run_jobs(jobs: list, work: Path, args: argparse.Namespace, commands: list[str] | None, per: dict, total: Tally,
+              log: Callable[[str], None]) -> None:  # fmt: skip
     for name, make, kohya, opts in jobs:
-        source = make()  # type: ignore[operator]
+        source = make()
         root_of = _kohya_root if kohya else (lambda p: p)
         lay = prepare(name, Path(source), work, kohya=kohya, root_of=root_of)
         tally = Tally()
         log(f"{name}: sweeping")
-        if not args.no_sweep:
-            sweep(lay, tally, log=log, commands=commands, **opts)
-        if not args.no_extra:
-            log(f"{name}: crafted state files, user cases, two patches at once")
-            crafted_state(lay, tally, root_of, work / "outside")
-            user_cases(lay, tally, root_of)
-            concurrent(lay, tally, runs=10)
-        per[name] = tally.as_dict()
-        log(f"{name}: {json.dumps(per[name])}")
-        for f in tally.failures[:20]:
-            log(f"  FAIL {f}")
-        for k in ("cases", "tracebacks", "data_loss", "identical_before", "identical_after", "not_identical"):
-            setattr(total, k, getattr(total, k) + getattr(tally, k))
-        total.failures += tally.failures
-        for k, v in tally.classes.items():
-            total.classes[k] = total.classes.get(k, 0) + v
-    summary = {"total": total.as_dict(), "layouts": per, "seconds": round(time.time() - started, 1), "failures": total.failures[:200]}
-    print(json.dumps(summary["total"], indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    return 0 if not total.failures else 1
+        try:
+            if not args.no_sweep:
+                sweep(lay, tally, log=log, commands=commands, **opts)
+            if not args.no_extra:
+                log(f"{name}: crafted state files, user cases, two patches at once")
+                crafted_state(lay, tally, root_of, work / "outside")
+                user_cases(lay, tally, root_of)
+                concurrent(lay, tally, runs=10)
+        finally:  # also when stopped: count what was done
+            per[name] = tally.as_dict()
+            log(f"{name}: {json.dumps(per[name])}")
+            for f in tally.failures[:20]:
+                log(f"  FAIL {f}")
+            for k in ("cases", "tracebacks", "data_loss", "identical_before", "identical_after", "not_identical"):
+                setattr(total, k, getattr(total, k) + getattr(tally, k))
+            total.failures += tally.failures
+            for k, v in tally.classes.items():
+                total.classes[k] = total.classes.get(k, 0) + v
 
 
 def merge(files: list[Path], out: Path | None) -> int:
