@@ -105,6 +105,8 @@ def fake_ai_toolkit(root: Path) -> Path:
 
 # ------------------------------------------------------------------------------------- snapshots
 Snap = dict[str, tuple]
+#: sha256 of files already read, keyed by their stat (device, inode, size, mtime, ctime): any write changes ctime
+_HASHES: dict[str, tuple[tuple, tuple[str, str]]] = {}
 
 
 def snapshot(root: Path) -> Snap:
@@ -125,6 +127,11 @@ def snapshot(root: Path) -> Snap:
             elif p.is_dir():
                 out[rel] = ("dir", st.st_mode & 0o7777)
             else:
+                key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                cached = _HASHES.get(str(p))
+                if cached is not None and cached[0] == key:
+                    out[rel] = ("file", st.st_mode & 0o7777, *cached[1])
+                    continue
                 data = p.read_bytes()
                 norm = ""
                 if name == "manifest.json" and STATE in p.relative_to(root).parts:
@@ -135,7 +142,9 @@ def snapshot(root: Path) -> Snap:
                     if isinstance(m, dict):
                         m.pop("patched_at", None)
                         norm = hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
-                out[rel] = ("file", st.st_mode & 0o7777, hashlib.sha256(data).hexdigest(), norm)
+                digest = hashlib.sha256(data).hexdigest()
+                _HASHES[str(p)] = (key, (digest, norm))
+                out[rel] = ("file", st.st_mode & 0o7777, digest, norm)
     return out
 
 
