@@ -255,6 +255,15 @@ def test_unknown_sd_scripts_version_without_git_does_not_say_git_checkout_this_t
     assert rc == 2 and "is not a git checkout" in line and f"git -C {kohya}" not in line
 
 
+def test_empty_sd_scripts_in_a_kohya_ss_gui_that_is_not_a_git_clone(tmp_path):
+    gui = tmp_path / "kohya_ss"
+    (gui / "kohya_gui").mkdir(parents=True)
+    (gui / "sd-scripts").mkdir()
+    rc, _, err = _cli("patch", str(gui))
+    line = _error_line(err)
+    assert rc == 2 and "sd-scripts submodule is empty" in line and "not a git checkout" in line and "git -C" not in line
+
+
 # ------------------------------------------------------------------------------ 8: full disk, read-only, damaged state
 def _fault(monkeypatch, at: int, mode: str) -> None:
     monkeypatch.setenv("TE_ALIGN_FAULT_AT", str(at))

@@ -55,10 +55,11 @@ def detect(path: Path) -> Detection | None:
     gui = (path / "kohya_gui").is_dir() or (path / "kohya_gui.py").is_file()
     if gui and sub.is_dir():
         if not _is_sd_scripts(sub):
-            raise PatchError(
-                f"{path} is a kohya_ss GUI folder but its sd-scripts submodule is empty or incomplete; "
-                f"run: git -C {path} submodule update --init --recursive"
-            )
+            how = (
+                f"run: git -C {path} submodule update --init --recursive" if git_dir(path) is not None
+                else f"{path} is not a git checkout: put a copy of kohya-ss/sd-scripts into {sub}"
+            )  # fmt: skip
+            raise PatchError(f"{path} is a kohya_ss GUI folder but its sd-scripts submodule is empty or incomplete; {how}")
         root, layout = sub, "kohya_ss GUI"
     elif _is_sd_scripts(path):
         root, layout = path, "sd-scripts checkout"
