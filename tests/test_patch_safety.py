@@ -73,6 +73,21 @@ def test_keep_changed_keeps_the_original_a_kept_kohya_drop_in_runs(kohya):
     assert run.returncode == 0 and run.stdout.strip() == "train_network.py ['a']", run.stderr
 
 
+def test_keep_changed_on_a_manifest_of_an_older_te_align(kohya):
+    """Manifests written before ``original_of`` existed: the copy holding the original is found by its bytes."""
+    pristine = (kohya / "train_network.py").read_bytes()
+    assert _cli("patch", str(kohya))[0] == 0
+    m_path = kohya / STATE_DIR / "manifest.json"
+    m = json.loads(m_path.read_text())
+    for e in m["files"].values():
+        e.pop("original_of", None)
+    m_path.write_text(json.dumps(m))
+    (kohya / "train_network.py").write_bytes(b"# edited\n")
+    assert _cli("unpatch", str(kohya), "--keep-changed")[0] == 0
+    assert (kohya / "te_align_originals" / "train_network.py").read_bytes() == pristine
+    assert not (kohya / "train_network.py.te-align-original").exists()
+
+
 def test_keep_changed_keeps_ai_toolkit_original_run(toolkit):
     pristine = (toolkit / "run.py").read_bytes()
     assert _cli("patch", str(toolkit))[0] == 0

@@ -957,7 +957,12 @@ def revert_report(root: str | Path, *, keep_changed: bool = False) -> RevertResu
         for p in changed:
             e = files[p]
             for q, qe in files.items():
-                if qe.get("original_of") == p and q not in kept and (root / q).is_file():
+                if q in kept or not (root / q).is_file():
+                    continue
+                # declared by the planner, or (manifests of older te-align) a file te-align created that holds p's original
+                if qe.get("original_of") == p or (
+                    e.get("original_sha256") and qe.get("original_sha256") is None and sha256_file(root / q) == e["original_sha256"]
+                ):
                     kept[q] = f"the original that {p} runs"
             if e.get("backup") is None:
                 continue
