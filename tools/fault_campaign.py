@@ -8,7 +8,8 @@ ai-toolkit; and copies of real checkouts given with ``--kohya DIR`` / ``--ai-too
   N kills the command at its N-th operation (``TE_ALIGN_FAULT_AT=N``: SIGKILL) and recovers with
   ``te-align status`` (the tree must be byte-identical — every file's bytes and mode, every folder —
   to the tree before the command, or to the tree the command makes when the kill came after its
-  commit point) and, separately, by running the same command again (it must finish the job);
+  commit point), separately by running the same command again (it must finish the job), and after
+  a killed patch by ``te-align unpatch`` (it must give back the unpatched tree);
 * double faults: the recovering ``status`` is killed at each of its own operations, then recovery
   runs again;
 * full disk and read-only file system: ``TE_ALIGN_FAULT_MODE=enospc`` / ``erofs`` at every N (the
@@ -435,6 +436,19 @@ def sweep(
                     problem = f"{lay.name} op {n}: re-run did not end in the command's result: {differences(after, now)}"
                 tally.add(f"kill+rerun/{cname}", problem, traceback=again.traceback, lost=_lost(lay),
                           identical="after" if problem is None else "neither")  # fmt: skip
+            # kill at N, then unpatch: recovers, and gives back the unpatched tree byte for byte
+            if rerun_every and cname in ("patch", "re-patch") and ((n - 1) % rerun_every == 0 or n == n_ops):
+                lay.reset(pre)
+                run_cli(argv, fault_at=n)
+                u = run_cli(["unpatch", str(lay.work)])
+                problem = None
+                if not (u.rc == 0 or (u.rc == 2 and "not patched" in u.output)):
+                    problem = f"{lay.name} op {n}: unpatch exited {u.rc}: {u.output.strip()[-200:]}"
+                else:
+                    ident, p2 = _judge(lay, lay.templates["unpatched"][1], None, allow_after=False)
+                    problem = p2 and f"{lay.name} op {n}: {p2}"
+                tally.add(f"kill+unpatch/{cname}", problem, traceback=u.traceback, lost=_lost(lay, lay.originals),
+                          identical="before" if problem is None else "neither")  # fmt: skip
             # double fault: the recovering status is killed at each of its own operations
             if double_every and (n - 1) % double_every == 0:
                 m = 1
