@@ -619,7 +619,7 @@ def user_cases(lay: Layout, tally: Tally, root_of: Callable[[Path], Path]) -> No
         env = {**os.environ, "PYTHONPATH": str(REPO), "TE_ALIGN": "off"}
         run = subprocess.run([sys.executable, drop_in, "x"], cwd=root, capture_output=True, text=True, env=env, timeout=120)
         # a real trainer may stop at one of its own dependencies that is not installed here: it still ran the original
-        reached = orig.name in run.stderr and "ModuleNotFoundError" in run.stderr
+        reached = orig.relative_to(root).as_posix() in run.stderr and "ModuleNotFoundError" in run.stderr
         if run.returncode != 0 and not reached:
             problem = f"the kept {drop_in} no longer runs: {run.stderr.strip()[-200:]}"
     tally.add("keep-changed", problem and f"{lay.name}: {problem}", traceback=r.traceback, lost=_lost(lay))
