@@ -591,6 +591,7 @@ def test_detect_layouts(tmp_path):
     gui = tmp_path / "kohya_ss"
     (gui / "kohya_gui").mkdir(parents=True)
     (gui / "sd-scripts").mkdir()
+    (gui / ".git").mkdir()  # a clone of kohya_ss: the way out is git's submodule command
     with pytest.raises(PatchError, match="submodule update --init"):
         detect(gui)
     _write_standin(gui / "sd-scripts")

@@ -29,21 +29,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_patch(args: argparse.Namespace) -> int:
     from te_align.patching import apply
     from te_align.patching.trainers import detect, plan_for
+    from te_align.patching.transaction import lock, recover
 
     if args.profile:
         from te_align.profiles import profile
 
         args.profile = profile(args.profile).name  # validate early; aliases resolve
     det = detect(args.path, args.trainer)
-    plan = plan_for(det, args.profile)
-    print(f"{det.trainer} ({det.layout}, version {det.version}) at {det.root}")
-    for note in det.notes:
-        print(f"  note: {note}")
-    for line in plan.describe()[1:]:
-        print(line)
-    result = apply(plan, replan=args.replan, dry_run=args.dry_run)
-    if result.recovered:
-        print(result.recovered)
+    with lock(det.root):  # plan and apply as one step: a second te-align waits or refuses
+        recovered = recover(det.root)
+        if recovered:
+            print(recovered)
+        plan = plan_for(det, args.profile)
+        print(f"{det.trainer} ({det.layout}, version {det.version}) at {det.root}")
+        for note in det.notes:
+            print(f"  note: {note}")
+        for line in plan.describe()[1:]:
+            print(line)
+        result = apply(plan, replan=args.replan, dry_run=args.dry_run)
     if args.dry_run:
         print("dry run: nothing changed")
     elif result.noop:
@@ -54,12 +57,18 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_unpatch(args: argparse.Namespace) -> int:
-    from te_align.patching import revert
     from te_align.patching.trainers import patched_root
+    from te_align.patching.transaction import revert_report
 
     root = patched_root(args.path)
-    restored = revert(root, keep_changed=args.keep_changed)
-    print(f"restored {len(restored)} file(s) in {root}")
+    result = revert_report(root, keep_changed=args.keep_changed)
+    if result.recovered:
+        print(result.recovered)
+    print(f"restored {len(result.restored)} file(s) in {root}")
+    for path, why in result.kept:
+        print(f"  kept {path} ({why})")
+    if result.kept:
+        print("te-align no longer tracks the kept files: delete them yourself when you no longer need them")
     return 0
 
 

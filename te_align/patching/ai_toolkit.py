@@ -17,11 +17,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from te_align._git import git_dir
 from te_align.hooks.ai_toolkit import SUPPORTED, checkout_version
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
-from te_align.patching.transaction import FileChange, PatchError, Plan, sha256_file
+from te_align.patching.transaction import (
+    STATE_DIR,
+    FileChange,
+    PatchError,
+    Plan,
+    read_manifest,
+    sha256_bytes,
+    sha256_file,
+)
 
 TRAINER = "ai-toolkit"
 #: ai-toolkit checkout versions the hooks were verified with (the hook's own data).
@@ -29,6 +38,8 @@ VERIFIED = tuple(SUPPORTED["current"])
 EXTENSION = "extensions/te_align/__init__.py"
 ORIGINAL_RUN = "te_align_original_run.py"
 #: Files whose presence marks an ai-toolkit checkout.
+#: The first line of te-align's run.py shim (every te-align version).
+SHIM_MARK = b"# te-align shim for ai-toolkit's run.py"
 MARKERS = ("run.py", "toolkit/train_tools.py", "toolkit/job.py", "extensions_built_in")
 
 
@@ -73,15 +84,57 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     if profile is not None:
         ext = ext.replace(b"PINNED_PROFILE = None", f"PINNED_PROFILE = {profile!r}".encode(), 1)
     run = root / "run.py"
-    current_run = run.read_bytes()
     shim = shim_source(tpl)
-    changes = [FileChange(EXTENSION, ext, sha256_file(root / EXTENSION), note="te-align extension")]
-    if current_run != shim:  # an earlier patch's shim: the saved original stays as it is
-        changes.append(FileChange(ORIGINAL_RUN, current_run, sha256_file(root / ORIGINAL_RUN), note="the original run.py"))
-    else:
-        orig = root / ORIGINAL_RUN
-        if not orig.is_file():
-            raise PatchError(f"{run} is te-align's shim but {orig} is missing; restore run.py from git")
-        changes.append(FileChange(ORIGINAL_RUN, orig.read_bytes(), sha256_file(orig), note="the original run.py"))
-    changes.append(FileChange("run.py", shim, sha256_file(run), note="shim: runs te_align_original_run.py"))
+    state = root / STATE_DIR
+    manifest = read_manifest(root) or {}
+    known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
+    current_run = run.read_bytes() if run.is_file() else None
+    orig = root / ORIGINAL_RUN
+    entry = known.get("run.py")
+    restore_to = None
+    if entry is None:
+        if current_run is None:
+            raise PatchError(f"{run} is missing; restore it from ai-toolkit, then patch again")
+        if current_run.startswith(SHIM_MARK):
+            raise PatchError(
+                f"{run} is te-align's shim but {state} holds no manifest for it (was {STATE_DIR} deleted?); "
+                f"{_restore_hint(root)}, then patch again"
+            )
+        original = current_run
+    else:  # patched before: the original unpatch must give back
+        orig_entry = known.get(ORIGINAL_RUN)
+        orig_now = orig.read_bytes() if orig.is_file() else None
+        orig_edited = (
+            orig_entry is not None and orig_now is not None and sha256_bytes(orig_now) != orig_entry["patched_sha256"]
+            and not orig_now.startswith(SHIM_MARK)
+        )  # fmt: skip
+        ours = current_run is None or sha256_bytes(current_run) == entry["patched_sha256"] or current_run.startswith(SHIM_MARK)
+        if ours:  # te-align's shim, maybe edited by the user: --replan writes a fresh one
+            original = orig_now if orig_edited else (state / entry["backup"]).read_bytes() if entry.get("backup") else None
+        elif orig_edited:
+            raise PatchError(
+                f"both {run} and {orig} changed since te-align patched them; keep the one you want (copy it over "
+                f"{run}), then run: te-align unpatch {root} --keep-changed and patch again"
+            )
+        else:
+            original = current_run  # replaced by something else (e.g. git pull): the new original
+        if original is None:
+            raise PatchError(f"te-align state file is unreadable (no backup of run.py); restore run.py by hand, then delete {state}",
+                             file=str(state / "manifest.json"))  # fmt: skip
+        restore_to = original
+    changes = [
+        FileChange(EXTENSION, ext, sha256_file(root / EXTENSION), note="te-align extension"),
+        FileChange(ORIGINAL_RUN, original, sha256_file(orig), note="the original run.py", original_of="run.py"),
+        FileChange("run.py", shim, sha256_file(run), note=f"shim: runs {ORIGINAL_RUN}", restore_to=restore_to),
+    ]
     return Plan(root, TRAINER, detection.version, tuple(changes), profile=profile, extra={"layout": detection.layout})
+
+
+def _restore_hint(root: Path) -> str:
+    """How to get the original run.py back: git only where the tree is a git checkout."""
+    orig = root / ORIGINAL_RUN
+    if orig.is_file() and not orig.read_bytes().startswith(SHIM_MARK):
+        return f"restore the original te-align kept with: mv {orig} {root / 'run.py'}"
+    if git_dir(root) is not None:
+        return f"restore the original with: git -C {root} checkout -- run.py"
+    return "restore run.py from a fresh copy of ai-toolkit"

@@ -12,6 +12,7 @@ parameters, checked statically (the source is parsed, nothing is imported).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import shutil
 import subprocess
@@ -21,7 +22,15 @@ from te_align._git import git_dir, git_head
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
-from te_align.patching.transaction import STATE_DIR, FileChange, PatchError, Plan, read_manifest, sha256_file
+from te_align.patching.transaction import (
+    STATE_DIR,
+    FileChange,
+    PatchError,
+    Plan,
+    read_manifest,
+    sha256_bytes,
+    sha256_file,
+)
 from te_align.trainers import kohya as kohya_table
 
 TRAINER = "kohya"
@@ -46,10 +55,11 @@ def detect(path: Path) -> Detection | None:
     gui = (path / "kohya_gui").is_dir() or (path / "kohya_gui.py").is_file()
     if gui and sub.is_dir():
         if not _is_sd_scripts(sub):
-            raise PatchError(
-                f"{path} is a kohya_ss GUI folder but its sd-scripts submodule is empty or incomplete; "
-                f"run: git -C {path} submodule update --init --recursive"
-            )
+            how = (
+                f"run: git -C {path} submodule update --init --recursive" if git_dir(path) is not None
+                else f"{path} is not a git checkout: put a copy of kohya-ss/sd-scripts into {sub}"
+            )  # fmt: skip
+            raise PatchError(f"{path} is a kohya_ss GUI folder but its sd-scripts submodule is empty or incomplete; {how}")
         root, layout = sub, "kohya_ss GUI"
     elif _is_sd_scripts(path):
         root, layout = path, "sd-scripts checkout"
@@ -96,6 +106,22 @@ def _find_def(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
     return None
 
 
+def _parse(f: Path) -> ast.Module | None:
+    try:
+        st = f.stat()
+    except OSError:
+        return None
+    return _parse_cached(str(f), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_cached(path: str, mtime_ns: int, size: int) -> ast.Module | None:
+    try:
+        return ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
     from te_align.hooks.kohya import all_targets
@@ -104,11 +130,7 @@ def static_problems(root: Path) -> list[str]:
     trees: dict[str, ast.Module | None] = {}
     for t in all_targets():
         if t.module not in trees:
-            f = _module_file(root, t.module)
-            try:
-                trees[t.module] = ast.parse(f.read_text(encoding="utf-8"), str(f))
-            except (OSError, SyntaxError, UnicodeDecodeError):
-                trees[t.module] = None
+            trees[t.module] = _parse(_module_file(root, t.module))
         tree = trees[t.module]
         if tree is None:
             problems.append(f"{t.label}: module file {_module_file(root, t.module).relative_to(root)} missing or unreadable")
@@ -150,6 +172,48 @@ def _dirty(root: Path, ours: set[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ plan
+DROP_IN_MARK = b"# te-align drop-in"
+
+
+def _restore_hint(root: Path, script: str) -> str:
+    """How to get an original script back: git only where the tree is a git checkout."""
+    if git_dir(root) is not None:
+        return f"restore the original with: git -C {root} checkout -- {script}"
+    kept = root / ORIGINALS / script
+    if kept.is_file() and not kept.read_bytes().startswith(DROP_IN_MARK):
+        return f"restore the original te-align kept with: cp {kept} {root / script}"
+    return f"restore the original {script} from a fresh copy of sd-scripts"
+
+
+def _original_for(
+    root: Path, state: Path, script: str, entry: dict, orig_entry: dict | None, cur_bytes: bytes | None
+) -> bytes:
+    """The original of a script patched before: the saved one (or the user's edit of the copy in
+    te_align_originals/), or the script's new upstream bytes when something other than te-align
+    replaced the drop-in (e.g. git pull)."""
+    orig_rel = f"{ORIGINALS}/{script}"
+    backup = (state / entry["backup"]).read_bytes() if entry.get("backup") else None
+    orig_now = (root / orig_rel).read_bytes() if (root / orig_rel).is_file() else None
+    orig_edited = (
+        orig_entry is not None and orig_now is not None and sha256_bytes(orig_now) != orig_entry["patched_sha256"]
+        and not orig_now.startswith(DROP_IN_MARK)
+    )  # fmt: skip
+    ours = cur_bytes is None or sha256_bytes(cur_bytes) == entry["patched_sha256"] or cur_bytes.startswith(DROP_IN_MARK)
+    if ours:  # te-align's drop-in (maybe edited by the user: --replan writes a fresh one)
+        original = orig_now if orig_edited else backup
+    elif orig_edited:
+        raise PatchError(
+            f"both {root / script} and {root / orig_rel} changed since te-align patched them; keep the one you want "
+            f"(copy it over {root / script}), then run: te-align unpatch {root} --keep-changed and patch again"
+        )
+    else:
+        original = cur_bytes
+    if original is None:
+        raise PatchError(f"te-align state file is unreadable (no backup of {script}); restore {script} by hand, then delete {state}",
+                         file=str(state / "manifest.json"))  # fmt: skip
+    return original
+
+
 def shim_source(script: str, profile: str | None) -> bytes:
     template = (templates_dir() / "train_script.py.tmpl").read_text(encoding="utf-8")
     pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per run"
@@ -163,10 +227,14 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     problems = static_problems(root)
     if problems:
         commit = next(iter(KohyaHook.supported))[:7]
+        if git_dir(root) is not None:
+            how = f"check that commit out (git -C {root} checkout {commit})"
+        else:
+            how = (f"{root} is not a git checkout: replace it by sd-scripts at that commit "
+                   f"(git clone https://github.com/kohya-ss/sd-scripts; git -C sd-scripts checkout {commit})")  # fmt: skip
         raise PatchError(
             f"unknown sd-scripts version {detection.version} at {root}: te-align's hook targets do not match "
-            f"({'; '.join(problems)}). te-align was verified with sd-scripts {commit}; check that commit out "
-            f"(git -C {root} checkout {commit}) or upgrade te-align"
+            f"({'; '.join(problems)}). te-align was verified with sd-scripts {commit}; {how} or upgrade te-align"
         )
     manifest = read_manifest(root) or {}
     known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
@@ -179,19 +247,29 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             f"gives back exactly what git has. Commit or stash them first (git -C {root} stash), then patch again"
         )
     changes: list[FileChange] = []
+    state = root / STATE_DIR
     for script, arch in present:
         current = root / script
-        entry = known.get(script)
-        cur_sha = sha256_file(current)
-        if entry is not None and cur_sha == entry.get("patched_sha256") and entry.get("backup"):
-            original = (root / STATE_DIR / entry["backup"]).read_bytes()  # ours: the original is in the backup
-        else:
-            original = current.read_bytes()
-        if original.startswith(b"# te-align drop-in"):
-            raise PatchError(f"{current} is a te-align drop-in without a te-align manifest; restore it with git -C {root} checkout -- {script}")
-        changes.append(FileChange(script, shim_source(script, profile), cur_sha, note=f"drop-in ({arch}); original kept in {ORIGINALS}/{script}"))
         orig_rel = f"{ORIGINALS}/{script}"
-        changes.append(FileChange(orig_rel, original, sha256_file(root / orig_rel), note=f"original {script}, unchanged"))
+        cur_bytes = current.read_bytes() if current.is_file() else None
+        cur_sha = sha256_bytes(cur_bytes) if cur_bytes is not None else None
+        entry = known.get(script)
+        restore_to = None
+        if entry is not None:  # patched before: find the original unpatch must give back
+            original = _original_for(root, state, script, entry, known.get(orig_rel), cur_bytes)
+            restore_to = original
+        elif cur_bytes is None:
+            raise PatchError(f"{current} is missing; restore it from sd-scripts, then patch again")
+        elif cur_bytes.startswith(DROP_IN_MARK):
+            raise PatchError(
+                f"{current} is a te-align drop-in but {state} holds no manifest for it (was {STATE_DIR} deleted?); "
+                f"{_restore_hint(root, script)}, then patch again"
+            )
+        else:
+            original = cur_bytes
+        changes.append(FileChange(script, shim_source(script, profile), cur_sha, note=f"drop-in ({arch}); original kept in {orig_rel}",
+                                  restore_to=restore_to))  # fmt: skip
+        changes.append(FileChange(orig_rel, original, sha256_file(root / orig_rel), note=f"original {script}, unchanged", original_of=script))
     readme = (
         "Original sd-scripts train scripts, kept byte for byte by te-align; the scripts of the same name one\n"
         f"folder up run them after activating te-align. Undo everything with: te-align unpatch {root}\n"

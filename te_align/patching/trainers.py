@@ -12,11 +12,12 @@ patches with the first that recognises PATH.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from te_align.patching.transaction import STATE_DIR, PatchError, Plan, read_manifest
+from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan, lock, recover
 
 #: trainer name -> module implementing detect()/plan()
 PLANNERS: dict[str, str] = {
@@ -49,8 +50,10 @@ def available() -> list[str]:
 def detect(path: str | Path, trainer: str = "auto") -> Detection:
     """Find which trainer installation ``path`` is; one-line errors name what was looked for."""
     p = Path(path).expanduser()
-    if not p.is_dir():
+    if not p.exists():
         raise PatchError(f"no such folder: {p}")
+    if not p.is_dir():
+        raise PatchError(f"not a folder: {p} (give the trainer's folder)")
     names = available() if trainer == "auto" else [trainer]
     if trainer != "auto" and trainer not in PLANNERS:
         raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(PLANNERS)}")
@@ -64,13 +67,21 @@ def detect(path: str | Path, trainer: str = "auto") -> Detection:
 
 
 def plan_for(detection: Detection, profile: str | None) -> Plan:
-    return _module(detection.trainer).plan(detection, profile)
+    """The trainer's plan, made after recovering an interrupted earlier command (under the tree's lock:
+    hold :func:`te_align.patching.transaction.lock` around this and ``apply`` to make both one step)."""
+    with lock(detection.root):
+        recover(detection.root)
+        return _module(detection.trainer).plan(detection, profile)
 
 
 def patched_root(path: str | Path) -> Path:
     """The folder holding te-align's patch state for ``path`` (PATH itself or a detected sub-folder)."""
     p = Path(path).expanduser()
-    if (p / STATE_DIR).exists() or read_manifest(p) is not None:
+    if not p.exists():
+        raise PatchError(f"no such folder: {p}")
+    if not p.is_dir():
+        raise PatchError(f"not a folder: {p} (give the trainer's folder)")
+    if any(os.path.lexists(p / name) for name in (STATE_DIR, REMOVING)):
         return p
     try:
         return detect(p).root
