@@ -1,11 +1,9 @@
-"""``te-align demo``: one consequential A/B on a pretrained shapes-world base, offline, on CPU, in minutes.
+"""``te-align demo``: the whole A/B offline on a tiny SD3-shaped model and synthetic shapes (CPU, minutes).
 
-The ``tiny-demo`` preset names the base (:mod:`te_align.tiny.bases`, pretrained with exactly its family's
-profile), the concept it learns from captioned images drawn from the world, and the trainer deviation of arm A;
-arm B conditions by the profile. Both are scored as the official pipeline conditions at inference: held-out
-validation loss and prompt accuracy read back from the samples. The report (``OUT/report.md`` and
-``report.html``) leads with the verdict.
-``TE_ALIGN_DEMO_STEPS`` and ``TE_ALIGN_DEMO_SEEDS`` (or ``steps=`` / ``seeds=``) shorten it, for tests.
+Builds the model (:func:`te_align.tiny.pipelines.build_tiny_sd3`) and the dataset once into ``OUT/model`` and
+``OUT/data``, then runs the ``tiny-demo`` preset (SimpleTuner's default SD3 T5 length against the
+sd35-large profile) and writes ``OUT/ab/report.md`` and ``report.html``. ``TE_ALIGN_DEMO_STEPS`` and
+``TE_ALIGN_DEMO_SEEDS`` (or ``steps=`` / ``seeds=``) shorten it, for tests.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from te_align.ab.preset import ABError
-
-DEMO_PRESET = "tiny-demo"
 
 
 def _env_int(name: str) -> int | None:
@@ -33,17 +29,21 @@ def _env_int(name: str) -> int | None:
 def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, seeds: int | None = None,
              say: Callable[[str], None] = print) -> Any:
     """Run the demo A/B; returns the :class:`te_align.ab.runner.ABResult`."""
-    from te_align.ab.preset import load_preset
     from te_align.ab.runner import run_ab
+    from te_align.tiny.datasets import make_shapes_dataset
+    from te_align.tiny.fit import tiny_profile_overrides
+    from te_align.tiny.pipelines import build_tiny_sd3
 
     steps = steps if steps is not None else _env_int("TE_ALIGN_DEMO_STEPS")
     seeds = seeds if seeds is not None else _env_int("TE_ALIGN_DEMO_SEEDS")
     root = Path(out).expanduser()
-    preset = load_preset(DEMO_PRESET)
-    assert preset.world is not None
-    say(f"te-align demo: the pretrained {preset.world.base} shapes-world base learns {preset.world.concept.split('=')[1]}; "
-        f"arm A: {preset.baseline.behaviour} ({preset.baseline.trainer}); arm B: profile {preset.profile}; output in {root}")  # fmt: skip
-    return run_ab(preset, seeds=seeds, out=root, max_steps=steps, say=say)
+    say(f"te-align demo: tiny SD3-shaped model and synthetic shapes in {root}")
+    model = build_tiny_sd3(root / "model")
+    data = root / "data"
+    if not (data / "train").is_dir() or not (data / "val").is_dir():
+        make_shapes_dataset(data)
+    return run_ab("tiny-demo", model=model, data=data, seeds=seeds, out=root / "ab", max_steps=steps,
+                  profile_overrides=tiny_profile_overrides(model), say=say)  # fmt: skip
 
 
-__all__ = ["DEMO_PRESET", "run_demo"]
+__all__ = ["run_demo"]
