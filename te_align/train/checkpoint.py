@@ -102,9 +102,7 @@ def save_checkpoint(
     A full disk or read-only folder raises :class:`~te_align.train._io.WriteError`; the newest
     complete checkpoint is never touched before the new one is complete.
     """
-    from safetensors.torch import save
-
-    from te_align.train._io import write_atomic, writing
+    from te_align.train._io import WriteError, writing
 
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
@@ -112,27 +110,10 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:08d}.", suffix=".tmp", dir=root))
     try:
-        tensors = {k: v.detach().float().cpu().contiguous() for k, v in params.items()}
-        blobs = {
-            "trainable.safetensors": save(tensors),
-            "optimizer.pt": _torch_bytes(optimizer.state_dict()),
-            "scheduler.pt": _torch_bytes(scheduler.state_dict()),
-            "rng.pt": _torch_bytes(rng if rng is not None else rng_state()),
-        }
-        for name, blob in blobs.items():
-            write_atomic(tmp / name, blob)
-        payload = dict(state, format=STATE_FORMAT, step=step, files={k: _sha256(v) for k, v in blobs.items()})
-        write_atomic(tmp / "state.json", json.dumps(payload, indent=1, sort_keys=True))
-        with writing(final):
-            if final.exists():
-                old = root / f".{final.name}.old"
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-        fsync_dir(root)
+        _write_files(tmp, final, params, optimizer, scheduler, state, step, rng)
+    except WriteError as e:  # name the checkpoint being written, not its temp folder (removed below)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(e.message, file=str(final / Path(e.file or "").name)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -140,6 +121,36 @@ def save_checkpoint(
         for _, d in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(d, ignore_errors=True)
     return final
+
+
+def _write_files(tmp: Path, final: Path, params: Mapping[str, Any], optimizer: Any, scheduler: Any, state: dict[str, Any],
+                 step: int, rng: dict[str, Any] | None) -> None:  # fmt: skip
+    from safetensors.torch import save
+
+    from te_align.train._io import write_atomic, writing
+
+    root = final.parent
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in params.items()}
+    blobs = {
+        "trainable.safetensors": save(tensors),
+        "optimizer.pt": _torch_bytes(optimizer.state_dict()),
+        "scheduler.pt": _torch_bytes(scheduler.state_dict()),
+        "rng.pt": _torch_bytes(rng if rng is not None else rng_state()),
+    }
+    for name, blob in blobs.items():
+        write_atomic(tmp / name, blob)
+    payload = dict(state, format=STATE_FORMAT, step=step, files={k: _sha256(v) for k, v in blobs.items()})
+    write_atomic(tmp / "state.json", json.dumps(payload, indent=1, sort_keys=True))
+    with writing(final):
+        if final.exists():
+            old = root / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    fsync_dir(root)
 
 
 class CheckpointError(TrainError):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._dtypes import torch_dtype
+from te_align.errors import CacheError
 from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.checkpoint import (
     latest_checkpoint,
@@ -515,7 +516,7 @@ def train(
             _resume(run, resume)
         _loop(run, stop_after)
         return _finish(run)
-    except WriteError as e:
+    except (WriteError, CacheError) as e:
         last = latest_checkpoint(cfg.output.dir)
         hint = (f"the run can continue from its last checkpoint {last} with --resume" if last is not None
                 else "no checkpoint was written yet")  # fmt: skip

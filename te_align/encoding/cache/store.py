@@ -57,6 +57,17 @@ class _Corrupt(Exception):
     pass
 
 
+def _why(e: OSError) -> str:
+    """A write failure in words, with what to do."""
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{e.strerror}: free space on that disk (or clear old entries: te-align cache clear DIR)"
+    if e.errno == errno.EROFS:
+        return "read-only file system: use a writable cache folder"
+    return e.strerror or str(e)
+
+
 # ------------------------------------------------------------------------------------- cache
 class EmbeddingCache:
     """Per-caption conditioning on disk for one profile, one set of text-encoder weights and one set of options.
@@ -96,7 +107,7 @@ class EmbeddingCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             write_marker(self.directory)
         except OSError as e:
-            raise CacheError(f"cannot use as a cache folder: {e.strerror}", file=str(self.directory)) from None
+            raise CacheError(f"cannot use as a cache folder: {_why(e)}", file=str(self.directory)) from None
 
     def __repr__(self) -> str:
         return f"EmbeddingCache({str(self.directory)!r}, {self.profile.name} {self.fingerprint}, options={self.options_json})"
@@ -243,8 +254,12 @@ class EmbeddingCache:
             "te_align.created": f"{time.time():.3f}",
         }
         blob = save(dict(cond.tensors), metadata=meta)
-        with atomic_file(self._path(key), error=CacheError) as f:
-            f.write(blob)
+        path = self._path(key)
+        try:
+            with atomic_file(path, error=CacheError) as f:
+                f.write(blob)
+        except OSError as e:  # a full disk or a read-only folder: one line, the entry is simply not stored
+            raise CacheError(f"cannot write cache entry: {_why(e)}", file=str(path)) from None
         self.stats.written += 1
 
     # ------------------------------------------------------------ batches
