@@ -101,10 +101,6 @@ def check_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> N
             raise bad("expected an integer")
         if not lo <= value <= hi:
             raise bad(f"must be in [{lo}, {hi}]")
-    if field == "layer" and isinstance(value, int) and not isinstance(value, bool):
-        layers = profile.get(path.rsplit(".", 1)[0] + ".num_layers")
-        if isinstance(layers, int) and layers > 0 and not -(layers + 1) <= value <= layers:
-            raise bad(f"hidden_states has {layers + 1} entries (index -{layers + 1}..{layers})")
     if field == "dtype" and path.endswith("encoder.dtype") and value not in DTYPE_NAMES:
         raise bad(f"expected one of {', '.join(DTYPE_NAMES)}")
     if field == "train_dropout" and value is not None and not (
