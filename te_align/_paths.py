@@ -33,11 +33,11 @@ def describe(mode: int) -> str:
 
 def _stat_error(e: OSError, name: str, error: type[TeAlignError], what: str) -> TeAlignError:
     if e.errno == errno.ENOENT:
-        return error(f"{what} does not exist", file=name)
+        return error(f"no such {what}", file=name)
     if e.errno == errno.ELOOP:
         return error("symlink loop (the link points back at itself)", file=name)
     if e.errno == errno.ENOTDIR:
-        return error(f"{what} does not exist (a part of the path is a file, not a folder)", file=name)
+        return error(f"no such {what} (a part of the path is a file, not a folder)", file=name)
     if e.errno == errno.EACCES:
         return error("permission denied", file=name)
     return error(f"cannot read: {e.strerror or e}", file=name)

@@ -150,7 +150,7 @@ def test_config_paths_one_line_each(tmp_path: Path, capsys: pytest.CaptureFixtur
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)
     (tmp_path / "deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
-    cases = {tmp_path / "missing.toml": "does not exist", tmp_path: "is a folder", loop: "symlink loop",
+    cases = {tmp_path / "missing.toml": "no such config file", tmp_path: "is a folder", loop: "symlink loop",
              fifo: "named pipe", tmp_path / "deep.toml": "nested too deeply"}  # fmt: skip
     for path, needle in cases.items():
         code, _, err = cli("train", str(path), "--check", capsys=capsys)

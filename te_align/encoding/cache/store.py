@@ -99,6 +99,9 @@ class EmbeddingCache:
         self.text_encoders_hash = hash_text_encoders(text_encoders_hash)
         self.options = dict(options or {})
         self.options_json = canonical_options(self.options)
+        #: Profile values the user overrode (recorded in each entry, so ``cache info`` can tell an
+        #: overridden profile from a stale one).
+        self.overrides = sorted(path for path, pv in self.profile.provenance if pv.status == "override")
         self.verify = verify
         self.stats = CacheStats()
         if self.directory.exists() and not self.directory.is_dir():
@@ -159,6 +162,8 @@ class EmbeddingCache:
             head = parse_header(data, len(data), label=str(path))
         except SafetensorsError as e:
             raise _Corrupt(e.message) from None
+        except RecursionError:
+            raise _Corrupt("the header JSON is nested too deeply") from None
         meta = head.metadata
         missing = [k for k in REQUIRED_META if k not in meta]
         if missing:
@@ -182,6 +187,8 @@ class EmbeddingCache:
             batch_dims = json.loads(meta.get("te_align.batch_dims", "{}"))
         except json.JSONDecodeError as e:
             raise _Corrupt(f"metadata is not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise _Corrupt("metadata JSON is nested too deeply") from None
         if not isinstance(names, list) or sorted(names) != sorted(head.tensors) or len(set(names)) != len(names):
             raise _Corrupt(f"tensor set {sorted(head.tensors)} does not match the recorded {names}")
         if counts is not None and not (isinstance(counts, list) and all(isinstance(n, int) for n in counts)):
@@ -253,6 +260,8 @@ class EmbeddingCache:
             "te_align.batch_dims": json.dumps({k: d for k, d in cond.batch_dims if k in cond.tensors}),
             "te_align.created": f"{time.time():.3f}",
         }
+        if self.overrides:
+            meta["te_align.overrides"] = json.dumps(self.overrides)
         blob = save(dict(cond.tensors), metadata=meta)
         path = self._path(key)
         try:
