@@ -121,7 +121,10 @@ def scan(cfg: DataConfig) -> ScanReport:
     root = Path(cfg.path).expanduser()
     if not os.path.lexists(root):
         raise TrainError("dataset folder does not exist", file=str(root), key="data.path")
-    check_dir(root, TrainError, what="dataset folder")
+    try:
+        check_dir(root, TrainError, what="dataset folder")
+    except TrainError as e:
+        raise TrainError(e.message, file=e.file, key="data.path") from None
     files = sorted(p for p in _walk(root) if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
     if not files:
         raise TrainError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the dataset folder", file=str(root), key="data.path")
