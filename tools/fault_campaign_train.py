@@ -131,15 +131,18 @@ def toml_value(v: Any) -> str:
         return "nan" if v != v else ("inf" if v == float("inf") else ("-inf" if v == float("-inf") else repr(v)))
     if isinstance(v, list):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
     return repr(v)
 
 
-def write_config(w: World, folder: Path, out: Path | None = None, data: Path | None = None, **sections: dict[str, Any]) -> Path:
+def write_config(w: World, folder: Path, out_dir: Path | None = None, data_dir: Path | None = None,
+                 **sections: dict[str, Any]) -> Path:  # fmt: skip
     raw: dict[str, dict[str, Any]] = {
         "model": {"path": str(w.model), "profile": "sd15"},
-        "data": {"path": str(data or w.data), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "data": {"path": str(data_dir or w.data), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
         "train": {"max_steps": 2, "learning_rate": 1e-3, "checkpoint_every": 1, "batch_size": 2, "device": "cpu"},
-        "output": {"dir": str(out or folder / "out")},
+        "output": {"dir": str(out_dir or folder / "out")},
         "logging": {"progress": False, "tensorboard": False, "loss_plot": False},
     }
     extra = dict(sections.pop("overrides", {}))
@@ -245,10 +248,10 @@ def path_cases(w: World) -> list[Case]:
     bad_cfg_dir = w.fresh("cfg-data-is-file")
     data_file = bad_cfg_dir / "data.png"
     data_file.write_bytes(b"x")
-    cfg_data_file = write_config(w, bad_cfg_dir, data=data_file)
+    cfg_data_file = write_config(w, bad_cfg_dir, data_dir=data_file)
     out_file_dir = w.fresh("cfg-out-is-file")
     (out_file_dir / "out").write_text("x", encoding="utf-8")
-    cfg_out_file = write_config(w, out_file_dir, out=out_file_dir / "out")
+    cfg_out_file = write_config(w, out_file_dir, out_dir=out_file_dir / "out")
     return [
         Case("paths", "train config missing", ["train", str(d / "missing.toml"), "--check"], "error", "no such config file"),
         Case("paths", "train config is a folder", ["train", str(d), "--check"], "error", "is a folder"),
@@ -288,30 +291,30 @@ def dataset_cases(w: World) -> list[Case]:
     raw = (data / "photo.jpg").read_bytes()
     (data / "photo.jpg").write_bytes(raw[: len(raw) // 2])
     (data / "photo.txt").write_text("a green photo", encoding="utf-8")
-    cases.append(Case("dataset", "truncated JPEG is skipped", ["train", str(write_config(w, d, data=data))], "ok"))
+    cases.append(Case("dataset", "truncated JPEG is skipped", ["train", str(write_config(w, d, data_dir=data))], "ok"))
     d, data = data_copy("truncated png")
     raw = (next(data.glob("*.png"))).read_bytes()
     (data / "zz_cut.png").write_bytes(raw[: len(raw) // 2])
-    cases.append(Case("dataset", "truncated PNG is skipped", ["train", str(write_config(w, d, data=data))], "ok"))
+    cases.append(Case("dataset", "truncated PNG is skipped", ["train", str(write_config(w, d, data_dir=data))], "ok"))
     d, data = data_copy("utf16 caption")
     first = sorted(data.glob("*.txt"))[0]
     first.write_bytes("\ufeffa red square".encode("utf-16-le"))
-    cases.append(Case("dataset", "UTF-16 caption with BOM is decoded", ["train", str(write_config(w, d, data=data))], "ok"))
+    cases.append(Case("dataset", "UTF-16 caption with BOM is decoded", ["train", str(write_config(w, d, data_dir=data))], "ok"))
     d, data = data_copy("latin1 caption")
     sorted(data.glob("*.txt"))[0].write_bytes("caf\xe9 au lait".encode("latin-1"))
-    cases.append(Case("dataset", "Latin-1 caption is refused", ["train", str(write_config(w, d, data=data))], "error", "UTF-8"))
+    cases.append(Case("dataset", "Latin-1 caption is refused", ["train", str(write_config(w, d, data_dir=data))], "error", "UTF-8"))
     d, data = data_copy("binary caption")
     sorted(data.glob("*.txt"))[0].write_bytes(bytes(range(256)))
-    cases.append(Case("dataset", "binary caption is refused", ["train", str(write_config(w, d, data=data))], "error", "caption"))
+    cases.append(Case("dataset", "binary caption is refused", ["train", str(write_config(w, d, data_dir=data))], "error", "caption"))
     d = w.fresh("data-empty")
     (d / "data").mkdir()
-    cases.append(Case("dataset", "empty dataset", ["train", str(write_config(w, d, data=d / "data"))], "error", "no images"))
+    cases.append(Case("dataset", "empty dataset", ["train", str(write_config(w, d, data_dir=d / "data"))], "error", "no images"))
     d, data = data_copy("symlink loop")
     (data / "loop").symlink_to(data)
-    cases.append(Case("dataset", "symlink loop inside the dataset", ["train", str(write_config(w, d, data=data))], "ok"))
+    cases.append(Case("dataset", "symlink loop inside the dataset", ["train", str(write_config(w, d, data_dir=data))], "ok"))
     d, data = data_copy("not an image")
     (data / "fake.png").write_text("not a png", encoding="utf-8")
-    cases.append(Case("dataset", "text file named .png is skipped", ["train", str(write_config(w, d, data=data))], "ok"))
+    cases.append(Case("dataset", "text file named .png is skipped", ["train", str(write_config(w, d, data_dir=data))], "ok"))
     return cases
 
 
@@ -473,7 +476,7 @@ def disk_cases(w: World) -> list[Case]:
         mnt = d / "mnt"
         if not w.mount(mnt, size):
             continue
-        cfg = write_config(w, d, out=mnt / "out", train={"max_steps": 3, "checkpoint_every": 1, "checkpoints_keep": 0})
+        cfg = write_config(w, d, out_dir=mnt / "out", train={"max_steps": 3, "checkpoint_every": 1, "checkpoints_keep": 0})
         cases.append(Case("disk", f"full tmpfs of {size} during a run", ["train", str(cfg)], "error", "no space left",
                           check=lambda mnt=mnt: checkpoints_intact(mnt / "out"),
                           after=lambda mnt=mnt, cfg=cfg: (w.remount(mnt, "size=64m"), _resumes(w, cfg))[1]))  # fmt: skip
@@ -486,7 +489,7 @@ def disk_cases(w: World) -> list[Case]:
     d = w.fresh("tmpfs-ro")
     mnt = d / "mnt"
     if w.mount(mnt, "64m"):
-        cfg = write_config(w, d, out=mnt / "out", train={"max_steps": 1, "checkpoint_every": 1})
+        cfg = write_config(w, d, out_dir=mnt / "out", train={"max_steps": 1, "checkpoint_every": 1})
         first = w.te("train", str(cfg))
         if first.returncode == 0:
             keep = snapshot(mnt / "out")

@@ -501,10 +501,11 @@ def train(
     A full disk or read-only folder while writing stops the run with one line naming the file and
     the checkpoint to resume from; the checkpoints already written are never touched.
     """
-    from te_align.train.preflight import check_output, set_aside_previous_run
+    from te_align.train.preflight import check_device, check_output, set_aside_previous_run
 
     cfg = as_config(config)
     check_output(cfg, resume=resume, overwrite=overwrite)
+    check_device(cfg)
     run: Run | None = None
     try:
         if overwrite:
