@@ -466,8 +466,8 @@ def disk_cases(w: World) -> list[Case]:
     cfg, out = _base_run(w, "fsize-resume-base", steps=1)
     keep = snapshot(out / "checkpoints")
     cases.append(Case("disk", "file-size limit while resuming", ["train", str(cfg), "--resume", "--max-steps", "3"], "error",
-                      "--resume", preexec=limited(150_000), check=lambda: checkpoints_intact(out, keep),
-                      after=lambda: _resumes(w, cfg, resume=True)))  # fmt: skip
+                      "--resume", preexec=limited(150_000), check=lambda out=out, keep=keep: checkpoints_intact(out, keep),
+                      after=lambda cfg=cfg: _resumes(w, cfg, resume=True)))  # fmt: skip
     if not w.can_mount:
         return cases
     # a real full disk: the output folder on a small tmpfs; afterwards the tmpfs grows and the run must resume

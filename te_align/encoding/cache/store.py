@@ -61,8 +61,10 @@ def _why(e: OSError) -> str:
     """A write failure in words, with what to do."""
     import errno
 
-    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return f"{e.strerror}: free space on that disk (or clear old entries: te-align cache clear DIR)"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on the device: free space on that disk (or clear old entries: te-align cache clear DIR)"
+    if e.errno == errno.EFBIG:
+        return "file too large (a file-size limit, ulimit -f): raise the limit or free space"
     if e.errno == errno.EROFS:
         return "read-only file system: use a writable cache folder"
     return e.strerror or str(e)
