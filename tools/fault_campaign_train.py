@@ -96,11 +96,13 @@ class World:
         return d
 
     def py(self, code: str, timeout: int = TIMEOUT) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=self.env(), timeout=timeout)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=self.env(), timeout=timeout,
+                              cwd=self.root)  # fmt: skip
 
     def te(self, *argv: str, preexec: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+        # cwd: the temp folder, so ``python -m`` imports the checkout on PYTHONPATH, not one in the caller's folder
         return subprocess.run([sys.executable, "-m", "te_align", *argv], capture_output=True, text=True, env=self.env(),
-                              timeout=TIMEOUT, preexec_fn=preexec)  # fmt: skip
+                              timeout=TIMEOUT, preexec_fn=preexec, cwd=self.root)  # fmt: skip
 
     # ------------------------------------------------------------------------------- tmpfs
     def mount(self, path: Path, size: str) -> bool:
@@ -643,7 +645,7 @@ def run_case(w: World, case: Case) -> Outcome:
             case.before()
         if case.argv[:1] == ["-c"]:
             proc = subprocess.run([sys.executable, *case.argv], capture_output=True, text=True, env=w.env(), timeout=TIMEOUT,
-                                  preexec_fn=case.preexec)  # fmt: skip
+                                  preexec_fn=case.preexec, cwd=w.root)  # fmt: skip
         else:
             proc = w.te(*case.argv, preexec=case.preexec)
     except subprocess.TimeoutExpired:
@@ -677,7 +679,7 @@ def setup(repo: Path, root: Path) -> World:
         f"build_model_folder('sd15', Path({str(root / 'model')!r}))\nmake_squares_dataset(Path({str(root / 'data')!r}), n=4)\n"
         "print(json.dumps(profile_overrides('sd15')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, cwd=root)
     if out.returncode != 0:
         raise SystemExit(f"cannot build the tiny model and dataset with {repo}:\n{out.stderr[-2000:]}")
     overrides = json.loads(out.stdout.strip().splitlines()[-1])
@@ -705,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown class(es) {unknown}; choose from {', '.join(CLASSES)}")
     root = Path(tempfile.mkdtemp(prefix="te-align-campaign-"))
     w = setup(args.repo.resolve(), root)
+    check = subprocess.run([sys.executable, "-c", "import te_align; print(te_align.__file__)"], capture_output=True, text=True,
+                           env=w.env(), cwd=root)  # fmt: skip
+    print(f"te_align imported from {check.stdout.strip()}")
     print(f"repo {w.repo}; temp {root}; tmpfs full-disk cases: {'yes' if w.can_mount else 'no (not root): file-size limits only'}")
     outcomes: list[Outcome] = []
     t0 = time.perf_counter()
