@@ -61,8 +61,19 @@ class MetadataError(TeAlignError):
 
 # ------------------------------------------------------------------------------- header reading
 def read_header(path: str | os.PathLike[str]) -> Header:
-    """Read and validate only the header of a safetensors file (see :func:`te_align._safetensors.read_header`)."""
-    return _safetensors.read_header(path, error=MetadataError)
+    """Read and validate only the header of a safetensors file (see :func:`te_align._safetensors.read_header`).
+
+    A missing path, a folder, a symlink loop or a named pipe is one :class:`MetadataError` line
+    (a FIFO is refused before it is opened: opening one blocks until a writer appears), and so is
+    a header nested too deeply to parse.
+    """
+    from te_align._paths import check_file
+
+    check_file(path, MetadataError, what="file")
+    try:
+        return _safetensors.read_header(path, error=MetadataError)
+    except RecursionError:
+        raise MetadataError("not a valid safetensors file: the header JSON is nested too deeply", file=str(path)) from None
 
 
 # ------------------------------------------------------------------------------------ stamping
@@ -192,6 +203,8 @@ def _parse_stamp_value(key: str, v: str) -> Any:
             return json.loads(v)
         except json.JSONDecodeError:
             return v
+        except RecursionError:
+            raise MetadataError("metadata te_align.profile_json is nested too deeply to read") from None
     if key.startswith("te_align.extra."):
         return v
     if key.endswith(_BOOL_SUFFIXES) and v in ("true", "false"):
@@ -219,6 +232,8 @@ def _parse_kohya_value(v: str) -> Any:
             return json.loads(v)
         except json.JSONDecodeError:
             pass
+        except RecursionError:
+            raise MetadataError("a kohya metadata value is nested too deeply to read") from None
     return v
 
 

@@ -238,7 +238,7 @@ def test_atomic_write_leaves_no_temp_files(tmp_path: Path, monkeypatch: pytest.M
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(CacheError, match=r"\.safetensors: cannot write cache entry: no space left on the device: free space"):
         cache.put("never written", encode_captions(["never written"]))
     monkeypatch.undo()
     assert temp_files(tmp_path) == [] and not cache.path("never written").exists()

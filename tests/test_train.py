@@ -84,15 +84,21 @@ def test_config_errors_name_the_key_and_the_closest_valid_one(tmp_path: Path) ->
         load_config(bad)
 
 
-def test_example_configs_validate() -> None:
+def test_example_configs_validate(tmp_path: Path) -> None:
     examples = sorted((ROOT / "examples" / "train").glob("*.toml"))
     assert examples
     for path in examples:
         cfg = load_config(path)
         assert cfg.model.path and cfg.data.path
-        out = subprocess.run([sys.executable, "-m", "te_align", "train", str(path), "--check"], capture_output=True, text=True)
+        # --check scans the dataset too: the example next to a dataset folder of its own
+        copy = tmp_path / path.name
+        copy.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+        make_squares_dataset(tmp_path / Path(cfg.data.path).name, n=2)
+        out = subprocess.run([sys.executable, "-m", "te_align", "train", str(copy), "--check"], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert "ok" in out.stdout
+        assert "ok" in out.stdout and "2 images" in out.stdout
+        out = subprocess.run([sys.executable, "-m", "te_align", "train", str(path), "--check"], capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "dataset folder does not exist" in out.stderr
 
 
 def test_cli_reports_config_errors_in_one_line(tmp_path: Path) -> None:

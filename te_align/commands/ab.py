@@ -61,7 +61,15 @@ def _summary(result: object) -> None:
     print(f"report: {r.report_md}\n        {r.report_html}")  # type: ignore[attr-defined]
 
 
+def _check_seeds(seeds: int | None) -> None:
+    if seeds is not None and seeds < 1:  # 0 would fall back to the preset's count
+        from te_align.errors import TeAlignError
+
+        raise TeAlignError(f"must be >= 1, got {seeds}", key="--seeds")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_seeds(args.seeds)
     _quiet()
     from te_align.ab.runner import run_ab
 
@@ -90,6 +98,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _check_seeds(args.seeds)
     _quiet()
     from te_align.ab.demo import run_demo
 

@@ -35,14 +35,11 @@ def human_bytes(n: int) -> str:
 
 
 def _open_cache(directory: str) -> Any:
+    from te_align._paths import check_dir
     from te_align.encoding.cache.admin import scan
     from te_align.errors import CacheError
 
-    d = Path(directory)
-    if not d.exists():
-        raise CacheError("no such folder", file=directory)
-    if not d.is_dir():
-        raise CacheError("not a folder", file=directory)
+    d = check_dir(Path(directory), CacheError, what="folder")
     info = scan(d)
     if not info.is_cache:
         raise CacheError("does not look like a te-align cache (no marker file, no te-align entries)", file=directory)
@@ -66,7 +63,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         current = _current_fingerprint(g.profile)
         rows.append(
             {"profile": g.profile, "fingerprint": g.fingerprint, "entries": g.entries, "bytes": g.bytes,
-             "bundled_fingerprint": current, "current": None if current is None else current == g.fingerprint}
+             "bundled_fingerprint": current, "current": None if current is None else current == g.fingerprint,
+             "overrides": g.overrides}
         )
     if args.json:
         data = info.to_dict()
@@ -79,7 +77,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         w = max(len(r["profile"]) for r in rows)
         for r in rows:
             note = ""
-            if r["current"] is False:
+            if r["current"] is False and r["overrides"]:
+                shown = ", ".join(r["overrides"][:3]) + (" …" if len(r["overrides"]) > 3 else "")
+                note = f"  (overridden profile: {shown}; bundled {r['profile']} is {r['bundled_fingerprint']})"
+            elif r["current"] is False:
                 note = f"  (stale: bundled {r['profile']} is now {r['bundled_fingerprint']})"
             elif r["current"] is None:
                 note = "  (not a bundled profile)"

@@ -135,18 +135,49 @@ def kohya_lines(kohya: dict[str, Any], text_encoder_tensors: int | None = None) 
     return lines
 
 
+def _unsafe(c: str) -> bool:
+    import unicodedata
+
+    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def escape(text: str) -> str:
+    """``text`` with control and format characters (ESC, CR, bidi overrides …) written as ``\\xNN`` / ``\\uNNNN``:
+    metadata is written by whoever made the file and must not drive the terminal."""
+    out = []
+    for c in text:
+        if _unsafe(c):
+            code = ord(c)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def escape_json(text: str) -> str:
+    """JSON text (from ``json.dumps``) with format characters also written as ``\\uNNNN`` escapes (still valid JSON)."""
+    out = []
+    for c in text:
+        if c != "\n" and _unsafe(c):
+            units = c.encode("utf-16-be")
+            out.extend(f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from te_align.metadata import read
 
     data = read(args.file)
     if args.json:
-        print(json.dumps(data, indent=2, ensure_ascii=False))
+        print(escape_json(json.dumps(data, indent=2, ensure_ascii=False)))
         return 0
-    print(f"{data['path']}: {data['tensor_count']} tensors, {data['metadata_keys']} metadata keys")
+    print(escape(f"{data['path']}: {data['tensor_count']} tensors, {data['metadata_keys']} metadata keys"))
     print("\n[te-align]")
     for line in stamp_lines(data):
-        print(f"  {line}")
+        print(f"  {escape(line)}")
     print("\n[kohya sd-scripts text encoder]")
     for line in kohya_lines(data["kohya"], data.get("text_encoder_tensors")):
-        print(f"  {line}")
+        print(f"  {escape(line)}")
     return 0

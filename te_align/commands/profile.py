@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
-
-from te_align.commands._util import write_text_atomic
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     build = ps.add_parser("build", help="build a profile from a model folder, hub repo id[@revision] or .safetensors checkpoint")
     build.add_argument("source", metavar="PATH_OR_REPO")
-    build.add_argument("-o", "--output", help="write the profile here (.toml or .json); default: print TOML")
+    build.add_argument("-o", "--output", help="write the profile here (.toml or .json; the folder must exist); default: print TOML")
+    build.add_argument("--force", action="store_true",
+                       help="replace an existing output file (written atomically; the old one is kept as FILE.bak)")  # fmt: skip
     build.set_defaults(func=cmd_build)
 
 
@@ -50,6 +51,8 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             value = tomllib.loads(f"v = {raw.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw.strip()
+        except RecursionError:
+            raise ProfileError(f"the value of {key.strip()} is nested too deeply", key="--set") from None
         out[key.strip()] = value
     return out
 
@@ -153,18 +156,87 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_output(output: str, source: str, *, force: bool) -> Path:
+    """Where ``profile build -o`` may write: a .toml/.json file in an existing folder, outside the model
+    it reads, and not an existing file unless ``force`` (one :class:`ProfileError` line otherwise)."""
+    import os
+    import stat
+
+    from te_align._paths import describe
+    from te_align.errors import ProfileError
+    from te_align.profiles.resolve import classify
+
+    out = Path(output).expanduser()
+    if out.suffix.lower() not in (".toml", ".json"):
+        raise ProfileError("the output must be a .toml or .json file", file=output, key="--output")
+    src = classify(source, bundled_names=False)
+    if src.path is not None:
+        model = src.path.resolve()
+        target = out.resolve()
+        if target == model or model in target.parents or (src.kind == "single-file" and target.parent == model.parent
+                                                          and target.name == model.name):  # fmt: skip
+            raise ProfileError(f"is inside the model {'folder' if src.kind == 'folder' else 'file'} it reads ({src.path}); "
+                               "write the profile somewhere else", file=output, key="--output")  # fmt: skip
+    parent = out.parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist (create it first; build creates no folders)"
+        raise ProfileError(f"the output folder {what}", file=str(parent), key="--output")
+    try:
+        st = os.stat(out)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ProfileError(f"cannot use as output: {e.strerror}", file=output, key="--output") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise ProfileError(f"is {describe(st.st_mode)}, not a file to write", file=output, key="--output")
+        if not force:
+            raise ProfileError("exists: pass --force to replace it (the old file is kept as "
+                               f"{out.name}.bak), or choose another file", file=output, key="--output")  # fmt: skip
+    return out
+
+
+def _write_with_backup(out: Path, text: str) -> None:
+    """Atomic write; an existing file is first kept as ``FILE.bak`` (hard link, else a copy)."""
+    import os
+    import shutil
+
+    from te_align._atomic import atomic_file
+    from te_align.errors import ProfileError
+
+    def backup() -> None:
+        if out.exists():
+            bak = out.with_name(out.name + ".bak")
+            tmp = bak.with_name(f".{bak.name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(out, tmp)
+            except OSError:
+                shutil.copy2(out, tmp)
+            os.replace(tmp, bak)
+
+    try:
+        with atomic_file(out, "w", error=ProfileError, mode_from=out if out.exists() else None, before_replace=backup) as f:
+            f.write(text)
+    except OSError as e:
+        raise ProfileError(f"cannot write: {e.strerror or e} (free space or choose a writable folder)", file=str(out)) from None
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     import sys
 
     from te_align.profiles.resolve import build
 
+    out = check_output(args.output, args.source, force=args.force) if args.output else None
     report = build(args.source)
     for line in report.summary_lines():
         print(line, file=sys.stderr)
-    if args.output:
-        text = report.profile.to_json() + "\n" if args.output.lower().endswith(".json") else report.profile.to_toml()
-        write_text_atomic(args.output, text)
-        print(f"wrote {args.output}", file=sys.stderr)
+    if out is not None:
+        text = report.profile.to_json() + "\n" if out.suffix.lower() == ".json" else report.profile.to_toml()
+        check_output(args.output, args.source, force=args.force)  # again: nothing appeared there meanwhile
+        _write_with_backup(out, text)
+        print(f"wrote {args.output}" + (f" (the old file is kept as {out.name}.bak)" if args.force and
+              out.with_name(out.name + ".bak").exists() else ""), file=sys.stderr)  # fmt: skip
     else:
         print(report.profile.to_toml(), end="")
     return 0

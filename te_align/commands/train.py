@@ -1,4 +1,4 @@
-"""``te-align train CONFIG.toml [--resume [CHECKPOINT]] [--check]``: LoRA training aligned by the model's profile."""
+"""``te-align train CONFIG.toml [--resume [CHECKPOINT] | --overwrite] [--check]``: LoRA training aligned by the model's profile."""
 
 from __future__ import annotations
 
@@ -14,9 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         const=True,
         default=None,
         metavar="CHECKPOINT",
-        help="continue from the newest checkpoint in the output folder, or from CHECKPOINT",
+        help="continue from the newest intact checkpoint in the output folder, or from CHECKPOINT",
     )
-    p.add_argument("--check", action="store_true", help="validate the config and exit (loads no model)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an output folder that holds a previous run (its files are moved into "
+                        "OUTPUT/replaced-<time>/, nothing is deleted)")  # fmt: skip
+    p.add_argument("--check", action="store_true",
+                   help="validate the config, profile, device, output folder and dataset, and exit (loads no model)")  # fmt: skip
     p.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
     p.set_defaults(func=cmd_train)
 
@@ -24,18 +28,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     import logging
 
-    from te_align.train.config import load_config
+    from te_align.train.config import TrainError, load_config
 
     cfg = load_config(args.config)
     if args.max_steps is not None:
+        if args.max_steps < 1:
+            raise TrainError(f"must be >= 1, got {args.max_steps}", key="--max-steps")
         cfg.train.max_steps = args.max_steps
+    resume = args.resume
+    if isinstance(resume, str) and not resume:
+        raise TrainError("expected a checkpoint folder after --resume, got an empty string", key="--resume")
     if args.check:
-        print(f"{args.config}: ok (model {cfg.model.path}, profile {cfg.model.profile}, data {cfg.data.path})")
+        from te_align.train.preflight import check_run
+
+        logging.basicConfig(level=logging.WARNING, format="te-align: %(message)s")
+        notes = check_run(cfg, resume=resume, overwrite=args.overwrite)
+        print(f"{args.config}: ok (model {cfg.model.path}, {', '.join(notes)}, data {cfg.data.path})")
         return 0
     logging.basicConfig(level=logging.INFO, format="te-align: %(message)s")
     from te_align.train.loop import train
 
-    result = train(cfg, resume=args.resume)
+    result = train(cfg, resume=resume, overwrite=args.overwrite)
     if result.lora_path is not None:
         print(f"LoRA: {result.lora_path}")
     if result.kohya_path is not None:

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,10 @@ class SlotResult:
 def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind: str) -> Any:
     if table is None:
         table = {}
+    if not isinstance(table, Mapping):
+        raise EncodingError(
+            f"{kind}s must be a dict of slot name (or component name) -> {kind}, got a {type(table).__name__}"
+        )
     folder = getattr(slot, attr)
     for key in (slot.name, folder):
         if key in table and table[key] is not None:
@@ -119,6 +123,8 @@ def check_components(profile: AlignmentProfile, slot: SlotSpec, tokenizer: Any, 
         )
     if not callable(tokenizer):
         raise EncodingError(f"slot '{slot.name}': the tokenizer is a {type(tokenizer).__name__}, not a tokenizer")
+    if not callable(getattr(encoder, "parameters", None)):
+        raise EncodingError(f"slot '{slot.name}': the text encoder is a {type(encoder).__name__}, not a torch module")
     if device is not None:
         p = next(iter(encoder.parameters()), None)
         if p is not None and p.device.type != device.type:
@@ -720,9 +726,29 @@ def _check_request(
         raise EncodingError(f"dropout_policy must be 'profile', 'empty' or 'zeros', got {opts.dropout_policy!r}")
     if opts.long_prompt_chunks < 0:
         raise EncodingError(f"long_prompt_chunks must be >= 0, got {opts.long_prompt_chunks}")
-    batch = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not batch or not all(isinstance(x, str) for x in batch):
-        raise EncodingError("prompts must be a string or a non-empty list of strings")
+    if isinstance(prompts, str):
+        batch = [prompts]
+    elif isinstance(prompts, Iterable) and not isinstance(prompts, (bytes, bytearray, Mapping)):
+        batch = list(prompts)
+    else:
+        raise EncodingError(f"prompts must be a string or a non-empty list of strings, got {type(prompts).__name__}")
+    if not batch:
+        raise EncodingError("prompts must be a string or a non-empty list of strings, got an empty list")
+    for i, x in enumerate(batch):
+        if not isinstance(x, str):
+            raise EncodingError(f"prompts must be strings; prompt {i} is {type(x).__name__}")
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise EncodingError(f"prompt {i} is not valid Unicode text: a lone surrogate U+{ord(x[e.start]):04X} at "
+                                f"position {e.start} (decode the text with errors='replace' first)") from None  # fmt: skip
+    if drop is not None and (isinstance(drop, (str, bytes)) or not isinstance(drop, Iterable)):
+        raise EncodingError(f"drop must be a list of booleans, got {type(drop).__name__}")
+    if drop_slots is not None and not isinstance(drop_slots, Mapping):
+        raise EncodingError(f"drop_slots must map slot names to lists of booleans, got {type(drop_slots).__name__}")
+    for name, flags in (drop_slots or {}).items():
+        if isinstance(flags, (str, bytes)) or not isinstance(flags, Iterable):
+            raise EncodingError(f"drop_slots['{name}'] must be a list of booleans, got {type(flags).__name__}")
     out_dtype = _resolve_dtype(dtype)
     dev = torch.device(device) if device is not None else None
     policy = p.empty_prompt if opts.dropout_policy == "profile" else ("encode" if opts.dropout_policy == "empty" else "zeros")

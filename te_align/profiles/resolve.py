@@ -67,12 +67,22 @@ def classify(source: str | Path, *, bundled_names: bool = True) -> Source:
     """
     text = str(source)
     is_path = isinstance(source, Path)
+    if not isinstance(source, (str, Path)):
+        raise ProfileError(f"a profile source is a name, a path or a hub repo id (a string), got {type(source).__name__}")
+    if not text.strip():
+        raise ProfileError(
+            f"empty profile source {text!r}: give a bundled profile name (te-align profile list), a profile file, "
+            "a diffusers model folder, a .safetensors checkpoint or a hub repo id"
+        )
+    if "\x00" in text:
+        raise ProfileError("a profile source cannot hold a NUL character", file=repr(text))
     if bundled_names and not is_path:
         name = bundled_name(text)
         if name is not None:
             return Source("bundled", text, name=name)
     path = Path(text).expanduser()
     suffix = path.suffix.lower()
+    _check_kind(path, text)
     if path.is_dir():
         return Source("folder", text, path=path)
     if path.is_file():
@@ -99,6 +109,24 @@ def classify(source: str | Path, *, bundled_names: bool = True) -> Source:
             "no such model folder or checkpoint, and not a hub repo id (owner/name[@revision])", file=text
         )
     return Source("bundled", text, name=bundled(text).name)  # raises ProfileNotFound naming the closest
+
+
+def _check_kind(path: Path, text: str) -> None:
+    """Refuse a symlink loop or a path that is neither a file nor a folder (a FIFO would block a reader)."""
+    import errno
+    import os
+    import stat
+
+    from te_align._paths import describe
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ProfileError("symlink loop (the link points back at itself)", file=text) from None
+        return
+    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+        raise ProfileError(f"is {describe(st.st_mode)}, not a profile file, model folder or checkpoint", file=text)
 
 
 def _build(src: Source) -> BuildReport:

@@ -281,20 +281,17 @@ def profile_to_toml(p: AlignmentProfile) -> str:
 
 def load_profile_file(path: str | Path) -> AlignmentProfile:
     """Load a profile from a .toml or .json file, with errors naming the file and key."""
+    from te_align._paths import read_bytes
+
     path = Path(path)
     name = str(path)
+    raw = read_bytes(path, ProfileError, what="profile file")
+    kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ProfileError(f"cannot read profile file: {e.strerror}", file=name) from None
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ProfileError(f"not valid JSON: {e}", file=name) from None
-    else:
-        try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise ProfileError(f"not valid TOML: {e}", file=name) from None
+        text = raw.decode("utf-8")
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ProfileError(f"not valid {kind}: {e}", file=name) from None
+    except RecursionError:
+        raise ProfileError(f"not a usable {kind} file: tables or arrays are nested too deeply", file=name) from None
     return profile_from_dict(data, file=name)

@@ -9,6 +9,8 @@ torch, so ``te-align train --check`` and ``--help`` stay fast.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,24 +201,58 @@ SECTIONS: dict[str, type] = {
 
 
 # ------------------------------------------------------------------------------------- validation
+#: Largest accepted seed (numpy's seed range; accelerate seeds numpy with ``seed + process index``).
+MAX_SEED = 2**32 - 1
+#: Largest accepted ``data.resolution`` / bucket side in pixels (beyond any released model's training size x 4).
+MAX_SIDE = 16384
+#: ``train.device`` values: ``auto``, ``cpu``, ``mps`` or an accelerator with an optional index (``cuda:1``).
+DEVICE = re.compile(r"auto|cpu|mps|(?:cuda|xpu|npu|hpu)(?::\d{1,3})?")
+#: Characters a file name may not hold (``output.name``), besides the path separators.
+_BAD_NAME_CHARS = set('\x00/\\') | {chr(c) for c in range(32)}
+
+
+def _finite_floats(cfg: TrainConfig) -> list[tuple[str, float]]:
+    """(dotted key, value) of every float field, to refuse NaN and infinity in one place."""
+    out = []
+    for section, cls in SECTIONS.items():
+        obj = getattr(cfg, section)
+        for f in dataclasses.fields(cls):
+            v = getattr(obj, f.name)
+            if isinstance(v, float):
+                out.append((f"{section}.{f.name}", v))
+    return out
+
+
 def _check(cfg: TrainConfig, file: str | None) -> None:
     def need(ok: bool, key: str, message: str) -> None:
         if not ok:
             raise TrainError(message, file=file, key=key)
 
+    for key, v in _finite_floats(cfg):
+        need(math.isfinite(v), key, f"must be a finite number, got {v}")
     need(bool(cfg.model.path), "model.path", "missing: a diffusers folder, hub repo id or .safetensors checkpoint")
+    need(bool(cfg.model.profile), "model.profile", "must be 'auto', a bundled profile name or a profile file")
     need(bool(cfg.data.path), "data.path", "missing: a folder of images with .txt captions")
     need(cfg.model.dtype in DTYPE_NAMES, "model.dtype",
          f"expected float32, bfloat16 or float16, got {cfg.model.dtype!r}")
     d, t, lo, s = cfg.data, cfg.train, cfg.lora, cfg.sample
-    need(d.resolution >= 8, "data.resolution", f"must be >= 8, got {d.resolution}")
+    need(8 <= d.resolution <= MAX_SIDE, "data.resolution", f"must be in [8, {MAX_SIDE}], got {d.resolution}")
     need(d.bucket_step >= 8 and d.bucket_step % 8 == 0, "data.bucket_step", f"must be a multiple of 8, got {d.bucket_step}")
+    need(d.bucket_step <= d.resolution, "data.bucket_step", f"must be <= data.resolution ({d.resolution}), got {d.bucket_step}")
     need(0 < d.min_bucket <= d.max_bucket, "data.min_bucket", "must be > 0 and <= data.max_bucket")
+    need(d.max_bucket <= MAX_SIDE, "data.max_bucket", f"must be <= {MAX_SIDE}, got {d.max_bucket}")
     need(d.repeats >= 1, "data.repeats", f"must be >= 1, got {d.repeats}")
     need(d.keep_tokens >= 0, "data.keep_tokens", f"must be >= 0, got {d.keep_tokens}")
     need(0.0 <= d.caption_dropout <= 1.0, "data.caption_dropout", f"must be in [0, 1], got {d.caption_dropout}")
     need(d.long_prompt_chunks >= 0, "data.long_prompt_chunks", f"must be >= 0, got {d.long_prompt_chunks}")
-    need(d.caption_extension.startswith("."), "data.caption_extension", f"must start with '.', got {d.caption_extension!r}")
+    ext = d.caption_extension
+    need(ext.startswith("."), "data.caption_extension", f"must start with '.', got {ext!r}")
+    need(len(ext) > 1 and not (set(ext) & _BAD_NAME_CHARS) and ext.strip(".") and not ext.endswith("."),
+         "data.caption_extension", f"must be a file extension such as '.txt', got {ext!r}")  # fmt: skip
+    from te_align.train.data import IMAGE_EXTENSIONS
+
+    need(ext.lower() not in IMAGE_EXTENSIONS, "data.caption_extension", f"{ext!r} is an image extension")
+    need(d.tag_separator != "", "data.tag_separator", "must not be empty (tags are split on it)")
     for k, v in d.encoder_dropout.items():
         if k == "all":
             need(v == "profile", "data.encoder_dropout.all", f"only \"profile\" is accepted here, got {v!r}")
@@ -224,9 +260,12 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
             need(ok, f"data.encoder_dropout.{k}", f"must be a probability in [0, 1], got {v!r}")
     need(lo.rank >= 1, "lora.rank", f"must be >= 1, got {lo.rank}")
+    need(lo.rank <= 4096, "lora.rank", f"must be <= 4096, got {lo.rank}")
     need(lo.alpha > 0, "lora.alpha", f"must be > 0, got {lo.alpha}")
     need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must be in [0, 1), got {lo.dropout}")
-    need(lo.text_encoder_rank >= 0, "lora.text_encoder_rank", "must be >= 0")
+    need(0 <= lo.text_encoder_rank <= 4096, "lora.text_encoder_rank", "must be in [0, 4096]")
+    need(all(m.strip() for m in lo.target_modules), "lora.target_modules", "module names must not be empty")
+    need(0 <= t.seed <= MAX_SEED, "train.seed", f"must be in [0, {MAX_SEED}], got {t.seed}")
     need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     need(t.gradient_accumulation >= 1, "train.gradient_accumulation", "must be >= 1")
     need(t.max_steps > 0 or t.epochs > 0, "train.max_steps", "set train.max_steps or train.epochs to a positive number")
@@ -234,14 +273,32 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(t.learning_rate > 0, "train.learning_rate", f"must be > 0, got {t.learning_rate}")
     need(t.text_encoder_lr >= 0, "train.text_encoder_lr", "must be >= 0")
     need(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+    need(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", f"must be in [0, 1), got {t.adam_beta1}")
+    need(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", f"must be in [0, 1), got {t.adam_beta2}")
+    need(t.adam_epsilon > 0, "train.adam_epsilon", f"must be > 0, got {t.adam_epsilon}")
+    need(t.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {t.weight_decay}")
     need(t.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
     need(t.flow_shift >= 0, "train.flow_shift", "must be >= 0 (0 = family default)")
+    need(t.noise_offset >= 0, "train.noise_offset", f"must be >= 0, got {t.noise_offset}")
     need(t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
     need(t.checkpoints_keep >= 0, "train.checkpoints_keep", "must be >= 0")
-    need(bool(cfg.output.name) and "/" not in cfg.output.name, "output.name", "must be a plain file name")
+    need(DEVICE.fullmatch(t.device) is not None, "train.device",
+         f"expected auto, cpu, mps, cuda or cuda:N, got {t.device!r}")  # fmt: skip
+    need(not (t.mixed_precision == "fp16" and t.device == "cpu"), "train.mixed_precision",
+         "fp16 mixed precision needs a GPU; use \"bf16\" or \"no\" on the CPU")  # fmt: skip
+    name = cfg.output.name
+    need(bool(name) and name not in (".", "..") and not (set(name) & _BAD_NAME_CHARS) and name == name.strip(),
+         "output.name", f"must be a plain file name (no folders), got {name!r}")  # fmt: skip
+    need(bool(cfg.output.dir), "output.dir", "must not be empty")
     need(s.every >= 0, "sample.every", "must be >= 0")
     need(s.steps >= 1, "sample.steps", "must be >= 1")
     need(bool(s.seeds), "sample.seeds", "needs at least one seed")
+    for i, seed in enumerate(s.seeds):
+        need(0 <= seed < 2**63, f"sample.seeds[{i}]", f"must be in [0, 2**63), got {seed}")
+    for side in ("width", "height"):
+        v = getattr(s, side)
+        need(v == 0 or (8 <= v <= MAX_SIDE and v % 8 == 0), f"sample.{side}",
+             f"must be 0 (the training resolution) or a multiple of 8 in [8, {MAX_SIDE}], got {v}")  # fmt: skip
     need(cfg.logging.every >= 1, "logging.every", "must be >= 1")
 
 
@@ -291,15 +348,18 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a TOML training config (paths relative to its folder)."""
+    from te_align._paths import read_bytes
+
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise TrainError("no such config file", file=str(path))
+    raw = read_bytes(p, TrainError, what="config file")
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except tomllib.TOMLDecodeError as e:
         raise TrainError(f"not valid TOML: {e}", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TrainError(f"cannot read: {e}", file=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise TrainError(f"not UTF-8 text (byte {e.start})", file=str(path)) from None
+    except RecursionError:
+        raise TrainError("not a usable config: tables or arrays are nested too deeply", file=str(path)) from None
     return config_from_dict(data, file=str(path), base_dir=p.resolve().parent)
 
 

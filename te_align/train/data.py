@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -68,35 +69,90 @@ def _listing(paths: Sequence[Any], limit: int = 10) -> str:
     return ", ".join(shown) + more
 
 
-def scan(cfg: DataConfig) -> ScanReport:
-    """Find images and captions; raise :class:`TrainError` for a missing or empty folder."""
+#: Byte-order marks of the caption encodings that are detected (UTF-8's is optional).
+_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+
+
+def read_caption(path: Path) -> str:
+    """A caption file as text: UTF-8 (with or without a BOM) or UTF-16 with a BOM.
+
+    Anything else (Latin-1, UTF-16 without a BOM, binary) raises ``ValueError`` saying what was
+    found: guessing an encoding would train on mojibake, which no later step could notice.
+    """
+    from te_align._paths import read_bytes
+
+    raw = read_bytes(path, TrainError, what="caption file")
+    encoding = "utf-8"
+    for bom, enc in _BOMS:
+        if raw.startswith(bom):
+            raw, encoding = raw[len(bom) :], enc
+            break
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    bad = next((c for c in text if (ord(c) < 32 and c not in "\t\n\r") or c == "\x7f"), None)
+    if bad is not None:
+        raise ValueError(f"holds control character U+{ord(bad):04X} (a binary file?)")
+    return text.strip()
+
+
+def _open_image(f: Path) -> tuple[int, int]:
+    """(width, height) of an image that decodes completely (a truncated JPEG fails here, not mid-run)."""
     from PIL import Image
 
+    with Image.open(f) as im:
+        im.verify()
+    with Image.open(f) as im:
+        im.load()
+        return int(im.width), int(im.height)
+
+
+def scan(cfg: DataConfig) -> ScanReport:
+    """Find images and captions; raise :class:`TrainError` for a missing or empty folder.
+
+    Every image is decoded completely; one that does not decode (truncated, corrupt, not an image)
+    is skipped and listed in a warning. Caption files must be UTF-8 (a BOM is allowed) or UTF-16
+    with a BOM; any other caption file stops the scan with one line listing them all (see
+    :func:`read_caption`). Images without a caption file are trained with an empty caption and listed.
+    """
+    from te_align._paths import check_dir
+
     root = Path(cfg.path).expanduser()
-    if not root.exists():
+    if not os.path.lexists(root):
         raise TrainError("dataset folder does not exist", file=str(root), key="data.path")
-    if not root.is_dir():
-        raise TrainError("dataset path is not a folder", file=str(root), key="data.path")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
+    try:
+        check_dir(root, TrainError, what="dataset folder")
+    except TrainError as e:
+        raise TrainError(e.message, file=e.file, key="data.path") from None
+    files = sorted(p for p in _walk(root) if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
     if not files:
         raise TrainError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the dataset folder", file=str(root), key="data.path")
     report = ScanReport(items=[])
+    bad_captions: list[str] = []
     for f in files:
         try:
-            with Image.open(f) as im:
-                im.verify()
-            with Image.open(f) as im:
-                size = (int(im.width), int(im.height))
+            size = _open_image(f)
         except Exception as e:  # PIL raises many types for broken files
             report.unreadable.append((f, f"{type(e).__name__}: {e}".splitlines()[0]))
             continue
         cap_path = f.with_suffix(cfg.caption_extension)
-        if cap_path.is_file():
-            caption = cap_path.read_text(encoding="utf-8", errors="replace").strip()
+        if os.path.lexists(cap_path):
+            try:
+                caption = read_caption(cap_path)
+            except (ValueError, TrainError) as e:
+                bad_captions.append(f"{cap_path} ({e.message if isinstance(e, TrainError) else e})")
+                continue
         else:
             caption = ""
             report.missing_captions.append(f)
         report.items.append(Item(f, caption, _folder_repeats(f, root) * cfg.repeats, size))
+    if bad_captions:
+        raise TrainError(
+            f"{len(bad_captions)} caption file(s) cannot be read as UTF-8 (with or without a BOM) or UTF-16 with a BOM: "
+            f"{_listing(bad_captions)}; save them as UTF-8",
+            file=str(root), key="data.path",
+        )  # fmt: skip
     if report.unreadable:
         logger.warning(
             "skipping %d unreadable image(s): %s",
@@ -113,6 +169,30 @@ def scan(cfg: DataConfig) -> ScanReport:
     if not report.items:
         raise TrainError("no readable images in the dataset folder", file=str(root), key="data.path")
     return report
+
+
+def _walk(root: Path) -> list[Path]:
+    """Regular files under ``root``; symlinked folders are followed once each (a symlink loop ends the walk there)."""
+    out = []
+    seen: set[tuple[int, int]] = set()
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        for n in names:
+            p = Path(folder) / n
+            try:
+                if p.is_file():
+                    out.append(p)
+            except OSError:  # a symlink loop or an unreadable entry is not an image
+                continue
+    return out
 
 
 # ------------------------------------------------------------------------------------------ buckets

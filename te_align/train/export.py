@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_align._atomic import atomic_file
 from te_align.train.config import TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,7 +78,6 @@ def save_diffusers_lora(
     from te_align.metadata import stamp
 
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     from diffusers.utils import convert_state_dict_to_diffusers
 
     layers = lora_state_dicts(models)
@@ -90,12 +88,18 @@ def save_diffusers_lora(
         # with to_q/to_k/to_v/to_out.0 renamed and other modules not, silently loses those layers
         kwargs[f"{name}_lora_layers"] = sd if name in _DENOISER_PREFIX else convert_state_dict_to_diffusers(sd)
         kwargs[f"{name}_lora_adapter_metadata"] = _adapter_metadata(models[name])
-    tmp = Path(tempfile.mkdtemp(prefix=".lora-", dir=target.parent))
-    try:
-        pipeline_cls.save_lora_weights(str(tmp), weight_name="lora.safetensors", safe_serialization=True, **kwargs)
-        stamp(tmp / "lora.safetensors", target, profile=profile, extra=extra)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    from te_align.train._io import _umask, writing
+
+    with writing(target):
+        tmp = Path(tempfile.mkdtemp(prefix=".lora-", dir=target.parent))
+        try:
+            pipeline_cls.save_lora_weights(str(tmp), weight_name="lora.safetensors", safe_serialization=True, **kwargs)
+            # safetensors creates files 0600; the LoRA gets what open() gives (0666 & ~umask), like the kohya file
+            os.chmod(tmp / "lora.safetensors", 0o666 & ~_umask())
+            stamp(tmp / "lora.safetensors", target, profile=profile, extra=extra)
+            os.chmod(target, 0o666 & ~_umask())
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -550,10 +554,9 @@ def save_kohya_lora(
         "ss_training_comment": "trained with te-align",
     }
     meta.update(stamp_keys(profile, extra))
-    data = save(state, metadata=meta)
-    with atomic_file(path, "wb", error=TrainError) as f:
-        f.write(data)
-    return Path(path)
+    from te_align.train._io import write_atomic
+
+    return write_atomic(path, save(state, metadata=meta))
 
 
 __all__ = [

@@ -8,6 +8,7 @@ library needed): the raw loss in grey and its exponential moving average in blue
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import io
@@ -17,8 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from te_align._atomic import atomic_file
-from te_align.train.config import TrainError
+from te_align.train._io import write_atomic, writing
 
 logger = logging.getLogger("te_align.train")
 
@@ -33,7 +33,8 @@ class RunLog:
         self.writer: Any = None
         if not enabled:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with writing(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
         rows: list[dict[str, str]] = []
         if resume_step and self.csv_path.is_file():
             with open(self.csv_path, newline="", encoding="utf-8") as f:
@@ -42,9 +43,9 @@ class RunLog:
         w = csv.DictWriter(buf, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
-        with atomic_file(self.csv_path, "w", error=TrainError) as f:
-            f.write(buf.getvalue())
-        self._file = open(self.csv_path, "a", newline="", encoding="utf-8")
+        write_atomic(self.csv_path, buf.getvalue())
+        with writing(self.csv_path):
+            self._file = open(self.csv_path, "a", newline="", encoding="utf-8")
         self._csv = csv.DictWriter(self._file, fieldnames=FIELDS)
         if tensorboard:
             if importlib.util.find_spec("tensorboard") is None:
@@ -59,8 +60,9 @@ class RunLog:
             return
         row = {"step": step, "epoch": epoch, "loss": f"{loss:.8g}", "lr": f"{lr:.6g}",
                "steps_per_s": f"{steps_per_s:.4g}", "elapsed_s": f"{elapsed:.2f}"}  # fmt: skip
-        self._csv.writerow(row)
-        self._file.flush()
+        with writing(self.csv_path):
+            self._csv.writerow(row)
+            self._file.flush()
         if self.writer is not None:
             self.writer.add_scalar("train/loss", loss, step)
             self.writer.add_scalar("train/lr", lr, step)
@@ -68,7 +70,8 @@ class RunLog:
     def close(self) -> None:
         if not self.enabled:
             return
-        self._file.close()
+        with contextlib.suppress(OSError):  # a full disk was reported where the row was written
+            self._file.close()
         if self.writer is not None:
             self.writer.close()
 
@@ -118,8 +121,7 @@ def plot_losses(points: Sequence[tuple[int, float]], path: Path, *, size: tuple[
         d.line(smoothed, fill=(30, 80, 200), width=2)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    with atomic_file(path, "wb", error=TrainError) as f:
-        f.write(buf.getvalue())
+    write_atomic(path, buf.getvalue())
     return path
 
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_align._atomic import atomic_file
 from te_align._dtypes import torch_dtype
+from te_align.errors import CacheError
+from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -120,22 +121,37 @@ class LatentStore:
             return self._encode(item, flip)
         import hashlib
 
-        from safetensors.torch import load_file, save
+        from safetensors.torch import load, save
+
+        from te_align._paths import read_bytes
+        from te_align.encoding.cache.keys import tensors_digest
 
         ident = f"{file_digest(item.path)}|{item.bucket}|{flip}|{self.vae_hash}|{self.dtype}"
         name = hashlib.sha256(ident.encode()).hexdigest()
         path = self.dir / name[:2] / f"{name}.safetensors"
         value = None
         if path.is_file():
+            why = ""
             try:
-                t = load_file(str(path))
-                value = (t["mean"], t["std"])
-            except Exception:  # a corrupt entry is recomputed
-                value = None
+                from te_align._safetensors import parse_header
+
+                data = read_bytes(path, TrainError)
+                meta = parse_header(data, len(data), label=str(path), error=TrainError).metadata
+                t = load(data)
+                if meta.get("te_align.tensors_sha256") != tensors_digest({"mean": t["mean"], "std": t["std"]}):
+                    why = "tensor bytes do not match their recorded digest" if "te_align.tensors_sha256" in meta else "no digest"
+                else:
+                    value = (t["mean"], t["std"])
+            except Exception as e:  # a truncated or garbage entry is recomputed
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if value is None:
+                logger.warning("latent cache: entry %s is damaged (%s); re-encoding it", path, why)
         if value is None:
             value = self._encode(item, flip)
-            with atomic_file(path, "wb", error=TrainError) as f:
-                f.write(save({"mean": value[0].contiguous(), "std": value[1].contiguous()}))
+            tensors = {"mean": value[0].contiguous(), "std": value[1].contiguous()}
+            from te_align.train._io import write_atomic
+
+            write_atomic(path, save(tensors, metadata={"te_align.tensors_sha256": tensors_digest(tensors)}))
         self.mem[key] = value
         return value
 
@@ -358,8 +374,7 @@ def _direct_step(accelerator: Any, optimizer: Any, trainable: list[Any]) -> tupl
 
 
 def _write_json(path: Path, data: Any) -> None:
-    with atomic_file(path, "w", error=TrainError) as f:
-        f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -400,6 +415,8 @@ class Run:
     model: Any
     noise_sched: Any
     flow_shift: float
+    #: sha256 of the denoiser's config and a few of its weights: a resumed run must train the same model.
+    model_id: str = ""
     step: int = 0
     pos: Position = field(default_factory=Position)
     last_ckpt: Path | None = None
@@ -434,7 +451,7 @@ class Run:
                 self.out_dir, self.step, params=self.named_trainable, optimizer=self.optimizer, scheduler=self.scheduler,
                 keep=self.cfg.train.checkpoints_keep, rng=rng,
                 state={"position": dataclasses.asdict(self.pos), "fingerprint": self.profile.fingerprint(),
-                       "profile": self.profile.name},
+                       "profile": self.profile.name, "run": _run_record(self)},
             )  # fmt: skip
         self.accelerator.wait_for_everyone()
         assert self.last_ckpt is not None or not self.main
@@ -468,20 +485,43 @@ def train(
     resume: bool | str | Path | None = None,
     stop_after: int | None = None,
     pipeline: Any = None,
+    overwrite: bool = False,
 ) -> TrainResult:
     """Run a LoRA training as configured: set up, resume, loop, finish.
 
-    ``resume``: True continues from the newest checkpoint in the output folder, a path from that
-    checkpoint. ``stop_after`` ends the run after that many optimizer steps as if interrupted
-    (a checkpoint is written there; used by tests and for time-boxed jobs). ``pipeline``: an
-    already loaded diffusers pipeline to train instead of loading ``model.path`` (it is still
-    checked against the profile; ``model.path`` is then only recorded).
+    ``resume``: True continues from the newest intact checkpoint in the output folder, a path from
+    that checkpoint. An output folder that holds a previous run (checkpoints or LoRA files) is
+    refused unless ``resume`` or ``overwrite`` is given; ``overwrite`` moves the previous run's
+    files into ``<output>/replaced-<UTC time>/`` first (nothing is deleted). ``stop_after`` ends the
+    run after that many optimizer steps as if interrupted (a checkpoint is written there; used by
+    tests and for time-boxed jobs). ``pipeline``: an already loaded diffusers pipeline to train
+    instead of loading ``model.path`` (it is still checked against the profile; ``model.path`` is
+    then only recorded).
+
+    A full disk or read-only folder while writing stops the run with one line naming the file and
+    the checkpoint to resume from; the checkpoints already written are never touched.
     """
-    run = _setup(as_config(config), pipeline)
-    if resume:
-        _resume(run, resume)
-    _loop(run, stop_after)
-    return _finish(run)
+    from te_align.train.preflight import check_device, check_output, set_aside_previous_run
+
+    cfg = as_config(config)
+    check_output(cfg, resume=resume, overwrite=overwrite)
+    check_device(cfg)
+    run: Run | None = None
+    try:
+        if overwrite:
+            moved = set_aside_previous_run(cfg)
+            if moved is not None:
+                logger.info("--overwrite: the previous run's files are now in %s", moved)
+        run = _setup(cfg, pipeline)
+        if resume:
+            _resume(run, resume)
+        _loop(run, stop_after)
+        return _finish(run)
+    except (WriteError, CacheError) as e:
+        last = latest_checkpoint(cfg.output.dir)
+        hint = (f"the run can continue from its last checkpoint {last} with --resume" if last is not None
+                else "no checkpoint was written yet")  # fmt: skip
+        raise TrainError(f"{e.message}; {hint}", file=e.file) from None
 
 
 # ---------------------------------------------------------------------------------------- setup
@@ -497,10 +537,11 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
     accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
     device = accelerator.device if t.device in ("auto", "cpu") else torch.device(t.device)
-    set_seed(t.seed + accelerator.process_index)  # global RNGs (LoRA dropout); per-step draws use step_generator
+    set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
     report = scan(cfg.data)
     profile, family, pipe, objective = _load_model(cfg, pipeline, device)
+    model_id = _model_id(getattr(pipe, family.denoiser_attr))
     weight_dtype = torch_dtype(cfg.model.dtype)
     compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
     cond_dtype = compute_dtype if weight_dtype == torch.float32 else weight_dtype
@@ -532,7 +573,7 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         cond_dtype=cond_dtype, latents=latents, shift=shift, scaling=scaling, text=text, lora_models=lora_models,
         denoiser_params=denoiser_params, text_encoder_params=text_encoder_params, order=order, total=total,
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
-        flow_shift=t.flow_shift or default_flow_shift(family),
+        flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id,
     )  # fmt: skip
 
 
@@ -556,6 +597,9 @@ def _bucket_and_cache_latents(
 ) -> LatentStore:
     """Assign every image its bucket (and chunk count), then fill the latent cache when it is on."""
     vae = pipe.vae
+    from te_align.train.preflight import check_sizes
+
+    check_sizes(cfg, vae_scale_factor(vae) * family.patch)
     buckets = make_buckets(cfg.data, vae_scale_factor(vae) * family.patch)
     for it in items:
         it.bucket = assign_bucket(it.size, buckets)
@@ -617,37 +661,147 @@ def _noise_scheduler(objective: str, pipe: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------- resume
+def _model_id(denoiser: Any) -> str:
+    """sha256 of the denoiser's config and its first and last weights (before LoRA is added)."""
+    import hashlib
+
+    from te_align.encoding.cache.keys import tensors_digest
+
+    config = dict(getattr(denoiser, "config", {}) or {})
+    h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode("utf-8"))
+    named = list(denoiser.named_parameters())
+    if named:
+        h.update(tensors_digest({n: p for n, p in (named[0], named[-1])}).encode("utf-8"))
+    return h.hexdigest()
+
+
+def _run_record(run: Run) -> dict[str, Any]:
+    """What a checkpoint records of the run's settings, for :func:`_check_resume_config`."""
+    lo, t = run.cfg.lora, run.cfg.train
+    return {
+        "model": run.cfg.model.path, "model_id": run.model_id, "rank": lo.rank, "alpha": lo.alpha,
+        "target_modules": sorted(lo.target_modules or run.family.default_targets), "text_encoders": list(lo.text_encoders),
+        "text_encoder_rank": lo.text_encoder_rank, "text_encoder_target_modules": sorted(lo.text_encoder_target_modules),
+        "learning_rate": t.learning_rate, "text_encoder_lr": t.text_encoder_lr, "batch_size": t.batch_size,
+        "gradient_accumulation": t.gradient_accumulation, "seed": t.seed, "total": run.total,
+        "lr_scheduler": t.lr_scheduler, "warmup_steps": t.warmup_steps,
+    }  # fmt: skip
+
+
+#: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
+_FIXED = {"model_id": "the model", "rank": "lora.rank", "target_modules": "lora.target_modules",
+          "text_encoders": "lora.text_encoders", "text_encoder_rank": "lora.text_encoder_rank",
+          "text_encoder_target_modules": "lora.text_encoder_target_modules"}  # fmt: skip
+#: Settings that change the rest of the run when they change (warned about; the new value is used).
+_CHANGES = {"learning_rate": "train.learning_rate", "text_encoder_lr": "train.text_encoder_lr", "alpha": "lora.alpha",
+            "batch_size": "train.batch_size", "gradient_accumulation": "train.gradient_accumulation", "seed": "train.seed",
+            "total": "total steps", "lr_scheduler": "train.lr_scheduler", "warmup_steps": "train.warmup_steps"}  # fmt: skip
+
+
+def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[str]:
+    """Refuse a resume whose model or LoRA layout changed; the list of warnings for other changed settings."""
+    now = _run_record(run)
+    for key, label in _FIXED.items():
+        if key in saved and saved[key] != now[key]:
+            what = (f"was trained on a different model ({saved.get('model')!r}; model config or weights differ)"
+                    if key == "model_id" else f"was trained with {label} = {saved[key]!r}, this config has {now[key]!r}")  # fmt: skip
+            raise TrainError(f"cannot resume: the checkpoint {what}; restore the setting or train into a new output.dir",
+                             file=str(path), key="--resume")  # fmt: skip
+    notes = []
+    for key, label in _CHANGES.items():
+        if key in saved and saved[key] != now[key]:
+            notes.append(f"{label} changed from {saved[key]!r} to {now[key]!r}")
+    return notes
+
+
+def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
+    """Use the config's learning rates from here on (a checkpoint stores the old ones in its schedule)."""
+    t = run.cfg.train
+    new = [t.learning_rate] + ([t.text_encoder_lr or t.learning_rate] if run.text_encoder_params else [])
+    sched = run.scheduler
+    if [float(x) for x in sched.base_lrs] == [float(x) for x in new]:
+        return
+    for i, (group, base) in enumerate(zip(run.optimizer.param_groups, new, strict=True)):
+        sched.base_lrs[i] = base
+        group["initial_lr"] = base
+        group["lr"] = base * sched.lr_lambdas[i](sched.last_epoch)
+
+
+def _load_intact(run: Run, resume: bool | str | Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint to resume from, loaded and verified; with ``resume=True`` a damaged newest one
+    is reported (one line naming the file) and the previous intact one used instead."""
+    from te_align.train.checkpoint import CheckpointError, list_checkpoints
+
+    if resume is not True:
+        path = Path(resume)
+        return path, load_checkpoint(path)
+    found = [d for _, d in reversed(list_checkpoints(run.out_dir))]
+    if not found:
+        raise TrainError("no checkpoint to resume from in the output folder", file=str(run.out_dir / "checkpoints"), key="--resume")
+    damaged: list[str] = []
+    for path in found:
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as e:
+            damaged.append(str(path))
+            if run.main:
+                logger.warning("%s", e)
+            continue
+        if damaged and run.main:
+            logger.warning("resuming from the previous intact checkpoint %s (step %d) instead of the damaged %s",
+                           path, state["state"]["step"], damaged[0])  # fmt: skip
+        return path, state
+    raise TrainError(f"every checkpoint is damaged ({', '.join(damaged)}): nothing to resume from; "
+                     "use --overwrite to start over", file=str(run.out_dir / "checkpoints"), key="--resume")  # fmt: skip
+
+
 def _resume(run: Run, resume: bool | str | Path) -> None:
     """Load trainable weights, optimizer, schedule, RNG states and data position from a checkpoint."""
     import torch
 
-    path = latest_checkpoint(run.out_dir) if resume is True else Path(resume)
-    if path is None:
-        raise TrainError("no checkpoint to resume from in the output folder", file=str(run.out_dir / "checkpoints"), key="--resume")
-    state = load_checkpoint(path)
+    path, state = _load_intact(run, resume)
     profile = run.profile
     if state["state"].get("fingerprint") != profile.fingerprint():
         raise TrainError(
             f"the checkpoint was trained with profile fingerprint {state['state'].get('fingerprint')} but this run's "
             f"profile '{profile.name}' has {profile.fingerprint()}", file=str(path), key="--resume",
         )  # fmt: skip
+    saved = state["state"].get("run") or {}
+    notes = _check_resume_config(run, saved, path) if isinstance(saved, dict) else []
     named_trainable = run.named_trainable
     missing = set(named_trainable) - set(state["params"])
-    if missing:
-        raise TrainError(f"the checkpoint lacks {len(missing)} trainable tensors (different LoRA settings?)", file=str(path), key="--resume")
+    extra = set(state["params"]) - set(named_trainable)
+    if missing or extra:
+        raise TrainError(f"the checkpoint's trainable tensors do not match this run's ({len(missing)} missing, {len(extra)} "
+                         "extra: different lora settings?)", file=str(path), key="--resume")  # fmt: skip
+    shapes = [k for k, p in named_trainable.items() if tuple(state["params"][k].shape) != tuple(p.shape)]
+    if shapes:
+        raise TrainError(f"the checkpoint's tensor {shapes[0]} has shape {tuple(state['params'][shapes[0]].shape)}, this run's "
+                         f"{tuple(named_trainable[shapes[0]].shape)} (a different lora.rank?)", file=str(path), key="--resume")  # fmt: skip
+    try:
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+        rng = state["rng"]
+        ranks = rng.get("ranks") if isinstance(rng, dict) else None
+        accelerator = run.accelerator
+        set_rng_state(ranks[accelerator.process_index] if ranks and len(ranks) == accelerator.num_processes else rng)
+    except Exception as e:  # a state of another optimizer or a damaged RNG state
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainError(f"the checkpoint's optimizer, schedule or RNG state does not fit this run: {text}", file=str(path),
+                         key="--resume") from None  # fmt: skip
     with torch.no_grad():
         for k, p in named_trainable.items():
             p.copy_(state["params"][k].to(p.dtype))
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    rng = state["rng"]
-    ranks = rng.get("ranks") if isinstance(rng, dict) else None
-    accelerator = run.accelerator
-    set_rng_state(ranks[accelerator.process_index] if ranks and len(ranks) == accelerator.num_processes else rng)
     run.step = int(state["state"]["step"])
     run.pos = Position(**state["state"]["position"])
     run.last_ckpt = path
+    _apply_learning_rates(run, saved if isinstance(saved, dict) else {})
     if run.main:
+        for note in notes:
+            logger.warning("--resume: %s; the new value is used from step %d on", note, run.step + 1)
+        if run.total <= run.step:
+            logger.warning("--resume: the run has %d steps and the checkpoint is at step %d: nothing left to train "
+                           "(raise train.max_steps to continue)", run.total, run.step)  # fmt: skip
         logger.info("resuming from %s (step %d)", path, run.step)
 
 
@@ -692,7 +846,8 @@ def _loop(run: Run, stop_after: int | None) -> None:
             if t.checkpoint_every and run.step % t.checkpoint_every == 0 and run.step < run.total:
                 run.save_checkpoint()
             if cfg.sample.every and run.step % cfg.sample.every == 0 and run.step < run.total:
-                run.sample()
+                with writing(run.out_dir / "samples"):
+                    run.sample()
     finally:
         bar.close()
         run.log.close()
@@ -703,7 +858,8 @@ def _write_run_record(run: Run) -> None:
     import te_align
 
     cfg, report = run.cfg, run.report
-    run.out_dir.mkdir(parents=True, exist_ok=True)
+    with writing(run.out_dir):
+        run.out_dir.mkdir(parents=True, exist_ok=True)
     _write_json(run.out_dir / "train_config.json", {
         "config": cfg.to_dict(), "profile": run.profile.name, "fingerprint": run.profile.fingerprint(),
         "profile_overrides": cfg.model.profile_overrides, "objective": run.objective, "family": run.family.name,
@@ -756,6 +912,8 @@ def _finish(run: Run) -> TrainResult:
         return run.result()
     cfg, profile = run.cfg, run.profile
     lora_path = kohya_path = None
+    if cfg.train.checkpoint_every:  # first: a full disk while writing the LoRA files leaves a run to --resume
+        run.save_checkpoint()
     if run.main:
         extra = _lora_metadata(run)
         lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
@@ -764,13 +922,12 @@ def _finish(run: Run) -> TrainResult:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
                                          n_text_encoders=len(profile.slots), profile=profile, extra=extra,
                                          base_model=cfg.model.path, family=run.family.name)  # fmt: skip
-    if cfg.train.checkpoint_every:
-        run.save_checkpoint()
     run.accelerator.wait_for_everyone()  # the main process has closed the CSV log
     result = run.result(lora_path, kohya_path)
     if run.main and cfg.logging.loss_plot:
         plot_losses(result.losses, run.out_dir / "loss.png")
-    run.sample()
+    with writing(run.out_dir / "samples"):
+        run.sample()
     run.accelerator.wait_for_everyone()
     return result
 

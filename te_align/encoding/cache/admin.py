@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,8 @@ class ProfileEntries:
     fingerprint: str
     entries: int = 0
     bytes: int = 0
+    #: Profile values overridden by the user when these entries were written (empty: none recorded).
+    overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -104,6 +107,13 @@ def scan(directory: str | os.PathLike[str]) -> CacheInfo:
         )
         g.entries += 1
         g.bytes += size
+        if "te_align.overrides" in meta and not g.overrides:
+            try:
+                recorded = json.loads(meta["te_align.overrides"])
+            except (ValueError, RecursionError):
+                recorded = None
+            if isinstance(recorded, list) and all(isinstance(x, str) for x in recorded):
+                g.overrides = recorded
         info.entries += 1
         info.bytes += size
         encoders.add(meta["te_align.text_encoders"])
@@ -183,6 +193,10 @@ def _unlink(path: Path) -> bool:
         return True
     except FileNotFoundError:
         return False
+    except OSError as e:  # a read-only or foreign folder: one line, the entries stay as they were
+        from te_align.errors import CacheError
+
+        raise CacheError(f"cannot delete: {e.strerror or e} (make the cache folder writable)", file=str(path)) from None
 
 
 __all__ = ["STALE_TEMP_SECONDS", "CacheInfo", "ClearResult", "ProfileEntries", "clear", "scan"]

@@ -198,7 +198,7 @@ def entry_meta(path: Path) -> dict[str, str] | None:
 
     try:
         head = read_header(path)
-    except SafetensorsError:
+    except (SafetensorsError, RecursionError):
         return None
     meta = head.metadata
     if any(k not in meta for k in REQUIRED_META) or meta["te_align.format"] != CACHE_FORMAT:
@@ -207,7 +207,7 @@ def entry_meta(path: Path) -> dict[str, str] | None:
         return None
     try:
         names = json.loads(meta["te_align.tensor_names"])
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(names, list) or sorted(names) != sorted(head.tensors):
         return None

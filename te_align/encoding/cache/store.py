@@ -57,6 +57,19 @@ class _Corrupt(Exception):
     pass
 
 
+def _why(e: OSError) -> str:
+    """A write failure in words, with what to do."""
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no space left on the device: free space on that disk (or clear old entries: te-align cache clear DIR)"
+    if e.errno == errno.EFBIG:
+        return "file too large (a file-size limit, ulimit -f): raise the limit or free space"
+    if e.errno == errno.EROFS:
+        return "read-only file system: use a writable cache folder"
+    return e.strerror or str(e)
+
+
 # ------------------------------------------------------------------------------------- cache
 class EmbeddingCache:
     """Per-caption conditioning on disk for one profile, one set of text-encoder weights and one set of options.
@@ -88,6 +101,9 @@ class EmbeddingCache:
         self.text_encoders_hash = hash_text_encoders(text_encoders_hash)
         self.options = dict(options or {})
         self.options_json = canonical_options(self.options)
+        #: Profile values the user overrode (recorded in each entry, so ``cache info`` can tell an
+        #: overridden profile from a stale one).
+        self.overrides = sorted(path for path, pv in self.profile.provenance if pv.status == "override")
         self.verify = verify
         self.stats = CacheStats()
         if self.directory.exists() and not self.directory.is_dir():
@@ -96,7 +112,7 @@ class EmbeddingCache:
             self.directory.mkdir(parents=True, exist_ok=True)
             write_marker(self.directory)
         except OSError as e:
-            raise CacheError(f"cannot use as a cache folder: {e.strerror}", file=str(self.directory)) from None
+            raise CacheError(f"cannot use as a cache folder: {_why(e)}", file=str(self.directory)) from None
 
     def __repr__(self) -> str:
         return f"EmbeddingCache({str(self.directory)!r}, {self.profile.name} {self.fingerprint}, options={self.options_json})"
@@ -148,6 +164,8 @@ class EmbeddingCache:
             head = parse_header(data, len(data), label=str(path))
         except SafetensorsError as e:
             raise _Corrupt(e.message) from None
+        except RecursionError:
+            raise _Corrupt("the header JSON is nested too deeply") from None
         meta = head.metadata
         missing = [k for k in REQUIRED_META if k not in meta]
         if missing:
@@ -171,6 +189,8 @@ class EmbeddingCache:
             batch_dims = json.loads(meta.get("te_align.batch_dims", "{}"))
         except json.JSONDecodeError as e:
             raise _Corrupt(f"metadata is not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise _Corrupt("metadata JSON is nested too deeply") from None
         if not isinstance(names, list) or sorted(names) != sorted(head.tensors) or len(set(names)) != len(names):
             raise _Corrupt(f"tensor set {sorted(head.tensors)} does not match the recorded {names}")
         if counts is not None and not (isinstance(counts, list) and all(isinstance(n, int) for n in counts)):
@@ -242,9 +262,15 @@ class EmbeddingCache:
             "te_align.batch_dims": json.dumps({k: d for k, d in cond.batch_dims if k in cond.tensors}),
             "te_align.created": f"{time.time():.3f}",
         }
+        if self.overrides:
+            meta["te_align.overrides"] = json.dumps(self.overrides)
         blob = save(dict(cond.tensors), metadata=meta)
-        with atomic_file(self._path(key), error=CacheError) as f:
-            f.write(blob)
+        path = self._path(key)
+        try:
+            with atomic_file(path, error=CacheError) as f:
+                f.write(blob)
+        except OSError as e:  # a full disk or a read-only folder: one line, the entry is simply not stored
+            raise CacheError(f"cannot write cache entry: {_why(e)}", file=str(path)) from None
         self.stats.written += 1
 
     # ------------------------------------------------------------ batches

@@ -95,12 +95,16 @@ class Tree:
 
 
 def _read_json(path: Path, label: str) -> dict[str, Any]:
+    from te_align._paths import read_bytes
+
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ProfileError(f"cannot read: {e.strerror}", file=label) from None
+        raw = read_bytes(path, ProfileError)
+    except ProfileError as e:
+        raise ProfileError(e.message, file=label) from None
     try:
         data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ProfileError("not a usable JSON file: objects or arrays are nested too deeply", file=label) from None
     except UnicodeDecodeError:
         raise ProfileError("not valid JSON: the file is not UTF-8 text", file=label) from None
     except json.JSONDecodeError as e:
