@@ -145,13 +145,15 @@ def quantized_components(pipe: Any, profile: AlignmentProfile) -> list[str]:
 
 def apply_fp8(module: Any, compute_dtype: Any) -> None:
     """Store ``module``'s Linear/Conv weights as float8_e4m3fn, upcast to ``compute_dtype`` layer by layer
-    (diffusers' layerwise casting; norms, embeddings and LoRA layers stay as they are)."""
+    (diffusers' layerwise casting; norms, embedding tables, keep-in-fp32 layers and LoRA layers stay as they are)."""
     import torch
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN, apply_layerwise_casting
 
     skip = tuple(getattr(module, "_skip_layerwise_casting_patterns", None) or DEFAULT_SKIP_MODULES_PATTERN)
+    # transformers' keep-in-fp32 layers (T5's ``wo``: T5 casts its input to that layer's weight dtype) stay too
+    keep = tuple(rf"(^|\.){name}$" for name in getattr(module, "_keep_in_fp32_modules", None) or ())
     apply_layerwise_casting(module, storage_dtype=torch.float8_e4m3fn, compute_dtype=compute_dtype,
-                            skip_modules_pattern=(*skip, "lora_"))  # fmt: skip
+                            skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))  # fmt: skip
 
 
 def is_quantized(module: Any) -> bool:

@@ -43,9 +43,13 @@ def variants(text: Any, captions: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def precache_variants(text: Any, captions: list[str], batch: int = 16) -> int:
+def precache_variants(text: Any, captions: list[str], batch: int = 1) -> int:
     """Fill the text cache with every dropout variant of ``captions`` (the plain ones are
-    :meth:`TextSource.precache`'s); returns how many conditionings were looked up."""
+    :meth:`TextSource.precache`'s); returns how many conditionings were looked up.
+
+    One caption per encoder call by default: that is how :meth:`TextSource.batch` encodes a variant
+    on first use, so a run with freed encoders trains on bit-identical conditioning (a batched
+    encoder call can differ in the last bits)."""
     if not text.use_cache:
         return 0
     n = 0
