@@ -68,6 +68,7 @@ from te_align.train.models import (
     latent_transform,
     load_pipeline,
     logit_normal,
+    place_denoiser,
     prepare_frozen,
     resolve_profile,
     sdxl_time_ids,
@@ -527,6 +528,7 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         if cfg.model.free_encoders:  # every dropout variant too, so that the text encoders can be freed
             precache_variants(text, sorted({it.caption for it in report.items}))
     residency = release(cfg, profile, pipe, text, latents, device)
+    place_denoiser(pipe, profile, device)
 
     order = BatchOrder(report.items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
     per_epoch = max(1, math.ceil(order.batches_per_epoch() / t.gradient_accumulation))

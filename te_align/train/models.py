@@ -304,7 +304,9 @@ def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, devic
         if is_quantized(module):
             continue
         want = torch.float32 if name == "vae" and dtype == torch.float16 else dtype
-        module.to(device=device, dtype=want)
+        # on a GPU the denoiser waits in host RAM while the encoders fill the caches (place_denoiser moves it)
+        where = "cpu" if name == fam.denoiser_attr and getattr(device, "type", "") == "cuda" else device
+        module.to(device=where, dtype=want)
     if cfg.quantize in ("int8", "nf4"):
         plain = [n for n in quantized_components(pipe, profile) if not is_quantized(getattr(pipe, n))]
         if plain:
@@ -314,6 +316,13 @@ def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, devic
     if cfg.quantize == "fp8":
         for name in quantized_components(pipe, profile):
             apply_fp8(getattr(pipe, name), dtype)
+
+
+def place_denoiser(pipe: Any, profile: AlignmentProfile, device: Any) -> None:
+    """The denoiser onto ``device`` (after the caches are full and the encoders freed; see prepare_frozen)."""
+    module = getattr(pipe, family_of(profile).denoiser_attr)
+    if not is_quantized(module):
+        module.to(device)
 
 
 # ------------------------------------------------------------------------------------------- lora
@@ -452,6 +461,7 @@ __all__ = [
     "is_quantized",
     "load_pipeline",
     "pack_latents",
+    "place_denoiser",
     "prepare_frozen",
     "quantized_components",
     "resolve_profile",
