@@ -190,3 +190,121 @@ def test_encoders_stay_where_captions_are_encoded_live_or_sampled(
     assert pipe.text_encoder is not None and pipe.vae is not None
     assert "text encoders kept in memory after caching: sampling (sample.prompts) uses them on cpu" in caplog.text
     assert (tmp_path / "p" / "samples" / "step-00000001" / "00-seed0.png").is_file()
+
+
+# -------------------------------------------------------------------------------------------- estimate
+def test_real_size_configs_built_on_meta_have_the_published_parameter_counts() -> None:
+    """FLUX.1-dev 11,901,408,320 (transformer) + T5-XXL encoder 4,762,310,656, SDXL UNet 2,567,463,684 + CLIP-G
+    694,659,840: the published counts; SD3.5 Large: 8.06B ("8.1 billion parameters" in its model card)."""
+    import te_align
+    from te_align.train.estimate import build_meta, component_specs
+
+    counts: dict[str, dict[str, int]] = {}
+    for repo, profile in (("black-forest-labs/FLUX.1-dev", "flux-dev"), ("stabilityai/stable-diffusion-xl-base-1.0", "sdxl"),
+                          ("stabilityai/stable-diffusion-3.5-large", "sd35-large")):  # fmt: skip
+        cfg = config_from_dict({"model": {"path": repo, "profile": profile}, "data": {"path": "d"}})
+        specs = component_specs(cfg, te_align.profile(profile))
+        counts[repo] = {a: sum(p.numel() for p in build_meta(c, conf).parameters()) for a, (c, conf) in specs.items()}
+    assert counts["black-forest-labs/FLUX.1-dev"] == {
+        "transformer": 11_901_408_320, "vae": 83_819_683, "text_encoder": 123_060_480, "text_encoder_2": 4_762_310_656}
+    sdxl = counts["stabilityai/stable-diffusion-xl-base-1.0"]
+    assert sdxl["unet"] == 2_567_463_684 and sdxl["text_encoder_2"] == 694_659_840 and sdxl["vae"] == 83_653_863
+    sd35 = counts["stabilityai/stable-diffusion-3.5-large"]
+    assert sd35["transformer"] == 8_056_627_520 and sd35["text_encoder_3"] == 4_762_310_656
+    assert sd35["text_encoder"] == 123_650_304 and sd35["text_encoder_2"] == 694_659_840
+
+
+@pytest.mark.parametrize("quantize", ["none", "fp8"])
+def test_estimated_weights_are_the_bytes_the_loaded_model_holds(
+    tmp_path: Path, tiny_model_folder: Callable[[str], Path], squares_dataset: Path, quantize: str
+) -> None:
+    import te_align
+    from te_align.train.estimate import estimate
+    from te_align.train.models import load_pipeline, prepare_frozen
+
+    folder = tiny_model_folder("flux")
+    cfg = make_config("flux", folder, squares_dataset, tmp_path / "o", train={"mixed_precision": "bf16"},
+                      model={"quantize": quantize})  # fmt: skip
+    est = estimate(cfg, device="cpu", options=False)
+    profile = te_align.profile(PROFILES["flux"], **profile_overrides("flux"))
+    pipe = load_pipeline(cfg.model, profile, dtype_name="bfloat16")
+    prepare_frozen(cfg.model, profile, pipe, torch.device("cpu"), torch.bfloat16)
+    held = {a: sum(p.numel() * p.element_size() for p in getattr(pipe, a).parameters())
+            for a in ("transformer", "text_encoder", "text_encoder_2", "vae")}  # fmt: skip
+    lines = {x.what.split(" ")[0]: x.bytes for x in est.lines_caching if x.what.endswith(("weights", ")")) and "weights" in x.what}
+    assert lines == held
+    assert est.params["transformer"] == sum(p.numel() for p in pipe.transformer.parameters())
+
+
+def test_traced_activations_on_meta_equal_a_real_cpu_forward(tiny_model_folder: Callable[[str], Path]) -> None:
+    """What the meta trace counts is what autograd keeps on a real CPU forward of the same denoiser with LoRA (CPU
+    SDPA is a fused kernel too: it keeps q, k, v, output and log-sum-exp)."""
+    from peft import LoraConfig
+
+    import te_align
+    from te_align.train.estimate import build_meta, saved_activations
+    from te_align.train.models import FAMILIES, SD3_TARGETS, denoise
+
+    folder = tiny_model_folder("sd3")
+    conf = json.loads((folder / "transformer" / "config.json").read_text())
+    meta = build_meta("SD3Transformer2DModel", conf)
+    real = load("sd3", folder).transformer
+    for m in (meta, real):
+        m.requires_grad_(False)
+        m.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=SD3_TARGETS))
+        for n, p in m.named_parameters():
+            if "lora_" in n:
+                p.requires_grad_(True)
+    family = FAMILIES["sd3"]
+    del te_align
+    traced = saved_activations(meta, family, batch=2, latent_hw=(8, 8), text_len=20, compute_dtype=torch.float32,
+                               checkpointing=False)  # fmt: skip
+    seen: dict[int, int] = {}
+    keep: list[Any] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.is_leaf):
+            return t
+        base = t._base if t._base is not None else t
+        if id(base) not in seen:
+            seen[id(base)] = base.numel() * base.element_size()
+            keep.append(base)
+        return t
+
+    cond = {"prompt_embeds": torch.randn(2, 20, conf["joint_attention_dim"]),
+            "pooled_prompt_embeds": torch.randn(2, conf["pooled_projection_dim"])}  # fmt: skip
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = denoise(family, real, torch.randn(2, conf["in_channels"], 8, 8), torch.full((2,), 500.0), cond)
+    assert traced == sum(seen.values()) + out.numel() * 4
+
+
+def test_estimate_refuses_naming_the_settings_that_fit(
+    tmp_path: Path, tiny_model_folder: Callable[[str], Path], squares_dataset: Path
+) -> None:
+    from te_align.train.estimate import estimate, refusal
+
+    cfg = make_config("sd3", tiny_model_folder("sd3"), squares_dataset, tmp_path / "o", data={"resolution": 128})
+    full = estimate(cfg, device="cpu", options=True)
+    assert set(full.options) == {"train.gradient_checkpointing = true", 'model.quantize = "fp8"',
+                                 'model.quantize = "fp8" + gradient_checkpointing', 'train.mixed_precision = "bf16"',
+                                 "train.batch_size = 1"}  # int8 / nf4 are offered on CUDA only  # fmt: skip
+    best, (low, _) = min(full.options.items(), key=lambda x: x[1][0])
+    assert low < full.peak("device")
+    import dataclasses
+
+    tight = dataclasses.replace(full, available=(low + full.peak("device")) // 2)
+    assert not tight.fits
+    line = refusal(tight)
+    assert "\n" not in line and "these would fit: " in line and best in line
+    assert "on cpu but" in line
+    # the CLI: the report on stdout, the refusal as one line on stderr, exit 1; nothing is trained or written
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'[model]\npath = "{tiny_model_folder("sd3")}"\nprofile = "{PROFILES["sd3"]}"\n[data]\npath = "{squares_dataset}"\nresolution = 64\n'
+                    f'[output]\ndir = "{tmp_path / "cli"}"\n', encoding="utf-8")  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "te_align", "train", str(toml), "--estimate", "--memory", "0.01"],
+                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                                                              "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "peak:" in out.stdout and "DOES NOT FIT" in out.stdout
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("te-align: the run needs about")
+    assert not (tmp_path / "cli").exists()

@@ -152,8 +152,10 @@ def weight_bytes(module: Any, dtype_bytes: int, quantize: str, *, fp16: bool = F
     elif quantize in ("int8", "nf4"):
         quantized = {n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)
                      and not any(re.search(rf"(^|\.){k}$", n) for k in keep32)}  # fmt: skip
+    counted: set[int] = set()  # tied weights (T5's shared / embed_tokens) are one tensor
     for name, m in module.named_modules():
-        own = list(m.named_parameters(recurse=False))
+        own = [(n, p) for n, p in m.named_parameters(recurse=False) if id(p) not in counted]
+        counted.update(id(p) for _, p in own)
         if not own or "lora_" in name:  # LoRA layers are counted as trainable state, not frozen weights
             continue
         in32 = fp16 and any(re.search(rf"(^|\.){k}($|\.)", name) for k in keep32)
@@ -392,10 +394,11 @@ def estimate(cfg: TrainConfig, *, device: str | None = None, available: int | No
     if device is None:
         device = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
     model = _load_meta(cfg)
-    traces: dict[tuple[int, int, bool, str], int] = {}
+    traces: dict[tuple[Any, ...], int] = {}
+    runtime = _host_runtime()  # read once: every option is compared on the same footing
 
     def build(c: TrainConfig) -> Estimate:
-        return _estimate(c, model, device, available if available is not None else _device_memory(device), traces)
+        return _estimate(c, model, device, available if available is not None else _device_memory(device), traces, runtime)
 
     est = build(cfg)
     if options:
@@ -452,7 +455,7 @@ def _images(cfg: TrainConfig) -> tuple[int, int]:
     return max(1, len(files)), max(1, len(captions))
 
 
-def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, traces: dict[Any, int]) -> Estimate:
+def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, traces: dict[Any, int], host: int) -> Estimate:
     import torch
 
     from te_align._dtypes import torch_dtype
@@ -477,10 +480,18 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     optim = lora * (2 if eight_bit else 8)
     side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
     lat = side // model.vae_factor
-    key = (t.batch_size, lat, t.gradient_checkpointing, str(compute))
+    key = (t.batch_size, lat, t.gradient_checkpointing, str(compute), str(wdt))
     if key not in traces:
-        traces[key] = saved_activations(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat), text_len=model.text_len,
-                                        compute_dtype=compute, checkpointing=t.gradient_checkpointing)  # fmt: skip
+        for n, prm in model.meta[den].named_parameters():  # frozen weights in the run's dtype, LoRA float32
+            if "lora_" not in n:
+                prm.data = prm.data.to(wdt)
+        try:
+            traces[key] = saved_activations(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat),
+                                            text_len=model.text_len, compute_dtype=compute,
+                                            checkpointing=t.gradient_checkpointing)  # fmt: skip
+        except (ValueError, RuntimeError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise TrainError(f"the denoiser cannot run a {side}x{side} image: {first}", key="data.resolution") from None
     acts = traces[key]
     transient = int(acts * TRANSIENT_SHARE)
     images, captions = _images(cfg)
@@ -500,7 +511,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     free_vae = cfg.model.free_encoders and cfg.data.cache_latents
     encoders = [a for a in model.meta if a not in (den, "vae")]
     runtime = [Line("runtime (CUDA context, workspaces)", CUDA_CONTEXT)] if device == "cuda" else \
-        [Line("runtime (torch and libraries, this process)", _host_runtime())]  # fmt: skip
+        [Line("runtime (torch and libraries, this process)", host)]  # fmt: skip
     qs = f", {q}" if q != "none" else ""
     # on CUDA the denoiser waits in host RAM until the encoders are done (te_align.train.models.place_denoiser)
     on_host = device == "cuda" and q not in ("int8", "nf4")
@@ -521,7 +532,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     training += [Line(f"latent cache ({images} images)", latent_cache, where_cache),
                  Line(f"text cache in memory ({captions} captions x {variants})", text_cache, where_cache)]  # fmt: skip
     if device == "cuda":
-        training.append(Line("runtime (torch and libraries)", _host_runtime(), "host"))
+        training.append(Line("runtime (torch and libraries)", host, "host"))
     params = {a: _count(m) for a, m in model.meta.items()}
     params["lora"] = lora
     return Estimate(device, available, caching, training, params, {"saved": acts, "transient": transient})
