@@ -1,4 +1,4 @@
-"""``te-align train CONFIG.toml [--resume [CHECKPOINT] | --overwrite] [--check]``: LoRA training aligned by the model's profile."""
+"""``te-align train CONFIG.toml [--resume [CHECKPOINT] | --overwrite] [--check] [--estimate]``: LoRA training aligned by the model's profile."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="validate the config, profile, device, output folder and dataset, and exit (loads no model)")  # fmt: skip
     p.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the memory the run needs per device (models built on the meta device, nothing big "
+                        "loads) and exit; exit 1 when it does not fit, naming settings that would")  # fmt: skip
+    p.add_argument("--memory", type=float, default=None, metavar="GIB",
+                   help="with --estimate: the device memory to fit in (default: the GPU's, else system RAM)")
     p.set_defaults(func=cmd_train)
 
 
@@ -44,6 +49,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, format="te-align: %(message)s")
         notes = check_run(cfg, resume=resume, overwrite=args.overwrite)
         print(f"{args.config}: ok (model {cfg.model.path}, {', '.join(notes)}, data {cfg.data.path})")
+        return 0
+    if args.estimate:
+        from te_align.train.estimate import estimate, refusal, report
+
+        est = estimate(cfg, available=int(args.memory * 2**30) if args.memory else None)
+        print(report(est, cfg))
+        if not est.fits:
+            import sys
+
+            print(f"te-align: {refusal(est)}", file=sys.stderr)
+            return 1
         return 0
     logging.basicConfig(level=logging.INFO, format="te-align: %(message)s")
     from te_align.train.loop import train

@@ -31,6 +31,7 @@ Schedule = Literal["constant", "cosine"]
 Optimizer = Literal["adamw", "adamw8bit"]
 DropoutPolicy = Literal["profile", "empty", "zeros"]
 LatentSample = Literal["sample", "mean"]
+Quantize = Literal["none", "int8", "nf4", "fp8"]
 
 
 @dataclass
@@ -45,8 +46,17 @@ class ModelConfig:
     config: str = ""
     revision: str = ""
     variant: str = ""
-    #: dtype of the frozen weights: float32, bfloat16 or float16.
-    dtype: str = "float32"
+    #: dtype of the frozen weights: float32, bfloat16 or float16; ``auto`` = the mixed-precision dtype
+    #: (bfloat16 / float16 with ``train.mixed_precision = "bf16"`` / ``"fp16"``, as diffusers' training
+    #: scripts do), else float32. LoRA parameters are always float32.
+    dtype: str = "auto"
+    #: Frozen denoiser and large text encoder (T5 / LLM) weights: ``none``; ``int8`` / ``nf4``
+    #: (bitsandbytes through diffusers'/transformers' BitsAndBytesConfig, CUDA); ``fp8`` (float8_e4m3fn
+    #: storage, each layer computed in the weight dtype: diffusers' layerwise casting, any device).
+    quantize: Quantize = "none"
+    #: Free the text encoders and the VAE once every caption and latent is cached (they stay when
+    #: captions are encoded live: shuffled tags, dropout without a text cache, trained text encoders).
+    free_encoders: bool = True
 
 
 @dataclass
@@ -233,8 +243,8 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(bool(cfg.model.path), "model.path", "missing: a diffusers folder, hub repo id or .safetensors checkpoint")
     need(bool(cfg.model.profile), "model.profile", "must be 'auto', a bundled profile name or a profile file")
     need(bool(cfg.data.path), "data.path", "missing: a folder of images with .txt captions")
-    need(cfg.model.dtype in DTYPE_NAMES, "model.dtype",
-         f"expected float32, bfloat16 or float16, got {cfg.model.dtype!r}")
+    need(cfg.model.dtype == "auto" or cfg.model.dtype in DTYPE_NAMES, "model.dtype",
+         f"expected auto, float32, bfloat16 or float16, got {cfg.model.dtype!r}")
     d, t, lo, s = cfg.data, cfg.train, cfg.lora, cfg.sample
     need(8 <= d.resolution <= MAX_SIDE, "data.resolution", f"must be in [8, {MAX_SIDE}], got {d.resolution}")
     need(d.bucket_step >= 8 and d.bucket_step % 8 == 0, "data.bucket_step", f"must be a multiple of 8, got {d.bucket_step}")

@@ -57,9 +57,11 @@ from te_align.train.export import save_diffusers_lora, save_kohya_lora
 from te_align.train.logs import RunLog, plot_losses, read_losses
 from te_align.train.models import (
     CLIP_TARGETS,
+    QUANTIZE_BACKENDS,
     Family,
     add_lora,
     check_model,
+    check_quantize,
     default_flow_shift,
     denoise,
     family_of,
@@ -67,10 +69,14 @@ from te_align.train.models import (
     latent_transform,
     load_pipeline,
     logit_normal,
+    place_denoiser,
+    prepare_frozen,
     resolve_profile,
     sdxl_time_ids,
     vae_scale_factor,
+    weight_dtype_name,
 )
+from te_align.train.residency import Residency, for_sampling, precache_variants, release
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -422,6 +428,8 @@ class Run:
     last_ckpt: Path | None = None
     log: RunLog | None = None
     steps_per_s: float = 0.0
+    #: Text encoders / VAE freed or moved to CPU once the caches were full (te_align.train.residency).
+    residency: Residency | None = None
 
     @property
     def items(self) -> list[Item]:
@@ -467,8 +475,9 @@ class Run:
         self.denoiser.eval()
         try:
             side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
-            sample_images(self.pipe, self.profile, cfg.sample, self.out_dir / "samples", self.step, size=(side, side),
-                          device=self.device, dtype=self.cond_dtype)  # fmt: skip
+            with for_sampling(self.pipe, self.residency, self.device):
+                sample_images(self.pipe, self.profile, cfg.sample, self.out_dir / "samples", self.step, size=(side, side),
+                              device=self.device, dtype=self.cond_dtype)  # fmt: skip
         finally:
             self.denoiser.train()
 
@@ -540,9 +549,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
     report = scan(cfg.data)
-    profile, family, pipe, objective = _load_model(cfg, pipeline, device)
+    weight_dtype = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
+    check_quantize(cfg.model.quantize, device)
+    profile, family, pipe, objective = _load_model(cfg, pipeline, device, weight_dtype)
     model_id = _model_id(getattr(pipe, family.denoiser_attr))
-    weight_dtype = torch_dtype(cfg.model.dtype)
     compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
     cond_dtype = compute_dtype if weight_dtype == torch.float32 else weight_dtype
 
@@ -556,6 +566,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
                       cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
     with accelerator.main_process_first():
         text.precache(sorted({it.caption for it in report.items}))
+        if cfg.model.free_encoders:  # every dropout variant too, so that the text encoders can be freed
+            precache_variants(text, sorted({it.caption for it in report.items}))
+    residency = release(cfg, profile, pipe, text, latents, device)
+    place_denoiser(pipe, profile, device)
 
     order = BatchOrder(report.items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
     per_epoch = max(1, math.ceil(order.batches_per_epoch() / t.gradient_accumulation))
@@ -573,21 +587,21 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         cond_dtype=cond_dtype, latents=latents, shift=shift, scaling=scaling, text=text, lora_models=lora_models,
         denoiser_params=denoiser_params, text_encoder_params=text_encoder_params, order=order, total=total,
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
-        flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id,
+        flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id, residency=residency,
     )  # fmt: skip
 
 
-def _load_model(cfg: TrainConfig, pipeline: Any, device: Any) -> tuple[Any, Family, Any, str]:
+def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tuple[Any, Family, Any, str]:
     """(profile, family, pipeline, objective): the model loaded (or ``pipeline``), checked against the
-    profile, frozen and on ``device``."""
+    profile, frozen, in ``dtype`` (or quantized) and on ``device``."""
+    from te_align._dtypes import dtype_name
+
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
-    pipe = pipeline if pipeline is not None else load_pipeline(cfg.model, profile)
+    pipe = pipeline if pipeline is not None else load_pipeline(cfg.model, profile, dtype_name=dtype_name(dtype))
     check_model(profile, pipe, cfg.model.path)
     objective = _resolve_objective(cfg.train.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
-    for module in [getattr(pipe, family.denoiser_attr), pipe.vae] + [getattr(pipe, s.encoder_subfolder) for s in profile.slots]:
-        module.requires_grad_(False)
-        module.to(device)
+    prepare_frozen(cfg.model, profile, pipe, device, dtype)
     return profile, family, pipe, objective
 
 
@@ -866,6 +880,9 @@ def _write_run_record(run: Run) -> None:
         "images": len(report.items), "buckets": sorted({it.bucket for it in report.items}), "te_align": te_align.__version__,
         "missing_captions": [str(p) for p in report.missing_captions],
         "unreadable": [str(p) for p, _ in report.unreadable],
+        "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
+        "quantize_backend": QUANTIZE_BACKENDS[cfg.model.quantize],
+        "residency": dataclasses.asdict(run.residency) if run.residency is not None else None,
     })  # fmt: skip
 
 
@@ -939,6 +956,7 @@ def _lora_metadata(run: Run) -> dict[str, Any]:
         "base_model": cfg.model.path, "objective": run.objective, "steps": run.total, "rank": cfg.lora.rank,
         "alpha": cfg.lora.alpha, "profile_overrides": cfg.model.profile_overrides,
         "learning_rate": cfg.train.learning_rate, "seed": cfg.train.seed,
+        "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
     }  # fmt: skip
 
 

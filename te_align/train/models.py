@@ -93,13 +93,97 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile) -> Any:
-    """The diffusers pipeline of the model, from a folder, a hub id or a single-file checkpoint."""
+def weight_dtype_name(cfg: ModelConfig, mixed_precision: str = "no") -> str:
+    """The frozen weights' dtype: ``model.dtype`` when set, else the mixed-precision dtype (float32 without)."""
+    if cfg.dtype != "auto":
+        return cfg.dtype
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(mixed_precision, "float32")
+
+
+#: What each ``model.quantize`` value is made of, for logs, the LoRA stamp and ``train_config.json``.
+QUANTIZE_BACKENDS = {
+    "none": "none",
+    "int8": "bitsandbytes LLM.int8 (diffusers/transformers BitsAndBytesConfig load_in_8bit)",
+    "nf4": "bitsandbytes 4-bit NF4 (diffusers/transformers BitsAndBytesConfig load_in_4bit, double quant)",
+    "fp8": "float8_e4m3fn storage, per-layer upcast (diffusers layerwise casting)",
+}
+
+
+def big_text_encoders(profile: AlignmentProfile) -> list[str]:
+    """Pipeline attributes of the large (non-CLIP) text encoders: T5 or an LLM; ``model.quantize`` covers them."""
+    return [s.encoder_subfolder for s in profile.slots if not s.tokenizer.cls.startswith("CLIP")]
+
+
+def check_quantize(quantize: str, device: Any) -> None:
+    """Refuse a ``model.quantize`` this machine cannot run, in one line naming the alternative."""
+    import importlib.util
+
+    if quantize not in ("int8", "nf4"):
+        return
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise TrainError(f"quantize = \"{quantize}\" needs bitsandbytes (pip install \"te-align[bnb]\"); "
+                         "or use quantize = \"fp8\", which needs no extra package", key="model.quantize")  # fmt: skip
+    if getattr(device, "type", str(device)) != "cuda":
+        raise TrainError(f"quantize = \"{quantize}\" (bitsandbytes through diffusers) needs a CUDA GPU and this run is "
+                         f"on {getattr(device, 'type', device)}; use quantize = \"fp8\" (float8 weight storage, any "
+                         "device) or \"none\"", key="model.quantize")  # fmt: skip
+
+
+def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
+    """(diffusers quant_backend, its kwargs) for ``int8`` / ``nf4``."""
+    if quantize == "int8":
+        return "bitsandbytes_8bit", {"load_in_8bit": True}
+    return "bitsandbytes_4bit", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                                 "bnb_4bit_compute_dtype": dtype}  # fmt: skip
+
+
+def quantized_components(pipe: Any, profile: AlignmentProfile) -> list[str]:
+    """The components ``model.quantize`` covers: the denoiser and the large text encoder(s)."""
+    fam = family_of(profile)
+    return [fam.denoiser_attr] + [a for a in big_text_encoders(profile) if getattr(pipe, a, None) is not None]
+
+
+def apply_fp8(module: Any, compute_dtype: Any) -> None:
+    """Store ``module``'s Linear/Conv weights as float8_e4m3fn, upcast to ``compute_dtype`` layer by layer
+    (diffusers' layerwise casting; norms, embedding tables, keep-in-fp32 layers and LoRA layers stay as they are)."""
+    import torch
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN, apply_layerwise_casting
+
+    skip = tuple(getattr(module, "_skip_layerwise_casting_patterns", None) or DEFAULT_SKIP_MODULES_PATTERN)
+    # transformers' keep-in-fp32 layers (T5's ``wo``: T5 casts its input to that layer's weight dtype) stay too
+    keep = tuple(rf"(^|\.){name}$" for name in getattr(module, "_keep_in_fp32_modules", None) or ())
+    apply_layerwise_casting(module, storage_dtype=torch.float8_e4m3fn, compute_dtype=compute_dtype,
+                            skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))  # fmt: skip
+
+
+def is_quantized(module: Any) -> bool:
+    """True for a bitsandbytes-quantized diffusers/transformers model."""
+    return bool(getattr(module, "is_quantized", False) or getattr(module, "quantization_method", None))
+
+
+def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: str | None = None) -> Any:
+    """The diffusers pipeline of the model, from a folder, a hub id or a single-file checkpoint.
+
+    ``dtype_name``: the frozen weights' dtype (default :func:`weight_dtype_name` without mixed
+    precision). ``model.quantize = "int8"`` / ``"nf4"`` loads the denoiser and the large text encoder
+    through diffusers' ``PipelineQuantizationConfig`` (bitsandbytes); ``fp8`` is applied after loading.
+    """
     import diffusers
 
-    dtype = torch_dtype(cfg.dtype)
+    dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
     path = Path(cfg.path).expanduser()
     common: dict[str, Any] = {"torch_dtype": dtype}
+    if cfg.quantize in ("int8", "nf4"):
+        if path.is_file():
+            raise TrainError(f"quantize = \"{cfg.quantize}\" loads through diffusers' quantization config, which this "
+                             "trainer uses with diffusers folders and hub ids; convert the single file to a diffusers "
+                             "folder, or use quantize = \"fp8\"", file=str(path), key="model.quantize")  # fmt: skip
+        from diffusers import PipelineQuantizationConfig
+
+        backend, kwargs = _bnb_config(cfg.quantize, dtype)
+        fam = family_of(profile)
+        common["quantization_config"] = PipelineQuantizationConfig(
+            quant_backend=backend, quant_kwargs=kwargs, components_to_quantize=[fam.denoiser_attr, *big_text_encoders(profile)])
     if cfg.revision:
         common["revision"] = cfg.revision
     if cfg.variant:
@@ -206,6 +290,41 @@ def latent_transform(vae: Any) -> tuple[float, float]:
     return float(shift), float(vae.config.scaling_factor)
 
 
+def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, device: Any, dtype: Any) -> None:
+    """Freeze the denoiser, text encoders and VAE, put them on ``device`` in ``dtype`` (the VAE stays
+    float32 when ``dtype`` is float16, which overflows in the SDXL VAE), then apply ``model.quantize =
+    "fp8"`` to the denoiser and the large text encoder. bitsandbytes-quantized modules stay as loaded."""
+    import torch
+
+    fam = family_of(profile)
+    names = [fam.denoiser_attr, "vae", *dict.fromkeys(s.encoder_subfolder for s in profile.slots)]
+    for name in names:
+        module = getattr(pipe, name)
+        module.requires_grad_(False)
+        if is_quantized(module):
+            continue
+        want = torch.float32 if name == "vae" and dtype == torch.float16 else dtype
+        # on a GPU the denoiser waits in host RAM while the encoders fill the caches (place_denoiser moves it)
+        where = "cpu" if name == fam.denoiser_attr and getattr(device, "type", "") == "cuda" else device
+        module.to(device=where, dtype=want)
+    if cfg.quantize in ("int8", "nf4"):
+        plain = [n for n in quantized_components(pipe, profile) if not is_quantized(getattr(pipe, n))]
+        if plain:
+            raise TrainError(f"quantize = \"{cfg.quantize}\": {', '.join(plain)} of the given pipeline is not quantized; "
+                             "let te-align load model.path, or pass a pipeline loaded with a BitsAndBytesConfig",
+                             key="model.quantize")  # fmt: skip
+    if cfg.quantize == "fp8":
+        for name in quantized_components(pipe, profile):
+            apply_fp8(getattr(pipe, name), dtype)
+
+
+def place_denoiser(pipe: Any, profile: AlignmentProfile, device: Any) -> None:
+    """The denoiser onto ``device`` (after the caches are full and the encoders freed; see prepare_frozen)."""
+    module = getattr(pipe, family_of(profile).denoiser_attr)
+    if not is_quantized(module):
+        module.to(device)
+
+
 # ------------------------------------------------------------------------------------------- lora
 def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: list[str], seed: int) -> list[Any]:
     """Add a peft LoRA adapter ``default`` to a diffusers model or transformers text encoder; trainable params."""
@@ -222,10 +341,19 @@ def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: li
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     if not params:
         raise TrainError(f"no module of {type(model).__name__} matches {targets}", key="lora.target_modules")
+    low = any(p.dtype.itemsize == 1 for p in params)  # peft gives LoRA its base layer's dtype: float8 for an fp8 base
     for p in params:
         p.requires_grad_(True)
         if p.dtype != torch.float32:
             p.data = p.data.float()
+    if low:  # an init rounded to float8 would lose most of its precision: draw it again in float32
+        from peft.tuners.lora import LoraLayer
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for module in model.modules():
+                if isinstance(module, LoraLayer) and "default" in module.lora_A:
+                    module.reset_lora_parameters("default", config.init_lora_weights)
     return params
 
 
@@ -319,15 +447,24 @@ def logit_normal(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
 
 __all__ = [
     "FAMILIES",
+    "QUANTIZE_BACKENDS",
     "SUPPORTED_FAMILIES",
     "Family",
     "add_lora",
+    "apply_fp8",
+    "big_text_encoders",
     "check_model",
+    "check_quantize",
     "denoise",
     "family_of",
     "image_ids",
+    "is_quantized",
     "load_pipeline",
     "pack_latents",
+    "place_denoiser",
+    "prepare_frozen",
+    "quantized_components",
     "resolve_profile",
     "unpack_latents",
+    "weight_dtype_name",
 ]
