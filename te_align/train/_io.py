@@ -17,22 +17,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from te_align._atomic import _umask
 from te_align.train.config import TrainError
-
-_UMASK: int | None = None
 
 
 class WriteError(TrainError):
     """A file of the run could not be written (full disk, read-only file system, permissions)."""
-
-
-def _umask() -> int:
-    global _UMASK
-    if _UMASK is None:
-        current = os.umask(0o022)
-        os.umask(current)
-        _UMASK = current
-    return _UMASK
 
 
 def _free(path: Path) -> str:
