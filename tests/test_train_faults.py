@@ -356,3 +356,29 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path:
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000002"]  # no temp folder left
     again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env)
     assert again.returncode == 0 and "4 steps" in again.stdout, again.stderr[-2000:]
+
+
+def test_full_disk_under_the_tensorboard_writer_is_one_line(tmp_path: Path) -> None:
+    # TensorBoard writes its event file from a background thread; the error must surface as one line naming
+    # the folder, like every other write of the run (the file-size limit makes the event file's write fail).
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from te_align.train.logs import RunLog\n"
+        "from te_align.train import TrainError\n"
+        "log = RunLog(Path(sys.argv[1]))\n"
+        "try:\n"
+        "    for step in range(1, 4):\n"
+        "        log.log(step, 0, 0.5, 1e-4, 1.0, float(step))\n"
+        "    log.close()\n"
+        "except TrainError as e:\n"
+        "    print('ONE LINE:', e)\n"
+        "    sys.exit(2)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
+                         preexec_fn=_limited(300))  # fmt: skip
+    assert run.returncode == 2, (run.stdout + run.stderr)[-2000:]
+    assert "Traceback" not in run.stderr
+    line = run.stdout.strip().splitlines()[-1]
+    assert line.startswith("ONE LINE: ") and str(tmp_path / "logs" / "tensorboard") in line and "file too large" in line

@@ -25,6 +25,25 @@ logger = logging.getLogger("te_align.train")
 FIELDS = ("step", "epoch", "loss", "lr", "steps_per_s", "elapsed_s")
 
 
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard's event writer thread dies on a write error (full disk) and Python prints its traceback;
+    the same error is raised again in the main thread, where :class:`RunLog` reports it as one line."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "_te_align", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            logger.debug("TensorBoard writer thread: %s", args.exc_value)
+            return
+        previous(args)
+
+    hook._te_align = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class RunLog:
     def __init__(self, output_dir: Path, *, resume_step: int = 0, tensorboard: bool = True, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -53,7 +72,9 @@ class RunLog:
             else:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+                _quiet_tensorboard_thread()
+                with writing(self.dir / "tensorboard"):
+                    self.writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
 
     def log(self, step: int, epoch: int, loss: float, lr: float, steps_per_s: float, elapsed: float) -> None:
         if not self.enabled:
@@ -63,9 +84,10 @@ class RunLog:
         with writing(self.csv_path):
             self._csv.writerow(row)
             self._file.flush()
-        if self.writer is not None:
-            self.writer.add_scalar("train/loss", loss, step)
-            self.writer.add_scalar("train/lr", lr, step)
+        if self.writer is not None:  # its background thread's write errors surface here and at close()
+            with writing(self.dir / "tensorboard"):
+                self.writer.add_scalar("train/loss", loss, step)
+                self.writer.add_scalar("train/lr", lr, step)
 
     def close(self) -> None:
         if not self.enabled:
@@ -73,7 +95,9 @@ class RunLog:
         with contextlib.suppress(OSError):  # a full disk was reported where the row was written
             self._file.close()
         if self.writer is not None:
-            self.writer.close()
+            writer, self.writer = self.writer, None
+            with writing(self.dir / "tensorboard"):
+                writer.close()
 
 
 def read_losses(csv_path: Path) -> list[tuple[int, float]]:
