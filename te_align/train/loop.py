@@ -544,6 +544,7 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
 
     t = cfg.train
     cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    _fresh_accelerator_state()
     accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
     device = accelerator.device if t.device in ("auto", "cpu") else torch.device(t.device)
     set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
@@ -675,6 +676,16 @@ def _noise_scheduler(objective: str, pipe: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------- resume
+def _fresh_accelerator_state() -> None:
+    """accelerate keeps one process-wide state and refuses a second ``Accelerator`` with other settings (e.g. a
+    bf16 run after a float32 one in the same process): in a single process each run starts from a clean state.
+    A distributed run keeps it (its process group lives there)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    if AcceleratorState._shared_state and not PartialState().use_distributed:
+        AcceleratorState._reset_state()
+
+
 def _model_id(denoiser: Any) -> str:
     """sha256 of the denoiser's config and its first and last weights (before LoRA is added)."""
     import hashlib
