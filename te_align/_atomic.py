@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,6 +82,17 @@ def _umask() -> int:
         os.umask(current)
         _UMASK = current
     return _UMASK
+
+
+def link_or_copy(src: Path, bak: Path) -> None:
+    """Make ``bak`` hold the current ``src`` (a hard link when possible: no copy, no window)."""
+    tmp = bak.with_name(f".{bak.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, bak)
 
 
 def fsync_dir(folder: Path) -> None:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align import _safetensors
-from te_align._atomic import atomic_file
+from te_align._atomic import atomic_file, link_or_copy
 from te_align._safetensors import Header
 from te_align.errors import TeAlignError
 
@@ -151,7 +150,7 @@ def stamp(
     new_header.update((k, v) for k, v in head.raw.items() if k != "__metadata__")
     encoded = _safetensors.encode_header(new_header)
 
-    backup_fn = (lambda: _link_or_copy(src, src.with_name(src.name + ".bak"))) if in_place and backup else None
+    backup_fn = (lambda: link_or_copy(src, src.with_name(src.name + ".bak"))) if in_place and backup else None
     with atomic_file(dst, error=MetadataError, mode_from=dst if dst.exists() else src, before_replace=backup_fn) as out:
         out.write(encoded)
         with open(src, "rb") as f:
@@ -178,17 +177,6 @@ def _copy_exactly(f: Any, out: Any, n: int, chunk: int = 16 << 20) -> int:
         out.write(buf)
         done += len(buf)
     return done
-
-
-def _link_or_copy(src: Path, bak: Path) -> None:
-    """Make ``bak`` hold the current ``src`` (a hard link when possible: no copy, no window)."""
-    tmp = bak.with_name(f".{bak.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copy2(src, tmp)
-    os.replace(tmp, bak)
 
 
 # ------------------------------------------------------------------------------------- reading

@@ -198,22 +198,12 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
 
 def _write_with_backup(out: Path, text: str) -> None:
     """Atomic write; an existing file is first kept as ``FILE.bak`` (hard link, else a copy)."""
-    import os
-    import shutil
-
-    from te_align._atomic import atomic_file
+    from te_align._atomic import atomic_file, link_or_copy
     from te_align.errors import ProfileError
 
     def backup() -> None:
         if out.exists():
-            bak = out.with_name(out.name + ".bak")
-            tmp = bak.with_name(f".{bak.name}.{os.getpid()}.tmp")
-            tmp.unlink(missing_ok=True)
-            try:
-                os.link(out, tmp)
-            except OSError:
-                shutil.copy2(out, tmp)
-            os.replace(tmp, bak)
+            link_or_copy(out, out.with_name(out.name + ".bak"))
 
     try:
         with atomic_file(out, "w", error=ProfileError, mode_from=out if out.exists() else None, before_replace=backup) as f:

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from te_align._atomic import _umask
+from te_align._atomic import _umask, fsync_dir
 from te_align.train.config import TrainError
 
 
@@ -82,21 +82,8 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, mode: int |
         finally:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["WriteError", "reason", "write_atomic", "writing"]
