@@ -4,7 +4,11 @@
     PYTHONPATH=$PWD python benchmarks/bench_pretrain.py --family flux --out runs/flux --vae-from runs/sd3/model-4000
 
 Writes ``log.jsonl`` (every record: data, VAE, encoding, training losses, evaluations) and, at each
-evaluation point, the pipeline folder ``model-<step>`` and a sample grid ``grid-<step>.png``.
+evaluation point, the pipeline folder ``model-<step>``, a sample grid ``grid-<step>.png`` and the resumable
+state ``checkpoint.pt`` (denoiser, EMA, optimizer, step; replaced atomically). ``--resume`` continues from
+it: training is seeded per step, so a resumed run gives the weights of an uninterrupted one. Every
+``--gap-every`` steps the conditioning gap (``pretrain.conditioning_gap`` on 64 held-out images: how much
+worse the denoiser predicts with wrong captions) is logged; it moves long before prompt accuracy does.
 ``--family`` picks the model and its chosen sizes (``PretrainConfig.for_family``); ``--config`` changes
 fields on top. ``--time-steps N`` only measures: seconds per denoiser training step over N steps (after
 2 untimed ones), logged as ``{"phase": "step_time"}`` and printed, then exits (no evaluation, nothing saved).
@@ -41,6 +45,8 @@ def main() -> None:
     ap.add_argument("--guidance", type=float, default=4.0)
     ap.add_argument("--vae-from", default="", help="reuse the autoencoder of a saved pipeline folder")
     ap.add_argument("--config", default="{}", help="JSON of further PretrainConfig fields")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same config)")
+    ap.add_argument("--gap-every", type=int, default=250, help="conditioning gap every N steps (0: never)")
     args = ap.parse_args()
 
     import diffusers
@@ -61,7 +67,12 @@ def main() -> None:
         logf.write(json.dumps(r) + "\n")
         logf.flush()
 
-    fields = {"steps": args.steps, "train_size": args.train_size, "vae_steps": args.vae_steps, **json.loads(args.config)}
+    fields = {
+        "steps": args.steps,
+        "train_size": args.train_size,
+        "vae_steps": args.vae_steps,
+        **json.loads(args.config),
+    }
     if args.time_steps > 0:
         fields["steps"] = args.time_steps + 2
     cfg = pretrain.PretrainConfig.for_family(args.family, **fields)
@@ -74,8 +85,12 @@ def main() -> None:
         log({"phase": "vae_roundtrip", "vae_step": step, "heldout_renders": len(held_imgs), **rt,
              "eval_seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
 
-    reused = diffusers.AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae") if args.vae_from else None
-    prep = pretrain.prepare(cfg, log, vae_callback=vae_eval, vae_callback_every=args.vae_eval_every, vae=reused)
+    reused = (
+        diffusers.AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae") if args.vae_from else None
+    )
+    prep = pretrain.prepare(
+        cfg, log, vae_callback=vae_eval, vae_callback_every=args.vae_eval_every, vae=reused
+    )
     vae = prep["vae"]
     if args.time_steps > 0:
         common = (cfg, prep["latents"], prep["table"], prep["dropout"])
@@ -95,27 +110,52 @@ def main() -> None:
     if reused is None and (args.vae_eval_every <= 0 or cfg.vae_steps % args.vae_eval_every):
         vae_eval(cfg.vae_steps, vae)
     evalset = [
-        s for style in ("tags", "short", "long") for s in pretrain.heldout_set(args.eval_n, 20_000, style, cfg.concept())
+        s
+        for style in ("tags", "short", "long")
+        for s in pretrain.heldout_set(args.eval_n, 20_000, style, cfg.concept())
     ]
     state = {"transformer": None, "ema": None, "optimizer_state": None, "step": 0}
-    points = [int(x) for x in args.eval_at.split(",") if x]
     t_train = 0.0
+    ckpt_path = out / "checkpoint.pt"
+    if args.resume and ckpt_path.exists():
+        state, t_train = _load_checkpoint(ckpt_path, cfg, prep)
+        log({"phase": "resume", "step": state["step"], "train_seconds": round(t_train, 1)})
+    gap_set = world.make_dataset(64, 20_000, split="base" if cfg.concept() else "all", concept=cfg.concept(),
+                                 image_size=cfg.image_size, tokenizer=False)  # fmt: skip
+    gap_latents = pretrain.encode_latents(vae, [s.image for s in gap_set])
+    gap_table = pretrain.encode_captions(prep["profile"], prep["components"], [s.caption for s in gap_set])
+    points = [int(x) for x in args.eval_at.split(",") if x and int(x) > state["step"]]
     for point in points:
-        t0 = time.perf_counter()
-        state = pretrain.train_transformer(
-            cfg,
-            prep["latents"],
-            prep["table"],
-            prep["dropout"],
-            transformer=state["transformer"],
-            ema=state["ema"],
-            optimizer_state=state["optimizer_state"],
-            start_step=state["step"],
-            stop_step=point,
-            log=log,
-            captions=prep["captions"],
+        stops = (
+            list(range(state["step"] + args.gap_every, point, args.gap_every)) if args.gap_every > 0 else []
         )
-        t_train += time.perf_counter() - t0
+        for stop in [*stops, point]:
+            t0 = time.perf_counter()
+            state = pretrain.train_transformer(
+                cfg,
+                prep["latents"],
+                prep["table"],
+                prep["dropout"],
+                transformer=state["transformer"],
+                ema=state["ema"],
+                optimizer_state=state["optimizer_state"],
+                start_step=state["step"],
+                stop_step=stop,
+                log=log,
+                captions=prep["captions"],
+            )
+            t_train += time.perf_counter() - t0
+            if args.gap_every > 0:
+                gap = pretrain.conditioning_gap(cfg, state["ema"], gap_latents, gap_table)
+                log(
+                    {
+                        "phase": "gap",
+                        "step": state["step"],
+                        "model": "ema",
+                        **{f"t{k:g}": round(v, 3) for k, v in gap.items()},
+                    }
+                )
+        _save_checkpoint(ckpt_path, cfg, state, t_train)
         pipe = pretrain.build_pipeline(state["ema"], vae, cfg, prep["components"])
         if point == points[0]:
             log({"phase": "sizes", **pretrain.model_sizes(pipe)})
@@ -141,6 +181,38 @@ def main() -> None:
         pipe.save_pretrained(str(out / f"model-{state['step']}"), safe_serialization=True)
         if state["step"] >= cfg.steps:
             break
+
+
+def _save_checkpoint(path: Path, cfg: object, state: dict, t_train: float) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save({"config": cfg.as_dict(), "step": state["step"], "train_seconds": t_train,  # type: ignore[attr-defined]
+                "transformer": state["transformer"].state_dict(), "ema": state["ema"].state_dict(),
+                "optimizer_state": state["optimizer_state"]}, tmp)  # fmt: skip
+    tmp.replace(path)
+
+
+def _load_checkpoint(path: Path, cfg: object, prep: dict) -> tuple[dict, float]:
+    import copy
+
+    import torch
+
+    from te_align.tiny import pretrain
+
+    ck = torch.load(path, weights_only=False)
+    if ck["config"] != cfg.as_dict():  # type: ignore[attr-defined]
+        raise SystemExit(
+            f"{path}: saved for another configuration; run without --resume or with the same flags"
+        )
+    table = prep["table"]
+    model = pretrain.new_transformer(cfg, table.tensors["prompt_embeds"].shape[-1],
+                                     table.tensors["pooled_prompt_embeds"].shape[-1])  # fmt: skip
+    model.load_state_dict(ck["transformer"])
+    ema = copy.deepcopy(model).eval().requires_grad_(False)
+    ema.load_state_dict(ck["ema"])
+    state = {"transformer": model, "ema": ema, "optimizer_state": ck["optimizer_state"], "step": ck["step"]}
+    return state, float(ck["train_seconds"])
 
 
 if __name__ == "__main__":

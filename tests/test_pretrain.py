@@ -379,3 +379,56 @@ def test_slot_dropout_still_refuses_what_it_cannot_do_exactly():
     profile = pretrain.fitted_profile("sdxl").with_overrides({"slots.clip_l.train_dropout": 0.5})
     with pytest.raises(ValueError, match="empties prompts as 'zeros'; only 'encode' is handled"):
         pretrain.SlotDropout(profile, family_components("sdxl"), ["a red circle"])
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux", "sdxl"])
+def test_conditioning_gap_is_zero_without_a_text_path_and_the_x0_error_otherwise(family, request):
+    if family == "sd3":
+        first, _, _ = request.getfixturevalue("runs")
+        cfg, st = TINY, first.state
+    else:
+        cfg, res, _ = request.getfixturevalue(f"{family}_run")
+        st = res.state
+    table = st["table"]
+    latents = st["latents"][:6]
+    rows6 = pretrain.ConditioningTable(table.rows(torch.arange(6)), table.captions[:6], table.shared)
+    pe, pooled = rows6.tensors["prompt_embeds"], rows6.tensors["pooled_prompt_embeds"]
+    model = pretrain.new_denoiser(cfg, pe.shape[-1], pooled.shape[-1])
+    gap = pretrain.conditioning_gap(cfg, model, latents, rows6, fractions=(0.5,), seed=4)
+    assert model.training  # left as it was
+    model.eval()
+    # by hand: the same noise, own rows against rows rolled by one, x0 recovered from the prediction
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(4))
+    errs = []
+    for idx in (torch.arange(6), torch.roll(torch.arange(6), 1)):
+        r = rows6.rows(idx)
+        with torch.no_grad():
+            if family == "sdxl":
+                sched = pretrain._ddpm_schedule()
+                abar = sched.alphas_cumprod[500]
+                xt = sched.add_noise(latents, noise, torch.full((6,), 500))
+                eps = model(xt, torch.full((6,), 500), encoder_hidden_states=r["prompt_embeds"],
+                            added_cond_kwargs={"text_embeds": r["pooled_prompt_embeds"],
+                                               "time_ids": torch.tensor([[32.0, 32, 0, 0, 32, 32]] * 6)}).sample  # fmt: skip
+                x0 = (xt - (1 - abar).sqrt() * eps) / abar.sqrt()
+            elif family == "flux":
+                from te_align.train.models import image_ids, pack_latents, unpack_latents
+
+                xt = 0.5 * latents + 0.5 * noise
+                v = model(hidden_states=pack_latents(xt), timestep=torch.full((6,), 0.5), guidance=None,
+                          pooled_projections=r["pooled_prompt_embeds"], encoder_hidden_states=r["prompt_embeds"],
+                          txt_ids=table.shared["text_ids"], img_ids=image_ids(16, 16, "cpu", torch.float32)).sample  # fmt: skip
+                x0 = xt - 0.5 * unpack_latents(v, 16, 16)
+            else:
+                xt = 0.5 * latents + 0.5 * noise
+                v = model(hidden_states=xt, encoder_hidden_states=r["prompt_embeds"],
+                          pooled_projections=r["pooled_prompt_embeds"], timestep=torch.full((6,), 500.0)).sample  # fmt: skip
+                x0 = xt - 0.5 * v
+        errs.append(float(((x0 - latents) ** 2).mean()))
+    assert gap[0.5] == pytest.approx(100 * (errs[1] - errs[0]) / errs[0], rel=1e-6)
+    assert gap[0.5] != 0.0  # a fresh model's text path is live
+    # with every caption the same, wrong captions are the right ones: no gap at all
+    same = pretrain.ConditioningTable(
+        table.rows(torch.zeros(6, dtype=torch.long)), table.captions[:1] * 6, table.shared
+    )
+    assert pretrain.conditioning_gap(cfg, model, latents, same, fractions=(0.3, 0.9)) == {0.3: 0.0, 0.9: 0.0}
