@@ -118,13 +118,14 @@ class OneTrainer:
         return model
 
     def case(self, profile_name: str) -> Case:
-        from te_align.probe.trainers import _tiny
-
-        prof, toks, encs, _pipe = _tiny(profile_name)
+        prof, toks, encs = tiny_components(profile_name)
         model = self.model(profile_name, toks, encs)
-        cls_name, _, n = self.MODELS[profile_name]
+        cls_name = self.MODELS[profile_name][0]
         extra: dict[str, Any] = {"text_encoder_2_sequence_length": 77} if cls_name == "FluxModel" else {}
         notes = [f"{cls_name}.encode_text, object made with {cls_name}(ModelType.{self.MODELS[profile_name][1]})"]
+        if cls_name == "StableDiffusionModel" and clip_text_model_view(model.text_encoder):
+            notes.append("the installed transformers' CLIPTextModel has no .text_model (OneTrainer pins transformers "
+                         "5.5.4, which has): the tiny encoder gets text_model.final_layer_norm = its final_layer_norm")  # fmt: skip
         if cls_name == "FluxModel":
             notes.append("text_ids: OneTrainer builds them in the transformer call, not compared; "
                          "text_encoder_2_sequence_length=77 (TrainConfig default)")  # fmt: skip
@@ -137,7 +138,8 @@ class OneTrainer:
                 return {"prompt_embeds": emb, "pooled_prompt_embeds": pooled}
             if cls_name == "FluxModel":
                 return {"prompt_embeds": out[0], "pooled_prompt_embeds": out[1]}
-            return {"prompt_embeds": out[0], "prompt_attention_mask": out[1].to(out[0].dtype)}
+            mask = out[1].to(out[0].dtype) if cls_name == "ChromaModel" else out[1]  # Chroma: a bool mask
+            return {"prompt_embeds": out[0], "prompt_attention_mask": mask}
 
         def plain(prompts: list[str]) -> dict[str, Any]:
             import torch
@@ -189,6 +191,35 @@ class OneTrainer:
         finally:
             self._hooked = False
             hooks.uninstall()
+
+
+def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(fitted profile, tokenizers, text encoders) of the profile's tiny family (:mod:`te_align.tiny`)."""
+    import te_align
+    from te_align.probe.trainers import TINY_FAMILY
+    from te_align.tiny.fit import fit_profile
+    from te_align.tiny.pipelines import build_pipeline_for_encoding
+    from te_align.tiny.tokenizers import clip_bpe_path
+
+    try:
+        clip_bpe_path()
+    except FileNotFoundError as e:
+        raise ProbeError(str(e)) from None
+    pipe = build_pipeline_for_encoding(TINY_FAMILY.get(profile_name, profile_name))
+    comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
+    prof = fit_profile(te_align.profile(profile_name), comps)
+    return prof, {k: v for k, v in comps.items() if k.startswith("tokenizer")}, {k: v for k, v in comps.items() if k.startswith("text_encoder")}
+
+
+def clip_text_model_view(encoder: Any) -> bool:
+    """Give a transformers >= 5.6 ``CLIPTextModel`` (no ``.text_model``) the ``text_model.final_layer_norm``
+    OneTrainer's ``encode_clip`` reads (transformers 5.5.4, which OneTrainer pins, has it). True if added."""
+    import types
+
+    if hasattr(encoder, "text_model") or not hasattr(encoder, "final_layer_norm"):
+        return False
+    object.__setattr__(encoder, "text_model", types.SimpleNamespace(final_layer_norm=encoder.final_layer_norm))
+    return True
 
 
 @contextlib.contextmanager
