@@ -21,7 +21,15 @@ from te_align.hooks.base import OFF_WORDS
 from te_align.patching.kohya import _dirty, _find_def, _module_file, _original_for, _parse
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
-from te_align.patching.transaction import STATE_DIR, FileChange, PatchError, Plan, read_manifest, sha256_bytes, sha256_file
+from te_align.patching.transaction import (
+    STATE_DIR,
+    FileChange,
+    PatchError,
+    Plan,
+    read_manifest,
+    sha256_bytes,
+    sha256_file,
+)
 
 TRAINER = "onetrainer"
 ORIGINALS = "te_align_originals"

@@ -36,6 +36,14 @@ OPTIONAL = ("gguf", "parse", "torchvision", "cv2", "bitsandbytes", "torchao", "o
             "tensorboard", "customtkinter", "matplotlib", "scipy", "deepdiff", "psutil", "nvidia")  # fmt: skip
 
 
+def mgds_dirs() -> list[Path]:
+    """Where OneTrainer's data loader package ``mgds`` is installed (none: the data loader does not import)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mgds")
+    return [Path(p) for p in spec.submodule_search_locations] if spec is not None and spec.submodule_search_locations else []
+
+
 def diffusers_gguf_dir() -> Path:
     """diffusers' GGUF quantizer package: OneTrainer imports its ``utils`` at the top, which imports ``gguf``."""
     import diffusers
@@ -91,7 +99,8 @@ class OneTrainer:
         from te_align.probe.trainers import _hf_quiet
 
         _hf_quiet()
-        with _stubs.sandbox([self.root], [str(self.root)]), _stubs.stub_missing(OPTIONAL, [self.root]), \
+        roots = [self.root, *mgds_dirs()]
+        with _stubs.sandbox(roots, [str(self.root)]), _stubs.stub_missing(OPTIONAL, roots), \
                 _stubs.stub_missing(("gguf",), [diffusers_gguf_dir()]):
             try:
                 self.model_type = importlib.import_module("modules.util.enum.ModelType").ModelType
