@@ -448,7 +448,7 @@ def _cache_modules(original: Callable[..., Any]) -> Callable[..., Any]:
             fam = family_of_model(model)
         except HookError:
             return modules
-        a = dict(zip(CACHE_PARAMS[3:], args, strict=False))
+        a = dict(zip(CACHE_PARAMS[2:], args, strict=False))
         a.update(kwargs)
         config = a.get("config")
         p = RUN.profile_for(model, fam)
