@@ -247,3 +247,18 @@ def test_uninstall_restores_every_original(adapter: Any) -> None:
     restored = [importlib.import_module(t.module).__dict__[t.qualname.split(".")[0]].__dict__[t.qualname.split(".")[1]]
                 for t in targets]  # fmt: skip
     assert all(a is b for a, b in zip(restored, before, strict=True))
+
+
+def test_matrix_has_onetrainer_rows_with_and_without_hooks() -> None:
+    from te_align.probe.matrix import find_trainers, run_matrix
+
+    found, absent = find_trainers({ENV: str(ROOT)})
+    ot = [f for f in found if f.trainer == "onetrainer"]
+    assert [f.how for f in ot] == [f"{ENV}={ROOT}"]
+    assert not any(line.startswith("OneTrainer") for line in absent)
+    m = run_matrix(trainers=ot, profiles=["sd3-medium", "sdxl"])
+    cells = {r.profile: (r.plain.text(), r.hooked.text()) for r in m.rows}
+    assert set(cells) == {"sd3-medium", "sdxl"}
+    assert cells["sd3-medium"][1].startswith("identical") and not cells["sd3-medium"][0].startswith("identical")
+    assert cells["sdxl"][1].startswith("identical")
+    assert m.rows[0].trainer.startswith("onetrainer ")
