@@ -262,3 +262,37 @@ def test_matrix_has_onetrainer_rows_with_and_without_hooks() -> None:
     assert cells["sd3-medium"][1].startswith("identical") and not cells["sd3-medium"][0].startswith("identical")
     assert cells["sdxl"][1].startswith("identical")
     assert m.rows[0].trainer.startswith("onetrainer ")
+
+
+@pytest.mark.parametrize("profile", ["pixart-sigma", "sd3-medium"])
+def test_caption_dropout_is_onetrainers(adapter: Any, profile: str) -> None:
+    """Hooked, a dropped caption is what OneTrainer makes of it (embeddings x 0; PixArt/Sana: the mask too),
+    drawn from the batch ``rand`` in OneTrainer's order; kept captions are the profile's."""
+    import torch
+
+    import te_align
+    from te_align.hooks import onetrainer as ot
+    from te_align.probe.onetrainer import tiny_components
+
+    prof, toks, encs = tiny_components(profile)
+    model = adapter.model(profile, toks, encs)
+    prompts = ["a cat", "a dog on a mat", "a red house"]
+    rate = 0.5
+    ot.install(profile=prof, parts=("models",))
+    n = len(ot.FAMILIES["pixart" if profile == "pixart-sigma" else "sd3"].encoders)
+    rand = random.Random(3)
+    keep_first = [rand.random() > rate for _ in prompts]  # the first encoder's draws
+    assert keep_first == [False, True, False]  # two dropped captions, one kept
+    with torch.no_grad():
+        kw = ({"text_encoder_dropout_probability": rate} if n == 1 else
+              {f"text_encoder_{i}_dropout_probability": rate for i in range(1, n + 1)})  # fmt: skip
+        out = model.encode_text(train_device=torch.device("cpu"), batch_size=len(prompts), rand=random.Random(3),
+                                text=prompts, **kw)  # fmt: skip
+    want = te_align.encode(prof, prompts, tokenizers=toks, text_encoders=encs)
+    first = out[0]
+    for i, kept in enumerate(keep_first):
+        if profile == "pixart-sigma":
+            assert torch.equal(first[i], want["prompt_embeds"][i] if kept else torch.zeros_like(first[i]))
+            assert torch.equal(out[1][i], want["prompt_attention_mask"][i] if kept else torch.zeros_like(out[1][i]))
+        else:  # SD3: CLIP-L hidden states (the first encoder)
+            assert kept == bool(first[i].abs().sum() > 0)

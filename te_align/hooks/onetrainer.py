@@ -21,7 +21,8 @@ What the profile replaces (OneTrainer settings then have no effect, logged once 
 lengths (SD3 T5 77, HiDream 128, PixArt T5 120), ``text_encoder_2_sequence_length`` (FLUX.1, default
 77), ``text_encoder_*_layer_skip``, ``transformer.attention_mask`` (zeroing padded outputs) and the
 Chroma token pruning. OneTrainer's caption dropout (``text_encoder*.dropout_probability``: the dropped
-rows' embeddings are multiplied by 0, drawn from the batch ``rand`` in OneTrainer's order) and its
+rows' embeddings, and for PixArt and Sana their attention mask, are multiplied by 0, drawn from the batch
+``rand`` in OneTrainer's order) and its
 additional embeddings (``_apply_output_embeddings``) are kept as they are.
 
 Families hooked: SD 1.5/2.x, SDXL, SD3/3.5, FLUX.1 (dev, schnell, fill), Chroma, PixArt-Σ, Sana. Not
@@ -115,6 +116,8 @@ class Family:
     returns: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], Any]
     #: encode_text parameters the profile replaces (logged once when set away from their default).
     replaced: tuple[tuple[str, Any], ...] = ()
+    #: OneTrainer's caption dropout zeroes the returned attention mask too (PixArt, Sana).
+    drop_mask: bool = False
 
     @property
     def model_module(self) -> str:
@@ -167,12 +170,12 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
            (*_HEAD, "tokens", "text_encoder_layer_skip", "text_encoder_dropout_probability", "text_encoder_output",
             "attention_mask"),
            "PixArtAlphaBaseDataLoader", frozenset({"pixart"}), (_enc("t5", mask="attention_mask"),),
-           lambda out, h, p: (out["prompt_embeds"], out["prompt_attention_mask"])),
+           lambda out, h, p: (out["prompt_embeds"], out["prompt_attention_mask"]), drop_mask=True),
     Family("sana", "SanaModel",
            (*_HEAD, "tokens", "text_encoder_layer_skip", "text_encoder_dropout_probability", "text_encoder_output",
             "attention_mask"),
            "SanaBaseDataLoader", frozenset({"sana"}), (_enc("gemma", mask="attention_mask"),),
-           lambda out, h, p: (out["prompt_embeds"], out["prompt_attention_mask"])),
+           lambda out, h, p: (out["prompt_embeds"], out["prompt_attention_mask"]), drop_mask=True),
 )}  # fmt: skip
 
 MIXIN_MODULE = "modules.dataLoader.mixin.DataLoaderText2ImageMixin"
@@ -341,7 +344,8 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 keep = torch.tensor([a["rand"].random() > rate for _ in range(batch)], device=ref.device).float()
                 res = SlotResult(None if res.hidden is None else res.hidden * keep[:, None, None].to(res.hidden.dtype),
                                  None if res.pooled is None else res.pooled * keep[:, None].to(res.pooled.dtype),
-                                 res.mask, res.ids, res.denoiser_mask, res.token_counts)  # fmt: skip
+                                 res.mask, res.ids, res.denoiser_mask if not fam.drop_mask else res.denoiser_mask *
+                                 keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)  # fmt: skip
             results[slot.name] = res
             hidden[e.slot], pooled[e.slot] = res.hidden, res.pooled
         outs = _combine(p, {s.name: results[s.name] for s in p.slots}, None).tensors
