@@ -53,7 +53,7 @@ def test_every_target_resolves_on_the_checkout(adapter: Any) -> None:
 
     assert static_problems(Path(ROOT)) == []
     parts = ("models", "loader", "cache") if importlib.util.find_spec("mgds") else ("models",)
-    assert len(OneTrainerHook(parts=parts).check()) == (15 if len(parts) == 3 else 7)
+    assert len(OneTrainerHook(parts=parts).check()) == (17 if len(parts) == 3 else 8)
 
 
 # ---------------------------------------------------------------------------------------- probe rows
@@ -67,7 +67,7 @@ DEVIATIONS = {
 
 
 @pytest.mark.parametrize("profile", ["sd15", "sd21", "sdxl", "sd3-medium", "sd35-large", "flux-dev", "chroma",
-                                     "pixart-sigma", "sana"])  # fmt: skip
+                                     "pixart-sigma", "sana", "hidream"])  # fmt: skip
 def test_probe_without_and_with_hooks(adapter: Any, profile: str) -> None:
     from te_align.probe.core import compare
 
@@ -83,6 +83,10 @@ def test_probe_without_and_with_hooks(adapter: Any, profile: str) -> None:
         t = by_name["prompt_embeds"]
         assert t.shape_match and t.mean_cosine is not None and t.mean_cosine < 0.5
         assert len(t.differing) == t.compared
+    elif profile == "hidream":  # T5 without its attention mask; the Llama layers and pooled CLIPs match
+        t = by_name["prompt_embeds_t5"]
+        assert t.shape_match and t.mean_cosine is not None and t.mean_cosine < 0.9
+        assert by_name["prompt_embeds_llama3"].identical
     elif profile == "chroma":  # pruned to the batch's longest mask (padded to 16), the profile keeps 512
         assert by_name["prompt_embeds"].profile_shape == (512, 96) and not by_name["prompt_embeds"].shape_match
     else:  # SD 1.5/2.x and SDXL hidden states: OneTrainer matches the pipeline
@@ -102,11 +106,15 @@ def _loader_modules(adapter: Any, profile: str) -> tuple[Any, Any, Any, list[Any
 
     prof, toks, encs = tiny_components(profile)
     model = adapter.model(profile, toks, encs)
-    cls_name = {"sd3-medium": "StableDiffusion3BaseDataLoader", "pixart-sigma": "PixArtAlphaBaseDataLoader"}[profile]
+    cls_name = {"sd3-medium": "StableDiffusion3BaseDataLoader", "pixart-sigma": "PixArtAlphaBaseDataLoader",
+                "hidream": "HiDreamBaseDataLoader"}[profile]  # fmt: skip
     loader_cls = getattr(importlib.import_module(f"modules.dataLoader.{cls_name}"), cls_name)
+    if profile == "hidream":  # the data loader reads which Llama layers the transformer uses from its config
+        layers = list(range(encs["text_encoder_4"].config.num_hidden_layers))
+        model.transformer = types.SimpleNamespace(config=types.SimpleNamespace(llama_layers=layers))
     config = importlib.import_module("modules.util.config.TrainConfig").TrainConfig.default_values()
     config.model_type = model.model_type
-    for part in ("text_encoder", "text_encoder_2", "text_encoder_3"):  # text encoders frozen: text is cached
+    for part in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):  # frozen: text is cached
         getattr(config, part).train = False
     modules = loader_cls._preparation_modules(object.__new__(loader_cls), config, model)
     return prof, toks, encs, modules, model
@@ -161,6 +169,37 @@ def test_sd3_data_loader_and_encode_text_hooked_equal_te_align_encode(adapter: A
         )  # fmt: skip
         emb, pooled = model.combine_text_encoder_output(*got)
     assert torch.equal(emb, want["prompt_embeds"])
+    assert torch.equal(pooled, want["pooled_prompt_embeds"])
+
+
+@NEEDS_MGDS
+def test_hidream_data_loader_and_encode_text_hooked_equal_te_align_encode(adapter: Any) -> None:
+    import torch
+
+    import te_align
+    from te_align.hooks import onetrainer as ot
+    from te_align.probe.onetrainer import tiny_components
+
+    prompt = "a photo of a cat on a mat, highly detailed"
+    ot.install(profile=tiny_components("hidream")[0])
+    prof, toks, encs, modules, model = _loader_modules(adapter, "hidream")
+    out = _run_text_modules(modules, {f"prompt_{i}": prompt for i in range(1, 5)})
+    assert isinstance(out["text_encoder_4_hidden_state"], list)  # one (L, D) tensor per Llama layer, as mgds caches
+    want = te_align.encode(prof, [prompt], tokenizers=toks, text_encoders=encs)
+    one = {k: v[None] for k, v in out.items() if hasattr(v, "shape")}
+    with torch.no_grad():
+        got = model.encode_text(
+            train_device=torch.device("cpu"), batch_size=1, rand=random.Random(0),
+            tokens_1=one["tokens_1"], tokens_2=one["tokens_2"], tokens_3=one["tokens_3"], tokens_4=one["tokens_4"],
+            tokens_mask_3=one["tokens_mask_3"], tokens_mask_4=one["tokens_mask_4"],
+            pooled_text_encoder_1_output=one["text_encoder_1_pooled_state"],
+            pooled_text_encoder_2_output=one["text_encoder_2_pooled_state"],
+            text_encoder_3_output=one["text_encoder_3_hidden_state"],
+            text_encoder_4_output=[t[None] for t in out["text_encoder_4_hidden_state"]],
+        )  # fmt: skip
+        t5, llama, pooled = model.combine_text_encoder_output(*got)
+    assert torch.equal(t5, want["prompt_embeds_t5"])
+    assert torch.equal(llama, want["prompt_embeds_llama3"])
     assert torch.equal(pooled, want["pooled_prompt_embeds"])
 
 

@@ -18,16 +18,16 @@ tuple layout filled with the profile's tensors: so ``combine_text_encoder_output
 and every tensor ``encode_text`` returns equal :func:`te_align.encode`'s outputs exactly.
 
 What the profile replaces (OneTrainer settings then have no effect, logged once each): hard-coded
-lengths (SD3 T5 77, HiDream 128, PixArt T5 120), ``text_encoder_2_sequence_length`` (FLUX.1, default
+lengths (SD3 T5 77, PixArt T5 120; HiDream's T5 without its mask), ``text_encoder_2_sequence_length`` (FLUX.1, default
 77), ``text_encoder_*_layer_skip``, ``transformer.attention_mask`` (zeroing padded outputs) and the
 Chroma token pruning. OneTrainer's caption dropout (``text_encoder*.dropout_probability``: the dropped
 rows' embeddings, and for PixArt and Sana their attention mask, are multiplied by 0, drawn from the batch
 ``rand`` in OneTrainer's order) and its
 additional embeddings (``_apply_output_embeddings``) are kept as they are.
 
-Families hooked: SD 1.5/2.x, SDXL, SD3/3.5, FLUX.1 (dev, schnell, fill), Chroma, PixArt-Σ, Sana. Not
-hooked (``encode_text`` is left alone; installing for such a model refuses): HiDream, Qwen-Image (see
-the module's ``NOT_HOOKED``); OneTrainer has no Wan model.
+Families hooked: SD 1.5/2.x, SDXL, SD3/3.5, FLUX.1 (dev, schnell, fill), Chroma, PixArt-Σ, Sana, HiDream.
+Not hooked (``encode_text`` is left alone; a hooked run with such a model refuses): Qwen-Image (see
+``NOT_HOOKED``); OneTrainer has no Wan model.
 
 Activation: :func:`install` (the drop-in ``scripts/train.py`` / ``scripts/train_ui.py`` that ``te-align
 patch`` writes call it). Profile: ``install(profile=...)`` / ``TE_ALIGN_PROFILE``, else per model type
@@ -65,11 +65,10 @@ MODEL_TYPE_PROFILES: tuple[tuple[str, str], ...] = (
     ("STABLE_DIFFUSION_15", "sd15"), ("STABLE_DIFFUSION_20", "sd21"), ("STABLE_DIFFUSION_21", "sd21"),
     ("STABLE_DIFFUSION_35", "sd35-large"), ("STABLE_DIFFUSION_3", "sd3-medium"), ("STABLE_DIFFUSION_XL", "sdxl"),
     ("FLUX_DEV", "flux-dev"), ("FLUX_FILL_DEV", "flux-dev"), ("CHROMA", "chroma"), ("PIXART_SIGMA", "pixart-sigma"),
-    ("SANA", "sana"),
+    ("SANA", "sana"), ("HI_DREAM", "hidream"),
 )  # fmt: skip
 #: OneTrainer models te-align profiles but does not hook, with the reason.
 NOT_HOOKED: dict[str, str] = {
-    "HiDreamModel": "HiDream's Llama-3 output is every hidden state (hidden_states[1:]), not one profile slot tensor",
     "QwenModel": "Qwen-Image's template crop is done in encode_text on OneTrainer's own token layout",
 }
 
@@ -176,6 +175,22 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
             "attention_mask"),
            "SanaBaseDataLoader", frozenset({"sana"}), (_enc("gemma", mask="attention_mask"),),
            lambda out, h, p: (out["prompt_embeds"], out["prompt_attention_mask"]), drop_mask=True),
+    Family("hidream", "HiDreamModel",
+           (*_HEAD, "tokens_1", "tokens_2", "tokens_3", "tokens_4", "tokens_mask_3", "tokens_mask_4",
+            "text_encoder_3_layer_skip", "text_encoder_1_dropout_probability", "text_encoder_2_dropout_probability",
+            "text_encoder_3_dropout_probability", "text_encoder_4_dropout_probability", "apply_attention_mask",
+            "pooled_text_encoder_1_output", "pooled_text_encoder_2_output", "text_encoder_3_output",
+            "text_encoder_4_output"),
+           "HiDreamBaseDataLoader", frozenset({"hidream"}),
+           (Encoder("clip_l", "tokenizer_1", "text_encoder_1", "tokens_1", None, None, "pooled_text_encoder_1_output",
+                    "text_encoder_1_dropout_probability", None),
+            Encoder("clip_g", "tokenizer_2", "text_encoder_2", "tokens_2", None, None, "pooled_text_encoder_2_output",
+                    "text_encoder_2_dropout_probability", None),
+            _enc("t5", "3"),
+            Encoder("llama", "tokenizer_4", "text_encoder_4", "tokens_4", "tokens_mask_4", "text_encoder_4_output", None,
+                    "text_encoder_4_dropout_probability", None)),
+           lambda out, h, p: (p["clip_l"], p["clip_g"], out["prompt_embeds_t5"], out["prompt_embeds_llama3"]),
+           (("apply_attention_mask", False),)),
 )}  # fmt: skip
 
 MIXIN_MODULE = "modules.dataLoader.mixin.DataLoaderText2ImageMixin"
@@ -306,6 +321,8 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
             encoder = getattr(model, e.encoder, None)
             ids, mask = a.get(e.tokens), a.get(e.mask) if e.mask else None
             cached = a.get(e.output) if e.output else None
+            if isinstance(cached, (list, tuple)):  # HiDream's Llama layers as the data loader caches them
+                cached = torch.stack(list(cached), dim=0)
             cached_pooled = a.get(e.pooled) if e.pooled else None
             if ids is None and text is not None:
                 texts = [text] if isinstance(text, str) else list(text)
@@ -386,7 +403,14 @@ def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_na
         mask = clip_mask(ids, slot.tokenizer.eos_token_id)
     with torch.no_grad():
         res = encode_slot_tokens(profile, slot, module.text_encoder, ids, mask)
-    out = {module.hidden_state_out_name: res.hidden[0]}
+    if slot.encoder.layer == "all":  # a layer stack (HiDream's Llama): mgds caches one (L, D) tensor per layer
+        out: dict[str, Any] = {module.hidden_state_out_name: list(res.hidden[:, 0].unbind(0))}
+    else:
+        out = {module.hidden_state_out_name: res.hidden[0]}
+    mask_out = getattr(module, "tokens_attention_mask_out_name", None)
+    if mask_out:  # EncodeLlamaText also hands on the tokens and mask it encoded
+        out[tokens_name] = res.ids[0]
+        out[mask_out] = res.mask[0]
     pooled_name = getattr(module, "pooled_out_name", None)
     if pooled_name:
         out[pooled_name] = None if res.pooled is None else res.pooled[0]
@@ -416,7 +440,7 @@ def _preparation_modules(fam: Family, original: Callable[..., Any]) -> Callable[
         for m in modules:
             if hasattr(m, "hidden_state_out_name") and id(getattr(m, "text_encoder", None)) in by_enc:
                 e, slot = by_enc[id(m.text_encoder)]
-                tokens_name = getattr(m, "tokens_in_name", None) or m.in_name
+                tokens_name = getattr(m, "tokens_in_name", None) or getattr(m, "tokens_name", None) or m.in_name
                 m.get_item = partial(_encode_item, m, p, slot, tokens_name, masks.get(tokens_name))
                 n_enc += 1
         RUN.once(f"loader:{fam.key}:{p.fingerprint()}",

@@ -69,6 +69,7 @@ class OneTrainer:
         "sd35-large": ("StableDiffusion3Model", "STABLE_DIFFUSION_35", 3),
         "flux-dev": ("FluxModel", "FLUX_DEV_1", 2), "chroma": ("ChromaModel", "CHROMA_1", 1),
         "pixart-sigma": ("PixArtAlphaModel", "PIXART_SIGMA", 1), "sana": ("SanaModel", "SANA", 1),
+        "hidream": ("HiDreamModel", "HI_DREAM_FULL", 4),
     }  # fmt: skip
 
     def __init__(self, path: str | None) -> None:
@@ -119,7 +120,7 @@ class OneTrainer:
         except Exception as e:
             raise NotImportable(self.name, profile_name, f"modules.model.{cls_name}", f"{type(e).__name__}: {e}") from None
         model = cls(self.model_type[mt])
-        names = ["tokenizer", "tokenizer_2", "tokenizer_3"]
+        names = ["tokenizer", "tokenizer_2", "tokenizer_3", "tokenizer_4"]
         for i in range(n):
             suffix = "" if n == 1 else f"_{i + 1}"
             setattr(model, f"tokenizer{suffix}", toks[names[i]])
@@ -147,6 +148,9 @@ class OneTrainer:
                 return {"prompt_embeds": emb, "pooled_prompt_embeds": pooled}
             if cls_name == "FluxModel":
                 return {"prompt_embeds": out[0], "pooled_prompt_embeds": out[1]}
+            if cls_name == "HiDreamModel":
+                t5, llama, pooled = model.combine_text_encoder_output(*out)
+                return {"prompt_embeds_t5": t5, "prompt_embeds_llama3": llama, "pooled_prompt_embeds": pooled}
             mask = out[1].to(out[0].dtype) if cls_name == "ChromaModel" else out[1]  # Chroma: a bool mask
             return {"prompt_embeds": out[0], "prompt_attention_mask": mask}
 
@@ -156,7 +160,7 @@ class OneTrainer:
             if cls_name == "ChromaModel":
                 return outputs(model.encode_text(train_device=torch.device("cpu"), batch_size=len(prompts), text=prompts))
             rows = [outputs(model.encode_text(train_device=torch.device("cpu"), batch_size=1, text=p, **extra)) for p in prompts]
-            return {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
+            return {k: torch.cat([r[k] for r in rows], dim=1 if k == "prompt_embeds_llama3" else 0) for k in rows[0]}
 
         def hooked(prompts: list[str]) -> dict[str, Any]:
             import torch
