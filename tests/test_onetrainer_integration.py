@@ -22,10 +22,11 @@ import pytest
 ENV = "TE_ALIGN_ONETRAINER_DIR"
 ROOT = os.environ.get(ENV)
 pytestmark = pytest.mark.skipif(not ROOT, reason=f"set {ENV} to a Nerogar/OneTrainer checkout")
-NEEDS_MGDS = pytest.mark.skipif(
-    importlib.util.find_spec("mgds") is None,
-    reason="OneTrainer's data loader package mgds (Nerogar/mgds) is not importable",
-)
+_LOADER_MISSING = [why for why, missing in (
+    (f"set {ENV} to a Nerogar/OneTrainer checkout", not ROOT),
+    ("OneTrainer's data loader package mgds (Nerogar/mgds) is not importable", importlib.util.find_spec("mgds") is None),
+) if missing]  # fmt: skip
+NEEDS_MGDS = pytest.mark.skipif(bool(_LOADER_MISSING), reason="; ".join(_LOADER_MISSING))
 
 
 @pytest.fixture(scope="module")
