@@ -55,6 +55,9 @@ EXPECTED_TARGETS = [
       "text_encoder_4_dropout_probability", "apply_attention_mask", "pooled_text_encoder_1_output",
       "pooled_text_encoder_2_output", "text_encoder_3_output", "text_encoder_4_output")),
     ("modules.dataLoader.HiDreamBaseDataLoader", "HiDreamBaseDataLoader._preparation_modules", ("self", "config", "model")),
+    ("modules.model.QwenModel", "QwenModel.encode_text",
+     (*_HEAD, "tokens", "tokens_mask", "text_encoder_layer_skip", "text_encoder_dropout_probability", "text_encoder_output")),
+    ("modules.dataLoader.QwenBaseDataLoader", "QwenBaseDataLoader._preparation_modules", ("self", "config", "model")),
     ("modules.dataLoader.mixin.DataLoaderText2ImageMixin", "DataLoaderText2ImageMixin._cache_modules_from_names",
      ("self", "model", "model_setup", "image_split_names", "image_aggregate_names", "text_split_names", "sort_names",
       "config", "text_caching")),
@@ -69,7 +72,7 @@ def test_every_target_and_signature_is_pinned() -> None:
 
 def test_parts_select_target_groups() -> None:
     models = ot.OneTrainerHook(parts=("models",)).targets()
-    assert [t.qualname.split(".")[1] for t in models] == ["encode_text"] * 8
+    assert [t.qualname.split(".")[1] for t in models] == ["encode_text"] * 9
     cache = ot.OneTrainerHook(parts=("cache",)).targets()
     assert [t.qualname for t in cache] == ["DataLoaderText2ImageMixin._cache_modules_from_names"]
 
@@ -83,13 +86,14 @@ def test_verified_version_is_data() -> None:
     [("STABLE_DIFFUSION_15", "sd15"), ("STABLE_DIFFUSION_15_INPAINTING", "sd15"), ("STABLE_DIFFUSION_20_BASE", "sd21"),
      ("STABLE_DIFFUSION_21", "sd21"), ("STABLE_DIFFUSION_3", "sd3-medium"), ("STABLE_DIFFUSION_35", "sd35-large"),
      ("STABLE_DIFFUSION_XL_10_BASE", "sdxl"), ("FLUX_DEV_1", "flux-dev"), ("FLUX_FILL_DEV_1", "flux-dev"),
-     ("CHROMA_1", "chroma"), ("PIXART_SIGMA", "pixart-sigma"), ("SANA", "sana"), ("HI_DREAM_FULL", "hidream")],
+     ("CHROMA_1", "chroma"), ("PIXART_SIGMA", "pixart-sigma"), ("SANA", "sana"), ("HI_DREAM_FULL", "hidream"),
+     ("QWEN", "qwen-image")],
 )  # fmt: skip
 def test_model_type_profiles(model_type: str, profile: str) -> None:
     assert ot.profile_name_for_model_type(model_type) == profile
 
 
-@pytest.mark.parametrize("model_type", ["FLUX_2", "QWEN", "PIXART_ALPHA", "Z_IMAGE"])
+@pytest.mark.parametrize("model_type", ["FLUX_2", "PIXART_ALPHA", "Z_IMAGE", "ANIMA"])
 def test_model_types_without_hooked_profile_are_refused(model_type: str) -> None:
     with pytest.raises(HookError, match=f"no profile for OneTrainer model_type {model_type}"):
         ot.profile_name_for_model_type(model_type)
@@ -99,7 +103,8 @@ def test_family_rows_match_profiles() -> None:
     import te_align
 
     for prof, key in [("sd15", "sd"), ("sd21", "sd"), ("sdxl", "sdxl"), ("sd35-large", "sd3"), ("flux-dev", "flux"),
-                      ("chroma", "chroma"), ("pixart-sigma", "pixart"), ("sana", "sana"), ("hidream", "hidream")]:  # fmt: skip
+                      ("chroma", "chroma"), ("pixart-sigma", "pixart"), ("sana", "sana"), ("hidream", "hidream"),
+                      ("qwen-image", "qwen")]:  # fmt: skip
         p = te_align.profile(prof)
         fam = ot.FAMILIES[key]
         assert p.family in fam.profile_families
@@ -111,12 +116,13 @@ def test_family_rows_match_profiles() -> None:
                 assert name is None or name in fam.params, (key, name)
 
 
-def test_not_hooked_models_are_refused_by_name() -> None:
-    class QwenModel:
+def test_models_without_a_row_are_refused_by_name() -> None:
+    class ZImageModel:
         pass
 
-    with pytest.raises(HookError, match="QwenModel is not hooked"):
-        ot.family_of_model(QwenModel())
+    assert ot.NOT_HOOKED == {}
+    with pytest.raises(HookError, match="OneTrainer model ZImageModel is not one te-align hooks"):
+        ot.family_of_model(ZImageModel())
 
 
 def test_te_align_off_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +141,7 @@ def test_missing_onetrainer_refuses_naming_every_target(monkeypatch: pytest.Monk
         ot.install(profile="sd15")
     msg = e.value.message
     assert msg.startswith("OneTrainer hooks not installed (trainer version unknown")
-    assert msg.count("cannot import modules.") == 17
+    assert msg.count("cannot import modules.") == 19
     assert not ot.is_installed()
 
 

@@ -54,7 +54,7 @@ def test_every_target_resolves_on_the_checkout(adapter: Any) -> None:
 
     assert static_problems(Path(ROOT)) == []
     parts = ("models", "loader", "cache") if importlib.util.find_spec("mgds") else ("models",)
-    assert len(OneTrainerHook(parts=parts).check()) == (17 if len(parts) == 3 else 8)
+    assert len(OneTrainerHook(parts=parts).check()) == (19 if len(parts) == 3 else 9)
 
 
 # ---------------------------------------------------------------------------------------- probe rows
@@ -68,7 +68,7 @@ DEVIATIONS = {
 
 
 @pytest.mark.parametrize("profile", ["sd15", "sd21", "sdxl", "sd3-medium", "sd35-large", "flux-dev", "chroma",
-                                     "pixart-sigma", "sana", "hidream"])  # fmt: skip
+                                     "pixart-sigma", "sana", "hidream", "qwen-image"])  # fmt: skip
 def test_probe_without_and_with_hooks(adapter: Any, profile: str) -> None:
     from te_align.probe.core import compare
 
@@ -88,6 +88,9 @@ def test_probe_without_and_with_hooks(adapter: Any, profile: str) -> None:
         t = by_name["prompt_embeds_t5"]
         assert t.shape_match and t.mean_cosine is not None and t.mean_cosine < 0.9
         assert by_name["prompt_embeds_llama3"].identical
+    elif profile == "qwen-image":  # pruned to the batch's longest mask, padded to 16; the profile re-pads to it
+        t = by_name["prompt_embeds"]
+        assert (t.trainer_shape, t.profile_shape) == ((32, 32), (18, 32))
     elif profile == "chroma":  # pruned to the batch's longest mask (padded to 16), the profile keeps 512
         assert by_name["prompt_embeds"].profile_shape == (512, 96) and not by_name["prompt_embeds"].shape_match
     else:  # SD 1.5/2.x and SDXL hidden states: OneTrainer matches the pipeline
@@ -108,7 +111,7 @@ def _loader_modules(adapter: Any, profile: str) -> tuple[Any, Any, Any, list[Any
     prof, toks, encs = tiny_components(profile)
     model = adapter.model(profile, toks, encs)
     cls_name = {"sd3-medium": "StableDiffusion3BaseDataLoader", "pixart-sigma": "PixArtAlphaBaseDataLoader",
-                "hidream": "HiDreamBaseDataLoader"}[profile]  # fmt: skip
+                "hidream": "HiDreamBaseDataLoader", "qwen-image": "QwenBaseDataLoader"}[profile]  # fmt: skip
     loader_cls = getattr(importlib.import_module(f"modules.dataLoader.{cls_name}"), cls_name)
     if profile == "hidream":  # the data loader reads which Llama layers the transformer uses from its config
         layers = list(range(encs["text_encoder_4"].config.num_hidden_layers))
@@ -127,7 +130,8 @@ def _run_text_modules(modules: list[Any], data: dict[str, Any]) -> dict[str, Any
 
     out = dict(data)
     for m in modules:
-        if type(m).__name__ == "Tokenize" or (type(m).__name__.startswith("Encode") and "Text" in type(m).__name__):
+        name = type(m).__name__
+        if name in ("Tokenize", "PadMaskedTokens") or (name.startswith("Encode") and "Text" in name):
             m._get_previous_item = lambda variation, name, index: out[name]
             m.pipeline = types.SimpleNamespace(device=torch.device("cpu"))  # what mgds' LoadingPipeline gives
             with torch.no_grad():
@@ -202,6 +206,36 @@ def test_hidream_data_loader_and_encode_text_hooked_equal_te_align_encode(adapte
     assert torch.equal(t5, want["prompt_embeds_t5"])
     assert torch.equal(llama, want["prompt_embeds_llama3"])
     assert torch.equal(pooled, want["pooled_prompt_embeds"])
+
+
+@NEEDS_MGDS
+def test_qwen_data_loader_cache_and_encode_text_hooked_equal_te_align_encode(adapter: Any) -> None:
+    import torch
+    from mgds.pipelineModules.PadMaskedTokens import PadMaskedTokens
+
+    import te_align
+    from te_align.hooks import onetrainer as ot
+    from te_align.probe.onetrainer import tiny_components
+
+    prompts = ["a photo of a cat on a mat", "a red house"]
+    ot.install(profile=tiny_components("qwen-image")[0])
+    prof, toks, encs, modules, model = _loader_modules(adapter, "qwen-image")
+    # OneTrainer's cache step after encoding pads tokens, mask and hidden states to 512 (QwenBaseDataLoader)
+    pad = PadMaskedTokens(tokens_name="tokens", tokens_mask_name="tokens_mask", hidden_state_name="text_encoder_hidden_state",
+                          max_length=512)  # fmt: skip
+    items = [_run_text_modules([*modules, pad], {"prompt": p}) for p in prompts]
+    assert items[0]["tokens"].shape == (512,) and items[0]["text_encoder_hidden_state"].shape == (512, 32)
+    batch = {k: torch.stack([it[k] for it in items]) for k in ("tokens", "tokens_mask", "text_encoder_hidden_state")}
+    with torch.no_grad():
+        emb, mask = model.encode_text(train_device=torch.device("cpu"), batch_size=2, tokens=batch["tokens"],
+                                      tokens_mask=batch["tokens_mask"], text_encoder_output=batch["text_encoder_hidden_state"])  # fmt: skip
+    for i, p in enumerate(prompts):  # each caption was encoded alone (as cached): compare with encode of it alone
+        want = te_align.encode(prof, [p], tokenizers=toks, text_encoders=encs)
+        n = want["prompt_embeds"].shape[1]
+        assert torch.equal(emb[i, :n], want["prompt_embeds"][0]) and not emb[i, n:].any()
+        assert torch.equal(mask[i, :n], want["prompt_embeds_mask"][0].bool()) and not mask[i, n:].any()
+    assert emb.shape[1] == max(te_align.encode(prof, [p], tokenizers=toks, text_encoders=encs)["prompt_embeds"].shape[1]
+                               for p in prompts)  # fmt: skip
 
 
 @NEEDS_MGDS

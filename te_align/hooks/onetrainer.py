@@ -20,14 +20,13 @@ and every tensor ``encode_text`` returns equal :func:`te_align.encode`'s outputs
 What the profile replaces (OneTrainer settings then have no effect, logged once each): hard-coded
 lengths (SD3 T5 77, PixArt T5 120; HiDream's T5 without its mask), ``text_encoder_2_sequence_length`` (FLUX.1, default
 77), ``text_encoder_*_layer_skip``, ``transformer.attention_mask`` (zeroing padded outputs) and the
-Chroma token pruning. OneTrainer's caption dropout (``text_encoder*.dropout_probability``: the dropped
+Chroma and Qwen-Image token pruning (to the batch's longest mask, padded to 16). OneTrainer's caption dropout (``text_encoder*.dropout_probability``: the dropped
 rows' embeddings, and for PixArt and Sana their attention mask, are multiplied by 0, drawn from the batch
 ``rand`` in OneTrainer's order) and its
 additional embeddings (``_apply_output_embeddings``) are kept as they are.
 
-Families hooked: SD 1.5/2.x, SDXL, SD3/3.5, FLUX.1 (dev, schnell, fill), Chroma, PixArt-Σ, Sana, HiDream.
-Not hooked (``encode_text`` is left alone; a hooked run with such a model refuses): Qwen-Image (see
-``NOT_HOOKED``); OneTrainer has no Wan model.
+Families hooked: SD 1.5/2.x, SDXL, SD3/3.5, FLUX.1 (dev, schnell, fill), Chroma, PixArt-Σ, Sana, HiDream,
+Qwen-Image (``NOT_HOOKED`` lists models te-align profiles but does not hook: none). OneTrainer has no Wan model.
 
 Activation: :func:`install` (the drop-in ``scripts/train.py`` / ``scripts/train_ui.py`` that ``te-align
 patch`` writes call it). Profile: ``install(profile=...)`` / ``TE_ALIGN_PROFILE``, else per model type
@@ -65,12 +64,10 @@ MODEL_TYPE_PROFILES: tuple[tuple[str, str], ...] = (
     ("STABLE_DIFFUSION_15", "sd15"), ("STABLE_DIFFUSION_20", "sd21"), ("STABLE_DIFFUSION_21", "sd21"),
     ("STABLE_DIFFUSION_35", "sd35-large"), ("STABLE_DIFFUSION_3", "sd3-medium"), ("STABLE_DIFFUSION_XL", "sdxl"),
     ("FLUX_DEV", "flux-dev"), ("FLUX_FILL_DEV", "flux-dev"), ("CHROMA", "chroma"), ("PIXART_SIGMA", "pixart-sigma"),
-    ("SANA", "sana"), ("HI_DREAM", "hidream"),
+    ("SANA", "sana"), ("HI_DREAM", "hidream"), ("QWEN", "qwen-image"),
 )  # fmt: skip
 #: OneTrainer models te-align profiles but does not hook, with the reason.
-NOT_HOOKED: dict[str, str] = {
-    "QwenModel": "Qwen-Image's template crop is done in encode_text on OneTrainer's own token layout",
-}
+NOT_HOOKED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -117,6 +114,9 @@ class Family:
     replaced: tuple[tuple[str, Any], ...] = ()
     #: OneTrainer's caption dropout zeroes the returned attention mask too (PixArt, Sana).
     drop_mask: bool = False
+    #: The data loader's encode module hands on the post-processed tokens and mask with the cached hidden
+    #: states (Qwen-Image's EncodeQwenText, then PadMaskedTokens pads all three to a fixed length).
+    cached_post_processed: bool = False
 
     @property
     def model_module(self) -> str:
@@ -191,6 +191,11 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
                     "text_encoder_4_dropout_probability", None)),
            lambda out, h, p: (p["clip_l"], p["clip_g"], out["prompt_embeds_t5"], out["prompt_embeds_llama3"]),
            (("apply_attention_mask", False),)),
+    Family("qwen", "QwenModel",
+           (*_HEAD, "tokens", "tokens_mask", "text_encoder_layer_skip", "text_encoder_dropout_probability",
+            "text_encoder_output"),
+           "QwenBaseDataLoader", frozenset({"qwen-image"}), (_enc("qwen"),),
+           lambda out, h, p: (out["prompt_embeds"], out["prompt_embeds_mask"].bool()), cached_post_processed=True),
 )}  # fmt: skip
 
 MIXIN_MODULE = "modules.dataLoader.mixin.DataLoaderText2ImageMixin"
@@ -294,6 +299,15 @@ def _check_width(fam: Family, e: Encoder, slot: Any, model: Any, ids: Any) -> No
                         "loader is built)")  # fmt: skip
 
 
+def _batch_longest(slot: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
+    """A ``padding = "longest"`` slot's right-padded tokens cut to the batch's longest caption, as tokenizing
+    the batch does (the hooked data loader pads each caption to a fixed length so batches can be stacked)."""
+    if slot.tokenizer.padding != "longest" or slot.tokenizer.padding_side != "right":
+        return ids, mask
+    width = int(mask.sum(dim=1).max())
+    return ids[:, :width], mask[:, :width]
+
+
 def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any]:
     params = fam.params
 
@@ -341,9 +355,17 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                     raise HookError(f"te-align: OneTrainer {fam.model_class}.encode_text got neither text, tokens nor a "
                                     f"cached output for {e.encoder}")  # fmt: skip
                 _check_width(fam, e, slot, model, ids)
+                ids, mask = _batch_longest(slot, ids, mask)
                 res = encode_slot_tokens(p, slot, encoder, ids, mask)
                 if cached is not None:
                     res = SlotResult(cached, res.pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts)
+            elif fam.cached_post_processed:  # tokens and mask as encoded, padded to a fixed length by the loader
+                from te_align.encoding.core import denoiser_mask
+
+                width = int(mask.sum(dim=1).max())
+                cached, ids, mask = cached[:, :width], ids[:, :width], mask[:, :width]
+                res = SlotResult(cached, None, mask, ids, denoiser_mask(slot, mask, cached.dtype),
+                                 [int(x) for x in mask.sum(dim=1)])  # fmt: skip
             else:
                 post = _post_mask(slot, encoder, ids, mask)
                 dmask = post.denoiser_mask if cached is None else post.denoiser_mask.to(cached.dtype)
@@ -356,6 +378,8 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 res = SlotResult(apply(embeddings(), getattr(model, e.tokenizer), res.ids, res.hidden), res.pooled, res.mask,
                                  res.ids, res.denoiser_mask, res.token_counts)  # fmt: skip
             rate = a.get(e.dropout) if e.dropout else None
+            if rate is not None and rate > 0.0 and fam.key == "qwen":
+                raise NotImplementedError("OneTrainer has no caption dropout for Qwen-Image (modules/model/QwenModel.py)")
             if rate is not None and rate > 0.0:
                 ref = res.hidden if res.hidden is not None else res.pooled
                 keep = torch.tensor([a["rand"].random() > rate for _ in range(batch)], device=ref.device).float()
@@ -372,15 +396,24 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
 
 
 # ------------------------------------------------------------------------------------ data loader
+def loader_tokens(slot: Any, tokenizer: Any, text: str) -> tuple[Any, Any]:
+    """One caption's (ids, mask) as the hooked data loader makes them: the profile's tokenization, padded to a
+    fixed length for ``padding = "longest"`` slots so that a batch can be stacked (cut back in encode_text)."""
+    from te_align.encoding.core import pad_id_of, pad_tokens, tokenize_length, tokenize_slot
+
+    ids, mask = tokenize_slot(slot, tokenizer, [text])
+    if slot.tokenizer.padding == "longest":
+        ids, mask = pad_tokens(slot, ids, mask, tokenize_length(slot, tokenizer), pad_id_of(slot, tokenizer))
+    return ids, mask
+
+
 def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, variation: int, index: int,
                    requested_name: str | None = None) -> dict[str, Any]:  # fmt: skip
     """A hooked mgds ``Tokenize.get_item``: the caption tokenized by the profile slot."""
-    from te_align.encoding.core import tokenize_slot
-
     text = module._get_previous_item(variation, module.in_name, index)
     lock = getattr(module, "tokenizer_lock", None) or threading.Lock()
     with lock:
-        ids, mask = tokenize_slot(slot, module.tokenizer, [text])
+        ids, mask = loader_tokens(slot, module.tokenizer, text)
     device = getattr(getattr(module, "pipeline", None), "device", None)
     if device is not None:
         ids, mask = ids.to(device), mask.to(device)
@@ -401,6 +434,9 @@ def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_na
         from te_align.hooks.kohya.slots import clip_mask
 
         mask = clip_mask(ids, slot.tokenizer.eos_token_id)
+    if slot.tokenizer.padding == "longest" and slot.tokenizer.padding_side == "right":  # as tokenized alone
+        width = int(mask.sum(dim=1).max())
+        ids, mask = ids[:, :width], mask[:, :width]
     with torch.no_grad():
         res = encode_slot_tokens(profile, slot, module.text_encoder, ids, mask)
     if slot.encoder.layer == "all":  # a layer stack (HiDream's Llama): mgds caches one (L, D) tensor per layer

@@ -69,7 +69,7 @@ class OneTrainer:
         "sd35-large": ("StableDiffusion3Model", "STABLE_DIFFUSION_35", 3),
         "flux-dev": ("FluxModel", "FLUX_DEV_1", 2), "chroma": ("ChromaModel", "CHROMA_1", 1),
         "pixart-sigma": ("PixArtAlphaModel", "PIXART_SIGMA", 1), "sana": ("SanaModel", "SANA", 1),
-        "hidream": ("HiDreamModel", "HI_DREAM_FULL", 4),
+        "hidream": ("HiDreamModel", "HI_DREAM_FULL", 4), "qwen-image": ("QwenModel", "QWEN", 1),
     }  # fmt: skip
 
     def __init__(self, path: str | None) -> None:
@@ -141,6 +141,8 @@ class OneTrainer:
                          "text_encoder_2_sequence_length=77 (TrainConfig default)")  # fmt: skip
 
         def outputs(out: Any) -> dict[str, Any]:
+            import torch
+
             if cls_name == "StableDiffusionModel":
                 return {"prompt_embeds": out}
             if cls_name in ("StableDiffusionXLModel", "StableDiffusion3Model"):
@@ -151,13 +153,16 @@ class OneTrainer:
             if cls_name == "HiDreamModel":
                 t5, llama, pooled = model.combine_text_encoder_output(*out)
                 return {"prompt_embeds_t5": t5, "prompt_embeds_llama3": llama, "pooled_prompt_embeds": pooled}
+            if cls_name == "QwenModel":  # a bool mask; compared in the profile's mask dtype
+                want = {"int64": torch.long, "bool": torch.bool}.get(prof.slots[0].masks.denoiser_mask_dtype, out[0].dtype)
+                return {"prompt_embeds": out[0], "prompt_embeds_mask": out[1].to(want)}
             mask = out[1].to(out[0].dtype) if cls_name == "ChromaModel" else out[1]  # Chroma: a bool mask
             return {"prompt_embeds": out[0], "prompt_attention_mask": mask}
 
         def plain(prompts: list[str]) -> dict[str, Any]:
             import torch
 
-            if cls_name == "ChromaModel":
+            if cls_name in ("ChromaModel", "QwenModel"):  # a list of prompts, pruned per batch
                 return outputs(model.encode_text(train_device=torch.device("cpu"), batch_size=len(prompts), text=prompts))
             rows = [outputs(model.encode_text(train_device=torch.device("cpu"), batch_size=1, text=p, **extra)) for p in prompts]
             return {k: torch.cat([r[k] for r in rows], dim=1 if k == "prompt_embeds_llama3" else 0) for k in rows[0]}
@@ -165,15 +170,14 @@ class OneTrainer:
         def hooked(prompts: list[str]) -> dict[str, Any]:
             import torch
 
-            from te_align.encoding.core import tokenize_slot
-            from te_align.hooks.onetrainer import FAMILIES, RUN, _slots
+            from te_align.hooks.onetrainer import FAMILIES, RUN, _slots, loader_tokens
 
             fam = next(f for f in FAMILIES.values() if f.model_class == cls_name)
             p = RUN.profile_for(model, fam)
             kwargs: dict[str, Any] = {}
             for e, slot in _slots(p, fam, model):
                 tok = getattr(model, e.tokenizer)
-                parts = [tokenize_slot(slot, tok, [x]) for x in prompts]  # one caption per data loader item
+                parts = [loader_tokens(slot, tok, x) for x in prompts]  # one caption per data loader item
                 kwargs[e.tokens] = torch.cat([ids for ids, _ in parts])
                 if e.mask is not None:
                     kwargs[e.mask] = torch.cat([m for _, m in parts])
