@@ -17,12 +17,12 @@ and encoders tokenize and encode by the profile (:func:`~te_align.encoding.core.
 tuple layout filled with the profile's tensors: so ``combine_text_encoder_output(*encode_text(...))``
 and every tensor ``encode_text`` returns equal :func:`te_align.encode`'s outputs exactly.
 
-What the profile replaces (OneTrainer settings then have no effect, logged once each): hard-coded
-lengths (SD3 T5 77, PixArt T5 120; HiDream's T5 without its mask), ``text_encoder_2_sequence_length`` (FLUX.1, default
-77), ``text_encoder_*_layer_skip``, ``transformer.attention_mask`` (zeroing padded outputs) and the
-Chroma and Qwen-Image token pruning (to the batch's longest mask, padded to 16). OneTrainer's caption dropout (``text_encoder*.dropout_probability``: the dropped
-rows' embeddings, and for PixArt and Sana their attention mask, are multiplied by 0, drawn from the batch
-``rand`` in OneTrainer's order) and its
+What the profile replaces (OneTrainer settings then have no effect, logged once each): hard-coded lengths
+(SD3 T5 77, PixArt T5 120; HiDream's T5 without its mask), ``text_encoder_2_sequence_length`` (FLUX.1,
+default 77), ``text_encoder_*_layer_skip``, ``transformer.attention_mask`` (zeroing padded outputs) and
+the Chroma and Qwen-Image token pruning (to the batch's longest mask, padded to 16). OneTrainer's caption
+dropout (``text_encoder*.dropout_probability``: the dropped rows' embeddings, and for PixArt and Sana
+their attention mask, are multiplied by 0, drawn from the batch ``rand`` in OneTrainer's order) and its
 additional embeddings (``_apply_output_embeddings``) are kept as they are.
 
 Families hooked: SD 1.5/2.x, SDXL, SD3/3.5, FLUX.1 (dev, schnell, fill), Chroma, PixArt-Σ, Sana, HiDream,
