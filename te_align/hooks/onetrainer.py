@@ -281,8 +281,8 @@ def _post_mask(slot: Any, encoder: Any, ids: Any, mask: Any) -> Any:
 
     from te_align.encoding.core import _post_process
 
-    dummy = torch.zeros((*ids.shape, 1))
-    return _post_process(slot, encoder, dummy, None, ids, mask, [int(x) for x in mask.sum(dim=1)])
+    dummy = torch.zeros((*ids.shape, 1))  # only the masks and ids are used: no encoder needed (it may be unloaded)
+    return _post_process(slot, torch.nn.Module(), dummy, None, ids, mask, [int(x) for x in mask.sum(dim=1)])
 
 
 def _check_width(fam: Family, e: Encoder, slot: Any, model: Any, ids: Any) -> None:
