@@ -133,6 +133,9 @@ class OneTrainer:
         cls_name = self.MODELS[profile_name][0]
         extra: dict[str, Any] = {"text_encoder_2_sequence_length": 77} if cls_name == "FluxModel" else {}
         notes = [f"{cls_name}.encode_text, object made with {cls_name}(ModelType.{self.MODELS[profile_name][1]})"]
+        if cls_name not in ("ChromaModel", "QwenModel"):
+            notes.append("without hooks: one prompt per encode_text call (its text is one str), so differences of "
+                         "~1e-6 can come from the batch shape, not from OneTrainer's settings")  # fmt: skip
         if cls_name == "StableDiffusionModel" and clip_text_model_view(model.text_encoder):
             notes.append("the installed transformers' CLIPTextModel has no .text_model (OneTrainer pins transformers "
                          "5.5.4, which has): the tiny encoder gets text_model.final_layer_norm = its final_layer_norm")  # fmt: skip
