@@ -3,10 +3,10 @@
 Trainers are found the way the test suite finds them: an sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR``,
 ai-toolkit as the installed ``ostris-ai-toolkit`` package and/or a checkout in
 ``TE_ALIGN_AI_TOOLKIT_DIR``, OneTrainer as a checkout in ``TE_ALIGN_ONETRAINER_DIR``, SimpleTuner when
-importable. Each trainer's modules are imported once and every profile is probed in that session. A cell whose hooks cannot be installed says why
-("hooks unavailable: ...") instead of failing the matrix; a cell whose trainer code does not import in
-this environment (ai-toolkit's model modules without torchvision/torchaudio/OpenCV) says
-"not importable here: <import error>".
+importable. Each trainer's modules are imported once and every profile is probed in that session. A cell
+whose hooks cannot be installed says why ("hooks unavailable: ...") instead of failing the matrix; a cell
+whose trainer code does not import in this environment (ai-toolkit's model modules without
+torchvision/torchaudio/OpenCV) says "not importable here: <import error>".
 """
 
 from __future__ import annotations
