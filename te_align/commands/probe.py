@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "report per output tensor: shapes, max abs difference, mean cosine similarity, prompts that "
                     "differ. Exit 0 identical, 1 differs, 2 bad input.",
     )
-    p.add_argument("--trainer", required=True, metavar="T", help="ai-toolkit, kohya or simpletuner")
+    p.add_argument("--trainer", required=True, metavar="T", help="ai-toolkit, kohya, simpletuner or onetrainer")
     p.add_argument("--path", metavar="INSTALL", help="the trainer's checkout or package folder (ai-toolkit: default the installed package)")
     p.add_argument("--profile", required=True, metavar="NAME", help="bundled profile name or alias")
     p.add_argument("--hooks", action="store_true", help="measure with te-align's hooks for the trainer installed")

@@ -2,11 +2,11 @@
 
 Trainers are found the way the test suite finds them: an sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR``,
 ai-toolkit as the installed ``ostris-ai-toolkit`` package and/or a checkout in
-``TE_ALIGN_AI_TOOLKIT_DIR``, SimpleTuner when importable. Each trainer's modules are imported once
-and every profile is probed in that session. A cell whose hooks cannot be installed says why
-("hooks unavailable: ...") instead of failing the matrix; a cell whose trainer code does not import in
-this environment (ai-toolkit's model modules without torchvision/torchaudio/OpenCV) says
-"not importable here: <import error>".
+``TE_ALIGN_AI_TOOLKIT_DIR``, OneTrainer as a checkout in ``TE_ALIGN_ONETRAINER_DIR``, SimpleTuner when
+importable. Each trainer's modules are imported once and every profile is probed in that session. A cell
+whose hooks cannot be installed says why ("hooks unavailable: ...") instead of failing the matrix; a cell
+whose trainer code does not import in this environment (ai-toolkit's model modules without
+torchvision/torchaudio/OpenCV) says "not importable here: <import error>".
 """
 
 from __future__ import annotations
@@ -126,6 +126,15 @@ def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found]
         found.append(Found("ai-toolkit", at_dir, f"{ENV_AI_TOOLKIT}={at_dir}"))
     if not at_dir and importlib.util.find_spec("ostris_ai_toolkit") is None:
         absent.append(f"ai-toolkit: ostris-ai-toolkit is not installed and {ENV_AI_TOOLKIT} is not set")
+    # ---- OneTrainer rows (te_align/probe/onetrainer.py): a checkout in TE_ALIGN_ONETRAINER_DIR ----
+    from te_align.probe.onetrainer import ENV_DIR as ENV_ONETRAINER
+
+    ot_dir = env.get(ENV_ONETRAINER)
+    if ot_dir:
+        found.append(Found("onetrainer", ot_dir, f"{ENV_ONETRAINER}={ot_dir}"))
+    else:
+        absent.append(f"OneTrainer: {ENV_ONETRAINER} is not set (path of a Nerogar/OneTrainer checkout)")
+    # ---- end of the OneTrainer rows ----
     if importlib.util.find_spec("simpletuner") is not None:
         absent.append("SimpleTuner: installed, but te-align has no probe adapter for it yet")
     else:

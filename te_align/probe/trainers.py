@@ -33,7 +33,7 @@ from te_align._git import dist_version, git_head, installed_version, read_versio
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
 
-TRAINERS = ("ai-toolkit", "kohya", "simpletuner")
+TRAINERS = ("ai-toolkit", "kohya", "simpletuner", "onetrainer")
 ALIASES = {"ai_toolkit": "ai-toolkit", "aitoolkit": "ai-toolkit", "ostris": "ai-toolkit", "sd-scripts": "kohya",
            "sd_scripts": "kohya", "kohya-ss": "kohya", "kohya_ss": "kohya", "simple-tuner": "simpletuner"}  # fmt: skip
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
@@ -663,5 +663,9 @@ def adapter_for(trainer: str, path: str | None) -> Adapter:
         from te_align.errors import closest
 
         raise ProbeError(f"unknown trainer '{trainer}'; known: {', '.join(TRAINERS)}{closest(trainer, TRAINERS)}")
+    if key == "onetrainer":  # te_align/probe/onetrainer.py
+        from te_align.probe.onetrainer import OneTrainer
+
+        return OneTrainer(path)  # type: ignore[return-value]
     cls = {"ai-toolkit": AiToolkit, "kohya": Kohya, "simpletuner": SimpleTuner}[key]
     return cls(path)

@@ -1,0 +1,162 @@
+"""On-disk patch of a Nerogar/OneTrainer checkout: its launch scripts go through te-align.
+
+Plan: each launch script that exists (``scripts/train.py`` for the CLI; ``scripts/train_ui_qt.py``, which
+``start-ui.sh`` / ``start-ui.bat`` run, ``scripts/train_ui.py`` (kept by OneTrainer for external
+launchers) and ``scripts/train_ui_ctk.py`` for the GUI, whose training runs in the GUI's own process
+(``modules/ui/TrainUIController.py`` starts a thread); ``scripts/sample.py``) is replaced by a drop-in
+(template ``patches/onetrainer/launch_script.py.tmpl``) that installs :mod:`te_align.hooks.onetrainer`
+right after OneTrainer's own ``script_imports()`` and then runs the original code, kept byte for byte
+as ``te_align_originals/scripts/<name>``. Version: the git HEAD; a commit te-align was not verified
+against is accepted only when every hook target is present with the expected parameters, checked
+statically (the source is parsed, nothing is imported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from te_align._git import git_head
+from te_align.hooks.base import OFF_WORDS
+from te_align.patching.kohya import _dirty, _find_def, _module_file, _original_for, _parse
+from te_align.patching.templates import patch_dir
+from te_align.patching.trainers import Detection
+from te_align.patching.transaction import (
+    STATE_DIR,
+    FileChange,
+    PatchError,
+    Plan,
+    read_manifest,
+    sha256_bytes,
+    sha256_file,
+)
+
+TRAINER = "onetrainer"
+ORIGINALS = "te_align_originals"
+#: Launch scripts that get a drop-in (those that exist), with what they start.
+SCRIPTS: tuple[tuple[str, str], ...] = (
+    ("scripts/train.py", "CLI training"),
+    ("scripts/train_ui_qt.py", "GUI (start-ui), training in-process"),
+    ("scripts/train_ui.py", "GUI entry kept for external launchers"),
+    ("scripts/train_ui_ctk.py", "legacy GUI, training in-process"),
+    ("scripts/sample.py", "sampling"),
+)
+#: Files whose presence marks a OneTrainer checkout.
+MARKERS = ("scripts/train.py", "scripts/util/import_util.py", "modules/model/BaseModel.py", "modules/trainer/GenericTrainer.py")
+DROP_IN_MARK = b"# te-align drop-in"
+
+
+def templates_dir() -> Path:
+    d = patch_dir("onetrainer")
+    if not (d / "launch_script.py.tmpl").is_file():
+        raise PatchError(f"te-align's OneTrainer patch files are incomplete in {d}; reinstall te-align")
+    return d
+
+
+def detect(path: Path) -> Detection | None:
+    root = Path(path)
+    if not all((root / m).is_file() for m in MARKERS):
+        return None
+    from te_align.hooks.onetrainer import OneTrainerHook
+
+    head = git_head(root)
+    if head is None:
+        return Detection(TRAINER, root, "checkout", "unknown (no git)",
+                         ("not a git checkout: the hook targets are checked in the source instead",))  # fmt: skip
+    notes: tuple[str, ...] = ()
+    if head not in OneTrainerHook.supported:
+        verified = ", ".join(c[:7] for c in OneTrainerHook.supported)
+        notes = (f"commit {head[:7]} is not one te-align was verified with ({verified}); hook targets are checked in the source",)
+    return Detection(TRAINER, root, "checkout", head[:7], notes)
+
+
+def static_problems(root: Path) -> list[str]:
+    """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
+    from te_align.hooks.onetrainer import OneTrainerHook
+
+    problems: list[str] = []
+    for t in OneTrainerHook().targets():
+        f = _module_file(root, t.module)
+        tree = _parse(f)
+        if tree is None:
+            problems.append(f"{t.label}: module file {f.relative_to(root)} missing or unreadable")
+            continue
+        node = _find_def(tree, t.qualname)
+        if node is None:
+            problems.append(f"{t.label}: not found")
+            continue
+        args = node.args
+        names = [a.arg for a in (*args.posonlyargs, *args.args)]
+        want = list(t.params or ())
+        without_default = names[: len(names) - len(args.defaults)]
+        if names[: len(want)] != want or len(without_default) > len(want):
+            problems.append(f"{t.label}: signature changed: expected ({', '.join(want)}), found ({', '.join(names)})")
+    return problems
+
+
+def shim_source(script: str, profile: str | None) -> bytes:
+    template = (templates_dir() / "launch_script.py.tmpl").read_text(encoding="utf-8")
+    pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per model type"
+    up = "/".join([".."] * (len(Path(script).parts) - 1)) or "."
+    return template.format(script=script, original=f"{ORIGINALS}/{script}", up=up, pin=pin, off_words=OFF_WORDS).encode("utf-8")
+
+
+def plan(detection: Detection, profile: str | None) -> Plan:
+    from te_align.hooks.onetrainer import OneTrainerHook
+
+    root = detection.root
+    problems = static_problems(root)
+    if problems:
+        commit = next(iter(OneTrainerHook.supported))[:7]
+        raise PatchError(
+            f"unknown OneTrainer version {detection.version} at {root}: te-align's hook targets do not match "
+            f"({'; '.join(problems)}). te-align was verified with OneTrainer {commit}; check that commit out "
+            f"(git -C {root} checkout {commit}) or upgrade te-align"
+        )
+    manifest = read_manifest(root) or {}
+    known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
+    present = [(s, what) for s, what in SCRIPTS if (root / s).is_file() or s in known]
+    dirty = _dirty(root, {*known})
+    if dirty:
+        shown = ", ".join(dirty[:8]) + (f" and {len(dirty) - 8} more" if len(dirty) > 8 else "")
+        raise PatchError(
+            f"{root} has uncommitted changes ({shown}); te-align patches only a clean checkout so that unpatch "
+            f"gives back exactly what git has. Commit or stash them first (git -C {root} stash), then patch again"
+        )
+    changes: list[FileChange] = []
+    state = root / STATE_DIR
+    for script, what in present:
+        current = root / script
+        orig_rel = f"{ORIGINALS}/{script}"
+        cur_bytes = current.read_bytes() if current.is_file() else None
+        entry = known.get(script)
+        restore_to = None
+        if entry is not None:  # patched before: the original unpatch must give back
+            original = _original_for(root, state, script, entry, known.get(orig_rel), cur_bytes)
+            restore_to = original
+        elif cur_bytes is None:
+            raise PatchError(f"{current} is missing; restore it from OneTrainer, then patch again")
+        elif cur_bytes.startswith(DROP_IN_MARK):
+            raise PatchError(
+                f"{current} is a te-align drop-in but {state} holds no manifest for it (was {STATE_DIR} deleted?); "
+                f"restore the original with: git -C {root} checkout -- {script}, then patch again"
+            )
+        else:
+            original = cur_bytes
+        cur_sha = sha256_bytes(cur_bytes) if cur_bytes is not None else None
+        changes.append(FileChange(script, shim_source(script, profile), cur_sha,
+                                  note=f"drop-in ({what}); original kept in {orig_rel}", restore_to=restore_to))  # fmt: skip
+        changes.append(FileChange(orig_rel, original, sha256_file(root / orig_rel), note=f"original {script}, unchanged",
+                                  original_of=script))  # fmt: skip
+    readme = (
+        "Original OneTrainer launch scripts, kept byte for byte by te-align; the scripts of the same name in\n"
+        f"scripts/ run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
+    ).encode()
+    changes.append(FileChange(f"{ORIGINALS}/README.txt", readme, sha256_file(root / ORIGINALS / "README.txt")))
+    changes.append(FileChange(f"{ORIGINALS}/.gitignore", b"*\n", sha256_file(root / ORIGINALS / ".gitignore")))
+    digest = hashlib.sha256(b"".join(c.content for c in changes)).hexdigest()[:12]
+    return Plan(root, TRAINER, detection.version, tuple(changes), profile=profile,
+                extra={"layout": detection.layout, "scripts": [s for s, _ in present], "plan_sha256": digest})  # fmt: skip
+
+
+__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]
