@@ -116,7 +116,8 @@ def test_onetrainer_pixart_sigma_120_and_no_cleaning(tmp_path):
     assert r.profile == "pixart-sigma" and r.exit_code == 1
     assert devs(r) == {"t5.tokenizer.max_length": (120, 300, "error"),
                        "t5.tokenizer.text_cleaning": ("none", "pixart", "error")}
-    assert all("OneTrainer" in f.fix and "te-align patch" not in f.fix for f in r.findings)
+    assert all(f.fix == "not settable in OneTrainer (hard-coded): run it through te-align with "
+               "`te-align patch ONETRAINER_CHECKOUT`" for f in r.findings)
     assert "PixArtAlphaModel.py:190-202" in r.findings[0].trainer_source
 
 
@@ -246,9 +247,10 @@ def test_gui_sd3_dropout_fields_are_read_and_named(tmp_path):
     assert r.effective["t5.train_dropout"] == 0.464
 
 
-def test_not_settable_never_suggests_patch_for_unpatchable_trainers(tmp_path):
+def test_not_settable_names_the_patch_of_each_trainer(tmp_path):
     r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA"})))
-    assert [f.fix for f in r.findings] == ["not settable in OneTrainer (hard-coded; te-align has no OneTrainer patch)"]
+    assert [f.fix for f in r.findings] == [
+        "not settable in OneTrainer (hard-coded): run it through te-align with `te-align patch ONETRAINER_CHECKOUT`"]
     r = check_file(write(tmp_path, "k.toml", 'pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\n'))
     assert [f.fix for f in r.findings] == [NOT_SETTABLE]  # sd-scripts: te-align patch does cover it
     ti = check_file(write(tmp_path, "ti.json", json.dumps({"pretrained_model_name_or_path": "/m/sd_xl_base_1.0.safetensors",

@@ -21,8 +21,10 @@ from te_align.audit.trainers import (
     unknown_key_finding,
 )
 
-#: OneTrainer has no setting for hard-coded encoding and te-align cannot patch it.
-NOT_SETTABLE = "not settable in OneTrainer (hard-coded; te-align has no OneTrainer patch)"
+#: OneTrainer has no setting for hard-coded encoding; its launch scripts run te-align's hooks once patched.
+NOT_SETTABLE = (
+    "not settable in OneTrainer (hard-coded): run it through te-align with `te-align patch ONETRAINER_CHECKOUT`"
+)
 
 _MM = "modules/model"
 
