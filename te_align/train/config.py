@@ -124,6 +124,8 @@ class TrainSection:
     learning_rate: float = 1e-4
     #: Learning rate of text-encoder LoRA (0 = learning_rate).
     text_encoder_lr: float = 0.0
+    #: Learning rate of a swapped model's text projection (``te-align swap``; 0 = learning_rate).
+    projection_lr: float = 0.0
     lr_scheduler: Schedule = "constant"
     warmup_steps: int = 0
     optimizer: Optimizer = "adamw"
@@ -282,6 +284,7 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(t.max_steps >= 0 and t.epochs >= 0, "train.max_steps", "must be >= 0")
     need(t.learning_rate > 0, "train.learning_rate", f"must be > 0, got {t.learning_rate}")
     need(t.text_encoder_lr >= 0, "train.text_encoder_lr", "must be >= 0")
+    need(t.projection_lr >= 0, "train.projection_lr", "must be >= 0")
     need(t.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
     need(0.0 <= t.adam_beta1 < 1.0, "train.adam_beta1", f"must be in [0, 1), got {t.adam_beta1}")
     need(0.0 <= t.adam_beta2 < 1.0, "train.adam_beta2", f"must be in [0, 1), got {t.adam_beta2}")
