@@ -268,3 +268,40 @@ def test_train_swapped_model_trains_the_projection_and_lora_only(swapped: tuple[
     assert stamp["te_align.fingerprint"] == te_align.profile(str(out)).fingerprint()
     record = json.loads((tmp_path / "o" / "train_config.json").read_text(encoding="utf-8"))
     assert record["config"]["train"]["projection_lr"] == 1e-2
+    # the caption cache holds the T5 output before the projection, keyed by the swapped profile
+    from te_align.metadata import read_header
+
+    entries = sorted((tmp_path / "o" / "cache" / "text").rglob("*.safetensors"))
+    captions = {p.read_text(encoding="utf-8") for p in squares_dataset.glob("*.txt")}
+    assert len(entries) == len(captions) == 3  # one entry per distinct caption
+    for entry in entries:
+        head = read_header(entry)
+        assert head.metadata["te_align.profile"] == "sd15-t5-swap"
+        assert head.metadata["te_align.fingerprint"] == te_align.profile(str(out)).fingerprint()
+        assert json.loads(head.metadata["te_align.options"])["stage"] == "before-projection"
+        assert tuple(head.tensors["prompt_embeds"].shape) == (1, 77, 96)
+
+
+@pytest.mark.parametrize("cache_text", [True, False])
+def test_projection_over_cached_t5_output_equals_encoding_through_the_whole_encoder(
+    swapped: tuple[Any, Path], squares_dataset: Path, tmp_path: Path, cache_text: bool
+) -> None:
+    from te_align.train import config_from_dict
+    from te_align.train.swap import projection_models, text_source
+
+    _, out = swapped
+    cfg = config_from_dict({"model": {"path": str(out)}, "data": {"path": str(squares_dataset), "cache_text": cache_text},
+                            "output": {"dir": str(tmp_path)}})  # fmt: skip
+    profile = te_align.profile(str(out))
+    pipe = _pipe(out)
+    models = projection_models(profile, pipe)
+    source = text_source(cfg, profile, pipe, models, torch.device("cpu"), torch.float32, cache_dir=tmp_path / "text",
+                         writer=True)  # fmt: skip
+    assert type(source).__name__ == "ProjectedTextSource" and source.trainable and source.use_cache == cache_text
+    source.precache(CAPTIONS)
+    cond = source.batch(CAPTIONS, torch.Generator().manual_seed(0))
+    assert cond["prompt_embeds"].requires_grad  # the projection gets gradients
+    with torch.no_grad():
+        whole = te_align.encode(profile, CAPTIONS, pipeline=pipe)
+    torch.testing.assert_close(cond["prompt_embeds"].detach(), whole["prompt_embeds"], rtol=0, atol=0)
+    assert cond.fingerprint == profile.fingerprint()

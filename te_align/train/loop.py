@@ -574,8 +574,14 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
 
     projections = projection_models(profile, pipe)
     projection_params = [p for m in projections.values() for p in m.projection.parameters()]
-    text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders) or bool(projections),
-                      cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
+    if projections:  # a swapped model: the projection trains on the (cached) inner encoder output
+        from te_align.train.swap import text_source
+
+        text = text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
+                           writer=accelerator.is_main_process)  # fmt: skip
+    else:
+        text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
+                          cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
     with accelerator.main_process_first():
         text.precache(sorted({it.caption for it in report.items}))
         if cfg.model.free_encoders:  # every dropout variant too, so that the text encoders can be freed

@@ -6,6 +6,13 @@ inner encoder stays frozen (its output scale and shift are fixed buffers). The d
 configured (LoRA on ``lora.target_modules``). The trained projection is written beside the LoRA as
 ``<output.name>_projection.safetensors``, keyed ``<component>.projection.weight`` / ``.bias`` and
 stamped with the profile.
+
+Captions are cached before the projection (:func:`text_source`): the frozen inner encoder's output is
+what the text cache holds, keyed by the swapped model's profile, the inner encoder's weights and
+tokenizer and the option ``stage = "before-projection"``; each step applies the projection (and its
+scale and shift) to it, so the projection gets gradients while no caption is encoded twice. Where
+that is not exact (text-encoder LoRA, a dropped caption that becomes zeros, an output that is more
+than one projected slot's hidden states) the captions are encoded live through the whole encoder.
 """
 
 from __future__ import annotations
@@ -55,4 +62,106 @@ def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: 
     return path
 
 
-__all__ = ["named_projection_params", "projection_models", "save_projection"]
+def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
+    """Whether conditioning = projection(cached inner output) exactly, for every output and dropout."""
+    from te_align.profiles.expr import Ref, output_specs
+
+    if cfg.lora.text_encoders:
+        return False
+    zeros = cfg.data.dropout_policy == "zeros" or (cfg.data.dropout_policy == "profile" and profile.empty_prompt == "zeros")
+    if zeros:
+        return False
+    projected = {s.name for s in profile.slots if s.encoder_subfolder in models}
+    for out in output_specs(profile):
+        node = out.node
+        uses = isinstance(node, Ref) and node.slot in projected
+        if uses and node.attr != "hidden":
+            return False
+        if not uses and any(r.slot in projected for r in _refs(node)):
+            return False
+    return True
+
+
+def _refs(node: Any) -> list[Any]:
+    from te_align.profiles.expr import refs
+
+    return refs(node)
+
+
+def inner_profile(profile: Any, models: dict[str, Any]) -> Any:
+    """``profile`` with each projected slot describing its inner encoder (class and width)."""
+    import dataclasses
+
+    slots = []
+    for s in profile.slots:
+        m = models.get(s.encoder_subfolder)
+        if m is not None and s.encoder.cls == CLASS_NAME:
+            enc = dataclasses.replace(s.encoder, cls=m.config.encoder_class, hidden_size=m.config.input_width)
+            s = dataclasses.replace(s, encoder=enc)
+        slots.append(s)
+    return dataclasses.replace(profile, slots=tuple(slots))
+
+
+def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], device: Any, dtype: Any, *, cache_dir: Path,
+                writer: bool) -> Any:  # fmt: skip
+    """The run's text source for a swapped model: the projection applied to cached inner outputs
+    where that is exact (see the module docstring), else live encoding through the whole encoder."""
+    from te_align.train.loop import TextSource
+
+    if not _cacheable(cfg, profile, models):
+        return TextSource(cfg, profile, pipe, device, dtype, trainable=True, cache_dir=cache_dir, writer=writer)
+
+    class ProjectedTextSource(TextSource):
+        """Caches (and encodes) the inner encoders' output; :meth:`batch` applies the projections."""
+
+        def __init__(self) -> None:
+            super().__init__(cfg, profile, pipe, device, dtype, trainable=False, cache_dir=cache_dir, writer=writer)
+            self.trainable = True  # the projection trains: the encoders stay in memory (te_align.train.residency)
+            self.inner = inner_profile(profile, models)
+            self.components = {s.name: (getattr(pipe, s.tokenizer_subfolder), models[s.encoder_subfolder])
+                               for s in profile.slots if s.encoder_subfolder in models}  # fmt: skip
+            self.outputs = {o: self.components[expr.split(".")[0]][1] for o, expr in profile.outputs
+                            if expr.split(".")[0] in self.components}  # fmt: skip
+
+        def _cache(self, pattern: str) -> Any:
+            if pattern not in self._caches:
+                from te_align.encoding.cache.keys import hash_text_encoders
+                from te_align.encoding.cache.store import EmbeddingCache
+
+                if self._te_hash is None:
+                    encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
+                    encoders.update({name: m.encoder for name, (_, m) in self.components.items()})
+                    self._te_hash = hash_text_encoders(
+                        encoders, {s.name: getattr(self.pipe, s.tokenizer_subfolder) for s in self.profile.slots}
+                    )
+                opts = dict(self.options.as_dict(), dropped=pattern, stage="before-projection")
+                self._caches[pattern] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
+            return self._caches[pattern]
+
+        def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]]) -> Any:
+            import dataclasses
+
+            import te_align
+
+            tokenizers = {s.name: getattr(self.pipe, s.tokenizer_subfolder) for s in self.profile.slots}
+            encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
+            encoders.update({name: m.encoder for name, (_, m) in self.components.items()})
+            cond = te_align.encode(self.inner, captions, tokenizers=tokenizers, text_encoders=encoders,
+                                   options=self.options, drop=drop, drop_slots=drop_slots or None)  # fmt: skip
+            # the swapped profile's conditioning at the stage before the projection (the cache key says which stage)
+            return dataclasses.replace(cond, profile_name=self.profile.name, fingerprint=self.profile.fingerprint())
+
+        def batch(self, captions: list[str], gen: Any, span: tuple[int, int] | None = None) -> Any:
+            import dataclasses
+
+            cond = super().batch(captions, gen, span)
+            tensors = dict(cond.tensors)
+            for name, model in self.outputs.items():
+                tensors[name] = model.project(tensors[name]).to(self.dtype)
+            return dataclasses.replace(cond, tensors=tensors, profile_name=self.profile.name,
+                                       fingerprint=self.profile.fingerprint())  # fmt: skip
+
+    return ProjectedTextSource()
+
+
+__all__ = ["inner_profile", "named_projection_params", "projection_models", "save_projection", "text_source"]
