@@ -233,6 +233,21 @@ def test_a_failed_write_leaves_no_folder(base: Path, t5_dir: Path, tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the folder nor its temporary folder
 
 
+def test_a_killed_swap_leaves_no_folder_under_the_target_name(base: Path, t5_dir: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "new"
+    env = dict(os.environ, TE_ALIGN_FAULT_AT="3", TE_ALIGN_FAULT_MODE="kill", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "te_align", "swap", str(base), "--encoder", str(t5_dir), "--out", str(out),
+                           "--profile", "sd15", *_overrides()], capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == -9, proc.stderr  # killed after the model files were written, before the rename
+    assert not out.exists()
+    (left,) = tmp_path.iterdir()  # the hidden temporary folder, never the target
+    assert left.name.startswith(".new.swap-") and (left / "model_index.json").is_file()
+
+
 # ------------------------------------------------------------------------------------------ training
 def test_train_swapped_model_trains_the_projection_and_lora_only(swapped: tuple[Any, Path], squares_dataset: Path,
                                                                   tmp_path: Path) -> None:  # fmt: skip
@@ -305,3 +320,51 @@ def test_projection_over_cached_t5_output_equals_encoding_through_the_whole_enco
         whole = te_align.encode(profile, CAPTIONS, pipeline=pipe)
     torch.testing.assert_close(cond["prompt_embeds"].detach(), whole["prompt_embeds"], rtol=0, atol=0)
     assert cond.fingerprint == profile.fingerprint()
+
+
+def test_resumed_swap_training_equals_an_uninterrupted_run(swapped: tuple[Any, Path], squares_dataset: Path,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    from te_align.train import config_from_dict, train
+
+    _, out = swapped
+
+    def config(name: str) -> Any:
+        return config_from_dict({
+            "model": {"path": str(out)},
+            "data": {"path": str(squares_dataset), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64,
+                     "caption_dropout": 0.3},
+            "train": {"max_steps": 4, "learning_rate": 1e-3, "projection_lr": 3e-3, "checkpoint_every": 2, "batch_size": 2},
+            "output": {"dir": str(tmp_path / name), "kohya": False},
+            "logging": {"progress": False, "tensorboard": False, "loss_plot": False},
+        })  # fmt: skip
+
+    full = train(config("full"))
+    stopped = train(config("part"), stop_after=3)
+    assert stopped.steps == 3
+    resumed = train(config("part"), resume=True)
+    assert resumed.losses == full.losses
+    for name in ("lora.safetensors", "lora_projection.safetensors"):
+        a, b = load_file(str(tmp_path / "full" / name)), load_file(str(tmp_path / "part" / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    from te_align.train.checkpoint import load_checkpoint
+
+    state = load_checkpoint(resumed.last_checkpoint)
+    assert {"text_encoder.projection.weight", "text_encoder.projection.bias"} <= set(state["params"])
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [1e-3, 3e-3]  # per-group learning rates
+
+
+def test_in_memory_swap_of_a_loaded_pipeline_for_benchmarks() -> None:
+    """The API a benchmark calls: a loaded pipeline and encoder objects in, the swapped pipeline out, nothing written."""
+    from te_align.tiny.pipelines import build_pipeline
+
+    tok, enc = _t5()
+    pipe = build_pipeline("sd15")
+    profile = te_align.profile("sd15", **profile_overrides("sd15"))
+    report, new = swap(None, enc, None, tokenizer=tok, pipeline=pipe, profile=profile, captions=CAPTIONS, reset="all",
+                       seed=SEED)  # fmt: skip
+    assert new is pipe and type(pipe.text_encoder).__name__ == "ProjectedTextEncoder" and pipe.tokenizer is tok
+    assert len(report.reset_layers) == 32
+    cond = te_align.encode(report.profile, CAPTIONS[:1], pipeline=pipe)
+    assert cond["prompt_embeds"].shape == (1, 77, 32)
+    with pytest.raises(SwapError, match=r"key '--base': give a base model, or an already loaded pipeline with its profile"):
+        swap(None, enc, None, tokenizer=tok, pipeline=pipe)
