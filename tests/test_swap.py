@@ -368,3 +368,32 @@ def test_in_memory_swap_of_a_loaded_pipeline_for_benchmarks() -> None:
     assert cond["prompt_embeds"].shape == (1, 77, 32)
     with pytest.raises(SwapError, match=r"key '--base': give a base model, or an already loaded pipeline with its profile"):
         swap(None, enc, None, tokenizer=tok, pipeline=pipe)
+
+
+def test_full_modules_train_the_reset_cross_attention_in_full(swapped: tuple[Any, Path], squares_dataset: Path,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    from te_align.train import TrainError, config_from_dict, train
+    from te_align.train.checkpoint import load_checkpoint
+
+    report, out = swapped
+    raw: dict[str, Any] = {
+        "model": {"path": str(out)},
+        "data": {"path": str(squares_dataset), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "train": {"max_steps": 2, "learning_rate": 1e-3, "projection_lr": 1e-2, "full_modules": [r"\.attn2\."],
+                  "full_lr": 1e-5, "checkpoint_every": 1, "batch_size": 2},
+        "output": {"dir": str(tmp_path / "o"), "kohya": False},
+        "logging": {"progress": False, "tensorboard": False, "loss_plot": False},
+    }  # fmt: skip
+    pipe = _pipe(out)
+    unet_before = {k: v.detach().clone() for k, v in pipe.unet.state_dict().items()}
+    result = train(config_from_dict(raw), pipeline=pipe)
+    now = {k.replace(".base_layer.", "."): v for k, v in pipe.unet.state_dict().items() if "lora_" not in k}
+    changed = {k for k in unet_before if not torch.equal(unet_before[k], now[k])}
+    assert changed == {f"{n}.{p}" for n in report.reset_layers for p in ("weight", "bias") if f"{n}.{p}" in unet_before}
+    saved = load_file(str(tmp_path / "o" / "lora_full.safetensors"))
+    assert set(saved) == {f"unet.{k}" for k in changed}
+    assert all(torch.equal(saved[f"unet.{k}"], now[k]) for k in changed)
+    state = load_checkpoint(result.last_checkpoint)
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [1e-3, 1e-2, 1e-5]  # LoRA, projection, full
+    with pytest.raises(TrainError, match=r"key 'train.full_modules\[0\]': not a regular expression"):
+        config_from_dict({**raw, "train": {"full_modules": ["attn2("]}})

@@ -432,6 +432,8 @@ class Run:
     residency: Residency | None = None
     #: A swapped model's projected text encoders by component; their projections train (te_align.train.swap).
     projection_models: dict[str, Any] = field(default_factory=dict)
+    #: Denoiser weights trained in full (``train.full_modules``), by diffusers parameter name.
+    full_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def items(self) -> list[Item]:
@@ -570,8 +572,9 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     shift, scaling = latent_transform(pipe.vae)
 
     lora_models, denoiser_params, text_encoder_params = _add_lora(cfg, profile, family, pipe)
-    from te_align.train.swap import projection_models
+    from te_align.train.swap import full_params, projection_models
 
+    full = full_params(getattr(pipe, family.denoiser_attr), t.full_modules)
     projections = projection_models(profile, pipe)
     projection_params = [p for m in projections.values() for p in m.projection.parameters()]
     if projections:  # a swapped model: the projection trains on the (cached) inner encoder output
@@ -597,6 +600,8 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         groups.append({"params": text_encoder_params, "lr": t.text_encoder_lr or t.learning_rate})
     if projection_params:
         groups.append({"params": projection_params, "lr": t.projection_lr or t.learning_rate})
+    if full:
+        groups.append({"params": list(full.values()), "lr": t.full_lr or t.learning_rate})
     optimizer = _make_optimizer(cfg, groups, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(t.lr_scheduler, t.warmup_steps, total))
     model, optimizer = accelerator.prepare(getattr(pipe, family.denoiser_attr), optimizer)
@@ -605,10 +610,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         cfg=cfg, accelerator=accelerator, device=device, main=accelerator.is_main_process, out_dir=out_dir,
         report=report, profile=profile, family=family, pipe=pipe, objective=objective, compute_dtype=compute_dtype,
         cond_dtype=cond_dtype, latents=latents, shift=shift, scaling=scaling, text=text, lora_models=lora_models,
-        denoiser_params=denoiser_params, text_encoder_params=text_encoder_params + projection_params, order=order, total=total,
+        denoiser_params=denoiser_params + list(full.values()), text_encoder_params=text_encoder_params + projection_params, order=order, total=total,
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
         flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id, residency=residency,
-        projection_models=projections,
+        projection_models=projections, full_params=full,
     )  # fmt: skip
 
 
@@ -728,7 +733,7 @@ def _run_record(run: Run) -> dict[str, Any]:
         "target_modules": sorted(lo.target_modules or run.family.default_targets), "text_encoders": list(lo.text_encoders),
         "text_encoder_rank": lo.text_encoder_rank, "text_encoder_target_modules": sorted(lo.text_encoder_target_modules),
         "learning_rate": t.learning_rate, "text_encoder_lr": t.text_encoder_lr, "projection_lr": t.projection_lr,
-        "batch_size": t.batch_size,
+        "full_modules": sorted(t.full_modules), "full_lr": t.full_lr, "batch_size": t.batch_size,
         "gradient_accumulation": t.gradient_accumulation, "seed": t.seed, "total": run.total,
         "lr_scheduler": t.lr_scheduler, "warmup_steps": t.warmup_steps,
     }  # fmt: skip
@@ -737,10 +742,10 @@ def _run_record(run: Run) -> dict[str, Any]:
 #: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
 _FIXED = {"model_id": "the model", "rank": "lora.rank", "target_modules": "lora.target_modules",
           "text_encoders": "lora.text_encoders", "text_encoder_rank": "lora.text_encoder_rank",
-          "text_encoder_target_modules": "lora.text_encoder_target_modules"}  # fmt: skip
+          "text_encoder_target_modules": "lora.text_encoder_target_modules", "full_modules": "train.full_modules"}  # fmt: skip
 #: Settings that change the rest of the run when they change (warned about; the new value is used).
 _CHANGES = {"learning_rate": "train.learning_rate", "text_encoder_lr": "train.text_encoder_lr",
-            "projection_lr": "train.projection_lr", "alpha": "lora.alpha",
+            "projection_lr": "train.projection_lr", "full_lr": "train.full_lr", "alpha": "lora.alpha",
             "batch_size": "train.batch_size", "gradient_accumulation": "train.gradient_accumulation", "seed": "train.seed",
             "total": "total steps", "lr_scheduler": "train.lr_scheduler", "warmup_steps": "train.warmup_steps"}  # fmt: skip
 
@@ -767,6 +772,7 @@ def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
     lora_te = any(c != run.family.denoiser_attr for c in run.lora_models)
     new = [t.learning_rate] + ([t.text_encoder_lr or t.learning_rate] if lora_te else [])
     new += [t.projection_lr or t.learning_rate] if run.projection_models else []
+    new += [t.full_lr or t.learning_rate] if run.full_params else []
     sched = run.scheduler
     if [float(x) for x in sched.base_lrs] == [float(x) for x in new]:
         return
@@ -975,6 +981,11 @@ def _finish(run: Run) -> TrainResult:
 
             save_projection(run.projection_models, run.out_dir / f"{cfg.output.name}_projection.safetensors",
                             profile=profile, extra=extra)  # fmt: skip
+        if run.full_params:
+            from te_align.train.swap import save_tensors
+
+            save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
+                         run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)  # fmt: skip
         if cfg.output.kohya:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
                                          n_text_encoders=len(profile.slots), profile=profile, extra=extra,

@@ -7,6 +7,10 @@ configured (LoRA on ``lora.target_modules``). The trained projection is written 
 ``<output.name>_projection.safetensors``, keyed ``<component>.projection.weight`` / ``.bias`` and
 stamped with the profile.
 
+``train.full_modules`` trains denoiser weights in full besides the LoRA (:func:`full_params`; e.g. the
+cross-attention layers ``--reset cross`` re-initialised), with ``train.full_lr``; they are written as
+``<output.name>_full.safetensors`` (diffusers parameter names). That works for any model, swapped or not.
+
 Captions are cached before the projection (:func:`text_source`): the frozen inner encoder's output is
 what the text cache holds, keyed by the swapped model's profile, the inner encoder's weights and
 tokenizer and the option ``stage = "before-projection"``; each step applies the projection (and its
@@ -44,8 +48,33 @@ def named_projection_params(models: dict[str, Any]) -> dict[str, Any]:
     return {f"{comp}.projection.{n}": p for comp, m in models.items() for n, p in m.projection.named_parameters()}
 
 
-def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: dict[str, Any]) -> Path:
-    """The trained projections as one stamped .safetensors file (whole file or nothing)."""
+def full_params(denoiser: Any, patterns: list[str]) -> dict[str, Any]:
+    """``train.full_modules``: the denoiser's own weights (not LoRA) whose names match a pattern, made
+    trainable in float32; keyed by their diffusers names (peft's ``.base_layer`` left out)."""
+    import re
+
+    import torch
+
+    if not patterns:
+        return {}
+    out: dict[str, Any] = {}
+    for name, p in denoiser.named_parameters():
+        clean = name.replace(".base_layer.", ".")
+        if "lora_" in name or not any(re.search(pat, clean) for pat in patterns):
+            continue
+        p.requires_grad_(True)
+        if p.dtype != torch.float32:
+            p.data = p.data.float()
+        out[clean] = p
+    if not out:
+        from te_align.train.config import TrainError
+
+        raise TrainError(f"no {type(denoiser).__name__} parameter matches {patterns}", key="train.full_modules")
+    return out
+
+
+def save_tensors(tensors: dict[str, Any], path: Path, *, profile: Any, extra: dict[str, Any]) -> Path:
+    """Trained tensors as one stamped .safetensors file (whole file or nothing)."""
     import tempfile
 
     from safetensors.torch import save_file
@@ -53,13 +82,18 @@ def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: 
     from te_align.metadata import stamp
     from te_align.train._io import writing
 
-    tensors = {k: p.detach().float().cpu().contiguous() for k, p in named_projection_params(models).items()}
+    data = {k: p.detach().float().cpu().contiguous() for k, p in tensors.items()}
     with writing(path):
-        with tempfile.TemporaryDirectory(prefix=".projection-", dir=path.parent) as tmp:
-            raw = Path(tmp) / "projection.safetensors"
-            save_file(tensors, str(raw))
+        with tempfile.TemporaryDirectory(prefix=".tensors-", dir=path.parent) as tmp:
+            raw = Path(tmp) / "tensors.safetensors"
+            save_file(data, str(raw))
             stamp(raw, path, profile=profile, extra=extra)
     return path
+
+
+def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: dict[str, Any]) -> Path:
+    """The trained projections as one stamped .safetensors file (whole file or nothing)."""
+    return save_tensors(named_projection_params(models), path, profile=profile, extra=extra)
 
 
 def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
@@ -164,4 +198,4 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
     return ProjectedTextSource()
 
 
-__all__ = ["inner_profile", "named_projection_params", "projection_models", "save_projection", "text_source"]
+__all__ = ["full_params", "inner_profile", "save_tensors", "named_projection_params", "projection_models", "save_projection", "text_source"]
