@@ -198,4 +198,4 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
     return ProjectedTextSource()
 
 
-__all__ = ["full_params", "inner_profile", "save_tensors", "named_projection_params", "projection_models", "save_projection", "text_source"]
+__all__ = ["full_params", "inner_profile", "named_projection_params", "projection_models", "save_projection", "save_tensors", "text_source"]
