@@ -215,6 +215,17 @@ def test_bad_input_is_one_line_each(base: Path, t5_dir: Path, tmp_path: Path, ca
     assert f"{t5_dir}: key 'vocab_size': the tokenizer has {len(tok)} tokens but the encoder's vocab_size is 64" in err
     err = _bad([str(base), "--encoder", str(tmp_path / "nope"), "--profile", "sd15", *_overrides(), "--out", str(out)], capsys)
     assert "key '--encoder': expected a transformers text-encoder folder" in err
+    # a prompt length past an encoder's absolute positions (a CLIP encoder has 77)
+    from te_align.tiny.encoders import family_components
+
+    clip = tmp_path / "clip"
+    parts = family_components("sd15")
+    parts["text_encoder"].save_pretrained(str(clip))
+    parts["tokenizer"].save_pretrained(str(clip))
+    err = _bad([str(base), "--encoder", str(clip), "--profile", "sd15", *_overrides(), "--out", str(out), "--max-length",
+                "100"], capsys)  # fmt: skip
+    assert (f"{clip}/config.json: key 'max_position_embeddings': the new slot pads prompts to 100 tokens but the encoder "
+            "has 77 positions (max_position_embeddings); expected --max-length <= 77") in err  # fmt: skip
     assert not out.exists()
 
 

@@ -423,6 +423,11 @@ def swap(
     length = max_length or old.tokenizer.max_length
     if length < 1:
         raise SwapError(f"must be >= 1, got {length}", key="--max-length")
+    positions = getattr(encoder.config, "max_position_embeddings", None)
+    if isinstance(positions, int) and length > positions:
+        raise SwapError(f"the new slot pads prompts to {length} tokens but the encoder has {positions} positions "
+                        f"(max_position_embeddings); expected --max-length <= {positions}", file=where.get("encoder"),
+                        key="max_position_embeddings")  # fmt: skip
     texts = list(captions) if captions else list(DEFAULT_CAPTIONS)
 
     # 4. the target: what the denoiser was trained on
@@ -442,6 +447,9 @@ def swap(
             projected.output_shift.copy_(offset.expand(out_width).to(projected.output_shift.dtype))
         after = _measure_with(new_profile, texts, stats, row, pipe)
         layers = reset_layers(denoiser, row.reset[reset])
+        if reset != "none" and not layers:
+            raise SwapError(f"reset mode '{reset}' matches no layer of the {row.denoiser} ({type(denoiser).__name__})",
+                            key="--reset")  # fmt: skip
     report = SwapReport(out=Path(out) if out is not None else Path(), profile=new_profile, target=target, before=before,
                         after=after, scale=[float(x) for x in scale], shift=[float(x) for x in offset], reset=reset,
                         reset_layers=layers, seed=seed)  # fmt: skip
