@@ -408,3 +408,31 @@ def test_full_modules_train_the_reset_cross_attention_in_full(swapped: tuple[Any
     assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [1e-3, 1e-2, 1e-5]  # LoRA, projection, full
     with pytest.raises(TrainError, match=r"key 'train.full_modules\[0\]': not a regular expression"):
         config_from_dict({**raw, "train": {"full_modules": ["attn2("]}})
+
+
+def test_lora_on_the_new_encoder_trains_with_the_projection(swapped: tuple[Any, Path], squares_dataset: Path,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    from te_align.train import config_from_dict, train
+
+    _, out = swapped
+    cfg = config_from_dict({
+        "model": {"path": str(out)},
+        "data": {"path": str(squares_dataset), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "lora": {"text_encoders": ["t5"], "text_encoder_rank": 2},
+        "train": {"max_steps": 2, "learning_rate": 1e-3, "text_encoder_lr": 1e-3, "checkpoint_every": 0, "batch_size": 2},
+        "output": {"dir": str(tmp_path / "o")},
+        "logging": {"progress": False, "tensorboard": False, "loss_plot": False},
+    })  # fmt: skip
+    pipe = _pipe(out)
+    inner_before = {k: v.detach().clone() for k, v in pipe.text_encoder.encoder.state_dict().items()}
+    proj_before = pipe.text_encoder.projection.weight.detach().clone()
+    result = train(cfg, pipeline=pipe)
+    assert result.steps == 2
+    inner_now = {k.replace(".base_layer.", "."): v for k, v in pipe.text_encoder.encoder.state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(inner_before[k], inner_now[k]) for k in inner_before)  # the T5 itself stays frozen
+    lora = {k: v for k, v in pipe.text_encoder.state_dict().items() if "lora_B" in k}
+    assert lora and all(".SelfAttention." in k for k in lora) and any(v.abs().sum() > 0 for v in lora.values())
+    assert not torch.equal(proj_before, pipe.text_encoder.projection.weight)
+    saved = load_file(str(tmp_path / "o" / "lora.safetensors"))
+    assert any(k.startswith("text_encoder.") and ".SelfAttention.q." in k for k in saved)
+    assert not (tmp_path / "o" / "cache" / "text").exists() or not any((tmp_path / "o" / "cache" / "text").rglob("*.safetensors"))

@@ -665,7 +665,8 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
         slot = profile.slot(name) if name in profile.slot_names else None
         if slot is None:
             raise TrainError(f"no slot '{name}' in profile '{profile.name}' (slots: {', '.join(profile.slot_names)})", key="lora.text_encoders")
-        if not slot.tokenizer.cls.startswith("CLIP"):
+        swapped = slot.encoder.cls == "ProjectedTextEncoder"  # te-align swap: LoRA on its inner encoder
+        if not slot.tokenizer.cls.startswith("CLIP") and not swapped:
             raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {slot.name} LoRA)", key="lora.text_encoders")
     lo, t = cfg.lora, cfg.train
     denoiser = getattr(pipe, family.denoiser_attr)
@@ -676,8 +677,13 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
     for k, name in enumerate(te_slots):
         slot = profile.slot(name)
         enc = getattr(pipe, slot.encoder_subfolder)
+        targets = lo.text_encoder_target_modules or CLIP_TARGETS
+        if not lo.text_encoder_target_modules and slot.encoder.cls == "ProjectedTextEncoder":
+            from te_align.train.swap import encoder_lora_targets
+
+            targets = encoder_lora_targets(enc)
         text_encoder_params += add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                        targets=lo.text_encoder_target_modules or CLIP_TARGETS, seed=t.seed + 1 + k)  # fmt: skip
+                                        targets=targets, seed=t.seed + 1 + k)  # fmt: skip
         lora_models[slot.encoder_subfolder] = enc
         enc.train()
     if t.gradient_checkpointing:

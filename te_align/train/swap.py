@@ -29,19 +29,31 @@ from te_align.encoding.projected import CLASS_NAME
 
 def projection_models(profile: Any, pipe: Any) -> dict[str, Any]:
     """Pipeline component -> projected encoder, for the profile's swapped slots; their projections are
-    made trainable (float32), everything else of them stays frozen."""
+    made trainable (float32), everything else of them stays as it is (frozen, or LoRA from ``lora.text_encoders``)."""
     import torch
 
     out: dict[str, Any] = {}
     for slot in profile.slots:
         if slot.tokenizer_only or slot.encoder.cls != CLASS_NAME:
             continue
-        enc = getattr(pipe, slot.encoder_subfolder)
-        enc.requires_grad_(False)
+        enc = getattr(pipe, slot.encoder_subfolder)  # frozen by prepare_frozen (its LoRA, if any, trains)
         enc.projection.to(torch.float32)
         enc.projection.requires_grad_(True)
         out[slot.encoder_subfolder] = enc
     return out
+
+
+#: Default LoRA targets of a projected encoder's inner encoder, by model type (else CLIP's names).
+INNER_LORA_TARGETS = {"t5": ["q", "k", "v", "o"], "umt5": ["q", "k", "v", "o"], "mt5": ["q", "k", "v", "o"]}
+
+
+def encoder_lora_targets(model: Any) -> list[str]:
+    """``lora.text_encoders`` on a swapped slot: LoRA on the inner encoder's attention (never the projection,
+    which trains in full)."""
+    from te_align.train.models import CLIP_TARGETS
+
+    inner_type = str(model.config.encoder_config.get("model_type", ""))
+    return list(INNER_LORA_TARGETS.get(inner_type, CLIP_TARGETS))
 
 
 def named_projection_params(models: dict[str, Any]) -> dict[str, Any]:
@@ -198,4 +210,4 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
     return ProjectedTextSource()
 
 
-__all__ = ["full_params", "inner_profile", "named_projection_params", "projection_models", "save_projection", "save_tensors", "text_source"]
+__all__ = ["encoder_lora_targets", "full_params", "inner_profile", "named_projection_params", "projection_models", "save_projection", "save_tensors", "text_source"]
