@@ -436,3 +436,39 @@ def test_lora_on_the_new_encoder_trains_with_the_projection(swapped: tuple[Any, 
     saved = load_file(str(tmp_path / "o" / "lora.safetensors"))
     assert any(k.startswith("text_encoder.") and ".SelfAttention.q." in k for k in saved)
     assert not (tmp_path / "o" / "cache" / "text").exists() or not any((tmp_path / "o" / "cache" / "text").rglob("*.safetensors"))
+
+
+def test_single_file_base_with_its_configs(base: Path, t5_dir: Path, tmp_path: Path) -> None:
+    from tests.test_train_export import ldm_unet_state
+
+    source = _pipe(base)
+    ckpt = tmp_path / "tiny-sd15-unet.safetensors"
+    save_file(ldm_unet_state(source.unet), str(ckpt))
+    report, pipe = swap(str(ckpt), str(t5_dir), str(tmp_path / "new"), config=str(base), profile="sd15",
+                        profile_overrides=profile_overrides("sd15"), captions=CAPTIONS[:2], reset="none")  # fmt: skip
+    assert report.reset_layers == []
+    want = source.unet.state_dict()
+    got = load_file(str(tmp_path / "new" / "unet" / "diffusion_pytorch_model.safetensors"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert te_align.profile(str(tmp_path / "new")).name == "sd15-t5-swap"
+
+
+def test_load_text_encoders_and_the_embedding_cache_work_on_the_swapped_folder(swapped: tuple[Any, Path],
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    from te_align.encoding.cache.keys import hash_text_encoders
+    from te_align.encoding.cache.store import EmbeddingCache
+    from te_align.encoding.loading import load_text_encoders
+
+    _, out = swapped
+    profile = te_align.profile(str(out))
+    tokenizers, encoders = load_text_encoders(profile, out)
+    assert type(encoders["t5"]).__name__ == "ProjectedTextEncoder"
+    direct = te_align.encode(profile, CAPTIONS, tokenizers=tokenizers, text_encoders=encoders)
+    cache = EmbeddingCache(tmp_path / "cache", profile, hash_text_encoders(encoders, tokenizers))
+    first = cache.get_or_encode(CAPTIONS, lambda caps: te_align.encode(profile, caps, tokenizers=tokenizers,
+                                                                          text_encoders=encoders))  # fmt: skip
+    again = EmbeddingCache(tmp_path / "cache", profile, hash_text_encoders(encoders, tokenizers)).get_or_encode(
+        CAPTIONS, lambda caps: pytest.fail("every caption is cached"))
+    for i in range(len(CAPTIONS)):
+        assert torch.equal(first[i]["prompt_embeds"][0], direct["prompt_embeds"][i])
+        assert torch.equal(again[i]["prompt_embeds"], first[i]["prompt_embeds"])
