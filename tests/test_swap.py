@@ -444,8 +444,8 @@ def test_single_file_base_with_its_configs(base: Path, t5_dir: Path, tmp_path: P
     source = _pipe(base)
     ckpt = tmp_path / "tiny-sd15-unet.safetensors"
     save_file(ldm_unet_state(source.unet), str(ckpt))
-    report, pipe = swap(str(ckpt), str(t5_dir), str(tmp_path / "new"), config=str(base), profile="sd15",
-                        profile_overrides=profile_overrides("sd15"), captions=CAPTIONS[:2], reset="none")  # fmt: skip
+    report, _ = swap(str(ckpt), str(t5_dir), str(tmp_path / "new"), config=str(base), profile="sd15",
+                     profile_overrides=profile_overrides("sd15"), captions=CAPTIONS[:2], reset="none")  # fmt: skip
     assert report.reset_layers == []
     want = source.unet.state_dict()
     got = load_file(str(tmp_path / "new" / "unet" / "diffusion_pytorch_model.safetensors"))
