@@ -227,6 +227,10 @@ def test_bad_input_is_one_line_each(base: Path, t5_dir: Path, tmp_path: Path, ca
     assert (f"{clip}/config.json: key 'max_position_embeddings': the new slot pads prompts to 100 tokens but the encoder "
             "has 77 positions (max_position_embeddings); expected --max-length <= 77") in err  # fmt: skip
     assert not out.exists()
+    from te_align.commands.swap import RESET_CHOICES
+    from te_align.swap import RESET_MODES
+
+    assert RESET_CHOICES == RESET_MODES  # the CLI's copy (kept torch-free) of the modes
 
 
 @pytest.mark.parametrize("fault_at", [1, 2, 4, 5])
@@ -379,6 +383,18 @@ def test_in_memory_swap_of_a_loaded_pipeline_for_benchmarks() -> None:
     assert cond["prompt_embeds"].shape == (1, 77, 32)
     with pytest.raises(SwapError, match=r"key '--base': give a base model, or an already loaded pipeline with its profile"):
         swap(None, enc, None, tokenizer=tok, pipeline=pipe)
+
+    # with the mask into the new encoder: the profile and the diffusers pipeline (config.use_attention_mask) agree
+    pipe = build_pipeline("sd15")
+    report, _ = swap(None, enc, None, tokenizer=tok, pipeline=pipe, profile=profile, captions=CAPTIONS, reset="none",
+                     encoder_mask=True)  # fmt: skip
+    assert report.profile.slot("t5").masks.encoder and pipe.text_encoder.config.use_attention_mask
+    with torch.no_grad():
+        embeds, _ = pipe.encode_prompt(CAPTIONS, "cpu", 1, False)
+    masked = te_align.encode(report.profile, CAPTIONS, pipeline=pipe)["prompt_embeds"]
+    unmasked = te_align.encode(report.profile.with_overrides({"slots.t5.masks.encoder": False}), CAPTIONS,
+                               pipeline=pipe)["prompt_embeds"]  # fmt: skip
+    assert torch.equal(embeds, masked) and not torch.equal(masked, unmasked)
 
 
 def test_full_modules_train_the_reset_cross_attention_in_full(swapped: tuple[Any, Path], squares_dataset: Path,

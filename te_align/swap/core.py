@@ -374,12 +374,13 @@ def swap(
     name: str | None = None,
     pipeline: Any = None,
 ) -> tuple[SwapReport, Any]:
-    """Swap the text encoder of ``base`` for ``encoder`` (+ ``tokenizer``); returns (report, new pipeline).
+    """Swap the text encoder of ``base`` for ``encoder`` (+ ``tokenizer``); returns (report, swapped pipeline).
 
     ``base``: a diffusers folder, hub id or single-file checkpoint (``config``: its diffusers configs),
     or None with ``pipeline`` (an already loaded pipeline) and ``profile``. ``encoder`` / ``tokenizer``: a
     transformers folder or loaded objects (the tokenizer defaults to the encoder's folder). ``out``: the
-    new folder (None: nothing is written, e.g. to train in memory). ``projection``: a .safetensors file
+    new folder (None: nothing is written, e.g. to train in memory; a given ``pipeline`` is swapped in place
+    and a given tokenizer object gets ``model_max_length`` set to the slot's length). ``projection``: a .safetensors file
     (or a mapping) with ``weight`` (out, in) and an optional ``bias`` to start from. See the module
     docstring for the steps and the random draws.
     """
@@ -394,7 +395,8 @@ def swap(
     if profile_overrides:
         base_profile = base_profile.with_overrides(dict(profile_overrides))
     row = family_row(base_profile)
-    where: dict[str, str] = {"denoiser": f"{base}/{row.denoiser}/config.json" if base is not None else row.denoiser}
+    configs = config or base  # a single-file base's configs are in ``config``
+    where: dict[str, str] = {"denoiser": f"{configs}/{row.denoiser}/config.json" if configs is not None else row.denoiser}
     if isinstance(encoder, (str, os.PathLike)):
         where["encoder"] = f"{encoder}/config.json"
         where["tokenizer"] = str(tokenizer if isinstance(tokenizer, (str, os.PathLike)) else encoder)
