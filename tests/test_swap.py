@@ -176,6 +176,10 @@ def test_cli_prints_the_statistics_before_and_after(base: Path, t5_dir: Path, tm
     assert "base model" in text and "before scaling" in text and "after scaling" in text
     assert "reset qk: 8 layers" in text and "154 positions of 2 captions" in text
     assert (out / PROFILE_FILE).is_file() and (out / "model_index.json").is_file()
+    rc = main(["profile", "build", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == (f"te-align: error: {out}: a model folder that carries its own profile (te_align_profile.toml, "
+                               "written by te-align swap); te-align profile show reads it\n")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ bad input
