@@ -99,6 +99,9 @@ def test_swapped_folder_encodes_the_projection_of_t5_exactly(swapped: tuple[Any,
     assert (slot.encoder.cls, slot.encoder.hidden_size, slot.tokenizer.max_length) == ("ProjectedTextEncoder", 32, 77)
     assert profile.outputs == (("prompt_embeds", "t5.hidden"),)
     assert "replaced by" in profile.provenance_of("slots.t5").note
+    note = profile.provenance_of("slots.t5.encoder").note
+    assert note.startswith(f"output scale {report.scale[0]:.6g}, shift {report.shift[0]:.6g}: measured global statistics")
+    assert f"over {77 * len(CAPTIONS)} attended positions" in note and profile.fingerprint() == report.profile.fingerprint()
     pipe = _pipe(out)
     cond = te_align.encode(profile, CAPTIONS, pipeline=pipe)
 

@@ -69,7 +69,8 @@ class SwapError(TeAlignError):
 class SwapReport:
     """What :func:`swap` did and measured."""
 
-    out: Path
+    #: The folder written (None: an in-memory swap).
+    out: Path | None
     profile: AlignmentProfile
     target: Stats
     before: Stats
@@ -82,7 +83,7 @@ class SwapReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "out": str(self.out), "profile": self.profile.name, "fingerprint": self.profile.fingerprint(),
+            "out": None if self.out is None else str(self.out), "profile": self.profile.name, "fingerprint": self.profile.fingerprint(),
             "stats": self.target.mode, "target": self.target.summary(), "before": self.before.summary(),
             "after": self.after.summary(), "scale": _compact(self.scale), "shift": _compact(self.shift),
             "reset": self.reset, "reset_layers": self.reset_layers, "seed": self.seed,
@@ -452,7 +453,8 @@ def swap(
         if reset != "none" and not layers:
             raise SwapError(f"reset mode '{reset}' matches no layer of the {row.denoiser} ({type(denoiser).__name__})",
                             key="--reset")  # fmt: skip
-    report = SwapReport(out=Path(out) if out is not None else Path(), profile=new_profile, target=target, before=before,
+    new_profile = _with_measured_provenance(new_profile, base_profile, target, before, scale, offset, row)
+    report = SwapReport(out=Path(out) if out is not None else None, profile=new_profile, target=target, before=before,
                         after=after, scale=[float(x) for x in scale], shift=[float(x) for x in offset], reset=reset,
                         reset_layers=layers, seed=seed)  # fmt: skip
     if out is not None:
@@ -460,6 +462,23 @@ def swap(
                       base_fingerprint=base_profile.fingerprint(), encoder=enc_source, captions=len(texts))  # fmt: skip
         _write_folder(pipe, new_profile, record, Path(out))
     return report, pipe
+
+
+def _with_measured_provenance(profile: AlignmentProfile, base: AlignmentProfile, target: Stats, before: Stats,
+                              scale: Any, offset: Any, row: SwapFamily) -> AlignmentProfile:
+    """The swapped profile with the measured scale and shift in its provenance (not behaviour: they live in the
+    encoder's weights, which every embedding-cache key hashes)."""
+    t, b = target.summary(), before.summary()
+    values = _compact([float(x) for x in scale]), _compact([float(x) for x in offset])
+    shown = [f"{v:.6g}" if isinstance(v, float) else f"{len(v)} per-channel values (te_align_swap.json)" for v in values]
+    note = (f"output scale {shown[0]}, shift {shown[1]}: measured {target.mode} statistics of '{row.output}' over "
+            f"{target.positions} attended positions of {target.captions} captions: base '{base.name}' mean {t['mean']:.6g} "
+            f"std {t['std']:.6g}; new encoder through the initial projection mean {b['mean']:.6g} std {b['std']:.6g}")
+    slot = next(s.name for s in profile.slots if s.encoder.cls == "ProjectedTextEncoder")
+    path = f"slots.{slot}.encoder"
+    prov = tuple((p, Provenance(source="te-align swap (measured)", status="code", note=note) if p == path else v)
+                 for p, v in profile.provenance)  # fmt: skip
+    return replace(profile, provenance=prov)
 
 
 def _measure_with(profile: AlignmentProfile, texts: list[str], stats: str, row: SwapFamily, pipe: Any) -> Stats:
