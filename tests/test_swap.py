@@ -88,6 +88,16 @@ def test_channel_statistics_match_per_channel(base: Path, t5_dir: Path) -> None:
     assert report.reset_layers == []
 
 
+def test_measured_positions_follow_the_mask_the_denoiser_gets() -> None:
+    from te_align.swap.measure import attended_mask_output
+
+    assert attended_mask_output(te_align.profile("sd15"), "prompt_embeds") is None  # the UNet sees every position
+    assert attended_mask_output(te_align.profile("chroma"), "prompt_embeds") == "prompt_attention_mask"
+    hunyuan = te_align.profile("hunyuanimage-2.1")
+    assert attended_mask_output(hunyuan, "prompt_embeds") == "prompt_embeds_mask"
+    assert attended_mask_output(hunyuan, "prompt_embeds_2") == "prompt_embeds_mask_2"
+
+
 # ------------------------------------------------------------------------------------------ the folder
 def test_swapped_folder_encodes_the_projection_of_t5_exactly(swapped: tuple[Any, Path], t5_dir: Path) -> None:
     import transformers
