@@ -505,3 +505,24 @@ def test_load_text_encoders_and_the_embedding_cache_work_on_the_swapped_folder(s
     for i in range(len(CAPTIONS)):
         assert torch.equal(first[i]["prompt_embeds"][0], direct["prompt_embeds"][i])
         assert torch.equal(again[i]["prompt_embeds"], first[i]["prompt_embeds"])
+
+
+def test_sd2_is_a_table_row_not_a_copy() -> None:
+    """SD 2 (CLIP-H, width 40 in the tiny set) swaps through the same code as SD 1.5: only its FAMILIES row differs."""
+    import diffusers
+
+    from te_align.swap.families import FAMILIES
+    from te_align.tiny.encoders import family_components
+    from te_align.tiny.pipelines import tiny_unet, tiny_vae
+
+    assert FAMILIES["sd2"].slot == "clip_h" and FAMILIES["sd2"].reset is FAMILIES["sd1"].reset
+    unet = diffusers.UNet2DConditionModel.from_config({**tiny_unet().config, "cross_attention_dim": 40})
+    pipe = diffusers.StableDiffusionPipeline(vae=tiny_vae(), unet=unet, scheduler=diffusers.DDPMScheduler(steps_offset=1, clip_sample=False), safety_checker=None,
+                                             feature_extractor=None, requires_safety_checker=False,
+                                             **family_components("sd21"))  # fmt: skip
+    profile = te_align.profile("sd21", **{"slots.clip_h.encoder.hidden_size": 40})
+    tok, enc = _t5()
+    report, _ = swap(None, enc, None, tokenizer=tok, pipeline=pipe, profile=profile, captions=CAPTIONS, reset="qk")
+    assert report.profile.name == "sd21-t5-swap" and report.profile.slot("t5").encoder.hidden_size == 40
+    assert float(report.after.std[0]) == pytest.approx(float(report.target.std[0]), rel=1e-6)
+    assert len(report.reset_layers) == 8
