@@ -13,6 +13,10 @@ def _transformers_class(name: str, fallback: str) -> Any:
     import transformers
 
     cls = getattr(transformers, name, None)
+    if cls is None and name == "ProjectedTextEncoder":  # a swapped model's encoder (te-align swap)
+        from te_align.encoding.projected import ProjectedTextEncoder
+
+        cls = ProjectedTextEncoder
     if cls is None:
         cls = getattr(transformers, fallback)
     return cls

@@ -3,7 +3,8 @@
 A profile source is one of (checked in this order by :func:`classify`):
 
 1. a bundled profile name or alias (``"sd35-large"``, ``"flux-schnell"``);
-2. an existing folder: a diffusers-format model folder (or its ``model_index.json``);
+2. an existing folder: a diffusers-format model folder (or its ``model_index.json``); a folder that
+   carries its own profile file (:data:`MODEL_PROFILE_FILE`, written by ``te-align swap``) is that file;
 3. an existing file: a profile file (``.toml`` / ``.json``) or a single-file checkpoint
    (``.safetensors`` / ``.sft``); pickle checkpoints are refused, never opened;
 4. a Hugging Face hub repo id with an optional revision: ``owner/name`` or ``owner/name@revision``.
@@ -33,6 +34,9 @@ HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./
 #: File suffixes of profile files and of single-file checkpoints.
 PROFILE_SUFFIXES = (".toml", ".json")
 CHECKPOINT_SUFFIXES = (".safetensors", ".sft")
+
+#: The profile file a model folder may carry (``te-align swap`` writes it): the folder's profile is that file.
+MODEL_PROFILE_FILE = "te_align_profile.toml"
 
 SourceKind = Literal["bundled", "profile-file", "folder", "single-file", "hub"]
 
@@ -84,9 +88,13 @@ def classify(source: str | Path, *, bundled_names: bool = True) -> Source:
     suffix = path.suffix.lower()
     _check_kind(path, text)
     if path.is_dir():
+        if (path / MODEL_PROFILE_FILE).is_file():
+            return Source("profile-file", text, path=path / MODEL_PROFILE_FILE)
         return Source("folder", text, path=path)
     if path.is_file():
         if path.name == "model_index.json":
+            if (path.parent / MODEL_PROFILE_FILE).is_file():
+                return Source("profile-file", text, path=path.parent / MODEL_PROFILE_FILE)
             return Source("folder", str(path.parent), path=path.parent)
         if suffix in PROFILE_SUFFIXES:
             return Source("profile-file", text, path=path)
@@ -142,6 +150,9 @@ def _build(src: Source) -> BuildReport:
         from te_align.profiles.sources.hub import build_hub
 
         return build_hub(src.name, src.revision)
+    if src.path is not None and src.path.name == MODEL_PROFILE_FILE:
+        raise ProfileError(f"a model folder that carries its own profile ({MODEL_PROFILE_FILE}, written by te-align swap); "
+                           "te-align profile show reads it", file=src.text)  # fmt: skip
     raise ProfileError(  # build classifies without bundled names: a profile file is the one other kind
         f"a {src.kind.replace('-', ' ')}, not a model: build reads a diffusers model folder, a .safetensors "
         "checkpoint or a hub repo id (te-align profile show reads this one)",
@@ -188,6 +199,7 @@ def profile(source: str | Path | AlignmentProfile, /, **overrides: Any) -> Align
 __all__ = [
     "CHECKPOINT_SUFFIXES",
     "HUB_ID",
+    "MODEL_PROFILE_FILE",
     "PROFILE_SUFFIXES",
     "Source",
     "build",

@@ -430,6 +430,10 @@ class Run:
     steps_per_s: float = 0.0
     #: Text encoders / VAE freed or moved to CPU once the caches were full (te_align.train.residency).
     residency: Residency | None = None
+    #: A swapped model's projected text encoders by component; their projections train (te_align.train.swap).
+    projection_models: dict[str, Any] = field(default_factory=dict)
+    #: Denoiser weights trained in full (``train.full_modules``), by diffusers parameter name.
+    full_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def items(self) -> list[Item]:
@@ -445,7 +449,12 @@ class Run:
 
     @property
     def named_trainable(self) -> dict[str, Any]:
-        return {f"{comp}.{n}": p for comp, m in self.lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
+        named = {f"{comp}.{n}": p for comp, m in self.lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
+        if self.projection_models:
+            from te_align.train.swap import named_projection_params
+
+            named.update(named_projection_params(self.projection_models))
+        return named
 
     def save_checkpoint(self) -> Path:
         """Checkpoint at the current step (collective: every process calls it); returns its folder."""
@@ -563,8 +572,19 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     shift, scaling = latent_transform(pipe.vae)
 
     lora_models, denoiser_params, text_encoder_params = _add_lora(cfg, profile, family, pipe)
-    text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
-                      cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
+    from te_align.train.swap import full_params, projection_models
+
+    full = full_params(getattr(pipe, family.denoiser_attr), t.full_modules)
+    projections = projection_models(profile, pipe)
+    projection_params = [p for m in projections.values() for p in m.projection.parameters()]
+    if projections:  # a swapped model: the projection trains on the (cached) inner encoder output
+        from te_align.train.swap import text_source
+
+        text = text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
+                           writer=accelerator.is_main_process)  # fmt: skip
+    else:
+        text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
+                          cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
     with accelerator.main_process_first():
         text.precache(sorted({it.caption for it in report.items}))
         if cfg.model.free_encoders:  # every dropout variant too, so that the text encoders can be freed
@@ -578,6 +598,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     groups = [{"params": denoiser_params, "lr": t.learning_rate}]
     if text_encoder_params:
         groups.append({"params": text_encoder_params, "lr": t.text_encoder_lr or t.learning_rate})
+    if projection_params:
+        groups.append({"params": projection_params, "lr": t.projection_lr or t.learning_rate})
+    if full:
+        groups.append({"params": list(full.values()), "lr": t.full_lr or t.learning_rate})
     optimizer = _make_optimizer(cfg, groups, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(t.lr_scheduler, t.warmup_steps, total))
     model, optimizer = accelerator.prepare(getattr(pipe, family.denoiser_attr), optimizer)
@@ -586,9 +610,11 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         cfg=cfg, accelerator=accelerator, device=device, main=accelerator.is_main_process, out_dir=out_dir,
         report=report, profile=profile, family=family, pipe=pipe, objective=objective, compute_dtype=compute_dtype,
         cond_dtype=cond_dtype, latents=latents, shift=shift, scaling=scaling, text=text, lora_models=lora_models,
-        denoiser_params=denoiser_params, text_encoder_params=text_encoder_params, order=order, total=total,
+        denoiser_params=denoiser_params + list(full.values()), text_encoder_params=text_encoder_params + projection_params,
+        order=order, total=total,
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
         flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id, residency=residency,
+        projection_models=projections, full_params=full,
     )  # fmt: skip
 
 
@@ -640,7 +666,8 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
         slot = profile.slot(name) if name in profile.slot_names else None
         if slot is None:
             raise TrainError(f"no slot '{name}' in profile '{profile.name}' (slots: {', '.join(profile.slot_names)})", key="lora.text_encoders")
-        if not slot.tokenizer.cls.startswith("CLIP"):
+        swapped = slot.encoder.cls == "ProjectedTextEncoder"  # te-align swap: LoRA on its inner encoder
+        if not slot.tokenizer.cls.startswith("CLIP") and not swapped:
             raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {slot.name} LoRA)", key="lora.text_encoders")
     lo, t = cfg.lora, cfg.train
     denoiser = getattr(pipe, family.denoiser_attr)
@@ -651,8 +678,13 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
     for k, name in enumerate(te_slots):
         slot = profile.slot(name)
         enc = getattr(pipe, slot.encoder_subfolder)
+        targets = lo.text_encoder_target_modules or CLIP_TARGETS
+        if not lo.text_encoder_target_modules and slot.encoder.cls == "ProjectedTextEncoder":
+            from te_align.train.swap import encoder_lora_targets
+
+            targets = encoder_lora_targets(enc)
         text_encoder_params += add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                        targets=lo.text_encoder_target_modules or CLIP_TARGETS, seed=t.seed + 1 + k)  # fmt: skip
+                                        targets=targets, seed=t.seed + 1 + k)  # fmt: skip
         lora_models[slot.encoder_subfolder] = enc
         enc.train()
     if t.gradient_checkpointing:
@@ -707,7 +739,8 @@ def _run_record(run: Run) -> dict[str, Any]:
         "model": run.cfg.model.path, "model_id": run.model_id, "rank": lo.rank, "alpha": lo.alpha,
         "target_modules": sorted(lo.target_modules or run.family.default_targets), "text_encoders": list(lo.text_encoders),
         "text_encoder_rank": lo.text_encoder_rank, "text_encoder_target_modules": sorted(lo.text_encoder_target_modules),
-        "learning_rate": t.learning_rate, "text_encoder_lr": t.text_encoder_lr, "batch_size": t.batch_size,
+        "learning_rate": t.learning_rate, "text_encoder_lr": t.text_encoder_lr, "projection_lr": t.projection_lr,
+        "full_modules": sorted(t.full_modules), "full_lr": t.full_lr, "batch_size": t.batch_size,
         "gradient_accumulation": t.gradient_accumulation, "seed": t.seed, "total": run.total,
         "lr_scheduler": t.lr_scheduler, "warmup_steps": t.warmup_steps,
     }  # fmt: skip
@@ -716,9 +749,10 @@ def _run_record(run: Run) -> dict[str, Any]:
 #: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
 _FIXED = {"model_id": "the model", "rank": "lora.rank", "target_modules": "lora.target_modules",
           "text_encoders": "lora.text_encoders", "text_encoder_rank": "lora.text_encoder_rank",
-          "text_encoder_target_modules": "lora.text_encoder_target_modules"}  # fmt: skip
+          "text_encoder_target_modules": "lora.text_encoder_target_modules", "full_modules": "train.full_modules"}  # fmt: skip
 #: Settings that change the rest of the run when they change (warned about; the new value is used).
-_CHANGES = {"learning_rate": "train.learning_rate", "text_encoder_lr": "train.text_encoder_lr", "alpha": "lora.alpha",
+_CHANGES = {"learning_rate": "train.learning_rate", "text_encoder_lr": "train.text_encoder_lr",
+            "projection_lr": "train.projection_lr", "full_lr": "train.full_lr", "alpha": "lora.alpha",
             "batch_size": "train.batch_size", "gradient_accumulation": "train.gradient_accumulation", "seed": "train.seed",
             "total": "total steps", "lr_scheduler": "train.lr_scheduler", "warmup_steps": "train.warmup_steps"}  # fmt: skip
 
@@ -742,7 +776,10 @@ def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[st
 def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
     """Use the config's learning rates from here on (a checkpoint stores the old ones in its schedule)."""
     t = run.cfg.train
-    new = [t.learning_rate] + ([t.text_encoder_lr or t.learning_rate] if run.text_encoder_params else [])
+    lora_te = any(c != run.family.denoiser_attr for c in run.lora_models)
+    new = [t.learning_rate] + ([t.text_encoder_lr or t.learning_rate] if lora_te else [])
+    new += [t.projection_lr or t.learning_rate] if run.projection_models else []
+    new += [t.full_lr or t.learning_rate] if run.full_params else []
     sched = run.scheduler
     if [float(x) for x in sched.base_lrs] == [float(x) for x in new]:
         return
@@ -946,6 +983,16 @@ def _finish(run: Run) -> TrainResult:
         extra = _lora_metadata(run)
         lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
                                         profile=profile, extra=extra)  # fmt: skip
+        if run.projection_models:
+            from te_align.train.swap import save_projection
+
+            save_projection(run.projection_models, run.out_dir / f"{cfg.output.name}_projection.safetensors",
+                            profile=profile, extra=extra)  # fmt: skip
+        if run.full_params:
+            from te_align.train.swap import save_tensors
+
+            save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
+                         run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)  # fmt: skip
         if cfg.output.kohya:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
                                          n_text_encoders=len(profile.slots), profile=profile, extra=extra,

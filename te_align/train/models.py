@@ -170,6 +170,8 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
     """
     import diffusers
 
+    import te_align.encoding.projected  # noqa: F401  (diffusers loads a swapped model's text encoder class from it)
+
     dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
     path = Path(cfg.path).expanduser()
     common: dict[str, Any] = {"torch_dtype": dtype}

@@ -96,7 +96,8 @@ def release(cfg: Any, profile: Any, pipe: Any, text: Any, latents: Any, device: 
     if not cfg.model.free_encoders:
         te_why = "model.free_encoders = false"
     elif text.trainable:
-        te_why = "text encoders are trained (LoRA on " + ", ".join(cfg.lora.text_encoders) + ")"
+        te_why = ("text encoders are trained (LoRA on " + ", ".join(cfg.lora.text_encoders) + ")" if cfg.lora.text_encoders
+                  else "a swapped model's text projection is trained (te-align swap)")
     elif not text.use_cache:
         te_why = ("captions are encoded live every step: " + ("tags are shuffled (data.shuffle_tags) and shuffled "
                   "captions have no cached variants" if cfg.data.shuffle_tags else "data.cache_text = false"))  # fmt: skip

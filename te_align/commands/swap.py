@@ -1,0 +1,124 @@
+"""``te-align swap BASE --encoder T5_FOLDER --out NEW_FOLDER [--reset MODE] [--stats MODE] [--shift]``:
+replace a model's text encoder by a new one plus a trainable projection, scaled to the old statistics."""
+
+from __future__ import annotations
+
+import argparse
+
+#: Kept here (not imported from te_align.swap) so that ``te-align --help`` imports no torch.
+RESET_CHOICES = ("none", "cross", "qk", "all")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "swap",
+        help="replace a model's text encoder (e.g. SD1.5's CLIP by T5) plus a projection scaled to the old statistics",
+        description="Write a new diffusers model folder whose text encoder is ENCODER followed by a trainable projection "
+        "to the width the denoiser attends to. The projection's output scale (and with --shift, its shift) is set by "
+        "measuring the base model's conditioning on the captions and matching it; both are printed. Denoiser layers "
+        "are re-initialised as --reset says. The folder carries its own profile (te_align_profile.toml).",
+    )
+    p.add_argument("base", help="base model: a diffusers folder, hub id or single-file .safetensors checkpoint")
+    p.add_argument("--encoder", required=True, help="the new text encoder: a transformers folder (config.json + weights)")
+    p.add_argument("--tokenizer", default=None, help="its tokenizer folder (default: the encoder folder)")
+    p.add_argument("--out", required=True, help="the new model folder (must not exist)")
+    p.add_argument("--profile", default="auto", help="the base model's profile: auto (read from BASE), a bundled name or a file")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="profile override for the base profile (repeatable), e.g. clip_l_hidden_size=32")  # fmt: skip
+    p.add_argument("--config", default="", help="for a single-file BASE: the diffusers folder or hub id with its configs")
+    p.add_argument("--reset", default="cross", help="denoiser layers re-initialised: " + ", ".join(RESET_CHOICES)
+                   + " (default cross)")  # fmt: skip
+    p.add_argument("--stats", default="global", help="match one mean/std over all values (global, default) or one per channel")
+    p.add_argument("--shift", action="store_true", help="match the mean too (default: only the std)")
+    p.add_argument("--captions", default=None, help="a text file with one caption per line to measure on (default: a built-in set)")
+    p.add_argument("--max-length", type=int, default=None, help="token length of the new slot (default: the old slot's)")
+    p.add_argument("--encoder-mask", action="store_true", help="pass the attention mask into the new encoder")
+    p.add_argument("--projection", default=None, help="a .safetensors file with 'weight' (out, in) and 'bias' to start from")
+    p.add_argument("--name", default=None, help="name of the new profile (default: BASEPROFILE-SLOT-swap)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the projection init and the reset layers (default 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_swap)
+
+
+def _overrides(items: list[str]) -> dict[str, object]:
+    from te_align.errors import TeAlignError
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TeAlignError(f"expected KEY=VALUE, got {item!r}", key="--override")
+        text = value.strip()
+        parsed: object = text
+        if text.lower() in ("true", "false"):
+            parsed = text.lower() == "true"
+        else:
+            try:
+                parsed = int(text)
+            except ValueError:
+                try:
+                    parsed = float(text)
+                except ValueError:
+                    parsed = text
+        out[key.strip()] = parsed
+    return out
+
+
+def _captions(path: str | None) -> list[str] | None:
+    if path is None:
+        return None
+    from te_align._paths import read_bytes
+    from te_align.swap import SwapError
+
+    raw = read_bytes(path, SwapError, what="captions file")
+    try:
+        lines = [x.strip() for x in raw.decode("utf-8-sig").splitlines()]
+    except UnicodeDecodeError as e:
+        raise SwapError(f"not UTF-8 text (byte {e.start})", file=path, key="--captions") from None
+    lines = [x for x in lines if x]
+    if not lines:
+        raise SwapError("no captions (expected one caption per line)", file=path, key="--captions")
+    return lines
+
+
+def _fmt(stats: dict[str, object]) -> str:
+    text = f"mean {stats['mean']:+.6f}  std {stats['std']:.6f}"
+    if "std_min" in stats:
+        text += f"  (per channel: std {stats['std_min']:.6f} .. {stats['std_max']:.6f})"
+    return text
+
+
+def cmd_swap(args: argparse.Namespace) -> int:
+    import json
+    import logging
+
+    from te_align.swap import check_request, swap
+
+    check_request(args.reset, args.stats, args.out)
+    import diffusers.utils.logging as diffusers_logging
+    import transformers.utils.logging as transformers_logging
+
+    # the report is the output: no loading bars, and no "Expected types for text_encoder" (the swap's own class)
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("diffusers").setLevel(logging.ERROR)
+    report, _ = swap(
+        args.base, args.encoder, args.out, tokenizer=args.tokenizer, captions=_captions(args.captions),
+        profile=args.profile, profile_overrides=_overrides(args.override), config=args.config, reset=args.reset,
+        stats=args.stats, shift=args.shift, seed=args.seed, max_length=args.max_length, encoder_mask=args.encoder_mask,
+        projection=args.projection, name=args.name,
+    )  # fmt: skip
+    data = report.as_dict()
+    if args.json:
+        print(json.dumps(data, indent=1, sort_keys=True))
+        return 0
+    print(f"{args.out}: {report.profile.name} (fingerprint {report.profile.fingerprint()})")
+    print(f"  statistics ({report.target.mode}, {report.target.positions} positions of {report.target.captions} captions):")
+    print(f"    base model          {_fmt(data['target'])}")
+    print(f"    new, before scaling {_fmt(data['before'])}")
+    print(f"    new, after scaling  {_fmt(data['after'])}")
+    scale = data["scale"]
+    print(f"  output scale {scale if isinstance(scale, list) else f'{scale:.6f}'}"
+          + ("" if data["shift"] == 0.0 else f", shift {data['shift']}"))  # fmt: skip
+    print(f"  reset {report.reset}: {len(report.reset_layers)} layers re-initialised (seed {report.seed})")
+    return 0
