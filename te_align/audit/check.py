@@ -65,6 +65,9 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
            result: CheckResult, dataset: list[str] | None = None) -> None:
     from te_align.profiles import profile as resolve
 
+    if raw.fmt == "cmdline" and name != "diffusers-examples":
+        raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
+                                       "command lines for --trainer diffusers-examples only", file=raw.file)
     mod = module(name)
     parsed = mod.parse(raw, extra_args)
     result.cached = parsed.cached

@@ -69,6 +69,7 @@ def parse_text(text: str, file: str) -> RawConfig:
     if buf:
         logical.append((start, buf))
     variables: dict[str, str] = {}
+    windows = Path(file).suffix.lower() in (".bat", ".cmd", ".ps1")  # backslashes are path separators there
     found: tuple[int, list[str]] | None = None
     for first, line in logical:
         stripped = line.strip()
@@ -81,7 +82,7 @@ def parse_text(text: str, file: str) -> RawConfig:
         if not _SCRIPT.search(stripped):
             continue
         try:
-            words = shlex.split(_expand(stripped, variables), comments=True, posix=True)
+            words = _split(_expand(stripped, variables), windows)
         except ValueError as e:
             raise ConfigSyntaxError(file, first, None, f"cannot split the command line: {e}") from None
         found = (first, words)
@@ -110,6 +111,20 @@ def _data(words: list[str], at: int) -> dict[str, object]:
         "launcher": " ".join(w for w in words[:at] if not w.startswith("-"))[:80],
         "args": words[at + 1:],
     }
+
+
+def _split(line: str, windows: bool) -> list[str]:
+    if not windows:
+        return shlex.split(line, comments=True, posix=True)
+    lex = shlex.shlex(line, posix=False, punctuation_chars=False)
+    lex.whitespace_split = True
+    lex.commenters = ""
+    words = []
+    for w in lex:
+        if len(w) >= 2 and w[0] == w[-1] and w[0] in "\"'":
+            w = w[1:-1]
+        words.append(w.replace('="', "=").rstrip('"') if '="' in w else w)
+    return words
 
 
 def _unquote(v: str) -> str:

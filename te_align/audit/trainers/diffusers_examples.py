@@ -347,7 +347,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         raise UnreadableConfig(bad[0].message, file=f"{raw.file}:{where}" if where else raw.file)
     values["_script"] = script
     values["_custom_prompts"] = bool(values.get("dataset_name") and values.get("caption_column"))
-    prof, reason, default = guess_profile(script, values)
+    prof, reason, _ = guess_profile(script, values)
 
     def fix_set(key: str, value: Any) -> str:
         if value is True:
@@ -367,8 +367,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             fix=f"remove --{key} (the script cannot drop captions as zeros)")
 
     trainer = Trainer(NAME, RULES_BY_SCRIPT[script], fix_set, fix_remove, line, not_settable=NOT_SETTABLE)
-    return Parsed(trainer, values, prof, reason, False, None, findings, SUPPORTED, guess_is_default=default,
-                  after=after)
+    # the script fixes the family: --profile may pick another variant of it (sd35-large for the SD3 script), not
+    # another family (guess_is_default False)
+    return Parsed(trainer, values, prof, reason, False, None, findings, SUPPORTED, after=after)
 
 
 def _main(argv: list[str] | None = None) -> int:
