@@ -70,7 +70,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     if any(t.trainer_shape is not None and not t.shape_match for t in r.tensors):
         print("* over the overlapping region (shapes differ)")
-    differing = sorted({label for t in r.tensors for label in t.differing}, key=list(r.prompts).index)
+    order = list(r.prompts)  # a shared output (text_ids) is labelled by its group, not by prompt
+    differing = sorted({label for t in r.tensors for label in t.differing if label in r.prompts}, key=order.index)
     if differing:
         print()
         print("prompts that differ:")

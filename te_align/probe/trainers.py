@@ -33,9 +33,10 @@ from te_align._git import dist_version, git_head, installed_version, read_versio
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
 
-TRAINERS = ("ai-toolkit", "kohya", "simpletuner")
+TRAINERS = ("ai-toolkit", "kohya", "simpletuner", "diffusers-examples")
 ALIASES = {"ai_toolkit": "ai-toolkit", "aitoolkit": "ai-toolkit", "ostris": "ai-toolkit", "sd-scripts": "kohya",
-           "sd_scripts": "kohya", "kohya-ss": "kohya", "kohya_ss": "kohya", "simple-tuner": "simpletuner"}  # fmt: skip
+           "sd_scripts": "kohya", "kohya-ss": "kohya", "kohya_ss": "kohya", "simple-tuner": "simpletuner",
+           "diffusers": "diffusers-examples", "diffusers_examples": "diffusers-examples"}  # fmt: skip
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
                "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",
@@ -663,5 +664,9 @@ def adapter_for(trainer: str, path: str | None) -> Adapter:
         from te_align.errors import closest
 
         raise ProbeError(f"unknown trainer '{trainer}'; known: {', '.join(TRAINERS)}{closest(trainer, TRAINERS)}")
+    if key == "diffusers-examples":
+        from te_align.probe.diffusers_examples import DiffusersExamples
+
+        return DiffusersExamples(path)  # type: ignore[return-value]
     cls = {"ai-toolkit": AiToolkit, "kohya": Kohya, "simpletuner": SimpleTuner}[key]
     return cls(path)
