@@ -668,5 +668,9 @@ def adapter_for(trainer: str, path: str | None) -> Adapter:
         from te_align.probe.diffusers_examples import DiffusersExamples
 
         return DiffusersExamples(path)  # type: ignore[return-value]
-    cls = {"ai-toolkit": AiToolkit, "kohya": Kohya, "simpletuner": SimpleTuner}[key]
+    if key == "simpletuner":
+        from te_align.probe.simpletuner import SimpleTunerProbe
+
+        return SimpleTunerProbe(path)  # type: ignore[return-value]
+    cls = {"ai-toolkit": AiToolkit, "kohya": Kohya}[key]
     return cls(path)
