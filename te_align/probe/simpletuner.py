@@ -26,7 +26,7 @@ from te_align.probe.core import Case
 
 ENV = "TE_ALIGN_SIMPLETUNER_DIR"
 #: Import-only packages SimpleTuner's model modules need besides torch/transformers/diffusers/accelerate/peft.
-OPTIONAL_IMPORTS = ("torchvision", "lycoris", "fastapi", "starlette", "pydantic_settings", "sse_starlette",
+OPTIONAL_IMPORTS = ("torchvision", "lycoris", "fastapi", "pandas", "starlette", "pydantic_settings", "sse_starlette",
                     "uvicorn", "wandb", "bitsandbytes", "optimum", "torchao", "cv2", "boto3", "botocore",
                     "decord", "torchaudio", "sentencepiece_stub", "xformers", "deepspeed", "prodigyopt",
                     "came_pytorch", "schedulefree", "lion_pytorch", "timm", "open_clip", "imageio",
