@@ -238,3 +238,24 @@ def test_boot_installs_the_hooks_in_a_new_process(tmp_path):
     env["TE_ALIGN"] = "off"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "False 0"
+
+
+def test_check_fix_text_names_the_hooks_for_hooked_families(tmp_path):
+    """``te-align check`` on a SimpleTuner config: a hard-coded deviation in a hooked family says how to enable
+    the hooks; the families it names are the hooks' own."""
+    import json
+
+    from te_align.audit import check_file
+    from te_align.audit.trainers import simpletuner as audit
+
+    assert set(audit.HOOKED) == {f for fam in st.FAMILIES.values() for f in fam.families}
+    assert 'eval "$(python -m te_align.hooks.simpletuner env)"' in audit.HOOKS_FIX
+    path = tmp_path / "sana.json"
+    path.write_text(json.dumps({"model_family": "sana"}), encoding="utf-8")
+    (f,) = [f for f in check_file(str(path)).findings if f.kind == "deviation"]
+    assert f.fix == audit.NOT_SETTABLE  # Sana is not hooked
+    path = tmp_path / "sd3.json"
+    path.write_text(json.dumps({"model_family": "sd3"}), encoding="utf-8")
+    r = check_file(str(path))
+    (cache,) = [f for f in r.findings if f.kind == "stale-cache"]
+    assert "python -m te_align.hooks.simpletuner env" in cache.fix
