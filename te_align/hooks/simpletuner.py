@@ -391,13 +391,24 @@ def _boot_install() -> None:
             sys.meta_path.remove(f)
     # every model module te-align hooks, imported now so the install is all-or-nothing
     present = tuple(k for k, fam in FAMILIES.items() if importlib.util.find_spec(fam.module) is not None)
-    install(families=present)
+    install(profile=_PINNED[0] if _PINNED else None, families=present)
 
 
-def boot() -> None:
-    """Called by ``patches/simpletuner/boot/sitecustomize.py`` at interpreter start when :data:`ENV_BOOT` is set."""
-    if hooks_disabled() or os.environ.get(ENV_BOOT, "").strip().lower() in ("", "off", "0", "false", "no"):
+_PINNED: list[str] = []
+
+
+def boot(force: bool = False, profile: str | None = None) -> None:
+    """Arm the hooks for this process: they install when SimpleTuner's text-embed cache module is imported.
+
+    Called by ``patches/simpletuner/boot/sitecustomize.py`` at interpreter start when :data:`ENV_BOOT` is set,
+    and (``force=True``, with the profile ``te-align patch --profile`` pinned) by the block ``te-align patch``
+    appends to a checkout's ``simpletuner/__init__.py``."""
+    if hooks_disabled():
         return
+    if not force and os.environ.get(ENV_BOOT, "").strip().lower() in ("", "off", "0", "false", "no", "disabled"):
+        return
+    if profile and not os.environ.get(ENV_PROFILE):
+        _PINNED[:] = [profile]
     if _CACHE in sys.modules:
         _boot_install()
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):

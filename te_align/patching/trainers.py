@@ -23,6 +23,7 @@ from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan,
 PLANNERS: dict[str, str] = {
     "kohya": "te_align.patching.kohya",
     "ai-toolkit": "te_align.patching.ai_toolkit",
+    "simpletuner": "te_align.patching.simpletuner",
 }
 
 
