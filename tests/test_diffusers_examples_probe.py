@@ -112,3 +112,13 @@ def test_probe_cli_with_a_differing_shared_output(capsys):
     out = capsys.readouterr().out
     assert "text_ids              (512, 3)       (256, 3)" in out
     assert "result: DIFFERS from the profile" in out
+
+
+def test_matrix_finds_the_scripts_and_simpletuner_by_environment():
+    from te_align.probe.matrix import Found, find_trainers
+
+    found, absent = find_trainers({ENV: "/d", "TE_ALIGN_SIMPLETUNER_DIR": "/s"})
+    assert Found("diffusers-examples", "/d", f"{ENV}=/d") in found
+    assert Found("simpletuner", "/s", "TE_ALIGN_SIMPLETUNER_DIR=/s") in found
+    _, absent = find_trainers({})
+    assert f"diffusers example scripts: {ENV} is not set (path of a huggingface/diffusers checkout)" in absent
