@@ -55,9 +55,9 @@ PROBED: dict[str, Probed] = {
     "flux-dev": Probed("train_dreambooth_lora_flux.py", "dreambooth",
                        "encode_prompt(text_encoders, tokenizers, prompts, args.max_sequence_length)"),
 }
-PROBED["sd21"] = PROBED["sd15"]
-PROBED["sd35-large"] = PROBED["sd35-medium"] = PROBED["sd3-medium"]
-PROBED["flux-schnell"] = PROBED["flux-dev"]
+_SAME = {"sd21": "sd15", "sd35-large": "sd3-medium", "sd35-medium": "sd3-medium", "flux-schnell": "flux-dev"}
+PROBED = {name: PROBED[_SAME.get(name, name)] for name in ("sd15", "sd21", "sdxl", "sd3-medium", "sd35-large",
+                                                            "sd35-medium", "flux-dev", "flux-schnell")}
 
 
 def _root(path: str | None) -> Path:

@@ -644,18 +644,7 @@ class Kohya(Adapter):
             hk.uninstall()
 
 
-# ==============================================================================================
-class SimpleTuner(Adapter):
-    name = "simpletuner"
-
-    def __init__(self, path: str | None) -> None:
-        if importlib.util.find_spec("simpletuner") is None:
-            raise ProbeError("simpletuner: not installed (pip install simpletuner)")
-        self.version = installed_version("simpletuner") or "unknown"
-        self.profiles = {}
-
-    def profile_name(self, name: str) -> str:
-        raise ProbeError(f"simpletuner {self.version} is installed, but te-align has no probe adapter for SimpleTuner yet")
+# SimpleTuner: te_align.probe.simpletuner; the diffusers example scripts: te_align.probe.diffusers_examples
 
 
 def adapter_for(trainer: str, path: str | None) -> Adapter:
