@@ -14,12 +14,15 @@ SDXL       ``sdxl.model.SDXL._encode_prompts``                   (prompt_embeds,
 SD3/3.5    ``sd3.model.SD3._encode_prompts``                     (prompt_embeds, pooled_prompt_embeds)
 FLUX.1     ``flux.model.Flux._encode_prompts``                   (prompt_embeds, pooled, text_ids, T5 mask)
 PixArt-Σ   ``pixart.model.PixartSigma._encode_prompts``          (prompt_embeds, prompt_attention_mask)
+Chroma     ``chroma.model.Chroma._encode_prompts``               (prompt_embeds, prompt_attention_mask)
+AuraFlow   ``auraflow.model.Auraflow._encode_prompts``           (prompt_embeds, prompt_attention_mask)
 =========  ====================================================  =========================================
 
 Facts read at bghira/SimpleTuner@bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb (4.8.0); what the hooks fix there:
 SD3's T5 is cut to 154 tokens unless ``i_know_what_i_am_doing`` (``sd3/model.py:848-865``; the pipeline uses
 256), ``t5_padding: zero`` zeroes padded T5 outputs (``sd3/model.py:419-457``, ``flux/model.py``), PixArt's T5
-length is ``min(tokenizer_max_length, 300)`` (``pixart/model.py``).
+length is ``min(tokenizer_max_length, 300)`` (``pixart/model.py``), AuraFlow's T5 is cut to 120 tokens unless
+``i_know_what_i_am_doing`` (``auraflow/model.py``; the pipeline uses 256).
 
 The cache: ``TextEmbeddingCache.create_hash`` names a cached embed ``md5(caption)-<model_type>.pt``
 (``simpletuner/helpers/caching/text_embeds.py:139-154``) — nothing about lengths, masks or layers, so a changed
@@ -91,10 +94,12 @@ FAMILIES: dict[str, Family] = {
     "flux": Family(f"{_M}.flux.model", "Flux", ("flux",), ("prompt_embeds", "pooled_prompt_embeds", "text_ids@batch",
                                                             "t5_mask")),
     "pixart": Family(f"{_M}.pixart.model", "PixartSigma", ("pixart",), ("prompt_embeds", "prompt_attention_mask")),
+    "chroma": Family(f"{_M}.chroma.model", "Chroma", ("chroma",), ("prompt_embeds", "prompt_attention_mask")),
+    "auraflow": Family(f"{_M}.auraflow.model", "Auraflow", ("auraflow",), ("prompt_embeds", "prompt_attention_mask")),
 }
 #: SimpleTuner ``model_family`` values -> key of :data:`FAMILIES`.
 MODEL_FAMILY = {"sd1x": "sd1x", "sd2x": "sd1x", "sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart_sigma": "pixart",
-                "pixart": "pixart"}
+                "pixart": "pixart", "chroma": "chroma", "auraflow": "auraflow"}
 
 #: The SimpleTuner versions the targets were read and verified against.
 SUPPORTED: dict[str, str] = {"4.8.0": f"SimpleTuner 4.8.0 ({COMMIT[:7]})"}

@@ -46,6 +46,8 @@ PROBED: dict[str, tuple[str, dict[str, Any]]] = {
     "flux-schnell": ("flux", {"model_family": "flux", "model_flavour": "schnell", "flux_fast_schedule": True,
                               "validation_num_inference_steps": 4, "disable_assistant_lora": True}),
     "pixart-sigma": ("pixart", {"model_family": "pixart_sigma"}),
+    "chroma": ("chroma", {"model_family": "chroma"}),
+    "auraflow": ("auraflow", {"model_family": "auraflow"}),
 }
 
 #: SimpleTuner config defaults the probed text paths and ``check_user_config`` read (the rest read as None).
