@@ -226,7 +226,7 @@ class SimpleTunerHook(Hook):
                 if padding not in (None, "unmodified"):
                     self._once("t5_padding", "te-align: SimpleTuner t5_padding=%r is not applied; profile %s decides "
                                "the padded T5 outputs (masks.zero_padded)", padding, prof.name)
-                return encode_as(prof, fam, model, prompts)
+                return encode_as(prof, fam, model, prompts, negative=bool(is_negative_prompt))
 
             return mark_wrapper(_encode_prompts, original)
 
@@ -296,13 +296,14 @@ def _existing(cache: Any) -> set[str]:
     return set(files)
 
 
-def encode_as(profile: Any, fam: Family, model: Any, prompts: Any) -> Any:
-    """:func:`te_align.encode` with SimpleTuner's model components, in the original's return layout."""
+def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: bool = False) -> Any:
+    """:func:`te_align.encode` with SimpleTuner's model components, in the original's return layout
+    (``negative``: SimpleTuner's validation negative prompt, encoded with the profile's negative template)."""
     import te_align
 
     batch = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
     toks, encs = _components(model)
-    out = te_align.encode(profile, batch, tokenizers=toks, text_encoders=encs)
+    out = te_align.encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
     device = getattr(getattr(model, "accelerator", None), "device", None)
     values = []
     for name in fam.returns:
@@ -310,7 +311,7 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any) -> Any:
             from te_align.encoding.core import tokenize_slot
 
             slot = profile.slot("t5")
-            value = tokenize_slot(slot, toks[slot.tokenizer_subfolder], batch)[1]
+            value = tokenize_slot(slot, toks[slot.tokenizer_subfolder], batch, negative=negative)[1]
         elif name.endswith("@batch"):
             import torch
 
