@@ -41,6 +41,8 @@ def test_targets_and_signatures_are_pinned():
         (f"{m}.pixart.model.PixartSigma._encode_prompts", enc),
         (f"{m}.chroma.model.Chroma._encode_prompts", enc),
         (f"{m}.auraflow.model.Auraflow._encode_prompts", enc),
+        (f"{m}.sana.model.Sana._encode_prompts", enc),
+        (f"{m}.lumina2.model.Lumina2._encode_prompts", enc),
         (f"{c}.create_hash", ("self", "key_value", "prompt")),
         (f"{c}.hash_prompt_with_path", ("self", "prompt_record")),
         (f"{c}.compute_embeddings_for_prompts", ("self", "all_prompts")),
@@ -115,12 +117,12 @@ def test_every_target_resolves_with_its_signature(session, monkeypatch):
 
     importlib.import_module(st._CACHE)
     resolved = st.SimpleTunerHook().check()
-    assert len(resolved) == 10
+    assert len(resolved) == 12
     assert st.detect_version() in ("4.8.0", "not importable")  # the sandbox's checkout is on sys.path
 
 
 @pytest.mark.parametrize("name", ["sd15", "sd21", "sdxl", "sd3-medium", "sd35-large", "flux-dev", "flux-schnell",
-                                  "pixart-sigma", "chroma", "auraflow"])
+                                  "pixart-sigma", "chroma", "auraflow", "sana", "lumina2"])
 def test_hooked_outputs_equal_te_align_encode(session, name, monkeypatch):
     from te_align.probe.core import compare
 
@@ -139,6 +141,10 @@ def test_hooked_outputs_equal_te_align_encode(session, name, monkeypatch):
         assert (embeds.trainer_shape, embeds.profile_shape) == ((231, 96), (333, 96))
         assert len(embeds.differing) == embeds.compared == 15
         assert {t.name: t for t in plain}["pooled_prompt_embeds"].identical
+    elif name == "sana":
+        # SimpleTuner passes its own 10-line instruction (not the pipeline's): every prompt's embedding differs
+        embeds = {t.name: t for t in plain}["prompt_embeds"]
+        assert embeds.shape_match and len(embeds.differing) == embeds.compared == 14
     elif name == "auraflow":
         # SimpleTuner's check_user_config: T5 cut to 120 tokens where the pipeline uses 256
         shapes = {t.name: (t.trainer_shape, t.profile_shape) for t in plain}
@@ -147,7 +153,8 @@ def test_hooked_outputs_equal_te_align_encode(session, name, monkeypatch):
         assert all(t.identical for t in plain if t.trainer_shape is not None), (name, [t.summary() for t in plain])
 
 
-@pytest.mark.parametrize("name", ["sd15", "sdxl", "sd3-medium", "flux-dev", "pixart-sigma", "chroma", "auraflow"])
+@pytest.mark.parametrize("name", ["sd15", "sdxl", "sd3-medium", "flux-dev", "pixart-sigma", "chroma", "auraflow",
+                                  "sana", "lumina2"])
 def test_hooked_return_layout_is_simpletuners(session, name, monkeypatch):
     """Same tuple length, shapes, dtypes and devices as the original returns (at the profile's lengths)."""
     import torch
@@ -170,7 +177,7 @@ def test_hooked_return_layout_is_simpletuners(session, name, monkeypatch):
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
         assert (tuple(x.shape), x.dtype, x.device) == (tuple(y.shape), y.dtype, y.device)
-    if name not in ("sd3-medium", "auraflow"):  # (set to the profile's length, so only the layout is compared)
+    if name not in ("sd3-medium", "auraflow", "sana"):  # deviating families: only the layout is compared
         for x, y in zip(a, b, strict=True):
             assert torch.equal(x, y)
 
@@ -242,7 +249,7 @@ def test_boot_installs_the_hooks_in_a_new_process(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True 10"
+    assert out.stdout.strip().splitlines()[-1] == "True 12"
     env["TE_ALIGN"] = "off"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "False 0"
@@ -261,7 +268,12 @@ def test_check_fix_text_names_the_hooks_for_hooked_families(tmp_path):
     path = tmp_path / "sana.json"
     path.write_text(json.dumps({"model_family": "sana"}), encoding="utf-8")
     (f,) = [f for f in check_file(str(path)).findings if f.kind == "deviation"]
-    assert f.fix == audit.NOT_SETTABLE  # Sana is not hooked
+    assert (f.setting, f.fix) == ("gemma.tokenizer.system_prompt", audit.HOOKS_FIX)  # SimpleTuner's own instruction
+    from te_align.audit.readers import load
+
+    path = tmp_path / "wan.json"
+    path.write_text(json.dumps({"model_family": "wan"}), encoding="utf-8")
+    assert audit.parse(load(str(path)), []).trainer.not_settable == audit.NOT_SETTABLE  # Wan is not hooked
     path = tmp_path / "sd3.json"
     path.write_text(json.dumps({"model_family": "sd3"}), encoding="utf-8")
     r = check_file(str(path))

@@ -16,13 +16,16 @@ FLUX.1     ``flux.model.Flux._encode_prompts``                   (prompt_embeds,
 PixArt-Σ   ``pixart.model.PixartSigma._encode_prompts``          (prompt_embeds, prompt_attention_mask)
 Chroma     ``chroma.model.Chroma._encode_prompts``               (prompt_embeds, prompt_attention_mask)
 AuraFlow   ``auraflow.model.Auraflow._encode_prompts``           (prompt_embeds, prompt_attention_mask)
+Sana       ``sana.model.Sana._encode_prompts``                   (prompt_embeds, prompt_attention_mask)
+Lumina 2   ``lumina2.model.Lumina2._encode_prompts``             (prompt_embeds, prompt_attention_mask)
 =========  ====================================================  =========================================
 
 Facts read at bghira/SimpleTuner@bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb (4.8.0); what the hooks fix there:
 SD3's T5 is cut to 154 tokens unless ``i_know_what_i_am_doing`` (``sd3/model.py:848-865``; the pipeline uses
 256), ``t5_padding: zero`` zeroes padded T5 outputs (``sd3/model.py:419-457``, ``flux/model.py``), PixArt's T5
 length is ``min(tokenizer_max_length, 300)`` (``pixart/model.py``), AuraFlow's T5 is cut to 120 tokens unless
-``i_know_what_i_am_doing`` (``auraflow/model.py``; the pipeline uses 256).
+``i_know_what_i_am_doing`` (``auraflow/model.py``; the pipeline uses 256), Sana gets SimpleTuner's own
+complex-human instruction (``field_registry/sana.py``; the pipeline has its own).
 
 The cache: ``TextEmbeddingCache.create_hash`` names a cached embed ``md5(caption)-<model_type>.pt``
 (``simpletuner/helpers/caching/text_embeds.py:139-154``) — nothing about lengths, masks or layers, so a changed
@@ -96,10 +99,12 @@ FAMILIES: dict[str, Family] = {
     "pixart": Family(f"{_M}.pixart.model", "PixartSigma", ("pixart",), ("prompt_embeds", "prompt_attention_mask")),
     "chroma": Family(f"{_M}.chroma.model", "Chroma", ("chroma",), ("prompt_embeds", "prompt_attention_mask")),
     "auraflow": Family(f"{_M}.auraflow.model", "Auraflow", ("auraflow",), ("prompt_embeds", "prompt_attention_mask")),
+    "sana": Family(f"{_M}.sana.model", "Sana", ("sana",), ("prompt_embeds", "prompt_attention_mask")),
+    "lumina2": Family(f"{_M}.lumina2.model", "Lumina2", ("lumina2",), ("prompt_embeds", "prompt_attention_mask")),
 }
 #: SimpleTuner ``model_family`` values -> key of :data:`FAMILIES`.
 MODEL_FAMILY = {"sd1x": "sd1x", "sd2x": "sd1x", "sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart_sigma": "pixart",
-                "pixart": "pixart", "chroma": "chroma", "auraflow": "auraflow"}
+                "pixart": "pixart", "chroma": "chroma", "auraflow": "auraflow", "sana": "sana", "lumina2": "lumina2"}
 
 #: The SimpleTuner versions the targets were read and verified against.
 SUPPORTED: dict[str, str] = {"4.8.0": f"SimpleTuner 4.8.0 ({COMMIT[:7]})"}

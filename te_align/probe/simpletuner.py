@@ -48,6 +48,8 @@ PROBED: dict[str, tuple[str, dict[str, Any]]] = {
     "pixart-sigma": ("pixart", {"model_family": "pixart_sigma"}),
     "chroma": ("chroma", {"model_family": "chroma"}),
     "auraflow": ("auraflow", {"model_family": "auraflow"}),
+    "sana": ("sana", {"model_family": "sana"}),
+    "lumina2": ("lumina2", {"model_family": "lumina2", "validation_num_inference_steps": 30}),
 }
 
 #: SimpleTuner config defaults the probed text paths and ``check_user_config`` read (the rest read as None).
@@ -56,6 +58,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "aspect_bucket_alignment": 64, "base_model_precision": "no_change", "unet_attention_slice": False,
     "controlnet": False, "sd3_clip_uncond_behaviour": "empty_string", "sd3_t5_uncond_behaviour": None,
     "flux_attention_masked_training": False, "prediction_type": None, "pretrained_model_name_or_path": "tiny",
+    "attention_mechanism": "diffusers",
 }
 
 
@@ -160,6 +163,32 @@ class SimpleTunerProbe:
                 logging.getLogger(name).setLevel(logging.ERROR)
         return self.modules[mod]
 
+    def _sana_default(self) -> Any:
+        """SimpleTuner's default ``sana_complex_human_instruction`` as its argument parsing leaves it: the field's
+        ``default_value`` in ``simpletuner/helpers/models/field_registry/sana.py`` (read from the checkout's source
+        at run time; importing it imports every SimpleTuner model, which transformers 5 cannot), split into lines,
+        each stripped, empty ones dropped (``simpletuner/helpers/configuration/cmd_args.py:355-390``)."""
+        import ast
+
+        file = self.root / "simpletuner" / "helpers" / "models" / "field_registry" / "sana.py"
+        raw = None
+        try:
+            for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.keyword) and node.arg == "default_value":
+                    value = node.value
+                    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "join"
+                            and isinstance(value.func.value, ast.Constant) and len(value.args) == 1):
+                        raw = value.func.value.value.join(ast.literal_eval(value.args[0]))
+                    else:
+                        raw = ast.literal_eval(value)
+                    break
+        except (OSError, SyntaxError, ValueError) as e:
+            raise ProbeError(f"simpletuner: cannot read the default sana_complex_human_instruction from {file} "
+                             f"({type(e).__name__}: {e})") from None
+        if not isinstance(raw, str):
+            raise ProbeError(f"simpletuner: {file} has no text default for sana_complex_human_instruction")
+        return [line.strip() for line in raw.splitlines() if line.strip()]
+
     def model(self, profile_name: str, toks: dict[str, Any], encs: dict[str, Any], pipe: Any) -> Any:
         """A ``__new__``-made SimpleTuner model of the profile's family with the tiny components."""
         from te_align.hooks.simpletuner import FAMILIES
@@ -170,6 +199,8 @@ class SimpleTunerProbe:
         cls = getattr(mod, FAMILIES[family].cls)
         model = cls.__new__(cls)
         model.config = _Config(**cfg)
+        if family == "sana":
+            model.config.sana_complex_human_instruction = self._sana_default()
         model.accelerator = _Accelerator()
         model.tokenizers = _ordered(toks, "tokenizer")
         model.text_encoders = _ordered(encs, "text_encoder")

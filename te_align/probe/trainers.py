@@ -41,7 +41,7 @@ ALIASES = {"ai_toolkit": "ai-toolkit", "aitoolkit": "ai-toolkit", "ostris": "ai-
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
                "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",
                "pixart-sigma": "pixart-sigma", "auraflow": "auraflow", "lumina2": "lumina2", "hidream": "hidream",
-               "qwen-image": "qwen-image", "wan21": "wan21", "hunyuanimage-2.1": "hunyuanimage"}  # fmt: skip
+               "qwen-image": "qwen-image", "wan21": "wan21", "hunyuanimage-2.1": "hunyuanimage", "sana": "sana"}  # fmt: skip
 
 #: Third-party packages whose absence must not stop a trainer module from importing (stood in).
 OPTIONAL_IMPORTS = (

@@ -86,7 +86,7 @@ SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream"
 #: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
 NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
 #: Families te-align's SimpleTuner hooks encode (te_align.hooks.simpletuner.FAMILIES; a test keeps them equal).
-HOOKED = ("sd1", "sd2", "sdxl", "sd3", "flux", "pixart", "chroma", "auraflow")
+HOOKED = ("sd1", "sd2", "sdxl", "sd3", "flux", "pixart", "chroma", "auraflow", "sana", "lumina2")
 #: The fix where the hooks apply: they run in-process (no SimpleTuner file is changed), enabled by the environment.
 HOOKS_FIX = ('not settable in SimpleTuner (hard-coded); run SimpleTuner with te-align\'s hooks: '
              'eval "$(python -m te_align.hooks.simpletuner env)", then `simpletuner train` or `simpletuner server` '
