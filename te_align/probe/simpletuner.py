@@ -237,8 +237,15 @@ class SimpleTunerProbe:
             notes.append("the T5 tokenizer mask SimpleTuner also returns is not a profile output (not compared); "
                          "text_ids: SimpleTuner repeats them over the batch, the first is compared")
 
+        pipe_log = logging.getLogger(type(next(iter(model.pipelines.values()))).__module__)
+
         def run(prompts: list[str]) -> dict[str, Any]:
-            out = model._encode_prompts(prompts)
+            level = pipe_log.level
+            pipe_log.setLevel(logging.ERROR)  # pipelines log every truncated prompt (the suite has long ones)
+            try:
+                out = model._encode_prompts(prompts)
+            finally:
+                pipe_log.setLevel(level)
             values = out if isinstance(out, tuple) else (out,)
             got = {}
             for name, v in zip(returns, values, strict=True):
