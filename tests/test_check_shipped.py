@@ -173,8 +173,9 @@ def test_simpletuner_auraflow_pixart_sana(tmp_path):
     assert "t5.tokenizer.text_cleaning" in r.rules_ran[1]
     r = check_file(write(tmp_path, "sana.json", json.dumps({"model_family": "sana"})))
     (f,) = [f for f in r.findings if f.kind == "deviation"]
-    assert (f.setting, f.severity, f.fix) == ("gemma.tokenizer.system_prompt", "error",
-                                              "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)")
+    assert (f.setting, f.severity, f.fix) == ("gemma.tokenizer.system_prompt", "error", (
+        'not settable in SimpleTuner (hard-coded); run SimpleTuner with te-align\'s hooks: eval "$(python -m '
+        'te_align.hooks.simpletuner env)", then `simpletuner train` or `simpletuner server` in that shell'))
     assert f.effective.startswith("SimpleTuner's own 10-line instruction")
 
 

@@ -22,16 +22,18 @@ def check_file(
     extra_args: Sequence[str] = (),
     cache_dir: str | None = None,
     dataset: Sequence[str] = (),
+    command: Sequence[str] | None = None,
 ) -> CheckResult:
     """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
     cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
-    ``dataset``: caption folders to count captions in (besides the ones the config names)."""
+    ``dataset``: caption folders to count captions in (besides the ones the config names). ``command``: a
+    training command line given as words instead of a file (``path`` is then only its label)."""
     from te_align.audit.trainers import reset_suggestion_budget
 
     reset_suggestion_budget()
     result = CheckResult(file=str(path))
     try:
-        raw = readers.load(str(path))
+        raw = readers.load(str(path)) if command is None else _command(list(command), str(path))
         if raw.data in (None, {}, [], "") and not extra_args:
             raise readers.UnreadableConfig("empty config: nothing to check", file=raw.file)
         name = readers.detect_trainer(raw) if trainer == "auto" else trainer
@@ -53,10 +55,19 @@ def check_file(
     return result
 
 
+def _command(argv: list[str], label: str) -> readers.RawConfig:
+    from te_align.audit.cmdline import from_argv
+
+    return from_argv(argv, label)
+
+
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
            result: CheckResult, dataset: list[str] | None = None) -> None:
     from te_align.profiles import profile as resolve
 
+    if raw.fmt == "cmdline" and name != "diffusers-examples":
+        raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
+                                       "command lines for --trainer diffusers-examples only", file=raw.file)
     mod = module(name)
     parsed = mod.parse(raw, extra_args)
     result.cached = parsed.cached

@@ -61,10 +61,15 @@ def load(path: str) -> RawConfig:
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
     suffix = p.suffix.lower()
+    from te_align.audit import cmdline
+
+    if suffix in cmdline.SUFFIXES or (not suffix and p.is_file()):  # a training command line (diffusers scripts)
+        return cmdline.load(path)
     parsers = {".toml": ("toml", _parse_toml), ".json": ("json", _parse_json), ".yaml": ("yaml", _parse_yaml),
                ".yml": ("yaml", _parse_yaml)}
     if suffix not in parsers:
-        raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml",
+        raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml "
+                               "(or a command line in .sh/.txt/.bat)",
                                file=path)
     try:
         size = p.stat().st_size
@@ -197,7 +202,7 @@ def known_keys(trainer: str) -> dict[str, frozenset[str]]:
 
 
 # ------------------------------------------------------------------------------ trainer shape
-TRAINERS = ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
+TRAINERS = ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples")
 
 _GUI_MARKERS = ("LoRA_type", "model_list", "flux1_checkbox", "sd3_checkbox", "sdxl_cache_text_encoder_outputs",
                 "additional_parameters", "lumina_checkbox")
@@ -208,6 +213,8 @@ _OT_MARKERS = ("training_method", "base_model_name", "text_encoder_2_sequence_le
 def detect_trainer(raw: RawConfig) -> str:
     """Tell the trainer from the file's shape, or raise :class:`UnreadableConfig`."""
     data = raw.data
+    if raw.fmt == "cmdline":  # a command line: the diffusers example scripts (te_align.audit.cmdline)
+        return "diffusers-examples"
     if not isinstance(data, dict):
         raise UnreadableConfig("expected a table/object at the top level", file=raw.file)
     cfg = data.get("config")

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-TRAINER_CHOICES = ("auto", "kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
+TRAINER_CHOICES = ("auto", "kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples")
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -32,13 +32,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="audit trainer configs against the model's alignment profile "
              "(exit 0 aligned, 1 deviations, 2 unreadable, 3 not checked)",
         description="Read sd-scripts TOML, kohya_ss GUI JSON, ai-toolkit YAML, SimpleTuner config.json/.toml or "
-                    "OneTrainer JSON; work out the model family and the trainer's effective text-encoder settings; "
+                    "OneTrainer JSON, or a diffusers example script's command line (`accelerate launch "
+                    "train_dreambooth_lora_sd3.py ARGS` in a .sh/.txt/.bat file, or after `--` with no CONFIG); work out the model family and the trainer's effective text-encoder settings; "
                     "compare them with the alignment profile. Extra sd-scripts CLI args (and the script name) go "
                     "after `--`. Exit codes: 0 aligned (rules for this trainer and family ran and passed), "
                     "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
                     "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
         usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] "
-              "[--dataset DIR] [-- EXTRA_ARGS]",
+              "[--dataset DIR] [-- EXTRA_ARGS]\n       te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
     )
     _options(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
@@ -53,8 +54,10 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
         rest, extra = rest[:i], rest[i + 1:]
     inner = argparse.ArgumentParser(prog="te-align check")
     _options(inner)
-    inner.add_argument("configs", nargs="+", metavar="CONFIG")
+    inner.add_argument("configs", nargs="*", metavar="CONFIG")
     ns = inner.parse_args(rest)
+    if not ns.configs and not extra:
+        inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
     for name in ("trainer", "profile", "json", "cache_dir"):
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
@@ -67,8 +70,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from te_align.audit import check_files, exit_code
 
     ns, extra = _split(args)
-    results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
-                          dataset=ns.dataset)
+    if not ns.configs:  # te-align check -- accelerate launch train_dreambooth_lora_sd3.py ARGS (diffusers scripts)
+        from te_align.audit import check_file
+
+        results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
+                              dataset=ns.dataset, command=extra)]
+    else:
+        results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
+                              dataset=ns.dataset)
     code = exit_code(results)
     if ns.json:
         print(json.dumps({"exit_code": code, "results": [r.to_dict() for r in results]}, indent=2, ensure_ascii=False,

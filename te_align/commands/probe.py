@@ -16,12 +16,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "probe",
         help="run a trainer's real prompt encoding on tiny models and measure how it differs from the profile",
         description="Import the trainer's real encoding code (ai-toolkit: the installed ostris-ai-toolkit package or "
-                    "a checkout at --path; kohya: an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR), run it and "
+                    "a checkout at --path; kohya: an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR; simpletuner: a "
+                    "checkout at --path or $TE_ALIGN_SIMPLETUNER_DIR, or the installed package; diffusers-examples: a "
+                    "diffusers checkout at --path or $TE_ALIGN_DIFFUSERS_EXAMPLES_DIR), run it and "
                     "te_align.encode on the same tiny random-weight encoders over the standard prompt suite, and "
                     "report per output tensor: shapes, max abs difference, mean cosine similarity, prompts that "
                     "differ. Exit 0 identical, 1 differs, 2 bad input.",
     )
-    p.add_argument("--trainer", required=True, metavar="T", help="ai-toolkit, kohya, simpletuner or onetrainer")
+    p.add_argument("--trainer", required=True, metavar="T",
+                   help="ai-toolkit, kohya, simpletuner, onetrainer or diffusers-examples")
     p.add_argument("--path", metavar="INSTALL", help="the trainer's checkout or package folder (ai-toolkit: default the installed package)")
     p.add_argument("--profile", required=True, metavar="NAME", help="bundled profile name or alias")
     p.add_argument("--hooks", action="store_true", help="measure with te-align's hooks for the trainer installed")
@@ -32,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "matrix",
         help="probe every trainer found x every family it supports, with and without te-align's hooks",
         description="Trainers: an sd-scripts checkout in $TE_ALIGN_KOHYA_DIR, ai-toolkit as the installed "
-                    "ostris-ai-toolkit package and/or a checkout in $TE_ALIGN_AI_TOOLKIT_DIR, SimpleTuner if "
-                    "installed. Writes a markdown table (to --out atomically, else to stdout).",
+                    "ostris-ai-toolkit package and/or a checkout in $TE_ALIGN_AI_TOOLKIT_DIR, SimpleTuner in "
+                    "$TE_ALIGN_SIMPLETUNER_DIR or installed, the diffusers example scripts in "
+                    "$TE_ALIGN_DIFFUSERS_EXAMPLES_DIR. Writes a markdown table (to --out atomically, else to stdout).",
     )
     m.add_argument("--out", metavar="FILE", help="write the markdown table here (e.g. matrix.md)")
     m.add_argument("--profile", action="append", metavar="NAME", help="only these profiles (repeatable)")
@@ -70,7 +74,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     if any(t.trainer_shape is not None and not t.shape_match for t in r.tensors):
         print("* over the overlapping region (shapes differ)")
-    differing = sorted({label for t in r.tensors for label in t.differing}, key=list(r.prompts).index)
+    order = list(r.prompts)  # a shared output (text_ids) is labelled by its group, not by prompt
+    differing = sorted({label for t in r.tensors for label in t.differing if label in r.prompts}, key=order.index)
     if differing:
         print()
         print("prompts that differ:")

@@ -24,6 +24,7 @@ PLANNERS: dict[str, str] = {
     "kohya": "te_align.patching.kohya",
     "ai-toolkit": "te_align.patching.ai_toolkit",
     "onetrainer": "te_align.patching.onetrainer",
+    "simpletuner": "te_align.patching.simpletuner",
 }
 
 

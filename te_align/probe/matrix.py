@@ -2,11 +2,12 @@
 
 Trainers are found the way the test suite finds them: an sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR``,
 ai-toolkit as the installed ``ostris-ai-toolkit`` package and/or a checkout in
-``TE_ALIGN_AI_TOOLKIT_DIR``, OneTrainer as a checkout in ``TE_ALIGN_ONETRAINER_DIR``, SimpleTuner when
-importable. Each trainer's modules are imported once and every profile is probed in that session. A cell
-whose hooks cannot be installed says why ("hooks unavailable: ...") instead of failing the matrix; a cell
-whose trainer code does not import in this environment (ai-toolkit's model modules without
-torchvision/torchaudio/OpenCV) says "not importable here: <import error>".
+``TE_ALIGN_AI_TOOLKIT_DIR``, OneTrainer as a checkout in ``TE_ALIGN_ONETRAINER_DIR``, SimpleTuner in
+``TE_ALIGN_SIMPLETUNER_DIR`` or when importable, the diffusers example scripts in
+``TE_ALIGN_DIFFUSERS_EXAMPLES_DIR``. Each trainer's modules are imported once and every profile is probed
+in that session. A cell whose hooks cannot be installed says why ("hooks unavailable: ...") instead of
+failing the matrix; a cell whose trainer code does not import in this environment (ai-toolkit's model
+modules without torchvision/torchaudio/OpenCV) says "not importable here: <import error>".
 """
 
 from __future__ import annotations
@@ -135,11 +136,32 @@ def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found]
     else:
         absent.append(f"OneTrainer: {ENV_ONETRAINER} is not set (path of a Nerogar/OneTrainer checkout)")
     # ---- end of the OneTrainer rows ----
-    if importlib.util.find_spec("simpletuner") is not None:
-        absent.append("SimpleTuner: installed, but te-align has no probe adapter for it yet")
-    else:
-        absent.append("SimpleTuner: not installed")
+    # ---- SimpleTuner and the diffusers example scripts (issue 18, st18) --------------------------------------
+    for where in (_diffusers_examples(env), _simpletuner(env)):
+        if isinstance(where, Found):
+            found.append(where)
+        else:
+            absent.append(where)
+    # ---- end SimpleTuner / diffusers example scripts -------------------------------------------------------
     return found, absent
+
+
+def _diffusers_examples(env: Mapping[str, str]) -> Found | str:
+    from te_align.probe.diffusers_examples import ENV
+
+    root = env.get(ENV)
+    if root:
+        return Found("diffusers-examples", root, f"{ENV}={root}")
+    return f"diffusers example scripts: {ENV} is not set (path of a huggingface/diffusers checkout)"
+
+
+def _simpletuner(env: Mapping[str, str]) -> Found | str:
+    root = env.get("TE_ALIGN_SIMPLETUNER_DIR")
+    if root:
+        return Found("simpletuner", root, f"TE_ALIGN_SIMPLETUNER_DIR={root}")
+    if importlib.util.find_spec("simpletuner") is not None:
+        return Found("simpletuner", None, "installed simpletuner package")
+    return "SimpleTuner: not installed and TE_ALIGN_SIMPLETUNER_DIR is not set (path of a bghira/SimpleTuner checkout)"
 
 
 def run_matrix(

@@ -33,14 +33,15 @@ from te_align._git import dist_version, git_head, installed_version, read_versio
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
 
-TRAINERS = ("ai-toolkit", "kohya", "simpletuner", "onetrainer")
+TRAINERS = ("ai-toolkit", "kohya", "simpletuner", "onetrainer", "diffusers-examples")
 ALIASES = {"ai_toolkit": "ai-toolkit", "aitoolkit": "ai-toolkit", "ostris": "ai-toolkit", "sd-scripts": "kohya",
-           "sd_scripts": "kohya", "kohya-ss": "kohya", "kohya_ss": "kohya", "simple-tuner": "simpletuner"}  # fmt: skip
+           "sd_scripts": "kohya", "kohya-ss": "kohya", "kohya_ss": "kohya", "simple-tuner": "simpletuner",
+           "diffusers": "diffusers-examples", "diffusers_examples": "diffusers-examples"}  # fmt: skip
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
                "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",
                "pixart-sigma": "pixart-sigma", "auraflow": "auraflow", "lumina2": "lumina2", "hidream": "hidream",
-               "qwen-image": "qwen-image", "wan21": "wan21", "hunyuanimage-2.1": "hunyuanimage"}  # fmt: skip
+               "qwen-image": "qwen-image", "wan21": "wan21", "hunyuanimage-2.1": "hunyuanimage", "sana": "sana"}  # fmt: skip
 
 #: Third-party packages whose absence must not stop a trainer module from importing (stood in).
 OPTIONAL_IMPORTS = (
@@ -643,18 +644,7 @@ class Kohya(Adapter):
             hk.uninstall()
 
 
-# ==============================================================================================
-class SimpleTuner(Adapter):
-    name = "simpletuner"
-
-    def __init__(self, path: str | None) -> None:
-        if importlib.util.find_spec("simpletuner") is None:
-            raise ProbeError("simpletuner: not installed (pip install simpletuner)")
-        self.version = installed_version("simpletuner") or "unknown"
-        self.profiles = {}
-
-    def profile_name(self, name: str) -> str:
-        raise ProbeError(f"simpletuner {self.version} is installed, but te-align has no probe adapter for SimpleTuner yet")
+# SimpleTuner: te_align.probe.simpletuner; the diffusers example scripts: te_align.probe.diffusers_examples
 
 
 def adapter_for(trainer: str, path: str | None) -> Adapter:
@@ -667,5 +657,13 @@ def adapter_for(trainer: str, path: str | None) -> Adapter:
         from te_align.probe.onetrainer import OneTrainer
 
         return OneTrainer(path)  # type: ignore[return-value]
-    cls = {"ai-toolkit": AiToolkit, "kohya": Kohya, "simpletuner": SimpleTuner}[key]
+    if key == "diffusers-examples":
+        from te_align.probe.diffusers_examples import DiffusersExamples
+
+        return DiffusersExamples(path)  # type: ignore[return-value]
+    if key == "simpletuner":
+        from te_align.probe.simpletuner import SimpleTunerProbe
+
+        return SimpleTunerProbe(path)  # type: ignore[return-value]
+    cls = {"ai-toolkit": AiToolkit, "kohya": Kohya}[key]
     return cls(path)

@@ -57,6 +57,7 @@ MODULES = {
     "ai-toolkit": "te_align.audit.trainers.ai_toolkit",
     "simpletuner": "te_align.audit.trainers.simpletuner",
     "onetrainer": "te_align.audit.trainers.onetrainer",
+    "diffusers-examples": "te_align.audit.trainers.diffusers_examples",
 }
 
 

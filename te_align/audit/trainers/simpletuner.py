@@ -85,6 +85,12 @@ SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream"
 
 #: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
 NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
+#: Families te-align's SimpleTuner hooks encode (te_align.hooks.simpletuner.FAMILIES; a test keeps them equal).
+HOOKED = ("sd1", "sd2", "sdxl", "sd3", "flux", "pixart", "chroma", "auraflow", "sana", "lumina2")
+#: The fix where the hooks apply: they run in-process (no SimpleTuner file is changed), enabled by the environment.
+HOOKS_FIX = ('not settable in SimpleTuner (hard-coded); run SimpleTuner with te-align\'s hooks: '
+             'eval "$(python -m te_align.hooks.simpletuner env)", then `simpletuner train` or `simpletuner server` '
+             'in that shell')
 
 #: model_family values te-align has no profile for, by the model's name (simpletuner/helpers/models/<family>).
 NO_PROFILE = {
@@ -100,7 +106,9 @@ NO_PROFILE = {
 
 _CACHE = CacheSpec(("*.pt",), "file name = md5(caption) + model family; no length, padding, flavour or mask",
                    "simpletuner/helpers/caching/text_embeds.py:139-181,528-545",
-                   "delete the text-embed cache folder (cache_dir_text / the text_embeds backend's cache_dir)")
+                   "delete the text-embed cache folder (cache_dir_text / the text_embeds backend's cache_dir); with "
+                   "te-align's hooks (python -m te_align.hooks.simpletuner env) the cache key carries the profile "
+                   "fingerprint and stale files are re-encoded")
 CACHES = {f: _CACHE for f in SUPPORTED}
 
 _FAMILY = {
@@ -186,7 +194,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                    "1183-1190",
             line=lines(key), fix=f'{fix_set(key, 0.0)} (SimpleTuner cannot drop captions as zeros)')
 
-    trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key), not_settable=NOT_SETTABLE)
+    from te_align.audit.rules import family_of
+
+    hooked = prof is not None and family_of(prof) in HOOKED
+    trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key),
+                      not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
                   caption_dirs=caption_dirs(values.get("data_backend_config")))

@@ -1,0 +1,149 @@
+"""Reading a training command line: ``accelerate launch train_*.py ARGS…`` from a shell/batch/text file or
+from argv. No torch.
+
+What a command line gives :func:`te_align.audit.check.check_file`: a :class:`~te_align.audit.readers.RawConfig`
+with ``fmt == "cmdline"`` and ``data = {"script": "train_dreambooth_lora_sd3.py", "args": [...],
+"launcher": "accelerate launch"}``. The script's own arguments are the words after the script; launcher options
+(``accelerate launch --mixed_precision fp16``, ``torchrun --nproc_per_node 2``) come before it and are not the
+script's. Shell continuations (``\\``, ``^``, PowerShell's backtick), comments and simple variables
+(``export MODEL_NAME="…"`` then ``$MODEL_NAME`` / ``${MODEL_NAME}`` / ``%MODEL_NAME%``) are resolved the way a
+shell would for these plain forms; anything fancier is left as written.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from te_align.audit.readers import MAX_BYTES, ConfigSyntaxError, RawConfig, UnreadableConfig
+
+#: File suffixes read as a command line (besides a file with no suffix).
+SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
+
+_SCRIPT = re.compile(r"(?:^|[\\/\s\"'])((?:train|sdxl_train|sd3_train|flux_train|lumina_train|anima_train|"
+                     r"hunyuan_image_train)[\w.-]*\.py)\b")
+_ASSIGN = re.compile(r"^\s*(?:export\s+|set\s+|\$env:)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", re.I)
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|%([A-Za-z_][A-Za-z0-9_]*)%")
+
+
+def load(path: str) -> RawConfig:
+    """A command-line file as a :class:`RawConfig` (``fmt="cmdline"``); one clear error when it holds none."""
+    p = Path(path)
+    if not p.is_file():
+        raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise UnreadableConfig(f"file is {size} bytes; te-align check reads files up to {MAX_BYTES} bytes", file=path)
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
+    except OSError as e:
+        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
+    return parse_text(text, path)
+
+
+def from_argv(argv: list[str], label: str = "<command line>") -> RawConfig:
+    """A command line given as words (``te-align check -- accelerate launch train_x.py --flag …``)."""
+    text = shlex.join(argv)
+    script_at = _script_index(argv)
+    if script_at is None:
+        raise UnreadableConfig("no training script (train_*.py) in the command line", file=label)
+    return RawConfig(label, "cmdline", text, {**_data(argv, script_at), "from_argv": True})
+
+
+def parse_text(text: str, file: str) -> RawConfig:
+    """Find the (last) line that runs a ``train_*.py`` script; split it into words as a shell would."""
+    logical: list[tuple[int, str]] = []  # (first physical line, joined text)
+    buf, start = "", 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip()
+        if not buf:
+            start = n
+        cont = line.endswith(("\\", "^", "`")) and not line.endswith(("\\\\",))
+        buf += (line[:-1] if cont else line) + (" " if cont else "")
+        if not cont:
+            logical.append((start, buf))
+            buf = ""
+    if buf:
+        logical.append((start, buf))
+    variables: dict[str, str] = {}
+    windows = Path(file).suffix.lower() in (".bat", ".cmd", ".ps1")  # backslashes are path separators there
+    found: tuple[int, list[str]] | None = None
+    for first, line in logical:
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "REM ", "rem ", "::")):
+            continue
+        m = _ASSIGN.match(stripped)
+        if m and not _SCRIPT.search(stripped):
+            variables[m.group(1)] = _unquote(m.group(2))
+            continue
+        if not _SCRIPT.search(stripped):
+            continue
+        try:
+            words = _split(_expand(stripped, variables), windows)
+        except ValueError as e:
+            raise ConfigSyntaxError(file, first, None, f"cannot split the command line: {e}") from None
+        found = (first, words)
+    if found is None:
+        raise UnreadableConfig("no training command line in this file (expected a line running train_*.py, e.g. "
+                               "`accelerate launch train_dreambooth_lora_sd3.py --max_sequence_length 256 …`)", file=file)
+    words = found[1]
+    at = _script_index(words)
+    if at is None:
+        raise UnreadableConfig(f"line {found[0]} names a train_*.py script only inside another word", file=file)
+    return RawConfig(file, "cmdline", text, _data(words, at))
+
+
+def _script_index(words: list[str]) -> int | None:
+    for i, w in enumerate(words):
+        name = w.replace("\\", "/").rsplit("/", 1)[-1]
+        if name.endswith(".py") and _SCRIPT.search(" " + name):
+            return i
+    return None
+
+
+def _data(words: list[str], at: int) -> dict[str, object]:
+    return {
+        "script": words[at].replace("\\", "/").rsplit("/", 1)[-1],
+        "script_path": words[at],
+        "launcher": " ".join(w for w in words[:at] if not w.startswith("-"))[:80],
+        "args": words[at + 1:],
+    }
+
+
+def _split(line: str, windows: bool) -> list[str]:
+    if not windows:
+        return shlex.split(line, comments=True, posix=True)
+    lex = shlex.shlex(line, posix=False, punctuation_chars=False)
+    lex.whitespace_split = True
+    lex.commenters = ""
+    words = []
+    for w in lex:
+        if len(w) >= 2 and w[0] == w[-1] and w[0] in "\"'":
+            w = w[1:-1]
+        words.append(w.replace('="', "=").rstrip('"') if '="' in w else w)
+    return words
+
+
+def _unquote(v: str) -> str:
+    try:
+        parts = shlex.split(v, comments=True)
+    except ValueError:
+        return v
+    return parts[0] if len(parts) == 1 else v
+
+
+def _expand(line: str, variables: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2) or m.group(3)
+        return variables[name] if name in variables else m.group(0)
+
+    return _VAR.sub(sub, line)
+
+
+def arg_line(text: str, flag: str) -> int | None:
+    """1-based line of the first ``--flag`` (``--flag=…`` / ``--flag …``) in the text."""
+    m = re.search(r"(?:^|\s)--" + re.escape(flag) + r"(?=[\s=]|$)", text, re.M)
+    return text.count("\n", 0, m.start()) + 1 if m else None
