@@ -113,6 +113,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from te_align.train.estimate import estimate
 
     args = argparse.Namespace(**spec["args"])
+    if args.glibc_heap:  # glibc's dynamic mmap threshold, as without te_align.train.estimate.steady_cpu_heap
+        import te_align.train.estimate as estimate_module
+
+        estimate_module.steady_cpu_heap = lambda: False
     cfg = make_config(Path(spec["folder"]), Path(spec["data"]), Path(spec["out"]), args, spec["variant"])
     est = estimate(cfg, options=False)
     if args.device == "cuda":
@@ -151,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--images", type=int, default=4)
     ap.add_argument("--t5-length", type=int, default=64, help="T5 tokens per caption (the profile's 512 is slow on CPU)")
+    ap.add_argument("--glibc-heap", action="store_true",
+                    help="train with glibc's default (dynamic) mmap threshold instead of the trainer's fixed one")
     ap.add_argument("--only", nargs="*", default=None, help="variant names to run (default: all that run on the device)")
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -179,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = json.loads(line[len("RESULT "):])
     base = results.get("encoders freed", {})
     print(f"te-align train, Flux-shaped {args.size} ({args.device}, {args.precision}, {args.resolution}px, batch {args.batch}, "
-          f"rank {args.rank}, {args.steps} steps{', checkpointing' if args.gradient_checkpointing else ''})")  # fmt: skip
+          f"rank {args.rank}, {args.steps} steps{', checkpointing' if args.gradient_checkpointing else ''}"
+          f"{', glibc default heap' if args.glibc_heap else ''})")  # fmt: skip
     if "params" in base:
         print("parameters: " + ", ".join(f"{k} {v:,}" for k, v in base["params"].items()))
     print(f"{'variant':<24} {'peak MiB':>9} {'vs freed':>9} {'estimate':>9} {'est/peak':>9} {'steps/s':>8} {'speed vs freed':>15}")
