@@ -5,8 +5,8 @@ text encoders + VAE freed after caching vs kept, fp8 (and, on CUDA, int8 / nf4) 
 The model is Flux-shaped (tiny CLIP and VAE from ``te_align.tiny``, a T5 encoder and a transformer of the
 ``--size`` below), saved once as a bf16 diffusers folder; every variant trains it from that folder in its
 own fresh process, so each peak is that variant's alone. Peak memory: on CPU the process's peak resident
-set (``ru_maxrss``: weights, activations, caches, and the runtime torch and the libraries take, which the
-estimate also counts as the resident set after imports); on CUDA ``torch.cuda.max_memory_allocated``.
+set (``VmHWM``: weights, activations, caches, and the runtime torch and the libraries take, which the
+estimate also counts as the resident set after imports and the tokenizers); on CUDA ``torch.cuda.max_memory_allocated``.
 Speed: steps/s after ``--warmup`` steps, from the run's own CSV log.
 
     python benchmarks/bench_train_scale.py                         # medium size, CPU, bf16
@@ -104,6 +104,17 @@ def make_config(folder: Path, data: Path, out: Path, args: argparse.Namespace, v
     return config_from_dict(raw)
 
 
+def _peak_rss() -> int:
+    """This process's peak resident set: ``VmHWM`` of its own address space. Not ``ru_maxrss``: that starts at
+    the parent's resident set at the fork (Linux keeps the larger across ``exec``), and this benchmark's parent
+    has just built the model."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One variant in this (fresh) process: the estimate, then the training; peak memory and steps/s."""
     import torch
@@ -128,7 +139,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if args.device == "cuda":
         peak = int(torch.cuda.max_memory_allocated())
     else:
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        peak = _peak_rss()
     return {"peak": peak, "estimate": est.peak("device"), "steps_per_s": (len(elapsed) - w) / (elapsed[-1] - elapsed[w - 1]),
             "params": est.params}  # fmt: skip
 

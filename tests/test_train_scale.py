@@ -371,9 +371,12 @@ import te_align.train.loop  # imported before the estimate reads the runtime's r
 from te_align.train import load_config, train
 from te_align.train.estimate import estimate
 cfg = load_config(sys.argv[1])
+def peak():  # VmHWM: this process's own peak (ru_maxrss starts at the parent's resident set at the fork)
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
 est = estimate(cfg, device="cpu", options=False)
 train(cfg)
-print(json.dumps({"estimate": est.peak(), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+print(json.dumps({"estimate": est.peak(), "peak": peak(), "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
 
