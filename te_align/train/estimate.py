@@ -24,9 +24,8 @@ make it fit.
 On CPU the estimate counts live bytes; the resident set follows them because the trainer fixes glibc's mmap
 threshold (:func:`steady_cpu_heap`). With glibc's default, dynamic threshold (raised to the size of each
 large block freed, up to 32 MiB: the model load frees many) the activations of a step come from the heap,
-and freed ones stay resident: measured on the Flux-shaped medium model of benchmarks/bench_train_scale.py
-(float32, 256 px) one forward + backward raised the resident set by 1.9-2.7 GiB for 0.78 GiB of saved
-activations, growing over the first steps; with the threshold fixed at 1 MiB, by 0.81 GiB.
+and freed ones stay resident, so the peak depends on the allocation history rather than on what is alive:
+``benchmarks/bench_train_scale.py`` with and without ``--glibc-heap`` shows both (numbers in its docstring).
 """
 
 from __future__ import annotations
@@ -84,8 +83,9 @@ def steady_cpu_heap() -> bool:
     mapping and goes back to the OS when freed. glibc's default threshold is dynamic: freeing a mapped block
     raises it to that block's size (up to 32 MiB), after which such blocks come from the heap, where freed
     ones stay resident (see the module docstring for what that cost). The price is a page fault per fresh
-    page of each large tensor (measured: about 15% more CPU time per step on the medium benchmark model;
-    tensors below 1 MiB, as in the tiny models, are not affected). Left alone when the user set
+    page of each large tensor, i.e. more system time per step (benchmarks/bench_train_scale.py's speed column
+    with and without ``--glibc-heap`` compares both); tensors below 1 MiB, as in the tiny models, are not
+    affected. Left alone when the user set
     ``MALLOC_MMAP_THRESHOLD_``; a no-op off glibc. True when the threshold was set."""
     import ctypes
     import os
@@ -398,8 +398,8 @@ def _host_runtime() -> int:
 
 def _tokenizers(cfg: TrainConfig, profile: Any) -> list[Any]:
     """The run's tokenizers, loaded from a local model folder with the classes its ``model_index.json`` names, so
-    that the runtime read next includes them and the tokenizer libraries (measured on CPU: loading the tiny
-    Flux pipeline's CLIP tokenizer raised the resident set by 35-50 MiB); none for a hub id (nothing is
+    that the runtime read next includes them and the tokenizer libraries (on CPU, loading the tiny Flux
+    pipeline's CLIP tokenizer is a visible share of the tiny run's peak); none for a hub id (nothing is
     downloaded) or a folder whose tokenizers do not load."""
     import json
     import warnings
@@ -624,8 +624,8 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     acts = traces[key]
     # Temporaries beside the saved activations: the forward's intermediates that are not saved live only inside
     # the block that makes them, and the backward frees each block's saved tensors as it makes their gradients,
-    # so what is alive on top is bounded by one block's activations: the largest block's (measured on CPU, the
-    # float32 medium benchmark model: 0.05 GiB on top of 0.77 GiB saved; its largest block 0.16 GiB).
+    # so what is alive on top is bounded by one block's activations: the largest block's. A bound, not a fit:
+    # no constant is calibrated here (benchmarks/bench_train_scale.py compares the total with measured peaks).
     block_key = ("block", t.batch_size, lat, str(compute), str(wdt))
     if block_key not in traces:
         traces[block_key] = largest_block(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat),
@@ -680,10 +680,10 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
 def _loading(cfg: TrainConfig, model: _Model, device: str, weights: dict[str, int], wdt: Any, host: int) -> list[Line]:
     """The loading phase: every component's weights as loaded, plus the file pages of the component being
     converted. A component whose file holds another dtype than the one it is loaded in is read from the
-    memory-mapped file into a converted copy, so both are resident until the load returns (measured on CPU:
-    the bfloat16 T5 of the medium benchmark model loaded in float32 peaked at its float32 weights + its file
-    bytes, then dropped by the file bytes); one stored in the loaded dtype is used memory-mapped, with no
-    second copy. Which component loads last is not fixed (diffusers' loading order varies between runs), so
+    memory-mapped file into a converted copy, so both are resident until the load returns (seen on CPU with
+    the bfloat16 T5 of the medium benchmark model loaded in float32: the resident set rose by its float32
+    weights + its file bytes, then fell by the file bytes); one stored in the loaded dtype is used
+    memory-mapped, with no second copy. Which component loads last is not fixed (diffusers' loading order varies between runs), so
     the largest conversion is counted on top of all the weights. On CUDA the weights load into host RAM first
     (``prepare_frozen`` moves them), except bitsandbytes-quantized ones, which load onto the GPU; fp8 storage
     is applied after the load, so the load holds the weights in the run's dtype.
