@@ -5,13 +5,39 @@ text encoders + VAE freed after caching vs kept, fp8 (and, on CUDA, int8 / nf4) 
 The model is Flux-shaped (tiny CLIP and VAE from ``te_align.tiny``, a T5 encoder and a transformer of the
 ``--size`` below), saved once as a bf16 diffusers folder; every variant trains it from that folder in its
 own fresh process, so each peak is that variant's alone. Peak memory: on CPU the process's peak resident
-set (``ru_maxrss``: weights, activations, caches, and the runtime torch and the libraries take, which the
-estimate also counts as the resident set after imports); on CUDA ``torch.cuda.max_memory_allocated``.
+set (``VmHWM``: weights, activations, caches, and the runtime torch and the libraries take, which the
+estimate also counts as the resident set after imports and the tokenizers); on CUDA ``torch.cuda.max_memory_allocated``.
 Speed: steps/s after ``--warmup`` steps, from the run's own CSV log.
 
     python benchmarks/bench_train_scale.py                         # medium size, CPU, bf16
     python benchmarks/bench_train_scale.py --size tiny --steps 4
     python benchmarks/bench_train_scale.py --device cuda --size large
+
+Measured (CPU, 2 shared cores under other load, so steps/s is noisy; OMP_NUM_THREADS=1; est/peak is the
+``--estimate`` peak over the measured ``VmHWM``):
+
+    python benchmarks/bench_train_scale.py --size medium --precision no --resolution 256 --steps 4 --warmup 1 \
+        --only "encoders freed" "encoders kept"      (then --only "fp8 base, freed" in a second run)
+    parameters: transformer 36,792,336, vae 43,619, text_encoder 1,609,216, text_encoder_2 206,079,488
+    variant                   peak MiB  vs freed  estimate  est/peak
+    encoders freed                1655     1.00x      1789      1.08
+    encoders kept                 2231     1.35x      2395      1.07
+    fp8 base, freed               1775     1.07x      1789      1.01
+    (the estimate's largest phase for the freed runs is loading: the bf16 T5 converted to float32 beside
+     its mapped file)
+
+    the same with --glibc-heap --only "encoders freed" (glibc's dynamic mmap threshold, no steady_cpu_heap):
+    encoders freed                2835               1789      0.63     (steps/s 0.05 vs 0.04 above: within this
+                                                                         machine's noise)
+
+    python benchmarks/bench_train_scale.py --size tiny --steps 4 --resolution 64 --t5-length 64
+    variant                   peak MiB  vs freed  estimate  est/peak
+    encoders freed                 488     1.00x       464      0.95
+    encoders kept                  490     1.00x       466      0.95
+    fp8 base, freed                488     1.00x       463      0.95
+
+The medium size in bf16 (the default ``--precision``) ran for minutes per step on this CPU and was not
+measured here.
 """
 
 from __future__ import annotations
@@ -104,6 +130,17 @@ def make_config(folder: Path, data: Path, out: Path, args: argparse.Namespace, v
     return config_from_dict(raw)
 
 
+def _peak_rss() -> int:
+    """This process's peak resident set: ``VmHWM`` of its own address space. Not ``ru_maxrss``: that starts at
+    the parent's resident set at the fork (Linux keeps the larger across ``exec``), and this benchmark's parent
+    has just built the model."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One variant in this (fresh) process: the estimate, then the training; peak memory and steps/s."""
     import torch
@@ -113,6 +150,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     from te_align.train.estimate import estimate
 
     args = argparse.Namespace(**spec["args"])
+    if args.glibc_heap:  # glibc's dynamic mmap threshold, as without te_align.train.estimate.steady_cpu_heap
+        import te_align.train.estimate as estimate_module
+
+        estimate_module.steady_cpu_heap = lambda: False
     cfg = make_config(Path(spec["folder"]), Path(spec["data"]), Path(spec["out"]), args, spec["variant"])
     est = estimate(cfg, options=False)
     if args.device == "cuda":
@@ -124,7 +165,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     if args.device == "cuda":
         peak = int(torch.cuda.max_memory_allocated())
     else:
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        peak = _peak_rss()
     return {"peak": peak, "estimate": est.peak("device"), "steps_per_s": (len(elapsed) - w) / (elapsed[-1] - elapsed[w - 1]),
             "params": est.params}  # fmt: skip
 
@@ -151,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--images", type=int, default=4)
     ap.add_argument("--t5-length", type=int, default=64, help="T5 tokens per caption (the profile's 512 is slow on CPU)")
+    ap.add_argument("--glibc-heap", action="store_true",
+                    help="train with glibc's default (dynamic) mmap threshold instead of the trainer's fixed one")
     ap.add_argument("--only", nargs="*", default=None, help="variant names to run (default: all that run on the device)")
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -179,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = json.loads(line[len("RESULT "):])
     base = results.get("encoders freed", {})
     print(f"te-align train, Flux-shaped {args.size} ({args.device}, {args.precision}, {args.resolution}px, batch {args.batch}, "
-          f"rank {args.rank}, {args.steps} steps{', checkpointing' if args.gradient_checkpointing else ''})")  # fmt: skip
+          f"rank {args.rank}, {args.steps} steps{', checkpointing' if args.gradient_checkpointing else ''}"
+          f"{', glibc default heap' if args.glibc_heap else ''})")  # fmt: skip
     if "params" in base:
         print("parameters: " + ", ".join(f"{k} {v:,}" for k, v in base["params"].items()))
     print(f"{'variant':<24} {'peak MiB':>9} {'vs freed':>9} {'estimate':>9} {'est/peak':>9} {'steps/s':>8} {'speed vs freed':>15}")

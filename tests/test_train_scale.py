@@ -308,3 +308,94 @@ def test_estimate_refuses_naming_the_settings_that_fit(
     assert "peak:" in out.stdout and "DOES NOT FIT" in out.stdout
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("te-align: the run needs about")
     assert not (tmp_path / "cli").exists()
+
+
+def test_loading_phase_counts_the_file_of_the_largest_converted_component(
+    tmp_path: Path, tiny_model_folder: Callable[[str], Path], squares_dataset: Path
+) -> None:
+    """A component loaded in another dtype than its file's holds the memory-mapped file and the converted copy at
+    once; the loading phase puts the largest such file on top of every component's weights as loaded."""
+    from te_align.train.estimate import estimate, stored_bytes
+
+    folder = tiny_model_folder("flux")  # saved in float32
+    files = {a: sum(t.numel() * t.element_size() for f in (folder / a).glob("*.safetensors") for t in load_file(str(f)).values())
+             for a in ("transformer", "vae", "text_encoder", "text_encoder_2")}  # fmt: skip
+    assert {a: stored_bytes(folder / a) for a in files} == {a: {"float32": b} for a, b in files.items()}
+    bf16 = estimate(make_config("flux", folder, squares_dataset, tmp_path / "o", train={"mixed_precision": "bf16"}),
+                    device="cpu", options=False)  # fmt: skip
+    mapped = [x for x in bf16.lines_loading if "file pages" in x.what]
+    largest = max((a for a in files if a != "vae"), key=lambda a: files[a])  # the VAE loads in bfloat16 too, but is small
+    assert [(x.what.split(" ")[0], x.bytes) for x in mapped] == [(largest, files[largest])]
+    loaded = {x.what.split(" ")[0]: x.bytes for x in bf16.lines_loading if "(loaded in bfloat16)" in x.what}
+    assert loaded == {x.what.split(" ")[0]: x.bytes for x in bf16.lines_caching if x.what.split(" ")[0] in files and "weights" in x.what}
+    assert bf16.peak() == max(sum(x.bytes for x in lines) for lines in bf16.phases().values())
+    # loaded in the files' own dtype: memory-mapped, no second copy
+    fp32 = estimate(make_config("flux", folder, squares_dataset, tmp_path / "o", train={"mixed_precision": "no"}),
+                    device="cpu", options=False)  # fmt: skip
+    assert not [x for x in fp32.lines_loading if "file pages" in x.what]
+
+
+_HEAP_PROBE = """
+import os, sys, torch
+from te_align.train.estimate import steady_cpu_heap
+if sys.argv[1] == "steady":
+    assert steady_cpu_heap()
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+big = torch.ones(2**22)  # 16 MiB mapped on its own; freeing it raises glibc's dynamic threshold to 16 MiB
+del big
+blocks = [torch.ones(2**19) for _ in range(64)]  # 64 x 2 MiB
+before = rss()
+del blocks[::2]  # 64 MiB freed in the middle of the heap
+print(before - rss())
+"""
+
+
+def test_steady_cpu_heap_returns_freed_tensors_to_the_os() -> None:
+    """With glibc's dynamic mmap threshold freed 2 MiB tensors stay resident (in the heap); with the trainer's
+    fixed threshold each has its own mapping and the resident set drops by what was freed."""
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    freed = {}
+    for mode in ("default", "steady"):
+        out = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        freed[mode] = int(out.stdout.split()[-1])
+    assert freed["default"] < 8 * 2**20 and freed["steady"] >= 60 * 2**20, freed
+
+
+_PEAK_PROBE = """
+import json, resource, sys
+import te_align.train.loop  # imported before the estimate reads the runtime's resident set, as a train run has it
+from te_align.train import load_config, train
+from te_align.train.estimate import estimate
+cfg = load_config(sys.argv[1])
+def peak():  # VmHWM: this process's own peak (ru_maxrss starts at the parent's resident set at the fork)
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+est = estimate(cfg, device="cpu", options=False)
+train(cfg)
+print(json.dumps({"estimate": est.peak(), "peak": peak(), "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def test_estimate_is_within_15_percent_of_the_measured_peak_on_cpu(
+    tmp_path: Path, tiny_model_folder: Callable[[str], Path], squares_dataset: Path
+) -> None:
+    """The --estimate peak against the peak resident set of a fresh process training the tiny Flux model (float32
+    files loaded in bfloat16); the medium size is benchmarks/bench_train_scale.py's (numbers in its docstring)."""
+    folder = tiny_model_folder("flux")
+    toml = tmp_path / "c.toml"
+    overrides = ", ".join(f'"{k}" = {json.dumps(v)}' for k, v in profile_overrides("flux").items())
+    toml.write_text(f'[model]\npath = "{folder}"\nprofile = "{PROFILES["flux"]}"\nprofile_overrides = {{ {overrides} }}\n'
+                    f'[data]\npath = "{squares_dataset}"\nresolution = 64\nbucket_step = 16\n'
+                    f'[train]\nmax_steps = 2\nmixed_precision = "bf16"\ndevice = "cpu"\ncheckpoint_every = 0\n'
+                    f'[output]\ndir = "{tmp_path / "o"}"\nkohya = false\n'
+                    '[logging]\nprogress = false\ntensorboard = false\nloss_plot = false\n', encoding="utf-8")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", _PEAK_PROBE, str(toml)], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                              "TOKENIZERS_PARALLELISM": "false"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 0.85 <= got["estimate"] / got["peak"] <= 1.15, got

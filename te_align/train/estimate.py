@@ -5,15 +5,27 @@ parameter counts are exact; bytes follow from the weight dtype and ``model.quant
 Activations come from a forward pass of the denoiser, with LoRA, at the run's batch and bucket size on
 the meta device with ``torch.autograd.graph.saved_tensors_hooks`` summing what autograd keeps for the
 backward pass (attention counted as a fused kernel keeps it: q, k, v, output and log-sum-exp), with and
-without gradient checkpointing. The run has two phases and the peak is the larger:
+without gradient checkpointing. The run has three phases and the peak is the largest:
 
+- loading: every component's weights in the run's dtype, plus, for the component being loaded, the pages of
+  its safetensors file when the file is stored in another dtype (measured on CPU: a bfloat16 T5 loaded in
+  float32 holds its memory-mapped file pages and the float32 copy at once; a file already in the run's dtype
+  is used memory-mapped, with no second copy). The load order is not fixed, so the largest such file is
+  counted on top of every component (the worst order);
 - caching: denoiser + text encoders + VAE resident, the VAE encoding one image;
 - training: denoiser + LoRA parameters, gradients and optimizer state + activations (+ the text encoders and
   VAE when they are kept), the latent and text caches in host memory.
 
 On CPU everything is one device (system RAM) and the process's own runtime (torch and the libraries,
 measured as this process's resident set) is added; on CUDA the device holds the models and host RAM the
-caches. A run that does not fit is refused with the settings that would make it fit.
+caches (and the weights while they load). A run that does not fit is refused with the settings that would
+make it fit.
+
+On CPU the estimate counts live bytes; the resident set follows them because the trainer fixes glibc's mmap
+threshold (:func:`steady_cpu_heap`). With glibc's default, dynamic threshold (raised to the size of each
+large block freed, up to 32 MiB: the model load frees many) the activations of a step come from the heap,
+and freed ones stay resident, so the peak depends on the allocation history rather than on what is alive:
+``benchmarks/bench_train_scale.py`` with and without ``--glibc-heap`` shows both (numbers in its docstring).
 """
 
 from __future__ import annotations
@@ -28,10 +40,8 @@ from typing import Any
 from te_align.train.config import TrainConfig, TrainError
 
 GiB = 2**30
-#: Temporaries beside the saved activations (the forward's not-yet-freed intermediates, activation gradients
-#: in the backward): this share of the saved activations; calibrated on CPU against measured peaks
-#: (tests/test_train_scale.py, benchmarks/bench_train_scale.py).
-TRANSIENT_SHARE = 0.25
+#: Blocks of at least this many bytes get their own mapping, returned to the OS when freed (steady_cpu_heap).
+CPU_MMAP_THRESHOLD = 2**20
 #: CUDA context and cuBLAS/cuDNN workspaces, not in torch's allocator counts.
 CUDA_CONTEXT = int(0.6 * GiB)
 
@@ -54,14 +64,41 @@ class Estimate:
     activations: dict[str, int]
     #: options that change the peak: name -> (device peak, host peak)
     options: dict[str, tuple[int, int]] = field(default_factory=dict)
+    lines_loading: list[Line] = field(default_factory=list)
+
+    def phases(self) -> dict[str, list[Line]]:
+        return {"loading": self.lines_loading, "caching": self.lines_caching, "training": self.lines_training}
 
     def peak(self, where: str = "device") -> int:
-        return max(sum(x.bytes for x in self.lines_caching if x.where == where),
-                   sum(x.bytes for x in self.lines_training if x.where == where))  # fmt: skip
+        return max(sum(x.bytes for x in lines if x.where == where) for lines in self.phases().values())
 
     @property
     def fits(self) -> bool:
         return self.peak("device") <= self.available
+
+
+def steady_cpu_heap() -> bool:
+    """Make the resident set of a CPU run follow its live tensors: glibc's mmap threshold fixed at
+    :data:`CPU_MMAP_THRESHOLD` (``mallopt(M_MMAP_THRESHOLD)``), so every tensor of 1 MiB or more has its own
+    mapping and goes back to the OS when freed. glibc's default threshold is dynamic: freeing a mapped block
+    raises it to that block's size (up to 32 MiB), after which such blocks come from the heap, where freed
+    ones stay resident (see the module docstring for what that cost). The price is a page fault per fresh
+    page of each large tensor, i.e. more system time per step (benchmarks/bench_train_scale.py's speed column
+    with and without ``--glibc-heap`` compares both); tensors below 1 MiB, as in the tiny models, are not
+    affected. Left alone when the user set
+    ``MALLOC_MMAP_THRESHOLD_``; a no-op off glibc. True when the threshold was set."""
+    import ctypes
+    import os
+    import sys
+
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # glibc malloc.h
+    return bool(mallopt(m_mmap_threshold, CPU_MMAP_THRESHOLD))
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -172,6 +209,34 @@ def weight_bytes(module: Any, dtype_bytes: int, quantize: str, *, fp16: bool = F
     return total
 
 
+_ST_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def stored_bytes(folder: Path) -> dict[str, int]:
+    """dtype name -> bytes of the tensors in ``folder``'s ``*.safetensors`` files, read from their headers (no
+    tensor is read)."""
+    return stored_bytes_of(sorted(folder.glob("*.safetensors")))
+
+
+def stored_bytes_of(paths: list[Path]) -> dict[str, int]:
+    """dtype name -> bytes of the tensors in the safetensors files ``paths`` (their headers only)."""
+    import json
+    import struct
+
+    out: dict[str, int] = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__" or not isinstance(info, dict):
+                continue
+            start, end = info["data_offsets"]
+            dtype = _ST_NAMES.get(info["dtype"], info["dtype"].lower())
+            out[dtype] = out.get(dtype, 0) + end - start
+    return out
+
+
 def _count(module: Any) -> int:
     """Frozen parameters (LoRA excluded)."""
     return sum(p.numel() for n, p in module.named_parameters() if "lora_" not in n)
@@ -200,25 +265,10 @@ def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
     return Fused.apply(query, key, value)
 
 
-def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
-                      compute_dtype: Any, checkpointing: bool) -> int:  # fmt: skip
-    """Bytes autograd keeps for the backward pass of one denoiser call (LoRA attached), traced on meta."""
+def _meta_inputs(denoiser: Any, family: Any, batch: int, latent_hw: tuple[int, int], text_len: int,
+                 compute_dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:  # fmt: skip
+    """(noisy latents, timesteps, conditioning, SDXL time ids) on meta for one denoiser call."""
     import torch
-    import torch.nn.functional as functional
-
-    from te_align.train.models import denoise
-
-    seen: dict[int, int] = {}
-    keep: list[Any] = []
-
-    def pack(t: Any) -> Any:
-        if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.is_leaf):
-            return t
-        base = t._base if t._base is not None else t
-        if id(base) not in seen:
-            seen[id(base)] = base.numel() * base.element_size()
-            keep.append(base)
-        return t
 
     conf = denoiser.config
     h, w = latent_hw
@@ -239,6 +289,37 @@ def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tupl
             if family.name == "sdxl":
                 cond["pooled_prompt_embeds"] = torch.empty(batch, conf.projection_class_embeddings_input_dim - 6 * conf.addition_time_embed_dim, dtype=compute_dtype)  # fmt: skip
         time_ids = torch.zeros(batch, 6, device="meta") if family.name == "sdxl" else None
+    return noisy, t, cond, time_ids
+
+
+def largest_block(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
+                  compute_dtype: Any) -> int:  # fmt: skip
+    """Bytes autograd keeps for the largest single transformer / UNet block of one denoiser call, traced on meta."""
+    noisy, t, cond, time_ids = _meta_inputs(denoiser, family, batch, latent_hw, text_len, compute_dtype)
+    return _largest_block(denoiser, family, noisy, t, cond, time_ids, compute_dtype)
+
+
+def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
+                      compute_dtype: Any, checkpointing: bool) -> int:  # fmt: skip
+    """Bytes autograd keeps for the backward pass of one denoiser call (LoRA attached), traced on meta."""
+    import torch
+    import torch.nn.functional as functional
+
+    from te_align.train.models import denoise
+
+    seen: dict[int, int] = {}
+    keep: list[Any] = []
+
+    def pack(t: Any) -> Any:
+        if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.is_leaf):
+            return t
+        base = t._base if t._base is not None else t
+        if id(base) not in seen:
+            seen[id(base)] = base.numel() * base.element_size()
+            keep.append(base)
+        return t
+
+    noisy, t, cond, time_ids = _meta_inputs(denoiser, family, batch, latent_hw, text_len, compute_dtype)
     if checkpointing:
         denoiser.enable_gradient_checkpointing()
     real_sdpa = functional.scaled_dot_product_attention
@@ -315,6 +396,35 @@ def _host_runtime() -> int:
         return 0
 
 
+def _tokenizers(cfg: TrainConfig, profile: Any) -> list[Any]:
+    """The run's tokenizers, loaded from a local model folder with the classes its ``model_index.json`` names, so
+    that the runtime read next includes them and the tokenizer libraries (on CPU, loading the tiny Flux
+    pipeline's CLIP tokenizer is a visible share of the tiny run's peak); none for a hub id (nothing is
+    downloaded) or a folder whose tokenizers do not load."""
+    import json
+    import warnings
+
+    folder = Path(cfg.model.config or cfg.model.path).expanduser()
+    if not (folder / "model_index.json").is_file():
+        return []
+    import transformers
+
+    index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    out = []
+    for sub in dict.fromkeys(s.tokenizer_subfolder for s in profile.slots):
+        entry = index.get(sub) or [None, ""]
+        cls = getattr(transformers, str(entry[1]), None)
+        if cls is None or not (folder / sub).is_dir():
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out.append(cls.from_pretrained(str(folder / sub)))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
 def _device_memory(device: str) -> int:
     import torch
 
@@ -337,6 +447,22 @@ class _Model:
     vae_factor: int
     text_len: int
     cond_values: int
+    #: attribute -> dtype name -> bytes stored in its safetensors files; absent: not readable here (a hub id)
+    files: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _stored_files(cfg: TrainConfig, attrs: list[str], denoiser: str) -> dict[str, dict[str, int]]:
+    """What each component's files hold (:func:`stored_bytes`), for the components in a local folder
+    (``model.path``'s, or ``model.config``'s beside a single-file denoiser checkpoint)."""
+    path = Path(cfg.model.path).expanduser()
+    folder = Path(cfg.model.config).expanduser() if cfg.model.config else path
+    out: dict[str, dict[str, int]] = {}
+    for attr in attrs:
+        if attr == denoiser and path.is_file():
+            out[attr] = stored_bytes_of([path])
+        elif (folder / attr).is_dir():
+            out[attr] = stored_bytes(folder / attr)
+    return out
 
 
 def _load_meta(cfg: TrainConfig) -> _Model:
@@ -372,7 +498,8 @@ def _load_meta(cfg: TrainConfig) -> _Model:
     width = getattr(conf, "joint_attention_dim", None) or getattr(conf, "cross_attention_dim", 768)
     pooled = getattr(conf, "pooled_projection_dim", 0) or 0
     return _Model(profile, family, specs, meta, sum(p.numel() for p in lora), te_lora, int(vae.config.latent_channels),
-                  2 ** (len(vae.config.block_out_channels) - 1), text_len, text_len * width + pooled)  # fmt: skip
+                  2 ** (len(vae.config.block_out_channels) - 1), text_len, text_len * width + pooled,
+                  _stored_files(cfg, list(meta), family.denoiser_attr))  # fmt: skip
 
 
 def _sequence_length(profile: Any, family: Any) -> int:
@@ -395,7 +522,9 @@ def estimate(cfg: TrainConfig, *, device: str | None = None, available: int | No
         device = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
     model = _load_meta(cfg)
     traces: dict[tuple[Any, ...], int] = {}
+    held = _tokenizers(cfg, model.profile)  # a run holds them (and their libraries) from the load on
     runtime = _host_runtime()  # read once: every option is compared on the same footing
+    del held
 
     def build(c: TrainConfig) -> Estimate:
         return _estimate(c, model, device, available if available is not None else _device_memory(device), traces, runtime)
@@ -493,7 +622,15 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TrainError(f"the denoiser cannot run a {side}x{side} image: {first}", key="data.resolution") from None
     acts = traces[key]
-    transient = int(acts * TRANSIENT_SHARE)
+    # Temporaries beside the saved activations: the forward's intermediates that are not saved live only inside
+    # the block that makes them, and the backward frees each block's saved tensors as it makes their gradients,
+    # so what is alive on top is bounded by one block's activations: the largest block's. A bound, not a fit:
+    # no constant is calibrated here (benchmarks/bench_train_scale.py compares the total with measured peaks).
+    block_key = ("block", t.batch_size, lat, str(compute), str(wdt))
+    if block_key not in traces:
+        traces[block_key] = largest_block(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat),
+                                          text_len=model.text_len, compute_dtype=compute)  # fmt: skip
+    transient = traces[block_key]
     images, captions = _images(cfg)
     flips = 2 if cfg.data.random_flip else 1
     latent_cache = images * flips * 2 * model.latent_channels * lat * lat * 4 if cfg.data.cache_latents else 0
@@ -533,9 +670,52 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
                  Line(f"text cache in memory ({captions} captions x {variants})", text_cache, where_cache)]  # fmt: skip
     if device == "cuda":
         training.append(Line("runtime (torch and libraries)", host, "host"))
+    loading = _loading(cfg, model, device, weights, wdt, host)
     params = {a: _count(m) for a, m in model.meta.items()}
     params["lora"] = lora
-    return Estimate(device, available, caching, training, params, {"saved": acts, "transient": transient})
+    return Estimate(device, available, caching, training, params, {"saved": acts, "transient": transient},
+                    lines_loading=loading)
+
+
+def _loading(cfg: TrainConfig, model: _Model, device: str, weights: dict[str, int], wdt: Any, host: int) -> list[Line]:
+    """The loading phase: every component's weights as loaded, plus the file pages of the component being
+    converted. A component whose file holds another dtype than the one it is loaded in is read from the
+    memory-mapped file into a converted copy, so both are resident until the load returns (seen on CPU with
+    the bfloat16 T5 of the medium benchmark model loaded in float32: the resident set rose by its float32
+    weights + its file bytes, then fell by the file bytes); one stored in the loaded dtype is used
+    memory-mapped, with no second copy. Which component loads last is not fixed (diffusers' loading order varies between runs), so
+    the largest conversion is counted on top of all the weights. On CUDA the weights load into host RAM first
+    (``prepare_frozen`` moves them), except bitsandbytes-quantized ones, which load onto the GPU; fp8 storage
+    is applied after the load, so the load holds the weights in the run's dtype.
+    A hub id's files cannot be read here: they are taken as 16-bit (as FLUX.1 and SD3.5 publish them), so
+    only a float32 run converts them."""
+    import torch
+
+    from te_align._dtypes import dtype_name
+    from te_align.train.models import big_text_encoders
+
+    fam = model.family
+    q = cfg.model.quantize
+    bnb = {fam.denoiser_attr, *big_text_encoders(model.profile)} if q in ("int8", "nf4") else set()
+    where = "host" if device == "cuda" else "device"
+    lines = [Line("runtime (CUDA context, workspaces)", CUDA_CONTEXT)] if device == "cuda" else []
+    lines.append(Line("runtime (torch and libraries, this process)", host, where))
+    converted: dict[str, int] = {}
+    for attr, module in model.meta.items():
+        loaded = torch.float32 if attr == "vae" and wdt == torch.float16 else wdt
+        if attr in bnb:
+            lines.append(Line(f"{attr} weights ({q}, loaded onto the GPU)", weights[attr]))
+        else:
+            as_loaded = weight_bytes(module, loaded.itemsize, "none", fp16=loaded == torch.float16)
+            lines.append(Line(f"{attr} weights (loaded in {dtype_name(loaded)})", as_loaded, where))
+        files = model.files.get(attr)
+        if files is None:  # a hub id: 16-bit files
+            files = {"bfloat16": 2 * _count(module)}
+        converted[attr] = sum(b for name, b in files.items() if name != dtype_name(loaded) and name.startswith(("float", "bfloat")))
+    attr = max(converted, key=lambda a: converted[a], default="")
+    if attr and converted[attr]:
+        lines.append(Line(f"{attr} file pages while converting (largest conversion)", converted[attr], where))
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -547,8 +727,12 @@ def report(est: Estimate, cfg: TrainConfig) -> str:
     """The estimate as text: components per phase, the peak against the device, options that fit."""
     lines = [f"memory estimate for {cfg.source or 'the config'} on {est.device} ({_gib(est.available)} available)"]
     lines.append("parameters: " + ", ".join(f"{k} {v:,}" for k, v in est.params.items()))
-    for title, items in (("caching (text encoders + VAE resident)", est.lines_caching), ("training", est.lines_training)):
-        lines.append(f"{title}:")
+    titles = {"loading": "loading (weights as loaded, the file of a converted component mapped)",
+              "caching": "caching (text encoders + VAE resident)", "training": "training"}  # fmt: skip
+    for phase, items in est.phases().items():
+        if not items:
+            continue
+        lines.append(f"{titles[phase]}:")
         for it in items:
             if it.bytes:
                 lines.append(f"  {it.what:<62} {_gib(it.bytes):>11}{'  (host RAM)' if it.where == 'host' and est.device == 'cuda' else ''}")
@@ -572,4 +756,4 @@ def refusal(est: Estimate) -> str:
 
 
 __all__ = ["Estimate", "Line", "build_meta", "component_specs", "estimate", "refusal", "report", "saved_activations",
-           "weight_bytes"]  # fmt: skip
+           "steady_cpu_heap", "stored_bytes", "weight_bytes"]  # fmt: skip

@@ -553,6 +553,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
 
     t = cfg.train
     cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    if cpu:  # freed tensors go back to the OS, so the resident set follows what --estimate counts
+        from te_align.train.estimate import steady_cpu_heap
+
+        steady_cpu_heap()
     _fresh_accelerator_state()
     accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
     device = accelerator.device if t.device in ("auto", "cpu") else torch.device(t.device)
