@@ -526,3 +526,22 @@ def test_sd2_is_a_table_row_not_a_copy() -> None:
     assert report.profile.name == "sd21-t5-swap" and report.profile.slot("t5").encoder.hidden_size == 40
     assert float(report.after.std[0]) == pytest.approx(float(report.target.std[0]), rel=1e-6)
     assert len(report.reset_layers) == 8
+
+
+def test_estimate_reads_the_swapped_folder(swapped: tuple[Any, Path], squares_dataset: Path, tmp_path: Path) -> None:
+    from te_align.train import config_from_dict
+    from te_align.train.estimate import estimate
+
+    _, out = swapped
+    cfg = config_from_dict({
+        "model": {"path": str(out)},
+        "data": {"path": str(squares_dataset), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "train": {"max_steps": 2, "checkpoint_every": 0, "batch_size": 2, "device": "cpu"},
+        "output": {"dir": str(tmp_path / "o"), "kohya": False},
+    })  # fmt: skip
+    est = estimate(cfg, options=False)
+    t5 = json.loads((out / "text_encoder" / "config.json").read_text(encoding="utf-8"))
+    pipe = _pipe(out)
+    # the swapped encoder (T5 + projection) is counted parameter for parameter
+    assert est.params["text_encoder"] == sum(p.numel() for p in pipe.text_encoder.parameters())
+    assert t5["architectures"] == ["ProjectedTextEncoder"] and est.peak("device") > 0

@@ -156,9 +156,10 @@ def build_meta(cls_name: str, config: dict[str, Any]) -> Any:
 
         if hasattr(diffusers, cls_name) and not cls_name.startswith(("CLIP", "T5")):
             return getattr(diffusers, cls_name).from_config(_clean(config))
-        import transformers
+        # _transformers_class also knows a swapped model's ProjectedTextEncoder (te-align swap)
+        from te_align.encoding.loading import _transformers_class
 
-        model_cls = getattr(transformers, cls_name)
+        model_cls = _transformers_class(cls_name, cls_name)
         return model_cls(model_cls.config_class(**_clean(config)))
 
 
