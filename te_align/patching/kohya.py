@@ -16,6 +16,7 @@ import functools
 import hashlib
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from te_align._git import git_dir, git_head
@@ -175,14 +176,14 @@ def _dirty(root: Path, ours: set[str]) -> list[str]:
 DROP_IN_MARK = b"# te-align drop-in"
 
 
-def _restore_hint(root: Path, script: str) -> str:
+def _restore_hint(root: Path, script: str, name: str = "sd-scripts") -> str:
     """How to get an original script back: git only where the tree is a git checkout."""
     if git_dir(root) is not None:
         return f"restore the original with: git -C {root} checkout -- {script}"
     kept = root / ORIGINALS / script
     if kept.is_file() and not kept.read_bytes().startswith(DROP_IN_MARK):
         return f"restore the original te-align kept with: cp {kept} {root / script}"
-    return f"restore the original {script} from a fresh copy of sd-scripts"
+    return f"restore the original {script} from a fresh copy of {name}"
 
 
 def _original_for(
@@ -236,9 +237,34 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             f"unknown sd-scripts version {detection.version} at {root}: te-align's hook targets do not match "
             f"({'; '.join(problems)}). te-align was verified with sd-scripts {commit}; {how} or upgrade te-align"
         )
+    readme = (
+        "Original sd-scripts train scripts, kept byte for byte by te-align; the scripts of the same name one\n"
+        f"folder up run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
+    )
+    return plan_drop_ins(detection, profile, trainer=TRAINER, name="sd-scripts", scripts=SCRIPTS, shim=shim_source,
+                         readme=readme)  # fmt: skip
+
+
+def plan_drop_ins(
+    detection: Detection,
+    profile: str | None,
+    *,
+    trainer: str,
+    name: str,
+    scripts: tuple[tuple[str, str], ...],
+    shim: Callable[[str, str | None], bytes],
+    readme: str,
+) -> Plan:
+    """The plan that replaces each of ``scripts`` (path, what it trains) present in the tree by a drop-in
+    (``shim(script, profile)``) and keeps the original byte for byte under ``ORIGINALS`` (kohya, OneTrainer).
+
+    Refuses a dirty tree and a drop-in without its manifest; a tree patched before keeps the original its
+    manifest recorded, so that unpatch gives back what git had. ``name``: the trainer as users call it.
+    """
+    root = detection.root
     manifest = read_manifest(root) or {}
-    known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
-    present = [(s, a) for s, a in SCRIPTS if (root / s).is_file() or s in known]
+    known = manifest.get("files", {}) if manifest.get("trainer") in (None, trainer) else {}
+    present = [(s, what) for s, what in scripts if (root / s).is_file() or s in known]
     dirty = _dirty(root, {*known})
     if dirty:
         shown = ", ".join(dirty[:8]) + (f" and {len(dirty) - 8} more" if len(dirty) > 8 else "")
@@ -248,7 +274,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
         )
     changes: list[FileChange] = []
     state = root / STATE_DIR
-    for script, arch in present:
+    for script, what in present:
         current = root / script
         orig_rel = f"{ORIGINALS}/{script}"
         cur_bytes = current.read_bytes() if current.is_file() else None
@@ -259,28 +285,24 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             original = _original_for(root, state, script, entry, known.get(orig_rel), cur_bytes)
             restore_to = original
         elif cur_bytes is None:
-            raise PatchError(f"{current} is missing; restore it from sd-scripts, then patch again")
+            raise PatchError(f"{current} is missing; restore it from {name}, then patch again")
         elif cur_bytes.startswith(DROP_IN_MARK):
             raise PatchError(
                 f"{current} is a te-align drop-in but {state} holds no manifest for it (was {STATE_DIR} deleted?); "
-                f"{_restore_hint(root, script)}, then patch again"
+                f"{_restore_hint(root, script, name)}, then patch again"
             )
         else:
             original = cur_bytes
-        changes.append(FileChange(script, shim_source(script, profile), cur_sha, note=f"drop-in ({arch}); original kept in {orig_rel}",
+        changes.append(FileChange(script, shim(script, profile), cur_sha, note=f"drop-in ({what}); original kept in {orig_rel}",
                                   restore_to=restore_to))  # fmt: skip
         changes.append(FileChange(orig_rel, original, sha256_file(root / orig_rel), note=f"original {script}, unchanged", original_of=script))
-    readme = (
-        "Original sd-scripts train scripts, kept byte for byte by te-align; the scripts of the same name one\n"
-        f"folder up run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
-    ).encode()
-    changes.append(FileChange(f"{ORIGINALS}/README.txt", readme, sha256_file(root / ORIGINALS / "README.txt")))
+    changes.append(FileChange(f"{ORIGINALS}/README.txt", readme.encode(), sha256_file(root / ORIGINALS / "README.txt")))
     changes.append(FileChange(f"{ORIGINALS}/.gitignore", b"*\n", sha256_file(root / ORIGINALS / ".gitignore")))
     digest = hashlib.sha256(b"".join(c.content for c in changes)).hexdigest()[:12]
     return Plan(
-        root, TRAINER, detection.version, tuple(changes), profile=profile,
+        root, trainer, detection.version, tuple(changes), profile=profile,
         extra={"layout": detection.layout, "scripts": [s for s, _ in present], "plan_sha256": digest},
     )  # fmt: skip
 
 
-__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]
+__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "plan_drop_ins", "shim_source", "static_problems"]

@@ -13,22 +13,16 @@ statically (the source is parsed, nothing is imported).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from te_align._git import git_head
 from te_align.hooks.base import OFF_WORDS
-from te_align.patching.kohya import _dirty, _find_def, _module_file, _original_for, _parse
+from te_align.patching.kohya import _find_def, _module_file, _parse, plan_drop_ins
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import (
-    STATE_DIR,
-    FileChange,
     PatchError,
     Plan,
-    read_manifest,
-    sha256_bytes,
-    sha256_file,
 )
 
 TRAINER = "onetrainer"
@@ -43,7 +37,6 @@ SCRIPTS: tuple[tuple[str, str], ...] = (
 )
 #: Files whose presence marks a OneTrainer checkout.
 MARKERS = ("scripts/train.py", "scripts/util/import_util.py", "modules/model/BaseModel.py", "modules/trainer/GenericTrainer.py")
-DROP_IN_MARK = b"# te-align drop-in"
 
 
 def templates_dir() -> Path:
@@ -113,50 +106,12 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             f"({'; '.join(problems)}). te-align was verified with OneTrainer {commit}; check that commit out "
             f"(git -C {root} checkout {commit}) or upgrade te-align"
         )
-    manifest = read_manifest(root) or {}
-    known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
-    present = [(s, what) for s, what in SCRIPTS if (root / s).is_file() or s in known]
-    dirty = _dirty(root, {*known})
-    if dirty:
-        shown = ", ".join(dirty[:8]) + (f" and {len(dirty) - 8} more" if len(dirty) > 8 else "")
-        raise PatchError(
-            f"{root} has uncommitted changes ({shown}); te-align patches only a clean checkout so that unpatch "
-            f"gives back exactly what git has. Commit or stash them first (git -C {root} stash), then patch again"
-        )
-    changes: list[FileChange] = []
-    state = root / STATE_DIR
-    for script, what in present:
-        current = root / script
-        orig_rel = f"{ORIGINALS}/{script}"
-        cur_bytes = current.read_bytes() if current.is_file() else None
-        entry = known.get(script)
-        restore_to = None
-        if entry is not None:  # patched before: the original unpatch must give back
-            original = _original_for(root, state, script, entry, known.get(orig_rel), cur_bytes)
-            restore_to = original
-        elif cur_bytes is None:
-            raise PatchError(f"{current} is missing; restore it from OneTrainer, then patch again")
-        elif cur_bytes.startswith(DROP_IN_MARK):
-            raise PatchError(
-                f"{current} is a te-align drop-in but {state} holds no manifest for it (was {STATE_DIR} deleted?); "
-                f"restore the original with: git -C {root} checkout -- {script}, then patch again"
-            )
-        else:
-            original = cur_bytes
-        cur_sha = sha256_bytes(cur_bytes) if cur_bytes is not None else None
-        changes.append(FileChange(script, shim_source(script, profile), cur_sha,
-                                  note=f"drop-in ({what}); original kept in {orig_rel}", restore_to=restore_to))  # fmt: skip
-        changes.append(FileChange(orig_rel, original, sha256_file(root / orig_rel), note=f"original {script}, unchanged",
-                                  original_of=script))  # fmt: skip
     readme = (
         "Original OneTrainer launch scripts, kept byte for byte by te-align; the scripts of the same name in\n"
         f"scripts/ run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
-    ).encode()
-    changes.append(FileChange(f"{ORIGINALS}/README.txt", readme, sha256_file(root / ORIGINALS / "README.txt")))
-    changes.append(FileChange(f"{ORIGINALS}/.gitignore", b"*\n", sha256_file(root / ORIGINALS / ".gitignore")))
-    digest = hashlib.sha256(b"".join(c.content for c in changes)).hexdigest()[:12]
-    return Plan(root, TRAINER, detection.version, tuple(changes), profile=profile,
-                extra={"layout": detection.layout, "scripts": [s for s, _ in present], "plan_sha256": digest})  # fmt: skip
+    )
+    return plan_drop_ins(detection, profile, trainer=TRAINER, name="OneTrainer", scripts=SCRIPTS, shim=shim_source,
+                         readme=readme)  # fmt: skip
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]
