@@ -42,6 +42,8 @@ def log_to_console() -> None:
 
 #: Environment switch: any of :data:`OFF_WORDS` disables every hook.
 ENV_SWITCH = "TE_ALIGN"
+#: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
+ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
 #: The values of ``TE_ALIGN`` (case and surrounding spaces ignored) that turn te-align off: the one list,
 #: also written into the drop-in scripts ``te-align patch`` installs (they must decide before importing te-align).
 OFF_WORDS: tuple[str, ...] = ("off", "0", "false", "no", "disabled")
@@ -49,6 +51,22 @@ OFF_WORDS: tuple[str, ...] = ("off", "0", "false", "no", "disabled")
 
 class HookError(TeAlignError):
     """A hook cannot be installed (missing or changed targets, unsupported version)."""
+
+
+def env_overrides() -> dict[str, Any]:
+    """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`HookError` line."""
+    import json
+
+    raw = os.environ.get(ENV_OVERRIDES, "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise HookError(f"{ENV_OVERRIDES} is not valid JSON ({e.msg}); expected an object such as '{{\"t5_max_length\": 512}}'") from None
+    if not isinstance(data, dict):
+        raise HookError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def hooks_disabled() -> bool:

@@ -48,12 +48,19 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from te_align._git import git_head
-from te_align.hooks.base import ENV_SWITCH, Hook, HookError, Target, hooks_disabled, mark_wrapper
+from te_align.hooks.base import (
+    ENV_SWITCH,
+    Hook,
+    HookError,
+    Target,
+    env_overrides,
+    hooks_disabled,
+    mark_wrapper,
+)
 
 logger = logging.getLogger("te_align")
 
 ENV_PROFILE = "TE_ALIGN_PROFILE"
-ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
 #: OneTrainer commit the targets were read and verified against.
 VERIFIED = "23df3832e8f213d64c337e39f9365ba46e99fed0"
 #: The hooked text cache lives in <cache_dir>/text/<CACHE_PREFIX><fingerprint[:16]>.
@@ -571,19 +578,6 @@ class OneTrainerHook(Hook):
 _HOOK: OneTrainerHook | None = None
 
 
-def _env_overrides() -> dict[str, Any]:
-    raw = os.environ.get(ENV_OVERRIDES, "").strip()
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise HookError(f"{ENV_OVERRIDES} is not valid JSON ({e.msg}); expected an object such as '{{\"t5_max_length\": 512}}'") from None
-    if not isinstance(data, dict):
-        raise HookError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
-    return data
-
-
 def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", "cache"), **overrides: Any) -> bool:
     """Install the OneTrainer hooks (all targets or none; idempotent). Returns False under ``TE_ALIGN=off``.
 
@@ -595,7 +589,7 @@ def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", 
     if hooks_disabled():
         logger.info("te-align: OneTrainer hooks disabled by %s=%s; OneTrainer runs unmodified", ENV_SWITCH, os.environ.get(ENV_SWITCH))
         return False
-    merged = {**_env_overrides(), **overrides}
+    merged = {**env_overrides(), **overrides}
     chosen = profile if profile is not None else (os.environ.get(ENV_PROFILE) or None)
     if isinstance(chosen, str):
         from te_align.profiles import profile as load

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from te_align.hooks.base import HookError
+from te_align.hooks.base import ENV_OVERRIDES, HookError, env_overrides  # noqa: F401  (re-exported to the kohya package)
 from te_align.trainers import kohya as table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("te_align")
 
 ENV_PROFILE = "TE_ALIGN_PROFILE"
-ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
 #: Run facts the parent learns (Flux variant) handed to DataLoader workers through the environment.
 ENV_STATE = "TE_ALIGN_KOHYA_STATE"
 
@@ -98,20 +97,6 @@ def check_overrides(raw: dict[str, Any]) -> dict[str, Any]:
         if k.startswith("kohya."):
             raise HookError(f"unknown override {k!r}: the kohya hooks take profile overrides only (e.g. t5_max_length)")
     return dict(raw)
-
-
-def env_overrides() -> dict[str, Any]:
-    """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}."""
-    raw = os.environ.get(ENV_OVERRIDES, "").strip()
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise HookError(f"{ENV_OVERRIDES} is not valid JSON ({e.msg}); expected an object such as '{{\"t5_max_length\": 512}}'") from None
-    if not isinstance(data, dict):
-        raise HookError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
-    return data
 
 
 # ------------------------------------------------------------------------------------- profiles
