@@ -29,6 +29,7 @@ from typing import Any
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
+from te_align.probe.trainers import Adapter
 
 ENV = "TE_ALIGN_DIFFUSERS_EXAMPLES_DIR"
 
@@ -101,7 +102,7 @@ def script_args(module: Any, data_dir: str, extra: list[str] = ()) -> Any:  # ty
         raise ProbeError(f"diffusers-examples: {module.__name__} rejected {' '.join(argv)} (exit {e.code})") from None
 
 
-class DiffusersExamples:
+class DiffusersExamples(Adapter):
     """Adapter (see :class:`te_align.probe.trainers.Adapter`) for the diffusers example scripts."""
 
     name = "diffusers-examples"
@@ -116,14 +117,6 @@ class DiffusersExamples:
         #: flags te-align check gives as the fix, while :meth:`hooked` is active
         self.fix: list[str] = []
 
-    def profile_name(self, name: str) -> str:
-        from te_align.profiles import profile as load
-
-        canonical = load(name).name
-        if canonical not in self.profiles:
-            raise ProbeError(f"{self.name} {self.version} has no encoding path te-align can probe for profile "
-                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")
-        return canonical
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
+from te_align.probe.trainers import Adapter
 
 #: Environment variable naming a OneTrainer checkout (matrix and tests).
 ENV_DIR = "TE_ALIGN_ONETRAINER_DIR"
@@ -59,7 +60,7 @@ def checkout_root(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-class OneTrainer:
+class OneTrainer(Adapter):
     name = "onetrainer"
     #: profile -> (model class, ModelType member, OneTrainer encoder count).
     MODELS: ClassVar[dict[str, tuple[str, str, int]]] = {
@@ -83,14 +84,6 @@ class OneTrainer:
         self.profiles = {p: f"{cls}.encode_text" for p, (cls, _, _) in self.MODELS.items()}
         self._hooked = False
 
-    def profile_name(self, name: str) -> str:
-        from te_align.profiles import profile as load
-
-        canonical = load(name).name
-        if canonical not in self.profiles:
-            raise ProbeError(f"onetrainer {self.version} has no encoding path te-align can probe for profile "
-                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")  # fmt: skip
-        return canonical
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.core import Case
+from te_align.probe.trainers import Adapter
 
 ENV = "TE_ALIGN_SIMPLETUNER_DIR"
 #: Import-only packages SimpleTuner's model modules need besides torch/transformers/diffusers/accelerate/peft.
@@ -97,7 +98,7 @@ def _root(path: str | None) -> tuple[Path, str | None]:
     return Path(next(iter(spec.submodule_search_locations))).parent, None
 
 
-class SimpleTunerProbe:
+class SimpleTunerProbe(Adapter):
     """Adapter (see :class:`te_align.probe.trainers.Adapter`) for SimpleTuner's model classes."""
 
     name = "simpletuner"
@@ -124,14 +125,6 @@ class SimpleTunerProbe:
         m = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M)
         return m.group(1) if m else "unknown"
 
-    def profile_name(self, name: str) -> str:
-        from te_align.profiles import profile as load
-
-        canonical = load(name).name
-        if canonical not in self.profiles:
-            raise ProbeError(f"{self.name} {self.version} has no encoding path te-align can probe for profile "
-                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")
-        return canonical
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
