@@ -79,8 +79,11 @@ class Family:
     cls: str
     #: profile families this class trains
     families: tuple[str, ...]
-    #: what the original returns, in order: profile output names, "t5_mask" (the T5 tokenizer mask) or
-    #: "NAME@batch" (a shared profile output repeated over the batch, float32)
+    #: what the original returns, in order: profile output names, "t5_mask" (the T5 tokenizer mask),
+    #: "NAME@batch" (a shared profile output repeated over the batch, float32), "NAME@empty" (NAME of the empty
+    #: negative prompt, once per prompt) or "NAME?" (the original returns None where every position is real;
+    #: the hook always returns the tensor: SimpleTuner's collate pairs cached masks by position, so a None among
+    #: tensors would misalign them)
     returns: tuple[str, ...]
 
     @property
@@ -101,10 +104,23 @@ FAMILIES: dict[str, Family] = {
     "auraflow": Family(f"{_M}.auraflow.model", "Auraflow", ("auraflow",), ("prompt_embeds", "prompt_attention_mask")),
     "sana": Family(f"{_M}.sana.model", "Sana", ("sana",), ("prompt_embeds", "prompt_attention_mask")),
     "lumina2": Family(f"{_M}.lumina2.model", "Lumina2", ("lumina2",), ("prompt_embeds", "prompt_attention_mask")),
+    "hidream": Family(f"{_M}.hidream.model", "HiDream", ("hidream",), ("prompt_embeds_t5", "prompt_embeds_llama3",
+                                                                       "pooled_prompt_embeds")),
+    # SimpleTuner replaces diffusers' QwenImagePipeline._get_qwen_prompt_embeds: every caption padded to 1024
+    # tokens (+34 template tokens into the encoder), kept up to 1024 (the pipeline's __call__: batch longest,
+    # cut to 512) (simpletuner/helpers/training/diffusers_overrides.py:618-690,878-954); encode_prompt then
+    # returns mask None when all 1024 are real (diffusers 0.42.1 pipelines/qwenimage/pipeline_qwenimage.py:265-266)
+    "qwen_image": Family(f"{_M}.qwen_image.model", "QwenImage", ("qwen-image",),
+                         ("prompt_embeds", "prompt_embeds_mask?")),
+    # Wan's second value is not a mask: SimpleTuner's WanPipeline.encode_prompt returns (prompt_embeds,
+    # negative_prompt_embeds) with classifier-free guidance on, i.e. the empty prompt's embeds per prompt
+    # (simpletuner/helpers/models/wan/model.py:1390-1398, wan/pipeline.py:211-259); cached as "attention_masks"
+    "wan": Family(f"{_M}.wan.model", "Wan", ("wan",), ("prompt_embeds", "prompt_embeds@empty")),
 }
 #: SimpleTuner ``model_family`` values -> key of :data:`FAMILIES`.
 MODEL_FAMILY = {"sd1x": "sd1x", "sd2x": "sd1x", "sdxl": "sdxl", "sd3": "sd3", "flux": "flux", "pixart_sigma": "pixart",
-                "pixart": "pixart", "chroma": "chroma", "auraflow": "auraflow", "sana": "sana", "lumina2": "lumina2"}
+                "pixart": "pixart", "chroma": "chroma", "auraflow": "auraflow", "sana": "sana", "lumina2": "lumina2",
+                "hidream": "hidream", "qwen_image": "qwen_image", "wan": "wan"}
 
 #: The SimpleTuner versions the targets were read and verified against.
 SUPPORTED: dict[str, str] = {"4.8.0": f"SimpleTuner 4.8.0 ({COMMIT[:7]})"}
@@ -312,7 +328,12 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
     device = getattr(getattr(model, "accelerator", None), "device", None)
     values = []
     for name in fam.returns:
-        if name == "t5_mask":
+        if name.endswith("?"):
+            value = out[name[:-1]]
+        elif name.endswith("@empty"):
+            value = te_align.encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
+                                    negative=True)[name.split("@", 1)[0]]
+        elif name == "t5_mask":
             from te_align.encoding.core import tokenize_slot
 
             slot = profile.slot("t5")

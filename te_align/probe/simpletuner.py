@@ -51,6 +51,10 @@ PROBED: dict[str, tuple[str, dict[str, Any]]] = {
     "auraflow": ("auraflow", {"model_family": "auraflow"}),
     "sana": ("sana", {"model_family": "sana"}),
     "lumina2": ("lumina2", {"model_family": "lumina2", "validation_num_inference_steps": 30}),
+    "hidream": ("hidream", {"model_family": "hidream"}),
+    "qwen-image": ("qwen_image", {"model_family": "qwen_image", "model_flavour": "v1.0"}),
+    "wan21": ("wan", {"model_family": "wan", "model_flavour": "t2v-480p-1.3b-2.1",
+                      "validation_num_inference_steps": 30}),
 }
 
 #: SimpleTuner config defaults the probed text paths and ``check_user_config`` read (the rest read as None).
@@ -73,6 +77,13 @@ class _Config:
         if name.startswith("__"):
             raise AttributeError(name)
         return None
+
+
+def _all_real(embeds: Any) -> Any:
+    """The mask a None stands for: every position of ``embeds`` (batch, seq, dim) real, int64."""
+    import torch
+
+    return torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
 
 
 class _Accelerator:
@@ -208,10 +219,14 @@ class SimpleTunerProbe(Adapter):
         params = inspect.signature(pcls.__init__).parameters
         components = {k: v for k, v in pipe.components.items() if k in params}
         try:
-            model.pipelines = {text2img: pcls(**components)}
+            pipeline = pcls(**components)
         except Exception as e:
             raise ProbeError(f"simpletuner: cannot build {pcls.__name__} around the tiny components "
                              f"({type(e).__name__}: {e})") from None
+        model.pipelines = {text2img: pipeline}
+        # QwenImage._encode_prompts goes through get_pipeline, which attaches get_vae() (loaded from the hub
+        # when unset); the probe has no VAE and the text path does not use one: the pipeline's own (None) stays
+        model.get_vae = lambda: getattr(pipeline, "vae", None)
         return model
 
     def case(self, profile_name: str) -> Case:
@@ -226,6 +241,11 @@ class SimpleTunerProbe(Adapter):
         notes = [f"{FAMILIES[family].cls}._encode_prompts(prompts) on a __new__-made model; config after SimpleTuner's "
                  f"check_user_config: model_family={cfg['model_family']!r}, tokenizer_max_length="
                  f"{c.tokenizer_max_length!r}, t5_padding={c.t5_padding!r}"]
+        if any(r.endswith("?") for r in returns):
+            notes.append("a mask SimpleTuner returns as None (every position real) is compared as all ones (int64)")
+        if any(r.endswith("@empty") for r in returns):
+            notes.append("the empty prompt's embeds SimpleTuner also returns per prompt (cached as attention_masks) "
+                         "are not a profile output of the prompts (not compared here)")
         if "t5_mask" in returns:
             notes.append("the T5 tokenizer mask SimpleTuner also returns is not a profile output (not compared); "
                          "text_ids: SimpleTuner repeats them over the batch, the first is compared")
@@ -244,7 +264,9 @@ class SimpleTunerProbe(Adapter):
             for name, v in zip(returns, values, strict=True):
                 if name.endswith("@batch"):  # SimpleTuner repeats a shared output over the batch: compare one
                     got[name.split("@", 1)[0]] = v[0]
-                elif name != "t5_mask":
+                elif name.endswith("?"):  # None = every position real (the pipeline's own shorthand)
+                    got[name[:-1]] = v if v is not None else _all_real(values[0])
+                elif name != "t5_mask" and "@" not in name:  # @empty: not a profile output of these prompts
                     got[name] = v
             return got
 
