@@ -43,6 +43,9 @@ def test_targets_and_signatures_are_pinned():
         (f"{m}.auraflow.model.Auraflow._encode_prompts", enc),
         (f"{m}.sana.model.Sana._encode_prompts", enc),
         (f"{m}.lumina2.model.Lumina2._encode_prompts", enc),
+        (f"{m}.hidream.model.HiDream._encode_prompts", enc),
+        (f"{m}.qwen_image.model.QwenImage._encode_prompts", enc),
+        (f"{m}.wan.model.Wan._encode_prompts", enc),
         (f"{c}.create_hash", ("self", "key_value", "prompt")),
         (f"{c}.hash_prompt_with_path", ("self", "prompt_record")),
         (f"{c}.compute_embeddings_for_prompts", ("self", "all_prompts")),
@@ -117,12 +120,13 @@ def test_every_target_resolves_with_its_signature(session, monkeypatch):
 
     importlib.import_module(st._CACHE)
     resolved = st.SimpleTunerHook().check()
-    assert len(resolved) == 12
+    assert len(resolved) == 15
     assert st.detect_version() in ("4.8.0", "not importable")  # the sandbox's checkout is on sys.path
 
 
 @pytest.mark.parametrize("name", ["sd15", "sd21", "sdxl", "sd3-medium", "sd35-large", "flux-dev", "flux-schnell",
-                                  "pixart-sigma", "chroma", "auraflow", "sana", "lumina2"])
+                                  "pixart-sigma", "chroma", "auraflow", "sana", "lumina2", "hidream", "qwen-image",
+                                  "wan21"])
 def test_hooked_outputs_equal_te_align_encode(session, name, monkeypatch):
     from te_align.probe.core import compare
 
@@ -149,12 +153,17 @@ def test_hooked_outputs_equal_te_align_encode(session, name, monkeypatch):
         # SimpleTuner's check_user_config: T5 cut to 120 tokens where the pipeline uses 256
         shapes = {t.name: (t.trainer_shape, t.profile_shape) for t in plain}
         assert shapes == {"prompt_embeds": ((120, 64), (256, 64)), "prompt_attention_mask": ((120,), (256,))}
+    elif name == "qwen-image":
+        # SimpleTuner's diffusers override pads every caption to 1024 tokens (the pipeline: the batch's longest)
+        shapes = {t.name: (t.trainer_shape, t.profile_shape, len(t.differing), t.compared) for t in plain}
+        assert shapes == {"prompt_embeds": ((1024, 32), (5, 32), 14, 14),
+                          "prompt_embeds_mask": ((1024,), (5,), 14, 14)}
     else:
         assert all(t.identical for t in plain if t.trainer_shape is not None), (name, [t.summary() for t in plain])
 
 
 @pytest.mark.parametrize("name", ["sd15", "sdxl", "sd3-medium", "flux-dev", "pixart-sigma", "chroma", "auraflow",
-                                  "sana", "lumina2"])
+                                  "sana", "lumina2", "hidream", "qwen-image", "wan21"])
 def test_hooked_return_layout_is_simpletuners(session, name, monkeypatch):
     """Same tuple length, shapes, dtypes and devices as the original returns (at the profile's lengths)."""
     import torch
@@ -176,8 +185,12 @@ def test_hooked_return_layout_is_simpletuners(session, name, monkeypatch):
     b = hooked if isinstance(hooked, tuple) else (hooked,)
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
+        if name == "qwen-image":  # SimpleTuner pads to 1024, the profile to the batch's longest (9 here)
+            assert (x.shape[0], x.shape[1], x.shape[2:], x.dtype, x.device) == (3, 1024, y.shape[2:], y.dtype, y.device)
+            assert y.shape[1] == int(b[1].sum(1).max())
+            continue
         assert (tuple(x.shape), x.dtype, x.device) == (tuple(y.shape), y.dtype, y.device)
-    if name not in ("sd3-medium", "auraflow", "sana"):  # deviating families: only the layout is compared
+    if name not in ("sd3-medium", "auraflow", "sana", "qwen-image"):  # deviating: only the layout is compared
         for x, y in zip(a, b, strict=True):
             assert torch.equal(x, y)
 
@@ -249,7 +262,7 @@ def test_boot_installs_the_hooks_in_a_new_process(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True 12"
+    assert out.stdout.strip().splitlines()[-1] == "True 15"
     env["TE_ALIGN"] = "off"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "False 0"
@@ -273,9 +286,85 @@ def test_check_fix_text_names_the_hooks_for_hooked_families(tmp_path):
 
     path = tmp_path / "wan.json"
     path.write_text(json.dumps({"model_family": "wan"}), encoding="utf-8")
-    assert audit.parse(load(str(path)), []).trainer.not_settable == audit.NOT_SETTABLE  # Wan is not hooked
+    assert audit.parse(load(str(path)), []).trainer.not_settable == audit.HOOKS_FIX
+    path = tmp_path / "qwen-edit.json"
+    path.write_text(json.dumps({"model_family": "qwen_image", "model_flavour": "edit-v1"}), encoding="utf-8")
+    assert audit.parse(load(str(path)), []).trainer.not_settable == audit.NOT_SETTABLE  # edit: not hooked
     path = tmp_path / "sd3.json"
     path.write_text(json.dumps({"model_family": "sd3"}), encoding="utf-8")
     r = check_file(str(path))
     (cache,) = [f for f in r.findings if f.kind == "stale-cache"]
     assert "python -m te_align.hooks.simpletuner env" in cache.fix
+
+
+def test_wan_second_value_is_the_empty_prompt(session, monkeypatch):
+    """SimpleTuner's Wan ``_encode_prompts`` returns (prompt_embeds, the pipeline's CFG negative: the empty prompt
+    once per prompt), cached as ``attention_masks``; hooked, both equal ``te_align.encode`` exactly."""
+    import torch
+
+    import te_align
+    from te_align.probe.trainers import _tiny
+
+    monkeypatch.delenv("TE_ALIGN", raising=False)
+    prof, toks, encs, pipe = _tiny("wan21")
+    model = session.model("wan21", toks, encs, pipe)
+    prompts = ["a cat", "", "two  dogs!"]
+    with torch.no_grad():
+        want = te_align.encode(prof, prompts, tokenizers=toks, text_encoders=encs)["prompt_embeds"]
+        empty = te_align.encode(prof, [""] * 3, tokenizers=toks, text_encoders=encs, negative=True)["prompt_embeds"]
+        original = model._encode_prompts(prompts)
+        with session.hooked(prof):
+            hooked = model._encode_prompts(prompts)
+    assert torch.equal(hooked[0], want) and torch.equal(hooked[1], empty)
+    assert torch.equal(original[0], want) and torch.equal(original[1], empty)  # measured: no deviation
+
+
+def test_qwen_image_deviation_is_measured(session, monkeypatch):
+    """Without hooks SimpleTuner keeps up to 1024 caption tokens (the pipeline: 512) and pads to 1024; the real
+    tokens of a short caption match the pipeline's only up to float rounding (the encoder sees 1058 positions)."""
+    import torch
+
+    import te_align
+    from te_align.probe.trainers import _tiny
+
+    monkeypatch.delenv("TE_ALIGN", raising=False)
+    prof, toks, encs, pipe = _tiny("qwen-image")
+    model = session.model("qwen-image", toks, encs, pipe)
+    prompts = ["a cat", "word " * 800]
+    with torch.no_grad():
+        want = te_align.encode(prof, prompts, tokenizers=toks, text_encoders=encs)
+        embeds, mask = model._encode_prompts(prompts)
+        with session.hooked(prof):
+            hooked = model._encode_prompts(prompts)
+    assert mask.sum(1).tolist() == [7, 800 + 2 + 5]
+    assert want["prompt_embeds_mask"].sum(1).tolist() == [7, 512]
+    n = 7
+    delta = float((embeds[0, :n] - want["prompt_embeds"][0, :n]).abs().max())
+    assert 0 < delta < 1e-5
+    assert torch.equal(hooked[0], want["prompt_embeds"]) and torch.equal(hooked[1], want["prompt_embeds_mask"])
+
+
+def test_qwen_image_edit_flavours_are_left_to_simpletuner(session, monkeypatch):
+    """An edit flavour encodes the caption with its image; te-align has no profile for it: SimpleTuner's own
+    ``_encode_prompts`` runs (here it stops for want of the image context, as it does without te-align) and the
+    cache key is unchanged."""
+    import te_align
+    from te_align.probe.trainers import _tiny
+
+    monkeypatch.delenv("TE_ALIGN", raising=False)
+    prof, toks, encs, pipe = _tiny("qwen-image")
+    model = session.model("qwen-image", toks, encs, pipe)
+    model.config.model_flavour = "edit-v1"
+    assert model.requires_text_embed_image_context()
+    hook = st.SimpleTunerHook(profile=te_align.profile("qwen-image"), families=("qwen_image",))
+    for fam in st.FAMILIES:
+        session._module(fam)
+    try:
+        assert hook.install()
+        with pytest.raises(ValueError, match="requires prompt image context"):
+            model._encode_prompts(["a cat"])
+        assert hook._suffix(type("Cache", (), {"model": model})()) == ""
+        model.config.model_flavour = "v1.0"
+        assert hook._suffix(type("Cache", (), {"model": model})()) == f"-ta{prof.fingerprint()[:16]}"
+    finally:
+        hook.uninstall()

@@ -18,6 +18,10 @@ Chroma     ``chroma.model.Chroma._encode_prompts``               (prompt_embeds,
 AuraFlow   ``auraflow.model.Auraflow._encode_prompts``           (prompt_embeds, prompt_attention_mask)
 Sana       ``sana.model.Sana._encode_prompts``                   (prompt_embeds, prompt_attention_mask)
 Lumina 2   ``lumina2.model.Lumina2._encode_prompts``             (prompt_embeds, prompt_attention_mask)
+HiDream    ``hidream.model.HiDream._encode_prompts``             (T5 embeds, Llama embeds (layers, batch, …),
+                                                                 pooled_prompt_embeds)
+Qwen-Image ``qwen_image.model.QwenImage._encode_prompts``        (prompt_embeds, prompt_embeds_mask)
+Wan        ``wan.model.Wan._encode_prompts``                     (prompt_embeds, the empty prompt's embeds)
 =========  ====================================================  =========================================
 
 Facts read at bghira/SimpleTuner@bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb (4.8.0); what the hooks fix there:
@@ -25,7 +29,12 @@ SD3's T5 is cut to 154 tokens unless ``i_know_what_i_am_doing`` (``sd3/model.py:
 256), ``t5_padding: zero`` zeroes padded T5 outputs (``sd3/model.py:419-457``, ``flux/model.py``), PixArt's T5
 length is ``min(tokenizer_max_length, 300)`` (``pixart/model.py``), AuraFlow's T5 is cut to 120 tokens unless
 ``i_know_what_i_am_doing`` (``auraflow/model.py``; the pipeline uses 256), Sana gets SimpleTuner's own
-complex-human instruction (``field_registry/sana.py``; the pipeline has its own).
+complex-human instruction (``field_registry/sana.py``; the pipeline has its own), Qwen-Image pads every caption
+to 1024 tokens and keeps up to 1024 (``simpletuner/helpers/training/diffusers_overrides.py:618-690,878-954``
+replaces diffusers' ``QwenImagePipeline._get_qwen_prompt_embeds``; the pipeline pads to the batch's longest and
+cuts at 512). HiDream (``hidream/model.py:490-515``, T5/Llama/CLIP at 128 with their masks) and Wan
+(``wan/model.py:1377-1398``) already encode as their pipelines. Qwen-Image's edit flavours (an image in the
+prompt) are not hooked: te-align has no Qwen-Image-Edit profile; their encoding is left to SimpleTuner.
 
 The cache: ``TextEmbeddingCache.create_hash`` names a cached embed ``md5(caption)-<model_type>.pt``
 (``simpletuner/helpers/caching/text_embeds.py:139-154``) — nothing about lengths, masks or layers, so a changed
@@ -85,6 +94,12 @@ class Family:
     #: the hook always returns the tensor: SimpleTuner's collate pairs cached masks by position, so a None among
     #: tensors would misalign them)
     returns: tuple[str, ...]
+    #: a method of the model that returns True where the original must run (te-align has no profile for it)
+    passthrough: str = ""
+
+    def passes(self, model: Any) -> bool:
+        check = getattr(model, self.passthrough, None) if self.passthrough else None
+        return bool(check()) if callable(check) else False
 
     @property
     def target_label(self) -> str:
@@ -111,7 +126,9 @@ FAMILIES: dict[str, Family] = {
     # cut to 512) (simpletuner/helpers/training/diffusers_overrides.py:618-690,878-954); encode_prompt then
     # returns mask None when all 1024 are real (diffusers 0.42.1 pipelines/qwenimage/pipeline_qwenimage.py:265-266)
     "qwen_image": Family(f"{_M}.qwen_image.model", "QwenImage", ("qwen-image",),
-                         ("prompt_embeds", "prompt_embeds_mask?")),
+                         ("prompt_embeds", "prompt_embeds_mask?"),
+                         # edit flavours encode the caption with its image (qwen_image/model.py:507-549, 982-983)
+                         passthrough="requires_text_embed_image_context"),
     # Wan's second value is not a mask: SimpleTuner's WanPipeline.encode_prompt returns (prompt_embeds,
     # negative_prompt_embeds) with classifier-free guidance on, i.e. the empty prompt's embeds per prompt
     # (simpletuner/helpers/models/wan/model.py:1390-1398, wan/pipeline.py:211-259); cached as "attention_masks"
@@ -242,6 +259,11 @@ class SimpleTunerHook(Hook):
             def _encode_prompts(model: Any, prompts: Any, is_negative_prompt: bool = False, *args: Any, **kw: Any) -> Any:
                 if _BYPASS.get():
                     return original(model, prompts, is_negative_prompt, *args, **kw)
+                if fam.passes(model):
+                    self._once(f"passthrough:{fam.cls}", "te-align: SimpleTuner %s model_flavour %r encodes prompts "
+                               "with an image; te-align has no profile for that, SimpleTuner's own encoding runs",
+                               fam.cls, getattr(getattr(model, "config", None), "model_flavour", None))
+                    return original(model, prompts, is_negative_prompt, *args, **kw)
                 prof = self.profile_for(model, family)
                 padding = getattr(getattr(model, "config", None), "t5_padding", None)
                 if padding not in (None, "unmodified"):
@@ -259,6 +281,8 @@ class SimpleTunerHook(Hook):
         if model is not None:
             fam = MODEL_FAMILY.get(str(getattr(getattr(model, "config", None), "model_family", "")))
             if fam is not None and fam in self.families:
+                if FAMILIES[fam].passes(model):
+                    return ""
                 prof = self.profile_for(model, fam)
         if prof is None:
             from te_align.profiles import profile as load

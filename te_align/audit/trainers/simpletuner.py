@@ -86,7 +86,8 @@ SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream"
 #: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
 NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
 #: Families te-align's SimpleTuner hooks encode (te_align.hooks.simpletuner.FAMILIES; a test keeps them equal).
-HOOKED = ("sd1", "sd2", "sdxl", "sd3", "flux", "pixart", "chroma", "auraflow", "sana", "lumina2")
+HOOKED = ("sd1", "sd2", "sdxl", "sd3", "flux", "pixart", "chroma", "auraflow", "sana", "lumina2", "hidream",
+          "qwen-image", "wan")
 #: The fix where the hooks apply: they run in-process (no SimpleTuner file is changed), enabled by the environment.
 HOOKS_FIX = ('not settable in SimpleTuner (hard-coded); run SimpleTuner with te-align\'s hooks: '
              'eval "$(python -m te_align.hooks.simpletuner env)", then `simpletuner train` or `simpletuner server` '
@@ -196,7 +197,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 
     from te_align.audit.rules import family_of
 
-    hooked = prof is not None and family_of(prof) in HOOKED
+    # Qwen-Image's edit flavours encode the caption with its image: the hooks leave them to SimpleTuner
+    hooked = prof is not None and family_of(prof) in HOOKED and not (fam == "qwen_image" and flavour.startswith("edit"))
     trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key),
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
