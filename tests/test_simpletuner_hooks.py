@@ -368,3 +368,27 @@ def test_qwen_image_edit_flavours_are_left_to_simpletuner(session, monkeypatch):
         assert hook._suffix(type("Cache", (), {"model": model})()) == f"-ta{bundled.fingerprint()[:16]}"
     finally:
         hook.uninstall()
+
+
+def test_probe_session_puts_back_what_simpletuner_patches_in_diffusers():
+    """Importing SimpleTuner's models rewrites diffusers' ``QwenImagePipeline._get_qwen_prompt_embeds`` (pad to
+    1024) and more, process-wide; after a probe session diffusers is its own again (run in a fresh process)."""
+    root = _checkout()
+    code = (
+        "from diffusers import QwenImagePipeline\n"
+        "from diffusers.models.attention_processor import Attention\n"
+        "from te_align.probe.simpletuner import SimpleTunerProbe\n"
+        "before = (QwenImagePipeline._get_qwen_prompt_embeds, Attention.fuse_projections)\n"
+        f"probe = SimpleTunerProbe({root!r})\n"
+        "with probe.session():\n"
+        "    probe._module('qwen_image')\n"
+        "    during = QwenImagePipeline._get_qwen_prompt_embeds.__module__\n"
+        "after = (QwenImagePipeline._get_qwen_prompt_embeds, Attention.fuse_projections)\n"
+        "print(during, [a is b for a, b in zip(before, after)])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TE_ALIGN"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "simpletuner.helpers.training.diffusers_overrides [True, True]"

@@ -67,6 +67,59 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: What SimpleTuner's ``simpletuner/helpers/training/diffusers_overrides.py`` changes in diffusers when imported
+#: (every model module imports it): (module, owner in it, attributes). :meth:`SimpleTunerProbe.session` puts them
+#: back, so diffusers' own ``QwenImagePipeline`` encodes as diffusers does again after a probe.
+DIFFUSERS_PATCHED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("diffusers", "QwenImagePipeline", ("_get_qwen_prompt_embeds", "_simpletuner_original_get_qwen_prompt_embeds")),
+    ("diffusers.models.transformers.transformer_qwenimage", "QwenDoubleStreamAttnProcessor2_0",
+     ("__call__", "_simpletuner_original_call")),
+    ("diffusers.models.attention_processor", "Attention",
+     ("fuse_projections", "unfuse_projections", "_original_fuse_projections", "_original_unfuse_projections")),
+    ("diffusers.loaders.lora_base", "LoraBaseMixin",
+     ("unfuse_lora", "_simpletuner_unfuse_lora_tracking_patch", "_simpletuner_original_unfuse_lora")),
+    ("diffusers.models.attention_dispatch", "TemplatedRingAnythingAttention", ("forward",)),
+    ("diffusers.models.attention_dispatch", "", (
+        "_cudnn_attention_backward_op", "_native_flash_attention_backward_op",
+        "_simpletuner_original_cudnn_attention_backward_op", "_simpletuner_original_native_flash_attention_backward_op",
+        "_simpletuner_templated_attention_backward_layout_patch")),
+)
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _diffusers_restored() -> Iterator[None]:
+    """Undo :data:`DIFFUSERS_PATCHED` (and the flash hub-kernel names it rewrites) on the way out."""
+    saved: list[tuple[Any, str, Any]] = []
+    for module, owner, attrs in DIFFUSERS_PATCHED:
+        try:
+            obj = importlib.import_module(module)
+            obj = getattr(obj, owner) if owner else obj
+        except Exception:  # not in this diffusers: SimpleTuner cannot patch it either
+            continue
+        saved += [(obj, a, obj.__dict__.get(a, _MISSING) if isinstance(obj, type) else getattr(obj, a, _MISSING))
+                  for a in attrs]
+    try:
+        from diffusers.models import attention_dispatch
+
+        for config in getattr(attention_dispatch, "_HUB_KERNELS_REGISTRY", {}).values():
+            saved += [(config, a, getattr(config, a, _MISSING)) for a in ("wrapped_forward_attr", "wrapped_backward_attr")]
+    except Exception:
+        pass
+    try:
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            try:
+                if value is _MISSING:
+                    if attr in getattr(obj, "__dict__", {}):
+                        delattr(obj, attr)
+                else:
+                    setattr(obj, attr, value)
+            except (AttributeError, TypeError):
+                pass
+
+
 class _Config:
     """A SimpleTuner config namespace: set values, else the defaults above, else None (like an unset flag)."""
 
@@ -145,7 +198,7 @@ class SimpleTunerProbe(Adapter):
         from te_align.probe.trainers import _hf_quiet
 
         _hf_quiet()
-        with _stubs.sandbox([self.root], [self.sys_path] if self.sys_path else []), \
+        with _diffusers_restored(), _stubs.sandbox([self.root], [self.sys_path] if self.sys_path else []), \
                 _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]):
             self.modules = {}
             level = logging.getLogger().level
