@@ -392,3 +392,23 @@ def test_probe_session_puts_back_what_simpletuner_patches_in_diffusers():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "simpletuner.helpers.training.diffusers_overrides [True, True]"
+
+
+def test_hidream_outputs_take_simpletuners_base_weight_dtype(session, monkeypatch):
+    """SimpleTuner's HiDream passes ``dtype=config.base_weight_dtype`` to its pipeline, which casts the T5 and CLIP
+    outputs to it and leaves the Llama layers in the encoder's dtype: hooked, the same (bit-identical here)."""
+    import torch
+
+    from te_align.probe.trainers import _tiny
+
+    monkeypatch.delenv("TE_ALIGN", raising=False)
+    prof, toks, encs, pipe = _tiny("hidream")
+    model = session.model("hidream", toks, encs, pipe)
+    model.config.base_weight_dtype = torch.bfloat16
+    prompts = ["a cat", "two dogs!"]
+    with torch.no_grad():
+        original = model._encode_prompts(prompts)
+        with session.hooked(prof):
+            hooked = model._encode_prompts(prompts)
+    assert [x.dtype for x in hooked] == [torch.bfloat16, torch.float32, torch.bfloat16]
+    assert all(torch.equal(x, y) for x, y in zip(original, hooked, strict=True))

@@ -96,6 +96,9 @@ class Family:
     returns: tuple[str, ...]
     #: a method of the model that returns True where the original must run (te-align has no profile for it)
     passthrough: str = ""
+    #: a config attribute holding the dtype the original casts the ``cast_outputs`` to (when set)
+    cast: str = ""
+    cast_outputs: tuple[str, ...] = ()
 
     def passes(self, model: Any) -> bool:
         check = getattr(model, self.passthrough, None) if self.passthrough else None
@@ -119,8 +122,11 @@ FAMILIES: dict[str, Family] = {
     "auraflow": Family(f"{_M}.auraflow.model", "Auraflow", ("auraflow",), ("prompt_embeds", "prompt_attention_mask")),
     "sana": Family(f"{_M}.sana.model", "Sana", ("sana",), ("prompt_embeds", "prompt_attention_mask")),
     "lumina2": Family(f"{_M}.lumina2.model", "Lumina2", ("lumina2",), ("prompt_embeds", "prompt_attention_mask")),
+    # the pipeline call gets dtype=config.base_weight_dtype (hidream/model.py:490-515): the T5 and CLIP outputs
+    # are cast to it, the Llama layers are not (hidream/pipeline.py:930-1115)
     "hidream": Family(f"{_M}.hidream.model", "HiDream", ("hidream",), ("prompt_embeds_t5", "prompt_embeds_llama3",
-                                                                       "pooled_prompt_embeds")),
+                                                                       "pooled_prompt_embeds"),
+                      cast="base_weight_dtype", cast_outputs=("prompt_embeds_t5", "pooled_prompt_embeds")),
     # SimpleTuner replaces diffusers' QwenImagePipeline._get_qwen_prompt_embeds: every caption padded to 1024
     # tokens (+34 template tokens into the encoder), kept up to 1024 (the pipeline's __call__: batch longest,
     # cut to 512) (simpletuner/helpers/training/diffusers_overrides.py:618-690,878-954); encode_prompt then
@@ -350,6 +356,7 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
     toks, encs = _components(model)
     out = te_align.encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
     device = getattr(getattr(model, "accelerator", None), "device", None)
+    dtype = getattr(getattr(model, "config", None), fam.cast, None) if fam.cast else None
     values = []
     for name in fam.returns:
         if name.endswith("?"):
@@ -369,6 +376,8 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
             value = shared.to(torch.float32).unsqueeze(0).repeat(len(batch), *([1] * shared.dim()))
         else:
             value = out[name]
+        if dtype is not None and name in fam.cast_outputs:
+            value = value.to(dtype)
         values.append(value.to(device) if device is not None else value)
     return values[0] if len(values) == 1 else tuple(values)
 
