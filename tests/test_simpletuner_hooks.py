@@ -412,3 +412,23 @@ def test_hidream_outputs_take_simpletuners_base_weight_dtype(session, monkeypatc
             hooked = model._encode_prompts(prompts)
     assert [x.dtype for x in hooked] == [torch.bfloat16, torch.float32, torch.bfloat16]
     assert all(torch.equal(x, y) for x, y in zip(original, hooked, strict=True))
+
+
+def test_qwen_image_hook_loads_the_text_encoder_as_simpletuner_does(session, monkeypatch):
+    """SimpleTuner's Qwen-Image ``_encode_prompts`` loads the text encoder when none is loaded; hooked, too (its
+    loader reads the hub: a stand-in puts the tiny encoder in place)."""
+    import torch
+
+    import te_align
+    from te_align.probe.trainers import _tiny
+
+    monkeypatch.delenv("TE_ALIGN", raising=False)
+    prof, toks, encs, pipe = _tiny("qwen-image")
+    model = session.model("qwen-image", toks, encs, pipe)
+    loaded = []
+    model.text_encoders = None
+    model.load_text_encoder = lambda: loaded.append(1) or setattr(model, "text_encoders", [encs["text_encoder"]])
+    with torch.no_grad(), session.hooked(prof):
+        embeds, mask = model._encode_prompts(["a cat"])
+    want = te_align.encode(prof, ["a cat"], tokenizers=toks, text_encoders=encs)
+    assert loaded == [1] and torch.equal(embeds, want["prompt_embeds"]) and torch.equal(mask, want["prompt_embeds_mask"])

@@ -99,6 +99,8 @@ class Family:
     #: a config attribute holding the dtype the original casts the ``cast_outputs`` to (when set)
     cast: str = ""
     cast_outputs: tuple[str, ...] = ()
+    #: the original loads the text encoders when none are loaded and moves the first to the accelerator's device
+    loads_encoders: bool = False
 
     def passes(self, model: Any) -> bool:
         check = getattr(model, self.passthrough, None) if self.passthrough else None
@@ -134,7 +136,7 @@ FAMILIES: dict[str, Family] = {
     "qwen_image": Family(f"{_M}.qwen_image.model", "QwenImage", ("qwen-image",),
                          ("prompt_embeds", "prompt_embeds_mask?"),
                          # edit flavours encode the caption with its image (qwen_image/model.py:507-549, 982-983)
-                         passthrough="requires_text_embed_image_context"),
+                         passthrough="requires_text_embed_image_context", loads_encoders=True),
     # Wan's second value is not a mask: SimpleTuner's WanPipeline.encode_prompt returns (prompt_embeds,
     # negative_prompt_embeds) with classifier-free guidance on, i.e. the empty prompt's embeds per prompt
     # (simpletuner/helpers/models/wan/model.py:1390-1398, wan/pipeline.py:211-259); cached as "attention_masks"
@@ -353,9 +355,15 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
     import te_align
 
     batch = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
+    device = getattr(getattr(model, "accelerator", None), "device", None)
+    if fam.loads_encoders:  # as the original does first (qwen_image/model.py:518-526)
+        if not model.text_encoders:
+            model.load_text_encoder()
+        first = model.text_encoders[0]
+        if device is not None and getattr(first, "device", device) != device:
+            first.to(device)
     toks, encs = _components(model)
     out = te_align.encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
-    device = getattr(getattr(model, "accelerator", None), "device", None)
     dtype = getattr(getattr(model, "config", None), fam.cast, None) if fam.cast else None
     values = []
     for name in fam.returns:
