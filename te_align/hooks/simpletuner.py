@@ -32,7 +32,7 @@ length is ``min(tokenizer_max_length, 300)`` (``pixart/model.py``), AuraFlow's T
 complex-human instruction (``field_registry/sana.py``; the pipeline has its own), Qwen-Image pads every caption
 to 1024 tokens and keeps up to 1024 (``simpletuner/helpers/training/diffusers_overrides.py:618-690,878-954``
 replaces diffusers' ``QwenImagePipeline._get_qwen_prompt_embeds``; the pipeline pads to the batch's longest and
-cuts at 512). HiDream (``hidream/model.py:490-515``, T5/Llama/CLIP at 128 with their masks) and Wan
+cuts at 512). HiDream (``hidream/model.py:490-515``: all four at 128, T5 and Llama with their masks) and Wan
 (``wan/model.py:1377-1398``) already encode as their pipelines. Qwen-Image's edit flavours (an image in the
 prompt) are not hooked: te-align has no Qwen-Image-Edit profile; their encoding is left to SimpleTuner.
 
