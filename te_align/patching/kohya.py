@@ -16,8 +16,9 @@ import functools
 import hashlib
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from te_align._git import git_dir, git_head
 from te_align.hooks.base import OFF_WORDS
@@ -127,9 +128,15 @@ def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
     from te_align.hooks.kohya import all_targets
 
+    return target_problems(root, all_targets())
+
+
+def target_problems(root: Path, targets: Iterable[Any]) -> list[str]:
+    """Which hook ``targets`` (module, qualname, pinned params) are missing or changed in the tree at ``root``,
+    read from the source files without importing them (kohya, OneTrainer)."""
     problems: list[str] = []
     trees: dict[str, ast.Module | None] = {}
-    for t in all_targets():
+    for t in targets:
         if t.module not in trees:
             trees[t.module] = _parse(_module_file(root, t.module))
         tree = trees[t.module]
@@ -305,4 +312,4 @@ def plan_drop_ins(
     )  # fmt: skip
 
 
-__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "plan_drop_ins", "shim_source", "static_problems"]
+__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "plan_drop_ins", "shim_source", "static_problems", "target_problems"]

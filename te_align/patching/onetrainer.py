@@ -17,7 +17,7 @@ from pathlib import Path
 
 from te_align._git import git_head
 from te_align.hooks.base import OFF_WORDS
-from te_align.patching.kohya import _find_def, _module_file, _parse, plan_drop_ins
+from te_align.patching.kohya import plan_drop_ins, target_problems
 from te_align.patching.templates import patch_dir
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import (
@@ -67,24 +67,7 @@ def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
     from te_align.hooks.onetrainer import OneTrainerHook
 
-    problems: list[str] = []
-    for t in OneTrainerHook().targets():
-        f = _module_file(root, t.module)
-        tree = _parse(f)
-        if tree is None:
-            problems.append(f"{t.label}: module file {f.relative_to(root)} missing or unreadable")
-            continue
-        node = _find_def(tree, t.qualname)
-        if node is None:
-            problems.append(f"{t.label}: not found")
-            continue
-        args = node.args
-        names = [a.arg for a in (*args.posonlyargs, *args.args)]
-        want = list(t.params or ())
-        without_default = names[: len(names) - len(args.defaults)]
-        if names[: len(want)] != want or len(without_default) > len(want):
-            problems.append(f"{t.label}: signature changed: expected ({', '.join(want)}), found ({', '.join(names)})")
-    return problems
+    return target_problems(root, OneTrainerHook().targets())
 
 
 def shim_source(script: str, profile: str | None) -> bytes:

@@ -790,33 +790,51 @@ def training_loss(
         timesteps = torch.randint(0, sched.config.num_train_timesteps, (n,), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
         xt = sched.add_noise(x0, noise, timesteps)
-        time_ids = torch.tensor([sdxl_time_ids(cfg)], dtype=x0.dtype).expand(n, 6)
-        pred = model(
-            xt, timesteps, encoder_hidden_states=rows["prompt_embeds"],
-            added_cond_kwargs={"text_embeds": rows["pooled_prompt_embeds"], "time_ids": time_ids}, return_dict=False,
-        )[0]  # fmt: skip
-        return torch.nn.functional.mse_loss(pred, noise)
+        return torch.nn.functional.mse_loss(_denoise(cfg, model, xt, timesteps, rows, shared), noise)
     t = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=gen))
     noise = torch.randn(x0.shape, generator=gen)
     tt = t.view(-1, 1, 1, 1)
     xt = (1 - tt) * x0 + tt * noise
+    pred = _denoise(cfg, model, xt, t, rows, shared)
     if cfg.family == "flux":
         import diffusers
 
-        pack = diffusers.FluxPipeline._pack_latents
         b, c, h, w = x0.shape
-        pred = model(
-            hidden_states=pack(xt, b, c, h, w), timestep=t, guidance=None, pooled_projections=rows["pooled_prompt_embeds"],
-            encoder_hidden_states=rows["prompt_embeds"], txt_ids=shared["text_ids"],
-            img_ids=diffusers.FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, x0.device, x0.dtype),
+        return torch.nn.functional.mse_loss(pred, diffusers.FluxPipeline._pack_latents(noise - x0, b, c, h, w))
+    return torch.nn.functional.mse_loss(pred, noise - x0)
+
+
+def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, Any], shared: dict[str, Any]) -> Any:
+    """``cfg.family``'s denoiser output for the noised latents ``xt``, called as the pipeline calls it.
+
+    ``t``: sdxl integer timesteps (the output is epsilon, time ids :func:`sdxl_time_ids`); sd3 flow time in
+    [0, 1], fed as ``1000 t`` (velocity); flux flow time fed as it is, on 2 x 2 packed latents with the
+    pipeline's image ids and the profile's text ids (packed velocity).
+    """
+    import torch
+
+    n = xt.shape[0]
+    if cfg.family == "sdxl":
+        time_ids = torch.tensor([sdxl_time_ids(cfg)], dtype=xt.dtype).expand(n, 6)
+        return model(
+            xt, t, encoder_hidden_states=rows["prompt_embeds"],
+            added_cond_kwargs={"text_embeds": rows["pooled_prompt_embeds"], "time_ids": time_ids}, return_dict=False,
+        )[0]  # fmt: skip
+    if cfg.family == "flux":
+        import diffusers
+
+        pipe_cls = diffusers.FluxPipeline
+        b, c, h, w = xt.shape
+        return model(
+            hidden_states=pipe_cls._pack_latents(xt, b, c, h, w), timestep=t, guidance=None,
+            pooled_projections=rows["pooled_prompt_embeds"], encoder_hidden_states=rows["prompt_embeds"],
+            txt_ids=shared["text_ids"], img_ids=pipe_cls._prepare_latent_image_ids(b, h // 2, w // 2, xt.device, xt.dtype),
             return_dict=False,
         )[0]  # fmt: skip
-        return torch.nn.functional.mse_loss(pred, pack(noise - x0, b, c, h, w))
-    pred = model(
+    return model(
         hidden_states=xt, encoder_hidden_states=rows["prompt_embeds"], pooled_projections=rows["pooled_prompt_embeds"],
         timestep=t * 1000, return_dict=False,
     )[0]  # fmt: skip
-    return torch.nn.functional.mse_loss(pred, noise - x0)
 
 
 def train_transformer(
@@ -1113,32 +1131,16 @@ def _predict_x0(
         sched = _ddpm_schedule()
         timesteps = torch.full((n,), round(frac * (sched.config.num_train_timesteps - 1)), dtype=torch.long)
         xt = sched.add_noise(x0, noise, timesteps)
-        time_ids = torch.tensor([sdxl_time_ids(cfg)], dtype=x0.dtype).expand(n, 6)
-        eps = model(
-            xt, timesteps, encoder_hidden_states=rows["prompt_embeds"],
-            added_cond_kwargs={"text_embeds": rows["pooled_prompt_embeds"], "time_ids": time_ids}, return_dict=False,
-        )[0]  # fmt: skip
+        eps = _denoise(cfg, model, xt, timesteps, rows, shared)
         abar = sched.alphas_cumprod[timesteps].to(x0.dtype).view(-1, 1, 1, 1)
         return (xt - (1 - abar).sqrt() * eps) / abar.sqrt()
     xt = (1 - frac) * x0 + frac * noise
-    t = torch.full((n,), float(frac))
+    v = _denoise(cfg, model, xt, torch.full((n,), float(frac)), rows, shared)
     if cfg.family == "flux":
         import diffusers
 
-        pipe_cls = diffusers.FluxPipeline
-        b, c, h, w = x0.shape
-        v = model(
-            hidden_states=pipe_cls._pack_latents(xt, b, c, h, w), timestep=t, guidance=None,
-            pooled_projections=rows["pooled_prompt_embeds"], encoder_hidden_states=rows["prompt_embeds"],
-            txt_ids=shared["text_ids"], img_ids=pipe_cls._prepare_latent_image_ids(b, h // 2, w // 2, x0.device, x0.dtype),
-            return_dict=False,
-        )[0]  # fmt: skip
-        v = pipe_cls._unpack_latents(v, h * 8, w * 8, 8)  # vae_scale_factor 8: h * 8 // 8 latent rows
-    else:
-        v = model(
-            hidden_states=xt, encoder_hidden_states=rows["prompt_embeds"], pooled_projections=rows["pooled_prompt_embeds"],
-            timestep=t * 1000, return_dict=False,
-        )[0]  # fmt: skip
+        h, w = x0.shape[-2:]
+        v = diffusers.FluxPipeline._unpack_latents(v, h * 8, w * 8, 8)  # vae_scale_factor 8: h * 8 // 8 latent rows
     # x_t = (1 - t) x0 + t e and v = e - x0  =>  x0 = x_t - t v
     return xt - frac * v
 
