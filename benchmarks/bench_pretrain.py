@@ -5,7 +5,8 @@
 
 Writes ``log.jsonl`` (every record: data, VAE, encoding, training losses, evaluations) and, at each
 evaluation point, the pipeline folder ``model-<step>``, a sample grid ``grid-<step>.png`` and the resumable
-state ``checkpoint.pt`` (denoiser, EMA, optimizer, step; replaced atomically). ``--resume`` continues from
+state ``checkpoint.pt`` (denoiser, EMA, optimizer, step; replaced atomically; also after every
+``--gap-every`` stop, so a killed run loses at most that many steps). ``--resume`` continues from
 it: training is seeded per step, so a resumed run gives the weights of an uninterrupted one. Every
 ``--gap-every`` steps the conditioning gap (``pretrain.conditioning_gap`` on 64 held-out images: how much
 worse the denoiser predicts with wrong captions) is logged; it moves long before prompt accuracy does.
@@ -155,7 +156,7 @@ def main() -> None:
                         **{f"t{k:g}": round(v, 3) for k, v in gap.items()},
                     }
                 )
-        _save_checkpoint(ckpt_path, cfg, state, t_train)
+            _save_checkpoint(ckpt_path, cfg, state, t_train)  # a killed run loses at most --gap-every steps
         pipe = pretrain.build_pipeline(state["ema"], vae, cfg, prep["components"])
         if point == points[0]:
             log({"phase": "sizes", **pretrain.model_sizes(pipe)})

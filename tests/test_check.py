@@ -439,3 +439,19 @@ def test_one_ai_toolkit_table_for_check_and_hooks():
         if hooked:
             assert profile_name_for({"arch": arch}) == profile
     assert guess_profile({"arch": "wan22_5b:ti2v"})[0] == "wan21"  # was unknown to `te-align check`
+
+
+def test_exit_0_with_notes_prints_the_notes_not_every_one_matches(tmp_path, capsys):
+    """An info-only result exits 0, but the text output must show its notes instead of claiming a full match."""
+    from te_align.cli import main
+
+    qwen = write(tmp_path, "config.json", json.dumps({"model_family": "qwen_image", "caption_dropout_probability": 0.0}))
+    assert main(["check", qwen]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "  aligned: 2 rule(s) for simpletuner/qwen-image ran; no error or warning, but these notes:"
+    assert [line.split()[:2] for line in out if line.startswith("  info")] == [
+        ["info", "qwen.tokenizer.max_length"], ["info", "qwen.tokenizer.padding"]]
+    assert out[-1] == "  0 error(s), 0 warning(s), 2 note(s)"
+    flux = write(tmp_path, "flux.toml", 'pretrained_model_name_or_path = "/m/flux1-dev.safetensors"\nt5xxl_max_token_length = 512\n')
+    assert main(["check", flux]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("ran and every one matches the profile")

@@ -324,7 +324,7 @@ def test_simpletuner_qwen_reads_captions_from_its_data_backend_config(tmp_path):
     db = write(tmp_path, "multidatabackend.json", json.dumps(backends))
     r = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "qwen_image", "data_backend_config": db,
                                                               "caption_dropout_probability": 0.0})))
-    assert devs(r) == {"qwen.tokenizer.max_length": (1024, 512, "warning")}
+    assert devs(r) == {"qwen.tokenizer.max_length": (1024, 512, "warning"), "qwen.tokenizer.padding": ("max_length", "longest", "info")}
     assert r.findings[0].message.endswith(f"1 of 1 caption file(s) in {data} are longer than 512 bytes (so may pass "
                                           "512 tokens)")
 

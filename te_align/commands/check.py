@@ -121,9 +121,12 @@ def _print_result(r: Any) -> None:
         print(f"{r.file}: {r.trainer} · profile {r.profile} ({r.family_reason})")
     table = [f for f in r.findings if f.kind == "deviation"]
     others = [f for f in r.findings if f.kind not in ("deviation", "not-checked")]
-    if r.exit_code == 0:
+    if r.exit_code == 0 and not table and not others:
         print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran and every one matches the profile")
         return
+    if r.exit_code == 0:
+        print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran; no error or warning, "
+              "but these notes:")
     if table:
         w = max(len(f.setting) for f in table) + 2
         print(f"  {'severity':<9}{'setting':<{w}}{'effective':<18}{'profile':<18}")

@@ -54,6 +54,11 @@ RULES: tuple[Rule, ...] = (
          f"{_M}/hidream/model.py:833-845"),
     Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
          "encode_prompt without max_sequence_length (diffusers encode_prompt default 1024)", f"{_M}/qwen_image/model.py:507-549", captions="over512"),
+    Rule("qwen.tokenizer.padding", ("qwen-image",), None, "max_length",
+         "SimpleTuner replaces QwenImagePipeline._get_qwen_prompt_embeds: every caption padded to 1,024 tokens (after "
+         "the 34-token template) and zero rows; the mask reaches the transformer, which masks them, so only the "
+         "sequence length (cache size, attention cost) differs",
+         "simpletuner/helpers/training/diffusers_overrides.py:618-689,878-884", severity="info"),
     Rule("t5.tokenizer.max_length", ("wan",), None, 512, "WanPipeline.encode_prompt default max_sequence_length=512",
          f"{_M}/wan/model.py:1377-1398"),
     # ---- PixArt-Σ (model_family "pixart"): pipeline.encode_prompt with clean_caption=True
