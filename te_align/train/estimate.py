@@ -84,8 +84,7 @@ def steady_cpu_heap() -> bool:
     raises it to that block's size (up to 32 MiB), after which such blocks come from the heap, where freed
     ones stay resident (see the module docstring for what that cost). The price is a page fault per fresh
     page of each large tensor, i.e. more system time per step (benchmarks/bench_train_scale.py's speed column
-    with and without ``--glibc-heap`` compares both); tensors below 1 MiB, as in the tiny models, are not
-    affected. Left alone when the user set
+    with and without ``--glibc-heap`` compares both); tensors below 1 MiB are not affected. Left alone when the user set
     ``MALLOC_MMAP_THRESHOLD_``; a no-op off glibc. True when the threshold was set."""
     import ctypes
     import os
