@@ -1,11 +1,13 @@
-"""A real OneTrainer training launch through the patched ``scripts/train.py`` (SD 1.5 LoRA on CPU, tiny model).
+"""Real OneTrainer training launches through the patched ``scripts/train.py`` (LoRA on CPU, tiny models).
 
 Needs a OneTrainer checkout (TE_ALIGN_ONETRAINER_DIR) and the python of an environment that runs it
-(TE_ALIGN_ONETRAINER_PYTHON; ``tools/onetrainer_env.sh`` builds one). The checkout is copied, patched with
-``te-align patch``, and trained twice in subprocesses: hooked (te-align's log lines, the text cache in the
-profile-fingerprinted folder, every cached embedding equal to ``te_align.encode`` in that environment) and with
-``TE_ALIGN=off`` (OneTrainer's own cache, no te-align folder); then ``te-align unpatch`` restores every byte.
-The run's files are made by :mod:`tests.support.onetrainer_run` in the OneTrainer environment.
+(TE_ALIGN_ONETRAINER_PYTHON; ``tools/onetrainer_env.sh`` builds one). The checkout is copied and patched with
+``te-align patch``; OneTrainer then trains in subprocesses: SD 1.5 hooked (te-align's log lines, the text cache in
+the profile-fingerprinted folder, every cached embedding equal to ``te_align.encode`` in that environment), with
+``TE_ALIGN=off`` (OneTrainer's own cache, no te-align folder) and hooked again on OneTrainer's own cache (stale
+entries counted); SD3 hooked (T5 cached at the profile's 256 tokens, OneTrainer's own length is 77). Then
+``te-align unpatch`` restores every byte. The runs' files are made by :mod:`tests.support.onetrainer_run` in the
+OneTrainer environment.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,7 @@ PYTHON = os.environ.get(ENV_PYTHON)
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 300
 STEPS = 2  # tests.support.onetrainer_run: 4 images, batch size 2, one epoch
+SUPPORT = "tests.support.onetrainer_run"
 
 pytestmark = pytest.mark.skipif(
     not (ROOT and PYTHON),
@@ -57,53 +60,83 @@ def _run(cmd: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess
 
 
 @dataclass
-class Launch:
-    checkout: Path
+class Checkout:
+    root: Path
     before: dict[str, tuple[bytes, int]]
-    run_dir: Path
-    overrides: dict[str, object]
+    base: Path
     patch: subprocess.CompletedProcess[str]
-    hooked: subprocess.CompletedProcess[str]
-    off: subprocess.CompletedProcess[str]
-    stale: subprocess.CompletedProcess[str]
-    unpatch: subprocess.CompletedProcess[str]
-    after: dict[str, tuple[bytes, int]]
+
+
+@dataclass
+class Family:
+    """One family's files and launches: ``runs`` maps a launch name to its output (see :func:`_launch`)."""
+
+    name: str
+    dir: Path
+    overrides: dict[str, Any]
+    runs: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+
+    def profile(self) -> Any:
+        import te_align
+        from tests.support.onetrainer_run import RUNS
+
+        return te_align.profile(RUNS[self.name].profile, **self.overrides)
+
+    def out(self, run: str) -> str:
+        return self.runs[run].stdout + self.runs[run].stderr
 
 
 @pytest.fixture(scope="module")
-def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launch]:
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Checkout:
     base = tmp_path_factory.mktemp("onetrainer_launch")
-    checkout = base / "OneTrainer"
-    shutil.copytree(str(ROOT), checkout, ignore=shutil.ignore_patterns(".git", "venv", "__pycache__", "workspace*"))
-    before = _tree(checkout)
-    run_dir = base / "run"
-    _run([str(PYTHON), "-m", "tests.support.onetrainer_run", "build", str(run_dir)], REPO)
-    overrides = json.loads((run_dir / "overrides.json").read_text(encoding="utf-8"))
-    for name, changes in (("off", {}), ("stale", {"only_cache": True})):  # "stale": hooked, caching only
-        cfg = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-        cfg.update(cache_dir=str(run_dir / f"cache-{name}"), workspace_dir=str(run_dir / f"workspace-{name}"),
-                   output_model_destination=str(run_dir / f"out-{name}" / "lora.safetensors"), **changes)  # fmt: skip
-        (run_dir / f"config-{name}.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-    te_align_cli = [sys.executable, "-m", "te_align"]
-    on = {"TE_ALIGN_OVERRIDES": json.dumps(overrides)}
-    patch = _run([*te_align_cli, "patch", str(checkout)], REPO)
-    train = [str(PYTHON), "scripts/train.py", "--config-path"]
-    hooked = _run([*train, str(run_dir / "config.json")], checkout, **on)
-    off = _run([*train, str(run_dir / "config-off.json")], checkout, TE_ALIGN="off")
-    shutil.copytree(run_dir / "cache-off", run_dir / "cache-stale")  # OneTrainer's own cache, then hooked
-    stale = _run([*train, str(run_dir / "config-stale.json")], checkout, **on)
-    unpatch = _run([*te_align_cli, "unpatch", str(checkout)], REPO)
-    yield Launch(checkout, before, run_dir, overrides, patch, hooked, off, stale, unpatch, _tree(checkout))
+    root = base / "OneTrainer"
+    shutil.copytree(str(ROOT), root, ignore=shutil.ignore_patterns(".git", "venv", "__pycache__", "workspace*"))
+    before = _tree(root)
+    patch = _run([sys.executable, "-m", "te_align", "patch", str(root)], REPO)
+    return Checkout(root, before, base, patch)
 
 
-def _profile(launch: Launch):
-    import te_align
+def _family(checkout: Checkout, name: str, launches: dict[str, tuple[dict[str, Any], bool]]) -> Family:
+    """Build ``name``'s files, then launch ``scripts/train.py`` once per entry of ``launches``: run name ->
+    (config changes, hooked: the fitted profile's overrides in TE_ALIGN_OVERRIDES, else TE_ALIGN=off). A run
+    other than "hooked" gets its own cache, workspace and output folders; one whose changes name
+    ``copy_cache_from`` starts from a copy of that run's cache."""
+    fam_dir = checkout.base / name
+    _run([str(PYTHON), "-m", SUPPORT, "build", str(fam_dir), name], REPO)
+    fam = Family(name, fam_dir, json.loads((fam_dir / "overrides.json").read_text(encoding="utf-8")))
+    for run, (changes, hooked) in launches.items():
+        env = {"TE_ALIGN_OVERRIDES": json.dumps(fam.overrides)} if hooked else {"TE_ALIGN": "off"}
+        cfg = json.loads((fam_dir / "config.json").read_text(encoding="utf-8"))
+        changes = dict(changes)
+        source = changes.pop("copy_cache_from", None)
+        if run != "hooked":
+            cfg.update(cache_dir=str(fam_dir / f"cache-{run}"), workspace_dir=str(fam_dir / f"workspace-{run}"),
+                       output_model_destination=str(fam_dir / f"out-{run}" / "lora.safetensors"))  # fmt: skip
+        cfg.update(changes)
+        if source is not None:
+            shutil.copytree(fam_dir / f"cache-{source}", cfg["cache_dir"])
+        path = fam_dir / f"config-{run}.json"
+        path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+        fam.runs[run] = _run([str(PYTHON), "scripts/train.py", "--config-path", str(path)], checkout.root, **env)
+    return fam
 
-    return te_align.profile("sd15", **launch.overrides)
+
+@pytest.fixture(scope="module")
+def sd15(checkout: Checkout) -> Family:
+    return _family(checkout, "sd15", {
+        "hooked": ({}, True),
+        "off": ({}, False),
+        "stale": ({"only_cache": True, "copy_cache_from": "off"}, True),  # hooked on OneTrainer's own cache
+    })  # fmt: skip
 
 
-def _cached(folder: Path) -> list[dict]:
-    """Every cached text item (mgds DiskCache: <group>/variation-<n>/<index>.pt, a dict of tensors)."""
+@pytest.fixture(scope="module")
+def sd3(checkout: Checkout) -> Family:
+    return _family(checkout, "sd3", {"hooked": ({}, True)})
+
+
+def _cached(folder: Path) -> list[dict[str, Any]]:
+    """Every cached caption entry (mgds DiskCache: <group>/variation-<n>/<index>.pt, a dict of tensors)."""
     import torch
 
     items = [torch.load(p, weights_only=False, map_location="cpu") for p in sorted(folder.rglob("*.pt"))
@@ -112,74 +145,99 @@ def _cached(folder: Path) -> list[dict]:
     return items
 
 
-def test_hooked_launch_trains_and_announces_te_align(launch: Launch) -> None:
-    from te_align.hooks.onetrainer import cache_folder
-
-    out = launch.hooked.stdout + launch.hooked.stderr
-    p = _profile(launch)
-    assert "te-align: OneTrainer hooks active (" in out
-    assert (f"te-align: OneTrainer StableDiffusionBaseDataLoader data loader tokenizes (1) and encodes (1) by profile "
-            f"sd15 (fingerprint {p.fingerprint()[:12]})") in out  # fmt: skip
-    assert f"te-align: OneTrainer text cache keyed by profile sd15: {launch.run_dir / 'cache' / 'text' / cache_folder(p)}" in out
-    assert (launch.run_dir / "out" / "lora.safetensors").is_file()
-    # the sampler's prompt goes through the hooked encode_text (text=...): one image after each step
-    assert len(list((launch.run_dir / "workspace" / "samples").rglob("*.jpg"))) == STEPS
-
-
-def test_hooked_text_cache_is_the_profiles_and_equals_te_align_encode(launch: Launch) -> None:
+def _assert_cache_equals_te_align_encode(fam: Family, folder: Path) -> dict[str, Any]:
+    """Each cached entry equals te_align.encode of its caption exactly (the reference the build step computed in
+    the OneTrainer environment); every caption is cached once. Returns the first entry."""
     import torch
     from safetensors import safe_open
 
+    from tests.support.onetrainer_run import CAPTIONS, REFERENCE, RUNS
+
+    with safe_open(str(fam.dir / REFERENCE), framework="pt") as f:
+        assert f.metadata()["fingerprint"] == fam.profile().fingerprint()  # the same profile in both environments
+        want = {k: f.get_tensor(k) for k in f.keys()}
+    token_keys = [t for t, _, _, _ in RUNS[fam.name].cache_keys.values()]
+    items = _cached(folder)
+    matched = []
+    for item in items:
+        i = next(i for i in range(len(CAPTIONS)) if all(torch.equal(item[t], want[f"{i}/{t}"]) for t in token_keys))
+        keys = [k.split("/", 1)[1] for k in want if k.startswith(f"{i}/")]
+        assert {k for k in item if item[k] is not None} == set(keys)
+        for k in keys:
+            assert torch.equal(item[k], want[f"{i}/{k}"]), (fam.name, i, k)
+        matched.append(i)
+    assert sorted(matched) == list(range(len(CAPTIONS)))
+    return items[0]
+
+
+def test_sd15_hooked_launch_trains_and_announces_te_align(sd15: Family) -> None:
     from te_align.hooks.onetrainer import cache_folder
 
-    p = _profile(launch)
-    text = launch.run_dir / "cache" / "text"
-    assert [c.name for c in text.iterdir()] == [cache_folder(p)]
-    ref = launch.run_dir / "reference.safetensors"
-    _run([str(PYTHON), "-m", "tests.support.onetrainer_run", "encode", str(launch.run_dir), str(ref)], REPO)
-    with safe_open(str(ref), framework="pt") as f:
-        assert f.metadata()["fingerprint"] == p.fingerprint()  # the same profile in both environments
-        want = {k: f.get_tensor(k) for k in f.keys()}
-    n = sum(1 for k in want if k.startswith("tokens_"))
-    matched = set()
-    for item in _cached(text / cache_folder(p)):
-        i = next(i for i in range(n) if torch.equal(item["tokens"], want[f"tokens_{i}"]))
-        assert torch.equal(item["text_encoder_hidden_state"], want[f"prompt_embeds_{i}"])
-        matched.add(i)
-    assert matched == set(range(n))
+    out, p = sd15.out("hooked"), sd15.profile()
+    assert "te-align: OneTrainer hooks active (" in out
+    assert (f"te-align: OneTrainer StableDiffusionBaseDataLoader data loader tokenizes (1) and encodes (1) by profile "
+            f"sd15 (fingerprint {p.fingerprint()[:12]})") in out  # fmt: skip
+    assert f"te-align: OneTrainer text cache keyed by profile sd15: {sd15.dir / 'cache' / 'text' / cache_folder(p)}" in out
+    assert (sd15.dir / "out" / "lora.safetensors").is_file()
+    # the sampler's prompt goes through the hooked encode_text (text=...): one image after each step
+    assert len(list((sd15.dir / "workspace" / "samples").rglob("*.jpg"))) == STEPS
 
 
-def test_te_align_off_runs_onetrainer_unmodified(launch: Launch) -> None:
+def test_sd15_text_cache_is_the_profiles_and_equals_te_align_encode(sd15: Family) -> None:
+    from te_align.hooks.onetrainer import cache_folder
+
+    text = sd15.dir / "cache" / "text"
+    assert [c.name for c in text.iterdir()] == [cache_folder(sd15.profile())]
+    _assert_cache_equals_te_align_encode(sd15, text / cache_folder(sd15.profile()))
+
+
+def test_sd15_te_align_off_runs_onetrainer_unmodified(sd15: Family) -> None:
     import torch
 
     from te_align.hooks.onetrainer import CACHE_PREFIX
 
-    out = launch.off.stdout + launch.off.stderr
-    assert "te-align" not in out
-    assert (launch.run_dir / "out-off" / "lora.safetensors").is_file()
-    text = launch.run_dir / "cache-off" / "text"
+    assert "te-align" not in sd15.out("off")
+    assert (sd15.dir / "out-off" / "lora.safetensors").is_file()
+    text = sd15.dir / "cache-off" / "text"
     assert not [c.name for c in text.iterdir() if c.name.startswith(CACHE_PREFIX)]
     off = {tuple(it["tokens"].tolist()): it["text_encoder_hidden_state"] for it in _cached(text)}
-    on = {tuple(it["tokens"].tolist()): it["text_encoder_hidden_state"] for it in _cached(text.parent.parent / "cache" / "text")}
-    assert set(off) == set(on)  # same tokens (CLIP at 77 either way) ...
+    on = {tuple(it["tokens"].tolist()): it["text_encoder_hidden_state"] for it in _cached(sd15.dir / "cache" / "text")}
+    assert set(off) == set(on)  # the same tokens (CLIP at 77 either way) ...
     assert all(not torch.equal(off[k], on[k]) for k in off)  # ... OneTrainer's last layer vs the profile's penultimate
 
 
-def test_stale_cache_entries_are_counted_and_re_encoded(launch: Launch) -> None:
+def test_sd15_stale_cache_entries_are_counted_and_re_encoded(sd15: Family) -> None:
     """Hooked on a cache OneTrainer made without te-align: its 4 caption entries are named stale (mgds'
     aggregate.pt is no entry), left in place, and the texts re-encoded into the profile's folder."""
     from te_align.hooks.onetrainer import cache_folder
 
-    p = _profile(launch)
-    text = launch.run_dir / "cache-stale" / "text"
-    out = launch.stale.stdout + launch.stale.stderr
+    p = sd15.profile()
+    text = sd15.dir / "cache-stale" / "text"
     assert (f"te-align: 4 cached text-encoder file(s) in {text} were made without te-align or with another profile; "
-            f"texts are re-encoded by profile sd15 into {cache_folder(p)}") in out  # fmt: skip
-    old = [c.name for c in (launch.run_dir / "cache-off" / "text").iterdir()]
+            f"texts are re-encoded by profile sd15 into {cache_folder(p)}") in sd15.out("stale")  # fmt: skip
+    old = [c.name for c in (sd15.dir / "cache-off" / "text").iterdir()]
     assert sorted(c.name for c in text.iterdir()) == sorted([*old, cache_folder(p)])
     assert len(_cached(text / cache_folder(p))) == 4
 
 
-def test_unpatch_restores_every_byte(launch: Launch) -> None:
-    assert "scripts/train.py" in launch.patch.stdout
-    assert launch.after == launch.before
+def test_sd3_hooked_launch_caches_t5_at_the_profiles_256_tokens(sd3: Family) -> None:
+    from te_align.hooks.onetrainer import cache_folder
+
+    p = sd3.profile()
+    out = sd3.out("hooked")
+    assert (f"te-align: OneTrainer StableDiffusion3BaseDataLoader data loader tokenizes (3) and encodes (3) by profile "
+            f"sd3-medium (fingerprint {p.fingerprint()[:12]})") in out  # fmt: skip
+    assert (sd3.dir / "out" / "lora.safetensors").is_file()
+    assert len(list((sd3.dir / "workspace" / "samples").rglob("*.jpg"))) == STEPS
+    text = sd3.dir / "cache" / "text"
+    assert [c.name for c in text.iterdir()] == [cache_folder(p)]
+    first = _assert_cache_equals_te_align_encode(sd3, text / cache_folder(p))
+    assert first["tokens_3"].shape == (256,) and first["text_encoder_3_hidden_state"].shape == (256, 96)
+
+
+def test_unpatch_restores_every_byte(checkout: Checkout, sd15: Family, sd3: Family) -> None:
+    """After every launch (the fixtures ran them): ``te-align unpatch`` gives back the copied checkout exactly."""
+    assert "replace scripts/train.py" in checkout.patch.stdout
+    assert sd15.runs and sd3.runs
+    _run([sys.executable, "-m", "te_align", "unpatch", str(checkout.root)], REPO)
+    assert _tree(checkout.root) == checkout.before
