@@ -2,12 +2,12 @@
 
 Needs a OneTrainer checkout (TE_ALIGN_ONETRAINER_DIR) and the python of an environment that runs it
 (TE_ALIGN_ONETRAINER_PYTHON; ``tools/onetrainer_env.sh`` builds one). The checkout is copied and patched with
-``te-align patch``; OneTrainer then trains in subprocesses: SD 1.5 hooked (te-align's log lines, the text cache in
-the profile-fingerprinted folder, every cached embedding equal to ``te_align.encode`` in that environment), with
-``TE_ALIGN=off`` (OneTrainer's own cache, no te-align folder) and hooked again on OneTrainer's own cache (stale
-entries counted); SD3 hooked (T5 cached at the profile's 256 tokens, OneTrainer's own length is 77). Then
-``te-align unpatch`` restores every byte. The runs' files are made by :mod:`tests.support.onetrainer_run` in the
-OneTrainer environment.
+``te-align patch``; OneTrainer then trains in subprocesses. SD 1.5: hooked (te-align's log lines, the text cache
+in the profile-fingerprinted folder, every cached embedding equal to ``te_align.encode`` in that environment),
+with ``TE_ALIGN=off`` (OneTrainer's own cache, no te-align folder), hooked again on OneTrainer's own cache (stale
+entries counted) and hooked with a text-encoder LoRA (trained through the hooked ``encode_text``). SD3: hooked
+(T5 cached at the profile's 256 tokens; OneTrainer's own length is 77). Then ``te-align unpatch`` restores every
+byte. The runs' files are made by :mod:`tests.support.onetrainer_run` in the OneTrainer environment.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ def sd15(checkout: Checkout) -> Family:
         "hooked": ({}, True),
         "off": ({}, False),
         "stale": ({"only_cache": True, "copy_cache_from": "off"}, True),  # hooked on OneTrainer's own cache
+        # LoRA on the text encoder too: no text cache, encode_text runs the encoder with gradients
+        "te": ({"text_encoder": {"weight_dtype": "FLOAT_32", "train": True}, "samples": []}, True),
     })  # fmt: skip
 
 
@@ -218,6 +220,23 @@ def test_sd15_stale_cache_entries_are_counted_and_re_encoded(sd15: Family) -> No
     old = [c.name for c in (sd15.dir / "cache-off" / "text").iterdir()]
     assert sorted(c.name for c in text.iterdir()) == sorted([*old, cache_folder(p)])
     assert len(_cached(text / cache_folder(p))) == 4
+
+
+def test_sd15_text_encoder_lora_trains_through_the_hooked_encode_text(sd15: Family) -> None:
+    """Text encoder trained: nothing cached, the hooked encode_text encodes the batch's tokens with gradients by
+    the profile's penultimate layer, so the LoRA of every layer but the last is trained and the last gets none."""
+    from safetensors.torch import load_file
+
+    assert ("StableDiffusionBaseDataLoader data loader tokenizes (1) and encodes (0) by profile sd15"
+            in sd15.out("te"))  # fmt: skip
+    assert not (sd15.dir / "cache-te" / "text").exists()
+    lora = load_file(str(sd15.dir / "out-te" / "lora.safetensors"))
+    ups = {k: bool(v.abs().sum() > 0) for k, v in lora.items() if k.startswith("lora_te_") and k.endswith("lora_up.weight")}
+    last = f"lora_te_text_model_encoder_layers_{sd15.overrides['slots.clip_l.encoder.num_layers'] - 1}_"
+    assert len(ups) == 6 * sd15.overrides["slots.clip_l.encoder.num_layers"]  # q, k, v, out, fc1, fc2 per layer
+    assert {k: trained for k, trained in ups.items() if k.startswith(last)} == dict.fromkeys(
+        [k for k in ups if k.startswith(last)], False)  # fmt: skip
+    assert all(trained for k, trained in ups.items() if not k.startswith(last))
 
 
 def test_sd3_hooked_launch_caches_t5_at_the_profiles_256_tokens(sd3: Family) -> None:

@@ -6,14 +6,20 @@
 #
 # VENV           the environment to create (a folder outside this repository; an existing one is reused)
 # ONETRAINER_DIR a Nerogar/OneTrainer checkout (verified: 23df383); only read
-# MGDS_DIR       Nerogar/mgds sources at the commit OneTrainer pins (3a6994a): the folder holding setup.py or
-#                src/mgds; installed editable
+# MGDS_DIR       Nerogar/mgds sources at the commit OneTrainer pins (3a6994a): the folder holding its
+#                pyproject.toml; installed editable
 # DIFFUSERS_DIR  huggingface/diffusers sources at the commit OneTrainer pins (1ffa423); when left out, the
-#                release named by DIFFUSERS_RELEASE (default 0.38.0) is installed from the package registry
+#                release named by DIFFUSERS_RELEASE is installed from the package registry (default 0.39.0, the
+#                first release whose history holds 1ffa423)
 #
 # OneTrainer's requirements-global.txt and requirements-default.txt (CPU), pinned as there, except:
-# - torch/torchvision: OneTrainer pins torch 2.12.0 / torchvision 0.27.0; TORCH_SPEC / TORCHVISION_SPEC
-#   (default torch==2.13.0+cpu, torchvision==0.28.0, the matching pair) choose what the registry has;
+# - torch/torchvision: OneTrainer pins torch 2.12.0 / torchvision 0.27.0 (CUDA or CPU builds from PyTorch's
+#   own index, which an environment limited to the package registry cannot reach); TORCH_SPEC and
+#   TORCHVISION_SPEC (default torch==2.14.1, torchvision==0.29.1, a matching pair of the package registry's
+#   builds) choose others. The registry's torchvision is built against
+#   its CUDA torch: with a CPU-only torch build its C extension does not load ("operator torchvision::nms does not
+#   exist") and transformers' CLIPImageProcessor, which diffusers' SD pipelines import, fails; the CUDA build of
+#   torch runs on CPU;
 # - the git+https requirements (diffusers, mgds, Muon) come from local sources (see above; Muon is left out:
 #   only its optimizer needs it);
 # - left out, not imported on the scripts/train.py path: yt-dlp, scenedetect (video tools), scalene (profiler),
@@ -21,7 +27,7 @@
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,20p' "$0"
+    sed -n '2,25p' "$0"
     exit 2
 fi
 VENV=$1
@@ -30,8 +36,8 @@ MGDS_DIR=$3
 DIFFUSERS_DIR=${4:-}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0+cpu}
-TORCHVISION_SPEC=${TORCHVISION_SPEC:-torchvision==0.28.0}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
+TORCHVISION_SPEC=${TORCHVISION_SPEC:-torchvision==0.29.1}
 
 for f in scripts/train.py requirements-global.txt; do
     [ -f "$OT_DIR/$f" ] || { echo "not a OneTrainer checkout: $OT_DIR/$f is missing" >&2; exit 2; }
@@ -61,7 +67,7 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 if [ -n "$DIFFUSERS_DIR" ]; then
     "${PIP[@]}" --no-deps -e "$DIFFUSERS_DIR"
 else
-    "${PIP[@]}" --no-deps "diffusers==${DIFFUSERS_RELEASE:-0.38.0}"
+    "${PIP[@]}" --no-deps "diffusers==${DIFFUSERS_RELEASE:-0.39.0}"
 fi
 # mgds takes its version from git (setuptools-scm); a source folder without .git names it here
 SETUPTOOLS_SCM_PRETEND_VERSION_FOR_MGDS=${MGDS_VERSION:-0.0.0+3a6994a} "${PIP[@]}" --no-deps -e "$MGDS_DIR"
