@@ -6,8 +6,9 @@ Needs a OneTrainer checkout (TE_ALIGN_ONETRAINER_DIR) and the python of an envir
 in the profile-fingerprinted folder, every cached embedding equal to ``te_align.encode`` in that environment),
 with ``TE_ALIGN=off`` (OneTrainer's own cache, no te-align folder), hooked again on OneTrainer's own cache (stale
 entries counted) and hooked with a text-encoder LoRA (trained through the hooked ``encode_text``). SD3: hooked
-(T5 cached at the profile's 256 tokens; OneTrainer's own length is 77). Then ``te-align unpatch`` restores every
-byte. The runs' files are made by :mod:`tests.support.onetrainer_run` in the OneTrainer environment.
+(T5 cached at the profile's 256 tokens; OneTrainer's own length is 77); FLUX.1-dev: hooked (T5 at 512;
+OneTrainer's default is 77). Then ``te-align unpatch`` restores every byte. The runs' files are made by
+:mod:`tests.support.onetrainer_run` in the OneTrainer environment.
 """
 
 from __future__ import annotations
@@ -137,6 +138,11 @@ def sd3(checkout: Checkout) -> Family:
     return _family(checkout, "sd3", {"hooked": ({}, True)})
 
 
+@pytest.fixture(scope="module")
+def flux(checkout: Checkout) -> Family:
+    return _family(checkout, "flux", {"hooked": ({}, True)})
+
+
 def _cached(folder: Path) -> list[dict[str, Any]]:
     """Every cached caption entry (mgds DiskCache: <group>/variation-<n>/<index>.pt, a dict of tensors)."""
     import torch
@@ -254,9 +260,22 @@ def test_sd3_hooked_launch_caches_t5_at_the_profiles_256_tokens(sd3: Family) -> 
     assert first["tokens_3"].shape == (256,) and first["text_encoder_3_hidden_state"].shape == (256, 96)
 
 
-def test_unpatch_restores_every_byte(checkout: Checkout, sd15: Family, sd3: Family) -> None:
+def test_flux_hooked_launch_caches_t5_at_the_profiles_512_tokens(flux: Family) -> None:
+    from te_align.hooks.onetrainer import cache_folder
+
+    p = flux.profile()
+    assert (f"te-align: OneTrainer FluxBaseDataLoader data loader tokenizes (2) and encodes (2) by profile flux-dev "
+            f"(fingerprint {p.fingerprint()[:12]})") in flux.out("hooked")  # fmt: skip
+    assert (flux.dir / "out" / "lora.safetensors").is_file()
+    text = flux.dir / "cache" / "text"
+    assert [c.name for c in text.iterdir()] == [cache_folder(p)]
+    first = _assert_cache_equals_te_align_encode(flux, text / cache_folder(p))
+    assert first["tokens_2"].shape == (512,) and first["text_encoder_2_hidden_state"].shape == (512, 96)
+
+
+def test_unpatch_restores_every_byte(checkout: Checkout, sd15: Family, sd3: Family, flux: Family) -> None:
     """After every launch (the fixtures ran them): ``te-align unpatch`` gives back the copied checkout exactly."""
     assert "replace scripts/train.py" in checkout.patch.stdout
-    assert sd15.runs and sd3.runs
+    assert sd15.runs and sd3.runs and flux.runs
     _run([sys.executable, "-m", "te_align", "unpatch", str(checkout.root)], REPO)
     assert _tree(checkout.root) == checkout.before

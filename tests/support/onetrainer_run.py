@@ -6,7 +6,7 @@ Run in the OneTrainer environment (``tools/onetrainer_env.sh``), with this repos
                                                              # reference.safetensors (encode DIR DIR/reference...)
     python -m tests.support.onetrainer_run encode DIR OUT     # te_align.encode of every caption -> OUT (safetensors)
 
-FAMILY is ``sd15`` or ``sd3`` (:data:`RUNS`). The model is :func:`te_align.tiny.pipelines.build_pipeline` (tiny
+FAMILY is ``sd15``, ``sd3`` or ``flux`` (:data:`RUNS`). The model is :func:`te_align.tiny.pipelines.build_pipeline` (tiny
 denoiser, VAE and text encoders with the real CLIP BPE tokenizer). ``overrides.json`` fits the bundled profile to
 the tiny text encoders (their architecture numbers: :func:`te_align.tiny.fit.architecture_overrides`) plus the
 run's ``extra`` overrides. The config keys are OneTrainer's (``modules/util/config/TrainConfig.py`` at 23df383).
@@ -42,10 +42,13 @@ class Run:
     profile: str
     pipeline: str
     denoiser: str
-    #: profile slot -> OneTrainer's keys in a cached text entry: (tokens, tokens mask or None, hidden state,
-    #: pooled output or None)
-    cache_keys: dict[str, tuple[str, str | None, str, str | None]]
+    #: profile slot -> OneTrainer's keys in a cached text entry: (tokens, tokens mask, hidden state, pooled
+    #: output; each but the tokens None where OneTrainer caches none)
+    cache_keys: dict[str, tuple[str, str | None, str | None, str | None]]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: a sample image after each step (OneTrainer's FLUX sampler assumes the real VAE's 8x downscaling and
+    #: 16 latent channels, which the tiny VAE does not have)
+    samples: bool = True
 
 
 RUNS: dict[str, Run] = {
@@ -59,6 +62,10 @@ RUNS: dict[str, Run] = {
                {"clip_l": ("tokens_1", "tokens_mask_1", "text_encoder_1_hidden_state", "text_encoder_1_pooled_state"),
                 "clip_g": ("tokens_2", "tokens_mask_2", "text_encoder_2_hidden_state", "text_encoder_2_pooled_state"),
                 "t5": ("tokens_3", "tokens_mask_3", "text_encoder_3_hidden_state", None)}),
+    # FLUX.1-dev: OneTrainer tokenizes T5 at text_encoder_2_sequence_length (default 77); the profile at 512.
+    "flux": Run("FLUX_DEV_1", "flux-dev", "flux", "transformer",
+                {"clip_l": ("tokens_1", "tokens_mask_1", None, "text_encoder_1_pooled_state"),
+                 "t5": ("tokens_2", "tokens_mask_2", "text_encoder_2_hidden_state", None)}, samples=False),
 }  # fmt: skip
 
 
@@ -75,7 +82,7 @@ def overrides(family: str) -> dict[str, Any]:
 
 def config(root: Path, family: str) -> dict[str, Any]:
     """OneTrainer's TrainConfig (as JSON) for the tiny run: CPU, float32, LoRA on the denoiser, every text encoder
-    frozen (so text is cached), a sample image after each step."""
+    frozen (so text is cached), a sample image after each step (where the run has samples)."""
     run = RUNS[family]
     part = {"weight_dtype": "FLOAT_32"}
     encoders = {name: {**part, "train": False} for name in ("text_encoder", "text_encoder_2", "text_encoder_3")[
@@ -100,7 +107,7 @@ def config(root: Path, family: str) -> dict[str, Any]:
                       "text": {"prompt_source": "sample"}}],
         # one sample after every step: OneTrainer's sampler encodes its prompt through encode_text (text=...)
         "samples": [{"prompt": SAMPLE_PROMPT, "negative_prompt": "", "height": RESOLUTION, "width": RESOLUTION,
-                     "diffusion_steps": 2, "cfg_scale": 2.0, "seed": 1}],
+                     "diffusion_steps": 2, "cfg_scale": 2.0, "seed": 1}] if run.samples else [],
         "sample_after": 1, "sample_after_unit": "STEP", "backup_after_unit": "NEVER", "backup_before_save": False,
         "save_every_unit": "NEVER",
     }  # fmt: skip
@@ -130,7 +137,8 @@ def build(root: Path, family: str) -> None:
 def expected(family: str, prof: Any, out: Any, encoders: dict[str, Any]) -> dict[str, Any]:
     """One caption's cached text entry as te_align.encode's outputs give it (batch of one, batch dim dropped).
 
-    SD 1.5: ``prompt_embeds`` is CLIP-L's hidden state. SD3 (``StableDiffusion3Pipeline``'s layout):
+    SD 1.5: ``prompt_embeds`` is CLIP-L's hidden state. FLUX.1: ``prompt_embeds`` is T5's hidden state,
+    ``pooled_prompt_embeds`` CLIP-L's pooled output. SD3 (``StableDiffusion3Pipeline``'s layout):
     ``prompt_embeds`` = [CLIP-L | CLIP-G hidden states side by side, zero-padded to T5's width ; T5's hidden
     states] along the tokens, ``pooled_prompt_embeds`` = [CLIP-L pooled | CLIP-G pooled].
     """
@@ -138,6 +146,8 @@ def expected(family: str, prof: Any, out: Any, encoders: dict[str, Any]) -> dict
     run = RUNS[family]
     if family == "sd15":
         return {run.cache_keys["clip_l"][2]: pe}
+    if family == "flux":
+        return {run.cache_keys["t5"][2]: pe, run.cache_keys["clip_l"][3]: out["pooled_prompt_embeds"][0]}
     n_clip = prof.slot("clip_l").tokenizer.max_length
     w_l, w_g = (encoders[prof.slot(s).encoder_subfolder].config.hidden_size for s in ("clip_l", "clip_g"))
     p_l = encoders[prof.slot("clip_l").encoder_subfolder].config.projection_dim
