@@ -145,6 +145,21 @@ def test_install_makes_te_aligns_lines_visible_in_a_process_without_logging() ->
                                         "installed: False"]  # fmt: skip
 
 
+def test_console_lines_give_way_to_logging_set_up_later() -> None:
+    """Once the process sets up logging after install() (OneTrainer's GUI does), each te-align line is printed
+    once, by that handler (it was printed twice: by te-align's console handler too)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TE_ALIGN": "off", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    code = ("import logging; from te_align.hooks import onetrainer as ot; ot.install(profile='sd15'); "
+            "logging.basicConfig(format='[root] %(message)s'); ot.logger.info('te-align: one line')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.splitlines() == ["te-align: OneTrainer hooks disabled by TE_ALIGN=off; OneTrainer runs unmodified"]
+    assert proc.stderr.splitlines() == ["[root] te-align: one line"]
+
+
 def test_missing_onetrainer_refuses_naming_every_target(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TE_ALIGN", raising=False)
     import sys

@@ -55,7 +55,6 @@ from te_align.hooks.base import (
     Target,
     env_overrides,
     hooks_disabled,
-    log_to_console,
     mark_wrapper,
 )
 
@@ -545,6 +544,28 @@ def _cache_modules(original: Callable[..., Any]) -> Callable[..., Any]:
     return mark_wrapper(_cache_modules_from_names, original)
 
 
+# ------------------------------------------------------------------------------------ console
+class _UntilRootLogs(logging.Filter):
+    """Passes records only while the root logger has no handler: once something in the process sets up logging
+    (a library OneTrainer's GUI imports does, after the hooks are installed), te-align's lines go through that
+    handler alone instead of twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+def _log_to_console() -> None:
+    """Make te-align's INFO lines visible in a OneTrainer process: its scripts configure no logging. A stdout
+    handler on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent)."""
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(_UntilRootLogs())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 # ------------------------------------------------------------------------------------ the hook
 @dataclass
 class OneTrainerHook(Hook):
@@ -590,7 +611,7 @@ def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", 
     :class:`OneTrainerHook`).
     """
     global _HOOK
-    log_to_console()  # OneTrainer's scripts configure no logging: without this, te-align's INFO lines are lost
+    _log_to_console()  # OneTrainer's scripts configure no logging: without this, te-align's INFO lines are lost
     if hooks_disabled():
         logger.info("te-align: OneTrainer hooks disabled by %s=%s; OneTrainer runs unmodified", ENV_SWITCH, os.environ.get(ENV_SWITCH))
         return False
