@@ -131,6 +131,35 @@ def test_te_align_off_installs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not ot.is_installed()
 
 
+def test_install_makes_te_aligns_lines_visible_in_a_process_without_logging() -> None:
+    """OneTrainer's scripts configure no logging: install() must put te-align's INFO lines on stdout (a real
+    launch through the patched scripts/train.py showed none of them before)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TE_ALIGN": "off", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    code = "from te_align.hooks import onetrainer as ot; print('installed:', ot.install(profile='sd15'))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.splitlines() == ["te-align: OneTrainer hooks disabled by TE_ALIGN=off; OneTrainer runs unmodified",
+                                        "installed: False"]  # fmt: skip
+
+
+def test_console_lines_give_way_to_logging_set_up_later() -> None:
+    """Once the process sets up logging after install() (OneTrainer's GUI does), each te-align line is printed
+    once, by that handler (it was printed twice: by te-align's console handler too)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TE_ALIGN": "off", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    code = ("import logging; from te_align.hooks import onetrainer as ot; ot.install(profile='sd15'); "
+            "logging.basicConfig(format='[root] %(message)s'); ot.logger.info('te-align: one line')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.splitlines() == ["te-align: OneTrainer hooks disabled by TE_ALIGN=off; OneTrainer runs unmodified"]
+    assert proc.stderr.splitlines() == ["[root] te-align: one line"]
+
+
 def test_missing_onetrainer_refuses_naming_every_target(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TE_ALIGN", raising=False)
     import sys
@@ -159,7 +188,9 @@ def test_stale_cache_entries_are_counted(tmp_path: Path) -> None:
     keep = ot.cache_folder(p)
     assert keep == "te-align-" + p.fingerprint()[:16]
     text = tmp_path / "text"
-    for rel in ("abc/variation-0/0.pt", "abc/variation-0/1.pt", "te-align-0000000000000000/x/variation-0/0.pt",
+    # aggregate.pt: mgds' per-variation file of aggregated items, not a caption's entry
+    for rel in ("abc/variation-0/0.pt", "abc/variation-0/1.pt", "abc/variation-0/aggregate.pt",
+                "te-align-0000000000000000/x/variation-0/0.pt", "te-align-0000000000000000/x/variation-0/aggregate.pt",
                 f"{keep}/abc/variation-0/0.pt"):  # fmt: skip
         (text / rel).parent.mkdir(parents=True, exist_ok=True)
         (text / rel).write_bytes(b"")

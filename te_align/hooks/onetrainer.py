@@ -65,6 +65,8 @@ ENV_PROFILE = "TE_ALIGN_PROFILE"
 VERIFIED = "23df3832e8f213d64c337e39f9365ba46e99fed0"
 #: The hooked text cache lives in <cache_dir>/text/<CACHE_PREFIX><fingerprint[:16]>.
 CACHE_PREFIX = "te-align-"
+#: mgds DiskCache's per-variation file of aggregated items (next to one ``<index>.pt`` per caption).
+AGGREGATE = "aggregate.pt"
 
 #: OneTrainer ModelType name -> bundled profile (first matching prefix wins; SD3.5 before SD3).
 MODEL_TYPE_PROFILES: tuple[tuple[str, str], ...] = (
@@ -496,14 +498,15 @@ def _preparation_modules(fam: Family, original: Callable[..., Any]) -> Callable[
 
 # ------------------------------------------------------------------------------------ text cache
 def count_stale(text_dir: Path, keep: str) -> int:
-    """Cached text entries (``*.pt``) under ``text_dir`` that are not in the folder ``keep``: made without
-    te-align or with another profile, never read by a hooked run (it re-encodes into ``keep``)."""
+    """Cached text entries under ``text_dir`` that are not in the folder ``keep``: made without te-align or
+    with another profile, never read by a hooked run (it re-encodes into ``keep``). An entry is one caption's
+    file, mgds DiskCache's ``<group>/variation-<n>/<index>.pt``; each variation's ``aggregate.pt`` is not one."""
     if not text_dir.is_dir():
         return 0
     n = 0
     for child in text_dir.iterdir():
         if child.name != keep and child.is_dir():
-            n += sum(1 for _ in child.rglob("*.pt"))
+            n += sum(1 for f in child.rglob("*.pt") if f.name != AGGREGATE)
     return n
 
 
@@ -539,6 +542,28 @@ def _cache_modules(original: Callable[..., Any]) -> Callable[..., Any]:
         return modules
 
     return mark_wrapper(_cache_modules_from_names, original)
+
+
+# ------------------------------------------------------------------------------------ console
+class _UntilRootLogs(logging.Filter):
+    """Passes records only while the root logger has no handler: once something in the process sets up logging
+    (a library OneTrainer's GUI imports does, after the hooks are installed), te-align's lines go through that
+    handler alone instead of twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+def _log_to_console() -> None:
+    """Make te-align's INFO lines visible in a OneTrainer process: its scripts configure no logging. A stdout
+    handler on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent)."""
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(_UntilRootLogs())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 # ------------------------------------------------------------------------------------ the hook
@@ -586,6 +611,7 @@ def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", 
     :class:`OneTrainerHook`).
     """
     global _HOOK
+    _log_to_console()  # OneTrainer's scripts configure no logging: without this, te-align's INFO lines are lost
     if hooks_disabled():
         logger.info("te-align: OneTrainer hooks disabled by %s=%s; OneTrainer runs unmodified", ENV_SWITCH, os.environ.get(ENV_SWITCH))
         return False
