@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,13 @@ def import_sd_scripts(root: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def kohya() -> dict[str, Any]:
-    return import_sd_scripts(str(Path(KOHYA_DIR or ".").resolve()))
+def kohya() -> Iterator[dict[str, Any]]:
+    before = set(sys.modules)
+    yield import_sd_scripts(str(Path(KOHYA_DIR or ".").resolve()))
+    # the stand-ins are for sd-scripts' imports only: later tests (OneTrainer's data loaders import torchvision.io)
+    # must see torchvision and cv2 as they really are, not as this module's non-package stand-ins
+    for name in [n for n in sys.modules if n not in before and n.split(".")[0] in ("torchvision", "cv2")]:
+        del sys.modules[name]
 
 
 @pytest.fixture(scope="module")
