@@ -273,6 +273,41 @@ def test_flux_hooked_launch_caches_t5_at_the_profiles_512_tokens(flux: Family) -
     assert first["tokens_2"].shape == (512,) and first["text_encoder_2_hidden_state"].shape == (512, 96)
 
 
+def _has_pyside6() -> bool:
+    return subprocess.run([str(PYTHON), "-c", "import PySide6"], capture_output=True, check=False).returncode == 0
+
+
+def test_gui_training_start_goes_through_te_align(checkout: Checkout, sd15: Family) -> None:
+    """The patched Qt GUI (``scripts/train_ui_qt.py``), driven headless: its "start training" trains in the GUI's
+    process with te-align's hooks, and the text cache is the profile's, equal to ``te_align.encode``."""
+    from te_align.hooks.onetrainer import cache_folder
+
+    if not _has_pyside6():
+        pytest.skip(f"OneTrainer's GUI needs PySide6, which {ENV_PYTHON}={PYTHON} cannot import")
+    cfg = json.loads((sd15.dir / "config.json").read_text(encoding="utf-8"))
+    cfg.update(cache_dir=str(sd15.dir / "cache-gui"), workspace_dir=str(sd15.dir / "workspace-gui"),
+               output_model_destination=str(sd15.dir / "out-gui" / "lora.safetensors"), samples=[],
+               output_model_format="LEGACY_LORA")  # the GUI loads the format as given (train.py migrates SAFETENSORS)  # fmt: skip
+    for folder in ("cache-gui", "workspace-gui", "out-gui"):  # the GUI's form requires existing folders
+        (sd15.dir / folder).mkdir(exist_ok=True)
+    path = sd15.dir / "config-gui.json"
+    path.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    # the GUI runs in the checkout and saves its presets there: a copy of the patched checkout keeps the original
+    # copy byte-comparable for the unpatch test
+    gui_root = checkout.base / "OneTrainer-gui"
+    if not gui_root.exists():
+        shutil.copytree(checkout.root, gui_root)
+    proc = _run([str(PYTHON), "-m", "tests.support.onetrainer_gui", str(gui_root), str(path)], gui_root,
+                QT_QPA_PLATFORM="offscreen", TE_ALIGN_OVERRIDES=json.dumps(sd15.overrides))  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert "gui: training started: True" in out and "gui: training finished" in out
+    assert "te-align: OneTrainer hooks active (" in out
+    assert (sd15.dir / "out-gui" / "lora.safetensors").is_file()
+    text = sd15.dir / "cache-gui" / "text"
+    assert [c.name for c in text.iterdir()] == [cache_folder(sd15.profile())]
+    _assert_cache_equals_te_align_encode(sd15, text / cache_folder(sd15.profile()))
+
+
 def test_unpatch_restores_every_byte(checkout: Checkout, sd15: Family, sd3: Family, flux: Family) -> None:
     """After every launch (the fixtures ran them): ``te-align unpatch`` gives back the copied checkout exactly."""
     assert "replace scripts/train.py" in checkout.patch.stdout
