@@ -23,11 +23,12 @@
 # - the git+https requirements (diffusers, mgds, Muon) come from local sources (see above; Muon is left out:
 #   only its optimizer needs it);
 # - left out, not imported on the scripts/train.py path: yt-dlp, scenedetect (video tools), scalene (profiler),
-#   customtkinter and PySide6 (GUI), runpod and fabric (cloud training), pre-commit.
+#   customtkinter and PySide6 (GUI; WITH_GUI=1 installs PySide6 and scenedetect, which the Qt GUI imports),
+#   runpod and fabric (cloud training), pre-commit.
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,25p' "$0"
+    sed -n '2,27p' "$0"
     exit 2
 fi
 VENV=$1
@@ -75,6 +76,10 @@ SETUPTOOLS_SCM_PRETEND_VERSION_FOR_MGDS=${MGDS_VERSION:-0.0.0+3a6994a} "${PIP[@]
 # te-align itself (its own dependencies that OneTrainer's list does not bring)
 "${PIP[@]}" "toml>=0.10.2" "ftfy>=6.1" "beautifulsoup4>=4.12" "peft>=0.13" "pytest>=8" "$TORCH_SPEC"
 "${PIP[@]}" --no-deps -e "$HERE"
+# WITH_GUI=1: also what OneTrainer's Qt GUI (scripts/train_ui_qt.py) imports, for the launch test's GUI start
+if [ "${WITH_GUI:-0}" = 1 ]; then
+    "${PIP[@]}" "PySide6==6.11.1" "scenedetect==0.7"
+fi
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
