@@ -563,6 +563,9 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
     report = scan(cfg.data)
+    from te_align._compat import require_peft
+
+    require_peft("diffusers", *(["transformers"] if cfg.lora.text_encoders else []))  # before any model is loaded
     weight_dtype = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
     check_quantize(cfg.model.quantize, device)
     profile, family, pipe, objective = _load_model(cfg, pipeline, device, weight_dtype)

@@ -333,6 +333,9 @@ def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: li
     import torch
     from peft import LoraConfig
 
+    from te_align._compat import require_peft
+
+    require_peft(type(model).__module__.split(".")[0])  # a library/peft pair that cannot work: name both versions
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian", target_modules=targets)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
