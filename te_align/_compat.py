@@ -56,26 +56,35 @@ def declared_range(dist: str) -> str:
     return dist
 
 
-def peft_conflict(library: str) -> str | None:
-    """A one-line explanation if ``library`` demands a newer peft than the installed one, else None."""
-    lib_version, peft_version = _version(library), _version("peft")
-    if lib_version is None or peft_version is None or library not in PEFT_MINIMUM:
+def peft_minimum(library: str) -> str | None:
+    """The minimum peft release ``library``'s adapter code demands (read from the installed library), or None."""
+    if library not in PEFT_MINIMUM or _version(library) is None:
         return None
     module, name = PEFT_MINIMUM[library]
     try:
         minimum = getattr(importlib.import_module(module), name, None)
     except ImportError:
         return None
-    if not isinstance(minimum, str) or _key(peft_version) >= _key(minimum):
+    return minimum if isinstance(minimum, str) else None
+
+
+def peft_conflict(*libraries: str) -> str | None:
+    """A one-line explanation if one of ``libraries`` demands a newer peft than the installed one (the most
+    demanding one is named), else None."""
+    peft_version = _version("peft")
+    if peft_version is None:
         return None
-    return (f"{library} {lib_version} needs peft >= {minimum} for LoRA adapters, but peft {peft_version} is "
+    short = [(lib, m) for lib in libraries if (m := peft_minimum(lib)) and _key(peft_version) < _key(m)]
+    if not short:
+        return None
+    library, minimum = max(short, key=lambda x: _key(x[1]))
+    return (f"{library} {_version(library)} needs peft >= {minimum} for LoRA adapters, but peft {peft_version} is "
             f"installed; fix: pip install \"{declared_range(library)}\" (the range te-align is tested with), or "
             f"a peft >= {minimum} once one is released")  # fmt: skip
 
 
 def require_peft(*libraries: str) -> None:
-    """Raise :class:`IncompatibleEnvironment` naming both versions and the fix if any library's peft pairing fails."""
-    for lib in libraries:
-        msg = peft_conflict(lib)
-        if msg:
-            raise IncompatibleEnvironment(msg)
+    """Raise :class:`IncompatibleEnvironment` naming both versions and the fix if a library's peft pairing fails."""
+    msg = peft_conflict(*libraries)
+    if msg:
+        raise IncompatibleEnvironment(msg)

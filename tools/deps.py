@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pytest-args", default="", help="instead of the whole suite (e.g. 'tests/test_train.py -x')")
     ap.add_argument("--json", type=Path, help="also write the report as JSON here")
     args = ap.parse_args(argv)
-    torch = args.torch or (None if args.job == "newest" else DEFAULT_TORCH)
+    torch = args.torch or (DEFAULT_TORCH if args.job == "lock" else None)  # lowest: the lower bound pins it
 
     tmp = None
     venv = args.venv
