@@ -3,6 +3,7 @@
     python tools/deps.py lock     # newest releases within pyproject's ranges; if the suite passes, write the lock
     python tools/deps.py newest   # the same suite on the newest releases pip resolves without the lock (no write)
     python tools/deps.py lowest   # every direct dependency at the lower bound pyproject declares
+    python tools/deps.py product  # `pip install .` alone (no extras, no lock), then the product's commands
 
 Each job builds a fresh virtual environment in a temporary folder (``--venv DIR`` keeps it), installs te-align from
 this checkout with the ``test`` and ``kohya-test`` extras plus ai-toolkit's PyPI package (``--no-deps``, as the
@@ -10,6 +11,12 @@ README does), runs ``ruff check .`` and the whole test suite (``--pytest-args`` 
 the installed version of every direct dependency beside the lock's, the suite's summary line and, for ``newest``,
 each dependency whose newest release pyproject's upper bound leaves out. Exit status: 0 when ruff and the suite
 pass.
+
+``product`` is a new user's first minutes: a plain ``pip install .`` (newest releases within the ranges), then,
+from an empty folder, ``te-align --help``, ``profile show``, ``check`` on a shipped example, the full ``te-align
+demo`` and ``te-align train`` of the demo's own config (a LoRA on the denoiser and CLIP-L). Each must exit as
+expected and write nothing to stderr but te-align's own lines and progress bars: any other line is third-party
+noise and fails the job.
 
 ``lock`` writes ``lock/constraints.txt`` (``pip freeze`` of that environment, without te-align) only when the
 suite passed; ``tests/support/lock.py`` reads it. torch is pinned by ``--torch`` (default ``torch==2.13.0``, the
@@ -134,7 +141,7 @@ def _install(job: str, python: Path, torch: str | None, log: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("job", choices=("lock", "newest", "lowest"))
+    ap.add_argument("job", choices=("lock", "newest", "lowest", "product"))
     ap.add_argument("--venv", type=Path, help="build (or reuse) the environment here and keep it")
     ap.add_argument("--torch", help=f"torch requirement (default {DEFAULT_TORCH}; newest: pip's choice)")
     ap.add_argument("--pytest-args", default="", help="instead of the whole suite (e.g. 'tests/test_train.py -x')")
@@ -153,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not python.exists():
             _run([sys.executable, "-m", "venv", str(venv)])
+        if args.job == "product":
+            return _product(python, venv, torch)
         rc = _install(args.job, python, torch, log)
         if rc:
             print(f"\n{args.job}: the install failed (exit {rc}); see pip's output above")
@@ -216,6 +225,59 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: stderr lines that are not noise: te-align's own (errors, log lines) and tqdm progress bars
+_OWN_LINE = re.compile(r"^(te-align[: ]|\S.*\d+/\d+ \[[\d:<?]+.*\]\s*$|.*\|[ #▏▎▍▌▋▊▉█]*\| )")
+
+
+def _product(python: Path, venv: Path, torch: str | None) -> int:
+    """The product job (see the module docstring)."""
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    _run([*pip, "--upgrade", "pip"])
+    rc = _run([*pip, *([torch] if torch else []), str(ROOT)]).returncode
+    if rc:
+        print(f"\nproduct: `pip install .` failed (exit {rc})")
+        return rc
+    te = str(venv / "bin" / "te-align")
+    example = ROOT / "examples" / "kohya" / "flux_schnell_lora.toml"
+    work = Path(tempfile.mkdtemp(prefix="te-align-product-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    steps = [  # (command, exit codes that are right)
+        ([te, "--help"], {0}),
+        ([te, "profile", "show", "sd35-large"], {0}),
+        ([te, "check", str(example)], {0, 1}),
+        ([te, "demo", "--out", "demo"], {0}),
+        ([te, "train", "demo/train.toml"], {0}),
+    ]
+    ok = True
+    rows = []
+    try:
+        for cmd, good in steps:
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+            wall = time.monotonic() - t0
+            lines = [ln for ln in re.split(r"[\r\n]+", p.stderr) if ln.strip()]
+            noise = [ln for ln in lines if not _OWN_LINE.match(ln.strip())]
+            good_exit = p.returncode in good
+            ok &= good_exit and not noise
+            shown = " ".join(["te-align", *cmd[1:]])
+            rows.append((shown, p.returncode, wall, noise))
+            if not good_exit:
+                print(f"{shown}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    versions = _freeze(python)
+    print("\n=== te-align dependency job: product (pip install . alone) ===")
+    print("versions: " + ", ".join(f"{n} {versions.get(n, '-')}" for n in ("torch", "transformers", "diffusers",
+                                                                           "peft", "accelerate", "bitsandbytes")))
+    for shown, code, wall, noise in rows:
+        print(f"{'ok  ' if not noise else 'NOISE'} exit {code}  {wall:6.1f} s  {shown}")
+        for ln in noise[:10]:
+            print(f"        third-party line: {ln[:200]}")
+    print(f"result: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 def _write_lock(installed: dict[str, str], report: dict) -> None:
