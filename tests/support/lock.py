@@ -17,7 +17,9 @@ NUMERIC = ("torch", "numpy", "diffusers", "transformers", "tokenizers", "safeten
 
 
 def locked_versions() -> dict[str, str]:
-    out = {}
+    out: dict[str, str] = {}
+    if not LOCK.is_file():
+        return out
     for line in LOCK.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if "==" in line:
@@ -42,6 +44,8 @@ def differences(packages: tuple[str, ...] = NUMERIC) -> list[str]:
 
 
 def skip_reason(packages: tuple[str, ...] = NUMERIC) -> str | None:
+    if not LOCK.is_file():
+        return "lock/constraints.txt is missing (python tools/deps.py lock writes it)"
     diff = differences(packages)
     if not diff:
         return None
