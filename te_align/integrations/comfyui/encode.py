@@ -170,7 +170,7 @@ def components(clip: Any, profile: Any) -> tuple[dict[str, Any], dict[str, Any]]
     for slot in profile.slots:
         attr = SLOT_ATTRS.get(slot.name)
         sub = getattr(clip.cond_stage_model, attr, None) if attr else None
-        tok = getattr(clip.tokenizer, attr, None) if attr else None
+        tok = (getattr(clip.tokenizer, attr, None) or getattr(clip.tokenizer, f"clip_{attr}", None)) if attr else None
         if sub is None or tok is None:
             raise NodeError(f"profile '{profile.name}' needs the {slot.name} text encoder, but this CLIP has none "
                             f"(load it with the others: {', '.join(s.name for s in profile.slots)})")

@@ -1,0 +1,225 @@
+"""ComfyUI's own text-encoder objects on tiny random weights, for tests, the inference matrix and benchmarks.
+
+:func:`build` makes a real ``comfy.sd.CLIP`` (ComfyUI's tokenizer classes with their shipped real tokenizers,
+ComfyUI's model classes with tiny configs passed the way ComfyUI passes model configs, weights loaded through
+``CLIP(state_dict=...)``) and the Hugging Face encoders holding the very same weights, so ComfyUI's stock
+``CLIPTextEncode``, the te-align node and :func:`te_align.encode` can be compared on equal footing.
+
+ComfyUI is imported from a checkout (:func:`import_comfyui`); nothing of it is copied here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from te_align.errors import TeAlignError
+
+ENV = "TE_ALIGN_COMFYUI_DIR"
+#: family -> bundled profiles compared in that family.
+PROFILES: dict[str, tuple[str, ...]] = {
+    "flux": ("flux-dev", "flux-schnell"), "sd3": ("sd35-large",), "sdxl": ("sdxl",), "sd1": ("sd15",), "chroma": ("chroma",),
+}
+#: SD3's ComfyUI code pads CLIP to a fixed 4096 wide before joining T5, so its T5 must be 4096 wide.
+T5_WIDTH = {"sd3": 4096}
+T5_VOCAB = 32128
+
+
+#: Stand-ins installed for import dependencies that do not load here, with the reason (see :func:`_stand_in`).
+STAND_INS: dict[str, str] = {}
+
+
+class _Unavailable(type(sys)):  # a module whose every attribute fails when used, naming why
+    def __init__(self, name: str, why: str) -> None:
+        import importlib.machinery
+
+        super().__init__(name)
+        self.__why = why
+        self.__path__: list[str] = []
+        self.__spec__ = importlib.machinery.ModuleSpec(name, None)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        why = self.__why
+
+        def unavailable(*a: Any, **k: Any) -> Any:
+            raise TeAlignError(f"{self.__name__}.{attr} is not available here: {why}")
+
+        return unavailable
+
+
+def _stand_in(module: str, subs: tuple[str, ...]) -> None:
+    """``module`` when it imports; else stand-ins that fail on use. ComfyUI imports torchvision at import time
+    for models compared nowhere here (Stable Cascade, Cosmos, ACE); the registry's torchvision is built for the
+    CUDA torch and its C extension does not load with a CPU-only torch ("operator torchvision::nms does not
+    exist"). Text encoding never calls it."""
+    try:
+        importlib.import_module(module)
+        return
+    except (ImportError, RuntimeError) as e:
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+    for name in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+        del sys.modules[name]
+    for name in (module, *(f"{module}.{s}" for s in subs)):
+        sys.modules[name] = _Unavailable(name, why)
+    STAND_INS[module] = why
+
+
+def import_comfyui(path: str | None = None) -> Any:
+    """Import ComfyUI from the checkout at ``path`` (default: $TE_ALIGN_COMFYUI_DIR); one line on failure."""
+    path = path or os.environ.get(ENV)
+    if not path:
+        raise TeAlignError(f"{ENV} is not set (the folder of a ComfyUI checkout)")
+    if not os.path.isfile(os.path.join(path, "comfy", "sd.py")):
+        raise TeAlignError(f"{ENV}={path} is not a ComfyUI checkout (no comfy/sd.py)")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        import comfy.options
+
+        comfy.options.args_parsing = False  # ComfyUI's defaults, not pytest's argv
+        import comfy.cli_args
+        import torch
+
+        if not torch.cuda.is_available():
+            comfy.cli_args.args.cpu = True  # ComfyUI's --cpu: no CUDA here
+        import transformers  # noqa: F401  (before any stand-in: it probes for torchvision itself)
+
+        _stand_in("torchvision", ("transforms", "transforms.functional", "ops", "io"))
+        for name in ("comfy.model_management", "comfy.sd", "comfy.sd1_clip", "comfy.sdxl_clip",
+                     "comfy.text_encoders.sd3_clip", "comfy.text_encoders.flux", "comfy.text_encoders.pixart_t5"):
+            importlib.import_module(name)
+        return importlib.import_module("comfy.sd")
+    except ImportError as e:
+        raise TeAlignError(f"ComfyUI at {path} does not import here: missing {e.name or e}") from None
+
+
+@dataclass
+class TinyComfy:
+    family: str
+    clip: Any
+    #: Hugging Face components by diffusers component name (tokenizer, text_encoder, ...), same weights as ``clip``.
+    components: dict[str, Any]
+
+
+def _clip_cfg(variant: str) -> dict[str, Any]:
+    from te_align.tiny.encoders import CLIP_VARIANTS
+
+    v = CLIP_VARIANTS[variant]
+    return {k: v[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                              "hidden_act", "projection_dim")}
+
+
+def _t5(width: int) -> Any:
+    import torch
+    import transformers
+
+    cfg = transformers.T5Config(vocab_size=T5_VOCAB, d_model=width, d_kv=16, num_heads=2, d_ff=64, num_layers=2,
+                                feed_forward_proj="gated-gelu", dense_act_fn="gelu_new", is_gated_act=True,
+                                layer_norm_epsilon=1e-6, relative_attention_num_buckets=32,
+                                relative_attention_max_distance=128, dropout_rate=0.0)
+    with torch.random.fork_rng():
+        torch.manual_seed(27)
+        model = transformers.T5EncoderModel(cfg).eval()
+    return model
+
+
+def build(family: str, comfyui_dir: str | None = None) -> TinyComfy:
+    """A ComfyUI CLIP object of ``family`` (flux, sd3, sdxl, sd1, chroma) on tiny weights, and the same weights as
+    Hugging Face encoders."""
+    import torch
+
+    import_comfyui(comfyui_dir)
+    import comfy.sd1_clip as sd1_clip
+    import comfy.sdxl_clip as sdxl_clip
+    import comfy.text_encoders.flux as flux
+    import comfy.text_encoders.pixart_t5 as pixart
+    import comfy.text_encoders.sd3_clip as sd3_clip
+
+    from te_align.tiny.encoders import clip_text_model, clip_text_model_with_projection
+
+    hf: dict[str, Any] = {}
+    state: dict[str, torch.Tensor] = {}
+    options: dict[str, Any] = {}
+
+    def put(prefix: str, model: Any) -> None:
+        for k, v in model.state_dict().items():
+            if prefix.startswith("clip") and not k.startswith(("text_model.", "text_projection.")):
+                k = f"text_model.{k}"  # transformers 5 CLIPTextModel keys have no text_model. prefix
+            state[f"{prefix}.transformer.{k}"] = v.detach().clone()
+
+    if family in ("flux", "sd1"):
+        hf["text_encoder"] = clip_text_model("L")
+    elif family in ("sdxl", "sd3"):
+        hf["text_encoder"] = clip_text_model_with_projection("L")
+        hf["text_encoder_2"] = clip_text_model_with_projection("G")
+        options["clip_g_model_config"] = _clip_cfg("G")
+    if "text_encoder" in hf:
+        options["clip_l_model_config"] = _clip_cfg("L")
+        put("clip_l", hf["text_encoder"])
+    if "text_encoder_2" in hf:
+        put("clip_g", hf["text_encoder_2"])
+    if family in ("flux", "sd3", "chroma"):
+        t5 = _t5(T5_WIDTH.get(family, 128))
+        key = {"flux": "text_encoder_2", "sd3": "text_encoder_3", "chroma": "text_encoder"}[family]
+        hf[key] = t5
+        options["t5xxl_model_config"] = {"d_model": t5.config.d_model, "d_kv": t5.config.d_kv,
+                                         "num_heads": t5.config.num_heads, "d_ff": t5.config.d_ff,
+                                         "num_layers": t5.config.num_layers, "vocab_size": T5_VOCAB}
+        put("t5xxl", t5)
+    target = SimpleNamespace(params={})
+    if family == "flux":
+        target.clip, target.tokenizer = flux.flux_clip(), flux.FluxTokenizer
+    elif family == "sd3":
+        target.clip, target.tokenizer = sd3_clip.sd3_clip(), sd3_clip.SD3Tokenizer
+    elif family == "sdxl":
+        target.clip, target.tokenizer = sdxl_clip.SDXLClipModel, sdxl_clip.SDXLTokenizer
+    elif family == "sd1":
+        target.clip, target.tokenizer = sd1_clip.SD1ClipModel, sd1_clip.SD1Tokenizer
+    elif family == "chroma":
+        target.clip, target.tokenizer = pixart.pixart_te(), pixart.PixArtTokenizer
+    else:
+        raise TeAlignError(f"no tiny ComfyUI build for family '{family}'; choose one of {', '.join(PROFILES)}")
+    import comfy.sd
+
+    options["dtype"] = torch.float32
+    clip = comfy.sd.CLIP(target, state_dict=state, model_options=options)
+    names = {"clip_l": ("tokenizer", "clip_l"), "clip_g": ("tokenizer_2", "clip_g"), "t5xxl": (None, "t5xxl")}
+    t5_tok = {"flux": "tokenizer_2", "sd3": "tokenizer_3", "chroma": "tokenizer"}
+    for attr, (tok_name, _) in names.items():
+        sub = getattr(clip.tokenizer, attr, None) or getattr(clip.tokenizer, f"clip_{attr}", None)
+        if sub is None:
+            continue
+        hf[tok_name or t5_tok[family]] = sub.tokenizer
+    return TinyComfy(family, clip, hf)
+
+
+def fitted_profile(name: str, tiny: TinyComfy) -> Any:
+    """Bundled profile ``name`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
+    import te_align
+    from te_align.integrations.comfyui.encode import conform_tokenizer
+    from te_align.tiny.fit import architecture_overrides
+
+    p = te_align.profile(name)
+    comps = dict(tiny.components)
+    for slot in p.slots:
+        comps[slot.tokenizer_subfolder] = conform_tokenizer(slot, comps[slot.tokenizer_subfolder])
+    return p.with_overrides(architecture_overrides(p, comps))
+
+
+def reference_components(profile: Any, tiny: TinyComfy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tokenizers, text encoders) for :func:`te_align.encode`: ComfyUI's tokenizers in the profile's conventions
+    and the Hugging Face encoders holding ComfyUI's weights."""
+    from te_align.integrations.comfyui.encode import conform_tokenizer
+
+    toks = {s.name: conform_tokenizer(s, tiny.components[s.tokenizer_subfolder]) for s in profile.slots}
+    encs = {s.name: tiny.components[s.encoder_subfolder] for s in profile.slots}
+    return toks, encs
+
+
+__all__ = ["ENV", "PROFILES", "TinyComfy", "build", "fitted_profile", "import_comfyui", "reference_components"]
