@@ -95,7 +95,7 @@ def test_stock_deviations_flux_sd3_sdxl_sd1():
 def test_no_copy_and_lora_patches_are_used():
     tc = _tiny("sd1")
     p = tiny.fitted_profile("sd15", tc)
-    toks, encs = components(tc.clip, p)
+    _, encs = components(tc.clip, p)
     assert encs["clip_l"].module is tc.clip.cond_stage_model.clip_l.transformer
     assert list(encs["clip_l"].parameters()) == []
     before = TeAlignTextEncode().encode(tc.clip, p, "a cat")["result"][0][0][0]
@@ -114,7 +114,7 @@ def test_bad_input_is_one_line():
     with pytest.raises(NodeError, match=r"the clip input is a sd1 text encoder \(SD1ClipModel\), but profile 'flux-dev' "
                                         r"is for flux models"):
         TeAlignTextEncode().encode(sd1.clip, "flux-dev", "a cat")
-    with pytest.raises(NodeError, match="unknown profile 'sdx1'.*sdxl"):
+    with pytest.raises(NodeError, match=r"unknown profile 'sdx1'.*sdxl"):
         TeAlignTextEncode().encode(sd1.clip, "sdx1", "a cat")
     with pytest.raises(NodeError, match="no LoRA is chosen"):
         TeAlignTextEncode().encode(sd1.clip, "from LoRA", "a cat")
