@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import weakref
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from te_align.errors import TeAlignError
@@ -128,7 +129,7 @@ class ComfyEncoder:
         self.module = module
         self.is_clip = hasattr(module, "text_model")
         width = module.get_input_embeddings().weight.shape[-1]
-        self.config = type("Config", (), {"hidden_size": int(width)})()
+        self.config = SimpleNamespace(hidden_size=int(width))
         self.dtype = torch.float32  # ComfyUI runs text encoders in float32 (its outputs are .float())
         if self.is_clip:
             self.final_layer_norm = module.text_model.final_layer_norm
@@ -164,6 +165,20 @@ class ComfyEncoder:
         return _Out(x, hidden)
 
 
+_ENCODERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], ComfyEncoder]] = weakref.WeakKeyDictionary()
+
+
+def comfy_encoder(slot: Any, module: Any) -> ComfyEncoder:
+    """The :class:`ComfyEncoder` of ``module`` for ``slot``, made once per module and per the slot fields it reads
+    (name, layer, final norm); it holds nothing but references, so reusing it is the same as making it anew."""
+    key = (slot.name, slot.encoder.layer, slot.encoder.final_layer_norm)
+    per_module = _ENCODERS.setdefault(module, {})
+    enc = per_module.get(key)
+    if enc is None:
+        enc = per_module[key] = ComfyEncoder(slot, module)
+    return enc
+
+
 def components(clip: Any, profile: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tokenizers, encoders) by slot name, taken from a ComfyUI CLIP object."""
     tokenizers, encoders = {}, {}
@@ -175,7 +190,7 @@ def components(clip: Any, profile: Any) -> tuple[dict[str, Any], dict[str, Any]]
             raise NodeError(f"profile '{profile.name}' needs the {slot.name} text encoder, but this CLIP has none "
                             f"(load it with the others: {', '.join(s.name for s in profile.slots)})")
         tokenizers[slot.name] = conform_tokenizer(slot, tok.tokenizer)
-        encoders[slot.name] = ComfyEncoder(slot, sub.transformer)
+        encoders[slot.name] = comfy_encoder(slot, sub.transformer)
     return tokenizers, encoders
 
 
