@@ -118,3 +118,23 @@ def test_bad_input_is_one_line():
         TeAlignTextEncode().encode(sd1.clip, "sdx1", "a cat")
     with pytest.raises(NodeError, match="no LoRA is chosen"):
         TeAlignTextEncode().encode(sd1.clip, "from LoRA", "a cat")
+
+
+@pytest.mark.parametrize("projection", ["model", "absent", "random"])
+def test_sd3_clip_l_pooled_is_unprojected(projection):
+    """SD3's CLIP-L pooled output is unprojected (Stability's reference; its projection is the identity). ComfyUI
+    leaves text_projection uninitialised when the CLIP-L file has none; the node never reads it, so its pooled output
+    equals te_align.encode on transformers' CLIP-L with the identity projection, and ComfyUI's own, in every case."""
+    tc = tiny.build("sd3", DIR, clip_l_projection=projection)
+    p = tiny.fitted_profile("sd35-large", tc)
+    w = tc.clip.cond_stage_model.clip_l.transformer.text_projection.weight
+    assert torch.equal(w, torch.eye(w.shape[0])) == (projection == "model")
+    hf_toks, hf_encs = tiny.reference_components(p, tc)
+    assert torch.equal(hf_encs["clip_l"].text_projection.weight, torch.eye(w.shape[0]))
+    for prompt in ("a photo of a cat", ""):
+        got = TeAlignTextEncode().encode(tc.clip, p, prompt)["result"][0][0][1]["pooled_output"]
+        ref = encode(p, [prompt], tokenizers=hf_toks, text_encoders=hf_encs)["pooled_prompt_embeds"]
+        assert got.shape == ref.shape == (1, 32 + 48)
+        assert torch.isfinite(got).all() and (got - ref).abs().max() < 1e-4
+        stock = nodes.CLIPTextEncode().encode(tc.clip, prompt)[0][0][1]["pooled_output"]
+        assert torch.equal(got, stock)  # a plain prompt: ComfyUI's pooled output is the same

@@ -37,6 +37,18 @@ COMFY_FAMILIES: tuple[tuple[str, str], ...] = (
     ("SD2ClipModel", "sd2"),
     ("SD1ClipModel", "sd1"),
 )
+#: (family, slot) whose pooled output the model's authors take unprojected. The profile says ``text_embeds`` (the
+#: diffusers pipeline's choice), which is the same value because the model's projection is the identity; ComfyUI
+#: takes the unprojected output and leaves the projection uninitialised when a file has none, so the node never
+#: reads it.
+UNPROJECTED_POOLED: dict[tuple[str, str], str] = {
+    ("sd3", "clip_l"): (
+        "Stability-AI/sd3.5@fbf8f48 sd3_infer.py:105-112 (CLIP-L return_projected_pooled=False) and other_impls.py:"
+        "227-230 (its text_projection initialised to the identity); ComfyUI fe25114 comfy/text_encoders/sd3_clip.py:65 "
+        "(return_projected_pooled=False), comfy/sd.py:253 (a missing text_projection is not reported); diffusers "
+        "0.42.1 loaders/single_file_utils.py:1763 and kohya-ss/sd-scripts@48d368f library/sd3_utils.py:151-153 set a "
+        "missing one to the identity"),
+}
 #: Families the nodes encode for, and the profile a LoRA without metadata falls back to.
 FALLBACK_PROFILES: dict[str, str] = {"flux": "flux-dev", "sd3": "sd35-large", "sdxl": "sdxl", "sd1": "sd15", "chroma": "chroma"}
 
@@ -119,14 +131,16 @@ class _OneLayer:
 class ComfyEncoder:
     """One profile slot's encoder: ComfyUI's loaded module answering like a Hugging Face text encoder.
 
-    Holds a reference to ComfyUI's module (no copy) and has no parameters of its own.
+    Holds a reference to ComfyUI's module (no copy) and has no parameters of its own. With ``unprojected`` its
+    ``text_embeds`` is the unprojected pooled output (see :data:`UNPROJECTED_POOLED`).
     """
 
-    def __init__(self, slot: Any, module: Any) -> None:
+    def __init__(self, slot: Any, module: Any, *, unprojected: bool = False) -> None:
         import torch
 
         self.slot = slot
         self.module = module
+        self.unprojected = unprojected
         self.is_clip = hasattr(module, "text_model")
         width = module.get_input_embeddings().weight.shape[-1]
         self.config = SimpleNamespace(hidden_size=int(width))
@@ -161,21 +175,23 @@ class ComfyEncoder:
         hf_index = index if index is None or index < 0 else index + 1
         hidden = _OneLayer(hf_index, inter, x)
         if self.is_clip:
-            return _Out(x, hidden, pooler_output=out[3], text_embeds=out[2])
+            return _Out(x, hidden, pooler_output=out[3], text_embeds=out[3] if self.unprojected else out[2])
         return _Out(x, hidden)
 
 
 _ENCODERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], ComfyEncoder]] = weakref.WeakKeyDictionary()
 
 
-def comfy_encoder(slot: Any, module: Any) -> ComfyEncoder:
-    """The :class:`ComfyEncoder` of ``module`` for ``slot``, made once per module and per the slot fields it reads
-    (name, layer, final norm); it holds nothing but references, so reusing it is the same as making it anew."""
-    key = (slot.name, slot.encoder.layer, slot.encoder.final_layer_norm)
+def comfy_encoder(slot: Any, module: Any, family: str = "") -> ComfyEncoder:
+    """The :class:`ComfyEncoder` of ``module`` for ``slot`` of a ``family`` profile, made once per module and per the
+    slot fields it reads (name, layer, final norm); it holds nothing but references, so reusing it is the same as
+    making it anew."""
+    unprojected = (family, slot.name) in UNPROJECTED_POOLED
+    key = (slot.name, slot.encoder.layer, slot.encoder.final_layer_norm, unprojected)
     per_module = _ENCODERS.setdefault(module, {})
     enc = per_module.get(key)
     if enc is None:
-        enc = per_module[key] = ComfyEncoder(slot, module)
+        enc = per_module[key] = ComfyEncoder(slot, module, unprojected=unprojected)
     return enc
 
 
@@ -190,7 +206,7 @@ def components(clip: Any, profile: Any) -> tuple[dict[str, Any], dict[str, Any]]
             raise NodeError(f"profile '{profile.name}' needs the {slot.name} text encoder, but this CLIP has none "
                             f"(load it with the others: {', '.join(s.name for s in profile.slots)})")
         tokenizers[slot.name] = conform_tokenizer(slot, tok.tokenizer)
-        encoders[slot.name] = comfy_encoder(slot, sub.transformer)
+        encoders[slot.name] = comfy_encoder(slot, sub.transformer, profile.family)
     return tokenizers, encoders
 
 
@@ -241,5 +257,5 @@ def to_conditioning(profile: Any, cond: Any, *, guidance: float | None = None, w
     return [[x, extra]]
 
 
-__all__ = ["COMFY_FAMILIES", "FALLBACK_PROFILES", "ComfyEncoder", "NodeError", "check_family", "comfy_family",
+__all__ = ["COMFY_FAMILIES", "FALLBACK_PROFILES", "UNPROJECTED_POOLED", "ComfyEncoder", "NodeError", "check_family", "comfy_family",
            "components", "conform_tokenizer", "encode_with_clip", "to_conditioning"]

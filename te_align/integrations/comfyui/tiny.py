@@ -129,9 +129,16 @@ def _t5(width: int) -> Any:
     return model
 
 
-def build(family: str, comfyui_dir: str | None = None) -> TinyComfy:
+def build(family: str, comfyui_dir: str | None = None, *, clip_l_projection: str = "model") -> TinyComfy:
     """A ComfyUI CLIP object of ``family`` (flux, sd3, sdxl, sd1, chroma) on tiny weights, and the same weights as
-    Hugging Face encoders."""
+    Hugging Face encoders.
+
+    SD3's CLIP-L text projection is the identity, as the model defines it (Stability's reference initialises it so
+    and never applies it; see ``UNPROJECTED_POOLED`` in :mod:`.encode`). ``clip_l_projection`` varies what
+    ComfyUI is given for it: ``"model"`` (that), ``"absent"`` (a CLIP-L file without ``text_projection``, as
+    ComfyUI meets it in single CLIP-L files) or ``"random"`` (a file with some other projection); the Hugging Face
+    encoder keeps the model's.
+    """
     import torch
 
     import_comfyui(comfyui_dir)
@@ -159,9 +166,22 @@ def build(family: str, comfyui_dir: str | None = None) -> TinyComfy:
         hf["text_encoder"] = clip_text_model_with_projection("L")
         hf["text_encoder_2"] = clip_text_model_with_projection("G")
         options["clip_g_model_config"] = _clip_cfg("G")
+    if family == "sd3":
+        with torch.no_grad():
+            proj = hf["text_encoder"].text_projection.weight
+            proj.copy_(torch.eye(*proj.shape))
     if "text_encoder" in hf:
         options["clip_l_model_config"] = _clip_cfg("L")
         put("clip_l", hf["text_encoder"])
+        key = "clip_l.transformer.text_projection.weight"
+        if clip_l_projection == "absent":
+            state.pop(key, None)
+        elif clip_l_projection == "random" and key in state:
+            with torch.random.fork_rng():
+                torch.manual_seed(28)
+                state[key] = torch.randn_like(state[key])
+        elif clip_l_projection != "model":
+            raise TeAlignError(f"clip_l_projection must be model, absent or random, got {clip_l_projection!r}")
     if "text_encoder_2" in hf:
         put("clip_g", hf["text_encoder_2"])
     if family in ("flux", "sd3", "chroma"):
