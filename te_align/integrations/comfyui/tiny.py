@@ -242,4 +242,63 @@ def reference_components(profile: Any, tiny: TinyComfy) -> tuple[dict[str, Any],
     return toks, encs
 
 
-__all__ = ["ENV", "PROFILES", "TinyComfy", "build", "fitted_profile", "import_comfyui", "reference_components"]
+#: ComfyUI's Flux detection (comfy/model_detection.py, image_model "flux") fixes the rotary axes at (16, 56, 56), so
+#: a head is 128 wide; the tiny model has one head, one double and one single block.
+FLUX_AXES = (16, 56, 56)
+#: TAEF1's latent scale and shift, as ComfyUI's VAELoader sets them for "taef1" (latent_formats.Flux).
+TAEF1_SCALE_SHIFT = (0.3611, 0.1159)
+
+
+def flux_model_files(folder: str | os.PathLike[str], tiny: TinyComfy, *, guidance: bool = True) -> dict[str, str]:
+    """A tiny Flux diffusion model and VAE, written as ComfyUI's loaders read them from its model folders.
+
+    ``folder/diffusion_models/tiny-flux.safetensors``: a diffusers-format ``FluxTransformer2DModel`` (random
+    weights, fixed seed) reading ``tiny``'s T5 width and CLIP-L pooled width, which ComfyUI's UNETLoader converts
+    and detects as Flux (with the guidance input when ``guidance``, as FLUX.1-dev). ``folder/vae/tiny-taef1.safetensors``:
+    ComfyUI's own tiny-autoencoder layout (``taesd_decoder.*``, 16 latent channels, TAEF1's scale and shift),
+    random weights. Returns the file names by ComfyUI folder name.
+    """
+    from pathlib import Path
+
+    import diffusers
+    import safetensors.torch
+    import torch
+
+    from te_align.tiny._seed import seed_for, seeded
+
+    if tiny.family != "flux":
+        raise TeAlignError(f"flux_model_files needs the tiny flux text encoders, got {tiny.family}")
+    t5 = tiny.components["text_encoder_2"].config.d_model
+    pooled = tiny.components["text_encoder"].config.hidden_size
+    with seeded(seed_for(f"comfy-flux-{guidance}")):
+        model = diffusers.FluxTransformer2DModel(
+            patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=sum(FLUX_AXES),
+            num_attention_heads=1, joint_attention_dim=t5, pooled_projection_dim=pooled, guidance_embeds=guidance,
+            axes_dims_rope=FLUX_AXES,
+        )  # fmt: skip
+    root = Path(folder)
+    names = {"diffusion_models": "tiny-flux.safetensors", "vae": "tiny-taef1.safetensors"}
+    for sub in names:
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    safetensors.torch.save_file(state, str(root / "diffusion_models" / names["diffusion_models"]))
+
+    import comfy.taesd.taesd as taesd  # ComfyUI's layout; its convolutions are left uninitialised, so fill them
+
+    vae = taesd.TAESD(latent_channels=16)
+    g = torch.Generator().manual_seed(seed_for("comfy-taef1"))
+    vae_state: dict[str, torch.Tensor] = {}
+    for k, v in vae.state_dict().items():
+        if k.endswith(".weight"):
+            fan_in = v[0].numel()
+            vae_state[k] = torch.randn(v.shape, generator=g) * (2.0 / fan_in) ** 0.5
+        else:
+            vae_state[k] = torch.zeros(v.shape)
+    vae_state["vae_scale"] = torch.tensor(TAEF1_SCALE_SHIFT[0])
+    vae_state["vae_shift"] = torch.tensor(TAEF1_SCALE_SHIFT[1])
+    safetensors.torch.save_file(vae_state, str(root / "vae" / names["vae"]))
+    return names
+
+
+__all__ = ["ENV", "PROFILES", "TinyComfy", "build", "fitted_profile", "flux_model_files", "import_comfyui",
+           "reference_components"]
