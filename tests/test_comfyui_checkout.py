@@ -7,6 +7,7 @@ ComfyUI's loaded modules (no copy) and its LoRA-patched weights."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -26,7 +27,7 @@ import nodes  # noqa: E402  (ComfyUI's, from the checkout)
 import torch  # noqa: E402
 
 from te_align.encoding import encode  # noqa: E402
-from te_align.integrations.comfyui.encode import NodeError, components, to_conditioning  # noqa: E402
+from te_align.integrations.comfyui.encode import NodeError, check_family, components, to_conditioning  # noqa: E402
 from te_align.integrations.comfyui.nodes import TeAlignEmptyNegative, TeAlignTextEncode  # noqa: E402
 
 PROMPTS = ["a photo of a cat", "", "wow!!! a (cat:1.2) on a mat!", "a very long prompt " * 30]
@@ -109,15 +110,29 @@ def test_no_copy_and_lora_patches_are_used():
     assert torch.equal(after, stock_after)  # a plain prompt: the node and ComfyUI agree on the patched weights
 
 
+def _blocked_line(out):
+    """The one line a blocked node result carries (ComfyUI's ExecutionBlocker on both outputs, and the node text)."""
+    from comfy_execution.graph_utils import ExecutionBlocker
+
+    first, second = out["result"]
+    assert isinstance(first, ExecutionBlocker) and isinstance(second, ExecutionBlocker)
+    assert first.message == second.message == out["ui"]["text"][0] and "\n" not in first.message
+    return first.message
+
+
 def test_bad_input_is_one_line():
     sd1 = _tiny("sd1")
-    with pytest.raises(NodeError, match=r"the clip input is a sd1 text encoder \(SD1ClipModel\), but profile 'flux-dev' "
-                                        r"is for flux models"):
-        TeAlignTextEncode().encode(sd1.clip, "flux-dev", "a cat")
-    with pytest.raises(NodeError, match=r"unknown profile 'sdx1'.*sdxl"):
-        TeAlignTextEncode().encode(sd1.clip, "sdx1", "a cat")
-    with pytest.raises(NodeError, match="no LoRA is chosen"):
-        TeAlignTextEncode().encode(sd1.clip, "from LoRA", "a cat")
+    line = _blocked_line(TeAlignTextEncode().encode(sd1.clip, "flux-dev", "a cat"))
+    assert line.startswith("te-align Text Encode: the clip input is a sd1 text encoder (SD1ClipModel), but profile "
+                           "'flux-dev' is for flux models")
+    assert re.fullmatch(r"te-align Text Encode: unknown profile 'sdx1'.*sdxl.*",
+                        _blocked_line(TeAlignTextEncode().encode(sd1.clip, "sdx1", "a cat")))
+    assert "no LoRA is chosen" in _blocked_line(TeAlignTextEncode().encode(sd1.clip, "from LoRA", "a cat"))
+    assert _blocked_line(TeAlignEmptyNegative().encode(sd1.clip, "sdxl")).startswith(
+        "te-align Empty Negative: the clip input is a sd1 text encoder")
+    assert "not a ComfyUI CLIP object" in _blocked_line(TeAlignTextEncode().encode(object(), "sd15", "a cat"))
+    with pytest.raises(NodeError, match="not a ComfyUI CLIP object"):  # the check raises; the nodes block
+        check_family(object(), tiny.fitted_profile("sd15", sd1))
 
 
 @pytest.mark.parametrize("projection", ["model", "absent", "random"])
@@ -138,3 +153,17 @@ def test_sd3_clip_l_pooled_is_unprojected(projection):
         assert torch.isfinite(got).all() and (got - ref).abs().max() < 1e-4
         stock = nodes.CLIPTextEncode().encode(tc.clip, prompt)[0][0][1]["pooled_output"]
         assert torch.equal(got, stock)  # a plain prompt: ComfyUI's pooled output is the same
+
+
+def test_lumina2_is_refused_with_the_reason():
+    """ComfyUI's Lumina 2 encoder (SentencePiece tokenizer from the weights file, Gemma-2 without attention
+    soft-capping) cannot give the lumina2 profile's tensors: the node says so in one line, whatever profile input."""
+    tc = _tiny("lumina2")
+    assert type(tc.clip.tokenizer.gemma2_2b.tokenizer).__name__ == "SPieceTokenizer"
+    reason = (r"te-align (Text Encode|Empty Negative): Lumina 2 cannot be encoded by its profile on ComfyUI's encoder: "
+              r"ComfyUI's Gemma-2 tokenizes with the SentencePiece model .* soft-capping.*")
+    for profile in ("lumina2", "from LoRA", "flux-dev"):
+        assert re.fullmatch(reason, _blocked_line(TeAlignTextEncode().encode(tc.clip, profile, "a cat")))
+    assert re.fullmatch(reason, _blocked_line(TeAlignEmptyNegative().encode(tc.clip, "lumina2")))
+    stock = nodes.CLIPTextEncode().encode(tc.clip, "a cat")[0][0]  # ComfyUI's own node still encodes it
+    assert stock[0].shape[-1] == 64 and "attention_mask" in stock[1]

@@ -120,3 +120,100 @@ def test_sampling_through_the_node_writes_an_image(world):
     stock_image, stock_seen = _sample(world, stock, negative)
     assert stock_seen[0]["c_crossattn"].shape == (1, 256, 128)  # ComfyUI's own node: T5 padded to 256
     assert not torch.equal(stock_image, image)  # the conditioning the LoRA was trained with changes the image
+
+
+class _TinyCLIP:
+    """Test fixture node: hands the tiny ComfyUI CLIP object to the graph (real CLIP files are too large here)."""
+
+    CLIP = None
+    RETURN_TYPES = ("CLIP",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    def load(self):
+        return (self.CLIP,)
+
+
+class _Server:
+    """Where ComfyUI's executor sends its messages (the web server's role): recorded here."""
+
+    def __init__(self):
+        self.client_id, self.last_node_id, self.sockets_metadata, self.messages = "te-align-test", None, {}, []
+
+    def send_sync(self, event, data, sid=None):
+        self.messages.append((event, data))
+
+
+def _graph(lora_name, prompt=PROMPT, seed=0):
+    return {
+        "1": {"class_type": "TeAlignTestTinyCLIP", "inputs": {}},
+        "2": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny-flux.safetensors", "weight_dtype": "default"}},
+        "3": {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["2", 0], "lora_name": LORA, "strength_model": 1.0}},
+        "4": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny-taef1.safetensors"}},
+        "5": {"class_type": "TeAlignTextEncode", "inputs": {"clip": ["1", 0], "profile": "from LoRA", "text": prompt,
+                                                            "lora_name": lora_name, "guidance": 3.5, "width": 0, "height": 0}},
+        "6": {"class_type": "TeAlignEmptyNegative", "inputs": {"clip": ["1", 0], "profile": "from LoRA", "lora_name": lora_name,
+                                                               "guidance": 3.5, "width": 0, "height": 0}},
+        "7": {"class_type": "EmptyLatentImage", "inputs": {"width": SIZE, "height": SIZE, "batch_size": 1}},
+        "8": {"class_type": "KSampler", "inputs": {"model": ["3", 0], "seed": seed, "steps": 3, "cfg": 1.0,
+                                                   "sampler_name": "euler", "scheduler": "simple", "positive": ["5", 0],
+                                                   "negative": ["6", 0], "latent_image": ["7", 0], "denoise": 1.0}},
+        "9": {"class_type": "VAEDecode", "inputs": {"samples": ["8", 0], "vae": ["4", 0]}},
+        "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": "te-align-graph"}},
+    }
+
+
+def test_workflow_through_comfyuis_executor(world, tmp_path):
+    """The installed node package loaded as ComfyUI loads custom nodes, a workflow validated and run by ComfyUI's
+    own executor (as its server does for a queued prompt); a user mistake stops it with one line, no traceback."""
+    import asyncio
+
+    import execution
+
+    from te_align.integrations.comfyui.install import LOADER_SOURCE
+
+    package = tmp_path / "custom_nodes" / "te-align"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_bytes(LOADER_SOURCE)  # what `te-align comfyui install` writes
+    added = {"TeAlignTestTinyCLIP"}
+    before = set(nodes.NODE_CLASS_MAPPINGS)
+    try:
+        assert asyncio.run(nodes.load_custom_node(str(package)))
+        added |= set(nodes.NODE_CLASS_MAPPINGS) - before
+        assert {"TeAlignTextEncode", "TeAlignEmptyNegative"} <= added
+        _TinyCLIP.CLIP = world["tiny"].clip
+        nodes.NODE_CLASS_MAPPINGS["TeAlignTestTinyCLIP"] = _TinyCLIP
+
+        def run(graph, prompt_id):
+            valid = asyncio.run(execution.validate_prompt(prompt_id, graph, None))
+            assert valid[0], valid[1:]
+            server = _Server()
+            executor = execution.PromptExecutor(server, cache_type=execution.CacheType.NONE,
+                                                cache_args={"lru": 0, "ram": 0})
+            executor.execute(graph, prompt_id, {"client_id": server.client_id}, valid[2])
+            return executor, server
+
+        executor, server = run(_graph(LORA), "te-align-ok")
+        assert executor.success and not [m for m in server.messages if m[0] == "execution_error"]
+        text = executor.history_result["outputs"]["5"]["text"][0]
+        assert text.startswith(f"{LORA}: profile flux-dev with ") and ", 512, 128)" in text
+        saved = executor.history_result["outputs"]["10"]["images"]
+        from PIL import Image
+
+        with Image.open(os.path.join(folder_paths.get_output_directory(), saved[0]["subfolder"], saved[0]["filename"])) as png:
+            assert png.size == (SIZE, SIZE)
+
+        executor, server = run(_graph("(none)"), "te-align-bad")  # 'from LoRA' without a LoRA: a user mistake
+        errors = [m[1] for m in server.messages if m[0] == "execution_error"]
+        assert len(errors) == 1 and errors[0]["traceback"] == [] and errors[0]["exception_type"] == "ExecutionBlocked"
+        assert errors[0]["exception_message"] == ("Execution Blocked: te-align Text Encode: profile is 'from LoRA' but "
+                                                  "no LoRA is chosen: pick the LoRA you sample with, or a profile")
+        assert "10" not in executor.history_result["outputs"]  # nothing was sampled or saved
+    finally:
+        for name in added:
+            nodes.NODE_CLASS_MAPPINGS.pop(name, None)
+            nodes.NODE_DISPLAY_NAME_MAPPINGS.pop(name, None)

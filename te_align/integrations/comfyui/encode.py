@@ -51,6 +51,15 @@ UNPROJECTED_POOLED: dict[tuple[str, str], str] = {
 }
 #: Families the nodes encode for, and the profile a LoRA without metadata falls back to.
 FALLBACK_PROFILES: dict[str, str] = {"flux": "flux-dev", "sd3": "sd35-large", "sdxl": "sdxl", "sd1": "sd15", "chroma": "chroma"}
+#: Families ComfyUI loads whose encoders cannot give the profile's tensors, and why (one line each, shown in the UI).
+UNSUPPORTED: dict[str, str] = {
+    "lumina2": (
+        "Lumina 2 cannot be encoded by its profile on ComfyUI's encoder: ComfyUI's Gemma-2 tokenizes with the "
+        "SentencePiece model stored in the weights file, not the Gemma tokenizer.json Lumina 2 was trained with, and its attention "
+        "has no logit soft-capping (transformers' Gemma2 applies attn_logit_softcapping), so its loaded encoder cannot "
+        "give te_align.encode's tensors; encode with te_align.encode or te_align.apply in diffusers, or use ComfyUI's "
+        "CLIPTextEncodeLumina2 (system prompt; no padding to 256 and no mask)"),
+}
 
 
 class NodeError(TeAlignError):
@@ -69,16 +78,26 @@ def comfy_family(clip: Any) -> tuple[str | None, str]:
     return None, type(model).__name__
 
 
+def check_supported(clip: Any) -> tuple[str | None, str]:
+    """(family, class name) of a ComfyUI CLIP object; a family the nodes cannot encode raises its reason."""
+    fam, cls = comfy_family(clip)
+    if fam in UNSUPPORTED:
+        raise NodeError(UNSUPPORTED[fam])
+    return fam, cls
+
+
 def check_family(clip: Any, profile: Any) -> str:
     """Refuse a CLIP object of another family than the profile's, naming both."""
-    fam, cls = comfy_family(clip)
+    fam, cls = check_supported(clip)
+    if profile.family in UNSUPPORTED:
+        raise NodeError(UNSUPPORTED[profile.family])
     want = "chroma" if profile.family == "chroma" else profile.family
     if fam != want:
         what = f"a {fam} text encoder ({cls})" if fam else f"a {cls} text encoder, which te-align does not encode for"
         raise NodeError(f"the clip input is {what}, but profile '{profile.name}' is for {profile.family} models: "
                         f"load the {profile.family} text encoders or pick a {fam or 'matching'} profile")
     if fam not in FALLBACK_PROFILES:
-        raise NodeError(f"te-align Text Encode does not encode {fam} in ComfyUI yet (it encodes "
+        raise NodeError(f"{fam} text encoders are not encoded by te-align in ComfyUI (it encodes "
                         f"{', '.join(FALLBACK_PROFILES)})")
     return fam
 
@@ -257,5 +276,6 @@ def to_conditioning(profile: Any, cond: Any, *, guidance: float | None = None, w
     return [[x, extra]]
 
 
-__all__ = ["COMFY_FAMILIES", "FALLBACK_PROFILES", "UNPROJECTED_POOLED", "ComfyEncoder", "NodeError", "check_family", "comfy_family",
+__all__ = ["COMFY_FAMILIES", "FALLBACK_PROFILES", "UNPROJECTED_POOLED", "UNSUPPORTED", "ComfyEncoder", "NodeError",
+           "check_family", "check_supported", "comfy_family",
            "components", "conform_tokenizer", "encode_with_clip", "to_conditioning"]

@@ -34,10 +34,29 @@ def _lora_names() -> list[str]:
         return [NO_LORA]
 
 
+def blocked(node: str, error: Exception) -> dict[str, Any]:
+    """The node's result for a user mistake: one line, no traceback.
+
+    ComfyUI's ExecutionBlocker (comfy_execution/graph_utils.py) as both outputs: the nodes that use them are not run
+    and ComfyUI reports "Execution Blocked: <node>: <message>" with an empty traceback (execution.py,
+    execution_block_cb). The line is also logged and shown as the node's text. A ComfyUI without ExecutionBlocker
+    gets the error raised (its panel then shows the same line, with a traceback).
+    """
+    from te_align.integrations.comfyui.encode import NodeError
+
+    line = f"{node}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    log.warning("te-align: %s", line)
+    try:
+        from comfy_execution.graph_utils import ExecutionBlocker
+    except ImportError:
+        raise NodeError(line) from None
+    return {"ui": {"text": [line]}, "result": (ExecutionBlocker(line), ExecutionBlocker(line))}
+
+
 def resolve_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
     """(profile, one-line info) for the node inputs; a user mistake raises :class:`NodeError` in one line."""
     from te_align.errors import TeAlignError
-    from te_align.integrations.comfyui.encode import FALLBACK_PROFILES, NodeError, comfy_family
+    from te_align.integrations.comfyui.encode import FALLBACK_PROFILES, NodeError, check_supported
     from te_align.profiles import profile as load
 
     if hasattr(profile, "slots"):
@@ -48,7 +67,7 @@ def resolve_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[
         except TeAlignError as e:
             raise NodeError(str(e).splitlines()[0]) from None
         return p, f"profile {p.name}"
-    fam, _ = comfy_family(clip)
+    fam, _ = check_supported(clip)
     fallback = FALLBACK_PROFILES.get(fam or "")
     if not lora_name or lora_name == NO_LORA:
         raise NodeError("profile is 'from LoRA' but no LoRA is chosen: pick the LoRA you sample with, or a profile")
@@ -102,10 +121,14 @@ class TeAlignTextEncode:
 
     def encode(self, clip: Any, profile: Any, text: str, lora_name: str = NO_LORA, guidance: float = 3.5,
                width: int = 0, height: int = 0) -> dict[str, Any]:
+        from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
-        p, info = resolve_profile(clip, profile, lora_name)
-        cond = encode_with_clip(clip, p, text)
+        try:
+            p, info = resolve_profile(clip, profile, lora_name)
+            cond = encode_with_clip(clip, p, text)
+        except TeAlignError as e:  # a user mistake (te-align's errors are one line naming the fix)
+            return blocked(NODE_DISPLAY_NAME_MAPPINGS["TeAlignTextEncode"], e)
         out = to_conditioning(p, cond, guidance=guidance, width=width, height=height)
         info = f"{info} · fingerprint {p.fingerprint()} · {tuple(out[0][0].shape)}"
         return {"ui": {"text": [info]}, "result": (out, info)}
@@ -128,10 +151,14 @@ class TeAlignEmptyNegative:
 
     def encode(self, clip: Any, profile: Any, lora_name: str = NO_LORA, guidance: float = 3.5, width: int = 0,
                height: int = 0) -> dict[str, Any]:
+        from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
-        p, info = resolve_profile(clip, profile, lora_name)
-        cond = encode_with_clip(clip, p, "", empty=True)
+        try:
+            p, info = resolve_profile(clip, profile, lora_name)
+            cond = encode_with_clip(clip, p, "", empty=True)
+        except TeAlignError as e:
+            return blocked(NODE_DISPLAY_NAME_MAPPINGS["TeAlignEmptyNegative"], e)
         out = to_conditioning(p, cond, guidance=guidance, width=width, height=height)
         info = f"{info} · empty prompt: {p.empty_prompt} · {tuple(out[0][0].shape)}"
         return {"ui": {"text": [info]}, "result": (out, info)}

@@ -130,8 +130,8 @@ def _t5(width: int) -> Any:
 
 
 def build(family: str, comfyui_dir: str | None = None, *, clip_l_projection: str = "model") -> TinyComfy:
-    """A ComfyUI CLIP object of ``family`` (flux, sd3, sdxl, sd1, chroma) on tiny weights, and the same weights as
-    Hugging Face encoders.
+    """A ComfyUI CLIP object of ``family`` (flux, sd3, sdxl, sd1, chroma, lumina2) on tiny weights, and the same
+    weights as Hugging Face encoders (Lumina 2: the encoder only; ComfyUI's tokenizer is SentencePiece).
 
     SD3's CLIP-L text projection is the identity, as the model defines it (Stability's reference initialises it so
     and never applies it; see ``UNPROJECTED_POOLED`` in :mod:`.encode`). ``clip_l_projection`` varies what
@@ -192,6 +192,8 @@ def build(family: str, comfyui_dir: str | None = None, *, clip_l_projection: str
                                          "num_heads": t5.config.num_heads, "d_ff": t5.config.d_ff,
                                          "num_layers": t5.config.num_layers, "vocab_size": T5_VOCAB}
         put("t5xxl", t5)
+    if family == "lumina2":
+        return _build_lumina2()
     target = SimpleNamespace(params={})
     if family == "flux":
         target.clip, target.tokenizer = flux.flux_clip(), flux.FluxTokenizer
@@ -217,6 +219,47 @@ def build(family: str, comfyui_dir: str | None = None, *, clip_l_projection: str
             continue
         hf[tok_name or t5_tok[family]] = sub.tokenizer
     return TinyComfy(family, clip, hf)
+
+
+def _spiece_model() -> bytes:
+    """A small SentencePiece BPE model with Gemma's conventions (pad 0, eos 1, bos 2, unk 3, byte fallback, no dummy
+    prefix), trained here on a fixed text: what ComfyUI reads from a Gemma weights file's ``spiece_model``."""
+    import io
+
+    import sentencepiece
+
+    from te_align.tiny.tokenizers import _sentences
+
+    buf = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_sentences()), model_writer=buf, vocab_size=400, model_type="bpe", pad_id=0, eos_id=1,
+        bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        byte_fallback=True, add_dummy_prefix=False, normalization_rule_name="identity", num_threads=1, minloglevel=2,
+        user_defined_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"])  # fmt: skip
+    return buf.getvalue()
+
+
+def _build_lumina2() -> TinyComfy:
+    """ComfyUI's Lumina 2 text encoder (Gemma-2, its SentencePiece tokenizer) on tiny random weights; the Hugging
+    Face ``Gemma2Model`` holds the same weights. ComfyUI's Gemma-2 class fixes the head width at 256."""
+    import comfy.sd
+    import comfy.text_encoders.lumina2 as lumina2
+    import torch
+    import transformers
+
+    spiece = _spiece_model()
+    sizes = {"vocab_size": 400, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+             "num_attention_heads": 2, "num_key_value_heads": 1}
+    cfg = transformers.Gemma2Config(**sizes, head_dim=256, query_pre_attn_scalar=256, pad_token_id=0, eos_token_id=1,
+                                    bos_token_id=2)
+    with torch.random.fork_rng():
+        torch.manual_seed(27)
+        gemma = transformers.Gemma2Model(cfg).eval()
+    state = {f"gemma2_2b.transformer.model.{k}": v.detach().clone() for k, v in gemma.state_dict().items()}
+    target = SimpleNamespace(params={}, clip=lumina2.te(), tokenizer=lumina2.LuminaTokenizer)
+    clip = comfy.sd.CLIP(target, state_dict=state, tokenizer_data={"spiece_model": torch.ByteTensor(list(spiece))},
+                         model_options={"dtype": torch.float32, "gemma2_2b_model_config": sizes})
+    return TinyComfy("lumina2", clip, {"text_encoder": gemma})
 
 
 def fitted_profile(name: str, tiny: TinyComfy) -> Any:
