@@ -188,12 +188,14 @@ def test_workflow_through_comfyuis_executor(world, tmp_path):
         _TinyCLIP.CLIP = world["tiny"].clip
         nodes.NODE_CLASS_MAPPINGS["TeAlignTestTinyCLIP"] = _TinyCLIP
 
+        server = _Server()
+        executor = execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC,  # ComfyUI's default
+                                            cache_args={"lru": 0, "ram": 0})
+
         def run(graph, prompt_id):
             valid = asyncio.run(execution.validate_prompt(prompt_id, graph, None))
             assert valid[0], valid[1:]
-            server = _Server()
-            executor = execution.PromptExecutor(server, cache_type=execution.CacheType.NONE,
-                                                cache_args={"lru": 0, "ram": 0})
+            server.messages.clear()
             executor.execute(graph, prompt_id, {"client_id": server.client_id}, valid[2])
             return executor, server
 
@@ -207,12 +209,16 @@ def test_workflow_through_comfyuis_executor(world, tmp_path):
         with Image.open(os.path.join(folder_paths.get_output_directory(), saved[0]["subfolder"], saved[0]["filename"])) as png:
             assert png.size == (SIZE, SIZE)
 
-        executor, server = run(_graph("(none)"), "te-align-bad")  # 'from LoRA' without a LoRA: a user mistake
-        errors = [m[1] for m in server.messages if m[0] == "execution_error"]
-        assert len(errors) == 1 and errors[0]["traceback"] == [] and errors[0]["exception_type"] == "ExecutionBlocked"
-        assert errors[0]["exception_message"] == ("Execution Blocked: te-align Text Encode: profile is 'from LoRA' but "
-                                                  "no LoRA is chosen: pick the LoRA you sample with, or a profile")
-        assert "10" not in executor.history_result["outputs"]  # nothing was sampled or saved
+        for attempt in ("te-align-bad", "te-align-bad-again"):  # 'from LoRA' without a LoRA: a user mistake
+            executor, server = run(_graph("(none)"), attempt)  # queued again: reported again, not replayed silently
+            errors = [m[1] for m in server.messages if m[0] == "execution_error"]
+            assert len(errors) == 1 and errors[0]["traceback"] == [] and errors[0]["exception_type"] == "ExecutionBlocked"
+            assert errors[0]["exception_message"] == ("Execution Blocked: te-align Text Encode: profile is 'from LoRA' "
+                                                      "but no LoRA is chosen: pick the LoRA you sample with, or a profile")
+            assert "10" not in executor.history_result["outputs"]  # nothing was sampled or saved
+        executor, server = run(_graph(LORA), "te-align-ok-again")  # fixed: runs (the model nodes come from the cache)
+        assert executor.success and not [m for m in server.messages if m[0] == "execution_error"]
+        assert "10" in executor.history_result["outputs"]
     finally:
         for name in added:
             nodes.NODE_CLASS_MAPPINGS.pop(name, None)

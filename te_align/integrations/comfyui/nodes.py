@@ -9,6 +9,7 @@ default profile and says so). Outputs: CONDITIONING, and a STRING saying which p
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 FROM_LORA = "from LoRA"
@@ -32,6 +33,27 @@ def _lora_names() -> list[str]:
         return [NO_LORA, *folder_paths.get_filename_list("loras")]
     except Exception:  # outside a ComfyUI process (tests, docs): no LoRA folder to list
         return [NO_LORA]
+
+
+#: (node class, profile, lora_name) whose last run was a user mistake: ComfyUI would otherwise replay the cached
+#: blocked result silently when the same graph is queued again.
+_BLOCKED: set[tuple[str, str, str]] = set()
+
+
+def changed(node: str, profile: Any = None, lora_name: Any = NO_LORA, **_: Any) -> Any:
+    """The nodes' IS_CHANGED: NaN (run again) after a mistake with these inputs, so the line is reported again;
+    with 'from LoRA', the LoRA file's size and modification time, so a re-stamped LoRA is read again."""
+    if (node, str(profile), str(lora_name)) in _BLOCKED:
+        return float("nan")
+    if profile == FROM_LORA and lora_name and lora_name != NO_LORA:
+        try:
+            import folder_paths
+
+            st = os.stat(folder_paths.get_full_path("loras", lora_name) or lora_name)
+            return f"{lora_name}:{st.st_size}:{st.st_mtime_ns}"
+        except (ImportError, OSError, TypeError):
+            return str(lora_name)
+    return ""
 
 
 def blocked(node: str, error: Exception) -> dict[str, Any]:
@@ -116,6 +138,11 @@ class TeAlignTextEncode:
     RETURN_NAMES = ("conditioning", "profile_info")
     FUNCTION = "encode"
     CATEGORY = CATEGORY
+
+    @classmethod
+    def IS_CHANGED(cls, **inputs: Any) -> Any:
+        return changed("TeAlignTextEncode", **inputs)
+
     DESCRIPTION = ("Encodes the prompt with ComfyUI's loaded text encoders exactly as the alignment profile says "
                    "(the conditioning the LoRA was trained with), equal to te_align.encode.")
 
@@ -124,11 +151,14 @@ class TeAlignTextEncode:
         from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
+        key = ("TeAlignTextEncode", str(profile), str(lora_name))
         try:
             p, info = resolve_profile(clip, profile, lora_name)
             cond = encode_with_clip(clip, p, text)
         except TeAlignError as e:  # a user mistake (te-align's errors are one line naming the fix)
+            _BLOCKED.add(key)
             return blocked(NODE_DISPLAY_NAME_MAPPINGS["TeAlignTextEncode"], e)
+        _BLOCKED.discard(key)
         out = to_conditioning(p, cond, guidance=guidance, width=width, height=height)
         info = f"{info} · fingerprint {p.fingerprint()} · {tuple(out[0][0].shape)}"
         return {"ui": {"text": [info]}, "result": (out, info)}
@@ -147,6 +177,11 @@ class TeAlignEmptyNegative:
     RETURN_NAMES = ("conditioning", "profile_info")
     FUNCTION = "encode"
     CATEGORY = CATEGORY
+
+    @classmethod
+    def IS_CHANGED(cls, **inputs: Any) -> Any:
+        return changed("TeAlignEmptyNegative", **inputs)
+
     DESCRIPTION = "The unconditional (negative) conditioning the profile's model was trained and sampled with."
 
     def encode(self, clip: Any, profile: Any, lora_name: str = NO_LORA, guidance: float = 3.5, width: int = 0,
@@ -154,11 +189,14 @@ class TeAlignEmptyNegative:
         from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
+        key = ("TeAlignEmptyNegative", str(profile), str(lora_name))
         try:
             p, info = resolve_profile(clip, profile, lora_name)
             cond = encode_with_clip(clip, p, "", empty=True)
         except TeAlignError as e:
+            _BLOCKED.add(key)
             return blocked(NODE_DISPLAY_NAME_MAPPINGS["TeAlignEmptyNegative"], e)
+        _BLOCKED.discard(key)
         out = to_conditioning(p, cond, guidance=guidance, width=width, height=height)
         info = f"{info} · empty prompt: {p.empty_prompt} · {tuple(out[0][0].shape)}"
         return {"ui": {"text": [info]}, "result": (out, info)}
