@@ -116,6 +116,9 @@ def comfyui_rows(comfyui_dir: str | None) -> list[tuple[str, str, str]]:
             out.append((name, "ComfyUI + te-align Text Encode", _row(node)))
             out.append((name, "ComfyUI encoders vs transformers encoders, same weights (te_align.encode on each)",
                         _row(floor)))
+    lumina = tiny.build("lumina2", comfyui_dir)  # ComfyUI's encoder the node refuses: its own line, as the UI shows it
+    res = TeAlignTextEncode().encode(lumina.clip, "lumina2", "a photo of a cat")
+    out.append(("lumina2", "ComfyUI + te-align Text Encode", f"not encoded — {res['ui']['text'][0]}"))
     return out
 
 
