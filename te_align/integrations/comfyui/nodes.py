@@ -3,7 +3,7 @@
 Both take ComfyUI's CLIP object and a profile: a bundled name, or ``from LoRA`` (the profile the chosen LoRA's
 ``te_align.*`` metadata or kohya ``ss_*`` keys name; a LoRA without either falls back to the CLIP family's
 default profile and says so). Outputs: CONDITIONING, and a STRING saying which profile encoded it and why
-(also shown under the node).
+(connect it to ComfyUI's "Preview as Text" to see it; ComfyUI's frontend does not draw a node's own text output).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def blocked(node: str, error: Exception) -> dict[str, Any]:
 
     ComfyUI's ExecutionBlocker (comfy_execution/graph_utils.py) as both outputs: the nodes that use them are not run
     and ComfyUI reports "Execution Blocked: <node>: <message>" with an empty traceback (execution.py,
-    execution_block_cb). The line is also logged and shown as the node's text. A ComfyUI without ExecutionBlocker
+    execution_block_cb). The line is also logged (and is the node's ui text). A ComfyUI without ExecutionBlocker
     gets the error raised (its panel then shows the same line, with a traceback).
     """
     from te_align.integrations.comfyui.encode import NodeError
