@@ -342,7 +342,10 @@ def test_cli_exit_codes_and_json(capsys, tmp_path):
         "kind": "deviation", "severity": "error", "setting": "t5.masks.encoder", "effective": True, "profile": False}
     broken = write(tmp_path, "broken.json", "{")
     assert main(["check", good, broken]) == 2
-    assert f"{broken}:1:2: syntax error" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    # unreadable input goes to stderr with the prefix every command uses; the good file's report stays on stdout
+    assert f"te-align: error: {broken}:1:2: syntax error" in cap.err and "syntax error" not in cap.out
+    assert "aligned" in cap.out
 
 
 def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):
@@ -351,7 +354,8 @@ def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "t5.tokenizer.max_length" in out and "fix: --t5xxl_max_token_length 256" in out
     assert main(["check", "--trainer", "simpletuner", path]) == 2
-    assert "cannot work out the model family" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.startswith("te-align: error: ") and "cannot work out the model family" in cap.err
 
 
 def test_check_needs_no_torch():

@@ -416,4 +416,4 @@ def test_cli_dataset_option_counts_captions(tmp_path, capsys):
     assert main(["check", cfg, "--dataset", str(data)]) == 1
     assert f'1 of 1 caption file(s) in {data} contain a literal "!"' in capsys.readouterr().out
     assert main(["check", cfg, "--dataset", str(tmp_path / "missing")]) == 2
-    assert f"{tmp_path / 'missing'}: --dataset: no such folder" in capsys.readouterr().out
+    assert f"te-align: error: {tmp_path / 'missing'}: --dataset: no such folder" in capsys.readouterr().err

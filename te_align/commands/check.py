@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 TRAINER_CHOICES = ("auto", "kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples")
@@ -143,17 +144,19 @@ def _clip(s: str, n: int) -> str:
 
 
 def _print_result(r: Any) -> None:
-    syntax = [f for f in r.findings if f.kind == "syntax"]
-    if syntax:
-        for f in syntax:
-            print(f"{f.message}")
+    # unreadable input (a file that cannot be read or parsed, a value of the wrong type): one line each on stderr,
+    # with the prefix every te-align command uses for errors; the rest of the report stays on stdout
+    for f in r.findings:
+        if f.kind in ("syntax", "wrong-value"):
+            print(f"te-align: error: {f.message}", file=sys.stderr)
+    if any(f.kind == "syntax" for f in r.findings):
         return
     if r.status in ("not-checked", "not-training") and r.profile is None:
         print(f"{r.file}: {r.trainer or '-'} · {r.reason}")
     else:
         print(f"{r.file}: {r.trainer} · profile {r.profile} ({r.family_reason})")
     table = [f for f in r.findings if f.kind == "deviation"]
-    others = [f for f in r.findings if f.kind not in ("deviation", "not-checked")]
+    others = [f for f in r.findings if f.kind not in ("deviation", "not-checked", "wrong-value")]
     if r.exit_code == 0 and not table and not others:
         print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran and every one matches the profile")
         return

@@ -68,9 +68,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    w = max(len(r["name"]) for r in rows)
-    for r in rows:
-        print(f"{r['name']:<{w}}  {r['family']:<10} {'+'.join(r['slots']):<22} {r['repo']}")
+    table = [("NAME", "FAMILY", "ENCODERS", "REPO")]
+    table += [(r["name"], r["family"], "+".join(r["slots"]), r["repo"]) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row[:3], widths, strict=True)) + f"  {row[3]}")
     return 0
 
 
