@@ -34,4 +34,13 @@ def load_text_encoders(profile: AlignmentProfile | str, path_or_repo: str, **kwa
     return _load(profile, path_or_repo, **kwargs)
 
 
-__all__ = ["AlignmentProfile", "TeAlignError", "__version__", "encode", "load_text_encoders", "profile", "profiles"]
+def apply(pipe: Any, profile: AlignmentProfile | str, **kwargs: Any) -> Any:
+    """Make a diffusers pipeline encode its prompts by a profile (see :func:`te_align.integrations.diffusers.apply`)."""
+    from te_align.integrations.diffusers import apply as _apply
+
+    return _apply(pipe, profile, **kwargs)
+
+
+__all__ = [
+    "AlignmentProfile", "TeAlignError", "__version__", "apply", "encode", "load_text_encoders", "profile", "profiles",
+]

@@ -25,6 +25,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", metavar="DIR", action="append", default=[],
                    help="caption folder (repeatable): count the captions a deviation affects (CLIP-G '!', Qwen over "
                         "512 tokens); the config's own data folders are read too")
+    p.add_argument("--for", dest="for_tool", metavar="TOOL", choices=("comfyui", "forge", "diffusers"),
+                   help="also say where sampling in comfyui, forge or diffusers gives other conditioning than this "
+                        "training (notes; the exit code is unchanged)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +62,7 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     ns = inner.parse_args(rest)
     if not ns.configs and not extra:
         inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
-    for name in ("trainer", "profile", "json", "cache_dir"):
+    for name in ("trainer", "profile", "json", "cache_dir", "for_tool"):
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
@@ -80,15 +83,45 @@ def cmd_check(args: argparse.Namespace) -> int:
         results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
                               dataset=ns.dataset)
     code = exit_code(results)
+    notes = [_inference(r, ns.for_tool) for r in results]
     if ns.json:
-        print(json.dumps({"exit_code": code, "results": [r.to_dict() for r in results]}, indent=2, ensure_ascii=False,
-                         default=str))
+        dicts = [r.to_dict() for r in results]
+        if ns.for_tool:
+            for d, n in zip(dicts, notes, strict=True):
+                d["inference"] = {"tool": ns.for_tool, "notes": [x.to_dict() for x in n]}
+        print(json.dumps({"exit_code": code, "results": dicts}, indent=2, ensure_ascii=False, default=str))
         return code
     for i, r in enumerate(results):
         if i:
             print()
         _print_result(r)
+        if ns.for_tool and r.profile is not None:
+            _print_inference(ns.for_tool, notes[i])
     return code
+
+
+def _inference(r: Any, tool: str | None) -> list[Any]:
+    """``--for TOOL``: the inference notes for a checked result (none without a profile)."""
+    if not tool or r.profile is None:
+        return []
+    from te_align.integrations.targets import inference_notes
+    from te_align.profiles import profile
+
+    return inference_notes(profile(r.profile), tool, r.effective or {})
+
+
+def _print_inference(tool: str, notes: list[Any]) -> None:
+    from te_align.integrations.targets import TOOLS
+
+    if not notes:
+        print(f"  sampling in {TOOLS[tool]}: conditioning as trained (no known difference)")
+        return
+    print(f"  sampling in {TOOLS[tool]}:")
+    for n in notes:
+        print(f"  note     {n.message}" + (f", unless you {n.fix}" if n.fix and n.setting != "prompt syntax" else ""))
+        if n.fix and n.setting == "prompt syntax":
+            print(f"  {'':<9}  {n.fix}")
+        print(f"  {'':<9}  source: {n.source}")
 
 
 def _fmt(v: Any) -> str:

@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--out", metavar="FILE", help="write the markdown table here (e.g. matrix.md)")
     m.add_argument("--profile", action="append", metavar="NAME", help="only these profiles (repeatable)")
     m.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    m.add_argument("--inference", action="store_true",
+                   help="the inference matrix instead: diffusers pipelines, ComfyUI stock, ComfyUI + te-align node, "
+                        "Forge (ComfyUI from $TE_ALIGN_COMFYUI_DIR, Forge from $TE_ALIGN_FORGE_DIR)")
     m.set_defaults(func=cmd_matrix)
 
 
@@ -91,6 +94,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    if getattr(args, "inference", False):
+        from te_align.integrations.matrix import inference_matrix
+
+        text = inference_matrix()
+        if args.out:
+            from pathlib import Path
+
+            Path(args.out).write_text(text, encoding="utf-8")
+            print(f"te-align matrix --inference: written to {args.out}")
+        else:
+            print(text, end="")
+        return 0
     from te_align.probe.matrix import run_matrix
 
     m = run_matrix(profiles=args.profile, out=args.out)
