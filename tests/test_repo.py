@@ -50,7 +50,7 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
 
     src = tmp_path / "src"  # build a copy, so no build/ folder appears in the working tree
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     for name in ("te_align", "patches", "presets"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -73,6 +73,11 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
     assert "te_align/_presets/tiny-demo.toml" in names
     assert "te_align/profiles/data/profiles/sd35-large.toml" in names
     assert {"te_align/tiny/data/bpe_simple_vocab_16e6.txt.gz", "te_align/tiny/data/LICENSE-CLIP-BPE.txt"} <= names
+    # the licences travel in the wheel's metadata (PEP 639: Apache-2.0 for te-align, MIT for the CLIP vocabulary)
+    info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    assert {f"{info}/licenses/LICENSE", f"{info}/licenses/te_align/tiny/data/LICENSE-CLIP-BPE.txt"} <= names
+    meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0 AND MIT" in meta
 
 
 # ------------------------------------------------------------------------------ machine paths, citations

@@ -46,8 +46,8 @@ EXTRAS = "test,kohya-test"
 #: installed with --no-deps, exactly as the README's test command does (ai-toolkit's own pins would replace torch)
 NO_DEPS = ("ostris-ai-toolkit==0.2.7", "oyaml==1.0")
 DEFAULT_TORCH = "torch==2.13.0"
-#: never written into the lock: the installer's own packages and the project itself
-NOT_LOCKED = {"pip", "setuptools", "wheel", "te-align", "te_align"}
+#: never written into the lock: the installer itself and the project
+NOT_LOCKED = {"pip", "te-align", "te_align"}
 
 
 def _norm(name: str) -> str:
