@@ -38,12 +38,12 @@ import torch
 
 import te_align
 from te_align.hooks import HookError
-from te_align.hooks.ai_toolkit import AiToolkitHook
 from te_align.patching import apply, revert, status
 from te_align.patching.trainers import detect, plan_for
-from te_align.probe import ai_toolkit_models as am
 from te_align.tiny.fit import architecture_overrides, fit_profile
 from te_align.tiny.pipelines import build_pipeline_for_encoding
+from te_align.trainers.ai_toolkit import probe_models as am
+from te_align.trainers.ai_toolkit.hooks import AiToolkitHook
 
 ENV = "TE_ALIGN_AI_TOOLKIT_DIR"
 CHECKOUT = os.environ.get(ENV)
@@ -106,7 +106,7 @@ def test_legacy_train_tools_equal_te_align(checkout_on_path):
 
 # ------------------------------------------------------------------------------ method-level hooks
 PROMPTS = ["a photo of a cat", "", "an astronaut riding a horse on the moon, " * 8]
-# shared with the probe (te_align.probe.ai_toolkit_models): model objects via cls.__new__ on tiny models
+# shared with the probe (te_align.trainers.ai_toolkit.probe_models): model objects via cls.__new__ on tiny models
 _import_model_package = am.import_model_package
 BASE_MODELS = am.BASE_MODELS
 
@@ -302,7 +302,7 @@ import torch
 import te_align
 import toolkit.train_tools as tt
 from jobs.process.BaseProcess import BaseProcess
-from te_align.hooks import ai_toolkit
+from te_align.trainers.ai_toolkit import hooks
 from te_align.tiny.fit import architecture_overrides
 from te_align.tiny.pipelines import build_pipeline_for_encoding
 out["wrapped_init"] = hasattr(BaseProcess.__init__, "__te_align_original__")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from te_align.audit import check_file
-from te_align.audit.trainers import diffusers_examples as dx
 from te_align.cli import main
+from te_align.trainers.diffusers_examples import audit as dx
 
 ENV = "TE_ALIGN_DIFFUSERS_EXAMPLES_DIR"
 

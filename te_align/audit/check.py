@@ -9,8 +9,8 @@ from typing import Any
 
 from te_align.audit import readers
 from te_align.audit.findings import CheckResult, Finding
+from te_align.audit.parsed import module
 from te_align.audit.rules import Context, evaluate
-from te_align.audit.trainers import module
 from te_align.errors import TeAlignError
 
 
@@ -28,7 +28,7 @@ def check_file(
     cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
     ``dataset``: caption folders to count captions in (besides the ones the config names). ``command``: a
     training command line given as words instead of a file (``path`` is then only its label)."""
-    from te_align.audit.trainers import reset_suggestion_budget
+    from te_align.audit.parsed import reset_suggestion_budget
 
     reset_suggestion_budget()
     result = CheckResult(file=str(path))
@@ -37,8 +37,8 @@ def check_file(
         if raw.data in (None, {}, [], "") and not extra_args:
             raise readers.UnreadableConfig("empty config: nothing to check", file=raw.file)
         name = readers.detect_trainer(raw) if trainer == "auto" else trainer
-        if name not in readers.TRAINERS:
-            raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.TRAINERS)}")
+        if name not in readers.trainers():
+            raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.trainers())}")
         result.trainer = name
         _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset))
     except readers.ConfigSyntaxError as e:
@@ -64,10 +64,12 @@ def _command(argv: list[str], label: str) -> readers.RawConfig:
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
            result: CheckResult, dataset: list[str] | None = None) -> None:
     from te_align.profiles import profile as resolve
+    from te_align.trainers import dialect, dialects
 
-    if raw.fmt == "cmdline" and name != "diffusers-examples":
+    if raw.fmt == "cmdline" and not dialect(name)[0].command_line:
+        readers_of_lines = " or ".join(d.name for d, _ in dialects() if d.command_line)
         raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
-                                       "command lines for --trainer diffusers-examples only", file=raw.file)
+                                       f"command lines for --trainer {readers_of_lines} only", file=raw.file)
     mod = module(name)
     parsed = mod.parse(raw, extra_args)
     result.cached = parsed.cached
@@ -120,7 +122,7 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
     caches = getattr(mod, "CACHES", {})
     spec = caches.get(prof.family)
     if cache_dir is not None:
-        findings += _scan_cache(cache_dir, name, prof, effective, spec)
+        findings += _scan_cache(cache_dir, name, mod, prof, effective, spec)
     if parsed.cached and spec is not None and any(
             f.kind == "deviation" and f.severity in ("error", "warning") for f in deviations):
         findings.append(Finding(
@@ -141,14 +143,18 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (_ORDER[f.kind], _SEV[f.severity]))
 
 
-def _scan_cache(cache_dir: str, name: str, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
+def _scan_cache(cache_dir: str, name: str, mod: Any, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
+    """The cached text-encoder files in ``cache_dir``: read by the reader's ``scan_cache`` where it has one (the
+    lengths they record), else counted by the file patterns of its cache spec."""
     from te_align.audit.cachefiles import scan
 
     if not Path(cache_dir).is_dir():
         raise readers.UnreadableConfig("no such cache folder", file=cache_dir)
-    found, lengths, bad, path_of = scan(cache_dir, name)
-    if name == "ai-toolkit":
-        path_of = "t5.tokenizer.max_length" if "t5" in prof.slot_names else f"{prof.slot_names[-1]}.tokenizer.max_length"
+    if hasattr(mod, "scan_cache"):
+        found, lengths, bad, path_of = mod.scan_cache(cache_dir, prof)
+    else:
+        patterns = dict.fromkeys(g.rsplit("/", 1)[-1] for g in (spec.glob if spec else ()))
+        found, lengths, bad, path_of = scan(cache_dir, [(g, None, "") for g in patterns])
     out: list[Finding] = []
     where = spec.source if spec else ""
     if not found:

@@ -12,11 +12,16 @@ import argparse
 import json
 from typing import Any
 
-TRAINER_CHOICES = ("auto", "kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples")
+
+def trainer_choices() -> tuple[str, ...]:
+    """``auto`` and every config language of the trainer registry."""
+    from te_align.audit.readers import trainers
+
+    return ("auto", *trainers())
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trainer", choices=TRAINER_CHOICES, default="auto",
+    p.add_argument("--trainer", choices=trainer_choices(), default="auto",
                    help="which trainer reads the config (default: tell from the file's shape)")
     p.add_argument("--profile", metavar="NAME", help="compare with this profile instead of the one for the detected family")
     p.add_argument("--json", action="store_true", help="machine-readable findings")
@@ -31,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "check",
         help="audit trainer configs against the model's alignment profile "
              "(exit 0 aligned, 1 deviations, 2 unreadable, 3 not checked)",
-        description="Read sd-scripts TOML, kohya_ss GUI JSON, ai-toolkit YAML, SimpleTuner config.json/.toml or "
-                    "OneTrainer JSON, or a diffusers example script's command line (`accelerate launch "
-                    "train_dreambooth_lora_sd3.py ARGS` in a .sh/.txt/.bat file, or after `--` with no CONFIG); work out the model family and the trainer's effective text-encoder settings; "
-                    "compare them with the alignment profile. Extra sd-scripts CLI args (and the script name) go "
+        description=f"Read {_reads()} (`accelerate launch SCRIPT ARGS` in a .sh/.txt/.bat file, or after `--` "
+                    "with no CONFIG); "
+                    "work out the model family and the trainer's effective text-encoder settings; "
+                    "compare them with the alignment profile. Extra CLI args (and the script name) go "
                     "after `--`. Exit codes: 0 aligned (rules for this trainer and family ran and passed), "
                     "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
                     "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
@@ -44,6 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     _options(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
     p.set_defaults(func=cmd_check)
+
+
+def _reads() -> str:
+    from te_align.trainers import dialects
+
+    reads = [d.reads for d, _ in dialects()]
+    return ", ".join(reads[:-1]) + f" or {reads[-1]}" if len(reads) > 1 else "".join(reads)
 
 
 def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
@@ -70,7 +82,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from te_align.audit import check_files, exit_code
 
     ns, extra = _split(args)
-    if not ns.configs:  # te-align check -- accelerate launch train_dreambooth_lora_sd3.py ARGS (diffusers scripts)
+    if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
         from te_align.audit import check_file
 
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,

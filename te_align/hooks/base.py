@@ -29,7 +29,7 @@ logger = logging.getLogger("te_align")
 
 
 def log_to_console() -> None:
-    """Make te-align's INFO lines visible in a trainer that sets up no logging (ai-toolkit): a stdout handler
+    """Make te-align's INFO lines visible in a trainer that sets up no logging: a stdout handler
     on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent)."""
     if logger.handlers or logging.getLogger().handlers:
         return
