@@ -3,7 +3,7 @@ settings with an alignment profile, and collect findings. No torch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,13 @@ def check_file(
     cache_dir: str | None = None,
     dataset: Sequence[str] = (),
     command: Sequence[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> CheckResult:
     """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
     cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
     ``dataset``: caption folders to count captions in (besides the ones the config names). ``command``: a
-    training command line given as words instead of a file (``path`` is then only its label)."""
+    training command line given as words instead of a file (``path`` is then only its label). ``overrides``: profile
+    overrides (``--set``) applied to the profile the file is checked against (given or detected)."""
     from te_align.audit.parsed import reset_suggestion_budget
 
     reset_suggestion_budget()
@@ -40,7 +42,7 @@ def check_file(
         if name not in readers.trainers():
             raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.trainers())}")
         result.trainer = name
-        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset))
+        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset), dict(overrides or {}))
     except readers.ConfigSyntaxError as e:
         result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
@@ -62,7 +64,7 @@ def _command(argv: list[str], label: str) -> readers.RawConfig:
 
 
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
-           result: CheckResult, dataset: list[str] | None = None) -> None:
+           result: CheckResult, dataset: list[str] | None = None, overrides: dict[str, Any] | None = None) -> None:
     from te_align.profiles import profile as resolve
     from te_align.trainers import dialect, dialects
 
@@ -98,6 +100,11 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
                 + "; pass --profile NAME", file=raw.file)
         prof = resolve(parsed.profile_guess)
         result.family_reason = parsed.family_reason
+    if overrides:
+        from te_align.profiles.overrides import apply_overrides
+
+        prof = apply_overrides(prof, overrides, origin="--set")
+        result.overrides = dict(overrides)
     result.profile = prof.name
     if prof.family not in parsed.supported:
         raise readers.UnreadableConfig(f"{name} does not train {prof.family} models (profile {prof.name})", file=raw.file)

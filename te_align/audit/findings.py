@@ -71,6 +71,8 @@ class CheckResult:
     reason: str = ""
     #: The rules that compared a profile value (``path`` of each, with its config key when it has one).
     rules_ran: list[str] = field(default_factory=list)
+    #: Profile overrides the file was checked with (``check --set``).
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +95,7 @@ class CheckResult:
             "status": self.status,
             "reason": self.reason,
             "rules_ran": list(self.rules_ran),
+            "overrides": dict(self.overrides),
             "effective": self.effective,
             "findings": [f.to_dict() for f in self.findings],
         }

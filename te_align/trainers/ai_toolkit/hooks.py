@@ -155,13 +155,13 @@ def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -
                               f"{where}.overrides.{stray[0] if stray[0] != 'max_sequence_length' else 't5_max_length'} instead")  # fmt: skip
     if not sec["enabled"]:
         return sec
-    from te_align.profiles import profile as load
+    from te_align.profiles.overrides import resolve
 
     try:
         name = sec["profile"] or profile_name_for(model if isinstance(model, Mapping) else {})
-        sec["resolved"] = load(name, **sec["overrides"]) if sec["overrides"] else load(name)
+        sec["resolved"] = resolve(name, (f"{where}.overrides", sec["overrides"] or None))
     except TeAlignError as e:
-        raise ConfigError(f"{where}: {e}") from None
+        raise ConfigError(str(e) if e.file else f"{where}: {e}") from None  # an override error names its key path
     return sec
 
 
