@@ -102,8 +102,9 @@ def test_hooks_keep_their_short_names():
         if s.hooks:
             alias = importlib.import_module(f"te_align.hooks.{s.package}")
             assert alias is s.part("hooks")
-    import te_align.hooks as hooks
     import te_align.hooks.kohya.run as run_alias
+
+    import te_align.hooks as hooks
     from te_align.trainers.kohya.hooks import run
 
     assert run_alias is run and hooks.kohya is registry.get("kohya").part("hooks")  # type: ignore[attr-defined]
