@@ -312,7 +312,7 @@ over = architecture_overrides(te_align.profile("flux-schnell"), pipe)
 over["t5_max_length"] = 128
 BaseProcess(0, job, OrderedDict(model={"arch": "flux", "name_or_path": "black-forest-labs/FLUX.1-schnell"},
                                 te_align={"overrides": over}))
-hook = ai_toolkit._INSTALLED
+hook = hooks.ENCODING.current()
 out["profile"] = hook.profile.name
 out["targets"] = sorted(r.target.label for r in hook.installed)
 prompts = ["a photo of a cat", ""]
@@ -326,7 +326,7 @@ try:
 except Exception as e:
     out["bad_section"] = f"{type(e).__name__}: {e}"
 BaseProcess(2, job, OrderedDict(model={"arch": "flux"}, te_align={"enabled": False}))
-out["disabled_uninstalled"] = ai_toolkit._INSTALLED is None and getattr(tt.encode_prompts_flux, "__te_align_original__", None) is None
+out["disabled_uninstalled"] = hooks.ENCODING.current() is None and getattr(tt.encode_prompts_flux, "__te_align_original__", None) is None
 print("RESULT " + json.dumps(out))
 """
 

@@ -43,7 +43,16 @@ from typing import Any, ClassVar
 from te_align._git import installed_version as _installed
 from te_align._git import read_version
 from te_align.errors import TeAlignError
-from te_align.hooks.base import Hook, HookError, Target, log_to_console, mark_wrapper
+from te_align.hooks.base import (
+    Hook,
+    HookError,
+    Lifecycle,
+    Settings,
+    Target,
+    log_to_console,
+    mark_wrapper,
+    settings,
+)
 from te_align.trainers.ai_toolkit import names as aitk_table
 
 logger = logging.getLogger("te_align")
@@ -146,7 +155,7 @@ def validate_section(section: Any, where: str = "te_align") -> dict[str, Any]:
 
 def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -> dict[str, Any]:
     """Validate a process config's ``te_align`` section and resolve its profile (errors are ConfigError)."""
-    sec = validate_section(process.get("te_align"), where)
+    sec = validate_section(process.get("te_align"), where)  # (the profile with TE_ALIGN_OVERRIDES under its overrides)
     model = process.get("model") or {}
     if isinstance(model, Mapping):
         stray = [k for k in IGNORED_BY_AI_TOOLKIT if k in model]
@@ -159,7 +168,7 @@ def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -
 
     try:
         name = sec["profile"] or profile_name_for(model if isinstance(model, Mapping) else {})
-        sec["resolved"] = resolve(name, (f"{where}.overrides", sec["overrides"] or None))
+        sec["resolved"] = resolve(name, (f"{where}.overrides", sec["overrides"] or None), env=True)
     except TeAlignError as e:
         raise ConfigError(str(e) if e.file else f"{where}: {e}") from None  # an override error names its key path
     return sec
@@ -274,10 +283,14 @@ class AiToolkitHook(Hook):
         bad = [p for p in (self.parts or ()) if p not in PARTS]
         if bad:
             raise HookError(f"unknown part '{bad[0]}'; known: {', '.join(PARTS)}")
-        if isinstance(self.profile, str):
-            from te_align.profiles import profile as load
+        if self.profile is not None or self.overrides:  # given here: with TE_ALIGN_OVERRIDES under the overrides
+            self.configure(settings(self.profile, self.overrides, origin="AiToolkitHook(overrides=)"))
 
-            self.profile = load(self.profile, **self.overrides)
+    def configure(self, settings: Settings) -> None:
+        super().configure(settings)
+        self._profiles.clear()
+        if settings.source is not None:
+            self.profile = settings.profile()
 
     # -- declaration --------------------------------------------------------------------------
     @property
@@ -330,10 +343,8 @@ class AiToolkitHook(Hook):
             raise HookError("te-align: no profile for this ai-toolkit encode call; set te_align.profile in the job "
                             "config or pass profile= to AiToolkitHook")  # fmt: skip
         name = profile_name_for(_model_config_dict(model_config))
-        if name not in self._profiles:
-            from te_align.profiles import profile as load
-
-            self._profiles[name] = load(name, **self.overrides)
+        if name not in self._profiles:  # the model's own, with the user's overrides (the one way in)
+            self._profiles[name] = self.user.profile(name)
         return self._profiles[name]
 
     def current_profile(self) -> Any:
@@ -468,19 +479,22 @@ def _prompt_embeds_cls(prefix: str) -> Any:
 
 
 # ------------------------------------------------------------------------------ extension entry
-_INSTALLED: AiToolkitHook | None = None
+#: The encoding hooks of this process (one profile at a time: each process ai-toolkit builds sets its own).
+ENCODING = Lifecycle("ai-toolkit", AiToolkitHook)
 
 
 def enable(process_config: Mapping[str, Any], *, default_profile: str | None = None, where: str = "te_align") -> AiToolkitHook | None:
     """Install the hooks for one ai-toolkit process config (called by the te-align extension).
 
-    Validates the ``te_align:`` section (unknown keys are an error), resolves the profile (explicit,
-    the folder's pinned ``default_profile``, or from ``model:``) and installs every hook the layout
-    has. Returns None when the section says ``enabled: false``. A second process with the same
-    profile reuses the installed hooks; a different one replaces them.
+    Validates the ``te_align:`` section (unknown keys are an error), resolves the profile (the section's, else
+    ``TE_ALIGN_PROFILE``, else the folder's pinned ``default_profile``, else from ``model:``) with the overrides
+    (``TE_ALIGN_OVERRIDES`` under the section's ``overrides``) and installs every hook the layout has. Returns None
+    when the section says ``enabled: false``. A second process takes over the installed hooks with its profile.
     """
-    global _INSTALLED
+    from te_align.profiles.overrides import env_profile
+
     proc = dict(process_config)
+    default_profile = env_profile() or default_profile
     if "te_align" not in proc and not default_profile:
         try:
             profile_name_for(proc.get("model") or {})
@@ -500,21 +514,16 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
         proc["te_align"] = {**(proc.get("te_align") or {}), "profile": default_profile}
     sec = settings_from_process(proc, where)
     if not sec["enabled"]:
-        if _INSTALLED is not None:
-            _INSTALLED.uninstall()
-            _INSTALLED = None
+        ENCODING.uninstall()
         logger.info("te-align: disabled by %s.enabled: false", where)
         return None
     prof = sec["resolved"]
-    if _INSTALLED is not None and _INSTALLED.is_installed:
-        if _INSTALLED.profile is not None and _INSTALLED.profile.fingerprint() == prof.fingerprint():
-            return _INSTALLED
-        _INSTALLED.uninstall()
-    hook = AiToolkitHook(profile=prof)
-    if hook.install():
-        _INSTALLED = hook
+    before = ENCODING.current()
+    same = before is not None and before.is_installed and before.profile is not None and (
+        before.profile.fingerprint() == prof.fingerprint())
+    if ENCODING.install(prof, environ={}) and not same:  # prof is resolved: no second reading of the environment
         logger.info("te-align: ai-toolkit encodes prompts by profile '%s' (fingerprint %s)", prof.name, prof.fingerprint()[:12])
-    return hook
+    return ENCODING.current()  # type: ignore[return-value]
 
 
 @dataclass
@@ -551,18 +560,12 @@ class ProcessWatch(Hook):
         return mark_wrapper(__init__, original)
 
 
-_WATCH: ProcessWatch | None = None
+#: The process watch (installed once, by the te-align extension).
+WATCH = Lifecycle("ai-toolkit", ProcessWatch, console=log_to_console)
 
 
 def watch_processes(default_profile: str | None = None) -> bool:
     """Install :class:`ProcessWatch` (the te-align extension calls this at import). Idempotent; returns False
-    under ``TE_ALIGN=off`` (ai-toolkit then runs unmodified)."""
-    global _WATCH
-    if _WATCH is not None and _WATCH.is_installed:
-        return True
-    log_to_console()  # ai-toolkit configures no logging: te-align's one-line announcements go to stdout
-    watch = ProcessWatch(default_profile=default_profile)
-    if not watch.install():
-        return False
-    _WATCH = watch
-    return True
+    under ``TE_ALIGN=off`` (ai-toolkit then runs unmodified). ai-toolkit configures no logging: te-align's
+    one-line announcements go to stdout."""
+    return WATCH.install(None, environ={}, default_profile=default_profile)

@@ -36,7 +36,6 @@ leaves OneTrainer unmodified.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -49,19 +48,19 @@ from typing import Any, ClassVar
 
 from te_align._git import git_head
 from te_align.hooks.base import (
+    ENV_PROFILE,
     ENV_SWITCH,
     Hook,
     HookError,
+    Lifecycle,
+    Settings,
     Target,
-    env_overrides,
-    hooks_disabled,
     mark_wrapper,
 )
 from te_align.trainers.onetrainer import names
 
 logger = logging.getLogger("te_align")
 
-ENV_PROFILE = "TE_ALIGN_PROFILE"
 #: OneTrainer commit the targets were read and verified against.
 VERIFIED = "23df3832e8f213d64c337e39f9365ba46e99fed0"
 #: The hooked text cache lives in <cache_dir>/text/<CACHE_PREFIX><fingerprint[:16]>.
@@ -236,10 +235,19 @@ def profile_name_for_model_type(model_type: Any) -> str:
 class _Run:
     explicit: Any = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    settings: Settings | None = None
     profiles: dict[str, Any] = field(default_factory=dict)
     logged: set[str] = field(default_factory=set)
     stale: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def configure(self, settings: Settings | None) -> None:
+        """The user's settings (:func:`te_align.hooks.base.settings`); forgets the profiles chosen so far."""
+        with self.lock:
+            self.settings = settings
+            self.explicit = settings.source if settings is not None else None
+            self.overrides = dict(settings.overrides) if settings is not None else {}
+            self.profiles = {}
 
     def once(self, key: str, msg: str, *args: Any) -> None:
         with self.lock:
@@ -255,13 +263,11 @@ class _Run:
         with self.lock:
             p = self.profiles.get(cache_key)
             if p is None:
-                from te_align.profiles import AlignmentProfile
-                from te_align.profiles import profile as load
+                if self.settings is None:  # used without install(): the environment's settings
+                    from te_align.hooks.base import settings
 
-                if isinstance(key, AlignmentProfile):
-                    p = load(key, **self.overrides) if self.overrides else key
-                else:
-                    p = load(key, **self.overrides)
+                    self.settings = settings()
+                p = self.settings.profile(key)  # the one way in: source + TE_ALIGN_OVERRIDES + install() overrides
                 self.profiles[cache_key] = p
         if p.family not in fam.profile_families:
             raise HookError(f"te-align: OneTrainer {fam.model_class} encodes {'/'.join(sorted(fam.profile_families))} "
@@ -574,6 +580,10 @@ class OneTrainerHook(Hook):
     parts: tuple[str, ...] = ("models", "loader", "cache")
     families: tuple[str, ...] = tuple(FAMILIES)
 
+    def configure(self, settings: Settings) -> None:
+        super().configure(settings)
+        RUN.configure(settings)
+
     def targets(self) -> Sequence[Target]:
         out: list[Target] = []
         for key in self.families:
@@ -598,7 +608,7 @@ class OneTrainerHook(Hook):
         return (self.supported.get(head, head[:7]) if head else "unknown (no git)") + f" at {root}"
 
 
-_HOOK: OneTrainerHook | None = None
+LIFECYCLE = Lifecycle("OneTrainer", OneTrainerHook, console=_log_to_console)
 
 
 def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", "cache"), **overrides: Any) -> bool:
@@ -606,47 +616,23 @@ def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", 
 
     ``profile``: a profile name or object for every model (default ``TE_ALIGN_PROFILE``, else by model type);
     ``overrides``: profile overrides over ``TE_ALIGN_OVERRIDES``; ``parts``: target groups (see
-    :class:`OneTrainerHook`).
+    :class:`OneTrainerHook`). OneTrainer's scripts configure no logging: te-align's lines go to stdout until
+    something sets up logging. The lifecycle is :class:`te_align.hooks.base.Lifecycle`.
     """
-    global _HOOK
-    _log_to_console()  # OneTrainer's scripts configure no logging: without this, te-align's INFO lines are lost
-    if hooks_disabled():
-        logger.info("te-align: OneTrainer hooks disabled by %s=%s; OneTrainer runs unmodified", ENV_SWITCH, os.environ.get(ENV_SWITCH))
-        return False
-    merged = {**env_overrides(), **overrides}
-    chosen = profile if profile is not None else (os.environ.get(ENV_PROFILE) or None)
-    if isinstance(chosen, str):
-        from te_align.profiles import profile as load
-
-        load(chosen, **merged)  # fail early with the registry's message
-    with RUN.lock:
-        RUN.explicit, RUN.overrides, RUN.profiles = chosen, merged, {}
-        if _HOOK is not None and _HOOK.is_installed:
-            if _HOOK.parts == tuple(parts):
-                return True
-            _HOOK.uninstall()
-        hook = OneTrainerHook(parts=tuple(parts))
-        hook.install()
-        _HOOK = hook
-    logger.info("te-align: OneTrainer hooks active (%s)", OneTrainerHook.supported_versions())
-    if merged:
-        logger.info("te-align: user overrides for OneTrainer: %s", json.dumps(merged, sort_keys=True, default=str))
-    return True
+    return LIFECYCLE.install(profile, overrides, parts=tuple(parts))
 
 
 def uninstall() -> None:
     """Restore every replaced method (idempotent)."""
-    global _HOOK
     with RUN.lock:
-        if _HOOK is not None:
-            _HOOK.uninstall()
-        _HOOK = None
-        RUN.explicit, RUN.overrides, RUN.profiles, RUN.stale = None, {}, {}, 0
+        LIFECYCLE.uninstall()
+        RUN.configure(None)
+        RUN.stale = 0
         RUN.logged.clear()
 
 
 def is_installed() -> bool:
-    return _HOOK is not None and _HOOK.is_installed
+    return LIFECYCLE.is_installed()
 
 
 def check(parts: Sequence[str] = ("models", "loader", "cache")) -> None:

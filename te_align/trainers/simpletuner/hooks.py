@@ -42,9 +42,10 @@ setting silently reuses stale files. Hooked, the name gets ``-ta<fingerprint>``:
 profile (or without te-align) are not found, are re-encoded, and ``compute_embeddings_for_prompts`` logs how
 many were stale.
 
-Profile: ``SimpleTunerHook(profile=…)`` / ``TE_ALIGN_PROFILE``, else per model from its config
-(``model_family``, ``model_flavour``, ``pretrained_model_name_or_path``), as ``te-align check`` reads a
-SimpleTuner config. ``TE_ALIGN=off`` leaves SimpleTuner unmodified.
+Profile: ``SimpleTunerHook(profile=…)`` / ``install(profile=…)`` / ``TE_ALIGN_PROFILE``, else per model from its
+config (``model_family``, ``model_flavour``, ``pretrained_model_name_or_path``), as ``te-align check`` reads a
+SimpleTuner config. Overrides: ``TE_ALIGN_OVERRIDES`` (a JSON object) and ``install(**overrides)`` over it, as for
+every trainer's hooks (:func:`te_align.hooks.base.settings`). ``TE_ALIGN=off`` leaves SimpleTuner unmodified.
 
 Enabling (no file of SimpleTuner is changed): ``simpletuner train`` and ``simpletuner server`` start training in
 new Python processes (``accelerate launch …/train.py``; ``simpletuner/cli/train.py:277-312``), which inherit the
@@ -67,12 +68,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from te_align.hooks.base import ENV_SWITCH, Hook, HookError, Target, hooks_disabled, mark_wrapper
+from te_align.hooks.base import (
+    ENV_PROFILE,
+    ENV_SWITCH,
+    Hook,
+    HookError,
+    Lifecycle,
+    Settings,
+    Target,
+    hooks_disabled,
+    mark_wrapper,
+)
 
 logger = logging.getLogger("te_align")
 
 COMMIT = "bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb"
-ENV_PROFILE = "TE_ALIGN_PROFILE"
 #: Set (to anything but an off word) by :func:`boot_env`: the boot module installs the hooks in every process.
 ENV_BOOT = "TE_ALIGN_SIMPLETUNER"
 _M = "simpletuner.helpers.models"
@@ -231,17 +241,27 @@ class SimpleTunerHook(Hook):
         return out
 
     # -- profile -------------------------------------------------------------------------------
-    def profile_for(self, model: Any, family: str) -> Any:
-        from te_align.profiles import profile as load
+    def configure(self, settings: Settings) -> None:
+        super().configure(settings)
+        with self.state.lock:
+            self.state.profiles.clear()
 
+    def _given(self) -> Any:
+        """The profile the user chose for every model (this hook's ``profile``, else ``TE_ALIGN_PROFILE`` / the
+        install argument), with the user's overrides; None: each model's own."""
+        user = self.user
+        if self.profile is not None:
+            return Settings(self.profile, user.layers).profile()
+        return user.profile() if user.source is not None else None
+
+    def profile_for(self, model: Any, family: str) -> Any:
         key = id(model)
         prof = self.state.profiles.get(key)
         if prof is not None:
             return prof
-        given = self.profile if self.profile is not None else os.environ.get(ENV_PROFILE) or None
-        prof = load(given) if isinstance(given, str) else given
-        if prof is None:
-            prof = load(_profile_name_for(getattr(model, "config", None)))
+        prof = self._given()
+        if prof is None:  # the model's own, with TE_ALIGN_OVERRIDES / install() overrides (the one way in)
+            prof = self.user.profile(_profile_name_for(getattr(model, "config", None)))
         fam = FAMILIES[family]
         if prof.family not in fam.families:
             raise HookError(f"profile {prof.name} is a {prof.family} profile, but SimpleTuner's {fam.cls} trains "
@@ -293,10 +313,7 @@ class SimpleTunerHook(Hook):
                     return ""
                 prof = self.profile_for(model, fam)
         if prof is None:
-            from te_align.profiles import profile as load
-
-            given = self.profile if self.profile is not None else os.environ.get(ENV_PROFILE) or None
-            prof = load(given) if isinstance(given, str) else given
+            prof = self._given()
         return "" if prof is None else f"-ta{prof.fingerprint()[:16]}"
 
     def _wrap_hash(self, original: Any) -> Any:
@@ -391,27 +408,24 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
 
 
 # ------------------------------------------------------------------------------ module-level API
-_HOOK: SimpleTunerHook | None = None
+LIFECYCLE = Lifecycle("SimpleTuner", SimpleTunerHook)
 
 
-def install(profile: Any = None, *, families: Sequence[str] | None = None, cache: bool = True) -> bool:
-    """Install the hooks (all targets or none). False when ``TE_ALIGN=off``."""
-    global _HOOK
-    if _HOOK is not None and _HOOK.is_installed:
-        return True
-    _HOOK = SimpleTunerHook(profile=profile, families=tuple(families or FAMILIES), cache=cache)
-    return _HOOK.install()
+def install(profile: Any = None, *, families: Sequence[str] | None = None, cache: bool = True, **overrides: Any) -> bool:
+    """Install the hooks (all targets or none). False when ``TE_ALIGN=off``.
+
+    ``profile``: for every model (default ``TE_ALIGN_PROFILE``, else each model's own from its config);
+    ``overrides``: profile overrides over ``TE_ALIGN_OVERRIDES``; ``families``: the :data:`FAMILIES` keys hooked;
+    ``cache``: the text-embed cache key too. The lifecycle is :class:`te_align.hooks.base.Lifecycle`."""
+    return LIFECYCLE.install(profile, overrides, families=tuple(families or FAMILIES), cache=cache)
 
 
 def uninstall() -> None:
-    global _HOOK
-    if _HOOK is not None:
-        _HOOK.uninstall()
-    _HOOK = None
+    LIFECYCLE.uninstall()
 
 
 def current() -> SimpleTunerHook | None:
-    return _HOOK
+    return LIFECYCLE.current()  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------------------ boot (every process)

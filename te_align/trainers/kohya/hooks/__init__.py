@@ -36,9 +36,7 @@ every override).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +44,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from te_align._git import git_head
-from te_align.hooks.base import ENV_SWITCH, Hook, HookError, Target, hooks_disabled
+from te_align.hooks.base import Hook, Lifecycle, Settings, Target
 from te_align.trainers.kohya.hooks.archs import ARCHS, Arch, all_targets
 from te_align.trainers.kohya.hooks.caches import NPZ_KEY, cache_fingerprint
 from te_align.trainers.kohya.hooks.run import (
@@ -56,7 +54,6 @@ from te_align.trainers.kohya.hooks.run import (
     RUN,
     check_overrides,
     default_profile_name,
-    env_overrides,
     profile_for,
     with_clip_skip,
 )
@@ -75,6 +72,10 @@ class KohyaHook(Hook):
     def targets(self) -> Sequence[Target]:
         return all_targets()
 
+    def configure(self, settings: Settings) -> None:
+        super().configure(settings)
+        RUN.configure(settings)
+
     def detect_version(self) -> str:
         mod = sys.modules.get("library")
         root = Path(mod.__file__).resolve().parent.parent if mod is not None and getattr(mod, "__file__", None) else None
@@ -84,7 +85,7 @@ class KohyaHook(Hook):
         return (self.supported.get(head, head[:7]) if head else "unknown (no git)") + f" at {root}"
 
 
-_HOOK: KohyaHook | None = None
+LIFECYCLE = Lifecycle("kohya", KohyaHook, check=check_overrides, runs="sd-scripts")
 
 
 # ------------------------------------------------------------------------------------ public API
@@ -94,50 +95,20 @@ def install(profile: Any = None, **overrides: Any) -> bool:
     ``profile``: a profile name or object used for every architecture (default: ``TE_ALIGN_PROFILE``,
     else chosen per architecture). ``overrides``: profile overrides
     (merged over ``TE_ALIGN_OVERRIDES``; pass dotted keys with ``**{"clip_g.tokenizer.pad_token_in_prompt": "text"}``).
+    The lifecycle (environment, validation, idempotence, logging) is :class:`te_align.hooks.base.Lifecycle`.
     """
-    global _HOOK
-    if hooks_disabled():
-        logger.info("te-align: kohya hooks disabled by %s=%s; sd-scripts runs unmodified", ENV_SWITCH, os.environ.get(ENV_SWITCH))
-        return False
-    merged = {**env_overrides(), **overrides}
-    profile_ov = check_overrides(merged)
-    chosen = profile if profile is not None else (os.environ.get(ENV_PROFILE) or None)
-    if chosen is not None and not isinstance(chosen, str):
-        from te_align.profiles import AlignmentProfile
-
-        if not isinstance(chosen, AlignmentProfile):
-            raise HookError(f"profile must be a name or an AlignmentProfile, got {type(chosen).__name__}")
-    elif isinstance(chosen, str):
-        from te_align.profiles import profile as load
-
-        load(chosen)  # fail early with the profile registry's message
-    with RUN.lock:
-        if _HOOK is not None and _HOOK.is_installed:
-            if (RUN.explicit, RUN.overrides) != (chosen, profile_ov):
-                RUN.configure(chosen, profile_ov)
-            return True
-        hook = KohyaHook()
-        RUN.configure(chosen, profile_ov)
-        hook.install()
-        _HOOK = hook
-    logger.info("te-align: kohya hooks active (%s)", KohyaHook.supported_versions())
-    if merged:
-        logger.info("te-align: user overrides for kohya: %s", json.dumps(merged, sort_keys=True, default=str))
-    return True
+    return LIFECYCLE.install(profile, overrides)
 
 
 def uninstall() -> None:
     """Restore every replaced method (idempotent)."""
-    global _HOOK
     with RUN.lock:
-        if _HOOK is not None:
-            _HOOK.uninstall()
-        _HOOK = None
+        LIFECYCLE.uninstall()
         RUN.reset()
 
 
 def is_installed() -> bool:
-    return _HOOK is not None and _HOOK.is_installed
+    return LIFECYCLE.is_installed()
 
 
 def check() -> None:

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from te_align.hooks.base import ENV_OVERRIDES, HookError, env_overrides  # noqa: F401  (re-exported to the kohya package)
+from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides  # noqa: F401
 from te_align.trainers.kohya import names as table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("te_align")
 
-ENV_PROFILE = "TE_ALIGN_PROFILE"
 #: Run facts the parent learns (Flux variant) handed to DataLoader workers through the environment.
 ENV_STATE = "TE_ALIGN_KOHYA_STATE"
 
@@ -40,6 +39,7 @@ class Run:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        self.settings: Settings | None = None
         self.explicit: Any = None
         self.overrides: dict[str, Any] = {}
         self.profiles: dict[str, AlignmentProfile] = {}
@@ -48,14 +48,17 @@ class Run:
         self.reencoded_logged = 0
         self.last_profile: AlignmentProfile | None = None
 
-    def configure(self, chosen: Any, overrides: dict[str, Any]) -> None:
-        self.explicit = chosen
-        self.overrides = overrides
-        self.profiles.clear()
+    def configure(self, settings: Settings | None) -> None:
+        """The user's settings (:func:`te_align.hooks.base.settings`): profile source and overrides."""
+        with self.lock:
+            self.settings = settings
+            self.explicit = settings.source if settings is not None else None
+            self.overrides = dict(settings.overrides) if settings is not None else {}
+            self.profiles.clear()
 
     def reset(self) -> None:
         with self.lock:
-            self.configure(None, {})
+            self.configure(None)
             self.last_profile = None
             self.reencoded = self.reencoded_logged = 0
             self.logged.clear()
@@ -114,16 +117,17 @@ def default_profile_name(arch: str, strategy: Any = None) -> str:
 
 def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
     """The profile a hooked call of ``arch`` follows (explicit, else per architecture; overrides applied)."""
-    from te_align.profiles import AlignmentProfile, profile
+    from te_align.hooks.base import settings
+    from te_align.profiles import AlignmentProfile
 
     name = RUN.explicit if RUN.explicit is not None else default_profile_name(arch, strategy)
     key = name.name if isinstance(name, AlignmentProfile) else f"{arch}:{name}"
     with RUN.lock:
         p = RUN.profiles.get(key)
         if p is None:
-            p = name if isinstance(name, AlignmentProfile) else profile(name)
-            if RUN.overrides:
-                p = p.with_overrides(dict(RUN.overrides))
+            if RUN.settings is None:  # used without install(): the environment's settings
+                RUN.settings = settings()
+            p = RUN.settings.profile(name)  # the one way in: source + TE_ALIGN_OVERRIDES + install() overrides
             RUN.profiles[key] = p
             logger.info(
                 "te-align: kohya %s follows profile %s (fingerprint %s)%s", arch, p.name, p.fingerprint()[:12],
