@@ -9,8 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from te_align.hooks import Hook, HookError, Target
 from te_align.errors import ProfileError
+from te_align.hooks import Hook, HookError, Target
 from te_align.hooks.base import mark_wrapper
 
 TRAINER = textwrap.dedent('''
