@@ -14,10 +14,27 @@ import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from te_align._safetensors import read_header
 from te_align.errors import TeAlignError
+
+
+class CacheScan(NamedTuple):
+    """What a folder of cached text-encoder files records."""
+
+    #: Files found.
+    found: int
+    #: Recorded sequence lengths -> file count (empty where the files do not record one comparable length).
+    lengths: Counter[int]
+    #: Files that could not be read.
+    bad: int
+    #: The profile path the lengths stand for.
+    path: str
+    #: te-align profile fingerprints the files carry -> file count (``""``: no fingerprint: made without te-align's
+    #: hooks); empty where the format has no place for one.
+    fingerprints: Counter[str]
+
 
 #: A record reader: a cache file -> what it records (``{"length": n, <flag>: bool, …}``); raises on a bad file.
 Record = Callable[[Path], dict[str, Any]]
@@ -70,11 +87,13 @@ def safetensors_record(path: Path, tensor: str | Callable[[str], bool], axis: in
     return {"length": int(shape[axis])} if len(shape) >= max(2, -axis) else {}
 
 
-def scan(directory: str, kinds: Sequence[tuple[str, Record | None, str]]) -> tuple[int, Counter[int], int, str]:
+def scan(directory: str, kinds: Sequence[tuple[str, Record | None, str]]) -> CacheScan:
     """Walk ``directory`` for each ``(file pattern, record reader or None, profile path)``: files found, a counter
-    of recorded sequence lengths, the unreadable count, and the profile path the lengths stand for."""
+    of recorded sequence lengths, the unreadable count, the profile path the lengths stand for, and the te-align
+    fingerprints the records name (a record's ``"fingerprint"``, ``""`` when it has none)."""
     root = Path(directory)
     lengths: Counter[int] = Counter()
+    fingerprints: Counter[str] = Counter()
     found = bad = 0
     path_of = ""
     seen: set[Path] = set()
@@ -94,4 +113,6 @@ def scan(directory: str, kinds: Sequence[tuple[str, Record | None, str]]) -> tup
             if "length" in rec:
                 lengths[rec["length"]] += 1
                 path_of = path_of or ppath
-    return found, lengths, bad, path_of
+            if "fingerprint" in rec:
+                fingerprints[rec["fingerprint"] or ""] += 1
+    return CacheScan(found, lengths, bad, path_of, fingerprints)

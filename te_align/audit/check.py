@@ -158,10 +158,12 @@ def _scan_cache(cache_dir: str, name: str, mod: Any, prof: Any, effective: dict[
     if not Path(cache_dir).is_dir():
         raise readers.UnreadableConfig("no such cache folder", file=cache_dir)
     if hasattr(mod, "scan_cache"):
-        found, lengths, bad, path_of = mod.scan_cache(cache_dir, prof)
+        res = mod.scan_cache(cache_dir, prof)
     else:
         patterns = dict.fromkeys(g.rsplit("/", 1)[-1] for g in (spec.glob if spec else ()))
-        found, lengths, bad, path_of = scan(cache_dir, [(g, None, "") for g in patterns])
+        res = scan(cache_dir, [(g, None, "") for g in patterns])
+    found, lengths, bad, path_of = res[:4]
+    fingerprints = res.fingerprints if hasattr(res, "fingerprints") else {}
     out: list[Finding] = []
     where = spec.source if spec else ""
     if not found:
@@ -180,12 +182,40 @@ def _scan_cache(cache_dir: str, name: str, mod: Any, prof: Any, effective: dict[
                      f"(its reuse check compares {spec.validates if spec else 'nothing'})"),
             fix=spec.rebuild if spec else f"delete the cached files in {cache_dir}", trainer_source=where,
         ))
-    elif not lengths:
+    elif not lengths and not fingerprints:
         out.append(Finding(
             kind="note", severity="info", setting="text-encoder cache",
             message=(f"{found} cached files in {cache_dir} record no readable settings"
                      + (f" ({bad} unreadable)" if bad else "")
                      + "; they are stale whenever they were made under other settings"),
+            trainer_source=where,
+        ))
+    out += _fingerprint_findings(cache_dir, found, fingerprints, prof, spec)
+    return out
+
+
+def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Any, prof: Any, spec: Any) -> list[Finding]:
+    """Cache files te-align's hooks stamped with another profile's fingerprint (stale: a hooked run re-encodes
+    them), and files made without the hooks (the trainer's own encoding, with the deviations above)."""
+    out: list[Finding] = []
+    other = {fp: n for fp, n in fingerprints.items() if fp and fp != prof.fingerprint()}
+    plain = fingerprints.get("", 0)
+    where = spec.source if spec else ""
+    if other:
+        made = ", ".join(f"{n} with {fp}" for fp, n in sorted(other.items()))
+        out.append(Finding(
+            kind="stale-cache", severity="warning", setting="text-encoder cache", effective=sorted(other),
+            profile=prof.fingerprint(),
+            message=(f"{sum(other.values())} of {found} cached files in {cache_dir} were encoded by te-align's hooks "
+                     f"under another profile ({made}) than {prof.name} ({prof.fingerprint()})"),
+            fix="run the trainer's caching step again with te-align's hooks (they re-encode files of another "
+                "fingerprint)" + (f"; or {spec.rebuild}" if spec else ""), trainer_source=where,
+        ))
+    if plain:
+        out.append(Finding(
+            kind="note", severity="info", setting="text-encoder cache",
+            message=(f"{plain} of {found} cached files in {cache_dir} carry no te-align fingerprint: made without "
+                     "te-align's hooks, by the trainer's own encoding"),
             trainer_source=where,
         ))
     return out

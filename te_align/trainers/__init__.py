@@ -41,6 +41,7 @@ PACKAGES: tuple[str, ...] = (
     "simpletuner",
     "onetrainer",
     "diffusers_examples",
+    "musubi",
 )
 
 #: The parts a trainer package may have (each a module of the package, named in its spec).

@@ -147,7 +147,7 @@ _CACHE = CacheSpec(("_t_e_cache/*.safetensors", "*.safetensors"),
                    "toolkit/dataloader_mixins.py:2120-2163,2309-2310", "delete the _t_e_cache folders")
 CACHES = {f: _CACHE for f in SUPPORTED}
 
-def scan_cache(directory: str, profile: Any) -> tuple[int, Any, int, str]:
+def scan_cache(directory: str, profile: Any) -> Any:
     """ai-toolkit's cached ``*.safetensors`` (``text_embed``, toolkit/prompt_utils.py:119-141), from their headers;
     the length is the profile's T5 slot's (else its last slot's)."""
     from functools import partial

@@ -219,7 +219,7 @@ NPZ_LENGTH = {
 NPZ_FLAGS = ("apply_t5_attn_mask", "apply_lg_attn_mask")
 
 
-def scan_cache(directory: str, profile: Any) -> tuple[int, Any, int, str]:
+def scan_cache(directory: str, profile: Any) -> Any:
     """sd-scripts' ``*_te*.npz`` files in ``directory``, read from their headers (te_align.audit.cachefiles)."""
     from functools import partial
 

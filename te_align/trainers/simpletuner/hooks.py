@@ -243,6 +243,8 @@ class SimpleTunerHook(Hook):
     # -- profile -------------------------------------------------------------------------------
     def configure(self, settings: Settings) -> None:
         super().configure(settings)
+        if settings.source is not None:  # install(profile=…) / TE_ALIGN_PROFILE: the profile of every model
+            self.profile = settings.source
         with self.state.lock:
             self.state.profiles.clear()
 

@@ -18,16 +18,9 @@ import re
 from pathlib import Path
 
 from te_align.hooks.base import OFF_WORDS
+from te_align.patching.blocks import fill, plan_block
 from te_align.patching.trainers import Detection
-from te_align.patching.transaction import (
-    STATE_DIR,
-    FileChange,
-    PatchError,
-    Plan,
-    read_manifest,
-    sha256_bytes,
-    sha256_file,
-)
+from te_align.patching.transaction import Plan
 from te_align.trainers.simpletuner.hooks import SUPPORTED
 
 TRAINER = "simpletuner"
@@ -40,16 +33,8 @@ BLOCK_MARK = b"# >>> te-align patch: SimpleTuner"
 
 def block(profile: str | None) -> bytes:
     """The block appended to ``simpletuner/__init__.py``, with the off words and the pinned profile filled in."""
-    tpl = Path(__file__).with_name("templates") / "init_block.py.tmpl"
-    if not tpl.is_file():
-        raise PatchError(f"te-align's SimpleTuner patch file {tpl} is missing; reinstall te-align")
-    text = tpl.read_bytes()
-    for placeholder, value in ((b"_OFF_WORDS = None", f"_OFF_WORDS = {OFF_WORDS!r}"),
-                               (b"_PINNED_PROFILE = None", f"_PINNED_PROFILE = {profile!r}")):
-        if placeholder not in text:
-            raise PatchError(f"te-align's SimpleTuner patch file {tpl} has no {placeholder.decode()} line; reinstall te-align")
-        text = text.replace(placeholder, value.encode(), 1)
-    return text
+    return fill(Path(__file__).with_name("templates") / "init_block.py.tmpl",
+                {b"_OFF_WORDS = None": f"_OFF_WORDS = {OFF_WORDS!r}", b"_PINNED_PROFILE = None": f"_PINNED_PROFILE = {profile!r}"})
 
 
 def version(root: Path) -> str | None:
@@ -74,31 +59,4 @@ def detect(path: Path) -> Detection | None:
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    root = detection.root
-    init = root / INIT
-    current = init.read_bytes() if init.is_file() else None
-    if current is None:
-        raise PatchError(f"{init} is missing; restore it from SimpleTuner, then patch again")
-    manifest = read_manifest(root) or {}
-    known = manifest.get("files", {}) if manifest.get("trainer") in (None, TRAINER) else {}
-    entry = known.get(INIT)
-    restore_to = None
-    if entry is None:
-        if BLOCK_MARK in current:
-            raise PatchError(f"{init} holds te-align's block but {root / STATE_DIR} has no manifest for it (was it "
-                             f"deleted?); remove the block between the te-align markers (or git checkout -- {INIT}), "
-                             "then patch again")
-        original = current
-    else:  # patched before: keep the original unpatch must give back, or take a changed file as the new original
-        if sha256_bytes(current) == entry["patched_sha256"] or BLOCK_MARK in current:
-            backup = entry.get("backup")
-            if not backup:
-                raise PatchError(f"te-align state has no backup of {INIT}; restore it by hand (git checkout -- "
-                                 f"{INIT}), then delete {root / STATE_DIR}", file=str(root / STATE_DIR / "manifest.json"))
-            original = (root / STATE_DIR / backup).read_bytes()
-        else:
-            original = current  # replaced since (git pull): the new original
-        restore_to = original
-    content = original + (b"" if original.endswith(b"\n") else b"\n") + block(profile)
-    change = FileChange(INIT, content, sha256_file(init), note="appends te-align's boot block", restore_to=restore_to)
-    return Plan(root, TRAINER, detection.version, (change,), profile=profile, extra={"layout": detection.layout})
+    return plan_block(detection, profile, trainer=TRAINER, relpath=INIT, block=block(profile), mark=BLOCK_MARK)
