@@ -18,6 +18,7 @@ import pytest
 from te_align.audit import check_file
 from te_align.cli import main
 from te_align.trainers.musubi import hooks, names
+from tests.support.files import write_sparse_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "TE_ALIGN_MUSUBI_DIR"
@@ -172,17 +173,12 @@ def test_check_cli_and_json(tmp_path, capsys):
 
 def _safetensors(tensors: dict[str, list[int]], metadata: dict[str, str] | None = None) -> bytes:
     """A header-only-valid safetensors file (bf16 zeros)."""
-    header: dict = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for name, shape in tensors.items():
-        size = 2
-        for s in shape:
-            size *= s
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw + b"\0" * offset
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = write_sparse_safetensors(Path(d) / "x.safetensors", {k: tuple(v) for k, v in tensors.items()},
+                                        metadata=metadata)  # fmt: skip
+        return path.read_bytes()
 
 
 # ------------------------------------------------------------------------------------ hooks (no checkout)

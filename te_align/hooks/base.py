@@ -404,3 +404,52 @@ class Lifecycle:
 
     def current(self) -> Hook | None:
         return self.hook
+
+
+# ------------------------------------------------------------------------------------------ activation
+class _AfterImport:
+    """A ``sys.meta_path`` finder that runs callbacks right after a module's first import (see :func:`after_import`)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[Callable[[], None]]] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.util
+        import sys
+
+        if fullname not in self.waiting:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        original_exec = loader.exec_module  # type: ignore[union-attr]
+        callbacks = self.waiting.pop(fullname)
+
+        def exec_module(module: Any) -> None:
+            original_exec(module)
+            for callback in callbacks:
+                callback()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
+        return spec
+
+
+_AFTER = _AfterImport()
+
+
+def after_import(module: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` right after ``module`` is imported for the first time (now, when it already is): how a
+    trainer's hooks install in its own process exactly when their target module exists, without importing it early."""
+    import sys
+
+    if module in sys.modules:
+        callback()
+        return
+    _AFTER.waiting.setdefault(module, []).append(callback)
+    if _AFTER not in sys.meta_path:
+        sys.meta_path.insert(0, _AFTER)

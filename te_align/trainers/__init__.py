@@ -42,6 +42,7 @@ PACKAGES: tuple[str, ...] = (
     "onetrainer",
     "diffusers_examples",
     "musubi",
+    "diffusion_pipe",
 )
 
 #: The parts a trainer package may have (each a module of the package, named in its spec).
