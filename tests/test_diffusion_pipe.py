@@ -78,7 +78,9 @@ def test_flux_variant_from_the_model_files_or_said_to_be_assumed(tmp_path):
     assert r.profile == "flux-schnell" and "has no guidance_in weights" in r.family_reason
     r = check_file(config(tmp_path, "type = 'flux'\ndiffusers_path = '/m/my-model'", ""))
     assert r.profile == "flux-dev" and r.exit_code == 0
-    assert any("FLUX.1 dev assumed" in n for n in notes(r))  # never a bare "aligned" on an assumption
+    assert r.assumed.startswith("flux-dev assumed: nothing in the [model] file names or their files tells it from "
+                                "flux-schnell")  # never a bare "aligned" on an assumption
+    assert any(n == r.assumed for n in notes(r))
 
 
 def test_flux_variant_from_a_diffusers_folder(tmp_path):
@@ -87,6 +89,19 @@ def test_flux_variant_from_a_diffusers_folder(tmp_path):
     (folder / "config.json").write_text(json.dumps({"guidance_embeds": False}), encoding="utf-8")
     r = check_file(config(tmp_path, f"type = 'flux'\ndiffusers_path = '{tmp_path / 'model'}'", ""))
     assert r.profile == "flux-schnell" and "guidance_embeds = false" in r.family_reason
+
+
+def test_dataset_named_relative_to_the_checkout_like_the_shipped_examples(tmp_path):
+    # examples/main_example.toml names dataset = 'examples/dataset.toml': relative to the checkout train.py runs in
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "dataset.toml").write_text(
+        "caption_prefix = 'hi '\n[[directory]]\npath = '/nowhere'\n", encoding="utf-8")
+    cfg = tmp_path / "examples" / "train.toml"
+    cfg.write_text("output_dir = '/out'\ndataset = 'examples/dataset.toml'\nepochs = 1\n[model]\ntype = 'lumina_2'\n",
+                   encoding="utf-8")
+    r = check_file(str(cfg))
+    assert r.effective["gemma.tokenizer.system_prompt"] == "hi "
+    assert not any(f.setting == "dataset" for f in r.findings)
 
 
 def test_lumina2_system_prompt_comes_from_the_dataset_caption_prefix(tmp_path):
@@ -116,7 +131,15 @@ def test_sdxl_sd3_auraflow_and_models_without_a_profile(tmp_path):
     assert not r.cached and any("every step" in n for n in notes(r))
     r = check_file(config(tmp_path, "type = 'sd3'\ndiffusers_path = '/m/some-sd3'"))
     assert (r.profile, r.exit_code, deviations(r)) == ("sd35-large", 0, {})
-    assert any("SD3.5 Large assumed" in n for n in notes(r))
+    assert r.assumed.startswith("sd35-large assumed") and r.assumed.endswith("every bundled SD3 profile encodes the same way")
+    # an SD3 diffusers folder's transformer config decides the variant (num_layers, dual attention)
+    folder = tmp_path / "sd3folder"
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}), encoding="utf-8")
+    (folder / "transformer" / "config.json").write_text(json.dumps({"num_layers": 24, "dual_attention_layers": [0]}),
+                                                       encoding="utf-8")
+    r = check_file(config(tmp_path, f"type = 'sd3'\ndiffusers_path = '{folder}'"))
+    assert (r.profile, r.assumed) == ("sd35-medium", "") and "num_layers 24 with dual_attention_layers" in r.family_reason
     r = check_file(config(tmp_path, "type = 'auraflow'\nmax_sequence_length = 768"))
     assert deviations(r) == {"t5.tokenizer.max_length": (768, 256, "error")}
     assert next(f.fix for f in r.findings if f.kind == "deviation") == "max_sequence_length = 256 (in [model])"

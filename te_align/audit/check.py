@@ -100,6 +100,10 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
                 + "; pass --profile NAME", file=raw.file)
         prof = resolve(parsed.profile_guess)
         result.family_reason = parsed.family_reason
+        if parsed.assumed:
+            result.assumed = parsed.assumed
+            findings.append(Finding(kind="note", severity="info", setting="profile", message=parsed.assumed,
+                                    fix="pass --profile NAME to check against the model you train"))
     if overrides:
         from te_align.profiles.overrides import apply_overrides
 

@@ -73,6 +73,8 @@ class CheckResult:
     rules_ran: list[str] = field(default_factory=list)
     #: Profile overrides the file was checked with (``check --set``).
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: The profile was assumed (no signal decided between it and another profile of its family): what and why.
+    assumed: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -96,6 +98,7 @@ class CheckResult:
             "reason": self.reason,
             "rules_ran": list(self.rules_ran),
             "overrides": dict(self.overrides),
+            "assumed": self.assumed,
             "effective": self.effective,
             "findings": [f.to_dict() for f in self.findings],
         }

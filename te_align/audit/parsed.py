@@ -51,6 +51,22 @@ class Parsed:
     after: Any = None
     #: Folders the config trains on, where ``check`` counts captions (with ``--dataset DIR``).
     caption_dirs: list[str] = field(default_factory=list)
+    #: Set when no signal in the config decided between ``profile_guess`` and another profile of its family: what
+    #: was assumed and why (:func:`te_align.audit.models.assumption`). ``check`` says it instead of a bare "aligned".
+    assumed: str = ""
+
+
+class Reason(str):
+    """A reader's family reason (a plain string) that can carry the assumption it rests on (``.assumed``)."""
+
+    assumed: str = ""
+
+
+def reason(text: str, assumed: str = "") -> Reason:
+    """``text`` as a :class:`Reason` carrying ``assumed`` ("" when a signal decided)."""
+    r = Reason(text)
+    r.assumed = assumed
+    return r
 
 
 def module(name: str) -> ModuleType:

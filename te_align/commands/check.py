@@ -140,10 +140,13 @@ def _print_result(r: Any) -> None:
               f"({r.family_reason})")
     table = [f for f in r.findings if f.kind == "deviation"]
     others = [f for f in r.findings if f.kind not in ("deviation", "not-checked")]
-    if r.exit_code == 0 and not table and not others:
+    if r.exit_code == 0 and r.assumed:
+        print(f"  aligned if the model is {r.profile} (assumed, see the note): {len(r.rules_ran)} rule(s) for "
+              f"{r.trainer}/{r.profile} ran; no error or warning")
+    elif r.exit_code == 0 and not table and not others:
         print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran and every one matches the profile")
         return
-    if r.exit_code == 0:
+    elif r.exit_code == 0:
         print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran; no error or warning, "
               "but these notes:")
     if table:

@@ -22,7 +22,7 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer, guess_from_name
+from te_align.audit.rules import Context, Rule, Trainer
 from te_align.trainers.ai_toolkit import names as aitk_table
 
 _TT = "toolkit/train_tools.py"
@@ -188,9 +188,15 @@ def _process(data: Any, file: str) -> dict[str, Any]:
 
 
 def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
-    """The bundled profile a ``model:`` section trains (the trainer table's arch, refined by name_or_path)."""
+    """The bundled profile a ``model:`` section trains: the trainer table's arch (or ``is_*`` flag), refined by
+    ``name_or_path`` (a local folder's or checkpoint's files, else its name) and, for FLUX.1, by a training adapter
+    (``assistant_lora_path``: ai-toolkit then treats the model as schnell). Where nothing decides between two
+    profiles of a family, the reason carries the assumption (:func:`te_align.audit.parsed.reason`)."""
+    from te_align.audit.models import assumption, guess_model
+    from te_align.audit.parsed import reason
+
     path = model.get("name_or_path")
-    by_name = guess_from_name(path)
+    by_name, files, decided = guess_model(path)
     arch = aitk_table.arch_name(model)
     if arch:
         prof = aitk_table.ARCHS[arch][0] if arch in aitk_table.ARCHS and arch not in NO_PROFILE else None
@@ -198,22 +204,27 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
             return None, f"model.arch {arch!r}"
         if arch == "pixart" and model.get("is_pixart_sigma"):
             return "pixart-sigma", "model.arch 'pixart' with is_pixart_sigma"
-        if by_name and _family(by_name) == _family(prof):
-            return by_name, f"model.arch {arch!r} and model.name_or_path {path!r}"
-        return prof, f"model.arch {arch!r}"
-    flagged = aitk_table.flag_arch(model)
-    if flagged is not None:
-        flag = next(f for f, a in aitk_table.FLAGS if a == flagged)
+        why = f"model.arch {arch!r}"
+    else:
+        flagged = aitk_table.flag_arch(model)
+        if flagged is None:
+            if by_name:
+                said = f"model.name_or_path {path!r}{files}"
+                return by_name, said if decided else reason(f"{said}; {by_name} assumed", assumption(
+                    by_name, "model.name_or_path (its name or files)"))
+            return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"
         prof = aitk_table.ARCHS[flagged][0]
-        if by_name and _family(by_name) == _family(prof):
-            return by_name, f"model.{flag} and model.name_or_path {path!r}"
-        if flagged == "flux" and "schnell" in str(model.get("assistant_lora_path") or "").lower():
-            return "flux-schnell", ("model.is_flux with an assistant_lora_path (ai-toolkit assumes schnell: "
-                                    "toolkit/stable_diffusion_model.py:718-721)")
-        return prof, f"model.{flag}"
-    if by_name:
-        return by_name, f"model.name_or_path {path!r}"
-    return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"
+        why = f"model.{next(f for f, a in aitk_table.FLAGS if a == flagged)}"
+    if by_name and decided and _family(by_name) == _family(prof):
+        return by_name, f"{why} and model.name_or_path {path!r}{files}"
+    adapter = model.get("assistant_lora_path")
+    if _family(prof) == "flux" and adapter:
+        return "flux-schnell", (f"{why} with model.assistant_lora_path {adapter!r}: a training adapter, ai-toolkit "
+                                "treats the model as FLUX.1 schnell (toolkit/stable_diffusion_model.py:718-721)")
+    if arch == "flex1" or "flex.1" in str(path or "").lower():
+        return prof, why  # Flex.1 is trained at 512 T5 tokens like FLUX.1 dev (the Flex.1 note says so)
+    said = assumption(prof, "model.name_or_path (its name or files) or model.assistant_lora_path")
+    return prof, reason(f"{why}; {prof} assumed", said) if said else why
 
 
 def pixart_route(model: dict[str, Any]) -> str | None:
@@ -342,4 +353,5 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     trainer = Trainer("ai-toolkit", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]))
     dirs = [ds["folder_path"] for ds in datasets if isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)]
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED,
-                  guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs)
+                  guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs,
+                  assumed=getattr(reason, "assumed", ""))

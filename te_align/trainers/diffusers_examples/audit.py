@@ -25,7 +25,7 @@ from te_align.audit import rules as _rules
 from te_align.audit.findings import Finding
 from te_align.audit.parsed import Parsed, dropout_form_finding, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig
-from te_align.audit.rules import Context, Rule, Trainer, family_of, guess_from_name
+from te_align.audit.rules import Context, Rule, Trainer, family_of
 
 COMMIT = "58eb52c0803ea9af3abec60841c2a093bdf1f951"
 NAME = "diffusers-examples"
@@ -313,14 +313,24 @@ def _wrong(file: str, key: str, problem: str) -> Finding:
 
 # ------------------------------------------------------------------------------------ parse
 def guess_profile(script: str, values: dict[str, Any]) -> tuple[str, str, bool]:
-    """(profile, why, only a default) for the script: the model name when it names a model of the script's family,
-    else the script's own default model."""
+    """(profile, why, only a default) for the script: the model the files or name of --pretrained_model_name_or_path
+    say when that is a model of the script's families, else the script's own default model (assumed: the reason
+    carries the assumption, :func:`te_align.audit.parsed.reason`)."""
+    from te_align.audit.models import guess_model, profiles_of
+    from te_align.audit.parsed import reason
+
     spec = SCRIPTS[script]
     path = values.get("pretrained_model_name_or_path")
-    by_name = guess_from_name(path)
-    if by_name and family_of(by_name) in _FAMILIES[spec.kind]:
-        return by_name, f"script {script} and --pretrained_model_name_or_path {path!r}", False
-    return spec.default_profile, f"script {script} (its family's default profile; pass --profile to choose)", True
+    by_name, detail, decided = guess_model(path)
+    if by_name and decided and family_of(by_name) in _FAMILIES[spec.kind]:
+        return by_name, f"script {script} and --pretrained_model_name_or_path {path!r}{detail}", False
+    why = f"script {script} (its family's default profile; pass --profile to choose)"
+    choices = profiles_of(_FAMILIES[spec.kind])
+    if len(choices) < 2:
+        return spec.default_profile, why, True
+    said = (f"{spec.default_profile} assumed: --pretrained_model_name_or_path {path!r} (its name or files) does not "
+            f"say which of {', '.join(choices)} it is; pass --profile NAME for another")
+    return spec.default_profile, reason(why, said), True
 
 
 def detect(raw: RawConfig) -> int | None:
@@ -379,7 +389,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     trainer = Trainer(NAME, RULES_BY_SCRIPT[script], fix_set, fix_remove, line, not_settable=NOT_SETTABLE)
     # the script fixes the family: --profile may pick another variant of it (sd35-large for the SD3 script), not
     # another family (guess_is_default False)
-    return Parsed(trainer, values, prof, reason, False, None, findings, SUPPORTED, after=after)
+    return Parsed(trainer, values, prof, reason, False, None, findings, SUPPORTED, after=after,
+                  assumed=getattr(reason, "assumed", ""))
 
 
 def _main(argv: list[str] | None = None) -> int:

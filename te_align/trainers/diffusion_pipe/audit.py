@@ -193,10 +193,12 @@ def detect(raw: RawConfig) -> int | None:
 
 def _dataset(path: Any, config_file: str) -> tuple[dict[str, Any] | None, str | None]:
     """The dataset TOML a training TOML names (relative to the working folder, as train.py opens it, else to the
-    training TOML's folder)."""
+    training TOML's folder or one above it: the shipped examples name ``examples/dataset.toml``, relative to the
+    checkout that train.py runs in)."""
     if not isinstance(path, str) or not path:
         return None, None
-    for candidate in (Path(path), Path(config_file).parent / path):
+    here = Path(config_file).resolve().parent
+    for candidate in (Path(path), *(folder / path for folder in [here, *here.parents][:4])):
         if candidate.is_file():
             from te_align.audit.readers import load
 
@@ -238,10 +240,13 @@ def _variant(mt: names.ModelType, model: dict[str, Any]) -> tuple[str, str, bool
         if signal is not None:
             has, where = signal
             return ("flux-dev" if has else "flux-schnell"), f"[model] type 'flux' and {where}", False
-        return "flux-dev", ("[model] type 'flux'; FLUX.1 dev assumed: no model file names schnell or dev and none "
-                            "could be read (pass --profile flux-schnell for schnell)"), True
-    return mt.profile, ("[model] type 'sd3'; SD3.5 Large assumed: no model file names the variant (every SD3 "
-                        "profile encodes the same way)"), True
+    from te_align.audit.models import profile_from_files
+
+    for key in names.MODEL_FILES:  # a diffusers folder's configs, a checkpoint's tensor names
+        found = profile_from_files(model.get(key))
+        if found is not None and found[0] in dict(patterns).values():
+            return found[0], f"[model] type {mt.type!r} and {key} {model[key]!r} (its files: {found[1]})", False
+    return mt.profile, f"[model] type {mt.type!r}", True
 
 
 def _flux_guidance(model: dict[str, Any]) -> tuple[bool, str] | None:
@@ -332,8 +337,14 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       not_checked=f"not checked: te-align has no profile for {what} (diffusion-pipe [model] type "
                                   f"{mt_name!r})")  # fmt: skip
     prof, reason, assumed = _variant(mt, model)
+    said = ""
     if assumed:
-        findings.append(Finding(kind="note", severity="info", setting="profile", message=reason))
+        from te_align.audit.models import assumption
+
+        said = assumption(prof, "the [model] file names or their files")
+        if mt.type == "sd3" and said:
+            said += "; every bundled SD3 profile encodes the same way"
+        reason = f"{reason}; {prof} assumed" if said else reason
     if mt.type == "wan" and str(model.get("ckpt_path") or "").lower().find("2.2") >= 0:
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
             "Wan 2.2 is checked with the wan21 profile: diffusers' WanPipeline encodes both with the same umT5-XXL at "
@@ -342,7 +353,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         findings.append(Finding(kind="note", severity="info", setting="text-encoder cache", message=(
             "diffusion-pipe encodes SDXL captions at every step (no text-embedding cache, models/sdxl.py:426-428)")))
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, guess_is_default=False,
-                  caption_dirs=dirs)
+                  caption_dirs=dirs, assumed=said)
 
 
 def _trainer(raw: RawConfig, lines: KeyLines, mt: names.ModelType | None) -> Trainer:

@@ -13,9 +13,10 @@ from typing import Any
 
 from te_align.audit import rules
 from te_align.audit.findings import NOT_SETTABLE, Finding
+from te_align.audit.models import guess_model
 from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of, guess_from_name
+from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
 
 
@@ -286,19 +287,27 @@ def flatten(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | None, str]:
-    """The bundled profile an sd-scripts run trains, and why we think so."""
+    """The bundled profile an sd-scripts run trains, and why we think so: the script (or the network_module a
+    config names), its variant flags, the model path's files (what sd-scripts itself analyses: a FLUX.1 checkpoint
+    without guidance_in is schnell) or name. Where nothing decides between two profiles of a family, the reason
+    carries the assumption (:func:`te_align.audit.parsed.reason`)."""
     path = values.get("pretrained_model_name_or_path")
-    by_name = guess_from_name(path)
+    by_name, files, decided = guess_model(path)
+    named = f" and pretrained_model_name_or_path {path!r}{files}"
     arch = kohya_table.script_arch(script)
+    why = f"script {script}"
+    if arch is None:
+        arch = kohya_table.network_arch(values.get("network_module"))
+        why = f"network_module {values.get('network_module')!r}"
     if arch is not None:  # the script's architecture (te_align.trainers.kohya), its variant from the flags
         fam = kohya_table.profile_name(arch)
         if values.get("model_type") == "chroma" and kohya_table.profile_name(arch, "chroma") != fam:
-            return kohya_table.profile_name(arch, "chroma"), f"script {script} with model_type = \"chroma\""
-        if by_name and by_name != fam and family_of(by_name) == family_of(fam):
-            return by_name, f"script {script} and pretrained_model_name_or_path {path!r}"
+            return kohya_table.profile_name(arch, "chroma"), f"{why} with model_type = \"chroma\""
         if values.get("v2") and kohya_table.profile_name(arch, "v2") != fam:
-            return kohya_table.profile_name(arch, "v2"), f"script {script} with v2 = true"
-        return fam, f"script {script}"
+            return kohya_table.profile_name(arch, "v2"), f"{why} with v2 = true"
+        if by_name and decided and by_name != fam and family_of(by_name) == family_of(fam):
+            return by_name, f"{why}{named}"
+        return fam, why if by_name == fam and decided else _assumed(why, fam, arch)
     if values.get("model_type") == "chroma":
         return "chroma", 'model_type = "chroma" (flux_train_network.py)'
     if any(k in values for k in ("system_prompt", "gemma2", "gemma2_max_token_length")):
@@ -308,18 +317,31 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
     if any(k in values for k in ("byt5", "fp8_vl")):
         return "hunyuanimage-2.1", "HunyuanImage keys (byt5 / fp8_vl) (hunyuan_image_train_network.py)"
     if any(k in values for k in ("apply_lg_attn_mask", "clip_g", "clip_g_dropout_rate", "t5_dropout_rate")):
-        prof = by_name if by_name and by_name.startswith("sd3") else "sd35-large"
-        return prof, "SD3 keys (clip_g / apply_lg_attn_mask) (sd3_train_network.py)" + (
-            f" and pretrained_model_name_or_path {path!r}" if prof == by_name else "; variant assumed")
+        if by_name and decided and by_name.startswith("sd3"):
+            return by_name, f"SD3 keys (clip_g / apply_lg_attn_mask) (sd3_train_network.py){named}"
+        return "sd35-large", _assumed("SD3 keys (clip_g / apply_lg_attn_mask) (sd3_train_network.py)", "sd35-large",
+                                      "sd3")
     if any(k in values for k in ("t5xxl", "ae", "t5xxl_max_token_length", "apply_t5_attn_mask")):
-        prof = "flux-schnell" if by_name == "flux-schnell" else "flux-dev"
-        return prof, "FLUX keys (t5xxl / ae) (flux_train_network.py)" + (
-            f" and pretrained_model_name_or_path {path!r}" if by_name == prof else "; dev assumed (pass --profile flux-schnell for schnell)")
+        if decided and by_name in ("flux-schnell", "flux-dev"):
+            return by_name, f"FLUX keys (t5xxl / ae) (flux_train_network.py){named}"
+        return "flux-dev", _assumed("FLUX keys (t5xxl / ae) (flux_train_network.py)", "flux-dev", "flux")
     if values.get("v2"):
         return "sd21", "v2 = true (train_network.py)"
     if by_name:
-        return by_name, f"pretrained_model_name_or_path {path!r}"
+        said = f"pretrained_model_name_or_path {path!r}{files}"
+        return by_name, said if decided else _assumed(said, by_name, family_of(by_name))
     return None, ""
+
+
+def _assumed(why: str, prof: str, arch: str) -> str:
+    """``why`` with the assumption it rests on when ``prof`` has siblings nothing in the config told apart."""
+    from te_align.audit.models import assumption
+    from te_align.audit.parsed import reason
+
+    said = assumption(prof, "pretrained_model_name_or_path (its name or files)")
+    if arch == "sd3" and said:
+        said += "; every bundled SD3 profile encodes the same way"
+    return reason(f"{why}; {prof} assumed" if said else why, said)
 
 
 def caption_dirs(values: dict[str, Any]) -> list[str]:
@@ -440,4 +462,4 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                        lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
                   caption_dirs=caption_dirs(values), guess_is_default=script is None and reason.startswith(
-                      "pretrained_model_name_or_path"))
+                      "pretrained_model_name_or_path"), assumed=getattr(reason, "assumed", ""))

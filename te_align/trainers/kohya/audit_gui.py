@@ -186,6 +186,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     cli, _ = kohya.parse_cli(extra_args)
     values.update(cli)
     prof, reason = kohya.guess_profile(values, script)
+    assumed = getattr(reason, "assumed", "")
     if prof is None:
         prof = guess_from_name(values.get("pretrained_model_name_or_path")) or "sd15"
         reason = f"no model checkbox checked ({script})"
@@ -218,7 +219,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                              lambda key: f'"{GUI_FIELDS.get(key, (key,))[0]}": 0', raw)
     dirs = [g["train_data_dir"]] if isinstance(g.get("train_data_dir"), str) else []
     return Parsed(trainer, values, prof, f"kohya_ss GUI: {reason}", cached, None, findings, SUPPORTED, after=after,
-                  caption_dirs=dirs + kohya.caption_dirs({"dataset_config": g.get("dataset_config")}))
+                  caption_dirs=dirs + kohya.caption_dirs({"dataset_config": g.get("dataset_config")}), assumed=assumed)
 
 
 def _family(prof: str | None) -> str:

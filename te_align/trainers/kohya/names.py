@@ -48,6 +48,22 @@ SCRIPTS: dict[str, tuple[str, bool]] = {
     "sdxl_train_textual_inversion.py": ("sdxl", False),
 }
 
+#: sd-scripts network modules that train one architecture only (``--network_module``; ``networks.lora`` trains SD 1.x/2.x
+#: and SDXL, so it decides nothing).
+NETWORK_MODULES: dict[str, str] = {
+    "networks.lora_flux": "flux",
+    "networks.lora_sd3": "sd3",
+    "networks.lora_lumina": "lumina",
+    "networks.lora_anima": "anima",
+    "networks.lora_hunyuan_image": "hunyuan_image",
+}
+
+
+def network_arch(module: object) -> str | None:
+    """The architecture a ``network_module`` trains (None: any, or not an sd-scripts module)."""
+    return NETWORK_MODULES.get(module) if isinstance(module, str) else None
+
+
 #: kohya_ss GUI model checkboxes -> the script the GUI runs, first checked box wins
 #: (bmaltais/kohya_ss@45088f04 kohya_gui/lora_gui.py:1779-1792); none checked: ``train_network.py``.
 GUI_CHECKBOXES: tuple[tuple[str, str], ...] = (

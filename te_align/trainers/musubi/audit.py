@@ -25,9 +25,10 @@ from typing import Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import guess_model
 from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, unknown_key_finding
 from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig
-from te_align.audit.rules import Context, Rule, Trainer, family_of, guess_from_name
+from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.musubi import names
 
 COMMIT = "30c658c4f4b0bf05038b3346eff9670259b10fc7"
@@ -155,7 +156,11 @@ def detect(raw: RawConfig) -> int | None:
     if _is_dataset_config(raw.data):
         return 70
     flat = _flatten(raw.data)
-    if "dit" in flat or "dit_high_noise" in flat or _network_arch(flat) is not None:
+    if "dit" in flat or "dit_high_noise" in flat:
+        return 60
+    # a network module alone: sd-scripts has modules of the same names (networks.lora_flux), and its configs name
+    # the model by pretrained_model_name_or_path, an option musubi-tuner does not have (it names the DiT by --dit)
+    if _network_arch(flat) is not None and "pretrained_model_name_or_path" not in flat:
         return 60
     return None
 
@@ -291,10 +296,10 @@ def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tupl
     if cached:
         signals.append((cached[0], f"cache files *_{cached[1]}_te.safetensors in the dataset's cache_directory"))
     dit = values.get("dit")
-    by_name = guess_from_name(dit)
+    by_name, detail, _ = guess_model(dit)
     named = next((a for a in names.ARCHS if a.profile and by_name and family_of(a.profile) == family_of(by_name)), None)
     if named:
-        signals.append((named, f"dit {dit!r}"))
+        signals.append((named, f"dit {dit!r}{detail}"))
     if not signals:
         return None, "", []
     arch, why = signals[0]

@@ -21,7 +21,7 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer, guess_from_name
+from te_align.audit.rules import Context, Rule, Trainer
 from te_align.trainers.onetrainer import names
 
 #: OneTrainer has no setting for hard-coded encoding; its launch scripts run te-align's hooks once patched.
@@ -140,15 +140,23 @@ _PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", 
 
 
 def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
+    """The bundled profile a config trains: its model_type (the one model-type table,
+    :mod:`te_align.trainers.onetrainer.names`), the variant from the transformer override's or base model's files or
+    names. Where nothing decides between two profiles of a family, the reason carries the assumption."""
+    from te_align.audit.models import assumption, guess_model
+    from te_align.audit.parsed import reason
+
     mt = names.model_type_name(values.get("model_type"))
     prof, _ = names.profile_of(mt)
     if prof is None:
         return None, f"model_type {mt!r}"
-    path = values.get("base_model_name")
-    by = guess_from_name(path)
-    if by and by != prof and _same_family(by, prof):
-        return by, f"model_type {mt!r} and base_model_name {path!r}"
-    return prof, f"model_type {mt!r}"
+    for key in ("transformer.model_name", "base_model_name"):
+        path = values.get(key)
+        by, detail, decided = guess_model(path)
+        if by and decided and _same_family(by, prof):
+            return by, f"model_type {mt!r} and {key} {path!r}{detail}"
+    said = assumption(prof, "base_model_name or transformer.model_name (their names or files)")
+    return prof, (reason(f"model_type {mt!r}; {prof} assumed", said) if said else f"model_type {mt!r}")
 
 
 def _same_family(a: str, b: str) -> bool:
@@ -240,7 +248,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 
     trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
                       not_settable=NOT_SETTABLE)
-    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after)
+    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
+                  assumed=getattr(reason, "assumed", ""))
 
 
 def _positive(v: Any) -> bool:

@@ -14,7 +14,7 @@ from te_align.audit import rules
 from te_align.audit.findings import Finding
 from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer, guess_from_name
+from te_align.audit.rules import Context, Rule, Trainer
 
 _M = "simpletuner/helpers/models"
 
@@ -188,19 +188,44 @@ _FAMILY = {
 }
 
 
+#: SimpleTuner's default flavour where a family has several profiles (the flavour it loads when the config names
+#: neither a flavour nor a model path; simpletuner/helpers/models/common.py:1214-1228): flux/model.py:89 "krea"
+#: (FLUX.1 Krea dev), sd3/model.py:135 "medium" (SD3.5 medium).
+_DEFAULT_FLAVOUR = {"flux": ("krea", "flux-dev"), "sd3": ("medium", "sd35-medium")}
+
+
 def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
+    """The bundled profile a config trains: model_family, the variant from model_flavour, else from the files or
+    name of pretrained_model_name_or_path (what SimpleTuner loads instead of the flavour's repository), else
+    SimpleTuner's default flavour. Where nothing decides between two profiles of a family, the reason carries the
+    assumption."""
+    from te_align.audit.models import assumption, guess_model
+    from te_align.audit.parsed import reason
+
     fam = str(values.get("model_family") or "")
     flavour = str(values.get("model_flavour") or "")
     path = values.get("pretrained_model_name_or_path")
     prof = _FAMILY.get(fam)
     if prof is None:
         return None, f"model_family {fam!r}"
-    if fam == "flux":
+    if fam == "flux" and flavour:
         prof = "flux-schnell" if flavour == "schnell" else "flux-dev"
-        return prof, f"model_family \"flux\", model_flavour {flavour or 'dev (default)'!r}"
-    by = guess_from_name(flavour.replace("large", "3.5-large").replace("medium", "3.5-medium") if fam == "sd3" and flavour else None, path)
+        return prof, f"model_family \"flux\", model_flavour {flavour!r}"
+    if fam == "sd3" and flavour:
+        by = guess_model(flavour.replace("large", "3.5-large").replace("medium", "3.5-medium")).profile
+        if by and _same_family(by, prof):
+            return by, f"model_family {fam!r} and model_flavour {flavour!r}"
+    by, detail, decided = guess_model(path)
+    if by and decided and _same_family(by, prof):
+        return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}{detail}"
+    if fam in _DEFAULT_FLAVOUR and not flavour:
+        default, dprof = _DEFAULT_FLAVOUR[fam]
+        if not path:
+            return dprof, f"model_family {fam!r}, model_flavour {default!r} (SimpleTuner's default)"
+        said = assumption(dprof, "model_flavour or pretrained_model_name_or_path (its name or files)")
+        return dprof, reason(f"model_family {fam!r}; {dprof} assumed", said)
     if by and _same_family(by, prof):
-        return by, f"model_family {fam!r} and " + (f"model_flavour {flavour!r}" if flavour else f"pretrained_model_name_or_path {path!r}")
+        return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}"
     return prof, f"model_family {fam!r}"
 
 
@@ -279,7 +304,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
-                  caption_dirs=caption_dirs(values.get("data_backend_config")))
+                  caption_dirs=caption_dirs(values.get("data_backend_config")), assumed=getattr(reason, "assumed", ""))
 
 
 def caption_dirs(path: Any) -> list[str]:
