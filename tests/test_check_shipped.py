@@ -249,7 +249,8 @@ def test_gui_sd3_dropout_fields_are_read_and_named(tmp_path):
 
 
 def test_not_settable_names_the_patch_of_each_trainer(tmp_path):
-    r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA"})))
+    r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA",
+                                                          "base_model_name": "stabilityai/stable-diffusion-3.5-large"})))
     assert [f.fix for f in r.findings] == [
         "not settable in OneTrainer (hard-coded): run it through te-align with `te-align patch ONETRAINER_CHECKOUT`"]
     r = check_file(write(tmp_path, "k.toml", 'pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\n'))

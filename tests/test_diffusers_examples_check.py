@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from te_align.audit import check_file
-from te_align.audit.trainers import diffusers_examples as dx
 from te_align.cli import main
+from te_align.trainers.diffusers_examples import audit as dx
 
 ENV = "TE_ALIGN_DIFFUSERS_EXAMPLES_DIR"
 
@@ -45,7 +45,18 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def findings(result):
-    return [(f.kind, f.severity, f.setting, f.effective, f.profile, f.fix) for f in result.findings]
+    """The findings, less the note that says which profile was assumed (tests of that note assert ``assumed``)."""
+    return [(f.kind, f.severity, f.setting, f.effective, f.profile, f.fix) for f in result.findings
+            if not (f.kind == "note" and f.setting == "profile" and f.message == result.assumed)]
+
+
+def test_a_default_profile_is_said_to_be_assumed_where_the_family_has_several():
+    r = cmd("train_dreambooth_lora_flux.py")  # no model named: the script's default
+    assert r.profile == "flux-dev" and r.assumed.startswith("flux-dev assumed: --pretrained_model_name_or_path None")
+    assert [f.message for f in r.findings if f.setting == "profile"] == [r.assumed]
+    assert cmd("train_dreambooth_lora_sdxl.py").assumed == ""  # one SDXL profile: nothing to assume
+    assert cmd("train_dreambooth_lora_flux.py", "--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev"
+               ).assumed == ""
 
 
 def cmd(script: str, *args: str, **kw):

@@ -72,12 +72,11 @@ def family_of(profile: AlignmentProfile) -> Family:
 
 # ----------------------------------------------------------------------------------------- loading
 def resolve_profile(cfg: ModelConfig) -> AlignmentProfile:
-    import te_align
+    from te_align.profiles.overrides import resolve
 
     source = cfg.path if cfg.profile == "auto" else cfg.profile
     try:
-        p = te_align.profile(source)
-        return p.with_overrides(cfg.profile_overrides) if cfg.profile_overrides else p
+        return resolve(source, ("model.profile_overrides", cfg.profile_overrides or None))
     except TrainError:
         raise
     except Exception as e:
