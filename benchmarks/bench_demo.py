@@ -1,10 +1,12 @@
-"""Wall time and peak memory of ``te-align demo`` (the README's main job), and of the whole matrix.
+"""Wall time and peak memory of ``te-align demo`` (the README's main job), run as a user runs it.
 
-    python benchmarks/bench_demo.py [--threads 2] [--matrix]
+    python benchmarks/bench_demo.py [--rounds 1] [--busy] [--threads N] [--matrix]
 
-Runs ``te-align demo`` in a fresh process (a fresh output folder, so nothing is reused) with
-``OMP_NUM_THREADS`` = ``--threads`` and prints its wall time, the peak resident memory of the process
-(``ru_maxrss`` of the child) and the verdict line of its report. The target is 5 minutes on 2 CPU cores.
+Each round is a fresh ``te-align demo`` process in a fresh output folder (nothing reused), offline, with the
+thread environment variables removed so that te-align picks its threads as it does for a user (``--threads N``
+sets ``TE_ALIGN_THREADS`` instead). ``--busy`` also runs every round with one core held by a spinning process
+(the situation in which the demo once took 16.7 min). Prints the load average at the start, each wall time, the
+peak resident memory of the demo process (``ru_maxrss``) and the verdict line of its report.
 ``--matrix`` times ``te-align ab matrix`` the same way.
 """
 
@@ -13,40 +15,82 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TE_ALIGN_THREADS")
+
 
 def _run(args: list[str], threads: int, cwd: Path) -> tuple[float, float, str]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    """One fresh te-align process: (wall seconds, its peak RSS in MB, stdout)."""
+    env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
+    env["HF_HUB_OFFLINE"] = "1"
+    if threads:
+        env["TE_ALIGN_THREADS"] = str(threads)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "te_align", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "te_align", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
     wall = time.perf_counter() - t0
     if proc.returncode:
-        sys.exit(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        sys.exit(
+            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
+    # ru_maxrss of children is the largest of any child so far: a later, smaller run reports the earlier peak
+    peak_mb = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
     return wall, peak_mb, proc.stdout
+
+
+def _verdict(report: Path) -> str:
+    lines = report.read_text(encoding="utf-8").splitlines() if report.is_file() else []
+    return next((line for line in lines if line.startswith("**Verdict")), "(no verdict line)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--busy", action="store_true", help="also run each round with one core held busy")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="TE_ALIGN_THREADS for the demo (0: te-align's choice)"
+    )
     ap.add_argument("--matrix", action="store_true", help="also time te-align ab matrix")
     args = ap.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"{cores} usable core(s); load average at start {os.getloadavg()[0]:.2f}; threads: "
+          f"{args.threads or 'te-align choice'}")  # fmt: skip
+    conditions = ["as the machine is", "one core busy"] if args.busy else ["as the machine is"]
+    walls: dict[str, list[float]] = {}
+    peak = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        wall, peak, out = _run(["demo", "--out", str(root / "demo")], args.threads, root)
-        verdict = next((line for line in (root / "demo" / "report.md").read_text(encoding="utf-8").splitlines()
-                        if line.startswith("**Verdict")), "")  # fmt: skip
-        print(f"te-align demo: {wall:.0f} s wall ({wall / 60:.1f} min; target 5 min), peak RSS {peak:.0f} MB, "
-              f"{args.threads} thread(s)")  # fmt: skip
-        print(f"  {verdict}")
+        for r in range(args.rounds):
+            for condition in conditions if r % 2 == 0 else list(reversed(conditions)):
+                busy = (
+                    subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                    if condition != conditions[0]
+                    else None
+                )
+                try:
+                    out = root / f"demo-{r}-{len(walls.get(condition, []))}-{condition[:3]}"
+                    wall, peak, _ = _run(["demo", "--out", str(out)], args.threads, root)
+                finally:
+                    if busy is not None:
+                        busy.kill()
+                        busy.wait()
+                walls.setdefault(condition, []).append(wall)
+                print(f"  round {r} {condition:<18} {wall:6.1f} s ({wall / 60:.1f} min), load now "
+                      f"{os.getloadavg()[0]:.2f}; {_verdict(out / 'ab' / 'report.md')}", flush=True)  # fmt: skip
+        print(f"\npeak RSS of a demo process: {peak:.0f} MB")
+        for condition, ws in walls.items():
+            print(f"te-align demo, {condition}: median {statistics.median(ws):.1f} s over {len(ws)} run(s)")
         if args.matrix:
-            wall, peak, out = _run(["ab", "matrix", "--out", str(root / "matrix")], args.threads, root)
-            print(f"te-align ab matrix: {wall / 60:.1f} min wall, peak RSS {peak:.0f} MB, {args.threads} thread(s)")
+            wall, mpeak, out = _run(["ab", "matrix", "--out", str(root / "matrix")], args.threads, root)
+            print(f"te-align ab matrix: {wall / 60:.1f} min wall, peak RSS {mpeak:.0f} MB")
             print(out[-3000:])
 
 
