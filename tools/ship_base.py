@@ -27,10 +27,15 @@ def main() -> None:
     ap.add_argument("--dest", default=None, help="write here instead of the package (a dry run)")
     args = ap.parse_args()
 
+    import sys
+
     import diffusers
     import torch
 
-    from te_align.tiny import bases, pretrain
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from world_pretrain import recipe as pretrain
+
+    from te_align.tiny import bases
 
     torch.set_num_threads(args.threads)
     spec = bases.BASES[args.name]

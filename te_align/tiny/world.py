@@ -55,8 +55,10 @@ __all__ = [
     "DEFAULT_STYLE_MIX",
     "POSITIONS",
     "SHAPES",
+    "SIMPLE",
     "SIZES",
     "SPACE",
+    "SPACES",
     "SPLITS",
     "STYLES",
     "Background",
@@ -80,6 +82,7 @@ __all__ = [
     "render",
     "sample_scene",
     "score",
+    "token_spans",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -204,6 +207,17 @@ class SceneSpace:
 
 
 SPACE = SceneSpace()
+#: The world the shipped base models are pretrained on: one filled object, medium or large, per scene on a plain
+#: white background (every colour, shape and position of :data:`SPACE`; the captions keep all their styles).
+SIMPLE = SceneSpace(
+    sizes=("medium", "large"),
+    styles=("fill",),
+    background_kinds=("plain",),
+    background_tones=("white",),
+    max_objects=1,
+)
+#: Scene spaces by name (``PretrainConfig.world``, a base's ``base.json``).
+SPACES: dict[str, SceneSpace] = {"full": SPACE, "simple": SIMPLE}
 
 
 @dataclass(frozen=True)
@@ -713,9 +727,11 @@ def default_tokenizer() -> Any:
     return t5_tokenizer()
 
 
-def _token_spans(
+def token_spans(
     tokenizer: Any, text: str, char_spans: Sequence[tuple[int, int]]
 ) -> tuple[int, tuple[ObjectSpan, ...]]:
+    """``(number of ids, spans)`` of ``text`` under ``tokenizer`` (special tokens added): each character span
+    ``[start, end)`` as the token range ``[token_start, token_end)`` that covers it (empty spans stay empty)."""
     enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True, verbose=False)
     offsets = [(s, e) for s, e in enc["offset_mapping"]]
     ids = enc["input_ids"]
@@ -795,7 +811,7 @@ def iter_dataset(
             n_tokens = -1
             spans = tuple(ObjectSpan(cs, ce, -1, -1) for cs, ce in cap.char_spans)
         else:
-            n_tokens, spans = _token_spans(tok, cap.text, cap.char_spans)
+            n_tokens, spans = token_spans(tok, cap.text, cap.char_spans)
         image = render(scene, image_size) if image_size else None
         yield Sample(index, scene, cap.text, cap.style, cap.emphasis, cap.placement, spans, n_tokens, image)
 
