@@ -236,6 +236,32 @@ def build_base(args: argparse.Namespace) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------
+# one command per base
+# --------------------------------------------------------------------------------------------------
+
+#: The shipped bases' recipes (benchmarks/bench_learnability.md says how each was chosen): PretrainConfig fields on
+#: top of the family's defaults, steps, and evaluation points.
+RECIPES: dict[str, dict[str, Any]] = {}
+
+
+def build_all(args: argparse.Namespace) -> Path:
+    """The autoencoder and encoders (once, shared) and ``args.family``'s base with its chosen recipe, into ``OUT``."""
+    recipe_ = RECIPES.get(args.family)
+    if recipe_ is None:
+        raise SystemExit(f"no chosen recipe for {args.family} yet; known: {', '.join(RECIPES) or 'none'}")
+    out = Path(args.out)
+    vae = build_vae(argparse.Namespace(out=str(out), threads=args.threads, config="{}", eval_every=1000))
+    enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
+    ns = argparse.Namespace(
+        out=str(out / args.family), threads=args.threads, config=json.dumps(recipe_["config"]), family=args.family,
+        vae=str(vae), encoders=str(enc), steps=recipe_["steps"], eval_at=",".join(map(str, recipe_["eval_at"])),
+        eval_n=args.eval_n, sample_steps=16, guidance=4.0, gap_every=recipe_.get("gap_every", 500), resume=True,
+        device=args.device,
+    )  # fmt: skip
+    return build_base(ns)
+
+
+# --------------------------------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------------------------------
 
@@ -267,12 +293,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gap-every", type=int, default=250, help="conditioning gap every N steps (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same config)")
     p.add_argument("--device", default="cpu")
+    p = sub.add_parser("all", help="autoencoder, encoders and a family's base with its chosen recipe (resumable)")
+    p.add_argument("family", choices=list(recipe.FAMILIES))
+    p.add_argument("--out", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-n", type=int, default=32, help="held-out prompts per caption style")
+    p.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     _setup(args.threads)
     if args.part == "vae":
         build_vae(args)
     elif args.part == "encoders":
         build_encoders(args)
+    elif args.part == "all":
+        build_all(args)
     else:
         build_base(args)
 

@@ -2,6 +2,8 @@
 
 * :func:`conditioning_gap`: the relative rise of the denoiser's x0 error when every image gets another image's
   caption (moves long before prompt accuracy does).
+* :func:`degrade`: noisy, blurred or JPEG-compressed renders, to measure the world's reader on images like
+  generated samples (``benchmarks/bench_world.py``, ``tests/test_world.py``).
 * :func:`probe_conditioning`: linear read-outs of a profile's conditioning (the pooled vector, the mean of
   the sequence, an attention-pooled sequence) trained on some captions and scored on others: can the
   object's colour, shape, position and size be read from what the denoiser is given?
@@ -12,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from te_align.tiny.world.reader import _blur
 from world_pretrain.recipe import EPS_FAMILIES, ConditioningTable, PretrainConfig, _ddpm_schedule, _denoise
 
-__all__ = ["conditioning_gap", "probe_conditioning"]
+__all__ = ["conditioning_gap", "degrade", "probe_conditioning"]
 
 
 def conditioning_gap(
@@ -171,4 +176,33 @@ def probe_conditioning(
                               for i in range(len(samples))])  # fmt: skip
             out[name][attr] = _fit_probe(x[train], y[train], x[test], y[test], len(values[attr]), attention=attention,
                                          steps=steps)  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# degraded renders
+# --------------------------------------------------------------------------------------------------
+
+
+def degrade(
+    img: np.ndarray, *, noise: float = 0.0, blur: float = 0.0, jpeg: int | None = None, seed: int = 0
+) -> np.ndarray:
+    """``img`` degraded like a generated sample: Gaussian blur (``blur``: sigma in pixels), additive
+    Gaussian noise (``noise``: sigma on 0-255, from ``seed``) and JPEG quantisation (``jpeg``: Pillow
+    quality, 4:2:0 chroma subsampling), in that order. Deterministic."""
+    x = np.asarray(img)[:, :, :3].astype(np.float64)
+    if blur > 0:
+        x = np.stack([_blur(x[:, :, c], blur) for c in range(3)], axis=2)
+    if noise > 0:
+        x = x + np.random.default_rng(seed).normal(0.0, noise, size=x.shape)
+    out = np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    if jpeg is not None:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(out).save(buf, format="JPEG", quality=int(jpeg))
+        buf.seek(0)
+        out = np.asarray(Image.open(buf).convert("RGB"))
     return out

@@ -341,13 +341,21 @@ def load_encoders(folder: str | Path) -> dict[str, Any]:
     return out
 
 
+def clip_tower_state(with_projection: Any, plain: Any) -> dict[str, Any]:
+    """The text tower's weights of a ``CLIPTextModelWithProjection`` under ``plain``'s (a ``CLIPTextModel``'s) names.
+
+    The projection is dropped; the tower's names differ between the classes in some transformers versions
+    (``text_model.`` prefix or none), so they are matched by suffix."""
+    tower = {k.removeprefix("text_model."): v for k, v in with_projection.state_dict().items() if not k.startswith("text_projection.")}
+    return {k: tower[k.removeprefix("text_model.")] for k in plain.state_dict()}
+
+
 def _without_projection(model: Any) -> Any:
     """A ``CLIPTextModel`` with the text tower of a ``CLIPTextModelWithProjection`` (its projection dropped)."""
     import transformers
 
     plain = transformers.CLIPTextModel(model.config)
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("text_projection.")}
-    plain.load_state_dict(state, strict=True)
+    plain.load_state_dict(clip_tower_state(model, plain), strict=True)
     return plain.float().eval().requires_grad_(False)
 
 
