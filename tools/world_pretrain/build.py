@@ -178,7 +178,7 @@ def build_base(args: argparse.Namespace) -> Path:
     log({"phase": "config", "part": "base", **cfg.as_dict(), "threads": args.threads, "device": str(device),
          "vae_from": str(args.vae)})  # fmt: skip
     vae = diffusers.AutoencoderKL.from_pretrained(str(args.vae))
-    prep = recipe.prepare(cfg, log, vae=vae)
+    prep = recipe.prepare(cfg, log, vae=vae, cond_cache=args.cond_cache or None)
     vae = prep["vae"]
     if args.device != "cpu":
         prep["latents"] = prep["latents"].to(device)
@@ -200,9 +200,14 @@ def build_base(args: argparse.Namespace) -> Path:
     gap_table = recipe.encode_captions(prep["profile"], prep["components"], [s.caption for s in gap_set])
     points = sorted({int(x) for x in args.eval_at.split(",") if x} | {cfg.steps})
     points = [p for p in points if state["step"] < p <= cfg.steps]
+    stop_after = getattr(args, "stop_after", 0) or cfg.steps
     for point in points:
         stops = list(range(state["step"] + args.gap_every, point, args.gap_every)) if args.gap_every > 0 else []
         for stop in [*stops, point]:
+            if state["step"] >= stop_after:
+                log({"phase": "stopped", "step": state["step"], "train_seconds": round(t_train, 1)})
+                return out
+            stop = min(stop, stop_after)
             t0 = time.perf_counter()
             state = recipe.train_transformer(
                 cfg, prep["latents"], prep["table"], prep["dropout"], transformer=state["transformer"], ema=state["ema"],
@@ -217,6 +222,9 @@ def build_base(args: argparse.Namespace) -> Path:
                 log({"phase": "gap", "step": state["step"], "samples": state["step"] * cfg.batch, "model": "ema",
                      **{f"t{k:g}": round(v, 3) for k, v in gap.items()}})  # fmt: skip
             _save_checkpoint(ckpt_path, cfg, state, t_train)
+        if state["step"] < point:  # stopped by --stop-after between two evaluation points
+            log({"phase": "stopped", "step": state["step"], "train_seconds": round(t_train, 1)})
+            return out
         ema_cpu = copy.deepcopy(state["ema"]).to("cpu")
         pipe = recipe.build_pipeline(ema_cpu, vae, cfg, prep["components"])
         if point == points[0]:
@@ -256,7 +264,7 @@ def build_all(args: argparse.Namespace) -> Path:
         out=str(out / args.family), threads=args.threads, config=json.dumps(recipe_["config"]), family=args.family,
         vae=str(vae), encoders=str(enc), steps=recipe_["steps"], eval_at=",".join(map(str, recipe_["eval_at"])),
         eval_n=args.eval_n, sample_steps=16, guidance=4.0, gap_every=recipe_.get("gap_every", 500), resume=True,
-        device=args.device,
+        device=args.device, stop_after=0, cond_cache="",
     )  # fmt: skip
     return build_base(ns)
 
@@ -293,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gap-every", type=int, default=250, help="conditioning gap every N steps (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same config)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--stop-after", type=int, default=0, help="stop after this step (a time box); --resume continues")
+    p.add_argument("--cond-cache", default="", help="keep the encoded captions in this folder for other runs")
     p = sub.add_parser("all", help="autoencoder, encoders and a family's base with its chosen recipe (resumable)")
     p.add_argument("family", choices=list(recipe.FAMILIES))
     p.add_argument("--out", required=True)

@@ -69,6 +69,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -1214,6 +1215,24 @@ class PretrainResult:
     state: dict[str, Any]
 
 
+def _table_key(cfg: PretrainConfig, components: dict[str, Any], captions: Sequence[str]) -> str:
+    """What decides the encoded captions: the family (its profile), every text encoder's weights, the captions."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256(cfg.family.encode())
+    for name in sorted(components):
+        module = components[name]
+        if isinstance(module, torch.nn.Module):
+            for k, v in sorted(module.state_dict().items()):
+                h.update(f"{name}.{k}".encode())
+                h.update(v.detach().contiguous().numpy().tobytes())
+    for c in captions:
+        h.update(c.encode() + b"\x00")
+    return h.hexdigest()[:24]
+
+
 def prepare(
     cfg: PretrainConfig,
     log: Callable[[dict[str, Any]], None],
@@ -1221,9 +1240,12 @@ def prepare(
     vae_callback: Callable[[int, Any], None] | None = None,
     vae_callback_every: int = 0,
     vae: Any = None,
+    cond_cache: str | Path | None = None,
 ) -> dict[str, Any]:
     """Data, VAE, latents, cached conditioning and the verified slot and caption dropout for ``cfg``.
 
+    ``cond_cache``: a folder where the encoded captions are kept between runs (keyed by the family, the encoders'
+    weights and every caption; a hit is the same tensors, so it changes nothing but time).
     ``vae_callback`` / ``vae_callback_every`` are passed to :func:`train_vae` (periodic evaluation).
     ``vae``: an autoencoder trained earlier by :func:`train_vae` (reused instead of training one; any
     family's: the recipe is the same, :func:`family_vae` adapts it). The autoencoder sees the whole
@@ -1257,8 +1279,25 @@ def prepare(
         if enc in components:
             components[enc].requires_grad_(False)
     t0 = time.perf_counter()
-    table = encode_captions(profile, components, [s.caption for s in train], cfg.encode_batch)
-    log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0})
+    captions_ = [s.caption for s in train]
+    key = _table_key(cfg, components, captions_) if cond_cache else ""
+    path = Path(cond_cache) / f"{key}.pt" if cond_cache else None
+    if path is not None and path.is_file():
+        import torch
+
+        saved = torch.load(path, weights_only=True)
+        table = ConditioningTable(saved["tensors"], captions_, saved["shared"])
+        log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0, "cached": str(path)})
+    else:
+        table = encode_captions(profile, components, captions_, cfg.encode_batch)
+        log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0})
+        if path is not None:
+            import torch
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save({"tensors": table.tensors, "shared": table.shared}, tmp)
+            tmp.replace(path)
     dropout = SlotDropout(profile, components, [s.caption for s in train[:8]])
     dropout.verify([s.caption for s in train[8:12]] + [""])
     captions = CaptionDropout(profile, components, cfg.caption_dropout_rate)
