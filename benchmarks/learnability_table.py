@@ -31,6 +31,7 @@ def main() -> None:
     print("| run | step | samples | train s | gap t=0.3 | gap t=0.6 | gap t=0.9 | colour | shape | position | objects exact "
           "| visible prompts | objects exact (all) | spurious/img |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    gap_lines = []
     for log in args.logs:
         path = Path(log)
         rs = records(path)
@@ -47,8 +48,10 @@ def main() -> None:
                   f"{pct(v.get('shape'))} | {pct(v.get('position'))} | {pct(v.get('object_accuracy'))} | "
                   f"{int(v.get('prompts', 0))} | {pct(a['object_accuracy'])} | {a['extra_per_image']:.2f} |")  # fmt: skip
         if args.gaps:
-            print(f"\n{run} gaps: " + "; ".join(f"{s}: {g['t0.3']:+.2f} / {g['t0.6']:+.2f} / {g['t0.9']:+.2f}"
-                                              for s, g in sorted(gaps.items())) + "\n")  # fmt: skip
+            gap_lines.append(f"{run} gaps (step: t=0.3 / 0.6 / 0.9, %): " + "; ".join(
+                f"{s}: {g['t0.3']:+.2f} / {g['t0.6']:+.2f} / {g['t0.9']:+.2f}" for s, g in sorted(gaps.items())))  # fmt: skip
+    for line in gap_lines:
+        print(f"\n{line}")
 
 
 if __name__ == "__main__":
