@@ -1,5 +1,6 @@
-"""Build hook: ship the repository's patches/ and presets/ folders inside the wheel as te_align/_patches and
-te_align/_presets (the names te_align._shipped.SHIPPED reads; tests/test_repo.py builds a wheel and checks).
+"""Build hook: ship the repository's presets/ folder inside the wheel as te_align/_presets (the name
+te_align._shipped.SHIPPED reads; tests/test_repo.py builds a wheel and checks). The trainers' drop-in templates
+are package data of their folders (te_align/trainers/<trainer>/templates).
 
 All project metadata lives in pyproject.toml; this file only extends setuptools' build_py.
 """
@@ -10,7 +11,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-SHIPPED = ("patches", "presets")  # = te_align._shipped.SHIPPED (setup.py cannot import the package)
+SHIPPED = ("presets",)  # = te_align._shipped.SHIPPED (setup.py cannot import the package)
 
 
 class BuildPyWithShippedFolders(build_py):

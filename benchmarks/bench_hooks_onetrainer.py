@@ -37,9 +37,9 @@ def main(rounds: int = 11, batch: int = 4, pairs: int = 300) -> None:
     import transformers
 
     import te_align
-    from te_align.hooks import onetrainer as hooks
-    from te_align.probe.onetrainer import OneTrainer, clip_text_model_view
     from te_align.tiny.tokenizers import clip_tokenizer
+    from te_align.trainers.onetrainer import hooks as hooks
+    from te_align.trainers.onetrainer.probe import OneTrainer, clip_text_model_view
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1)))
     tok = clip_tokenizer(pad="<|endoftext|>")

@@ -36,10 +36,10 @@ def main(rounds: int = 11, batch: int = 4, pairs: int = 300) -> None:
     import transformers
 
     import te_align
-    from te_align.hooks.simpletuner import SimpleTunerHook
+    from te_align.probe.adapter import _tiny
     from te_align.probe.core import quiet
-    from te_align.probe.simpletuner import SimpleTunerProbe
-    from te_align.probe.trainers import _tiny
+    from te_align.trainers.simpletuner.hooks import SimpleTunerHook
+    from te_align.trainers.simpletuner.probe import SimpleTunerProbe
 
     def clip_l(layers: int) -> transformers.CLIPTextModel:
         torch.manual_seed(0)

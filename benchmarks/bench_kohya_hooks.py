@@ -45,8 +45,8 @@ def main(rounds: int = 11, batch: int = 4, pairs: int = 400) -> None:
     import transformers
 
     import te_align
-    from te_align.hooks import kohya as hk
     from te_align.tiny.tokenizers import clip_tokenizer
+    from te_align.trainers.kohya import hooks as hk
     from tests.test_kohya_integration import import_sd_scripts
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

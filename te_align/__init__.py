@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from te_align import _quiet
 from te_align.errors import TeAlignError
 from te_align.profiles import AlignmentProfile, profile, profiles
 
 __version__ = "0.1.0"
+
+_quiet.install()  # drop the third-party log lines a user cannot act on (te_align/_quiet.py says which and why)
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.encoding import Conditioning
@@ -31,4 +34,13 @@ def load_text_encoders(profile: AlignmentProfile | str, path_or_repo: str, **kwa
     return _load(profile, path_or_repo, **kwargs)
 
 
-__all__ = ["AlignmentProfile", "TeAlignError", "__version__", "encode", "load_text_encoders", "profile", "profiles"]
+def apply(pipe: Any, profile: AlignmentProfile | str, **kwargs: Any) -> Any:
+    """Make a diffusers pipeline encode its prompts by a profile (see :func:`te_align.integrations.diffusers.apply`)."""
+    from te_align.integrations.diffusers import apply as _apply
+
+    return _apply(pipe, profile, **kwargs)
+
+
+__all__ = [
+    "AlignmentProfile", "TeAlignError", "__version__", "apply", "encode", "load_text_encoders", "profile", "profiles",
+]

@@ -15,7 +15,7 @@ from te_align import __version__
 from te_align.errors import TeAlignError
 
 #: Command modules under te_align.commands, in --help order.
-COMMAND_MODULES = ("profile", "cache", "inspect", "patch", "train", "swap", "check", "probe", "ab")
+COMMAND_MODULES = ("profile", "cache", "inspect", "patch", "train", "swap", "check", "probe", "ab", "comfyui")
 
 
 def build_parser() -> argparse.ArgumentParser:

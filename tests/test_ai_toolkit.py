@@ -21,19 +21,19 @@ import torch
 
 import te_align
 from te_align.hooks import HookError
-from te_align.hooks.ai_toolkit import (
+from te_align.patching import apply, revert, status
+from te_align.patching.trainers import detect, plan_for
+from te_align.patching.transaction import PatchError
+from te_align.tiny.fit import fit_profile
+from te_align.tiny.pipelines import build_pipeline_for_encoding
+from te_align.trainers.ai_toolkit import patch as planner
+from te_align.trainers.ai_toolkit.hooks import (
     AiToolkitHook,
     ConfigError,
     profile_name_for,
     settings_from_process,
     validate_section,
 )
-from te_align.patching import ai_toolkit as planner
-from te_align.patching import apply, revert, status
-from te_align.patching.trainers import detect, plan_for
-from te_align.patching.transaction import PatchError
-from te_align.tiny.fit import fit_profile
-from te_align.tiny.pipelines import build_pipeline_for_encoding
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["a photo of a cat", "", "an astronaut riding a horse on the moon, " * 8]
@@ -203,7 +203,7 @@ def test_section_validation_names_key_and_allowed_ones():
 @pytest.mark.parametrize("arch", ["qwen_image_edit", "hidream_e1"])
 def test_unhooked_edit_variants_refuse_an_explicit_profile(arch):
     """Their own get_prompt_embeds is not hooked: a te_align.profile must not silently do nothing."""
-    from te_align.hooks.ai_toolkit import enable
+    from te_align.trainers.ai_toolkit.hooks import enable
 
     for section in ({"profile": "qwen-image"}, {}):
         with pytest.raises(HookError, match=f"hooks do not reach arch '{arch}'.*TE_ALIGN=off"):
@@ -306,7 +306,7 @@ def test_process_watch_is_a_declared_target(tmp_path, monkeypatch):
 
     A module with ai-toolkit's BaseProcess signature (jobs/process/BaseProcess.py at 27a03a9 and in the
     0.2.7 wheel) stands in: the real one imports ai-toolkit's whole training stack."""
-    from te_align.hooks.ai_toolkit import ProcessWatch
+    from te_align.trainers.ai_toolkit.hooks import ProcessWatch
 
     pkg = tmp_path / "jobs" / "process"
     pkg.mkdir(parents=True)

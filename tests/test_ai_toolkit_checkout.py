@@ -38,12 +38,12 @@ import torch
 
 import te_align
 from te_align.hooks import HookError
-from te_align.hooks.ai_toolkit import AiToolkitHook
 from te_align.patching import apply, revert, status
 from te_align.patching.trainers import detect, plan_for
-from te_align.probe import ai_toolkit_models as am
 from te_align.tiny.fit import architecture_overrides, fit_profile
 from te_align.tiny.pipelines import build_pipeline_for_encoding
+from te_align.trainers.ai_toolkit import probe_models as am
+from te_align.trainers.ai_toolkit.hooks import AiToolkitHook
 
 ENV = "TE_ALIGN_AI_TOOLKIT_DIR"
 CHECKOUT = os.environ.get(ENV)
@@ -106,7 +106,7 @@ def test_legacy_train_tools_equal_te_align(checkout_on_path):
 
 # ------------------------------------------------------------------------------ method-level hooks
 PROMPTS = ["a photo of a cat", "", "an astronaut riding a horse on the moon, " * 8]
-# shared with the probe (te_align.probe.ai_toolkit_models): model objects via cls.__new__ on tiny models
+# shared with the probe (te_align.trainers.ai_toolkit.probe_models): model objects via cls.__new__ on tiny models
 _import_model_package = am.import_model_package
 BASE_MODELS = am.BASE_MODELS
 
@@ -302,7 +302,7 @@ import torch
 import te_align
 import toolkit.train_tools as tt
 from jobs.process.BaseProcess import BaseProcess
-from te_align.hooks import ai_toolkit
+from te_align.trainers.ai_toolkit import hooks
 from te_align.tiny.fit import architecture_overrides
 from te_align.tiny.pipelines import build_pipeline_for_encoding
 out["wrapped_init"] = hasattr(BaseProcess.__init__, "__te_align_original__")
@@ -312,7 +312,7 @@ over = architecture_overrides(te_align.profile("flux-schnell"), pipe)
 over["t5_max_length"] = 128
 BaseProcess(0, job, OrderedDict(model={"arch": "flux", "name_or_path": "black-forest-labs/FLUX.1-schnell"},
                                 te_align={"overrides": over}))
-hook = ai_toolkit._INSTALLED
+hook = hooks.ENCODING.current()
 out["profile"] = hook.profile.name
 out["targets"] = sorted(r.target.label for r in hook.installed)
 prompts = ["a photo of a cat", ""]
@@ -326,7 +326,7 @@ try:
 except Exception as e:
     out["bad_section"] = f"{type(e).__name__}: {e}"
 BaseProcess(2, job, OrderedDict(model={"arch": "flux"}, te_align={"enabled": False}))
-out["disabled_uninstalled"] = ai_toolkit._INSTALLED is None and getattr(tt.encode_prompts_flux, "__te_align_original__", None) is None
+out["disabled_uninstalled"] = hooks.ENCODING.current() is None and getattr(tt.encode_prompts_flux, "__te_align_original__", None) is None
 print("RESULT " + json.dumps(out))
 """
 

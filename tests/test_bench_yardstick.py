@@ -98,7 +98,7 @@ def test_standin_transforms_values():
 
 def _script_args(family: str, tmp_path: Path):
     from te_align.probe import _stubs
-    from te_align.probe.diffusers_examples import OPTIONAL_IMPORTS, load_script
+    from te_align.trainers.diffusers_examples.probe import OPTIONAL_IMPORTS, load_script
 
     folder = yard.examples_dir(os.environ.get(ENV))
     if folder is None:

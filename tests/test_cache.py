@@ -11,6 +11,7 @@ import os
 import struct
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -311,25 +312,28 @@ def test_tensor_byte_corruption_needs_verify(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- concurrency
-def _hammer(args: tuple[str, int, int]) -> dict[str, int]:
+def _hammer(args: tuple[str, int, int]) -> dict[str, Any]:
     directory, worker, rounds = args
     cache = make_cache(Path(directory))
     captions = [f"shared caption {i}" for i in range(8)]
+    wrong = []  # (round, caption, what): reported with the stats rather than raised, so a failure says why
     for r in range(rounds):
         cache.get_or_encode([*captions[r % 3 :], f"own {worker} {r}"], encode_captions)
         for c in captions[:4]:
             cache.put(c, encode_captions([c]))  # rewrite the same keys as every other worker
         for c in captions:
             got = cache.get(c)
-            assert got is not None and same(got, encode_captions([c]))
-    return dataclasses.asdict(cache.stats)
+            if got is None or not same(got, encode_captions([c])):
+                exists = cache._path(cache.key(c)).is_file()
+                wrong.append((r, c, "miss" if got is None else "different", f"file exists now: {exists}"))
+    return {**dataclasses.asdict(cache.stats), "wrong": wrong}
 
 
 def test_concurrent_writers_do_not_corrupt_entries(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
         results = pool.map(_hammer, [(str(tmp_path), w, 15) for w in range(4)])
-    assert all(r["corrupt"] == 0 for r in results), results
+    assert all(r["corrupt"] == 0 and r["wrong"] == [] for r in results), results
     assert sum(r["written"] for r in results) >= 4 * 15 * 4
     assert temp_files(tmp_path) == []
     files = entry_files(tmp_path)

@@ -13,8 +13,8 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.audit.findings import NOT_SETTABLE
-from te_align.audit.trainers.onetrainer import NOT_SETTABLE as OT_NOT_SETTABLE
 from te_align.cli import main
+from te_align.trainers.onetrainer.audit import NOT_SETTABLE as OT_NOT_SETTABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -315,7 +315,8 @@ def test_ai_toolkit_cache_files_are_read_from_their_headers(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from te_align.audit.cachefiles import scan
+    import te_align
+    from te_align.trainers.ai_toolkit.audit import scan_cache
 
     cache = tmp_path / "_t_e_cache"
     cache.mkdir()
@@ -324,8 +325,8 @@ def test_ai_toolkit_cache_files_are_read_from_their_headers(tmp_path):
     good = (cache / "0.safetensors").read_bytes()
     (cache / "truncated.safetensors").write_bytes(good[:-4])
     (cache / "garbage.safetensors").write_bytes(b"not a safetensors file")
-    found, lengths, bad, _ = scan(str(cache), "ai-toolkit")
-    assert (found, dict(lengths), bad) == (4, {512: 1, 256: 1}, 2)
+    found, lengths, bad, path = scan_cache(str(cache), te_align.profile("flux-dev"))[:4]
+    assert (found, dict(lengths), bad, path) == (4, {512: 1, 256: 1}, 2, "t5.tokenizer.max_length")
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -342,7 +343,10 @@ def test_cli_exit_codes_and_json(capsys, tmp_path):
         "kind": "deviation", "severity": "error", "setting": "t5.masks.encoder", "effective": True, "profile": False}
     broken = write(tmp_path, "broken.json", "{")
     assert main(["check", good, broken]) == 2
-    assert f"{broken}:1:2: syntax error" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    # unreadable input goes to stderr with the prefix every command uses; the good file's report stays on stdout
+    assert f"te-align: error: {broken}:1:2: syntax error" in cap.err and "syntax error" not in cap.out
+    assert "aligned" in cap.out
 
 
 def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):
@@ -351,7 +355,8 @@ def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "t5.tokenizer.max_length" in out and "fix: --t5xxl_max_token_length 256" in out
     assert main(["check", "--trainer", "simpletuner", path]) == 2
-    assert "cannot work out the model family" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.startswith("te-align: error: ") and "cannot work out the model family" in cap.err
 
 
 def test_check_needs_no_torch():
@@ -395,6 +400,13 @@ EXAMPLES = {
                                         ("stale-cache", "warning", "text-encoder cache")]),
     "simpletuner/flux_schnell_config.toml": (0, []),
     "onetrainer/flux_lora.json": (1, [("deviation", "error", "t5.tokenizer.max_length")]),
+    "musubi/qwen_image_lora.sh": (0, [("deviation", "info", "qwen.tokenizer.max_length"),
+                                      ("note", "info", "text-encoder cache")]),
+    # a dataset config names no model: check the command line that names it (or pass --profile)
+    "musubi/qwen_image_dataset.toml": (2, [("syntax", "error", "")]),
+    "diffusion-pipe/flux_schnell.toml": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
+                                             ("stale-cache", "warning", "text-encoder cache")]),
+    "diffusion-pipe/dataset.toml": (3, [("not-checked", "info", "")]),
 }
 
 
@@ -407,17 +419,18 @@ def test_examples_give_their_documented_findings(name):
 
 
 def test_every_example_config_is_covered():
-    found = {str(p.relative_to(EX)) for d in ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer")
+    found = {str(p.relative_to(EX)) for d in ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "musubi",
+                                              "diffusion-pipe")
              for p in (EX / d).iterdir()}
     assert found == set(EXAMPLES)
 
 
 def test_one_kohya_table_for_check_hooks_and_patch():
     """te_align.trainers.kohya is read by `te-align check`, the kohya hooks and the patch planner alike."""
-    from te_align.audit.trainers.kohya import guess_profile
-    from te_align.hooks.kohya import ARCHS, default_profile_name
-    from te_align.patching.kohya import SCRIPTS as DROP_INS
-    from te_align.trainers import kohya as table
+    from te_align.trainers.kohya import names as table
+    from te_align.trainers.kohya.audit import guess_profile
+    from te_align.trainers.kohya.hooks import ARCHS, default_profile_name
+    from te_align.trainers.kohya.patch import SCRIPTS as DROP_INS
 
     assert {a.name for a in ARCHS} == set(table.ARCH_PROFILES)
     for script, (arch, drop_in) in table.SCRIPTS.items():
@@ -428,9 +441,9 @@ def test_one_kohya_table_for_check_hooks_and_patch():
 
 
 def test_one_ai_toolkit_table_for_check_and_hooks():
-    from te_align.audit.trainers.ai_toolkit import NO_PROFILE, guess_profile
-    from te_align.hooks.ai_toolkit import profile_name_for
-    from te_align.trainers import ai_toolkit as table
+    from te_align.trainers.ai_toolkit import names as table
+    from te_align.trainers.ai_toolkit.audit import NO_PROFILE, guess_profile
+    from te_align.trainers.ai_toolkit.hooks import profile_name_for
 
     for arch, (profile, hooked) in table.ARCHS.items():
         # Flex.2 (not hooked, not verified) is "not checked", never silently FLUX.1-dev

@@ -249,7 +249,8 @@ def test_gui_sd3_dropout_fields_are_read_and_named(tmp_path):
 
 
 def test_not_settable_names_the_patch_of_each_trainer(tmp_path):
-    r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA"})))
+    r = check_file(write(tmp_path, "ot.json", json.dumps({"model_type": "STABLE_DIFFUSION_35", "training_method": "LORA",
+                                                          "base_model_name": "stabilityai/stable-diffusion-3.5-large"})))
     assert [f.fix for f in r.findings] == [
         "not settable in OneTrainer (hard-coded): run it through te-align with `te-align patch ONETRAINER_CHECKOUT`"]
     r = check_file(write(tmp_path, "k.toml", 'pretrained_model_name_or_path = "/m/sd_xl_base_1.0.safetensors"\n'))
@@ -416,4 +417,4 @@ def test_cli_dataset_option_counts_captions(tmp_path, capsys):
     assert main(["check", cfg, "--dataset", str(data)]) == 1
     assert f'1 of 1 caption file(s) in {data} contain a literal "!"' in capsys.readouterr().out
     assert main(["check", cfg, "--dataset", str(tmp_path / "missing")]) == 2
-    assert f"{tmp_path / 'missing'}: --dataset: no such folder" in capsys.readouterr().out
+    assert f"te-align: error: {tmp_path / 'missing'}: --dataset: no such folder" in capsys.readouterr().err

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from te_align.audit import check_file
-from te_align.audit.trainers import diffusers_examples as dx
 from te_align.cli import main
+from te_align.trainers.diffusers_examples import audit as dx
 
 ENV = "TE_ALIGN_DIFFUSERS_EXAMPLES_DIR"
 
@@ -45,7 +45,18 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def findings(result):
-    return [(f.kind, f.severity, f.setting, f.effective, f.profile, f.fix) for f in result.findings]
+    """The findings, less the note that says which profile was assumed (tests of that note assert ``assumed``)."""
+    return [(f.kind, f.severity, f.setting, f.effective, f.profile, f.fix) for f in result.findings
+            if not (f.kind == "note" and f.setting == "profile" and f.message == result.assumed)]
+
+
+def test_a_default_profile_is_said_to_be_assumed_where_the_family_has_several():
+    r = cmd("train_dreambooth_lora_flux.py")  # no model named: the script's default
+    assert r.profile == "flux-dev" and r.assumed.startswith("flux-dev assumed: --pretrained_model_name_or_path None")
+    assert [f.message for f in r.findings if f.setting == "profile"] == [r.assumed]
+    assert cmd("train_dreambooth_lora_sdxl.py").assumed == ""  # one SDXL profile: nothing to assume
+    assert cmd("train_dreambooth_lora_flux.py", "--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev"
+               ).assumed == ""
 
 
 def cmd(script: str, *args: str, **kw):
@@ -171,18 +182,19 @@ def test_reader_unknown_option_line_and_exit_1(tmp_path):
 def test_reader_bad_input_one_line_exit_2(tmp_path, capsys, text, expected):
     path = write(tmp_path, "run.sh", text)
     assert main(["check", path]) == 2
-    out = capsys.readouterr().out.strip()
-    assert "\n" not in out and "Traceback" not in out
-    assert out.startswith(path + expected[len("run.sh"):])
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert cap.out == "" and "\n" not in err and "Traceback" not in err
+    assert err.startswith("te-align: error: " + path + expected[len("run.sh"):])
 
 
 def test_reader_not_utf8_and_missing(tmp_path, capsys):
     p = tmp_path / "run.sh"
     p.write_bytes(b"accelerate launch train_dreambooth_lora_sd3.py --instance_prompt \xff\n")
     assert main(["check", str(p)]) == 2
-    assert "not UTF-8 text" in capsys.readouterr().out
+    assert "not UTF-8 text" in capsys.readouterr().err
     assert main(["check", str(tmp_path / "nope.sh")]) == 2
-    assert "nope.sh: no such file" in capsys.readouterr().out
+    assert capsys.readouterr().err == f"te-align: error: {tmp_path / 'nope.sh'}: no such file\n"
 
 
 def test_cli_command_after_double_dash(capsys):
@@ -195,7 +207,7 @@ def test_cli_command_after_double_dash(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["results"][0]["trainer"] == "diffusers-examples" and data["exit_code"] == 0
     assert main(["check", "--", "accelerate", "launch", "--num_processes", "2"]) == 2
-    assert capsys.readouterr().out.strip() == "<command line>: no training script (train_*.py) in the command line"
+    assert capsys.readouterr().err.strip() == "te-align: error: <command line>: no training script (train_*.py) in the command line"
     with pytest.raises(SystemExit) as e:
         main(["check"])
     assert e.value.code == 2
@@ -204,10 +216,10 @@ def test_cli_command_after_double_dash(capsys):
 def test_other_trainer_given_a_command_line(tmp_path, capsys):
     path = write(tmp_path, "run.sh", "accelerate launch train_dreambooth_lora_sd3.py\n")
     assert main(["check", "--trainer", "kohya", path]) == 2
-    assert "run.sh: a command line; te-align reads kohya configs from their config file" in capsys.readouterr().out
+    assert "run.sh: a command line; te-align reads kohya configs from their config file" in capsys.readouterr().err
     toml = write(tmp_path, "c.toml", 'pretrained_model_name_or_path = "x"\n')
     assert main(["check", "--trainer", "diffusers-examples", toml]) == 2
-    assert "expected a command line" in capsys.readouterr().out
+    assert "expected a command line" in capsys.readouterr().err
 
 
 def test_check_imports_no_torch(tmp_path):

@@ -33,7 +33,7 @@ def _checkout() -> str:
 
 
 def test_no_checkout_is_one_clear_error(monkeypatch, tmp_path):
-    from te_align.probe.trainers import adapter_for
+    from te_align.probe.adapter import adapter_for
 
     monkeypatch.delenv(ENV, raising=False)
     with pytest.raises(ProbeError, match=f"give --path to a huggingface/diffusers checkout \\(or set {ENV}\\)"):
@@ -44,7 +44,7 @@ def test_no_checkout_is_one_clear_error(monkeypatch, tmp_path):
 
 def test_fix_flags_come_from_check():
     import te_align
-    from te_align.probe.diffusers_examples import fix_flags
+    from te_align.trainers.diffusers_examples.probe import fix_flags
 
     assert fix_flags(te_align.profile("sd3-medium")) == ["--max_sequence_length", "256"]
     assert fix_flags(te_align.profile("flux-schnell")) == ["--max_sequence_length", "256"]

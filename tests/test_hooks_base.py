@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 
+from te_align.errors import ProfileError
 from te_align.hooks import Hook, HookError, Target
 from te_align.hooks.base import mark_wrapper
 
@@ -157,3 +158,96 @@ def test_one_off_word_list(monkeypatch, value, off):
     monkeypatch.setenv("TE_ALIGN", value)
     assert hooks_disabled() is off
     assert OFF_WORDS == ("off", "0", "false", "no", "disabled")
+
+
+# ------------------------------------------------------------------------------------ the one lifecycle
+@dataclass
+class ProfileHook(Hook):
+    """A trainer hook that supplies only a target and its wrapper: the wrapper encodes by the user's profile."""
+
+    module: str = ""
+    flavour: str = "a"
+    name = "profiled"
+    supported: ClassVar[dict[str, str]] = {"1.2.3": "1.2.x"}
+
+    def targets(self):
+        def wrap(original):
+            return mark_wrapper(lambda text, max_length=77: ("profiled", self.user.profile("sd35-large").slot("t5")
+                                                             .tokenizer.max_length, text), original)
+
+        return (Target(self.module, "tokenize", ("text", "max_length"), wrap=wrap),)
+
+
+def test_lifecycle_reads_the_environment_validates_first_and_is_idempotent(trainer, monkeypatch, caplog):
+    import logging
+
+    from te_align.hooks.base import Lifecycle
+
+    life = Lifecycle("Fake", ProfileHook)
+    monkeypatch.delenv("TE_ALIGN", raising=False)
+    monkeypatch.delenv("TE_ALIGN_PROFILE", raising=False)
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", '{"t5_max_length": 128}')
+    with caplog.at_level(logging.INFO, logger="te_align"):
+        assert life.install(module=trainer.__name__)
+    assert trainer.tokenize("x") == ("profiled", 128, "x")
+    assert "te-align: Fake hooks active (1.2.x)" in caplog.text
+    assert 'user overrides for Fake: {"t5_max_length": 128} [TE_ALIGN_OVERRIDES]' in caplog.text
+    first = trainer.tokenize
+    # the same options again: the new settings (explicit overrides win over the environment), nothing re-wrapped
+    assert life.install(None, {"t5_max_length": 64}, module=trainer.__name__)
+    assert trainer.tokenize is first and trainer.tokenize("y") == ("profiled", 64, "y")
+    # other options: uninstall, then install anew
+    assert life.install(module=trainer.__name__, flavour="b") and trainer.tokenize is not first
+    # a bad environment or a bad override is one line before anything changes
+    life.uninstall()
+    assert trainer.tokenize("z") == ["tok", "z", 77]
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", "[1]")
+    with pytest.raises(HookError, match="TE_ALIGN_OVERRIDES must be a JSON object"):
+        life.install(module=trainer.__name__)
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", "{}")
+    monkeypatch.setenv("TE_ALIGN_PROFILE", "sd35-large")
+    with pytest.raises(ProfileError, match="install\\(\\): key 't5_max_lenght': unknown override"):
+        life.install(None, {"t5_max_lenght": 1}, module=trainer.__name__)
+    assert not life.is_installed() and trainer.tokenize("z") == ["tok", "z", 77]
+    monkeypatch.setenv("TE_ALIGN", "off")
+    with caplog.at_level(logging.INFO, logger="te_align"):
+        assert life.install(module=trainer.__name__) is False
+    assert "te-align: Fake hooks disabled by TE_ALIGN=off; Fake runs unmodified" in caplog.text
+
+
+def test_every_trainer_hook_takes_its_settings_from_the_one_lifecycle():
+    """Each trainer's hooks module has a Lifecycle and reads TE_ALIGN_PROFILE / TE_ALIGN_OVERRIDES only through it."""
+    import inspect
+    import re
+
+    from te_align.hooks.base import Lifecycle
+    from te_align.trainers import specs
+
+    for spec in specs():
+        if not spec.hooks:
+            continue
+        module = spec.part("hooks")
+        assert any(isinstance(v, Lifecycle) for v in vars(module).values()), spec.name
+        source = inspect.getsource(module)
+        assert not re.search(r"environ(?:\.get)?\(?\[?\s*(?:ENV_OVERRIDES|\"TE_ALIGN_OVERRIDES\")", source), spec.name
+        assert "env_overrides(" not in source, spec.name
+
+
+def test_simpletuner_hook_reads_te_align_overrides(monkeypatch):
+    """SimpleTuner's hook picks each model's profile from its config and applies TE_ALIGN_OVERRIDES, like the others."""
+    from types import SimpleNamespace
+
+    from te_align.hooks.base import settings
+    from te_align.trainers.simpletuner.hooks import SimpleTunerHook
+
+    monkeypatch.delenv("TE_ALIGN_PROFILE", raising=False)
+    monkeypatch.setenv("TE_ALIGN_OVERRIDES", '{"t5_max_length": 154}')
+    model = SimpleNamespace(config=SimpleNamespace(model_family="sd3", model_flavour="large",
+                                                   pretrained_model_name_or_path="stabilityai/stable-diffusion-3.5-large"))
+    p = SimpleTunerHook().profile_for(model, "sd3")
+    assert (p.name, p.slot("t5").tokenizer.max_length) == ("sd35-large", 154)
+    assert p.provenance_of("slots.t5.tokenizer.max_length").status == "override"
+    hook = SimpleTunerHook()
+    hook.configure(settings(None, {"t5_max_length": 77}))  # install(**overrides) over the environment
+    assert hook.profile_for(model, "sd3").slot("t5").tokenizer.max_length == 77
+    assert SimpleTunerHook(profile="sd3-medium").profile_for(model, "sd3").slot("t5").tokenizer.max_length == 154

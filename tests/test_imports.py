@@ -167,7 +167,7 @@ def test_torch_free_commands_import_no_torch(name: str):
 # ---------------------------------------------------------------------------------- aliases
 def test_no_single_letter_module_aliases():
     found = []
-    for folder in ("te_align", "tests", "tools", "benchmarks", "examples", "patches"):
+    for folder in ("te_align", "tests", "tools", "benchmarks", "examples"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):

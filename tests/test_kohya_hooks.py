@@ -92,7 +92,7 @@ SCRIPTS = ["train_network.py", "sdxl_train_network.py", "sd3_train_network.py", 
 
 
 def test_targets_are_pinned():
-    from te_align.hooks.kohya import all_targets
+    from te_align.trainers.kohya.hooks import all_targets
 
     got = {(t.module, t.qualname, t.params) for t in all_targets()}
     want = {(m, q, p) for m, table in PINNED.items() for q, p in table.items()}
@@ -193,7 +193,7 @@ def _write_standin(root: Path, drop: tuple[str, str] | None = None, rename_param
 
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     root = tmp_path / "sd-scripts"
     _write_standin(root)
@@ -215,7 +215,7 @@ def standin(tmp_path, monkeypatch):
 def test_install_wraps_every_target_and_uninstall_restores(standin):
     from library import strategy_sd, strategy_sdxl
 
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     orig = strategy_sd.SdTokenizeStrategy.__dict__["tokenize"]
     assert hk.install() is True and hk.is_installed()
@@ -235,7 +235,7 @@ def test_install_wraps_every_target_and_uninstall_restores(standin):
     ],
 )  # fmt: skip
 def test_changed_targets_refuse_and_change_nothing(standin, drop, rename, expect):
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     _write_standin(standin, drop=drop, rename_param=rename)
     from library import strategy_sd
@@ -249,7 +249,7 @@ def test_changed_targets_refuse_and_change_nothing(standin, drop, rename, expect
 def test_te_align_off_runs_unmodified(standin, monkeypatch):
     from library import strategy_sd
 
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     monkeypatch.setenv("TE_ALIGN", "off")
     assert hk.install() is False
@@ -257,7 +257,7 @@ def test_te_align_off_runs_unmodified(standin, monkeypatch):
 
 
 def test_bad_overrides_are_refused(standin, monkeypatch):
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     monkeypatch.setenv("TE_ALIGN_OVERRIDES", "[1]")
     with pytest.raises(HookError, match="must be a JSON object"):
@@ -283,9 +283,9 @@ def test_hooked_sd_path_equals_te_align_encode_and_overrides_win(standin, monkey
     from library import strategy_sd
 
     import te_align
-    from te_align.hooks import kohya as hk
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
+    from te_align.trainers.kohya import hooks as hk
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -313,9 +313,9 @@ def test_max_token_length_becomes_long_prompt_chunking(standin, caplog):
 
     import te_align
     from te_align.encoding import EncodeOptions
-    from te_align.hooks import kohya as hk
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
+    from te_align.trainers.kohya import hooks as hk
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -355,9 +355,9 @@ def test_weighted_captions_follow_profile_with_sd_scripts_weights(standin, caplo
     from library import strategy_sd, strategy_sdxl
 
     import te_align
-    from te_align.hooks import kohya as hk
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
+    from te_align.trainers.kohya import hooks as hk
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -394,10 +394,10 @@ def test_sample_embeddings_and_missing_negative(standin):
     from library import lpw_stable_diffusion, sdxl_lpw_stable_diffusion
 
     import te_align
-    from te_align.hooks import kohya as hk
-    from te_align.hooks.kohya.sample import MISSING_NEGATIVE
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
+    from te_align.trainers.kohya import hooks as hk
+    from te_align.trainers.kohya.hooks.sample import MISSING_NEGATIVE
 
     comps = family_components("sd15")
     p = fit_profile(te_align.profile("sd15"), comps)
@@ -428,9 +428,9 @@ def test_hooked_anima_path_equals_te_align_encode_padded_to_512(standin, caplog)
     from library import strategy_anima
 
     import te_align
-    from te_align.hooks import kohya as hk
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
+    from te_align.trainers.kohya import hooks as hk
 
     comps = family_components("anima")
     p = fit_profile(te_align.profile("anima"), comps)
@@ -467,7 +467,7 @@ def test_te_cache_carries_fingerprint_and_mismatch_reencodes(standin, tmp_path, 
     import numpy as np
     from library import strategy_sdxl
 
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     cache = strategy_sdxl.SdxlTextEncoderOutputsCachingStrategy()
     npz = str(tmp_path / "img_te_outputs.npz")
@@ -501,9 +501,9 @@ def test_hooked_hunyuan_image_path_equals_te_align_encode_with_fixed_shapes(stan
     from library import strategy_hunyuan_image as shi
 
     import te_align
-    from te_align.hooks import kohya as hk
     from te_align.tiny.encoders import family_components
     from te_align.tiny.fit import fit_profile
+    from te_align.trainers.kohya import hooks as hk
 
     comps = family_components("hunyuanimage")
     p = fit_profile(te_align.profile("hunyuanimage-2.1"), comps)
@@ -543,8 +543,8 @@ def test_hooked_hunyuan_image_path_equals_te_align_encode_with_fixed_shapes(stan
 def test_saved_lora_gets_the_stamp(standin, tmp_path, module, arch, profile_name):
     import importlib
 
-    from te_align.hooks import kohya as hk
     from te_align.metadata import read
+    from te_align.trainers.kohya import hooks as hk
 
     hk.install()
     hk.profile_for(arch)
@@ -558,7 +558,7 @@ def test_saved_lora_gets_the_stamp(standin, tmp_path, module, arch, profile_name
 def test_flux_variant_comes_from_sd_scripts_checkpoint_analysis(standin):
     from library import flux_utils
 
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     hk.install()
     flux_utils.analyze_checkpoint_state("/models/flux1-schnell.safetensors")
@@ -581,7 +581,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_detect_layouts(tmp_path):
     from te_align.patching import PatchError
-    from te_align.patching.kohya import detect
+    from te_align.trainers.kohya.patch import detect
 
     bare = tmp_path / "bare"
     _write_standin(bare)
@@ -662,7 +662,7 @@ def test_importing_the_hooks_installs_nothing(tmp_path):
     TE_ALIGN_ACTIVE=1 in the environment, and the te-align CLI (which reads the hook target list for
     patch/status) runs beside it."""
     env = {**os.environ, "TE_ALIGN_ACTIVE": "1", "PYTHONPATH": str(REPO)}
-    probe = "import te_align.hooks.kohya as k, te_align.hooks.ai_toolkit; print(k.is_installed())"
+    probe = "import te_align.trainers.kohya.hooks as k, te_align.trainers.ai_toolkit.hooks; print(k.is_installed())"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
     r = subprocess.run([sys.executable, "-m", "te_align", "status", str(tmp_path)], capture_output=True, text=True, env=env)
@@ -672,7 +672,7 @@ def test_importing_the_hooks_installs_nothing(tmp_path):
 def test_drop_in_decides_off_with_the_hooks_word_list(tmp_path):
     """The drop-in decides TE_ALIGN=off before it can import te-align: it carries te_align.hooks.base.OFF_WORDS."""
     from te_align.hooks.base import OFF_WORDS
-    from te_align.patching.kohya import shim_source
+    from te_align.trainers.kohya.patch import shim_source
 
     src = shim_source("train_network.py", "sdxl").decode()
     assert f"not in {OFF_WORDS!r}:" in src and 'environ.setdefault("TE_ALIGN_PROFILE", \'sdxl\')' in src
@@ -681,7 +681,7 @@ def test_drop_in_decides_off_with_the_hooks_word_list(tmp_path):
 
 
 def test_patch_plan_covers_the_anima_scripts(tmp_path):
-    from te_align.patching.kohya import SCRIPTS, detect, plan
+    from te_align.trainers.kohya.patch import SCRIPTS, detect, plan
 
     assert ("anima_train_network.py", "anima") in SCRIPTS and ("anima_train.py", "anima") in SCRIPTS
     root = tmp_path / "sd-scripts"

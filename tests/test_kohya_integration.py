@@ -118,7 +118,7 @@ def tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def hooks():
-    from te_align.hooks import kohya as hk
+    from te_align.trainers.kohya import hooks as hk
 
     hk.uninstall()
     yield hk
@@ -332,8 +332,8 @@ def test_flux_profile_follows_sd_scripts_checkpoint_analysis(kohya, hooks, monke
 
 # --------------------------------------------------------------------------------- targets / patch
 def test_every_target_resolves_in_the_checkout(kohya):
-    from te_align.hooks import kohya as hk
-    from te_align.patching.kohya import static_problems
+    from te_align.trainers.kohya import hooks as hk
+    from te_align.trainers.kohya.patch import static_problems
 
     assert static_problems(Path(KOHYA_DIR or ".")) == []
     hk.check()  # imports every target module and checks each signature

@@ -31,7 +31,7 @@ NEEDS_MGDS = pytest.mark.skipif(bool(_LOADER_MISSING), reason="; ".join(_LOADER_
 
 @pytest.fixture(scope="module")
 def adapter() -> Iterator[Any]:
-    from te_align.probe.onetrainer import OneTrainer
+    from te_align.trainers.onetrainer.probe import OneTrainer
 
     a = OneTrainer(ROOT)
     with a.session():
@@ -40,7 +40,7 @@ def adapter() -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from te_align.hooks import onetrainer as ot
+    from te_align.trainers.onetrainer import hooks as ot
 
     for var in ("TE_ALIGN", "TE_ALIGN_PROFILE", "TE_ALIGN_OVERRIDES"):
         monkeypatch.delenv(var, raising=False)
@@ -49,8 +49,8 @@ def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_every_target_resolves_on_the_checkout(adapter: Any) -> None:
-    from te_align.hooks.onetrainer import OneTrainerHook
-    from te_align.patching.onetrainer import static_problems
+    from te_align.trainers.onetrainer.hooks import OneTrainerHook
+    from te_align.trainers.onetrainer.patch import static_problems
 
     assert static_problems(Path(ROOT)) == []
     parts = ("models", "loader", "cache") if importlib.util.find_spec("mgds") else ("models",)
@@ -106,7 +106,7 @@ def test_probe_without_and_with_hooks(adapter: Any, profile: str) -> None:
 
 # ---------------------------------------------------------------------------------------- data loader
 def _loader_modules(adapter: Any, profile: str) -> tuple[Any, Any, Any, list[Any], Any]:
-    from te_align.probe.onetrainer import tiny_components
+    from te_align.trainers.onetrainer.probe import tiny_components
 
     prof, toks, encs = tiny_components(profile)
     model = adapter.model(profile, toks, encs)
@@ -153,8 +153,8 @@ def test_sd3_data_loader_and_encode_text_hooked_equal_te_align_encode(adapter: A
     import torch
 
     import te_align
-    from te_align.hooks import onetrainer as ot
-    from te_align.probe.onetrainer import tiny_components
+    from te_align.trainers.onetrainer import hooks as ot
+    from te_align.trainers.onetrainer.probe import tiny_components
 
     prompt = "a photo of a cat on a mat, highly detailed"
     ot.install(profile=tiny_components("sd3-medium")[0])
@@ -182,8 +182,8 @@ def test_hidream_data_loader_and_encode_text_hooked_equal_te_align_encode(adapte
     import torch
 
     import te_align
-    from te_align.hooks import onetrainer as ot
-    from te_align.probe.onetrainer import tiny_components
+    from te_align.trainers.onetrainer import hooks as ot
+    from te_align.trainers.onetrainer.probe import tiny_components
 
     prompt = "a photo of a cat on a mat, highly detailed"
     ot.install(profile=tiny_components("hidream")[0])
@@ -214,8 +214,8 @@ def test_qwen_data_loader_cache_and_encode_text_hooked_equal_te_align_encode(ada
     from mgds.pipelineModules.PadMaskedTokens import PadMaskedTokens
 
     import te_align
-    from te_align.hooks import onetrainer as ot
-    from te_align.probe.onetrainer import tiny_components
+    from te_align.trainers.onetrainer import hooks as ot
+    from te_align.trainers.onetrainer.probe import tiny_components
 
     prompts = ["a photo of a cat on a mat", "a red house"]
     ot.install(profile=tiny_components("qwen-image")[0])
@@ -243,8 +243,8 @@ def test_pixart_data_loader_hooked_encodes_by_the_profile(adapter: Any) -> None:
     import torch
 
     import te_align
-    from te_align.hooks import onetrainer as ot
-    from te_align.probe.onetrainer import tiny_components
+    from te_align.trainers.onetrainer import hooks as ot
+    from te_align.trainers.onetrainer.probe import tiny_components
 
     prompt = "A Cat on a mat. https://example.com <b>bold</b>"
     ot.install(profile=tiny_components("pixart-sigma")[0])
@@ -264,8 +264,8 @@ def test_pixart_data_loader_hooked_encodes_by_the_profile(adapter: Any) -> None:
 def test_unhooked_tokens_are_refused_by_hooked_encode_text(adapter: Any) -> None:
     import torch
 
-    from te_align.hooks import onetrainer as ot
     from te_align.hooks.base import HookError
+    from te_align.trainers.onetrainer import hooks as ot
 
     prof, _, _, modules, model = _loader_modules(adapter, "sd3-medium")
     out = _run_text_modules(modules, {"prompt_1": "cat", "prompt_2": "cat", "prompt_3": "cat"})  # OneTrainer's own: T5 77
@@ -281,7 +281,7 @@ def test_text_cache_is_keyed_by_the_profile_and_stale_entries_counted(adapter: A
                                                                        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     import logging
 
-    from te_align.hooks import onetrainer as ot
+    from te_align.trainers.onetrainer import hooks as ot
 
     prof, _, _, _, model = _loader_modules(adapter, "sd3-medium")
     name = "StableDiffusion3BaseDataLoader"  # a concrete data loader; the method is the mixin's
@@ -307,7 +307,7 @@ def test_text_cache_is_keyed_by_the_profile_and_stale_entries_counted(adapter: A
 
 
 def test_uninstall_restores_every_original(adapter: Any) -> None:
-    from te_align.hooks import onetrainer as ot
+    from te_align.trainers.onetrainer import hooks as ot
 
     parts = ("models", "loader", "cache") if importlib.util.find_spec("mgds") else ("models",)
     targets = ot.OneTrainerHook(parts=parts).targets()
@@ -346,8 +346,8 @@ def test_caption_dropout_is_onetrainers(adapter: Any, profile: str) -> None:
     import torch
 
     import te_align
-    from te_align.hooks import onetrainer as ot
-    from te_align.probe.onetrainer import tiny_components
+    from te_align.trainers.onetrainer import hooks as ot
+    from te_align.trainers.onetrainer.probe import tiny_components
 
     prof, toks, encs = tiny_components(profile)
     model = adapter.model(profile, toks, encs)

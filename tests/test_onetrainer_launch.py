@@ -179,7 +179,7 @@ def _assert_cache_equals_te_align_encode(fam: Family, folder: Path) -> dict[str,
 
 
 def test_sd15_hooked_launch_trains_and_announces_te_align(sd15: Family) -> None:
-    from te_align.hooks.onetrainer import cache_folder
+    from te_align.trainers.onetrainer.hooks import cache_folder
 
     out, p = sd15.out("hooked"), sd15.profile()
     assert "te-align: OneTrainer hooks active (" in out
@@ -192,7 +192,7 @@ def test_sd15_hooked_launch_trains_and_announces_te_align(sd15: Family) -> None:
 
 
 def test_sd15_text_cache_is_the_profiles_and_equals_te_align_encode(sd15: Family) -> None:
-    from te_align.hooks.onetrainer import cache_folder
+    from te_align.trainers.onetrainer.hooks import cache_folder
 
     text = sd15.dir / "cache" / "text"
     assert [c.name for c in text.iterdir()] == [cache_folder(sd15.profile())]
@@ -202,7 +202,7 @@ def test_sd15_text_cache_is_the_profiles_and_equals_te_align_encode(sd15: Family
 def test_sd15_te_align_off_runs_onetrainer_unmodified(sd15: Family) -> None:
     import torch
 
-    from te_align.hooks.onetrainer import CACHE_PREFIX
+    from te_align.trainers.onetrainer.hooks import CACHE_PREFIX
 
     assert "te-align" not in sd15.out("off")
     assert (sd15.dir / "out-off" / "lora.safetensors").is_file()
@@ -217,7 +217,7 @@ def test_sd15_te_align_off_runs_onetrainer_unmodified(sd15: Family) -> None:
 def test_sd15_stale_cache_entries_are_counted_and_re_encoded(sd15: Family) -> None:
     """Hooked on a cache OneTrainer made without te-align: its 4 caption entries are named stale (mgds'
     aggregate.pt is no entry), left in place, and the texts re-encoded into the profile's folder."""
-    from te_align.hooks.onetrainer import cache_folder
+    from te_align.trainers.onetrainer.hooks import cache_folder
 
     p = sd15.profile()
     text = sd15.dir / "cache-stale" / "text"
@@ -246,7 +246,7 @@ def test_sd15_text_encoder_lora_trains_through_the_hooked_encode_text(sd15: Fami
 
 
 def test_sd3_hooked_launch_caches_t5_at_the_profiles_256_tokens(sd3: Family) -> None:
-    from te_align.hooks.onetrainer import cache_folder
+    from te_align.trainers.onetrainer.hooks import cache_folder
 
     p = sd3.profile()
     out = sd3.out("hooked")
@@ -261,7 +261,7 @@ def test_sd3_hooked_launch_caches_t5_at_the_profiles_256_tokens(sd3: Family) -> 
 
 
 def test_flux_hooked_launch_caches_t5_at_the_profiles_512_tokens(flux: Family) -> None:
-    from te_align.hooks.onetrainer import cache_folder
+    from te_align.trainers.onetrainer.hooks import cache_folder
 
     p = flux.profile()
     assert (f"te-align: OneTrainer FluxBaseDataLoader data loader tokenizes (2) and encodes (2) by profile flux-dev "
@@ -280,7 +280,7 @@ def _has_pyside6() -> bool:
 def test_gui_training_start_goes_through_te_align(checkout: Checkout, sd15: Family) -> None:
     """The patched Qt GUI (``scripts/train_ui_qt.py``), driven headless: its "start training" trains in the GUI's
     process with te-align's hooks, and the text cache is the profile's, equal to ``te_align.encode``."""
-    from te_align.hooks.onetrainer import cache_folder
+    from te_align.trainers.onetrainer.hooks import cache_folder
 
     if not _has_pyside6():
         pytest.skip(f"OneTrainer's GUI needs PySide6, which {ENV_PYTHON}={PYTHON} cannot import")

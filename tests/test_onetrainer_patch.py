@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from te_align.patching import apply, revert, status
-from te_align.patching.onetrainer import ORIGINALS, SCRIPTS, detect, static_problems
 from te_align.patching.trainers import detect as detect_any
 from te_align.patching.trainers import plan_for
 from te_align.patching.transaction import STATE_DIR, PatchError
+from te_align.trainers.onetrainer.patch import ORIGINALS, SCRIPTS, detect, static_problems
 
 ENV = "TE_ALIGN_ONETRAINER_DIR"
 ROOT = os.environ.get(ENV)
@@ -93,7 +93,7 @@ def test_drop_in_installs_after_script_imports_and_te_align_off_skips(checkout: 
     (checkout / ORIGINALS / "scripts" / "train.py").write_text(
         "from util.import_util import script_imports\n"
         "script_imports()\n"
-        "import te_align.hooks.onetrainer as hooks\n"
+        "import te_align.trainers.onetrainer.hooks as hooks\n"
         "print('te-align hooks installed:', hooks.is_installed())\n"
     )
     off = _run(checkout, {"TE_ALIGN": "off"})

@@ -87,7 +87,7 @@ HAVE_TV = importlib.util.find_spec("torchvision") is not None
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--trainer", "foo", "--profile", "sdxl"], "unknown trainer 'foo'; known: ai-toolkit, kohya, simpletuner"),
+        (["--trainer", "foo", "--profile", "sdxl"], "unknown trainer 'foo'; known: kohya, ai-toolkit, simpletuner"),
         (["--trainer", "kohya", "--path", "{tmp}", "--profile", "sdxl"], "is not a kohya-ss/sd-scripts checkout"),
         (["--trainer", "ai-toolkit", "--path", "{tmp}", "--profile", "sdxl"], "is not an ai-toolkit installation"),
         (["--trainer", "ai-toolkit", "--profile", "no-such-model"], "no-such-model"),

@@ -230,6 +230,19 @@ def test_cli_show_list_diff(capsys, sd35):
     assert "behave identically" in capsys.readouterr().out
 
 
+def test_cli_list_is_a_table_with_a_header_and_aligned_columns(capsys):
+    assert main(["profile", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "FAMILY", "ENCODERS", "REPO"]
+    starts = [lines[0].index(h) for h in ("FAMILY", "ENCODERS", "REPO")]
+    row = next(line for line in lines if line.startswith("hunyuanimage-2.1 "))  # the longest name and family
+    assert row.split() == ["hunyuanimage-2.1", "hunyuanimage", "qwen+byt5", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers"]
+    for line in lines[1:]:
+        cells = line.split()
+        assert [line.index(c, s) for c, s in zip(cells[1:], starts, strict=True)] == starts, line
+    assert len(lines) == 1 + len(te_align.profiles())
+
+
 def test_cli_errors_are_one_line_exit_2(capsys):
     assert main(["profile", "show", "nope-model"]) == 2
     err = capsys.readouterr().err

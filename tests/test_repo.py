@@ -41,8 +41,8 @@ def test_changelog_has_unreleased_section():
 
 
 def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
-    """A non-editable install must be able to patch and run the demo: the wheel carries patches/ and presets/ as
-    te_align/_patches and te_align/_presets, and the CLIP BPE file."""
+    """A non-editable install must be able to patch and run the demo: the wheel carries presets/ as te_align/_presets,
+    every trainer folder's data, drop-in templates and boot files, and the CLIP BPE file."""
     import shutil
     import subprocess
     import sys
@@ -50,9 +50,9 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
 
     src = tmp_path / "src"  # build a copy, so no build/ folder appears in the working tree
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("te_align", "patches", "presets"):
+    for name in ("te_align", "presets"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     out = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
@@ -64,15 +64,25 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     from te_align._shipped import SHIPPED
 
-    assert SHIPPED == ("patches", "presets")
+    assert SHIPPED == ("presets",)
     for folder in SHIPPED:
         files = {p.relative_to(ROOT / folder).as_posix() for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
         assert files, f"{folder}/ is empty"
         missing = sorted(s for s in files if f"te_align/_{folder}/{s}" not in names)
         assert not missing, missing
     assert "te_align/_presets/tiny-demo.toml" in names
+    trainers = ROOT / "te_align" / "trainers"
+    package_data = {p.relative_to(ROOT).as_posix() for sub in ("data", "templates", "boot")
+                    for p in trainers.glob(f"*/{sub}/**/*") if p.is_file() and "__pycache__" not in p.parts}
+    assert len(package_data) > 10
+    assert not sorted(package_data - names)
     assert "te_align/profiles/data/profiles/sd35-large.toml" in names
     assert {"te_align/tiny/data/bpe_simple_vocab_16e6.txt.gz", "te_align/tiny/data/LICENSE-CLIP-BPE.txt"} <= names
+    # the licences travel in the wheel's metadata (PEP 639: Apache-2.0 for te-align, MIT for the CLIP vocabulary)
+    info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    assert {f"{info}/licenses/LICENSE", f"{info}/licenses/te_align/tiny/data/LICENSE-CLIP-BPE.txt"} <= names
+    meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0 AND MIT" in meta
 
 
 # ------------------------------------------------------------------------------ machine paths, citations
@@ -84,8 +94,8 @@ NOTE_CITATION = re.compile(
     r"research/|\bresearch (?:notes?|sources|record|marks)\b|\(research\b"
     r"|\b(?:kohya|trainers|community|hf_configs)\.(?:md|json)\b|\bhf_configs\["
 )
-#: What the wheel ships or a user copies: the package, the drop-in patches, presets and examples.
-SHIPPED = ("te_align/", "patches/", "presets/", "examples/")
+#: What the wheel ships or a user copies: the package (with the trainers' drop-in templates), presets and examples.
+SHIPPED = ("te_align/", "presets/", "examples/")
 TEXT_SUFFIXES = {".py", ".toml", ".json", ".md", ".txt", ".tmpl", ".yaml", ".yml", ".cfg", ".ini", ""}
 
 

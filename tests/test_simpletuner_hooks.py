@@ -1,4 +1,4 @@
-"""SimpleTuner hooks (te_align.hooks.simpletuner): pinned targets and signatures, and against a real checkout
+"""SimpleTuner hooks (te_align.trainers.simpletuner.hooks): pinned targets and signatures, and against a real checkout
 (``TE_ALIGN_SIMPLETUNER_DIR``): every target resolves, hooked outputs equal ``te_align.encode`` exactly and keep
 SimpleTuner's return layout, the documented deviations are measured without hooks (SD3's T5 cut to 154), the
 text-embed cache key carries the profile fingerprint and stale files are counted, ``TE_ALIGN=off`` and the
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from te_align.hooks import simpletuner as st
 from te_align.hooks.base import OFF_WORDS
+from te_align.trainers.simpletuner import hooks as st
 
 ENV = "TE_ALIGN_SIMPLETUNER_DIR"
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_missing_simpletuner_refuses_naming_every_target(monkeypatch):
 def test_boot_file_knows_the_off_words():
     import ast
 
-    tree = ast.parse((ROOT / "patches" / "simpletuner" / "boot" / "sitecustomize.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "te_align" / "trainers" / "simpletuner" / "boot" / "sitecustomize.py").read_text(encoding="utf-8"))
     found = [ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
              and [getattr(t, "id", None) for t in n.targets] == ["off"]]
     assert found == [OFF_WORDS]
@@ -79,7 +79,7 @@ def test_boot_file_knows_the_off_words():
 
 def test_boot_env_and_cli(capsys):
     env = st.boot_env({"PYTHONPATH": "/a"}, profile="sd35-large")
-    boot = str(ROOT / "patches" / "simpletuner" / "boot")
+    boot = str(ROOT / "te_align" / "trainers" / "simpletuner" / "boot")
     assert env == {"PYTHONPATH": os.pathsep.join([boot, "/a"]), "TE_ALIGN_SIMPLETUNER": "1",
                    "TE_ALIGN_PROFILE": "sd35-large"}
     assert st.boot_env({"PYTHONPATH": boot})["PYTHONPATH"] == boot  # not added twice
@@ -105,7 +105,7 @@ def _checkout() -> str:
 @pytest.fixture(scope="module")
 def session():
     from te_align.probe.core import quiet
-    from te_align.probe.simpletuner import SimpleTunerProbe
+    from te_align.trainers.simpletuner.probe import SimpleTunerProbe
 
     adapter = SimpleTunerProbe(_checkout())
     with quiet(), adapter.session():
@@ -168,7 +168,7 @@ def test_hooked_return_layout_is_simpletuners(session, name, monkeypatch):
     """Same tuple length, shapes, dtypes and devices as the original returns (at the profile's lengths)."""
     import torch
 
-    from te_align.probe.trainers import _tiny
+    from te_align.probe.adapter import _tiny
 
     monkeypatch.delenv("TE_ALIGN", raising=False)
     prof, toks, encs, pipe = _tiny(name)
@@ -248,11 +248,11 @@ def test_boot_installs_the_hooks_in_a_new_process(tmp_path):
     code = (
         "import sys\n"
         "from te_align.probe import _stubs\n"
-        "from te_align.probe.simpletuner import OPTIONAL_IMPORTS\n"
+        "from te_align.trainers.simpletuner.probe import OPTIONAL_IMPORTS\n"
         "import diffusers, transformers\n"
         f"with _stubs.stub_missing(OPTIONAL_IMPORTS, [{root!r}]):\n"
         "    import simpletuner.helpers.caching.text_embeds\n"
-        "from te_align.hooks import simpletuner as st\n"
+        "from te_align.trainers.simpletuner import hooks as st\n"
         "h = st.current()\n"
         "print(h is not None and h.is_installed, len(h.installed) if h else 0)\n"
     )
@@ -274,7 +274,7 @@ def test_check_fix_text_names_the_hooks_for_hooked_families(tmp_path):
     import json
 
     from te_align.audit import check_file
-    from te_align.audit.trainers import simpletuner as audit
+    from te_align.trainers.simpletuner import audit
 
     assert set(audit.HOOKED) == {f for fam in st.FAMILIES.values() for f in fam.families}
     assert 'eval "$(python -m te_align.hooks.simpletuner env)"' in audit.HOOKS_FIX
@@ -303,7 +303,7 @@ def test_wan_second_value_is_the_empty_prompt(session, monkeypatch):
     import torch
 
     import te_align
-    from te_align.probe.trainers import _tiny
+    from te_align.probe.adapter import _tiny
 
     monkeypatch.delenv("TE_ALIGN", raising=False)
     prof, toks, encs, pipe = _tiny("wan21")
@@ -325,7 +325,7 @@ def test_qwen_image_deviation_is_measured(session, monkeypatch):
     import torch
 
     import te_align
-    from te_align.probe.trainers import _tiny
+    from te_align.probe.adapter import _tiny
 
     monkeypatch.delenv("TE_ALIGN", raising=False)
     prof, toks, encs, pipe = _tiny("qwen-image")
@@ -348,7 +348,7 @@ def test_qwen_image_edit_flavours_are_left_to_simpletuner(session, monkeypatch):
     ``_encode_prompts`` runs (here it stops for want of the image context, as it does without te-align) and the
     cache key is unchanged."""
     import te_align
-    from te_align.probe.trainers import _tiny
+    from te_align.probe.adapter import _tiny
 
     monkeypatch.delenv("TE_ALIGN", raising=False)
     _, toks, encs, pipe = _tiny("qwen-image")
@@ -377,7 +377,7 @@ def test_probe_session_puts_back_what_simpletuner_patches_in_diffusers():
     code = (
         "from diffusers import QwenImagePipeline\n"
         "from diffusers.models.attention_processor import Attention\n"
-        "from te_align.probe.simpletuner import SimpleTunerProbe\n"
+        "from te_align.trainers.simpletuner.probe import SimpleTunerProbe\n"
         "before = (QwenImagePipeline._get_qwen_prompt_embeds, Attention.fuse_projections)\n"
         f"probe = SimpleTunerProbe({root!r})\n"
         "with probe.session():\n"
@@ -399,7 +399,7 @@ def test_hidream_outputs_take_simpletuners_base_weight_dtype(session, monkeypatc
     outputs to it and leaves the Llama layers in the encoder's dtype: hooked, the same (bit-identical here)."""
     import torch
 
-    from te_align.probe.trainers import _tiny
+    from te_align.probe.adapter import _tiny
 
     monkeypatch.delenv("TE_ALIGN", raising=False)
     prof, toks, encs, pipe = _tiny("hidream")
@@ -420,7 +420,7 @@ def test_qwen_image_hook_loads_the_text_encoder_as_simpletuner_does(session, mon
     import torch
 
     import te_align
-    from te_align.probe.trainers import _tiny
+    from te_align.probe.adapter import _tiny
 
     monkeypatch.delenv("TE_ALIGN", raising=False)
     prof, toks, encs, pipe = _tiny("qwen-image")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from te_align.cli import main
-from te_align.patching import simpletuner as planner
+from te_align.trainers.simpletuner import patch as planner
 
 ENV = "TE_ALIGN_SIMPLETUNER_DIR"
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,11 +59,11 @@ def test_patched_checkout_runs_hooked_in_a_new_process(checkout):
     assert main(["patch", str(checkout), "--profile", "sd35-large"]) == 0
     code = (
         "from te_align.probe import _stubs\n"
-        "from te_align.probe.simpletuner import OPTIONAL_IMPORTS\n"
+        "from te_align.trainers.simpletuner.probe import OPTIONAL_IMPORTS\n"
         "import diffusers, transformers\n"
         f"with _stubs.stub_missing(OPTIONAL_IMPORTS, [{str(checkout)!r}]):\n"
         "    import simpletuner.helpers.caching.text_embeds\n"
-        "from te_align.hooks import simpletuner as st\n"
+        "from te_align.trainers.simpletuner import hooks as st\n"
         "h = st.current()\n"
         "print(h is not None and h.is_installed, h.profile if h else None)\n"
     )

@@ -157,6 +157,54 @@ def test_config_paths_one_line_each(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert code == 2 and err.count("\n") == 1 and needle in err, (path, err)
 
 
+def test_hub_id_offline_and_not_cached_is_one_line_naming_what_to_do(tmp_path: Path, dataset: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A hub id with no network used to end in diffusers' "check the stacktrace above" with no stack trace shown."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    cfg = write_config(tmp_path / "c.toml", Path("someone/tiny-model"), dataset, tmp_path / "out",
+                       model={"path": "someone/tiny-model", "profile": "sd15"})  # fmt: skip
+    code, _out, err = cli("train", str(cfg), capsys=capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (
+        "te-align: error: key 'model.path': 'someone/tiny-model' is a Hugging Face hub id, it is not in the local hub "
+        f"cache ({tmp_path / 'empty-hub-cache'}), and HF_HUB_OFFLINE is set: download it once with network access "
+        "(hf download someone/tiny-model), or set this key to a local diffusers folder or .safetensors file\n")
+    assert "stacktrace" not in err and not (tmp_path / "out").exists()
+
+
+def test_library_and_peft_versions_that_do_not_pair_are_named_with_the_fix(tmp_path: Path, sd15: Path,
+                                                                         dataset: Path) -> None:
+    """transformers 5.24 demands a peft newer than any released: the run must name both versions and the fix, not
+    blame lora.target_modules. A real distribution record of an old peft, first on the path, makes the pairing
+    fail exactly as such an install does (transformers' own check reads the same record)."""
+    import transformers.integrations.peft as tp
+
+    from te_align._compat import _key, peft_minimum
+
+    major, minor = _key(tp.MIN_PEFT_VERSION)[:2]
+    old = f"{major}.{minor - 1}.99"  # just below what transformers demands: the shape of the real failure
+    assert _key(peft_minimum("diffusers")) <= _key(old)  # diffusers is content with it, as with the real peft
+    shadow = tmp_path / "site"
+    (shadow / f"peft-{old}.dist-info").mkdir(parents=True)
+    (shadow / f"peft-{old}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: peft\nVersion: {old}\n")
+    cfg = write_config(tmp_path / "c.toml", sd15, dataset, tmp_path / "out", lora={"text_encoders": ["clip_l"]})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(ROOT)]), "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "te_align", "train", str(cfg)], capture_output=True, text=True, env=env)
+    import transformers
+
+    from te_align._compat import declared_range
+
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr == (
+        f"te-align: error: transformers {transformers.__version__} needs peft >= {tp.MIN_PEFT_VERSION} for LoRA "
+        f"adapters, but peft {old} is installed; fix: pip install \"{declared_range('transformers')}\" (the range "
+        f"te-align is tested with), or a peft >= {tp.MIN_PEFT_VERSION} once one is released\n")
+    assert "lora.target_modules" not in out.stderr and not (tmp_path / "out" / "checkpoints").exists()
+
+
 # ------------------------------------------------------------------------------------ output folder
 def test_previous_run_is_refused_overwrite_moves_it_and_loras_are_0644(tmp_path: Path, sd15: Path, dataset: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip

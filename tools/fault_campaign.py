@@ -58,7 +58,7 @@ STATE = ".te-align"
 # ------------------------------------------------------------------------------------- trees
 def fake_kohya(root: Path, scripts: Iterable[str] = ("train_network.py", "sdxl_train_network.py", "flux_train_network.py")) -> Path:
     """An sd-scripts tree that passes te-align's static check: every hook target with its parameters."""
-    from te_align.hooks.kohya import all_targets
+    from te_align.trainers.kohya.hooks import all_targets
 
     modules: dict[str, dict[str, list[str]]] = {}
     for t in all_targets():

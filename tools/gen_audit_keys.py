@@ -1,4 +1,4 @@
-"""Regenerate ``te_align/audit/data/<trainer>.txt``: the config keys each trainer accepts, read from a checkout.
+"""Regenerate ``te_align/trainers/<package>/data/<trainer>.txt``: the config keys each trainer accepts, read from a checkout.
 
 Maintainer script (no network)::
 
@@ -39,7 +39,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "te_align" / "audit" / "data"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _commit(root: Path, given: str | None) -> str:
@@ -286,11 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trainer", choices=sorted(GENERATORS))
     ap.add_argument("checkout", type=Path)
     ap.add_argument("--commit", help="the checkout's commit when it is not a git work tree")
-    ap.add_argument("--write", action="store_true", help="write te_align/audit/data/<trainer>.txt")
+    ap.add_argument("--write", action="store_true", help="write te_align/trainers/<package>/data/<trainer>.txt")
     args = ap.parse_args(argv)
     sections = GENERATORS[args.trainer](args.checkout)
     text = render(args.trainer, sections, _commit(args.checkout, args.commit))
-    target = DATA / f"{args.trainer}.txt"
+    from te_align.trainers import dialect
+
+    target = ROOT / "te_align" / "trainers" / dialect(args.trainer)[1].package / "data" / f"{args.trainer}.txt"
     if args.write:
         target.write_text(text, encoding="utf-8")
         print(f"wrote {target} ({sum(len(v) for v in sections.values())} keys)")

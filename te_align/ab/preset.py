@@ -46,7 +46,6 @@ class ABError(TeAlignError):
     """A preset, dataset or A/B output folder the A/B runner cannot use."""
 
 
-TRAINERS = ("kohya", "ai-toolkit", "onetrainer", "simpletuner")
 #: Added to arm A's training seed in a null control.
 NULL_SEED_OFFSET = 10007
 
@@ -188,8 +187,10 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
 
     preset = dataclasses.replace(schema.build(Preset, data, file=file, error=ABError, exclude=("source",)), source=file)
     baseline, ev = preset.baseline, preset.eval
-    if baseline.trainer not in TRAINERS:
-        raise ABError(f"expected one of {', '.join(TRAINERS)}, got {baseline.trainer!r}", file=file, key="baseline.trainer")
+    from te_align.trainers import names
+
+    if baseline.trainer not in names():  # the trainer registry's names
+        raise ABError(f"expected one of {', '.join(names())}, got {baseline.trainer!r}", file=file, key="baseline.trainer")
     for key in ("behaviour", "why", "source"):
         if not getattr(baseline, key):
             raise ABError("missing: every baseline names the documented behaviour, why it differs and its source", file=file, key=f"baseline.{key}")

@@ -298,7 +298,6 @@ def run_ab(
     ``profile_overrides`` fit the profile to a custom model's architecture (applied to both arms before
     the baseline overrides; the demo's tiny model needs them). ``max_steps`` shortens training (tests).
     """
-    import te_align
 
     t0 = time.perf_counter()
     p = preset if isinstance(preset, Preset) else load_preset(preset)
@@ -323,9 +322,9 @@ def run_ab(
     model_path = resolve_model(model_path)
     train_dir, val_dir = split_data(data_dir, out_dir, p.eval.holdout)
 
-    base = te_align.profile(p.profile)
-    if profile_overrides:
-        base = base.with_overrides(profile_overrides)
+    from te_align.profiles.overrides import resolve
+
+    base = resolve(p.profile, ("model.profile_overrides", profile_overrides or None))
     prof_a, prof_b = p.arm_profiles(base)
     prof_paths = {}
     for arm, prof in (("A", prof_a), ("B", prof_b)):

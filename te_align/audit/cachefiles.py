@@ -1,10 +1,9 @@
-"""What trainers' cached text-encoder files record, read from headers only (no numpy, no torch).
+"""What cached text-encoder files record, read from headers only (no numpy, no torch).
 
-sd-scripts ``*_te.npz`` files are zip archives of ``.npy`` arrays: the array shapes give the sequence
-length the outputs were made with, and SD3/FLUX files store the mask flags as 0-d bool arrays
-(library/strategy_flux.py:107-194, strategy_sd3.py:256-381, strategy_sdxl.py:222-306,
-strategy_lumina.py:147-281 at 48d368fa). ai-toolkit ``_t_e_cache/*.safetensors`` store ``text_embed``
-(toolkit/prompt_utils.py:119-141 at 27a03a9); the safetensors header gives its shape.
+The formats trainers cache in: ``.npz`` zip archives of ``.npy`` arrays (the array shapes give the sequence
+length the outputs were made with; 0-d bool arrays hold flags) and ``.safetensors`` files (the header gives
+each tensor's shape). Which file holds which tensor is the trainer reader's knowledge
+(``scan_cache`` of a reader in ``te_align/trainers/<trainer>/``); :func:`scan` walks a folder with it.
 """
 
 from __future__ import annotations
@@ -13,19 +12,34 @@ import ast
 import struct
 import zipfile
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from te_align._safetensors import read_header
 from te_align.errors import TeAlignError
 
-#: sd-scripts cache suffix -> (array, profile path its sequence axis records)
-NPZ_LENGTH = {
-    "_flux_te.npz": ("t5_out", "t5.tokenizer.max_length"),
-    "_sd3_te.npz": ("t5_out", "t5.tokenizer.max_length"),
-    "_te_outputs.npz": ("hidden_state1", "clip_l.tokenizer.max_length"),
-    "_lumina_te.npz": ("hidden_state", "gemma.tokenizer.max_length"),
-}
+
+class CacheScan(NamedTuple):
+    """What a folder of cached text-encoder files records."""
+
+    #: Files found.
+    found: int
+    #: Recorded sequence lengths -> file count (empty where the files do not record one comparable length).
+    lengths: Counter[int]
+    #: Files that could not be read.
+    bad: int
+    #: The profile path the lengths stand for.
+    path: str
+    #: te-align profile fingerprints the files carry -> file count (``""``: no fingerprint: made without te-align's
+    #: hooks); empty where the format has no place for one.
+    fingerprints: Counter[str]
+
+
+#: A record reader: a cache file -> what it records (``{"length": n, <flag>: bool, …}``); raises on a bad file.
+Record = Callable[[Path], dict[str, Any]]
+#: The errors a record reader raises for an unreadable file.
+UNREADABLE = (OSError, ValueError, zipfile.BadZipFile, SyntaxError, TeAlignError)
 
 
 def _npy_header(data: bytes) -> tuple[dict[str, Any], int]:
@@ -42,21 +56,19 @@ def _npy_header(data: bytes) -> tuple[dict[str, Any], int]:
     return header, start + hlen
 
 
-def npz_record(path: Path) -> dict[str, Any]:
-    """``{"length": L, "apply_t5_attn_mask": bool, …}`` for one sd-scripts cache file."""
+def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict[str, Any]:
+    """``{"length": L, <flag>: bool, …}`` of one ``.npz`` file: the second-to-last axis of ``array`` and the
+    0-d boolean arrays named in ``flags``."""
     out: dict[str, Any] = {}
-    suffix = next((s for s in NPZ_LENGTH if path.name.endswith(s)), None)
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
-        if suffix:
-            arr, _ = NPZ_LENGTH[suffix]
-            if f"{arr}.npy" in names:
-                with zf.open(f"{arr}.npy") as f:
-                    header, _ = _npy_header(f.read(4096))
-                shape = header.get("shape") or ()
-                if len(shape) >= 2:
-                    out["length"] = int(shape[-2])
-        for flag in ("apply_t5_attn_mask", "apply_lg_attn_mask"):
+        if array and f"{array}.npy" in names:
+            with zf.open(f"{array}.npy") as f:
+                header, _ = _npy_header(f.read(4096))
+            shape = header.get("shape") or ()
+            if len(shape) >= 2:
+                out["length"] = int(shape[-2])
+        for flag in flags:
             if f"{flag}.npy" in names:
                 raw = zf.read(f"{flag}.npy")
                 header, off = _npy_header(raw)
@@ -65,42 +77,42 @@ def npz_record(path: Path) -> dict[str, Any]:
     return out
 
 
-def safetensors_record(path: Path) -> dict[str, Any]:
-    """``{"length": L}`` for one ai-toolkit cache file (its ``text_embed`` shape), from the header only."""
-    tensor = read_header(path).tensors.get("text_embed")
-    shape = tensor.shape if tensor is not None else ()
-    return {"length": int(shape[-2])} if len(shape) >= 2 else {}
+def safetensors_record(path: Path, tensor: str | Callable[[str], bool], axis: int = -2) -> dict[str, Any]:
+    """``{"length": L}`` of one ``.safetensors`` file from its header: axis ``axis`` of ``tensor`` (a name, or a
+    test over names: the first tensor that passes)."""
+    tensors = read_header(path).tensors
+    name = tensor if isinstance(tensor, str) else next((n for n in sorted(tensors) if tensor(n)), None)
+    found = tensors.get(name) if name is not None else None
+    shape = found.shape if found is not None else ()
+    return {"length": int(shape[axis])} if len(shape) >= max(2, -axis) else {}
 
 
-def scan(directory: str, trainer: str) -> tuple[int, Counter[int], int, str]:
-    """Files found, a counter of recorded sequence lengths, unreadable count, and the profile path
-    the lengths stand for."""
+def scan(directory: str, kinds: Sequence[tuple[str, Record | None, str]]) -> CacheScan:
+    """Walk ``directory`` for each ``(file pattern, record reader or None, profile path)``: files found, a counter
+    of recorded sequence lengths, the unreadable count, the profile path the lengths stand for, and the te-align
+    fingerprints the records name (a record's ``"fingerprint"``, ``""`` when it has none)."""
     root = Path(directory)
     lengths: Counter[int] = Counter()
+    fingerprints: Counter[str] = Counter()
     found = bad = 0
     path_of = ""
-    if trainer in ("kohya", "kohya-gui"):
-        for suffix, (_, ppath) in NPZ_LENGTH.items():
-            for f in root.rglob(f"*{suffix}"):
-                found += 1
-                try:
-                    rec = npz_record(f)
-                except (OSError, ValueError, zipfile.BadZipFile, SyntaxError):
-                    bad += 1
-                    continue
-                if "length" in rec:
-                    lengths[rec["length"]] += 1
-                    path_of = ppath
-    elif trainer == "ai-toolkit":
-        for f in root.rglob("*.safetensors"):
+    seen: set[Path] = set()
+    for pattern, record, ppath in kinds:
+        for f in root.rglob(pattern):
+            if f in seen:
+                continue
+            seen.add(f)
             found += 1
+            if record is None:
+                continue
             try:
-                rec = safetensors_record(f)
-            except TeAlignError:
+                rec = record(f)
+            except UNREADABLE:
                 bad += 1
                 continue
             if "length" in rec:
                 lengths[rec["length"]] += 1
-    else:
-        found = sum(1 for _ in root.rglob("*.pt"))
-    return found, lengths, bad, path_of
+                path_of = path_of or ppath
+            if "fingerprint" in rec:
+                fingerprints[rec["fingerprint"] or ""] += 1
+    return CacheScan(found, lengths, bad, path_of, fingerprints)

@@ -3,14 +3,14 @@ settings with an alignment profile, and collect findings. No torch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from te_align.audit import readers
 from te_align.audit.findings import CheckResult, Finding
+from te_align.audit.parsed import module
 from te_align.audit.rules import Context, evaluate
-from te_align.audit.trainers import module
 from te_align.errors import TeAlignError
 
 
@@ -23,12 +23,14 @@ def check_file(
     cache_dir: str | None = None,
     dataset: Sequence[str] = (),
     command: Sequence[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> CheckResult:
     """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
     cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
     ``dataset``: caption folders to count captions in (besides the ones the config names). ``command``: a
-    training command line given as words instead of a file (``path`` is then only its label)."""
-    from te_align.audit.trainers import reset_suggestion_budget
+    training command line given as words instead of a file (``path`` is then only its label). ``overrides``: profile
+    overrides (``--set``) applied to the profile the file is checked against (given or detected)."""
+    from te_align.audit.parsed import reset_suggestion_budget
 
     reset_suggestion_budget()
     result = CheckResult(file=str(path))
@@ -37,10 +39,10 @@ def check_file(
         if raw.data in (None, {}, [], "") and not extra_args:
             raise readers.UnreadableConfig("empty config: nothing to check", file=raw.file)
         name = readers.detect_trainer(raw) if trainer == "auto" else trainer
-        if name not in readers.TRAINERS:
-            raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.TRAINERS)}")
+        if name not in readers.trainers():
+            raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.trainers())}")
         result.trainer = name
-        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset))
+        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset), dict(overrides or {}))
     except readers.ConfigSyntaxError as e:
         result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
@@ -62,12 +64,14 @@ def _command(argv: list[str], label: str) -> readers.RawConfig:
 
 
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
-           result: CheckResult, dataset: list[str] | None = None) -> None:
+           result: CheckResult, dataset: list[str] | None = None, overrides: dict[str, Any] | None = None) -> None:
     from te_align.profiles import profile as resolve
+    from te_align.trainers import dialect, dialects
 
-    if raw.fmt == "cmdline" and name != "diffusers-examples":
+    if raw.fmt == "cmdline" and not dialect(name)[0].command_line:
+        readers_of_lines = " or ".join(d.name for d, _ in dialects() if d.command_line)
         raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
-                                       "command lines for --trainer diffusers-examples only", file=raw.file)
+                                       f"command lines for --trainer {readers_of_lines} only", file=raw.file)
     mod = module(name)
     parsed = mod.parse(raw, extra_args)
     result.cached = parsed.cached
@@ -96,6 +100,15 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
                 + "; pass --profile NAME", file=raw.file)
         prof = resolve(parsed.profile_guess)
         result.family_reason = parsed.family_reason
+        if parsed.assumed:
+            result.assumed = parsed.assumed
+            findings.append(Finding(kind="note", severity="info", setting="profile", message=parsed.assumed,
+                                    fix="pass --profile NAME to check against the model you train"))
+    if overrides:
+        from te_align.profiles.overrides import apply_overrides
+
+        prof = apply_overrides(prof, overrides, origin="--set")
+        result.overrides = dict(overrides)
     result.profile = prof.name
     if prof.family not in parsed.supported:
         raise readers.UnreadableConfig(f"{name} does not train {prof.family} models (profile {prof.name})", file=raw.file)
@@ -120,7 +133,7 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
     caches = getattr(mod, "CACHES", {})
     spec = caches.get(prof.family)
     if cache_dir is not None:
-        findings += _scan_cache(cache_dir, name, prof, effective, spec)
+        findings += _scan_cache(cache_dir, name, mod, prof, effective, spec)
     if parsed.cached and spec is not None and any(
             f.kind == "deviation" and f.severity in ("error", "warning") for f in deviations):
         findings.append(Finding(
@@ -141,14 +154,20 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (_ORDER[f.kind], _SEV[f.severity]))
 
 
-def _scan_cache(cache_dir: str, name: str, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
+def _scan_cache(cache_dir: str, name: str, mod: Any, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
+    """The cached text-encoder files in ``cache_dir``: read by the reader's ``scan_cache`` where it has one (the
+    lengths they record), else counted by the file patterns of its cache spec."""
     from te_align.audit.cachefiles import scan
 
     if not Path(cache_dir).is_dir():
         raise readers.UnreadableConfig("no such cache folder", file=cache_dir)
-    found, lengths, bad, path_of = scan(cache_dir, name)
-    if name == "ai-toolkit":
-        path_of = "t5.tokenizer.max_length" if "t5" in prof.slot_names else f"{prof.slot_names[-1]}.tokenizer.max_length"
+    if hasattr(mod, "scan_cache"):
+        res = mod.scan_cache(cache_dir, prof)
+    else:
+        patterns = dict.fromkeys(g.rsplit("/", 1)[-1] for g in (spec.glob if spec else ()))
+        res = scan(cache_dir, [(g, None, "") for g in patterns])
+    found, lengths, bad, path_of = res[:4]
+    fingerprints = res.fingerprints if hasattr(res, "fingerprints") else {}
     out: list[Finding] = []
     where = spec.source if spec else ""
     if not found:
@@ -167,12 +186,40 @@ def _scan_cache(cache_dir: str, name: str, prof: Any, effective: dict[str, Any],
                      f"(its reuse check compares {spec.validates if spec else 'nothing'})"),
             fix=spec.rebuild if spec else f"delete the cached files in {cache_dir}", trainer_source=where,
         ))
-    elif not lengths:
+    elif not lengths and not fingerprints:
         out.append(Finding(
             kind="note", severity="info", setting="text-encoder cache",
             message=(f"{found} cached files in {cache_dir} record no readable settings"
                      + (f" ({bad} unreadable)" if bad else "")
                      + "; they are stale whenever they were made under other settings"),
+            trainer_source=where,
+        ))
+    out += _fingerprint_findings(cache_dir, found, fingerprints, prof, spec)
+    return out
+
+
+def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Any, prof: Any, spec: Any) -> list[Finding]:
+    """Cache files te-align's hooks stamped with another profile's fingerprint (stale: a hooked run re-encodes
+    them), and files made without the hooks (the trainer's own encoding, with the deviations above)."""
+    out: list[Finding] = []
+    other = {fp: n for fp, n in fingerprints.items() if fp and fp != prof.fingerprint()}
+    plain = fingerprints.get("", 0)
+    where = spec.source if spec else ""
+    if other:
+        made = ", ".join(f"{n} with {fp}" for fp, n in sorted(other.items()))
+        out.append(Finding(
+            kind="stale-cache", severity="warning", setting="text-encoder cache", effective=sorted(other),
+            profile=prof.fingerprint(),
+            message=(f"{sum(other.values())} of {found} cached files in {cache_dir} were encoded by te-align's hooks "
+                     f"under another profile ({made}) than {prof.name} ({prof.fingerprint()})"),
+            fix="run the trainer's caching step again with te-align's hooks (they re-encode files of another "
+                "fingerprint)" + (f"; or {spec.rebuild}" if spec else ""), trainer_source=where,
+        ))
+    if plain:
+        out.append(Finding(
+            kind="note", severity="info", setting="text-encoder cache",
+            message=(f"{plain} of {found} cached files in {cache_dir} carry no te-align fingerprint: made without "
+                     "te-align's hooks, by the trainer's own encoding"),
             trainer_source=where,
         ))
     return out

@@ -1,5 +1,6 @@
 """Reading a training command line: ``accelerate launch train_*.py ARGS…`` from a shell/batch/text file or
-from argv. No torch.
+from argv. No torch. Which scripts count as training scripts is each trainer reader's ``scripts`` pattern
+(:class:`te_align.trainers.Dialect`).
 
 What a command line gives :func:`te_align.audit.check.check_file`: a :class:`~te_align.audit.readers.RawConfig`
 with ``fmt == "cmdline"`` and ``data = {"script": "train_dreambooth_lora_sd3.py", "args": [...],
@@ -21,8 +22,27 @@ from te_align.audit.readers import MAX_BYTES, ConfigSyntaxError, RawConfig, Unre
 #: File suffixes read as a command line (besides a file with no suffix).
 SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
 
-_SCRIPT = re.compile(r"(?:^|[\\/\s\"'])((?:train|sdxl_train|sd3_train|flux_train|lumina_train|anima_train|"
-                     r"hunyuan_image_train)[\w.-]*\.py)\b")
+
+def _script_pattern() -> re.Pattern[str]:
+    """A training script's name in a command line: the scripts of every ``check`` reader (the trainer registry)."""
+    from te_align.trainers import dialects
+
+    names = "|".join(f"(?:{d.scripts})" for d, _ in dialects() if d.scripts)
+    return re.compile(r"(?:^|[\\/\s\"'])(" + names + r")\b")
+
+
+class _Script:
+    """The compiled pattern, built on first use (the registry is read once)."""
+
+    pattern: re.Pattern[str] | None = None
+
+    def search(self, text: str) -> re.Match[str] | None:
+        if self.pattern is None:
+            self.pattern = _script_pattern()
+        return self.pattern.search(text)
+
+
+_SCRIPT = _Script()
 _ASSIGN = re.compile(r"^\s*(?:export\s+|set\s+|\$env:)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", re.I)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|%([A-Za-z_][A-Za-z0-9_]*)%")
 

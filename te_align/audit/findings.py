@@ -15,7 +15,7 @@ Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 #:   1 deviations: any error or warning finding;
 #:   2 unreadable input: missing file, syntax error, empty config, a value of the wrong type (file, key, line);
 #:   3 not checked: te-align has no profile for the model the config trains, no rules for this trainer and
-#:     family, or the config is not a training job (ai-toolkit extract / generate / mod jobs).
+#:     family, or the config is not a training job (a job that extracts a LoRA or generates images).
 #: Several files: the most serious, in the order 2 > 1 > 3 > 0.
 EXIT_ALIGNED, EXIT_DEVIATIONS, EXIT_UNREADABLE, EXIT_NOT_CHECKED = 0, 1, 2, 3
 _SERIOUSNESS = {EXIT_ALIGNED: 0, EXIT_NOT_CHECKED: 1, EXIT_DEVIATIONS: 2, EXIT_UNREADABLE: 3}
@@ -71,6 +71,10 @@ class CheckResult:
     reason: str = ""
     #: The rules that compared a profile value (``path`` of each, with its config key when it has one).
     rules_ran: list[str] = field(default_factory=list)
+    #: Profile overrides the file was checked with (``check --set``).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: The profile was assumed (no signal decided between it and another profile of its family): what and why.
+    assumed: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +97,8 @@ class CheckResult:
             "status": self.status,
             "reason": self.reason,
             "rules_ran": list(self.rules_ran),
+            "overrides": dict(self.overrides),
+            "assumed": self.assumed,
             "effective": self.effective,
             "findings": [f.to_dict() for f in self.findings],
         }

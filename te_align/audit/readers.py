@@ -185,9 +185,13 @@ def key_line(text: str, key: str) -> int | None:
 
 # ---------------------------------------------------------------------------------- valid keys
 @functools.cache
-def known_keys(trainer: str) -> dict[str, frozenset[str]]:
-    """The bundled list of valid keys for a trainer, by section (``""`` when it has none)."""
-    res = resources.files("te_align.audit").joinpath("data", f"{trainer}.txt")
+def known_keys(name: str) -> dict[str, frozenset[str]]:
+    """The bundled list of valid keys of a ``check`` dialect (``data/<name>.txt`` in its trainer's folder), by
+    section (``""`` when it has none)."""
+    from te_align.trainers import dialect
+
+    _, spec = dialect(name)
+    res = resources.files(f"te_align.trainers.{spec.package}").joinpath("data", f"{name}.txt")
     sections: dict[str, set[str]] = {}
     current = ""
     for raw in res.read_text(encoding="utf-8").splitlines():
@@ -202,45 +206,27 @@ def known_keys(trainer: str) -> dict[str, frozenset[str]]:
 
 
 # ------------------------------------------------------------------------------ trainer shape
-TRAINERS = ("kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples")
+def trainers() -> tuple[str, ...]:
+    """Every ``--trainer`` value ``check`` reads (the config languages of the trainer registry)."""
+    from te_align.trainers import dialects
 
-_GUI_MARKERS = ("LoRA_type", "model_list", "flux1_checkbox", "sd3_checkbox", "sdxl_cache_text_encoder_outputs",
-                "additional_parameters", "lumina_checkbox")
-_OT_MARKERS = ("training_method", "base_model_name", "text_encoder_2_sequence_length", "concept_file_name",
-               "__version")
+    return tuple(d.name for d, _ in dialects())
 
 
 def detect_trainer(raw: RawConfig) -> str:
-    """Tell the trainer from the file's shape, or raise :class:`UnreadableConfig`."""
-    data = raw.data
-    if raw.fmt == "cmdline":  # a command line: the diffusers example scripts (te_align.audit.cmdline)
-        return "diffusers-examples"
-    if not isinstance(data, dict):
+    """Tell the config language from the file's shape (each reader scores it; the highest wins, the registry's
+    order breaks ties), or raise :class:`UnreadableConfig`."""
+    from te_align.trainers import dialects
+
+    best: tuple[int, str] | None = None
+    for d, spec in dialects():
+        score = spec.reader(d.name).detect(raw)
+        if score and (best is None or score > best[0]):
+            best = (score, d.name)
+    if best is not None:
+        return best[1]
+    if raw.fmt != "cmdline" and not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a table/object at the top level", file=raw.file)
-    cfg = data.get("config")
-    if isinstance(cfg, dict) and isinstance(cfg.get("process"), list):
-        return "ai-toolkit"
-    keys = {k.lstrip("-") for k in data}
-    if "model_family" in keys:
-        return "simpletuner"
-    if raw.fmt == "json" and sum(k in keys for k in _GUI_MARKERS) >= 1:
-        return "kohya-gui"
-    if raw.fmt == "json" and "model_type" in keys and any(k in keys for k in _OT_MARKERS):
-        return "onetrainer"
-    if raw.fmt == "json" and len(keys) >= 3:
-        # a partial GUI preset (kohya_ss presets/finetune/*.json): almost every key is a GUI field
-        gui = frozenset().union(*known_keys("kohya-gui").values())
-        if sum(k in gui for k in keys) >= 0.8 * len(keys):
-            return "kohya-gui"
-    if raw.fmt == "toml":
-        flat = set(keys)
-        for v in data.values():
-            if isinstance(v, dict):
-                flat.update(v)
-        if flat & known_keys("kohya")[""]:
-            return "kohya"
-    raise UnreadableConfig(
-        "cannot tell which trainer this config is for; pass --trainer "
-        "kohya|kohya-gui|ai-toolkit|simpletuner|onetrainer",
-        file=raw.file,
-    )
+    files = [d.name for d, _ in dialects() if not d.command_line]
+    raise UnreadableConfig(f"cannot tell which trainer this config is for; pass --trainer {'|'.join(files)}",
+                           file=raw.file)

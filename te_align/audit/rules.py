@@ -87,40 +87,19 @@ def _int_or_none(v: Any) -> int | None:
 
 
 # ------------------------------------------------------------------------------------ converters
+@dataclass(frozen=True)
+class Converter:
+    """How a trainer value becomes a profile value (``to``) and back for a fix (``back``: a value, :data:`REMOVE`,
+    or LookupError when no value works), and what kind of value the config key takes (``int``, ``bool``, ``str``,
+    ``fraction``, ``choice:a,b``; None: any, or the rule's default decides)."""
+
+    to: Callable[[Any, Context], Any]
+    back: Callable[[Any, Context], Any]
+    kind: str | None = None
+
+
 def _same(v: Any, ctx: Context) -> Any:
     return v
-
-
-def _sd_clip_skip(v: Any, ctx: Context) -> Any:
-    # sd-scripts: clip_skip N = hidden_states[-N] + final LN; None/0/1 = last_hidden_state.
-    n = _int_or_none(v)
-    if n is None or n <= 1:
-        return "last"
-    return "penultimate" if n == 2 else -n
-
-
-def _sd_clip_skip_back(p: Any, ctx: Context) -> Any:
-    if p == "last":
-        return REMOVE
-    if p == "penultimate":
-        return 2
-    if isinstance(p, int) and p < 0:
-        return -p
-    raise LookupError
-
-
-def _sd_tokens(v: Any, ctx: Context) -> Any:
-    # sd-scripts --max_token_length None/75 -> 77; 150/225 -> BOS + n*75 + EOS (chunked).
-    n = _int_or_none(v)
-    return 77 if n is None or n <= 75 else n + 2
-
-
-def _sd_tokens_back(p: Any, ctx: Context) -> Any:
-    if p == 77:
-        return REMOVE
-    if isinstance(p, int) and p in (152, 227):
-        return p - 2
-    raise LookupError
 
 
 def _nonempty(v: Any, ctx: Context) -> Any:
@@ -129,104 +108,6 @@ def _nonempty(v: Any, ctx: Context) -> Any:
 
 def _nonempty_back(p: Any, ctx: Context) -> Any:
     return REMOVE if p in (None, "") else p
-
-
-def _ot_skip(base: int) -> tuple[Callable[[Any, Context], Any], Callable[[Any, Context], Any]]:
-    # OneTrainer encode_clip: hidden_states[default_layer - layer_skip]; default_layer -1 (SD1/2) or -2 (SDXL/SD3).
-    names = {-1: "last", -2: "penultimate"}
-
-    def to(v: Any, ctx: Context) -> Any:
-        idx = base - (_int_or_none(v) or 0)
-        return names.get(idx, idx)
-
-    def back(p: Any, ctx: Context) -> Any:
-        idx = {"last": -1, "penultimate": -2}.get(p, p)
-        if not isinstance(idx, int) or idx > base:
-            raise LookupError
-        return base - idx
-
-    return to, back
-
-
-def _st_sd3_len(v: Any, ctx: Context) -> Any:
-    # SimpleTuner SD3 check_user_config: default 154, capped at 154 unless i_know_what_i_am_doing.
-    n = _int_or_none(v)
-    if n is None:
-        return 154
-    if n > 154 and not _truthy(ctx.values.get("i_know_what_i_am_doing")):
-        return 154
-    return n
-
-
-def _st_padding(v: Any, ctx: Context) -> Any:
-    return v == "zero"
-
-
-def _st_padding_back(p: Any, ctx: Context) -> Any:
-    return "zero" if p else REMOVE
-
-
-def _st_flux_len(v: Any, ctx: Context) -> Any:
-    # SimpleTuner Flux check_user_config: forces 512, then 256 when model_flavour == "schnell".
-    return 256 if ctx.values.get("model_flavour") == "schnell" else 512
-
-
-def _ot_nullable_len(v: Any, ctx: Context) -> Any:
-    # OneTrainer Flux: null -> tokenizer_2.model_max_length (512 for the T5-XXL tokenizer).
-    n = _int_or_none(v)
-    return 512 if n is None else n
-
-
-def _st_aura_len(v: Any, ctx: Context) -> Any:
-    # SimpleTuner AuraFlow check_user_config: unset/0 = 120 (pony: 768), capped there unless i_know_what_i_am_doing.
-    cap = 768 if ctx.values.get("model_flavour") == "pony" else 120
-    n = _int_or_none(v)
-    if not n:
-        return cap
-    if n > cap and not _truthy(ctx.values.get("i_know_what_i_am_doing")):
-        return cap
-    return n
-
-
-#: What SimpleTuner passes as Sana's instruction when the key is unset (its own text, not the pipeline's).
-ST_SANA_DEFAULT = "SimpleTuner's own 10-line instruction (field_registry/sana.py:14-27)"
-
-
-def _st_sana_instruction(v: Any, ctx: Context) -> Any:
-    # SimpleTuner _normalize_sana_complex_instruction: a list or text -> non-empty lines, each stripped;
-    # the pipeline joins them with "\n". None/"None"/"" -> no instruction.
-    if v is None:
-        return ST_SANA_DEFAULT
-    if isinstance(v, list):
-        lines = [str(x).strip() for x in v if x not in (None, "", "None") and str(x).strip()]
-    elif isinstance(v, str):
-        if v.strip() in ("", "None"):
-            return None
-        lines = [line.strip() for line in v.splitlines() if line.strip()]
-    else:
-        return v
-    return "\n".join(lines) if lines else None
-
-
-def _aitk_pixart_len(v: Any, ctx: Context) -> Any:
-    # ai-toolkit: arch pixart -> 300 if is_pixart_sigma else 120; arch pixart_sigma -> the generic T5 branch's 256.
-    if ctx.values.get("model._pixart_route") == "pixart_sigma":
-        return 256
-    return 300 if _truthy(v) else 120
-
-
-def _aitk_pixart_len_back(p: Any, ctx: Context) -> Any:
-    if p == 300:
-        return True
-    raise LookupError
-
-
-def _aitk_pixart_zero(v: Any, ctx: Context) -> Any:
-    return ctx.values.get("model._pixart_route") == "pixart_sigma"
-
-
-def _aitk_pixart_denoiser(v: Any, ctx: Context) -> Any:
-    return ctx.values.get("model._pixart_route") != "pixart_sigma"
 
 
 def _bool(v: Any, ctx: Context) -> Any:
@@ -243,50 +124,41 @@ def _truthy(v: Any) -> bool:
     return bool(v)
 
 
-def _unsettable(p: Any, ctx: Context) -> Any:
+def unsettable(p: Any, ctx: Context) -> Any:
+    """A back-converter for values no config key can set."""
     raise LookupError
 
 
-_OT_LAST = _ot_skip(-1)
-_OT_PENULT = _ot_skip(-2)
-
-#: name -> (trainer value -> profile value, profile value -> trainer value or REMOVE; LookupError = no value works)
-CONVERTERS: dict[str, tuple[Callable[[Any, Context], Any], Callable[[Any, Context], Any]]] = {
-    "same": (_same, _same),
-    "bool": (_bool, _bool_back),
-    "sd_clip_skip": (_sd_clip_skip, _sd_clip_skip_back),
-    "sd_tokens": (_sd_tokens, _sd_tokens_back),
-    "nonempty": (_nonempty, _nonempty_back),
-    "ot_skip_last": _OT_LAST,
-    "ot_skip_penultimate": _OT_PENULT,
-    "st_sd3_len": (_st_sd3_len, _same),
-    "st_padding": (_st_padding, _st_padding_back),
-    "st_flux_len": (_st_flux_len, _unsettable),
-    "ot_nullable_len": (_ot_nullable_len, _same),
-    "aitk_pixart_len": (_aitk_pixart_len, _aitk_pixart_len_back),
-    "aitk_pixart_zero": (_aitk_pixart_zero, _bool_back),
-    "aitk_pixart_denoiser": (_aitk_pixart_denoiser, _bool_back),
-    "st_aura_len": (_st_aura_len, _same),
-    "st_sana_instruction": (_st_sana_instruction, _unsettable),
+#: name -> converter. The shared ones are here; a trainer's own register themselves from its reader
+#: (:func:`register`) when the reader is imported, before any of its rules is evaluated.
+CONVERTERS: dict[str, Converter] = {
+    "same": Converter(_same, _same),
+    "bool": Converter(_bool, _bool_back, "bool"),
+    "nonempty": Converter(_nonempty, _nonempty_back, "str"),
 }
 
 
+def register(name: str, to: Callable[[Any, Context], Any], back: Callable[[Any, Context], Any] = unsettable,
+             kind: str | None = None) -> None:
+    """Add a trainer's converter (the first registration of a name wins; the same one again is a no-op)."""
+    CONVERTERS.setdefault(name, Converter(to, back, kind))
+
+
+# Kept for the readers' converters: a trainer value that names no number.
+int_or_none = _int_or_none
+truthy = _truthy
+bool_back = _bool_back
+
+
 # ------------------------------------------------------------------------------------ value types
-_INT_CONVERTERS = {"sd_clip_skip", "sd_tokens", "ot_skip_last", "ot_skip_penultimate", "st_sd3_len", "ot_nullable_len",
-                   "st_aura_len"}
 _TRUE_FALSE = ("1", "0", "true", "false", "yes", "no", "on", "off")
 
 
 def expected_type(rule: Rule, profile_name: str) -> str | None:
     """What a rule's config value must be: ``int``, ``bool``, ``fraction`` (0..1), ``str``, ``choice:a,b`` or None."""
-    if rule.convert in _INT_CONVERTERS:
-        return "int"
-    if rule.convert in ("bool", "aitk_pixart_len", "aitk_pixart_zero", "aitk_pixart_denoiser"):
-        return "bool"
-    if rule.convert == "nonempty":
-        return "str"
-    if rule.convert == "st_padding":
-        return "choice:unmodified,zero"
+    conv = CONVERTERS[rule.convert]
+    if conv.kind is not None:
+        return conv.kind
     if rule.convert != "same":
         return None
     d = rule.default_for(profile_name)
@@ -357,7 +229,7 @@ class Trainer:
     fix_set: Callable[[str, Any], str]
     fix_remove: Callable[[str], str]
     key_line: Callable[[str], int | None] = lambda key: None
-    #: What "no key can fix this" says for this trainer (te-align patches sd-scripts and ai-toolkit only).
+    #: What "no key can fix this" says for this trainer (its reader knows whether te-align patches it).
     not_settable: str = NOT_SETTABLE
 
 
@@ -369,7 +241,12 @@ def _same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-_TRAINER_SOURCE = re.compile(r"trainer choice|onetrainer|simpletuner|ai-toolkit|sd-scripts|kohya", re.I)
+def _trainer_source(text: str) -> bool:
+    """Whether a provenance source names a trainer (a "trainer choice", or a trainer of the registry)."""
+    from te_align.trainers import source_words
+
+    low = text.lower()
+    return "trainer choice" in low or any(w in low for w in source_words())
 
 
 def _severity(profile: Any, path: str, effective: Any) -> str:
@@ -377,7 +254,7 @@ def _severity(profile: Any, path: str, effective: Any) -> str:
     as an alternative (FLUX.1 schnell at 512: the diffusers default); ``error`` otherwise."""
     pv = profile.provenance_of(f"slots.{path}")
     if pv is not None and any(
-        _same_value(_plain(a.value), effective) and not _TRAINER_SOURCE.search(a.source) for a in pv.alternatives
+        _same_value(_plain(a.value), effective) and not _trainer_source(a.source) for a in pv.alternatives
     ):
         return "warning"
     return "error"
@@ -400,7 +277,8 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
             continue
         if rule.path is not None and rule.path.split(".", 1)[0] not in slots:
             continue
-        to_profile, to_trainer = CONVERTERS[rule.convert]
+        conv = CONVERTERS[rule.convert]
+        to_profile, to_trainer = conv.to, conv.back
         present = rule.key is not None and rule.key in ctx.values
         default = rule.default_for(profile.name)
         raw = ctx.values[rule.key] if present and rule.key is not None else default

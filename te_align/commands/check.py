@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-TRAINER_CHOICES = ("auto", "kohya", "kohya-gui", "ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples")
+
+def trainer_choices() -> tuple[str, ...]:
+    """``auto`` and every config language of the trainer registry."""
+    from te_align.audit.readers import trainers
+
+    return ("auto", *trainers())
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trainer", choices=TRAINER_CHOICES, default="auto",
+    p.add_argument("--trainer", choices=trainer_choices(), default="auto",
                    help="which trainer reads the config (default: tell from the file's shape)")
     p.add_argument("--profile", metavar="NAME", help="compare with this profile instead of the one for the detected family")
     p.add_argument("--json", action="store_true", help="machine-readable findings")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value of the profile checked against (repeatable), e.g. t5_max_length=512")
     p.add_argument("--cache-dir", metavar="DIR", help="also read cached text-encoder files here and flag stale ones")
     p.add_argument("--dataset", metavar="DIR", action="append", default=[],
                    help="caption folder (repeatable): count the captions a deviation affects (CLIP-G '!', Qwen over "
                         "512 tokens); the config's own data folders are read too")
+    p.add_argument("--for", dest="for_tool", metavar="TOOL", choices=("comfyui", "forge", "diffusers"),
+                   help="also say where sampling in comfyui, forge or diffusers gives other conditioning than this "
+                        "training (notes; the exit code is unchanged)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,19 +42,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "check",
         help="audit trainer configs against the model's alignment profile "
              "(exit 0 aligned, 1 deviations, 2 unreadable, 3 not checked)",
-        description="Read sd-scripts TOML, kohya_ss GUI JSON, ai-toolkit YAML, SimpleTuner config.json/.toml or "
-                    "OneTrainer JSON, or a diffusers example script's command line (`accelerate launch "
-                    "train_dreambooth_lora_sd3.py ARGS` in a .sh/.txt/.bat file, or after `--` with no CONFIG); work out the model family and the trainer's effective text-encoder settings; "
-                    "compare them with the alignment profile. Extra sd-scripts CLI args (and the script name) go "
+        description=f"Read {_reads()} (`accelerate launch SCRIPT ARGS` in a .sh/.txt/.bat file, or after `--` "
+                    "with no CONFIG); "
+                    "work out the model family and the trainer's effective text-encoder settings; "
+                    "compare them with the alignment profile. Extra CLI args (and the script name) go "
                     "after `--`. Exit codes: 0 aligned (rules for this trainer and family ran and passed), "
                     "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
                     "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
-        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--json] [--cache-dir DIR] "
-              "[--dataset DIR] [-- EXTRA_ARGS]\n       te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
+        usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--set KEY=VALUE] [--json] "
+              "[--cache-dir DIR] [--dataset DIR] [-- EXTRA_ARGS]\n       te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
     )
     _options(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
     p.set_defaults(func=cmd_check)
+
+
+def _reads() -> str:
+    from te_align.trainers import dialects
+
+    reads = [d.reads for d, _ in dialects()]
+    return ", ".join(reads[:-1]) + f" or {reads[-1]}" if len(reads) > 1 else "".join(reads)
 
 
 def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
@@ -58,36 +76,69 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     ns = inner.parse_args(rest)
     if not ns.configs and not extra:
         inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
-    for name in ("trainer", "profile", "json", "cache_dir"):
+    for name in ("trainer", "profile", "json", "cache_dir", "for_tool"):
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
     ns.dataset = list(getattr(args, "dataset", []) or []) + list(ns.dataset)
+    ns.set = list(getattr(args, "set", []) or []) + list(ns.set)
     return ns, extra
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from te_align.audit import check_files, exit_code
+    from te_align.profiles.overrides import parse_set
 
     ns, extra = _split(args)
-    if not ns.configs:  # te-align check -- accelerate launch train_dreambooth_lora_sd3.py ARGS (diffusers scripts)
+    overrides = parse_set(ns.set)
+    if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
         from te_align.audit import check_file
 
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
-                              dataset=ns.dataset, command=extra)]
+                              dataset=ns.dataset, command=extra, overrides=overrides)]
     else:
         results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
-                              dataset=ns.dataset)
+                              dataset=ns.dataset, overrides=overrides)
     code = exit_code(results)
+    notes = [_inference(r, ns.for_tool) for r in results]
     if ns.json:
-        print(json.dumps({"exit_code": code, "results": [r.to_dict() for r in results]}, indent=2, ensure_ascii=False,
-                         default=str))
+        dicts = [r.to_dict() for r in results]
+        if ns.for_tool:
+            for d, n in zip(dicts, notes, strict=True):
+                d["inference"] = {"tool": ns.for_tool, "notes": [x.to_dict() for x in n]}
+        print(json.dumps({"exit_code": code, "results": dicts}, indent=2, ensure_ascii=False, default=str))
         return code
     for i, r in enumerate(results):
         if i:
             print()
         _print_result(r)
+        if ns.for_tool and r.profile is not None:
+            _print_inference(ns.for_tool, notes[i])
     return code
+
+
+def _inference(r: Any, tool: str | None) -> list[Any]:
+    """``--for TOOL``: the inference notes for a checked result (none without a profile)."""
+    if not tool or r.profile is None:
+        return []
+    from te_align.integrations.targets import inference_notes
+    from te_align.profiles import profile
+
+    return inference_notes(profile(r.profile), tool, r.effective or {})
+
+
+def _print_inference(tool: str, notes: list[Any]) -> None:
+    from te_align.integrations.targets import TOOLS
+
+    if not notes:
+        print(f"  sampling in {TOOLS[tool]}: conditioning as trained (no known difference)")
+        return
+    print(f"  sampling in {TOOLS[tool]}:")
+    for n in notes:
+        print(f"  note     {n.message}" + (f", unless you {n.fix}" if n.fix and n.setting != "prompt syntax" else ""))
+        if n.fix and n.setting == "prompt syntax":
+            print(f"  {'':<9}  {n.fix}")
+        print(f"  {'':<9}  source: {n.source}")
 
 
 def _fmt(v: Any) -> str:
@@ -110,21 +161,28 @@ def _clip(s: str, n: int) -> str:
 
 
 def _print_result(r: Any) -> None:
-    syntax = [f for f in r.findings if f.kind == "syntax"]
-    if syntax:
-        for f in syntax:
-            print(f"{f.message}")
+    # unreadable input (a file that cannot be read or parsed, a value of the wrong type): one line each on stderr,
+    # with the prefix every te-align command uses for errors; the rest of the report stays on stdout
+    for f in r.findings:
+        if f.kind in ("syntax", "wrong-value"):
+            print(f"te-align: error: {f.message}", file=sys.stderr)
+    if any(f.kind == "syntax" for f in r.findings):
         return
     if r.status in ("not-checked", "not-training") and r.profile is None:
         print(f"{r.file}: {r.trainer or '-'} · {r.reason}")
     else:
-        print(f"{r.file}: {r.trainer} · profile {r.profile} ({r.family_reason})")
+        given = "".join(f", {k}={_fmt(v)}" for k, v in r.overrides.items())
+        print(f"{r.file}: {r.trainer} · profile {r.profile}{' with --set ' + given[2:] if given else ''} "
+              f"({r.family_reason})")
     table = [f for f in r.findings if f.kind == "deviation"]
-    others = [f for f in r.findings if f.kind not in ("deviation", "not-checked")]
-    if r.exit_code == 0 and not table and not others:
+    others = [f for f in r.findings if f.kind not in ("deviation", "not-checked", "wrong-value")]
+    if r.exit_code == 0 and r.assumed:
+        print(f"  aligned if the model is {r.profile} (assumed, see the note): {len(r.rules_ran)} rule(s) for "
+              f"{r.trainer}/{r.profile} ran; no error or warning")
+    elif r.exit_code == 0 and not table and not others:
         print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran and every one matches the profile")
         return
-    if r.exit_code == 0:
+    elif r.exit_code == 0:
         print(f"  aligned: {len(r.rules_ran)} rule(s) for {r.trainer}/{r.profile} ran; no error or warning, "
               "but these notes:")
     if table:

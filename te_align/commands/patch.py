@@ -8,9 +8,13 @@ import json
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("patch", help="install te-align's drop-in scripts into a trainer folder (a transaction)")
-    p.add_argument("path", help="kohya_ss GUI folder, sd-scripts checkout, ai-toolkit or SimpleTuner folder")
+    from te_align.trainers import specs
+
+    patched = [s for s in specs() if s.patch]
+    p.add_argument("path", help=", ".join(s.patch_path for s in patched))
     p.add_argument("--profile", help="profile name to pin (default: chosen per run from the model trained)")
-    p.add_argument("--trainer", default="auto", help="auto (default), kohya, ai-toolkit, onetrainer or simpletuner")
+    p.add_argument("--trainer", default="auto",
+                   help="auto (default), " + ", ".join(s.name for s in patched[:-1]) + f" or {patched[-1].name}")
     p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     p.add_argument("--replan", action="store_true", help="accept patched files that changed since (e.g. after git pull)")
     p.set_defaults(func=cmd_patch)

@@ -12,20 +12,23 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from te_align.trainers import specs
+
+    probed = [s for s in specs() if s.probe]
+    where = "; ".join(f"{s.name}: {s.probe_path}" for s in probed)
+    listed = ", ".join(s.name for s in probed[:-1]) + f" or {probed[-1].name}"
+    found = ", ".join(f"${s.env_dir}" for s in probed if s.env_dir)
     p = sub.add_parser(
         "probe",
         help="run a trainer's real prompt encoding on tiny models and measure how it differs from the profile",
-        description="Import the trainer's real encoding code (ai-toolkit: the installed ostris-ai-toolkit package or "
-                    "a checkout at --path; kohya: an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR; simpletuner: a "
-                    "checkout at --path or $TE_ALIGN_SIMPLETUNER_DIR, or the installed package; diffusers-examples: a "
-                    "diffusers checkout at --path or $TE_ALIGN_DIFFUSERS_EXAMPLES_DIR), run it and "
+        description=f"Import the trainer's real encoding code ({where}), run it and "
                     "te_align.encode on the same tiny random-weight encoders over the standard prompt suite, and "
                     "report per output tensor: shapes, max abs difference, mean cosine similarity, prompts that "
                     "differ. Exit 0 identical, 1 differs, 2 bad input.",
     )
     p.add_argument("--trainer", required=True, metavar="T",
-                   help="ai-toolkit, kohya, simpletuner, onetrainer or diffusers-examples")
-    p.add_argument("--path", metavar="INSTALL", help="the trainer's checkout or package folder (ai-toolkit: default the installed package)")
+                   help=listed)
+    p.add_argument("--path", metavar="INSTALL", help="the trainer's checkout or package folder (default: its environment variable, or the installed package)")
     p.add_argument("--profile", required=True, metavar="NAME", help="bundled profile name or alias")
     p.add_argument("--hooks", action="store_true", help="measure with te-align's hooks for the trainer installed")
     p.add_argument("--json", action="store_true", help="machine-readable result")
@@ -34,14 +37,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser(
         "matrix",
         help="probe every trainer found x every family it supports, with and without te-align's hooks",
-        description="Trainers: an sd-scripts checkout in $TE_ALIGN_KOHYA_DIR, ai-toolkit as the installed "
-                    "ostris-ai-toolkit package and/or a checkout in $TE_ALIGN_AI_TOOLKIT_DIR, SimpleTuner in "
-                    "$TE_ALIGN_SIMPLETUNER_DIR or installed, the diffusers example scripts in "
-                    "$TE_ALIGN_DIFFUSERS_EXAMPLES_DIR. Writes a markdown table (to --out atomically, else to stdout).",
+        description=f"Trainers: the checkouts named by {found}, and installed packages where a trainer has one. "
+                    "Writes a markdown table (to --out atomically, else to stdout).",
     )
     m.add_argument("--out", metavar="FILE", help="write the markdown table here (e.g. matrix.md)")
     m.add_argument("--profile", action="append", metavar="NAME", help="only these profiles (repeatable)")
     m.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    m.add_argument("--inference", action="store_true",
+                   help="the inference matrix instead: diffusers pipelines, ComfyUI stock, ComfyUI + te-align node, "
+                        "Forge (ComfyUI from $TE_ALIGN_COMFYUI_DIR, Forge from $TE_ALIGN_FORGE_DIR)")
     m.set_defaults(func=cmd_matrix)
 
 
@@ -91,6 +95,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
+    if getattr(args, "inference", False):
+        from te_align.integrations.matrix import inference_matrix
+
+        text = inference_matrix()
+        if args.out:
+            from pathlib import Path
+
+            Path(args.out).write_text(text, encoding="utf-8")
+            print(f"te-align matrix --inference: written to {args.out}")
+        else:
+            print(text, end="")
+        return 0
     from te_align.probe.matrix import run_matrix
 
     m = run_matrix(profiles=args.profile, out=args.out)

@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     show = ps.add_parser("show", help="show every value of a profile with its source")
     show.add_argument("name", help="bundled name or alias, profile file, model folder, checkpoint or hub repo id")
-    show.add_argument("--json", action="store_true", help="the whole profile as JSON")
+    show.add_argument("--json", action="store_true",
+                      help="the whole profile as JSON (a profile file: --profile FILE reads it back)")
     show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a value (repeatable), e.g. t5_max_length=512")
     show.set_defaults(func=cmd_show)
 
@@ -37,24 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; values are read as TOML scalars (512, true, "text"), else as strings."""
-    import tomllib
+    """``KEY=VALUE`` pairs (see :func:`te_align.profiles.overrides.parse_set`)."""
+    from te_align.profiles.overrides import parse_set as parse
 
-    from te_align.errors import ProfileError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ProfileError(f"expected KEY=VALUE, got {item!r}", key="--set")
-        try:
-            value = tomllib.loads(f"v = {raw.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw.strip()
-        except RecursionError:
-            raise ProfileError(f"the value of {key.strip()} is nested too deeply", key="--set") from None
-        out[key.strip()] = value
-    return out
+    return parse(items)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -68,9 +55,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    w = max(len(r["name"]) for r in rows)
-    for r in rows:
-        print(f"{r['name']:<{w}}  {r['family']:<10} {'+'.join(r['slots']):<22} {r['repo']}")
+    table = [("NAME", "FAMILY", "ENCODERS", "REPO")]
+    table += [(r["name"], r["family"], "+".join(r["slots"]), r["repo"]) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row[:3], widths, strict=True)) + f"  {row[3]}")
     return 0
 
 
@@ -89,9 +78,9 @@ def _clip(s: str, n: int) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from te_align.profiles import profile
+    from te_align.profiles.overrides import resolve
 
-    p = profile(args.name, **parse_set(args.set))
+    p = resolve(args.name, ("--set", parse_set(args.set)))
     if args.json:
         data = p.to_dict()
         data["fingerprint"] = p.fingerprint()

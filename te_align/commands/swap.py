@@ -41,27 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _overrides(items: list[str]) -> dict[str, object]:
-    from te_align.errors import TeAlignError
+    from te_align.profiles.overrides import parse_set
 
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise TeAlignError(f"expected KEY=VALUE, got {item!r}", key="--override")
-        text = value.strip()
-        parsed: object = text
-        if text.lower() in ("true", "false"):
-            parsed = text.lower() == "true"
-        else:
-            try:
-                parsed = int(text)
-            except ValueError:
-                try:
-                    parsed = float(text)
-                except ValueError:
-                    parsed = text
-        out[key.strip()] = parsed
-    return out
+    return parse_set(items, origin="--override")
 
 
 def _captions(path: str | None) -> list[str] | None:

@@ -237,7 +237,8 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
     try:
         if old_side is not None:
             tokenizer.padding_side = t.padding_side
-        kwargs: dict[str, Any] = {"add_special_tokens": t.add_special_tokens, "return_tensors": "pt"}
+        # lists, made into tensors below: transformers' return_tensors="pt" walks the nested lists in Python first
+        kwargs: dict[str, Any] = {"add_special_tokens": t.add_special_tokens}
         if t.truncation:
             kwargs.update(truncation=True, max_length=length)
             kwargs["padding"] = "max_length" if t.padding == "max_length" else True
@@ -247,10 +248,9 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
     finally:
         if old_side is not None:
             tokenizer.padding_side = old_side
-    ids = enc["input_ids"]
+    ids = torch.tensor(enc["input_ids"], dtype=torch.long)
     mask = enc.get("attention_mask")
-    if mask is None:
-        mask = torch.ones_like(ids)
+    mask = torch.ones_like(ids) if mask is None else torch.tensor(mask, dtype=torch.long)
     floor = max(t.min_length or 0, length if (t.padding == "max_length" and not t.truncation) else 0)
     if ids.shape[1] < floor:
         pad_id = pad_id_of(slot, tokenizer)

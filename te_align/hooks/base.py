@@ -1,14 +1,20 @@
-"""The shared machinery of runtime hooks: declared targets, all-or-nothing install, clean uninstall.
+"""The one hook lifecycle: declared targets, verify, wrap all-or-nothing, uninstall; settings from the environment.
 
-Modelled on OpenTelemetry's instrumentors. A hook (one per trainer) declares every function or method
-it replaces as a :class:`Target` (module path, qualified name, expected parameter names, and the
-wrapper factory that builds its replacement from the original), and the trainer versions it was
-verified with as data (:attr:`Hook.supported`). ``install``
-first resolves and checks *every* target; if one is missing or its signature changed it refuses with
-one message naming each problem and the detected trainer version, and changes nothing. Only then are
-the replacements applied; a failure half-way restores what was already replaced. ``uninstall``
-restores the originals. Both are idempotent. ``TE_ALIGN=off`` in the environment makes ``install`` a
-logged no-op, which is how A/B runs get the trainer's unmodified behaviour.
+Modelled on OpenTelemetry's instrumentors. A trainer's hook (``te_align/trainers/<trainer>/hooks``) supplies only
+its targets and wrappers: every function or method it replaces is a :class:`Target` (module path, qualified
+name, expected parameter names, and the wrapper factory that builds its replacement from the original), and the
+trainer versions it was verified with are data (:attr:`Hook.supported`). Everything else is here, once:
+
+* :func:`settings` reads what the user asked for: the profile (an argument, else ``TE_ALIGN_PROFILE``, else
+  each model's own) and the overrides (``TE_ALIGN_OVERRIDES`` under the arguments), resolved by the one way in
+  (:mod:`te_align.profiles.overrides`), so every trainer's hooks read the same variables the same way;
+* :class:`Lifecycle` is a trainer's one installed hook in the process: ``install`` logs and returns False under
+  ``TE_ALIGN=off`` (how A/B runs get the trainer's unmodified behaviour), validates the settings before touching
+  anything, is idempotent (the same options again: the new settings, no re-wrapping), logs what is active and
+  the user's overrides once; ``uninstall`` restores every original;
+* :meth:`Hook.install` resolves and checks *every* target first; if one is missing or its signature changed it
+  refuses with one message naming each problem and the detected trainer version, and changes nothing. Only then
+  are the replacements applied; a failure half-way restores what was already replaced.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ logger = logging.getLogger("te_align")
 
 
 def log_to_console() -> None:
-    """Make te-align's INFO lines visible in a trainer that sets up no logging (ai-toolkit): a stdout handler
+    """Make te-align's INFO lines visible in a trainer that sets up no logging: a stdout handler
     on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent)."""
     if logger.handlers or logging.getLogger().handlers:
         return
@@ -42,8 +48,10 @@ def log_to_console() -> None:
 
 #: Environment switch: any of :data:`OFF_WORDS` disables every hook.
 ENV_SWITCH = "TE_ALIGN"
-#: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
+#: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``), and the profile
+#: (te_align.profiles.overrides reads both).
 ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
+ENV_PROFILE = "TE_ALIGN_PROFILE"
 #: The values of ``TE_ALIGN`` (case and surrounding spaces ignored) that turn te-align off: the one list,
 #: also written into the drop-in scripts ``te-align patch`` installs (they must decide before importing te-align).
 OFF_WORDS: tuple[str, ...] = ("off", "0", "false", "no", "disabled")
@@ -55,18 +63,13 @@ class HookError(TeAlignError):
 
 def env_overrides() -> dict[str, Any]:
     """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`HookError` line."""
-    import json
+    from te_align.errors import ProfileError
+    from te_align.profiles.overrides import env_overrides as read
 
-    raw = os.environ.get(ENV_OVERRIDES, "").strip()
-    if not raw:
-        return {}
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise HookError(f"{ENV_OVERRIDES} is not valid JSON ({e.msg}); expected an object such as '{{\"t5_max_length\": 512}}'") from None
-    if not isinstance(data, dict):
-        raise HookError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
-    return data
+        return read()
+    except ProfileError as e:
+        raise HookError(e.message) from None
 
 
 def hooks_disabled() -> bool:
@@ -248,3 +251,205 @@ class Hook:
             for r in reversed(self.installed):
                 r.restore()
             self.installed = []
+
+    # -- settings (set by Lifecycle before install; a hook reads its profiles through them) ---------------
+    def configure(self, settings: Settings) -> None:
+        """Take the user's settings (called before :meth:`install`, and again when they change while installed).
+
+        A hook that keeps per-run state (cached profiles, logged lines) resets it here."""
+        self.__dict__["settings"] = settings
+
+    @property
+    def user(self) -> Settings:
+        """The settings :class:`Lifecycle` gave this hook (the environment's, when used on its own)."""
+        found = self.__dict__.get("settings")
+        if found is None:
+            found = settings()
+            self.__dict__["settings"] = found
+        return found
+
+
+# ------------------------------------------------------------------------------------------ settings
+class Settings:
+    """What the user asked a trainer's hooks for: a profile source (None: each model's own, chosen by the hook)
+    and profile overrides, in layers (``TE_ALIGN_OVERRIDES`` first, explicit ones over it).
+
+    :meth:`profile` resolves a source plus the overrides through the one way in
+    (:func:`te_align.profiles.overrides.resolve`), once per source."""
+
+    def __init__(self, profile: Any = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
+        from te_align.profiles.overrides import merge
+
+        self.source = profile
+        self.layers = tuple((o, dict(m)) for o, m in layers if m)
+        self.overrides, self.origins = merge(*self.layers)
+        self._cache: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def profile(self, default: Any = None) -> Any:
+        """The profile: the user's source (else ``default``, the hook's choice for the model) with the overrides."""
+        from te_align.profiles.overrides import resolve
+
+        source = self.source if self.source is not None else default
+        if source is None:
+            raise HookError(f"te-align: no profile for this call; set {ENV_PROFILE} or pass profile=")
+        key = source if isinstance(source, str) else id(source)
+        with self._lock:
+            found = self._cache.get(key)
+        if found is None:
+            found = resolve(source, *self.layers)
+            with self._lock:
+                self._cache[key] = found
+        return found
+
+    def describe(self) -> str:
+        """The overrides as one log line (``{"t5_max_length": 512}``), with where each came from."""
+        import json
+
+        return json.dumps(self.overrides, sort_keys=True, default=str) + "".join(
+            f" [{o}]" for o in dict.fromkeys(self.origins.values()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Settings):
+            return NotImplemented
+        same = self.source is other.source or (isinstance(self.source, str) and self.source == other.source)
+        return same and self.layers == other.layers
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def settings(profile: Any = None, overrides: Mapping[str, Any] | None = None, *, origin: str = "install()",
+             environ: Mapping[str, str] | None = None) -> Settings:
+    """The one reading of the environment for every trainer's hooks: ``profile`` (else ``TE_ALIGN_PROFILE``) and
+    ``overrides`` over ``TE_ALIGN_OVERRIDES``. A named profile and the overrides are validated now, so a mistake
+    is one :class:`HookError` line before anything is installed."""
+    from te_align.errors import ProfileError
+    from te_align.profiles import AlignmentProfile
+    from te_align.profiles.overrides import env_overrides as read_env
+    from te_align.profiles.overrides import env_profile
+
+    try:
+        env = read_env(environ)
+    except ProfileError as e:
+        raise HookError(e.message) from None
+    source = profile if profile is not None else env_profile(environ)
+    if source is not None and not isinstance(source, (str, AlignmentProfile)):
+        raise HookError(f"profile must be a name or an AlignmentProfile, got {type(source).__name__}")
+    made = Settings(source, ((ENV_OVERRIDES, env), (origin, dict(overrides or {}))))
+    if source is not None:
+        made.profile()  # fail early with the registry's or the validator's message
+    return made
+
+
+# ------------------------------------------------------------------------------------------ lifecycle
+class Lifecycle:
+    """A trainer's one installed hook in this process (module-level ``install`` / ``uninstall`` use it).
+
+    ``build(**options)`` makes the trainer's :class:`Hook`; ``console`` (optional) makes te-align's lines
+    visible in trainers that configure no logging; ``check`` (optional) refuses trainer-specific override keys."""
+
+    def __init__(self, trainer: str, build: Callable[..., Hook], *, console: Callable[[], None] | None = None,
+                 check: Callable[[Mapping[str, Any]], Any] | None = None, runs: str = "") -> None:  # fmt: skip
+        self.trainer = trainer
+        self.runs = runs or trainer
+        self.build = build
+        self.console = console
+        self.check = check
+        self.hook: Hook | None = None
+        self.options: dict[str, Any] = {}
+        self.lock = threading.RLock()
+
+    def install(self, profile: Any = None, overrides: Mapping[str, Any] | None = None, *,
+                environ: Mapping[str, str] | None = None, **options: Any) -> bool:  # fmt: skip
+        """Install the trainer's hook (every target or none). False under ``TE_ALIGN=off``.
+
+        Installed already with the same ``options``: takes the new settings and returns True (nothing is wrapped
+        twice); with other options: uninstalls first."""
+        if self.console is not None:
+            self.console()
+        if hooks_disabled():
+            logger.info("te-align: %s hooks disabled by %s=%s; %s runs unmodified", self.trainer, ENV_SWITCH,
+                        os.environ.get(ENV_SWITCH), self.runs)  # fmt: skip
+            return False
+        if self.check is not None:
+            self.check({**env_overrides(), **dict(overrides or {})})
+        user = settings(profile, overrides, environ=environ)
+        with self.lock:
+            hook = self.hook
+            if hook is not None and hook.is_installed and options == self.options:
+                if user != hook.user:
+                    hook.configure(user)
+                return True
+            if hook is not None:
+                hook.uninstall()
+                self.hook = None
+            hook = self.build(**options)
+            hook.configure(user)
+            hook.install()
+            self.hook, self.options = hook, dict(options)
+        logger.info("te-align: %s hooks active (%s)", self.trainer, type(hook).supported_versions())
+        if user.overrides:
+            logger.info("te-align: user overrides for %s: %s", self.trainer, user.describe())
+        return True
+
+    def uninstall(self) -> None:
+        """Restore every replaced function (idempotent)."""
+        with self.lock:
+            if self.hook is not None:
+                self.hook.uninstall()
+            self.hook, self.options = None, {}
+
+    def is_installed(self) -> bool:
+        return self.hook is not None and self.hook.is_installed
+
+    def current(self) -> Hook | None:
+        return self.hook
+
+
+# ------------------------------------------------------------------------------------------ activation
+class _AfterImport:
+    """A ``sys.meta_path`` finder that runs callbacks right after a module's first import (see :func:`after_import`)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, list[Callable[[], None]]] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.util
+        import sys
+
+        if fullname not in self.waiting:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        original_exec = loader.exec_module  # type: ignore[union-attr]
+        callbacks = self.waiting.pop(fullname)
+
+        def exec_module(module: Any) -> None:
+            original_exec(module)
+            for callback in callbacks:
+                callback()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
+        return spec
+
+
+_AFTER = _AfterImport()
+
+
+def after_import(module: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` right after ``module`` is imported for the first time (now, when it already is): how a
+    trainer's hooks install in its own process exactly when their target module exists, without importing it early."""
+    import sys
+
+    if module in sys.modules:
+        callback()
+        return
+    _AFTER.waiting.setdefault(module, []).append(callback)
+    if _AFTER not in sys.meta_path:
+        sys.meta_path.insert(0, _AFTER)

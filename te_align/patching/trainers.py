@@ -1,17 +1,16 @@
-"""Registry of trainer planners for on-disk patching.
+"""Dispatch of on-disk patching to the trainers' planners (the ``patch`` part of a trainer folder).
 
-Each trainer module (``te_align.patching.<name>``) exposes::
+Each trainer's ``patch`` module (:mod:`te_align.trainers`) exposes::
 
     detect(path: Path) -> Detection | None    # is this an installation of mine? which layout/version?
     plan(detection: Detection, profile: str | None) -> Plan
 
-``te-align patch PATH`` asks every registered module (or the one named with ``--trainer``) and
-patches with the first that recognises PATH.
+``te-align patch PATH`` asks every trainer that has one (or the one named with ``--trainer``), in the
+registry's order, and patches with the first that recognises PATH.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,21 +18,13 @@ from types import ModuleType
 
 from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan, lock, recover
 
-#: trainer name -> module implementing detect()/plan()
-PLANNERS: dict[str, str] = {
-    "kohya": "te_align.patching.kohya",
-    "ai-toolkit": "te_align.patching.ai_toolkit",
-    "onetrainer": "te_align.patching.onetrainer",
-    "simpletuner": "te_align.patching.simpletuner",
-}
-
 
 @dataclass(frozen=True)
 class Detection:
     """What a planner found at a path."""
 
     trainer: str
-    #: The folder that is patched (e.g. the sd-scripts submodule inside a kohya_ss GUI folder).
+    #: The folder that is patched (may be a sub-folder of the path given, e.g. a submodule the trainer runs).
     root: Path
     layout: str
     version: str
@@ -41,12 +32,16 @@ class Detection:
 
 
 def _module(name: str) -> ModuleType:
-    return importlib.import_module(PLANNERS[name])
+    from te_align.trainers import get
+
+    return get(name).part("patch")
 
 
 def available() -> list[str]:
-    """The trainers ``te-align patch`` can patch."""
-    return list(PLANNERS)
+    """The trainers ``te-align patch`` can patch (the registry's trainers with a ``patch`` part)."""
+    from te_align.trainers import names
+
+    return list(names("patch"))
 
 
 def detect(path: str | Path, trainer: str = "auto") -> Detection:
@@ -56,9 +51,11 @@ def detect(path: str | Path, trainer: str = "auto") -> Detection:
         raise PatchError(f"no such folder: {p}")
     if not p.is_dir():
         raise PatchError(f"not a folder: {p} (give the trainer's folder)")
-    names = available() if trainer == "auto" else [trainer]
-    if trainer != "auto" and trainer not in PLANNERS:
-        raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(PLANNERS)}")
+    from te_align.trainers import lookup
+
+    if trainer != "auto" and lookup(trainer, "patch") is None:
+        raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(available())}")
+    names = available() if trainer == "auto" else [lookup(trainer, "patch").name]  # type: ignore[union-attr]
     for name in names:
         found = _module(name).detect(p)
         if found is not None:

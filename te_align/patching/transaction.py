@@ -924,8 +924,8 @@ def revert(root: str | Path, *, keep_changed: bool = False) -> list[str]:
 
     A patched file that changed since is not overwritten: the call refuses, unless ``keep_changed``
     (then that file is left as it is now and only the others are restored). ``keep_changed`` never
-    deletes the only copy of an original: a file holding the original a kept file runs (kohya's
-    ``te_align_originals/<script>``, ai-toolkit's ``te_align_original_run.py``) is kept too, and an
+    deletes the only copy of an original: a file holding the original a kept file runs (a drop-in's
+    ``te_align_originals/<script>``, a shim's ``te_align_original_run.py``) is kept too, and an
     original no kept file holds is written beside it as ``<file>.te-align-original``.
     See :func:`revert_report` for what was kept.
     """

@@ -1,6 +1,7 @@
 """Measured divergence: run a trainer's real prompt-encoding code next to :func:`te_align.encode`.
 
-``te-align probe`` imports the encoding functions of an installed trainer (ai-toolkit, sd-scripts),
+``te-align probe`` imports the encoding functions of an installed trainer (its ``probe`` adapter in
+``te_align/trainers/<trainer>/``),
 runs them on tiny random-weight encoders with real-convention tokenizers (:mod:`te_align.tiny`) over
 the standard prompt suite, and compares every output tensor with what the alignment profile prescribes:
 shape, max abs difference, mean cosine similarity and which prompts differ. ``te-align matrix`` does that for every trainer found x every family it

@@ -1,7 +1,7 @@
 """Stand-ins for a trainer's missing third-party imports, and an import sandbox.
 
 A trainer's text-encoding code usually needs only torch and transformers, but the modules it lives in
-import the whole application at the top (torchvision, OpenCV, kohya's ``library`` inside ai-toolkit,
+import the whole application at the top (torchvision, OpenCV, another trainer's library vendored inside,
 quantization libraries...). To run the *real* encode functions without those packages, a finder at
 the end of ``sys.meta_path`` supplies an empty stand-in module for each named top-level package that
 is not installed. Every attribute of a stand-in is a placeholder class: it can be imported, called,
@@ -12,8 +12,7 @@ nothing useful, and the encode paths the probe exercises never do.
 the root logger's handlers/level (some trainers configure logging at import) are restored, so a
 probe leaves the interpreter as it found it.
 
-Shared by :mod:`te_align.probe` and the tests (``tests/test_ai_toolkit*.py`` use
-:func:`register_package_without_init` for the same purpose).
+Shared by :mod:`te_align.probe`, the trainers' probe adapters and the tests.
 """
 
 from __future__ import annotations
@@ -147,8 +146,8 @@ def stub_missing(names: Iterable[str], roots: Iterable[str | Path]) -> Iterator[
 def register_package_without_init(name: str) -> types.ModuleType:
     """Put package ``name`` into ``sys.modules`` without running its ``__init__``.
 
-    For packages whose ``__init__`` imports the whole application (ostris-ai-toolkit 0.2.7 imports its
-    jobs, UI and kohya's ``library``); their submodules then import normally and are the real code.
+    For packages whose ``__init__`` imports the whole application (its jobs, UI and vendored libraries);
+    their submodules then import normally and are the real code.
     """
     if name in sys.modules:
         return sys.modules[name]

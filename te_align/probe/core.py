@@ -278,7 +278,7 @@ def quiet() -> Iterator[None]:
 
 def probe(trainer: str, profile: str, path: str | None = None, *, hooks: bool = False) -> ProbeResult:
     """Import ``trainer``'s real encoding path (from ``path``, or the installed package) and probe ``profile``."""
-    from te_align.probe.trainers import adapter_for
+    from te_align.probe.adapter import adapter_for
 
     adapter = adapter_for(trainer, path)
     name = adapter.profile_name(profile)

@@ -1,18 +1,14 @@
 """``te-align matrix``: every trainer found x every family it supports, with and without te-align's hooks.
 
-Trainers are found the way the test suite finds them: an sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR``,
-ai-toolkit as the installed ``ostris-ai-toolkit`` package and/or a checkout in
-``TE_ALIGN_AI_TOOLKIT_DIR``, OneTrainer as a checkout in ``TE_ALIGN_ONETRAINER_DIR``, SimpleTuner in
-``TE_ALIGN_SIMPLETUNER_DIR`` or when importable, the diffusers example scripts in
-``TE_ALIGN_DIFFUSERS_EXAMPLES_DIR``. Each trainer's modules are imported once and every profile is probed
-in that session. A cell whose hooks cannot be installed says why ("hooks unavailable: ...") instead of
-failing the matrix; a cell whose trainer code does not import in this environment (ai-toolkit's model
-modules without torchvision/torchaudio/OpenCV) says "not importable here: <import error>".
+Trainers are found by their probe's ``find`` (:mod:`te_align.trainers`: a checkout named by the trainer's
+environment variable, or its installed package), the way the test suite finds them. Each trainer's modules are
+imported once and every profile is probed in that session. A cell whose hooks cannot be installed says why
+("hooks unavailable: ...") instead of failing the matrix; a cell whose trainer code does not import in this
+environment says "not importable here: <import error>".
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,9 +17,6 @@ from typing import Any
 
 from te_align.probe import ProbeError
 from te_align.probe.core import ProbeResult, compare, quiet
-
-ENV_KOHYA = "TE_ALIGN_KOHYA_DIR"
-ENV_AI_TOOLKIT = "TE_ALIGN_AI_TOOLKIT_DIR"
 
 
 @dataclass
@@ -111,57 +104,19 @@ class Matrix:
 
 
 def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found], list[str]]:
-    """(trainers to probe, lines for trainers that are not here)."""
+    """(trainers to probe, lines for trainers that are not here): each trainer's probe ``find``, in the
+    registry's order."""
+    from te_align.trainers import specs
+
     env = os.environ if environ is None else environ
     found: list[Found] = []
     absent: list[str] = []
-    kohya = env.get(ENV_KOHYA)
-    if kohya:
-        found.append(Found("kohya", kohya, f"{ENV_KOHYA}={kohya}"))
-    else:
-        absent.append(f"kohya sd-scripts: {ENV_KOHYA} is not set (path of a kohya-ss/sd-scripts checkout)")
-    if importlib.util.find_spec("ostris_ai_toolkit") is not None:
-        found.append(Found("ai-toolkit", None, "installed ostris-ai-toolkit package"))
-    at_dir = env.get(ENV_AI_TOOLKIT)
-    if at_dir:
-        found.append(Found("ai-toolkit", at_dir, f"{ENV_AI_TOOLKIT}={at_dir}"))
-    if not at_dir and importlib.util.find_spec("ostris_ai_toolkit") is None:
-        absent.append(f"ai-toolkit: ostris-ai-toolkit is not installed and {ENV_AI_TOOLKIT} is not set")
-    # ---- OneTrainer rows (te_align/probe/onetrainer.py): a checkout in TE_ALIGN_ONETRAINER_DIR ----
-    from te_align.probe.onetrainer import ENV_DIR as ENV_ONETRAINER
-
-    ot_dir = env.get(ENV_ONETRAINER)
-    if ot_dir:
-        found.append(Found("onetrainer", ot_dir, f"{ENV_ONETRAINER}={ot_dir}"))
-    else:
-        absent.append(f"OneTrainer: {ENV_ONETRAINER} is not set (path of a Nerogar/OneTrainer checkout)")
-    # ---- end of the OneTrainer rows ----
-    # ---- SimpleTuner and the diffusers example scripts (issue 18, st18) --------------------------------------
-    for where in (_diffusers_examples(env), _simpletuner(env)):
-        if isinstance(where, Found):
-            found.append(where)
-        else:
-            absent.append(where)
-    # ---- end SimpleTuner / diffusers example scripts -------------------------------------------------------
+    for spec in specs():
+        if spec.probe:
+            here, missing = spec.part("probe").find(env)
+            found += here
+            absent += missing
     return found, absent
-
-
-def _diffusers_examples(env: Mapping[str, str]) -> Found | str:
-    from te_align.probe.diffusers_examples import ENV
-
-    root = env.get(ENV)
-    if root:
-        return Found("diffusers-examples", root, f"{ENV}={root}")
-    return f"diffusers example scripts: {ENV} is not set (path of a huggingface/diffusers checkout)"
-
-
-def _simpletuner(env: Mapping[str, str]) -> Found | str:
-    root = env.get("TE_ALIGN_SIMPLETUNER_DIR")
-    if root:
-        return Found("simpletuner", root, f"TE_ALIGN_SIMPLETUNER_DIR={root}")
-    if importlib.util.find_spec("simpletuner") is not None:
-        return Found("simpletuner", None, "installed simpletuner package")
-    return "SimpleTuner: not installed and TE_ALIGN_SIMPLETUNER_DIR is not set (path of a bghira/SimpleTuner checkout)"
 
 
 def run_matrix(
@@ -172,7 +127,7 @@ def run_matrix(
     environ: Mapping[str, str] | None = None,
 ) -> Matrix:
     """Probe every trainer found x profile (optionally only ``profiles``); write markdown to ``out``."""
-    from te_align.probe.trainers import HooksUnavailable, adapter_for
+    from te_align.probe.adapter import HooksUnavailable, adapter_for
     from te_align.profiles import profile as load
 
     wanted = None if profiles is None else {load(p).name for p in profiles}
@@ -185,7 +140,7 @@ def run_matrix(
         except ProbeError as e:
             matrix.absent.append(f"{f.trainer} ({f.how}): {e}")
             continue
-        label = f"{adapter.name} {adapter.version}" + (" (PyPI)" if f.path is None and adapter.name == "ai-toolkit" else "")
+        label = adapter.label(f.path)
         names = [p for p in adapter.profiles if wanted is None or p in wanted]
         if not names:
             continue
@@ -205,7 +160,7 @@ def run_matrix(
 
 
 def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: type[Exception], matrix: Matrix) -> Row:
-    from te_align.probe.trainers import NotImportable
+    from te_align.probe.adapter import NotImportable
 
     try:
         case = adapter.case(name)

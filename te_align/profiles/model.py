@@ -270,7 +270,7 @@ class AlignmentProfile:
 
         merged = dict(overrides or {})
         merged.update(kw)
-        return apply_overrides(self, merged)
+        return apply_overrides(self, merged)  # the one typed validator (te_align.profiles.overrides)
 
     # ---------------------------------------------------------- serialization
     def to_dict(self) -> dict[str, Any]:

@@ -1,12 +1,46 @@
-"""Validated user overrides of profile values (``profile("flux-schnell", t5_max_length=512)``)."""
+"""User overrides of profile values: the one way in, for every entry point.
+
+A profile is a *source* (a bundled name, a profile file, a model folder, a checkpoint, a hub id: :func:`profile
+<te_align.profiles.resolve.profile>`) plus *overrides*. Overrides reach te-align from
+
+* Python keyword arguments: ``te_align.profile("flux-schnell", t5_max_length=512)``;
+* config files: ai-toolkit's YAML ``te_align: overrides:``, ``te-align train``'s ``model.profile_overrides``,
+  an A/B preset's ``model.profile_overrides``;
+* the command line: ``--set KEY=VALUE`` (``profile show``, ``check``; ``swap --override``) — :func:`parse_set`;
+* the environment: ``TE_ALIGN_OVERRIDES`` (a JSON object) for every trainer's hooks — :func:`env_overrides`;
+
+and every one of them goes through :func:`resolve` (source + overrides, in layers where several apply: the
+environment first, explicit arguments over it) and :func:`apply_overrides`: one key resolver (shorthand
+``t5_max_length``, ``t5.max_length`` or the dotted path), one typed validator (each value checked against its
+field's type hint by :mod:`te_align._schema`, then ranges, then the profile's cross-field rules) and a
+``dataclasses.replace`` of the field, recorded in provenance with status ``override``. A mistake is one
+:class:`~te_align.errors.ProfileError` line naming where the override came from, the key and what was expected.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
 from te_align.errors import ProfileError, closest
-from te_align.profiles.model import AlignmentProfile, EncoderSpec, MaskSpec, TokenizerSpec
+from te_align.profiles.model import (
+    AlignmentProfile,
+    Alternative,
+    EncoderSpec,
+    MaskSpec,
+    Provenance,
+    SlotSpec,
+    TokenizerSpec,
+)
+
+#: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
+ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
+#: The profile every trainer's hooks use instead of the one they choose per model.
+ENV_PROFILE = "TE_ALIGN_PROFILE"
 
 _PARTS = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec}
 _TOP = ("empty_prompt",)
@@ -109,31 +143,213 @@ def check_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> N
         raise bad("expected a probability in [0, 1]")
 
 
-def apply_overrides(profile: AlignmentProfile, overrides: dict[str, Any]) -> AlignmentProfile:
+def _hint(path: str) -> Any:
+    """The type hint of the field a resolved override path sets."""
+    from te_align import _schema as schema
+
+    parts = path.split(".")
+    if parts[0] == "outputs":
+        return str | None  # an expression, or None: remove the output
+    if parts[0] != "slots":
+        return schema.hints(AlignmentProfile)[parts[0]]
+    if len(parts) == 3:
+        return schema.hints(SlotSpec)[parts[2]]
+    cls = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec}[parts[2]]
+    return schema.hints(cls)[parts[3]]
+
+
+def _default(path: str) -> Any:
+    """The dataclass default of the field at ``path`` (``dataclasses.MISSING`` when it has none)."""
+    parts = path.split(".")
+    if parts[0] != "slots" or len(parts) < 4:
+        cls, name = (SlotSpec, parts[-1]) if parts[0] == "slots" else (AlignmentProfile, parts[0])
+    else:
+        cls, name = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec}[parts[2]], parts[3]
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default
+
+
+def typed_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> Any:
+    """``value`` checked against the type hint of the field at ``path`` (None: the field's default where the
+    field takes no None), then against its range (:func:`check_value`)."""
+    from te_align import _schema as schema
+
+    hint = _hint(path)
+    if value is None and path.split(".")[0] != "outputs":
+        try:
+            schema.check(None, hint, key=key, error=ProfileError)
+        except ProfileError:
+            default = _default(path)
+            if default is dataclasses.MISSING:
+                raise ProfileError(f"invalid override for profile '{profile.name}': this value cannot be unset",
+                                   key=key) from None
+            value = default
+    try:
+        value = schema.check(value, hint, key=key, error=ProfileError)
+    except ProfileError as e:
+        raise ProfileError(f"invalid override for profile '{profile.name}': {e.message}", key=key) from None
+    check_value(profile, path, value, key)
+    return value
+
+
+def _replace(profile: AlignmentProfile, path: str, value: Any) -> AlignmentProfile:
+    """``profile`` with the field at ``path`` replaced (``dataclasses.replace`` at each level)."""
+    parts = path.split(".")
+    if parts[0] == "outputs":
+        outputs = [(n, e) for n, e in profile.outputs if n != parts[1] or value is not None]
+        if value is not None:
+            outputs = [(n, value if n == parts[1] else e) for n, e in outputs]
+            if parts[1] not in dict(outputs):
+                outputs.append((parts[1], value))
+        return dataclasses.replace(profile, outputs=tuple(outputs))
+    if parts[0] != "slots":
+        return dataclasses.replace(profile, **{parts[0]: value})
+    slots = []
+    for slot in profile.slots:
+        if slot.name == parts[1]:
+            if len(parts) == 3:
+                slot = dataclasses.replace(slot, **{parts[2]: value})
+            else:
+                part = getattr(slot, parts[2])
+                slot = dataclasses.replace(slot, **{parts[2]: dataclasses.replace(part, **{parts[3]: value})})
+        slots.append(slot)
+    return dataclasses.replace(profile, slots=tuple(slots))
+
+
+def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, origin: str | None = None
+                    ) -> AlignmentProfile:  # fmt: skip
+    """``profile`` with validated ``overrides`` (key -> value), each recorded in provenance (status ``override``).
+
+    ``origin`` names where the overrides came from (``--set``, ``TE_ALIGN_OVERRIDES``, a config key) in errors."""
     if not overrides:
         return profile
-    from te_align.profiles.serialize import profile_from_dict, profile_to_dict, set_dict_path
+    try:
+        return _apply(profile, overrides)
+    except ProfileError as e:
+        if origin and not e.file:
+            raise ProfileError(e.message, file=origin, key=e.key) from None
+        raise
 
-    data = profile_to_dict(profile)
-    prov = data["provenance"]
+
+def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> AlignmentProfile:
+    from te_align.profiles.serialize import validate
+
+    prov = dict(profile.provenance)
+    new = profile
     for key, value in overrides.items():
         if not isinstance(key, str) or not key:
             raise ProfileError(f"override names must be non-empty strings, got {key!r}")
         path = resolve_key(profile, key)
-        check_value(profile, path, value, key)
+        value = typed_value(profile, path, value, key)
         old = profile.get(path)
-        set_dict_path(data, path, value)
         before = profile.provenance_of(path)
-        alts = []
-        if before is not None:
-            alts.append({"value": old if old is not None else "none", "source": before.source, "status": before.status})
-        prov[path] = {
-            "source": f"user override {key}={value!r}",
-            "status": "override",
-            "note": f"profile value was {old!r}",
-            "alternatives": alts,
-        }
+        alts = () if before is None else (Alternative(old if old is not None else "none", before.source, before.status),)
+        new = _replace(new, path, value)
+        prov[path] = Provenance(source=f"user override {key}={value!r}", status="override",
+                                note=f"profile value was {old!r}", alternatives=alts)  # fmt: skip
+    new = dataclasses.replace(new, provenance=tuple(prov.items()))
     try:
-        return profile_from_dict(data)
+        validate(new, None)
     except ProfileError as e:
-        raise ProfileError(f"invalid override for profile '{profile.name}': {e.message}", key=e.key) from None
+        shown = next((k for k in overrides if isinstance(k, str) and _same_path(profile, k, e.key)), e.key)
+        raise ProfileError(f"invalid override for profile '{profile.name}': {e.message}", key=shown) from None
+    return new
+
+
+def _same_path(profile: AlignmentProfile, key: str, path: str | None) -> bool:
+    try:
+        return path is not None and resolve_key(profile, key) == path
+    except ProfileError:
+        return False
+
+
+# ------------------------------------------------------------------------------ the ways in
+def parse_set(items: Iterable[str], *, origin: str = "--set") -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (``--set``): values read as TOML scalars (512, true, "text", 0.5), else as strings."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ProfileError(f"expected KEY=VALUE, got {item!r}", key=origin)
+        text = raw.strip()
+        if text.lower() in ("true", "false"):  # Python's True / False, as printed
+            out[key.strip()] = text.lower() == "true"
+            continue
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        except RecursionError:
+            raise ProfileError(f"the value of {key.strip()} is nested too deeply", key=origin) from None
+        out[key.strip()] = value
+    return out
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`ProfileError` line."""
+    raw = (os.environ if environ is None else environ).get(ENV_OVERRIDES, "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{ENV_OVERRIDES} is not valid JSON ({e.msg}); expected an object such as "
+                           "'{\"t5_max_length\": 512}'") from None
+    except RecursionError:
+        raise ProfileError(f"{ENV_OVERRIDES} is nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{ENV_OVERRIDES} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def env_profile(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TE_ALIGN_PROFILE`` (a profile source), or None."""
+    value = (os.environ if environ is None else environ).get(ENV_PROFILE, "").strip()
+    return value or None
+
+
+def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Layers of overrides ``(origin, mapping)``, later ones winning: (the merged overrides, the origin of each)."""
+    merged: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for origin, mapping in layers:
+        if mapping is None:
+            continue
+        if not isinstance(mapping, Mapping):
+            raise ProfileError(f"expected a table of profile overrides (key = value), got {type(mapping).__name__}",
+                               file=origin or None)  # fmt: skip
+        for k, v in mapping.items():
+            merged.pop(k, None)  # keep the latest layer's order
+            merged[k] = v
+            origins[k] = origin
+    return merged, origins
+
+
+def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: bool = False,
+            environ: Mapping[str, str] | None = None) -> AlignmentProfile:  # fmt: skip
+    """The profile for ``source`` with overrides: the one function every entry point calls.
+
+    ``layers`` are ``(origin, mapping)`` pairs, later ones winning (``("--set", {...})``,
+    ``("config.process[0].te_align.overrides", {...})``); ``env=True`` puts ``TE_ALIGN_OVERRIDES`` first (the
+    explicit layers win over it). An error names the origin of the key it is about."""
+    from te_align.profiles.resolve import profile as load
+
+    if env:
+        layers = (("TE_ALIGN_OVERRIDES", env_overrides(environ)), *layers)
+    merged, origins = merge(*layers)
+    base = load(source)
+    if not merged:
+        return base
+    try:
+        return _apply(base, merged)
+    except ProfileError as e:
+        origin = origins.get(e.key or "") if e.key else None
+        if origin and not e.file:
+            raise ProfileError(e.message, file=origin, key=e.key) from None
+        raise
+
+
+__all__ = ["ENV_OVERRIDES", "ENV_PROFILE", "apply_overrides", "check_value", "env_overrides", "env_profile", "merge",
+           "parse_set", "resolve", "resolve_key", "typed_value"]

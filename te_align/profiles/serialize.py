@@ -35,6 +35,7 @@ _TOP_KEYS = (
     "slots",
     "outputs",
     "provenance",
+    "fingerprint",
 )
 _SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks")
 
@@ -139,7 +140,14 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
         description=take(data, "description", str, default=""),
         provenance=tuple(prov),
     )
-    _validate(profile, file)
+    validate(profile, file)
+    if "fingerprint" in data:  # what `profile show --json` prints: checked, so an edited copy cannot pass as the original
+        stated = take(data, "fingerprint", str)
+        if stated != profile.fingerprint():
+            raise ProfileError(
+                f"fingerprint {stated} does not match the profile's behaviour values (their fingerprint is "
+                f"{profile.fingerprint()}): the values were changed after it was written; remove the fingerprint key "
+                "to use the values as they are", file=file, key="fingerprint")
     return profile
 
 
@@ -210,7 +218,7 @@ def _provenance_from_dict(path: str, pdata: Any, file: str | None) -> Provenance
     )
 
 
-def _validate(p: AlignmentProfile, file: str | None) -> None:
+def validate(p: AlignmentProfile, file: str | None = None) -> None:
     """Cross-field checks: expressions name real slots, lengths are sane, provenance paths exist."""
     from te_align.profiles.expr import check_expression, output_specs, refs
 
@@ -271,6 +279,10 @@ def _validate(p: AlignmentProfile, file: str | None) -> None:
     for path, _ in p.provenance:
         if path not in prefixes:
             raise ProfileError(f"provenance for a field that does not exist{closest(path, sorted(prefixes))}", file=file, key=f"provenance.{path}")
+
+
+#: The former name of :func:`validate`.
+_validate = validate
 
 
 def profile_to_toml(p: AlignmentProfile) -> str:

@@ -387,14 +387,13 @@ def swap(
     """
     import torch
 
-    import te_align
 
     check_request(reset, stats, out)
     if base is None and (pipeline is None or profile == "auto"):
         raise SwapError("give a base model, or an already loaded pipeline with its profile", key="--base")
-    base_profile = te_align.profile(profile if profile != "auto" else str(base))
-    if profile_overrides:
-        base_profile = base_profile.with_overrides(dict(profile_overrides))
+    from te_align.profiles.overrides import resolve
+
+    base_profile = resolve(profile if profile != "auto" else str(base), ("--override", profile_overrides or None))
     row = family_row(base_profile)
     configs = config or base  # a single-file base's configs are in ``config``
     where: dict[str, str] = {"denoiser": f"{configs}/{row.denoiser}/config.json" if configs is not None else row.denoiser}

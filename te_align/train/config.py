@@ -155,6 +155,9 @@ class TrainSection:
     checkpoints_keep: int = 3
     #: ``auto`` (accelerate's choice), ``cpu``, ``cuda``, ``cuda:1``…
     device: str = "auto"
+    #: CPU runs: torch's intra-op threads. 0 = te-align picks (1 for models under 50 M denoiser parameters, else
+    #: the cores other processes leave free); ``TE_ALIGN_THREADS`` / ``OMP_NUM_THREADS`` also choose.
+    threads: int = 0
 
 
 @dataclass
@@ -306,6 +309,7 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(t.noise_offset >= 0, "train.noise_offset", f"must be >= 0, got {t.noise_offset}")
     need(t.checkpoint_every >= 0, "train.checkpoint_every", "must be >= 0")
     need(t.checkpoints_keep >= 0, "train.checkpoints_keep", "must be >= 0")
+    need(t.threads >= 0, "train.threads", f"expected 0 (te-align picks) or a number of threads, got {t.threads}")
     need(DEVICE.fullmatch(t.device) is not None, "train.device",
          f"expected auto, cpu, mps, cuda or cuda:N, got {t.device!r}")  # fmt: skip
     need(not (t.mixed_precision == "fp16" and t.device == "cpu"), "train.mixed_precision",

@@ -149,17 +149,23 @@ def build_meta(cls_name: str, config: dict[str, Any]) -> Any:
 
     import torch
 
-    with torch.device("meta"), warnings.catch_warnings():
+    # import first, outside the meta device: a library's first import can run tensor code (torch 2.6's
+    # torch._dynamo, imported by diffusers, calls .item() at import and fails on meta tensors)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import diffusers
 
         if hasattr(diffusers, cls_name) and not cls_name.startswith(("CLIP", "T5")):
-            return getattr(diffusers, cls_name).from_config(_clean(config))
+            model_cls = getattr(diffusers, cls_name)
+            with torch.device("meta"):
+                return model_cls.from_config(_clean(config))
         # _transformers_class also knows a swapped model's ProjectedTextEncoder (te-align swap)
         from te_align.encoding.loading import _transformers_class
 
         model_cls = _transformers_class(cls_name, cls_name)
-        return model_cls(model_cls.config_class(**_clean(config)))
+        config_obj = model_cls.config_class(**_clean(config))
+        with torch.device("meta"):
+            return model_cls(config_obj)
 
 
 # --------------------------------------------------------------------------------------------- weights

@@ -336,6 +336,10 @@ def _lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
+#: The first bitsandbytes whose AdamW8bit steps on the CPU (0.48/0.49 crash in the first step's 32-bit update).
+CPU_ADAMW8BIT = (0, 50)
+
+
 def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any) -> Any:
     import importlib.util
 
@@ -349,8 +353,16 @@ def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any)
         else:
             import bitsandbytes as bnb
 
+            from te_align._compat import _key
+
+            version = getattr(bnb, "__version__", "0")
+            if device.type == "cpu" and _key(version) < CPU_ADAMW8BIT:
+                # 0.48 and 0.49 build the optimizer on CPU, then fail inside its first step (tools/deps.py lowest)
+                logger.warning("train.optimizer = adamw8bit on the CPU needs bitsandbytes >= %s (installed: %s; "
+                               "pip install \"te-align[bnb]\"); using torch AdamW",
+                               ".".join(map(str, CPU_ADAMW8BIT)), version)  # fmt: skip
+                return torch.optim.AdamW(groups, **kw)
             try:
-                # bitsandbytes >= 0.48 has 8-bit optimizer kernels for CPU as well as CUDA
                 return bnb.optim.AdamW8bit(groups, **kw)
             except Exception as e:  # an old bitsandbytes without this device's kernels
                 logger.warning("train.optimizer = adamw8bit: bitsandbytes %s cannot run on %s (%s); using torch AdamW",
@@ -563,9 +575,16 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
     report = scan(cfg.data)
+    from te_align._compat import require_peft
+
+    require_peft("diffusers", *(["transformers"] if cfg.lora.text_encoders else []))  # before any model is loaded
     weight_dtype = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
     check_quantize(cfg.model.quantize, device)
     profile, family, pipe, objective = _load_model(cfg, pipeline, device, weight_dtype)
+    if device.type == "cpu":  # threads that fit the machine: two threads on a shared 2-core box collapse (_threads)
+        from te_align._threads import fit
+
+        fit(sum(p.numel() for p in getattr(pipe, family.denoiser_attr).parameters()), t.threads)
     model_id = _model_id(getattr(pipe, family.denoiser_attr))
     compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
     cond_dtype = compute_dtype if weight_dtype == torch.float32 else weight_dtype

@@ -72,12 +72,11 @@ def family_of(profile: AlignmentProfile) -> Family:
 
 # ----------------------------------------------------------------------------------------- loading
 def resolve_profile(cfg: ModelConfig) -> AlignmentProfile:
-    import te_align
+    from te_align.profiles.overrides import resolve
 
     source = cfg.path if cfg.profile == "auto" else cfg.profile
     try:
-        p = te_align.profile(source)
-        return p.with_overrides(cfg.profile_overrides) if cfg.profile_overrides else p
+        return resolve(source, ("model.profile_overrides", cfg.profile_overrides or None))
     except TrainError:
         raise
     except Exception as e:
@@ -171,6 +170,7 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
     import diffusers
 
     import te_align.encoding.projected  # noqa: F401  (diffusers loads a swapped model's text encoder class from it)
+    from te_align.profiles.sources.hub import offline_model_problem, unreachable_model_problem
 
     dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
     path = Path(cfg.path).expanduser()
@@ -204,11 +204,17 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
             pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **common)
         elif path.suffix.lower() in (".safetensors", ".sft", ".ckpt") or str(path).startswith((".", "/", "~")):
             raise TrainError("no such model file or folder", file=cfg.path, key="model.path")
-        else:
+        else:  # a hub repo id
+            why = offline_model_problem(cfg.path, cfg.revision or None)
+            if why:
+                raise TrainError(why, key="model.path")
             pipe = diffusers.DiffusionPipeline.from_pretrained(cfg.path, **common)
     except TrainError:
         raise
     except (OSError, ValueError) as e:
+        why = None if path.exists() else unreachable_model_problem(cfg.path, e)
+        if why:
+            raise TrainError(why, key="model.path") from None
         raise TrainError(f"cannot load the model: {_first_line(e)}", file=cfg.path, key="model.path") from None
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
@@ -333,6 +339,9 @@ def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: li
     import torch
     from peft import LoraConfig
 
+    from te_align._compat import require_peft
+
+    require_peft(type(model).__module__.split(".")[0])  # a library/peft pair that cannot work: name both versions
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian", target_modules=targets)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

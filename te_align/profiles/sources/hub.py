@@ -117,6 +117,49 @@ def _download_hub(repo_id: str, revision: str | None) -> Path:
     return Path(folder)
 
 
+def _shown_cache() -> str:
+    from huggingface_hub import constants
+
+    return _hub_cache_dir() or constants.HF_HUB_CACHE
+
+
+def offline_model_problem(repo_id: str, revision: str | None = None) -> str | None:
+    """Why a whole hub model cannot load here, said before a library tries: offline (``HF_HUB_OFFLINE``) and the
+    repo's ``model_index.json`` is not in the hub cache. None when it may load (online, or cached)."""
+    if not _hub_offline():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        hit = try_to_load_from_cache(repo_id, "model_index.json", cache_dir=_hub_cache_dir(), revision=revision)
+    except Exception:  # an invalid repo id: let the loader report it
+        return None
+    if isinstance(hit, str):
+        return None
+    return (f"'{repo_id}' is a Hugging Face hub id, it is not in the local hub cache ({_shown_cache()}), and "
+            f"HF_HUB_OFFLINE is set: download it once with network access (hf download {repo_id}), or set this "
+            "key to a local diffusers folder or .safetensors file")
+
+
+def unreachable_model_problem(repo_id: str, error: BaseException) -> str | None:
+    """If ``error`` (from a library loading a hub model) means the hub could not be reached and the model is not
+    cached, say so and what to do; otherwise None."""
+    chain: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    network = any(type(x).__name__ in ("LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError",
+                                       "ConnectionError", "ConnectTimeout", "NameResolutionError")
+                  or "not fully cached locally" in str(x) or "outgoing traffic has been disabled" in str(x)
+                  for x in chain)  # fmt: skip
+    if not network:
+        return None
+    return (f"'{repo_id}' is a Hugging Face hub id; the hub could not be reached (offline?) and the model is not "
+            f"fully in the local hub cache ({_shown_cache()}): download it once with network access "
+            f"(hf download {repo_id}), or set this key to a local diffusers folder or .safetensors file")
+
+
 def build_hub(repo_id: str, revision: str | None = None) -> BuildReport:
     """The build report of a hub repo (``revision``: a branch, tag or commit; default the main branch)."""
     folder = _download_hub(repo_id, revision)

@@ -1,0 +1,71 @@
+"""Drop third-party log lines that a te-align user cannot act on.
+
+Each entry names the logger a library emits the line on and a fragment of the line. Only those exact lines are
+dropped; everything else the libraries log (warnings a user should act on) still shows. Installed from
+``te_align/__init__.py`` before any of these libraries is imported: ``logging.getLogger`` returns the same logger
+object the library gets later, so the filter is in place from the library's first line on. Imports nothing heavy.
+
+Why each line is noise for te-align's users:
+
+- bitsandbytes >= 0.50 warns on every import, on CPUs with AVX-512 BF16, that the optional ``kernels`` package
+  (a faster CPU 4-bit matmul) is missing. te-align imports bitsandbytes only through diffusers/transformers or for
+  ``adamw8bit``; its 4-bit path runs on CUDA only, where the CPU kernel is never used.
+- diffusers' ``ModelMixin.to(dtype)`` warns that modules "should be kept in float32: []" with an *empty* list: the
+  model has nothing to keep in float32, so there is nothing to act on (a non-empty list still shows).
+- transformers 5 falls back to the PIL image processors of a pipeline's safety checker / image encoder when
+  torchvision is missing, and says so once per class. te-align never runs those processors.
+
+``TE_ALIGN_QUIET=0`` turns the filter off (to see every line when reporting a bug).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+#: (logger name, fragment of the formatted message, why) — the lines dropped.
+DROPPED: tuple[tuple[str, str, str], ...] = (
+    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
+     "optional CPU 4-bit kernel package missing; te-align's 4-bit path is CUDA-only"),
+    ("diffusers.models.modeling_utils", "that should be kept in float32: []",
+     "an empty list of float32 modules"),
+    ("transformers.utils.import_utils", "requires torchvision (not installed); falling back to",
+     "PIL image processor fallback for components te-align never runs"),
+)  # fmt: skip
+
+
+class _DropLines(logging.Filter):
+    def __init__(self, fragments: tuple[str, ...]) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record is the library's bug; let logging report it as usual
+            return True
+        return not any(f in text for f in self.fragments)
+
+
+_installed: list[tuple[logging.Logger, _DropLines]] = []
+
+
+def install() -> None:
+    """Attach the filters (idempotent; a no-op with ``TE_ALIGN_QUIET=0``)."""
+    if _installed or os.environ.get("TE_ALIGN_QUIET", "1").strip() == "0":
+        return
+    by_logger: dict[str, list[str]] = {}
+    for name, fragment, _why in DROPPED:
+        by_logger.setdefault(name, []).append(fragment)
+    for name, fragments in by_logger.items():
+        logger = logging.getLogger(name)
+        f = _DropLines(tuple(fragments))
+        logger.addFilter(f)
+        _installed.append((logger, f))
+
+
+def uninstall() -> None:
+    """Remove the filters (tests)."""
+    while _installed:
+        logger, f = _installed.pop()
+        logger.removeFilter(f)

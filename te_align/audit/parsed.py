@@ -1,0 +1,167 @@
+"""What a trainer's config reader gives the audit engine (:class:`Parsed`, :class:`CacheSpec`) and the helpers
+every reader shares (key lines, unknown keys, caption dropout against the empty-prompt rule).
+
+A reader is the ``check`` module of a trainer package (:mod:`te_align.trainers`): it exposes ``RULES`` (its fact
+table), ``CACHES``, ``detect(raw) -> int | None`` and ``parse(raw, extra_args) -> Parsed``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from te_align.audit.findings import Finding
+from te_align.audit.rules import Trainer
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """How a trainer caches text-encoder outputs and what its reuse check compares."""
+
+    glob: tuple[str, ...]
+    validates: str
+    source: str
+    #: How to force a rebuild, in the trainer's terms.
+    rebuild: str
+
+
+@dataclass
+class Parsed:
+    """A config read the way the trainer reads it."""
+
+    trainer: Trainer
+    values: dict[str, Any]
+    profile_guess: str | None
+    family_reason: str
+    cached: bool
+    cache: CacheSpec | None
+    findings: list[Finding] = field(default_factory=list)
+    #: Families this trainer can train (profile families); others are reported as unsupported.
+    supported: tuple[str, ...] = ()
+    #: The guess is only a default (no model named): ``--profile`` of another family is accepted.
+    guess_is_default: bool = False
+    #: Set when the config cannot be checked: the reason ("te-align has no profile for Z-Image …").
+    not_checked: str = ""
+    #: ``not-checked`` or ``not-training``.
+    not_checked_status: str = "not-checked"
+    #: Extra facts for converters (``Context.extra``), e.g. caption statistics.
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: Trainer-specific findings computed once the profile is known: ``after(profile, ctx) -> [Finding]``.
+    after: Any = None
+    #: Folders the config trains on, where ``check`` counts captions (with ``--dataset DIR``).
+    caption_dirs: list[str] = field(default_factory=list)
+    #: Set when no signal in the config decided between ``profile_guess`` and another profile of its family: what
+    #: was assumed and why (:func:`te_align.audit.models.assumption`). ``check`` says it instead of a bare "aligned".
+    assumed: str = ""
+
+
+class Reason(str):
+    """A reader's family reason (a plain string) that can carry the assumption it rests on (``.assumed``)."""
+
+    assumed: str = ""
+
+
+def reason(text: str, assumed: str = "") -> Reason:
+    """``text`` as a :class:`Reason` carrying ``assumed`` ("" when a signal decided)."""
+    r = Reason(text)
+    r.assumed = assumed
+    return r
+
+
+def module(name: str) -> ModuleType:
+    """The reader of a ``check`` dialect (``--trainer NAME``), from the trainer registry."""
+    from te_align.trainers import dialect
+
+    _, spec = dialect(name)
+    return spec.reader(name)
+
+
+#: At most this many unknown keys per file get a "did you mean" suggestion (each one costs a difflib scan of every
+#: valid key); the rest say "remove it". Reset by ``check_file``.
+MAX_SUGGESTIONS = 50
+_budget = {"left": MAX_SUGGESTIONS}
+
+
+def reset_suggestion_budget() -> None:
+    _budget["left"] = MAX_SUGGESTIONS
+
+
+class KeyLines:
+    """1-based line of the first ``key = …`` / ``"key": …`` / ``key: …`` of every key, found in one pass."""
+
+    _PAT = re.compile(r'^[ \t]*(?:-[ \t]*)?["\']?([^"\'=:\s\[\]{},#]+)["\']?[ \t]*[=:]', re.M)
+
+    def __init__(self, text: str) -> None:
+        self._lines: dict[str, int] = {}
+        line, pos = 1, 0
+        for m in self._PAT.finditer(text):
+            line += text.count("\n", pos, m.start())
+            pos = m.start()
+            self._lines.setdefault(m.group(1), line)
+
+    def __call__(self, key: str | None) -> int | None:
+        return self._lines.get(key) if key else None
+
+
+def expect_mapping(value: Any, name: str, file: str, lines: KeyLines) -> dict[str, Any]:
+    """A config section that must be a table: ``{}`` when absent, an unreadable-input error otherwise."""
+    from te_align.audit.readers import ConfigSyntaxError
+
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigSyntaxError(file, lines(name), None,
+                                f"wrong type/value for {name}: expected a table of settings, got {value!r:.60}")
+    return value
+
+
+def dropout_form_finding(profile: Any, rate: Any, form: str, *, key: str, trainer: str, source: str,
+                         line: int | None = None, fix: str = "") -> list[Finding]:
+    """Caption dropout against the profile's empty-prompt rule: a trainer that drops captions as ``form``
+    ("encode": the empty caption "" is encoded; "zeros": the embeddings are zeroed) where the profile's
+    empty/unconditional prompt is the other one teaches the model an unconditional input inference never gives."""
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        return []
+    if not value > 0 or profile.empty_prompt == form:
+        return []
+    pv = profile.provenance_of("empty_prompt")
+    said = {"encode": 'encodes the empty caption ""', "zeros": "zeroes the text embeddings"}
+    return [Finding(
+        kind="deviation", severity="warning", setting="empty_prompt", effective=form, profile=profile.empty_prompt,
+        source=f"{pv.status}: {pv.source}" if pv else "",
+        message=(f"{key} = {value:g}: a dropped caption {said.get(form, form)}, but {profile.name}'s empty prompt "
+                 f"{said.get(profile.empty_prompt, profile.empty_prompt)}"),
+        fix=fix or f"set {key} to 0 (or accept an unconditional input that differs from inference)",
+        key=key, trainer_source=f"{trainer}: {source}", line=line,
+    )]
+
+
+def unknown_key_finding(key: str, valid: Any, *, trainer: str, line: int | None, severity: str = "warning",
+                        behaviour: str, hint: str | None = None, section: str = "") -> Finding:
+    """An unknown key with the closest valid key (or a trainer-specific hint)."""
+    from difflib import get_close_matches
+
+    where = f"{section}.{key}" if section else key
+    close: list[str] = []
+    if not hint and _budget["left"] > 0 and len(key) <= 200:
+        _budget["left"] -= 1
+        close = get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
+    if hint:
+        fix = hint
+    elif close:
+        fix = f"did you mean '{close[0]}'?"
+    else:
+        fix = "remove it"
+    return Finding(
+        kind="unknown-key",
+        severity=severity if severity in ("error", "info") else "warning",
+        setting=where,
+        message=f"unknown key '{where}': {behaviour}",
+        fix=fix,
+        key=where,
+        line=line,
+        trainer_source=trainer,
+    )

@@ -1,0 +1,160 @@
+"""``te_align.apply(pipe, profile)``: a diffusers pipeline encodes its prompts by an alignment profile.
+
+One line, and a LoRA trained aligned to a profile meets the same conditioning when sampled in diffusers::
+
+    pipe = FluxPipeline.from_pretrained("black-forest-labs/FLUX.1-schnell", ...)
+    te_align.apply(pipe, "flux-schnell")        # T5 at 256 (BFL's reference), not the pipeline's 512 default
+    image = pipe("a photo of a cat", num_inference_steps=4).images[0]
+
+How: the pipeline object's class is swapped for a subclass whose ``__call__`` encodes ``prompt`` (and
+``negative_prompt``) with :func:`te_align.encode` on the pipeline's own tokenizers and text encoders, then calls
+the pipeline's own ``__call__`` with ``prompt_embeds=...`` (and the profile's other outputs under the keyword
+names the pipeline takes). Prompt embeddings a caller passes are used as they are. Without a negative prompt,
+pipelines that take ``negative_prompt_embeds`` get the profile's empty prompt (:func:`te_align.encoding.encode_uncond`:
+zeros for SDXL, the encoded "" for SD3); FluxPipeline gets a negative only when one is given (true CFG).
+:func:`remove` restores the original class. No weights are copied.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from te_align.errors import TeAlignError
+
+#: Pipelines whose ``__call__`` takes the profile's outputs under these names, checked by tests/test_apply.py.
+SUPPORTED: dict[str, str] = {
+    "FluxPipeline": "flux",
+    "StableDiffusion3Pipeline": "sd3",
+    "StableDiffusionXLPipeline": "sdxl",
+    "StableDiffusionPipeline": "sd1",
+}
+#: Pipelines that take a negative only when the caller gives one (it switches on true CFG).
+NEGATIVE_ONLY_WHEN_GIVEN = ("FluxPipeline",)
+#: Profile outputs the pipelines rebuild themselves and do not take as keywords.
+REBUILT = ("text_ids",)
+_MARK = "_te_align_profile"
+
+
+def _base_class(pipe: Any) -> type:
+    cls = type(pipe)
+    return cls.__bases__[0] if getattr(cls, "_te_align_wrapped", False) else cls
+
+
+def apply(pipe: Any, profile: Any, **encode_kwargs: Any) -> Any:
+    """Make ``pipe`` encode prompts by ``profile`` (a name, alias, file or :class:`AlignmentProfile`).
+
+    Returns ``pipe`` (changed in place). ``encode_kwargs`` go to every :func:`te_align.encode` call (e.g.
+    ``options=EncodeOptions(long_prompt_chunks=3)``). Calling it again switches the profile; :func:`remove`
+    undoes it. Refuses a pipeline class te-align has not verified and a profile of another model family.
+    """
+    from te_align.profiles import profile as resolve
+
+    base = _base_class(pipe)
+    family = SUPPORTED.get(base.__name__)
+    if family is None:
+        raise TeAlignError(
+            f"te_align.apply supports {', '.join(SUPPORTED)}; got a {base.__name__} (encode with te_align.encode "
+            "and pass prompt_embeds=... yourself)"
+        )
+    p = resolve(profile) if not hasattr(profile, "slots") else profile
+    if p.family != family:
+        raise TeAlignError(f"profile '{p.name}' is a {p.family} profile, but {base.__name__} samples {family} models")
+    for slot in p.slots:
+        if getattr(pipe, slot.tokenizer_subfolder, None) is None or (
+            not slot.tokenizer_only and getattr(pipe, slot.encoder_subfolder, None) is None
+        ):
+            raise TeAlignError(
+                f"profile '{p.name}' encodes slot '{slot.name}' with {slot.tokenizer_subfolder}/{slot.encoder_subfolder}, "
+                f"but this {base.__name__} has none (loaded without it?)"
+            )
+    params = inspect.signature(base.__call__).parameters
+    missing = [n for n in p.output_names if n not in REBUILT and n not in params]
+    if missing:
+        raise TeAlignError(f"{base.__name__}.__call__ takes no {', '.join(missing)}: profile '{p.name}' does not fit it")
+    if not getattr(type(pipe), "_te_align_wrapped", False):
+        pipe.__class__ = type(base.__name__, (base,), {"__call__": _aligned_call, "_te_align_wrapped": True,
+                                                      "__module__": base.__module__})
+    object.__setattr__(pipe, _MARK, (p, dict(encode_kwargs)))
+    return pipe
+
+
+def remove(pipe: Any) -> Any:
+    """Undo :func:`apply`: the pipeline encodes prompts its own way again."""
+    if getattr(type(pipe), "_te_align_wrapped", False):
+        pipe.__class__ = _base_class(pipe)
+    if _MARK in pipe.__dict__:
+        object.__delattr__(pipe, _MARK)
+    return pipe
+
+
+def applied_profile(pipe: Any) -> Any:
+    """The profile :func:`apply` set on ``pipe``, or None."""
+    state = pipe.__dict__.get(_MARK)
+    return state[0] if state else None
+
+
+def _as_list(x: Any, what: str) -> list[str]:
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, (list, tuple)) and all(isinstance(s, str) for s in x):
+        return list(x)
+    raise TeAlignError(f"{what} must be a string or a list of strings, got {type(x).__name__}")
+
+
+def _aligned_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    import torch
+
+    from te_align.encoding import encode
+    from te_align.encoding.core import encode_uncond
+
+    base = _base_class(self)
+    original = base.__call__
+    p, enc_kw = self.__dict__[_MARK]
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    call = dict(bound.arguments)
+    call.pop("self", None)
+    extra = call.pop("kwargs", None) or {}
+    call.update(extra)
+    params = inspect.signature(original).parameters
+    if call.get("prompt_embeds") is not None or call.get("prompt") is None:
+        return original(self, **call)  # the caller's own embeddings, or nothing to encode
+    for other in ("prompt_2", "prompt_3", "negative_prompt_2", "negative_prompt_3"):
+        if call.get(other) is not None:
+            raise TeAlignError(f"te_align.apply encodes one prompt for every text encoder, as profile '{p.name}' does; "
+                               f"{other} is not used: leave it out")
+    prompts = _as_list(call.pop("prompt"), "prompt")
+    n = int(call.pop("num_images_per_prompt", None) or 1)
+    device = self._execution_device
+    with torch.no_grad():
+        cond = encode(p, prompts, pipeline=self, device=device, **enc_kw)
+        negative = call.pop("negative_prompt", None)
+        neg = None
+        if negative is not None:
+            negs = _as_list(negative, "negative_prompt")
+            if len(negs) == 1 and len(prompts) > 1:
+                negs = negs * len(prompts)
+            if len(negs) != len(prompts):
+                raise TeAlignError(f"negative_prompt has {len(negs)} entries for {len(prompts)} prompts")
+            neg = encode(p, negs, pipeline=self, device=device, negative=True, **enc_kw)
+        elif base.__name__ not in NEGATIVE_ONLY_WHEN_GIVEN and "negative_prompt_embeds" in params:
+            neg = encode_uncond(p, len(prompts), pipeline=self, device=device, **enc_kw)
+    for name in cond:
+        if name in REBUILT:
+            continue
+        call[name] = _repeat(cond, name, n)
+        if neg is not None:
+            call[f"negative_{name}"] = _repeat(neg, name, n)
+    if "num_images_per_prompt" in params:
+        call["num_images_per_prompt"] = 1  # the embeddings above are repeated already
+    return original(self, **call)
+
+
+def _repeat(cond: Any, name: str, n: int) -> Any:
+    t = cond[name]
+    if n == 1 or not cond.is_batched(name):
+        return t
+    return t.repeat_interleave(n, dim=cond.batch_dim(name))
+
+
+__all__ = ["SUPPORTED", "applied_profile", "apply", "remove"]

@@ -1,0 +1,357 @@
+"""ostris/ai-toolkit job YAML (``config.process[0]``).
+
+Facts read at ostris/ai-toolkit@27a03a91f23eb1b757d5ec2e80ee3e129cfcc350; ``source`` gives file:line at that
+commit. Config classes read known keys with ``kwargs.get`` and ignore the rest silently
+(jobs/process/BaseSDTrainProcess.py:107-166). ai-toolkit has no key for any T5/LLM length, clip skip or
+system prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from te_align.audit import rules
+from te_align.audit.findings import Finding
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    expect_mapping,
+    unknown_key_finding,
+)
+from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
+from te_align.audit.rules import Context, Rule, Trainer
+from te_align.trainers.ai_toolkit import names as aitk_table
+
+_TT = "toolkit/train_tools.py"
+_SDM = "toolkit/stable_diffusion_model.py"
+
+# ------------------------------------------------------------------------------------ converters
+def _aitk_pixart_len(v: Any, ctx: Context) -> Any:
+    # ai-toolkit: arch pixart -> 300 if is_pixart_sigma else 120; arch pixart_sigma -> the generic T5 branch's 256.
+    if ctx.values.get("model._pixart_route") == "pixart_sigma":
+        return 256
+    return 300 if rules.truthy(v) else 120
+
+
+def _aitk_pixart_len_back(p: Any, ctx: Context) -> Any:
+    if p == 300:
+        return True
+    raise LookupError
+
+
+def _aitk_pixart_zero(v: Any, ctx: Context) -> Any:
+    return ctx.values.get("model._pixart_route") == "pixart_sigma"
+
+
+def _aitk_pixart_denoiser(v: Any, ctx: Context) -> Any:
+    return ctx.values.get("model._pixart_route") != "pixart_sigma"
+
+
+rules.register("aitk_pixart_len", _aitk_pixart_len, _aitk_pixart_len_back, "bool")
+rules.register("aitk_pixart_zero", _aitk_pixart_zero, rules.bool_back, "bool")
+rules.register("aitk_pixart_denoiser", _aitk_pixart_denoiser, rules.bool_back, "bool")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("clip_l.encoder.layer", ("sd1",), None, "last", "text_encoder(tokens)[0]; no clip-skip setting in training",
+         f"{_TT}:379-399"),
+    Rule("clip_h.encoder.layer", ("sd2",), None, "last", "text_encoder(tokens)[0]; no clip-skip setting in training",
+         f"{_TT}:379-399"),
+    Rule("clip_l.encoder.layer", ("sdxl",), None, "penultimate", "hidden_states[-2] for both encoders ('always penultimate')",
+         f"{_TT}:234-270"),
+    Rule("clip_g.encoder.layer", ("sdxl",), None, "penultimate", "hidden_states[-2] for both encoders ('always penultimate')",
+         f"{_TT}:234-270"),
+    Rule(None, ("sdxl",), "model.use_text_encoder_1", True, "encode_prompt forces both text encoders on",
+         f"{_SDM}:2412-2413", honoured="never"),
+    Rule(None, ("sdxl",), "model.use_text_encoder_2", True, "encode_prompt forces both text encoders on",
+         f"{_SDM}:2412-2413", honoured="never"),
+    Rule("t5.tokenizer.max_length", ("sd3",), None, 256,
+         "encode_prompts_sd3 calls the diffusers pipeline's _get_t5_prompt_embeds without max_sequence_length "
+         "(pipeline default 256)", f"{_TT}:325-374"),
+    Rule(None, ("sd3", "chroma", "hidream", "qwen-image", "wan"), "train.prompt_dropout_prob", 0.0,
+         "prompt dropout is dropped for SD3 and for every BaseModel architecture",
+         f"{_TT}:325-374; toolkit/models/base_model.py:1108-1131", honoured="never"),
+    Rule("t5.tokenizer.max_length", ("flux",), None, 512,
+         "encode_prompt hard-codes max_length=512 for FLUX.1 dev and schnell", f"{_SDM}:2468-2476"),
+    Rule("t5.masks.zero_padded", ("flux",), "model.attn_masking", False,
+         "attn_masking multiplies the padded T5 outputs by 0 (nothing goes into T5 or the transformer)",
+         f"{_TT}:569-572; toolkit/config_modules.py:690-692", convert="bool"),
+    Rule(None, ("sd1", "sd2", "sdxl", "sd3", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart", "auraflow"),
+         "model.attn_masking", False, "ai-toolkit refuses to start: attn_masking is only supported with flux",
+         "toolkit/config_modules.py:690-692", convert="bool", honoured="never", severity="error"),
+    Rule("t5.tokenizer.max_length", ("chroma",), None, 512, "T5 at 512, padding max_length",
+         "extensions_built_in/diffusion_models/chroma/chroma_model.py:380-416"),
+    Rule("t5.masks.encoder", ("chroma",), None, False, "T5 runs without the attention mask (diffusers passes it)",
+         "extensions_built_in/diffusion_models/chroma/chroma_model.py:405"),
+    Rule("t5.masks.denoiser", ("chroma",), None, True, "the tokenizer mask goes to the transformer as txt_mask",
+         "extensions_built_in/diffusion_models/chroma/chroma_model.py:357-360,410-415"),
+    Rule("gemma.tokenizer.max_length", ("lumina2",), None, 256,
+         "Lumina2Pipeline.encode_prompt(max_sequence_length=256)", f"{_SDM}:2484-2501"),
+    Rule("t5.tokenizer.max_length", ("hidream",), None, 128, "_encode_prompt(max_sequence_length=128)",
+         "extensions_built_in/diffusion_models/hidream/hidream_model.py:389-405"),
+    Rule("llama.tokenizer.max_length", ("hidream",), None, 128, "_encode_prompt(max_sequence_length=128)",
+         "extensions_built_in/diffusion_models/hidream/hidream_model.py:389-405"),
+    Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
+         "QwenImagePipeline.encode_prompt without max_sequence_length (encode_prompt default 1024)",
+         "extensions_built_in/diffusion_models/qwen_image/qwen_image.py:371-387", captions="over512"),
+    Rule("t5.tokenizer.max_length", ("wan",), None, 512, "pipeline.encode_prompt(max_sequence_length=512)",
+         "toolkit/models/wan21/wan21.py:605-615"),
+    # ---- PixArt. ai-toolkit's arch decides the route (toolkit/config_modules.py:634-640,775-809): arch "pixart"
+    # (or is_pixart) -> encode_prompts_pixart with 300 tokens when is_pixart_sigma, else 120, and the mask to the
+    # transformer; arch "pixart_sigma" (or is_pixart_sigma alone) is not "is_pixart" (the property compares the arch,
+    # toolkit/stable_diffusion_model.py:266-267), so encode_prompt takes its generic T5 branch: 256 tokens, padded
+    # outputs zeroed, no mask to the transformer. Neither cleans captions.
+    Rule("t5.tokenizer.max_length", ("pixart",), "model.is_pixart_sigma", False,
+         "arch pixart: 300 tokens with is_pixart_sigma, else 120; arch pixart_sigma: the generic T5 branch's 256",
+         f"{_SDM}:2442-2449,2502-2510; {_TT}:425-450", convert="aitk_pixart_len",
+         fix='model.arch: "pixart" with {set}'),
+    Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "none",
+         "captions go to the T5 tokenizer as they are: no PixArt caption cleaning and no lower-casing",
+         f"{_TT}:425-450"),
+    Rule("t5.masks.encoder", ("pixart",), None, True, "the tokenizer mask goes into T5", f"{_TT}:459-464"),
+    Rule("t5.masks.zero_padded", ("pixart",), "model.is_pixart_sigma", False,
+         "arch pixart_sigma: the generic T5 branch multiplies padded outputs by 0", f"{_SDM}:2502-2520",
+         convert="aitk_pixart_zero", fix='model.arch: "pixart" with model.is_pixart_sigma: true'),
+    Rule("t5.masks.denoiser", ("pixart",), "model.is_pixart_sigma", False,
+         "arch pixart passes the mask to the transformer as encoder_attention_mask; the generic T5 branch returns "
+         "no mask", f"{_SDM}:2096,2130-2134,2513-2519", convert="aitk_pixart_denoiser",
+         fix='model.arch: "pixart" with model.is_pixart_sigma: true'),
+    # ---- AuraFlow (is_auraflow / arch auraflow): encode_prompts_auraflow
+    Rule("t5.tokenizer.max_length", ("auraflow",), None, 256, "encode_prompts_auraflow(max_length=256)",
+         f"{_SDM}:2455-2462; {_TT}:469-492"),
+    Rule("t5.masks.encoder", ("auraflow",), None, True, "the tokenizer mask goes into the UMT5 encoder",
+         f"{_TT}:502-503"),
+    Rule("t5.masks.zero_padded", ("auraflow",), None, True, "padded outputs are multiplied by the mask (zeros)",
+         f"{_TT}:504-505"),
+)
+
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart", "auraflow")
+
+#: Keys people add expecting a text-encoder setting that ai-toolkit does not have.
+MYTH_KEYS = {
+    "t5_max_length": "ai-toolkit has no T5 length setting (the CivitAI SD3.5 advice does nothing)",
+    "t5xxl_max_token_length": "that is an sd-scripts option; ai-toolkit has no T5 length setting",
+    "max_sequence_length": "ai-toolkit has no T5/LLM length setting",
+    "max_token_length": "ai-toolkit has no token-length setting",
+    "tokenizer_max_length": "that is a SimpleTuner option; ai-toolkit has no token-length setting",
+    "clip_skip": "ai-toolkit has no clip-skip setting in training",
+    "system_prompt": "ai-toolkit has no system-prompt setting",
+    "apply_t5_attn_mask": "that is an sd-scripts option; ai-toolkit's model.attn_masking only zeroes padded T5 outputs (FLUX only)",
+}
+
+_CACHE = CacheSpec(("_t_e_cache/*.safetensors", "*.safetensors"),
+                   "file name = md5 of caption + arch + text_embedding_version; no encoder setting",
+                   "toolkit/dataloader_mixins.py:2120-2163,2309-2310", "delete the _t_e_cache folders")
+CACHES = {f: _CACHE for f in SUPPORTED}
+
+def scan_cache(directory: str, profile: Any) -> Any:
+    """ai-toolkit's cached ``*.safetensors`` (``text_embed``, toolkit/prompt_utils.py:119-141), from their headers;
+    the length is the profile's T5 slot's (else its last slot's)."""
+    from functools import partial
+
+    from te_align.audit.cachefiles import safetensors_record, scan
+
+    slot = "t5" if "t5" in profile.slot_names else profile.slot_names[-1]
+    return scan(directory, [("*.safetensors", partial(safetensors_record, tensor="text_embed"),
+                             f"{slot}.tokenizer.max_length")])
+
+
+_SECTIONS = ("model", "train", "network", "save", "sample", "logging", "slider")
+
+#: Jobs and process types that do not train (config/examples: extract, generate, mod_lora_scale; extension uids
+#: of generators, captioners, dataset tools and the example merge extension).
+NON_TRAINING_JOBS = {"extract": "extracts a LoRA", "generate": "generates images", "mod": "modifies a LoRA"}
+NON_TRAINING_TYPES = {
+    "example_merge_extension": "merges models (extensions/example)",
+    "reference_generator": "generates images (extensions_built_in/advanced_generator)",
+    "pure_lora_generator": "generates images (extensions_built_in/advanced_generator)",
+    "batch_img2img": "generates images (extensions_built_in/advanced_generator)",
+    "dataset_tools": "prepares datasets", "sync_from_collection": "prepares datasets", "super_tagger": "captions images",
+    "AceStepCaptioner": "captions data", "Qwen3VLCaptioner": "captions data", "Qwen3OmniCaptioner": "captions data",
+    "Ideogram4Captioner": "captions data",
+}
+#: Archs te-align has no profile for, by the name the model goes by.
+NO_PROFILE = {"flux_kontext": "FLUX.1 Kontext", "qwen_image_edit": "Qwen-Image-Edit",
+              "qwen_image_edit_plus": "Qwen-Image-Edit-2509", "omnigen2": "OmniGen2", "flex2": "Flex.2",
+              "hidream_e1": "HiDream-E1", "zimage": "Z-Image"}
+
+
+def _process(data: Any, file: str) -> dict[str, Any]:
+    cfg = data.get("config") if isinstance(data, dict) else None
+    procs = cfg.get("process") if isinstance(cfg, dict) else None
+    if not isinstance(procs, list) or not procs or not isinstance(procs[0], dict):
+        raise UnreadableConfig("expected config.process[0] (an ai-toolkit job)", file=file)
+    return procs[0]
+
+
+def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
+    """The bundled profile a ``model:`` section trains: the trainer table's arch (or ``is_*`` flag), refined by
+    ``name_or_path`` (a local folder's or checkpoint's files, else its name) and, for FLUX.1, by a training adapter
+    (``assistant_lora_path``: ai-toolkit then treats the model as schnell). Where nothing decides between two
+    profiles of a family, the reason carries the assumption (:func:`te_align.audit.parsed.reason`)."""
+    from te_align.audit.models import assumption, guess_model
+    from te_align.audit.parsed import reason
+
+    path = model.get("name_or_path")
+    by_name, files, decided = guess_model(path)
+    arch = aitk_table.arch_name(model)
+    if arch:
+        prof = aitk_table.ARCHS[arch][0] if arch in aitk_table.ARCHS and arch not in NO_PROFILE else None
+        if prof is None:
+            return None, f"model.arch {arch!r}"
+        if arch == "pixart" and model.get("is_pixart_sigma"):
+            return "pixart-sigma", "model.arch 'pixart' with is_pixart_sigma"
+        why = f"model.arch {arch!r}"
+    else:
+        flagged = aitk_table.flag_arch(model)
+        if flagged is None:
+            if by_name:
+                said = f"model.name_or_path {path!r}{files}"
+                return by_name, said if decided else reason(f"{said}; {by_name} assumed", assumption(
+                    by_name, "model.name_or_path (its name or files)"))
+            return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"
+        prof = aitk_table.ARCHS[flagged][0]
+        why = f"model.{next(f for f, a in aitk_table.FLAGS if a == flagged)}"
+    if by_name and decided and _family(by_name) == _family(prof):
+        return by_name, f"{why} and model.name_or_path {path!r}{files}"
+    adapter = model.get("assistant_lora_path")
+    if _family(prof) == "flux" and adapter:
+        return "flux-schnell", (f"{why} with model.assistant_lora_path {adapter!r}: a training adapter, ai-toolkit "
+                                "treats the model as FLUX.1 schnell (toolkit/stable_diffusion_model.py:718-721)")
+    if arch == "flex1" or "flex.1" in str(path or "").lower():
+        return prof, why  # Flex.1 is trained at 512 T5 tokens like FLUX.1 dev (the Flex.1 note says so)
+    said = assumption(prof, "model.name_or_path (its name or files) or model.assistant_lora_path")
+    return prof, reason(f"{why}; {prof} assumed", said) if said else why
+
+
+def pixart_route(model: dict[str, Any]) -> str | None:
+    """ai-toolkit's own arch for a PixArt config (config_modules.py:775-809): "pixart" or "pixart_sigma"."""
+    arch = aitk_table.arch_name(model)
+    if arch:
+        return arch if arch in ("pixart", "pixart_sigma") else None
+    for flag, name in (("is_v2", None), ("is_v3", None), ("is_xl", None), ("is_pixart", "pixart"),
+                       ("is_pixart_sigma", "pixart_sigma")):
+        if model.get(flag):
+            return name
+    return None
+
+
+def _no_profile(model: dict[str, Any]) -> str | None:
+    """The model's name when te-align has no profile for it (Kontext, Qwen-Image-Edit, Flex.2, PixArt-α, …)."""
+    arch = aitk_table.arch_name(model)
+    if pixart_route(model) == "pixart" and not model.get("is_pixart_sigma") and "sigma" not in str(
+            model.get("name_or_path") or "").lower():
+        return "PixArt-α (model.is_pixart / arch pixart without is_pixart_sigma)"
+    if arch and (arch in NO_PROFILE or arch not in aitk_table.ARCHS):
+        return f"{NO_PROFILE.get(arch, arch)} (model.arch {arch!r})"
+    name = str(model.get("name_or_path") or "")
+    low = name.lower()
+    if "flex.2" in low or "flex2" in low:
+        return f"Flex.2 (model.name_or_path {name!r})"
+    if "kontext" in low:
+        return f"FLUX.1 Kontext (model.name_or_path {name!r})"
+    return None
+
+
+def _family(prof: str) -> str:
+    from te_align.audit.rules import family_of
+
+    return family_of(prof)
+
+
+def detect(raw: RawConfig) -> int | None:
+    """An ai-toolkit job: ``config.process`` is a list."""
+    cfg = raw.data.get("config") if isinstance(raw.data, dict) else None
+    return 100 if isinstance(cfg, dict) and isinstance(cfg.get("process"), list) else None
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    proc = _process(raw.data, raw.file)
+    job = str(raw.data.get("job") or "")
+    ptype = str(proc.get("type") or "")
+    if job in NON_TRAINING_JOBS:
+        raise NotChecked(f"not a training job: job: {job} {NON_TRAINING_JOBS[job]}; nothing to check",
+                         status="not-training", file=raw.file)
+    if ptype in NON_TRAINING_TYPES:
+        raise NotChecked(f"not a training job: process type {ptype!r} {NON_TRAINING_TYPES[ptype]}; nothing to check",
+                         status="not-training", file=raw.file)
+    valid = known_keys("ai-toolkit")
+    findings = []
+    values: dict[str, Any] = {}
+    lines = KeyLines(raw.text)
+
+    def unknown(key: str, section: str, keys: frozenset[str]) -> None:
+        hint = MYTH_KEYS.get(key)
+        findings.append(unknown_key_finding(
+            key, keys, trainer="ai-toolkit: jobs/process/BaseSDTrainProcess.py:107-166 (kwargs.get)",
+            line=lines(key), section=section,
+            behaviour="ai-toolkit reads known keys with kwargs.get and ignores this one silently",
+            hint=f"{hint}: not settable: use `te-align patch`" if hint else None,
+        ))
+
+    for key in proc:
+        if key not in valid["process"]:
+            unknown(key, "", valid["process"])
+    for section in _SECTIONS:
+        sec = expect_mapping(proc.get(section), section, raw.file, lines)
+        for key, v in sec.items():
+            values[f"{section}.{key}"] = v
+            if key not in valid.get(section, frozenset()):
+                unknown(key, section, valid.get(section, frozenset()))
+    datasets = proc.get("datasets")
+    if datasets is None:
+        datasets = []
+    elif not isinstance(datasets, list):
+        raise ConfigSyntaxError(raw.file, lines("datasets"), None,
+                                f"wrong type/value for datasets: expected a list of datasets, got {datasets!r:.60}")
+    for i, ds in enumerate(datasets):
+        if isinstance(ds, dict):
+            for key in ds:
+                if key not in valid["datasets"]:
+                    unknown(key, f"datasets[{i}]", valid["datasets"])
+    model = expect_mapping(proc.get("model"), "model", raw.file, lines)
+    values["model._pixart_route"] = pixart_route(model)
+    missing = _no_profile(model)
+    if missing:
+        return Parsed(Trainer("ai-toolkit", RULES, str, str), values, None, "", False, None, findings, SUPPORTED,
+                      not_checked=f"not checked: te-align has no profile for {missing}")
+    prof, reason = guess_profile(model)
+    if aitk_table.arch_name(model).startswith("wan22"):
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"Wan 2.2 (model.arch {aitk_table.arch_name(model)!r}) is checked with the wan21 profile: diffusers' "
+            "WanPipeline encodes both with the same umT5-XXL at 512 tokens")))
+    if prof and prof.startswith("flux") and "flex.1" in str(model.get("name_or_path") or "").lower():
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            "Flex.1 is checked as FLUX.1 (ai-toolkit runs it as flux: same T5 encoding, 512 tokens); "
+            "te-align has no Flex.1 profile of its own")))
+    cached = bool(values.get("train.cache_text_embeddings")) or any(
+        isinstance(ds, dict) and ds.get("cache_text_embeddings") for ds in datasets)
+    rates = [(f"datasets[{i}].caption_dropout_rate", ds.get("caption_dropout_rate")) for i, ds in enumerate(datasets)
+             if isinstance(ds, dict) and ds.get("caption_dropout_rate")]
+    if values.get("train.prompt_dropout_prob"):
+        rates.append(("train.prompt_dropout_prob", values["train.prompt_dropout_prob"]))
+
+    def after(profile: Any, ctx: Any) -> list[Finding]:
+        if profile.family in ("sd3", "chroma", "hidream", "qwen-image", "wan"):  # prompt dropout dropped there
+            rates_here = [r for r in rates if not r[0].startswith("train.")]
+        else:
+            rates_here = rates
+        return [f for key, rate in rates_here for f in dropout_form_finding(
+            profile, rate, "encode", key=key, trainer="ai-toolkit",
+            source="toolkit/dataloader_mixins.py:402-408,2245-2251 (a dropped caption becomes ''); "
+                   f"{_TT}:437-441", line=lines(key.rsplit(".", 1)[-1]))]
+
+    def fix_set(key: str, value: Any) -> str:
+        return f"{key}: {json.dumps(value)}"
+
+    def fix_remove(key: str) -> str:
+        return f"remove {key}" + (" (or set it to false)" if key.endswith("attn_masking") else "")
+
+    trainer = Trainer("ai-toolkit", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]))
+    dirs = [ds["folder_path"] for ds in datasets if isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)]
+    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED,
+                  guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs,
+                  assumed=getattr(reason, "assumed", ""))

@@ -1,0 +1,432 @@
+"""tdrussell/diffusion-pipe: the training TOML (``deepspeed train.py --deepspeed --config CONFIG``; ``[model] type``)
+and the dataset TOML it names (``dataset = 'dataset.toml'``: ``[[directory]]``, ``caption_prefix``, …).
+
+diffusion-pipe encodes captions once, before training: each text encoder's embeddings are cached (HF ``datasets``
+shards in ``<directory>/cache/<model>/…/text_embeddings_<i>``) unless ``[model] cache_text_embeddings = false``.
+The cache's fingerprint hashes the text encoder's index and the captions only (utils/dataset.py:85-97,178-199): a
+changed model variant or encoding setting reuses stale embeddings.
+
+Every fact below was read at tdrussell/diffusion-pipe@8f83dbf25d03219df705570ec03e62be04bc402f; ``source`` gives
+file:line at that commit. Most model classes call the diffusers pipeline's own encode functions (``models/<type>.py``
+``get_call_text_encoder_fn``); what differs from the official pipeline is named below. The keys diffusion-pipe
+reads are bundled in ``data/diffusion-pipe.txt`` (``python -m te_align.trainers.diffusion_pipe.audit CHECKOUT``
+regenerates it); it reads keys with ``.get`` and ignores the rest silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from te_align.audit import rules
+from te_align.audit.findings import Finding
+from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, unknown_key_finding
+from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig
+from te_align.audit.rules import Context, Rule, Trainer
+from te_align.trainers.diffusion_pipe import names
+
+COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
+NAME = "diffusion-pipe"
+#: The system prompt te-align's lumina2 profile (diffusers' Lumina2Pipeline) puts in front of a caption.
+LUMINA_START = " <Prompt Start> "
+
+
+# ------------------------------------------------------------------------------------ converters
+def _lumina_system(v: Any, ctx: Context) -> Any:
+    # caption_prefix "SYSTEM <Prompt Start> " is the template with that system prompt; "" is no system prompt
+    prefix = v if isinstance(v, str) else ""
+    return prefix[: -len(LUMINA_START)] if prefix.endswith(LUMINA_START) else (prefix or None)
+
+
+def _lumina_system_back(p: Any, ctx: Context) -> Any:
+    return p + LUMINA_START if isinstance(p, str) and p else rules.REMOVE
+
+
+def _lumina_template(v: Any, ctx: Context) -> Any:
+    prefix = v if isinstance(v, str) else ""
+    if prefix.endswith(LUMINA_START):
+        return "{system_prompt} <Prompt Start> {prompt}"
+    return prefix.replace("{", "{{").replace("}", "}}") + "{prompt}"
+
+
+rules.register("dp_lumina_system", _lumina_system, _lumina_system_back, "str")
+def _lumina_template_back(p: Any, ctx: Context) -> Any:
+    if p == "{system_prompt} <Prompt Start> {prompt}":
+        return "SYSTEM" + LUMINA_START
+    raise LookupError
+
+
+rules.register("dp_lumina_template", _lumina_template, _lumina_template_back, "str")
+
+_M = "models"
+RULES: tuple[Rule, ...] = (
+    # ---- FLUX.1: the diffusers FluxPipeline's own encode functions, T5 at their default length
+    Rule("t5.tokenizer.max_length", ("flux",), None, 512,
+         "get_call_text_encoder_fn calls FluxPipeline._get_t5_prompt_embeds without max_sequence_length (diffusers' "
+         "default 512, for dev and schnell)", f"{_M}/flux.py:307-322"),
+    Rule("t5.masks.encoder", ("flux",), None, False, "T5 runs without the attention mask (as the pipeline)",
+         f"{_M}/flux.py:317-318"),
+    Rule("clip_l.encoder.pooled", ("flux",), None, "pooler_output", "CLIPTextModel pooler_output (as the pipeline)",
+         f"{_M}/flux.py:309-313"),
+    # ---- SDXL: encoded live from its own token ids (no cache), both encoders with the CLIP-L tokenizer
+    Rule("clip_l.tokenizer.padding", ("sdxl",), None, "longest",
+         "captions are tokenized with padding='longest' and no truncation; each 75-token chunk gets BOS and EOS but is "
+         "not padded to 77, so the UNet sees as many text tokens as the batch's longest caption",
+         f"{_M}/sdxl.py:581-589,745-765"),
+    Rule("clip_g.tokenizer.padding", ("sdxl",), None, "longest",
+         "CLIP-G gets the same ids (padding='longest', no padding to 77)", f"{_M}/sdxl.py:542-543,581-589,740"),
+    Rule("clip_l.tokenizer.truncation", ("sdxl",), None, False,
+         "no truncation: a caption longer than 75 tokens is encoded in 75-token chunks concatenated to a longer "
+         "sequence", f"{_M}/sdxl.py:581-589,751-781"),
+    Rule("clip_g.tokenizer.pad_token", ("sdxl",), None, "<|endoftext|>",
+         "tokenizer_2 is replaced by the CLIP-L tokenizer: CLIP-G pads with <|endoftext|> and a literal '!' stays text "
+         "(the diffusers tokenizer_2 pads with '!' and turns every '!' into the pad id 0)", f"{_M}/sdxl.py:390-393",
+         captions="bang"),
+    Rule("clip_l.encoder.layer", ("sdxl",), None, "penultimate", "hidden_states[-2] of both encoders",
+         f"{_M}/sdxl.py:773-774"),
+    Rule("clip_g.encoder.pooled", ("sdxl",), None, "text_embeds", "pooled = output[0] of text_encoder_2 (first chunk)",
+         f"{_M}/sdxl.py:769-771"),
+    # ---- SD3 / SD3.5: the diffusers StableDiffusion3Pipeline's own encode functions
+    Rule("t5.tokenizer.max_length", ("sd3",), None, 256,
+         "StableDiffusion3Pipeline._get_t5_prompt_embeds without max_sequence_length (diffusers' default 256)",
+         f"{_M}/sd3.py:101-105"),
+    Rule("clip_l.encoder.layer", ("sd3",), None, "penultimate", "_get_clip_prompt_embeds (hidden_states[-2])",
+         f"{_M}/sd3.py:80-99"),
+    Rule("clip_g.tokenizer.pad_token", ("sd3",), None, "!", "the diffusers folder's tokenizer_2 (pad '!')",
+         f"{_M}/sd3.py:36"),
+    # ---- Chroma: its own T5 call, 512 tokens, the mask into T5 and (plus one padding token) into the transformer
+    Rule("t5.tokenizer.max_length", ("chroma",), None, 512, "max_sequence_length = 512, padding max_length",
+         f"{_M}/chroma.py:200-209"),
+    Rule("t5.masks.encoder", ("chroma",), None, True, "the tokenizer mask goes into T5", f"{_M}/chroma.py:219"),
+    Rule("t5.masks.denoiser_extra_pad_tokens", ("chroma",), None, 1,
+         "the transformer attends to the real tokens plus one padding token (modify_mask_to_attend_padding(…, 1))",
+         f"{_M}/chroma.py:389-403"),
+    # ---- Lumina 2: the caption as it is, or with the dataset's caption_prefix in front
+    Rule("gemma.tokenizer.system_prompt", ("lumina2",), "caption_prefix", "",
+         "the caption goes to Gemma with only the dataset's caption_prefix in front; a prefix ending in "
+         "'<Prompt Start> ' is the system prompt (unset: no system prompt)",
+         f"{_M}/lumina_2.py:115-136; utils/dataset.py:48-57,733-763", convert="dp_lumina_system"),
+    Rule("gemma.tokenizer.template", ("lumina2",), "caption_prefix", "",
+         "the text before the caption is the dataset's caption_prefix", "utils/dataset.py:48-57,733-763",
+         convert="dp_lumina_template",
+         fix="caption_prefix = \"<system prompt> <Prompt Start> \" in the dataset TOML (the system prompt: see "
+             "gemma.tokenizer.system_prompt)"),
+    Rule("gemma.tokenizer.max_length", ("lumina2",), None, 256, "max_length=256, padding max_length",
+         f"{_M}/lumina_2.py:119-125"),
+    Rule("gemma.encoder.layer", ("lumina2",), None, "penultimate", "hidden_states[-2]", f"{_M}/lumina_2.py:131-135"),
+    Rule("gemma.masks.encoder", ("lumina2",), None, True, "the tokenizer mask goes into Gemma", f"{_M}/lumina_2.py:131-134"),
+    # ---- HiDream: the diffusers HiDreamImagePipeline's CLIP and T5 functions; Llama at prepare_inputs
+    Rule("t5.tokenizer.max_length", ("hidream",), None, 128,
+         "HiDreamImagePipeline._get_t5_prompt_embeds without max_sequence_length (diffusers' default 128)",
+         f"{_M}/hidream.py:173-180"),
+    Rule("llama.tokenizer.max_length", ("hidream",), "max_llama3_sequence_length", 128,
+         "[model] max_llama3_sequence_length (default 128), padding max_length", f"{_M}/hidream.py:194-203"),
+    # ---- Wan: its own copy of the Wan T5 (text_len 512, the reference's cleaning), zero-padded to text_len
+    Rule("t5.tokenizer.max_length", ("wan",), None, 512, "text_len = 512", f"{_M}/wan/configs.py:11; {_M}/wan/t5.py:580"),
+    Rule("t5.tokenizer.text_cleaning", ("wan",), None, "wan", "clean='whitespace' (ftfy, html.unescape, whitespace)",
+         f"{_M}/wan/t5.py:580"),
+    Rule("t5.masks.repad", ("wan",), None, "max_length", "each output is zero-padded to text_len",
+         f"{_M}/wan/wan.py:319-330,494-496"),
+    # ---- Qwen-Image: its own _get_qwen_prompt_embeds (the diffusers one, without the cut to 512)
+    Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
+         "_get_qwen_prompt_embeds keeps up to tokenizer_max_length = 1024 tokens after the 34-token template prefix "
+         "(the pipeline's __call__ keeps 512)", f"{_M}/qwen_image.py:332-384", captions="over512"),
+    Rule("qwen.masks.repad", ("qwen-image",), None, "batch_longest",
+         "each caption's real tokens are cached and padded to the batch's longest with the mask",
+         f"{_M}/qwen_image.py:394-412"),
+    # ---- AuraFlow: AuraFlowPipeline.encode_prompt with [model] max_sequence_length (required)
+    Rule("t5.tokenizer.max_length", ("auraflow",), "max_sequence_length", 256,
+         "[model] max_sequence_length goes to AuraFlowPipeline.encode_prompt (required; 768 for Pony-V7)",
+         f"{_M}/auraflow.py:28,99-103; docs/supported_models.md:439"),
+)
+
+SUPPORTED = ("flux", "sdxl", "sd3", "chroma", "lumina2", "hidream", "wan", "qwen-image", "auraflow", "hunyuanimage",
+             "anima")
+#: diffusion-pipe has no setting for its hard-coded encoding; te-align's hooks replace it where they reach.
+NOT_SETTABLE = ("not settable in diffusion-pipe (hard-coded): run it with te-align's hooks (`te-align patch "
+                "DIFFUSION_PIPE_CHECKOUT`), then cache again (the hooks' fingerprint forces it)")
+NOT_HOOKED = "not settable in diffusion-pipe (hard-coded), and te-align's hooks do not reach this model type yet"
+
+_CACHE = CacheSpec(("text_embeddings_*/metadata.db",), "the text encoder's index and the captions (HF datasets "
+                   "fingerprint), no model or encoding setting", "utils/dataset.py:85-97,178-199; utils/cache.py:38-60",
+                   "regenerate_cache = true (or --regenerate_cache), or delete <directory>/cache")
+CACHES = {f: _CACHE for f in SUPPORTED}
+#: What te-align's hooks add to the text-embedding cache's fingerprint arguments.
+FINGERPRINT_TAG = "te-align:"
+
+
+# ------------------------------------------------------------------------------------ keys
+@functools.cache
+def valid_keys() -> dict[str, frozenset[str]]:
+    """The keys diffusion-pipe reads, by section: ``top``, ``model``, ``dataset``, ``directory``."""
+    res = resources.files(__package__).joinpath("data", "diffusion-pipe.txt")
+    table: dict[str, set[str]] = {}
+    current = ""
+    for raw in res.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            continue
+        table.setdefault(current, set()).add(line)
+    return {k: frozenset(v) for k, v in table.items()}
+
+
+# ------------------------------------------------------------------------------------ reading
+def detect(raw: RawConfig) -> int | None:
+    """A training TOML (``[model] type`` and ``dataset``/``output_dir``) or a dataset TOML (``[[directory]]``)."""
+    if raw.fmt != "toml" or not isinstance(raw.data, dict):
+        return None
+    model = raw.data.get("model")
+    if isinstance(model, dict) and "type" in model and any(k in raw.data for k in ("dataset", "output_dir", "epochs")):
+        return 100
+    directory = raw.data.get("directory")
+    if isinstance(directory, list) and any(isinstance(d, dict) and "path" in d for d in directory):
+        return 80
+    return None
+
+
+def _dataset(path: Any, config_file: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The dataset TOML a training TOML names (relative to the working folder, as train.py opens it, else to the
+    training TOML's folder or one above it: the shipped examples name ``examples/dataset.toml``, relative to the
+    checkout that train.py runs in)."""
+    if not isinstance(path, str) or not path:
+        return None, None
+    here = Path(config_file).resolve().parent
+    for candidate in (Path(path), *(folder / path for folder in [here, *here.parents][:4])):
+        if candidate.is_file():
+            from te_align.audit.readers import load
+
+            raw = load(str(candidate))
+            if raw.fmt != "toml" or not isinstance(raw.data, dict):
+                raise UnreadableConfig("dataset: expected a TOML table", file=str(candidate))
+            return raw.data, str(candidate)
+    return None, None
+
+
+#: Model-file name patterns that decide a family's variant (lower-cased name; first match wins). A name that only
+#: says the family ("flux", "sd3") decides nothing.
+VARIANT_NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "flux": ((r"schnell", "flux-schnell"), (r"(?<![a-z])dev(?![a-z])", "flux-dev")),
+    "sd3": ((r"3[._-]?5.{0,12}large|35l\b", "sd35-large"), (r"3[._-]?5.{0,12}medium|35m\b", "sd35-medium"),
+            (r"sd[._-]?3[._-]medium|(?<![.\d])3[._-]medium", "sd3-medium")),
+}
+
+
+def _variant(mt: names.ModelType, model: dict[str, Any]) -> tuple[str, str, bool]:
+    """(profile, why, only assumed) from every signal the model's files carry: the file names, a diffusers folder's
+    transformer config (``guidance_embeds``), a single-file checkpoint's keys (``guidance_in``, as flux.py:114-119)."""
+    import re
+
+    assert mt.profile is not None
+    patterns = VARIANT_NAMES.get(mt.type)
+    if patterns is None:
+        return mt.profile, f"[model] type {mt.type!r}", False
+    for key in names.MODEL_FILES:
+        value = model.get(key)
+        if not isinstance(value, str):
+            continue
+        name = value.lower()
+        for pattern, profile in patterns:
+            if re.search(pattern, name):
+                return profile, f"[model] type {mt.type!r} and {key} {value!r}", False
+    if mt.type == "flux":
+        signal = _flux_guidance(model)
+        if signal is not None:
+            has, where = signal
+            return ("flux-dev" if has else "flux-schnell"), f"[model] type 'flux' and {where}", False
+    from te_align.audit.models import profile_from_files
+
+    for key in names.MODEL_FILES:  # a diffusers folder's configs, a checkpoint's tensor names
+        found = profile_from_files(model.get(key))
+        if found is not None and found[0] in dict(patterns).values():
+            return found[0], f"[model] type {mt.type!r} and {key} {model[key]!r} (its files: {found[1]})", False
+    return mt.profile, f"[model] type {mt.type!r}", True
+
+
+def _flux_guidance(model: dict[str, Any]) -> tuple[bool, str] | None:
+    """Whether the FLUX.1 transformer has a guidance embedder (dev) — read from the files, or None."""
+    folder = model.get("diffusers_path")
+    if isinstance(folder, str):
+        cfg = Path(folder) / "transformer" / "config.json"
+        if cfg.is_file():
+            try:
+                data = json.loads(cfg.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = {}
+            if isinstance(data.get("guidance_embeds"), bool):
+                return data["guidance_embeds"], f"{cfg} guidance_embeds = {str(data['guidance_embeds']).lower()}"
+    path = model.get("transformer_path")
+    if isinstance(path, str) and path.endswith((".safetensors", ".sft")) and Path(path).is_file():
+        from te_align._safetensors import read_header
+        from te_align.errors import TeAlignError
+
+        try:
+            keys = read_header(path).tensors
+        except (OSError, TeAlignError):
+            return None
+        has = any(k.startswith("guidance_in") or ".guidance_in." in k for k in keys)
+        return has, f"transformer_path {path!r} {'has' if has else 'has no'} guidance_in weights (flux.py:114-119)"
+    return None
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    if not isinstance(raw.data, dict):
+        raise UnreadableConfig("expected a TOML table", file=raw.file)
+    lines = KeyLines(raw.text)
+    keys = valid_keys()
+    findings: list[Finding] = []
+    if "model" not in raw.data and isinstance(raw.data.get("directory"), list):
+        raise NotChecked("not checked: a diffusion-pipe dataset config; check the training config that names it "
+                         "(dataset = '…') — the model is set there", file=raw.file)
+    model = raw.data.get("model")
+    if not isinstance(model, dict):
+        raise ConfigSyntaxError(raw.file, lines("model"), None, "wrong type/value for model: expected a [model] table")
+    src = "diffusion-pipe: train.py and models/*.py read keys with .get"
+    for k in raw.data:
+        if k not in keys["top"]:
+            findings.append(unknown_key_finding(k, keys["top"], trainer=src, line=lines(k),
+                                                behaviour="diffusion-pipe never reads this key"))
+    for k in model:
+        if k not in keys["model"]:
+            findings.append(unknown_key_finding(k, keys["model"], trainer=src, line=lines(k), section="model",
+                                                behaviour="diffusion-pipe never reads this key"))
+    dataset, dataset_file = _dataset(raw.data.get("dataset"), raw.file)
+    dirs: list[str] = []
+    values: dict[str, Any] = dict(model)
+    if dataset is not None and dataset_file is not None:
+        dlines = KeyLines(Path(dataset_file).read_text(encoding="utf-8"))
+        for k in dataset:
+            if k not in keys["dataset"]:
+                findings.append(unknown_key_finding(k, keys["dataset"], trainer="diffusion-pipe: utils/dataset.py",
+                                                    line=dlines(k), behaviour="diffusion-pipe never reads this key"))
+        directories = dataset.get("directory") if isinstance(dataset.get("directory"), list) else []
+        prefixes = {str(d.get("caption_prefix", dataset.get("caption_prefix", ""))) for d in directories if isinstance(d, dict)}
+        for i, d in enumerate(directories):
+            if not isinstance(d, dict):
+                continue
+            if isinstance(d.get("path"), str):
+                dirs.append(d["path"])
+            for k in d:
+                if k not in keys["directory"]:
+                    findings.append(unknown_key_finding(k, keys["directory"], trainer="diffusion-pipe: utils/dataset.py",
+                                                        line=dlines(k), section=f"directory[{i}]",
+                                                        behaviour="diffusion-pipe never reads this key"))
+        if len(prefixes) > 1:
+            findings.append(Finding(kind="note", severity="info", setting="caption_prefix", message=(
+                f"the directories use different caption_prefix values ({len(prefixes)}); checked with the first")))
+        first = next((d for d in directories if isinstance(d, dict)), {})
+        if "caption_prefix" in first or "caption_prefix" in dataset:
+            values["caption_prefix"] = first.get("caption_prefix", dataset.get("caption_prefix"))
+    elif isinstance(raw.data.get("dataset"), str):
+        findings.append(Finding(kind="note", severity="info", setting="dataset", message=(
+            f"dataset {raw.data['dataset']!r} not found (relative to the working folder or {Path(raw.file).parent}): "
+            "its caption_prefix and captions are not checked")))
+    mt_name = str(model.get("type") or "")
+    mt = names.BY_TYPE.get(mt_name)
+    trainer = _trainer(raw, lines, mt)
+    cached = bool(model.get("cache_text_embeddings", True)) and mt_name != "sdxl"
+    if mt is None or mt.profile is None:
+        what = mt.display if mt else mt_name
+        return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
+                      not_checked=f"not checked: te-align has no profile for {what} (diffusion-pipe [model] type "
+                                  f"{mt_name!r})")  # fmt: skip
+    prof, reason, assumed = _variant(mt, model)
+    said = ""
+    if assumed:
+        from te_align.audit.models import assumption
+
+        said = assumption(prof, "the [model] file names or their files")
+        if mt.type == "sd3" and said:
+            said += "; every bundled SD3 profile encodes the same way"
+        reason = f"{reason}; {prof} assumed" if said else reason
+    if mt.type == "wan" and str(model.get("ckpt_path") or "").lower().find("2.2") >= 0:
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            "Wan 2.2 is checked with the wan21 profile: diffusers' WanPipeline encodes both with the same umT5-XXL at "
+            "512 tokens")))
+    if mt.type == "sdxl":
+        findings.append(Finding(kind="note", severity="info", setting="text-encoder cache", message=(
+            "diffusion-pipe encodes SDXL captions at every step (no text-embedding cache, models/sdxl.py:426-428)")))
+    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, guess_is_default=False,
+                  caption_dirs=dirs, assumed=said)
+
+
+def _trainer(raw: RawConfig, lines: KeyLines, mt: names.ModelType | None) -> Trainer:
+    def fix_set(key: str, value: Any) -> str:
+        where = "in the dataset TOML" if key == "caption_prefix" else "in [model]"
+        return f"{key} = {json.dumps(value, ensure_ascii=False)} ({where})"
+
+    def fix_remove(key: str) -> str:
+        return f"remove {key}"
+
+    return Trainer(NAME, RULES, fix_set, fix_remove, lines,
+                   not_settable=NOT_SETTABLE if mt is not None and mt.hooked else NOT_HOOKED)
+
+
+# ------------------------------------------------------------------------------------ the key table
+def _config_keys(root: Path) -> dict[str, set[str]]:
+    """Keys read with ``X.get('k')`` / ``X['k']`` where X names a config table, by section."""
+    import ast
+
+    sections = {"top": ("config",), "model": ("model_config", "config['model']", 'config["model"]'),
+                "dataset": ("dataset_config",), "directory": ("directory_config",)}
+    out: dict[str, set[str]] = {k: set() for k in sections}
+    files = [root / "train.py", *sorted((root / "models").rglob("*.py")), *sorted((root / "utils").glob("*.py"))]
+    for f in files:
+        try:
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            target = key = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                target, key = node.value, node.slice.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault", "pop")
+                  and node.args and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+                target, key = node.func.value, node.args[0].value
+            if target is None or not isinstance(key, str):
+                continue
+            text = ast.unparse(target).replace("self.", "")
+            for section, spellings in sections.items():
+                if text in spellings:
+                    out[section].add(key)
+    return out
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m te_align.trainers.diffusion_pipe.audit CHECKOUT [--write]``: the bundled key table."""
+    import subprocess
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or not (Path(args[0]) / "train.py").is_file() or not (Path(args[0]) / "models").is_dir():
+        print("usage: python -m te_align.trainers.diffusion_pipe.audit DIFFUSION_PIPE_CHECKOUT [--write]", file=sys.stderr)
+        return 2
+    root = Path(args[0])
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown commit"
+    lines = [f"# Generated by `python -m te_align.trainers.diffusion_pipe.audit CHECKOUT --write` from "
+             f"tdrussell/diffusion-pipe@{commit}.",
+             "# Keys diffusion-pipe reads (config.get / config[...] in train.py, models/, utils/), by table."]
+    for section, keys in _config_keys(root).items():
+        lines.append(f"[{section}]")
+        lines += sorted(keys)
+    text = "\n".join(lines) + "\n"
+    if "--write" in args:
+        target = Path(__file__).with_name("data") / "diffusion-pipe.txt"
+        target.write_text(text, encoding="utf-8")
+        print(f"wrote {target}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(_main())

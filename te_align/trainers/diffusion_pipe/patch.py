@@ -1,0 +1,73 @@
+"""On-disk patch of a tdrussell/diffusion-pipe checkout: ``train.py`` replaced by a drop-in.
+
+``deepspeed train.py --deepspeed --config CONFIG`` starts every rank from ``train.py``; the drop-in (template
+``templates/train_script.py.tmpl`` of this folder) arms :mod:`te_align.trainers.diffusion_pipe.hooks` for the model
+type of the config and runs the original code, kept byte for byte as ``te_align_originals/train.py``
+(:func:`te_align.patching.dropins.plan_drop_ins`). Version: the git HEAD; a commit te-align was not verified against
+is accepted only when every hook target is present with the expected parameters, checked in the source.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from te_align._git import git_dir, git_head
+from te_align.hooks.base import OFF_WORDS
+from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
+from te_align.patching.trainers import Detection
+from te_align.patching.transaction import PatchError, Plan
+
+TRAINER = "diffusion-pipe"
+SCRIPTS: tuple[tuple[str, str], ...] = (("train.py", "training, every deepspeed rank"),)
+#: Files whose presence marks a diffusion-pipe checkout.
+MARKERS = ("train.py", "utils/dataset.py", "utils/cache.py", "models/base.py")
+
+
+def detect(path: Path) -> Detection | None:
+    root = Path(path)
+    if not all((root / m).is_file() for m in MARKERS):
+        return None
+    from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
+
+    head = git_head(root)
+    if head is None:
+        return Detection(TRAINER, root, "checkout", "unknown (no git)",
+                         ("not a git checkout: the hook targets are checked in the source instead",))  # fmt: skip
+    notes: tuple[str, ...] = ()
+    if head not in SUPPORTED:
+        notes = (f"commit {head[:7]} is not one te-align was verified with ({', '.join(c[:7] for c in SUPPORTED)}); "
+                 "hook targets are checked in the source",)
+    return Detection(TRAINER, root, "checkout", head[:7], notes)
+
+
+def static_problems(root: Path) -> list[str]:
+    """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
+    from te_align.trainers.diffusion_pipe.hooks import DiffusionPipeHook
+
+    return target_problems(Path(root), DiffusionPipeHook().targets())
+
+
+def shim_source(script: str, profile: str | None) -> bytes:
+    template = (Path(__file__).with_name("templates") / "train_script.py.tmpl").read_text(encoding="utf-8")
+    pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per run"
+    return template.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS).encode("utf-8")
+
+
+def plan(detection: Detection, profile: str | None) -> Plan:
+    from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
+
+    root = detection.root
+    problems = static_problems(root)
+    if problems:
+        commit = next(iter(SUPPORTED))[:7]
+        how = f"git -C {root} checkout {commit}" if git_dir(root) is not None else f"a copy of diffusion-pipe {commit}"
+        raise PatchError(f"unknown diffusion-pipe version {detection.version} at {root}: te-align's hook targets do not "
+                         f"match ({'; '.join(problems)}). te-align was verified with diffusion-pipe {commit}; use {how} "
+                         "or upgrade te-align")  # fmt: skip
+    readme = ("Original diffusion-pipe train.py, kept byte for byte by te-align; the train.py one folder up runs it after "
+              f"arming te-align. Undo everything with: te-align unpatch {root}\n")
+    return plan_drop_ins(detection, profile, trainer=TRAINER, name="diffusion-pipe", scripts=SCRIPTS, shim=shim_source,
+                         readme=readme)  # fmt: skip
+
+
+__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

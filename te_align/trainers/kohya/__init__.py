@@ -1,0 +1,23 @@
+"""kohya-ss/sd-scripts and the bmaltais/kohya_ss GUI that runs it."""
+
+from te_align.trainers import Dialect, TrainerSpec
+
+SPEC = TrainerSpec(
+    name="kohya",
+    display_name="kohya sd-scripts",
+    repo="kohya-ss/sd-scripts",
+    aliases=("sd-scripts", "sd_scripts", "kohya-ss", "kohya_ss"),
+    source_words=("sd-scripts",),
+    check=(
+        Dialect("kohya", "audit", "sd-scripts TOML",
+                scripts=r"(?:sdxl|sd3|flux|lumina|anima|hunyuan_image)_train[\w.-]*\.py"),
+        Dialect("kohya-gui", "audit_gui", "kohya_ss GUI JSON"),
+    ),
+    names="names",
+    hooks="hooks",
+    patch="patch",
+    probe="probe",
+    patch_path="kohya_ss GUI folder or sd-scripts checkout",
+    probe_path="an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR",
+    env_dir="TE_ALIGN_KOHYA_DIR",
+)

@@ -1,0 +1,599 @@
+"""kohya-ss/musubi-tuner: a training or text-encoder caching command line (``accelerate launch
+src/musubi_tuner/qwen_image_train_network.py ARGS``), its ``--config_file`` TOML (sections flattened into the argument
+namespace, as sd-scripts does) and its ``--dataset_config`` TOML (``[general]`` + ``[[datasets]]``).
+
+musubi-tuner encodes captions in a separate step: ``<arch>_cache_text_encoder_outputs.py`` writes every caption's
+text-encoder output to ``*_<short>_te.safetensors`` in each dataset's ``cache_directory``, and training reads only
+those files (its text encoder runs for sample prompts only). So the caching command line is the one whose settings
+decide training; a training command line is checked as the caching step it needs.
+
+Every fact below was read at kohya-ss/musubi-tuner@30c658c4f4b0bf05038b3346eff9670259b10fc7 (0.3.4); ``source``
+gives file:line (under ``src/musubi_tuner/``) at that commit. The option names of each script and the dataset
+config's keys are bundled in ``data/musubi.txt`` (``python -m te_align.trainers.musubi.audit CHECKOUT`` regenerates
+it from a checkout).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from te_align.audit import rules
+from te_align.audit.findings import Finding
+from te_align.audit.models import guess_model
+from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, unknown_key_finding
+from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig
+from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.trainers.musubi import names
+
+COMMIT = "30c658c4f4b0bf05038b3346eff9670259b10fc7"
+NAME = "musubi"
+_Q = "qwen_image/qwen_image_utils.py"
+_W = "wan/modules"
+
+#: The exact chat template musubi-tuner wraps a Qwen-Image caption in (qwen_image/qwen_image_utils.py:339).
+QWEN_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                 "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
+                 "<|im_start|>assistant\n")
+
+
+# ------------------------------------------------------------------------------------ converters
+def _fp8(v: Any, ctx: Context) -> Any:
+    # --fp8_vl / --fp8_t5: the text encoder's weights in float8_e4m3fn (computed under bfloat16 autocast)
+    return "float8_e4m3fn" if rules.truthy(v) else "bfloat16"
+
+
+def _fp8_back(p: Any, ctx: Context) -> Any:
+    if p == "bfloat16":
+        return rules.REMOVE
+    raise LookupError
+
+
+rules.register("musubi_fp8", _fp8, _fp8_back, "bool")
+
+
+# ------------------------------------------------------------------------------------ the table
+RULES: tuple[Rule, ...] = (
+    # ---- Qwen-Image: qwen_image_cache_text_encoder_outputs.py (every caption), qwen_image_train_network.py (samples)
+    Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
+         "get_qwen_prompt_embeds keeps up to 1024 tokens after the 34-token template prefix (tokenizer_max_length = "
+         "1024, hard-coded); the pipeline's __call__ keeps 512", f"{_Q}:338,351,366-373", captions="over512"),
+    Rule("qwen.tokenizer.template", ("qwen-image",), None, QWEN_TEMPLATE, "the caption in Qwen-Image's chat template",
+         f"{_Q}:339,350"),
+    Rule("qwen.tokenizer.drop_start_tokens", ("qwen-image",), None, 34, "the 34 template-prefix tokens are dropped",
+         f"{_Q}:340,370"),
+    Rule("qwen.tokenizer.padding", ("qwen-image",), None, "longest", "tokenized with padding=True (the batch's longest)",
+         f"{_Q}:351"),
+    Rule("qwen.encoder.layer", ("qwen-image",), None, -1, "hidden_states[-1]", f"{_Q}:365"),
+    Rule("qwen.masks.encoder", ("qwen-image",), None, True, "the tokenizer mask goes into Qwen2.5-VL", f"{_Q}:355-363"),
+    Rule("qwen.masks.repad", ("qwen-image",), None, "batch_longest",
+         "each caption's real tokens are cached alone (qwen_image_cache_text_encoder_outputs.py:98-101) and training "
+         "pads them to the batch's longest", "qwen_image_train_network.py:513-518"),
+    Rule("qwen.masks.denoiser", ("qwen-image",), None, True, "training hands the DiT the mask of the real tokens",
+         "qwen_image_train_network.py:520-538"),
+    Rule("qwen.encoder.dtype", ("qwen-image",), "fp8_vl", False,
+         "--fp8_vl loads Qwen2.5-VL in float8_e4m3fn (run under bfloat16 autocast): every cached caption is encoded by "
+         "a quantized text encoder", f"qwen_image_cache_text_encoder_outputs.py:130-133; {_Q}:353-356",
+         convert="musubi_fp8", severity="warning"),
+    # ---- Wan 2.1 / 2.2: wan_cache_text_encoder_outputs.py, wan_train_network.py (samples)
+    Rule("t5.tokenizer.max_length", ("wan",), None, 512, "text_len = 512 for every Wan task",
+         "wan/configs/shared_config.py:11; wan_cache_text_encoder_outputs.py:72-74"),
+    Rule("t5.tokenizer.padding", ("wan",), None, "max_length", "padded to text_len", f"{_W}/tokenizers.py:50-57"),
+    Rule("t5.tokenizer.text_cleaning", ("wan",), None, "wan",
+         "clean='whitespace': ftfy.fix_text, html.unescape twice, whitespace runs collapsed",
+         f"{_W}/t5.py:506; {_W}/tokenizers.py:12-21,73-80"),
+    Rule("t5.masks.encoder", ("wan",), None, True, "the tokenizer mask goes into umT5", f"{_W}/t5.py:508-513"),
+    Rule("t5.masks.repad", ("wan",), None, "max_length",
+         "each output is cut to its tokens (t5.py:512-514) and the DiT zero-pads the context back to text_len",
+         f"{_W}/model.py:872-874"),
+    Rule("t5.encoder.dtype", ("wan",), "fp8_t5", False,
+         "--fp8_t5 loads umT5 in float8_e4m3fn: every cached caption is encoded by a quantized text encoder",
+         f"wan_cache_text_encoder_outputs.py:64-74; {_W}/t5.py:461,493-495", convert="musubi_fp8", severity="warning"),
+)
+
+SUPPORTED = ("qwen-image", "wan")
+#: musubi-tuner has no setting for its hard-coded encoding; te-align's hooks replace it.
+NOT_SETTABLE = ("not settable in musubi-tuner (hard-coded): run it with te-align's hooks (`te-align patch "
+                "MUSUBI_TUNER_CHECKOUT`), then cache the text-encoder outputs again")
+
+_CACHE_SOURCE = "cache_text_encoder_outputs.py:61-70,104-112; dataset/cache_io.py:487-532"
+CACHES = {
+    "qwen-image": CacheSpec(("*_qi_te.safetensors",), "the file's path only (--skip_existing keeps any file there; it "
+                            "records the architecture and the caption, no encoder setting)", _CACHE_SOURCE,
+                            "run qwen_image_cache_text_encoder_outputs.py again without --skip_existing"),
+    "wan": CacheSpec(("*_wan_te.safetensors",), "the file's path only (--skip_existing keeps any file there; it "
+                     "records the architecture and the caption, no encoder setting)", _CACHE_SOURCE,
+                     "run wan_cache_text_encoder_outputs.py again without --skip_existing"),
+}
+#: The safetensors metadata keys te-align's hooks add to a cache file (profile name and fingerprint).
+META_PROFILE = "te_align_profile"
+META_FINGERPRINT = "te_align_fingerprint"
+
+
+# ------------------------------------------------------------------------------------ keys
+@functools.cache
+def valid_keys() -> dict[str, frozenset[str]]:
+    """The bundled option names per script (``[qwen_image_train_network]``…) and dataset-config keys
+    (``[dataset]`` top level, ``[dataset.general]``, ``[dataset.image]``, ``[dataset.video]``)."""
+    res = resources.files(__package__).joinpath("data", "musubi.txt")
+    table: dict[str, set[str]] = {}
+    current = ""
+    for raw in res.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            continue
+        table.setdefault(current, set()).add(line)
+    return {k: frozenset(v) for k, v in table.items()}
+
+
+def script_options(script: str | None) -> frozenset[str]:
+    """The options of a script (all scripts' when it is unknown)."""
+    keys = valid_keys()
+    stem = (script or "").replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    if stem in keys:
+        return keys[stem]
+    return frozenset().union(*(v for k, v in keys.items() if not k.startswith("dataset")))
+
+
+# ------------------------------------------------------------------------------------ reading
+def detect(raw: RawConfig) -> int | None:
+    """A musubi-tuner command line (its own script names), a dataset config (``[[datasets]]`` with
+    ``image_directory`` / ``video_directory`` / ``cache_directory``…) or a ``--config_file`` TOML (``dit``, ``task``,
+    a ``networks.lora_<arch>`` module)."""
+    if raw.fmt == "cmdline":
+        data = raw.data if isinstance(raw.data, dict) else {}
+        return 100 if names.script_arch(str(data.get("script") or "")) else None
+    if raw.fmt != "toml" or not isinstance(raw.data, dict):
+        return None
+    if _is_dataset_config(raw.data):
+        return 70
+    flat = _flatten(raw.data)
+    if "dit" in flat or "dit_high_noise" in flat:
+        return 60
+    # a network module alone: sd-scripts has modules of the same names (networks.lora_flux), and its configs name
+    # the model by pretrained_model_name_or_path, an option musubi-tuner does not have (it names the DiT by --dit)
+    if _network_arch(flat) is not None and "pretrained_model_name_or_path" not in flat:
+        return 60
+    return None
+
+
+def _is_dataset_config(data: dict[str, Any]) -> bool:
+    datasets = data.get("datasets")
+    if not isinstance(datasets, list) or not datasets:
+        return False
+    marks = valid_keys().get("dataset.image", frozenset()) | valid_keys().get("dataset.video", frozenset())
+    marks -= valid_keys().get("dataset.general", frozenset())
+    return any(isinstance(d, dict) and any(k in marks for k in d) for d in datasets)
+
+
+def _flatten(data: dict[str, Any]) -> dict[str, Any]:
+    """read_config_from_file: every section's keys into one namespace (training/parser_common.py:780-811)."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _network_arch(values: dict[str, Any]) -> names.Arch | None:
+    module = str(values.get("network_module") or "")
+    return next((a for a in names.ARCHS if a.network and module == a.network and module != "networks.lora"), None)
+
+
+def _read_toml(path: str, what: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UnreadableConfig(f"{what}: no such file", file=path)
+    if p.stat().st_size > MAX_BYTES:
+        raise UnreadableConfig(f"{what} is larger than {MAX_BYTES} bytes", file=path)
+    from te_align.audit.readers import load
+
+    raw = load(path)
+    if raw.fmt != "toml" or not isinstance(raw.data, dict):
+        raise UnreadableConfig(f"{what}: expected a TOML table", file=path)
+    return raw.data
+
+
+def parse_args(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """``--key value`` / ``--key=value`` / ``--flag`` -> values, the script named among them (``*.py``), and the
+    order the options were written in."""
+    values: dict[str, Any] = {}
+    order: list[str] = []
+    script = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            name, eq, val = a[2:].partition("=")
+            name = name.replace("-", "_")
+            if eq:
+                values[name] = _scalar(val)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                values[name] = _scalar(args[i + 1])
+                i += 1
+            else:
+                values[name] = True
+            order.append(name)
+        elif a.endswith(".py") and script is None:
+            script = a.replace("\\", "/").rsplit("/", 1)[-1]
+        i += 1
+    return values, script, order
+
+
+def _scalar(s: str) -> Any:
+    low = s.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return s
+
+
+def dataset_dirs(config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(caption folders, cache folders) of a dataset config: each dataset's ``image_directory`` /
+    ``video_directory``, and its ``cache_directory`` (else the media folder: dataset/config_utils.py)."""
+    media: list[str] = []
+    caches: list[str] = []
+    for ds in config.get("datasets", []) if isinstance(config.get("datasets"), list) else []:
+        if not isinstance(ds, dict):
+            continue
+        folder = ds.get("image_directory") or ds.get("video_directory")
+        if isinstance(folder, str):
+            media.append(folder)
+        cache = ds.get("cache_directory") or folder
+        if isinstance(cache, str):
+            caches.append(cache)
+    return media, caches
+
+
+def _cache_arch(caches: list[str]) -> tuple[names.Arch, str] | None:
+    """The architecture whose ``*_<short>_te.safetensors`` files the cache folders hold (the most files wins)."""
+    counts: dict[str, int] = {}
+    for folder in caches:
+        p = Path(folder)
+        if not p.is_dir():
+            continue
+        for f in p.glob("*_te.safetensors"):
+            short = f.name[: -len("_te.safetensors")].rsplit("_", 1)[-1]
+            counts[short] = counts.get(short, 0) + 1
+    if not counts:
+        return None
+    short = max(counts, key=lambda k: counts[k])
+    arch = names.BY_SHORT.get(short) or (names.BY_SHORT["qi"] if short in names.QWEN_VARIANTS else None)
+    return (arch, short) if arch else None
+
+
+def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tuple[names.Arch | None, str, list[str]]:
+    """The architecture a run trains, why, and the signals that disagree (every signal the run's files carry: the
+    script, ``--network_module``, architecture-only options, the cache files, the model file's name)."""
+    signals: list[tuple[names.Arch, str]] = []
+    found = names.script_arch(script)
+    if found:
+        signals.append((found[0], f"script {script}"))
+    net = _network_arch(values)
+    if net:
+        signals.append((net, f"network_module {values.get('network_module')!r}"))
+    if any(k in values for k in ("task", "t5", "fp8_t5", "dit_high_noise")):
+        key = next(k for k in ("task", "t5", "fp8_t5", "dit_high_noise") if k in values)
+        signals.append((names.BY_PREFIX["wan"], f"--{key} (a Wan option)"))
+    if any(k in values for k in ("model_version", "edit", "edit_plus")):
+        key = next(k for k in ("model_version", "edit", "edit_plus") if k in values)
+        signals.append((names.BY_PREFIX["qwen_image"], f"--{key} (a Qwen-Image option)"))
+    cached = _cache_arch(caches)
+    if cached:
+        signals.append((cached[0], f"cache files *_{cached[1]}_te.safetensors in the dataset's cache_directory"))
+    dit = values.get("dit")
+    by_name, detail, _ = guess_model(dit)
+    named = next((a for a in names.ARCHS if a.profile and by_name and family_of(a.profile) == family_of(by_name)), None)
+    if named:
+        signals.append((named, f"dit {dit!r}{detail}"))
+    if not signals:
+        return None, "", []
+    arch, why = signals[0]
+    others = [w for a, w in signals[1:] if a.prefix != arch.prefix]
+    agree = [w for a, w in signals[1:] if a.prefix == arch.prefix]
+    return arch, " and ".join([why, *agree[:1]]), others
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    findings: list[Finding] = []
+    lines = KeyLines(raw.text)
+    cli_lines: Callable[[str], int | None] = lambda key: None  # noqa: E731
+    if raw.fmt == "cmdline":
+        if not isinstance(raw.data, dict):
+            raise UnreadableConfig("expected a musubi-tuner command line", file=raw.file)
+        words = [*raw.data["args"], *extra_args]  # type: ignore[misc]
+        values, _, order = parse_args(words)
+        script: str | None = str(raw.data["script"])
+        if not raw.data.get("from_argv"):
+            from te_align.audit.cmdline import arg_line
+
+            text = raw.text
+            cli_lines = lambda key: arg_line(text, key)  # noqa: E731
+        file_values: dict[str, Any] = {}
+        dataset: dict[str, Any] | None = None
+        dataset_file = values.get("dataset_config")
+        config_file = values.get("config_file")
+    elif isinstance(raw.data, dict) and _is_dataset_config(raw.data):
+        values, script, order = parse_args(list(extra_args))
+        file_values, dataset, dataset_file, config_file = {}, raw.data, raw.file, values.get("config_file")
+        findings += _dataset_findings(raw.data, raw.file, lines)
+    elif isinstance(raw.data, dict):
+        cli, script, order = parse_args(list(extra_args))
+        file_values = _flatten(raw.data)
+        values = {**file_values, **cli}
+        dataset, dataset_file, config_file = None, values.get("dataset_config"), None
+        if script is None and isinstance(values.get("script"), str):
+            script = values["script"]
+    else:
+        raise UnreadableConfig("expected a TOML table", file=raw.file)
+    if isinstance(config_file, str) and config_file:
+        path = config_file if config_file.endswith(".toml") else config_file + ".toml"
+        from_file = _flatten(_read_toml(path, "--config_file"))
+        values = {**from_file, **values}  # the command line wins (read_config_from_file parses args into it)
+    if dataset is None and isinstance(dataset_file, str) and Path(dataset_file).is_file():
+        dataset = _read_toml(dataset_file, "--dataset_config")
+        findings += _dataset_findings(dataset, dataset_file, KeyLines(Path(dataset_file).read_text(encoding="utf-8")))
+    media, caches = dataset_dirs(dataset or {})
+    valid = script_options(script)
+    for key in file_values:
+        if key not in valid and key not in ("script",):
+            findings.append(unknown_key_finding(
+                key, valid, trainer="musubi-tuner: training/parser_common.py:780-811", line=lines(key),
+                behaviour="read_config_from_file puts every TOML key into the argument namespace and nothing reads "
+                          "this one"))
+    for key in order:
+        if key not in valid:
+            findings.append(unknown_key_finding(
+                key, valid, trainer=f"musubi-tuner: {script or 'the script'} parse_args (argparse)", line=cli_lines(key),
+                severity="error", behaviour="argparse stops with 'unrecognized arguments'"))
+    arch, reason, others = guess(values, script, caches)
+    kind = names.script_arch(script)[1] if names.script_arch(script) else None
+    for other in others:
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"{other} names another model than {reason}; checked as {arch.display if arch else '-'}")))
+    if arch is None:
+        what = "the dataset config" if dataset is not None and raw.fmt != "cmdline" else "these settings"
+        return Parsed(_trainer(raw, set(order), cli_lines, lines), values, None,
+                      f"{what} (no script, network_module or cache files name a model; give the command line after "
+                      "`--`, e.g. `-- qwen_image_cache_text_encoder_outputs.py --dataset_config …`)", True,
+                      None, findings, SUPPORTED)
+    if arch.profile is None:
+        return Parsed(_trainer(raw, set(order), cli_lines, lines), values, None, reason, True, None, findings,
+                      SUPPORTED, not_checked=f"not checked: te-align has no profile for {arch.display} ({reason})")
+    version = names.qwen_version(values) if arch.prefix == "qwen_image" else "original"
+    if version != "original":
+        return Parsed(_trainer(raw, set(order), cli_lines, lines), values, None, reason, True, None, findings,
+                      SUPPORTED, not_checked=f"not checked: te-align has no profile for "
+                                            f"{names.QWEN_VERSIONS.get(version, version)} (model_version {version!r})")
+    profile = arch.profile
+    task = str(values.get("task") or "")
+    if arch.prefix == "wan" and task in names.WAN22_TASKS:
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"Wan 2.2 (--task {task}) is checked with the wan21 profile: diffusers' WanPipeline encodes both with the "
+            "same umT5-XXL at 512 tokens")))
+    if kind == "train_network" or kind == "train":
+        findings.append(Finding(kind="note", severity="info", setting="text-encoder cache", message=(
+            f"{script} reads the captions' text-encoder outputs from the cache that {arch.prefix}_cache_text_encoder_"
+            "outputs.py wrote (its text encoder runs for sample prompts only): the settings that decide training are "
+            "that step's")))
+    return Parsed(_trainer(raw, set(order), cli_lines, lines), values, profile, reason, True, None, findings,
+                  SUPPORTED, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches})
+
+
+def _dataset_findings(data: dict[str, Any], file: str, lines: KeyLines) -> list[Finding]:
+    """Unknown keys of a dataset config: its voluptuous schema refuses them (dataset/config_utils.py:111-176)."""
+    keys = valid_keys()
+    out: list[Finding] = []
+    src = "musubi-tuner: dataset/config_utils.py:111-176 (voluptuous Schema)"
+    behaviour = "the dataset config's schema refuses unknown keys: musubi-tuner stops before caching or training"
+    for k in data:
+        if k not in keys["dataset"]:
+            out.append(unknown_key_finding(k, keys["dataset"], trainer=src, line=lines(k), severity="error",
+                                           behaviour=behaviour))
+    general = data.get("general")
+    for k in general if isinstance(general, dict) else {}:
+        if k not in keys["dataset.general"]:
+            out.append(unknown_key_finding(k, keys["dataset.general"], trainer=src, line=lines(k), section="general",
+                                           severity="error", behaviour=behaviour))
+    for i, ds in enumerate(data.get("datasets", []) if isinstance(data.get("datasets"), list) else []):
+        if not isinstance(ds, dict):
+            continue
+        kind = "dataset.video" if "video_directory" in ds or "video_jsonl_file" in ds else "dataset.image"
+        for k in ds:
+            if k not in keys[kind]:
+                out.append(unknown_key_finding(k, keys[kind], trainer=src, line=lines(k), section=f"datasets[{i}]",
+                                               severity="error", behaviour=behaviour))
+    return out
+
+
+def _trainer(raw: RawConfig, cli_keys: set[str], cli_line: Callable[[str], int | None],
+             lines: KeyLines) -> Trainer:  # fmt: skip
+    def fix_set(key: str, value: Any) -> str:
+        if raw.fmt == "toml" and key not in cli_keys:
+            return f"{key} = {json.dumps(value)}"
+        return f"--{key}" if value is True else f"--{key} {json.dumps(value) if isinstance(value, str) else value}"
+
+    def fix_remove(key: str) -> str:
+        return f"remove {key} from {raw.file}" if raw.fmt == "toml" and key not in cli_keys else f"remove --{key}"
+
+    return Trainer(NAME, RULES, fix_set, fix_remove, lambda key: cli_line(key) if key in cli_keys else lines(key),
+                   not_settable=NOT_SETTABLE)
+
+
+# ------------------------------------------------------------------------------------ cache files
+def cache_record(path: Path) -> dict[str, Any]:
+    """What one ``*_te.safetensors`` file records: the longest text length of its tensors and te-align's
+    fingerprint (``""``: none), from the header only."""
+    from te_align._safetensors import read_header
+
+    header = read_header(path)
+    rows = [t.shape[0] for name, t in header.tensors.items() if name.startswith("varlen_") and len(t.shape) >= 2]
+    out: dict[str, Any] = {"fingerprint": (header.metadata or {}).get(META_FINGERPRINT, "")}
+    if rows:
+        out["rows"] = max(rows)
+    return out
+
+
+def scan_cache(directory: str, profile: Any) -> Any:
+    """musubi-tuner's ``*_te.safetensors`` in ``directory``: fingerprints (te-align's hooks stamp them) and, since
+    every caption is cached at its own length, no one length to compare (the longest is reported as a note)."""
+    from collections import Counter
+
+    from te_align.audit.cachefiles import UNREADABLE, CacheScan
+
+    found = bad = 0
+    fingerprints: Counter[str] = Counter()
+    for f in Path(directory).rglob("*_te.safetensors"):
+        found += 1
+        try:
+            rec = cache_record(f)
+        except UNREADABLE:
+            bad += 1
+            continue
+        fingerprints[rec["fingerprint"]] += 1
+    return CacheScan(found, Counter(), bad, "", fingerprints)
+
+
+# ------------------------------------------------------------------------------------ the key table
+def _argparse_options(root: Path, script: str) -> set[str]:
+    """Options of a script's parser, read from the source: every ``add_argument("--name")`` in the functions its
+    ``main`` calls, followed through the script's own functions and the functions it imports (``from m import f``,
+    ``import m`` + ``m.f``)."""
+    import ast
+
+    pkg = root / "src"
+    modules: dict[str, ast.Module] = {}
+
+    def module(name: str) -> ast.Module | None:
+        if name not in modules:
+            path = pkg.joinpath(*name.split("."))
+            path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+            try:
+                modules[name] = ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError):
+                modules[name] = None  # type: ignore[assignment]
+        return modules[name]
+
+    def scope(name: str) -> tuple[dict[str, ast.FunctionDef], dict[str, str], dict[str, tuple[str, str]]]:
+        tree = module(name)
+        funcs, mods, names_ = {}, {}, {}
+        for node in tree.body if tree else []:
+            if isinstance(node, ast.FunctionDef):
+                funcs[node.name] = node
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    mods[a.asname or a.name] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for a in node.names:
+                    target = f"{node.module}.{a.name}"
+                    if module(target) is not None:
+                        mods[a.asname or a.name] = target
+                    else:
+                        names_[a.asname or a.name] = (node.module, a.name)
+        return funcs, mods, names_
+
+    out: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    start = "musubi_tuner." + script.removesuffix(".py")
+    todo = [(start, "main")]
+    while todo:
+        mod, fn_name = todo.pop()
+        if (mod, fn_name) in seen:
+            continue
+        seen.add((mod, fn_name))
+        funcs, mods, names_ = scope(mod)
+        fn = funcs.get(fn_name)
+        if fn is None:
+            if fn_name in names_:
+                todo.append(names_[fn_name])
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr == "add_argument":
+                for a in node.args:
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
+                        out.add(a.value[2:].replace("-", "_"))
+            elif isinstance(f, ast.Name):
+                if f.id in funcs:
+                    todo.append((mod, f.id))
+                elif f.id in names_:
+                    todo.append(names_[f.id])
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in mods:
+                todo.append((mods[f.value.id], f.attr))
+    return out
+
+
+def _schema_keys(root: Path) -> dict[str, set[str]]:
+    """The dataset config's keys: the dict literals of ConfigSanitizer (dataset/config_utils.py)."""
+    import ast
+
+    tree = ast.parse((root / "src" / "musubi_tuner" / "dataset" / "config_utils.py").read_text(encoding="utf-8"))
+    tables: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    tables[t.id] = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    general = tables["DATASET_ASCENDABLE_SCHEMA"]
+    return {"dataset": {"general", "datasets"}, "dataset.general": set(general),
+            "dataset.image": general | tables["IMAGE_DATASET_DISTINCT_SCHEMA"],
+            "dataset.video": general | tables["VIDEO_DATASET_DISTINCT_SCHEMA"]}
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m te_align.trainers.musubi.audit CHECKOUT [--write]``: the bundled key table from a checkout."""
+    import subprocess
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or not (Path(args[0]) / "src" / "musubi_tuner").is_dir():
+        print("usage: python -m te_align.trainers.musubi.audit MUSUBI_TUNER_CHECKOUT [--write]", file=sys.stderr)
+        return 2
+    root = Path(args[0])
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown commit"
+    lines = [f"# Generated by `python -m te_align.trainers.musubi.audit CHECKOUT --write` from kohya-ss/musubi-tuner@"
+             f"{commit}.",
+             "# Options of the training / text-encoder caching scripts of the models te-align profiles (argparse names,",
+             "# one section per script), and the keys of the dataset config (voluptuous schema of dataset/config_utils.py)."]
+    for arch in names.ARCHS:
+        if arch.profile is None:
+            continue
+        for kind in names.KINDS:
+            script = f"{arch.prefix}_{kind}.py"
+            if (root / "src" / "musubi_tuner" / script).is_file():
+                lines.append(f"[{script[:-3]}]")
+                lines += sorted(_argparse_options(root, script))
+    for section, keys in _schema_keys(root).items():
+        lines.append(f"[{section}]")
+        lines += sorted(keys)
+    text = "\n".join(lines) + "\n"
+    if "--write" in args:
+        target = Path(__file__).with_name("data") / "musubi.txt"
+        target.write_text(text, encoding="utf-8")
+        print(f"wrote {target}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(_main())

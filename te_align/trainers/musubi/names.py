@@ -1,0 +1,85 @@
+"""musubi-tuner's architectures, scripts and model versions -> te-align's bundled profiles (torch-free).
+
+Read at kohya-ss/musubi-tuner@30c658c4f4b0bf05038b3346eff9670259b10fc7 (0.3.4). musubi-tuner names each
+architecture by a script prefix (``<prefix>_train_network.py``, ``<prefix>_cache_text_encoder_outputs.py``) and a
+short name in its cache files (``*_<short>_te.safetensors``; ``src/musubi_tuner/dataset/architectures.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One musubi-tuner architecture."""
+
+    #: script prefix (``qwen_image`` in ``qwen_image_train_network.py``)
+    prefix: str
+    #: short name in cache files (``qi`` in ``*_qi_te.safetensors``)
+    short: str
+    #: the model as people call it
+    display: str
+    #: te-align's bundled profile (None: te-align has none)
+    profile: str | None
+    #: LoRA network module of its LoRA scripts (``--network_module``)
+    network: str = ""
+
+
+#: Every architecture musubi-tuner trains (dataset/architectures.py; the scripts in src/musubi_tuner).
+ARCHS: tuple[Arch, ...] = (
+    Arch("qwen_image", "qi", "Qwen-Image", "qwen-image", "networks.lora_qwen_image"),
+    Arch("wan", "wan", "Wan 2.1/2.2", "wan21", "networks.lora_wan"),
+    Arch("hv", "hv", "HunyuanVideo", None, "networks.lora"),
+    Arch("hv_1_5", "hv15", "HunyuanVideo 1.5", None, "networks.lora_hv_1_5"),
+    Arch("fpack", "fp", "FramePack", None, "networks.lora_framepack"),
+    Arch("flux_kontext", "fk", "FLUX.1 Kontext", None, "networks.lora_flux"),
+    Arch("flux_2", "f2d", "FLUX.2", None, "networks.lora_flux_2"),
+    Arch("zimage", "zi", "Z-Image", None, "networks.lora_zimage"),
+    Arch("kandinsky5", "k5", "Kandinsky 5", None, "networks.lora_kandinsky"),
+    Arch("krea2", "kr2", "Krea 2", None, "networks.lora_krea2"),
+    Arch("ideogram4", "i4", "Ideogram 4", None, "networks.lora_ideogram4"),
+    Arch("hidream_o1", "ho1", "HiDream-O1", None, "networks.lora_hidream_o1"),
+)  # fmt: skip
+BY_PREFIX = {a.prefix: a for a in ARCHS}
+BY_SHORT = {a.short: a for a in ARCHS}
+#: Short names of the Qwen-Image variants whose cache files share the ``qi`` family (edit, layered).
+QWEN_VARIANTS = {"qie": "Qwen-Image-Edit", "qil": "Qwen-Image-Layered"}
+
+#: The scripts that run a model's text encoder: training (sample prompts) and caching (every caption).
+KINDS = ("train_network", "train", "cache_text_encoder_outputs")
+#: A training / caching script's file name (``qwen_image_train_network.py``): a regular expression.
+SCRIPTS = (r"(?:" + "|".join(sorted((a.prefix for a in ARCHS), key=len, reverse=True)) + r")_(?:"
+           + "|".join(KINDS) + r")\.py")
+
+#: Qwen-Image ``--model_version`` values -> the model (``original`` is the one te-align profiles)
+#: (qwen_image/qwen_image_utils.py:1550-1581).
+QWEN_VERSIONS = {"original": "Qwen-Image", "layered": "Qwen-Image-Layered", "edit": "Qwen-Image-Edit",
+                 "edit-2509": "Qwen-Image-Edit-2509", "edit-2511": "Qwen-Image-Edit-2511"}
+#: Wan ``--task`` values of Wan 2.2 (checked with the wan21 profile: the same umT5 text encoding).
+WAN22_TASKS = ("t2v-A14B", "i2v-A14B")
+
+
+def script_arch(script: str | None) -> tuple[Arch, str] | None:
+    """(architecture, kind) of a musubi-tuner script name, or None."""
+    if not script:
+        return None
+    name = script.replace("\\", "/").rsplit("/", 1)[-1]
+    for kind in KINDS:
+        suffix = f"_{kind}.py"
+        if name.endswith(suffix) and name[: -len(suffix)] in BY_PREFIX:
+            return BY_PREFIX[name[: -len(suffix)]], kind
+    return None
+
+
+def qwen_version(values: dict[str, Any]) -> str:
+    """``--model_version`` as musubi-tuner resolves it (``--edit_plus`` / ``--edit`` are older spellings)."""
+    version = values.get("model_version")
+    if isinstance(version, str) and version:
+        return version.lower()
+    if values.get("edit_plus"):
+        return "edit-2509"
+    if values.get("edit"):
+        return "edit"
+    return "original"

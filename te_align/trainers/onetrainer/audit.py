@@ -1,0 +1,263 @@
+"""Nerogar/OneTrainer config JSON (TrainConfig).
+
+Facts read at Nerogar/OneTrainer@23df3832e8f213d64c337e39f9365ba46e99fed0; ``source`` gives file:line at that
+commit. BaseConfig.from_dict reads known keys only and ignores the rest silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from te_align.audit import rules
+from te_align.audit.findings import Finding
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    expect_mapping,
+    unknown_key_finding,
+)
+from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
+from te_align.audit.rules import Context, Rule, Trainer
+from te_align.trainers.onetrainer import names
+
+#: OneTrainer has no setting for hard-coded encoding; its launch scripts run te-align's hooks once patched.
+NOT_SETTABLE = (
+    "not settable in OneTrainer (hard-coded): run it through te-align with `te-align patch ONETRAINER_CHECKOUT`"
+)
+
+_MM = "modules/model"
+
+# ------------------------------------------------------------------------------------ converters
+def _ot_skip(base: int) -> tuple[Callable[[Any, Context], Any], Callable[[Any, Context], Any]]:
+    # OneTrainer encode_clip: hidden_states[default_layer - layer_skip]; default_layer -1 (SD1/2) or -2 (SDXL/SD3).
+    names = {-1: "last", -2: "penultimate"}
+
+    def to(v: Any, ctx: Context) -> Any:
+        idx = base - (rules.int_or_none(v) or 0)
+        return names.get(idx, idx)
+
+    def back(p: Any, ctx: Context) -> Any:
+        idx = {"last": -1, "penultimate": -2}.get(p, p)
+        if not isinstance(idx, int) or idx > base:
+            raise LookupError
+        return base - idx
+
+    return to, back
+
+
+def _ot_nullable_len(v: Any, ctx: Context) -> Any:
+    # OneTrainer Flux: null -> tokenizer_2.model_max_length (512 for the T5-XXL tokenizer).
+    n = rules.int_or_none(v)
+    return 512 if n is None else n
+
+
+rules.register("ot_skip_last", *_ot_skip(-1), "int")
+rules.register("ot_skip_penultimate", *_ot_skip(-2), "int")
+rules.register("ot_nullable_len", _ot_nullable_len, rules.CONVERTERS["same"].back, "int")
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("clip_l.encoder.layer", ("sd1",), "text_encoder_layer_skip", 0,
+         "hidden_states[-1 - layer_skip] + final LN (layer_skip = diffusers clip_skip)",
+         f"{_MM}/StableDiffusionModel.py:254-262; modules/util/config/TrainConfig.py:1151", convert="ot_skip_last"),
+    Rule("clip_h.encoder.layer", ("sd2",), "text_encoder_layer_skip", 0,
+         "hidden_states[-1 - layer_skip] + final LN (layer_skip = diffusers clip_skip)",
+         f"{_MM}/StableDiffusionModel.py:254-262; modules/util/config/TrainConfig.py:1151", convert="ot_skip_last"),
+    Rule("clip_l.encoder.layer", ("sdxl", "sd3"), "text_encoder_layer_skip", 0,
+         "hidden_states[-2 - layer_skip], no final LN",
+         f"{_MM}/StableDiffusionXLModel.py:261-282; {_MM}/StableDiffusion3Model.py:307-344", convert="ot_skip_penultimate"),
+    Rule("clip_g.encoder.layer", ("sdxl", "sd3"), "text_encoder_2_layer_skip", 0,
+         "hidden_states[-2 - layer_skip], no final LN",
+         f"{_MM}/StableDiffusionXLModel.py:261-282; {_MM}/StableDiffusion3Model.py:307-344", convert="ot_skip_penultimate"),
+    Rule("t5.tokenizer.max_length", ("sd3",), None, 77,
+         "all three SD3 tokenizers, T5 included, use max_length=77 (hard-coded)",
+         f"{_MM}/StableDiffusion3Model.py:279,290,301; modules/dataLoader/StableDiffusion3BaseDataLoader.py:35,47-49"),
+    Rule("t5.masks.zero_padded", ("sd3", "flux", "hidream"), "transformer.attention_mask", False,
+         "transformer.attention_mask only zeroes padded T5 outputs (no mask reaches the transformer)",
+         f"{_MM}/StableDiffusion3Model.py:385-388; {_MM}/FluxModel.py:301-302; "
+         "modules/modelSetup/BaseFluxSetup.py:200; modules/util/config/TrainConfig.py:308", convert="bool"),
+    Rule("t5.tokenizer.max_length", ("flux",), "text_encoder_2_sequence_length", 77,
+         "FLUX T5 length: default 77 (null = the tokenizer's 512)",
+         f"{_MM}/FluxModel.py:253; modules/util/config/TrainConfig.py:1162", convert="ot_nullable_len"),
+    Rule("t5.masks.encoder", ("hidream",), None, False, "HiDream T5 runs without the attention mask",
+         f"{_MM}/HiDreamModel.py:344-352"),
+    Rule("t5.tokenizer.max_length", ("hidream",), None, 128, "128 tokens for all four encoders",
+         f"{_MM}/HiDreamModel.py:276,286,296,307"),
+    Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 512, "max_length 512 + 34 template tokens, cropped",
+         f"{_MM}/QwenModel.py:109-136"),
+    # ---- PixArt-Σ (PixArtAlphaModel.encode_text)
+    Rule("t5.tokenizer.max_length", ("pixart",), None, 120,
+         "T5 max_length hard-coded to 120 (the 300 for PixArt-Σ is commented out 'for performance reasons')",
+         f"{_MM}/PixArtAlphaModel.py:190-202"),
+    Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "none",
+         "captions go to the T5 tokenizer as they are: no PixArt caption cleaning and no lower-casing",
+         f"{_MM}/PixArtAlphaModel.py:196-202"),
+    Rule("t5.masks.encoder", ("pixart",), None, True, "the tokenizer mask goes into T5",
+         f"{_MM}/PixArtAlphaModel.py:205-216"),
+    Rule("t5.encoder.layer", ("pixart", "chroma"), "text_encoder_layer_skip", 0,
+         "hidden_states[-1 - layer_skip] (encode_t5 default_layer=-1)",
+         f"{_MM}/PixArtAlphaModel.py:209-216; {_MM}/ChromaModel.py:210-219", convert="ot_skip_last"),
+    # ---- Sana (SanaModel.encode_text)
+    Rule("gemma.tokenizer.max_length", ("sana",), None, 300, "Gemma max_length 300", f"{_MM}/SanaModel.py:144-152"),
+    Rule("gemma.tokenizer.system_prompt", ("sana",), None, None,
+         "the caption is tokenized alone: no complex-human instruction in front (and no BOS + last-299 window)",
+         f"{_MM}/SanaModel.py:144-152"),
+    Rule("gemma.tokenizer.text_cleaning", ("sana",), None, "none", "captions are not lower-cased",
+         f"{_MM}/SanaModel.py:144-152"),
+    Rule("gemma.masks.encoder", ("sana",), None, True, "the tokenizer mask goes into Gemma",
+         f"{_MM}/SanaModel.py:156-167"),
+    Rule("gemma.encoder.layer", ("sana",), "text_encoder_layer_skip", 0,
+         "hidden_states[-1 - layer_skip] (encode_gemma default_layer=-1)", f"{_MM}/SanaModel.py:160-167",
+         convert="ot_skip_last"),
+    # ---- Chroma (ChromaModel.encode_text)
+    Rule("t5.masks.encoder", ("chroma",), None, True, "the mask (real tokens + one pad token) goes into T5",
+         f"{_MM}/ChromaModel.py:200-219"),
+    Rule("t5.masks.denoiser_extra_pad_tokens", ("chroma",), None, 1,
+         "the mask keeps the real tokens plus one pad token (mask_indices <= seq_lengths)",
+         f"{_MM}/ChromaModel.py:200-203"),
+)
+
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana", "anima")
+
+#: Where a text-encoder part's dropout_probability zeroes the embeddings (a dropped caption = zeros).
+_DROPOUT_SOURCE = {
+    "sd1": f"{_MM}/StableDiffusionModel.py:272-277", "sd2": f"{_MM}/StableDiffusionModel.py:272-277",
+    "sdxl": f"{_MM}/StableDiffusionXLModel.py:298-309", "chroma": f"{_MM}/ChromaModel.py:227-232",
+    "pixart": f"{_MM}/PixArtAlphaModel.py:225-231", "sana": f"{_MM}/SanaModel.py:176-182",
+}
+
+_CACHE = CacheSpec(("text/**/*.pt",), "folder = sha256 of the concept settings; no length, layer skip or mask",
+                   "modules/dataLoader/mixin/DataLoaderText2ImageMixin.py:335-352",
+                   '"clear_cache_before_training": true (with "latent_caching": true) or delete <cache_dir>/text')
+CACHES = {f: _CACHE for f in SUPPORTED}
+
+_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4", "transformer", "unet", "prior",
+          "decoder", "vae", "effnet_encoder", "decoder_text_encoder", "decoder_vqgan", "unconditional_transformer")
+
+
+def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
+    """The bundled profile a config trains: its model_type (the one model-type table,
+    :mod:`te_align.trainers.onetrainer.names`), the variant from the transformer override's or base model's files or
+    names. Where nothing decides between two profiles of a family, the reason carries the assumption."""
+    from te_align.audit.models import assumption, guess_model
+    from te_align.audit.parsed import reason
+
+    mt = names.model_type_name(values.get("model_type"))
+    prof, _ = names.profile_of(mt)
+    if prof is None:
+        return None, f"model_type {mt!r}"
+    for key in ("transformer.model_name", "base_model_name"):
+        path = values.get(key)
+        by, detail, decided = guess_model(path)
+        if by and decided and _same_family(by, prof):
+            return by, f"model_type {mt!r} and {key} {path!r}{detail}"
+    said = assumption(prof, "base_model_name or transformer.model_name (their names or files)")
+    return prof, (reason(f"model_type {mt!r}; {prof} assumed", said) if said else f"model_type {mt!r}")
+
+
+def _same_family(a: str, b: str) -> bool:
+    from te_align.audit.rules import family_of
+
+    return family_of(a) == family_of(b)
+
+
+_MARKERS = ("training_method", "base_model_name", "text_encoder_2_sequence_length", "concept_file_name", "__version")
+
+
+def detect(raw: RawConfig) -> int | None:
+    """A OneTrainer config: JSON with ``model_type`` and one of OneTrainer's own keys."""
+    if raw.fmt != "json" or not isinstance(raw.data, dict):
+        return None
+    keys = {str(k).lstrip("-") for k in raw.data}
+    return 85 if "model_type" in keys and any(k in keys for k in _MARKERS) else None
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    if not isinstance(raw.data, dict):
+        raise UnreadableConfig("expected a JSON object", file=raw.file)
+    valid = known_keys("onetrainer")
+    legacy = {}
+    for entry in valid.get("legacy", ()):
+        name, _, below = entry.partition(" ")
+        legacy[name] = int(below) if below.isdigit() else 0
+    version = raw.data.get("__version")
+    version = version if isinstance(version, int) and not isinstance(version, bool) else None
+    lines = KeyLines(raw.text)
+    values: dict[str, Any] = {}
+    findings = []
+    for k, v in raw.data.items():
+        values[k] = v
+        if k not in valid["top"]:
+            # keys an older config version had: the config migration consumes them (TrainConfig.__migration_N)
+            if k in legacy and (version is None or version < legacy[k]):
+                continue
+            findings.append(unknown_key_finding(
+                k, valid["top"], trainer="OneTrainer: modules/util/config/BaseConfig.py:66", line=lines(k),
+                behaviour="OneTrainer reads known keys only and ignores this one silently"))
+        elif k in _PARTS and v is not None:
+            for pk, pv in expect_mapping(v, k, raw.file, lines).items():
+                values[f"{k}.{pk}"] = pv
+                if pk not in valid["part"]:
+                    findings.append(unknown_key_finding(
+                        pk, valid["part"], trainer="OneTrainer: modules/util/config/TrainConfig.py:295",
+                        line=lines(pk), section=k,
+                        behaviour="OneTrainer reads known keys only and ignores this one silently"))
+    prof, reason = guess_profile(values)
+    mt = str(values.get("model_type") or "")
+    if mt in names.NO_PROFILE:
+        return Parsed(Trainer("onetrainer", RULES, str, str), values, None, reason, False, None, findings,
+                      SUPPORTED, not_checked=f"not checked: te-align has no profile for {names.NO_PROFILE[mt]} "
+                                            f"(OneTrainer model_type {mt!r})")
+    te_trained = any(_on(values.get(f"{p}.train", p != "transformer")) for p in ("text_encoder", "text_encoder_2"))
+    cleared = _on(values.get("clear_cache_before_training", True)) and _on(values.get("latent_caching", True))
+    # Text is cached only when no text encoder is trained; the cache is cleared at start by default
+    # (modules/trainer/GenericTrainer.py:92-93 clears only when latent_caching is on as well).
+    cached = not te_trained and not cleared
+
+    def fix_set(key: str, value: Any) -> str:
+        if "." in key:
+            part, sub = key.split(".", 1)
+            return f'"{part}": {{"{sub}": {json.dumps(value)}}}'
+        return f'"{key}": {json.dumps(value)}'
+
+    def fix_remove(key: str) -> str:
+        return fix_set(key, False) if key.endswith("attention_mask") else f"remove \"{key}\""
+
+    def after(profile: Any, ctx: Any) -> list[Finding]:
+        out: list[Finding] = []
+        for part in ("text_encoder", "text_encoder_2"):
+            key = f"{part}.dropout_probability"
+            rate = values.get(key)
+            if profile.family == "qwen-image" and _positive(rate):
+                out.append(Finding(
+                    kind="unused-value", severity="error", setting=key, effective=rate, key=key,
+                    message=f"{key} = {rate}: OneTrainer raises NotImplementedError for Qwen caption dropout",
+                    fix=fix_set(key, 0.0), trainer_source=f"OneTrainer: {_MM}/QwenModel.py:138-139",
+                    line=lines("dropout_probability")))
+            elif profile.family in _DROPOUT_SOURCE:
+                out += dropout_form_finding(
+                    profile, rate, "zeros", key=key, trainer="OneTrainer",
+                    source=f"{_DROPOUT_SOURCE[profile.family]} (a dropped caption's embeddings are multiplied by 0)",
+                    line=lines("dropout_probability"),
+                    fix=f"{fix_set(key, 0.0)} (OneTrainer cannot drop captions as an encoded \"\")")
+        return out
+
+    trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
+                      not_settable=NOT_SETTABLE)
+    return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
+                  assumed=getattr(reason, "assumed", ""))
+
+
+def _positive(v: Any) -> bool:
+    try:
+        return float(v) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _on(v: Any) -> bool:
+    return bool(v) and v not in ("false", "False", "0")

@@ -1,0 +1,98 @@
+"""On-disk patch of a Nerogar/OneTrainer checkout: its launch scripts go through te-align.
+
+Plan: each launch script that exists (``scripts/train.py`` for the CLI; ``scripts/train_ui_qt.py``, which
+``start-ui.sh`` / ``start-ui.bat`` run, ``scripts/train_ui.py`` (kept by OneTrainer for external
+launchers) and ``scripts/train_ui_ctk.py`` for the GUI, whose training runs in the GUI's own process
+(``modules/ui/TrainUIController.py`` starts a thread); ``scripts/sample.py``) is replaced by a drop-in
+(template ``templates/launch_script.py.tmpl`` of this folder) that installs :mod:`te_align.trainers.onetrainer.hooks`
+right after OneTrainer's own ``script_imports()`` and then runs the original code, kept byte for byte
+as ``te_align_originals/scripts/<name>``. Version: the git HEAD; a commit te-align was not verified
+against is accepted only when every hook target is present with the expected parameters, checked
+statically (the source is parsed, nothing is imported).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from te_align._git import git_head
+from te_align.hooks.base import OFF_WORDS
+from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
+from te_align.patching.trainers import Detection
+from te_align.patching.transaction import (
+    PatchError,
+    Plan,
+)
+
+TRAINER = "onetrainer"
+#: Launch scripts that get a drop-in (those that exist), with what they start.
+SCRIPTS: tuple[tuple[str, str], ...] = (
+    ("scripts/train.py", "CLI training"),
+    ("scripts/train_ui_qt.py", "GUI (start-ui), training in-process"),
+    ("scripts/train_ui.py", "GUI entry kept for external launchers"),
+    ("scripts/train_ui_ctk.py", "legacy GUI, training in-process"),
+    ("scripts/sample.py", "sampling"),
+)
+#: Files whose presence marks a OneTrainer checkout.
+MARKERS = ("scripts/train.py", "scripts/util/import_util.py", "modules/model/BaseModel.py", "modules/trainer/GenericTrainer.py")
+
+
+def templates_dir() -> Path:
+    d = Path(__file__).with_name("templates")
+    if not (d / "launch_script.py.tmpl").is_file():
+        raise PatchError(f"te-align's OneTrainer patch files are incomplete in {d}; reinstall te-align")
+    return d
+
+
+def detect(path: Path) -> Detection | None:
+    root = Path(path)
+    if not all((root / m).is_file() for m in MARKERS):
+        return None
+    from te_align.trainers.onetrainer.hooks import OneTrainerHook
+
+    head = git_head(root)
+    if head is None:
+        return Detection(TRAINER, root, "checkout", "unknown (no git)",
+                         ("not a git checkout: the hook targets are checked in the source instead",))  # fmt: skip
+    notes: tuple[str, ...] = ()
+    if head not in OneTrainerHook.supported:
+        verified = ", ".join(c[:7] for c in OneTrainerHook.supported)
+        notes = (f"commit {head[:7]} is not one te-align was verified with ({verified}); hook targets are checked in the source",)
+    return Detection(TRAINER, root, "checkout", head[:7], notes)
+
+
+def static_problems(root: Path) -> list[str]:
+    """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
+    from te_align.trainers.onetrainer.hooks import OneTrainerHook
+
+    return target_problems(root, OneTrainerHook().targets())
+
+
+def shim_source(script: str, profile: str | None) -> bytes:
+    template = (templates_dir() / "launch_script.py.tmpl").read_text(encoding="utf-8")
+    pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per model type"
+    up = "/".join([".."] * (len(Path(script).parts) - 1)) or "."
+    return template.format(script=script, original=f"{ORIGINALS}/{script}", up=up, pin=pin, off_words=OFF_WORDS).encode("utf-8")
+
+
+def plan(detection: Detection, profile: str | None) -> Plan:
+    from te_align.trainers.onetrainer.hooks import OneTrainerHook
+
+    root = detection.root
+    problems = static_problems(root)
+    if problems:
+        commit = next(iter(OneTrainerHook.supported))[:7]
+        raise PatchError(
+            f"unknown OneTrainer version {detection.version} at {root}: te-align's hook targets do not match "
+            f"({'; '.join(problems)}). te-align was verified with OneTrainer {commit}; check that commit out "
+            f"(git -C {root} checkout {commit}) or upgrade te-align"
+        )
+    readme = (
+        "Original OneTrainer launch scripts, kept byte for byte by te-align; the scripts of the same name in\n"
+        f"scripts/ run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
+    )
+    return plan_drop_ins(detection, profile, trainer=TRAINER, name="OneTrainer", scripts=SCRIPTS, shim=shim_source,
+                         readme=readme)  # fmt: skip
+
+
+__all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -1,0 +1,17 @@
+"""bghira/SimpleTuner."""
+
+from te_align.trainers import Dialect, TrainerSpec
+
+SPEC = TrainerSpec(
+    name="simpletuner",
+    display_name="SimpleTuner",
+    repo="bghira/SimpleTuner",
+    aliases=("simple-tuner",),
+    check=(Dialect("simpletuner", "audit", "SimpleTuner config.json/.toml"),),
+    hooks="hooks",
+    patch="patch",
+    probe="probe",
+    patch_path="SimpleTuner checkout",
+    probe_path="a checkout at --path or $TE_ALIGN_SIMPLETUNER_DIR, or the installed package",
+    env_dir="TE_ALIGN_SIMPLETUNER_DIR",
+)

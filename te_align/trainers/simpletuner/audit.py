@@ -1,0 +1,324 @@
+"""bghira/SimpleTuner ``config.json`` / ``config.toml`` (keys with or without the leading ``--``).
+
+Facts read at bghira/SimpleTuner@bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb (AGPL: facts only, no code;
+``source`` gives file:line at that commit). Config keys become ``--KEY VALUE`` and argparse rejects unknown ones,
+so an unknown key stops training (error). ``check_user_config`` rewrites ``tokenizer_max_length`` per model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from te_align.audit import rules
+from te_align.audit.findings import Finding
+from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
+from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
+from te_align.audit.rules import Context, Rule, Trainer
+
+_M = "simpletuner/helpers/models"
+
+# ------------------------------------------------------------------------------------ converters
+def _st_sd3_len(v: Any, ctx: Context) -> Any:
+    # SimpleTuner SD3 check_user_config: default 154, capped at 154 unless i_know_what_i_am_doing.
+    n = rules.int_or_none(v)
+    if n is None:
+        return 154
+    if n > 154 and not rules.truthy(ctx.values.get("i_know_what_i_am_doing")):
+        return 154
+    return n
+
+
+def _st_padding(v: Any, ctx: Context) -> Any:
+    return v == "zero"
+
+
+def _st_padding_back(p: Any, ctx: Context) -> Any:
+    return "zero" if p else rules.REMOVE
+
+
+def _st_flux_len(v: Any, ctx: Context) -> Any:
+    # SimpleTuner Flux check_user_config: forces 512, then 256 when model_flavour == "schnell".
+    return 256 if ctx.values.get("model_flavour") == "schnell" else 512
+
+
+def _st_aura_len(v: Any, ctx: Context) -> Any:
+    # SimpleTuner AuraFlow check_user_config: unset/0 = 120 (pony: 768), capped there unless i_know_what_i_am_doing.
+    cap = 768 if ctx.values.get("model_flavour") == "pony" else 120
+    n = rules.int_or_none(v)
+    if not n:
+        return cap
+    if n > cap and not rules.truthy(ctx.values.get("i_know_what_i_am_doing")):
+        return cap
+    return n
+
+
+#: What SimpleTuner passes as Sana's instruction when the key is unset (its own text, not the pipeline's).
+ST_SANA_DEFAULT = "SimpleTuner's own 10-line instruction (field_registry/sana.py:14-27)"
+
+
+def _st_sana_instruction(v: Any, ctx: Context) -> Any:
+    # SimpleTuner _normalize_sana_complex_instruction: a list or text -> non-empty lines, each stripped;
+    # the pipeline joins them with "\n". None/"None"/"" -> no instruction.
+    if v is None:
+        return ST_SANA_DEFAULT
+    if isinstance(v, list):
+        lines = [str(x).strip() for x in v if x not in (None, "", "None") and str(x).strip()]
+    elif isinstance(v, str):
+        if v.strip() in ("", "None"):
+            return None
+        lines = [line.strip() for line in v.splitlines() if line.strip()]
+    else:
+        return v
+    return "\n".join(lines) if lines else None
+
+
+_same = rules.CONVERTERS["same"].back
+rules.register("st_sd3_len", _st_sd3_len, _same, "int")
+rules.register("st_padding", _st_padding, _st_padding_back, "choice:unmodified,zero")
+rules.register("st_flux_len", _st_flux_len)
+rules.register("st_aura_len", _st_aura_len, _same, "int")
+rules.register("st_sana_instruction", _st_sana_instruction)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("clip_l.encoder.layer", ("sd1",), None, "last", "StableDiffusionPipeline.encode_prompt without clip_skip",
+         f"{_M}/sd1x/model.py:136"),
+    Rule("clip_h.encoder.layer", ("sd2",), None, "last", "StableDiffusionPipeline.encode_prompt without clip_skip",
+         f"{_M}/sd1x/model.py:136"),
+    Rule(None, ("sd1", "sd2", "sdxl"), "tokenizer_max_length", None, "tokenizer_max_length is ignored (warning) for SD 1.x/2.x",
+         f"{_M}/sd1x/model.py:315-316,387-388", honoured="never"),
+    Rule("clip_l.encoder.layer", ("sdxl",), None, "penultimate", "hidden_states[-2], no final LN", f"{_M}/sdxl/model.py:168-238"),
+    Rule("clip_g.encoder.layer", ("sdxl",), None, "penultimate", "hidden_states[-2], no final LN", f"{_M}/sdxl/model.py:168-238"),
+    Rule("t5.tokenizer.max_length", ("sd3",), "tokenizer_max_length", None,
+         "SD3 T5 length: unset = 154, and values above 154 are cut to 154 unless i_know_what_i_am_doing",
+         f"{_M}/sd3/model.py:848-865", convert="st_sd3_len",
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true'),
+    Rule("t5.masks.zero_padded", ("sd3", "flux", "chroma"), "t5_padding", "unmodified",
+         't5_padding "zero" multiplies padded T5 outputs by 0',
+         f"{_M}/sd3/model.py:440; {_M}/flux/model.py:516-517; "
+         "simpletuner_sdk/server/services/field_registry/sections/advanced.py:640-656", convert="st_padding"),
+    Rule("t5.tokenizer.max_length", ("flux",), None, None,
+         "check_user_config forces 512, then 256 when model_flavour is schnell", f"{_M}/flux/model.py:1134-1149",
+         convert="st_flux_len"),
+    Rule(None, ("flux", "qwen-image", "wan"), "tokenizer_max_length", None,
+         "tokenizer_max_length is ignored (FLUX: forced 512/256; Qwen-Image: never passed; Wan: never passed)",
+         f"{_M}/flux/model.py:1134-1136; {_M}/qwen_image/model.py:507-549; {_M}/wan/model.py:1540-1542",
+         honoured="never"),
+    Rule("t5.masks.denoiser", ("flux",), "flux_attention_masked_training", False,
+         "flux_attention_masked_training passes the T5 mask to the transformer",
+         f"{_M}/field_registry/flux.py:102-117; {_M}/flux/model.py:813-822", convert="bool"),
+    Rule("t5.tokenizer.max_length", ("chroma",), "tokenizer_max_length", 512, "Chroma T5 length (unset = 512)",
+         f"{_M}/chroma/model.py:285-299"),
+    Rule("gemma.tokenizer.max_length", ("lumina2",), "tokenizer_max_length", 256,
+         "Lumina2 Gemma length (unset = 256, capped at 512)", f"{_M}/lumina2/model.py:330-339"),
+    Rule("t5.tokenizer.max_length", ("hidream",), "tokenizer_max_length", 128, "HiDream length (unset = 128, capped at 128)",
+         f"{_M}/hidream/model.py:833-845"),
+    Rule("llama.tokenizer.max_length", ("hidream",), "tokenizer_max_length", 128, "HiDream length (unset = 128, capped at 128)",
+         f"{_M}/hidream/model.py:833-845"),
+    Rule("qwen.tokenizer.max_length", ("qwen-image",), None, 1024,
+         "encode_prompt without max_sequence_length (diffusers encode_prompt default 1024)", f"{_M}/qwen_image/model.py:507-549", captions="over512"),
+    Rule("qwen.tokenizer.padding", ("qwen-image",), None, "max_length",
+         "SimpleTuner replaces QwenImagePipeline._get_qwen_prompt_embeds: every caption padded to 1,024 tokens (after "
+         "the 34-token template) and zero rows; the mask reaches the transformer, which masks them, so only the "
+         "sequence length (cache size, attention cost) differs",
+         "simpletuner/helpers/training/diffusers_overrides.py:618-689,878-884", severity="info"),
+    Rule("t5.tokenizer.max_length", ("wan",), None, 512, "WanPipeline.encode_prompt default max_sequence_length=512",
+         f"{_M}/wan/model.py:1377-1398"),
+    # ---- PixArt-Σ (model_family "pixart"): pipeline.encode_prompt with clean_caption=True
+    Rule("t5.tokenizer.max_length", ("pixart",), None, 300,
+         "tokenizer_max_length is forced to 300 and passed as max_sequence_length", f"{_M}/pixart/model.py:239-246,679-681"),
+    Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "pixart", "encode_prompt(clean_caption=True)",
+         f"{_M}/pixart/model.py:239-246"),
+    Rule("t5.masks.zero_padded", ("pixart",), "t5_padding", "unmodified", 't5_padding "zero" multiplies padded T5 outputs by 0',
+         f"{_M}/pixart/model.py:248-250", convert="st_padding"),
+    # ---- Sana: pipeline.encode_prompt(clean_caption=False, max_sequence_length=300, complex_human_instruction=…)
+    Rule("gemma.tokenizer.max_length", ("sana",), None, 300, "max_sequence_length=300 (tokenizer_max_length is ignored)",
+         f"{_M}/sana/model.py:151-158,264-265"),
+    Rule("gemma.tokenizer.text_cleaning", ("sana",), None, "lower",
+         "clean_caption=False: the pipeline still lower-cases and strips the caption", f"{_M}/sana/model.py:151-158"),
+    Rule("gemma.tokenizer.system_prompt", ("sana",), "sana_complex_human_instruction", None,
+         "the complex-human instruction SimpleTuner passes: by default its own 10-line text (not the pipeline's), and "
+         "any value has each line stripped, so the final 'User Prompt: ' loses its space",
+         f"{_M}/field_registry/sana.py:7-27; simpletuner/helpers/configuration/cmd_args.py:355-390; {_M}/sana/model.py:157",
+         convert="st_sana_instruction"),
+    # ---- AuraFlow: pipeline.encode_prompt(max_sequence_length=tokenizer_max_length)
+    Rule("t5.tokenizer.max_length", ("auraflow",), "tokenizer_max_length", None,
+         "AuraFlow T5 length: unset = 120 (768 for the pony flavour), capped there unless i_know_what_i_am_doing",
+         f"{_M}/auraflow/model.py:256-263,387-399", convert="st_aura_len",
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true'),
+)
+
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart",
+             "auraflow", "sana")
+
+#: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
+NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
+#: Families te-align's SimpleTuner hooks encode (te_align.trainers.simpletuner.hooks.FAMILIES; a test keeps them equal).
+HOOKED = ("sd1", "sd2", "sdxl", "sd3", "flux", "pixart", "chroma", "auraflow", "sana", "lumina2", "hidream",
+          "qwen-image", "wan")
+#: The fix where the hooks apply: they run in-process (no SimpleTuner file is changed), enabled by the environment.
+HOOKS_FIX = ('not settable in SimpleTuner (hard-coded); run SimpleTuner with te-align\'s hooks: '
+             'eval "$(python -m te_align.hooks.simpletuner env)", then `simpletuner train` or `simpletuner server` '
+             'in that shell')
+
+#: model_family values te-align has no profile for, by the model's name (simpletuner/helpers/models/<family>).
+NO_PROFILE = {
+    "z_image": "Z-Image", "z-image": "Z-Image", "z_image_omni": "Z-Image Omni", "flux2": "FLUX.2", "kolors": "Kolors",
+    "deepfloyd": "DeepFloyd IF", "cosmos": "Cosmos", "cosmos2image": "Cosmos-Predict2", "cosmos3": "Cosmos 3",
+    "ltxvideo": "LTX-Video", "ltxvideo2": "LTX-2", "hunyuanvideo": "HunyuanVideo", "sanavideo": "SANA-Video",
+    "wan_s2v": "Wan 2.2 S2V", "omnigen": "OmniGen", "stable_cascade": "Stable Cascade", "ace_step": "ACE-Step",
+    "ernie": "ERNIE-Image", "ideogram": "Ideogram", "krea2": "Krea 2", "kandinsky5-image": "Kandinsky 5 Image",
+    "kandinsky5-video": "Kandinsky 5 Video", "longcat_image": "LongCat-Image", "longcat_video": "LongCat-Video",
+    "mageflow": "MageFlow", "minimaxh3": "MiniMax H3", "minimaxmusic": "MiniMax Music", "heartmula": "HeartMuLa",
+    "infinitetalk": "InfiniteTalk", "zlab_i1": "Z-Lab I1", "boogu_image": "Boogu Image", "anima": "Anima (SimpleTuner)",
+}
+
+_CACHE = CacheSpec(("*.pt",), "file name = md5(caption) + model family; no length, padding, flavour or mask",
+                   "simpletuner/helpers/caching/text_embeds.py:139-181,528-545",
+                   "delete the text-embed cache folder (cache_dir_text / the text_embeds backend's cache_dir); with "
+                   "te-align's hooks (python -m te_align.hooks.simpletuner env) the cache key carries the profile "
+                   "fingerprint and stale files are re-encoded")
+CACHES = {f: _CACHE for f in SUPPORTED}
+
+_FAMILY = {
+    "sd1x": "sd15", "sd2x": "sd21", "sdxl": "sdxl", "sd3": "sd35-large", "flux": "flux-dev", "chroma": "chroma",
+    "lumina2": "lumina2", "hidream": "hidream", "qwen_image": "qwen-image", "wan": "wan21",
+    "pixart_sigma": "pixart-sigma", "pixart": "pixart-sigma", "auraflow": "auraflow", "sana": "sana",
+}
+
+
+#: SimpleTuner's default flavour where a family has several profiles (the flavour it loads when the config names
+#: neither a flavour nor a model path; simpletuner/helpers/models/common.py:1214-1228): flux/model.py:89 "krea"
+#: (FLUX.1 Krea dev), sd3/model.py:135 "medium" (SD3.5 medium).
+_DEFAULT_FLAVOUR = {"flux": ("krea", "flux-dev"), "sd3": ("medium", "sd35-medium")}
+
+
+def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
+    """The bundled profile a config trains: model_family, the variant from model_flavour, else from the files or
+    name of pretrained_model_name_or_path (what SimpleTuner loads instead of the flavour's repository), else
+    SimpleTuner's default flavour. Where nothing decides between two profiles of a family, the reason carries the
+    assumption."""
+    from te_align.audit.models import assumption, guess_model
+    from te_align.audit.parsed import reason
+
+    fam = str(values.get("model_family") or "")
+    flavour = str(values.get("model_flavour") or "")
+    path = values.get("pretrained_model_name_or_path")
+    prof = _FAMILY.get(fam)
+    if prof is None:
+        return None, f"model_family {fam!r}"
+    if fam == "flux" and flavour:
+        prof = "flux-schnell" if flavour == "schnell" else "flux-dev"
+        return prof, f"model_family \"flux\", model_flavour {flavour!r}"
+    if fam == "sd3" and flavour:
+        by = guess_model(flavour.replace("large", "3.5-large").replace("medium", "3.5-medium")).profile
+        if by and _same_family(by, prof):
+            return by, f"model_family {fam!r} and model_flavour {flavour!r}"
+    by, detail, decided = guess_model(path)
+    if by and decided and _same_family(by, prof):
+        return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}{detail}"
+    if fam in _DEFAULT_FLAVOUR and not flavour:
+        default, dprof = _DEFAULT_FLAVOUR[fam]
+        if not path:
+            return dprof, f"model_family {fam!r}, model_flavour {default!r} (SimpleTuner's default)"
+        said = assumption(dprof, "model_flavour or pretrained_model_name_or_path (its name or files)")
+        return dprof, reason(f"model_family {fam!r}; {dprof} assumed", said)
+    if by and _same_family(by, prof):
+        return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}"
+    return prof, f"model_family {fam!r}"
+
+
+def _same_family(a: str, b: str) -> bool:
+    from te_align.audit.rules import family_of
+
+    return family_of(a) == family_of(b)
+
+
+def detect(raw: RawConfig) -> int | None:
+    """A SimpleTuner config: a ``model_family`` key (with or without the leading ``--``)."""
+    if raw.fmt == "cmdline" or not isinstance(raw.data, dict):
+        return None
+    return 95 if "model_family" in {str(k).lstrip("-") for k in raw.data} else None
+
+
+def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    if not isinstance(raw.data, dict):
+        raise UnreadableConfig("expected a JSON object / TOML table", file=raw.file)
+    keys = known_keys("simpletuner")
+    valid = keys[""]
+    ignored = keys.get("ignored", frozenset())
+    lines = KeyLines(raw.text)
+    values: dict[str, Any] = {}
+    findings = []
+    for k, v in raw.data.items():
+        key = str(k).lstrip("-").replace("-", "_")
+        values[key] = v
+        if key in valid or key in ignored:
+            continue
+        # the loader drops null and "false" values before argparse (cli_utils.py:190-226); argparse accepts a
+        # unique prefix of an option (allow_abbrev)
+        if v is None or (isinstance(v, str) and v.strip().lower() == "false"):
+            continue
+        if len([name for name in valid if name.startswith(key)]) == 1:
+            continue
+        findings.append(unknown_key_finding(
+            key, valid, trainer="SimpleTuner: simpletuner/helpers/configuration/cli_utils.py:190-226, cmd_args.py:546-557,668",
+            line=lines(str(k)), severity="error",
+            behaviour="SimpleTuner turns it into --KEY and argparse stops with 'unrecognized arguments'",
+        ))
+    fam = str(values.get("model_family") or "")
+    if fam in NO_PROFILE or (fam and fam not in _FAMILY):
+        name = NO_PROFILE.get(fam, fam)
+        return Parsed(Trainer("simpletuner", RULES, str, str), values, None, f"model_family {fam!r}", True, None,
+                      findings, SUPPORTED,
+                      not_checked=f"not checked: te-align has no profile for {name} (SimpleTuner model_family {fam!r})")
+    prof, reason = guess_profile(values)
+    flavour = str(values.get("model_flavour") or "")
+    if fam == "wan" and ("2.2" in flavour or flavour.startswith("animegen")):
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            f"Wan 2.2 (model_flavour {flavour!r}) is checked with the wan21 profile: diffusers' WanPipeline encodes "
+            "both with the same umT5-XXL at 512 tokens")))
+
+    def fix_set(key: str, value: Any) -> str:
+        return f"{key} = {json.dumps(value)}" if raw.fmt == "toml" else f'"{key}": {json.dumps(value)}'
+
+    def fix_remove(key: str) -> str:
+        return f"remove {key}"
+
+    def after(profile: Any, ctx: Any) -> list[Finding]:
+        key = "caption_dropout_probability"
+        rate = values.get(key, 0.1)
+        return dropout_form_finding(
+            profile, rate, "encode", key=key + ("" if key in values else " (default 0.1)"), trainer="SimpleTuner",
+            source="simpletuner/helpers/training/collate.py:613-621 (a dropped caption becomes '' and is encoded); "
+                   "default 0.1 at simpletuner/simpletuner_sdk/server/services/field_registry/sections/advanced.py:"
+                   "1183-1190",
+            line=lines(key), fix=f'{fix_set(key, 0.0)} (SimpleTuner cannot drop captions as zeros)')
+
+    from te_align.audit.rules import family_of
+
+    # Qwen-Image's edit flavours encode the caption with its image: the hooks leave them to SimpleTuner
+    hooked = prof is not None and family_of(prof) in HOOKED and not (fam == "qwen_image" and flavour.startswith("edit"))
+    trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key),
+                      not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
+    # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
+    return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
+                  caption_dirs=caption_dirs(values.get("data_backend_config")), assumed=getattr(reason, "assumed", ""))
+
+
+def caption_dirs(path: Any) -> list[str]:
+    """``instance_data_dir`` of the local image backends in the data_backend_config JSON (when it exists)."""
+    from pathlib import Path
+
+    if not isinstance(path, str) or not path.endswith(".json") or not Path(path).is_file():
+        return []
+    try:
+        if Path(path).stat().st_size > 1 << 20:
+            return []
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    backends = data if isinstance(data, list) else []
+    return [b["instance_data_dir"] for b in backends if isinstance(b, dict) and b.get("type", "local") == "local"
+            and b.get("dataset_type", "image") == "image" and isinstance(b.get("instance_data_dir"), str)]

@@ -1,0 +1,303 @@
+"""The dependency jobs: the lock the README's test command installs from, the newest-versions run, the lowest run.
+
+    python tools/deps.py lock     # newest releases within pyproject's ranges; if the suite passes, write the lock
+    python tools/deps.py newest   # the same suite on the newest releases pip resolves without the lock (no write)
+    python tools/deps.py lowest   # every direct dependency at the lower bound pyproject declares
+    python tools/deps.py product  # `pip install .` alone (no extras, no lock), then the product's commands
+
+Each job builds a fresh virtual environment in a temporary folder (``--venv DIR`` keeps it), installs te-align from
+this checkout with the ``test`` and ``kohya-test`` extras plus ai-toolkit's PyPI package (``--no-deps``, as the
+README does), runs ``ruff check .`` and the whole test suite (``--pytest-args`` narrows it), and prints one report:
+the installed version of every direct dependency beside the lock's, the suite's summary line and, for ``newest``,
+each dependency whose newest release pyproject's upper bound leaves out. Exit status: 0 when ruff and the suite
+pass.
+
+``product`` is a new user's first minutes: a plain ``pip install .`` (newest releases within the ranges), then,
+from an empty folder, ``te-align --help``, ``profile show``, ``check`` on a shipped example, the full ``te-align
+demo`` and ``te-align train`` of the demo's own config (a LoRA on the denoiser and CLIP-L). Each must exit as
+expected and write nothing to stderr but te-align's own lines and progress bars: any other line is third-party
+noise and fails the job.
+
+``lock`` writes ``lock/constraints.txt`` (``pip freeze`` of that environment, without te-align) only when the
+suite passed; ``tests/support/lock.py`` reads it. torch is pinned by ``--torch`` (default ``torch==2.13.0``, the
+CPU build the README installs); ``newest`` leaves torch to pip too unless ``--torch`` is given. Run ``newest``
+before every submission; ``.ci/run`` runs it after the locked suite and prints its report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "lock" / "constraints.txt"
+EXTRAS = "test,kohya-test"
+#: installed with --no-deps, exactly as the README's test command does (ai-toolkit's own pins would replace torch)
+NO_DEPS = ("ostris-ai-toolkit==0.2.7", "oyaml==1.0")
+DEFAULT_TORCH = "torch==2.13.0"
+#: never written into the lock: the installer itself and the project
+NOT_LOCKED = {"pip", "te-align", "te_align"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def direct_requirements(extras: bool = True) -> dict[str, str]:
+    """``{name: specifier}`` of pyproject's dependencies (and the test extras)."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    reqs = list(meta["dependencies"])
+    if extras:
+        for extra in EXTRAS.split(","):
+            reqs += meta.get("optional-dependencies", {}).get(extra, [])
+    out: dict[str, str] = {}
+    for r in reqs:
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*([^;]*)", r)
+        if m:
+            name = _norm(m.group(1))
+            spec = m.group(2).strip()
+            out[name] = ",".join(s for s in (out.get(name, ""), spec) if s)
+    return out
+
+
+def lower_bound(spec: str) -> str | None:
+    m = re.search(r">=\s*([0-9][^,\s]*)", spec)
+    return m.group(1) if m else None
+
+
+def upper_bound(spec: str) -> str | None:
+    m = re.search(r"<\s*([0-9][^,\s]*)", spec)
+    return m.group(1) if m else None
+
+
+def read_lock(path: Path = LOCK) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[_norm(name)] = version.strip()
+    return out
+
+
+def _run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path = ROOT, capture: bool = False) -> subprocess.CompletedProcess:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=capture)
+
+
+def _freeze(python: Path) -> dict[str, str]:
+    out = _run([str(python), "-m", "pip", "freeze", "--all", "--exclude-editable"], capture=True).stdout
+    versions = {}
+    for line in out.splitlines():
+        if "==" in line:
+            name, version = line.split("==", 1)
+            versions[_norm(name)] = version.strip()
+    return versions
+
+
+def _index_newest(python: Path, name: str) -> str | None:
+    """The newest release of ``name`` the package index offers (``pip index versions``), or None offline."""
+    p = subprocess.run([str(python), "-m", "pip", "index", "versions", name], capture_output=True, text=True)
+    m = re.search(r"\(([^)]+)\)", p.stdout.splitlines()[0]) if p.returncode == 0 and p.stdout else None
+    return m.group(1) if m else None
+
+
+def _key(v: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.+]", v.split("+")[0]))
+
+
+def _install(job: str, python: Path, torch: str | None, log: list[str]) -> int:
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    _run([*pip, "--upgrade", "pip"])
+    args: list[str] = []
+    if job == "lowest":
+        pins = {n: lower_bound(s) for n, s in direct_requirements().items()}
+        missing = sorted(n for n, v in pins.items() if v is None)
+        if missing:
+            log.append(f"no lower bound declared for: {', '.join(missing)} (left to pip)")
+        cons = Path(tempfile.mkstemp(prefix="te-align-lowest-", suffix=".txt")[1])
+        cons.write_text("".join(f"{n}=={v}\n" for n, v in pins.items() if v), encoding="utf-8")
+        args += ["-c", str(cons)]
+    if torch:
+        args.append(torch)
+    rc = _run([*pip, *args, "-e", f".[{EXTRAS}]"]).returncode
+    if rc:
+        return rc
+    return _run([*pip, "--no-deps", *NO_DEPS]).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("job", choices=("lock", "newest", "lowest", "product"))
+    ap.add_argument("--venv", type=Path, help="build (or reuse) the environment here and keep it")
+    ap.add_argument("--torch", help=f"torch requirement (default {DEFAULT_TORCH}; newest: pip's choice)")
+    ap.add_argument("--pytest-args", default="", help="instead of the whole suite (e.g. 'tests/test_train.py -x')")
+    ap.add_argument("--json", type=Path, help="also write the report as JSON here")
+    args = ap.parse_args(argv)
+    torch = args.torch or (DEFAULT_TORCH if args.job == "lock" else None)  # lowest: the lower bound pins it
+
+    tmp = None
+    venv = args.venv
+    if venv is None:
+        tmp = tempfile.mkdtemp(prefix=f"te-align-{args.job}-")
+        venv = Path(tmp) / "venv"
+    python = venv / "bin" / "python"
+    t0 = time.monotonic()
+    log: list[str] = []
+    try:
+        if not python.exists():
+            _run([sys.executable, "-m", "venv", str(venv)])
+        if args.job == "product":
+            return _product(python, venv, torch)
+        rc = _install(args.job, python, torch, log)
+        if rc:
+            print(f"\n{args.job}: the install failed (exit {rc}); see pip's output above")
+            return rc
+        installed = _freeze(python)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+                   PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+        env.pop("PYTHONPATH", None)
+        env.pop("VIRTUAL_ENV", None)
+        ruff = _run([str(python), "-m", "ruff", "check", "."], env=env).returncode
+        t1 = time.monotonic()
+        extra = args.pytest_args.split() if args.pytest_args else []
+        tests = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], env=env, capture=True)
+        sys.stdout.write(tests.stdout[-20000:])
+        sys.stdout.write(tests.stderr[-5000:])
+        lines = [s for s in tests.stdout.splitlines() if s.strip()]
+        summary = lines[-1].strip("= ") if lines else "(no pytest output)"
+        failed = [s for s in tests.stdout.splitlines() if s.startswith(("FAILED ", "ERROR "))]
+        ok = ruff == 0 and tests.returncode == 0
+
+        lock = read_lock()
+        direct = direct_requirements()
+        report: dict = {"job": args.job, "ok": ok, "summary": summary, "failed": failed, "ruff": ruff == 0,
+                        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                        "python": platform.python_version(), "platform": f"{sys.platform}-{platform.machine()}",
+                        "install_and_test_s": round(time.monotonic() - t0), "test_s": round(time.monotonic() - t1),
+                        "direct": {}, "excluded_by_upper_bound": {}, "notes": log}  # fmt: skip
+        for name, spec in sorted(direct.items()):
+            report["direct"][name] = {"range": spec or "(any)", "installed": installed.get(name), "lock": lock.get(name)}
+        if args.job == "newest":
+            for name, spec in sorted(direct.items()):
+                ub = upper_bound(spec)
+                if ub:
+                    newest = _index_newest(python, name)
+                    if newest and _key(newest) >= _key(ub):
+                        report["excluded_by_upper_bound"][name] = {"range": spec, "newest_release": newest}
+        print(f"\n=== te-align dependency job: {args.job} ({report['date']}, Python {report['python']}, "
+              f"{report['platform']}) ===")
+        print(f"{'package':<20}{'range':<22}{'installed':<16}{'lock':<16}")
+        for name, row in report["direct"].items():
+            mark = "" if row["lock"] in (None, row["installed"]) else "  (differs from the lock)"
+            print(f"{name:<20}{row['range']:<22}{row['installed'] or '-':<16}{row['lock'] or '-':<16}{mark}")
+        for name, row in report["excluded_by_upper_bound"].items():
+            print(f"upper bound: {name} {row['newest_release']} is released and excluded by '{row['range']}'")
+        for note in log:
+            print(f"note: {note}")
+        print(f"ruff: {'clean' if ruff == 0 else 'FAILED'}")
+        print(f"suite: {summary}")
+        for f in failed:
+            print(f"  {f}")
+        print(f"result: {'PASS' if ok else 'FAIL'} in {report['install_and_test_s']} s "
+              f"(suite {report['test_s']} s)")  # fmt: skip
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        if args.job == "lock":
+            if not ok:
+                print(f"lock: not written ({LOCK.relative_to(ROOT)} unchanged): the suite did not pass")
+                return 1
+            _write_lock(installed, report)
+        return 0 if ok else 1
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: stderr lines that are not noise: te-align's own (errors, log lines) and tqdm progress bars
+_OWN_LINE = re.compile(r"^(te-align[: ]|\S.*\d+/\d+ \[[\d:<?]+.*\]\s*$|.*\|[ #▏▎▍▌▋▊▉█]*\| )")
+
+
+def _product(python: Path, venv: Path, torch: str | None) -> int:
+    """The product job (see the module docstring)."""
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    _run([*pip, "--upgrade", "pip"])
+    rc = _run([*pip, *([torch] if torch else []), str(ROOT)]).returncode
+    if rc:
+        print(f"\nproduct: `pip install .` failed (exit {rc})")
+        return rc
+    te = str(venv / "bin" / "te-align")
+    example = ROOT / "examples" / "kohya" / "flux_schnell_lora.toml"
+    work = Path(tempfile.mkdtemp(prefix="te-align-product-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    steps = [  # (command, exit codes that are right)
+        ([te, "--help"], {0}),
+        ([te, "profile", "show", "sd35-large"], {0}),
+        ([te, "check", str(example)], {0, 1}),
+        ([te, "demo", "--out", "demo"], {0}),
+        ([te, "train", "demo/train.toml"], {0}),
+    ]
+    ok = True
+    rows = []
+    try:
+        for cmd, good in steps:
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+            wall = time.monotonic() - t0
+            lines = [ln for ln in re.split(r"[\r\n]+", p.stderr) if ln.strip()]
+            noise = [ln for ln in lines if not _OWN_LINE.match(ln.strip())]
+            good_exit = p.returncode in good
+            ok &= good_exit and not noise
+            shown = " ".join(["te-align", *cmd[1:]])
+            rows.append((shown, p.returncode, wall, noise))
+            if not good_exit:
+                print(f"{shown}: exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    versions = _freeze(python)
+    print("\n=== te-align dependency job: product (pip install . alone) ===")
+    print("versions: " + ", ".join(f"{n} {versions.get(n, '-')}" for n in ("torch", "transformers", "diffusers",
+                                                                           "peft", "accelerate", "bitsandbytes")))
+    for shown, code, wall, noise in rows:
+        print(f"{'ok  ' if not noise else 'NOISE'} exit {code}  {wall:6.1f} s  {shown}")
+        for ln in noise[:10]:
+            print(f"        third-party line: {ln[:200]}")
+    print(f"result: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def _write_lock(installed: dict[str, str], report: dict) -> None:
+    old = read_lock()
+    header = (
+        "# The exact versions te-align's whole test suite passed with: the README's test command and .ci/run\n"
+        "# install from this file (pip install -c lock/constraints.txt ...). Regenerate: python tools/deps.py lock\n"
+        f"# Made {report['date']} on Python {report['python']} ({report['platform']}); suite: {report['summary']}\n"
+        "# torch is the CPU build where one is on the machine's disk (torch==2.13.0 also matches 2.13.0+cpu).\n"
+    )
+    body = "".join(f"{n}=={v.split('+')[0]}\n" for n, v in sorted(installed.items()) if n not in NOT_LOCKED)
+    LOCK.parent.mkdir(exist_ok=True)
+    tmp = LOCK.with_suffix(".tmp")
+    tmp.write_text(header + body, encoding="utf-8")
+    tmp.replace(LOCK)
+    new = read_lock()
+    changed = sorted(n for n in set(old) | set(new) if old.get(n) != new.get(n))
+    moves = ", ".join(f"{n} {old.get(n, '-')} -> {new.get(n, '-')}" for n in changed) or "none"
+    print(f"lock: wrote {LOCK.relative_to(ROOT)} ({len(new)} packages; changed: {moves})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
