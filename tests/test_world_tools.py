@@ -128,6 +128,15 @@ def test_world_build_base_resumes_to_the_weights_of_one_run(tmp_path: Path) -> N
     assert [r["step"] for r in logs if r["phase"] in ("stopped", "resume")] == [3, 3]
     evals = [r for r in logs if r["phase"] == "eval"]
     assert [(r["step"], r["samples"]) for r in evals] == [(4, 16), (6, 24)] and "visible" in evals[0]
+    # a finished run continues to more steps with the weights of a longer run (warm-up then constant rate)
+    shorter = [*common[:5], "4", *common[6:]]
+    build.main([*shorter, "--out", str(tmp_path / "three")])
+    build.main([*common, "--out", str(tmp_path / "three"), "--resume"])
+    a = diffusers.SD3Transformer2DModel.from_pretrained(str(tmp_path / "one" / "model-6" / "transformer"))
+    b = diffusers.SD3Transformer2DModel.from_pretrained(str(tmp_path / "three" / "model-6" / "transformer"))
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    with pytest.raises(SystemExit, match="saved at step 6, past --steps 4"):
+        build.main([*shorter, "--out", str(tmp_path / "three"), "--resume"])
     # another configuration does not resume from this checkpoint
     with pytest.raises(SystemExit, match="saved for another configuration"):
         build.main([*common[:-1], json.dumps({**TINY, "lr": 2e-3}), "--out", str(tmp_path / "two"), "--resume"])

@@ -80,6 +80,14 @@ def _put_shared(tmp: Path, dest: Path) -> None:
     tmp.rename(dest)
 
 
+def _portable(value: Any, runs: Path) -> Any:
+    """A run's absolute folder as ``RUNS/<relative>`` (the root of the runs), so no machine's path is shipped."""
+    if isinstance(value, str) and value.startswith("/"):
+        path = Path(value)
+        return f"RUNS/{path.relative_to(runs).as_posix()}" if path.is_relative_to(runs) else f".../{path.name}"
+    return value
+
+
 def pretrain_record(run: Path, step: int) -> dict[str, Any]:
     """What the base's run logged: its config, samples seen and training seconds at ``step``, and the records of the
     autoencoder and encoders it used (their own ``log.jsonl``, found from the config)."""
@@ -87,7 +95,8 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
     config = [r for r in rs if r.get("phase") == "config"][-1]
     ev = next(r for r in rs if r.get("phase") == "eval" and r.get("step") == step)
     out: dict[str, Any] = {
-        "command": "python tools/world_build.py base", "config": {k: v for k, v in config.items() if k not in ("time", "phase")},
+        "command": "python tools/world_build.py base",
+        "config": {k: _portable(v, run.resolve().parent) for k, v in config.items() if k not in ("time", "phase")},
         "steps": step, "samples_seen": ev.get("samples"), "train_seconds": ev["train_seconds"],
         "eval_during_training": {k: ev[k] for k in ("all", "visible", "tags", "short", "long") if k in ev},
         "resumed": any(r.get("phase") == "resume" for r in rs),

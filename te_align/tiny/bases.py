@@ -170,20 +170,20 @@ def _assemble(spec: BaseSpec, root: Path, info: dict[str, Any]) -> Any:
         src = root / "encoders" / folder
         cls = getattr(transformers, cls_name)
         if cls_name == "CLIPTextModel":  # the shared CLIP-L carries a projection the plain tower does not use
-            full = transformers.CLIPTextModelWithProjection.from_pretrained(str(src), torch_dtype=torch.float32)
+            full = transformers.CLIPTextModelWithProjection.from_pretrained(str(src), dtype=torch.float32)
             model = cls(full.config)
             tower = {k.removeprefix("text_model."): v for k, v in full.state_dict().items() if not k.startswith("text_projection.")}
             # the tower's names carry a "text_model." prefix or not depending on the transformers version
             model.load_state_dict({k: tower[k.removeprefix("text_model.")] for k in model.state_dict()}, strict=True)
         else:
-            model = cls.from_pretrained(str(src), torch_dtype=torch.float32)
+            model = cls.from_pretrained(str(src), dtype=torch.float32)
         comps[comp] = model.float().eval()
-    vae = diffusers.AutoencoderKL.from_pretrained(str(root / "vae"), torch_dtype=torch.float32)
+    vae = diffusers.AutoencoderKL.from_pretrained(str(root / "vae"), dtype=torch.float32)
     if spec.family in UNSHIFTED:
         vae.register_to_config(shift_factor=None)
     comps["vae"] = vae.eval()
     denoiser_cls = getattr(diffusers, info["denoiser_class"])
-    comps[spec.denoiser] = denoiser_cls.from_pretrained(str(root / spec.name / spec.denoiser), torch_dtype=torch.float32).eval()
+    comps[spec.denoiser] = denoiser_cls.from_pretrained(str(root / spec.name / spec.denoiser), dtype=torch.float32).eval()
     sched_cfg = json.loads((root / spec.name / "scheduler" / "scheduler_config.json").read_text(encoding="utf-8"))
     comps["scheduler"] = getattr(diffusers, sched_cfg["_class_name"]).from_config(sched_cfg)
     pipe = getattr(diffusers, spec.pipeline)(**comps, **PIPELINE_KWARGS.get(spec.family, {}))
@@ -276,6 +276,6 @@ def load(name: str, *, cache_dir: str | Path | None = None, source: str | Path |
     spec = _spec(name)
     folder = materialize(name, cache_dir=cache_dir, source=source)
     info = base_info(name, source)
-    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder), torch_dtype=torch.float32)
+    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return _with_defaults(pipe, info["sampling"])

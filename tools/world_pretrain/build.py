@@ -145,8 +145,11 @@ def _load_checkpoint(path: Path, cfg: recipe.PretrainConfig, prep: dict[str, Any
     import torch
 
     ck = torch.load(path, weights_only=False, map_location="cpu")
-    if ck["config"] != cfg.as_dict():
+    # the total step count may grow (the learning rate is warm-up then constant, so it does not depend on it)
+    if {**ck["config"], "steps": None} != {**cfg.as_dict(), "steps": None}:
         raise SystemExit(f"{path}: saved for another configuration; run without --resume or with the same flags")
+    if ck["step"] > cfg.steps:
+        raise SystemExit(f"{path}: saved at step {ck['step']}, past --steps {cfg.steps}")
     table = prep["table"]
     pooled = table.tensors.get("pooled_prompt_embeds")
     model = recipe.new_transformer(cfg, table.tensors["prompt_embeds"].shape[-1], 0 if pooled is None else pooled.shape[-1])
