@@ -222,9 +222,10 @@ def main() -> None:
     root = Path(args.dest) if args.dest else bases.data_root()
     record = pretrain_record(run, args.step)
     cfg = record["config"]
-    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(run / f"model-{args.step}"), torch_dtype=torch.float32)
-    enc = recipe._components("sd3", cfg["encoders"])  # the shared set: CLIP-L and CLIP-G with projection, T5
-    vae = diffusers.AutoencoderKL.from_pretrained(cfg["vae_from"])
+    paths = [r for r in _records(run / "log.jsonl") if r.get("phase") == "config"][-1]  # the run's own folders
+    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(run / f"model-{args.step}"), dtype=torch.float32)
+    enc = recipe._components("sd3", paths["encoders"])  # the shared set: CLIP-L and CLIP-G with projection, T5
+    vae = diffusers.AutoencoderKL.from_pretrained(paths["vae_from"])
     recipe._round_to_half(vae)
     encoders = {"clip_l": enc["text_encoder"], "clip_g": enc["text_encoder_2"], "t5": enc["text_encoder_3"]}
     info = ship_pipeline(pipe, args.name, root, encoders=encoders, vae=vae, world=cfg["world"], held_out=cfg["held_out"],
