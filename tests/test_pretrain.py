@@ -241,13 +241,14 @@ def test_family_configs_and_profiles():
     assert (sdxl.unet_channels, sdxl.caption_dropout_rate) == ((32, 64, 64), 0.2)
     assert pretrain.PretrainConfig().caption_dropout_rate == 0.0
     with pytest.raises(
-        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, got 'sd15'"
+        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, sd15, got 'sd21'"
     ):
-        pretrain.PretrainConfig(family="sd15")
-    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl")] == [
+        pretrain.PretrainConfig(family="sd21")
+    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl", "sd15")] == [
         "sd35-large",
         "flux-schnell",
         "sdxl",
+        "sd15",
     ]
     assert pretrain._rope_axes(32) == (4, 14, 14) and pretrain._rope_axes(128) == (16, 56, 56)
     assert sum(pretrain._rope_axes(16)) == 16 and all(a % 2 == 0 for a in pretrain._rope_axes(16))
@@ -288,7 +289,9 @@ def test_family_pretrains_saves_and_loads_into_the_official_pipeline(family_run)
     images = result["images"]
     assert len(images) == 2 and images[0].shape == (32, 32, 3) and images[0].dtype == np.uint8
     assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
-    assert ("within_t5_window" in result) == (cfg.family == "flux")
+    # the prompts whose object is described inside some encoder's window, scored on their own
+    visible = pretrain.visible(pretrain.fitted_profile(cfg.family), samples)
+    assert result["visible"]["prompts"] == float(sum(visible))
     again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
     assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))
     # te-align train loads the folder and accepts it for the family's fitted profile
