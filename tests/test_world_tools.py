@@ -150,3 +150,24 @@ def test_curriculum_draws_tag_captions_first() -> None:
     assert all(styles[int(i)] == "tags" for idx in picked for i in idx)
     later = recipe._batch_indices(cfg, 3, 40, torch.arange(40))
     assert later.tolist() == torch.randperm(40, generator=torch.Generator().manual_seed(0))[12:16].tolist()
+
+
+def _shipped() -> list[str]:
+    from te_align.tiny import bases
+
+    return sorted(p.parent.name for p in bases.data_root().glob(f"*/{bases.MANIFEST}"))
+
+
+@pytest.mark.parametrize("name", _shipped())
+def test_the_one_command_rebuilds_the_shipped_recipe(name: str) -> None:
+    """`world_build.py all FAMILY` trains exactly the configuration the shipped base records (paths aside)."""
+    from te_align.tiny import bases
+
+    assert name in build.RECIPES, f"{name} is shipped without a recipe in world_pretrain.build.RECIPES"
+    manifest = bases.data_root() / name / bases.MANIFEST
+    shipped = json.loads(manifest.read_text(encoding="utf-8"))["pretrain"]
+    chosen = build.RECIPES[name]
+    cfg = recipe.PretrainConfig.for_family(name, **chosen["config"], steps=chosen["steps"]).as_dict()
+    recorded = {k: v for k, v in shipped["config"].items() if k in cfg and k != "encoders"}
+    assert {k: v for k, v in cfg.items() if k != "encoders"} == recorded
+    assert shipped["steps"] == chosen["steps"] and shipped["samples_seen"] == chosen["steps"] * cfg["batch"]

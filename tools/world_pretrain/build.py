@@ -252,7 +252,15 @@ def build_base(args: argparse.Namespace) -> Path:
 
 #: The shipped bases' recipes (benchmarks/bench_learnability.md says how each was chosen): PretrainConfig fields on
 #: top of the family's defaults, steps, and evaluation points.
-RECIPES: dict[str, dict[str, Any]] = {}
+_SIMPLE = {"batch": 16, "train_size": 20000, "world": "simple"}
+RECIPES: dict[str, dict[str, Any]] = {
+    # amendment 4: 2,000 steps (32 k samples), where S3 met colour and position; the SD3 base is S3
+    "sd3": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 250},
+    "flux": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 500},
+    # amendments 5 and 6: colour 76% (SDXL) and 87.9% (SD 1.5) at 2,000 steps, so continued once to 4,000
+    "sd15": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
+    "sdxl": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
+}
 
 
 def build_all(args: argparse.Namespace) -> Path:
