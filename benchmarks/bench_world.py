@@ -16,12 +16,17 @@ Fixed seeds: the numbers are the same on every run (the speeds are not).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
-from te_align.tiny import world
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tools"), str(Path(__file__).resolve().parents[1])]
+from world_pretrain.diagnostics import degrade  # noqa: E402
+
+from te_align.tiny import world  # noqa: E402
 
 DEGRADATIONS = {
     "noise sigma 8": {"noise": 8},
@@ -74,7 +79,7 @@ def main() -> None:
     scenes = _scenes(7, args.degraded)
     clean = [world.render(s) for s in scenes]
     for name, kw in DEGRADATIONS.items():
-        images = [world.degrade(img, seed=i, **kw) for i, img in enumerate(clean)]
+        images = [degrade(img, seed=i, **kw) for i, img in enumerate(clean)]
         _row(name, world.evaluate(images, scenes))
 
     print("captions (seed 0, 2000 samples, default style mix, tiny T5 tokenizer incl. </s>)")

@@ -1,4 +1,4 @@
-"""Summarise a ``bench_pretrain.py`` run's ``log.jsonl``: conditioning gap and held-out accuracy against steps.
+"""Summarise a ``tools/world_build.py base`` run's ``log.jsonl``: conditioning gap and held-out accuracy against steps.
 
     python benchmarks/pretrain_log.py RUN/log.jsonl [--markdown]
 

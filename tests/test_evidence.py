@@ -1,5 +1,5 @@
 """The evidence machinery: paired statistics and verdicts, world presets (null control, arm-A train settings),
-answer keys and prompt-accuracy scoring, shipped world bases (hash-checked), and the matrix table."""
+answer keys and prompt-accuracy scoring, and the matrix table (the shipped world bases: test_bases.py)."""
 
 from __future__ import annotations
 
@@ -120,6 +120,7 @@ def _world_data() -> dict[str, Any]:
         (lambda d: d["world"].update(concept="pink"), "key 'world.concept'"),
         (lambda d: d["world"].update(base="sd4"), "no pretrained world base 'sd4'"),
         (lambda d: d["world"].update(train_images=0), "train_images >= 1"),
+        (lambda d: d["world"].update(space="tiny"), "key 'world.space': no scene space 'tiny'; spaces: full, simple"),
         (lambda d: d["eval"].update(accuracy_steps=0), "accuracy_steps >= 1"),
     ],
 )
@@ -160,48 +161,6 @@ def test_answer_key_round_trip_and_ground_truth_scores_perfectly(tmp_path: Path)
     (tmp_path / "world.json").write_text(json.dumps({"format": 2}), encoding="utf-8")
     with pytest.raises(ValueError, match="not a shapes-world answer key"):
         read_answer_key(tmp_path)
-
-
-# ------------------------------------------------------------------------------------- world bases
-def test_ship_and_materialize_round_trip_and_detect_tampering(tmp_path: Path, tiny_model_folder: Any) -> None:
-    import diffusers
-    import torch
-
-    from te_align.tiny.bases import BaseError, base_info, materialize, ship
-
-    pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(str(tiny_model_folder("sd3")))
-    src = ship(pipe, "sd3", pretrain_config={"steps": 1}, metrics={"object_accuracy": 0.5}, dest=tmp_path / "base")
-    info = base_info("sd3", src)
-    assert info["profile"] == "sd35-large" and info["metrics"] == {"object_accuracy": 0.5}
-    assert not (src / "tokenizer").exists() and "transformer/diffusion_pytorch_model.safetensors" in info["files"]
-    assert info["profile_overrides"]  # the profile fitted to the tiny encoders
-    out = materialize("sd3", cache_dir=tmp_path / "cache", source=src)
-    back = diffusers.StableDiffusion3Pipeline.from_pretrained(str(out))
-    for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
-        mine, theirs = getattr(pipe, name).state_dict(), getattr(back, name).state_dict()
-        assert set(mine) == set(theirs)
-        for k, v in mine.items():
-            assert theirs[k].dtype == torch.float32
-            assert torch.equal(theirs[k], v.half().float()), (name, k)
-    assert back.tokenizer_3.model_max_length == pipe.tokenizer_3.model_max_length
-    # a second call reuses the folder; an altered shipped file is refused by hash
-    assert materialize("sd3", cache_dir=tmp_path / "cache", source=src) == out
-    weights = src / "vae" / "diffusion_pytorch_model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 1
-    weights.write_bytes(bytes(data))
-    with pytest.raises(BaseError, match=r"SHA-256 .* differs from the recorded"):
-        materialize("sd3", cache_dir=tmp_path / "cache2", source=src)
-    assert not (tmp_path / "cache2").exists()
-
-
-def test_unshipped_base_is_one_line(tmp_path: Path) -> None:
-    from te_align.tiny.bases import BaseError, base_info
-
-    with pytest.raises(BaseError, match="the sdxl world base is not shipped"):
-        base_info("sdxl", tmp_path)
-    with pytest.raises(BaseError, match="no world base 'sd9'"):
-        base_info("sd9")
 
 
 # ------------------------------------------------------------------------------------------ tables

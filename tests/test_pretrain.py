@@ -1,6 +1,9 @@
-"""Pretraining the tiny SD3-shaped world model (te_align.tiny.pretrain) at a tiny size."""
+"""Pretraining the tiny world models (tools/world_pretrain: the recipe, shipped bases are made with it) at a tiny size."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,10 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from te_align.tiny import pretrain  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tools/ is not installed
+
+from world_pretrain import diagnostics  # noqa: E402
+from world_pretrain import recipe as pretrain  # noqa: E402
 
 TINY = pretrain.PretrainConfig(
-    seed=3, train_size=48, vae_channels=(8, 16), vae_steps=4, vae_batch=8, width=32, layers=1, steps=4, batch=8,
+    seed=3, train_size=48, vae_channels=(8, 16), latent_channels=4, vae_steps=4, vae_batch=8, width=32, layers=1, steps=4, batch=8,
     warmup=2, encode_batch=48,
 )  # fmt: skip
 
@@ -140,7 +146,7 @@ def test_saved_folder_loads_into_the_official_pipeline_and_samples(runs):
 # PretrainConfig.family existed) with torch 2.13.0+cpu on x86_64, one thread: the family refactor must leave the
 # SD3 path's RNG consumption and weights bit-identical.
 SD3_REFERENCE = pretrain.PretrainConfig(
-    seed=5, train_size=24, vae_channels=(8, 16), vae_steps=3, vae_batch=4, width=32, layers=1, steps=3, batch=4,
+    seed=5, train_size=24, vae_channels=(8, 16), latent_channels=4, vae_steps=3, vae_batch=4, width=32, layers=1, steps=3, batch=4,
     warmup=2, encode_batch=24,
 )  # fmt: skip
 SD3_REFERENCE_SHA256 = {  # recorded under lock/constraints.txt (tests/support/lock.py)
@@ -189,7 +195,7 @@ def test_sd3_weights_are_bit_identical_to_the_recorded_reference():
 # the Flux- and SDXL-shaped families
 # ---------------------------------------------------------------------------------------------------------------
 
-FAMILY_TINY = {"seed": 4, "train_size": 24, "vae_channels": (8, 16), "vae_steps": 2, "vae_batch": 4, "width": 32,
+FAMILY_TINY = {"seed": 4, "train_size": 24, "vae_channels": (8, 16), "latent_channels": 4, "vae_steps": 2, "vae_batch": 4, "width": 32,
                "layers": 1, "single_layers": 1, "unet_channels": (32, 64), "steps": 3, "batch": 4, "warmup": 2,
                "encode_batch": 24}  # fmt: skip
 
@@ -235,13 +241,14 @@ def test_family_configs_and_profiles():
     assert (sdxl.unet_channels, sdxl.caption_dropout_rate) == ((32, 64, 64), 0.2)
     assert pretrain.PretrainConfig().caption_dropout_rate == 0.0
     with pytest.raises(
-        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, got 'sd15'"
+        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, sd15, got 'sd21'"
     ):
-        pretrain.PretrainConfig(family="sd15")
-    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl")] == [
+        pretrain.PretrainConfig(family="sd21")
+    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl", "sd15")] == [
         "sd35-large",
         "flux-schnell",
         "sdxl",
+        "sd15",
     ]
     assert pretrain._rope_axes(32) == (4, 14, 14) and pretrain._rope_axes(128) == (16, 56, 56)
     assert sum(pretrain._rope_axes(16)) == 16 and all(a % 2 == 0 for a in pretrain._rope_axes(16))
@@ -282,7 +289,9 @@ def test_family_pretrains_saves_and_loads_into_the_official_pipeline(family_run)
     images = result["images"]
     assert len(images) == 2 and images[0].shape == (32, 32, 3) and images[0].dtype == np.uint8
     assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
-    assert ("within_t5_window" in result) == (cfg.family == "flux")
+    # the prompts whose object is described inside some encoder's window, scored on their own
+    visible = pretrain.visible(pretrain.fitted_profile(cfg.family), samples)
+    assert result["visible"]["prompts"] == float(sum(visible))
     again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
     assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))
     # te-align train loads the folder and accepts it for the family's fitted profile
@@ -402,7 +411,7 @@ def test_conditioning_gap_is_zero_without_a_text_path_and_the_x0_error_otherwise
     rows6 = pretrain.ConditioningTable(table.rows(torch.arange(6)), table.captions[:6], table.shared)
     pe, pooled = rows6.tensors["prompt_embeds"], rows6.tensors["pooled_prompt_embeds"]
     model = pretrain.new_denoiser(cfg, pe.shape[-1], pooled.shape[-1])
-    gap = pretrain.conditioning_gap(cfg, model, latents, rows6, fractions=(0.5,), seed=4)
+    gap = diagnostics.conditioning_gap(cfg, model, latents, rows6, fractions=(0.5,), seed=4)
     assert model.training  # left as it was
     model.eval()
     # by hand: the same noise, own rows against rows rolled by one, x0 recovered from the prediction
@@ -439,4 +448,4 @@ def test_conditioning_gap_is_zero_without_a_text_path_and_the_x0_error_otherwise
     same = pretrain.ConditioningTable(
         table.rows(torch.zeros(6, dtype=torch.long)), table.captions[:1] * 6, table.shared
     )
-    assert pretrain.conditioning_gap(cfg, model, latents, same, fractions=(0.3, 0.9)) == {0.3: 0.0, 0.9: 0.0}
+    assert diagnostics.conditioning_gap(cfg, model, latents, same, fractions=(0.3, 0.9)) == {0.3: 0.0, 0.9: 0.0}

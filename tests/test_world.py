@@ -15,6 +15,11 @@ import numpy as np
 import pytest
 
 from te_align.tiny import world
+from te_align.tiny.world import reader as world_reader
+from te_align.tiny.world import scenes as world_scenes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tools/ is not installed
+from world_pretrain.diagnostics import degrade
 
 ROOT = Path(__file__).resolve().parents[1]
 PINK = world.Concept("colour", "pink", holdout=(("shape", "triangle"),))
@@ -39,12 +44,12 @@ def test_attribute_space():
     assert len(world.SIZES) == 3 and len(world.STYLES) == 2
     assert len(world.BACKGROUND_KINDS) == 4 and len(world.BACKGROUND_TONES) == 3
     # palette hues are in hue order and well apart (>= 25 degrees), every colour saturated
-    angles = np.degrees(world._PALETTE_ANGLE) % 360
+    angles = np.degrees(world_reader._PALETTE_ANGLE) % 360
     gaps = np.diff(np.r_[np.sort(angles), np.sort(angles)[0] + 360])
     assert gaps.min() >= 25.0
     order = list(np.argsort(angles))
     assert order[order.index(0) :] + order[: order.index(0)] == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert min(np.hypot(*world._PALETTE_AB.T)) >= 115.0
+    assert min(np.hypot(*world_reader._PALETTE_AB.T)) >= 115.0
     # backgrounds are neutral grey
     for kind in world.BACKGROUND_KINDS:
         for tone in world.BACKGROUND_TONES:
@@ -71,7 +76,7 @@ def test_sampled_scenes_cover_the_space_without_overlap():
         for size in (32, 64, 128):
             cell = size / 3
             for o in s.objects:
-                cx, cy, side = world._geometry(o, size)
+                cx, cy, side = world_scenes._geometry(o, size)
                 row, col = divmod(world.POSITIONS.index(o.position), 3)
                 assert col * cell < cx - side / 2 and cx + side / 2 < (col + 1) * cell
                 assert row * cell < cy - side / 2 and cy + side / 2 < (row + 1) * cell
@@ -91,7 +96,7 @@ def test_render_is_deterministic_and_exact():
     # plain backgrounds use only exact arithmetic: the bytes are the same on every machine
     assert hashlib.sha256(img.tobytes()).hexdigest()[:16] == "43422287098fca4a"
     assert tuple(img[0, 0]) == (196, 196, 196)
-    cx, cy, _ = world._geometry(scene.objects[0], 64)
+    cx, cy, _ = world_scenes._geometry(scene.objects[0], 64)
     assert tuple(img[int(cy), int(cx)]) == world.COLOURS["red"]
     # the outlined triangle is hollow: its centre shows the background
     assert tuple(img[32, 32]) == (196, 196, 196)
@@ -272,7 +277,7 @@ def test_reader_on_clean_renders():
 
 def test_reader_on_noisy_renders():
     scenes = _scenes(5, 60)
-    noisy = [world.degrade(world.render(s), noise=16, blur=0.8, seed=i) for i, s in enumerate(scenes)]
+    noisy = [degrade(world.render(s), noise=16, blur=0.8, seed=i) for i, s in enumerate(scenes)]
     result = world.evaluate(noisy, scenes)
     assert result["object_accuracy"] == 1.0
 
@@ -282,7 +287,7 @@ def test_reader_on_empty_backgrounds_returns_nothing():
         for tone in world.BACKGROUND_TONES:
             scene = world.Scene((), world.Background(kind, tone, 11))
             assert world.read_image(world.render(scene)) == []
-            assert world.read_image(world.degrade(world.render(scene), noise=32, seed=1)) == []
+            assert world.read_image(degrade(world.render(scene), noise=32, seed=1)) == []
             assert world.read_image(world.render(scene, 32)) == []
     assert world.score(world.render(world.Scene(())), world.Scene(()))["image_exact"] == 1.0
 

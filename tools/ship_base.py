@@ -1,64 +1,251 @@
 """Ship a pretrained shapes-world base into the package (maintainers).
 
-    PYTHONPATH=$PWD python tools/ship_base.py --name sd3 --model RUN/model-STEP --log RUN/log.jsonl [--eval-n 16]
+    python tools/ship_base.py --name sd3 --run RUNS/sd3 --step 20000 [--dest DIR] [--eval-n 64] [--threads 1]
 
-Loads the pipeline folder written by ``benchmarks/bench_pretrain.py``, rounds it to float16 (what is shipped),
-evaluates that rounded model on held-out prompts (the concept it never saw excluded; dataset seed 20000,
-``--eval-n`` prompts per caption style, 16 Euler steps, CFG 4, sample seeds 0..N-1) and writes
-``te_align/tiny/data/bases/<name>/`` with ``base.json``: the pretraining config and time from the log, the
-evaluation, and every file's SHA-256. Numbers in the docs about a base come from its ``base.json``.
+Takes the pipeline folder ``RUN/model-STEP`` written by ``tools/world_build.py base``, rounds it to float16 (what
+is shipped) and writes into the world data root (default ``te_align/tiny/data/world``):
+
+* the shared parts once: ``encoders/{clip_l,clip_g,t5}`` and ``vae`` (a second base must bring bit-identical
+  ones, else it is refused: every base shares them);
+* ``<name>/<denoiser>/`` and ``<name>/scheduler/``;
+* ``<name>/base.json``: the base's family, profile and fitted profile overrides, the world it was trained on and
+  the concept held out, its sampling settings (what ``pipe(prompt)`` uses), the pretraining record (config,
+  samples seen, training seconds, threads, device and the autoencoder's and encoders' own records, read from the
+  runs' ``log.jsonl``), and the SHA-256 of every file the base uses.
+
+Then it loads the shipped base exactly as users do (``te_align.tiny.bases.load``: hash check, materialize, the
+official pipeline) and evaluates it on held-out prompts with plain calls ``pipe(prompt, generator=...)``:
+``--eval-n`` prompts per caption style of the base's world (dataset seed 20000, pink never among them), seed i for
+prompt i, read by the world's reader. The result goes into ``base.json["metrics"]``. Numbers in the docs about a
+base come from its ``base.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT)]
+
+from te_align.tiny import bases  # noqa: E402
+
+#: The sampling settings of every base (fixed before any base was trained; the study's and the A/B presets'
+#: accuracy settings): 16 steps, classifier-free guidance 4 against the profile's empty prompt, 32 px.
+SAMPLING: dict[str, dict[str, Any]] = {
+    "sd3": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
+    "flux": {"num_inference_steps": 16, "true_cfg_scale": 4.0, "negative_prompt": "", "max_sequence_length": 256,
+             "height": 32, "width": 32},
+    "sdxl": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
+    "sd15": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
+}  # fmt: skip
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _save_half(module: Any, folder: Path) -> None:
+    import copy
+
+    import torch
+
+    half = copy.deepcopy(module).to(torch.float16)
+    half.save_pretrained(str(folder), safe_serialization=True)
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    fa = sorted(p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file())
+    fb = sorted(p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file())
+    return fa == fb and all((a / r).read_bytes() == (b / r).read_bytes() for r in fa)
+
+
+def _put_shared(tmp: Path, dest: Path) -> None:
+    """Move ``tmp`` to ``dest``, or check that ``dest`` holds the same bytes (shared by every base)."""
+    if dest.exists():
+        if not _same_files(tmp, dest):
+            raise SystemExit(f"{dest}: differs from this base's; every world base must share the same encoders and "
+                             "autoencoder (retrain the base on the shipped ones, or reship every base)")  # fmt: skip
+        shutil.rmtree(tmp)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dest)
+
+
+def _portable(value: Any, runs: Path) -> Any:
+    """A run's absolute folder as ``RUNS/<relative>`` (the root of the runs), so no machine's path is shipped."""
+    if isinstance(value, str) and value.startswith("/"):
+        path = Path(value)
+        return f"RUNS/{path.relative_to(runs).as_posix()}" if path.is_relative_to(runs) else f".../{path.name}"
+    return value
+
+
+def pretrain_record(run: Path, step: int) -> dict[str, Any]:
+    """What the base's run logged: its config, samples seen and training seconds at ``step``, and the records of the
+    autoencoder and encoders it used (their own ``log.jsonl``, found from the config)."""
+    rs = _records(run / "log.jsonl")
+    config = [r for r in rs if r.get("phase") == "config"][-1]
+    ev = next(r for r in rs if r.get("phase") == "eval" and r.get("step") == step)
+    out: dict[str, Any] = {
+        "command": "python tools/world_build.py base",
+        "config": {k: _portable(v, run.resolve().parent) for k, v in config.items() if k not in ("time", "phase")},
+        "steps": step, "samples_seen": ev.get("samples"), "train_seconds": ev["train_seconds"],
+        "eval_during_training": {k: ev[k] for k in ("all", "visible", "tags", "short", "long") if k in ev},
+        "resumed": any(r.get("phase") == "resume" for r in rs),
+    }  # fmt: skip
+    vae_run = Path(config["vae_from"]).parent
+    vae_rs = _records(vae_run / "log.jsonl")
+    if vae_rs:
+        saved = next((r for r in vae_rs if r.get("phase") == "vae_saved"), {})
+        rts = [r for r in vae_rs if r.get("phase") == "vae_roundtrip"]
+        out["vae"] = {"command": "python tools/world_build.py vae", "train_seconds": saved.get("train_seconds"),
+                      "config": {k: v for k, v in vae_rs[0].items() if k.startswith("vae_") or k in ("image_size", "train_size", "seed")},
+                      "roundtrip": {r["world"]: {k: r[k] for k in ("object_accuracy", "colour", "shape", "position")}
+                                    for r in rts[-2:]}}  # fmt: skip
+    enc = Path(config["encoders"]) if config.get("encoders") else None
+    if enc is not None and (enc / "encoders.json").is_file():
+        out["encoders"] = {"command": "python tools/world_build.py encoders",
+                           **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}  # fmt: skip
+    return out
+
+
+def evaluate(pipe: Any, name: str, world_name: str, held_out: str, per_style: int) -> dict[str, Any]:
+    """Held-out accuracy of a loaded base with plain calls ``pipe(prompt, generator=...)``."""
+    import numpy as np
+    import torch
+    from world_pretrain import recipe
+
+    from te_align.tiny import world
+
+    attribute, _, value = held_out.partition("=")
+    concept = world.Concept(attribute, value) if held_out else None
+    prompts = [s for style in ("tags", "short", "long") for s in
+               recipe.heldout_set(per_style, 20_000, style, concept, space=world.SPACES[world_name])]  # fmt: skip
+    images = []
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i, s in enumerate(prompts):
+            out = pipe(s.caption, generator=torch.Generator().manual_seed(i), output_type="np").images[0]
+            images.append(np.clip(np.rint(out * 255), 0, 255).astype(np.uint8))
+    seconds = time.perf_counter() - t0
+    res: dict[str, Any] = {"all": world.evaluate(images, [s.scene for s in prompts])}
+    for style in ("tags", "short", "long"):
+        sel = [k for k, s in enumerate(prompts) if s.style == style]
+        res[style] = world.evaluate([images[k] for k in sel], [prompts[k].scene for k in sel])
+    vis = recipe.visible(recipe.fitted_profile(bases.BASES[name].family), prompts)
+    sel = [k for k, v in enumerate(vis) if v]
+    res["visible"] = {**world.evaluate([images[k] for k in sel], [prompts[k].scene for k in sel]), "prompts": float(len(sel))}
+    res.update({"prompts": len(prompts), "dataset_seed": 20_000, "per_style": per_style, "sample_seeds": f"0..{len(prompts) - 1}",
+                "call": "pipe(prompt, generator=torch.Generator().manual_seed(i)) with the base's sampling settings",
+                "seconds": round(seconds, 1)})  # fmt: skip
+    res["_images"] = images
+    res["_prompts"] = [s.caption for s in prompts]
+    return res
+
+
+def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any], vae: Any, world: str, held_out: str,
+                  pretrain: dict[str, Any], sampling: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write base ``name`` (``pipe``'s denoiser and scheduler, the shared ``encoders`` and ``vae``) into the world data
+    root ``root`` with its ``base.json`` (no metrics yet); returns the manifest."""
+    import torch
+
+    from te_align.tiny.fit import PROFILES, profile_overrides
+
+    spec = bases.BASES[name]
+    # the pipeline must have been trained with exactly the shared parts
+    for comp, (folder, _) in bases.ENCODERS[spec.family].items():
+        mine = {k.removeprefix("text_model."): v for k, v in getattr(pipe, comp).state_dict().items()}
+        shared = {k.removeprefix("text_model."): v for k, v in encoders[folder].state_dict().items()}
+        for k, v in mine.items():
+            if k not in shared or not torch.equal(v.half(), shared[k].half()):
+                raise SystemExit(f"{name}: {comp} differs from the shared {folder} encoder at {k}")
+    for k, v in pipe.vae.state_dict().items():
+        if not torch.equal(v.half(), vae.state_dict()[k].half()):
+            raise SystemExit(f"{name}: the autoencoder differs from the shared one at {k}")
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=root, prefix=".ship-"))
+    try:
+        for folder in ("clip_l", "clip_g", "t5"):
+            _save_half(encoders[folder], work / folder)
+            _put_shared(work / folder, root / "encoders" / folder)
+        _save_half(vae, work / "vae")
+        _put_shared(work / "vae", root / "vae")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base_dir = root / name
+    shutil.rmtree(base_dir, ignore_errors=True)
+    base_dir.mkdir(parents=True)
+    denoiser = getattr(pipe, spec.denoiser)
+    _save_half(denoiser, base_dir / spec.denoiser)
+    pipe.scheduler.save_pretrained(str(base_dir / "scheduler"))
+    used = sorted({f"encoders/{f}" for f, _ in bases.ENCODERS[spec.family].values()} | {"vae", name})
+    files = {p.relative_to(root).as_posix(): bases._sha256(p)
+             for top in used for p in sorted((root / top).rglob("*")) if p.is_file() and p.name != bases.MANIFEST}  # fmt: skip
+    fitted = profile_overrides(next(k for k, v in PROFILES.items() if v == spec.profile))
+    info: dict[str, Any] = {
+        "format": bases.FORMAT, "name": name, "family": spec.family, "profile": spec.profile, "pipeline": spec.pipeline,
+        "denoiser_class": type(denoiser).__name__, "world": world, "held_out": held_out,
+        "sampling": dict(sampling or SAMPLING[name]), "profile_overrides": fitted, "pretrain": pretrain, "metrics": {},
+        "files": files,
+    }  # fmt: skip
+    (base_dir / bases.MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return info
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--name", required=True, choices=("sd3", "flux", "sdxl"))
-    ap.add_argument("--model", required=True, help="pipeline folder (bench_pretrain.py model-STEP)")
-    ap.add_argument("--log", required=True, help="the run's log.jsonl")
-    ap.add_argument("--eval-n", type=int, default=16, help="held-out prompts per caption style")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dest", default=None, help="write here instead of the package (a dry run)")
+    ap.add_argument("--name", required=True, choices=list(bases.BASES))
+    ap.add_argument("--run", required=True, help="the base's world_build.py output folder")
+    ap.add_argument("--step", type=int, required=True, help="ship RUN/model-STEP")
+    ap.add_argument("--dest", default=None, help="world data root (default: the package's te_align/tiny/data/world)")
+    ap.add_argument("--eval-n", type=int, default=64, help="held-out prompts per caption style")
+    ap.add_argument("--grid", default=None, help="also write a grid of the first 24 evaluation samples here (PNG)")
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
     import diffusers
     import torch
-
-    from te_align.tiny import bases, pretrain
+    from world_pretrain import recipe
 
     torch.set_num_threads(args.threads)
+    diffusers.logging.set_verbosity_error()
     spec = bases.BASES[args.name]
-    records = [json.loads(line) for line in Path(args.log).read_text(encoding="utf-8").splitlines() if line.strip()]
-    config = next(r for r in records if r.get("phase") == "config")
-    step = int(Path(args.model).name.rsplit("-", 1)[-1])
-    train_seconds = next((r["train_seconds"] for r in records if r.get("phase") == "eval" and r.get("step") == step), None)
-    pipe = getattr(diffusers, spec.pipeline).from_pretrained(args.model, torch_dtype=torch.float32)
-    with torch.no_grad():
-        for comp in pipe.components.values():
-            if isinstance(comp, torch.nn.Module):
-                for prm in comp.parameters():
-                    prm.copy_(prm.half().float())
-    cfg = pretrain.PretrainConfig(**{k: (tuple(v) if k == "vae_channels" else v) for k, v in config.items()
-                                     if k in pretrain.PretrainConfig.__dataclass_fields__})  # fmt: skip
-    evalset = [s for style in ("tags", "short", "long")
-               for s in pretrain.heldout_set(args.eval_n, 20_000, style, cfg.concept())]  # fmt: skip
-    t0 = time.perf_counter()
-    ev = pretrain.evaluate_pipeline(pipe, evalset, steps=16, guidance=4.0)
-    ev.pop("images")
-    metrics = {"steps": step, "train_seconds": train_seconds, "threads": config.get("threads"),
-               "eval": {"prompts": len(evalset), "dataset_seed": 20_000, "sample_steps": 16, "guidance": 4.0, **ev},
-               "eval_seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
-    out = bases.ship(pipe, args.name, pretrain_config={k: v for k, v in config.items() if k not in ("time", "phase")},
-                     metrics=metrics, dest=args.dest,
-                     notes="pretrained by benchmarks/bench_pretrain.py; evaluated after float16 rounding by tools/ship_base.py")  # fmt: skip
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(json.dumps({"dest": str(out), "bytes": size, "object_accuracy": ev["all"]["object_accuracy"]}, indent=1))
+    run = Path(args.run)
+    root = Path(args.dest) if args.dest else bases.data_root()
+    record = pretrain_record(run, args.step)
+    cfg = record["config"]
+    paths = [r for r in _records(run / "log.jsonl") if r.get("phase") == "config"][-1]  # the run's own folders
+    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(run / f"model-{args.step}"), dtype=torch.float32)
+    enc = recipe._components("sd3", paths["encoders"])  # the shared set: CLIP-L and CLIP-G with projection, T5
+    vae = diffusers.AutoencoderKL.from_pretrained(paths["vae_from"])
+    recipe._round_to_half(vae)
+    encoders = {"clip_l": enc["text_encoder"], "clip_g": enc["text_encoder_2"], "t5": enc["text_encoder_3"]}
+    info = ship_pipeline(pipe, args.name, root, encoders=encoders, vae=vae, world=cfg["world"], held_out=cfg["held_out"],
+                         pretrain=record)  # fmt: skip
+    with tempfile.TemporaryDirectory() as cache:
+        loaded = bases.load(args.name, cache_dir=Path(cache) / "base", source=root)
+        ev = evaluate(loaded, args.name, cfg["world"], cfg["held_out"], args.eval_n)
+    images, prompts = ev.pop("_images"), ev.pop("_prompts")
+    info["metrics"] = {"heldout": ev}
+    (root / args.name / bases.MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if args.grid:
+        from te_align.tiny import world
+
+        world.grid(images[:: max(1, len(images) // 24)][:24], prompts[:: max(1, len(images) // 24)][:24], columns=6,
+                   label_lines=6).save(args.grid)  # fmt: skip
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    v = ev["visible"]
+    print(json.dumps({"dest": str(root / args.name), "world_data_bytes": size, "visible_prompts": v["prompts"],
+                      "colour": v["colour"], "position": v["position"], "shape": v["shape"],
+                      "objects_exact": v["object_accuracy"]}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -60,9 +60,9 @@ def score_images(images: Sequence[Any], truths: Sequence[Sequence[Sequence[Any]]
     for img, objs in zip(images, truths, strict=True):
         keys = [tuple(o[:3]) for o in objs]
         pred = world.read_image(img)
-        r = world._score_keys(keys, pred)
+        r = world.score_keys(keys, pred)
         rows.append(r)
-        pairs = world._match(keys, pred)
+        pairs = world.match(keys, pred)
         for t, p in pairs:
             if objs[t][3]:
                 concept_hits += int(keys[t] == pred[p])

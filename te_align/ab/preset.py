@@ -92,6 +92,9 @@ class WorldSettings:
     data_seed: int = 0
     image_size: int = 32
     style_mix: dict[str, float] = field(default_factory=dict)
+    #: The scene space the data is drawn from (``te_align.tiny.world.SPACES``): the shipped bases are pretrained on
+    #: "simple" (one object on plain white); "full" is the whole world.
+    space: str = "simple"
 
     def concept_object(self) -> Any:
         from te_align.tiny import world
@@ -250,6 +253,10 @@ def _check_world(w: WorldSettings, file: str) -> None:
     if w.base not in BASES:
         raise ABError(f"no pretrained world base {w.base!r}{closest(w.base, list(BASES)) or ''}; bases: {', '.join(BASES)}",
                       file=file, key="world.base")  # fmt: skip
+    from te_align.tiny.world import SPACES
+
+    if w.space not in SPACES:
+        raise ABError(f"no scene space {w.space!r}; spaces: {', '.join(SPACES)}", file=file, key="world.space")
     if w.train_images < 1 or w.val_images < 1 or w.image_size < 8 or w.data_seed < 0:
         raise ABError("train_images >= 1, val_images >= 1, image_size >= 8, data_seed >= 0", file=file, key="world")
 

@@ -238,10 +238,11 @@ def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None]) -> Path:
     mix = dict(w.style_mix) or None
     say(f"drawing the finetuning data from the shapes world: {w.train_images} training images with {w.concept}, "
         f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})")  # fmt: skip
+    space = world.SPACES[w.space]
     train = world.make_dataset(w.train_images, w.data_seed, split="concept", concept=concept, image_size=w.image_size,
-                               style_mix=mix, tokenizer=False)  # fmt: skip
+                               style_mix=mix, tokenizer=False, space=space)  # fmt: skip
     val = world.make_dataset(w.val_images, w.data_seed, split="validation", concept=concept, image_size=w.image_size,
-                             style_mix=mix, tokenizer=False)  # fmt: skip
+                             style_mix=mix, tokenizer=False, space=space)  # fmt: skip
     for folder, samples in (("train", train), ("val", val)):
         tmp = root / f".{folder}.partial"
         shutil.rmtree(tmp, ignore_errors=True)

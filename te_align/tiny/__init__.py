@@ -18,10 +18,10 @@ Modules (import the one you need; importing this package imports no torch):
 * :mod:`te_align.tiny.fit`: fitting a bundled profile's architecture numbers (hidden sizes, layer counts,
   token ids) to the tiny encoders, leaving every behaviour field as bundled.
 * :mod:`te_align.tiny.datasets`: synthetic captioned images (the demo's coloured shapes, coloured squares).
-* :mod:`te_align.tiny.world`: the shapes world: procedural images of coloured shapes with captions in the
-  styles trainers use (tags, short sentences, long natural language), held-out concepts, and a
-  deterministic prompt-accuracy reader.
-* :mod:`te_align.tiny.pretrain`: deterministic pretraining of a tiny SD3-shaped base model on the shapes world
-  with exactly a profile's conditioning (autoencoder, cached captions, per-encoder dropout, rectified flow),
-  and its held-out prompt-accuracy evaluation through the official pipeline.
+* :mod:`te_align.tiny.world`: the shapes world (scenes, captions, reader, grid): procedural images of coloured
+  shapes with captions in the styles trainers use (tags, short sentences, long natural language), held-out
+  concepts, and a deterministic prompt-accuracy reader; ``world.base(name)`` loads a shipped base.
+* :mod:`te_align.tiny.bases`: the pretrained world bases shipped in ``data/world/`` (float16, SHA-256 checked on
+  every load), materialized as diffusers folders and loaded as their official pipelines. How they were pretrained
+  is in ``tools/world_pretrain/`` (not shipped).
 """

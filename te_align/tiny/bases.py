@@ -1,15 +1,22 @@
-"""Pretrained shapes-world base models shipped with te-align (float16, hash-checked).
+"""Pretrained shapes-world base models shipped with te-align (float16, SHA-256 checked on every load).
 
 A base is a real diffusers pipeline pretrained from scratch on :mod:`te_align.tiny.world` with exactly its
-family's profile (:mod:`te_align.tiny.pretrain`). The package ships every neural component's config and
-float16 weights (``te_align/tiny/data/bases/<name>/<component>/``), the scheduler config,
-``model_index.json`` and ``base.json`` (what was trained how, its measured accuracy, and the SHA-256 of
-every shipped file). The tokenizers are not shipped: they are the real-convention tiny tokenizers of
-:func:`te_align.tiny.encoders.family_components`, rebuilt offline.
+family's profile (``tools/world_build.py``; how in ``benchmarks/bench_learnability.md``). The package ships, under
+``te_align/tiny/data/world/``, each neural component's config and float16 weights once:
 
-:func:`materialize` checks every hash, then writes a complete float32 diffusers folder into the user cache
-(``$XDG_CACHE_HOME/te-align/world/<name>-<digest>``) that ``te-align train``, ``te-align ab run --model``
-and the official pipelines load. :func:`ship` (maintainers) writes a base from a pretrained pipeline.
+* ``encoders/clip_l``, ``encoders/clip_g``, ``encoders/t5``: the text encoders, pretrained on world captions and
+  shared by every base, as SD 1.5, SDXL, SD3 and Flux share CLIP-L and SD3 and Flux share T5;
+* ``vae``: the autoencoder, shared by every base;
+* ``<name>/``: the base's denoiser, its scheduler config, ``model_index.json`` and ``base.json`` (what was trained
+  how, for how many samples and how long, its measured held-out accuracy, its sampling settings, and the
+  SHA-256 of every file it uses, shared ones included).
+
+The tokenizers are not shipped: they are the real-convention tokenizers of :mod:`te_align.tiny.tokenizers`,
+rebuilt offline. :func:`materialize` checks every hash and writes a complete float32 diffusers folder into the user
+cache (``$XDG_CACHE_HOME/te-align/world/<name>-<digest>``) that ``te-align train``, ``te-align ab run --model
+world:NAME`` and the official pipelines' ``from_pretrained`` load. :func:`load` returns the official pipeline
+whose plain call ``pipe(prompt)`` samples at the base's size and sampling settings (the profile's T5 length, the
+guidance it was evaluated with).
 """
 
 from __future__ import annotations
@@ -24,12 +31,12 @@ from typing import Any
 
 from te_align.errors import TeAlignError
 
-__all__ = ["BASES", "BaseError", "BaseSpec", "base_dir", "base_info", "materialize", "ship"]
+__all__ = ["BASES", "BaseError", "BaseSpec", "base_info", "data_root", "load", "materialize", "verify"]
 
 MANIFEST = "base.json"
-FORMAT = 1
-#: Components whose weights are shipped (every nn.Module of the pipeline); tokenizers are rebuilt.
-_TOKENIZERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
+FORMAT = 2
+#: Where a materialized folder records its digest and the hashes of what it wrote.
+MARKER = ".te-align-base"
 
 
 class BaseError(TeAlignError):
@@ -42,27 +49,58 @@ class BaseSpec:
     family: str  # te_align.tiny.encoders.family_components family
     profile: str  # the bundled profile it was pretrained with
     pipeline: str  # the official diffusers pipeline class
+    denoiser: str  # the pipeline's denoiser component
 
 
-#: The world bases te-align knows. A base whose files are not shipped yet is refused by :func:`materialize`.
+#: The world bases te-align knows. A base whose files are not shipped is refused with one line.
 BASES: dict[str, BaseSpec] = {
-    "sd3": BaseSpec("sd3", "sd3", "sd35-large", "StableDiffusion3Pipeline"),
-    "flux": BaseSpec("flux", "flux", "flux-schnell", "FluxPipeline"),
-    "sdxl": BaseSpec("sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline"),
+    "sd3": BaseSpec("sd3", "sd3", "sd35-large", "StableDiffusion3Pipeline", "transformer"),
+    "flux": BaseSpec("flux", "flux", "flux-schnell", "FluxPipeline", "transformer"),
+    "sdxl": BaseSpec("sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet"),
+    "sd15": BaseSpec("sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet"),
 }
 
+#: Per family: text-encoder component -> (shared encoder folder, transformers class); tokenizer component ->
+#: (kind, CLIP pad token). The classes are those of te_align.tiny.encoders.family_components.
+ENCODERS: dict[str, dict[str, tuple[str, str]]] = {
+    "sd3": {"text_encoder": ("clip_l", "CLIPTextModelWithProjection"),
+            "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection"), "text_encoder_3": ("t5", "T5EncoderModel")},
+    "flux": {"text_encoder": ("clip_l", "CLIPTextModel"), "text_encoder_2": ("t5", "T5EncoderModel")},
+    "sdxl": {"text_encoder": ("clip_l", "CLIPTextModel"), "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection")},
+    "sd15": {"text_encoder": ("clip_l", "CLIPTextModel")},
+}  # fmt: skip
+TOKENIZERS: dict[str, dict[str, tuple[str, str]]] = {
+    "sd3": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!"), "tokenizer_3": ("t5", "")},
+    "flux": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("t5", "")},
+    "sdxl": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!")},
+    "sd15": {"tokenizer": ("clip", "<|endoftext|>")},
+}
+#: Constructor arguments of the official pipelines besides their components.
+PIPELINE_KWARGS: dict[str, dict[str, Any]] = {
+    "sdxl": {"add_watermarker": False, "force_zeros_for_empty_prompt": True},
+    "sd15": {"safety_checker": None, "feature_extractor": None, "requires_safety_checker": False},
+}
+#: Families whose pipeline decodes ``latents / scaling_factor`` only (their autoencoder config carries no shift).
+UNSHIFTED = ("sdxl", "sd15")
 
-def base_dir(name: str) -> Path:
-    """The shipped folder of base ``name`` (inside the installed package)."""
+
+def data_root() -> Path:
+    """The shipped world data (inside the installed package)."""
+    return Path(__file__).resolve().parent / "data" / "world"
+
+
+def _spec(name: str) -> BaseSpec:
     if name not in BASES:
         raise BaseError(f"no world base {name!r}; known: {', '.join(BASES)}")
-    return Path(__file__).resolve().parent / "data" / "bases" / name
+    return BASES[name]
 
 
 def base_info(name: str, source: str | Path | None = None) -> dict[str, Any]:
-    """``base.json`` of a shipped base (what was trained how, its metrics, file hashes); ``source`` reads a
-    base written by :func:`ship` elsewhere."""
-    path = (Path(source) if source is not None else base_dir(name)) / MANIFEST
+    """``base.json`` of base ``name``: what was trained how, its metrics, its sampling settings, file hashes.
+
+    ``source``: a world data root written by ``tools/ship_base.py`` elsewhere (default: the package's)."""
+    _spec(name)
+    path = (Path(source) if source is not None else data_root()) / name / MANIFEST
     if not path.is_file():
         raise BaseError(f"the {name} world base is not shipped with this te-align (no {MANIFEST})", file=str(path))
     try:
@@ -82,15 +120,25 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _verify(root: Path, info: dict[str, Any]) -> None:
-    for rel, digest in sorted(info["files"].items()):
+def _check_files(root: Path, files: dict[str, str], what: str) -> None:
+    for rel, digest in sorted(files.items()):
         path = root / rel
         if not path.is_file():
-            raise BaseError("shipped file missing; reinstall te-align", file=str(path))
+            raise BaseError(f"{what} file missing; {_FIX[what]}", file=str(path))
         got = _sha256(path)
         if got != digest:
-            raise BaseError(f"SHA-256 {got[:12]}… differs from the recorded {digest[:12]}…: the file was altered; "
-                            "reinstall te-align", file=str(path))  # fmt: skip
+            raise BaseError(f"SHA-256 {got[:12]}… differs from the recorded {digest[:12]}…: the {what} file was altered; "
+                            f"{_FIX[what]}", file=str(path))  # fmt: skip
+
+
+_FIX = {"shipped": "reinstall te-align", "cached": "delete the folder (it is rebuilt on the next load)"}
+
+
+def verify(name: str, source: str | Path | None = None) -> dict[str, Any]:
+    """Check the SHA-256 of every file base ``name`` uses; returns its ``base.json``. Raises :class:`BaseError`."""
+    info = base_info(name, source)
+    _check_files(Path(source) if source is not None else data_root(), info["files"], "shipped")
+    return info
 
 
 def _cache_root() -> Path:
@@ -98,36 +146,80 @@ def _cache_root() -> Path:
     return Path(root) / "te-align" / "world"
 
 
+def _digest(info: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _tokenizers(family: str) -> dict[str, Any]:
+    from te_align.tiny import tokenizers as tok
+
+    out = {}
+    for comp, (kind, pad) in TOKENIZERS[family].items():
+        out[comp] = tok.clip_tokenizer(pad=pad) if kind == "clip" else tok.t5_tokenizer()
+    return out
+
+
+def _assemble(spec: BaseSpec, root: Path, info: dict[str, Any]) -> Any:
+    """The official pipeline of ``spec`` built from the shipped files (float32)."""
+    import diffusers
+    import torch
+    import transformers
+
+    comps: dict[str, Any] = dict(_tokenizers(spec.family))
+    for comp, (folder, cls_name) in ENCODERS[spec.family].items():
+        src = root / "encoders" / folder
+        cls = getattr(transformers, cls_name)
+        if cls_name == "CLIPTextModel":  # the shared CLIP-L carries a projection the plain tower does not use
+            full = transformers.CLIPTextModelWithProjection.from_pretrained(str(src), dtype=torch.float32)
+            model = cls(full.config)
+            tower = {k.removeprefix("text_model."): v for k, v in full.state_dict().items() if not k.startswith("text_projection.")}
+            # the tower's names carry a "text_model." prefix or not depending on the transformers version
+            model.load_state_dict({k: tower[k.removeprefix("text_model.")] for k in model.state_dict()}, strict=True)
+        else:
+            model = cls.from_pretrained(str(src), dtype=torch.float32)
+        comps[comp] = model.float().eval()
+    vae = diffusers.AutoencoderKL.from_pretrained(str(root / "vae"), dtype=torch.float32)
+    if spec.family in UNSHIFTED:
+        vae.register_to_config(shift_factor=None)
+    comps["vae"] = vae.eval()
+    denoiser_cls = getattr(diffusers, info["denoiser_class"])
+    comps[spec.denoiser] = denoiser_cls.from_pretrained(str(root / spec.name / spec.denoiser), dtype=torch.float32).eval()
+    sched_cfg = json.loads((root / spec.name / "scheduler" / "scheduler_config.json").read_text(encoding="utf-8"))
+    comps["scheduler"] = getattr(diffusers, sched_cfg["_class_name"]).from_config(sched_cfg)
+    pipe = getattr(diffusers, spec.pipeline)(**comps, **PIPELINE_KWARGS.get(spec.family, {}))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def materialize(name: str, cache_dir: str | Path | None = None, source: str | Path | None = None) -> Path:
     """A float32 diffusers folder of base ``name`` (hash-checked; built once per manifest into the cache).
 
-    ``source``: a base folder written by :func:`ship` (default: the one shipped in the package)."""
-    import torch
-
-    info = base_info(name, source)
-    root = Path(source) if source is not None else base_dir(name)
-    spec = BASES[name]
-    digest = hashlib.sha256(json.dumps(info["files"], sort_keys=True).encode()).hexdigest()[:16]
+    Every shipped file's SHA-256 is checked on every call, and every file of an existing cached folder against
+    the hashes recorded when it was built; an altered shipped file is one :class:`BaseError` line, an altered
+    cached folder is rebuilt. ``source``: a world data root written by ``tools/ship_base.py`` (default: the
+    package's)."""
+    spec = _spec(name)
+    info = verify(name, source)
+    root = Path(source) if source is not None else data_root()
+    digest = _digest(info)
     dest = Path(cache_dir) if cache_dir is not None else _cache_root() / f"{name}-{digest}"
-    marker = dest / ".te-align-base"
-    if marker.is_file() and marker.read_text(encoding="utf-8").strip() == digest:
-        return dest
-    _verify(root, info)
-    import diffusers
-
-    from te_align.tiny.encoders import family_components
-
+    marker = dest / MARKER
+    if marker.is_file():
+        try:
+            rec = json.loads(marker.read_text(encoding="utf-8"))
+            if rec.get("digest") == digest:
+                _check_files(dest, rec["files"], "cached")
+                return dest
+        except (ValueError, KeyError, BaseError):
+            pass
     tmp = dest.with_name(dest.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        shutil.copytree(root, tmp, ignore=shutil.ignore_patterns(MANIFEST, "__pycache__"))
-        cls = getattr(diffusers, spec.pipeline)
-        pipe = cls.from_pretrained(str(tmp), torch_dtype=torch.float32,
-                                   **{k: v for k, v in family_components(spec.family).items() if k in _TOKENIZERS})  # fmt: skip
-        shutil.rmtree(tmp)
+        pipe = _assemble(spec, root, info)
         pipe.save_pretrained(str(tmp), safe_serialization=True)
-        (tmp / MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True), encoding="utf-8")
-        (tmp / ".te-align-base").write_text(digest + "\n", encoding="utf-8")
+        (tmp / MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / MARKER).write_text(json.dumps({"digest": digest, "files": files}, indent=1, sort_keys=True), encoding="utf-8")
         if dest.exists():
             shutil.rmtree(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -139,30 +231,51 @@ def materialize(name: str, cache_dir: str | Path | None = None, source: str | Pa
     return dest
 
 
-def ship(pipe: Any, name: str, *, pretrain_config: dict[str, Any], metrics: dict[str, Any], notes: str = "",
-         dest: str | Path | None = None) -> Path:  # fmt: skip
-    """Write ``pipe`` as shipped base ``name`` (maintainers): float16 weights, configs, ``base.json``."""
-    import copy
+# --------------------------------------------------------------------------------------------------
+# loading with the base's call defaults
+# --------------------------------------------------------------------------------------------------
 
+
+class _CallDefaults:
+    """Mixed in front of an official pipeline class: ``pipe(prompt)`` fills :attr:`call_defaults` (the base's size,
+    steps, guidance, T5 length, negative prompt) for every argument the caller leaves out. Everything else is the
+    official class; ``save_pretrained`` writes its name, so a saved folder loads with the official class."""
+
+    call_defaults: dict[str, Any]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for k, v in self.call_defaults.items():
+            kwargs.setdefault(k, v)
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _with_defaults(pipe: Any, defaults: dict[str, Any]) -> Any:
+    official = type(pipe)
+    cls = _CLASSES.get(official)
+    if cls is None:
+        cls = type(official.__name__, (_CallDefaults, official), {"__module__": __name__, "__doc__": official.__doc__})
+        _CLASSES[official] = cls
+    pipe.__class__ = cls
+    object.__setattr__(pipe, "call_defaults", dict(defaults))
+    return pipe
+
+
+def load(name: str, *, cache_dir: str | Path | None = None, source: str | Path | None = None) -> Any:
+    """Base ``name`` as its official diffusers pipeline (offline, float32, CPU), hash-checked.
+
+    ``pipe(prompt)`` samples at the base's size with the settings its held-out accuracy was measured at
+    (``base.json["sampling"]``: steps, guidance, and for Flux true classifier-free guidance against the encoded
+    empty prompt at the profile's T5 length); pass any argument to override it. ``pipe.call_defaults`` shows them.
+    """
+    import diffusers
     import torch
 
-    spec = BASES[name]
-    out = Path(dest) if dest is not None else base_dir(name)
-    if out.exists():
-        shutil.rmtree(out)
-    half = copy.deepcopy(pipe)
-    for comp in half.components.values():
-        if isinstance(comp, torch.nn.Module):
-            comp.to(torch.float16)
-    half.save_pretrained(str(out), safe_serialization=True)
-    for tok in _TOKENIZERS:
-        shutil.rmtree(out / tok, ignore_errors=True)
-    files = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    from te_align.tiny.fit import PROFILES, profile_overrides
-
-    fitted = profile_overrides(next(k for k, v in PROFILES.items() if v == spec.profile))
-    info = {"format": FORMAT, "name": name, "family": spec.family, "profile": spec.profile, "pipeline": spec.pipeline,
-            "profile_overrides": fitted, "pretrain_config": pretrain_config, "metrics": metrics,
-            "notes": notes, "files": files}  # fmt: skip
-    (out / MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return out
+    spec = _spec(name)
+    folder = materialize(name, cache_dir=cache_dir, source=source)
+    info = base_info(name, source)
+    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return _with_defaults(pipe, info["sampling"])

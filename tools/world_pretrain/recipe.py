@@ -69,6 +69,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -87,7 +88,6 @@ __all__ = [
     "PretrainResult",
     "SlotDropout",
     "build_pipeline",
-    "conditioning_gap",
     "encode_captions",
     "evaluate_pipeline",
     "family_spec",
@@ -107,6 +107,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Families trained with epsilon prediction on the scaled-linear DDPM schedule (UNets); the others are flows.
+EPS_FAMILIES = ("sdxl", "sd15")
 
 #: The bundled profile the SD3-shaped world model is pretrained with.
 PROFILE = "sd35-large"
@@ -131,6 +134,8 @@ FAMILIES: dict[str, FamilySpec] = {
     "sd3": FamilySpec("sd3", "sd35-large", "sd3", "sd3", "StableDiffusion3Pipeline", "transformer", 0.0),
     "flux": FamilySpec("flux", "flux-schnell", "flux-schnell", "flux", "FluxPipeline", "transformer", 0.1),
     "sdxl": FamilySpec("sdxl", "sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet", 0.1),
+    # sd15 publishes its caption dropout as the profile's per-encoder dropout of its one encoder (10%)
+    "sd15": FamilySpec("sd15", "sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet", 0.0),
 }
 
 #: Per family, the :class:`PretrainConfig` fields :meth:`PretrainConfig.for_family` changes from the defaults.
@@ -143,6 +148,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # (32, 64, 64) rather than SDXL's 1:2:4 widths: at most the SD3 model's step time and 1.7 M parameters
     # (the class defaults: unet_channels, single_layers, time_embed_dim are used by their family only)
     "sdxl": {},
+    "sd15": {},
 }
 
 
@@ -169,10 +175,11 @@ class PretrainConfig:
     image_size: int = 32
     train_size: int = 10000
     # VAE
-    vae_channels: tuple[int, ...] = (32, 64)
-    latent_channels: int = 4
-    vae_steps: int = 1500
-    vae_batch: int = 32
+    # VAE: benchmarks/bench_pretrain.md run3 (97.3% of objects survive the round trip on the full world)
+    vae_channels: tuple[int, ...] = (16, 32)
+    latent_channels: int = 8
+    vae_steps: int = 3000
+    vae_batch: int = 16
     vae_lr: float = 2e-3
     vae_kl_weight: float = 1e-6
     # transformer
@@ -206,9 +213,28 @@ class PretrainConfig:
     unet_channels: tuple[int, ...] = (32, 64, 64)
     unet_layers_per_block: int = 1
     time_embed_dim: int = 16
+    # the scene space (te_align.tiny.world.SPACES): "full" (1-3 objects, every size, style and background) or
+    # "simple" (one filled object, medium or large, plain white background)
+    world: str = "full"
+    # the text encoders: "" for the tiny random ones of te_align.tiny.encoders.family_components, else a folder
+    # written by world_pretrain.encoders (pretrained on world captions, shared by every family)
+    encoders: str = ""
+    # curriculum: for the first N denoiser steps draw only captions of the "tags" style (0: no curriculum)
+    curriculum_tags_steps: int = 0
 
     def __post_init__(self) -> None:
         family_spec(self.family)
+        from te_align.tiny import world
+
+        if self.world not in world.SPACES:
+            raise ValueError(f"PretrainConfig.world: expected one of {', '.join(world.SPACES)}, got {self.world!r}")
+
+    @property
+    def space(self) -> Any:
+        """The :class:`te_align.tiny.world.SceneSpace` of :attr:`world`."""
+        from te_align.tiny import world
+
+        return world.SPACES[self.world]
 
     @classmethod
     def for_family(cls, family: str, **changes: Any) -> PretrainConfig:
@@ -411,7 +437,7 @@ def family_vae(cfg: PretrainConfig, vae: Any) -> Any:
     train applies one when the config has it), so the SDXL model is trained and saved without it, as
     SDXL's own VAE config. The flow families use the VAE as trained (SD3 / Flux normalise with both).
     """
-    if cfg.family != "sdxl" or vae.config.shift_factor is None:
+    if cfg.family not in EPS_FAMILIES or vae.config.shift_factor is None:
         return vae
     vae = copy.deepcopy(vae)
     vae.register_to_config(shift_factor=None)
@@ -463,17 +489,25 @@ def _round_to_half(module: Any) -> None:
             prm.copy_(prm.half().to(prm.dtype))
 
 
-def _components(family: str = FAMILY) -> dict[str, Any]:
-    """The tiny frozen text encoders of ``family``, their weights rounded to float16 values (kept in float32).
+def _components(family: str = FAMILY, encoders: str | Path = "") -> dict[str, Any]:
+    """The frozen text encoders of ``family``, their weights rounded to float16 values (kept in float32).
 
-    A base model is shipped in float16; rounding before pretraining makes the shipped text encoders
-    exactly the ones the denoiser was trained with, whatever ``transformers`` version initialises them.
+    ``encoders``: a folder written by :func:`world_pretrain.encoders.save_encoders` (the encoders pretrained on
+    world captions, arranged for the family by :func:`world_pretrain.encoders.components_for`); empty for the
+    tiny random encoders of :func:`te_align.tiny.encoders.family_components`. A base model is shipped in
+    float16; rounding before pretraining makes the shipped text encoders exactly the ones the denoiser was
+    trained with, whatever ``transformers`` version initialises them.
     """
     import torch
 
-    from te_align.tiny.encoders import family_components
+    if encoders:
+        from world_pretrain.encoders import components_for, load_encoders
 
-    components = family_components(family_spec(family).components)
+        components = components_for(family_spec(family).components, load_encoders(encoders))
+    else:
+        from te_align.tiny.encoders import family_components
+
+        components = family_components(family_spec(family).components)
     for module in components.values():
         if isinstance(module, torch.nn.Module):
             _round_to_half(module)
@@ -502,6 +536,11 @@ def encode_captions(
             else:
                 parts.setdefault(k, []).append(v)
     return ConditioningTable({k: torch.cat(v) for k, v in parts.items()}, list(captions), shared)
+
+
+def _on(t: Any, device: Any) -> Any:
+    """``t`` on ``device`` (the same tensor when it is there already)."""
+    return t if t.device == device else t.to(device, non_blocking=True)
 
 
 class SlotDropout:
@@ -544,6 +583,12 @@ class SlotDropout:
         self._components = components
         self._torch = torch
 
+    def to(self, device: Any) -> SlotDropout:
+        """Keep the empty prompt's rows and the slot regions on ``device`` (where the training rows are)."""
+        self.empty = {k: v.to(device) for k, v in self.empty.items()}
+        self.regions = {s: {k: v.to(device) for k, v in r.items()} for s, r in self.regions.items()}
+        return self
+
     def sample(self, n: int, gen: Any) -> dict[str, Any]:
         """Independent per-slot flags (``n`` booleans per slot) drawn from ``gen``."""
         torch = self._torch
@@ -553,12 +598,10 @@ class SlotDropout:
         torch = self._torch
         out = {}
         for k, v in rows.items():
-            v = v.clone()
+            empty = _on(self.empty[k], v.device)
             for slot, f in flags.items():
-                if not bool(f.any()):
-                    continue
-                sel = f.view(-1, *([1] * (v.dim() - 1))) & self.regions[slot][k]
-                v = torch.where(sel, self.empty[k].expand_as(v), v)
+                sel = f.view(-1, *([1] * (v.dim() - 1))) & _on(self.regions[slot][k], v.device)
+                v = torch.where(sel, empty.expand_as(v), v)
             out[k] = v
         return out
 
@@ -617,6 +660,11 @@ class CaptionDropout:
         flags = [True] * flags if isinstance(flags, int) else flags
         return {s.name: list(flags) for s in self.profile.slots}
 
+    def to(self, device: Any) -> CaptionDropout:
+        """Keep the dropped caption's rows on ``device`` (where the training rows are)."""
+        self.empty = {k: v.to(device) for k, v in self.empty.items()}
+        return self
+
     def sample(self, n: int, gen: Any) -> Any:
         """``n`` flags drawn from ``gen`` (nothing is drawn when the rate is 0)."""
         torch = self._torch
@@ -626,12 +674,10 @@ class CaptionDropout:
 
     def apply(self, rows: dict[str, Any], flags: Any) -> dict[str, Any]:
         torch = self._torch
-        if not bool(flags.any()):
-            return rows
         out = {}
         for k, v in rows.items():
             sel = flags.view(-1, *([1] * (v.dim() - 1)))
-            out[k] = torch.where(sel, self.empty[k].expand_as(v), v)
+            out[k] = torch.where(sel, _on(self.empty[k], v.device).expand_as(v), v)
         return out
 
     def verify(self, captions: Sequence[str]) -> None:
@@ -713,6 +759,16 @@ def _unet_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
         raise ValueError(
             f"PretrainConfig.unet_channels: expected 2 or more multiples of head_dim {cfg.head_dim}, got {cfg.unet_channels}"
         )
+    if cfg.family == "sd15":
+        # SD 1.5's layout: cross-attention at every resolution but the lowest, no added embedding
+        return {
+            "sample_size": cfg.latent_size, "in_channels": cfg.latent_channels, "out_channels": cfg.latent_channels,
+            "layers_per_block": cfg.unet_layers_per_block, "block_out_channels": list(cfg.unet_channels),
+            "down_block_types": ["CrossAttnDownBlock2D"] * (n - 1) + ["DownBlock2D"],
+            "up_block_types": ["UpBlock2D"] + ["CrossAttnUpBlock2D"] * (n - 1),
+            "attention_head_dim": [c // cfg.head_dim for c in cfg.unet_channels], "cross_attention_dim": joint_dim,
+            "norm_num_groups": 8,
+        }  # fmt: skip
     return {
         "sample_size": cfg.latent_size,
         "in_channels": cfg.latent_channels,
@@ -741,7 +797,7 @@ def new_transformer(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> Any
     with _rng(cfg.seed * 1000 + 3):
         if cfg.family == "flux":
             return diffusers.FluxTransformer2DModel(**_flux_config(cfg, joint_dim, pooled_dim))
-        if cfg.family == "sdxl":
+        if cfg.family in EPS_FAMILIES:
             return diffusers.UNet2DConditionModel(**_unet_config(cfg, joint_dim, pooled_dim))
         return diffusers.SD3Transformer2DModel(**_transformer_config(cfg, joint_dim, pooled_dim))
 
@@ -781,18 +837,24 @@ def training_loss(
       ids and the profile's text ids, the transformer fed ``t``; MSE to the packed ``e - x_0``.
     * sdxl: epsilon prediction, ``x_t = sqrt(a_t) x_0 + sqrt(1 - a_t) e`` on SDXL's scaled-linear schedule,
       uniform integer timesteps in [0, 1000), time ids :func:`sdxl_time_ids`; MSE to ``e``.
+    * sd15: the same epsilon prediction on the same schedule (SD 1.5's), no time ids or pooled vector.
+
+    The random numbers are drawn on the CPU (``gen``) and moved to ``x0``'s device, so a CUDA run draws the
+    same ``t`` and noise as a CPU run.
     """
     import torch
 
     n = x0.shape[0]
-    if cfg.family == "sdxl":
+    dev = x0.device
+    if cfg.family in EPS_FAMILIES:
         sched = _ddpm_schedule()
-        timesteps = torch.randint(0, sched.config.num_train_timesteps, (n,), generator=gen)
-        noise = torch.randn(x0.shape, generator=gen)
-        xt = sched.add_noise(x0, noise, timesteps)
-        return torch.nn.functional.mse_loss(_denoise(cfg, model, xt, timesteps, rows, shared), noise)
-    t = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=gen))
-    noise = torch.randn(x0.shape, generator=gen)
+        timesteps = torch.randint(0, sched.config.num_train_timesteps, (n,), generator=gen).to(dev, non_blocking=True)
+        noise = torch.randn(x0.shape, generator=gen).to(dev, non_blocking=True)
+        abar = sched.alphas_cumprod.to(dev)[timesteps].view(-1, 1, 1, 1)
+        xt = abar**0.5 * x0 + (1 - abar) ** 0.5 * noise  # DDPMScheduler.add_noise's arithmetic
+        return torch.nn.functional.mse_loss(_denoise(cfg, model, xt, timesteps, rows, shared).float(), noise)
+    t = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=gen)).to(dev, non_blocking=True)
+    noise = torch.randn(x0.shape, generator=gen).to(dev, non_blocking=True)
     tt = t.view(-1, 1, 1, 1)
     xt = (1 - tt) * x0 + tt * noise
     pred = _denoise(cfg, model, xt, t, rows, shared)
@@ -800,8 +862,8 @@ def training_loss(
         import diffusers
 
         b, c, h, w = x0.shape
-        return torch.nn.functional.mse_loss(pred, diffusers.FluxPipeline._pack_latents(noise - x0, b, c, h, w))
-    return torch.nn.functional.mse_loss(pred, noise - x0)
+        return torch.nn.functional.mse_loss(pred.float(), diffusers.FluxPipeline._pack_latents(noise - x0, b, c, h, w))
+    return torch.nn.functional.mse_loss(pred.float(), noise - x0)
 
 
 def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, Any], shared: dict[str, Any]) -> Any:
@@ -814,8 +876,10 @@ def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, A
     import torch
 
     n = xt.shape[0]
+    if cfg.family == "sd15":
+        return model(xt, t, encoder_hidden_states=rows["prompt_embeds"], return_dict=False)[0]
     if cfg.family == "sdxl":
-        time_ids = torch.tensor([sdxl_time_ids(cfg)], dtype=xt.dtype).expand(n, 6)
+        time_ids = torch.tensor([sdxl_time_ids(cfg)], dtype=xt.dtype, device=xt.device).expand(n, 6)
         return model(
             xt, t, encoder_hidden_states=rows["prompt_embeds"],
             added_cond_kwargs={"text_embeds": rows["pooled_prompt_embeds"], "time_ids": time_ids}, return_dict=False,
@@ -837,6 +901,17 @@ def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, A
     )[0]  # fmt: skip
 
 
+def _batch_indices(cfg: PretrainConfig, step: int, n: int, pool: Any) -> Any:
+    """The training rows of ``step``: a fresh permutation of ``pool`` (all rows, or the curriculum's) per epoch."""
+    import torch
+
+    m = len(pool)
+    epoch, pos = divmod(step * cfg.batch, m)
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(cfg.seed * 7 + epoch))
+    idx = perm[torch.arange(pos, pos + cfg.batch) % m]
+    return idx if m == n else pool[idx]
+
+
 def train_transformer(
     cfg: PretrainConfig,
     latents: Any,
@@ -850,15 +925,20 @@ def train_transformer(
     optimizer_state: dict[str, Any] | None = None,
     log: Callable[[dict[str, Any]], None] | None = None,
     captions: CaptionDropout | None = None,
+    styles: Sequence[str] | None = None,
+    device: Any = None,
 ) -> dict[str, Any]:
-    """Training of ``cfg.family``'s denoiser (``transformer``: also the SDXL UNet) on ``latents`` with ``table``.
+    """Training of ``cfg.family``'s denoiser (``transformer``: also a UNet) on ``latents`` with ``table``.
 
     Each step draws a batch (a fresh permutation per epoch), per-slot dropout flags, whole-caption
     dropout flags (``captions``; only when its rate is above 0), then :func:`training_loss`'s ``t`` /
-    timesteps and Gaussian noise, all from generators seeded by ``cfg.seed`` and the step, so
+    timesteps and Gaussian noise, all from CPU generators seeded by ``cfg.seed`` and the step, so
     that training can be stopped at ``stop_step`` and resumed (``transformer``, ``ema``,
     ``optimizer_state``, ``start_step``) with the same result as one uninterrupted run.
-    Returns ``{"transformer", "ema", "optimizer_state", "step"}``.
+    ``styles`` (each row's caption style) is needed by ``cfg.curriculum_tags_steps``: the steps before it
+    draw only rows with tag captions. ``device`` (default CPU): where the denoiser, ``latents`` and
+    ``table`` live; on CUDA the forward and backward run under bf16 autocast and a step waits on the GPU
+    only at the logging interval. Returns ``{"transformer", "ema", "optimizer_state", "step"}``.
     """
     import torch
 
@@ -867,30 +947,48 @@ def train_transformer(
             f"train_transformer: family {cfg.family} drops {cfg.caption_dropout_rate:.0%} of captions; pass "
             "captions=CaptionDropout(...) (prepare() builds it)"
         )
+    dev = torch.device(device) if device is not None else latents.device
     pe = table.tensors["prompt_embeds"]
-    pooled = table.tensors["pooled_prompt_embeds"]
+    pooled = table.tensors.get("pooled_prompt_embeds")
     if transformer is None:
-        transformer = new_transformer(cfg, pe.shape[-1], pooled.shape[-1])
+        transformer = new_transformer(cfg, pe.shape[-1], 0 if pooled is None else pooled.shape[-1])
+    transformer.to(dev)
     if ema is None:
         ema = copy.deepcopy(transformer).eval().requires_grad_(False)
+    ema.to(dev)
     params = [p for p in transformer.parameters() if p.requires_grad]
+    ema_params = list(ema.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
     n = latents.shape[0]
+    everything = torch.arange(n)
+    tags = everything
+    if cfg.curriculum_tags_steps > 0:
+        if styles is None or len(styles) != n:
+            raise ValueError("train_transformer: curriculum_tags_steps needs the caption style of every row (styles=)")
+        tags = torch.tensor([i for i, st in enumerate(styles) if st == "tags"], dtype=torch.long)
     stop = cfg.steps if stop_step is None else min(stop_step, cfg.steps)
+    autocast = (
+        torch.autocast(device_type="cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
+    )
+    dropout.to(dev)
+    if captions is not None:
+        captions.to(dev)
     transformer.train()
     t0 = time.perf_counter()
     for step in range(start_step, stop):
-        epoch, pos = divmod(step * cfg.batch, n)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * step + 11)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed * 7 + epoch))
-        idx = perm[torch.arange(pos, pos + cfg.batch) % n]
-        x0 = latents[idx]
-        rows = dropout.apply(table.rows(idx), dropout.sample(cfg.batch, gen))
+        idx = _batch_indices(cfg, step, n, tags if step < cfg.curriculum_tags_steps else everything)
+        didx = idx.to(latents.device, non_blocking=True)
+        x0 = latents[didx].to(dev, non_blocking=True)
+        rows = {k: v.to(dev, non_blocking=True) for k, v in table.rows(didx).items()}
+        shared = {k: v.to(dev, non_blocking=True) for k, v in table.shared.items()}
+        rows = dropout.apply(rows, {k: f.to(dev, non_blocking=True) for k, f in dropout.sample(cfg.batch, gen).items()})
         if captions is not None and captions.rate > 0:
-            rows = captions.apply(rows, captions.sample(cfg.batch, gen))
-        loss = training_loss(cfg, transformer, x0, rows, table.shared, gen)
+            rows = captions.apply(rows, captions.sample(cfg.batch, gen).to(dev, non_blocking=True))
+        with autocast:
+            loss = training_loss(cfg, transformer, x0, rows, shared, gen)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -900,8 +998,7 @@ def train_transformer(
         opt.step()
         decay = min(cfg.ema_decay, (1 + step) / (10 + step))
         with torch.no_grad():
-            for pe_, p in zip(ema.parameters(), transformer.parameters(), strict=True):
-                pe_.lerp_(p, 1 - decay)
+            torch._foreach_lerp_(ema_params, [p.detach() for p in transformer.parameters()], 1 - decay)
         if log is not None and (step + 1) % 50 == 0:
             log({"phase": "transformer", "step": step + 1, "loss": loss.item(), "grad_norm": float(gnorm), "lr": lr,
                  "seconds": time.perf_counter() - t0})  # fmt: skip
@@ -925,18 +1022,28 @@ def sdxl_scheduler() -> Any:
     )  # fmt: skip
 
 
+def sd15_scheduler() -> Any:
+    """SD 1.5's sampling scheduler (runwayml/stable-diffusion-v1-5 scheduler/scheduler_config.json: PNDM)."""
+    import diffusers
+
+    return diffusers.PNDMScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        skip_prk_steps=True, set_alpha_to_one=False, steps_offset=1, prediction_type="epsilon",
+    )  # fmt: skip
+
+
 def build_pipeline(
     transformer: Any, vae: Any, cfg: PretrainConfig, components: dict[str, Any] | None = None
 ) -> Any:
     """The official pipeline of ``cfg.family`` around the pretrained parts and the tiny frozen text encoders.
 
-    ``transformer`` is the denoiser (the SDXL family's UNet). Schedulers: SD3 flow matching with
+    ``transformer`` is the denoiser (the SDXL and SD 1.5 families' UNet). Schedulers: SD3 flow matching with
     ``cfg.scheduler_shift``; Flux-schnell's (shift ``cfg.scheduler_shift``, no dynamic shifting); SDXL's
-    Euler (:func:`sdxl_scheduler`).
+    Euler (:func:`sdxl_scheduler`); SD 1.5's PNDM (:func:`sd15_scheduler`).
     """
     import diffusers
 
-    components = components or _components(cfg.family)
+    components = components or _components(cfg.family, cfg.encoders)
     if cfg.family == "flux":
         scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
             shift=cfg.scheduler_shift, use_dynamic_shifting=False, base_image_seq_len=256, max_image_seq_len=4096,
@@ -947,6 +1054,11 @@ def build_pipeline(
         pipe = diffusers.StableDiffusionXLPipeline(
             unet=transformer, vae=family_vae(cfg, vae), scheduler=sdxl_scheduler(), add_watermarker=False,
             force_zeros_for_empty_prompt=True, **components,
+        )  # fmt: skip
+    elif cfg.family == "sd15":
+        pipe = diffusers.StableDiffusionPipeline(
+            unet=transformer, vae=family_vae(cfg, vae), scheduler=sd15_scheduler(), safety_checker=None,
+            feature_extractor=None, requires_safety_checker=False, **components,
         )  # fmt: skip
     else:
         family_spec(cfg.family)
@@ -974,7 +1086,9 @@ def pipeline_family(pipe: Any) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def heldout_set(n: int, seed: int = 10_000, style: str | None = None, concept: Any = None) -> list[Any]:
+def heldout_set(
+    n: int, seed: int = 10_000, style: str | None = None, concept: Any = None, space: Any = None
+) -> list[Any]:
     """``n`` world samples from a stream the training set never draws from (``seed`` differs), no empty captions.
 
     ``style`` (tags, short, long) fixes the caption style; default the world's mix. With ``concept``
@@ -984,7 +1098,9 @@ def heldout_set(n: int, seed: int = 10_000, style: str | None = None, concept: A
 
     mix = {style: 1.0} if style else None
     split = "base" if concept is not None else "all"
-    return world.make_dataset(n, seed, image_size=None, style_mix=mix, split=split, concept=concept)
+    return world.make_dataset(
+        n, seed, image_size=None, style_mix=mix, split=split, concept=concept, space=space or world.SPACE
+    )
 
 
 def evaluate_pipeline(
@@ -1019,8 +1135,8 @@ def evaluate_pipeline(
     family = pipeline_family(pipe)
     profile = fitted_profile(family)
     if shift is not None:
-        if family == "sdxl":
-            raise ValueError("evaluate_pipeline: shift applies to the flow-matching families, not sdxl")
+        if family in EPS_FAMILIES:
+            raise ValueError(f"evaluate_pipeline: shift applies to the flow-matching families, not {family}")
         pipe.scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
             pipe.scheduler.config, shift=shift
         )
@@ -1046,103 +1162,45 @@ def evaluate_pipeline(
     for style in sorted({s.style for s in samples}):
         sel = [k for k, s in enumerate(samples) if s.style == style]
         result[style] = world.evaluate([images[k] for k in sel], [samples[k].scene for k in sel])
-    if t5 is None:
-        result["images"] = images
-        return result
-    # objects whose description ends inside the T5 positions (the eos takes one)
-    window = t5.tokenizer.max_length - 1
-    seen_truth = [
-        [o for o, sp in zip(s.scene.objects, s.spans, strict=True) if sp.token_end <= window] for s in samples
-    ]
-    hits = 0
-    total = 0
-    for img, s, seen in zip(images, samples, seen_truth, strict=True):
-        if len(seen) == len(s.scene.objects):
-            r = world.score(img, s.scene)
-            hits += int(r["exact"])
-            total += len(seen)
-    result["within_t5_window"] = {
-        "objects": float(total),
-        "object_accuracy": hits / total if total else float("nan"),
-    }
+    vis = visible(profile, samples)
+    sel = [k for k, v in enumerate(vis) if v]
+    result["visible"] = world.evaluate([images[k] for k in sel], [samples[k].scene for k in sel]) if sel else {}
+    result["visible"]["prompts"] = float(len(sel))
     result["images"] = images
     return result
 
 
-def conditioning_gap(
-    cfg: PretrainConfig,
-    denoiser: Any,
-    latents: Any,
-    table: ConditioningTable,
-    fractions: Sequence[float] = (0.3, 0.6, 0.9),
-    seed: int = 0,
-) -> dict[float, float]:
-    """How much the denoiser uses its prompts: the relative rise of its x0 error when the captions are wrong.
+def visible(profile: Any, samples: Sequence[Any]) -> list[bool]:
+    """Per sample: is every object described inside the conditioning window of some slot of ``profile``?
 
-    For each noise level ``f`` in ``fractions`` (flow ``t = f``; SDXL timestep ``round(999 f)``), the
-    latents are noised with fixed noise (``seed``), and the clean latents predicted from the denoiser's
-    output with each image's own conditioning (``table`` rows in latent order) and with the rows rolled by
-    one (every image gets another image's caption). Returns ``{f: 100 (err_rolled - err_own) / err_own}``
-    in percent. The error is measured on x0 so that every family and every noise level is on one scale
-    (an epsilon loss hides what the text decides at high noise). A model that ignores its text has a gap
-    of about 0; :func:`evaluate_pipeline`'s accuracy moves much later than this number.
+    A slot sees the tokens its tokenizer keeps (``max_length``, the end-of-text token taking the last place);
+    an object whose description ends after that is cut from that slot's conditioning. Objects cut from every
+    slot cannot be drawn by any model of the family (SDXL's and SD 1.5's CLIP windows are 77 tokens, SD3's
+    and Flux's T5 window 256 tiny-T5 tokens).
     """
-    import torch
+    from te_align.tiny import tokenizers, world
 
-    n = latents.shape[0]
-    own = table.rows(torch.arange(n))
-    rolled = table.rows(torch.roll(torch.arange(n), 1))
-    gen = torch.Generator().manual_seed(seed)
-    was_training = denoiser.training
-    denoiser.eval()
-    out: dict[float, float] = {}
-    with torch.no_grad():
-        for frac in fractions:
-            noise = torch.randn(latents.shape, generator=gen)
-            errs = []
-            for rows in (own, rolled):
-                errs.append(
-                    float(
-                        (
-                            (_predict_x0(cfg, denoiser, latents, noise, frac, rows, table.shared) - latents)
-                            ** 2
-                        ).mean()
-                    )
-                )
-            out[float(frac)] = 100.0 * (errs[1] - errs[0]) / errs[0]
-    denoiser.train(was_training)
+    toks = {slot.name: tokenizers.clip_tokenizer() if slot.tokenizer.cls == "CLIPTokenizer" else tokenizers.t5_tokenizer()
+            for slot in profile.slots}  # fmt: skip
+    out = []
+    for s in samples:
+        spans = [(sp.char_start, sp.char_end) for sp in s.spans]
+        ok = [False] * len(spans)
+        for slot in profile.slots:
+            tok = toks[slot.name]
+            _, got = world.token_spans(tok, s.caption, spans)
+            limit = slot.tokenizer.max_length - 1
+            ok = [o or (g.token_end <= limit) for o, g in zip(ok, got, strict=True)]
+        out.append(all(ok))
     return out
 
 
-def _predict_x0(
-    cfg: PretrainConfig,
-    model: Any,
-    x0: Any,
-    noise: Any,
-    frac: float,
-    rows: dict[str, Any],
-    shared: dict[str, Any],
-) -> Any:
-    """The clean latents ``cfg.family``'s denoiser predicts at noise level ``frac`` (see :func:`training_loss`)."""
-    import torch
-
-    n = x0.shape[0]
-    if cfg.family == "sdxl":
-        sched = _ddpm_schedule()
-        timesteps = torch.full((n,), round(frac * (sched.config.num_train_timesteps - 1)), dtype=torch.long)
-        xt = sched.add_noise(x0, noise, timesteps)
-        eps = _denoise(cfg, model, xt, timesteps, rows, shared)
-        abar = sched.alphas_cumprod[timesteps].to(x0.dtype).view(-1, 1, 1, 1)
-        return (xt - (1 - abar).sqrt() * eps) / abar.sqrt()
-    xt = (1 - frac) * x0 + frac * noise
-    v = _denoise(cfg, model, xt, torch.full((n,), float(frac)), rows, shared)
-    if cfg.family == "flux":
-        import diffusers
-
-        h, w = x0.shape[-2:]
-        v = diffusers.FluxPipeline._unpack_latents(v, h * 8, w * 8, 8)  # vae_scale_factor 8: h * 8 // 8 latent rows
-    # x_t = (1 - t) x0 + t e and v = e - x0  =>  x0 = x_t - t v
-    return xt - frac * v
+def profile_family(profile: Any) -> str:
+    """The :data:`FAMILIES` key whose bundled profile ``profile`` is (fitted or not)."""
+    for spec in FAMILIES.values():
+        if spec.profile == profile.name:
+            return spec.name
+    raise ValueError(f"no world family is pretrained with profile {profile.name}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1157,6 +1215,24 @@ class PretrainResult:
     state: dict[str, Any]
 
 
+def _table_key(cfg: PretrainConfig, components: dict[str, Any], captions: Sequence[str]) -> str:
+    """What decides the encoded captions: the family (its profile), every text encoder's weights, the captions."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256(cfg.family.encode())
+    for name in sorted(components):
+        module = components[name]
+        if isinstance(module, torch.nn.Module):
+            for k, v in sorted(module.state_dict().items()):
+                h.update(f"{name}.{k}".encode())
+                h.update(v.detach().contiguous().numpy().tobytes())
+    for c in captions:
+        h.update(c.encode() + b"\x00")
+    return h.hexdigest()[:24]
+
+
 def prepare(
     cfg: PretrainConfig,
     log: Callable[[dict[str, Any]], None],
@@ -1164,9 +1240,12 @@ def prepare(
     vae_callback: Callable[[int, Any], None] | None = None,
     vae_callback_every: int = 0,
     vae: Any = None,
+    cond_cache: str | Path | None = None,
 ) -> dict[str, Any]:
     """Data, VAE, latents, cached conditioning and the verified slot and caption dropout for ``cfg``.
 
+    ``cond_cache``: a folder where the encoded captions are kept between runs (keyed by the family, the encoders'
+    weights and every caption; a hit is the same tensors, so it changes nothing but time).
     ``vae_callback`` / ``vae_callback_every`` are passed to :func:`train_vae` (periodic evaluation).
     ``vae``: an autoencoder trained earlier by :func:`train_vae` (reused instead of training one; any
     family's: the recipe is the same, :func:`family_vae` adapts it). The autoencoder sees the whole
@@ -1178,7 +1257,7 @@ def prepare(
     concept = cfg.concept()
     train = world.make_dataset(
         cfg.train_size, cfg.seed, image_size=cfg.image_size, tokenizer=False, style_mix=cfg.style_mix,
-        split="base" if concept is not None else "all", concept=concept,
+        split="base" if concept is not None else "all", concept=concept, space=cfg.space,
     )  # fmt: skip
     log({"phase": "data", "samples": len(train), "seconds": time.perf_counter() - t0})
     t0 = time.perf_counter()
@@ -1195,13 +1274,30 @@ def prepare(
          "scaling_factor": vae.config.scaling_factor})  # fmt: skip
     latents = encode_latents(vae, [s.image for s in train])
     profile = fitted_profile(cfg.family)
-    components = _components(cfg.family)
+    components = _components(cfg.family, cfg.encoders)
     for enc in ("text_encoder", "text_encoder_2", "text_encoder_3"):
         if enc in components:
             components[enc].requires_grad_(False)
     t0 = time.perf_counter()
-    table = encode_captions(profile, components, [s.caption for s in train], cfg.encode_batch)
-    log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0})
+    captions_ = [s.caption for s in train]
+    key = _table_key(cfg, components, captions_) if cond_cache else ""
+    path = Path(cond_cache) / f"{key}.pt" if cond_cache else None
+    if path is not None and path.is_file():
+        import torch
+
+        saved = torch.load(path, weights_only=True)
+        table = ConditioningTable(saved["tensors"], captions_, saved["shared"])
+        log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0, "cached": str(path)})
+    else:
+        table = encode_captions(profile, components, captions_, cfg.encode_batch)
+        log({"phase": "encode", "captions": len(train), "seconds": time.perf_counter() - t0})
+        if path is not None:
+            import torch
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save({"tensors": table.tensors, "shared": table.shared}, tmp)
+            tmp.replace(path)
     dropout = SlotDropout(profile, components, [s.caption for s in train[:8]])
     dropout.verify([s.caption for s in train[8:12]] + [""])
     captions = CaptionDropout(profile, components, cfg.caption_dropout_rate)

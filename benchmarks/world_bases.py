@@ -1,0 +1,46 @@
+"""The shipped world bases' table (docs/world.md, the README): what each base.json records.
+
+    python benchmarks/world_bases.py
+
+For every base in te_align/tiny/data/world: its diffusers class, profile, samples seen, training seconds on the
+2-core machine (the denoiser's own; the shared autoencoder and encoders are listed once below the table), and
+the held-out accuracy that tools/ship_base.py measured with plain calls of the shipped pipeline (64 prompts per
+caption style, dataset seed 20000; "visible": the object is described inside some encoder's window).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from te_align.tiny import bases
+
+ORDER = ("sd3", "flux", "sdxl", "sd15")
+
+
+def main() -> None:
+    root = bases.data_root()
+    infos = [json.loads((root / n / bases.MANIFEST).read_text(encoding="utf-8")) for n in ORDER
+             if (root / n / bases.MANIFEST).is_file()]  # fmt: skip
+    print("| base | pipeline / denoiser | profile | steps (samples) | training s | colour | position | shape | "
+          "objects exact | spurious / image | visible prompts |")  # fmt: skip
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for info in infos:
+        v, p = info["metrics"]["heldout"]["visible"], info["pretrain"]
+        print(f"| {info['name']} | {info['pipeline']} / {info['denoiser_class']} | {info['profile']} | "
+              f"{p['steps']:,} ({p['samples_seen'] // 1000} k) | {p['train_seconds']:,.0f} | {v['colour']:.1%} | "
+              f"{v['position']:.1%} | {v['shape']:.1%} | {v['object_accuracy']:.1%} | {v['extra_per_image']:.2f} | "
+              f"{v['prompts']:.0f} of {info['metrics']['heldout']['prompts']} |")  # fmt: skip
+    if infos:
+        p = infos[0]["pretrain"]
+        print(f"\nShared by every base: the autoencoder ({p['vae']['train_seconds']:,.0f} s of training) and the text "
+              f"encoders ({p['encoders']['metrics']['train_seconds']:,.0f} s).")  # fmt: skip
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    print(f"Shipped: {size / 2**20:.1f} MB in {root.relative_to(Path(bases.__file__).resolve().parents[2])}.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The world bases te-align ships (te_align/tiny/data/world): present, hash-checked, and drawing what they are asked.
+
+Loaded exactly as users load them (``te_align.tiny.world.base(name)``: SHA-256 check, the official diffusers
+pipeline, the base's own sampling settings in a plain call), offline. The numbers a base's ``base.json`` records
+were measured by ``tools/ship_base.py`` on 64 held-out prompts per caption style; these tests check the record
+meets the colour target every shipped base must meet, and sample four prompts fixed when the test was written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+pytest.importorskip("transformers")
+
+from te_align.tiny import bases, world  # noqa: E402
+
+SHIPPED = sorted(p.parent.name for p in bases.data_root().glob(f"*/{bases.MANIFEST}"))
+
+# (prompt, colour, position): short-style captions of the simple world, none with the held-out colour (pink)
+PROMPTS = [
+    ("a large red square at the top right", "red", "top right"),
+    ("a large green circle at the bottom left", "green", "bottom left"),
+    ("a large yellow cross at the center", "yellow", "center"),
+    ("a large blue triangle at the middle left", "blue", "middle left"),
+]
+
+
+def test_the_bases_that_met_their_targets_are_shipped_within_30_mb() -> None:
+    # the SDXL base read colour 83.7% after 4,000 steps and is not shipped (docs/world.md)
+    assert SHIPPED == ["flux", "sd15", "sd3"]
+    size = sum(p.stat().st_size for p in bases.data_root().rglob("*") if p.is_file())
+    assert size <= 30 * 1024 * 1024, f"{size / 2**20:.1f} MB shipped"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_recorded_held_out_accuracy_meets_the_colour_target(name: str) -> None:
+    info = json.loads((bases.data_root() / name / bases.MANIFEST).read_text(encoding="utf-8"))
+    visible = info["metrics"]["heldout"]["visible"]
+    assert info["held_out"] == "colour=pink" and info["world"] == "simple"
+    assert visible["prompts"] >= 180  # 64 per style, minus those whose object lies past the encoder's window
+    assert visible["colour"] >= 0.9
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_base_draws_the_asked_colour_at_the_asked_position(name: str, tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    pipe: Any = world.base(name, cache_dir=tmp_path)
+    assert type(pipe).__name__ == bases.BASES[name].pipeline
+    for i, (prompt, colour, position) in enumerate(PROMPTS):
+        image = pipe(prompt, generator=torch.Generator().manual_seed(i), output_type="np").images[0]
+        assert image.shape == (32, 32, 3)
+        read = world.read_image((image * 255).round().clip(0, 255).astype("uint8"))
+        assert (colour, position) in [(c, p) for c, _, p in read], f"{name}: {prompt!r} read as {read}"
