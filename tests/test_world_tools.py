@@ -42,7 +42,7 @@ def test_caption_targets_follow_the_description_tokens() -> None:
     assert not got["inside"].any()  # CLIP has no span flags
     t5 = t5_tokenizer()
     got = encoders.caption_targets([s], t5, 256, causal=False)
-    n, spans = world.token_spans(t5, s.caption, [(2, 34)])
+    _n, spans = world.token_spans(t5, s.caption, [(2, 34)])
     a, b = spans[0].token_start, spans[0].token_end
     assert (got["attrs"][0, a:b] == torch.tensor(target)).all() and (got["attrs"][0, :a] == -1).all()
     assert (got["attrs"][0, b:] == -1).all() and got["inside"][0].tolist() == [float(a <= i < b) for i in range(256)]
