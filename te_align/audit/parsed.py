@@ -165,3 +165,66 @@ def unknown_key_finding(key: str, valid: Any, *, trainer: str, line: int | None,
         line=line,
         trainer_source=trainer,
     )
+
+
+def cli_scalar(s: str) -> Any:
+    """A command-line value as a TOML reader would type it: true / false, an int, a float, else the string."""
+    low = s.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return s
+
+
+def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
+    """``--key value`` / ``--key=value`` / ``--flag`` -> values (dashes as underscores), the first ``*.py``
+    positional (the script, its file name), and the order the options were written in."""
+    values: dict[str, Any] = {}
+    order: list[str] = []
+    script = None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            name, eq, val = a[2:].partition("=")
+            name = name.replace("-", "_")
+            if eq:
+                values[name] = cli_scalar(val)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                values[name] = cli_scalar(args[i + 1])
+                i += 1
+            else:
+                values[name] = True
+            order.append(name)
+        elif a.endswith(".py") and script is None:
+            script = a.replace("\\", "/").rsplit("/", 1)[-1]
+        i += 1
+    return values, script, order
+
+
+def checkout_commit(root: Any) -> str:
+    """The HEAD commit of the git checkout ``root`` (for the header of a generated key table)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown commit"
+
+
+def emit_key_table(lines: list[str], args: list[str], target: Any) -> int:
+    """A generated key table: written to ``target`` with ``--write`` in ``args``, else printed."""
+    import sys
+
+    text = "\n".join(lines) + "\n"
+    if "--write" in args:
+        target.write_text(text, encoding="utf-8")
+        print(f"wrote {target}")
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -240,39 +240,10 @@ def toml_literal(v: Any) -> str:
 
 def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None]:
     """``--key value`` / ``--key=value`` / ``--flag`` -> values; a ``*.py`` positional is the script."""
-    values: dict[str, Any] = {}
-    script = None
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("--"):
-            name, eq, val = a[2:].partition("=")
-            name = name.replace("-", "_")
-            if eq:
-                values[name] = _scalar(val)
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                values[name] = _scalar(args[i + 1])
-                i += 1
-            else:
-                values[name] = True
-        elif a.endswith(".py") and script is None:
-            script = a.replace("\\", "/").rsplit("/", 1)[-1]
-        i += 1
+    from te_align.audit.parsed import parse_cli as parse
+
+    values, script, _ = parse(args)
     return values, script
-
-
-def _scalar(s: str) -> Any:
-    low = s.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(s)
-    except ValueError:
-        pass
-    try:
-        return float(s)
-    except ValueError:
-        return s
 
 
 def flatten(data: dict[str, Any]) -> dict[str, Any]:
