@@ -60,6 +60,11 @@ def _save_half(module: Any, folder: Path) -> None:
 
     half = copy.deepcopy(module).to(torch.float16)
     half.save_pretrained(str(folder), safe_serialization=True)
+    # save_pretrained records the folder it was loaded from: a path on the machine that trained it, not shipped
+    config = folder / "config.json"
+    data = json.loads(config.read_text(encoding="utf-8"))
+    if data.pop("_name_or_path", None) is not None:
+        config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _same_files(a: Path, b: Path) -> bool:
