@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -163,18 +162,9 @@ FINGERPRINT_TAG = "te-align:"
 @functools.cache
 def valid_keys() -> dict[str, frozenset[str]]:
     """The keys diffusion-pipe reads, by section: ``top``, ``model``, ``dataset``, ``directory``."""
-    res = resources.files(__package__).joinpath("data", "diffusion-pipe.txt")
-    table: dict[str, set[str]] = {}
-    current = ""
-    for raw in res.read_text(encoding="utf-8").splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            continue
-        table.setdefault(current, set()).add(line)
-    return {k: frozenset(v) for k, v in table.items()}
+    from te_align.audit.readers import known_keys
+
+    return known_keys("diffusion-pipe")
 
 
 # ------------------------------------------------------------------------------------ reading

@@ -19,7 +19,6 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -120,18 +119,9 @@ META_FINGERPRINT = "te_align_fingerprint"
 def valid_keys() -> dict[str, frozenset[str]]:
     """The bundled option names per script (``[qwen_image_train_network]``…) and dataset-config keys
     (``[dataset]`` top level, ``[dataset.general]``, ``[dataset.image]``, ``[dataset.video]``)."""
-    res = resources.files(__package__).joinpath("data", "musubi.txt")
-    table: dict[str, set[str]] = {}
-    current = ""
-    for raw in res.read_text(encoding="utf-8").splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            continue
-        table.setdefault(current, set()).add(line)
-    return {k: frozenset(v) for k, v in table.items()}
+    from te_align.audit.readers import known_keys
+
+    return known_keys("musubi")
 
 
 def script_options(script: str | None) -> frozenset[str]:
