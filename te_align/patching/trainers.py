@@ -12,6 +12,7 @@ registry's order, and patches with the first that recognises PATH.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +30,22 @@ class Detection:
     layout: str
     version: str
     notes: tuple[str, ...] = field(default=())
+
+
+def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str, ...]]:
+    """A git checkout's version (its HEAD, short) and the notes a detection gives when it is not a commit the hooks
+    were verified with (``supported``) or not a git checkout at all (the hook targets are then checked in the source)."""
+    from te_align._git import git_head
+
+    head = git_head(root)
+    if head is None:
+        return "unknown (no git)", ("not a git checkout: the hook targets are checked in the source instead",)
+    supported = tuple(supported)
+    if head in supported:
+        return head[:7], ()
+    verified = ", ".join(c[:7] for c in supported)
+    return head[:7], (f"commit {head[:7]} is not one te-align was verified with ({verified}); hook targets are "
+                      "checked in the source",)  # fmt: skip
 
 
 def _module(name: str) -> ModuleType:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from te_align._git import git_dir, git_head
+from te_align._git import git_dir
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
-from te_align.patching.trainers import Detection
+from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
 
 TRAINER = "diffusion-pipe"
@@ -29,15 +29,7 @@ def detect(path: Path) -> Detection | None:
         return None
     from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
 
-    head = git_head(root)
-    if head is None:
-        return Detection(TRAINER, root, "checkout", "unknown (no git)",
-                         ("not a git checkout: the hook targets are checked in the source instead",))  # fmt: skip
-    notes: tuple[str, ...] = ()
-    if head not in SUPPORTED:
-        notes = (f"commit {head[:7]} is not one te-align was verified with ({', '.join(c[:7] for c in SUPPORTED)}); "
-                 "hook targets are checked in the source",)
-    return Detection(TRAINER, root, "checkout", head[:7], notes)
+    return Detection(TRAINER, root, "checkout", *commit_version(root, SUPPORTED))
 
 
 def static_problems(root: Path) -> list[str]:

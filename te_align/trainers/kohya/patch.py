@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from te_align._git import git_dir, git_head
+from te_align._git import git_dir
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
-from te_align.patching.trainers import Detection
+from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
 from te_align.trainers.kohya import names as kohya_table
 
@@ -60,12 +60,7 @@ def detect(path: Path) -> Detection | None:
 def _version(root: Path) -> tuple[str, tuple[str, ...]]:
     from te_align.trainers.kohya.hooks import KohyaHook
 
-    head = git_head(root)
-    if head is None:
-        return "unknown (no git)", ("not a git checkout: the hook targets are checked in the source instead",)
-    if head in KohyaHook.supported:
-        return head[:7], ()
-    return head[:7], (f"commit {head[:7]} is not one te-align was verified with ({', '.join(c[:7] for c in KohyaHook.supported)}); hook targets are checked in the source",)
+    return commit_version(root, KohyaHook.supported)
 
 
 def static_problems(root: Path) -> list[str]:

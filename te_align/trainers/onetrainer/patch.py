@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from te_align._git import git_head
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
-from te_align.patching.trainers import Detection
+from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import (
     PatchError,
     Plan,
@@ -50,15 +49,7 @@ def detect(path: Path) -> Detection | None:
         return None
     from te_align.trainers.onetrainer.hooks import OneTrainerHook
 
-    head = git_head(root)
-    if head is None:
-        return Detection(TRAINER, root, "checkout", "unknown (no git)",
-                         ("not a git checkout: the hook targets are checked in the source instead",))  # fmt: skip
-    notes: tuple[str, ...] = ()
-    if head not in OneTrainerHook.supported:
-        verified = ", ".join(c[:7] for c in OneTrainerHook.supported)
-        notes = (f"commit {head[:7]} is not one te-align was verified with ({verified}); hook targets are checked in the source",)
-    return Detection(TRAINER, root, "checkout", head[:7], notes)
+    return Detection(TRAINER, root, "checkout", *commit_version(root, OneTrainerHook.supported))
 
 
 def static_problems(root: Path) -> list[str]:
