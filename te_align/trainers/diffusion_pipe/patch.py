@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from te_align._git import git_dir
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
-from te_align.patching.trainers import Detection, commit_version
-from te_align.patching.transaction import PatchError, Plan
+from te_align.patching.trainers import Detection, commit_version, targets_mismatch
+from te_align.patching.transaction import Plan
 
 TRAINER = "diffusion-pipe"
 SCRIPTS: tuple[tuple[str, str], ...] = (("train.py", "training, every deepspeed rank"),)
@@ -51,11 +50,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     root = detection.root
     problems = static_problems(root)
     if problems:
-        commit = next(iter(SUPPORTED))[:7]
-        how = f"git -C {root} checkout {commit}" if git_dir(root) is not None else f"a copy of diffusion-pipe {commit}"
-        raise PatchError(f"unknown diffusion-pipe version {detection.version} at {root}: te-align's hook targets do not "
-                         f"match ({'; '.join(problems)}). te-align was verified with diffusion-pipe {commit}; use {how} "
-                         "or upgrade te-align")  # fmt: skip
+        raise targets_mismatch(detection, problems, "diffusion-pipe", SUPPORTED)
     readme = ("Original diffusion-pipe train.py, kept byte for byte by te-align; the train.py one folder up runs it after "
               f"arming te-align. Undo everything with: te-align unpatch {root}\n")
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="diffusion-pipe", scripts=SCRIPTS, shim=shim_source,

@@ -15,12 +15,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from te_align._git import git_dir, git_head
+from te_align._git import git_head
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.blocks import fill, plan_block
 from te_align.patching.dropins import target_problems
-from te_align.patching.trainers import Detection
-from te_align.patching.transaction import PatchError, Plan
+from te_align.patching.trainers import Detection, targets_mismatch
+from te_align.patching.transaction import Plan
 
 TRAINER = "musubi"
 INIT = "src/musubi_tuner/__init__.py"
@@ -75,11 +75,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     root = detection.root
     problems = static_problems(root)
     if problems:
-        commit = next(iter(SUPPORTED))[:7]
-        how = f"git -C {root} checkout {commit}" if git_dir(root) is not None else f"a copy of musubi-tuner {commit}"
-        raise PatchError(f"unknown musubi-tuner version {detection.version} at {root}: te-align's hook targets do not "
-                         f"match ({'; '.join(problems)}). te-align was verified with musubi-tuner {commit}; use {how} "
-                         "or upgrade te-align")  # fmt: skip
+        raise targets_mismatch(detection, problems, "musubi-tuner", SUPPORTED)
     return plan_block(detection, profile, trainer=TRAINER, relpath=INIT, block=block(profile), mark=BLOCK_MARK)
 
 
