@@ -10,7 +10,6 @@ caption style, dataset seed 20000; "visible": the object is described inside som
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,13 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from te_align.tiny import bases
 
-ORDER = ("sd3", "flux", "sdxl", "sd15")
-
 
 def main() -> None:
     root = bases.data_root()
-    infos = [json.loads((root / n / bases.MANIFEST).read_text(encoding="utf-8")) for n in ORDER
-             if (root / n / bases.MANIFEST).is_file()]  # fmt: skip
+    infos = [bases.base_info(name) for name in bases.shipped()]
     print("| base | pipeline / denoiser | profile | steps (samples) | training s | colour | position | shape | "
           "objects exact | spurious / image | visible prompts |")  # fmt: skip
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

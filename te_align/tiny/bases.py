@@ -31,7 +31,7 @@ from typing import Any
 
 from te_align.errors import TeAlignError
 
-__all__ = ["BASES", "BaseError", "BaseSpec", "base_info", "data_root", "load", "materialize", "verify"]
+__all__ = ["BASES", "BaseError", "BaseSpec", "base_info", "data_root", "load", "materialize", "shipped", "verify"]
 
 MANIFEST = "base.json"
 FORMAT = 2
@@ -87,6 +87,13 @@ UNSHIFTED = ("sdxl", "sd15")
 def data_root() -> Path:
     """The shipped world data (inside the installed package)."""
     return Path(__file__).resolve().parent / "data" / "world"
+
+
+def shipped(source: str | Path | None = None) -> list[str]:
+    """The bases whose ``base.json`` is in the world data root ``source`` (default: the package's), in
+    :data:`BASES` order."""
+    root = Path(source) if source is not None else data_root()
+    return [name for name in BASES if (root / name / MANIFEST).is_file()]
 
 
 def _spec(name: str) -> BaseSpec:
