@@ -25,12 +25,16 @@ from pathlib import Path
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TE_ALIGN_THREADS")
 
 
-def _run(args: list[str], threads: int, cwd: Path) -> tuple[float, float, str]:
-    """One fresh te-align process: (wall seconds, its peak RSS in MB, stdout)."""
+def run_te_align(
+    args: list[str], threads: int, cwd: Path, extra: dict[str, str] | None = None
+) -> tuple[float, float, str]:
+    """One fresh te-align process, offline, with the thread variables removed (``threads``: TE_ALIGN_THREADS, 0
+    for te-align's choice) and ``extra`` set: (wall seconds, the peak RSS of a child in MB, stdout)."""
     env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
     env["HF_HUB_OFFLINE"] = "1"
     if threads:
         env["TE_ALIGN_THREADS"] = str(threads)
+    env.update(extra or {})
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -77,7 +81,7 @@ def main() -> None:
                 )
                 try:
                     out = root / f"demo-{r}-{len(walls.get(condition, []))}-{condition[:3]}"
-                    wall, peak, _ = _run(["demo", "--out", str(out)], args.threads, root)
+                    wall, peak, _ = run_te_align(["demo", "--out", str(out)], args.threads, root)
                 finally:
                     if busy is not None:
                         busy.kill()
@@ -89,7 +93,9 @@ def main() -> None:
         for condition, ws in walls.items():
             print(f"te-align demo, {condition}: median {statistics.median(ws):.1f} s over {len(ws)} run(s)")
         if args.matrix:
-            wall, mpeak, out = _run(["ab", "matrix", "--out", str(root / "matrix")], args.threads, root)
+            wall, mpeak, out = run_te_align(
+                ["ab", "matrix", "--out", str(root / "matrix")], args.threads, root
+            )
             print(f"te-align ab matrix: {wall / 60:.1f} min wall, peak RSS {mpeak:.0f} MB")
             print(out[-3000:])
 

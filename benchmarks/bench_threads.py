@@ -21,19 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_demo import run_te_align  # benchmarks/ is this script's folder
+
 ARMS = {"te-align's choice (1 thread)": {}, "2 threads (torch default)": {"TE_ALIGN_THREADS": "2"}}
 
 
 def _demo(steps: int, env_extra: dict[str, str], out: Path) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TE_ALIGN_THREADS")}
-    env.update(TE_ALIGN_DEMO_STEPS=str(steps), TE_ALIGN_DEMO_SEEDS="1", HF_HUB_OFFLINE="1", **env_extra)
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "te_align", "demo", "--out", str(out)], env=env, capture_output=True,
-                       text=True)  # fmt: skip
-    wall = time.perf_counter() - t0
-    if p.returncode:
-        sys.exit(f"te-align demo failed ({p.returncode}):\n{p.stderr[-2000:]}")
-    return wall
+    extra = {"TE_ALIGN_DEMO_STEPS": str(steps), "TE_ALIGN_DEMO_SEEDS": "1", **env_extra}
+    return run_te_align(["demo", "--out", str(out)], 0, out.parent, extra)[0]
 
 
 def main() -> None:
