@@ -228,3 +228,15 @@ def emit_key_table(lines: list[str], args: list[str], target: Any) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def flatten_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """Every table's keys in one namespace, as trainers that read a TOML config into their argparse namespace do
+    (a later table's key wins; top-level values kept)."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(v)
+        else:
+            out[k] = v
+    return out

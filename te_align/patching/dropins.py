@@ -33,6 +33,19 @@ from te_align.patching.transaction import (
 ORIGINALS = "te_align_originals"
 
 
+def shim_from_template(template: Path, script: str, profile: str | None, *, unpinned: str = "profile chosen per run",
+                       **fields: str) -> bytes:  # fmt: skip
+    """A drop-in for ``script`` from a trainer's ``str.format`` template: the original's path under
+    :data:`ORIGINALS`, the profile pinned when one is given (else ``pass  # unpinned``), te-align's off words and
+    any further ``fields``."""
+    from te_align.hooks.base import OFF_WORDS
+
+    text = template.read_text(encoding="utf-8")
+    pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else f"pass  # {unpinned}"
+    return text.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS,
+                       **fields).encode("utf-8")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ static contract
 def _module_file(root: Path, module: str) -> Path:
     return root.joinpath(*module.split(".")).with_suffix(".py")

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from te_align.hooks.base import OFF_WORDS
-from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
+from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_template, target_problems
 from te_align.patching.trainers import Detection, commit_version, targets_mismatch
 from te_align.patching.transaction import Plan
 
@@ -39,9 +38,7 @@ def static_problems(root: Path) -> list[str]:
 
 
 def shim_source(script: str, profile: str | None) -> bytes:
-    template = (Path(__file__).with_name("templates") / "train_script.py.tmpl").read_text(encoding="utf-8")
-    pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per run"
-    return template.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS).encode("utf-8")
+    return shim_from_template(Path(__file__).with_name("templates") / "train_script.py.tmpl", script, profile)
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:

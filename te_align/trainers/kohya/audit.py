@@ -248,13 +248,9 @@ def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None]:
 
 def flatten(data: dict[str, Any]) -> dict[str, Any]:
     """read_config_from_file flattens every section into one namespace (library/train_util.py:4700-4764)."""
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.update(v)
-        else:
-            out[k] = v
-    return out
+    from te_align.audit.parsed import flatten_sections
+
+    return flatten_sections(data)
 
 
 def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | None, str]:

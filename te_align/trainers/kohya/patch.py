@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from te_align._git import git_dir
-from te_align.hooks.base import OFF_WORDS
-from te_align.patching.dropins import ORIGINALS, plan_drop_ins, target_problems
+from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_template, target_problems
 from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
 from te_align.trainers.kohya import names as kohya_table
@@ -71,9 +70,7 @@ def static_problems(root: Path) -> list[str]:
 
 
 def shim_source(script: str, profile: str | None) -> bytes:
-    template = (templates_dir() / "train_script.py.tmpl").read_text(encoding="utf-8")
-    pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else "pass  # profile chosen per run"
-    return template.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS).encode("utf-8")
+    return shim_from_template(templates_dir() / "train_script.py.tmpl", script, profile)
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:

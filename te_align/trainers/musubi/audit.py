@@ -166,13 +166,9 @@ def _is_dataset_config(data: dict[str, Any]) -> bool:
 
 def _flatten(data: dict[str, Any]) -> dict[str, Any]:
     """read_config_from_file: every section's keys into one namespace (training/parser_common.py:780-811)."""
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.update(v)
-        else:
-            out[k] = v
-    return out
+    from te_align.audit.parsed import flatten_sections
+
+    return flatten_sections(data)
 
 
 def _network_arch(values: dict[str, Any]) -> names.Arch | None:
