@@ -93,3 +93,24 @@ def save_images(images: Sequence[Any], names: Sequence[str], folder: Path) -> li
         Image.fromarray(img).save(path)
         files.append(path)
     return files
+
+
+def read_probes(images: Sequence[Any], objects: Sequence[Sequence[Sequence[Any]]], *, concept_colour: str) -> list[dict[str, Any]]:
+    """Per image, what the world's reader found against the one asked object ``[colour, shape, position, concept]``:
+    ``hit`` (an object of the asked colour at the asked position), ``exact`` (colour, shape and position),
+    ``concept_colour`` (any object read in the concept's colour), ``extra`` (objects read besides the asked one)
+    and ``read`` (the readings)."""
+    from te_align.tiny import world
+
+    out = []
+    for img, objs in zip(images, objects, strict=True):
+        pred = world.read_image(img)
+        colour, shape, position = (str(v) for v in objs[0][:3])
+        out.append({
+            "hit": any(p[0] == colour and p[2] == position for p in pred),
+            "exact": (colour, shape, position) in pred,
+            "concept_colour": any(p[0] == concept_colour for p in pred),
+            "extra": max(0, len(pred) - 1),
+            "read": [list(p) for p in pred],
+        })
+    return out
