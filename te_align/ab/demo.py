@@ -1,19 +1,29 @@
-"""``te-align demo``: the whole A/B offline on a tiny SD3-shaped model and synthetic shapes (CPU, minutes).
+"""``te-align demo``: one row of the pre-registered effects matrix, live, on a shipped world base (CPU, minutes).
 
-Builds the model (:func:`te_align.tiny.pipelines.build_tiny_sd3`) and the dataset once into ``OUT/model`` and
-``OUT/data``, then runs the ``tiny-demo`` preset (SimpleTuner's default SD3 T5 length against the
-sd35-large profile) and writes ``OUT/ab/report.md`` and ``report.html``. ``TE_ALIGN_DEMO_STEPS`` and
+The row is ``world-flux-t5-512`` (chosen in ``benchmarks/bench_effects.md`` before the matrix ran): T5 at 512 tokens
+for FLUX.1 schnell, as ai-toolkit, diffusion-pipe and the diffusers Flux examples train it, against the 256 the
+schnell recipe (the profile) uses, on the shipped Flux-shaped base that never saw pink. Four seeds run as two
+single-thread processes side by side (:func:`te_align.ab.matrix.run_matrix`, resumable in ``OUT/matrix``); the
+report (``OUT/ab/report.md`` and ``report.html``) leads with the verdict, then both arms' samples, the accuracy
+table and curves, the validation loss, and the committed matrix of every measured row. ``TE_ALIGN_DEMO_STEPS`` and
 ``TE_ALIGN_DEMO_SEEDS`` (or ``steps=`` / ``seeds=``) shorten it, for tests.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from te_align.ab.preset import ABError
+
+#: The matrix row the demo runs, and its seeds (the plan's 6 do not fit 5 minutes on 2 cores; 4 do).
+DEMO_ROW = "world-flux-t5-512"
+DEMO_SEEDS = 4
+DEMO_WORKERS = 2
 
 
 def _env_int(name: str) -> int | None:
@@ -26,55 +36,104 @@ def _env_int(name: str) -> int | None:
         raise ABError(f"expected an integer, got {value!r}", key=name) from None
 
 
-def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, seeds: int | None = None,
-             say: Callable[[str], None] = print) -> Any:
-    """Run the demo A/B; returns the :class:`te_align.ab.runner.ABResult`."""
-    from te_align.ab.runner import run_ab
-    from te_align.tiny.datasets import make_shapes_dataset
-    from te_align.tiny.fit import tiny_profile_overrides
-    from te_align.tiny.pipelines import build_tiny_sd3
+def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, seeds: int | None = None, workers: int | None = None,
+             say: Callable[[str], None] = print) -> Any:  # fmt: skip
+    """Run the demo row; returns the :class:`te_align.ab.runner.ABResult` of all its seeds (report written)."""
+    from te_align.ab.matrix import matrix_presets, row_result, run_matrix
 
     steps = steps if steps is not None else _env_int("TE_ALIGN_DEMO_STEPS")
-    seeds = seeds if seeds is not None else _env_int("TE_ALIGN_DEMO_SEEDS")
+    seeds = seeds if seeds is not None else (_env_int("TE_ALIGN_DEMO_SEEDS") or DEMO_SEEDS)
+    if seeds < 1:
+        raise ABError(f"must be >= 1, got {seeds}", key="--seeds")
     root = Path(out).expanduser()
-    say(f"te-align demo: tiny SD3-shaped model and synthetic shapes in {root}")
-    model = build_tiny_sd3(root / "model")
-    data = root / "data"
-    if not (data / "train").is_dir() or not (data / "val").is_dir():
-        make_shapes_dataset(data)
-    overrides = tiny_profile_overrides(model)
-    write_train_example(root, overrides)
-    result = run_ab("tiny-demo", model=model, data=data, seeds=seeds, out=root / "ab", max_steps=steps,
-                    profile_overrides=overrides, say=say)  # fmt: skip
-    say(f"train your own LoRA on the demo's model (denoiser + CLIP-L): te-align train {root / TRAIN_EXAMPLE}")
+    p = next(x for x in matrix_presets() if x.name == DEMO_ROW)
+    say(f"te-align demo: {p.description}")
+    say(f"{seeds} seed(s), two arms each, on the shipped Flux-shaped world base; output in {root}")
+    run_matrix(root / "matrix", only=[DEMO_ROW], seeds=seeds, max_steps=steps, workers=workers or DEMO_WORKERS, say=say)
+    result = row_result(p, root / "matrix", list(range(seeds)), out_dir=root / "ab")
+    from te_align.ab.report import write_report
+
+    result.report_md, result.report_html = write_report(result, appendix=committed_blocks())
+    say(verdict_line(result))
+    train_toml = write_train_example(root, p)
+    say(f"report: {result.report_html}")
+    say(f"train your own LoRA on the demo's base (denoiser + CLIP-L): te-align train {train_toml}")
     return result
 
 
-#: The training config the demo leaves beside its model and data (``te-align train te-align-demo/train.toml``).
+def verdict_line(result: Any) -> str:
+    """The demo's verdict with the primary metric's paired difference and 95% interval."""
+    from te_align.ab.runner import PRIMARY
+
+    m = next((r for r in result.summary if r.metric == PRIMARY), None)
+    if m is None:
+        return f"verdict: {result.verdict}"
+    ci = "one seed: no interval" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
+    return (f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
+            f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)")  # fmt: skip
+
+
+def committed_summary() -> dict[str, Any] | None:
+    """The committed effects matrix's summary shipped with te-align (``te_align/ab/data/effects.json``), or None."""
+    path = Path(__file__).parent / "data" / "effects.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == 1 else None
+
+
+def committed_blocks() -> list[tuple[Any, ...]]:
+    """Report blocks with the committed matrix (every measured row), so the demo's one row is seen among all."""
+    data = committed_summary()
+    blocks: list[tuple[Any, ...]] = [("h2", "The committed effects matrix (docs/effects.md)")]
+    if data is None:
+        return [*blocks, ("p", "This installation ships no effects summary.")]
+    blocks.append(("p", f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
+                        "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
+                        "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in."))  # fmt: skip
+    rows = []
+    for r in data["rows"]:
+        m = r.get("primary")
+        if m is None:
+            rows.append([r["preset"], r["kind"], r["trainer"], r["base"], f"{r['seeds']}/{r['planned']}", "", r["verdict"]])
+            continue
+        ci = "" if m["ci_low"] is None or math.isnan(m["ci_low"]) else f" [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}]"
+        rows.append([r["preset"], r["kind"], r["trainer"], r["base"], f"{r['seeds']}/{r['planned']}", f"{m['diff_mean']:+.3f}{ci}", r["verdict"]])
+    blocks.append(("table", ["row", "kind", "trainer / tool", "base", "seeds", "A - B [95% CI]", "verdict"], rows))
+    return blocks
+
+
+#: The training config the demo leaves beside its output (``te-align train te-align-demo/train.toml``).
 TRAIN_EXAMPLE = "train.toml"
 
 
-def write_train_example(root: Path, overrides: dict[str, Any]) -> Path:
-    """A ``te-align train`` config for the demo's tiny model and shapes: a LoRA on the denoiser and on CLIP-L,
-    with the sd35-large profile fitted to the tiny encoders (paths relative to the file)."""
+def write_train_example(root: Path, preset: Any) -> Path:
+    """A ``te-align train`` config for the demo's base and seed-0 data: a LoRA on the denoiser and on CLIP-L, with the
+    flux-schnell profile fitted to the base's tiny encoders."""
     import toml
 
     from te_align._atomic import atomic_file
-    from te_align.tiny.fit import DEMO_PROFILE
+    from te_align.tiny.bases import base_info, materialize
 
+    info = base_info(preset.world.base)
+    data = root / "matrix" / preset.name / "seed-0" / "data" / "seed-0" / "train"
     config = {
-        "model": {"path": "model", "profile": DEMO_PROFILE, "profile_overrides": overrides},
-        "data": {"path": "data/train", "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "model": {"path": str(materialize(preset.world.base)), "profile": preset.profile,
+                  "profile_overrides": dict(info.get("profile_overrides") or {})},
+        "data": {"path": os.path.relpath(data, root), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
         "lora": {"rank": 8, "alpha": 8.0, "text_encoders": ["clip_l"]},
-        "train": {"max_steps": 60, "batch_size": 4, "learning_rate": 3e-3, "checkpoint_every": 0},
+        "train": {"max_steps": 60, "batch_size": 4, "learning_rate": 3e-4, "checkpoint_every": 0},
         "output": {"dir": "train-output"},
-    }
-    head = ("# A LoRA on te-align demo's tiny SD3-shaped model (denoiser + CLIP-L text encoder), conditioned by the\n"
-            "# sd35-large profile fitted to the tiny encoders. Run: te-align train <this file>\n")  # fmt: skip
+    }  # fmt: skip
+    head = ("# A LoRA on te-align demo's Flux-shaped world base (denoiser + CLIP-L text encoder), conditioned by the\n"
+            "# flux-schnell profile fitted to the base's tiny encoders. Run: te-align train <this file>\n")  # fmt: skip
     path = root / TRAIN_EXAMPLE
     with atomic_file(path, "w") as f:
         f.write(head + toml.dumps(config))
     return path
 
 
-__all__ = ["TRAIN_EXAMPLE", "run_demo", "write_train_example"]
+__all__ = ["DEMO_ROW", "DEMO_SEEDS", "TRAIN_EXAMPLE", "committed_blocks", "run_demo", "verdict_line", "write_train_example"]

@@ -113,7 +113,8 @@ def validation_loss(
     *, family: Any, denoiser: Any, latents: Any, noise: Any, timesteps: Sequence[float], cond: Any, objective: str,
     scheduler_config: Any = None, guidance: float = 1.0, flow_shift_scale: float = 1000.0, pixel_size: int = 0,
 ) -> float:
-    """Mean MSE over validation images x fixed timesteps (deterministic; no gradients)."""
+    """Mean MSE over validation images x fixed timesteps (deterministic; no gradients). ``cond``: the images'
+    conditioning as one batch, or a list of one conditioning per image (prompts encoded one at a time)."""
     import torch
 
     from te_align.train.models import denoise
@@ -133,9 +134,12 @@ def validation_loss(
             x0 = latents[i : i + 1].expand(k, *latents.shape[1:])
             nz = noise[i]
             c = {}
-            for name, v in cond.items():
-                batched = name != "text_ids" and v.dim() >= 1 and v.shape[0] == n
-                c[name] = v[i : i + 1].expand(k, *v.shape[1:]) if batched else v
+            one = cond[i] if isinstance(cond, list) else cond  # a list: each image's own conditioning (batch of 1)
+            rows = 1 if isinstance(cond, list) else n
+            for name, v in one.items():
+                batched = name != "text_ids" and v.dim() >= 1 and v.shape[0] == rows
+                j = 0 if isinstance(cond, list) else i
+                c[name] = v[j : j + 1].expand(k, *v.shape[1:]) if batched else v
             time_ids = None
             if family.name == "sdxl":
                 px = pixel_size or latents.shape[-1] * 8

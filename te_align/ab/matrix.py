@@ -1,17 +1,25 @@
 """``te-align ab matrix``: every known trainer deviation A/B-tested on the pretrained shapes-world bases.
 
-Each bundled world preset (``presets/world/*.toml``) is one row: arm A conditions as a trainer does by
-default, arm B by the profile the base was pretrained with; the null control's arms differ only in their
-random draws. Rows run with :func:`te_align.ab.runner.run_ab` (``OUT/<preset>/``, resumable) and the table
-is written to ``OUT/matrix.md`` and ``OUT/matrix.json`` (and, with ``doc=``, to a document the README links).
-A row whose base is not shipped is listed as not run, with the reason.
+Each bundled world preset (``presets/world/*.toml``) is one row of the pre-registered plan
+(``benchmarks/bench_effects.md``): a deviation (arm A as a trainer conditions by default, arm B by the profile the
+base was pretrained with), an inference-side row (one LoRA, sampled as an inference tool does vs by the profile),
+a null control or a positive control. The unit of work is one seed of one row (``OUT/<row>/seed-<s>/``, a
+resumable :func:`te_align.ab.runner.run_ab`); units run in ``workers`` single-thread processes, controls first.
+After every finished unit its per-seed result is written as JSON (``RESULTS/<row>/seed-<s>.json``, with the plan's
+hash), and the table is rebuilt from all result files: ``OUT/matrix.md``, ``matrix.json`` and, when asked, the
+committed document (``--doc``) and the summary ``te-align check`` reads (``--summary``).
+
+The plan's hash covers every row's preset, the seeds, the primary metric and the statistics: results of another
+plan are refused, never mixed (a unit folder and a result file both carry it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import os
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -22,40 +30,254 @@ from typing import Any
 from te_align._atomic import atomic_file
 from te_align.ab.preset import ABError, Preset, load_preset, presets_root
 
-__all__ = ["MatrixRow", "matrix_presets", "render_matrix", "run_matrix"]
+__all__ = ["MatrixRow", "aggregate", "matrix_presets", "plan_hash", "render_effects", "row_result", "run_matrix"]
 
 logger = logging.getLogger("te_align.ab")
+
+PLAN_FORMAT = 1
+RESULT_FORMAT = 1
+#: Family-wise error rate of the deviation rows' verdicts (Holm across them, on the primary metric).
+ALPHA = 0.05
+#: Kinds of row and the order units run in (controls first: the plan reads the positive control before any row).
+KIND_ORDER = {"positive": 0, "null": 1, "deviation": 2, "inference": 2}
+PENDING = "pending"
 
 
 @dataclass
 class MatrixRow:
     preset: str
+    kind: str
     trainer: str
     deviation: str
     base: str
     seeds: int = 0
+    planned: int = 0
     verdict: str = "not run"
     reason: str = ""
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    p_holm: float = float("nan")
+    sd_ratio: tuple[float, float, float] = (float("nan"), float("nan"), float("nan"))
     seconds: float = 0.0
-    report: str = ""
+    cpu_seconds: float = 0.0
+    source: str = ""
+    sample_as: str = ""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    family: str = ""
+    profile: str = ""
+    where: list[str] = field(default_factory=list)
+
+    @property
+    def primary(self) -> dict[str, Any] | None:
+        from te_align.ab.runner import PRIMARY
+
+        return next((m for m in self.metrics if m["metric"] == PRIMARY), None)
 
 
 def matrix_presets() -> list[Preset]:
-    """The bundled world presets, null control last."""
+    """The bundled world presets: controls first (positive, then null), then deviation and inference rows."""
     root = presets_root() / "world"
     found = [load_preset(p) for p in sorted(root.glob("*.toml"))] if root.is_dir() else []
-    return sorted(found, key=lambda p: (p.baseline.null, p.name))
+    return sorted(found, key=lambda p: (KIND_ORDER[p.baseline.kind], p.name))
 
 
 def _deviation(p: Preset) -> str:
-    if p.baseline.null:
+    b = p.baseline
+    if b.kind == "null":
         return "null control (arm A = arm B, own random draws)"
-    parts = [f"{k} = {v!r}" for k, v in p.baseline.overrides.items()]
-    parts += [f"train.{s}.{k} = {v!r}" for s, t in p.baseline.train.items() for k, v in t.items()]
-    return ", ".join(parts)
+    if b.kind == "positive":
+        return "positive control: arm A's captions without " + ", ".join(repr(w) for w in b.remove_words)
+    if b.kind == "inference":
+        parts = [f"{k} = {v!r}" for k, v in b.inference_overrides.items()]
+        if b.inference_chunks:
+            parts.append(f"CLIP chunks (up to {b.inference_chunks})")
+        return f"sampled as {b.inference_tool}: " + ", ".join(parts)
+    parts = [f"{k} = {v!r}" for k, v in b.overrides.items()]
+    parts += [f"train.{s}.{k} = {v!r}" for s, t in b.train.items() for k, v in t.items()]
+    return ", ".join(parts) + (" (sampled as trained)" if b.sample_as == "trained" else "")
 
 
+def _base_digest(name: str) -> str:
+    from te_align.tiny.bases import BaseError, base_info
+
+    try:
+        return hashlib.sha256(json.dumps(base_info(name)["files"], sort_keys=True).encode()).hexdigest()[:16]
+    except BaseError:
+        return "not shipped"
+
+
+def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | None) -> str:
+    """The hash every result of this plan carries: the rows' presets, the bases' files, seeds, steps, the primary
+    metric and the statistics."""
+    from te_align.ab.runner import PRIMARY
+
+    plan = {"format": PLAN_FORMAT, "rows": {p.name: p.to_dict() for p in presets}, "seeds": seeds, "max_steps": max_steps,
+            "bases": {b: _base_digest(b) for b in sorted({p.world.base for p in presets if p.world is not None})},
+            "primary": PRIMARY, "alpha": ALPHA, "correction": "holm over deviation and inference rows, paired t p-values"}  # fmt: skip
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------- units
+def _unit(args: tuple[str, int, str, int | None, str, str]) -> dict[str, Any]:
+    """One seed of one row, in a worker process (single-threaded); returns the per-seed result."""
+    name, seed, out, max_steps, plan, device = args
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TE_ALIGN_THREADS", "1")
+    from te_align._quiet import install as quiet
+
+    quiet()
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+    from te_align.ab.runner import run_ab
+
+    p = next(x for x in matrix_presets() if x.name == name)
+    if device and device != "cpu":
+        p.train.setdefault("train", {})["device"] = device
+    t0, c0 = time.perf_counter(), time.process_time()
+    lines: list[str] = []
+    result = run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False, say=lines.append)
+    return _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
+
+
+def _seed_record(p: Preset, seed: int, result: Any, plan: str, seconds: float, cpu: float, device: str) -> dict[str, Any]:
+    arms = {}
+    for r in result.runs:
+        arms[r.arm] = {"steps": r.steps, "train_seconds": r.seconds, "train_cpu_seconds": r.cpu_seconds, "shares": r.shares,
+                       "losses": r.losses, "val": r.val, "val_own": r.val_own, "curve": r.curve, "probes": r.probes,
+                       "probe_reads": r.probe_reads, "curve_mean": r.curve_mean}  # fmt: skip
+    return {"format": RESULT_FORMAT, "plan": plan, "preset": p.name, "seed": seed, "arms": arms, "seconds": seconds,
+            "cpu_seconds": cpu, "device": device, "machine": f"{platform.machine()}, Python {platform.python_version()}",
+            "samples": {r.arm: r.probe_samples for r in result.runs}}  # fmt: skip
+
+
+def row_result(p: Preset, out: Path, seeds: list[int], *, out_dir: Path | None = None) -> Any:
+    """One row's :class:`~te_align.ab.runner.ABResult` over the given seeds, read from its unit folders
+    (``out/<row>/seed-<s>/``), for a row-level report written into ``out_dir`` (default ``out/<row>``)."""
+    from te_align.ab.evaluate import Divergence
+    from te_align.ab.runner import STATE_FILE, ABResult, _run_from, summarize
+
+    out_dir = Path(out_dir or out / p.name)
+    runs, divergence, profiles = [], [], {}
+    for s in seeds:
+        unit = out / p.name / f"seed-{s}"
+        try:
+            state = json.loads((unit / STATE_FILE).read_text(encoding="utf-8"))
+            runs += [_run_from(state["runs"][f"{s}/{arm}"]) for arm in ("A", "B")]
+        except (OSError, ValueError, KeyError) as e:
+            raise ABError(f"no finished A/B state for seed {s} ({e})", file=str(unit)) from None
+        if not divergence:
+            divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state.get("divergence", [])]
+            profiles = {arm: str(unit / "profiles" / f"{arm}.toml") for arm in ("A", "B")}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return ABResult(out_dir, p, len(seeds), runs, divergence, summarize(runs, seeds), profiles=profiles)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path, "w", error=ABError) as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True, default=float) + "\n")
+
+
+def read_results(results: Path, plan: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per-seed results by row name (seed order). A file that does not parse, or that belongs to another plan
+    (when ``plan`` is given), is one clear error naming it."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    if not results.is_dir():
+        return out
+    for f in sorted(results.glob("*/seed-*.json")):
+        try:
+            d = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ABError(f"unreadable result ({e}); delete it to run that seed again", file=str(f)) from None
+        if not isinstance(d, dict) or d.get("format") != RESULT_FORMAT or not isinstance(d.get("arms"), dict):
+            raise ABError(f"not a te-align matrix result (format {RESULT_FORMAT}); delete it to run that seed again", file=str(f))
+        if plan is not None and d.get("plan") != plan:
+            raise ABError(f"a result of another plan ({d.get('plan')}; this plan is {plan}): the plan changed after it ran, so "
+                          "it cannot be mixed in; move the results folder away to start the new plan", file=str(f))  # fmt: skip
+        out.setdefault(str(d.get("preset")), []).append(d)
+    for rows in out.values():
+        rows.sort(key=lambda d: int(d["seed"]))
+    return out
+
+
+def _runs_of(records: list[dict[str, Any]]) -> list[Any]:
+    from te_align.ab.runner import ArmRun
+
+    runs = []
+    for d in records:
+        for arm in ("A", "B"):
+            a = d["arms"][arm]
+            r = ArmRun(seed=int(d["seed"]), arm=arm, steps=int(a["steps"]), seconds=float(a["train_seconds"]))
+            r.losses = [(int(s), float(v)) for s, v in a["losses"]]
+            r.val = [(int(s), float(v)) for s, v in a["val"]]
+            r.val_own = [(int(s), float(v)) for s, v in a["val_own"]]
+            r.curve = [(int(s), dict(c)) for s, c in a["curve"]]
+            runs.append(r)
+    return runs
+
+
+def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]], *, planned: int | None) -> list[MatrixRow]:
+    """The table: per row its paired summary over the seeds so far; the verdict once every planned seed is in (Holm
+    across the deviation and inference rows, on the primary metric; controls unadjusted)."""
+    from te_align.ab.runner import PRIMARY, summarize
+    from te_align.ab.stats import NO_DIFFERENCE, PROFILE_BETTER, TRAINER_BETTER, holm, sd_ratio_interval
+    from te_align.tiny.bases import BaseError, base_info
+
+    rows: list[MatrixRow] = []
+    for p in presets:
+        assert p.world is not None
+        b = p.baseline
+        row = MatrixRow(p.name, b.kind, b.trainer, _deviation(p), p.world.base, planned=planned or p.eval.seeds, source=b.source,
+                        sample_as=b.sample_as if b.kind == "deviation" else "", overrides=dict(b.overrides), train=dict(b.train),
+                        profile=p.profile)  # fmt: skip
+        try:
+            row.family = str(base_info(p.world.base)["family"])
+        except BaseError:
+            row.reason = f"the {p.world.base} world base is not shipped yet"
+            rows.append(row)
+            continue
+        recs = results.get(p.name, [])
+        row.seeds = len(recs)
+        row.seconds = sum(float(d["seconds"]) for d in recs)
+        row.cpu_seconds = sum(float(d["cpu_seconds"]) for d in recs)
+        row.where = sorted({str(d.get("device", "cpu")) for d in recs})
+        if recs:
+            summary = summarize(_runs_of(recs), [int(d["seed"]) for d in recs])
+            row.metrics = [{"metric": r.metric, "a_mean": r.a_mean, "a_sd": r.a_sd, "b_mean": r.b_mean, "b_sd": r.b_sd,
+                            "diff_mean": r.diff_mean, "diff_sd": r.diff_sd, "ci_low": r.ci_low, "ci_high": r.ci_high,
+                            "verdict": r.verdict, "higher_better": r.higher_better, "n": r.n, "p_t": r.p_t,
+                            "p_signflip": r.p_signflip, "a": r.a, "b": r.b} for r in summary]  # fmt: skip
+            prim = next((r for r in summary if r.metric == PRIMARY), None)
+            if prim is not None:
+                row.sd_ratio = sd_ratio_interval(prim.a, prim.b)
+        rows.append(row)
+    family = [r for r in rows if r.kind in ("deviation", "inference") and r.primary is not None and r.seeds >= r.planned]
+    for r, adj in zip(family, holm([float(r.primary["p_t"]) for r in family if r.primary]), strict=True):  # type: ignore[index]
+        r.p_holm = adj
+    for r in rows:
+        m = r.primary
+        if r.reason:
+            r.verdict = "not run"
+        elif m is None:
+            r.verdict = PENDING + f" (0 of {r.planned} seeds)"
+        elif r.seeds < r.planned:
+            r.verdict = PENDING + f" ({r.seeds} of {r.planned} seeds)"
+        else:
+            p = r.p_holm if r.kind in ("deviation", "inference") else float(m["p_t"])
+            if math.isnan(p) or p >= ALPHA:
+                r.verdict = NO_DIFFERENCE
+            else:
+                a_higher = m["diff_mean"] > 0
+                r.verdict = TRAINER_BETTER if a_higher == m["higher_better"] else PROFILE_BETTER
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- run
 def run_matrix(
     out: str | Path = "te-align-matrix",
     *,
@@ -63,144 +285,255 @@ def run_matrix(
     seeds: int | None = None,
     max_steps: int | None = None,
     doc: str | Path | None = None,
+    results: str | Path | None = None,
+    summary: str | Path | None = None,
+    strips: str | Path | None = None,
+    workers: int = 1,
+    device: str = "cpu",
+    dry_run: bool = False,
     say: Callable[[str], None] = print,
 ) -> list[MatrixRow]:
-    """Run every world preset (or those named in ``only``) and write the table."""
-    from te_align.ab.runner import run_ab, verdict_of
-    from te_align.tiny.bases import BaseError, base_info
-
+    """Run the plan's units not yet done (or those of the rows in ``only``) and rebuild the table after each."""
     t0 = time.perf_counter()
     presets = matrix_presets()
-    if only:
-        names = {p.name for p in presets}
-        unknown = [n for n in only if n not in names]
-        if unknown:
-            raise ABError(f"no world preset {unknown[0]!r}; known: {', '.join(sorted(names))}", key="--only")
-        presets = [p for p in presets if p.name in only]
+    names = {p.name for p in presets}
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise ABError(f"no world preset {unknown[0]!r}; known: {', '.join(sorted(names))}", key="--only")
+    if seeds is not None and seeds < 1:
+        raise ABError(f"must be >= 1, got {seeds}", key="--seeds")
+    if workers < 1:
+        raise ABError(f"must be >= 1, got {workers}", key="--workers")
+    plan = plan_hash(presets, seeds=seeds, max_steps=max_steps)
     out_dir = Path(out).expanduser()
-    rows: list[MatrixRow] = []
-    for p in presets:
-        assert p.world is not None
-        row = MatrixRow(p.name, p.baseline.trainer, _deviation(p), p.world.base)
-        try:
-            info = base_info(p.world.base)
-        except BaseError as e:
-            row.reason = f"the {p.world.base} world base is not shipped yet"
-            logger.info("%s: %s", p.name, e)
-            rows.append(row)
-            say(f"{p.name}: not run: {row.reason}")
-            continue
-        say(f"== {p.name}: {row.deviation}")
-        t1 = time.perf_counter()
-        result = run_ab(p, seeds=seeds, out=out_dir / p.name, max_steps=max_steps,
-                        profile_overrides=info.get("profile_overrides") or None, say=say)  # fmt: skip
-        row.seconds = time.perf_counter() - t1
-        row.seeds = result.seeds
-        row.verdict = verdict_of(result.summary)
-        row.metrics = [{"metric": r.metric, "a_mean": r.a_mean, "b_mean": r.b_mean, "diff_mean": r.diff_mean,
-                        "diff_sd": r.diff_sd, "ci_low": r.ci_low, "ci_high": r.ci_high, "verdict": r.verdict,
-                        "higher_better": r.higher_better, "n": r.n} for r in result.summary]  # fmt: skip
-        row.report = str(result.report_md.relative_to(out_dir)) if result.report_md else ""
-        rows.append(row)
-        say(f"   verdict: {row.verdict} ({row.seconds:.0f} s)")
-    seconds = time.perf_counter() - t0
-    command = "te-align ab matrix" + (f" --seeds {seeds}" if seeds else "") + (f" --max-steps {max_steps}" if max_steps else "")
-    text = render_matrix(rows, seconds=seconds, command=command)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path, data in ((out_dir / "matrix.md", text),
-                       (out_dir / "matrix.json", json.dumps({"command": command, "seconds": seconds, "rows": [r.__dict__ for r in rows]},
-                                                            indent=1, default=str))):  # fmt: skip
-        with atomic_file(path, "w", error=ABError) as f:
-            f.write(data)
-    if doc is not None:
-        with atomic_file(Path(doc), "w", error=ABError) as f:
+    res_dir = Path(results).expanduser() if results is not None else out_dir / "results"
+    done = read_results(res_dir, plan)
+    chosen = [p for p in presets if not only or p.name in only]
+    from te_align.tiny.bases import shipped
+
+    ready = set(shipped())
+    units: list[tuple[str, int]] = []
+    for s in range(max(seeds or p.eval.seeds for p in chosen) if chosen else 0):
+        for p in chosen:
+            n = seeds or p.eval.seeds
+            if s < n and p.world is not None and p.world.base in ready and not any(int(d["seed"]) == s for d in done.get(p.name, [])):
+                units.append((p.name, s))
+    # controls first: every control seed before any deviation seed
+    units.sort(key=lambda u: (KIND_ORDER[next(p for p in presets if p.name == u[0]).baseline.kind] > 1, u[1]))
+    say(f"plan {plan}: {len(units)} unit(s) to run (row x seed), {sum(len(v) for v in done.values())} done; results in {res_dir}")
+
+    def publish() -> list[MatrixRow]:
+        rows = aggregate(chosen if only else presets, read_results(res_dir, plan), planned=seeds)
+        command = _command(seeds, max_steps)
+        text = render_effects(rows, command=command, plan=plan, strips=Path(strips) if strips else None, doc=Path(doc) if doc else None)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_file(out_dir / "matrix.md", "w", error=ABError) as f:
             f.write(text)
-    return rows
+        _write_json(out_dir / "matrix.json", {"plan": plan, "command": command, "rows": [r.__dict__ for r in rows]})
+        if doc is not None:
+            with atomic_file(Path(doc), "w", error=ABError) as f:
+                f.write(text)
+        if summary is not None:
+            _write_json(Path(summary), summary_of(rows, plan))
+        return rows
+
+    if dry_run or not units:
+        return publish()
+    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, plan, device) for name, s in units]
+    finished = 0
+
+    def collect(rec: dict[str, Any]) -> None:
+        nonlocal finished
+        finished += 1
+        _write_json(res_dir / rec["preset"] / f"seed-{rec['seed']}.json", rec)
+        if strips is not None and rec["seed"] == 0:
+            _strip(rec, Path(strips))
+        say(f"[{finished}/{len(tasks)}] {rec['preset']} seed {rec['seed']}: primary A {rec['arms']['A']['curve_mean']:+.3f}, "
+            f"B {rec['arms']['B']['curve_mean']:+.3f} ({rec['seconds']:.0f} s, {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
+        publish()
+
+    if workers == 1:
+        for t in tasks:
+            collect(_unit(t))
+    else:
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            pending = {pool.submit(_unit, t) for t in tasks}
+            while pending:
+                ready_f, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in ready_f:
+                    collect(fut.result())
+    return publish()
 
 
+def _command(seeds: int | None, max_steps: int | None) -> str:
+    return ("te-align ab matrix" + (f" --seeds {seeds}" if seeds else "") + (f" --max-steps {max_steps}" if max_steps else "")
+            + " --workers 2 --results benchmarks/effects/results --doc docs/effects.md --summary te_align/ab/data/effects.json"
+            " --strips docs/effects")  # fmt: skip
+
+
+def _strip(rec: dict[str, Any], folder: Path) -> Path | None:
+    """A sample strip of one seed: arm A's final probe images above arm B's, with what each prompt asked."""
+    from PIL import Image
+
+    from te_align.tiny.world import grid
+
+    a, b = rec.get("samples", {}).get("A") or [], rec.get("samples", {}).get("B") or []
+    probes = rec["arms"]["A"].get("probes") or []
+    if not a or not b or not probes:
+        return None
+    pick = [i for i, q in enumerate(probes) if q["length"] == "short"][:8]
+    images, labels = [], []
+    for arm, files in (("A", a), ("B", b)):
+        for i in pick:
+            with Image.open(files[i]) as im:
+                images.append(im.convert("RGB").copy())
+            o = probes[i]["objects"][0]
+            labels.append(f"{arm}: {o[0]} {o[1]}, {o[2]}")
+    path = folder / f"{rec['preset']}.png"
+    folder.mkdir(parents=True, exist_ok=True)
+    img = grid(images, labels, columns=len(pick), scale=3)
+    tmp = path.with_suffix(".png.partial")
+    img.save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+def summary_of(rows: Sequence[MatrixRow], plan: str) -> dict[str, Any]:
+    """What ``te-align check`` reads: per measured row its deviation, trainer, family and primary-metric result."""
+    out = []
+    for r in rows:
+        m = r.primary
+        out.append({"preset": r.preset, "kind": r.kind, "trainer": r.trainer, "family": r.family, "profile": r.profile,
+                    "base": r.base, "overrides": r.overrides, "train": r.train, "source": r.source, "verdict": r.verdict,
+                    "seeds": r.seeds, "planned": r.planned,
+                    "primary": None if m is None else {k: m[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t",
+                                                                         "p_signflip", "n")},
+                    "p_holm": r.p_holm})  # fmt: skip
+    return {"format": 1, "plan": plan, "document": "docs/effects.md", "rows": out}
+
+
+# ------------------------------------------------------------------------------------------ render
 def _num(v: float, spread: float) -> str:
     from te_align.ab.stats import round_to_spread
 
     return round_to_spread(v, spread)
 
 
-def _pct(v: float, spread: float) -> str:
-    if isinstance(v, float) and math.isnan(v):
-        return "n/a"
-    return _num(100 * v, 100 * spread) + "%"
+def _ci(m: dict[str, Any], scale: float = 1.0) -> str:
+    if math.isnan(m["ci_low"]):
+        return f"{_num(scale * m['diff_mean'], float('nan'))} (1 seed)"
+    half = scale * (m["ci_high"] - m["ci_low"]) / 2
+    return f"{_num(scale * m['diff_mean'], half)} [{_num(scale * m['ci_low'], half)}, {_num(scale * m['ci_high'], half)}]"
 
 
-def render_matrix(rows: Sequence[MatrixRow], *, seconds: float, command: str) -> str:
-    """The matrix as markdown: one line per deviation and metric, mean A - B with its 95% interval."""
+def _p(v: float) -> str:
+    return "n/a" if math.isnan(v) else (f"{v:.3f}" if v >= 0.001 else "<0.001")
+
+
+def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips: Path | None = None, doc: Path | None = None) -> str:
+    """The evidence document: the table (primary metric, interval, p-values, verdict), secondary metrics, the
+    sample strips, and the method as it ran."""
+    from te_align.ab.runner import PRIMARY
+
+    done = sum(r.seeds for r in rows)
+    planned = sum(r.planned for r in rows if not r.reason)
+    cpu = sum(r.cpu_seconds for r in rows)
+    wall = sum(r.seconds for r in rows)
+    where = sorted({w for r in rows for w in r.where}) or ["cpu"]
     lines = [
-        "# Measured effects of trainer deviations (shapes world)",
+        "# Measured effects: trainer deviations A/B'd on the shapes-world bases",
         "",
-        f"Regenerate: `{command}` ({seconds / 60:.1f} min on this machine: {platform.machine()}, "
-        f"{platform.python_version()}).",
+        f"Generated from the per-seed results in `benchmarks/effects/results/` (plan `{plan}`, pre-registered in "
+        "`benchmarks/bench_effects.md`); regenerate the table without training with "
+        f"`{command} --dry-run`, continue the study with the same command without `--dry-run`.",
         "",
-        "Each row: the same LoRA finetune of a pretrained world base on a concept it never saw, arm A conditioned as "
-        "the trainer does by default, arm B by the profile the base was pretrained with; paired by seed; scored as at "
-        "inference (profile conditioning). Difference = A - B; interval = 95% t interval of the mean across seeds. "
-        "Validation loss: lower is better; prompt accuracy: higher is better.",
+        f"**Progress: {done} of {planned} row-seeds** ({wall / 3600:.2f} h of unit wall time, {cpu / 3600:.2f} h of CPU time, "
+        f"on {', '.join(where)}). A row's verdict is given only once all its seeds are in.",
         "",
-        "| deviation | trainer | base | seeds | verdict | validation loss A - B [95% CI] | objects exact A - B [95% CI] | concept exact A - B [95% CI] |",
-        "|---|---|---|---:|---|---|---|---|",
+        f"Primary metric (pre-registered): **{PRIMARY}** — per checkpoint at 50, 100, 200 and 300 steps, the share of "
+        "prompts asking for pink (on the held-out shape, in wording never used in training) drawn pink at the asked "
+        "position, minus the share of prompts asking for another colour where pink was drawn; averaged over the "
+        "checkpoints. Difference = A - B (higher = arm A better); 95% t interval across paired seeds; p: paired t "
+        "(Holm-adjusted across the deviation and inference rows for the verdict) and exact sign-flip.",
+        "",
+        "| row | kind | trainer(s) / tool | base | seeds | A | B | A - B [95% CI] | p (t) | p (Holm) | p (sign-flip) | verdict |",
+        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in rows:
-        if r.verdict == "not run":
-            lines.append(f"| {r.deviation} | {r.trainer} | {r.base} | 0 | not run: {r.reason} | | | |")
+        m = r.primary
+        if r.reason:
+            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | not run: {r.reason} |")
+            continue
+        if m is None:
+            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | {r.verdict} |")
+            continue
+        lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
+                     f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** |")  # fmt: skip
+    lines += ["", "## What each row changes, and where it comes from", ""]
+    for r in rows:
+        lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")
+    lines += ["", "## Secondary metrics (final checkpoint unless named), A - B [95% CI]", "",
+              "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
+              "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",
+              "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if not r.metrics:
             continue
         cells = []
-        for name, pct in (("validation loss, final (profile conditioning)", False),
-                          ("prompt accuracy: objects exact (profile conditioning)", True),
-                          ("prompt accuracy: concept objects exact", True)):  # fmt: skip
-            m = next((m for m in r.metrics if m["metric"] == name), None)
-            if m is None:
-                cells.append("n/a")
-                continue
-            half = (m["ci_high"] - m["ci_low"]) / 2 if not math.isnan(m["ci_high"]) else float("nan")
-            f = _pct if pct else _num
-            cells.append(f"{f(m['diff_mean'], half)} [{f(m['ci_low'], half)}, {f(m['ci_high'], half)}]: {m['verdict']}")
-        lines.append(f"| {r.deviation} | {r.trainer} | {r.base} | {r.seeds} | **{r.verdict}** | " + " | ".join(cells) + " |")
-    lines.append("")
-    reports = [f"`{r.report}`" for r in rows if r.report]
-    if reports:
-        lines.append("Per-row reports (curves, sample grids, accuracy tables) in the output folder: " + ", ".join(reports))
-        lines.append("")
+        for key in ("concept hit rate", "known colours", "false concept readings", "spurious objects", "validation loss, final (profile"):
+            m = next((x for x in r.metrics if x["metric"].startswith(key)), None)
+            cells.append("n/a" if m is None else _ci(m))
+        ratio, lo, hi = r.sd_ratio
+        cells.append("n/a" if math.isnan(ratio) else f"{ratio:.2f} [{_num(lo, 0.01)}, {_num(hi, 0.01)}]")
+        lines.append(f"| {r.preset} | {r.seeds} | " + " | ".join(cells) + " |")
+    if strips is not None and doc is not None:
+        shown = [(r, strips / f"{r.preset}.png") for r in rows if (strips / f"{r.preset}.png").is_file()]
+        if shown:
+            lines += ["", "## Samples: seed 0, final checkpoint, arm A (top) beside arm B (bottom)", "",
+                      "Each image is labelled with what its prompt asked (the prompts themselves are in the row's result "
+                      "file); short prompts only.", ""]  # fmt: skip
+            for r, png in shown:
+                rel = os.path.relpath(png, doc.parent)
+                lines += [f"**{r.preset}** — {r.deviation}", "", f"![{r.preset}: A above B]({rel})", ""]
     lines += _METHOD.splitlines()
     return "\n".join(lines) + "\n"
 
 
-_METHOD = """## Method
+_METHOD = """## Method (as it ran)
 
-- **Bases.** Each world base (`te_align/tiny/data/bases/<name>/base.json` records its pretraining config, time and
-  held-out accuracy) was pretrained from scratch on the shapes world with exactly its family's profile, using
-  frozen tiny random-weight text encoders with real-convention tokenizers: they are that model's text encoders.
-  The concept below never appears in a base's pretraining data.
-- **Finetune.** The same LoRA finetune in every row: 64 images that always show the concept (pink), drawn from the
-  world with the default caption mix (tags, short sentences, long captions; some with "!" or weight syntax), never
-  showing a pink triangle; rank 8, learning rate 1e-3, batch 8, 300 steps; both arms of a seed share data order,
-  noise and LoRA initialisation (the null control's arm A draws its own).
-- **Scoring** as at inference, by the profile's conditioning: the SD3-paper validation loss on 24 held-out images
-  (fixed timesteps and noise), and prompt accuracy: each of the 24 held-out captions (a pink triangle with other
-  objects: a combination never trained on) sampled once with the official pipeline (16 Euler steps, CFG 4, fixed
-  seeds) and read back by the world's reader (`te_align.tiny.world.read_image`, exact on clean renders).
-- **Verdict** per metric from the 95% t interval of the mean paired difference across seeds; a row's verdict
-  combines its validation loss and prompt accuracies ("mixed" when they disagree).
-
-## How the settings were chosen
-
-The world, the concept, the held-out combination, the finetune hyper-parameters, the number of images, prompts
-and seeds were fixed before any world A/B was run, from the time budget (the demo must finish in about 5 minutes
-on 2 CPU cores) and not changed after looking at results. Every deviation is listed whatever its outcome; null
-results are reported as null.
+- **Bases.** The shipped world bases (`te_align.tiny.world.base`: SD3-, Flux- and SD 1.5-shaped; `docs/world.md`),
+  each pretrained from scratch on the shapes world with its family's profile and frozen tiny text encoders that were
+  themselves pretrained on world captions. Pink never occurs in any base's pretraining data. The SDXL base missed its
+  colour target and is not shipped; its rows are listed as not run.
+- **Finetune.** Per seed, 64 images that always show pink (one filled object on white, never a pink triangle) are
+  drawn from the world with the default caption mix (tags, short sentences, long captions past T5 positions 77, 154
+  and 256; some with "!" or weight syntax); both arms of a seed share the images, data order, noise and LoRA
+  initialisation (a null control's arm A draws its own). LoRA rank 8 on the denoiser, learning rate 1e-3, batch 8,
+  300 steps, checkpoints every 50 steps. SD3 rows train with the profile's 46.4% per-encoder dropout in arm B (the
+  base's recipe), SD 1.5 rows with the profile's 10% caption dropout.
+- **Scoring as sampled.** At 50, 100, 200 and 300 steps, each arm samples 24 probe prompts per seed, in sentence
+  frames the caption grammar never writes (`te_align.tiny.world.phrasings`): 16 ask for a pink triangle (10 short, 3
+  long with the object between T5 tokens 77 and 154, 3 very long with it past T5 token 256 and CLIP token 77) and 8
+  ask for another colour (6 short, 1 long, 1 very long). Sampling: the official pipeline, 16 steps (the
+  pre-registered step check kept the bases' own 16: fewer steps changed the SD 1.5 base's readings), CFG 4 against the
+  empty prompt, one fixed seed per prompt, conditioned as that arm's users sample it: by the profile, or as trained
+  where the trainer's users carry the setting to inference (CLIP skip, long-prompt chunks), or as the inference tool
+  does for the inference-side rows. The world's reader reads every image back.
+- **Statistics.** Per row, the paired mean difference over 6 seeds with its 95% t interval, the paired t p-value and
+  the exact sign-flip p-value (its floor with 6 seeds is 1/32); the verdict reads the primary metric alone, Holm-adjusted
+  across the deviation and inference rows at 0.05; the controls are read unadjusted (the null rows give the
+  false-positive rate, the positive control shows the instrument can see an effect).
 
 ## What a tiny world can and cannot tell
 
-It can show, with the truth known, whether a trainer's deviation from the recipe a base model was pretrained with
-costs a LoRA anything measurable, and in which direction. It cannot give the size of the effect on a real model:
-the bases are millions of times smaller than SD3.5 or FLUX.1, their text encoders are random rather than trained
-language models, the captions come from a small grammar, and a short CPU finetune is not a production LoRA run.
-A "no measurable difference" here is not evidence that a deviation is harmless at scale, and a measured effect is
-a reason to align, not a prediction of its size.
+It can show, with the truth known, whether a deviation from the recipe a base model was pretrained with costs a LoRA
+anything measurable, and in which direction. It cannot give the size of the effect on a real model: the bases are
+millions of times smaller than SD3.5 or FLUX.1, their text encoders are tiny models trained on a small caption grammar
+rather than language models, and a 300-step CPU finetune at 32 pixels is not a production LoRA run. "No measurable
+difference" here is not evidence that a deviation is harmless at scale; a measured effect is a reason to align, not a
+prediction of its size.
 """

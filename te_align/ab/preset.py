@@ -73,6 +73,36 @@ class Baseline:
     #: training randomness (seed + NULL_SEED_OFFSET), to show how often the verdict finds a difference where
     #: only chance differs.
     null: bool = False
+    #: A positive control: arm A's training captions lose these words (e.g. the concept's colour word), which
+    #: destroys the concept's text signal; a study whose instrument cannot see this cannot see anything.
+    positive: bool = False
+    remove_words: list[str] = field(default_factory=list)
+    #: An inference-side row: arm A is the very LoRA arm B trains (by the profile), sampled and scored with the
+    #: conditioning an inference tool gives it by default: the profile changed by ``inference_overrides`` and,
+    #: with ``inference_chunks`` N >= 1, prompts over 75 CLIP tokens encoded as up to N 77-token chunks
+    #: (ComfyUI). Each prompt is encoded alone, as the tool does; a prompt and its negative of different lengths
+    #: are repeated to their least common multiple (ComfyUI's CONDCrossAttn.concat).
+    inference_tool: str = ""
+    inference_overrides: dict[str, Any] = field(default_factory=dict)
+    inference_chunks: int = 0
+    #: How users of the trainer sample arm A's LoRA: ``profile`` (the official pipeline: a T5 length is not carried
+    #: to inference) or ``trained`` (as trained: a CLIP skip or long-prompt chunking usually is).
+    sample_as: str = "profile"
+
+    @property
+    def kind(self) -> str:
+        """``null``, ``positive``, ``inference`` or ``deviation``."""
+        if self.null:
+            return "null"
+        if self.positive:
+            return "positive"
+        if self.inference_overrides or self.inference_chunks:
+            return "inference"
+        return "deviation"
+
+    def inference_profile(self, profile: Any) -> Any:
+        """The profile arm A is sampled with (``profile`` itself for every row but an inference-side one)."""
+        return profile.with_overrides(self.inference_overrides) if self.inference_overrides else profile
 
 
 @dataclass
@@ -95,6 +125,9 @@ class WorldSettings:
     #: The scene space the data is drawn from (``te_align.tiny.world.SPACES``): the shipped bases are pretrained on
     #: "simple" (one object on plain white); "full" is the whole world.
     space: str = "simple"
+    #: Every seed draws its own finetuning and validation images (``data_seed + seed``), shared by both arms of
+    #: that seed, so that the interval across seeds covers the data draw too.
+    per_seed_data: bool = True
 
     def concept_object(self) -> Any:
         from te_align.tiny import world
@@ -127,6 +160,14 @@ class EvalSettings:
     #: Prompt accuracy (validation folders with a shapes-world answer key): sampler steps and guidance.
     accuracy_steps: int = 16
     accuracy_guidance: float = 4.0
+    #: Shapes-world presets: checkpoint steps at which the probe prompts are sampled (the learning curve; every
+    #: step must be a checkpoint, a multiple of ``every``). The primary metric is the mean over these steps.
+    curve_steps: list[int] = field(default_factory=list)
+    #: Probe prompts per seed in new wording (:func:`te_align.tiny.world.phrasings.probe_prompts`), by length
+    #: (``short``, ``long``, ``very long``): asking for the concept in a held-out combination, and asking for
+    #: other colours (false concept readings, forgetting). Empty: prompt accuracy on the validation captions.
+    probe_concept: dict[str, int] = field(default_factory=dict)
+    probe_control: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -194,18 +235,47 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
     for key in ("behaviour", "why", "source"):
         if not getattr(baseline, key):
             raise ABError("missing: every baseline names the documented behaviour, why it differs and its source", file=file, key=f"baseline.{key}")
+    inference = bool(baseline.inference_overrides or baseline.inference_chunks or baseline.inference_tool)
     if baseline.null:
+        if baseline.overrides or baseline.train or baseline.remove_words or inference or baseline.positive:
+            raise ABError("a null control has no overrides, train settings, removed words or inference settings (arm A = arm B)",
+                          file=file, key="baseline")  # fmt: skip
+    elif baseline.positive or baseline.remove_words:
+        if not (baseline.positive and baseline.remove_words):
+            raise ABError("a positive control (positive = true) names the words arm A's captions lose (remove_words), and "
+                          "remove_words is only for a positive control", file=file, key="baseline.remove_words")  # fmt: skip
+        if baseline.overrides or baseline.train or inference:
+            raise ABError("a positive control differs only in remove_words", file=file, key="baseline")
+    elif inference:
         if baseline.overrides or baseline.train:
-            raise ABError("a null control has no overrides and no train settings (arm A = arm B)", file=file, key="baseline")
+            raise ABError("an inference-side row trains one LoRA by the profile for both arms: no overrides or train settings",
+                          file=file, key="baseline")  # fmt: skip
+        if not baseline.inference_tool or not (baseline.inference_overrides or baseline.inference_chunks > 0):
+            raise ABError("an inference-side row names inference_tool and sets inference_overrides or inference_chunks >= 1",
+                          file=file, key="baseline")  # fmt: skip
     elif not baseline.overrides and not baseline.train:
         raise ABError("arm A must differ from the profile: set overrides or train (or null = true for a control)",
                       file=file, key="baseline")  # fmt: skip
+    if baseline.sample_as not in ("profile", "trained"):
+        raise ABError(f"expected profile or trained, got {baseline.sample_as!r}", file=file, key="baseline.sample_as")
+    if baseline.sample_as == "trained" and baseline.kind != "deviation":
+        raise ABError("only a deviation row samples arm A as trained", file=file, key="baseline.sample_as")
+    if baseline.inference_chunks < 0:
+        raise ABError(f"expected an integer >= 0, got {baseline.inference_chunks}", file=file, key="baseline.inference_chunks")
     try:
         a, b = preset.arm_profiles()
     except TeAlignError as e:
         raise ABError(f"profile / overrides: {e}", file=file, key="baseline.overrides") from None
     if baseline.overrides and not baseline.train and a.fingerprint() == b.fingerprint():
         raise ABError("the overrides leave the profile's behaviour unchanged: both arms would be identical", file=file, key="baseline.overrides")
+    if baseline.inference_overrides:
+        try:
+            inf = baseline.inference_profile(b)
+        except TeAlignError as e:
+            raise ABError(f"profile / inference overrides: {e}", file=file, key="baseline.inference_overrides") from None
+        if inf.fingerprint() == b.fingerprint() and not baseline.inference_chunks:
+            raise ABError("the inference overrides leave the profile's behaviour unchanged: both arms would be identical",
+                          file=file, key="baseline.inference_overrides")  # fmt: skip
     for section, values in baseline.train.items():
         if section not in SECTIONS or not isinstance(values, dict):
             raise ABError(f"expected a table of a [train] section{closest(section, list(SECTIONS)) or ''}", file=file,
@@ -236,10 +306,35 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
         raise ABError("timesteps must lie in (0, 1)", file=file, key="eval.timesteps")
     if not ev.prompts:
         raise ABError("needs at least one sample prompt", file=file, key="eval.prompts")
+    _check_probes(preset, file)
     if ev.accuracy_steps < 1 or not ev.accuracy_guidance >= 1.0:
         raise ABError("accuracy_steps >= 1 and accuracy_guidance >= 1", file=file, key="eval")
     te_align.profile(preset.profile)  # a bundled name or a file
     return preset
+
+
+def _check_probes(preset: Preset, file: str) -> None:
+    from te_align.tiny.world.phrasings import LENGTHS
+
+    ev = preset.eval
+    for key in ("probe_concept", "probe_control"):
+        for length, n in getattr(ev, key).items():
+            if length not in LENGTHS or not isinstance(n, int) or n < 0:
+                raise ABError(f"expected lengths ({', '.join(LENGTHS)}) = counts >= 0, got {length!r} = {n!r}", file=file,
+                              key=f"eval.{key}")  # fmt: skip
+    probes = bool(ev.probe_concept or ev.probe_control)
+    if probes and preset.world is None:
+        raise ABError("probe prompts need a shapes-world preset ([world])", file=file, key="eval.probe_concept")
+    if probes and not sum(ev.probe_concept.values()):
+        raise ABError("needs at least one concept probe prompt", file=file, key="eval.probe_concept")
+    if ev.curve_steps:
+        if not probes:
+            raise ABError("a learning curve reads the probe prompts: set eval.probe_concept", file=file, key="eval.curve_steps")
+        steps = preset.train.get("train", {}).get("max_steps")
+        bad = [s for s in ev.curve_steps if s < 1 or not ev.every or (s % ev.every and s != steps)]
+        if bad or sorted(set(ev.curve_steps)) != list(ev.curve_steps):
+            raise ABError(f"expected increasing checkpoint steps (multiples of eval.every = {ev.every}), got {ev.curve_steps}",
+                          file=file, key="eval.curve_steps")  # fmt: skip
 
 
 def _check_world(w: WorldSettings, file: str) -> None:

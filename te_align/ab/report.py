@@ -83,6 +83,17 @@ def _plots(result: ABResult) -> dict[str, Path]:
             images.append(Image.open(r.samples[k]) if k < len(r.samples) and Path(r.samples[k]).is_file() else None)
         rows.append((f"{prompt} [sample seed {sample_seeds[k % len(sample_seeds)]}]", images))
     _write(out["samples"], image_grid(rows, columns, title="final weights, identical prompts and seeds, profile conditioning"))
+    if result.runs and all(r.curve for r in result.runs):
+        series = []
+        for arm in ("A", "B"):
+            runs = [r for r in result.runs if r.arm == arm]
+            x, m, lo, hi = _band([{s: c["net"] for s, c in r.curve} for r in runs])
+            series.append(Series(f"{names[arm]} (mean, min-max of {len(runs)} seeds)", COLOURS[arm], x, m, lo, hi, markers=True))
+        out["curve"] = plots / "concept_curve.png"
+        _write(out["curve"], band_plot(series, title="concept net accuracy per checkpoint (hits minus false pinks), as sampled"))
+    if result.runs and all(r.probe_samples for r in result.runs):
+        out["probes"] = plots / "probe_samples.png"
+        _write(out["probes"], _probe_grid(result))
     if result.runs and all(r.accuracy_samples for r in result.runs) and result.val_dir is not None:
         out["accuracy"] = plots / "accuracy_samples.png"
         _write(out["accuracy"], _accuracy_grid(result))
@@ -130,6 +141,58 @@ def _accuracy_grid(result: ABResult) -> bytes:
     return buf.getvalue()
 
 
+#: Probe prompts shown per arm in the report's sample grid.
+GRID_PROBES = 8
+
+
+def _probe_grid(result: ABResult) -> bytes:
+    """Seed 0's final probe images: arm A's row above arm B's, each labelled with what its prompt asked and what the
+    reader read."""
+    import numpy as np
+    from PIL import Image
+
+    from te_align.tiny import world
+
+    first = min(r.seed for r in result.runs)
+    runs = [r for r in result.runs if r.seed == first]
+    probes = runs[0].probes
+    pick = [i for i, q in enumerate(probes) if q["length"] == "short"][:GRID_PROBES]
+    images, labels = [], []
+    for r in sorted(runs, key=lambda r: r.arm):
+        for i in pick:
+            with Image.open(r.probe_samples[i]) as im:
+                arr = np.asarray(im.convert("RGB"))
+            o = probes[i]["objects"][0]
+            images.append(arr)
+            labels.append(f"{r.arm} asked: {o[0]} {o[1]}, {o[2]}; read: {_reading(arr)}")
+    buf = io.BytesIO()
+    world.grid(images, labels, columns=len(pick), label_lines=5).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
+    out: list[Block] = []
+    if "probes" in plots:
+        out.append(("h2", "Samples: what each arm draws (seed " + str(min(r.seed for r in result.runs)) + ", last checkpoint)"))
+        out.append(("p", "Top row arm A, bottom row arm B; under each image the prompt's request and what the world's reader "
+                         "read in it. Pink triangles were never in the training images."))  # fmt: skip
+        out.append(("img", "probe prompts: arm A above arm B", plots["probes"]))
+    runs = result.runs
+    out.append(("h2", "Prompt accuracy (probe prompts in new wording, sampled as each arm is sampled at inference)"))
+    out.append(("p", "Per checkpoint: hit = pink drawn at the asked position when pink was asked; false = pink drawn when "
+                     "another colour was asked; net = hit - false (the primary metric is its mean over the checkpoints); "
+                     "known = the other colours drawn as asked (forgetting); exact = colour, shape and position."))  # fmt: skip
+    rows = []
+    for r in runs:
+        for step, c in r.curve:
+            rows.append([str(r.seed), r.arm, str(step), f"{c['net']:+.3f}", f"{c['hit']:.3f}", f"{c['false']:.3f}", f"{c['known']:.3f}",
+                         f"{c['exact']:.3f}", f"{c['extra']:.2f}"])  # fmt: skip
+    out.append(("table", ["seed", "arm", "step", "net", "hit", "false", "known", "exact", "extra objects / image"], rows))
+    if "curve" in plots:
+        out.append(("img", "concept net accuracy per checkpoint", plots["curve"]))
+    return out
+
+
 def _headline(result: ABResult) -> list[Block]:
     """The verdict first, then each deciding metric's mean difference and 95% interval, rounded to its spread."""
     from te_align.ab.stats import round_to_spread
@@ -168,6 +231,11 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"
     blocks.append(("p", f"Arm A = profile with overrides {over}. Identical data, seeds, steps and hyper-parameters; "
                         f"{result.seeds} seed(s); {result.runs[0].steps if result.runs else 0} steps per arm; wall time {result.seconds:.1f} s."))  # fmt: skip
+    probes = bool(result.runs) and all(r.curve for r in result.runs)
+    if probes:
+        blocks += _probe_blocks(result, plots)
+        blocks.append(("h2", "Validation loss per checkpoint"))
+        blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
     blocks.append(("h2", f"Summary ({result.seeds} seed(s); difference = A - B: mean, standard deviation and 95% t interval across seeds)"))
     blocks.append(("table", ["metric", "A mean", "A sd", "B mean", "B sd", "A-B mean", "A-B sd", "seeds", "A-B 95% interval", "verdict"],
                    [[r.metric, fmt(r.a_mean), fmt(r.a_sd), fmt(r.b_mean), fmt(r.b_sd), fmt(r.diff_mean), fmt(r.diff_sd), str(r.n),
@@ -192,10 +260,11 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
                      f"{d.prompts_differing}/{d.prompts}"] for d in result.divergence]))  # fmt: skip
     blocks.append(("h2", "Training loss"))
     blocks.append(("img", "training loss A vs B", plots["train_loss"]))
-    blocks.append(("h2", "Validation loss per checkpoint"))
+    blocks.append(("h2", "Validation loss per checkpoint" + (" (values)" if probes else "")))
     blocks.append(("p", "Held-out images, fixed timesteps and fixed noise per image (SD3 paper's validation loss), conditioned "
                         "by the profile, i.e. as the official pipeline conditions at inference. Step 0 is the base model."))  # fmt: skip
-    blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
+    if not probes:
+        blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
     steps = sorted({s for r in result.runs for s, _ in r.val})
     header = ["step"] + [f"seed {r.seed} {r.arm}" for r in result.runs]
     rows = [[str(s)] + [fmt(dict(r.val).get(s, float("nan"))) for r in result.runs] for s in steps]
@@ -204,8 +273,9 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     blocks.append(("table", ["seed", "arm", "steps", "seconds", "training loss (last 20%)", "val loss (profile)", "val loss (own)"],
                    [[str(r.seed), r.arm, str(r.steps), f"{r.seconds:.1f}", fmt(r.final_train), fmt(r.final_val), fmt(r.final_val_own)]
                     for r in result.runs]))  # fmt: skip
-    blocks.append(("h2", "Samples"))
-    blocks.append(("img", "sample grid", plots["samples"]))
+    if plots.get("samples") is not None:
+        blocks.append(("h2", "Samples"))
+        blocks.append(("img", "sample grid", plots["samples"]))
     return blocks
 
 
@@ -251,10 +321,11 @@ def _html(blocks: list[Block], title: str) -> str:
             f"<body>\n" + "\n".join(body) + "\n</body></html>\n")  # fmt: skip
 
 
-def write_report(result: ABResult) -> tuple[Path, Path]:
-    """Write plots, ``report.md`` and ``report.html`` into the A/B folder; returns (md, html)."""
+def write_report(result: ABResult, appendix: list[Block] | None = None) -> tuple[Path, Path]:
+    """Write plots, ``report.md`` and ``report.html`` into the A/B folder; returns (md, html). ``appendix``: more
+    blocks at the end (the demo adds the committed effects table)."""
     plots = _plots(result)
-    blocks = _blocks(result, plots)
+    blocks = _blocks(result, plots) + list(appendix or [])
     md, page = result.out_dir / "report.md", result.out_dir / "report.html"
     _write(md, _md(blocks, result.out_dir))
     _write(page, _html(blocks, f"A/B: {result.preset.name}"))

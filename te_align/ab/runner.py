@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from te_align._atomic import atomic_file
-from te_align.ab.preset import ABError, Preset, load_preset, train_config_dict
+from te_align.ab.preset import ABError, Preset, _merge, load_preset, train_config_dict
 
 logger = logging.getLogger("te_align.ab")
 
@@ -52,6 +52,24 @@ class ArmRun:
     accuracy: dict[str, float] = field(default_factory=dict)
     #: The accuracy samples (one image per validation caption).
     accuracy_samples: list[str] = field(default_factory=list)
+    #: Probe-prompt rates per curve checkpoint (:func:`_probe_summary`), sampled as the arm is sampled at inference.
+    curve: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: The probe prompts (text, asked object, length) and the final checkpoint's images and readings.
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    probe_samples: list[str] = field(default_factory=list)
+    probe_reads: list[list[list[str]]] = field(default_factory=list)
+    cpu_seconds: float = 0.0
+    #: "B" when this arm is arm B's LoRA (an inference-side row).
+    shares: str = ""
+
+    @property
+    def curve_mean(self) -> float:
+        """The primary metric: concept net accuracy (asked-concept hits minus concept readings where another colour
+        was asked) averaged over the learning-curve checkpoints."""
+        return statistics.fmean(c["net"] for _, c in self.curve) if self.curve else float("nan")
+
+    def final(self, key: str) -> float:
+        return float(self.curve[-1][1][key]) if self.curve else float("nan")
 
     @property
     def final_val(self) -> float:
@@ -84,6 +102,12 @@ class SummaryRow:
     ci_high: float = float("nan")
     verdict: str = ""
     higher_better: bool = False
+    #: Two-sided p-values of the mean difference: paired t test, and the exact sign-flip (permutation) test.
+    p_t: float = float("nan")
+    p_signflip: float = float("nan")
+    #: Per-seed values of each arm, in seed order.
+    a: list[float] = field(default_factory=list)
+    b: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +157,12 @@ def _run_from(d: dict[str, Any]) -> ArmRun:
     r.samples = list(d.get("samples", []))
     r.accuracy = {str(k): float(v) for k, v in d.get("accuracy", {}).items()}
     r.accuracy_samples = list(d.get("accuracy_samples", []))
+    r.curve = [(int(st), dict(c)) for st, c in d.get("curve", [])]
+    r.probes = list(d.get("probes", []))
+    r.probe_samples = list(d.get("probe_samples", []))
+    r.probe_reads = list(d.get("probe_reads", []))
+    r.cpu_seconds = float(d.get("cpu_seconds", 0.0))
+    r.shares = str(d.get("shares", ""))
     return r
 
 
@@ -185,11 +215,21 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarize(runs: list[ArmRun], seeds: int) -> list[SummaryRow]:
+def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
     """Per metric: both arms' means and sds, the paired difference A - B, its 95% interval and verdict."""
     from te_align.ab.stats import Metric, paired
 
-    metrics: list[tuple[Metric, Callable[[ArmRun], float]]] = [
+    metrics: list[tuple[Metric, Callable[[ArmRun], float]]] = []
+    if runs and all(r.curve for r in runs):
+        metrics += [
+            (Metric(PRIMARY, True), lambda r: r.curve_mean),
+            (Metric("concept hit rate, final (asked pink at the asked position)", True), lambda r: r.final("hit")),
+            (Metric("concept exact, final (colour, shape and position)", True), lambda r: r.final("exact")),
+            (Metric("known colours, final (forgetting: asked colour at the asked position)", True), lambda r: r.final("known")),
+            (Metric("false concept readings, final (pink where another colour was asked)", False), lambda r: r.final("false")),
+            (Metric("spurious objects per image, final", False), lambda r: r.final("extra")),
+        ]
+    metrics += [
         (Metric("validation loss, final (profile conditioning)", False), lambda r: r.final_val),
         (Metric("validation loss, final (arm's own conditioning)", False), lambda r: r.final_val_own),
         (Metric("training loss, last 20% of steps", False), lambda r: r.final_train),
@@ -200,14 +240,20 @@ def summarize(runs: list[ArmRun], seeds: int) -> list[SummaryRow]:
             (Metric("prompt accuracy: concept objects exact", True), lambda r: r.accuracy["concept_accuracy"]),
         ]
     rows = []
+    order = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     for metric, fn in metrics:
-        a = [fn(r) for s in range(seeds) for r in runs if r.seed == s and r.arm == "A"]
-        b = [fn(r) for s in range(seeds) for r in runs if r.seed == s and r.arm == "B"]
+        a = [fn(r) for s in order for r in runs if r.seed == s and r.arm == "A"]
+        b = [fn(r) for s in order for r in runs if r.seed == s and r.arm == "B"]
         ps = paired(metric, a, b)
         (am, asd), (bm, bsd), (dm, dsd) = _stats(a), _stats(b), _stats(list(ps.diffs))
         lo, hi = ps.interval
-        rows.append(SummaryRow(metric.name, am, asd, bm, bsd, dm, dsd, ps.n, lo, hi, ps.verdict, metric.higher_better))
+        rows.append(SummaryRow(metric.name, am, asd, bm, bsd, dm, dsd, ps.n, lo, hi, ps.verdict, metric.higher_better,
+                               ps.p_t, ps.p_signflip, list(a), list(b)))  # fmt: skip
     return rows
+
+
+#: The pre-registered primary metric of the shapes-world A/Bs with probe prompts (benchmarks/bench_effects.md).
+PRIMARY = "concept net accuracy, learning-curve mean (as sampled at inference)"
 
 
 def verdict_of(summary: list[SummaryRow]) -> str:
@@ -215,6 +261,9 @@ def verdict_of(summary: list[SummaryRow]) -> str:
     measured, the prompt accuracies (:func:`te_align.ab.stats.overall_verdict`)."""
     from te_align.ab.stats import NO_DIFFERENCE
 
+    primary = next((r for r in summary if r.metric == PRIMARY), None)
+    if primary is not None:  # the pre-registered verdict reads the primary metric alone
+        return primary.verdict or NO_DIFFERENCE
     keys = [r for r in summary if "own conditioning" not in r.metric and not r.metric.startswith("training")]
     found = {r.verdict for r in keys} - {NO_DIFFERENCE, ""}
     if not found:
@@ -224,24 +273,26 @@ def verdict_of(summary: list[SummaryRow]) -> str:
     return "mixed (" + "; ".join(f"{r.metric}: {r.verdict}" for r in keys if r.verdict not in (NO_DIFFERENCE, "")) + ")"
 
 
-def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None]) -> Path:
-    """``OUT/data/{train,val}`` drawn from the shapes world by the preset's [world] settings (once)."""
+def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_seed: int | None = None) -> Path:
+    """``OUT/data/{train,val}`` drawn from the shapes world by the preset's [world] settings (once); ``data_seed``
+    overrides the preset's (one draw per seed), and then ``out_dir`` is that seed's folder itself."""
     from te_align.tiny import world
     from te_align.tiny.datasets import ANSWER_KEY, write_world_split
 
     w = p.world
     assert w is not None
-    root = out_dir / "data"
+    root = out_dir / "data" if data_seed is None else out_dir
+    seed = w.data_seed if data_seed is None else data_seed
     if (root / "val" / ANSWER_KEY).is_file() and (root / "train" / ANSWER_KEY).is_file():
         return root
     concept = w.concept_object()
     mix = dict(w.style_mix) or None
-    say(f"drawing the finetuning data from the shapes world: {w.train_images} training images with {w.concept}, "
+    say(f"drawing the finetuning data from the shapes world (seed {seed}): {w.train_images} training images with {w.concept}, "
         f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})")  # fmt: skip
     space = world.SPACES[w.space]
-    train = world.make_dataset(w.train_images, w.data_seed, split="concept", concept=concept, image_size=w.image_size,
+    train = world.make_dataset(w.train_images, seed, split="concept", concept=concept, image_size=w.image_size,
                                style_mix=mix, tokenizer=False, space=space)  # fmt: skip
-    val = world.make_dataset(w.val_images, w.data_seed, split="validation", concept=concept, image_size=w.image_size,
+    val = world.make_dataset(w.val_images, seed, split="validation", concept=concept, image_size=w.image_size,
                              style_mix=mix, tokenizer=False, space=space)  # fmt: skip
     for folder, samples in (("train", train), ("val", val)):
         tmp = root / f".{folder}.partial"
@@ -281,6 +332,28 @@ def resolve_model(model: str) -> str:
     return model
 
 
+def _arm_data(p: Preset, train_dir: Path, out_dir: Path) -> Path:
+    """Arm A's training folder of a positive control: the same images, captions without the removed words."""
+    import re
+
+    dst = out_dir / "data_a" / train_dir.name
+    if (dst / ".complete").is_file():
+        return dst
+    words = [w for w in p.baseline.remove_words if w]
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(train_dir, tmp)
+    for cap in tmp.rglob("*.txt"):
+        text = pattern.sub("", cap.read_text(encoding="utf-8"))
+        text = re.sub(r"\(\s+", "(", re.sub(r"\s+([,.!:])", r"\1", text))
+        cap.write_text(re.sub(r"\s+", " ", text).strip(), encoding="utf-8")
+    (tmp / ".complete").write_text("", encoding="utf-8")
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst
+
+
 def run_ab(
     preset: Preset | str | Path,
     *,
@@ -291,12 +364,19 @@ def run_ab(
     max_steps: int | None = None,
     profile_overrides: dict[str, Any] | None = None,
     report: bool = True,
+    plan: str = "",
+    first_seed: int = 0,
+    on_seed: Callable[[ABResult], None] | None = None,
     say: Callable[[str], None] = print,
 ) -> ABResult:
     """Train arm A (trainer default) and arm B (profile) over ``seeds`` seeds, evaluate, write the report.
 
-    ``profile_overrides`` fit the profile to a custom model's architecture (applied to both arms before
-    the baseline overrides; the demo's tiny model needs them). ``max_steps`` shortens training (tests).
+    Seeds run one after the other, each trained and evaluated before the next starts (``on_seed`` is called with
+    the results so far after each), so an interrupted A/B keeps every finished seed. ``profile_overrides`` fit the
+    profile to a custom model's architecture (applied to both arms before the baseline overrides; the demo's tiny
+    model needs them). ``max_steps`` shortens training (tests). ``plan`` (a hash) is recorded with the state: a
+    folder holding results of another plan is refused, never mixed. ``first_seed`` numbers the seeds from there
+    (one seed of a matrix row per folder: ``seeds=1, first_seed=s``).
     """
 
     t0 = time.perf_counter()
@@ -309,18 +389,17 @@ def run_ab(
     n_seeds = seeds if seeds is not None else p.eval.seeds
     if n_seeds < 1:
         raise ABError(f"must be >= 1, got {n_seeds}", key="--seeds")
+    seed_list = list(range(first_seed, first_seed + n_seeds))
     out_dir = Path(out).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)
-    if data is None:
-        data_dir = _world_data(p, out_dir, say)
-    else:
+    per_seed = data is None and p.world is not None and p.world.per_seed_data
+    if data is not None:
         data_dir = Path(data).expanduser()
         if not data_dir.is_dir():
             raise ABError("dataset folder does not exist", file=str(data_dir), key="--data")
     if p.world is not None and profile_overrides is None:
         profile_overrides = _world_overrides(p, model, model_path)
     model_path = resolve_model(model_path)
-    train_dir, val_dir = split_data(data_dir, out_dir, p.eval.holdout)
 
     from te_align.profiles.overrides import resolve
 
@@ -335,52 +414,67 @@ def run_ab(
                 f.write(text)
         prof_paths[arm] = path
 
-    key_src = json.dumps({"preset": p.to_dict(), "model": model_path, "train": str(train_dir.resolve()), "val": str(val_dir.resolve()),
-                          "max_steps": max_steps, "a": prof_a.fingerprint(), "b": prof_b.fingerprint()}, sort_keys=True)  # fmt: skip
+    data_key = "per-seed world draws" if per_seed else str((data_dir if data is not None else out_dir / "data").resolve())
+    key_src = json.dumps({"preset": p.to_dict(), "model": model_path, "data": data_key, "max_steps": max_steps,
+                          "a": prof_a.fingerprint(), "b": prof_b.fingerprint(), "plan": plan}, sort_keys=True)  # fmt: skip
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     state_path = out_dir / STATE_FILE
     state = _read_state(state_path)
     if state and state.get("key") != key:
-        raise ABError("this folder holds an A/B with a different preset, model, data or step count: use another --out "
-                      f"(or delete {STATE_FILE} to start over)", file=str(out_dir))  # fmt: skip
-    state = state or {"format": STATE_FORMAT, "key": key, "preset": p.name, "runs": {}}
+        other = f" (plan {state.get('plan')})" if state.get("plan") != plan else ""
+        raise ABError(f"this folder holds an A/B with a different preset, model, data, step count or plan{other}: use "
+                      f"another --out (or delete {STATE_FILE} to start over)", file=str(out_dir))  # fmt: skip
+    state = state or {"format": STATE_FORMAT, "key": key, "preset": p.name, "plan": plan, "runs": {}}
     runs_state: dict[str, Any] = state.setdefault("runs", {})
+    save = lambda: _write_state(state_path, state)  # noqa: E731
 
     from te_align.train import config_from_dict
     from te_align.train.checkpoint import latest_checkpoint
     from te_align.train.loop import train
 
-    # ---- training
-    for s in range(n_seeds):
-        for arm in ARMS:
+    if data is None and not per_seed:
+        data_dir = _world_data(p, out_dir, say)
+    evaluator: _Evaluator | None = None
+    val_dirs: dict[int, Path] = {}
+    inference_row = p.baseline.kind == "inference"
+    for s in seed_list:
+        if per_seed:
+            assert p.world is not None
+            seed_data = _world_data(p, out_dir / "data" / f"seed-{s}", say, data_seed=p.world.data_seed + s)
+            train_dir, val_dir = split_data(seed_data, out_dir / "data" / f"seed-{s}", p.eval.holdout)
+        else:
+            train_dir, val_dir = split_data(data_dir, out_dir, p.eval.holdout)
+        val_dirs[s] = val_dir
+        for arm in ("B", "A") if inference_row else ARMS:
             tag = f"{s}/{arm}"
             if runs_state.get(tag, {}).get("trained"):
                 continue
+            if arm == "A" and inference_row:  # the very LoRA arm B trained, sampled as the inference tool does
+                b = runs_state[f"{s}/B"]
+                runs_state[tag] = {**{k: b[k] for k in ("steps", "losses", "dir")}, "seed": s, "arm": "A", "trained": True,
+                                   "seconds": 0.0, "shares": "B"}  # fmt: skip
+                save()
+                continue
             arm_dir = out_dir / "runs" / f"seed-{s}" / arm
-            cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(arm_dir),
+            arm_train = _arm_data(p, train_dir, out_dir / "data" / f"seed-{s}") if arm == "A" and p.baseline.kind == "positive" else train_dir
+            cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(arm_train), out=str(arm_dir),
                                                      profile=str(prof_paths[arm]), seed=s, max_steps=max_steps, arm=arm))  # fmt: skip
             resume = latest_checkpoint(arm_dir) is not None
-            say(f"seed {s} arm {arm} ({'trainer default: ' + p.baseline.trainer if arm == 'A' else 'profile ' + prof_b.name})"
-                f"{': resuming' if resume else ''} ...")  # fmt: skip
-            t1 = time.perf_counter()
+            say(f"seed {s} arm {arm} ({_arm_label(p, arm, prof_b.name)}){': resuming' if resume else ''} ...")
+            t1, c1 = time.perf_counter(), time.process_time()
             result = train(cfg, resume=True if resume else None)
             runs_state[tag] = {"seed": s, "arm": arm, "trained": True, "steps": result.steps, "seconds": time.perf_counter() - t1,
-                               "losses": result.losses, "dir": str(arm_dir)}  # fmt: skip
-            _write_state(state_path, state)
-
-    # ---- evaluation
-    todo = [f"{s}/{arm}" for s in range(n_seeds) for arm in ARMS if not runs_state[f"{s}/{arm}"].get("evaluated")]
-    if todo or "divergence" not in state:
-        _evaluate(p, state, todo, model_path=model_path, prof_a=prof_a, prof_b=prof_b, train_dir=train_dir, val_dir=val_dir,
-                  out_dir=out_dir, max_steps=max_steps, save=lambda: _write_state(state_path, state), say=say)  # fmt: skip
-
-    from te_align.ab.evaluate import Divergence
-
-    runs = [_run_from(runs_state[f"{s}/{arm}"]) for s in range(n_seeds) for arm in ARMS]
-    divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state["divergence"]]
-    result = ABResult(out_dir, p, n_seeds, runs, divergence, summarize(runs, n_seeds),
-                      profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])}, val_dir=val_dir)  # fmt: skip
-    result.seconds = time.perf_counter() - t0
+                               "cpu_seconds": time.process_time() - c1, "losses": result.losses, "dir": str(arm_dir)}  # fmt: skip
+            save()
+        todo = [f"{s}/{arm}" for arm in ARMS if not runs_state[f"{s}/{arm}"].get("evaluated")]
+        if todo or "divergence" not in state:
+            if evaluator is None:
+                evaluator = _Evaluator(p, model_path=model_path, prof_a=prof_a, prof_b=prof_b, train_dir=train_dir, out_dir=out_dir,
+                                       max_steps=max_steps, say=say)  # fmt: skip
+            evaluator.run(state, todo, seed=s, train_dir=train_dir, val_dir=val_dir, save=save)
+        if on_seed is not None:
+            on_seed(_result(p, out_dir, seed_list[: seed_list.index(s) + 1], runs_state, state, prof_paths, val_dirs[s], t0))
+    result = _result(p, out_dir, seed_list, runs_state, state, prof_paths, val_dirs[seed_list[-1]], t0)
     if report:
         from te_align.ab.report import write_report
 
@@ -388,119 +482,249 @@ def run_ab(
     return result
 
 
-def _evaluate(
-    p: Preset, state: dict[str, Any], todo: list[str], *, model_path: str, prof_a: Any, prof_b: Any, train_dir: Path, val_dir: Path,
-    out_dir: Path, max_steps: int | None, save: Callable[[], None], say: Callable[[str], None],
-) -> None:
-    import torch
-    from safetensors.torch import load_file
+def _arm_label(p: Preset, arm: str, profile: str) -> str:
+    kind = p.baseline.kind
+    if arm == "B":
+        return f"profile {profile}"
+    if kind == "null":
+        return f"profile {profile}, own random draws"
+    if kind == "positive":
+        return "captions without " + ", ".join(repr(w) for w in p.baseline.remove_words)
+    if kind == "inference":
+        return f"arm B's LoRA, sampled as {p.baseline.inference_tool} does"
+    return f"trainer default: {p.baseline.trainer}"
 
-    import te_align
-    from te_align.ab import evaluate
-    from te_align.train import config_from_dict
-    from te_align.train.checkpoint import list_checkpoints
-    from te_align.train.config import SampleConfig
-    from te_align.train.models import add_lora, check_model, family_of, flow_timestep_scale, load_pipeline
-    from te_align.train.sampling import sample_images
 
-    say("evaluating: validation loss per checkpoint, conditioning divergence, samples ...")
-    cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(out_dir), profile=p.profile, seed=0,
-                                             max_steps=max_steps))  # fmt: skip
-    family = family_of(prof_b)
-    pipe = load_pipeline(cfg.model, prof_b)
-    pipe.set_progress_bar_config(disable=True)
-    check_model(prof_b, pipe, model_path)
-    for m in [pipe.vae, getattr(pipe, family.denoiser_attr)] + [getattr(pipe, s.encoder_subfolder) for s in prof_b.slots]:
-        m.requires_grad_(False)
-        m.eval()
+def _result(p: Preset, out_dir: Path, seeds: list[int], runs_state: dict[str, Any], state: dict[str, Any], prof_paths: dict[str, Path],
+            val_dir: Path, t0: float) -> ABResult:  # fmt: skip
+    from te_align.ab.evaluate import Divergence
 
-    items = _val_items(val_dir)
-    captions = [c for _, c in items]
-    from te_align.ab import accuracy
-    from te_align.tiny.datasets import read_answer_key
+    runs = [_run_from(runs_state[f"{s}/{arm}"]) for s in seeds for arm in ARMS]
+    divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state.get("divergence", [])]
+    result = ABResult(out_dir, p, len(seeds), runs, divergence, summarize(runs, seeds), profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])},
+                      val_dir=val_dir)  # fmt: skip
+    result.seconds = time.perf_counter() - t0
+    return result
 
-    try:
-        key = read_answer_key(val_dir)
-    except (OSError, ValueError) as e:
-        raise ABError(f"unreadable answer key: {e}", file=str(val_dir)) from None
-    if key is not None:
-        missing = [f.name for f, _ in items if f.stem not in key["items"]]
-        if missing:
-            raise ABError(f"the answer key has no entry for {missing[0]} (and {len(missing) - 1} more)", file=str(val_dir))
-    cond_a = te_align.encode(prof_a, captions, pipeline=pipe)
-    cond_b = te_align.encode(prof_b, captions, pipeline=pipe)
 
-    if "divergence" not in state:
-        prompts = sorted(set(_captions(train_dir)) | set(captions) | set(p.eval.prompts))
-        da = te_align.encode(prof_a, prompts, pipeline=pipe)
-        db = te_align.encode(prof_b, prompts, pipeline=pipe)
-        state["divergence"] = [asdict(d) for d in evaluate.conditioning_divergence(da, db)]
-        state["divergence_prompts"] = len(prompts)
-        save()
-    if not todo:
-        return
+class _Evaluator:
+    """The evaluation pipeline of one A/B, loaded once: validation loss per checkpoint, samples, probe prompts."""
 
-    res = p.eval.resolution or cfg.data.resolution
-    latents = evaluate.load_val_latents(pipe, [f for f, _ in items], res)
-    timesteps = list(p.eval.timesteps) or list(evaluate.DEFAULT_TIMESTEPS)
-    noise = evaluate.fixed_noise(latents, len(timesteps), p.eval.noise_seed)
-    objective = evaluate.resolve_objective(family, pipe, cfg.train.objective)
-    denoiser = getattr(pipe, family.denoiser_attr)
-    lo = cfg.lora
-    add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.target_modules or family.default_targets, seed=0)
-    denoiser.eval()
-    named = {f"{family.denoiser_attr}.{n}": prm for n, prm in denoiser.named_parameters() if "lora_" in n}
-    for prm in named.values():
-        prm.requires_grad_(False)
-    zero = {k: torch.zeros_like(v) if ".lora_B." in k else v.detach().clone() for k, v in named.items()}
+    def __init__(self, p: Preset, *, model_path: str, prof_a: Any, prof_b: Any, train_dir: Path, out_dir: Path, max_steps: int | None,
+                 say: Callable[[str], None]) -> None:  # fmt: skip
+        import torch
 
-    def load(params: dict[str, Any]) -> None:
-        missing = set(named) - set(params)
+        from te_align.train import config_from_dict
+        from te_align.train.models import add_lora, check_model, family_of, load_pipeline
+
+        self.p, self.say, self.out_dir, self.max_steps = p, say, out_dir, max_steps
+        self.prof_a, self.prof_b = prof_a, prof_b
+        #: What each arm is sampled and scored with at inference: the profile, or an inference tool's conditioning.
+        from te_align.encoding.core import EncodeOptions
+
+        self.inf_a, self.opts_a = prof_b, None
+        if p.baseline.kind == "inference":
+            self.inf_a = p.baseline.inference_profile(prof_b)
+            self.opts_a = EncodeOptions(long_prompt_chunks=p.baseline.inference_chunks) if p.baseline.inference_chunks else None
+        elif p.baseline.sample_as == "trained":
+            self.inf_a = prof_a
+            chunks = int(_merge(p.train, p.baseline.train).get("data", {}).get("long_prompt_chunks", 0) or 0)
+            self.opts_a = EncodeOptions(long_prompt_chunks=chunks) if chunks else None
+        cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(out_dir), profile=p.profile, seed=0,
+                                                 max_steps=max_steps))  # fmt: skip
+        self.cfg = cfg
+        self.family = family_of(prof_b)
+        pipe = load_pipeline(cfg.model, prof_b)
+        pipe.set_progress_bar_config(disable=True)
+        check_model(prof_b, pipe, model_path)
+        for m in [pipe.vae, getattr(pipe, self.family.denoiser_attr)] + [getattr(pipe, s.encoder_subfolder) for s in prof_b.slots]:
+            m.requires_grad_(False)
+            m.eval()
+        self.pipe = pipe
+        self.denoiser = getattr(pipe, self.family.denoiser_attr)
+        lo = cfg.lora
+        add_lora(self.denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.target_modules or self.family.default_targets,
+                 seed=0)  # fmt: skip
+        self.denoiser.eval()
+        self.named = {f"{self.family.denoiser_attr}.{n}": prm for n, prm in self.denoiser.named_parameters() if "lora_" in n}
+        for prm in self.named.values():
+            prm.requires_grad_(False)
+        self.zero = {k: torch.zeros_like(v) if ".lora_B." in k else v.detach().clone() for k, v in self.named.items()}
+
+    def load(self, params: dict[str, Any]) -> None:
+        import torch
+
+        missing = set(self.named) - set(params)
         if missing:
             raise ABError(f"checkpoint lacks {len(missing)} LoRA tensors (different LoRA settings?)")
         with torch.no_grad():
-            for k, prm in named.items():
+            for k, prm in self.named.items():
                 prm.copy_(params[k].to(prm.dtype))
 
-    def vloss(cond: Any) -> float:
-        return evaluate.validation_loss(family=family, denoiser=denoiser, latents=latents, noise=noise, timesteps=timesteps, cond=cond,
-                                 objective=objective, scheduler_config=pipe.scheduler.config, guidance=cfg.train.guidance,
-                                 flow_shift_scale=flow_timestep_scale(family), pixel_size=res)  # fmt: skip
+    def run(self, state: dict[str, Any], todo: list[str], *, seed: int, train_dir: Path, val_dir: Path, save: Callable[[], None]) -> None:
+        import torch
+        from safetensors.torch import load_file
 
-    load(zero)
-    base_b, base_a = vloss(cond_b), vloss(cond_a)
-    sample_size = p.eval.sample_size or res
-    scfg = SampleConfig(prompts=list(p.eval.prompts), seeds=list(p.eval.sample_seeds), steps=p.eval.sample_steps,
-                        guidance_scale=p.eval.guidance_scale, width=sample_size, height=sample_size)  # fmt: skip
-    runs_state = state["runs"]
-    for tag in todo:
-        r = runs_state[tag]
-        own = cond_a if r["arm"] == "A" else cond_b
-        val, val_own = [(0, base_b)], [(0, base_a if r["arm"] == "A" else base_b)]
-        ckpts = list_checkpoints(r["dir"])
-        for step, folder in ckpts:
-            load(load_file(str(Path(folder) / "trainable.safetensors")))
-            val.append((step, vloss(cond_b)))
-            val_own.append((step, vloss(own) if r["arm"] == "A" else val[-1][1]))
-        if not ckpts:
-            raise ABError("the arm left no checkpoint to evaluate", file=r["dir"])
-        # samples of the final weights, conditioned by the profile (what the official pipeline does at inference)
-        sample_dir = out_dir / "samples" / f"seed-{r['seed']}" / r["arm"]
-        files = sample_images(pipe, prof_b, scfg, sample_dir, ckpts[-1][0], size=(sample_size, sample_size), device=torch.device("cpu"),
-                              dtype=torch.float32)  # fmt: skip
-        r.update({"val": val, "val_own": val_own, "samples": [str(f) for f in files]})
+        import te_align
+        from te_align.ab import accuracy, evaluate
+        from te_align.train.checkpoint import list_checkpoints
+        from te_align.train.config import SampleConfig
+        from te_align.train.models import flow_timestep_scale
+        from te_align.train.sampling import sample_images
+
+        p, pipe, cfg, family = self.p, self.pipe, self.cfg, self.family
+        self.say(f"evaluating seed {seed}: validation loss per checkpoint, samples, prompt accuracy ...")
+        items = _val_items(val_dir)
+        captions = [c for _, c in items]
+        from te_align.tiny.datasets import read_answer_key
+
+        try:
+            key = read_answer_key(val_dir)
+        except (OSError, ValueError) as e:
+            raise ABError(f"unreadable answer key: {e}", file=str(val_dir)) from None
         if key is not None:
-            images = accuracy.sample_prompts(pipe, prof_b, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
-                                             size=sample_size, seed=0)  # fmt: skip
-            truths = [key["items"][f.stem]["objects"] for f, _ in items]
-            r["accuracy"] = accuracy.score_images(images, truths)
-            acc_files = accuracy.save_images(images, [f.stem for f, _ in items], sample_dir / "accuracy")
-            r["accuracy_samples"] = [str(f) for f in acc_files]
-        r["evaluated"] = True
-        save()
-        acc = f", prompt accuracy {r['accuracy']['object_accuracy']:.1%}" if r.get("accuracy") else ""
-        say(f"seed {r['seed']} arm {r['arm']}: validation loss {val[-1][1]:.5f} (profile conditioning), {val_own[-1][1]:.5f} (own){acc}")
-    load(zero)
+            missing = [f.name for f, _ in items if f.stem not in key["items"]]
+            if missing:
+                raise ABError(f"the answer key has no entry for {missing[0]} (and {len(missing) - 1} more)", file=str(val_dir))
+        cond_a = te_align.encode(self.prof_a, captions, pipeline=pipe)
+        cond_b = te_align.encode(self.prof_b, captions, pipeline=pipe)
+        cond_inf: Any = cond_b
+        if self.inf_a is not self.prof_b or self.opts_a is not None:
+            if accuracy._per_prompt(self.inf_a, self.opts_a):  # each prompt alone, as the inference tool encodes it
+                cond_inf = [te_align.encode(self.inf_a, [c], pipeline=pipe, options=self.opts_a) for c in captions]
+            else:
+                cond_inf = te_align.encode(self.inf_a, captions, pipeline=pipe, options=self.opts_a)
+        sampled_a = cond_inf if (p.baseline.kind == "inference" or p.baseline.sample_as == "trained") else cond_a
+
+        if "divergence" not in state:
+            prompts = sorted(set(_captions(train_dir)) | set(captions) | set(p.eval.prompts))
+            if p.baseline.kind == "inference" or self.opts_a is not None:
+                da = accuracy.encode_each(self.inf_a, prompts, pipe, options=self.opts_a)
+            else:
+                da = te_align.encode(self.prof_a, prompts, pipeline=pipe)
+            db = te_align.encode(self.prof_b, prompts, pipeline=pipe)
+            state["divergence"] = [asdict(d) for d in evaluate.conditioning_divergence(da, db)]
+            state["divergence_prompts"] = len(prompts)
+            save()
+        if not todo:
+            return
+
+        res = p.eval.resolution or cfg.data.resolution
+        latents = evaluate.load_val_latents(pipe, [f for f, _ in items], res)
+        timesteps = list(p.eval.timesteps) or list(evaluate.DEFAULT_TIMESTEPS)
+        noise = evaluate.fixed_noise(latents, len(timesteps), p.eval.noise_seed)
+        objective = evaluate.resolve_objective(family, pipe, cfg.train.objective)
+
+        def vloss(cond: Any) -> float:
+            return evaluate.validation_loss(family=family, denoiser=self.denoiser, latents=latents, noise=noise, timesteps=timesteps,
+                                            cond=cond, objective=objective, scheduler_config=pipe.scheduler.config,
+                                            guidance=cfg.train.guidance, flow_shift_scale=flow_timestep_scale(family), pixel_size=res)  # fmt: skip
+
+        probes = _probes(p, seed)
+        curve_steps = _curve_steps(p, self.max_steps)
+        self.load(self.zero)
+        base_b = vloss(cond_b)
+        base_own = {"A": vloss(sampled_a), "B": base_b}
+        sample_size = p.eval.sample_size or res
+        scfg = SampleConfig(prompts=list(p.eval.prompts), seeds=list(p.eval.sample_seeds), steps=p.eval.sample_steps,
+                            guidance_scale=p.eval.guidance_scale, width=sample_size, height=sample_size)  # fmt: skip
+        runs_state = state["runs"]
+        for tag in todo:
+            r = runs_state[tag]
+            arm = r["arm"]
+            inf, opts = (self.inf_a, self.opts_a) if arm == "A" else (self.prof_b, None)
+            own = {"A": sampled_a, "B": cond_b}[arm]
+            val, val_own = [(0, base_b)], [(0, base_own[arm])]
+            ckpts = list_checkpoints(r["dir"])
+            if not ckpts:
+                raise ABError("the arm left no checkpoint to evaluate", file=r["dir"])
+            curve = []
+            sample_dir = self.out_dir / "samples" / f"seed-{r['seed']}" / arm
+            for step, folder in ckpts:
+                self.load(load_file(str(Path(folder) / "trainable.safetensors")))
+                val.append((step, vloss(cond_b)))
+                val_own.append((step, vloss(own) if own is not cond_b else val[-1][1]))
+                if probes and (step in curve_steps or (step == ckpts[-1][0] and not curve_steps)):
+                    images = accuracy.sample_prompts(pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,
+                                                     guidance=p.eval.accuracy_guidance, size=sample_size, seed=0, options=opts)  # fmt: skip
+                    reads = accuracy.read_probes(images, [q.objects for q in probes], concept_colour=_concept_colour(p))
+                    curve.append((step, _probe_summary(probes, reads)))
+                    if step == ckpts[-1][0]:
+                        files = accuracy.save_images(images, [f"probe-{i:02d}" for i in range(len(images))], sample_dir / "probes")
+                        r["probe_samples"] = [str(f) for f in files]
+                        r["probe_reads"] = [q["read"] for q in reads]
+            missing_steps = [s for s in curve_steps if s not in {c[0] for c in curve}]
+            if probes and missing_steps:
+                raise ABError(f"no checkpoint at step(s) {missing_steps} (eval.curve_steps) to read the learning curve", file=r["dir"])
+            # samples of the final weights, conditioned as the arm is sampled at inference
+            files = sample_images(pipe, self.prof_b, scfg, sample_dir, ckpts[-1][0], size=(sample_size, sample_size), device=torch.device("cpu"),
+                                  dtype=torch.float32) if inf is self.prof_b and (arm == "B" or self.opts_a is None) else []  # fmt: skip
+            r.update({"val": val, "val_own": val_own, "samples": [str(f) for f in files], "curve": curve})
+            if probes:
+                r["probes"] = [q.to_dict() for q in probes]
+            elif key is not None:
+                images = accuracy.sample_prompts(pipe, inf, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
+                                                 size=sample_size, seed=0, options=opts)  # fmt: skip
+                truths = [key["items"][f.stem]["objects"] for f, _ in items]
+                r["accuracy"] = accuracy.score_images(images, truths)
+                acc_files = accuracy.save_images(images, [f.stem for f, _ in items], sample_dir / "accuracy")
+                r["accuracy_samples"] = [str(f) for f in acc_files]
+            r["evaluated"] = True
+            save()
+            acc = ""
+            if curve:
+                acc = f", concept net accuracy {curve[-1][1]['net']:+.2f} (curve mean {statistics.fmean(c[1]['net'] for c in curve):+.3f})"
+            elif r.get("accuracy"):
+                acc = f", prompt accuracy {r['accuracy']['object_accuracy']:.1%}"
+            self.say(f"seed {r['seed']} arm {arm}: validation loss {val[-1][1]:.5f} (profile conditioning), {val_own[-1][1]:.5f} (own){acc}")
+        self.load(self.zero)
+
+
+def _curve_steps(p: Preset, max_steps: int | None) -> list[int]:
+    """The learning-curve checkpoints; a run shortened by ``max_steps`` (tests, a quick look) keeps those it
+    reaches, and its last step."""
+    steps = list(p.eval.curve_steps)
+    if max_steps is None or not steps:
+        return steps
+    kept = [s for s in steps if s < max_steps and s % max(1, p.eval.every) == 0]
+    return [*kept, max_steps]
+
+
+def _concept_colour(p: Preset) -> str:
+    assert p.world is not None
+    c = p.world.concept_object()
+    if c.attribute != "colour":
+        raise ABError("probe prompts score a colour concept", file=p.source, key="world.concept")
+    return c.value
+
+
+def _probes(p: Preset, seed: int) -> list[Any]:
+    """The probe prompts of one seed (the same for both arms): concept prompts, then control prompts."""
+    if p.world is None or not (p.eval.probe_concept or p.eval.probe_control):
+        return []
+    from te_align.tiny.world import SHAPES
+    from te_align.tiny.world.phrasings import probe_prompts
+
+    c = p.world.concept_object()
+    held = [v for a, v in c.holdout if a == "shape"] or list(SHAPES)
+    colour = _concept_colour(p)
+    concept = probe_prompts(1000 + seed, colour=colour, shapes=held, lengths=list(p.eval.probe_concept.items()), stream="concept")
+    control = probe_prompts(1000 + seed, colour="*", shapes=SHAPES, lengths=list(p.eval.probe_control.items()), stream="control")
+    return concept + control
+
+
+def _probe_summary(probes: list[Any], reads: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rates over one checkpoint's probe images (see :func:`summarize` for what each means)."""
+    concept = [r for q, r in zip(probes, reads, strict=True) if q.objects[0][3]]
+    control = [r for q, r in zip(probes, reads, strict=True) if not q.objects[0][3]]
+
+    def rate(rows: list[dict[str, Any]], key: str) -> float:
+        return sum(float(r[key]) for r in rows) / len(rows) if rows else float("nan")
+
+    hit, false = rate(concept, "hit"), rate(control, "concept_colour") if control else 0.0
+    return {"hit": hit, "false": false, "net": hit - false, "exact": rate(concept, "exact"), "known": rate(control, "hit"),
+            "extra": rate(concept + control, "extra"), "hits": [bool(r["hit"]) for r in concept],
+            "false_reads": [bool(r["concept_colour"]) for r in control], "known_hits": [bool(r["hit"]) for r in control]}  # fmt: skip
 
 
 __all__ = ["ARMS", "STATE_FILE", "ABResult", "ArmRun", "SummaryRow", "run_ab", "split_data", "summarize"]

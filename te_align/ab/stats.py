@@ -24,9 +24,14 @@ __all__ = [
     "TRAINER_BETTER",
     "Metric",
     "PairedSummary",
+    "betainc",
+    "holm",
     "paired",
     "round_to_spread",
+    "sd_ratio_interval",
+    "sign_flip_p",
     "t_quantile",
+    "t_two_sided_p",
 ]  # fmt: skip
 
 PROFILE_BETTER = "profile better"
@@ -98,12 +103,126 @@ class PairedSummary:
         return self.diff_mean - half, self.diff_mean + half
 
     @property
+    def p_t(self) -> float:
+        """Two-sided p-value of the paired t test of mean difference 0 (NaN with fewer than 2 seeds)."""
+        if self.n < 2:
+            return math.nan
+        if self.diff_sd == 0:
+            return 1.0 if self.diff_mean == 0 else 0.0
+        t = self.diff_mean / (self.diff_sd / math.sqrt(self.n))
+        return t_two_sided_p(t, self.n - 1)
+
+    @property
+    def p_signflip(self) -> float:
+        """Exact two-sided sign-flip (paired permutation) p-value: the share of the 2^n sign patterns of the
+        differences whose mean is at least as far from 0 as the observed one. Its smallest possible value is
+        2^(1-n) (1/32 with 6 seeds)."""
+        return sign_flip_p(self.diffs)
+
+    @property
     def verdict(self) -> str:
         lo, hi = self.interval
         if math.isnan(lo) or lo <= 0.0 <= hi:
             return NO_DIFFERENCE
         a_higher = lo > 0.0
         return TRAINER_BETTER if a_higher == self.metric.higher_better else PROFILE_BETTER
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbeta) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbeta) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"t_two_sided_p: df must be >= 1, got {df}")
+    return betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign-flip p-value of paired differences (all 2^n sign patterns; n <= 20)."""
+    n = len(diffs)
+    if n == 0:
+        return math.nan
+    if n > 20:
+        raise ValueError(f"sign_flip_p: exact enumeration needs n <= 20, got {n}")
+    observed = abs(sum(diffs))
+    eps = 1e-12 * max(1.0, sum(abs(d) for d in diffs))
+    hits = 0
+    for mask in range(1 << n):
+        total = sum(-d if mask >> i & 1 else d for i, d in enumerate(diffs))
+        hits += abs(total) >= observed - eps
+    return hits / (1 << n)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (same order as given; NaN stays NaN and is not counted)."""
+    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
+    m = len(idx)
+    out = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def sd_ratio_interval(a: Sequence[float], b: Sequence[float], *, resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """``(sd(a) / sd(b), low, high)``: the ratio of the arms' spreads across seeds with a 95% percentile bootstrap
+    interval (seeds resampled in pairs, deterministic). NaN where a spread is 0 or fewer than 3 seeds."""
+    import random
+
+    n = len(a)
+    if n != len(b) or n < 3:
+        return math.nan, math.nan, math.nan
+    sa, sb = statistics.stdev(a), statistics.stdev(b)
+    if sb == 0:
+        return math.nan, math.nan, math.nan
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        pick = [rng.randrange(n) for _ in range(n)]
+        ra, rb = statistics.stdev([a[i] for i in pick]), statistics.stdev([b[i] for i in pick])
+        if rb > 0:
+            ratios.append(ra / rb)
+    if len(ratios) < resamples // 2:
+        return sa / sb, math.nan, math.nan
+    ratios.sort()
+    return sa / sb, ratios[int(0.025 * len(ratios))], ratios[min(len(ratios) - 1, int(0.975 * len(ratios)))]
 
 
 def paired(metric: Metric, a: Sequence[float], b: Sequence[float]) -> PairedSummary:

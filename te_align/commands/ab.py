@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     mx.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per deviation (default: the presets', 5)")
     mx.add_argument("--max-steps", type=int, default=None, help="override the presets' train.max_steps")
     mx.add_argument("--doc", default=None, metavar="FILE", help="also write the table to FILE (the committed evidence document)")
+    mx.add_argument("--results", default=None, metavar="DIR", help="per-seed result files (default: OUT/results); resumes from them")
+    mx.add_argument("--summary", default=None, metavar="FILE", help="also write the summary te-align check reads")
+    mx.add_argument("--strips", default=None, metavar="DIR", help="also write each row's seed-0 sample strip (PNG) there")
+    mx.add_argument("--workers", type=int, default=1, metavar="N", help="single-thread processes running units side by side (default 1)")
+    mx.add_argument("--device", default="cpu", help="training device of every unit (cpu, cuda); recorded with each result")
+    mx.add_argument("--dry-run", action="store_true", help="run nothing: rebuild the table from the result files")
     mx.set_defaults(func=cmd_matrix)
     ls = ab_sub.add_parser("list", help="bundled A/B presets and their baselines")
     ls.set_defaults(func=cmd_list)
@@ -81,10 +87,11 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     _quiet()
     from te_align.ab.matrix import run_matrix
 
-    rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc)
-    print(f"\n{len(rows)} deviation(s); table: {args.out}/matrix.md")
+    rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc, results=args.results,
+                      summary=args.summary, strips=args.strips, workers=args.workers, device=args.device, dry_run=args.dry_run)  # fmt: skip
+    print(f"\n{len(rows)} row(s); table: {args.out}/matrix.md")
     for r in rows:
-        print(f"  {r.preset:34} {r.verdict}")
+        print(f"  {r.preset:34} {r.seeds}/{r.planned} seeds  {r.verdict}")
     return 0
 
 

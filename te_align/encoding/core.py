@@ -872,7 +872,12 @@ def _apply_slot_drop(
     if flags == req.drop:
         return res  # whole captions were already replaced by "" before encoding
     empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=req.negative, options=req.options)
-    if empty.hidden.shape[-2] != res.hidden.shape[-2]:
+    seq, body = res.hidden.shape[-2], slot.tokenizer.max_length
+    if empty.hidden.shape[-2] != seq and req.options.long_prompt_chunks and slot.tokenizer.chunkable and seq % body == 0:
+        # a chunked batch: the empty prompt gets the batch's chunk count, as a dropped whole caption does
+        chunked = dataclasses.replace(req.options, long_prompt_chunks=seq // body, pad_chunks=True)
+        empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=req.negative, options=chunked)
+    if empty.hidden.shape[-2] != seq:
         raise EncodingError(f"slot '{slot.name}': the empty prompt encodes to a different length; use dropout_policy='zeros'")
     hidden = torch.where(sel, empty.hidden.expand_as(res.hidden), res.hidden)
     pooled = None if res.pooled is None else torch.where(rows[:, None], empty.pooled.expand_as(res.pooled), res.pooled)  # type: ignore[union-attr]

@@ -213,8 +213,10 @@ class TextSource:
         self.writer = writer
         self._te_hash: str | None = None
 
-    def _cache(self, pattern: str) -> Any:
-        if pattern not in self._caches:
+    def _cache(self, pattern: str, options: Any = None) -> Any:
+        options = options or self.options
+        key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
+        if key not in self._caches:
             from te_align.encoding.cache.keys import hash_text_encoders
             from te_align.encoding.cache.store import EmbeddingCache
 
@@ -223,22 +225,43 @@ class TextSource:
                     {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots},
                     {s.name: getattr(self.pipe, s.tokenizer_subfolder) for s in self.profile.slots},
                 )
-            opts = dict(self.options.as_dict(), dropped=pattern)
-            self._caches[pattern] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
-        return self._caches[pattern]
+            opts = dict(options.as_dict(), dropped=pattern)
+            self._caches[key] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
+        return self._caches[key]
 
-    def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]]) -> Any:
+    def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]], options: Any = None) -> Any:
         import te_align
 
         return te_align.encode(
-            self.profile, captions, pipeline=self.pipe, options=self.options, drop=drop,
+            self.profile, captions, pipeline=self.pipe, options=options or self.options, drop=drop,
             drop_slots=drop_slots or None, requires_grad=self.trainable,
         )  # fmt: skip
+
+    @property
+    def chunk_positions(self) -> int:
+        """Positions of one long-prompt chunk (the chunkable slot's max_length, 77 for CLIP)."""
+        return next(s.tokenizer.max_length for s in self.profile.slots if s.tokenizer.chunkable)
+
+    def _cached(self, pattern: str, text: str, dropped: list[str], options: Any = None) -> Any:
+        """One caption's conditioning from the memo or the disk cache (``pattern``: the dropped slots, ``*`` all)."""
+
+        def fn(caps: list[str]) -> Any:
+            m = len(caps)
+            return self._encode(caps, [pattern == "*"] * m, {s: [True] * m for s in dropped if pattern != "*"}, options)
+
+        memo = (pattern, text) if options is None else (f"{pattern}|{options.as_dict()}", text)
+        hit = self._memo.get(memo)
+        if hit is None:
+            hit = self._cache(pattern, options).get_or_encode([text], fn, store=self.writer)[0]
+        self._remember(memo, hit)
+        return hit
 
     def precache(self, captions: list[str], batch: int = 16) -> None:
         if not self.use_cache:
             return
         cache = self._cache("")
+        if self.options.long_prompt_chunks:
+            batch = 1  # a batch shares its longest caption's chunk count; each caption keeps its own
         for i in range(0, len(captions), batch):
             chunk = captions[i : i + batch]
             for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {}), store=self.writer), strict=True):
@@ -296,20 +319,30 @@ class TextSource:
                     text = texts[i]
                 dropped = [s for s in self.slot_probs if pattern == "*" or s in pattern.split(",")]
 
-                def fn(caps: list[str], pattern: str = pattern, dropped: list[str] = dropped) -> Any:
-                    m = len(caps)
-                    return self._encode(caps, [pattern == "*"] * m, {s: [True] * m for s in dropped if pattern != "*"})
-
-                hit = self._memo.get((pattern, text))
-                if hit is None:
-                    hit = self._cache(pattern).get_or_encode([text], fn, store=self.writer)[0]
-                self._remember((pattern, text), hit)
-                parts.append(hit)
+                parts.append(self._cached(pattern, text, dropped))
+            if self.options.long_prompt_chunks and len({_seq_len(c) for c in parts}) > 1:
+                # a dropped caption encodes as one chunk: give it the batch's chunk count (bucketed by chunks)
+                longest = max(_seq_len(c) for c in parts)
+                for i in range(n):
+                    if _seq_len(parts[i]) != longest and (drop[i] or any(f[i] for f in slot_flags.values())):
+                        pattern = "*" if drop[i] else ",".join(s for s, f in slot_flags.items() if f[i])
+                        dropped = [s for s in self.slot_probs if pattern == "*" or s in pattern.split(",")]
+                        chunks = longest // self.chunk_positions
+                        opts = dataclasses.replace(self.options, long_prompt_chunks=chunks, pad_chunks=True)
+                        parts[i] = self._cached(pattern, "" if drop[i] else texts[i], dropped, opts)
             cond = Conditioning.cat(parts)
         return cond.to(self.device, dtype=self.dtype)
 
 
 # ------------------------------------------------------------------------------------------ helpers
+def _seq_len(cond: Any) -> int:
+    """The sequence length of a conditioning's (first) embeddings tensor."""
+    t = cond.tensors.get("prompt_embeds") if hasattr(cond, "tensors") else None
+    if t is None:
+        t = next(v for v in cond.tensors.values() if v.dim() >= 3)
+    return int(t.shape[-2])
+
+
 def _resolve_objective(name: str, family: Any, scheduler_config: Any) -> str:
     if family.flow_native:
         if name not in ("auto", "flow"):

@@ -30,7 +30,7 @@ import numpy as np
 from te_align.tiny.world.captions import _FILLER, _fill, default_tokenizer
 from te_align.tiny.world.scenes import COLOURS, POSITIONS, SHAPES
 
-__all__ = ["FRAMES", "LENGTHS", "ProbePrompt", "probe_prompts", "frame_prompt"]
+__all__ = ["FRAMES", "LENGTHS", "ProbePrompt", "frame_prompt", "probe_prompts"]
 
 #: Sentence frames (``{a}`` article, ``{desc}`` "[large] colour shape", ``{pos}`` a position), fixed on
 #: 2026-11-28 before any evaluation that uses them; none is a frame of the caption grammar.
