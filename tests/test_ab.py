@@ -113,10 +113,18 @@ def test_kohya_clip_g_override_changes_only_exclamation_captions() -> None:
 # ------------------------------------------------------------------------------------------ demo
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from te_align.ab.demo import run_demo
+    """The tiny-demo preset's A/B (random tiny SD3-shaped model, synthetic shapes): the runner and the report on
+    presets without probe prompts."""
+    from te_align.ab.runner import run_ab
+    from te_align.tiny.datasets import make_shapes_dataset
+    from te_align.tiny.fit import tiny_profile_overrides
+    from te_align.tiny.pipelines import build_tiny_sd3
 
-    out = tmp_path_factory.mktemp("demo")
-    return run_demo(out, steps=4, seeds=2, say=lambda s: None)
+    root = tmp_path_factory.mktemp("demo")
+    model = build_tiny_sd3(root / "model")
+    make_shapes_dataset(root / "data")
+    return run_ab("tiny-demo", model=model, data=root / "data", seeds=2, out=root / "ab", max_steps=4,
+                  profile_overrides=tiny_profile_overrides(model), say=lambda s: None)  # fmt: skip
 
 
 def _tables(md: str) -> list[list[list[str]]]:

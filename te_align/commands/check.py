@@ -101,20 +101,52 @@ def cmd_check(args: argparse.Namespace) -> int:
                               dataset=ns.dataset, overrides=overrides)
     code = exit_code(results)
     notes = [_inference(r, ns.for_tool) for r in results]
+    evidence = [_evidence(r) for r in results]
     if ns.json:
         dicts = [r.to_dict() for r in results]
+        for d, ev in zip(dicts, evidence, strict=True):
+            for f, e in zip(d.get("findings", []), ev, strict=True):
+                if e is not None:
+                    f["evidence"] = e
         if ns.for_tool:
-            for d, n in zip(dicts, notes, strict=True):
-                d["inference"] = {"tool": ns.for_tool, "notes": [x.to_dict() for x in n]}
+            for d, n, r in zip(dicts, notes, results, strict=True):
+                d["inference"] = {"tool": ns.for_tool, "notes": [{**x.to_dict(), "evidence": _note_evidence(r, ns.for_tool, x)} for x in n]}
         print(json.dumps({"exit_code": code, "results": dicts}, indent=2, ensure_ascii=False, default=str))
         return code
     for i, r in enumerate(results):
         if i:
             print()
-        _print_result(r)
+        _print_result(r, evidence[i])
         if ns.for_tool and r.profile is not None:
             _print_inference(ns.for_tool, notes[i])
+            for n in notes[i]:
+                print(f"  measured ({n.setting}): {_note_evidence(r, ns.for_tool, n)['text']}")
     return code
+
+
+def _family(r: Any) -> str:
+    from te_align.profiles import profile
+
+    try:
+        return str(profile(r.profile).family)
+    except Exception:  # a profile that does not resolve was reported by the check itself
+        return ""
+
+
+def _evidence(r: Any) -> list[dict[str, Any] | None]:
+    """Per finding of a checked result: what the committed effects matrix measured about it (deviations only)."""
+    if r.profile is None:
+        return [None] * len(r.findings)
+    from te_align.ab.evidence import evidence_for
+
+    fam = _family(r)
+    return [evidence_for(fam, r.profile, f.setting, f.effective) if f.kind == "deviation" else None for f in r.findings]
+
+
+def _note_evidence(r: Any, tool: str, note: Any) -> dict[str, Any]:
+    from te_align.ab.evidence import evidence_for
+
+    return evidence_for(_family(r), r.profile, note.setting, None, tool=tool)
 
 
 def _inference(r: Any, tool: str | None) -> list[Any]:
@@ -160,7 +192,7 @@ def _clip(s: str, n: int) -> str:
     return (cut[:space] if space > n // 2 else cut).rstrip(" ,;:") + "…"
 
 
-def _print_result(r: Any) -> None:
+def _print_result(r: Any, evidence: list[dict[str, Any] | None] | None = None) -> None:
     # unreadable input (a file that cannot be read or parsed, a value of the wrong type): one line each on stderr,
     # with the prefix every te-align command uses for errors; the rest of the report stays on stdout
     for f in r.findings:
@@ -194,6 +226,9 @@ def _print_result(r: Any) -> None:
             print(f"  {'':<9}  trainer: {f.message} [{f.trainer_source}]")
             print(f"  {'':<9}  profile: {f.source}")
             print(f"  {'':<9}  fix: {f.fix}")
+            ev = evidence[r.findings.index(f)] if evidence else None
+            if ev is not None:
+                print(f"  {'':<9}  measured: {ev['text']}")
     for f in others:
         loc = f" (line {f.line})" if f.line and f.kind != "wrong-value" else ""
         print(f"  {f.severity:<9}{f.kind}: {f.message}{loc}")

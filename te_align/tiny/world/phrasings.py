@@ -59,9 +59,12 @@ class ProbePrompt:
     objects: tuple[tuple[str, str, str, bool], ...]
     length: str
     frame: int
+    #: Where the object's sentence begins in ``text`` (after the filler of a long prompt; 0 for a short one).
+    start: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "objects": [list(o) for o in self.objects], "length": self.length, "frame": self.frame}
+        return {"text": self.text, "objects": [list(o) for o in self.objects], "length": self.length, "frame": self.frame,
+                "start": self.start}
 
 
 def _article(word: str) -> str:
@@ -136,11 +139,13 @@ def probe_prompts(
             size = str(sizes[int(rng.integers(len(sizes)))])
             frame = int(rng.integers(len(FRAMES)))
             text = frame_prompt(frame, c, shape, pos, size)
+            start = 0
             if length != "short":
                 if t5 is None:
                     t5, clip = default_tokenizer(), _clip_tokenizer()
                 sentence = text[0].upper() + text[1:] + "."
-                text = _prefix(rng, length, sentence, t5, clip) + " " + sentence
-            out.append(ProbePrompt(text, ((c, shape, pos, bool(concept and colour != "*")),), length, frame))
+                prefix = _prefix(rng, length, sentence, t5, clip)
+                text, start = prefix + " " + sentence, len(prefix) + 1
+            out.append(ProbePrompt(text, ((c, shape, pos, bool(concept and colour != "*")),), length, frame, start))
             k += 1
     return out

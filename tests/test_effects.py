@@ -1,0 +1,371 @@
+"""The effects matrix: statistics, probe prompts, the new kinds of row, the plan hash, per-seed results, the table,
+`check`'s evidence lines, ComfyUI's batching of a prompt with its negative, and the demo on a shipped base."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from te_align.ab.preset import ABError, load_preset, preset_from_dict, presets_root
+from te_align.ab.stats import holm, sd_ratio_interval, sign_flip_p, t_two_sided_p
+
+WORLD = presets_root() / "world"
+
+
+# ------------------------------------------------------------------------------------------ stats
+def test_t_p_values_match_the_table() -> None:
+    # t(0.975, df) from the table gives p = 0.05 two-sided
+    assert t_two_sided_p(2.571, 5) == pytest.approx(0.05, abs=2e-4)
+    assert t_two_sided_p(12.706, 1) == pytest.approx(0.05, abs=2e-4)
+    assert t_two_sided_p(2.042, 30) == pytest.approx(0.05, abs=2e-4)
+    assert t_two_sided_p(0.0, 5) == 1.0
+    assert t_two_sided_p(-2.571, 5) == t_two_sided_p(2.571, 5)
+    # df = 1 is the Cauchy: P(|T| >= 1) = 1/2
+    assert t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)
+
+
+def test_sign_flip_is_exact() -> None:
+    assert sign_flip_p([1.0] * 6) == 2 / 64  # its floor with 6 seeds
+    assert sign_flip_p([1.0, -1.0] * 3) == 1.0
+    # 3 positive of 3: only the all-plus and all-minus patterns reach |sum| = 3 + 2 + 1
+    assert sign_flip_p([3.0, 2.0, 1.0]) == 2 / 8
+    # |sum| >= 2 for (1, 1, -0): patterns with the two ones of equal sign: 4 of 8
+    assert sign_flip_p([1.0, 1.0, 0.0]) == 4 / 8
+    with pytest.raises(ValueError):
+        sign_flip_p([1.0] * 21)
+
+
+def test_holm_adjusts_in_order_and_keeps_nan() -> None:
+    assert holm([0.01, 0.04, 0.03, math.nan])[:3] == pytest.approx([0.03, 0.06, 0.06])
+    assert math.isnan(holm([0.01, math.nan])[1])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_sd_ratio_interval_is_deterministic_and_brackets_the_ratio() -> None:
+    a, b = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    ratio, lo, hi = sd_ratio_interval(a, b)
+    assert ratio == pytest.approx(2.0) and (lo, hi) == pytest.approx((2.0, 2.0))  # a is exactly 2 b + c
+    r2 = sd_ratio_interval([0.1, 0.5, 0.2, 0.9, 0.3, 0.4], [0.2, 0.1, 0.3, 0.2, 0.25, 0.15])
+    assert r2 == sd_ratio_interval([0.1, 0.5, 0.2, 0.9, 0.3, 0.4], [0.2, 0.1, 0.3, 0.2, 0.25, 0.15])
+    assert r2[1] <= r2[0] <= r2[2]
+    assert all(math.isnan(v) for v in sd_ratio_interval([1.0, 2.0], [1.0, 3.0]))
+
+
+# ---------------------------------------------------------------------------------- probe prompts
+def test_probe_prompts_are_reproducible_and_new_in_wording() -> None:
+    from te_align.tiny.world import make_dataset
+    from te_align.tiny.world.phrasings import FRAMES, probe_prompts
+
+    kw: dict[str, Any] = {"colour": "pink", "shapes": ["triangle"], "lengths": [("short", 10), ("long", 3), ("very long", 3)]}
+    ps = probe_prompts(3, **kw)
+    assert [p.text for p in ps] == [p.text for p in probe_prompts(3, **kw)]
+    assert [p.text for p in ps] != [p.text for p in probe_prompts(4, **kw)]
+    assert [p.length for p in ps] == ["short"] * 10 + ["long"] * 3 + ["very long"] * 3
+    assert all(p.objects[0][:2] == ("pink", "triangle") and p.objects[0][3] for p in ps)
+    # no caption of the grammar is written in any frame: each frame as a pattern over the world's words never matches
+    from te_align.tiny.world import COLOURS, POSITIONS, SHAPES
+
+    captions = [s.caption.lower() for s in make_dataset(800, 11, image_size=None, tokenizer=False)]
+    words = {"pos": "(?:" + "|".join(POSITIONS) + ")", "a": "(?:a|an)",
+             "desc": "(?:(?:small|large) )?(?:outlined )?(?:" + "|".join(COLOURS) + ") (?:" + "|".join(SHAPES) + ")"}  # fmt: skip
+    for frame in FRAMES:
+        pattern = re.compile(re.sub(r"\\\{([a-z]+)\\\}", lambda m: words[m.group(1)], re.escape(frame)))
+        assert not any(pattern.search(c) for c in captions), frame
+    assert not any(p.text.lower() in c for p in ps for c in captions)
+    control = probe_prompts(3, colour="*", shapes=["square", "circle"], lengths=[("short", 8)], stream="control")
+    assert all(p.objects[0][0] != "pink" and not p.objects[0][3] for p in control)
+
+
+def test_long_probe_prompts_put_the_object_where_the_plan_says() -> None:
+    from te_align.tiny.world.captions import default_tokenizer
+    from te_align.tiny.world.phrasings import _clip_tokenizer, _n_tokens, probe_prompts
+
+    t5, clip = default_tokenizer(), _clip_tokenizer()
+    for p in probe_prompts(0, colour="pink", shapes=["triangle"], lengths=[("long", 4), ("very long", 4)]):
+        prefix = p.text[: p.start].rstrip()  # the filler sentences before the object's sentence
+        assert "pink" not in prefix.lower() and "pink triangle" in p.text[p.start :].lower()
+        if p.length == "long":
+            assert 77 < _n_tokens(t5, prefix) and _n_tokens(t5, p.text) < 154
+        else:
+            assert _n_tokens(t5, prefix) > 257 and _n_tokens(clip, prefix) > 78
+
+
+def test_read_probes_scores_rendered_scenes() -> None:
+    from te_align.ab.accuracy import read_probes
+    from te_align.tiny.world import Background, Scene, SceneObject, render
+
+    def scene(colour: str, shape: str, position: str) -> Any:
+        return render(Scene((SceneObject(colour, shape, position, "large", "fill"),), Background("plain", "white")), 32)
+
+    images = [scene("pink", "triangle", "top left"), scene("pink", "square", "center"), scene("blue", "circle", "top left")]
+    asked = [[["pink", "triangle", "top left", True]], [["pink", "triangle", "top left", True]], [["red", "circle", "top left", False]]]
+    got = read_probes(images, asked, concept_colour="pink")
+    assert [(g["hit"], g["exact"], g["concept_colour"]) for g in got] == [(True, True, True), (False, False, True), (False, False, False)]
+
+
+# ------------------------------------------------------------------------------------------- rows
+def test_matrix_rows_of_every_kind_validate() -> None:
+    from te_align.ab.matrix import matrix_presets
+
+    rows = matrix_presets()
+    kinds = [p.baseline.kind for p in rows]
+    assert kinds[0] == "positive" and kinds[1:3] == ["null", "null"]  # controls first
+    shipped = [p for p in rows if p.world is not None and p.world.base != "sdxl"]
+    assert sum(p.baseline.kind == "deviation" for p in shipped) == 10
+    assert sum(p.baseline.kind == "inference" for p in shipped) == 3
+    assert {p.world.base for p in rows if p.baseline.kind == "null"} == {"sd3", "flux"}  # type: ignore[union-attr]
+    for p in shipped:
+        assert p.eval.curve_steps == [50, 100, 200, 300] and p.eval.seeds == 6
+        assert sum(p.eval.probe_concept.values()) == 16 and sum(p.eval.probe_control.values()) == 8
+        if p.baseline.kind in ("deviation", "inference"):
+            assert re.search(r"[\w-]+/[\w.-]+@[0-9a-f]{7,40} \S+:\d+", p.baseline.source), p.name
+
+
+def _data(name: str) -> dict[str, Any]:
+    return tomllib.loads((WORLD / f"{name}.toml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("sd3-t5-154", lambda d: d["baseline"].update(remove_words=["pink"]), "positive control (positive = true) names the words"),
+        ("sd3-positive", lambda d: d["baseline"].update(overrides={"t5_max_length": 77}), "a positive control differs only in remove_words"),
+        ("sd3-comfyui", lambda d: d["baseline"].update(inference_tool=""), "names inference_tool"),
+        ("sd3-comfyui", lambda d: d["baseline"].update(overrides={"t5_max_length": 77}), "trains one LoRA by the profile"),
+        ("sd3-comfyui", lambda d: d["baseline"].update(inference_overrides={"t5.tokenizer.truncation": True}, inference_chunks=0),
+         "the inference overrides leave the profile's behaviour unchanged"),
+        ("sd3-t5-154", lambda d: d["baseline"].update(sample_as="comfy"), "key 'baseline.sample_as': expected profile or trained"),
+        ("sd3-null", lambda d: d["baseline"].update(sample_as="trained"), "only a deviation row samples arm A as trained"),
+        ("sd3-t5-154", lambda d: d["eval"].update(curve_steps=[50, 120]), "expected increasing checkpoint steps"),
+        ("sd3-t5-154", lambda d: d["eval"].update(probe_concept={"medium": 3}), "key 'eval.probe_concept'"),
+        ("sd3-t5-154", lambda d: d["eval"].update(probe_concept={}, probe_control={}), "a learning curve reads the probe prompts"),
+    ],
+)
+def test_new_row_settings_are_checked(name: str, change: Any, message: str) -> None:
+    data = _data(name)
+    change(data)
+    with pytest.raises(ABError, match=re.escape(message)):
+        preset_from_dict(data, file="w.toml")
+
+
+def test_inference_row_samples_arm_a_as_the_tool() -> None:
+    p = load_preset(WORLD / "sd3-comfyui.toml")
+    a, b = p.arm_profiles()
+    assert a.fingerprint() == b.fingerprint()  # one LoRA: both arms train by the profile
+    inf = p.baseline.inference_profile(b)
+    t5 = inf.slot("t5").tokenizer
+    assert (t5.padding, t5.min_length, t5.truncation) == ("longest", 77, False)
+    assert p.baseline.inference_chunks == 8
+
+
+# --------------------------------------------------------------------------------- plan and results
+def test_plan_hash_covers_presets_seeds_and_steps() -> None:
+    import copy
+
+    from te_align.ab.matrix import matrix_presets, plan_hash
+
+    rows = matrix_presets()
+    h = plan_hash(rows, seeds=None, max_steps=None)
+    assert h == plan_hash(matrix_presets(), seeds=None, max_steps=None)
+    assert h != plan_hash(rows, seeds=4, max_steps=None) and h != plan_hash(rows, seeds=None, max_steps=10)
+    changed = copy.deepcopy(rows)
+    changed[3].train["train"]["learning_rate"] = 0.5
+    assert plan_hash(changed, seeds=None, max_steps=None) != h
+
+
+def _record(preset: str, seed: int, a: list[float], b: list[float], plan: str = "p1") -> dict[str, Any]:
+    def arm(nets: list[float]) -> dict[str, Any]:
+        curve = [[s, {"net": n, "hit": n, "false": 0.0, "known": 0.5, "exact": n / 2, "extra": 0.0}] for s, n in zip((50, 100, 200, 300), nets, strict=True)]
+        return {"steps": 300, "train_seconds": 1.0, "train_cpu_seconds": 1.0, "shares": "", "losses": [[1, 0.5]], "val": [[0, 0.2], [300, 0.1]],
+                "val_own": [[0, 0.2], [300, 0.1]], "curve": curve, "probes": [], "probe_reads": [], "curve_mean": sum(nets) / 4}  # fmt: skip
+
+    return {"format": 1, "plan": plan, "preset": preset, "seed": seed, "arms": {"A": arm(a), "B": arm(b)}, "seconds": 10.0,
+            "cpu_seconds": 9.0, "device": "cpu", "machine": "test", "samples": {}}  # fmt: skip
+
+
+def test_results_of_another_plan_or_unreadable_are_refused(tmp_path: Path) -> None:
+    from te_align.ab.matrix import read_results
+
+    (tmp_path / "world-sd3-t5-77").mkdir()
+    (tmp_path / "world-sd3-t5-77" / "seed-0.json").write_text(json.dumps(_record("world-sd3-t5-77", 0, [0.1] * 4, [0.2] * 4)))
+    assert len(read_results(tmp_path, "p1")["world-sd3-t5-77"]) == 1
+    with pytest.raises(ABError, match=r"seed-0.json: a result of another plan \(p1; this plan is p2\)"):
+        read_results(tmp_path, "p2")
+    (tmp_path / "world-sd3-t5-77" / "seed-1.json").write_text("{not json")
+    with pytest.raises(ABError, match=r"seed-1.json: unreadable result"):
+        read_results(tmp_path, "p1")
+
+
+def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
+    from te_align.ab.matrix import aggregate, matrix_presets, render_effects
+    from te_align.ab.runner import PRIMARY
+
+    presets = {p.name: p for p in matrix_presets()}
+    # a clear effect on 6 seeds (A lower: the profile better), a null row at zero, a row with 3 seeds only
+    recs = {
+        "world-sd3-t5-77": [_record("world-sd3-t5-77", s, [0.2 + 0.01 * s] * 4, [0.5 + 0.012 * s] * 4) for s in range(6)],
+        "world-sd3-null": [_record("world-sd3-null", s, [0.4 + 0.01 * (-1) ** s] * 4, [0.4] * 4) for s in range(6)],
+        "world-flux-t5-512": [_record("world-flux-t5-512", s, [0.3] * 4, [0.3] * 4) for s in range(3)],
+    }
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    dev = rows["world-sd3-t5-77"]
+    m = dev.primary
+    assert m is not None and m["metric"] == PRIMARY and m["n"] == 6
+    diffs = [(0.2 + 0.01 * s) - (0.5 + 0.012 * s) for s in range(6)]
+    assert m["diff_mean"] == pytest.approx(sum(diffs) / 6) and m["p_signflip"] == pytest.approx(2 / 64)
+    assert dev.verdict == "profile better" and dev.p_holm == pytest.approx(m["p_t"])  # the only complete deviation row
+    assert rows["world-sd3-null"].verdict == "no measurable difference"
+    assert rows["world-flux-t5-512"].verdict == "pending (3 of 6 seeds)" and math.isnan(rows["world-flux-t5-512"].p_holm)
+    text = render_effects(list(rows.values()), command="te-align ab matrix", plan="p1")
+    line = next(x for x in text.splitlines() if x.startswith("| world-sd3-t5-77 |"))
+    assert "| 6 | 0.225 | 0.530 |" in line and line.endswith("| **profile better** |")
+    assert "**Progress: 15 of 18 row-seeds**" in text
+
+
+# ---------------------------------------------------------------------------------- check evidence
+def test_check_evidence_names_the_measured_row(tmp_path: Path) -> None:
+    from te_align.ab.evidence import evidence_for
+
+    summary = {"format": 1, "plan": "p1", "rows": [
+        {"preset": "world-flux-t5-512", "kind": "deviation", "trainer": "ai-toolkit", "family": "flux", "base": "flux", "verdict": "profile better",
+         "seeds": 6, "planned": 6, "primary": {"diff_mean": -0.125, "ci_low": -0.2, "ci_high": -0.05, "p_t": 0.01, "p_signflip": 0.03, "n": 6}},
+    ]}  # fmt: skip
+    path = tmp_path / "effects.json"
+    path.write_text(json.dumps(summary))
+    ev = evidence_for("flux", "flux-schnell", "t5.tokenizer.max_length", 512, path=path)
+    assert ev["row"] == "world-flux-t5-512" and ev["verdict"] == "profile better" and ev["ci"] == [-0.2, -0.05]
+    assert ev["text"].startswith("world-flux-t5-512 (flux world base, 6 of 6 seeds): trainer's arm minus profile's -0.125 [95% CI -0.200, -0.050]")
+    # the Flux base has schnell's recipe: a flux-dev finding is not measured; nor is a value no row tried
+    assert evidence_for("flux", "flux-dev", "t5.tokenizer.max_length", 512, path=path)["verdict"] == "not measured"
+    assert evidence_for("flux", "flux-schnell", "t5.tokenizer.max_length", 300, path=path)["verdict"] == "not measured"
+    # a measured row missing from the summary
+    assert evidence_for("sd3", "sd35-large", "t5.tokenizer.max_length", 154, path=path)["text"].startswith("not measured (world-sd3-t5-154")
+
+
+def test_check_cli_prints_and_serialises_the_evidence(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "k.toml"
+    cfg.write_text('pretrained_model_name_or_path = "x"\nt5xxl_max_token_length = 512\n')
+    out = subprocess.run([sys.executable, "-m", "te_align", "check", str(cfg), "--trainer", "kohya", "--profile", "flux-schnell", "--json"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    data = json.loads(out.stdout)
+    f = next(x for x in data["results"][0]["findings"] if x["setting"] == "t5.tokenizer.max_length")
+    assert f["evidence"]["row"] in ("world-flux-t5-512", None)
+    from te_align.ab.evidence import evidence_for
+
+    assert f["evidence"]["text"] == evidence_for("flux", "flux-schnell", "t5.tokenizer.max_length", 512)["text"]
+
+
+# ------------------------------------------------------------------------ ComfyUI's negative batching
+def test_separate_passes_run_prompt_and_negative_at_their_own_lengths() -> None:
+    import torch
+
+    from te_align.ab.accuracy import _match_lengths, _separate_passes
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[int, int]] = []
+
+        def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                    return_dict: bool = False) -> tuple[torch.Tensor]:  # fmt: skip
+            self.seen.append((encoder_hidden_states.shape[0], encoder_hidden_states.shape[1]))
+            return (hidden_states + encoder_hidden_states.mean(dim=(1, 2)).view(-1, 1),)
+
+    pos = {"prompt_embeds": torch.ones(2, 154, 4)}
+    neg = {"prompt_embeds": torch.full((2, 77, 4), 3.0)}
+    # 154 and 77: the lcm is 2 x the shorter, so both are repeated to 154 (one batched pass, as ComfyUI)
+    assert _match_lengths(pos, neg) == {} and neg["prompt_embeds"].shape == (2, 154, 4)
+    pos = {"prompt_embeds": torch.ones(2, 100, 4)}
+    neg = {"prompt_embeds": torch.full((2, 77, 4), 3.0)}
+    lengths = _match_lengths(pos, neg)  # lcm 7700: separate passes, zero-padded to 100 in between
+    assert lengths == {"prompt_embeds": (77, 100)} and neg["prompt_embeds"].shape == (2, 100, 4)
+    d = Denoiser()
+    batch = torch.cat([neg["prompt_embeds"], pos["prompt_embeds"]])
+    with _separate_passes(d, lengths, {"prompt_embeds": "encoder_hidden_states"}):
+        (out,) = d(hidden_states=torch.zeros(4, 1), timestep=torch.zeros(4), encoder_hidden_states=batch)
+    assert d.seen == [(2, 77), (2, 100)]
+    assert out.view(-1).tolist() == [3.0, 3.0, 1.0, 1.0]  # the padding never reached the negative's pass
+    assert "forward" not in d.__dict__  # restored
+
+
+# ------------------------------------------------------------------------------------ chunked dropout
+def test_dropped_encoder_in_a_chunked_batch_gets_the_batch_chunk_count() -> None:
+    import torch
+
+    import te_align
+    from te_align.encoding import EncodeOptions
+    from te_align.profiles.overrides import resolve
+    from te_align.tiny.bases import base_info, load
+
+    pipe = load("sd15")
+    prof = resolve("sd15", ("base", base_info("sd15")["profile_overrides"]))
+    long = "a large pink circle at the top left, " * 12
+    opts = EncodeOptions(long_prompt_chunks=3)
+    cond = te_align.encode(prof, [long, "a red square"], pipeline=pipe, options=opts, drop_slots={"clip_l": [False, True]})
+    assert cond["prompt_embeds"].shape[1] == 3 * 77
+    empty = te_align.encode(prof, [""], pipeline=pipe, options=EncodeOptions(long_prompt_chunks=3, pad_chunks=True))
+    assert torch.equal(cond["prompt_embeds"][1], empty["prompt_embeds"][0])
+
+
+# -------------------------------------------------------------------------------------- matrix, demo
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from te_align.ab.demo import run_demo
+
+    out = tmp_path_factory.mktemp("world-demo")
+    said: list[str] = []
+    result = run_demo(out, steps=4, seeds=2, workers=2, say=said.append)
+    return out, result, said
+
+
+def test_demo_runs_the_planned_row_on_the_shipped_base(demo: Any) -> None:
+    from te_align.ab.demo import DEMO_ROW
+    from te_align.ab.runner import PRIMARY
+
+    out, result, said = demo
+    assert result.preset.name == DEMO_ROW and result.seeds == 2 and len(result.runs) == 4
+    for r in result.runs:
+        assert r.steps == 4 and [s for s, _ in r.curve] == [4] and len(r.probes) == 24 and len(r.probe_samples) == 24
+    m = next(x for x in result.summary if x.metric == PRIMARY)
+    verdict = next(s for s in said if s.startswith("verdict: "))
+    assert verdict.startswith(f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}")
+    results = sorted((out / "matrix" / "results" / DEMO_ROW).glob("seed-*.json"))
+    assert [p.name for p in results] == ["seed-0.json", "seed-1.json"]
+    per_seed = [json.loads(p.read_text())["arms"]["A"]["curve_mean"] for p in results]
+    assert per_seed == pytest.approx(m.a)
+
+
+def test_demo_report_leads_with_the_verdict_then_samples_accuracy_and_the_matrix(demo: Any) -> None:
+    _, result, _ = demo
+    md = result.report_md.read_text(encoding="utf-8")
+    heads = [line for line in md.splitlines() if line.startswith(("# ", "## ", "**Verdict"))]
+    assert heads[0] == f"# A/B: {result.preset.name}" and heads[1].startswith(f"**Verdict: {result.verdict}**")
+    order = [next(i for i, h in enumerate(heads) if h.startswith(t)) for t in
+             ("## Samples: what each arm draws", "## Prompt accuracy", "## Validation loss per checkpoint", "## The committed effects matrix")]  # fmt: skip
+    assert order == sorted(order)
+    page = result.report_html.read_text(encoding="utf-8")
+    assert page.count('src="data:image/png;base64,') >= 4 and "The committed effects matrix" in page
+
+
+def test_interrupted_matrix_resumes_and_does_not_rerun_finished_seeds(demo: Any) -> None:
+    from te_align.ab.demo import DEMO_ROW
+    from te_align.ab.matrix import run_matrix
+
+    out, _, _ = demo
+    said: list[str] = []
+    rows = run_matrix(out / "matrix", only=[DEMO_ROW], seeds=2, max_steps=4, say=said.append)
+    assert said[0].endswith("0 unit(s) to run (row x seed), 2 done; results in " + str(out / "matrix" / "results"))
+    assert rows[0].seeds == 2
+    with pytest.raises(ABError, match="a result of another plan"):
+        run_matrix(out / "matrix", only=[DEMO_ROW], seeds=2, max_steps=5, say=said.append)
+    with pytest.raises(ABError, match="key '--only': no world preset 'world-sd9'"):
+        run_matrix(out / "matrix", only=["world-sd9"], say=said.append)
