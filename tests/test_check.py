@@ -402,8 +402,8 @@ EXAMPLES = {
     "onetrainer/flux_lora.json": (1, [("deviation", "error", "t5.tokenizer.max_length")]),
     "musubi/qwen_image_lora.sh": (0, [("deviation", "info", "qwen.tokenizer.max_length"),
                                       ("note", "info", "text-encoder cache")]),
-    # a dataset config names no model: check the command line that names it (or pass --profile)
-    "musubi/qwen_image_dataset.toml": (2, [("syntax", "error", "")]),
+    # a dataset config names no model: check the command line that names it (the same exit 3 for every trainer)
+    "musubi/qwen_image_dataset.toml": (3, [("not-checked", "info", "")]),
     "diffusion-pipe/flux_schnell.toml": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
                                              ("stale-cache", "warning", "text-encoder cache")]),
     "diffusion-pipe/dataset.toml": (3, [("not-checked", "info", "")]),
@@ -468,3 +468,34 @@ def test_exit_0_with_notes_prints_the_notes_not_every_one_matches(tmp_path, caps
     flux = write(tmp_path, "flux.toml", 'pretrained_model_name_or_path = "/m/flux1-dev.safetensors"\nt5xxl_max_token_length = 512\n')
     assert main(["check", flux]) == 0
     assert capsys.readouterr().out.splitlines()[1].endswith("ran and every one matches the profile")
+
+
+DATASET_ALONE = {
+    "kohya": ('[general]\nshuffle_caption = true\ncaption_extension = ".txt"\n\n[[datasets]]\nresolution = 1024\n'
+              'batch_size = 2\n\n  [[datasets.subsets]]\n  image_dir = "/data/img"\n  num_repeats = 10\n',
+              "not checked: an sd-scripts dataset config names no model; check the training config or command line "
+              "that uses it (--dataset_config) — the model is set there"),
+    "musubi": ('[general]\nresolution = [960, 544]\ncaption_extension = ".txt"\nbatch_size = 1\n\n[[datasets]]\n'
+               'image_directory = "/data/img"\ncache_directory = "/data/cache"\nnum_repeats = 1\n',
+               "not checked: a musubi-tuner dataset config names no model; check the caching command line that uses "
+               "it (`te-align check DATASET.toml -- qwen_image_cache_text_encoder_outputs.py …`, or the command's own "
+               "file)"),
+    "diffusion-pipe": ("resolutions = [512]\nenable_ar_bucket = true\n\n[[directory]]\npath = '/data/img'\n"
+                       "num_repeats = 1\n",
+                       "not checked: a diffusion-pipe dataset config names no model; check the training config that "
+                       "names it (dataset = '…') — the model is set there"),
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(DATASET_ALONE))
+def test_a_dataset_config_alone_is_not_checked_by_every_trainer(trainer, tmp_path, capsys):
+    """A dataset TOML names no model: exit 3 ("not checked") with what to check instead, the same for every trainer,
+    with or without --profile."""
+    text, reason = DATASET_ALONE[trainer]
+    path = write(tmp_path, "dataset.toml", text)
+    for kw in ({}, {"profile": "qwen-image"}):
+        r = check_file(path, **kw)
+        assert (r.trainer, r.exit_code, r.status, r.reason) == (trainer, 3, "not-checked", reason)
+        assert [(f.kind, f.severity) for f in r.findings] == [("not-checked", "info")]
+    assert main(["check", path]) == 3
+    assert capsys.readouterr().out.splitlines()[0] == f"{path}: {trainer} · {reason}"

@@ -272,8 +272,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     keys = valid_keys()
     findings: list[Finding] = []
     if "model" not in raw.data and isinstance(raw.data.get("directory"), list):
-        raise NotChecked("not checked: a diffusion-pipe dataset config; check the training config that names it "
-                         "(dataset = '…') — the model is set there", file=raw.file)
+        raise NotChecked("not checked: a diffusion-pipe dataset config names no model; check the training config that "
+                         "names it (dataset = '…') — the model is set there", file=raw.file)
     model = raw.data.get("model")
     if not isinstance(model, dict):
         raise ConfigSyntaxError(raw.file, lines("model"), None, "wrong type/value for model: expected a [model] table")
