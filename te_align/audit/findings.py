@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
-Kind = Literal["deviation", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value", "not-checked",
-               "note"]
+Kind = Literal["deviation", "missing-key", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value",
+               "not-checked", "note"]
 Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 
 #: Exit codes of one file:
