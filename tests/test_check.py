@@ -499,3 +499,52 @@ def test_a_dataset_config_alone_is_not_checked_by_every_trainer(trainer, tmp_pat
         assert [(f.kind, f.severity) for f in r.findings] == [("not-checked", "info")]
     assert main(["check", path]) == 3
     assert capsys.readouterr().out.splitlines()[0] == f"{path}: {trainer} · {reason}"
+
+
+#: Lumina-Image 2.0's other system-prompt templates, as the authors' reference code writes them
+#: (Alpha-VLLM/Lumina-Image-2.0@4a4d6f8 sample.py:246-255).
+LUMINA_OFFICIAL = {
+    "base": "You are an assistant designed to generate high-quality images based on user prompts.",
+    "align": ("You are an assistant designed to generate high-quality images with the highest degree of image-text "
+              "alignment based on textual prompts."),
+    "aesthetics": ("You are an assistant designed to generate high-quality images with highest degree of aesthetics "
+                   "based on user prompts."),
+    "4grid": ("You are an assistant designed to generate four high-quality images with highest degree of aesthetics "
+              "arranged in 2x2 grids based on user prompts."),
+}
+
+
+def test_lumina2_profile_holds_the_official_templates():
+    import te_align
+
+    pv = te_align.profile("lumina2").provenance_of("slots.gemma.tokenizer.system_prompt")
+    assert [(a.value, a.status) for a in pv.alternatives] == [
+        (LUMINA_OFFICIAL[k], "official") for k in ("base", "align", "aesthetics", "4grid")]
+    assert all(a.source.startswith("Alpha-VLLM/Lumina-Image-2.0@4a4d6f856115db07e8ae127280ebcc3d9f65004e sample.py:")
+               for a in pv.alternatives)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(LUMINA_OFFICIAL))
+def test_an_official_alternative_is_a_note_naming_it(kind, tmp_path):
+    """sd-scripts --system_prompt with one of the authors' other templates: a note naming the template, not an error."""
+    r = check_file(write(tmp_path, "l.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
+                                             f"system_prompt = {json.dumps(LUMINA_OFFICIAL[kind])}\n"))  # fmt: skip
+    assert (r.profile, r.exit_code) == ("lumina2", 0)
+    (dev,) = [f for f in r.findings if f.kind == "deviation"]
+    assert (dev.setting, dev.severity, dev.effective, dev.profile) == (
+        "gemma.tokenizer.system_prompt", "info", LUMINA_OFFICIAL[kind], LUMINA_SP)
+    assert "This is an official alternative of lumina2: the Lumina-Image 2.0 " in dev.message
+    assert f"('{kind}')" in dev.message and "Alpha-VLLM/Lumina-Image-2.0@4a4d6f8" in dev.message
+    # a system prompt nobody published stays an error
+    r = check_file(write(tmp_path, "x.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
+                                             'system_prompt = "You are an assistant."\n'))  # fmt: skip
+    assert r.exit_code == 1 and deviations(r)["gemma.tokenizer.system_prompt"][2] == "error"
+
+
+def test_findings_table_never_shows_two_values_as_the_same_text(tmp_path, capsys):
+    path = write(tmp_path, "l.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
+                                     f'system_prompt = {json.dumps(LUMINA_OFFICIAL["base"])}\n')  # fmt: skip
+    assert main(["check", path]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "gemma.tokenizer.system_prompt" in line)
+    assert row.split() == ["info", "gemma.tokenizer.system_prompt", "…high-quality…", "…superior", "images", "with",
+                           "the", "superior…", "(line", "2)"]
