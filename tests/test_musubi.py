@@ -461,3 +461,11 @@ def test_patch_and_unpatch_are_byte_identical_and_the_patched_package_boots(tmp_
     assert main(["unpatch", str(copy)]) == 0
     assert init.read_bytes() == before
     assert not (copy / ".te_align").exists()
+
+
+def test_config_file_toml_with_hunyuan_videos_lora_module(tmp_path):
+    """docs/advanced_config.md's --config_file example: dit + networks.lora (HunyuanVideo's module in musubi-tuner)."""
+    cfg = write(tmp_path, "config.toml", 'dit = "/path/to/dit"\nnetwork_module = "networks.lora"\nnetwork_dim = 32\n')
+    r = check_file(cfg)
+    assert (r.trainer, r.exit_code, r.reason) == (
+        "musubi", 3, "not checked: te-align has no profile for HunyuanVideo (network_module 'networks.lora')")

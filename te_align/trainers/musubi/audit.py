@@ -262,6 +262,8 @@ def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tupl
     if found:
         signals.append((found[0], f"script {script}"))
     net = _network_arch(values)
+    if net is None and values.get("network_module") == "networks.lora":  # musubi-tuner's HunyuanVideo LoRA module
+        net = names.BY_PREFIX["hv"]
     if net:
         signals.append((net, f"network_module {values.get('network_module')!r}"))
     own = script_options(script) if found else frozenset()
