@@ -471,28 +471,38 @@ def test_exit_0_with_notes_prints_the_notes_not_every_one_matches(tmp_path, caps
 
 
 DATASET_ALONE = {
-    "kohya": ('[general]\nshuffle_caption = true\ncaption_extension = ".txt"\n\n[[datasets]]\nresolution = 1024\n'
+    "kohya": ("dataset.toml", '[general]\nshuffle_caption = true\ncaption_extension = ".txt"\n\n[[datasets]]\nresolution = 1024\n'
               'batch_size = 2\n\n  [[datasets.subsets]]\n  image_dir = "/data/img"\n  num_repeats = 10\n',
               "not checked: an sd-scripts dataset config names no model; check the training config or command line "
               "that uses it (--dataset_config) — the model is set there"),
-    "musubi": ('[general]\nresolution = [960, 544]\ncaption_extension = ".txt"\nbatch_size = 1\n\n[[datasets]]\n'
+    "musubi": ("dataset.toml", '[general]\nresolution = [960, 544]\ncaption_extension = ".txt"\nbatch_size = 1\n\n[[datasets]]\n'
                'image_directory = "/data/img"\ncache_directory = "/data/cache"\nnum_repeats = 1\n',
                "not checked: a musubi-tuner dataset config names no model; check the caching command line that uses "
                "it (`te-align check DATASET.toml -- qwen_image_cache_text_encoder_outputs.py …`, or the command's own "
                "file)"),
-    "diffusion-pipe": ("resolutions = [512]\nenable_ar_bucket = true\n\n[[directory]]\npath = '/data/img'\n"
+    "diffusion-pipe": ("dataset.toml", "resolutions = [512]\nenable_ar_bucket = true\n\n[[directory]]\npath = '/data/img'\n"
                        "num_repeats = 1\n",
                        "not checked: a diffusion-pipe dataset config names no model; check the training config that "
                        "names it (dataset = '…') — the model is set there"),
+    # SimpleTuner's --data_backend_config and OneTrainer's concepts file: JSON lists
+    "simpletuner": ("multidatabackend.json", json.dumps([
+        {"id": "photos", "type": "local", "instance_data_dir": "/data/img", "caption_strategy": "textfile"},
+        {"id": "text-embeds", "type": "local", "dataset_type": "text_embeds", "default": True, "cache_dir": "/c"}]),
+        "not checked: a SimpleTuner data backend config names no model; check the config.json that uses it "
+        "(data_backend_config) — the model is set there"),
+    "onetrainer": ("concepts.json", json.dumps([{"name": "c", "path": "/data/img", "enabled": True, "image": {},
+                                                 "text": {"prompt_source": "sample"}, "balancing": 1.0}]),
+                   "not checked: a OneTrainer concepts file names no model; check the training config that uses it "
+                   "(concept_file_name) — the model is set there"),
 }
 
 
 @pytest.mark.parametrize("trainer", sorted(DATASET_ALONE))
 def test_a_dataset_config_alone_is_not_checked_by_every_trainer(trainer, tmp_path, capsys):
-    """A dataset TOML names no model: exit 3 ("not checked") with what to check instead, the same for every trainer,
-    with or without --profile."""
-    text, reason = DATASET_ALONE[trainer]
-    path = write(tmp_path, "dataset.toml", text)
+    """A dataset config names no model: exit 3 ("not checked") with what to check instead, the same for every trainer
+    that keeps its datasets in a file of their own, with or without --profile."""
+    name, text, reason = DATASET_ALONE[trainer]
+    path = write(tmp_path, name, text)
     for kw in ({}, {"profile": "qwen-image"}):
         r = check_file(path, **kw)
         assert (r.trainer, r.exit_code, r.status, r.reason) == (trainer, 3, "not-checked", reason)
