@@ -195,7 +195,7 @@ def _missing_keys(data: dict[str, Any], model: dict[str, Any], mt_name: str, pro
     KeyError before training starts. The example value is the profile's where a rule maps the key to it."""
     out: list[Finding] = []
     req = required_keys()
-    for table, have in (("", data), (mt_name, model)):
+    for table, have in (("", data), *([(mt_name, model)] if mt_name else [])):
         for key, (example, source) in sorted(req.get(table, {}).items()):
             if key in have:
                 continue
