@@ -234,6 +234,13 @@ def test_key_table_is_generated_from_the_checkout():
     got = key_table(root)
     assert {k: frozenset(v) for k, v in got.items()} == valid_keys()
     assert len(scripts(root)) == sum(not k.startswith("dataset") for k in got)
+    # the maintainer command writes exactly the bundled file (its header names the commit te-align cites)
+    bundled = (ROOT / "te_align" / "trainers" / "musubi" / "data" / "musubi.txt").read_text(encoding="utf-8")
+    from te_align.trainers.musubi.audit import COMMIT
+
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_audit_keys.py"), "musubi", str(root), "--commit",
+                          COMMIT], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out == bundled
 
 
 def test_cache_dir_counts_fingerprints(tmp_path):
