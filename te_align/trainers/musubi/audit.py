@@ -458,8 +458,8 @@ def scan_cache(directory: str, profile: Any) -> Any:
 
 # ------------------------------------------------------------------------------------ the key table
 def _argparse_options(root: Path, script: str) -> set[str]:
-    """Options of a script's parser, read from the source: every ``add_argument("--name")`` in the functions its
-    ``main`` calls, followed through the script's own functions and the functions it imports (``from m import f``,
+    """Options of a script's parser, read from the source: every ``add_argument("--name")`` (and its ``dest``) in the
+    functions its ``main`` calls, followed through the script's own functions and the functions it imports (``from m import f``,
     ``import m`` + ``m.f``)."""
     import ast
 
@@ -517,6 +517,9 @@ def _argparse_options(root: Path, script: str) -> set[str]:
                 for a in node.args:
                     if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
                         out.add(a.value[2:].replace("-", "_"))
+                for k in node.keywords:  # dest: the name a --config_file TOML key sets (--dino_loss_no_norm)
+                    if k.arg == "dest" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str):
+                        out.add(k.value.value)
             elif isinstance(f, ast.Name):
                 if f.id in funcs:
                     todo.append((mod, f.id))
