@@ -15,9 +15,8 @@ Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 #:   1 deviations: any error or warning finding;
 #:   2 unreadable input: missing file, syntax error, empty config, a value of the wrong type (file, key, line);
 #:   3 not checked: te-align has no profile for the model the config trains, no rules for this trainer and
-#:     family, the config is not a training job (a job that extracts a LoRA or generates images, musubi-tuner's
-#:     latent caching), or it is a dataset config given alone (it names no model: sd-scripts, musubi-tuner and
-#:     diffusion-pipe dataset TOMLs, SimpleTuner's data backend JSON, OneTrainer's concepts file alike).
+#:     family, the config is not a training job (a job that extracts a LoRA, generates images or caches latents
+#:     only), or it is a dataset config given alone (it names no model; every trainer's reader says so alike).
 #: Several files: the most serious, in the order 2 > 1 > 3 > 0.
 EXIT_ALIGNED, EXIT_DEVIATIONS, EXIT_UNREADABLE, EXIT_NOT_CHECKED = 0, 1, 2, 3
 _SERIOUSNESS = {EXIT_ALIGNED: 0, EXIT_NOT_CHECKED: 1, EXIT_DEVIATIONS: 2, EXIT_UNREADABLE: 3}
