@@ -182,15 +182,29 @@ def test_every_script_has_its_own_options_and_models_without_a_profile_are_not_c
     assert [(f.kind, f.severity) for f in r.findings] == [("not-checked", "info")]  # no unknown key, no "other model"
 
 
-def test_another_models_option_only_where_the_script_lacks_it():
+def test_another_models_option_only_where_the_script_lacks_it(tmp_path):
+    """An option only one model's scripts define names that model, where the script lacks it (argparse refuses it
+    too); one several models define (--task: Wan, HiDream-O1, HunyuanVideo 1.5, Kandinsky 5) names none."""
     r = check_file("<command line>", command=["python", "qwen_image_train_network.py", "--dataset_config", "d.toml",
-                                              "--task", "t2v-14B"])  # fmt: skip
-    (unknown,) = [f for f in r.findings if f.kind == "unknown-key"]
-    assert (unknown.key, unknown.severity) == ("task", "error")
+                                              "--task", "t2v-14B", "--dit_high_noise", "/m/high.safetensors"])  # fmt: skip
+    assert sorted((f.key, f.severity) for f in r.findings if f.kind == "unknown-key") == [
+        ("dit_high_noise", "error"), ("task", "error")]
     assert [f.message for f in r.findings if f.setting == "profile"] == [
-        "--task (a Wan 2.1/2.2 option that qwen_image_train_network.py does not have) names another model than script "
-        "qwen_image_train_network.py; checked as Qwen-Image"]
+        "--dit_high_noise (an option only Wan 2.1/2.2's scripts have; qwen_image_train_network.py does not) names "
+        "another model than script qwen_image_train_network.py; checked as Qwen-Image"]
     assert r.profile == "qwen-image"
+    # the script's own --task: no note (HiDream-O1, Kandinsky 5 and Wan each define one)
+    r = check_file("<command line>", command=["python", "wan_train_network.py", "--dataset_config", "d.toml", "--task",
+                                              "t2v-14B", "--t5", "/m/t5.pth"])  # fmt: skip
+    assert r.profile == "wan21" and not [f for f in r.findings if f.setting == "profile" or f.kind == "unknown-key"]
+    # a --config_file TOML alone: an option only one model's scripts have names it
+    from te_align.trainers.musubi.audit import option_archs
+
+    assert option_archs()["dit_high_noise"] == {"wan"} and option_archs()["edit_plus"] == {"qwen_image"}
+    assert option_archs()["task"] == {"wan", "hidream_o1", "hv_1_5", "kandinsky5"}
+    cfg = write(tmp_path, "w.toml", 'dit = "/m/low.safetensors"\ndit_high_noise = "/m/high.safetensors"\n')
+    r = check_file(cfg)
+    assert (r.profile, r.family_reason) == ("wan21", "--dit_high_noise (an option only Wan 2.1/2.2's scripts have)")
 
 
 @pytest.mark.parametrize(("script", "te_script"), [("wan_cache_latents.py", "wan_cache_text_encoder_outputs.py"),

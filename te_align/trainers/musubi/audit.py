@@ -143,13 +143,17 @@ def te_cache_script(arch: names.Arch) -> str:
     return unprefixed or f"{arch.prefix}_{names.TE_CACHE_KIND}.py"
 
 
-#: Options that name an architecture when the script does not (a ``--config_file`` TOML alone) or when the script
-#: lacks them: ``--task`` is Wan's, and also FramePack's, Kandinsky 5's… (a script that defines an option is never
-#: told it names another model).
-ARCH_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("wan", ("task", "t5", "fp8_t5", "dit_high_noise")),
-    ("qwen_image", ("model_version", "edit", "edit_plus")),
-)
+@functools.cache
+def option_archs() -> dict[str, frozenset[str]]:
+    """Option -> the architectures (script prefixes) whose scripts define it, from the key table. An option only one
+    architecture's scripts have names that model (``--dit_high_noise``: Wan); ``--task`` is Wan's, HiDream-O1's,
+    HunyuanVideo 1.5's and Kandinsky 5's, so it names none."""
+    out: dict[str, set[str]] = {}
+    for section, keys in valid_keys().items():
+        found = names.script_arch(section + ".py")
+        for key in keys if found else ():
+            out.setdefault(key, set()).add(found[0].prefix)  # type: ignore[index]
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -266,12 +270,17 @@ def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tupl
         net = names.BY_PREFIX["hv"]
     if net:
         signals.append((net, f"network_module {values.get('network_module')!r}"))
+    # an option only one architecture's scripts have, where the script (if any) does not have it itself
     own = script_options(script) if found else frozenset()
-    for prefix, keys in ARCH_OPTIONS:
-        key = next((k for k in keys if k in values and k not in own), None)
-        if key is not None:
-            arch = names.BY_PREFIX[prefix]
-            signals.append((arch, f"--{key} (a {arch.display} option{f' that {script} does not have' if found else ''})"))
+    named: set[str] = set()
+    for key in values:
+        archs = option_archs().get(key, frozenset())
+        if key in own or len(archs) != 1 or archs <= named:
+            continue
+        named |= archs
+        arch = names.BY_PREFIX[next(iter(archs))]
+        signals.append((arch, f"--{key} (an option only {arch.display}'s scripts have"
+                              f"{f'; {script} does not' if found else ''})"))
     cached = _cache_arch(caches)
     if cached:
         signals.append((cached[0], f"cache files *_{cached[1]}_te.safetensors in the dataset's cache_directory"))
