@@ -402,8 +402,8 @@ EXAMPLES = {
     "onetrainer/flux_lora.json": (1, [("deviation", "error", "t5.tokenizer.max_length")]),
     "musubi/qwen_image_lora.sh": (0, [("deviation", "info", "qwen.tokenizer.max_length"),
                                       ("note", "info", "text-encoder cache")]),
-    # a dataset config names no model: check the command line that names it (or pass --profile)
-    "musubi/qwen_image_dataset.toml": (2, [("syntax", "error", "")]),
+    # a dataset config names no model: check the command line that names it (the same exit 3 for every trainer)
+    "musubi/qwen_image_dataset.toml": (3, [("not-checked", "info", "")]),
     "diffusion-pipe/flux_schnell.toml": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
                                              ("stale-cache", "warning", "text-encoder cache")]),
     "diffusion-pipe/dataset.toml": (3, [("not-checked", "info", "")]),
@@ -468,3 +468,93 @@ def test_exit_0_with_notes_prints_the_notes_not_every_one_matches(tmp_path, caps
     flux = write(tmp_path, "flux.toml", 'pretrained_model_name_or_path = "/m/flux1-dev.safetensors"\nt5xxl_max_token_length = 512\n')
     assert main(["check", flux]) == 0
     assert capsys.readouterr().out.splitlines()[1].endswith("ran and every one matches the profile")
+
+
+DATASET_ALONE = {
+    "kohya": ("dataset.toml", '[general]\nshuffle_caption = true\ncaption_extension = ".txt"\n\n[[datasets]]\nresolution = 1024\n'
+              'batch_size = 2\n\n  [[datasets.subsets]]\n  image_dir = "/data/img"\n  num_repeats = 10\n',
+              "not checked: an sd-scripts dataset config names no model; check the training config or command line "
+              "that uses it (--dataset_config) — the model is set there"),
+    "musubi": ("dataset.toml", '[general]\nresolution = [960, 544]\ncaption_extension = ".txt"\nbatch_size = 1\n\n[[datasets]]\n'
+               'image_directory = "/data/img"\ncache_directory = "/data/cache"\nnum_repeats = 1\n',
+               "not checked: a musubi-tuner dataset config names no model; check the caching command line that uses "
+               "it (`te-align check DATASET.toml -- qwen_image_cache_text_encoder_outputs.py …`, or the command's own "
+               "file)"),
+    "diffusion-pipe": ("dataset.toml", "resolutions = [512]\nenable_ar_bucket = true\n\n[[directory]]\npath = '/data/img'\n"
+                       "num_repeats = 1\n",
+                       "not checked: a diffusion-pipe dataset config names no model; check the training config that "
+                       "names it (dataset = '…') — the model is set there"),
+    # SimpleTuner's --data_backend_config and OneTrainer's concepts file: JSON lists
+    "simpletuner": ("multidatabackend.json", json.dumps([
+        {"id": "photos", "type": "local", "instance_data_dir": "/data/img", "caption_strategy": "textfile"},
+        {"id": "text-embeds", "type": "local", "dataset_type": "text_embeds", "default": True, "cache_dir": "/c"}]),
+        "not checked: a SimpleTuner data backend config names no model; check the config.json that uses it "
+        "(data_backend_config) — the model is set there"),
+    "onetrainer": ("concepts.json", json.dumps([{"name": "c", "path": "/data/img", "enabled": True, "image": {},
+                                                 "text": {"prompt_source": "sample"}, "balancing": 1.0}]),
+                   "not checked: a OneTrainer concepts file names no model; check the training config that uses it "
+                   "(concept_file_name) — the model is set there"),
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(DATASET_ALONE))
+def test_a_dataset_config_alone_is_not_checked_by_every_trainer(trainer, tmp_path, capsys):
+    """A dataset config names no model: exit 3 ("not checked") with what to check instead, the same for every trainer
+    that keeps its datasets in a file of their own, with or without --profile."""
+    name, text, reason = DATASET_ALONE[trainer]
+    path = write(tmp_path, name, text)
+    for kw in ({}, {"profile": "qwen-image"}):
+        r = check_file(path, **kw)
+        assert (r.trainer, r.exit_code, r.status, r.reason) == (trainer, 3, "not-checked", reason)
+        assert [(f.kind, f.severity) for f in r.findings] == [("not-checked", "info")]
+    assert main(["check", path]) == 3
+    assert capsys.readouterr().out.splitlines()[0] == f"{path}: {trainer} · {reason}"
+
+
+#: Lumina-Image 2.0's other system-prompt templates, as the authors' reference code writes them
+#: (Alpha-VLLM/Lumina-Image-2.0@4a4d6f8 sample.py:246-255).
+LUMINA_OFFICIAL = {
+    "base": "You are an assistant designed to generate high-quality images based on user prompts.",
+    "align": ("You are an assistant designed to generate high-quality images with the highest degree of image-text "
+              "alignment based on textual prompts."),
+    "aesthetics": ("You are an assistant designed to generate high-quality images with highest degree of aesthetics "
+                   "based on user prompts."),
+    "4grid": ("You are an assistant designed to generate four high-quality images with highest degree of aesthetics "
+              "arranged in 2x2 grids based on user prompts."),
+}
+
+
+def test_lumina2_profile_holds_the_official_templates():
+    import te_align
+
+    pv = te_align.profile("lumina2").provenance_of("slots.gemma.tokenizer.system_prompt")
+    assert [(a.value, a.status) for a in pv.alternatives] == [
+        (LUMINA_OFFICIAL[k], "official") for k in ("base", "align", "aesthetics", "4grid")]
+    assert all(a.source.startswith("Alpha-VLLM/Lumina-Image-2.0@4a4d6f856115db07e8ae127280ebcc3d9f65004e sample.py:")
+               for a in pv.alternatives)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(LUMINA_OFFICIAL))
+def test_an_official_alternative_is_a_note_naming_it(kind, tmp_path):
+    """sd-scripts --system_prompt with one of the authors' other templates: a note naming the template, not an error."""
+    r = check_file(write(tmp_path, "l.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
+                                             f"system_prompt = {json.dumps(LUMINA_OFFICIAL[kind])}\n"))  # fmt: skip
+    assert (r.profile, r.exit_code) == ("lumina2", 0)
+    (dev,) = [f for f in r.findings if f.kind == "deviation"]
+    assert (dev.setting, dev.severity, dev.effective, dev.profile) == (
+        "gemma.tokenizer.system_prompt", "info", LUMINA_OFFICIAL[kind], LUMINA_SP)
+    assert "This is an official alternative of lumina2: the Lumina-Image 2.0 " in dev.message
+    assert f"('{kind}')" in dev.message and "Alpha-VLLM/Lumina-Image-2.0@4a4d6f8" in dev.message
+    # a system prompt nobody published stays an error
+    r = check_file(write(tmp_path, "x.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
+                                             'system_prompt = "You are an assistant."\n'))  # fmt: skip
+    assert r.exit_code == 1 and deviations(r)["gemma.tokenizer.system_prompt"][2] == "error"
+
+
+def test_findings_table_never_shows_two_values_as_the_same_text(tmp_path, capsys):
+    path = write(tmp_path, "l.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
+                                     f'system_prompt = {json.dumps(LUMINA_OFFICIAL["base"])}\n')  # fmt: skip
+    assert main(["check", path]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "gemma.tokenizer.system_prompt" in line)
+    assert row.split() == ["info", "gemma.tokenizer.system_prompt", "…high-quality…", "…superior", "images", "with",
+                           "the", "superior…", "(line", "2)"]

@@ -17,7 +17,7 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.cli import main
-from te_align.trainers.diffusion_pipe import hooks
+from te_align.trainers.diffusion_pipe import hooks, names
 from tests.support.files import write_sparse_safetensors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,14 +37,27 @@ def needs_checkout() -> Path:
     return Path(CHECKOUT)
 
 
+#: The [model] keys diffusion-pipe reads without a default, by type (besides dtype): files of a plain run.
+FILES = {"flux": "diffusers_path = '/m/flux-diffusers'", "lumina_2": "transformer_path = '/m/lumina_2_model_bf16.safetensors'\n"
+         "llm_path = '/m/gemma_2_2b_fp16.safetensors'\nvae_path = '/m/flux_vae.safetensors'",
+         "auraflow": "transformer_path = '/m/aura_flow_0.3.safetensors'\ntext_encoder_path = '/m/umt5.safetensors'\n"
+                     "vae_path = '/m/sdxl_vae.safetensors'"}
+
+
 def config(tmp_path: Path, model: str, dataset: str | None = None, top: str = "") -> str:
+    """A training TOML with every key diffusion-pipe reads without a default (dtype, the files of the type unless
+    ``model`` names them, [optimizer])."""
+    kind = model.split("'")[1]
+    extra = [line for line in FILES.get(kind, "").splitlines() if line.split(" =")[0] + " =" not in model]
+    model = "\n".join([model, *extra, *([] if "dtype =" in model else ["dtype = 'bfloat16'"])])
     if dataset is not None:
         (tmp_path / "img").mkdir(exist_ok=True)
         (tmp_path / "dataset.toml").write_text(f"resolutions = [1024]\n{dataset}\n[[directory]]\npath = "
                                                f"'{tmp_path / 'img'}'\nnum_repeats = 1\n", encoding="utf-8")  # fmt: skip
     path = tmp_path / "train.toml"
     path.write_text(f"output_dir = '/out'\ndataset = '{tmp_path / 'dataset.toml'}'\nepochs = 10\n{top}\n[model]\n{model}\n"
-                    "[adapter]\ntype = 'lora'\nrank = 32\n", encoding="utf-8")  # fmt: skip
+                    "[adapter]\ntype = 'lora'\nrank = 32\n[optimizer]\ntype = 'adamw_optimi'\nlr = 2e-5\n",
+                    encoding="utf-8")  # fmt: skip
     return str(path)
 
 
@@ -115,10 +128,14 @@ def test_lumina2_system_prompt_comes_from_the_dataset_caption_prefix(tmp_path):
                         "alignment based on textual prompts or user prompts.")
     r = check_file(config(tmp_path, "type = 'lumina_2'", f"caption_prefix = '{diffusers_prompt} <Prompt Start> '"))
     assert r.exit_code == 0 and deviations(r) == {}
-    # diffusion-pipe's own recommended prefix is another system prompt than the pipeline's
+    # diffusion-pipe's own recommended prefix (examples/recommended_lumina_dataset_config.toml:13) is the authors'
+    # general-generation template, another system prompt than the pipeline's: a note naming it, not an error
     r = check_file(config(tmp_path, "type = 'lumina_2'", "caption_prefix = 'You are an assistant designed to generate "
                                                          "high-quality images based on user prompts. <Prompt Start> '"))
-    assert list(deviations(r)) == ["gemma.tokenizer.system_prompt"]
+    assert r.exit_code == 0 and deviations(r) == {"gemma.tokenizer.system_prompt": (
+        "You are an assistant designed to generate high-quality images based on user prompts.", diffusers_prompt, "info")}
+    dev = next(f for f in r.findings if f.kind == "deviation")
+    assert "official alternative of lumina2: the Lumina-Image 2.0 general-generation template ('base')" in dev.message
 
 
 def test_sdxl_sd3_auraflow_and_models_without_a_profile(tmp_path):
@@ -264,3 +281,75 @@ def test_patch_and_unpatch_are_byte_identical_and_the_drop_in_arms_the_hooks(tmp
     assert run.stdout.strip().splitlines()[-1] == "True True ('flux',) flux-schnell"
     assert main(["unpatch", str(copy)]) == 0
     assert train.read_bytes() == before and not (copy / "te_align_originals").exists()
+
+
+def test_auraflow_without_max_sequence_length_stops_diffusion_pipe(tmp_path):
+    """models/auraflow.py:28 reads [model] max_sequence_length with no default: diffusion-pipe stops with a KeyError."""
+    r = check_file(config(tmp_path, "type = 'auraflow'"))
+    assert (r.profile, r.exit_code) == ("auraflow", 1)
+    (missing,) = [f for f in r.findings if f.kind == "missing-key"]
+    assert (missing.severity, missing.setting, missing.key) == ("error", "model.max_sequence_length", "max_sequence_length")
+    assert missing.message == ("[model] max_sequence_length is missing: diffusion-pipe reads it without a default for "
+                               "[model] type 'auraflow' (models/auraflow.py:28) and stops with KeyError: "
+                               "'max_sequence_length'")
+    assert missing.fix == "add max_sequence_length = 256 to [model] (the auraflow profile's value)"
+    assert missing.trainer_source == "diffusion-pipe: models/auraflow.py:28"
+    r = check_file(config(tmp_path, "type = 'auraflow'\nmax_sequence_length = 256"))
+    assert r.exit_code == 0 and not [f for f in r.findings if f.kind == "missing-key"]
+
+
+def test_every_key_read_without_a_default_is_required():
+    """One table (generated from the checkout, see test_key_tables_are_generated_from_the_checkout): for every model
+    type te-align checks, leaving out any key diffusion-pipe reads with config['key'] is one missing-key error."""
+    import tempfile
+    import tomllib
+
+    from te_align.audit.readers import load
+    from te_align.trainers.diffusion_pipe.audit import parse, required_keys
+
+    req = required_keys()
+    assert {k: v[1] for k, v in req[""].items()} == {"dataset": "train.py:393", "optimizer": "train.py:422",
+                                                      "output_dir": "train.py:543"}
+    assert req["auraflow"]["max_sequence_length"] == (768, "models/auraflow.py:28")
+    assert set(req["lumina_2"]) == {"type", "dtype", "transformer_path", "llm_path", "vae_path"}
+    assert set(req["sd3"]) == {"type", "dtype"}  # diffusers_path: read with .get (NotImplementedError without it)
+    profiled = {t.type for t in names.TYPES if t.profile}
+    assert set(req) - {""} == profiled
+    with tempfile.TemporaryDirectory() as d:
+        for mt in sorted(profiled):
+            full = {k: v for k, (v, _) in req[mt].items()}
+            top = {k: v for k, (v, _) in req[""].items()}
+            for leave in ["", *req[""], *(k for k in req[mt] if k != "type")]:
+                data = {**{k: v for k, v in top.items() if k != leave}, "epochs": 1,
+                        "model": {k: v for k, v in full.items() if k != leave}}  # fmt: skip
+                path = Path(d) / "t.toml"
+                path.write_text(_dump(data), encoding="utf-8")
+                assert tomllib.loads(path.read_text(encoding="utf-8")) == data
+                got = [f.key for f in parse(load(str(path)), []).findings if f.kind == "missing-key"]
+                assert got == ([leave] if leave else []), (mt, leave)
+
+
+def _dump(data: dict) -> str:
+    """A small TOML writer for the test (top-level values, then tables)."""
+
+    def lit(v):
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {lit(x)}" for k, x in v.items()) + "}"
+        return json.dumps(v)
+
+    tops = [f"{k} = {lit(v)}" for k, v in data.items() if k != "model"]
+    return "\n".join([*tops, "[model]", *(f"{k} = {lit(v)}" for k, v in data["model"].items())]) + "\n"
+
+
+def test_key_tables_are_generated_from_the_checkout():
+    """data/diffusion-pipe.txt is exactly what the generator reads from the checkout (keys and required keys)."""
+    from te_align.audit.readers import known_keys
+    from te_align.trainers.diffusion_pipe.audit import _config_keys, _required, required_keys
+
+    if not CHECKOUT:
+        pytest.skip(f"{ENV} is not set (path of a tdrussell/diffusion-pipe checkout)")
+    root = Path(CHECKOUT)
+    bundled = known_keys("diffusion-pipe")
+    assert {k: frozenset(v) for k, v in _config_keys(root).items()} == {
+        k: v for k, v in bundled.items() if not k.startswith("required")}
+    assert _required(root) == required_keys()

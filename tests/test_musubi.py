@@ -121,7 +121,8 @@ def test_config_file_toml_and_extra_args(tmp_path):
 def test_dataset_config_alone_names_the_model_from_its_cache_files(tmp_path):
     ds = dataset(tmp_path)
     r = check_file(ds)
-    assert r.exit_code == 2 and "no script, network_module or cache files name a model" in r.findings[0].message
+    assert (r.exit_code, r.status) == (3, "not-checked") and r.reason.startswith(
+        "not checked: a musubi-tuner dataset config names no model; check the caching command line that uses it")
     (tmp_path / "cache" / "a_qi_te.safetensors").write_bytes(_safetensors({"varlen_vl_embed_bf16": [7, 8]}))
     r = check_file(ds)
     assert (r.trainer, r.profile) == ("musubi", "qwen-image")
@@ -145,6 +146,115 @@ def test_models_without_a_profile_are_not_checked(tmp_path):
                                                                    "FLUX.1 Kontext")):  # fmt: skip
         r = check_file("<command line>", command=["python", script, "--dataset_config", "d.toml"])
         assert r.exit_code == 3 and r.reason.startswith(f"not checked: te-align has no profile for {name}")
+
+
+#: Commands from musubi-tuner's docs (at the commit te-align cites) for models te-align has no profile for: every
+#: option is the script's own, so each is "not checked" (3) naming the model, with no unknown-key finding.
+NO_PROFILE = {
+    "flux_kontext_cache_text_encoder_outputs.py": (
+        ["--text_encoder1", "/m/t5xxl.safetensors", "--text_encoder2", "/m/clip_l.safetensors", "--batch_size", "16"],
+        "FLUX.1 Kontext (script flux_kontext_cache_text_encoder_outputs.py)"),
+    "fpack_train_network.py": (
+        ["--dit", "/m/fp.safetensors", "--vae", "/m/vae.safetensors", "--text_encoder1", "/m/llava.safetensors",
+         "--text_encoder2", "/m/clip_l.safetensors", "--image_encoder", "/m/sigclip.safetensors",
+         "--network_module", "networks.lora_framepack"],
+        "FramePack (script fpack_train_network.py and network_module 'networks.lora_framepack')"),
+    "ideogram4_train_network.py": (
+        ["--dit", "/m/i4.safetensors", "--sampler_preset", "V4_DEFAULT_20", "--initial_sigma", "1.004"],
+        "Ideogram 4 (script ideogram4_train_network.py)"),
+    "kandinsky5_train_network.py": (["--task", "k5-pro-t2v-5s-sd", "--dit", "/m/k5.safetensors"],
+                                    "Kandinsky 5 (script kandinsky5_train_network.py)"),
+    "hidream_o1_cache_text_encoder_outputs.py": (["--dit", "/m/ho1.safetensors", "--fp8_te", "--model_type", "dev"],
+                                                 "HiDream-O1 (script hidream_o1_cache_text_encoder_outputs.py)"),
+    # HunyuanVideo's caching script has no prefix (docs/hunyuan_video.md)
+    "cache_text_encoder_outputs.py": (["--text_encoder1", "/m/llava.pt", "--text_encoder2", "/m/clip_l"],
+                                      "HunyuanVideo (script cache_text_encoder_outputs.py)"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(NO_PROFILE))
+def test_every_script_has_its_own_options_and_models_without_a_profile_are_not_checked(script):
+    args, why = NO_PROFILE[script]
+    r = check_file("<command line>", command=["python", f"src/musubi_tuner/{script}", "--dataset_config", "d.toml",
+                                              *args])  # fmt: skip
+    assert (r.trainer, r.exit_code, r.status, r.reason) == ("musubi", 3, "not-checked",
+                                                            f"not checked: te-align has no profile for {why}")
+    assert [(f.kind, f.severity) for f in r.findings] == [("not-checked", "info")]  # no unknown key, no "other model"
+
+
+def test_another_models_option_only_where_the_script_lacks_it(tmp_path):
+    """An option only one model's scripts define names that model, where the script lacks it (argparse refuses it
+    too); one several models define (--task: Wan, HiDream-O1, HunyuanVideo 1.5, Kandinsky 5) names none."""
+    r = check_file("<command line>", command=["python", "qwen_image_train_network.py", "--dataset_config", "d.toml",
+                                              "--task", "t2v-14B", "--dit_high_noise", "/m/high.safetensors"])  # fmt: skip
+    assert sorted((f.key, f.severity) for f in r.findings if f.kind == "unknown-key") == [
+        ("dit_high_noise", "error"), ("task", "error")]
+    assert [f.message for f in r.findings if f.setting == "profile"] == [
+        "--dit_high_noise (an option only Wan 2.1/2.2's scripts have; qwen_image_train_network.py does not) names "
+        "another model than script qwen_image_train_network.py; checked as Qwen-Image"]
+    assert r.profile == "qwen-image"
+    # the script's own --task: no note (HiDream-O1, Kandinsky 5 and Wan each define one)
+    r = check_file("<command line>", command=["python", "wan_train_network.py", "--dataset_config", "d.toml", "--task",
+                                              "t2v-14B", "--t5", "/m/t5.pth"])  # fmt: skip
+    assert r.profile == "wan21" and not [f for f in r.findings if f.setting == "profile" or f.kind == "unknown-key"]
+    # a --config_file TOML alone: an option only one model's scripts have names it
+    from te_align.trainers.musubi.audit import option_archs
+
+    assert option_archs()["dit_high_noise"] == {"wan"} and option_archs()["edit_plus"] == {"qwen_image"}
+    assert option_archs()["task"] == {"wan", "hidream_o1", "hv_1_5", "kandinsky5"}
+    cfg = write(tmp_path, "w.toml", 'dit = "/m/low.safetensors"\ndit_high_noise = "/m/high.safetensors"\n')
+    r = check_file(cfg)
+    assert (r.profile, r.family_reason) == ("wan21", "--dit_high_noise (an option only Wan 2.1/2.2's scripts have)")
+
+
+@pytest.mark.parametrize(("script", "te_script"), [("wan_cache_latents.py", "wan_cache_text_encoder_outputs.py"),
+                                                   ("cache_latents.py", "cache_text_encoder_outputs.py")])
+def test_latent_caching_scripts_are_not_training(script, te_script):
+    r = check_file("<command line>", command=["python", script, "--dataset_config", "d.toml", "--vae", "/m/v.pth"])
+    assert (r.trainer, r.exit_code, r.status) == ("musubi", 3, "not-training")
+    assert r.reason == (f"not checked: {script} caches latents only (no text encoder runs); the captions are encoded "
+                        f"by {te_script}: check that command line")
+    assert hooks.parts_for(["python", script]) == ((), f"{script} caches latents only (no text encoder runs)")
+
+
+def test_sd_scripts_tools_are_not_musubi(tmp_path):
+    sh = write(tmp_path, "c.sh", "python tools/cache_latents.py --pretrained_model_name_or_path m --sdxl\n")
+    r = check_file(sh)
+    assert r.trainer != "musubi" and r.exit_code == 2
+
+
+def test_key_table_has_every_training_and_caching_script():
+    from te_align.trainers.musubi.audit import script_options, valid_keys
+
+    sections = set(valid_keys())
+    assert {"flux_kontext_cache_text_encoder_outputs", "fpack_train_network", "hidream_o1_train", "hidream_o1_cache_pixel",
+            "flux_2_train_network_self_flow", "cache_text_encoder_outputs", "cache_latents"} <= sections
+    assert {"text_encoder1", "text_encoder2", "fp8_t5"} <= script_options("flux_kontext_cache_text_encoder_outputs.py")
+    assert "task" not in script_options("qwen_image_train_network.py")
+
+
+def checkout_dir() -> Path:
+    if not CHECKOUT:
+        pytest.skip(f"{ENV} is not set (path of a kohya-ss/musubi-tuner checkout)")
+    return Path(CHECKOUT)
+
+
+def test_key_table_is_generated_from_the_checkout():
+    """The bundled table is exactly what the generator reads from the checkout's argparse definitions: one section
+    per training and caching script of src/musubi_tuner, nothing typed by hand."""
+    from te_align.trainers.musubi.audit import key_table, scripts, valid_keys
+
+    root = checkout_dir()
+    got = key_table(root)
+    assert {k: frozenset(v) for k, v in got.items()} == valid_keys()
+    assert len(scripts(root)) == sum(not k.startswith("dataset") for k in got)
+    # the maintainer command writes exactly the bundled file (its header names the commit te-align cites)
+    bundled = (ROOT / "te_align" / "trainers" / "musubi" / "data" / "musubi.txt").read_text(encoding="utf-8")
+    from te_align.trainers.musubi.audit import COMMIT
+
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_audit_keys.py"), "musubi", str(root), "--commit",
+                          COMMIT], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out == bundled
 
 
 def test_cache_dir_counts_fingerprints(tmp_path):
@@ -372,3 +482,11 @@ def test_patch_and_unpatch_are_byte_identical_and_the_patched_package_boots(tmp_
     assert main(["unpatch", str(copy)]) == 0
     assert init.read_bytes() == before
     assert not (copy / ".te_align").exists()
+
+
+def test_config_file_toml_with_hunyuan_videos_lora_module(tmp_path):
+    """docs/advanced_config.md's --config_file example: dit + networks.lora (HunyuanVideo's module in musubi-tuner)."""
+    cfg = write(tmp_path, "config.toml", 'dit = "/path/to/dit"\nnetwork_module = "networks.lora"\nnetwork_dim = 32\n')
+    r = check_file(cfg)
+    assert (r.trainer, r.exit_code, r.reason) == (
+        "musubi", 3, "not checked: te-align has no profile for HunyuanVideo (network_module 'networks.lora')")

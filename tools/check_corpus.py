@@ -3,11 +3,13 @@
 Maintainer script (needs trainer checkouts, no network, no torch)::
 
     python tools/check_corpus.py [--kohya DIR] [--kohya-gui DIR] [--ai-toolkit DIR] [--onetrainer DIR]
-                                 [--simpletuner DIR] [--list] [--show-findings KIND]
+                                 [--simpletuner DIR] [--musubi DIR] [--diffusion-pipe DIR]
+                                 [--list] [--show-findings KIND] [--kinds]
 
 Each checkout comes from its option or its environment variable: ``TE_ALIGN_KOHYA_DIR`` (kohya-ss/sd-scripts),
 ``TE_ALIGN_KOHYA_GUI_DIR`` (bmaltais/kohya_ss), ``TE_ALIGN_AI_TOOLKIT_DIR`` (ostris/ai-toolkit),
-``TE_ALIGN_ONETRAINER_DIR`` (Nerogar/OneTrainer), ``TE_ALIGN_SIMPLETUNER_DIR`` (bghira/SimpleTuner).
+``TE_ALIGN_ONETRAINER_DIR`` (Nerogar/OneTrainer), ``TE_ALIGN_SIMPLETUNER_DIR`` (bghira/SimpleTuner),
+``TE_ALIGN_MUSUBI_DIR`` (kohya-ss/musubi-tuner), ``TE_ALIGN_DIFFUSION_PIPE_DIR`` (tdrussell/diffusion-pipe).
 
 What it reads, per trainer:
 
@@ -17,11 +19,20 @@ What it reads, per trainer:
   ``te-align check EMPTY.toml -- <script>.py --flag …``;
 - OneTrainer: ``training_presets/**/*.json``;
 - SimpleTuner: ``simpletuner/examples/*/config.json|toml`` and the JSON blocks with ``model_family`` in the
-  English ``documentation/quickstart/*.md`` pages.
+  English ``documentation/quickstart/*.md`` pages;
+- musubi-tuner: every command line in ``docs/*.md`` and ``README.md`` that runs a training or caching script
+  (``*train*.py``, ``*cache_text_encoder_outputs.py``, ``*cache_latents.py``, ``*cache_pixel.py``), each saved as a
+  one-command ``.sh`` file (``.ps1`` for PowerShell blocks) without its ``--config_file`` (the doc's TOML is not
+  shipped), identical commands once; and every TOML block of those pages (fenced ``toml``, or unlabelled and
+  parsing as a TOML table);
+- diffusion-pipe: ``examples/*.toml`` as shipped, and each ``[model]`` block of ``docs/supported_models.md``
+  put in place of the ``[model]`` table of ``examples/main_example.toml`` (the way its docs say to configure a
+  model; Lumina 2 with ``examples/recommended_lumina_dataset_config.toml``, which its section recommends).
 
 It runs :func:`te_align.audit.check_file` in-process on each (timing each) and prints per trainer: configs,
 exit-code counts, tracebacks, unknown-key findings, "not checked" results, exits 0 without a rule that ran,
-and the median time per file. "unknown" counts unknown-key findings at warning or error severity (a kohya_ss
+and the median time per file; ``--kinds`` adds the count of every finding kind/severity per trainer. "unknown"
+counts unknown-key findings at warning or error severity (a kohya_ss
 GUI field of another tab is an info finding and not counted).
 """
 
@@ -49,6 +60,8 @@ ENV = {
     "ai-toolkit": "TE_ALIGN_AI_TOOLKIT_DIR",
     "onetrainer": "TE_ALIGN_ONETRAINER_DIR",
     "simpletuner": "TE_ALIGN_SIMPLETUNER_DIR",
+    "musubi": "TE_ALIGN_MUSUBI_DIR",
+    "diffusion-pipe": "TE_ALIGN_DIFFUSION_PIPE_DIR",
 }
 
 
@@ -65,6 +78,24 @@ class Case:
 def _md_blocks(text: str) -> list[tuple[str, str]]:
     """(language, body) of every fenced code block."""
     return [(m.group(1).strip().lower(), m.group(2)) for m in re.finditer(r"```([^\n`]*)\n(.*?)```", text, re.S)]
+
+
+def _md_fences(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced code block, fences read line by line (an inline ```x``` in a paragraph
+    opens no block)."""
+    out: list[tuple[str, str]] = []
+    lang: str | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        fence = re.match(r"^\s*```([^`]*)$", line)
+        if lang is None and fence:
+            lang, body = fence.group(1).strip().lower(), []
+        elif lang is not None and re.match(r"^\s*```\s*$", line):
+            out.append((lang, "\n".join(body) + "\n"))
+            lang = None
+        elif lang is not None:
+            body.append(line)
+    return out
 
 
 #: Also read translated doc pages (sd-scripts *-ja/*-zh, SimpleTuner quickstart *.ja.md, …): --all-languages.
@@ -137,12 +168,94 @@ def simpletuner_cases(root: Path, tmp: Path) -> list[Case]:
     return out
 
 
+#: musubi-tuner scripts a corpus command runs: training and caching (text encoder, latents, pixels).
+MUSUBI_SCRIPT = re.compile(r"(?:^|[\\/\s\"'])(\w*(?:train\w*|cache_text_encoder_outputs|cache_latents|cache_pixel)\.py)\b")
+
+
+def musubi_cases(root: Path, tmp: Path) -> list[Case]:
+    import tomllib
+
+    out: list[Case] = []
+    seen: set[str] = set()
+    pages = [*sorted((root / "docs").glob("*.md")), root / "README.md"]
+    for md in pages:
+        if not md.is_file() or (re.search(r"\.ja\.md$", md.name) and not ALL_LANGUAGES["on"]):
+            continue
+        for i, (lang, body) in enumerate(_md_fences(md.read_text(encoding="utf-8", errors="replace"))):
+            name = f"{md.relative_to(root)}#{i}"
+            if lang == "toml" or lang == "":
+                try:
+                    data = tomllib.loads(body)
+                except tomllib.TOMLDecodeError:
+                    data = None
+                if data or lang == "toml":
+                    p = tmp / f"musubi-{md.stem}-{i}.toml"
+                    p.write_text(body, encoding="utf-8")
+                    out.append(Case(name, str(p), "auto"))
+                    continue
+            ps1 = lang == "powershell"
+            joined = re.sub(r"[ \t]*(\\|\^|`)\r?\n", " ", body)
+            for j, line in enumerate(joined.splitlines()):
+                m = MUSUBI_SCRIPT.search(line)
+                if m is None or not re.search(r"\b(python\S*|accelerate)\b", line):
+                    continue
+                try:
+                    words = shlex.split(line, posix=not ps1)
+                except ValueError:
+                    words = line.split()
+                if "--config_file" in words:  # the doc's own TOML is not shipped; check the command line part
+                    k = words.index("--config_file")
+                    del words[k:k + 2]
+                words = [w for w in words if w not in ("...", "…")]  # doc placeholders
+                text = " ".join(shlex.quote(w) for w in words)
+                if text in seen:
+                    continue
+                seen.add(text)
+                p = tmp / f"musubi-{md.stem}-{i}-{j}{'.ps1' if ps1 else '.sh'}"
+                p.write_text(text + "\n", encoding="utf-8")
+                out.append(Case(f"{name} {m.group(1)}", str(p), "auto"))
+    return out
+
+
+#: diffusion-pipe model types whose docs section recommends a dataset config of its own (docs/supported_models.md).
+DP_DATASET = {"lumina_2": "examples/recommended_lumina_dataset_config.toml"}
+
+
+def diffusion_pipe_cases(root: Path, tmp: Path) -> list[Case]:
+    import tomllib
+
+    ex = root / "examples"
+    out = [Case(str(p.relative_to(root)), str(p), "auto") for p in sorted(ex.glob("*.toml"))]
+    main = (ex / "main_example.toml").read_text(encoding="utf-8")
+    m = re.search(r"^\[model\]\n.*?(?=^\[)", main, re.S | re.M)
+    doc = root / "docs" / "supported_models.md"
+    if m is None or not doc.is_file():
+        return out
+    for i, (_, body) in enumerate(_md_fences(doc.read_text(encoding="utf-8", errors="replace"))):
+        try:
+            data = tomllib.loads(body)
+        except tomllib.TOMLDecodeError:
+            continue
+        model = data.get("model")
+        if not isinstance(model, dict) or "type" not in model:
+            continue
+        dataset = ex / DP_DATASET.get(str(model["type"]), "examples/dataset.toml").split("/", 1)[1]
+        text = main[: m.start()] + body.strip() + "\n\n" + main[m.end():]
+        text = re.sub(r"^dataset = .*$", f"dataset = {json.dumps(str(dataset))}", text, count=1, flags=re.M)
+        p = tmp / f"diffusion-pipe-{model['type']}-{i}.toml"
+        p.write_text(text, encoding="utf-8")
+        out.append(Case(f"docs/supported_models.md#{i} ({model['type']}) in examples/main_example.toml", str(p), "auto"))
+    return out
+
+
 FINDERS = {
     "kohya": kohya_cases,
     "kohya-gui": gui_cases,
     "ai-toolkit": ai_toolkit_cases,
     "onetrainer": onetrainer_cases,
     "simpletuner": simpletuner_cases,
+    "musubi": musubi_cases,
+    "diffusion-pipe": diffusion_pipe_cases,
 }
 
 
@@ -150,6 +263,7 @@ def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]
     from te_align.audit import check_file
 
     codes: Counter[int] = Counter()
+    kinds: Counter[str] = Counter()
     tracebacks: list[tuple[str, str]] = []
     unknown = 0
     unknown_files = 0
@@ -167,6 +281,7 @@ def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]
             continue
         times.append(time.perf_counter() - t0)
         codes[r.exit_code] += 1
+        kinds.update(f"{f.kind}/{f.severity}" for f in r.findings)
         n_unknown = sum(f.kind == "unknown-key" and f.severity != "info" for f in r.findings)
         unknown += n_unknown
         unknown_files += bool(n_unknown)
@@ -180,7 +295,7 @@ def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]
                 if show in ("all", f.kind):
                     print(f"    [{case.name}] {f.kind}/{f.severity} {f.setting}: {f.message[:140]}")
     return {
-        "configs": len(cases), "codes": codes, "tracebacks": tracebacks, "unknown": unknown,
+        "configs": len(cases), "codes": codes, "kinds": kinds, "tracebacks": tracebacks, "unknown": unknown,
         "unknown_files": unknown_files, "not_checked": not_checked, "unbacked": unbacked,
         "median_s": statistics.median(times) if times else 0.0, "max_s": max(times, default=0.0),
     }
@@ -192,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{name}", metavar="DIR", help=f"checkout (default: ${env})")
     ap.add_argument("--list", action="store_true", help="print exit code, status and profile per config")
     ap.add_argument("--show-findings", metavar="KIND", help="print findings of this kind (or 'all')")
+    ap.add_argument("--kinds", action="store_true", help="count the findings of each kind/severity per trainer")
     ap.add_argument("--all-languages", action="store_true", help="also read the translated doc pages")
     args = ap.parse_args(argv)
     ALL_LANGUAGES["on"] = args.all_languages
@@ -212,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
             shown = " ".join(f"{k}:{codes[k]}" for k in sorted(codes, key=str))
             print(f"{name:<12}{res['configs']:>8}  {shown:<34}{len(res['tracebacks']):>10}{res['unknown']:>9}"
                   f"{res['not_checked']:>12}{len(res['unbacked']):>11}{res['median_s']:>10.4f}{res['max_s']:>8.3f}")
+            if args.kinds:
+                kinds = res["kinds"]
+                print("  findings: " + (", ".join(f"{k} {kinds[k]}" for k in sorted(kinds)) or "none"))
             for case, tb in res["tracebacks"]:
                 total_tb += 1
                 print(f"  traceback in {case}:\n" + "\n".join("    " + x for x in tb.strip().splitlines()[-6:]))

@@ -145,8 +145,8 @@ def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str
     result.findings = _sorted(findings)
 
 
-_ORDER = {"syntax": 0, "wrong-value": 0, "not-checked": 1, "deviation": 1, "unused-value": 2, "unknown-key": 3,
-          "stale-cache": 4, "note": 5}
+_ORDER = {"syntax": 0, "wrong-value": 0, "not-checked": 1, "deviation": 1, "missing-key": 1, "unused-value": 2,
+          "unknown-key": 3, "stale-cache": 4, "note": 5}
 _SEV = {"error": 0, "warning": 1, "info": 2}
 
 

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
-Kind = Literal["deviation", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value", "not-checked",
-               "note"]
+Kind = Literal["deviation", "missing-key", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value",
+               "not-checked", "note"]
 Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 
 #: Exit codes of one file:
@@ -15,7 +15,8 @@ Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 #:   1 deviations: any error or warning finding;
 #:   2 unreadable input: missing file, syntax error, empty config, a value of the wrong type (file, key, line);
 #:   3 not checked: te-align has no profile for the model the config trains, no rules for this trainer and
-#:     family, or the config is not a training job (a job that extracts a LoRA or generates images).
+#:     family, the config is not a training job (a job that extracts a LoRA, generates images or caches latents
+#:     only), or it is a dataset config given alone (it names no model; every trainer's reader says so alike).
 #: Several files: the most serious, in the order 2 > 1 > 3 > 0.
 EXIT_ALIGNED, EXIT_DEVIATIONS, EXIT_UNREADABLE, EXIT_NOT_CHECKED = 0, 1, 2, 3
 _SERIOUSNESS = {EXIT_ALIGNED: 0, EXIT_NOT_CHECKED: 1, EXIT_DEVIATIONS: 2, EXIT_UNREADABLE: 3}

@@ -206,9 +206,14 @@ def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
     return values, script, order
 
 
-def checkout_commit(root: Any) -> str:
-    """The HEAD commit of the git checkout ``root`` (for the header of a generated key table)."""
+def checkout_commit(root: Any, args: Any = ()) -> str:
+    """The HEAD commit of the git checkout ``root`` (for the header of a generated key table), or the one given as
+    ``--commit SHA`` in ``args`` (a checkout extracted without its git folder)."""
     import subprocess
+
+    args = list(args)
+    if "--commit" in args and args.index("--commit") + 1 < len(args):
+        return str(args[args.index("--commit") + 1])
 
     try:
         return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,

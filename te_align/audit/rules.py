@@ -260,6 +260,14 @@ def _severity(profile: Any, path: str, effective: Any) -> str:
     return "error"
 
 
+def official_alternative(profile: Any, path: str, effective: Any) -> Any:
+    """The alternative the model's authors published (status ``official``) that ``effective`` is, or None: Lumina 2's
+    other system-prompt templates. A config that uses one is told so in a note, not an error."""
+    pv = profile.provenance_of(f"slots.{path}")
+    return next((a for a in (pv.alternatives if pv is not None else ()) if a.status == "official"
+                 and _same_value(_plain(a.value), effective)), None)  # fmt: skip
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, str) and v.strip().lstrip("-").isdigit():
         return int(v)
@@ -322,6 +330,12 @@ def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding
         pv = profile.provenance_of(f"slots.{rule.path}")
         severity = rule.severity or _severity(profile, rule.path, eff)
         meaning = rule.meaning
+        official = official_alternative(profile, rule.path, eff) if not rule.severity else None
+        if official is not None:
+            severity = "info"
+            what = official.note or "published by the model's authors"
+            meaning = (f"{meaning}. This is an official alternative of {profile.name}: {what} ({official.source}); "
+                       f"the profile holds {_show(expected)}")
         if rule.captions:
             severity, meaning = _by_captions(rule.captions, ctx.extra.get("captions"), meaning)
         findings.append(Finding(

@@ -192,6 +192,21 @@ def _clip(s: str, n: int) -> str:
     return (cut[:space] if space > n // 2 else cut).rstrip(" ,;:") + "…"
 
 
+def _clip_pair(a: str, b: str, na: int, nb: int) -> tuple[str, str]:
+    """Two different values clipped so that the texts shown differ too: where a clip would hide the difference
+    (Lumina 2's system prompts all begin "You are an assistant designed to generate"), both start at the word
+    where they part ("…high-quality…" / "…superior images with…")."""
+    ca, cb = _clip(a, na), _clip(b, nb)
+    if a == b:
+        return ca, cb
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    shown = [len(c) - 1 if c != full else len(c) for c, full in ((ca, a), (cb, b))]
+    if min(shown) > k and ca != cb:
+        return ca, cb
+    start = a.rfind(" ", 0, k) + 1 or max(0, k - 3)  # the word where they part, else a few characters before
+    return ("…" + _clip(a[start:], na - 1) if start else ca), ("…" + _clip(b[start:], nb - 1) if start else cb)
+
+
 def _print_result(r: Any, evidence: list[dict[str, Any] | None] | None = None) -> None:
     # unreadable input (a file that cannot be read or parsed, a value of the wrong type): one line each on stderr,
     # with the prefix every te-align command uses for errors; the rest of the report stays on stdout
@@ -222,7 +237,8 @@ def _print_result(r: Any, evidence: list[dict[str, Any] | None] | None = None) -
         print(f"  {'severity':<9}{'setting':<{w}}{'effective':<18}{'profile':<18}")
         for f in table:
             loc = f"  (line {f.line})" if f.line else ""
-            print(f"  {f.severity:<9}{f.setting:<{w}}{_clip(_fmt(f.effective), 16):<18}{_clip(_fmt(f.profile), 40):<18}{loc}")
+            eff, prof = _clip_pair(_fmt(f.effective), _fmt(f.profile), 16, 40)
+            print(f"  {f.severity:<9}{f.setting:<{w}}{eff:<18}{prof:<18}{loc}")
             print(f"  {'':<9}  trainer: {f.message} [{f.trainer_source}]")
             print(f"  {'':<9}  profile: {f.source}")
             print(f"  {'':<9}  fix: {f.fix}")

@@ -9,8 +9,10 @@ changed model variant or encoding setting reuses stale embeddings.
 Every fact below was read at tdrussell/diffusion-pipe@8f83dbf25d03219df705570ec03e62be04bc402f; ``source`` gives
 file:line at that commit. Most model classes call the diffusers pipeline's own encode functions (``models/<type>.py``
 ``get_call_text_encoder_fn``); what differs from the official pipeline is named below. The keys diffusion-pipe
-reads are bundled in ``data/diffusion-pipe.txt`` (``python -m te_align.trainers.diffusion_pipe.audit CHECKOUT``
-regenerates it); it reads keys with ``.get`` and ignores the rest silently.
+reads are bundled in ``data/diffusion-pipe.txt`` (``python tools/gen_audit_keys.py diffusion-pipe CHECKOUT``
+regenerates it); it reads most keys with ``.get`` and ignores the rest silently. The keys it reads with
+``config['key']`` on every run (no default: a missing one stops it with a KeyError) are bundled there too, per model
+type (``[required.<type>]``), with an example value from its docs.
 """
 
 from __future__ import annotations
@@ -164,7 +166,83 @@ def valid_keys() -> dict[str, frozenset[str]]:
     """The keys diffusion-pipe reads, by section: ``top``, ``model``, ``dataset``, ``directory``."""
     from te_align.audit.readers import known_keys
 
-    return known_keys("diffusion-pipe")
+    return {k: v for k, v in known_keys("diffusion-pipe").items() if not k.startswith("required")}
+
+
+@functools.cache
+def required_keys() -> dict[str, dict[str, tuple[Any, str]]]:
+    """Keys read without a default, by table: ``""`` (the training TOML's top level) and each ``[model] type``;
+    each key -> (an example value, where it is read). From the bundled ``[required]`` / ``[required.<type>]``
+    sections (lines ``key = VALUE  # file:line``)."""
+    import tomllib
+
+    from te_align.audit.readers import known_keys
+
+    out: dict[str, dict[str, tuple[Any, str]]] = {}
+    for section, lines in known_keys("diffusion-pipe").items():
+        if section != "required" and not section.startswith("required."):
+            continue
+        table = out.setdefault(section.partition(".")[2], {})
+        for line in lines:
+            key, _, rest = line.partition(" = ")
+            value, _, where = rest.partition(" @ ")
+            table[key] = (tomllib.loads(f"v = {value}")["v"], where)
+    return out
+
+
+def _missing_keys(data: dict[str, Any], model: dict[str, Any], mt_name: str, profile: str | None) -> list[Finding]:
+    """A key diffusion-pipe reads with ``config['key']`` (no default) that the config lacks: it stops with a
+    KeyError before training starts. The example value is the profile's where a rule maps the key to it."""
+    out: list[Finding] = []
+    req = required_keys()
+    for table, have in (("", data), *([(mt_name, model)] if mt_name else [])):
+        for key, (example, source) in sorted(req.get(table, {}).items()):
+            if key in have:
+                continue
+            given = _profile_example(key, profile)
+            said = f"the {profile} profile's value" if given is not None else "an example value"
+            example = example if given is None else given
+            where = "[model] " if table else ""
+            out.append(Finding(
+                kind="missing-key", severity="error", setting=f"model.{key}" if table else key, key=key,
+                message=(f"{where}{key} is missing: diffusion-pipe reads it without a default"
+                         f"{f' for [model] type {mt_name!r}' if table else ''} ({source}) and stops with "
+                         f"KeyError: '{key}'"),
+                fix=(f"add a [{key}] table (e.g. {_toml(example)[1:-1]})" if isinstance(example, dict) else
+                     f"add {key} = {_toml(example)}{' to [model]' if table else ''} ({said})"),
+                trainer_source=f"diffusion-pipe: {source}"))
+    return out
+
+
+def _profile_example(key: str, profile: str | None) -> Any:
+    """The value of ``key`` that gives ``profile``'s setting (where a rule reads the key), else None."""
+    if profile is None:
+        return None
+    from te_align.profiles import profile as resolve
+
+    prof = resolve(profile)
+    for rule in RULES:
+        if rule.key == key and rule.path is not None and rule.applies(prof.name, prof.family):
+            try:
+                value = rules.CONVERTERS[rule.convert].back(prof.get(f"slots.{rule.path}"), Context(values={},
+                                                            profile_name=prof.name))  # fmt: skip
+            except LookupError:
+                continue
+            return None if value is rules.REMOVE else value
+    return None
+
+
+def _toml(v: Any) -> str:
+    """A TOML literal (one line)."""
+    if isinstance(v, str):
+        return f"'{v}'" if "'" not in v and "\n" not in v else json.dumps(v, ensure_ascii=False)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return str(v)
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -272,8 +350,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     keys = valid_keys()
     findings: list[Finding] = []
     if "model" not in raw.data and isinstance(raw.data.get("directory"), list):
-        raise NotChecked("not checked: a diffusion-pipe dataset config; check the training config that names it "
-                         "(dataset = '…') — the model is set there", file=raw.file)
+        raise NotChecked("not checked: a diffusion-pipe dataset config names no model; check the training config that "
+                         "names it (dataset = '…') — the model is set there", file=raw.file)
     model = raw.data.get("model")
     if not isinstance(model, dict):
         raise ConfigSyntaxError(raw.file, lines("model"), None, "wrong type/value for model: expected a [model] table")
@@ -322,11 +400,13 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     trainer = _trainer(raw, lines, mt)
     cached = bool(model.get("cache_text_embeddings", True)) and mt_name != "sdxl"
     if mt is None or mt.profile is None:
+        findings += _missing_keys(raw.data, model, mt_name, None)
         what = mt.display if mt else mt_name
         return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {what} (diffusion-pipe [model] type "
                                   f"{mt_name!r})")  # fmt: skip
     prof, reason, assumed = _variant(mt, model)
+    findings += _missing_keys(raw.data, model, mt_name, prof)
     said = ""
     if assumed:
         from te_align.audit.models import assumption
@@ -388,8 +468,115 @@ def _config_keys(root: Path) -> dict[str, set[str]]:
     return out
 
 
+def _unconditional_reads(tree: Any, spellings: tuple[str, ...]) -> dict[str, int]:
+    """``X['key']`` reads (X spelled as one of ``spellings``) that run whenever their function runs: not inside one
+    branch of an ``if`` (a key both branches read counts), a loop body, a ``try``, a lambda, the second operand of
+    ``and``/``or`` or a later comprehension clause. ``if __name__ == '__main__':`` is a script's body and
+    ``if is_main_process():`` runs on rank 0 of every run. key -> first line."""
+    import ast
+
+    def merge(*parts: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for part in parts:
+            for k, line in part.items():
+                out[k] = min(line, out.get(k, line))
+        return out
+
+    def both(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+        return {k: min(a[k], b[k]) for k in a.keys() & b.keys()}
+
+    def block(nodes: list[Any]) -> dict[str, int]:
+        return merge(*(reads(n) for n in nodes))
+
+    def reads(node: Any) -> dict[str, int]:
+        here: dict[str, int] = {}
+        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str) and ast.unparse(node.value) in spellings):  # fmt: skip
+            here = {node.slice.value: node.lineno}
+        if isinstance(node, ast.If):
+            if "__name__" in ast.unparse(node.test) or ast.unparse(node.test) == "is_main_process()":
+                return merge(reads(node.test), block(node.body))
+            return merge(reads(node.test), both(block(node.body), block(node.orelse)) if node.orelse else {})
+        if isinstance(node, ast.IfExp):
+            return merge(reads(node.test), both(reads(node.body), reads(node.orelse)))
+        if isinstance(node, ast.While):
+            return reads(node.test)
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            return reads(node.iter)
+        if isinstance(node, ast.BoolOp):
+            return reads(node.values[0])
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            return reads(node.generators[0].iter)
+        if isinstance(node, (ast.Try, ast.Lambda, ast.Match)):
+            return {}
+        return merge(here, *(reads(n) for n in ast.iter_child_nodes(node)))
+
+    return reads(tree)
+
+
+def _defaulted(tree: Any, spellings: tuple[str, ...]) -> set[str]:
+    """Keys given a default with ``X.setdefault('key', …)`` (train.py does that for several)."""
+    import ast
+
+    return {n.args[0].value for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "setdefault" and n.args
+            and isinstance(n.args[0], ast.Constant) and ast.unparse(n.func.value) in spellings}  # fmt: skip
+
+
+def _example(value: Any, key: str) -> Any:
+    """A documented value as an example: a file or folder path shortened to ``/path/to/<its name>``."""
+    if isinstance(value, str) and "/" in value:
+        return "/path/to/" + value.rstrip("/").rsplit("/", 1)[-1]
+    return value
+
+
+def _required(root: Path) -> dict[str, dict[str, tuple[Any, str]]]:
+    """Keys read without a default: ``""`` (train.py's top level) and each profiled ``[model] type`` (its
+    ``models/<module>.py``), with an example from examples/main_example.toml or the type's block in
+    docs/supported_models.md."""
+    import ast
+    import re
+    import tomllib
+
+    model_names = ("self.model_config", "model_config", "config['model']", "self.config['model']")
+    train = ast.parse((root / "train.py").read_text(encoding="utf-8"))
+    defaulted = _defaulted(train, ("config", "model_config", "config['model']"))
+    main = tomllib.loads((root / "examples" / "main_example.toml").read_text(encoding="utf-8"))
+    docs: dict[str, dict[str, Any]] = {}
+    text = (root / "docs" / "supported_models.md").read_text(encoding="utf-8")
+    for body in re.findall(r"^```[^\n`]*\n(.*?)^```", text, re.S | re.M):
+        try:
+            model = tomllib.loads(body).get("model")
+        except tomllib.TOMLDecodeError:
+            continue
+        if isinstance(model, dict) and isinstance(model.get("type"), str):
+            docs.setdefault(model["type"], model)
+    out: dict[str, dict[str, tuple[Any, str]]] = {"": {}}
+    for key, line in _unconditional_reads(train, ("config",)).items():
+        if key not in defaulted and key in main and key != "model":  # no [model]: an unreadable config already
+            value = main[key]
+            if isinstance(value, dict):  # a table: its type names it
+                value = {k: v for k, v in value.items() if k == "type"}
+            out[""][key] = (_example(value, key), f"train.py:{line}")
+    model_train = {k: line for k, line in _unconditional_reads(train, model_names[1:]).items() if k not in defaulted}
+    for mt in names.TYPES:
+        if mt.profile is None:
+            continue
+        path = root / "models" / (mt.module.replace(".", "/") + ".py")
+        found = {k: line for k, line in _unconditional_reads(ast.parse(path.read_text(encoding="utf-8")),
+                                                             model_names).items() if k not in defaulted}  # fmt: skip
+        table: dict[str, tuple[Any, str]] = {}
+        for key, line in sorted({**{k: -1 for k in model_train}, **found}.items()):
+            where = f"models/{mt.module.replace('.', '/')}.py:{line}" if key in found else f"train.py:{model_train[key]}"
+            example = docs.get(mt.type, {}).get(key, main["model"].get(key) if key != "type" else mt.type)
+            if example is not None:
+                table[key] = (_example(example, key), where)
+        out[mt.type] = table
+    return out
+
+
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m te_align.trainers.diffusion_pipe.audit CHECKOUT [--write]``: the bundled key table."""
+    """``python -m te_align.trainers.diffusion_pipe.audit CHECKOUT [--write] [--commit SHA]``: the bundled key table."""
     from te_align.audit.parsed import checkout_commit, emit_key_table
 
     args = sys.argv[1:] if argv is None else argv
@@ -397,13 +584,18 @@ def _main(argv: list[str] | None = None) -> int:
         print("usage: python -m te_align.trainers.diffusion_pipe.audit DIFFUSION_PIPE_CHECKOUT [--write]", file=sys.stderr)
         return 2
     root = Path(args[0])
-    commit = checkout_commit(root)
-    lines = [f"# Generated by `python -m te_align.trainers.diffusion_pipe.audit CHECKOUT --write` from "
+    commit = checkout_commit(root, args)
+    lines = [f"# Generated by `python tools/gen_audit_keys.py diffusion-pipe CHECKOUT --write` from "
              f"tdrussell/diffusion-pipe@{commit}.",
              "# Keys diffusion-pipe reads (config.get / config[...] in train.py, models/, utils/), by table."]
     for section, keys in _config_keys(root).items():
         lines.append(f"[{section}]")
         lines += sorted(keys)
+    lines += ["# Keys read with config['key'] on every run (no default: KeyError when missing), as",
+              "# `key = example @ file:line`: [required] the training TOML's top level, [required.<type>] its [model]."]
+    for section, table in _required(root).items():
+        lines.append(f"[required{'.' + section if section else ''}]")
+        lines += [f"{key} = {_toml(value)} @ {where}" for key, (value, where) in sorted(table.items())]
     return emit_key_table(lines, args, Path(__file__).with_name("data") / "diffusion-pipe.txt")
 
 

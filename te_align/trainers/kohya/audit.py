@@ -15,7 +15,7 @@ from te_align.audit import rules
 from te_align.audit.findings import NOT_SETTABLE, Finding
 from te_align.audit.models import guess_model
 from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
-from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
+from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
 
@@ -404,6 +404,8 @@ def detect(raw: RawConfig) -> int | None:
     more specific reader wins)."""
     if raw.fmt != "toml" or not isinstance(raw.data, dict):
         return None
+    if is_dataset_config(raw.data):
+        return 10
     flat = {str(k).lstrip("-") for k in raw.data}
     for v in raw.data.values():
         if isinstance(v, dict):
@@ -411,9 +413,20 @@ def detect(raw: RawConfig) -> int | None:
     return 10 if flat & known_keys("kohya")[""] else None
 
 
+def is_dataset_config(data: dict[str, Any]) -> bool:
+    """An sd-scripts dataset config (``--dataset_config``: ``[general]`` and ``[[datasets]]`` with
+    ``[[datasets.subsets]]``, library/config_util.py), not a training config."""
+    datasets = data.get("datasets")
+    return (isinstance(datasets, list) and bool(datasets) and set(data) <= {"general", "datasets"}
+            and all(isinstance(d, dict) for d in datasets))
+
+
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a TOML table", file=raw.file)
+    if is_dataset_config(raw.data):
+        raise NotChecked("not checked: an sd-scripts dataset config names no model; check the training config or "
+                         "command line that uses it (--dataset_config) — the model is set there", file=raw.file)
     values = flatten(raw.data)
     cli, script = parse_cli(extra_args)
     lines = KeyLines(raw.text)

@@ -8,9 +8,9 @@ those files (its text encoder runs for sample prompts only). So the caching comm
 decide training; a training command line is checked as the caching step it needs.
 
 Every fact below was read at kohya-ss/musubi-tuner@30c658c4f4b0bf05038b3346eff9670259b10fc7 (0.3.4); ``source``
-gives file:line (under ``src/musubi_tuner/``) at that commit. The option names of each script and the dataset
-config's keys are bundled in ``data/musubi.txt`` (``python -m te_align.trainers.musubi.audit CHECKOUT`` regenerates
-it from a checkout).
+gives file:line (under ``src/musubi_tuner/``) at that commit. The option names of every training and caching script
+(each read from the argparse definitions its ``main`` reaches) and the dataset config's keys are bundled in
+``data/musubi.txt`` (``python tools/gen_audit_keys.py musubi CHECKOUT --write`` regenerates it from a checkout).
 """
 
 from __future__ import annotations
@@ -124,13 +124,36 @@ def valid_keys() -> dict[str, frozenset[str]]:
     return known_keys("musubi")
 
 
+def _stem(script: str | None) -> str:
+    return (script or "").replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+
+
 def script_options(script: str | None) -> frozenset[str]:
-    """The options of a script (all scripts' when it is unknown)."""
+    """The options of a script (every script's when it is not in the table: a ``--config_file`` TOML alone)."""
     keys = valid_keys()
-    stem = (script or "").replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    stem = _stem(script)
     if stem in keys:
         return keys[stem]
     return frozenset().union(*(v for k, v in keys.items() if not k.startswith("dataset")))
+
+
+def te_cache_script(arch: names.Arch) -> str:
+    """The script that caches an architecture's text-encoder outputs."""
+    unprefixed = next((s for s, (p, k) in names.UNPREFIXED.items() if p == arch.prefix and k == names.TE_CACHE_KIND), None)
+    return unprefixed or f"{arch.prefix}_{names.TE_CACHE_KIND}.py"
+
+
+@functools.cache
+def option_archs() -> dict[str, frozenset[str]]:
+    """Option -> the architectures (script prefixes) whose scripts define it, from the key table. An option only one
+    architecture's scripts have names that model (``--dit_high_noise``: Wan); ``--task`` is Wan's, HiDream-O1's,
+    HunyuanVideo 1.5's and Kandinsky 5's, so it names none."""
+    out: dict[str, set[str]] = {}
+    for section, keys in valid_keys().items():
+        found = names.script_arch(section + ".py")
+        for key in keys if found else ():
+            out.setdefault(key, set()).add(found[0].prefix)  # type: ignore[index]
+    return {k: frozenset(v) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -140,7 +163,10 @@ def detect(raw: RawConfig) -> int | None:
     a ``networks.lora_<arch>`` module)."""
     if raw.fmt == "cmdline":
         data = raw.data if isinstance(raw.data, dict) else {}
-        return 100 if names.script_arch(str(data.get("script") or "")) else None
+        script = str(data.get("script") or "")
+        if script in names.UNPREFIXED and "tools/" in str(data.get("script_path") or "").replace("\\", "/"):
+            return None  # sd-scripts' tools/cache_latents.py, tools/cache_text_encoder_outputs.py
+        return 100 if names.script_arch(script) else None
     if raw.fmt != "toml" or not isinstance(raw.data, dict):
         return None
     if _is_dataset_config(raw.data):
@@ -240,14 +266,21 @@ def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tupl
     if found:
         signals.append((found[0], f"script {script}"))
     net = _network_arch(values)
+    if net is None and values.get("network_module") == "networks.lora":  # musubi-tuner's HunyuanVideo LoRA module
+        net = names.BY_PREFIX["hv"]
     if net:
         signals.append((net, f"network_module {values.get('network_module')!r}"))
-    if any(k in values for k in ("task", "t5", "fp8_t5", "dit_high_noise")):
-        key = next(k for k in ("task", "t5", "fp8_t5", "dit_high_noise") if k in values)
-        signals.append((names.BY_PREFIX["wan"], f"--{key} (a Wan option)"))
-    if any(k in values for k in ("model_version", "edit", "edit_plus")):
-        key = next(k for k in ("model_version", "edit", "edit_plus") if k in values)
-        signals.append((names.BY_PREFIX["qwen_image"], f"--{key} (a Qwen-Image option)"))
+    # an option only one architecture's scripts have, where the script (if any) does not have it itself
+    own = script_options(script) if found else frozenset()
+    named: set[str] = set()
+    for key in values:
+        archs = option_archs().get(key, frozenset())
+        if key in own or len(archs) != 1 or archs <= named:
+            continue
+        named |= archs
+        arch = names.BY_PREFIX[next(iter(archs))]
+        signals.append((arch, f"--{key} (an option only {arch.display}'s scripts have"
+                              f"{f'; {script} does not' if found else ''})"))
     cached = _cache_arch(caches)
     if cached:
         signals.append((cached[0], f"cache files *_{cached[1]}_te.safetensors in the dataset's cache_directory"))
@@ -321,18 +354,27 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     for other in others:
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
             f"{other} names another model than {reason}; checked as {arch.display if arch else '-'}")))
+    trainer = _trainer(raw, set(order), cli_lines, lines)
+    if arch is not None and kind in names.LATENT_KINDS:
+        return Parsed(trainer, values, None, reason, True, None, findings, SUPPORTED, not_checked_status="not-training",
+                      not_checked=f"not checked: {script} caches {'pixels' if kind == 'cache_pixel' else 'latents'} only (no "
+                                  "text encoder runs); the captions are "
+                                  f"encoded by {te_cache_script(arch)}: check that command line")
+    if arch is None and dataset is not None and raw.fmt != "cmdline":
+        return Parsed(trainer, values, None, "the dataset config", True, None, findings, SUPPORTED, not_checked=(
+            "not checked: a musubi-tuner dataset config names no model; check the caching command line that uses it "
+            "(`te-align check DATASET.toml -- qwen_image_cache_text_encoder_outputs.py …`, or the command's own file)"))
     if arch is None:
-        what = "the dataset config" if dataset is not None and raw.fmt != "cmdline" else "these settings"
-        return Parsed(_trainer(raw, set(order), cli_lines, lines), values, None,
-                      f"{what} (no script, network_module or cache files name a model; give the command line after "
-                      "`--`, e.g. `-- qwen_image_cache_text_encoder_outputs.py --dataset_config …`)", True,
+        return Parsed(trainer, values, None,
+                      "these settings (no script, network_module or cache files name a model; give the command line "
+                      "after `--`, e.g. `-- qwen_image_cache_text_encoder_outputs.py --dataset_config …`)", True,
                       None, findings, SUPPORTED)
     if arch.profile is None:
-        return Parsed(_trainer(raw, set(order), cli_lines, lines), values, None, reason, True, None, findings,
+        return Parsed(trainer, values, None, reason, True, None, findings,
                       SUPPORTED, not_checked=f"not checked: te-align has no profile for {arch.display} ({reason})")
     version = names.qwen_version(values) if arch.prefix == "qwen_image" else "original"
     if version != "original":
-        return Parsed(_trainer(raw, set(order), cli_lines, lines), values, None, reason, True, None, findings,
+        return Parsed(trainer, values, None, reason, True, None, findings,
                       SUPPORTED, not_checked=f"not checked: te-align has no profile for "
                                             f"{names.QWEN_VERSIONS.get(version, version)} (model_version {version!r})")
     profile = arch.profile
@@ -341,12 +383,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
             f"Wan 2.2 (--task {task}) is checked with the wan21 profile: diffusers' WanPipeline encodes both with the "
             "same umT5-XXL at 512 tokens")))
-    if kind == "train_network" or kind == "train":
+    if kind in names.TRAIN_KINDS:
         findings.append(Finding(kind="note", severity="info", setting="text-encoder cache", message=(
-            f"{script} reads the captions' text-encoder outputs from the cache that {arch.prefix}_cache_text_encoder_"
-            "outputs.py wrote (its text encoder runs for sample prompts only): the settings that decide training are "
-            "that step's")))
-    return Parsed(_trainer(raw, set(order), cli_lines, lines), values, profile, reason, True, None, findings,
+            f"{script} reads the captions' text-encoder outputs from the cache that {te_cache_script(arch)} wrote "
+            "(its text encoder runs for sample prompts only): the settings that decide training are that step's")))
+    return Parsed(trainer, values, profile, reason, True, None, findings,
                   SUPPORTED, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches})
 
 
@@ -426,8 +467,8 @@ def scan_cache(directory: str, profile: Any) -> Any:
 
 # ------------------------------------------------------------------------------------ the key table
 def _argparse_options(root: Path, script: str) -> set[str]:
-    """Options of a script's parser, read from the source: every ``add_argument("--name")`` in the functions its
-    ``main`` calls, followed through the script's own functions and the functions it imports (``from m import f``,
+    """Options of a script's parser, read from the source: every ``add_argument("--name")`` (and its ``dest``) in the
+    functions its ``main`` calls, followed through the script's own functions and the functions it imports (``from m import f``,
     ``import m`` + ``m.f``)."""
     import ast
 
@@ -485,6 +526,9 @@ def _argparse_options(root: Path, script: str) -> set[str]:
                 for a in node.args:
                     if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
                         out.add(a.value[2:].replace("-", "_"))
+                for k in node.keywords:  # dest: the name a --config_file TOML key sets (--dino_loss_no_norm)
+                    if k.arg == "dest" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str):
+                        out.add(k.value.value)
             elif isinstance(f, ast.Name):
                 if f.id in funcs:
                     todo.append((mod, f.id))
@@ -512,8 +556,24 @@ def _schema_keys(root: Path) -> dict[str, set[str]]:
             "dataset.video": general | tables["VIDEO_DATASET_DISTINCT_SCHEMA"]}
 
 
+def scripts(root: Path) -> list[str]:
+    """Every training and caching script of a checkout (``src/musubi_tuner/*.py`` that :func:`names.script_arch`
+    knows)."""
+    return sorted(f.name for f in (root / "src" / "musubi_tuner").glob("*.py") if names.script_arch(f.name))
+
+
+def key_table(root: Path) -> dict[str, set[str]]:
+    """The bundled key table of a checkout: one section per training / caching script (its argparse options) and the
+    dataset config's sections."""
+    out = {script[:-3]: _argparse_options(root, script) for script in scripts(root)}
+    out.update(_schema_keys(root))
+    return out
+
+
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m te_align.trainers.musubi.audit CHECKOUT [--write]``: the bundled key table from a checkout."""
+    """``python -m te_align.trainers.musubi.audit CHECKOUT [--write] [--commit SHA]``: the bundled key table from a checkout."""
+    import re
+
     from te_align.audit.parsed import checkout_commit, emit_key_table
 
     args = sys.argv[1:] if argv is None else argv
@@ -521,20 +581,17 @@ def _main(argv: list[str] | None = None) -> int:
         print("usage: python -m te_align.trainers.musubi.audit MUSUBI_TUNER_CHECKOUT [--write]", file=sys.stderr)
         return 2
     root = Path(args[0])
-    commit = checkout_commit(root)
-    lines = [f"# Generated by `python -m te_align.trainers.musubi.audit CHECKOUT --write` from kohya-ss/musubi-tuner@"
-             f"{commit}.",
-             "# Options of the training / text-encoder caching scripts of the models te-align profiles (argparse names,",
-             "# one section per script), and the keys of the dataset config (voluptuous schema of dataset/config_utils.py)."]
-    for arch in names.ARCHS:
-        if arch.profile is None:
-            continue
-        for kind in names.KINDS:
-            script = f"{arch.prefix}_{kind}.py"
-            if (root / "src" / "musubi_tuner" / script).is_file():
-                lines.append(f"[{script[:-3]}]")
-                lines += sorted(_argparse_options(root, script))
-    for section, keys in _schema_keys(root).items():
+    known = set(scripts(root))
+    unknown = sorted(f.name for f in (root / "src" / "musubi_tuner").glob("*.py")
+                     if re.search(r"(?:^|_)(?:train|cache_[a-z_]+)\w*\.py$", f.name) and f.name not in known)
+    if unknown:  # a new architecture: add it to names.ARCHS (its scripts then get their own section)
+        print(f"not in names.ARCHS / names.KINDS (no section): {', '.join(unknown)}", file=sys.stderr)
+    lines = [f"# Generated by `python tools/gen_audit_keys.py musubi CHECKOUT --write` from kohya-ss/musubi-tuner@"
+             f"{checkout_commit(root, args)}.",
+             "# Options of every training and caching script (argparse names, one section per script, read from the",
+             "# add_argument calls its main reaches), and the keys of the dataset config (voluptuous schema of",
+             "# dataset/config_utils.py)."]
+    for section, keys in key_table(root).items():
         lines.append(f"[{section}]")
         lines += sorted(keys)
     return emit_key_table(lines, args, Path(__file__).with_name("data") / "musubi.txt")

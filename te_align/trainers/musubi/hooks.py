@@ -311,7 +311,9 @@ def parts_for(argv: Sequence[str]) -> tuple[tuple[str, ...], str]:
     found = names.script_arch(script)
     if found is None:
         return (), f"{Path(script).name or 'this process'} is not a musubi-tuner training or caching script"
-    arch, _ = found
+    arch, kind = found
+    if kind in names.LATENT_KINDS:
+        return (), f"{Path(script).name} caches latents only (no text encoder runs)"
     if arch.prefix not in ENCODERS:
         return (), f"te-align has no profile for {arch.display}"
     values, _, _ = parse_args(list(argv))

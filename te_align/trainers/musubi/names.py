@@ -47,11 +47,17 @@ BY_SHORT = {a.short: a for a in ARCHS}
 #: Short names of the Qwen-Image variants whose cache files share the ``qi`` family (edit, layered).
 QWEN_VARIANTS = {"qie": "Qwen-Image-Edit", "qil": "Qwen-Image-Layered"}
 
-#: The scripts that run a model's text encoder: training (sample prompts) and caching (every caption).
-KINDS = ("train_network", "train", "cache_text_encoder_outputs")
+#: The training and caching scripts, by kind (``<prefix>_<kind>.py``): training (its text encoder runs for sample
+#: prompts only), text-encoder caching (every caption) and latent / pixel caching (no text encoder).
+TRAIN_KINDS = ("train_network", "train", "train_network_self_flow")
+TE_CACHE_KIND = "cache_text_encoder_outputs"
+LATENT_KINDS = ("cache_latents", "cache_pixel")
+KINDS = (*TRAIN_KINDS, TE_CACHE_KIND, *LATENT_KINDS)
+#: HunyuanVideo's caching scripts carry no prefix (docs/hunyuan_video.md; src/musubi_tuner/cache_*.py).
+UNPREFIXED = {"cache_text_encoder_outputs.py": ("hv", TE_CACHE_KIND), "cache_latents.py": ("hv", "cache_latents")}
 #: A training / caching script's file name (``qwen_image_train_network.py``): a regular expression.
-SCRIPTS = (r"(?:" + "|".join(sorted((a.prefix for a in ARCHS), key=len, reverse=True)) + r")_(?:"
-           + "|".join(KINDS) + r")\.py")
+SCRIPTS = (r"(?:(?:" + "|".join(sorted((a.prefix for a in ARCHS), key=len, reverse=True)) + r")_(?:"
+           + "|".join(sorted(KINDS, key=len, reverse=True)) + r")|" + "|".join(u[:-3] for u in UNPREFIXED) + r")\.py")
 
 #: Qwen-Image ``--model_version`` values -> the model (``original`` is the one te-align profiles)
 #: (qwen_image/qwen_image_utils.py:1550-1581).
@@ -66,7 +72,10 @@ def script_arch(script: str | None) -> tuple[Arch, str] | None:
     if not script:
         return None
     name = script.replace("\\", "/").rsplit("/", 1)[-1]
-    for kind in KINDS:
+    if name in UNPREFIXED:
+        prefix, kind = UNPREFIXED[name]
+        return BY_PREFIX[prefix], kind
+    for kind in sorted(KINDS, key=len, reverse=True):
         suffix = f"_{kind}.py"
         if name.endswith(suffix) and name[: -len(suffix)] in BY_PREFIX:
             return BY_PREFIX[name[: -len(suffix)]], kind

@@ -20,7 +20,7 @@ from te_align.audit.parsed import (
     expect_mapping,
     unknown_key_finding,
 )
-from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
+from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Context, Rule, Trainer
 from te_align.trainers.onetrainer import names
 
@@ -168,8 +168,17 @@ def _same_family(a: str, b: str) -> bool:
 _MARKERS = ("training_method", "base_model_name", "text_encoder_2_sequence_length", "concept_file_name", "__version")
 
 
+def _is_concepts_file(data: Any) -> bool:
+    """OneTrainer's concepts file (``concept_file_name``): a JSON list of concepts, each with ``path`` and its
+    ``image`` / ``text`` settings."""
+    return (isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "path" in d for d in data)
+            and any("image" in d or "text" in d or "balancing" in d for d in data))  # fmt: skip
+
+
 def detect(raw: RawConfig) -> int | None:
-    """A OneTrainer config: JSON with ``model_type`` and one of OneTrainer's own keys."""
+    """A OneTrainer config: JSON with ``model_type`` and one of OneTrainer's own keys; or its concepts file."""
+    if raw.fmt == "json" and _is_concepts_file(raw.data):
+        return 60
     if raw.fmt != "json" or not isinstance(raw.data, dict):
         return None
     keys = {str(k).lstrip("-") for k in raw.data}
@@ -177,6 +186,9 @@ def detect(raw: RawConfig) -> int | None:
 
 
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    if raw.fmt == "json" and _is_concepts_file(raw.data):
+        raise NotChecked("not checked: a OneTrainer concepts file names no model; check the training config that uses "
+                         "it (concept_file_name) — the model is set there", file=raw.file)
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a JSON object", file=raw.file)
     valid = known_keys("onetrainer")

@@ -13,7 +13,7 @@ from typing import Any
 from te_align.audit import rules
 from te_align.audit.findings import Finding
 from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
-from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
+from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Context, Rule, Trainer
 
 _M = "simpletuner/helpers/models"
@@ -235,14 +235,30 @@ def _same_family(a: str, b: str) -> bool:
     return family_of(a) == family_of(b)
 
 
+#: Keys of a data backend entry (``--data_backend_config``, multidatabackend.json) besides ``id`` and ``type``.
+_BACKEND_KEYS = ("instance_data_dir", "dataset_type", "cache_dir_vae", "caption_strategy", "cache_dir")
+
+
+def _is_backend_config(data: Any) -> bool:
+    """SimpleTuner's data backend config: a JSON list of backends, each with ``id`` and ``type``."""
+    return (isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "id" in d and "type" in d for d in data)
+            and any(k in d for d in data for k in _BACKEND_KEYS))  # fmt: skip
+
+
 def detect(raw: RawConfig) -> int | None:
-    """A SimpleTuner config: a ``model_family`` key (with or without the leading ``--``)."""
+    """A SimpleTuner config: a ``model_family`` key (with or without the leading ``--``); or its data backend
+    config."""
+    if raw.fmt == "json" and _is_backend_config(raw.data):
+        return 60
     if raw.fmt == "cmdline" or not isinstance(raw.data, dict):
         return None
     return 95 if "model_family" in {str(k).lstrip("-") for k in raw.data} else None
 
 
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    if raw.fmt == "json" and _is_backend_config(raw.data):
+        raise NotChecked("not checked: a SimpleTuner data backend config names no model; check the config.json that "
+                         "uses it (data_backend_config) — the model is set there", file=raw.file)
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a JSON object / TOML table", file=raw.file)
     keys = known_keys("simpletuner")
