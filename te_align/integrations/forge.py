@@ -37,6 +37,16 @@ NOT_COMPARED: dict[str, str] = {
 }
 #: Module -> what stands in for it and why (shown in the matrix).
 STAND_INS: dict[str, str] = {}
+#: Where the Forge rows' setup is not Forge's web UI as shipped, and why (shown in the matrix).
+BRIDGES: tuple[str, ...] = (
+    "transformers 5's CLIPTextModel is the text tower itself; Forge (which pins transformers 4.46.1) reaches it as "
+    "`.text_model` (classic_engine.py:85,127-139), so the class Forge is given aliases `text_model` to itself",
+    "Forge's T5 code takes the attention width to be the model width (backend/nn/t5.py:201 passes model_dim as inner_dim to :74-79, as in T5-XXL), so "
+    "its tiny T5 has d_kv = d_model / num_heads",
+    "Forge's \"Original\" emphasis divides the conditioning by its mean (emphasis.py:29-33), which an untrained "
+    "CLIP's final layer norm makes exactly 0 (NaN), so the tiny CLIPs carry seeded layer-norm biases, as trained ones do",
+    "no textual-inversion folder is read",
+)
 #: Forge's default for the one web-UI setting its text engines read.
 EMPHASIS_DEFAULT = "Original"
 
@@ -61,8 +71,9 @@ def import_forge(path: str | None = None) -> None:
             shared = ModuleType("modules.shared")
             shared.opts = SimpleNamespace(emphasis=EMPHASIS_DEFAULT)  # type: ignore[attr-defined]
             sys.modules["modules.shared"] = shared
-            STAND_INS["modules.shared"] = (f"Forge's web-UI settings (they import gradio); only opts.emphasis is "
-                                           f"read, given Forge's default {EMPHASIS_DEFAULT!r} (modules/shared_options.py:179)")
+            STAND_INS["modules.shared"] = (f"Forge's web-UI settings, which import gradio: the engines read only "
+                                           f"opts.emphasis, given Forge's default {EMPHASIS_DEFAULT!r} "
+                                           "(modules/shared_options.py:179)")
         for name in ("backend.memory_management", "backend.nn.clip", "backend.nn.t5",
                      "backend.text_processing.classic_engine", "backend.text_processing.t5_engine"):
             importlib.import_module(name)
@@ -74,7 +85,7 @@ def import_forge(path: str | None = None) -> None:
 
 def _clip_class() -> type:
     """transformers' CLIPTextModel as Forge reads it: Forge (which pins transformers 4.46.1) reaches the tower through
-    ``.text_model`` (classic_engine.py:85,144-154); transformers 5's CLIPTextModel is the tower itself, so the one
+    ``.text_model`` (classic_engine.py:85,127-139); transformers 5's CLIPTextModel is the tower itself, so the one
     difference is an alias ``text_model`` to itself."""
     from transformers import CLIPTextModel
 
@@ -123,7 +134,7 @@ T5_COMPONENT = {"flux": "text_encoder_2", "chroma": "text_encoder"}
 def pipeline(family: str) -> Any:
     """The tiny diffusers pipeline of ``family`` (te-align's components) whose encoders Forge's classes can hold.
 
-    Forge's T5 code takes the attention's inner width to be the model width (backend/nn/t5.py:136-139, as in every
+    Forge's T5 code takes the attention's inner width to be the model width (backend/nn/t5.py:201 passes model_dim as inner_dim to :74-79, as in every
     released T5-XXL: 64 heads of 64); the tiny T5 is replaced by one of the same config with ``d_kv = d_model /
     num_heads`` (seeded)."""
     import torch
@@ -202,4 +213,4 @@ def conditioning(family: str, eng: dict[str, Any], prompt: str) -> dict[str, Any
         return {"crossattn": eng["l"]([prompt])}
 
 
-__all__ = ["ENV", "NOT_COMPARED", "PROFILES", "STAND_INS", "conditioning", "engines", "import_forge", "pipeline"]
+__all__ = ["BRIDGES", "ENV", "NOT_COMPARED", "PROFILES", "STAND_INS", "conditioning", "engines", "import_forge", "pipeline"]

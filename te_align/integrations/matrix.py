@@ -67,8 +67,9 @@ class Cell:
         if odd:
             shape = "shape " + ", ".join(f"{tuple(a)} vs {tuple(b)}" for a, b in odd[:2]) + ("…" if len(odd) > 2 else "") + "; "
         cos = sum(self.cos) / len(self.cos) if self.cos else float("nan")
+        rest = f"; the others within float rounding (max\\|Δ\\| {self.rounding:.1g})" if self.rounding else ""
         return (f"{self.name}: {shape}max\\|Δ\\| {self.max_abs:.3g}{' (overlap)' if odd else ''}, cos {cos:.4f}, "
-                f"{len(self.differing)}/{self.compared} prompts differ ({', '.join(dict.fromkeys(self.differing))})")
+                f"{len(self.differing)}/{self.compared} prompts differ ({', '.join(dict.fromkeys(self.differing))}){rest}")
 
 
 def _labels(suite: dict[str, list[str]]) -> list[tuple[str, str]]:
@@ -208,6 +209,18 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
     return out
 
 
+def forge_note() -> str:
+    """The matrix's paragraph on how the Forge rows were made."""
+    from te_align.integrations import forge
+
+    return ("Forge rows: its text engines (backend/text_processing) built with the arguments of its "
+            "backend/diffusion_engine/<family>.py, on its own encoder classes holding the tiny components' weights, "
+            f"compared with `te_align.encode` on those components (\"identical\" allows {FORGE_ATOL:g} of float "
+            "rounding, which Forge's own T5 code may add). Stand-in: "
+            + "; ".join(f"{k} ({v})" for k, v in forge.STAND_INS.items()) + ". Bridged: "
+            + "; ".join(forge.BRIDGES) + ".")
+
+
 #: Differences up to this are float rounding between Forge's own T5 code and transformers' on the same weights.
 FORGE_ATOL = 1e-5
 
@@ -250,10 +263,7 @@ def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = Non
     from te_align.integrations import forge
 
     if forge.STAND_INS:
-        lines += ["Forge: its text engines (backend/text_processing) built with the arguments of its "
-                  "backend/diffusion_engine/<family>.py, on its own encoder classes holding the tiny components' "
-                  "weights, compared with `te_align.encode` on those components; stand-in: "
-                  + "; ".join(f"{k} ({v})" for k, v in forge.STAND_INS.items()), ""]
+        lines += [forge_note(), ""]
     lines += ["| profile | tool | result |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"
