@@ -175,7 +175,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "(moving back to the last comma)",
               "write prompts without ( ) weights and under 75 CLIP tokens",
               f"{FORGE} backend/text_processing/classic_engine.py:55,160-230"),
-    Behaviour("forge", ("chroma", "flux", "sd3"), None, None,
+    Behaviour("forge", ("chroma", "flux"), None, None,
               "reads (word:1.2) and [word] as T5 token weights (its emphasis setting) and tokenizes the text between "
               "them separately",
               "write prompts without ( ) or [ ] weights",
