@@ -34,8 +34,9 @@ def load_text_encoders(profile: AlignmentProfile | str, path_or_repo: str, **kwa
     return _load(profile, path_or_repo, **kwargs)
 
 
-def apply(pipe: Any, profile: AlignmentProfile | str, **kwargs: Any) -> Any:
-    """Make a diffusers pipeline encode its prompts by a profile (see :func:`te_align.integrations.diffusers.apply`)."""
+def apply(pipe: Any, profile: AlignmentProfile | str | None = None, **kwargs: Any) -> Any:
+    """Make a diffusers pipeline encode its prompts by a profile, by default the one it carries (see
+    :func:`te_align.integrations.diffusers.apply`)."""
     from te_align.integrations.diffusers import apply as _apply
 
     return _apply(pipe, profile, **kwargs)

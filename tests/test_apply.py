@@ -97,3 +97,74 @@ def test_refusals():
     te_align.apply(flux, fit_profile(te_align.profile("flux-schnell"), flux))
     with pytest.raises(TeAlignError, match="prompt_2 is not used"):
         flux(prompt=PROMPT, prompt_2="other", height=32, width=32, num_inference_steps=1, output_type="latent")
+
+
+# ---------------------------------------------------------------------------------------- the shipped world bases
+from te_align.tiny import bases as _bases  # noqa: E402
+
+WORLD = _bases.shipped()
+
+
+@pytest.fixture(scope="module")
+def world_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("world-cache")
+
+
+def _world(name, cache):
+    from te_align.tiny import world
+
+    return world.base(name, cache_dir=cache / name)
+
+
+def _sample(pipe, *args, **kw):
+    out = pipe(*args, num_inference_steps=2, output_type="pt", generator=torch.Generator().manual_seed(3), **kw)
+    return out.images
+
+
+@pytest.mark.parametrize("name", WORLD)
+def test_world_base_sampling_is_identical_with_its_own_profile(name, world_cache):
+    """te_align.apply(pipe, the base's own profile) on a world base (a subclass whose __call__ fills the base's
+    sampling settings) samples exactly the images of the plain call: prompt, negative and call defaults included."""
+    pipe = _world(name, world_cache)
+    plain = _sample(pipe, "a red cube on the left")
+    prof = te_align.profile(_bases.base_info(name)["profile"], **_bases.base_info(name)["profile_overrides"])
+    assert prof.fingerprint() == pipe.te_align_profile.fingerprint()
+    world_cls = type(pipe)
+    assert te_align.apply(pipe, prof) is pipe
+    assert type(pipe).__name__ == world_cls.__name__ and isinstance(pipe, world_cls)
+    aligned = _sample(pipe, "a red cube on the left")  # the prompt positionally, as pipe(prompt) takes it
+    assert torch.equal(aligned, plain)
+    assert torch.equal(_sample(pipe, prompt="a red cube on the left"), plain)
+    other = {"t5_max_length": 64} if "t5" in prof.slot_names else {"clip_l_max_length": 32}
+    te_align.apply(pipe, te_align.profile(prof, **other))  # the aligned call is the one that encodes
+    assert not torch.equal(_sample(pipe, "a red cube on the left"), plain)
+    remove(pipe)
+    assert type(pipe) is world_cls and applied_profile(pipe) is None
+    assert torch.equal(_sample(pipe, "a red cube on the left"), plain)
+
+
+def test_apply_without_a_profile_uses_the_one_the_pipeline_carries(world_cache):
+    pipe = _world(WORLD[0], world_cache)
+    te_align.apply(pipe)
+    assert applied_profile(pipe) is pipe.te_align_profile
+    assert applied_profile(pipe).name == _bases.BASES[WORLD[0]].profile
+    plain = build_pipeline("sd15")
+    with pytest.raises(TeAlignError, match=r"^te_align.apply\(pipe\) needs a profile: this StableDiffusionPipeline "
+                                           r"carries none; pass one, e.g. te_align.apply\(pipe, 'sd15'\)$"):
+        te_align.apply(plain)
+
+
+def test_a_profile_of_other_widths_is_refused_when_applied(world_cache):
+    name = "flux" if "flux" in WORLD else WORLD[0]
+    pipe = _world(name, world_cache)
+    spec = _bases.BASES[name]
+    want = {"flux": ("profile 'flux-schnell' does not fit this FluxPipeline's text encoders: clip_l (text_encoder) is 32 "
+                     "wide, the profile says 768; t5 (text_encoder_2) is 96 wide, the profile says 4096 (use the profile "
+                     "the pipeline was built with, or override clip_l_hidden_size=32, t5_hidden_size=96 if this is "
+                     "intended)")}
+    with pytest.raises(TeAlignError) as e:
+        te_align.apply(pipe, spec.profile)
+    assert "\n" not in str(e.value)
+    if name in want:
+        assert str(e.value) == want[name]
+    assert applied_profile(pipe) is None and type(pipe).__call__ is type(pipe).__mro__[1].__call__

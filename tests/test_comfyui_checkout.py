@@ -6,27 +6,19 @@ ComfyUI's loaded modules (no copy) and its LoRA-patched weights."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
-from te_align.errors import TeAlignError
+from tests.support.comfyui import comfyui_or_skip
 
-DIR = os.environ.get("TE_ALIGN_COMFYUI_DIR")
-if not DIR:
-    pytest.skip("TE_ALIGN_COMFYUI_DIR (a ComfyUI checkout) is not set", allow_module_level=True)
-try:
-    from te_align.integrations.comfyui import tiny
-
-    tiny.import_comfyui(DIR)
-except TeAlignError as e:
-    pytest.skip(f"ComfyUI from TE_ALIGN_COMFYUI_DIR does not import: {e}", allow_module_level=True)
+DIR = comfyui_or_skip()  # one skip reason for the module when ComfyUI or one of its requirements is missing
 
 import nodes  # noqa: E402  (ComfyUI's, from the checkout)
 import torch  # noqa: E402
 
 from te_align.encoding import encode  # noqa: E402
+from te_align.integrations.comfyui import tiny  # noqa: E402
 from te_align.integrations.comfyui.encode import NodeError, check_family, components, to_conditioning  # noqa: E402
 from te_align.integrations.comfyui.nodes import TeAlignEmptyNegative, TeAlignTextEncode  # noqa: E402
 

@@ -14,23 +14,16 @@ import os
 
 import pytest
 
-from te_align.errors import TeAlignError
+from tests.support.comfyui import comfyui_or_skip
 
-DIR = os.environ.get("TE_ALIGN_COMFYUI_DIR")
-if not DIR:
-    pytest.skip("TE_ALIGN_COMFYUI_DIR (a ComfyUI checkout) is not set", allow_module_level=True)
-try:
-    from te_align.integrations.comfyui import tiny
-
-    tiny.import_comfyui(DIR)
-except TeAlignError as e:
-    pytest.skip(f"ComfyUI from TE_ALIGN_COMFYUI_DIR does not import: {e}", allow_module_level=True)
+DIR = comfyui_or_skip()  # one skip reason for the module when ComfyUI or one of its requirements is missing
 
 import folder_paths  # noqa: E402  (ComfyUI's, from the checkout)
 import nodes  # noqa: E402
 import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 
+from te_align.integrations.comfyui import tiny  # noqa: E402
 from te_align.integrations.comfyui.nodes import TeAlignEmptyNegative, TeAlignTextEncode  # noqa: E402
 from te_align.metadata import stamp_keys  # noqa: E402
 

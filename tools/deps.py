@@ -2,7 +2,7 @@
 
     python tools/deps.py lock     # newest releases within pyproject's ranges; if the suite passes, write the lock
     python tools/deps.py newest   # the same suite on the newest releases pip resolves without the lock (no write)
-    python tools/deps.py lowest   # every direct dependency at the lower bound pyproject declares
+    python tools/deps.py lowest   # every direct dependency at the lowest release its declared range allows
     python tools/deps.py product  # `pip install .` alone (no extras, no lock), then the product's commands
 
 Each job builds a fresh virtual environment in a temporary folder (``--venv DIR`` keeps it), installs te-align from
@@ -22,6 +22,11 @@ noise and fails the job.
 suite passed; ``tests/support/lock.py`` reads it. torch is pinned by ``--torch`` (default ``torch==2.13.0``, the
 CPU build the README installs); ``newest`` leaves torch to pip too unless ``--torch`` is given. Run ``newest``
 before every submission; ``.ci/run`` runs it after the locked suite and prints its report.
+
+``lowest`` pins each direct dependency to the lowest release the package index offers inside its declared range
+(``pip index versions``; the bound itself when that release exists, else the first one after it: ``setuptools>=77``
+is 77.0.1, as no 77.0.0 was released), and prints each pin that differs from the literal bound. ``.ci/run`` runs it
+on every run, after ``newest``.
 """
 
 from __future__ import annotations
@@ -115,6 +120,58 @@ def _index_newest(python: Path, name: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _index_versions(python: Path, name: str) -> list[str]:
+    """Every release of ``name`` the package index offers this interpreter (``pip index versions``), or []."""
+    p = subprocess.run([str(python), "-m", "pip", "index", "versions", name], capture_output=True, text=True)
+    m = re.search(r"^Available versions:\s*(.+)$", p.stdout, re.M) if p.returncode == 0 else None
+    return [v.strip() for v in m.group(1).split(",") if v.strip()] if m else []
+
+
+def _packaging() -> tuple[type, type, type]:
+    try:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # pip's own copy, always beside pip
+        from pip._vendor.packaging.specifiers import SpecifierSet  # type: ignore[no-redef]
+        from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef]
+    return SpecifierSet, Version, InvalidVersion
+
+
+def lowest_release(spec: str, versions: list[str]) -> str | None:
+    """The lowest final release in ``versions`` that ``spec`` (a PEP 440 specifier set) allows, or None."""
+    SpecifierSet, Version, InvalidVersion = _packaging()
+    allowed = SpecifierSet(spec)
+    found = []
+    for v in versions:
+        try:
+            ver = Version(v)
+        except InvalidVersion:
+            continue
+        if not ver.is_prerelease and ver in allowed:
+            found.append(ver)
+    return str(min(found)) if found else None
+
+
+def lowest_pins(python: Path, log: list[str]) -> dict[str, str]:
+    """``{name: version}``: each direct dependency with a lower bound at the lowest release its range allows."""
+    pins: dict[str, str] = {}
+    for name, spec in direct_requirements().items():
+        bound = lower_bound(spec)
+        if bound is None:
+            log.append(f"no lower bound declared for {name} (left to pip)")
+            continue
+        versions = _index_versions(python, name)
+        low = lowest_release(spec, versions)
+        if low is None:
+            log.append(f"{name}: the index lists no release in '{spec}'" + ("" if versions else " (index unreachable?)")
+                       + f"; pinned to the bound {bound}")
+            low = bound
+        elif _packaging()[1](low) != _packaging()[1](bound):
+            log.append(f"{name}: '{spec}' starts at release {low} ({bound} itself is not released)")
+        pins[name] = low
+    return pins
+
+
 def _key(v: str) -> tuple:
     return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.+]", v.split("+")[0]))
 
@@ -124,12 +181,9 @@ def _install(job: str, python: Path, torch: str | None, log: list[str]) -> int:
     _run([*pip, "--upgrade", "pip"])
     args: list[str] = []
     if job == "lowest":
-        pins = {n: lower_bound(s) for n, s in direct_requirements().items()}
-        missing = sorted(n for n, v in pins.items() if v is None)
-        if missing:
-            log.append(f"no lower bound declared for: {', '.join(missing)} (left to pip)")
+        pins = lowest_pins(python, log)
         cons = Path(tempfile.mkstemp(prefix="te-align-lowest-", suffix=".txt")[1])
-        cons.write_text("".join(f"{n}=={v}\n" for n, v in pins.items() if v), encoding="utf-8")
+        cons.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), encoding="utf-8")
         args += ["-c", str(cons)]
     if torch:
         args.append(torch)

@@ -156,7 +156,7 @@ def _inference(r: Any, tool: str | None) -> list[Any]:
     from te_align.integrations.targets import inference_notes
     from te_align.profiles import profile
 
-    return inference_notes(profile(r.profile), tool, r.effective or {})
+    return inference_notes(profile(r.profile, **(r.overrides or {})), tool, r.effective or {})
 
 
 def _print_inference(tool: str, notes: list[Any]) -> None:

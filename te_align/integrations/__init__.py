@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def apply(pipe: Any, profile: Any, **kwargs: Any) -> Any:
+def apply(pipe: Any, profile: Any = None, **kwargs: Any) -> Any:
     """Make a diffusers pipeline encode prompts by ``profile`` (see :func:`te_align.integrations.diffusers.apply`)."""
     from te_align.integrations.diffusers import apply as _apply
 

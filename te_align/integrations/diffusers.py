@@ -13,6 +13,12 @@ names the pipeline takes). Prompt embeddings a caller passes are used as they ar
 pipelines that take ``negative_prompt_embeds`` get the profile's empty prompt (:func:`te_align.encoding.encode_uncond`:
 zeros for SDXL, the encoded "" for SD3); FluxPipeline gets a negative only when one is given (true CFG).
 :func:`remove` restores the original class. No weights are copied.
+
+A pipeline class that wraps an official one (te-align's world bases fill their sampling settings in a ``__call__(*args,
+**kwargs)`` that forwards to the official call) keeps its wrapper: the aligned call is placed between the wrappers
+and the official class, so it sees the arguments they fill in and checks the official signature. A pipeline that
+carries its profile (:data:`PROFILE_ATTR`, set by :func:`te_align.tiny.bases.load`) is aligned to it by
+``apply(pipe)``. The profile's encoder widths are checked against the pipeline's encoders when applying.
 """
 
 from __future__ import annotations
@@ -33,50 +39,114 @@ SUPPORTED: dict[str, str] = {
 NEGATIVE_ONLY_WHEN_GIVEN = ("FluxPipeline",)
 #: Profile outputs the pipelines rebuild themselves and do not take as keywords.
 REBUILT = ("text_ids",)
+#: The attribute through which a pipeline carries the profile it was built with (``apply(pipe)`` uses it).
+PROFILE_ATTR = "te_align_profile"
 _MARK = "_te_align_profile"
+#: pipeline class -> its aligned subclass (one per class, so every aligned pipe of a class shares it).
+_ALIGNED: dict[type, type] = {}
 
 
 def _base_class(pipe: Any) -> type:
+    """The pipeline's class before :func:`apply`."""
     cls = type(pipe)
     return cls.__bases__[0] if getattr(cls, "_te_align_wrapped", False) else cls
 
 
-def apply(pipe: Any, profile: Any, **encode_kwargs: Any) -> Any:
+def _official(cls: type) -> type | None:
+    """The official diffusers pipeline class ``cls`` is or wraps (the first supported one in its MRO)."""
+    for klass in cls.__mro__:
+        call = vars(klass).get("__call__")
+        if klass.__name__ in SUPPORTED and klass.__module__.startswith("diffusers.") and call not in (None, _aligned_call):
+            return klass
+    return None
+
+
+def _aligned_class(cls: type, official: type) -> type:
+    """``cls`` with :func:`_aligned_call` right above ``official`` in its MRO: wrappers in ``cls`` run first.
+
+    Its first base is always ``cls`` (what :func:`remove` restores)."""
+    if cls not in _ALIGNED:
+        attrs = {"_te_align_wrapped": True, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                 "__doc__": cls.__doc__}
+        if cls is official:
+            _ALIGNED[cls] = type(cls.__name__, (cls,), {**attrs, "__call__": _aligned_call})
+        else:  # cls wraps official: (cls, aligned) puts every class of cls before the aligned call, then official
+            aligned = type(official.__name__, (official,), {"__call__": _aligned_call, "__module__": official.__module__,
+                                                           "__qualname__": official.__qualname__})
+            _ALIGNED[cls] = type(cls.__name__, (cls, aligned), attrs)
+    return _ALIGNED[cls]
+
+
+def _width_mismatch(p: Any, pipe: Any, cls_name: str) -> str | None:
+    """One line naming every slot whose pipeline encoder is not as wide as the profile says, or None."""
+    from te_align.encoding.core import _config_width
+
+    bad = []
+    for slot in p.slots:
+        if slot.tokenizer_only:
+            continue
+        width = _config_width(getattr(getattr(pipe, slot.encoder_subfolder), "config", None))
+        if width is not None and width != slot.encoder.hidden_size:
+            bad.append((slot, width))
+    if not bad:
+        return None
+    widths = "; ".join(f"{s.name} ({s.encoder_subfolder}) is {w} wide, the profile says {s.encoder.hidden_size}"
+                       for s, w in bad)
+    keys = ", ".join(f"{s.name}_hidden_size={w}" for s, w in bad)
+    return (f"profile '{p.name}' does not fit this {cls_name}'s text encoders: {widths} (use the profile the "
+            f"pipeline was built with, or override {keys} if this is intended)")
+
+
+def apply(pipe: Any, profile: Any = None, **encode_kwargs: Any) -> Any:
     """Make ``pipe`` encode prompts by ``profile`` (a name, alias, file or :class:`AlignmentProfile`).
 
-    Returns ``pipe`` (changed in place). ``encode_kwargs`` go to every :func:`te_align.encode` call (e.g.
+    Returns ``pipe`` (changed in place). ``profile`` None: the profile the pipeline carries (te-align's world bases
+    carry theirs). ``encode_kwargs`` go to every :func:`te_align.encode` call (e.g.
     ``options=EncodeOptions(long_prompt_chunks=3)``). Calling it again switches the profile; :func:`remove`
-    undoes it. Refuses a pipeline class te-align has not verified and a profile of another model family.
+    undoes it. Refuses, in one line, a pipeline class te-align has not verified, a profile of another model family
+    and a profile whose encoder widths are not the pipeline's.
     """
     from te_align.profiles import profile as resolve
 
     base = _base_class(pipe)
-    family = SUPPORTED.get(base.__name__)
-    if family is None:
+    official = _official(base)
+    family = SUPPORTED.get(official.__name__) if official is not None else None
+    if official is None or family is None:
         raise TeAlignError(
             f"te_align.apply supports {', '.join(SUPPORTED)}; got a {base.__name__} (encode with te_align.encode "
             "and pass prompt_embeds=... yourself)"
         )
+    name = official.__name__
+    if profile is None:
+        profile = getattr(pipe, PROFILE_ATTR, None)
+        if profile is None:
+            raise TeAlignError(f"te_align.apply(pipe) needs a profile: this {name} carries none; pass one, e.g. "
+                               f"te_align.apply(pipe, '{_EXAMPLE[family]}')")
     p = resolve(profile) if not hasattr(profile, "slots") else profile
     if p.family != family:
-        raise TeAlignError(f"profile '{p.name}' is a {p.family} profile, but {base.__name__} samples {family} models")
+        raise TeAlignError(f"profile '{p.name}' is a {p.family} profile, but {name} samples {family} models")
     for slot in p.slots:
         if getattr(pipe, slot.tokenizer_subfolder, None) is None or (
             not slot.tokenizer_only and getattr(pipe, slot.encoder_subfolder, None) is None
         ):
             raise TeAlignError(
                 f"profile '{p.name}' encodes slot '{slot.name}' with {slot.tokenizer_subfolder}/{slot.encoder_subfolder}, "
-                f"but this {base.__name__} has none (loaded without it?)"
+                f"but this {name} has none (loaded without it?)"
             )
-    params = inspect.signature(base.__call__).parameters
+    mismatch = _width_mismatch(p, pipe, name)
+    if mismatch:
+        raise TeAlignError(mismatch)
+    params = inspect.signature(official.__call__).parameters
     missing = [n for n in p.output_names if n not in REBUILT and n not in params]
     if missing:
-        raise TeAlignError(f"{base.__name__}.__call__ takes no {', '.join(missing)}: profile '{p.name}' does not fit it")
+        raise TeAlignError(f"{name}.__call__ takes no {', '.join(missing)}: profile '{p.name}' does not fit it")
     if not getattr(type(pipe), "_te_align_wrapped", False):
-        pipe.__class__ = type(base.__name__, (base,), {"__call__": _aligned_call, "_te_align_wrapped": True,
-                                                      "__module__": base.__module__})
+        pipe.__class__ = _aligned_class(base, official)
     object.__setattr__(pipe, _MARK, (p, dict(encode_kwargs)))
     return pipe
+
+
+_EXAMPLE = {"flux": "flux-dev", "sd3": "sd35-large", "sdxl": "sdxl", "sd1": "sd15"}
 
 
 def remove(pipe: Any) -> Any:
@@ -108,8 +178,10 @@ def _aligned_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     from te_align.encoding import encode
     from te_align.encoding.core import encode_uncond
 
-    base = _base_class(self)
-    original = base.__call__
+    official = _official(type(self))
+    if official is None:  # pragma: no cover - apply() placed this call above an official class
+        raise TeAlignError(f"{type(self).__name__} is no pipeline te_align.apply supports")
+    original = official.__call__
     p, enc_kw = self.__dict__[_MARK]
     bound = inspect.signature(original).bind(self, *args, **kwargs)
     call = dict(bound.arguments)
@@ -137,7 +209,7 @@ def _aligned_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if len(negs) != len(prompts):
                 raise TeAlignError(f"negative_prompt has {len(negs)} entries for {len(prompts)} prompts")
             neg = encode(p, negs, pipeline=self, device=device, negative=True, **enc_kw)
-        elif base.__name__ not in NEGATIVE_ONLY_WHEN_GIVEN and "negative_prompt_embeds" in params:
+        elif official.__name__ not in NEGATIVE_ONLY_WHEN_GIVEN and "negative_prompt_embeds" in params:
             neg = encode_uncond(p, len(prompts), pipeline=self, device=device, **enc_kw)
     for name in cond:
         if name in REBUILT:
@@ -157,4 +229,4 @@ def _repeat(cond: Any, name: str, n: int) -> Any:
     return t.repeat_interleave(n, dim=cond.batch_dim(name))
 
 
-__all__ = ["SUPPORTED", "applied_profile", "apply", "remove"]
+__all__ = ["PROFILE_ATTR", "SUPPORTED", "applied_profile", "apply", "remove"]

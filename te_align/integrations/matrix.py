@@ -34,6 +34,10 @@ class Cell:
     differing: list[str] = field(default_factory=list)
     compared: int = 0
 
+    #: Largest |Δ| counted as equal (0: bit-identical only); a cell with a tolerance says so.
+    atol: float = 0.0
+    rounding: float = 0.0
+
     def add(self, label: str, got: Any, ref: Any) -> None:
         import torch
 
@@ -41,6 +45,10 @@ class Cell:
         g, r = got.detach().float().cpu()[0], ref.detach().float().cpu()[0]
         self.shapes.add((tuple(g.shape), tuple(r.shape)))
         if g.shape == r.shape and torch.equal(g, r):
+            self.cos.append(1.0)
+            return
+        if self.atol and g.shape == r.shape and float((g - r).abs().max()) <= self.atol:
+            self.rounding = max(self.rounding, float((g - r).abs().max()))
             self.cos.append(1.0)
             return
         self.differing.append(label)
@@ -52,14 +60,16 @@ class Cell:
 
     def text(self) -> str:
         if not self.differing:
-            return f"{self.name}: identical"
+            return f"{self.name}: identical" + (f" within float rounding (max\\|Δ\\| {self.rounding:.1g})"
+                                                 if self.rounding else "")
         shape = ""
         odd = sorted(s for s in self.shapes if s[0] != s[1])
         if odd:
             shape = "shape " + ", ".join(f"{tuple(a)} vs {tuple(b)}" for a, b in odd[:2]) + ("…" if len(odd) > 2 else "") + "; "
         cos = sum(self.cos) / len(self.cos) if self.cos else float("nan")
+        rest = f"; the others within float rounding (max\\|Δ\\| {self.rounding:.1g})" if self.rounding else ""
         return (f"{self.name}: {shape}max\\|Δ\\| {self.max_abs:.3g}{' (overlap)' if odd else ''}, cos {cos:.4f}, "
-                f"{len(self.differing)}/{self.compared} prompts differ ({', '.join(dict.fromkeys(self.differing))})")
+                f"{len(self.differing)}/{self.compared} prompts differ ({', '.join(dict.fromkeys(self.differing))}){rest}")
 
 
 def _labels(suite: dict[str, list[str]]) -> list[tuple[str, str]]:
@@ -68,7 +78,7 @@ def _labels(suite: dict[str, list[str]]) -> list[tuple[str, str]]:
 
 def _row(cells: list[Cell]) -> str:
     verdict = "identical" if all(not c.differing for c in cells) else "**differs**"
-    return f"{verdict} — " + "; ".join(c.text() if c.differing else c.name for c in cells)
+    return f"{verdict} — " + "; ".join(c.text() if c.differing or c.rounding else c.name for c in cells)
 
 
 def comfyui_rows(comfyui_dir: str | None) -> list[tuple[str, str, str]]:
@@ -160,21 +170,59 @@ def diffusers_rows() -> list[tuple[str, str, str]]:
 
 
 def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
-    """Forge's text engines import only inside its web UI (modules.shared, gradio, a GPU backend): say why not."""
-    import importlib
-    import sys
+    """Forge's own text engines (from a checkout, on the tiny diffusers components' weights) vs ``te_align.encode``
+    on those components; one 'not importable' row naming what is missing when Forge does not import."""
+    import torch
 
-    if not forge_dir:
-        return [("all", "Forge", "not importable here: TE_ALIGN_FORGE_DIR is not set")]
-    sys.path.insert(0, forge_dir)
+    import te_align
+    from te_align.encoding import encode
+    from te_align.errors import TeAlignError
+    from te_align.integrations import forge
+    from te_align.probe.core import prompt_suite
+    from te_align.tiny.fit import fit_profile
+
     try:
-        importlib.import_module("backend.text_processing.t5_engine")
-    except BaseException as e:  # SystemExit from its argument parser, ImportError, a CUDA check...
-        why = f"{type(e).__name__}: {e}".splitlines()[0]
-        return [("all", "Forge", f"not importable here: backend.text_processing.t5_engine raises {why}")]
-    finally:
-        sys.path.remove(forge_dir)
-    return [("all", "Forge", "imports here, but rows for it are not built yet")]
+        forge.import_forge(forge_dir)
+    except TeAlignError as e:
+        return [("all", "Forge", f"not importable here: {e}")]
+    out = []
+    for family, names in forge.PROFILES.items():
+        pipe = forge.pipeline(family)
+        eng = forge.engines(family, pipe)
+        for name in names:
+            p = fit_profile(te_align.profile(name), pipe)
+            suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
+            first = p.output_names[0]
+            pooled = "pooled_prompt_embeds" in p.output_names
+            # Forge's T5 is its own code (backend/nn/t5.py): same weights, float rounding apart
+            cells = [Cell(first, atol=FORGE_ATOL)] + ([Cell("pooled", atol=FORGE_ATOL)] if pooled else [])
+            for label, prompt in _labels(suite):
+                got = forge.conditioning(family, eng, prompt)
+                with torch.no_grad():
+                    ref = encode(p, [prompt], pipeline=pipe)
+                cells[0].add(label, got["crossattn"], ref[first])
+                if pooled:
+                    cells[1].add(label, got["pooled"], ref["pooled_prompt_embeds"])
+            out.append((name, "Forge text engines", _row(cells)))
+    for name, why in forge.NOT_COMPARED.items():
+        out.append((name, "Forge text engines", f"not compared — {why}"))
+    return out
+
+
+def forge_note() -> str:
+    """The matrix's paragraph on how the Forge rows were made."""
+    from te_align.integrations import forge
+
+    return ("Forge rows: its text engines (backend/text_processing) built with the arguments of its "
+            "backend/diffusion_engine/<family>.py, on its own encoder classes holding the tiny components' weights, "
+            f"compared with `te_align.encode` on those components (\"identical\" allows {FORGE_ATOL:g} of float "
+            "rounding, which Forge's own T5 code may add). Stand-in: "
+            + "; ".join(f"{k} ({v})" for k, v in forge.STAND_INS.items()) + ". Bridged: "
+            + "; ".join(forge.BRIDGES) + ".")
+
+
+#: Differences up to this are float rounding between Forge's own T5 code and transformers' on the same weights.
+FORGE_ATOL = 1e-5
 
 
 def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = None) -> str:
@@ -212,6 +260,10 @@ def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = Non
     if tiny.STAND_INS:
         lines += ["Stand-ins for import dependencies that do not load here (never called by text encoding): "
                   + "; ".join(f"{k} ({v})" for k, v in tiny.STAND_INS.items()), ""]
+    from te_align.integrations import forge
+
+    if forge.STAND_INS:
+        lines += [forge_note(), ""]
     lines += ["| profile | tool | result |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"

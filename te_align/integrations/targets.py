@@ -45,49 +45,110 @@ class Behaviour:
     source: str
     #: Prompts for which the difference is real ("prompts over 255 T5 tokens"); empty: every prompt.
     when: str = ""
+    #: How to sample as trained when the trainer used another value than the profile's (te-align's encoders follow
+    #: the profile, so they are not the way then); ``OVERRIDDEN``: the profile with the trained value. Empty: ``fix``.
+    fix_as_trained: str = ""
 
     def applies(self, profile_name: str, family: str) -> bool:
         return profile_name in self.applies_to or family in self.applies_to
 
 
-_T5_OPTS = "or a T5TokenizerOptions node with min_length={trained} before it (prompts over {trained} tokens are still not cut)"
+_MAXLEN_AS_TRAINED = "pass max_sequence_length={trained} to the pipeline call"
+_T5_OPTS = "a T5TokenizerOptions node with min_length={trained} before it (prompts over {trained} tokens are still not cut)"
+#: Parsing of ``(word:1.2)`` in ComfyUI's tokenizers (SDTokenizer.tokenize_with_weights, unless a tokenizer passes
+#: disable_weights=True, as Qwen-Image's, Flux 2's, Z-Image's and Lumina's Gemma-3 do).
+_WEIGHTS = f"{COMFYUI} comfy/sd1_clip.py:304-349 (token_weights), 550-564 (parsed unless disable_weights), 27-62 (applied)"
+_NO_PARENS = "write prompts without ( ) or escape them as \\( \\)"
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
     # ----------------------------------------------------------------------------------------- ComfyUI
     Behaviour("comfyui", ("flux",), "t5.tokenizer.max_length", 256,
               "pads T5 to at least 256 tokens and never truncates (T5XXLTokenizer min_length=256, max_length=99999999)",
-              f"use {NODE}, " + _T5_OPTS,
-              f"{COMFYUI} comfy/text_encoders/flux.py:12-15; padding in comfy/sd1_clip.py:637-645"),
+              f"use {NODE}, or " + _T5_OPTS,
+              f"{COMFYUI} comfy/text_encoders/flux.py:12-15; padding in comfy/sd1_clip.py:637-645",
+              fix_as_trained="add " + _T5_OPTS),
     Behaviour("comfyui", ("sd3",), "t5.tokenizer.max_length", 77,
               "pads T5 to at least 77 tokens and never truncates, as Stability's sd3.5 reference code does",
-              f"use {NODE}, " + _T5_OPTS,
-              f"{COMFYUI} comfy/text_encoders/sd3_clip.py:35-38"),
+              f"use {NODE}, or " + _T5_OPTS,
+              f"{COMFYUI} comfy/text_encoders/sd3_clip.py:35-38",
+              fix_as_trained="add " + _T5_OPTS),
     Behaviour("comfyui", ("chroma",), "t5.tokenizer.max_length", 0,
               "does not pad T5 at all (min_length=1) and passes no attention mask to T5 or the model",
               f"use {NODE} (it encodes with the mask and keeps the real tokens plus the pad Chroma sees)",
-              f"{COMFYUI} comfy/text_encoders/pixart_t5.py:24-27, comfy/sd.py:1303-1305"),
+              f"{COMFYUI} comfy/text_encoders/pixart_t5.py:24-27, comfy/sd.py:1303-1305",
+              fix_as_trained="sample in diffusers with max_sequence_length={trained} (ComfyUI's Chroma encoder passes "
+                             "no mask, so no node setting gives it)"),
+    Behaviour("comfyui", ("pixart",), "t5.tokenizer.max_length", 0,
+              "does not pad T5 at all (min_length=1) and passes no attention mask to T5 or the model",
+              "sample in diffusers with te_align.encode's tensors, or PixArtSigmaPipeline's default call (the "
+              "te-align node does not encode PixArt)",
+              f"{COMFYUI} comfy/text_encoders/pixart_t5.py:10-27, comfy/sd.py:1303-1305",
+              fix_as_trained="sample in diffusers with max_sequence_length={trained}"),
     Behaviour("comfyui", ("flux", "sd3"), "t5.masks.encoder", False,
               "runs T5 without an attention mask (T5XXLModel attention_mask=False)",
               f"use {NODE}, which passes the mask as the profile says",
-              f"{COMFYUI} comfy/text_encoders/sd3_clip.py:11-20, comfy/text_encoders/flux.py:41"),
+              f"{COMFYUI} comfy/text_encoders/sd3_clip.py:11-20, comfy/text_encoders/flux.py:41",
+              fix_as_trained="sample in diffusers with te_align.apply(pipe, OVERRIDDEN) (no ComfyUI node runs T5 with "
+                             "its mask)"),
     Behaviour("comfyui", ("sdxl",), "empty_prompt", "encode",
               "encodes an empty negative prompt as the text \"\" (zeros only through ConditioningZeroOut)",
               "use the te-align Empty Negative node or ConditioningZeroOut on the negative",
-              f"{COMFYUI} nodes.py:58-79 (CLIPTextEncode), nodes.py:250-271 (ConditioningZeroOut)"),
+              f"{COMFYUI} nodes.py:58-79 (CLIPTextEncode), nodes.py:250-271 (ConditioningZeroOut)",
+              fix_as_trained="use ConditioningZeroOut on the negative"),
     Behaviour("comfyui", ("lumina2",), "gemma.tokenizer.system_prompt", None,
               "adds no system prompt in CLIPTextEncode (only the CLIPTextEncodeLumina2 node adds one)",
-              f"use {NODE} or CLIPTextEncodeLumina2",
+              "use the CLIPTextEncodeLumina2 node with the system prompt you trained with (the te-align node does not "
+              "encode Lumina 2)",
               f"{COMFYUI} comfy_extras/nodes_lumina2.py:66-114, comfy/text_encoders/lumina2.py:6-9"),
-    Behaviour("comfyui", ("sd1", "sdxl", "sd3", "flux"), None, None,
+    Behaviour("comfyui", ("wan", "pixart"), "t5.tokenizer.text_cleaning", "none",
+              "does not clean the prompt first (no ftfy, HTML unescaping, whitespace collapsing or caption cleaning): "
+              "the tokenizer gets the text as written",
+              "clean prompts before sampling as the profile's text_cleaning does (te_align.encoding.text has the "
+              "cleaners); prompts of plain words with single spaces are unaffected",
+              f"{COMFYUI} comfy/text_encoders/wan.py:11-14, comfy/text_encoders/pixart_t5.py:24-27 (no cleaning "
+              "step); comfy/sd1_clip.py:550-597 (the text is only split at ( ) weights and embedding names)"),
+    Behaviour("comfyui", ("sd1", "sd2", "sdxl", "sd3", "flux"), None, None,
               "reads (word:1.2) and (word) in a prompt as weights (for T5 too) and encodes a prompt over 75 CLIP "
               "tokens as extra 77-token chunks instead of cutting it",
               f"{NODE} encodes the text as written, exactly as the profile says",
-              f"{COMFYUI} comfy/sd1_clip.py:304-352 (weights), 550-645 (chunks)"),
+              f"{_WEIGHTS}, 599-645 (chunks); SD2: comfy/sd2_clip.py (SDTokenizer)"),
+    Behaviour("comfyui", ("hidream",), None, None,
+              "reads (word:1.2) and (word) as weights for all four encoders (CLIP-L, CLIP-G, T5, Llama), encodes a "
+              "prompt over 75 CLIP tokens as extra 77-token chunks and keeps T5's first 128-token chunk only",
+              _NO_PARENS + " (the te-align node does not encode HiDream)",
+              f"{COMFYUI} comfy/text_encoders/hidream.py:10-24; {_WEIGHTS}"),
+    Behaviour("comfyui", ("chroma", "pixart", "auraflow"), None, None,
+              "reads (word:1.2) and (word) in a prompt as T5 token weights and tokenizes the text between them "
+              "separately",
+              f"{NODE} encodes the text as written (Chroma); for PixArt and AuraFlow {_NO_PARENS}",
+              f"{COMFYUI} comfy/text_encoders/pixart_t5.py:24-27, comfy/text_encoders/aura_t5.py:11-14; {_WEIGHTS}"),
+    Behaviour("comfyui", ("wan",), None, None,
+              "reads (word:1.2) and (word) in a prompt as UMT5 token weights and never cuts a prompt over 512 tokens "
+              "(UMT5XXlTokenizer min_length=512, max_length=99999999)",
+              _NO_PARENS + " and keep prompts under 512 tokens (the te-align node does not encode Wan)",
+              f"{COMFYUI} comfy/text_encoders/wan.py:11-14; {_WEIGHTS}"),
+    Behaviour("comfyui", ("lumina2",), None, None,
+              "reads (word:1.2) and (word) in a prompt as Gemma token weights (Gemma2BTokenizer keeps weights on)",
+              _NO_PARENS,
+              f"{COMFYUI} comfy/text_encoders/lumina2.py:6-9 (Gemma-3's tokenizer at :14-17 turns them off); {_WEIGHTS}"),
+    Behaviour("comfyui", ("anima",), None, None,
+              "reads (word:1.2) and (word) in a prompt as T5 token weights and gives Qwen3 the text with the ( ) and "
+              ":1.2 removed (its weights reset to 1.0)",
+              _NO_PARENS,
+              f"{COMFYUI} comfy/text_encoders/anima.py:23-28,46-50; {_WEIGHTS}"),
+    Behaviour("comfyui", ("hunyuanimage",), None, None,
+              "reads (word:1.2) and (word) as weights in the quoted text it gives ByT5 (the Qwen2.5-VL text is read "
+              "as written)",
+              _NO_PARENS + " inside quotes",
+              f"{COMFYUI} comfy/text_encoders/hunyuan_image.py:20-38, comfy/text_encoders/qwen_image.py:39 "
+              f"(disable_weights=True); {_WEIGHTS}"),
     # ------------------------------------------------------------------------------------------ Forge
     Behaviour("forge", ("flux",), "t5.tokenizer.max_length", 256,
               "pads T5 to at least 256 tokens and never truncates",
               "sample in ComfyUI with " + NODE + " or in diffusers instead (Forge has no setting for it)",
-              f"{FORGE} backend/text_processing/t5_engine.py:20,54,86-90; backend/diffusion_engine/flux.py:70-74"),
+              f"{FORGE} backend/text_processing/t5_engine.py:20,54,86-90; backend/diffusion_engine/flux.py:70-74",
+              fix_as_trained="sample elsewhere, as Forge has no setting for it: in diffusers with "
+                             "max_sequence_length={trained}, or in ComfyUI with " + _T5_OPTS),
     Behaviour("forge", ("sd3",), "t5.tokenizer.max_length", 0,
               "leaves T5 off by default (sd3_enable_t5 = False) and feeds zeros [B, 256, 4096] instead",
               "enable T5 in Settings (sd3_enable_t5); Forge then pads T5 to at least 256 without truncating",
@@ -104,40 +165,54 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour("forge", ("chroma",), "t5.tokenizer.max_length", 0,
               "does not pad T5 at all (min_length=1)",
               "sample in ComfyUI with " + NODE + " or in diffusers instead (Forge has no setting for it)",
-              f"{FORGE} backend/diffusion_engine/chroma.py:38-43"),
+              f"{FORGE} backend/diffusion_engine/chroma.py:38-43",
+              fix_as_trained="sample in diffusers with max_sequence_length={trained} (Forge has no setting for it)"),
     Behaviour("forge", ("sdxl",), "empty_prompt", "zeros",
               "turns an empty negative prompt into zeros, as diffusers does",
               "", f"{FORGE} backend/diffusion_engine/sdxl.py:109-114"),
-    Behaviour("forge", ("sd1", "sdxl", "sd3", "flux"), None, None,
+    Behaviour("forge", ("sd1", "sd2", "sdxl", "sd3", "flux"), None, None,
               "reads (word:1.2) as weights and encodes a prompt over 75 CLIP tokens as extra 75-token chunks "
               "(moving back to the last comma)",
               "write prompts without ( ) weights and under 75 CLIP tokens",
               f"{FORGE} backend/text_processing/classic_engine.py:55,160-230"),
+    Behaviour("forge", ("chroma", "flux"), None, None,
+              "reads (word:1.2) and [word] as T5 token weights (its emphasis setting) and tokenizes the text between "
+              "them separately",
+              "write prompts without ( ) or [ ] weights",
+              f"{FORGE} backend/text_processing/t5_engine.py:68-71,95-105,147-156; modules/shared_options.py:179 (emphasis "
+              "\"Original\")"),
     # -------------------------------------------------------------------------------------- diffusers
     Behaviour("diffusers", ("flux-schnell",), "t5.tokenizer.max_length", 512,
               "FluxPipeline pads and truncates T5 to max_sequence_length=512 by default, for schnell too",
               "pass max_sequence_length={trained} to the pipeline call, or call te_align.apply(pipe, PROFILE)",
-              f"{DIFFUSERS}/flux/pipeline_flux.py:630"),
+              f"{DIFFUSERS}/flux/pipeline_flux.py:630", fix_as_trained=_MAXLEN_AS_TRAINED),
     Behaviour("diffusers", ("flux-dev",), "t5.tokenizer.max_length", 512,
               "FluxPipeline pads and truncates T5 to max_sequence_length=512 by default",
               "pass max_sequence_length={trained} to the pipeline call, or call te_align.apply(pipe, PROFILE)",
-              f"{DIFFUSERS}/flux/pipeline_flux.py:630"),
+              f"{DIFFUSERS}/flux/pipeline_flux.py:630", fix_as_trained=_MAXLEN_AS_TRAINED),
+    Behaviour("diffusers", ("flux",), "t5.masks.encoder", False,
+              "FluxPipeline runs T5 without an attention mask and passes none to the transformer",
+              "", f"{DIFFUSERS}/flux/pipeline_flux.py:234-254",
+              fix_as_trained="call te_align.apply(pipe, OVERRIDDEN), which runs T5 with its mask (FluxPipeline "
+                             "takes no mask for the transformer)"),
     Behaviour("diffusers", ("sd3",), "t5.tokenizer.max_length", 256,
               "StableDiffusion3Pipeline pads and truncates T5 to max_sequence_length=256 by default",
               "pass max_sequence_length={trained} to the pipeline call, or call te_align.apply(pipe, PROFILE)",
-              f"{DIFFUSERS}/stable_diffusion_3/pipeline_stable_diffusion_3.py:802"),
+              f"{DIFFUSERS}/stable_diffusion_3/pipeline_stable_diffusion_3.py:802", fix_as_trained=_MAXLEN_AS_TRAINED),
     Behaviour("diffusers", ("chroma",), "t5.tokenizer.max_length", 512,
               "ChromaPipeline pads and truncates T5 to max_sequence_length=512 by default",
-              "pass max_sequence_length={trained} to the pipeline call, or call te_align.apply(pipe, PROFILE)",
+              "pass max_sequence_length={trained} to the pipeline call",
               f"{DIFFUSERS}/chroma/pipeline_chroma.py:614"),
     Behaviour("diffusers", ("sdxl",), "empty_prompt", "zeros",
               "StableDiffusionXLPipeline turns an empty negative prompt into zeros (force_zeros_for_empty_prompt)",
               "pass negative_prompt=\"\" explicitly to have \"\" encoded, or call te_align.apply(pipe, PROFILE)",
-              f"{DIFFUSERS}/stable_diffusion_xl/pipeline_stable_diffusion_xl.py:250,422-425"),
+              f"{DIFFUSERS}/stable_diffusion_xl/pipeline_stable_diffusion_xl.py:250,422-425",
+              fix_as_trained="pass negative_prompt=\"\" explicitly to have \"\" encoded"),
     Behaviour("diffusers", ("sd3",), "empty_prompt", "encode",
               "StableDiffusion3Pipeline encodes an empty negative prompt as \"\"",
               "call te_align.apply(pipe, PROFILE), which gives the profile's empty prompt",
-              f"{DIFFUSERS}/stable_diffusion_3/pipeline_stable_diffusion_3.py:466-469"),
+              f"{DIFFUSERS}/stable_diffusion_3/pipeline_stable_diffusion_3.py:466-469",
+              fix_as_trained="call te_align.apply(pipe, OVERRIDDEN)"),
 )
 
 
@@ -147,15 +222,24 @@ class InferenceNote:
 
     tool: str
     setting: str
+    #: The trained value; None where the trainer does not record it (``trained_known`` False) or none applies.
     trained: Any
     tool_value: Any
     message: str
     fix: str
     source: str
+    #: The profile's value of ``setting`` (None for a prompt-syntax note).
+    profile_value: Any = None
+    trained_known: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tool": self.tool, "setting": self.setting, "trained": self.trained, "tool_value": self.tool_value,
+        return {"tool": self.tool, "setting": self.setting, "trained": self.trained,
+                "trained_known": self.trained_known, "profile": self.profile_value, "tool_value": self.tool_value,
                 "message": self.message, "fix": self.fix, "source": self.source}
+
+
+#: What a note says instead of a value the trainer does not record.
+UNKNOWN = "unknown (the trainer does not record it)"
 
 
 def check_tool(tool: str) -> str:
@@ -166,15 +250,8 @@ def check_tool(tool: str) -> str:
     return key
 
 
-def _trained_value(profile: Any, effective: Mapping[str, Any], path: str) -> Any:
-    if path in effective:
-        return effective[path]
-    if "." not in path:
-        return profile.get(path)
-    slot = path.split(".", 1)[0]
-    if slot not in profile.slot_names:
-        return None
-    return profile.get(f"slots.{path}")
+def _profile_value(profile: Any, path: str) -> Any:
+    return profile.get(path) if "." not in path else profile.get(f"slots.{path}")
 
 
 def _fmt(v: Any) -> str:
@@ -187,16 +264,36 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _overridden(profile: Any, path: str, value: Any) -> str:
+    """Python for the profile with ``path`` set to ``value`` (``te_align.profile('flux-schnell', t5_max_length=512)``)."""
+    from te_align.profiles.overrides import resolve_key
+
+    full = path if "." not in path else f"slots.{path}"
+    slot, _, rest = path.partition(".")
+    short = f"{slot}_{rest.rsplit('.', 1)[-1]}" if rest else path
+    try:
+        ok = short.isidentifier() and resolve_key(profile, short) == full
+    except TeAlignError:
+        ok = False
+    arg = f"{short}={value!r}" if ok else f"**{{{path!r}: {value!r}}}"
+    return f"te_align.profile({profile.name!r}, {arg})"
+
+
 def inference_notes(profile: Any, tool: str, effective: Mapping[str, Any] | None = None) -> list[InferenceNote]:
     """Where sampling in ``tool`` gives other conditioning than the training did.
 
-    ``profile``: the profile trained with (an :class:`~te_align.profiles.AlignmentProfile`); ``effective``: the
-    trainer's effective settings by slot-relative path (``check``'s ``effective``), which win over the profile's
-    values. A behaviour whose value equals the trained value gives no note; a behaviour without a path (prompt
-    syntax) always gives one.
+    ``profile``: the profile trained with (an :class:`~te_align.profiles.AlignmentProfile`). ``effective``: the
+    trainer's recorded settings by slot-relative path (``check``'s ``effective``): a value there is what was trained;
+    a path missing from it is unknown, and the note says so and compares the profile's value with the tool's. None:
+    trained exactly by the profile (te-align's own training). A behaviour whose value equals the trained (or, when
+    unknown, the profile's) value gives no note; a behaviour without a path (prompt syntax) always gives one.
+
+    Each note carries one recommendation: where the trained value is the profile's (or unknown), sample by the
+    profile (te-align's node, ``te_align.apply``); where the trainer used another value, sample as trained with the
+    tool's own settings (the behaviour's ``fix_as_trained``), never the profile's value.
     """
     key = check_tool(tool)
-    eff = dict(effective or {})
+    eff = None if effective is None else dict(effective)
     name = TOOLS[key]
     notes: list[InferenceNote] = []
     for b in BEHAVIOURS:
@@ -208,20 +305,30 @@ def inference_notes(profile: Any, tool: str, effective: Mapping[str, Any] | None
         slot = b.path.split(".", 1)[0]
         if "." in b.path and slot not in profile.slot_names:
             continue
-        trained = _trained_value(profile, eff, b.path)
-        if _same(b, trained, profile, eff):
+        prof = _profile_value(profile, b.path)
+        known = eff is None or b.path in eff
+        trained = (prof if eff is None else eff[b.path]) if known else None
+        compared = trained if known else prof
+        if _same(b, compared):
             continue
         setting = b.path
-        fix = b.fix.replace("{trained}", _fmt(trained)).replace("PROFILE", f"'{profile.name}'")
-        if b.path.endswith("tokenizer.max_length"):
-            msg = f"you trained at {_fmt(trained)} ({setting}); {name} {b.does}"
+        deviates = known and trained != prof
+        fix = (b.fix_as_trained or b.fix) if deviates else b.fix
+        fix = (fix.replace("{trained}", _fmt(compared)).replace("OVERRIDDEN", _overridden(profile, b.path, trained))
+               .replace("PROFILE", f"'{profile.name}'"))
+        if not known:
+            msg = (f"you trained with {setting} = {UNKNOWN}; the profile says {_fmt(prof)}, and {name} {b.does}")
+        elif b.path.endswith("tokenizer.max_length"):
+            msg = f"you trained at {_fmt(trained)} ({setting})" + (f", not the profile's {_fmt(prof)}" if deviates else "")
+            msg += f"; {name} {b.does}"
         else:
-            msg = f"you trained with {setting} = {_fmt(trained)}; {name} {b.does}"
-        notes.append(InferenceNote(key, setting, trained, b.value, msg, fix, b.source))
+            msg = f"you trained with {setting} = {_fmt(trained)}" + (f", not the profile's {_fmt(prof)}" if deviates else "")
+            msg += f"; {name} {b.does}"
+        notes.append(InferenceNote(key, setting, trained, b.value, msg, fix, b.source, prof, known))
     return notes
 
 
-def _same(b: Behaviour, trained: Any, profile: Any, eff: Mapping[str, Any]) -> bool:
+def _same(b: Behaviour, trained: Any) -> bool:
     if b.path is not None and b.path.endswith("system_prompt"):
         return not trained  # the tool adds none: the same only when none was trained
     if b.path is not None and b.path.endswith("tokenizer.max_length") and b.value == 0:
@@ -229,4 +336,4 @@ def _same(b: Behaviour, trained: Any, profile: Any, eff: Mapping[str, Any]) -> b
     return trained == b.value
 
 
-__all__ = ["BEHAVIOURS", "TOOLS", "Behaviour", "InferenceNote", "check_tool", "inference_notes"]
+__all__ = ["BEHAVIOURS", "TOOLS", "UNKNOWN", "Behaviour", "InferenceNote", "check_tool", "inference_notes"]

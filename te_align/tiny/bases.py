@@ -31,7 +31,7 @@ from typing import Any
 
 from te_align.errors import TeAlignError
 
-__all__ = ["BASES", "BaseError", "BaseSpec", "base_info", "data_root", "load", "materialize", "shipped", "verify"]
+__all__ = ["BASES", "BaseError", "BaseSpec", "base_info", "base_profile", "data_root", "load", "materialize", "shipped", "verify"]
 
 MANIFEST = "base.json"
 FORMAT = 2
@@ -259,6 +259,15 @@ class _CallDefaults:
 _CLASSES: dict[type, type] = {}
 
 
+def base_profile(name: str, source: str | Path | None = None) -> Any:
+    """The profile base ``name`` was pretrained with: its bundled profile with the ``profile_overrides`` of its
+    ``base.json`` (the tiny encoders' widths and depths)."""
+    from te_align.profiles import profile
+
+    info = base_info(name, source)
+    return profile(info["profile"], **dict(info.get("profile_overrides") or {}))
+
+
 def _with_defaults(pipe: Any, defaults: dict[str, Any]) -> Any:
     official = type(pipe)
     cls = _CLASSES.get(official)
@@ -276,6 +285,8 @@ def load(name: str, *, cache_dir: str | Path | None = None, source: str | Path |
     ``pipe(prompt)`` samples at the base's size with the settings its held-out accuracy was measured at
     (``base.json["sampling"]``: steps, guidance, and for Flux true classifier-free guidance against the encoded
     empty prompt at the profile's T5 length); pass any argument to override it. ``pipe.call_defaults`` shows them.
+    ``pipe.te_align_profile`` is the profile it was pretrained with (:func:`base_profile`), which
+    ``te_align.apply(pipe)`` uses.
     """
     import diffusers
     import torch
@@ -285,4 +296,6 @@ def load(name: str, *, cache_dir: str | Path | None = None, source: str | Path |
     info = base_info(name, source)
     pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    return _with_defaults(pipe, info["sampling"])
+    _with_defaults(pipe, info["sampling"])
+    object.__setattr__(pipe, "te_align_profile", base_profile(name, source))
+    return pipe
