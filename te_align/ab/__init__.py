@@ -3,9 +3,10 @@
 ``te-align ab run PRESET`` / :func:`run_ab` trains both arms with :func:`te_align.train.train` on
 identical data, seeds, steps and hyper-parameters, scores them with a deterministic validation loss,
 measures how far their conditioning differs, renders samples and writes ``report.md`` and
-``report.html``. ``te-align demo`` / :func:`run_demo` does all of it offline on a tiny SD3-shaped
-model. Presets live in ``presets/`` (:mod:`te_align.ab.preset`). Submodules that need torch load on
-first use.
+``report.html``. ``te-align ab matrix`` / :func:`run_matrix` runs the pre-registered effects matrix on the shipped
+world bases (:mod:`te_align.ab.matrix`; per-seed results, the table, the summary ``te-align check`` reads through
+:mod:`te_align.ab.evidence`); ``te-align demo`` / :func:`run_demo` runs one of its rows live. Presets live in
+``presets/`` (:mod:`te_align.ab.preset`). Submodules that need torch load on first use.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _EXPORTS = {
     "ABResult": "te_align.ab.runner",
     "run_ab": "te_align.ab.runner",
     "run_demo": "te_align.ab.demo",
+    "run_matrix": "te_align.ab.matrix",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,6 @@ table and curves, the validation loss, and the committed matrix of every measure
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -76,21 +75,11 @@ def verdict_line(result: Any) -> str:
             f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)")  # fmt: skip
 
 
-def committed_summary() -> dict[str, Any] | None:
-    """The committed effects matrix's summary shipped with te-align (``te_align/ab/data/effects.json``), or None."""
-    path = Path(__file__).parent / "data" / "effects.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == 1 else None
-
-
 def committed_blocks() -> list[tuple[Any, ...]]:
     """Report blocks with the committed matrix (every measured row), so the demo's one row is seen among all."""
-    data = committed_summary()
+    from te_align.ab.evidence import summary
+
+    data = summary()
     blocks: list[tuple[Any, ...]] = [("h2", "The committed effects matrix (docs/effects.md)")]
     if data is None:
         return [*blocks, ("p", "This installation ships no effects summary.")]
