@@ -224,7 +224,7 @@ def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
     assert rows["world-flux-t5-512"].verdict == "pending (3 of 6 seeds)" and math.isnan(rows["world-flux-t5-512"].p_holm)
     text = render_effects(list(rows.values()), command="te-align ab matrix", plan="p1")
     line = next(x for x in text.splitlines() if x.startswith("| world-sd3-t5-77 |"))
-    assert "| 6 | 0.225 | 0.530 |" in line and line.endswith("| **profile better** |")
+    assert "| 6 | 0.225 | 0.530 |" in line and line.endswith("| **profile better** | 0.9 |")  # 6 x 9 CPU-seconds
     assert "**Progress: 15 of 18 row-seeds**" in text
 
 

@@ -232,7 +232,8 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]
     for p in presets:
         assert p.world is not None
         b = p.baseline
-        row = MatrixRow(p.name, b.kind, b.trainer, _deviation(p), p.world.base, planned=planned or p.eval.seeds, source=b.source,
+        who = {"null": "(control)", "positive": "(control)", "inference": b.inference_tool}.get(b.kind, b.trainer)
+        row = MatrixRow(p.name, b.kind, who, _deviation(p), p.world.base, planned=planned or p.eval.seeds, source=b.source,
                         sample_as=b.sample_as if b.kind == "deviation" else "", overrides=dict(b.overrides), train=dict(b.train),
                         profile=p.profile)  # fmt: skip
         try:
@@ -338,6 +339,11 @@ def run_matrix(
         return rows
 
     if dry_run or not units:
+        if strips is not None:  # the strips again, from the units' samples where this machine has them
+            for recs in read_results(res_dir, plan).values():
+                for rec in recs:
+                    if rec["seed"] == 0 and all(Path(f).is_file() for arm in ("A", "B") for f in rec.get("samples", {}).get(arm, [])):
+                        _strip(rec, Path(strips))
         return publish()
     tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, plan, device) for name, s in units]
     finished = 0
@@ -385,7 +391,9 @@ def _strip(rec: dict[str, Any], folder: Path) -> Path | None:
     probes = rec["arms"]["A"].get("probes") or []
     if not a or not b or not probes:
         return None
-    pick = [i for i, q in enumerate(probes) if q["length"] == "short"][:8]
+    short = [i for i, q in enumerate(probes) if q["length"] == "short"]
+    concept = [i for i in short if probes[i]["objects"][0][3]]
+    pick = concept[:6] + [i for i in short if not probes[i]["objects"][0][3]][:2]
     images, labels = [], []
     for arm, files in (("A", a), ("B", b)):
         for i in pick:
@@ -460,19 +468,19 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         "checkpoints. Difference = A - B (higher = arm A better); 95% t interval across paired seeds; p: paired t "
         "(Holm-adjusted across the deviation and inference rows for the verdict) and exact sign-flip.",
         "",
-        "| row | kind | trainer(s) / tool | base | seeds | A | B | A - B [95% CI] | p (t) | p (Holm) | p (sign-flip) | verdict |",
-        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|",
+        "| row | kind | trainer(s) / tool | base | seeds | A | B | A - B [95% CI] | p (t) | p (Holm) | p (sign-flip) | verdict | CPU min |",
+        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         m = r.primary
         if r.reason:
-            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | not run: {r.reason} |")
+            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | not run: {r.reason} | |")
             continue
         if m is None:
-            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | {r.verdict} |")
+            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | {r.verdict} | |")
             continue
         lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
-                     f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** |")  # fmt: skip
+                     f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |")  # fmt: skip
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
         lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")

@@ -224,12 +224,23 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     blocks += _headline(result)
     if p.description:
         blocks.append(("p", p.description))
+    arm_a = {"null": f"the profile, with its own random draws (a null control): {b.why}",
+             "positive": f"captions without {', '.join(repr(w) for w in b.remove_words)} (a positive control): {b.why}",
+             "inference": f"arm B's LoRA, sampled as {b.inference_tool} does by default: {b.behaviour}"}.get(
+                 b.kind, f"{b.trainer} default ({b.version}): {b.behaviour}")  # fmt: skip
     blocks.append(("table", ["arm", "conditioning", "source"], [
-        ["A", f"{b.trainer} default ({b.version}): {b.behaviour}", b.source],
-        ["B", f"profile {p.profile}: {b.why}", "te-align bundled profile (te-align profile show " + p.profile + ")"],
+        ["A", arm_a, b.source],
+        ["B", f"profile {p.profile}: {b.why}" if b.kind == "deviation" else f"profile {p.profile}",
+         "te-align bundled profile (te-align profile show " + p.profile + ")"],
     ]))  # fmt: skip
-    over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"
-    blocks.append(("p", f"Arm A = profile with overrides {over}. Identical data, seeds, steps and hyper-parameters; "
+    if b.kind == "inference":
+        over = ", ".join(f"{k} = {v!r}" for k, v in b.inference_overrides.items()) or "none"
+        what = f"Arm A = arm B's LoRA sampled by the profile with {over}" + (f" and CLIP chunks (up to {b.inference_chunks})" if b.inference_chunks else "")
+    else:
+        over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"
+        what = f"Arm A = profile with overrides {over}" + (f", train settings {b.train}" if b.train else "")
+        what += ", sampled as trained" if b.sample_as == "trained" else ""
+    blocks.append(("p", f"{what}. Identical data, seeds, steps and hyper-parameters; "
                         f"{result.seeds} seed(s); {result.runs[0].steps if result.runs else 0} steps per arm; wall time {result.seconds:.1f} s."))  # fmt: skip
     probes = bool(result.runs) and all(r.curve for r in result.runs)
     if probes:
