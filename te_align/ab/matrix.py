@@ -9,8 +9,9 @@ After every finished unit its per-seed result is written as JSON (``RESULTS/<row
 hash), and the table is rebuilt from all result files: ``OUT/matrix.md``, ``matrix.json`` and, when asked, the
 committed document (``--doc``) and the summary ``te-align check`` reads (``--summary``).
 
-The plan's hash covers every row's preset, the seeds, the primary metric and the statistics: results of another
-plan are refused, never mixed (a unit folder and a result file both carry it).
+Each row's hash covers its preset, its base's files, the seeds, the primary metric and the statistics: results of a
+changed row are refused, never mixed (a unit folder and a result file both carry it); a row added by an amendment leaves
+the others' results valid. The table's plan hash combines the rows' hashes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from te_align._atomic import atomic_file
 from te_align.ab.preset import ABError, Preset, load_preset, presets_root
 
-__all__ = ["MatrixRow", "aggregate", "matrix_presets", "plan_hash", "render_effects", "row_result", "run_matrix"]
+__all__ = ["MatrixRow", "aggregate", "matrix_presets", "plan_hash", "render_effects", "row_hash", "row_result", "run_matrix"]
 
 logger = logging.getLogger("te_align.ab")
 
@@ -86,6 +87,8 @@ def _deviation(p: Preset) -> str:
     if b.kind == "null":
         return "null control (arm A = arm B, own random draws)"
     if b.kind == "positive":
+        if b.shuffle_captions:
+            return "positive control: arm A's captions shuffled among its images"
         return "positive control: arm A's captions without " + ", ".join(repr(w) for w in b.remove_words)
     if b.kind == "inference":
         parts = [f"{k} = {v!r}" for k, v in b.inference_overrides.items()]
@@ -106,15 +109,25 @@ def _base_digest(name: str) -> str:
         return "not shipped"
 
 
-def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | None) -> str:
-    """The hash every result of this plan carries: the rows' presets, the bases' files, seeds, steps, the primary
-    metric and the statistics."""
+def _hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def row_hash(p: Preset, *, seeds: int | None, max_steps: int | None) -> str:
+    """The hash every result of one row carries: the row's preset, its base's files, seeds, steps, the primary metric
+    and the statistics. A row added by an amendment leaves the other rows' results valid; a changed row refuses its
+    old results."""
     from te_align.ab.runner import PRIMARY
 
-    plan = {"format": PLAN_FORMAT, "rows": {p.name: p.to_dict() for p in presets}, "seeds": seeds, "max_steps": max_steps,
-            "bases": {b: _base_digest(b) for b in sorted({p.world.base for p in presets if p.world is not None})},
-            "primary": PRIMARY, "alpha": ALPHA, "correction": "holm over deviation and inference rows, paired t p-values"}  # fmt: skip
-    return hashlib.sha256(json.dumps(plan, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    base = p.world.base if p.world is not None else ""
+    return _hash({"format": PLAN_FORMAT, "row": p.to_dict(), "base": _base_digest(base) if base else "", "seeds": seeds,
+                  "max_steps": max_steps, "primary": PRIMARY, "alpha": ALPHA,
+                  "correction": "holm over deviation and inference rows, paired t p-values"})  # fmt: skip
+
+
+def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | None) -> str:
+    """The table's hash: every row's hash (shown in the document; each result carries its own row's hash)."""
+    return _hash({p.name: row_hash(p, seeds=seeds, max_steps=max_steps) for p in presets})
 
 
 # ------------------------------------------------------------------------------------------- units
@@ -183,9 +196,9 @@ def _write_json(path: Path, data: Any) -> None:
         f.write(json.dumps(data, indent=1, sort_keys=True, default=float) + "\n")
 
 
-def read_results(results: Path, plan: str | None = None) -> dict[str, list[dict[str, Any]]]:
+def read_results(results: Path, plan: str | dict[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Per-seed results by row name (seed order). A file that does not parse, or that belongs to another plan
-    (when ``plan`` is given), is one clear error naming it."""
+    (``plan``: one hash for every file, or each row's hash by row name), is one clear error naming it."""
     out: dict[str, list[dict[str, Any]]] = {}
     if not results.is_dir():
         return out
@@ -196,8 +209,9 @@ def read_results(results: Path, plan: str | None = None) -> dict[str, list[dict[
             raise ABError(f"unreadable result ({e}); delete it to run that seed again", file=str(f)) from None
         if not isinstance(d, dict) or d.get("format") != RESULT_FORMAT or not isinstance(d.get("arms"), dict):
             raise ABError(f"not a te-align matrix result (format {RESULT_FORMAT}); delete it to run that seed again", file=str(f))
-        if plan is not None and d.get("plan") != plan:
-            raise ABError(f"a result of another plan ({d.get('plan')}; this plan is {plan}): the plan changed after it ran, so "
+        want = plan.get(str(d.get("preset"))) if isinstance(plan, dict) else plan
+        if plan is not None and d.get("plan") != want:
+            raise ABError(f"a result of another plan ({d.get('plan')}; this plan is {want}): the row changed after it ran, so "
                           "it cannot be mixed in; move the results folder away to start the new plan", file=str(f))  # fmt: skip
         out.setdefault(str(d.get("preset")), []).append(d)
     for rows in out.values():
@@ -306,9 +320,10 @@ def run_matrix(
     if workers < 1:
         raise ABError(f"must be >= 1, got {workers}", key="--workers")
     plan = plan_hash(presets, seeds=seeds, max_steps=max_steps)
+    rows_hash = {p.name: row_hash(p, seeds=seeds, max_steps=max_steps) for p in presets}
     out_dir = Path(out).expanduser()
     res_dir = Path(results).expanduser() if results is not None else out_dir / "results"
-    done = read_results(res_dir, plan)
+    done = read_results(res_dir, rows_hash)
     chosen = [p for p in presets if not only or p.name in only]
     from te_align.tiny.bases import shipped
 
@@ -324,7 +339,7 @@ def run_matrix(
     say(f"plan {plan}: {len(units)} unit(s) to run (row x seed), {sum(len(v) for v in done.values())} done; results in {res_dir}")
 
     def publish() -> list[MatrixRow]:
-        rows = aggregate(chosen if only else presets, read_results(res_dir, plan), planned=seeds)
+        rows = aggregate(chosen if only else presets, read_results(res_dir, rows_hash), planned=seeds)
         command = _command(seeds, max_steps)
         text = render_effects(rows, command=command, plan=plan, strips=Path(strips) if strips else None, doc=Path(doc) if doc else None)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -340,12 +355,12 @@ def run_matrix(
 
     if dry_run or not units:
         if strips is not None:  # the strips again, from the units' samples where this machine has them
-            for recs in read_results(res_dir, plan).values():
+            for recs in read_results(res_dir, rows_hash).values():
                 for rec in recs:
                     if rec["seed"] == 0 and all(Path(f).is_file() for arm in ("A", "B") for f in rec.get("samples", {}).get(arm, [])):
                         _strip(rec, Path(strips))
         return publish()
-    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, plan, device) for name, s in units]
+    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device) for name, s in units]
     finished = 0
 
     def collect(rec: dict[str, Any]) -> None:

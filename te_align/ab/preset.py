@@ -77,6 +77,9 @@ class Baseline:
     #: destroys the concept's text signal; a study whose instrument cannot see this cannot see anything.
     positive: bool = False
     remove_words: list[str] = field(default_factory=list)
+    #: A positive control whose arm A trains on the same images with their captions shuffled among them (a fixed
+    #: permutation per seed): every text-image correspondence, the concept's included, is destroyed.
+    shuffle_captions: bool = False
     #: An inference-side row: arm A is the very LoRA arm B trains (by the profile), sampled and scored with the
     #: conditioning an inference tool gives it by default: the profile changed by ``inference_overrides`` and,
     #: with ``inference_chunks`` N >= 1, prompts over 75 CLIP tokens encoded as up to N 77-token chunks
@@ -237,15 +240,16 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
             raise ABError("missing: every baseline names the documented behaviour, why it differs and its source", file=file, key=f"baseline.{key}")
     inference = bool(baseline.inference_overrides or baseline.inference_chunks or baseline.inference_tool)
     if baseline.null:
-        if baseline.overrides or baseline.train or baseline.remove_words or inference or baseline.positive:
+        if baseline.overrides or baseline.train or baseline.remove_words or baseline.shuffle_captions or inference or baseline.positive:
             raise ABError("a null control has no overrides, train settings, removed words or inference settings (arm A = arm B)",
                           file=file, key="baseline")  # fmt: skip
-    elif baseline.positive or baseline.remove_words:
-        if not (baseline.positive and baseline.remove_words):
-            raise ABError("a positive control (positive = true) names the words arm A's captions lose (remove_words), and "
-                          "remove_words is only for a positive control", file=file, key="baseline.remove_words")  # fmt: skip
+    elif baseline.positive or baseline.remove_words or baseline.shuffle_captions:
+        if not baseline.positive or not (baseline.remove_words or baseline.shuffle_captions):
+            raise ABError("a positive control (positive = true) names the words arm A's captions lose (remove_words) or "
+                          "shuffles them (shuffle_captions = true), and both are only for a positive control", file=file,
+                          key="baseline.remove_words")  # fmt: skip
         if baseline.overrides or baseline.train or inference:
-            raise ABError("a positive control differs only in remove_words", file=file, key="baseline")
+            raise ABError("a positive control differs only in remove_words or shuffle_captions", file=file, key="baseline")
     elif inference:
         if baseline.overrides or baseline.train:
             raise ABError("an inference-side row trains one LoRA by the profile for both arms: no overrides or train settings",

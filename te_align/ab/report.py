@@ -225,7 +225,8 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     if p.description:
         blocks.append(("p", p.description))
     arm_a = {"null": f"the profile, with its own random draws (a null control): {b.why}",
-             "positive": f"captions without {', '.join(repr(w) for w in b.remove_words)} (a positive control): {b.why}",
+             "positive": ("captions shuffled among the images" if b.shuffle_captions else
+                          f"captions without {', '.join(repr(w) for w in b.remove_words)}") + f" (a positive control): {b.why}",
              "inference": f"arm B's LoRA, sampled as {b.inference_tool} does by default: {b.behaviour}"}.get(
                  b.kind, f"{b.trainer} default ({b.version}): {b.behaviour}")  # fmt: skip
     blocks.append(("table", ["arm", "conditioning", "source"], [

@@ -332,19 +332,28 @@ def resolve_model(model: str) -> str:
     return model
 
 
-def _arm_data(p: Preset, train_dir: Path, out_dir: Path) -> Path:
-    """Arm A's training folder of a positive control: the same images, captions without the removed words."""
+def _arm_data(p: Preset, train_dir: Path, out_dir: Path, seed: int = 0) -> Path:
+    """Arm A's training folder of a positive control: the same images, captions without the removed words, or the
+    captions shuffled among the images (a fixed permutation per seed)."""
+    import random
     import re
 
     dst = out_dir / "data_a" / train_dir.name
     if (dst / ".complete").is_file():
         return dst
     words = [w for w in p.baseline.remove_words if w]
-    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE) if words else None
     tmp = dst.with_name(dst.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(train_dir, tmp)
-    for cap in tmp.rglob("*.txt"):
+    caps = sorted(tmp.rglob("*.txt"))
+    if p.baseline.shuffle_captions:
+        texts = [c.read_text(encoding="utf-8") for c in caps]
+        order = list(range(len(caps)))
+        random.Random(1_000_003 + seed).shuffle(order)
+        for c, i in zip(caps, order, strict=True):
+            c.write_text(texts[i], encoding="utf-8")
+    for cap in caps if pattern is not None else []:
         text = pattern.sub("", cap.read_text(encoding="utf-8"))
         text = re.sub(r"\(\s+", "(", re.sub(r"\s+([,.!:])", r"\1", text))
         cap.write_text(re.sub(r"\s+", " ", text).strip(), encoding="utf-8")
@@ -456,7 +465,7 @@ def run_ab(
                 save()
                 continue
             arm_dir = out_dir / "runs" / f"seed-{s}" / arm
-            arm_train = _arm_data(p, train_dir, out_dir / "data" / f"seed-{s}") if arm == "A" and p.baseline.kind == "positive" else train_dir
+            arm_train = _arm_data(p, train_dir, out_dir / "data" / f"seed-{s}", s) if arm == "A" and p.baseline.kind == "positive" else train_dir
             cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(arm_train), out=str(arm_dir),
                                                      profile=str(prof_paths[arm]), seed=s, max_steps=max_steps, arm=arm))  # fmt: skip
             resume = latest_checkpoint(arm_dir) is not None
@@ -489,6 +498,8 @@ def _arm_label(p: Preset, arm: str, profile: str) -> str:
     if kind == "null":
         return f"profile {profile}, own random draws"
     if kind == "positive":
+        if p.baseline.shuffle_captions:
+            return "captions shuffled among the images"
         return "captions without " + ", ".join(repr(w) for w in p.baseline.remove_words)
     if kind == "inference":
         return f"arm B's LoRA, sampled as {p.baseline.inference_tool} does"
