@@ -115,7 +115,7 @@ def test_matrix_rows_of_every_kind_validate() -> None:
 
     rows = matrix_presets()
     kinds = [p.baseline.kind for p in rows]
-    assert kinds[0] == "positive" and kinds[1:3] == ["null", "null"]  # controls first
+    assert kinds[:2] == ["positive", "positive"] and kinds[2:4] == ["null", "null"]  # controls first
     shipped = [p for p in rows if p.world is not None and p.world.base != "sdxl"]
     assert sum(p.baseline.kind == "deviation" for p in shipped) == 10
     assert sum(p.baseline.kind == "inference" for p in shipped) == 3
@@ -213,7 +213,10 @@ def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
         "world-sd3-null": [_record("world-sd3-null", s, [0.4 + 0.01 * (-1) ** s] * 4, [0.4] * 4) for s in range(6)],
         "world-flux-t5-512": [_record("world-flux-t5-512", s, [0.3] * 4, [0.3] * 4) for s in range(3)],
     }
+    gate = "world-sd3-positive-shuffled"
+    recs[gate] = [_record(gate, s, [0.1 + 0.01 * s] * 4, [0.4] * 4) for s in range(6)]  # the gate: profile better
     rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows[gate].verdict == "profile better"
     dev = rows["world-sd3-t5-77"]
     m = dev.primary
     assert m is not None and m["metric"] == PRIMARY and m["n"] == 6
@@ -225,7 +228,14 @@ def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
     text = render_effects(list(rows.values()), command="te-align ab matrix", plan="p1")
     line = next(x for x in text.splitlines() if x.startswith("| world-sd3-t5-77 |"))
     assert "| 6 | 0.225 | 0.530 |" in line and line.endswith("| **profile better** | 0.9 |")  # 6 x 9 CPU-seconds
-    assert "**Progress: 15 of 18 row-seeds**" in text
+    assert "**Progress: 21 of 24 row-seeds**" in text
+    # a gate that is not seen makes every complete deviation row uninformative; a pending one keeps them pending
+    recs[gate] = [_record(gate, s, [0.4 + 0.01 * (-1) ** s] * 4, [0.4] * 4) for s in range(6)]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows["world-sd3-t5-77"].verdict == "uninformative (the gating positive control was not seen)"
+    recs[gate] = recs[gate][:3]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows["world-sd3-t5-77"].verdict == "pending (the gating positive control, world-sd3-positive-shuffled)"
 
 
 # ---------------------------------------------------------------------------------- check evidence

@@ -42,6 +42,10 @@ ALPHA = 0.05
 #: Kinds of row and the order units run in (controls first: the plan reads the positive control before any row).
 KIND_ORDER = {"positive": 0, "null": 1, "deviation": 2, "inference": 2}
 PENDING = "pending"
+#: The positive control that gates the deviation rows' verdicts (bench_effects.md, amendment 3): unless it reads
+#: "profile better", the instrument is blind at this scale and the deviation and inference rows are uninformative.
+GATE = "world-sd3-positive-shuffled"
+UNINFORMATIVE = "uninformative (the gating positive control was not seen)"
 
 
 @dataclass
@@ -289,6 +293,14 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]
             else:
                 a_higher = m["diff_mean"] > 0
                 r.verdict = TRAINER_BETTER if a_higher == m["higher_better"] else PROFILE_BETTER
+    gate = next((r for r in rows if r.preset == GATE), None)
+    if gate is not None:
+        for r in rows:
+            if r.kind in ("deviation", "inference") and not r.verdict.startswith((PENDING, "not run")):
+                if gate.verdict.startswith(PENDING):
+                    r.verdict = f"{PENDING} (the gating positive control, {GATE})"
+                elif gate.verdict != PROFILE_BETTER:
+                    r.verdict = UNINFORMATIVE
     return rows
 
 
