@@ -2,8 +2,8 @@
 
 The row is ``world-flux-t5-512`` (chosen in ``benchmarks/bench_effects.md`` before the matrix ran): T5 at 512 tokens
 for FLUX.1 schnell, as ai-toolkit, diffusion-pipe and the diffusers Flux examples train it, against the 256 the
-schnell recipe (the profile) uses, on the shipped Flux-shaped base that never saw pink. Three seeds of 150 steps run as
-two single-thread processes side by side (:func:`te_align.ab.matrix.run_matrix`, resumable in ``OUT/matrix``); the
+schnell recipe (the profile) uses, on the shipped Flux-shaped base that never saw pink. Three seeds of 100 steps run in
+one single-thread worker process (:func:`te_align.ab.matrix.run_matrix`, resumable in ``OUT/matrix``); the
 report (``OUT/ab/report.md`` and ``report.html``) leads with the verdict, then both arms' samples, the accuracy
 table and curves, the validation loss, and the committed matrix of every measured row. ``TE_ALIGN_DEMO_STEPS`` and
 ``TE_ALIGN_DEMO_SEEDS`` (or ``steps=`` / ``seeds=``) shorten it, for tests.
@@ -19,13 +19,14 @@ from typing import Any
 
 from te_align.ab.preset import ABError
 
-#: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 2,000 CPU-seconds;
-#: 3 seeds x 150 steps (learning curve at 50, 100 and 150) fit 5 minutes on 2 cores even with one of them busy
-#: (benchmarks/bench_effects.md, "The demo's row").
+#: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 1,000 CPU-seconds;
+#: 3 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores, with one of
+#: them busy too (each process holds about 500 MB of torch, diffusers and transformers, so two would not fit 1 GB;
+#: benchmarks/bench_effects.md, "The demo's schedule").
 DEMO_ROW = "world-flux-t5-512"
 DEMO_SEEDS = 3
-DEMO_STEPS = 150
-DEMO_WORKERS = 2
+DEMO_STEPS = 100
+DEMO_WORKERS = 1
 
 
 def _env_int(name: str) -> int | None:
