@@ -149,10 +149,19 @@ SD3_REFERENCE = pretrain.PretrainConfig(
     seed=5, train_size=24, vae_channels=(8, 16), latent_channels=4, vae_steps=3, vae_batch=4, width=32, layers=1, steps=3, batch=4,
     warmup=2, encode_batch=24,
 )  # fmt: skip
-SD3_REFERENCE_SHA256 = {  # recorded under lock/constraints.txt (tests/support/lock.py)
+SD3_REFERENCE_SHA256 = {  # recorded under lock/constraints.txt (tests/support/lock.py), 2026-11-26
     "transformer": "5402df3b013f5ff900ef6e484c9e5d8037bd0ee591bc9ea566dd35bc0ffc1016",  # the saved EMA
     "raw": "d5e4a04b2e9b3ae26392f3c0dcf51f6f216702402e75d19d02bd6199e43bf75d",  # the trained weights
     "vae": "8ae4873f152ead4d2d0737cdbddf646fe397c166cda0009c4ba77edac0d41e16",
+}
+#: The same run on another processor: float kernels differ in their last bits between CPU types (the first weights
+#: agree to the printed digits, the bytes do not). Recorded 2026-11-28 under the same lock on an AMD EPYC whose torch
+#: CPU capability is AVX512 (the pretraining code unchanged since 2026-11-26: the commit before that day's session
+#: gives these bytes there too).
+SD3_REFERENCE_SHA256_EPYC_AVX512 = {
+    "transformer": "40e0f2f6badcaf1c6d82f69d8ac238bde1fada5e17ba820560eea47041bef794",
+    "raw": "daa53cbe8df7171e23a1dfec882883164b0a7768fded6ef4d5c9e6e46e598990",
+    "vae": "3efb5c5917dc7f3f6a6d354fe2fcb583071a3f64e796e659e1a7c89950b609d6",
 }
 
 
@@ -188,7 +197,8 @@ def test_sd3_weights_are_bit_identical_to_the_recorded_reference():
     ]  # fmt: skip
     got = {"transformer": _sha256(res.pipeline.transformer), "raw": _sha256(res.state["transformer"]),
            "vae": _sha256(res.pipeline.vae)}  # fmt: skip
-    assert got == SD3_REFERENCE_SHA256
+    known = {"2026-11-26 reference machine": SD3_REFERENCE_SHA256, "AMD EPYC, AVX512": SD3_REFERENCE_SHA256_EPYC_AVX512}
+    assert got in known.values(), f"bytes of no known processor ({', '.join(known)}): {got}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -158,7 +158,11 @@ def _unit(args: tuple[str, int, str, int | None, str, str]) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     lines: list[str] = []
     result = run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False, say=lines.append)
-    return _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
+    rec = _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
+    # sample paths relative to the matrix folder (OUT/<row>/seed-<s>/...): a committed result names no machine path
+    root = Path(out).parent.parent
+    rec["samples"] = {arm: [os.path.relpath(f, root) for f in files] for arm, files in rec["samples"].items()}
+    return rec
 
 
 def _seed_record(p: Preset, seed: int, result: Any, plan: str, seconds: float, cpu: float, device: str) -> dict[str, Any]:
@@ -369,8 +373,8 @@ def run_matrix(
         if strips is not None:  # the strips again, from the units' samples where this machine has them
             for recs in read_results(res_dir, rows_hash).values():
                 for rec in recs:
-                    if rec["seed"] == 0 and all(Path(f).is_file() for arm in ("A", "B") for f in rec.get("samples", {}).get(arm, [])):
-                        _strip(rec, Path(strips))
+                    if rec["seed"] == 0 and all(f.is_file() for arm in ("A", "B") for f in _samples(rec, arm, out_dir)):
+                        _strip(rec, Path(strips), out_dir)
         return publish()
     tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device) for name, s in units]
     finished = 0
@@ -380,7 +384,7 @@ def run_matrix(
         finished += 1
         _write_json(res_dir / rec["preset"] / f"seed-{rec['seed']}.json", rec)
         if strips is not None and rec["seed"] == 0:
-            _strip(rec, Path(strips))
+            _strip(rec, Path(strips), out_dir)
         say(f"[{finished}/{len(tasks)}] {rec['preset']} seed {rec['seed']}: primary A {rec['arms']['A']['curve_mean']:+.3f}, "
             f"B {rec['arms']['B']['curve_mean']:+.3f} ({rec['seconds']:.0f} s, {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
         publish()
@@ -408,13 +412,18 @@ def _command(seeds: int | None, max_steps: int | None) -> str:
             " --strips docs/effects")  # fmt: skip
 
 
-def _strip(rec: dict[str, Any], folder: Path) -> Path | None:
+def _samples(rec: dict[str, Any], arm: str, out_dir: Path) -> list[Path]:
+    """A result's final probe images of one arm (stored relative to the matrix folder)."""
+    return [out_dir / f for f in rec.get("samples", {}).get(arm) or []]
+
+
+def _strip(rec: dict[str, Any], folder: Path, out_dir: Path) -> Path | None:
     """A sample strip of one seed: arm A's final probe images above arm B's, with what each prompt asked."""
     from PIL import Image
 
     from te_align.tiny.world import grid
 
-    a, b = rec.get("samples", {}).get("A") or [], rec.get("samples", {}).get("B") or []
+    a, b = _samples(rec, "A", out_dir), _samples(rec, "B", out_dir)
     probes = rec["arms"]["A"].get("probes") or []
     if not a or not b or not probes:
         return None
