@@ -2,7 +2,7 @@
 
 The row is ``world-flux-t5-512`` (chosen in ``benchmarks/bench_effects.md`` before the matrix ran): T5 at 512 tokens
 for FLUX.1 schnell, as ai-toolkit, diffusion-pipe and the diffusers Flux examples train it, against the 256 the
-schnell recipe (the profile) uses, on the shipped Flux-shaped base that never saw pink. Three seeds of 100 steps run in
+schnell recipe (the profile) uses, on the shipped Flux-shaped base that never saw pink. Two seeds of 100 steps run in
 one single-thread worker process (:func:`te_align.ab.matrix.run_matrix`, resumable in ``OUT/matrix``); the
 report (``OUT/ab/report.md`` and ``report.html``) leads with the verdict, then both arms' samples, the accuracy
 table and curves, the validation loss, and the committed matrix of every measured row. ``TE_ALIGN_DEMO_STEPS`` and
@@ -20,11 +20,11 @@ from typing import Any
 from te_align.ab.preset import ABError
 
 #: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 1,000 CPU-seconds;
-#: 3 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores, with one of
-#: them busy too (each process holds about 500 MB of torch, diffusers and transformers, so two would not fit 1 GB;
-#: benchmarks/bench_effects.md, "The demo's schedule").
+#: 2 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores (each process
+#: holds about 500 MB of torch, diffusers and transformers, so two would not fit 1 GB; 3 seeds took 6.7 minutes;
+#: benchmarks/bench_effects.md, amendments 4 and 5).
 DEMO_ROW = "world-flux-t5-512"
-DEMO_SEEDS = 3
+DEMO_SEEDS = 2
 DEMO_STEPS = 100
 DEMO_WORKERS = 1
 
