@@ -254,6 +254,14 @@ def test_check_evidence_names_the_measured_row(tmp_path: Path) -> None:
     # the Flux base has schnell's recipe: a flux-dev finding is not measured; nor is a value no row tried
     assert evidence_for("flux", "flux-dev", "t5.tokenizer.max_length", 512, path=path)["verdict"] == "not measured"
     assert evidence_for("flux", "flux-schnell", "t5.tokenizer.max_length", 300, path=path)["verdict"] == "not measured"
+    # a row still running shows no number
+    summary["rows"][0].update(verdict="pending (2 of 6 seeds)", seeds=2)
+    path.write_text(json.dumps(summary))
+    from te_align.ab.evidence import _load
+
+    _load.cache_clear()
+    ev = evidence_for("flux", "flux-schnell", "t5.tokenizer.max_length", 512, path=path)
+    assert ev["text"] == "world-flux-t5-512 (flux world base): pending (2 of 6 seeds); no verdict until all 6 seeds are in (see docs/effects.md)"
     # a measured row missing from the summary
     assert evidence_for("sd3", "sd35-large", "t5.tokenizer.max_length", 154, path=path)["text"].startswith("not measured (world-sd3-t5-154")
 

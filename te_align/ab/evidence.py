@@ -103,8 +103,8 @@ def evidence_for(family: str, profile: str, setting: str, value: Any, *, tool: s
     diff, lo, hi = _num(prim.get("diff_mean")), _num(prim.get("ci_low")), _num(prim.get("ci_high"))
     seeds, planned = int(row.get("seeds", 0)), int(row.get("planned", 0))
     verdict = str(row.get("verdict", ""))
-    if not prim:
-        text = f"{m.row}: {verdict}"
+    if not prim or verdict.startswith("pending"):  # no number before the row is complete: nothing to read into it
+        text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
     else:
         ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
         text = (f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
