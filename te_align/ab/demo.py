@@ -90,7 +90,7 @@ def committed_blocks() -> list[tuple[Any, ...]]:
     rows = []
     for r in data["rows"]:
         m = r.get("primary")
-        if m is None:
+        if m is None or str(r["verdict"]).startswith("pending"):  # no number before a row is complete
             rows.append([r["preset"], r["kind"], r["trainer"], r["base"], f"{r['seeds']}/{r['planned']}", "", r["verdict"]])
             continue
         ci = "" if m["ci_low"] is None or math.isnan(m["ci_low"]) else f" [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}]"
