@@ -171,7 +171,9 @@ def sample_prompts(
     alone = _per_prompt(profile, options)
     if alone:
         conds = [dict(te_align.encode(profile, [c], pipeline=pipe, options=options)) for c in captions]
-        negs = [dict(encode_uncond(profile, 1, pipeline=pipe, options=options)) for _ in captions] if guidance > 1 else [{} for _ in captions]
+        # the empty prompt encodes the same for every caption: once, then a shallow copy each (matching replaces values)
+        neg = dict(encode_uncond(profile, 1, pipeline=pipe, options=options)) if guidance > 1 else {}
+        negs = [dict(neg) for _ in captions]
         # Flux's true guidance runs the prompt and its negative as two calls: each keeps its own length
         separate = [_pad_pair(c, n) if "true_cfg_scale" in accepted else _match_lengths(c, n) for c, n in zip(conds, negs, strict=True)]
         groups: dict[Any, list[int]] = {}
