@@ -165,6 +165,16 @@ def _unit(args: tuple[str, int, str, int | None, str, str]) -> dict[str, Any]:
     return rec
 
 
+def _machine() -> str:
+    """Where a unit ran, for a result that may be computed on more than one machine: the processor's architecture
+    and core count, Python, torch and transformers (float rounding differs between processors and torch builds)."""
+    import torch
+    import transformers
+
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")
+
+
 def _seed_record(p: Preset, seed: int, result: Any, plan: str, seconds: float, cpu: float, device: str) -> dict[str, Any]:
     arms = {}
     for r in result.runs:
@@ -172,7 +182,7 @@ def _seed_record(p: Preset, seed: int, result: Any, plan: str, seconds: float, c
                        "losses": r.losses, "val": r.val, "val_own": r.val_own, "curve": r.curve, "probes": r.probes,
                        "probe_reads": r.probe_reads, "curve_mean": r.curve_mean}  # fmt: skip
     return {"format": RESULT_FORMAT, "plan": plan, "preset": p.name, "seed": seed, "arms": arms, "seconds": seconds,
-            "cpu_seconds": cpu, "device": device, "machine": f"{platform.machine()}, Python {platform.python_version()}",
+            "cpu_seconds": cpu, "device": device, "machine": _machine(),
             "samples": {r.arm: r.probe_samples for r in result.runs}}  # fmt: skip
 
 
