@@ -238,6 +238,36 @@ def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
     assert rows["world-sd3-t5-77"].verdict == "pending (the gating positive control, world-sd3-positive-shuffled)"
 
 
+
+def test_reading_is_computed_from_the_verdicts_once_every_row_is_complete() -> None:
+    from te_align.ab.matrix import aggregate, matrix_presets, render_effects
+
+    presets = {p.name: p for p in matrix_presets()}
+    gate = "world-sd3-positive-shuffled"
+    recs = {
+        "world-sd3-t5-77": [_record("world-sd3-t5-77", s, [0.2 + 0.01 * s] * 4, [0.5 + 0.012 * s] * 4) for s in range(6)],
+        "world-sd3-t5-154": [_record("world-sd3-t5-154", s, [0.45 + 0.01 * s] * 4, [0.4 + 0.012 * s] * 4) for s in range(6)],
+        "world-sd3-null": [_record("world-sd3-null", s, [0.4 + 0.01 * (-1) ** s] * 4, [0.4] * 4) for s in range(6)],
+        gate: [_record(gate, s, [0.1 + 0.01 * s] * 4, [0.4] * 4) for s in range(6)],
+    }
+    rows = list(aggregate([presets[n] for n in recs], recs, planned=None))
+    text = render_effects(rows, command="te-align ab matrix", plan="p1")
+    # A - B per seed: -0.3 - 0.002 s (mean -0.305) and 0.05 - 0.002 s (mean 0.045); half-width t(5) x 0.002 sd(0..5) / sqrt(6)
+    reading = text.split("## Reading\n\n")[1].split("\n\n")[0].splitlines()
+    assert reading == [
+        "- Null control **world-sd3-null**: no measurable difference (as it must).",
+        f"- Positive control **{gate}** (the gate of the deviation rows): profile better; the instrument sees it.",
+        "- **profile better** (1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77 (-0.3050 [-0.3089, -0.3011]).",
+        "- **trainer default better** (1 of 2: the trainer's or tool's setting gave the better LoRA): "
+        "world-sd3-t5-154 (0.0450 [0.0411, 0.0489]).",
+        "- **no measurable difference** (0 of 2: no difference this study resolves; each interval bounds what it could "
+        "have missed): none.",
+    ]
+    # a row with seeds missing: no reading at all
+    recs["world-sd3-t5-154"] = recs["world-sd3-t5-154"][:5]
+    rows = list(aggregate([presets[n] for n in recs], recs, planned=None))
+    assert "## Reading" not in render_effects(rows, command="te-align ab matrix", plan="p1")
+
 # ---------------------------------------------------------------------------------- check evidence
 def test_check_evidence_names_the_measured_row(tmp_path: Path) -> None:
     from te_align.ab.evidence import evidence_for

@@ -488,6 +488,44 @@ def _p(v: float) -> str:
     return "n/a" if math.isnan(v) else (f"{v:.3f}" if v >= 0.001 else "<0.001")
 
 
+def _reading(rows: Sequence[MatrixRow]) -> list[str]:
+    """The plain reading of the table, computed from the verdicts (no hand-written conclusion): the controls, then
+    the deviation and inference rows grouped by verdict; silent until every row has all its seeds."""
+    from te_align.ab.stats import NO_DIFFERENCE, PROFILE_BETTER, TRAINER_BETTER
+
+    ran = [r for r in rows if not r.reason]
+    if not ran or any(r.seeds < r.planned for r in ran):
+        return []
+    family = [r for r in ran if r.kind in ("deviation", "inference")]
+    out = ["", "## Reading", ""]
+    for r in ran:
+        if r.kind == "null":
+            fp = "a false positive: the instrument reads noise as an effect" if r.verdict != NO_DIFFERENCE else "as it must"
+            out.append(f"- Null control **{r.preset}**: {r.verdict} ({fp}).")
+        elif r.kind == "positive":
+            seen = "the instrument sees it" if r.verdict == PROFILE_BETTER else "the instrument does not resolve it"
+            gate = " (the gate of the deviation rows)" if r.preset == GATE else ""
+            out.append(f"- Positive control **{r.preset}**{gate}: {r.verdict}; {seen}.")
+    if any(r.verdict == UNINFORMATIVE for r in family):
+        out.append(f"- The {len(family)} deviation and inference rows are uninformative: the gating positive control "
+                   "was not seen.")  # fmt: skip
+        return out
+    for verdict, says in ((PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
+                          (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
+                          (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could "
+                                          "have missed")):  # fmt: skip
+        named = [r for r in family if r.verdict == verdict]
+        listing = ", ".join(f"{r.preset} ({_ci(r.primary)})" for r in named if r.primary) or "none"
+        out.append(f"- **{verdict}** ({len(named)} of {len(family)}: {says}): {listing}.")
+    leaning = [r.preset for r in family if r.verdict == NO_DIFFERENCE and r.primary
+               and (r.primary["ci_low"] > 0 or r.primary["ci_high"] < 0)]  # fmt: skip
+    if leaning:
+        out.append(f"- The intervals are not adjusted for the {len(family)} rows: {len(leaning)} of the rows read "
+                   f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an interval that excludes 0 but a p-value that does "
+                   "not survive Holm's adjustment; they are leads for a larger study, not findings.")  # fmt: skip
+    return out
+
+
 def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips: Path | None = None, doc: Path | None = None) -> str:
     """The evidence document: the table (primary metric, interval, p-values, verdict), secondary metrics, the
     sample strips, and the method as it ran."""
@@ -527,6 +565,7 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
             continue
         lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
                      f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |")  # fmt: skip
+    lines += _reading(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
         lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")
