@@ -544,7 +544,8 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         f"`{command} --dry-run`, continue the study with the same command without `--dry-run`.",
         "",
         f"**Progress: {done} of {planned} row-seeds** ({wall / 3600:.2f} h of unit wall time, {cpu / 3600:.2f} h of CPU time, "
-        f"on {', '.join(where)}). A row's verdict is given only once all its seeds are in.",
+        f"on {', '.join(where)}; with two worker processes about {wall / 2 / 3600:.1f} h of wall time; each row's CPU "
+        "minutes are in the table's last column). A row's verdict is given only once all its seeds are in.",
         "",
         f"Primary metric (pre-registered): **{PRIMARY}** — per checkpoint at 50, 100, 200 and 300 steps, the share of "
         "prompts asking for pink (on the held-out shape, in wording never used in training) drawn pink at the asked "
