@@ -403,6 +403,9 @@ def test_demo_report_leads_with_the_verdict_then_samples_accuracy_and_the_matrix
     assert order == sorted(order)
     page = result.report_html.read_text(encoding="utf-8")
     assert page.count('src="data:image/png;base64,') >= 4 and "The committed effects matrix" in page
+    # the wall time is the demo's own run (it read 0.0 s when taken from the unit folders' states)
+    wall = float(md.split("; wall time ")[1].split(" s.")[0])
+    assert wall == round(result.seconds, 1) and result.seconds > sum(r.seconds for r in result.runs) > 0
 
 
 def test_interrupted_matrix_resumes_and_does_not_rerun_finished_seeds(demo: Any) -> None:

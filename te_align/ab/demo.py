@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,10 @@ def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, see
     p = next(x for x in matrix_presets() if x.name == DEMO_ROW)
     say(f"te-align demo: {p.description}")
     say(f"{seeds} seed(s), two arms each, on the shipped Flux-shaped world base; output in {root}")
+    t0 = time.perf_counter()
     run_matrix(root / "matrix", only=[DEMO_ROW], seeds=seeds, max_steps=steps, workers=workers or DEMO_WORKERS, say=say)
     result = row_result(p, root / "matrix", list(range(seeds)), out_dir=root / "ab")
+    result.seconds = time.perf_counter() - t0  # the report's wall time: this run's training and evaluation
     from te_align.ab.report import write_report
 
     result.report_md, result.report_html = write_report(result, appendix=committed_blocks())
