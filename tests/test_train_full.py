@@ -148,3 +148,19 @@ def test_rank_zero_needs_full_modules_and_says_so() -> None:
         config_from_dict({**base, "lora": {"rank": 0, "text_encoders": ["clip_l"]}, "train": {"full_modules": [""]}})
     cfg = config_from_dict({**base, "lora": {"rank": 0}, "train": {"full_modules": ["attn2"]}})
     assert cfg.lora.rank == 0 and cfg.train.full_modules == ["attn2"]
+
+
+def test_swapped_model_with_encoder_dropout_encodes_the_same_with_and_without_freeing_encoders(
+        swapped: Path, squares_dataset: Path, tmp_path: Path) -> None:  # fmt: skip
+    """A dropped slot of a swapped model is encoded on demand when the encoders stay loaded (``model.free_encoders =
+    false``), and from the pre-filled variants when they are freed: the same conditioning, the same run."""
+
+    def run(name: str, free: bool) -> Any:
+        raw = _raw(swapped, squares_dataset, tmp_path / name, max_steps=3, checkpoint_every=0)
+        del raw["model"]["profile"], raw["model"]["profile_overrides"]
+        raw["model"]["free_encoders"] = free
+        raw["data"]["encoder_dropout"] = {"t5": 0.5}
+        return train(config_from_dict(raw))
+
+    kept, freed = run("kept", False), run("freed", True)
+    assert kept.losses == freed.losses and len(kept.losses) == 3
