@@ -141,3 +141,37 @@ def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
 def test_bad_arguments_are_one_line(args: list[str], message: str, tmp_path: Path) -> None:
     proc = _run([*args, "--out", str(tmp_path / "o"), "--results", str(tmp_path / "r")])
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_an_interrupted_unit_resumes_to_the_same_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit stopped after its step-2 checkpoint was trained but before it was evaluated continues from that
+    checkpoint (not from the start) and ends with exactly the result of an uninterrupted unit."""
+    import torch
+
+    swap_study = _driver()
+    torch.set_num_threads(1)
+    settings = swap_study.Settings(steps=4, checkpoints=(0, 2, 4), train_images=16, val_images=4, probes=2, grid_prompts=1,
+                                   seeds=(0,))  # fmt: skip
+    cell = next(c for c in swap_study.cells(settings) if c.name == "qk-unscaled-lr1e-3")
+    whole = swap_study.run_unit(settings, cell, 0, tmp_path / "a", tmp_path / "ra", say=lambda m: None)
+    real = swap_study.Evaluator.__call__
+    calls = []
+
+    def stop_at_step_2(self: Any, pipe: Any, profile: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # step 0 was evaluated; step 2 is trained and checkpointed, then the process "dies"
+            raise KeyboardInterrupt
+        return real(self, pipe, profile)
+
+    monkeypatch.setattr(swap_study.Evaluator, "__call__", stop_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        swap_study.run_unit(settings, cell, 0, tmp_path / "b", tmp_path / "rb", say=lambda m: None)
+    unit = tmp_path / "b" / cell.name / "seed-0"
+    assert [p.name for p in (unit / "run" / "checkpoints").iterdir()] == ["step-00000002"]
+    monkeypatch.setattr(swap_study.Evaluator, "__call__", real)
+    resumed = swap_study.run_unit(settings, cell, 0, tmp_path / "b", tmp_path / "rb", say=lambda m: None)
+    strip = ("eval_seconds",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in resumed["checkpoints"]] == \
+        [{k: v for k, v in r.items() if k not in strip} for r in whole["checkpoints"]]  # fmt: skip
+    assert resumed["losses"] == whole["losses"] and resumed["swap"] == whole["swap"]
+    assert (tmp_path / "rb" / cell.name / "seed-0.png").read_bytes() == (tmp_path / "ra" / cell.name / "seed-0.png").read_bytes()
