@@ -253,6 +253,11 @@ def result_path(results: Path, cell: Cell | str, seed: int) -> Path:
     return results / (cell if isinstance(cell, str) else cell.name) / f"seed-{seed}.json"
 
 
+def _row(metrics: dict[str, Any], step: int, *, last: bool) -> dict[str, Any]:
+    """A checkpoint's metrics as the result keeps them: the reader's readings of the last checkpoint only."""
+    return {k: v for k, v in metrics.items() if k != "reads" or last} | {"step": step}
+
+
 def run_unit(settings: Settings, cell: Cell, seed: int, out: Path, results: Path, say: Any = print) -> dict[str, Any]:
     """Train and evaluate one (cell, seed), resuming where it stopped; returns its result (also written)."""
     import numpy as np
@@ -319,7 +324,7 @@ def run_unit(settings: Settings, cell: Cell, seed: int, out: Path, results: Path
     shutil.copyfile(unit / "samples.png", target.with_suffix(".png"))
     data = {
         "plan": plan, "settings": asdict(settings), "cell": asdict(cell), "seed": seed, "swap": swap_record,
-        "checkpoints": [dict(evaluated[s], step=s) for s in settings.checkpoints], "losses": progress.get("losses", []),
+        "checkpoints": [_row(evaluated[s], s, last=s == settings.checkpoints[-1]) for s in settings.checkpoints], "losses": progress.get("losses", []),
         "train_seconds": train_seconds, "wall_seconds": time.perf_counter() - t_start,
         "cpu_seconds": time.process_time() - c_start, "machine": _machine(),
     }  # fmt: skip
