@@ -545,3 +545,55 @@ def test_estimate_reads_the_swapped_folder(swapped: tuple[Any, Path], squares_da
     # the swapped encoder (T5 + projection) is counted parameter for parameter
     assert est.params["text_encoder"] == sum(p.numel() for p in pipe.text_encoder.parameters())
     assert t5["architectures"] == ["ProjectedTextEncoder"] and est.peak("device") > 0
+
+
+def test_bad_input_of_the_issue_is_one_line_and_nothing_is_written(base: Path, t5_dir: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Issue 35's bad input: an encoder folder without weights, a base without cross-attention for the requested
+    reset, a projection of the wrong width: one line naming it, nothing written."""
+    import shutil
+
+    import diffusers
+
+    out = tmp_path / "new"
+    # an encoder folder with its config but no weights
+    bare = tmp_path / "t5-config-only"
+    bare.mkdir()
+    shutil.copy(t5_dir / "config.json", bare / "config.json")
+    err = _bad([str(base), "--encoder", str(bare), "--tokenizer", str(t5_dir), "--profile", "sd15", *_overrides(),
+                "--out", str(out)], capsys)  # fmt: skip
+    assert err == (f"te-align: error: {bare}: key '--encoder': the encoder folder has config.json but no weights (expected "
+                   "model.safetensors, sharded model-*.safetensors with their index, or pytorch_model.bin)\n")  # fmt: skip
+    # a base whose UNet has no cross-attention: resetting it is refused; --reset none is not
+    plain = tmp_path / "no-cross-attention"
+    shutil.copytree(base, plain)
+    cfg = json.loads((plain / "unet" / "config.json").read_text(encoding="utf-8"))
+    blocks = len(cfg["block_out_channels"])
+    unet = diffusers.UNet2DConditionModel(**{
+        **{k: v for k, v in cfg.items() if not k.startswith("_")}, "down_block_types": ["DownBlock2D"] * blocks,
+        "up_block_types": ["UpBlock2D"] * blocks, "mid_block_type": "UNetMidBlock2D"})  # fmt: skip
+    shutil.rmtree(plain / "unet")
+    unet.save_pretrained(str(plain / "unet"))
+    for mode, what in (("cross", "cross-attention"), ("qk", "cross-attention query/key"), ("all", "attention")):
+        err = _bad([str(plain), "--encoder", str(t5_dir), "--profile", "sd15", *_overrides(), "--out", str(out),
+                    "--reset", mode], capsys)  # fmt: skip
+        assert err.startswith(f"te-align: error: {plain}/unet/config.json: key '--reset': reset mode '{mode}' re-initialises "
+                              f"the unet's {what} layers, but this UNet2DConditionModel has none (no layer name matches "), err
+        assert err.endswith("expected a denoiser with text cross-attention, or --reset none\n"), err
+    # a projection of the wrong width (the input side: 95 is not the new encoder's 96)
+    save_file({"weight": torch.zeros(32, 95)}, str(tmp_path / "proj.safetensors"))
+    err = _bad([str(base), "--encoder", str(t5_dir), "--profile", "sd15", *_overrides(), "--out", str(out), "--projection",
+                str(tmp_path / "proj.safetensors")], capsys)  # fmt: skip
+    assert err == (f"te-align: error: {tmp_path / 'proj.safetensors'}: key 'weight': the projection weight has shape (32, 95) "
+                   "but the new encoder's width is 96 and the denoiser attends to 32: expected (32, 96)\n")  # fmt: skip
+    assert not out.exists() and not any(p.name.startswith(".new") for p in tmp_path.iterdir())
+    rc = main(["swap", str(plain), "--encoder", str(t5_dir), "--profile", "sd15", *_overrides(), "--out", str(out),
+               "--reset", "none", "--captions", str(_captions(tmp_path))])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert (out / PROFILE_FILE).is_file()
+
+
+def _captions(folder: Path) -> Path:
+    path = folder / "captions.txt"
+    path.write_text("\n".join(CAPTIONS[:2]) + "\n", encoding="utf-8")
+    return path

@@ -233,6 +233,24 @@ def swapped_profile(
 
 
 # ------------------------------------------------------------------------------------------ reset
+def matching_layers(denoiser: Any, patterns: Sequence[str]) -> list[str]:
+    """The names of the layers :func:`reset_layers` would re-initialise (nothing is changed)."""
+    import re
+
+    return [name for name, _ in denoiser.named_modules() if name and any(re.search(p, "." + name) for p in patterns)]
+
+
+def check_reset(denoiser: Any, row: SwapFamily, reset: str, *, file: str | None) -> None:
+    """Refuse a reset mode that matches no layer of the denoiser (e.g. ``cross`` on a UNet without cross-attention),
+    before anything is measured or written."""
+    if reset == "none" or matching_layers(denoiser, row.reset[reset]):
+        return
+    what = {"cross": "cross-attention", "qk": "cross-attention query/key", "all": "attention"}.get(reset, reset)
+    raise SwapError(f"reset mode '{reset}' re-initialises the {row.denoiser}'s {what} layers, but this "
+                    f"{type(denoiser).__name__} has none (no layer name matches {' or '.join(row.reset[reset])}); "
+                    "expected a denoiser with text cross-attention, or --reset none", file=file, key="--reset")  # fmt: skip
+
+
 def reset_layers(denoiser: Any, patterns: Sequence[str]) -> list[str]:
     """Re-initialise the layers whose names match, in ``named_modules()`` order, each by its own
     ``reset_parameters()`` (draws from the global torch RNG); returns their names."""
@@ -265,6 +283,9 @@ def _load_encoder(source: str) -> Any:
     path = Path(source).expanduser()
     if not (path / "config.json").is_file():
         raise SwapError("expected a transformers text-encoder folder (config.json and weights)", file=str(source), key="--encoder")
+    if not any(next(path.glob(pattern), None) is not None for pattern in WEIGHT_PATTERNS):
+        raise SwapError("the encoder folder has config.json but no weights (expected model.safetensors, sharded "
+                        "model-*.safetensors with their index, or pytorch_model.bin)", file=str(source), key="--encoder")  # fmt: skip
     try:
         config = transformers.AutoConfig.from_pretrained(str(path))
         arch = (getattr(config, "architectures", None) or [""])[0]
@@ -277,6 +298,10 @@ def _load_encoder(source: str) -> Any:
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SwapError(f"cannot load the text encoder: {first}", file=str(source), key="--encoder") from None
+
+
+#: Weight files a transformers folder may hold (any one of them).
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
 
 
 def _load_tokenizer(source: str) -> Any:
@@ -418,6 +443,7 @@ def swap(
     pipe = pipeline if pipeline is not None else _load_base(str(base), config, base_profile)
     denoiser = getattr(pipe, row.denoiser)
     in_width, out_width = check_parts(base_profile, row, denoiser, encoder, tokenizer, where=where)
+    check_reset(denoiser, row, reset, file=where.get("denoiser"))
     if proj_weights is not None:
         check_projection(proj_weights, in_width, out_width, file=str(projection) if isinstance(projection, (str, os.PathLike))
                          else "projection")  # fmt: skip
@@ -496,7 +522,9 @@ __all__ = [
     "check_parts",
     "check_projection",
     "check_request",
+    "check_reset",
     "family_row",
+    "matching_layers",
     "reset_layers",
     "swap",
     "swapped_profile",

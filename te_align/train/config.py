@@ -102,6 +102,7 @@ class DataConfig:
 
 @dataclass
 class LoraConfig:
+    #: Rank of the denoiser LoRA; 0 = no LoRA, a full fine-tune of the ``train.full_modules`` weights.
     rank: int = 16
     alpha: float = 16.0
     dropout: float = 0.0
@@ -126,8 +127,8 @@ class TrainSection:
     text_encoder_lr: float = 0.0
     #: Learning rate of a swapped model's text projection (``te-align swap``; 0 = learning_rate).
     projection_lr: float = 0.0
-    #: Denoiser weights trained in full besides the LoRA: regular expressions searched in parameter names
-    #: (``["attn2"]``: the cross-attention a ``te-align swap --reset cross`` re-initialised; ``[""]``: all).
+    #: Denoiser weights trained in full besides the LoRA (or alone: ``lora.rank = 0``): regular expressions searched
+    #: in parameter names (``["attn2"]``: the cross-attention a ``te-align swap --reset cross`` re-initialised; ``[""]``: all).
     full_modules: list[str] = field(default_factory=list)
     #: Learning rate of the ``full_modules`` weights (0 = learning_rate).
     full_lr: float = 0.0
@@ -279,7 +280,14 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
         else:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
             need(ok, f"data.encoder_dropout.{k}", f"must be a probability in [0, 1], got {v!r}")
-    need(lo.rank >= 1, "lora.rank", f"must be >= 1, got {lo.rank}")
+    need(lo.rank >= 0, "lora.rank", f"must be >= 1 (or 0 with train.full_modules: no denoiser LoRA), got {lo.rank}")
+    if lo.rank == 0:  # a full fine-tune: the train.full_modules weights (and a swapped model's projection) only
+        need(bool(t.full_modules), "lora.rank",
+             "0 trains no denoiser LoRA, so train.full_modules must name the weights to train in full "
+             "(e.g. [\"\"] for the whole denoiser); or set lora.rank >= 1")  # fmt: skip
+        need(not lo.target_modules, "lora.target_modules", "set, but lora.rank = 0 adds no denoiser LoRA: remove it")
+        need(not lo.text_encoders or lo.text_encoder_rank >= 1, "lora.text_encoder_rank",
+             "must be >= 1 when lora.rank = 0 and lora.text_encoders is set (it defaults to lora.rank)")  # fmt: skip
     need(lo.rank <= 4096, "lora.rank", f"must be <= 4096, got {lo.rank}")
     need(lo.alpha > 0, "lora.alpha", f"must be > 0, got {lo.alpha}")
     need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must be in [0, 1), got {lo.dropout}")

@@ -485,8 +485,14 @@ def _load_meta(cfg: TrainConfig) -> _Model:
     from peft import LoraConfig
 
     lo = cfg.lora
-    den.add_adapter(LoraConfig(r=lo.rank, lora_alpha=lo.alpha, target_modules=lo.target_modules or family.default_targets))
+    if lo.rank > 0:  # lora.rank = 0: no denoiser LoRA (a full fine-tune of train.full_modules)
+        den.add_adapter(LoraConfig(r=lo.rank, lora_alpha=lo.alpha, target_modules=lo.target_modules or family.default_targets))
     lora = [p for n, p in den.named_parameters() if "lora_" in n]
+    if cfg.train.full_modules:  # trained in full: float32 weights with gradients and optimizer state, like LoRA's
+        import re
+
+        lora += [p for n, p in den.named_parameters()
+                 if "lora_" not in n and any(re.search(pat, n.replace(".base_layer.", ".")) for pat in cfg.train.full_modules)]  # fmt: skip
     for p in lora:
         p.requires_grad_(True)
         p.data = p.data.float()

@@ -495,6 +495,8 @@ class Run:
     @property
     def named_trainable(self) -> dict[str, Any]:
         named = {f"{comp}.{n}": p for comp, m in self.lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
+        if self.family.denoiser_attr not in self.lora_models:  # lora.rank = 0: the full-module weights by their own names
+            named.update({f"{self.family.denoiser_attr}.{k}": p for k, p in self.full_params.items()})
         if self.projection_models:
             from te_align.train.swap import named_projection_params
 
@@ -651,7 +653,7 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     order = BatchOrder(report.items, t.batch_size, t.seed, accelerator.process_index, accelerator.num_processes)
     per_epoch = max(1, math.ceil(order.batches_per_epoch() / t.gradient_accumulation))
     total = t.max_steps if t.max_steps > 0 else t.epochs * per_epoch
-    groups = [{"params": denoiser_params, "lr": t.learning_rate}]
+    groups = [{"params": denoiser_params, "lr": t.learning_rate}] if denoiser_params else []
     if text_encoder_params:
         groups.append({"params": text_encoder_params, "lr": t.text_encoder_lr or t.learning_rate})
     if projection_params:
@@ -727,9 +729,12 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
             raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {slot.name} LoRA)", key="lora.text_encoders")
     lo, t = cfg.lora, cfg.train
     denoiser = getattr(pipe, family.denoiser_attr)
-    denoiser_params = add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                               targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
-    lora_models: dict[str, Any] = {family.denoiser_attr: denoiser}
+    lora_models: dict[str, Any] = {}
+    denoiser_params: list[Any] = []
+    if lo.rank > 0:  # lora.rank = 0: a full fine-tune of train.full_modules, no denoiser LoRA
+        denoiser_params = add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
+                                   targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
+        lora_models[family.denoiser_attr] = denoiser
     text_encoder_params: list[Any] = []
     for k, name in enumerate(te_slots):
         slot = profile.slot(name)
@@ -793,7 +798,8 @@ def _run_record(run: Run) -> dict[str, Any]:
     lo, t = run.cfg.lora, run.cfg.train
     return {
         "model": run.cfg.model.path, "model_id": run.model_id, "rank": lo.rank, "alpha": lo.alpha,
-        "target_modules": sorted(lo.target_modules or run.family.default_targets), "text_encoders": list(lo.text_encoders),
+        "target_modules": sorted(lo.target_modules or run.family.default_targets) if lo.rank else [],
+        "text_encoders": list(lo.text_encoders),
         "text_encoder_rank": lo.text_encoder_rank, "text_encoder_target_modules": sorted(lo.text_encoder_target_modules),
         "learning_rate": t.learning_rate, "text_encoder_lr": t.text_encoder_lr, "projection_lr": t.projection_lr,
         "full_modules": sorted(t.full_modules), "full_lr": t.full_lr, "batch_size": t.batch_size,
@@ -833,7 +839,8 @@ def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
     """Use the config's learning rates from here on (a checkpoint stores the old ones in its schedule)."""
     t = run.cfg.train
     lora_te = any(c != run.family.denoiser_attr for c in run.lora_models)
-    new = [t.learning_rate] + ([t.text_encoder_lr or t.learning_rate] if lora_te else [])
+    new = [t.learning_rate] if run.family.denoiser_attr in run.lora_models else []
+    new += [t.text_encoder_lr or t.learning_rate] if lora_te else []
     new += [t.projection_lr or t.learning_rate] if run.projection_models else []
     new += [t.full_lr or t.learning_rate] if run.full_params else []
     sched = run.scheduler
@@ -1037,8 +1044,9 @@ def _finish(run: Run) -> TrainResult:
         run.save_checkpoint()
     if run.main:
         extra = _lora_metadata(run)
-        lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
-                                        profile=profile, extra=extra)  # fmt: skip
+        if run.lora_models:  # none with lora.rank = 0 and no text-encoder LoRA: no empty LoRA file is written
+            lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
+                                            profile=profile, extra=extra)  # fmt: skip
         if run.projection_models:
             from te_align.train.swap import save_projection
 
@@ -1049,7 +1057,7 @@ def _finish(run: Run) -> TrainResult:
 
             save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
                          run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)  # fmt: skip
-        if cfg.output.kohya:
+        if cfg.output.kohya and run.lora_models:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
                                          n_text_encoders=len(profile.slots), profile=profile, extra=extra,
                                          base_model=cfg.model.path, family=run.family.name)  # fmt: skip

@@ -24,8 +24,10 @@ from typing import Any
 from te_align.train.config import TrainConfig, TrainError
 
 #: The files and folders of a run in its output folder (``{name}`` is ``output.name``).
-RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "train_config.json", "logs", "samples",
-             "loss.png")  # fmt: skip
+RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "{name}_full.safetensors",
+             "{name}_projection.safetensors", "train_config.json", "logs", "samples", "loss.png")  # fmt: skip
+#: The trained-weight files among them (a folder holding one holds a previous run).
+WEIGHT_FILES = RUN_FILES[1:5]
 
 
 def previous_run(cfg: TrainConfig) -> list[str]:
@@ -37,7 +39,7 @@ def previous_run(cfg: TrainConfig) -> list[str]:
     n = len(list_checkpoints(out))
     if n:
         found.append(f"{n} checkpoint{'s' if n != 1 else ''}")
-    for pattern in RUN_FILES[1:3]:
+    for pattern in WEIGHT_FILES:
         name = pattern.format(name=cfg.output.name)
         if (out / name).exists():
             found.append(name)

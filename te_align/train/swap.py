@@ -169,8 +169,10 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             self.outputs = {o: self.components[expr.split(".")[0]][1] for o, expr in profile.outputs
                             if expr.split(".")[0] in self.components}  # fmt: skip
 
-        def _cache(self, pattern: str) -> Any:
-            if pattern not in self._caches:
+        def _cache(self, pattern: str, options: Any = None) -> Any:
+            options = options or self.options
+            key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
+            if key not in self._caches:
                 from te_align.encoding.cache.keys import hash_text_encoders
                 from te_align.encoding.cache.store import EmbeddingCache
 
@@ -180,11 +182,11 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
                     self._te_hash = hash_text_encoders(
                         encoders, {s.name: getattr(self.pipe, s.tokenizer_subfolder) for s in self.profile.slots}
                     )
-                opts = dict(self.options.as_dict(), dropped=pattern, stage="before-projection")
-                self._caches[pattern] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
-            return self._caches[pattern]
+                opts = dict(options.as_dict(), dropped=pattern, stage="before-projection")
+                self._caches[key] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
+            return self._caches[key]
 
-        def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]]) -> Any:
+        def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]], options: Any = None) -> Any:
             import dataclasses
 
             import te_align
@@ -193,7 +195,7 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
             encoders.update({name: m.encoder for name, (_, m) in self.components.items()})
             cond = te_align.encode(self.inner, captions, tokenizers=tokenizers, text_encoders=encoders,
-                                   options=self.options, drop=drop, drop_slots=drop_slots or None)  # fmt: skip
+                                   options=options or self.options, drop=drop, drop_slots=drop_slots or None)  # fmt: skip
             # the swapped profile's conditioning at the stage before the projection (the cache key says which stage)
             return dataclasses.replace(cond, profile_name=self.profile.name, fingerprint=self.profile.fingerprint())
 
