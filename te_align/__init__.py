@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from te_align import _quiet
+from te_align._version import __version__
 from te_align.errors import TeAlignError
 from te_align.profiles import AlignmentProfile, profile, profiles
-
-__version__ = "0.1.0"
 
 _quiet.install()  # drop the third-party log lines a user cannot act on (te_align/_quiet.py says which and why)
 

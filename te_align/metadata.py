@@ -86,7 +86,7 @@ def _value(v: Any) -> str:
 
 def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """The ``te_align.*`` metadata keys for a profile (all values strings)."""
-    from te_align import __version__
+    from te_align._version import __version__
     from te_align.profiles import profile as resolve
 
     p = resolve(profile) if isinstance(profile, str) else profile

@@ -146,9 +146,9 @@ def diffusers_rows() -> list[tuple[str, str, str]]:
                           ("sd15", ("sd15",)), ("chroma", ("chroma",))):
         pipe = build_pipeline_for_encoding(family)
         for name in names:
-            import te_align
+            from te_align import profiles as _profiles
 
-            p = fit_profile(te_align.profile(name), pipe)
+            p = fit_profile(_profiles.profile(name), pipe)
             suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             first = p.output_names[0]
             cells = [Cell(first)] + ([Cell("pooled")] if "pooled_prompt_embeds" in p.output_names else [])
@@ -174,7 +174,7 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
     on those components; one 'not importable' row naming what is missing when Forge does not import."""
     import torch
 
-    import te_align
+    from te_align import profiles as _profiles
     from te_align.encoding import encode
     from te_align.errors import TeAlignError
     from te_align.integrations import forge
@@ -190,7 +190,7 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
         pipe = forge.pipeline(family)
         eng = forge.engines(family, pipe)
         for name in names:
-            p = fit_profile(te_align.profile(name), pipe)
+            p = fit_profile(_profiles.profile(name), pipe)
             suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             first = p.output_names[0]
             pooled = "pooled_prompt_embeds" in p.output_names
@@ -231,7 +231,7 @@ def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = Non
     import torch
     import transformers
 
-    import te_align
+    from te_align._version import __version__
 
     comfyui_dir = comfyui_dir or os.environ.get("TE_ALIGN_COMFYUI_DIR")
     forge_dir = forge_dir or os.environ.get("TE_ALIGN_FORGE_DIR")
@@ -248,7 +248,7 @@ def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = Non
     lines = [
         "# te-align inference matrix",
         "",
-        f"Measured by `te-align matrix --inference` (te-align {te_align.__version__}, torch {torch.__version__}, "
+        f"Measured by `te-align matrix --inference` (te-align {__version__}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, diffusers {diffusers.__version__}, ComfyUI {version} from a checkout, "
         f"{platform.machine()}): tiny random-weight encoders, the standard prompt suite, one prompt at a time. "
         "ComfyUI rows compare with `te_align.encode` run on ComfyUI's own encoder modules (so \"identical\" is "

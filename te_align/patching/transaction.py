@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from te_align import __version__, _atomic
+from te_align import _atomic
 from te_align._atomic import fault_point, fsync_dir
+from te_align._version import __version__
 from te_align.errors import TeAlignError
 
 STATE_DIR = ".te-align"

@@ -61,12 +61,12 @@ class Matrix:
         import torch
         import transformers
 
-        import te_align
+        from te_align._version import __version__
 
         lines = [
             "# te-align trainer matrix",
             "",
-            f"Measured by `te-align matrix` (te-align {te_align.__version__}, torch {torch.__version__}, transformers "
+            f"Measured by `te-align matrix` (te-align {__version__}, torch {torch.__version__}, transformers "
             f"{transformers.__version__}, diffusers {diffusers.__version__}): each trainer's real prompt-encoding code "
             "and `te_align.encode` run on the same tiny random-weight encoders with real-convention tokenizers over "
             f"the standard prompt suite (up to {self.prompts} prompts per profile, in groups encoded as one batch each). "

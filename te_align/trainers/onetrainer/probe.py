@@ -208,7 +208,7 @@ class OneTrainer(Adapter):
 
 def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(fitted profile, tokenizers, text encoders) of the profile's tiny family (:mod:`te_align.tiny`)."""
-    import te_align
+    from te_align import profiles as _profiles
     from te_align.probe.adapter import TINY_FAMILY
     from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
@@ -220,7 +220,7 @@ def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, A
         raise ProbeError(str(e)) from None
     pipe = build_pipeline_for_encoding(TINY_FAMILY.get(profile_name, profile_name))
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = fit_profile(te_align.profile(profile_name), comps)
+    prof = fit_profile(_profiles.profile(profile_name), comps)
     return prof, {k: v for k, v in comps.items() if k.startswith("tokenizer")}, {k: v for k, v in comps.items() if k.startswith("text_encoder")}
 
 
