@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from te_align import _plugins
 from te_align.audit import readers
 from te_align.audit.findings import CheckResult, Finding
 from te_align.audit.parsed import module
@@ -66,10 +67,10 @@ def _command(argv: list[str], label: str) -> readers.RawConfig:
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
            result: CheckResult, dataset: list[str] | None = None, overrides: dict[str, Any] | None = None) -> None:
     from te_align.profiles import profile as resolve
-    from te_align.trainers import dialect, dialects
 
-    if raw.fmt == "cmdline" and not dialect(name)[0].command_line:
-        readers_of_lines = " or ".join(d.name for d, _ in dialects() if d.command_line)
+    registry = _plugins.registry()
+    if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line:
+        readers_of_lines = " or ".join(d.name for d, _ in registry.dialects() if d.command_line)
         raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
                                        f"command lines for --trainer {readers_of_lines} only", file=raw.file)
     mod = module(name)

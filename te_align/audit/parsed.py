@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from te_align import _plugins
 from te_align.audit.findings import Finding
 from te_align.audit.rules import Trainer
 
@@ -71,9 +72,7 @@ def reason(text: str, assumed: str = "") -> Reason:
 
 def module(name: str) -> ModuleType:
     """The reader of a ``check`` dialect (``--trainer NAME``), from the trainer registry."""
-    from te_align.trainers import dialect
-
-    _, spec = dialect(name)
+    _, spec = _plugins.registry().dialect(name)
     return spec.reader(name)
 
 

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from te_align import _plugins
 from te_align.errors import TeAlignError
 
 
@@ -188,9 +189,7 @@ def key_line(text: str, key: str) -> int | None:
 def known_keys(name: str) -> dict[str, frozenset[str]]:
     """The bundled list of valid keys of a ``check`` dialect (``data/<name>.txt`` in its trainer's folder), by
     section (``""`` when it has none)."""
-    from te_align.trainers import dialect
-
-    _, spec = dialect(name)
+    _, spec = _plugins.registry().dialect(name)
     res = resources.files(f"te_align.trainers.{spec.package}").joinpath("data", f"{name}.txt")
     sections: dict[str, set[str]] = {}
     current = ""
@@ -208,18 +207,15 @@ def known_keys(name: str) -> dict[str, frozenset[str]]:
 # ------------------------------------------------------------------------------ trainer shape
 def trainers() -> tuple[str, ...]:
     """Every ``--trainer`` value ``check`` reads (the config languages of the trainer registry)."""
-    from te_align.trainers import dialects
-
-    return tuple(d.name for d, _ in dialects())
+    return tuple(d.name for d, _ in _plugins.registry().dialects())
 
 
 def detect_trainer(raw: RawConfig) -> str:
     """Tell the config language from the file's shape (each reader scores it; the highest wins, the registry's
     order breaks ties), or raise :class:`UnreadableConfig`."""
-    from te_align.trainers import dialects
-
+    dialects = _plugins.registry().dialects()
     best: tuple[int, str] | None = None
-    for d, spec in dialects():
+    for d, spec in dialects:
         score = spec.reader(d.name).detect(raw)
         if score and (best is None or score > best[0]):
             best = (score, d.name)
@@ -227,6 +223,6 @@ def detect_trainer(raw: RawConfig) -> str:
         return best[1]
     if raw.fmt != "cmdline" and not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a table/object at the top level", file=raw.file)
-    files = [d.name for d, _ in dialects() if not d.command_line]
+    files = [d.name for d, _ in dialects if not d.command_line]
     raise UnreadableConfig(f"cannot tell which trainer this config is for; pass --trainer {'|'.join(files)}",
                            file=raw.file)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from te_align import _plugins
 from te_align.audit.findings import NOT_SETTABLE, Finding
 
 Honoured = Literal["always", "never", "cached"]
@@ -243,10 +244,8 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def _trainer_source(text: str) -> bool:
     """Whether a provenance source names a trainer (a "trainer choice", or a trainer of the registry)."""
-    from te_align.trainers import source_words
-
     low = text.lower()
-    return "trainer choice" in low or any(w in low for w in source_words())
+    return "trainer choice" in low or any(w in low for w in _plugins.registry().source_words())
 
 
 def _severity(profile: Any, path: str, effective: Any) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from te_align import _plugins
 from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan, lock, recover
 
 
@@ -62,16 +63,12 @@ def targets_mismatch(detection: Detection, problems: list[str], name: str, suppo
 
 
 def _module(name: str) -> ModuleType:
-    from te_align.trainers import get
-
-    return get(name).part("patch")
+    return _plugins.registry().get(name).part("patch")
 
 
 def available() -> list[str]:
     """The trainers ``te-align patch`` can patch (the registry's trainers with a ``patch`` part)."""
-    from te_align.trainers import names
-
-    return list(names("patch"))
+    return list(_plugins.registry().names("patch"))
 
 
 def detect(path: str | Path, trainer: str = "auto") -> Detection:
@@ -81,11 +78,10 @@ def detect(path: str | Path, trainer: str = "auto") -> Detection:
         raise PatchError(f"no such folder: {p}")
     if not p.is_dir():
         raise PatchError(f"not a folder: {p} (give the trainer's folder)")
-    from te_align.trainers import lookup
-
-    if trainer != "auto" and lookup(trainer, "patch") is None:
+    spec = None if trainer == "auto" else _plugins.registry().lookup(trainer, "patch")
+    if trainer != "auto" and spec is None:
         raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(available())}")
-    names = available() if trainer == "auto" else [lookup(trainer, "patch").name]  # type: ignore[union-attr]
+    names = [spec.name] if spec is not None else available()
     for name in names:
         found = _module(name).detect(p)
         if found is not None:

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from te_align import _plugins
 from te_align.probe import ProbeError
 from te_align.probe.core import Case
 
@@ -115,16 +116,12 @@ def _ordered(table: dict[str, Any], kind: str) -> list[Any]:
 
 def trainers() -> tuple[str, ...]:
     """The trainers ``te-align probe`` can run (the registry's trainers with a ``probe`` part)."""
-    from te_align.trainers import names
-
-    return names("probe")
+    return _plugins.registry().names("probe")
 
 
 def adapter_for(trainer: str, path: str | None) -> Adapter:
     """The probe adapter of a trainer (by name or alias) for the installation at ``path``."""
-    from te_align.trainers import lookup
-
-    spec = lookup(trainer, "probe")
+    spec = _plugins.registry().lookup(trainer, "probe")
     if spec is None:
         from te_align.errors import closest
 

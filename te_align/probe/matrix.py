@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_align import _plugins
 from te_align.probe import ProbeError
 from te_align.probe.core import ProbeResult, compare, quiet
 
@@ -106,12 +107,10 @@ class Matrix:
 def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found], list[str]]:
     """(trainers to probe, lines for trainers that are not here): each trainer's probe ``find``, in the
     registry's order."""
-    from te_align.trainers import specs
-
     env = os.environ if environ is None else environ
     found: list[Found] = []
     absent: list[str] = []
-    for spec in specs():
+    for spec in _plugins.registry().specs():
         if spec.probe:
             here, missing = spec.part("probe").find(env)
             found += here
