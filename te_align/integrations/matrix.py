@@ -146,9 +146,9 @@ def diffusers_rows() -> list[tuple[str, str, str]]:
                           ("sd15", ("sd15",)), ("chroma", ("chroma",))):
         pipe = build_pipeline_for_encoding(family)
         for name in names:
-            from te_align import profiles as _profiles
+            from te_align.profiles import profile as _profile
 
-            p = fit_profile(_profiles.profile(name), pipe)
+            p = fit_profile(_profile(name), pipe)
             suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             first = p.output_names[0]
             cells = [Cell(first)] + ([Cell("pooled")] if "pooled_prompt_embeds" in p.output_names else [])
@@ -174,11 +174,11 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
     on those components; one 'not importable' row naming what is missing when Forge does not import."""
     import torch
 
-    from te_align import profiles as _profiles
     from te_align.encoding import encode
     from te_align.errors import TeAlignError
     from te_align.integrations import forge
     from te_align.probe.core import prompt_suite
+    from te_align.profiles import profile as _profile
     from te_align.tiny.fit import fit_profile
 
     try:
@@ -190,7 +190,7 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
         pipe = forge.pipeline(family)
         eng = forge.engines(family, pipe)
         for name in names:
-            p = fit_profile(_profiles.profile(name), pipe)
+            p = fit_profile(_profile(name), pipe)
             suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             first = p.output_names[0]
             pooled = "pooled_prompt_embeds" in p.output_names

@@ -49,19 +49,6 @@ def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str
                       "checked in the source",)  # fmt: skip
 
 
-def targets_mismatch(detection: Detection, problems: list[str], name: str, supported: Iterable[str]) -> PatchError:
-    """The error for a checkout whose hook targets do not match the source te-align was verified with: which
-    targets, the commit to check out (``supported``'s first) and how."""
-    from te_align._git import git_dir
-
-    root = detection.root
-    commit = next(iter(supported))[:7]
-    how = f"git -C {root} checkout {commit}" if git_dir(root) is not None else f"a copy of {name} {commit}"
-    return PatchError(f"unknown {name} version {detection.version} at {root}: te-align's hook targets do not match "
-                      f"({'; '.join(problems)}). te-align was verified with {name} {commit}; use {how} or upgrade "
-                      "te-align")  # fmt: skip
-
-
 def _module(name: str) -> ModuleType:
     return _plugins.registry().get(name).part("patch")
 

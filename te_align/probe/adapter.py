@@ -93,7 +93,7 @@ class Adapter:
 
 def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
     """(fitted profile, tokenizers, text encoders, diffusers pipeline) for a profile's tiny family."""
-    from te_align import profiles as _profiles
+    from te_align.profiles import profile as _profile
     from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
     from te_align.tiny.tokenizers import clip_bpe_path
@@ -104,7 +104,7 @@ def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[
         raise ProbeError(str(e)) from None
     pipe = build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = fit_profile(_profiles.profile(profile_name), comps)
+    prof = fit_profile(_profile(profile_name), comps)
     toks = {k: v for k, v in comps.items() if k.startswith("tokenizer")}
     encs = {k: v for k, v in comps.items() if k.startswith("text_encoder")}
     return prof, toks, encs, pipe

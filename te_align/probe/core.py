@@ -211,7 +211,7 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
     """Run ``case`` and :func:`te_align.encode` over the suite; one comparison per profile output."""
     import torch
 
-    from te_align import encoding as _encoding
+    from te_align.encoding import encode as _encode
     from te_align.profiles.expr import output_specs
 
     suite = suite if suite is not None else prompt_suite(case.profile, case.tokenizers)
@@ -220,7 +220,7 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
     outputs = {o.name: o for o in output_specs(case.profile)}
     for group, prompts in suite.items():
         with torch.no_grad():
-            want = _encoding.encode(case.profile, prompts, tokenizers=case.tokenizers, text_encoders=case.text_encoders)
+            want = _encode(case.profile, prompts, tokenizers=case.tokenizers, text_encoders=case.text_encoders)
             got = case.run(list(prompts))
         for name in want:
             ref = want[name]

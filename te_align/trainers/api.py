@@ -326,9 +326,17 @@ def find_checkout(environ: Mapping[str, str], spec: TrainerSpec, found: Callable
     return [], [f"{lead}: {spec.env_dir} is not set (path of a {spec.repo} checkout)"]
 
 
-def target_mismatch(name: str, version: str, root: Path | str, problems: Sequence[str], commit: str, how: str) -> str:
+def target_mismatch(name: str, version: str, root: Path | str, problems: Sequence[str], supported: Iterable[str],
+                    how: str = "") -> str:
     """The one message for an installation whose hook targets do not match the source te-align was verified with:
-    the targets that differ, the verified commit and ``how`` to get it."""
+    the targets that differ, the verified commit (``supported``'s first) and ``how`` to get it (by default: check
+    it out, or a copy of it when ``root`` is not a git checkout)."""
+    from te_align._git import git_dir
+
+    commit = next(iter(supported))[:7]
+    if not how:
+        how = "use " + (f"git -C {root} checkout {commit}" if git_dir(Path(root)) is not None
+                        else f"a copy of {name} {commit}")
     return (f"unknown {name} version {version} at {root}: te-align's hook targets do not match "
             f"({'; '.join(problems)}). te-align was verified with {name} {commit}; {how} or upgrade te-align")
 

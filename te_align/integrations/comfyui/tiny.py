@@ -264,11 +264,11 @@ def _build_lumina2() -> TinyComfy:
 
 def fitted_profile(name: str, tiny: TinyComfy) -> Any:
     """Bundled profile ``name`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
-    from te_align import profiles as _profiles
     from te_align.integrations.comfyui.encode import conform_tokenizer
+    from te_align.profiles import profile as _profile
     from te_align.tiny.fit import architecture_overrides
 
-    p = _profiles.profile(name)
+    p = _profile(name)
     comps = dict(tiny.components)
     for slot in p.slots:
         comps[slot.tokenizer_subfolder] = conform_tokenizer(slot, comps[slot.tokenizer_subfolder])

@@ -368,11 +368,11 @@ class AiToolkitHook(Hook):
     @staticmethod
     def encode(profile: Any, prompts: Sequence[str], *, dropout_prob: float = 0.0, truncate: bool = True,
                **components: Any) -> Any:  # fmt: skip
-        from te_align import encoding as _encoding
+        from te_align.encoding import encode as _encode
         from te_align.encoding.core import EncodeOptions
 
         opts = EncodeOptions(long_prompt_chunks=0 if truncate else 4)
-        return _encoding.encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
+        return _encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
 
     def _train_tools_wrapper(self, fn_name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         families, style = TRAIN_TOOLS[fn_name]

@@ -16,7 +16,7 @@ import importlib.util
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,9 @@ from te_align.probe.adapter import (
     _tiny,
 )
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.ai_toolkit import SPEC
+from te_align.trainers.api import checkout
 
 
 class _Unevaluable(Exception):
@@ -334,18 +337,16 @@ def _albumentations_offline() -> Iterator[None]:
 
 
 ADAPTER = AiToolkit
-ENV_DIR = "TE_ALIGN_AI_TOOLKIT_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """The installed ostris-ai-toolkit package and/or a checkout in ``TE_ALIGN_AI_TOOLKIT_DIR``."""
-    from te_align.probe.matrix import Found
-
     found = []
     installed = importlib.util.find_spec("ostris_ai_toolkit") is not None
     if installed:
         found.append(Found("ai-toolkit", None, "installed ostris-ai-toolkit package"))
-    root = environ.get(ENV_DIR)
+    root = checkout(environ, SPEC)
     if root:
         found.append(Found("ai-toolkit", root, f"{ENV_DIR}={root}"))
     if not found:

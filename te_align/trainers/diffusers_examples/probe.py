@@ -21,7 +21,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,11 @@ from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.diffusers_examples import SPEC
 
-ENV = "TE_ALIGN_DIFFUSERS_EXAMPLES_DIR"
+ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
 #: Import-only third-party packages of the scripts (their encode paths use none of them).
 OPTIONAL_IMPORTS = ("torchvision", "datasets", "wandb", "bitsandbytes", "prodigyopt", "cv2", "tensorboard",
@@ -225,11 +228,6 @@ def _base(name: str) -> str:
 ADAPTER = DiffusersExamples
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A diffusers checkout in ``TE_ALIGN_DIFFUSERS_EXAMPLES_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV)
-    if root:
-        return [Found("diffusers-examples", root, f"{ENV}={root}")], []
-    return [], [f"diffusers example scripts: {ENV} is not set (path of a huggingface/diffusers checkout)"]
+    return find_checkout(environ, SPEC, Found)

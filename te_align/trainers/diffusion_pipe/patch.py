@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_template, target_problems
-from te_align.patching.trainers import Detection, commit_version, targets_mismatch
-from te_align.patching.transaction import Plan
+from te_align.patching.trainers import Detection, commit_version
+from te_align.patching.transaction import PatchError, Plan
+from te_align.trainers.api import target_mismatch
 
 TRAINER = "diffusion-pipe"
 SCRIPTS: tuple[tuple[str, str], ...] = (("train.py", "training, every deepspeed rank"),)
@@ -47,7 +48,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     root = detection.root
     problems = static_problems(root)
     if problems:
-        raise targets_mismatch(detection, problems, "diffusion-pipe", SUPPORTED)
+        raise PatchError(target_mismatch("diffusion-pipe", detection.version, root, problems, SUPPORTED))
     readme = ("Original diffusion-pipe train.py, kept byte for byte by te-align; the train.py one folder up runs it after "
               f"arming te-align. Undo everything with: te-align unpatch {root}\n")
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="diffusion-pipe", scripts=SCRIPTS, shim=shim_source,

@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,11 @@ from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _tiny
 from te_align.probe.core import Case
-from te_align.trainers.diffusion_pipe import names
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.diffusion_pipe import SPEC, names
 
-ENV_DIR = "TE_ALIGN_DIFFUSION_PIPE_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages diffusion-pipe's modules import at the top that these encode paths never call.
 OPTIONAL = ("deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",
             "hyvideo", "hi_diffusers", "hyimage", "ltx_video", "omnigen2", "cosmos1", "einops", "datasets", "av",
@@ -222,11 +224,6 @@ _COMBINE = {"flux": _flux, "sd3": _sd3, "chroma": _chroma, "lumina_2": _lumina, 
 ADAPTER = DiffusionPipe
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A diffusion-pipe checkout in ``TE_ALIGN_DIFFUSION_PIPE_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("diffusion-pipe", root, f"{ENV_DIR}={root}")], []
-    return [], [f"diffusion-pipe: {ENV_DIR} is not set (path of a tdrussell/diffusion-pipe checkout)"]
+    return find_checkout(environ, SPEC, Found)

@@ -17,6 +17,7 @@ from te_align._git import git_dir
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_template, target_problems
 from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
+from te_align.trainers.api import target_mismatch
 from te_align.trainers.kohya import names as kohya_table
 
 TRAINER = "kohya"
@@ -85,10 +86,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
         else:
             how = (f"{root} is not a git checkout: replace it by sd-scripts at that commit "
                    f"(git clone https://github.com/kohya-ss/sd-scripts; git -C sd-scripts checkout {commit})")  # fmt: skip
-        raise PatchError(
-            f"unknown sd-scripts version {detection.version} at {root}: te-align's hook targets do not match "
-            f"({'; '.join(problems)}). te-align was verified with sd-scripts {commit}; {how} or upgrade te-align"
-        )
+        raise PatchError(target_mismatch("sd-scripts", detection.version, root, problems, KohyaHook.supported, how))
     readme = (
         "Original sd-scripts train scripts, kept byte for byte by te-align; the scripts of the same name one\n"
         f"folder up run them after activating te-align. Undo everything with: te-align unpatch {root}\n"

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +25,9 @@ from te_align.probe.adapter import (
     _tiny,
 )
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.kohya import SPEC
 
 
 class Kohya(Adapter):
@@ -244,14 +247,9 @@ class Kohya(Adapter):
 
 
 ADAPTER = Kohya
-ENV_DIR = "TE_ALIGN_KOHYA_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """An sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR`` (``te-align matrix``)."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("kohya", root, f"{ENV_DIR}={root}")], []
-    return [], [f"kohya sd-scripts: {ENV_DIR} is not set (path of a kohya-ss/sd-scripts checkout)"]
+    return find_checkout(environ, SPEC, Found)

@@ -161,7 +161,7 @@ class MusubiHook(Hook):
         def get_qwen_prompt_embeds(tokenizer: Any, vlm: Any, prompt: Any = None) -> Any:
             import torch
 
-            from te_align import encoding as _encoding
+            from te_align.encoding import encode as _encode
 
             p = self.profile("qwen_image")
             prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
@@ -170,7 +170,7 @@ class MusubiHook(Hook):
             device = vlm.device
             autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if fp8 else contextlib.nullcontext()
             with torch.no_grad(), autocast:  # as the original runs an fp8 model (qwen_image_utils.py:353-356)
-                out = _encoding.encode(p, prompts, tokenizers={p.slot("qwen").tokenizer_subfolder: tokenizer},
+                out = _encode(p, prompts, tokenizers={p.slot("qwen").tokenizer_subfolder: tokenizer},
                                       text_encoders={p.slot("qwen").encoder_subfolder: vlm})  # fmt: skip
             return out["prompt_embeds"].to(dtype=dtype, device=device), out["prompt_embeds_mask"].long().to(device)
 

@@ -19,8 +19,9 @@ from te_align._git import git_head
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.blocks import fill, plan_block
 from te_align.patching.dropins import target_problems
-from te_align.patching.trainers import Detection, targets_mismatch
-from te_align.patching.transaction import Plan
+from te_align.patching.trainers import Detection
+from te_align.patching.transaction import PatchError, Plan
+from te_align.trainers.api import target_mismatch
 
 TRAINER = "musubi"
 INIT = "src/musubi_tuner/__init__.py"
@@ -75,7 +76,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     root = detection.root
     problems = static_problems(root)
     if problems:
-        raise targets_mismatch(detection, problems, "musubi-tuner", SUPPORTED)
+        raise PatchError(target_mismatch("musubi-tuner", detection.version, root, problems, SUPPORTED))
     return plan_block(detection, profile, trainer=TRAINER, relpath=INIT, block=block(profile), mark=BLOCK_MARK)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,11 @@ from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _tiny
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.musubi import SPEC
 
-ENV_DIR = "TE_ALIGN_MUSUBI_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages musubi-tuner's modules import at the top that these encode paths never call.
 OPTIONAL = ("cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",
             "xformers", "einops", "toml", "tqdm", "sentencepiece", "gradio", "matplotlib", "prompt_toolkit",
@@ -201,11 +204,6 @@ class Musubi(Adapter):
 ADAPTER = Musubi
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A musubi-tuner checkout in ``TE_ALIGN_MUSUBI_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("musubi", root, f"{ENV_DIR}={root}")], []
-    return [], [f"musubi-tuner: {ENV_DIR} is not set (path of a kohya-ss/musubi-tuner checkout)"]
+    return find_checkout(environ, SPEC, Found)

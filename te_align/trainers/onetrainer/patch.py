@@ -21,6 +21,7 @@ from te_align.patching.transaction import (
     PatchError,
     Plan,
 )
+from te_align.trainers.api import target_mismatch
 
 TRAINER = "onetrainer"
 #: Launch scripts that get a drop-in (those that exist), with what they start.
@@ -71,11 +72,8 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     problems = static_problems(root)
     if problems:
         commit = next(iter(OneTrainerHook.supported))[:7]
-        raise PatchError(
-            f"unknown OneTrainer version {detection.version} at {root}: te-align's hook targets do not match "
-            f"({'; '.join(problems)}). te-align was verified with OneTrainer {commit}; check that commit out "
-            f"(git -C {root} checkout {commit}) or upgrade te-align"
-        )
+        raise PatchError(target_mismatch("OneTrainer", detection.version, root, problems, OneTrainerHook.supported,
+                                         how=f"check that commit out (git -C {root} checkout {commit})"))
     readme = (
         "Original OneTrainer launch scripts, kept byte for byte by te-align; the scripts of the same name in\n"
         f"scripts/ run them after activating te-align. Undo everything with: te-align unpatch {root}\n"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,9 +27,12 @@ from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.onetrainer import SPEC
 
 #: Environment variable naming a OneTrainer checkout (matrix and tests).
-ENV_DIR = "TE_ALIGN_ONETRAINER_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Optional packages OneTrainer's model modules import at the top that the encode path never calls.
 OPTIONAL = ("gguf", "parse", "torchvision", "cv2", "bitsandbytes", "torchao", "optimum", "imagesize", "av",
             "scenedetect", "yt_dlp", "pooch", "omegaconf", "imwatermark", "open_clip", "dadaptation",
@@ -208,8 +211,8 @@ class OneTrainer(Adapter):
 
 def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(fitted profile, tokenizers, text encoders) of the profile's tiny family (:mod:`te_align.tiny`)."""
-    from te_align import profiles as _profiles
     from te_align.probe.adapter import TINY_FAMILY
+    from te_align.profiles import profile as _profile
     from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
     from te_align.tiny.tokenizers import clip_bpe_path
@@ -220,7 +223,7 @@ def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, A
         raise ProbeError(str(e)) from None
     pipe = build_pipeline_for_encoding(TINY_FAMILY.get(profile_name, profile_name))
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = fit_profile(_profiles.profile(profile_name), comps)
+    prof = fit_profile(_profile(profile_name), comps)
     return prof, {k: v for k, v in comps.items() if k.startswith("tokenizer")}, {k: v for k, v in comps.items() if k.startswith("text_encoder")}
 
 
@@ -246,11 +249,6 @@ def torch_no_grad() -> Iterator[None]:
 ADAPTER = OneTrainer
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A OneTrainer checkout in ``TE_ALIGN_ONETRAINER_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("onetrainer", root, f"{ENV_DIR}={root}")], []
-    return [], [f"OneTrainer: {ENV_DIR} is not set (path of a Nerogar/OneTrainer checkout)"]
+    return find_checkout(environ, SPEC, Found)

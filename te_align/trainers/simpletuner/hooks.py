@@ -371,7 +371,7 @@ def _existing(cache: Any) -> set[str]:
 def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: bool = False) -> Any:
     """:func:`te_align.encode` with SimpleTuner's model components, in the original's return layout
     (``negative``: SimpleTuner's validation negative prompt, encoded with the profile's negative template)."""
-    from te_align import encoding as _encoding
+    from te_align.encoding import encode as _encode
 
     batch = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
     device = getattr(getattr(model, "accelerator", None), "device", None)
@@ -382,14 +382,14 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
         if device is not None and getattr(first, "device", device) != device:
             first.to(device)
     toks, encs = _components(model)
-    out = _encoding.encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
+    out = _encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
     dtype = getattr(getattr(model, "config", None), fam.cast, None) if fam.cast else None
     values = []
     for name in fam.returns:
         if name.endswith("?"):
             value = out[name[:-1]]
         elif name.endswith("@empty"):
-            value = _encoding.encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
+            value = _encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
                                     negative=True)[name.split("@", 1)[0]]
         elif name == "t5_mask":
             from te_align.encoding.core import tokenize_slot

@@ -17,15 +17,18 @@ import importlib.util
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import checkout
+from te_align.trainers.simpletuner import SPEC
 
-ENV = "TE_ALIGN_SIMPLETUNER_DIR"
+ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Import-only packages SimpleTuner's model modules need besides torch/transformers/diffusers/accelerate/peft.
 OPTIONAL_IMPORTS = ("torchvision", "lycoris", "fastapi", "pandas", "starlette", "pydantic_settings", "sse_starlette",
                     "uvicorn", "wandb", "bitsandbytes", "optimum", "torchao", "cv2", "boto3", "botocore",
@@ -349,14 +352,11 @@ class SimpleTunerProbe(Adapter):
 ADAPTER = SimpleTunerProbe
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A checkout in ``TE_ALIGN_SIMPLETUNER_DIR``, else the installed simpletuner package."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV)
+    root = checkout(environ, SPEC)
     if root:
         return [Found("simpletuner", root, f"{ENV}={root}")], []
     if importlib.util.find_spec("simpletuner") is not None:
         return [Found("simpletuner", None, "installed simpletuner package")], []
-    return [], ["SimpleTuner: not installed and TE_ALIGN_SIMPLETUNER_DIR is not set (path of a bghira/SimpleTuner "
-                "checkout)"]
+    return [], [f"SimpleTuner: not installed and {ENV} is not set (path of a bghira/SimpleTuner checkout)"]
