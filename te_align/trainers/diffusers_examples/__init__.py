@@ -1,6 +1,6 @@
 """The huggingface/diffusers example training scripts (examples/dreambooth, examples/text_to_image)."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="diffusers-examples",

@@ -1,6 +1,6 @@
 """tdrussell/diffusion-pipe (FLUX.1, SDXL, SD3, Chroma, Lumina 2, HiDream, Wan, Qwen-Image, AuraFlow, …)."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="diffusion-pipe",

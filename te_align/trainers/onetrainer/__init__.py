@@ -1,6 +1,6 @@
 """Nerogar/OneTrainer."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="onetrainer",

@@ -1,6 +1,6 @@
 """bghira/SimpleTuner."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="simpletuner",
