@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_align import _safetensors
+from te_align import _safetensors, kohya_lora
 from te_align._atomic import atomic_file, link_or_copy
 from te_align._safetensors import Header
 from te_align.errors import TeAlignError
@@ -30,28 +30,8 @@ PREFIX = "te_align."
 #: Version of the ``te_align.*`` key layout written by :func:`stamp`.
 STAMP_FORMAT = 1
 
-#: kohya sd-scripts metadata keys that describe text conditioning (train_network.py and the
-#: architecture-specific ``update_metadata`` of sd3_/flux_train_network.py), plus the modelspec
-#: architecture. Keys some forks or older versions write (ss_t5xxl_max_token_length,
-#: ss_network_train_unet_only, ss_weighted_captions) are read when present.
-KOHYA_KEYS = (
-    "ss_base_model_version",
-    "ss_v2",
-    "ss_sd_model_name",
-    "modelspec.architecture",
-    "ss_model_prediction_type",
-    "ss_clip_skip",
-    "ss_max_token_length",
-    "ss_t5xxl_max_token_length",
-    "ss_apply_t5_attn_mask",
-    "ss_apply_lg_attn_mask",
-    "ss_text_encoder_lr",
-    "ss_network_train_unet_only",
-    "ss_caption_dropout_rate",
-    "ss_caption_tag_dropout_rate",
-    "ss_weighted_captions",
-    "ss_training_comment",
-)
+#: kohya sd-scripts metadata keys that describe text conditioning (the file format: :mod:`te_align.kohya_lora`).
+KOHYA_KEYS = kohya_lora.METADATA_KEYS
 
 
 class MetadataError(TeAlignError):
@@ -180,8 +160,6 @@ def _copy_exactly(f: Any, out: Any, n: int, chunk: int = 16 << 20) -> int:
 
 
 # ------------------------------------------------------------------------------------- reading
-#: Tensor-name prefixes of text-encoder weights: kohya LoRA (lora_te_, lora_te1_…) and diffusers/PEFT.
-_TE_TENSOR_PREFIXES = ("lora_te", "text_encoder")
 _BOOL_SUFFIXES = (".final_layer_norm", ".masks.encoder", ".masks.zero_padded", ".masks.denoiser", ".tokenizer_only")
 
 
@@ -200,28 +178,6 @@ def _parse_stamp_value(key: str, v: str) -> Any:
     if key.endswith((".max_length", ".layer")) or key == "te_align.stamp_format":
         if re.fullmatch(r"-?\d+", v):
             return int(v)
-    return v
-
-
-def _parse_kohya_value(v: str) -> Any:
-    """sd-scripts writes ``str(value)``: "None", "True", "2", "0.0001", "[1e-05, 2e-05]"."""
-    if v == "None":
-        return None
-    if v in ("True", "False"):
-        return v == "True"
-    if re.fullmatch(r"-?\d+", v):
-        return int(v)
-    try:
-        return float(v)
-    except ValueError:
-        pass
-    if v.startswith("[") and v.endswith("]"):
-        try:
-            return json.loads(v)
-        except json.JSONDecodeError:
-            pass
-        except RecursionError:
-            raise MetadataError("a kohya metadata value is nested too deeply to read") from None
     return v
 
 
@@ -279,7 +235,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     head = read_header(path)
     meta = head.metadata
     te = {k: _parse_stamp_value(k, v) for k, v in meta.items() if k.startswith(PREFIX)}
-    kohya = {k: _parse_kohya_value(meta[k]) for k in KOHYA_KEYS if k in meta}
+    kohya = kohya_lora.read(meta, MetadataError)
     stamped = "te_align.fingerprint" in te
     return {
         "path": str(path),
@@ -288,7 +244,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         "kohya": kohya,
         "profile_check": _profile_check(te) if stamped else None,
         "tensor_count": len(head.tensors),
-        "text_encoder_tensors": sum(1 for n in head.tensors if n.startswith(_TE_TENSOR_PREFIXES)),
+        "text_encoder_tensors": sum(1 for n in head.tensors if kohya_lora.is_text_encoder_tensor(n)),
         "metadata_keys": len(meta),
     }
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align import kohya_lora
 from te_align.train.config import TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,7 +87,7 @@ def save_diffusers_lora(
         # denoisers in peft format (lora_A / lora_B): diffusers converts a denoiser state dict to peft only
         # when its first key is not lora_A, so the partly renamed (lora.down) dict it would otherwise get,
         # with to_q/to_k/to_v/to_out.0 renamed and other modules not, silently loses those layers
-        kwargs[f"{name}_lora_layers"] = sd if name in _DENOISER_PREFIX else convert_state_dict_to_diffusers(sd)
+        kwargs[f"{name}_lora_layers"] = sd if name in kohya_lora.DENOISER_PREFIX else convert_state_dict_to_diffusers(sd)
         kwargs[f"{name}_lora_adapter_metadata"] = _adapter_metadata(models[name])
     from te_align.train._io import _umask, writing
 
@@ -103,8 +104,6 @@ def save_diffusers_lora(
     return target
 
 
-#: Component name -> kohya prefix, per number of text encoders (SD1 uses "lora_te").
-_DENOISER_PREFIX = {"unet": "lora_unet", "transformer": "lora_unet"}
 #: What te-align <= 0.x wrote for SD3/Flux transformers (diffusers module names); still read.
 _LEGACY_TRANSFORMER_PREFIX = "lora_transformer"
 #: Families whose kohya denoiser names are the original (non-diffusers) model's.
@@ -112,12 +111,10 @@ ORIGINAL_LAYOUT_FAMILIES = ("sd3", "flux")
 
 
 def kohya_prefix(component: str, n_text_encoders: int) -> str:
-    if component in _DENOISER_PREFIX:
-        return _DENOISER_PREFIX[component]
-    if component == "text_encoder":
-        return "lora_te" if n_text_encoders == 1 else "lora_te1"
-    if component.startswith("text_encoder_"):
-        return f"lora_te{component.rsplit('_', 1)[1]}"
+    """The kohya tensor-name prefix of a component (the format: :mod:`te_align.kohya_lora`)."""
+    found = kohya_lora.prefix(component, n_text_encoders)
+    if found is not None:
+        return found
     raise TrainError(f"no kohya prefix for component '{component}'")
 
 

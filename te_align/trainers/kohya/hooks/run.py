@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from te_align import kohya_lora
 from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides  # noqa: F401
 from te_align.trainers.kohya import names as table
 
@@ -155,9 +156,7 @@ def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
     with RUN.lock:
         q = RUN.profiles.get(key)
         if q is None:
-            q = RUN.profiles[key] = p.with_overrides(
-                {f"slots.{slot}.encoder.layer": -int(clip_skip), f"slots.{slot}.encoder.final_layer_norm": True}
-            )
+            q = RUN.profiles[key] = p.with_overrides(kohya_lora.clip_skip_overrides(slot, int(clip_skip)))
             logger.info("te-align: --clip_skip %s taken as a user override of profile %s: hidden_states[-%s] + final layer "
                         "norm (fingerprint %s)", clip_skip, p.name, clip_skip, q.fingerprint()[:12])  # fmt: skip
     return q
