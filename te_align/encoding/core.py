@@ -71,6 +71,15 @@ class SlotResult:
 
 
 # ------------------------------------------------------------------------------ components
+def eos_mask(ids: torch.Tensor, eos: int | None) -> torch.Tensor:
+    """Attention mask of CLIP ids made without one: real tokens up to and including the first EOS (all ones when
+    the tokenizer has no EOS)."""
+    if eos is None:
+        return torch.ones_like(ids)
+    first = (ids == eos).int().argmax(dim=1, keepdim=True)
+    return (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) <= first).to(torch.long)
+
+
 def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind: str) -> Any:
     if table is None:
         table = {}

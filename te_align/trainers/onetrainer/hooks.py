@@ -236,18 +236,16 @@ class _Run:
     explicit: Any = None
     overrides: dict[str, Any] = field(default_factory=dict)
     settings: Settings | None = None
-    profiles: dict[str, Any] = field(default_factory=dict)
     logged: set[str] = field(default_factory=set)
     stale: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def configure(self, settings: Settings | None) -> None:
-        """The user's settings (:func:`te_align.hooks.base.settings`); forgets the profiles chosen so far."""
+        """The user's settings (:func:`te_align.hooks.base.settings`; a new one forgets the profiles chosen so far)."""
         with self.lock:
             self.settings = settings
             self.explicit = settings.source if settings is not None else None
             self.overrides = dict(settings.overrides) if settings is not None else {}
-            self.profiles = {}
 
     def once(self, key: str, msg: str, *args: Any) -> None:
         with self.lock:
@@ -259,16 +257,13 @@ class _Run:
     def profile_for(self, model: Any, fam: Family) -> Any:
         """The run's profile for ``model`` (explicit, else by its model type), checked against the family."""
         key = self.explicit if self.explicit is not None else profile_name_for_model_type(getattr(model, "model_type", ""))
-        cache_key = key if isinstance(key, str) else id(key)
         with self.lock:
-            p = self.profiles.get(cache_key)
-            if p is None:
-                if self.settings is None:  # used without install(): the environment's settings
-                    from te_align.hooks.base import settings
+            if self.settings is None:  # used without install(): the environment's settings
+                from te_align.hooks.base import settings
 
-                    self.settings = settings()
-                p = self.settings.profile(key)  # the one way in: source + TE_ALIGN_OVERRIDES + install() overrides
-                self.profiles[cache_key] = p
+                self.settings = settings()
+            # the one way in (source + TE_ALIGN_OVERRIDES + install() overrides), cached by Settings once per source
+            p = self.settings.profile(key)
         if p.family not in fam.profile_families:
             raise HookError(f"te-align: OneTrainer {fam.model_class} encodes {'/'.join(sorted(fam.profile_families))} "
                             f"prompts but the profile '{p.name}' is for {p.family}")  # fmt: skip
@@ -358,9 +353,9 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 ids, mask = tokenize_slot(slot, getattr(model, e.tokenizer), texts)
                 batch = len(texts)
             if ids is not None and mask is None:
-                from te_align.trainers.kohya.hooks.slots import clip_mask
+                from te_align.encoding.core import eos_mask
 
-                mask = clip_mask(ids, slot.tokenizer.eos_token_id)
+                mask = eos_mask(ids, slot.tokenizer.eos_token_id)
             have_hidden = cached is not None or e.output is None
             have_pooled = e.pooled is None or cached_pooled is not None
             if not (have_hidden and have_pooled):
@@ -444,9 +439,9 @@ def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_na
     if mask_name is not None:
         mask = module._get_previous_item(variation, mask_name, index)[None]
     else:
-        from te_align.trainers.kohya.hooks.slots import clip_mask
+        from te_align.encoding.core import eos_mask
 
-        mask = clip_mask(ids, slot.tokenizer.eos_token_id)
+        mask = eos_mask(ids, slot.tokenizer.eos_token_id)
     if slot.tokenizer.padding == "longest" and slot.tokenizer.padding_side == "right":  # as tokenized alone
         width = int(mask.sum(dim=1).max())
         ids, mask = ids[:, :width], mask[:, :width]

@@ -100,13 +100,11 @@ def tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> An
 
 # ------------------------------------------------------------------------------------ encoding
 def clip_mask(ids: Any, eos: int | None) -> Any:
-    """Attention mask of CLIP ids without one: real tokens up to and including the first EOS."""
-    import torch
+    """Attention mask of CLIP ids without one: real tokens up to and including the first EOS
+    (:func:`te_align.encoding.core.eos_mask`)."""
+    from te_align.encoding.core import eos_mask
 
-    if eos is None:
-        return torch.ones_like(ids)
-    first = (ids == eos).int().argmax(dim=1, keepdim=True)
-    return (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) <= first).to(torch.long)
+    return eos_mask(ids, eos)
 
 
 def one_chunk(t: Any, arch: str) -> Any:
