@@ -12,7 +12,7 @@ trainer versions it was verified with are data (:attr:`Hook.supported`). Everyth
   ``TE_ALIGN=off`` (how A/B runs get the trainer's unmodified behaviour), validates the settings before touching
   anything, is idempotent (the same options again: the new settings, no re-wrapping), logs what is active and
   the user's overrides once; ``uninstall`` restores every original;
-* :meth:`Hook.install` resolves and checks *every* target first; if one is missing or its signature changed it
+* :meth:`Hook.install` locates and checks *every* target first; if one is missing or its signature changed it
   refuses with one message naming each problem and the detected trainer version, and changes nothing. Only then
   are the replacements applied; a failure half-way restores what was already replaced.
 """
@@ -100,7 +100,7 @@ class Target:
 
 
 @dataclass
-class ResolvedTarget:
+class LocatedTarget:
     target: Target
     owner: Any
     attr: str
@@ -119,7 +119,7 @@ def _unwrap_descriptor(value: Any) -> Any:
     return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
 
 
-def resolve(target: Target) -> ResolvedTarget:
+def locate(target: Target) -> LocatedTarget:
     """Import and look up a target; raises HookError naming what is missing."""
     try:
         obj: Any = importlib.import_module(target.module)
@@ -156,7 +156,7 @@ def resolve(target: Target) -> ResolvedTarget:
             extra[n].default is inspect.Parameter.empty for n in names[len(want) :]
         ):
             raise HookError(f"{target.label}: signature changed: expected ({', '.join(want)}), found ({', '.join(names)})")
-    return ResolvedTarget(target, obj, attr, raw, own)
+    return LocatedTarget(target, obj, attr, raw, own)
 
 
 def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,12 +166,12 @@ def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> C
     return wrapper
 
 
-def replacement(resolved: ResolvedTarget) -> Any:
-    """What ``resolved``'s target puts in place of the original: ``target.wrap(original)``, descriptor kind kept."""
-    wrap = resolved.target.wrap
+def replacement(located: LocatedTarget) -> Any:
+    """What ``located``'s target puts in place of the original: ``target.wrap(original)``, descriptor kind kept."""
+    wrap = located.target.wrap
     if wrap is None:
-        raise HookError(f"{resolved.target.label}: the target names no wrapper")
-    raw = resolved.original
+        raise HookError(f"{located.target.label}: the target names no wrapper")
+    raw = located.original
     if isinstance(raw, (staticmethod, classmethod)):
         return type(raw)(wrap(raw.__func__))
     return wrap(raw)
@@ -185,7 +185,7 @@ class Hook:
     #: The trainer versions (commit or version string) the targets were verified against -> label.
     supported: ClassVar[Mapping[str, str]] = {}
 
-    installed: list[ResolvedTarget] = field(default_factory=list)
+    installed: list[LocatedTarget] = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # -- to implement -------------------------------------------------------------------------
@@ -207,12 +207,12 @@ class Hook:
     def is_installed(self) -> bool:
         return bool(self.installed)
 
-    def check(self) -> list[ResolvedTarget]:
+    def check(self) -> list[LocatedTarget]:
         """Resolve every target; raise one HookError listing every problem (nothing is changed)."""
-        resolved, problems = [], []
+        located, problems = [], []
         for t in self.targets():
             try:
-                resolved.append(resolve(t))
+                located.append(locate(t))
             except HookError as e:
                 problems.append(e.message)
         if problems:
@@ -220,7 +220,7 @@ class Hook:
                 f"{self.name} hooks not installed (trainer version {self.detect_version()}; verified with "
                 f"{self.supported_versions() or 'n/a'}): " + "; ".join(problems)
             )
-        return resolved
+        return located
 
     def install(self) -> bool:
         """Install every replacement or none. Returns False when disabled by ``TE_ALIGN=off``."""
@@ -230,10 +230,10 @@ class Hook:
                 return False
             if self.installed:
                 return True
-            resolved = self.check()
-            done: list[ResolvedTarget] = []
+            located = self.check()
+            done: list[LocatedTarget] = []
             try:
-                for r in resolved:
+                for r in located:
                     if getattr(_unwrap_descriptor(r.original), "__te_align_original__", None) is not None:
                         raise HookError(f"{r.target.label} is already wrapped by another te-align hook instance")
                     setattr(r.owner, r.attr, replacement(r))

@@ -53,7 +53,7 @@ def _field_part(field: str) -> str | None:
     return None
 
 
-def resolve_key(profile: AlignmentProfile, key: str) -> str:
+def canonical_key(profile: AlignmentProfile, key: str) -> str:
     """Map an override key to its full dotted path, or raise naming the valid keys."""
     if key in _TOP:
         return key
@@ -239,7 +239,7 @@ def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> Alignment
     for key, value in overrides.items():
         if not isinstance(key, str) or not key:
             raise ProfileError(f"override names must be non-empty strings, got {key!r}")
-        path = resolve_key(profile, key)
+        path = canonical_key(profile, key)
         value = typed_value(profile, path, value, key)
         old = profile.get(path)
         before = profile.provenance_of(path)
@@ -258,7 +258,7 @@ def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> Alignment
 
 def _same_path(profile: AlignmentProfile, key: str, path: str | None) -> bool:
     try:
-        return path is not None and resolve_key(profile, key) == path
+        return path is not None and canonical_key(profile, key) == path
     except ProfileError:
         return False
 
@@ -351,5 +351,16 @@ def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: boo
         raise
 
 
-__all__ = ["ENV_OVERRIDES", "ENV_PROFILE", "apply_overrides", "check_value", "env_overrides", "env_profile", "merge",
-           "parse_set", "resolve", "resolve_key", "typed_value"]
+__all__ = [
+    "ENV_OVERRIDES",
+    "ENV_PROFILE",
+    "apply_overrides",
+    "canonical_key",
+    "check_value",
+    "env_overrides",
+    "env_profile",
+    "merge",
+    "parse_set",
+    "resolve",
+    "typed_value",
+]

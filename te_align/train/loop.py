@@ -343,7 +343,7 @@ def _seq_len(cond: Any) -> int:
     return int(t.shape[-2])
 
 
-def _resolve_objective(name: str, family: Any, scheduler_config: Any) -> str:
+def _pick_objective(name: str, family: Any, scheduler_config: Any) -> str:
     if family.flow_native:
         if name not in ("auto", "flow"):
             raise TrainError(f"{family.name} models train with rectified flow only; got {name!r}", key="train.objective")
@@ -683,7 +683,7 @@ def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tup
     family = family_of(profile)
     pipe = pipeline if pipeline is not None else load_pipeline(cfg.model, profile, dtype_name=dtype_name(dtype))
     check_model(profile, pipe, cfg.model.path)
-    objective = _resolve_objective(cfg.train.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
+    objective = _pick_objective(cfg.train.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
     prepare_frozen(cfg.model, profile, pipe, device, dtype)
     return profile, family, pipe, objective
 

@@ -75,7 +75,7 @@ def blocked(node: str, error: Exception) -> dict[str, Any]:
     return {"ui": {"text": [line]}, "result": (ExecutionBlocker(line), ExecutionBlocker(line))}
 
 
-def resolve_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
+def pick_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
     """(profile, one-line info) for the node inputs; a user mistake raises :class:`NodeError` in one line."""
     from te_align.errors import TeAlignError
     from te_align.integrations.comfyui.encode import FALLBACK_PROFILES, NodeError, check_supported
@@ -153,7 +153,7 @@ class TeAlignTextEncode:
 
         key = ("TeAlignTextEncode", str(profile), str(lora_name))
         try:
-            p, info = resolve_profile(clip, profile, lora_name)
+            p, info = pick_profile(clip, profile, lora_name)
             cond = encode_with_clip(clip, p, text)
         except TeAlignError as e:  # a user mistake (te-align's errors are one line naming the fix)
             _BLOCKED.add(key)
@@ -191,7 +191,7 @@ class TeAlignEmptyNegative:
 
         key = ("TeAlignEmptyNegative", str(profile), str(lora_name))
         try:
-            p, info = resolve_profile(clip, profile, lora_name)
+            p, info = pick_profile(clip, profile, lora_name)
             cond = encode_with_clip(clip, p, "", empty=True)
         except TeAlignError as e:
             _BLOCKED.add(key)
