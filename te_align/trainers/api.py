@@ -222,6 +222,14 @@ def _checked(spec: TrainerSpec, part: str, module: ModuleType) -> ModuleType:
 
 
 # ------------------------------------------------------------------------------------------------ the registry
+def _exists(module: str) -> bool:
+    """Whether a module can be imported, found without running it (its package is imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its package does not exist
+        return False
+
+
 def _spec_problems(spec: TrainerSpec) -> list[str]:
     out = []
     for attr in ("name", "display_name", "repo"):
@@ -238,7 +246,7 @@ def _spec_problems(spec: TrainerSpec) -> list[str]:
     for what, module in modules:
         if not isinstance(module, str):
             out.append(f"{spec.package}: {what} must name a module, not {module!r}")
-        elif importlib.util.find_spec(spec.module_path(module)) is None:
+        elif not _exists(spec.module_path(module)):
             out.append(f"{spec.package}: {what} names {spec.module_path(module)}, which does not exist")
     if spec.env_dir is not None and not (isinstance(spec.env_dir, str) and spec.env_dir.isupper()):
         out.append(f"{spec.package}: env_dir must be an environment variable name, not {spec.env_dir!r}")
