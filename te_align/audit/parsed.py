@@ -216,7 +216,7 @@ def checkout_commit(root: Any, args: Any = ()) -> str:
 
     try:
         return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+                              check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown commit"
 

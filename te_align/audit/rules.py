@@ -264,7 +264,7 @@ def official_alternative(profile: Any, path: str, effective: Any) -> Any:
     other system-prompt templates. A config that uses one is told so in a note, not an error."""
     pv = profile.provenance_of(f"slots.{path}")
     return next((a for a in (pv.alternatives if pv is not None else ()) if a.status == "official"
-                 and _same_value(_plain(a.value), effective)), None)  # fmt: skip
+                 and _same_value(_plain(a.value), effective)), None)
 
 
 def _plain(v: Any) -> Any:

@@ -88,7 +88,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from te_align.ab.matrix import run_matrix
 
     rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc, results=args.results,
-                      summary=args.summary, strips=args.strips, workers=args.workers, device=args.device, dry_run=args.dry_run)  # fmt: skip
+                      summary=args.summary, strips=args.strips, workers=args.workers, device=args.device, dry_run=args.dry_run)
     print(f"\n{len(rows)} row(s); table: {args.out}/matrix.md")
     for r in rows:
         print(f"  {r.preset:34} {r.seeds}/{r.planned} seeds  {r.verdict}")

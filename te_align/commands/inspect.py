@@ -56,7 +56,7 @@ def stamp_lines(data: dict[str, Any]) -> list[str]:
         b = f"te_align.{s}."
         if _onoff(te.get(b + "tokenizer_only")) == "on":
             lines.append(f"  {s}: max {te.get(b + 'max_length', '?')} tokens, tokenized only (no encoder), "
-                         f"denoiser mask {_onoff(te.get(b + 'masks.denoiser'))}")  # fmt: skip
+                         f"denoiser mask {_onoff(te.get(b + 'masks.denoiser'))}")
             continue
         lines.append(
             f"  {s}: max {te.get(b + 'max_length', '?')} tokens, layer {te.get(b + 'layer', '?')}, "

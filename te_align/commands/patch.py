@@ -86,7 +86,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({
             "root": str(root), "patched": st.patched, "recovered": st.recovered, "manifest": st.manifest,
             "files": [{"path": f.path, "state": f.state, "detail": f.detail} for f in st.files],
-        }, indent=2))  # fmt: skip
+        }, indent=2))
         return 0
     if st.recovered:
         print(st.recovered)

@@ -63,7 +63,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return code
     print(f"te-align probe: {r.trainer} {r.version} ({r.location})")
     print(f"profile {r.profile}, {'with' if r.hooks else 'without'} te-align hooks; {len(r.prompts)} prompts "
-          "(standard suite), tiny random-weight encoders, real-convention tokenizers")  # fmt: skip
+          "(standard suite), tiny random-weight encoders, real-convention tokenizers")
     print()
     rows = [("tensor", "trainer shape", "profile shape", "max|Δ|", "mean cos", "differ")]
     for t in r.tensors:
@@ -72,7 +72,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             continue
         diff = "0" if t.identical else f"{t.max_abs_diff:.3g}" + ("*" if not t.shape_match else "")
         rows.append((t.name, _fmt_shape(t.trainer_shape), _fmt_shape(t.profile_shape), diff,
-                     f"{t.mean_cosine:.4f}", f"{len(t.differing)}/{t.compared}"))  # fmt: skip
+                     f"{t.mean_cosine:.4f}", f"{len(t.differing)}/{t.compared}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

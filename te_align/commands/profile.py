@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("source", metavar="PATH_OR_REPO")
     build.add_argument("-o", "--output", help="write the profile here (.toml or .json; the folder must exist); default: print TOML")
     build.add_argument("--force", action="store_true",
-                       help="replace an existing output file (written atomically; the old one is kept as FILE.bak)")  # fmt: skip
+                       help="replace an existing output file (written atomically; the old one is kept as FILE.bak)")
     build.set_defaults(func=cmd_build)
 
 
@@ -100,7 +100,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             _, slot, rest = path.split(".", 2)
             sp = p.slot(slot)
             group = f"slot {slot} ({sp.tokenizer_subfolder}/, tokenized only)" if sp.tokenizer_only else (
-                f"slot {slot} ({sp.tokenizer_subfolder}/ + {sp.encoder_subfolder}/)")  # fmt: skip
+                f"slot {slot} ({sp.tokenizer_subfolder}/ + {sp.encoder_subfolder}/)")
             label = rest
         elif path.startswith("outputs."):
             group, label = "outputs", path.split(".", 1)[1]
@@ -163,9 +163,9 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
         model = src.path.resolve()
         target = out.resolve()
         if target == model or model in target.parents or (src.kind == "single-file" and target.parent == model.parent
-                                                          and target.name == model.name):  # fmt: skip
+                                                          and target.name == model.name):
             raise ProfileError(f"is inside the model {'folder' if src.kind == 'folder' else 'file'} it reads ({src.path}); "
-                               "write the profile somewhere else", file=output, key="--output")  # fmt: skip
+                               "write the profile somewhere else", file=output, key="--output")
     parent = out.parent
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist (create it first; build creates no folders)"
@@ -181,7 +181,7 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
             raise ProfileError(f"is {describe(st.st_mode)}, not a file to write", file=output, key="--output")
         if not force:
             raise ProfileError("exists: pass --force to replace it (the old file is kept as "
-                               f"{out.name}.bak), or choose another file", file=output, key="--output")  # fmt: skip
+                               f"{out.name}.bak), or choose another file", file=output, key="--output")
     return out
 
 
@@ -215,7 +215,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         check_output(args.output, args.source, force=args.force)  # again: nothing appeared there meanwhile
         _write_with_backup(out, text)
         print(f"wrote {args.output}" + (f" (the old file is kept as {out.name}.bak)" if args.force and
-              out.with_name(out.name + ".bak").exists() else ""), file=sys.stderr)  # fmt: skip
+              out.with_name(out.name + ".bak").exists() else ""), file=sys.stderr)
     else:
         print(report.profile.to_toml(), end="")
     return 0

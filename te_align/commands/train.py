@@ -18,13 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an output folder that holds a previous run (its files are moved into "
-                        "OUTPUT/replaced-<time>/, nothing is deleted)")  # fmt: skip
+                        "OUTPUT/replaced-<time>/, nothing is deleted)")
     p.add_argument("--check", action="store_true",
-                   help="validate the config, profile, device, output folder and dataset, and exit (loads no model)")  # fmt: skip
+                   help="validate the config, profile, device, output folder and dataset, and exit (loads no model)")
     p.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
     p.add_argument("--estimate", action="store_true",
                    help="print the memory the run needs per device (models built on the meta device, nothing big "
-                        "loads) and exit; exit 1 when it does not fit, naming settings that would")  # fmt: skip
+                        "loads) and exit; exit 1 when it does not fit, naming settings that would")
     p.add_argument("--memory", type=float, default=None, metavar="GIB",
                    help="with --estimate: the device memory to fit in (default: the GPU's, else system RAM)")
     p.set_defaults(func=cmd_train)

@@ -565,7 +565,7 @@ def _post_process(
     hidden, mask, ids = drop_prefix(slot, hidden, mask, ids)
     hidden, mask, ids = trim(slot, hidden, mask, ids)
     return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask(slot, mask, hidden.dtype),
-                      token_counts=counts)  # fmt: skip
+                      token_counts=counts)
 
 
 #: (hidden states, attention mask, token ids) as a step passes them on.
@@ -750,7 +750,7 @@ def _check_request(
             x.encode("utf-8")
         except UnicodeEncodeError as e:
             raise EncodingError(f"prompt {i} is not valid Unicode text: a lone surrogate U+{ord(x[e.start]):04X} at "
-                                f"position {e.start} (decode the text with errors='replace' first)") from None  # fmt: skip
+                                f"position {e.start} (decode the text with errors='replace' first)") from None
     if drop is not None and (isinstance(drop, (str, bytes)) or not isinstance(drop, Iterable)):
         raise EncodingError(f"drop must be a list of booleans, got {type(drop).__name__}")
     if drop_slots is not None and not isinstance(drop_slots, Mapping):

@@ -349,7 +349,7 @@ class Lifecycle:
     visible in trainers that configure no logging; ``check`` (optional) refuses trainer-specific override keys."""
 
     def __init__(self, trainer: str, build: Callable[..., Hook], *, console: Callable[[], None] | None = None,
-                 check: Callable[[Mapping[str, Any]], Any] | None = None, runs: str = "") -> None:  # fmt: skip
+                 check: Callable[[Mapping[str, Any]], Any] | None = None, runs: str = "") -> None:
         self.trainer = trainer
         self.runs = runs or trainer
         self.build = build
@@ -360,7 +360,7 @@ class Lifecycle:
         self.lock = threading.RLock()
 
     def install(self, profile: Any = None, overrides: Mapping[str, Any] | None = None, *,
-                environ: Mapping[str, str] | None = None, **options: Any) -> bool:  # fmt: skip
+                environ: Mapping[str, str] | None = None, **options: Any) -> bool:
         """Install the trainer's hook (every target or none). False under ``TE_ALIGN=off``.
 
         Installed already with the same ``options``: takes the new settings and returns True (nothing is wrapped
@@ -369,7 +369,7 @@ class Lifecycle:
             self.console()
         if hooks_disabled():
             logger.info("te-align: %s hooks disabled by %s=%s; %s runs unmodified", self.trainer, ENV_SWITCH,
-                        os.environ.get(ENV_SWITCH), self.runs)  # fmt: skip
+                        os.environ.get(ENV_SWITCH), self.runs)
             return False
         if self.check is not None:
             self.check({**env_overrides(), **dict(overrides or {})})

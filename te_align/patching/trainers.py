@@ -46,7 +46,7 @@ def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str
         return head[:7], ()
     verified = ", ".join(c[:7] for c in supported)
     return head[:7], (f"commit {head[:7]} is not one te-align was verified with ({verified}); hook targets are "
-                      "checked in the source",)  # fmt: skip
+                      "checked in the source",)
 
 
 def _module(name: str) -> ModuleType:

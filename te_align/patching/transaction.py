@@ -715,7 +715,7 @@ def _still_interrupted(root: Path) -> str:
             os.path.lexists(state / JOURNAL_DATA) or not (state / MANIFEST).exists()
             or any(f.name.endswith(TMP_SUFFIX) for f in state.iterdir())
         )
-    )  # fmt: skip
+    )
     if leftovers:
         return f". te-align could not remove its own leftovers in {state}: once that is fixed, run 'te-align status {root}' to remove them"
     return ""

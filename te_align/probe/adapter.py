@@ -71,7 +71,7 @@ class Adapter:
         canonical = load(name).name
         if canonical not in self.profiles:
             raise ProbeError(f"{self.name} {self.version} has no encoding path te-align can probe for profile "
-                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")  # fmt: skip
+                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")
         return canonical
 
     def label(self, path: str | None) -> str:

@@ -250,7 +250,7 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
             continue
         cos = sum(acc.cos) / len(acc.cos) if acc.cos else math.nan
         result.append(TensorComparison(acc.name, acc.trainer_shape, acc.profile_shape, acc.shape_match,
-                                       acc.max_abs, cos, acc.differing, acc.compared))  # fmt: skip
+                                       acc.max_abs, cos, acc.differing, acc.compared))
     return result, labels
 
 

@@ -177,7 +177,7 @@ def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: 
         with adapter.hooked(case.profile) as hook_notes:
             h_tensors, _ = compare_fn(case)
         hooked = Cell(ProbeResult(adapter.name, adapter.version, adapter.location, name, True, h_tensors, labels,
-                                  [*case.notes, *hook_notes]))  # fmt: skip
+                                  [*case.notes, *hook_notes]))
     except unavailable_exc as e:
         hooked = Cell(unavailable=f"hooks unavailable: {e}")
     except Exception as e:

@@ -217,7 +217,7 @@ def _replace(profile: AlignmentProfile, path: str, value: Any) -> AlignmentProfi
 
 
 def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, origin: str | None = None
-                    ) -> AlignmentProfile:  # fmt: skip
+                    ) -> AlignmentProfile:
     """``profile`` with validated ``overrides`` (key -> value), each recorded in provenance (status ``override``).
 
     ``origin`` names where the overrides came from (``--set``, ``TE_ALIGN_OVERRIDES``, a config key) in errors."""
@@ -246,7 +246,7 @@ def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> Alignment
         alts = () if before is None else (Alternative(old if old is not None else "none", before.source, before.status),)
         new = _replace(new, path, value)
         prov[path] = Provenance(source=f"user override {key}={value!r}", status="override",
-                                note=f"profile value was {old!r}", alternatives=alts)  # fmt: skip
+                                note=f"profile value was {old!r}", alternatives=alts)
     new = dataclasses.replace(new, provenance=tuple(prov.items()))
     try:
         validate(new, None)
@@ -319,7 +319,7 @@ def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any]
             continue
         if not isinstance(mapping, Mapping):
             raise ProfileError(f"expected a table of profile overrides (key = value), got {type(mapping).__name__}",
-                               file=origin or None)  # fmt: skip
+                               file=origin or None)
         for k, v in mapping.items():
             merged.pop(k, None)  # keep the latest layer's order
             merged[k] = v
@@ -328,7 +328,7 @@ def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any]
 
 
 def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: bool = False,
-            environ: Mapping[str, str] | None = None) -> AlignmentProfile:  # fmt: skip
+            environ: Mapping[str, str] | None = None) -> AlignmentProfile:
     """The profile for ``source`` with overrides: the one function every entry point calls.
 
     ``layers`` are ``(origin, mapping)`` pairs, later ones winning (``("--set", {...})``,

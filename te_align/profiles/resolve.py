@@ -152,7 +152,7 @@ def _build(src: Source) -> BuildReport:
         return build_hub(src.name, src.revision)
     if src.path is not None and src.path.name == MODEL_PROFILE_FILE:
         raise ProfileError(f"a model folder that carries its own profile ({MODEL_PROFILE_FILE}, written by te-align swap); "
-                           "te-align profile show reads it", file=src.text)  # fmt: skip
+                           "te-align profile show reads it", file=src.text)
     raise ProfileError(  # build classifies without bundled names: a profile file is the one other kind
         f"a {src.kind.replace('-', ' ')}, not a model: build reads a diffusers model folder, a .safetensors "
         "checkpoint or a hub repo id (te-align profile show reads this one)",

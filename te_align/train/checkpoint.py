@@ -124,7 +124,7 @@ def save_checkpoint(
 
 
 def _write_files(tmp: Path, final: Path, params: Mapping[str, Any], optimizer: Any, scheduler: Any, state: dict[str, Any],
-                 step: int, rng: dict[str, Any] | None) -> None:  # fmt: skip
+                 step: int, rng: dict[str, Any] | None) -> None:
     from safetensors.torch import save
 
     from te_align.train._io import write_atomic, writing
@@ -165,7 +165,7 @@ def _check_state(state: Any) -> dict[str, Any]:
         raise ValueError(f"state.json has no valid step (got {step!r})")
     pos = state.get("position")
     if not (isinstance(pos, dict) and set(pos) == {"epoch", "index"}
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pos.values())):  # fmt: skip
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pos.values())):
         raise ValueError(f"state.json has no valid data position (got {pos!r})")
     if not isinstance(state.get("fingerprint"), str):
         raise ValueError("state.json has no profile fingerprint")
@@ -200,7 +200,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ValueError(f"state.json is not valid JSON ({type(e).__name__})") from None
         out: dict[str, Any] = {"state": state}
         for name, key in (("trainable.safetensors", "params"), ("optimizer.pt", "optimizer"),
-                          ("scheduler.pt", "scheduler"), ("rng.pt", "rng")):  # fmt: skip
+                          ("scheduler.pt", "scheduler"), ("rng.pt", "rng")):
             where = d / name
             blob = read_bytes(where, CheckpointError)
             want = state.get("files", {}).get(name)

@@ -152,7 +152,7 @@ def scan(cfg: DataConfig) -> ScanReport:
             f"{len(bad_captions)} caption file(s) cannot be read as UTF-8 (with or without a BOM) or UTF-16 with a BOM: "
             f"{_listing(bad_captions)}; save them as UTF-8",
             file=str(root), key="data.path",
-        )  # fmt: skip
+        )
     if report.unreadable:
         logger.warning(
             "skipping %d unreadable image(s): %s",

@@ -235,7 +235,7 @@ class TextSource:
         return te_align.encode(
             self.profile, captions, pipeline=self.pipe, options=options or self.options, drop=drop,
             drop_slots=drop_slots or None, requires_grad=self.trainable,
-        )  # fmt: skip
+        )
 
     @property
     def chunk_positions(self) -> int:
@@ -393,13 +393,13 @@ def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any)
                 # 0.48 and 0.49 build the optimizer on CPU, then fail inside its first step (tools/deps.py lowest)
                 logger.warning("train.optimizer = adamw8bit on the CPU needs bitsandbytes >= %s (installed: %s; "
                                "pip install \"te-align[bnb]\"); using torch AdamW",
-                               ".".join(map(str, CPU_ADAMW8BIT)), version)  # fmt: skip
+                               ".".join(map(str, CPU_ADAMW8BIT)), version)
                 return torch.optim.AdamW(groups, **kw)
             try:
                 return bnb.optim.AdamW8bit(groups, **kw)
             except Exception as e:  # an old bitsandbytes without this device's kernels
                 logger.warning("train.optimizer = adamw8bit: bitsandbytes %s cannot run on %s (%s); using torch AdamW",
-                               getattr(bnb, "__version__", "?"), device.type, str(e).splitlines()[0] if str(e) else type(e).__name__)  # fmt: skip
+                               getattr(bnb, "__version__", "?"), device.type, str(e).splitlines()[0] if str(e) else type(e).__name__)
     return torch.optim.AdamW(groups, **kw)
 
 
@@ -514,7 +514,7 @@ class Run:
                 keep=self.cfg.train.checkpoints_keep, rng=rng,
                 state={"position": dataclasses.asdict(self.pos), "fingerprint": self.profile.fingerprint(),
                        "profile": self.profile.name, "run": _run_record(self)},
-            )  # fmt: skip
+            )
         self.accelerator.wait_for_everyone()
         assert self.last_ckpt is not None or not self.main
         return self.last_ckpt  # type: ignore[return-value]
@@ -531,14 +531,14 @@ class Run:
             side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
             with for_sampling(self.pipe, self.residency, self.device):
                 sample_images(self.pipe, self.profile, cfg.sample, self.out_dir / "samples", self.step, size=(side, side),
-                              device=self.device, dtype=self.cond_dtype)  # fmt: skip
+                              device=self.device, dtype=self.cond_dtype)
         finally:
             self.denoiser.train()
 
     def result(self, lora_path: Path | None = None, kohya_path: Path | None = None) -> TrainResult:
         assert self.log is not None
         return TrainResult(self.out_dir, lora_path, kohya_path, self.step, read_losses(self.log.csv_path), self.last_ckpt,
-                           self.profile.name, self.profile.fingerprint(), self.steps_per_s)  # fmt: skip
+                           self.profile.name, self.profile.fingerprint(), self.steps_per_s)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -583,7 +583,7 @@ def train(
     except (WriteError, CacheError) as e:
         last = latest_checkpoint(cfg.output.dir)
         hint = (f"the run can continue from its last checkpoint {last} with --resume" if last is not None
-                else "no checkpoint was written yet")  # fmt: skip
+                else "no checkpoint was written yet")
         raise TrainError(f"{e.message}; {hint}", file=e.file) from None
 
 
@@ -637,10 +637,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         from te_align.train.swap import text_source
 
         text = text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
-                           writer=accelerator.is_main_process)  # fmt: skip
+                           writer=accelerator.is_main_process)
     else:
         text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
-                          cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
+                          cache_dir=cache_dir / "text", writer=accelerator.is_main_process)
     with accelerator.main_process_first():
         text.precache(sorted({it.caption for it in report.items}))
         if cfg.model.free_encoders:  # every dropout variant too, so that the text encoders can be freed
@@ -671,7 +671,7 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
         flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id, residency=residency,
         projection_models=projections, full_params=full,
-    )  # fmt: skip
+    )
 
 
 def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tuple[Any, Family, Any, str]:
@@ -728,7 +728,7 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
     lo, t = cfg.lora, cfg.train
     denoiser = getattr(pipe, family.denoiser_attr)
     denoiser_params = add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                               targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
+                               targets=lo.target_modules or family.default_targets, seed=t.seed)
     lora_models: dict[str, Any] = {family.denoiser_attr: denoiser}
     text_encoder_params: list[Any] = []
     for k, name in enumerate(te_slots):
@@ -740,7 +740,7 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
 
             targets = encoder_lora_targets(enc)
         text_encoder_params += add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                        targets=targets, seed=t.seed + 1 + k)  # fmt: skip
+                                        targets=targets, seed=t.seed + 1 + k)
         lora_models[slot.encoder_subfolder] = enc
         enc.train()
     if t.gradient_checkpointing:
@@ -799,7 +799,7 @@ def _run_record(run: Run) -> dict[str, Any]:
         "full_modules": sorted(t.full_modules), "full_lr": t.full_lr, "batch_size": t.batch_size,
         "gradient_accumulation": t.gradient_accumulation, "seed": t.seed, "total": run.total,
         "lr_scheduler": t.lr_scheduler, "warmup_steps": t.warmup_steps,
-    }  # fmt: skip
+    }
 
 
 #: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
@@ -819,9 +819,9 @@ def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[st
     for key, label in _FIXED.items():
         if key in saved and saved[key] != now[key]:
             what = (f"was trained on a different model ({saved.get('model')!r}; model config or weights differ)"
-                    if key == "model_id" else f"was trained with {label} = {saved[key]!r}, this config has {now[key]!r}")  # fmt: skip
+                    if key == "model_id" else f"was trained with {label} = {saved[key]!r}, this config has {now[key]!r}")
             raise TrainError(f"cannot resume: the checkpoint {what}; restore the setting or train into a new output.dir",
-                             file=str(path), key="--resume")  # fmt: skip
+                             file=str(path), key="--resume")
     notes = []
     for key, label in _CHANGES.items():
         if key in saved and saved[key] != now[key]:
@@ -867,10 +867,10 @@ def _load_intact(run: Run, resume: bool | str | Path) -> tuple[Path, dict[str, A
             continue
         if damaged and run.main:
             logger.warning("resuming from the previous intact checkpoint %s (step %d) instead of the damaged %s",
-                           path, state["state"]["step"], damaged[0])  # fmt: skip
+                           path, state["state"]["step"], damaged[0])
         return path, state
     raise TrainError(f"every checkpoint is damaged ({', '.join(damaged)}): nothing to resume from; "
-                     "use --overwrite to start over", file=str(run.out_dir / "checkpoints"), key="--resume")  # fmt: skip
+                     "use --overwrite to start over", file=str(run.out_dir / "checkpoints"), key="--resume")
 
 
 def _resume(run: Run, resume: bool | str | Path) -> None:
@@ -883,7 +883,7 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
         raise TrainError(
             f"the checkpoint was trained with profile fingerprint {state['state'].get('fingerprint')} but this run's "
             f"profile '{profile.name}' has {profile.fingerprint()}", file=str(path), key="--resume",
-        )  # fmt: skip
+        )
     saved = state["state"].get("run") or {}
     notes = _check_resume_config(run, saved, path) if isinstance(saved, dict) else []
     named_trainable = run.named_trainable
@@ -891,11 +891,11 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
     extra = set(state["params"]) - set(named_trainable)
     if missing or extra:
         raise TrainError(f"the checkpoint's trainable tensors do not match this run's ({len(missing)} missing, {len(extra)} "
-                         "extra: different lora settings?)", file=str(path), key="--resume")  # fmt: skip
+                         "extra: different lora settings?)", file=str(path), key="--resume")
     shapes = [k for k, p in named_trainable.items() if tuple(state["params"][k].shape) != tuple(p.shape)]
     if shapes:
         raise TrainError(f"the checkpoint's tensor {shapes[0]} has shape {tuple(state['params'][shapes[0]].shape)}, this run's "
-                         f"{tuple(named_trainable[shapes[0]].shape)} (a different lora.rank?)", file=str(path), key="--resume")  # fmt: skip
+                         f"{tuple(named_trainable[shapes[0]].shape)} (a different lora.rank?)", file=str(path), key="--resume")
     try:
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
@@ -906,7 +906,7 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
     except Exception as e:  # a state of another optimizer or a damaged RNG state
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainError(f"the checkpoint's optimizer, schedule or RNG state does not fit this run: {text}", file=str(path),
-                         key="--resume") from None  # fmt: skip
+                         key="--resume") from None
     with torch.no_grad():
         for k, p in named_trainable.items():
             p.copy_(state["params"][k].to(p.dtype))
@@ -919,7 +919,7 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
             logger.warning("--resume: %s; the new value is used from step %d on", note, run.step + 1)
         if run.total <= run.step:
             logger.warning("--resume: the run has %d steps and the checkpoint is at step %d: nothing left to train "
-                           "(raise train.max_steps to continue)", run.total, run.step)  # fmt: skip
+                           "(raise train.max_steps to continue)", run.total, run.step)
         logger.info("resuming from %s (step %d)", path, run.step)
 
 
@@ -933,7 +933,7 @@ def _loop(run: Run, stop_after: int | None) -> None:
         _write_run_record(run)
     run.log = RunLog(run.out_dir, resume_step=run.step, tensorboard=cfg.logging.tensorboard, enabled=run.main)
     bar = tqdm(total=run.total, initial=run.step, disable=not (run.main and cfg.logging.progress), desc="train",
-               unit="step", dynamic_ncols=True)  # fmt: skip
+               unit="step", dynamic_ncols=True)
     stream = run.order.stream(run.pos)
     optimizer_step, clip_gradients = _direct_step(run.accelerator, run.optimizer, run.trainable)
     t_start = time.perf_counter()
@@ -987,7 +987,7 @@ def _write_run_record(run: Run) -> None:
         "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
         "quantize_backend": QUANTIZE_BACKENDS[cfg.model.quantize],
         "residency": dataclasses.asdict(run.residency) if run.residency is not None else None,
-    })  # fmt: skip
+    })
 
 
 def _accumulate_gradients(run: Run, stream: Iterator[tuple[Position, list[int]]]) -> float:
@@ -1038,21 +1038,21 @@ def _finish(run: Run) -> TrainResult:
     if run.main:
         extra = _lora_metadata(run)
         lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
-                                        profile=profile, extra=extra)  # fmt: skip
+                                        profile=profile, extra=extra)
         if run.projection_models:
             from te_align.train.swap import save_projection
 
             save_projection(run.projection_models, run.out_dir / f"{cfg.output.name}_projection.safetensors",
-                            profile=profile, extra=extra)  # fmt: skip
+                            profile=profile, extra=extra)
         if run.full_params:
             from te_align.train.swap import save_tensors
 
             save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
-                         run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)  # fmt: skip
+                         run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)
         if cfg.output.kohya:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
                                          n_text_encoders=len(profile.slots), profile=profile, extra=extra,
-                                         base_model=cfg.model.path, family=run.family.name)  # fmt: skip
+                                         base_model=cfg.model.path, family=run.family.name)
     run.accelerator.wait_for_everyone()  # the main process has closed the CSV log
     result = run.result(lora_path, kohya_path)
     if run.main and cfg.logging.loss_plot:
@@ -1071,7 +1071,7 @@ def _lora_metadata(run: Run) -> dict[str, Any]:
         "alpha": cfg.lora.alpha, "profile_overrides": cfg.model.profile_overrides,
         "learning_rate": cfg.train.learning_rate, "seed": cfg.train.seed,
         "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
-    }  # fmt: skip
+    }
 
 
 def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple[int, int] | None = None) -> torch.Tensor:
@@ -1123,7 +1123,7 @@ def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple
         target = noise if run.objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
     with run.accelerator.autocast():
         pred = denoise(family, run.model, noisy.to(run.compute_dtype), timesteps, cond, time_ids=time_ids,
-                       guidance=cfg.train.guidance, config=run.denoiser.config)  # fmt: skip
+                       guidance=cfg.train.guidance, config=run.denoiser.config)
     return torch.nn.functional.mse_loss(pred.float(), target.float())
 
 

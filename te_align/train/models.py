@@ -121,11 +121,11 @@ def check_quantize(quantize: str, device: Any) -> None:
         return
     if importlib.util.find_spec("bitsandbytes") is None:
         raise TrainError(f"quantize = \"{quantize}\" needs bitsandbytes (pip install \"te-align[bnb]\"); "
-                         "or use quantize = \"fp8\", which needs no extra package", key="model.quantize")  # fmt: skip
+                         "or use quantize = \"fp8\", which needs no extra package", key="model.quantize")
     if getattr(device, "type", str(device)) != "cuda":
         raise TrainError(f"quantize = \"{quantize}\" (bitsandbytes through diffusers) needs a CUDA GPU and this run is "
                          f"on {getattr(device, 'type', device)}; use quantize = \"fp8\" (float8 weight storage, any "
-                         "device) or \"none\"", key="model.quantize")  # fmt: skip
+                         "device) or \"none\"", key="model.quantize")
 
 
 def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
@@ -133,7 +133,7 @@ def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
     if quantize == "int8":
         return "bitsandbytes_8bit", {"load_in_8bit": True}
     return "bitsandbytes_4bit", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-                                 "bnb_4bit_compute_dtype": dtype}  # fmt: skip
+                                 "bnb_4bit_compute_dtype": dtype}
 
 
 def quantized_components(pipe: Any, profile: AlignmentProfile) -> list[str]:
@@ -152,7 +152,7 @@ def apply_fp8(module: Any, compute_dtype: Any) -> None:
     # transformers' keep-in-fp32 layers (T5's ``wo``: T5 casts its input to that layer's weight dtype) stay too
     keep = tuple(rf"(^|\.){name}$" for name in getattr(module, "_keep_in_fp32_modules", None) or ())
     apply_layerwise_casting(module, storage_dtype=torch.float8_e4m3fn, compute_dtype=compute_dtype,
-                            skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))  # fmt: skip
+                            skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))
 
 
 def is_quantized(module: Any) -> bool:
@@ -179,7 +179,7 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
         if path.is_file():
             raise TrainError(f"quantize = \"{cfg.quantize}\" loads through diffusers' quantization config, which this "
                              "trainer uses with diffusers folders and hub ids; convert the single file to a diffusers "
-                             "folder, or use quantize = \"fp8\"", file=str(path), key="model.quantize")  # fmt: skip
+                             "folder, or use quantize = \"fp8\"", file=str(path), key="model.quantize")
         from diffusers import PipelineQuantizationConfig
 
         backend, kwargs = _bnb_config(cfg.quantize, dtype)
@@ -244,7 +244,7 @@ def _load_single_file(path: Path, cfg: ModelConfig, profile: AlignmentProfile, c
     except SingleFileComponentError as e:
         if not cfg.config:
             raise TrainError(f"the checkpoint does not hold every component ({_first_line(e)}); set model.config to the "
-                             "diffusers folder or hub id of the base model", file=str(path), key="model.config") from None  # fmt: skip
+                             "diffusers folder or hub id of the base model", file=str(path), key="model.config") from None
     fam = family_of(profile)
     denoiser_cls = getattr(diffusers, _DENOISER_CLASSES[fam.denoiser_attr if fam.denoiser_attr == "unet" else fam.name])
     denoiser = denoiser_cls.from_single_file(str(path), config=cfg.config, subfolder=fam.denoiser_attr, **options)
@@ -320,7 +320,7 @@ def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, devic
         if plain:
             raise TrainError(f"quantize = \"{cfg.quantize}\": {', '.join(plain)} of the given pipeline is not quantized; "
                              "let te-align load model.path, or pass a pipeline loaded with a BitsAndBytesConfig",
-                             key="model.quantize")  # fmt: skip
+                             key="model.quantize")
     if cfg.quantize == "fp8":
         for name in quantized_components(pipe, profile):
             apply_fp8(getattr(pipe, name), dtype)
@@ -421,7 +421,7 @@ def denoise(
         return model(
             hidden_states=noisy, timestep=timesteps, encoder_hidden_states=emb,
             pooled_projections=cond["pooled_prompt_embeds"], return_dict=False,
-        )[0]  # fmt: skip
+        )[0]
     # flux
     b, _, h, w = noisy.shape
     g = None

@@ -149,7 +149,7 @@ def inner_profile(profile: Any, models: dict[str, Any]) -> Any:
 
 
 def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], device: Any, dtype: Any, *, cache_dir: Path,
-                writer: bool) -> Any:  # fmt: skip
+                writer: bool) -> Any:
     """The run's text source for a swapped model: the projection applied to cached inner outputs
     where that is exact (see the module docstring), else live encoding through the whole encoder."""
     from te_align.train.loop import TextSource
@@ -165,9 +165,9 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             self.trainable = True  # the projection trains: the encoders stay in memory (te_align.train.residency)
             self.inner = inner_profile(profile, models)
             self.components = {s.name: (getattr(pipe, s.tokenizer_subfolder), models[s.encoder_subfolder])
-                               for s in profile.slots if s.encoder_subfolder in models}  # fmt: skip
+                               for s in profile.slots if s.encoder_subfolder in models}
             self.outputs = {o: self.components[expr.split(".")[0]][1] for o, expr in profile.outputs
-                            if expr.split(".")[0] in self.components}  # fmt: skip
+                            if expr.split(".")[0] in self.components}
 
         def _cache(self, pattern: str) -> Any:
             if pattern not in self._caches:
@@ -193,7 +193,7 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
             encoders.update({name: m.encoder for name, (_, m) in self.components.items()})
             cond = te_align.encode(self.inner, captions, tokenizers=tokenizers, text_encoders=encoders,
-                                   options=self.options, drop=drop, drop_slots=drop_slots or None)  # fmt: skip
+                                   options=self.options, drop=drop, drop_slots=drop_slots or None)
             # the swapped profile's conditioning at the stage before the projection (the cache key says which stage)
             return dataclasses.replace(cond, profile_name=self.profile.name, fingerprint=self.profile.fingerprint())
 
@@ -205,7 +205,7 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             for name, model in self.outputs.items():
                 tensors[name] = model.project(tensors[name]).to(self.dtype)
             return dataclasses.replace(cond, tensors=tensors, profile_name=self.profile.name,
-                                       fingerprint=self.profile.fingerprint())  # fmt: skip
+                                       fingerprint=self.profile.fingerprint())
 
     return ProjectedTextSource()
 

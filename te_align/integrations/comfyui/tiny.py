@@ -235,7 +235,7 @@ def _spiece_model() -> bytes:
         sentence_iterator=iter(_sentences()), model_writer=buf, vocab_size=400, model_type="bpe", pad_id=0, eos_id=1,
         bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
         byte_fallback=True, add_dummy_prefix=False, normalization_rule_name="identity", num_threads=1, minloglevel=2,
-        user_defined_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"])  # fmt: skip
+        user_defined_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"])
     return buf.getvalue()
 
 
@@ -318,7 +318,7 @@ def flux_model_files(folder: str | os.PathLike[str], tiny: TinyComfy, *, guidanc
             patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=sum(FLUX_AXES),
             num_attention_heads=1, joint_attention_dim=t5, pooled_projection_dim=pooled, guidance_embeds=guidance,
             axes_dims_rope=FLUX_AXES,
-        )  # fmt: skip
+        )
     root = Path(folder)
     names = {"diffusion_models": "tiny-flux.safetensors", "vae": "tiny-taef1.safetensors"}
     for sub in names:

@@ -67,7 +67,7 @@ def _encode_prompt_calls(source: str) -> dict[str, ast.Call]:
                     calls: dict[str, ast.Call] = {}
                     for node in ast.walk(fn):
                         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                                and isinstance(node.func.value, ast.Name) and node.func.value.id == "train_tools"):  # fmt: skip
+                                and isinstance(node.func.value, ast.Name) and node.func.value.id == "train_tools"):
                             calls.setdefault(node.func.attr, node)
                     return calls
     return {}
@@ -103,7 +103,7 @@ class AiToolkit(Adapter):
                 self.layout, self.root, self.sys_path = "pypi", p / "ostris_ai_toolkit", str(p)
             else:
                 raise ProbeError(f"ai-toolkit: {path} is not an ai-toolkit installation (no toolkit/train_tools.py "
-                                 "and toolkit/stable_diffusion_model.py)")  # fmt: skip
+                                 "and toolkit/stable_diffusion_model.py)")
         self.prefix = "ostris_ai_toolkit." if self.layout == "pypi" else ""
         if self.layout == "pypi":
             found = installed_version("ostris-ai-toolkit") if path is None else dist_version(self.root.parent, "ostris_ai_toolkit")
@@ -121,7 +121,7 @@ class AiToolkit(Adapter):
 
             for p in LEGACY:
                 self.profiles[p] = ("StableDiffusion.encode_prompt (where ai-toolkit's model modules import; "
-                                    "else " + self.profiles.get(p, "not probed") + ")")  # fmt: skip
+                                    "else " + self.profiles.get(p, "not probed") + ")")
             for p, fam in BASE_MODEL_PROFILES.items():
                 self.profiles[p] = f"{BASE_MODEL_CLASSES[fam]}.encode_prompt -> get_prompt_embeds (BaseModel)"
 
@@ -157,7 +157,7 @@ class AiToolkit(Adapter):
             self.train_tools = importlib.import_module(f"{self.prefix}toolkit.train_tools")
         except Exception as e:
             raise ProbeError(f"ai-toolkit: cannot import {self.prefix}toolkit.train_tools from {self.root} "
-                             f"({type(e).__name__}: {e})") from None  # fmt: skip
+                             f"({type(e).__name__}: {e})") from None
         self._calls = _encode_prompt_calls(self._source_file.read_text(encoding="utf-8"))
         yield
 
@@ -181,7 +181,7 @@ class AiToolkit(Adapter):
         case = self._train_tools_case(profile_name)
         if model_level:
             case.notes.append(f"StableDiffusion.encode_prompt is not importable here ({self.model_error}): "
-                              "its train_tools call is replayed")  # fmt: skip
+                              "its train_tools call is replayed")
         return case
 
     def _model_case(self, profile_name: str) -> Case:
@@ -196,15 +196,15 @@ class AiToolkit(Adapter):
             model, _ = am.base_model(self.classes, fam, pipe)
             self._parts[profile_name] = ("models",)
             notes.append(f"{BASE_MODEL_CLASSES[fam]}.encode_prompt(prompts) -> get_prompt_embeds, object made with "
-                         f"__new__ (no weights), model: {am.BASE_MODELS[fam][1]}")  # fmt: skip
+                         f"__new__ (no weights), model: {am.BASE_MODELS[fam][1]}")
         else:
             model = am.legacy_model(self.classes, profile_name, pipe)
             self._parts[profile_name] = ("train_tools", "legacy")
             notes.append(f"StableDiffusion.encode_prompt(prompts) with its defaults, object made with __new__ "
-                         f"(no weights), model: {am.LEGACY[profile_name][0]}")  # fmt: skip
+                         f"(no weights), model: {am.LEGACY[profile_name][0]}")
         if profile_name == "chroma":
             notes.append("prompt_attention_mask: the text length ai-toolkit's Chroma transformer uses (tokenizer mask "
-                         "+ attn_padding=1, src/model.py), as a float mask like the profile's")  # fmt: skip
+                         "+ attn_padding=1, src/model.py), as a float mask like the profile's")
 
         def run(prompts: list[str]) -> dict[str, Any]:
             log = logging.getLogger(type(model.pipeline).__module__)  # HiDream's pipeline logs every truncation
@@ -255,7 +255,7 @@ class AiToolkit(Adapter):
                     shown.append(f"{kw.arg}={ast.unparse(kw.value)}→{kwargs[kw.arg]!r}")
         except _Unevaluable as e:
             raise ProbeError(f"ai-toolkit: cannot evaluate argument {e} of train_tools.{fn_name}(...) at "
-                             f"{self._source_file.name}:{call.lineno}") from None  # fmt: skip
+                             f"{self._source_file.name}:{call.lineno}") from None
         if prompt_param is None:
             raise ProbeError(f"ai-toolkit: train_tools.{fn_name}(...) at {self._source_file.name}:{call.lineno} gets no prompt")
         rel = "toolkit/stable_diffusion_model.py"

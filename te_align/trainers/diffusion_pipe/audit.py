@@ -225,7 +225,7 @@ def _profile_example(key: str, profile: str | None) -> Any:
         if rule.key == key and rule.path is not None and rule.applies(prof.name, prof.family):
             try:
                 value = rules.CONVERTERS[rule.convert].back(prof.get(f"slots.{rule.path}"), Context(values={},
-                                                            profile_name=prof.name))  # fmt: skip
+                                                            profile_name=prof.name))
             except LookupError:
                 continue
             return None if value is rules.REMOVE else value
@@ -404,7 +404,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         what = mt.display if mt else mt_name
         return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {what} (diffusion-pipe [model] type "
-                                  f"{mt_name!r})")  # fmt: skip
+                                  f"{mt_name!r})")
     prof, reason, assumed = _variant(mt, model)
     findings += _missing_keys(raw.data, model, mt_name, prof)
     said = ""
@@ -457,7 +457,7 @@ def _config_keys(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
                 target, key = node.value, node.slice.value
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault", "pop")
-                  and node.args and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+                  and node.args and isinstance(node.args[0], ast.Constant)):
                 target, key = node.func.value, node.args[0].value
             if target is None or not isinstance(key, str):
                 continue
@@ -491,7 +491,7 @@ def _unconditional_reads(tree: Any, spellings: tuple[str, ...]) -> dict[str, int
     def reads(node: Any) -> dict[str, int]:
         here: dict[str, int] = {}
         if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant)
-                and isinstance(node.slice.value, str) and ast.unparse(node.value) in spellings):  # fmt: skip
+                and isinstance(node.slice.value, str) and ast.unparse(node.value) in spellings):
             here = {node.slice.value: node.lineno}
         if isinstance(node, ast.If):
             if "__name__" in ast.unparse(node.test) or ast.unparse(node.test) == "is_main_process()":
@@ -520,7 +520,7 @@ def _defaulted(tree: Any, spellings: tuple[str, ...]) -> set[str]:
 
     return {n.args[0].value for n in ast.walk(tree)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "setdefault" and n.args
-            and isinstance(n.args[0], ast.Constant) and ast.unparse(n.func.value) in spellings}  # fmt: skip
+            and isinstance(n.args[0], ast.Constant) and ast.unparse(n.func.value) in spellings}
 
 
 def _example(value: Any, key: str) -> Any:
@@ -564,7 +564,7 @@ def _required(root: Path) -> dict[str, dict[str, tuple[Any, str]]]:
             continue
         path = root / "models" / (mt.module.replace(".", "/") + ".py")
         found = {k: line for k, line in _unconditional_reads(ast.parse(path.read_text(encoding="utf-8")),
-                                                             model_names).items() if k not in defaulted}  # fmt: skip
+                                                             model_names).items() if k not in defaulted}
         table: dict[str, tuple[Any, str]] = {}
         for key, line in sorted({**{k: -1 for k in model_train}, **found}.items()):
             where = f"models/{mt.module.replace('.', '/')}.py:{line}" if key in found else f"train.py:{model_train[key]}"

@@ -52,7 +52,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
     readme = ("Original diffusion-pipe train.py, kept byte for byte by te-align; the train.py one folder up runs it after "
               f"arming te-align. Undo everything with: te-align unpatch {root}\n")
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="diffusion-pipe", scripts=SCRIPTS, shim=shim_source,
-                         readme=readme)  # fmt: skip
+                         readme=readme)
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -58,7 +58,7 @@ class DiffusionPipe(Adapter):
         head = git_head(self.root)
         self.version = head[:7] if head else "unknown (no git)"
         self.profiles = {p: f"models/{names.BY_TYPE[t].module}.py {names.BY_TYPE[t].cls}.get_call_text_encoder_fn"
-                         for p, t in PROFILES.items()}  # fmt: skip
+                         for p, t in PROFILES.items()}
         self.modules: dict[str, Any] = {}
 
     @contextlib.contextmanager
@@ -90,7 +90,7 @@ class DiffusionPipe(Adapter):
             from types import SimpleNamespace
 
             obj.diffusers_pipeline = SimpleNamespace(tokenizer_2=toks["tokenizer"], text_encoder_2=encs["text_encoder"],
-                                                     tokenizer_max_length=77)  # fmt: skip
+                                                     tokenizer_max_length=77)
             notes_extra = ["the T5 tokenizer and encoder in a FLUX.1 pipeline's tokenizer_2 / text_encoder_2 "
                            "(models/chroma.py:143)"]
         else:
@@ -98,7 +98,7 @@ class DiffusionPipe(Adapter):
         if t == "auraflow":
             obj.max_sequence_length = obj.model_config["max_sequence_length"]  # auraflow.py:28 ([model] is required)
         encoders = {"flux": ("text_encoder", "text_encoder_2"), "sd3": ("text_encoder", "text_encoder_2", "text_encoder_3"),
-                    "chroma": ("text_encoder_2",)}.get(t, ("text_encoder",))  # fmt: skip
+                    "chroma": ("text_encoder_2",)}.get(t, ("text_encoder",))
         notes = [f"{mt.cls}.get_call_text_encoder_fn(text_encoder)(captions, is_video) for "
                  f"{', '.join(encoders)}, object made with __new__ and te-align's tiny pipeline"]
 

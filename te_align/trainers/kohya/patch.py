@@ -44,7 +44,7 @@ def detect(path: Path) -> Detection | None:
             how = (
                 f"run: git -C {path} submodule update --init --recursive" if git_dir(path) is not None
                 else f"{path} is not a git checkout: put a copy of kohya-ss/sd-scripts into {sub}"
-            )  # fmt: skip
+            )
             raise PatchError(f"{path} is a kohya_ss GUI folder but its sd-scripts submodule is empty or incomplete; {how}")
         root, layout = sub, "kohya_ss GUI"
     elif _is_sd_scripts(path):
@@ -85,14 +85,14 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             how = f"check that commit out (git -C {root} checkout {commit})"
         else:
             how = (f"{root} is not a git checkout: replace it by sd-scripts at that commit "
-                   f"(git clone https://github.com/kohya-ss/sd-scripts; git -C sd-scripts checkout {commit})")  # fmt: skip
+                   f"(git clone https://github.com/kohya-ss/sd-scripts; git -C sd-scripts checkout {commit})")
         raise PatchError(target_mismatch("sd-scripts", detection.version, root, problems, KohyaHook.supported, how))
     readme = (
         "Original sd-scripts train scripts, kept byte for byte by te-align; the scripts of the same name one\n"
         f"folder up run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
     )
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="sd-scripts", scripts=SCRIPTS, shim=shim_source,
-                         readme=readme)  # fmt: skip
+                         readme=readme)
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -83,7 +83,7 @@ class Kohya(Adapter):
         try:
             with _stubs.sandbox([self.root], [str(self.root)]), \
                     _stubs.stub_missing(("torchvision", "cv2", "bitsandbytes", "open_clip", "xformers"), [self.root]), \
-                    tempfile.TemporaryDirectory(prefix="te-align-probe-kohya-") as cache:  # fmt: skip
+                    tempfile.TemporaryDirectory(prefix="te-align-probe-kohya-") as cache:
                 self.modules: dict[str, Any] = {}
                 for name in ("strategy_sd", "strategy_sdxl", "strategy_sd3", "strategy_flux", "flux_utils", "strategy_lumina"):
                     try:
@@ -144,7 +144,7 @@ class Kohya(Adapter):
             ts = m["strategy_sd3"].Sd3TokenizeStrategy(256, self.cache)  # --t5xxl_max_token_length default
             es = m["strategy_sd3"].Sd3TextEncodingStrategy(False, False, 0.0, 0.0, 0.0)
             notes.append("sd-scripts --t5xxl_max_token_length default 256 (library/sd3_train_utils.py); "
-                         "concat_encodings pads CLIP to 4096 = T5-XXL width, here to the tiny T5 width")  # fmt: skip
+                         "concat_encodings pads CLIP to 4096 = T5-XXL width, here to the tiny T5 width")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 lg, t5, pooled = es.encode_tokens(ts, models, ts.tokenize(prompts))[:3]
@@ -156,7 +156,7 @@ class Kohya(Adapter):
             ts = m["strategy_flux"].FluxTokenizeStrategy(length, self.cache)
             es = m["strategy_flux"].FluxTextEncodingStrategy(apply_t5_attn_mask=False)
             notes.append(f"T5 length {length}: flux_train_network.get_tokenize_strategy's default for "
-                         f"{'schnell' if length == 256 else 'dev'} (no --t5xxl_max_token_length)")  # fmt: skip
+                         f"{'schnell' if length == 256 else 'dev'} (no --t5xxl_max_token_length)")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 pooled, t5, txt_ids, _ = es.encode_tokens(ts, models, ts.tokenize(prompts))
@@ -169,9 +169,9 @@ class Kohya(Adapter):
             es = m["strategy_flux"].FluxTextEncodingStrategy(apply_t5_attn_mask=True)
             chroma_models = [m["flux_utils"].DummyCLIPL(), models[0]]
             notes.append("flux_train_network.py --model_type chroma: T5 length 512 (is_schnell False), "
-                         "--apply_t5_attn_mask required, flux_utils.DummyCLIPL in CLIP-L's place")  # fmt: skip
+                         "--apply_t5_attn_mask required, flux_utils.DummyCLIPL in CLIP-L's place")
             notes.append("prompt_attention_mask: the text length Chroma's transformer uses "
-                         "(library/chroma_models.py: mask.sum() + attn_padding=1, clipped), as a float mask like the profile's")  # fmt: skip
+                         "(library/chroma_models.py: mask.sum() + attn_padding=1, clipped), as a float mask like the profile's")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 _, t5, txt_ids, mask = es.encode_tokens(ts, chroma_models, ts.tokenize(prompts))
@@ -184,7 +184,7 @@ class Kohya(Adapter):
             es = m["strategy_lumina"].LuminaTextEncodingStrategy()
             notes.append("lumina_train_network.py defaults: --system_prompt '' (no system prompt), "
                          "--gemma2_max_token_length None -> 256; LuminaTokenizeStrategy's hub download of "
-                         "google/gemma-2-2b answered with the tiny Gemma tokenizer (a fresh copy)")  # fmt: skip
+                         "google/gemma-2-2b answered with the tiny Gemma tokenizer (a fresh copy)")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 hidden, _, mask = es.encode_tokens(ts, models, ts.tokenize(prompts))

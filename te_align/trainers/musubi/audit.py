@@ -418,7 +418,7 @@ def _dataset_findings(data: dict[str, Any], file: str, lines: KeyLines) -> list[
 
 
 def _trainer(raw: RawConfig, cli_keys: set[str], cli_line: Callable[[str], int | None],
-             lines: KeyLines) -> Trainer:  # fmt: skip
+             lines: KeyLines) -> Trainer:
     def fix_set(key: str, value: Any) -> str:
         if raw.fmt == "toml" and key not in cli_keys:
             return f"{key} = {json.dumps(value)}"

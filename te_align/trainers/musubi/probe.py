@@ -60,7 +60,7 @@ def umt5_state_dict(hf: Any) -> dict[str, Any]:
             f"blocks.{i}.ffn.gate.0.weight": sd[f"{b}.1.DenseReluDense.wi_0.weight"],
             f"blocks.{i}.ffn.fc1.weight": sd[f"{b}.1.DenseReluDense.wi_1.weight"],
             f"blocks.{i}.ffn.fc2.weight": sd[f"{b}.1.DenseReluDense.wo.weight"],
-        })  # fmt: skip
+        })
     return out
 
 
@@ -153,7 +153,7 @@ class Musubi(Adapter):
         hf = encs["text_encoder"]
         cfg = hf.config
         model = t5mod.T5Encoder(cfg.vocab_size, cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff, cfg.num_heads,
-                                cfg.num_layers, cfg.relative_attention_num_buckets, shared_pos=False, dropout=0.1)  # fmt: skip
+                                cfg.num_layers, cfg.relative_attention_num_buckets, shared_pos=False, dropout=0.1)
         model.load_state_dict(umt5_state_dict(hf), strict=True)
         model = model.eval().requires_grad_(False).to(hf.dtype)
         length = prof.slot("t5").tokenizer.max_length

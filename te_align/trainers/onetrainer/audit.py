@@ -172,7 +172,7 @@ def _is_concepts_file(data: Any) -> bool:
     """OneTrainer's concepts file (``concept_file_name``): a JSON list of concepts, each with ``path`` and its
     ``image`` / ``text`` settings."""
     return (isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "path" in d for d in data)
-            and any("image" in d or "text" in d or "balancing" in d for d in data))  # fmt: skip
+            and any("image" in d or "text" in d or "balancing" in d for d in data))
 
 
 def detect(raw: RawConfig) -> int | None:

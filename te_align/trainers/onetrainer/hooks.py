@@ -94,7 +94,7 @@ def _enc(slot: str, n: str = "", *, mask: str | None = "tokens_mask", pooled: bo
                    mask=None if mask is None else (mask + u if mask == "tokens_mask" else mask),
                    output=f"text_encoder{u}_output" if output else None,
                    pooled=f"pooled_text_encoder{u}_output" if pooled else None,
-                   dropout=f"text_encoder{u}_dropout_probability", layer_skip=f"text_encoder{u}_layer_skip")  # fmt: skip
+                   dropout=f"text_encoder{u}_dropout_probability", layer_skip=f"text_encoder{u}_layer_skip")
 
 
 _HEAD = ("self", "train_device", "batch_size", "rand", "text")
@@ -198,7 +198,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
             "text_encoder_output"),
            "QwenBaseDataLoader", frozenset({"qwen-image"}), (_enc("qwen"),),
            lambda out, h, p: (out["prompt_embeds"], out["prompt_embeds_mask"].bool()), cached_post_processed=True),
-)}  # fmt: skip
+)}
 
 MIXIN_MODULE = "modules.dataLoader.mixin.DataLoaderText2ImageMixin"
 CACHE_PARAMS = ("self", "model", "model_setup", "image_split_names", "image_aggregate_names", "text_split_names",
@@ -266,7 +266,7 @@ class _Run:
             p = self.settings.profile(key)
         if p.family not in fam.profile_families:
             raise HookError(f"te-align: OneTrainer {fam.model_class} encodes {'/'.join(sorted(fam.profile_families))} "
-                            f"prompts but the profile '{p.name}' is for {p.family}")  # fmt: skip
+                            f"prompts but the profile '{p.name}' is for {p.family}")
         return p
 
 
@@ -304,7 +304,7 @@ def _check_width(fam: Family, e: Encoder, slot: Any, model: Any, ids: Any) -> No
         raise HookError(f"te-align: OneTrainer {fam.model_class}.encode_text got {e.tokens} of length {ids.shape[-1]}, "
                         f"but profile slot '{slot.name}' tokenizes to {want}: these tokens were not made by the hooked "
                         "data loader (cached before te-align? clear the cache or install the hooks before the data "
-                        "loader is built)")  # fmt: skip
+                        "loader is built)")
 
 
 def _batch_longest(slot: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
@@ -339,7 +339,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
         for e, slot in _slots(p, fam, model):
             if e.layer_skip and a.get(e.layer_skip):
                 RUN.once(f"{fam.key}:{e.layer_skip}", "te-align: OneTrainer %s=%s has no effect; profile %s decides the layer",
-                         e.layer_skip, a[e.layer_skip], p.name)  # fmt: skip
+                         e.layer_skip, a[e.layer_skip], p.name)
             encoder = getattr(model, e.encoder, None)
             ids, mask = a.get(e.tokens), a.get(e.mask) if e.mask else None
             cached = a.get(e.output) if e.output else None
@@ -361,7 +361,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
             if not (have_hidden and have_pooled):
                 if ids is None:
                     raise HookError(f"te-align: OneTrainer {fam.model_class}.encode_text got neither text, tokens nor a "
-                                    f"cached output for {e.encoder}")  # fmt: skip
+                                    f"cached output for {e.encoder}")
                 _check_width(fam, e, slot, model, ids)
                 ids, mask = _batch_longest(slot, ids, mask)
                 res = encode_slot_tokens(p, slot, encoder, ids, mask)
@@ -373,7 +373,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 width = int(mask.sum(dim=1).max())
                 cached, ids, mask = cached[:, :width], ids[:, :width], mask[:, :width]
                 res = SlotResult(cached, None, mask, ids, denoiser_mask(slot, mask, cached.dtype),
-                                 [int(x) for x in mask.sum(dim=1)])  # fmt: skip
+                                 [int(x) for x in mask.sum(dim=1)])
             else:
                 post = _post_mask(slot, encoder, ids, mask)
                 dmask = post.denoiser_mask if cached is None else post.denoiser_mask.to(cached.dtype)
@@ -384,7 +384,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
             embeddings = getattr(model, f"all_{e.encoder}_embeddings", None)
             if res.hidden is not None and apply is not None and embeddings is not None and embeddings():
                 res = SlotResult(apply(embeddings(), getattr(model, e.tokenizer), res.ids, res.hidden), res.pooled, res.mask,
-                                 res.ids, res.denoiser_mask, res.token_counts)  # fmt: skip
+                                 res.ids, res.denoiser_mask, res.token_counts)
             rate = a.get(e.dropout) if e.dropout else None
             if rate is not None and rate > 0.0 and fam.key == "qwen":
                 raise NotImplementedError("OneTrainer has no caption dropout for Qwen-Image (modules/model/QwenModel.py)")
@@ -394,7 +394,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 res = SlotResult(None if res.hidden is None else res.hidden * keep[:, None, None].to(res.hidden.dtype),
                                  None if res.pooled is None else res.pooled * keep[:, None].to(res.pooled.dtype),
                                  res.mask, res.ids, res.denoiser_mask if not fam.drop_mask else res.denoiser_mask *
-                                 keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)  # fmt: skip
+                                 keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)
             results[slot.name] = res
             hidden[e.slot], pooled[e.slot] = res.hidden, res.pooled
         outs = _combine(p, {s.name: results[s.name] for s in p.slots}, None).tensors
@@ -416,7 +416,7 @@ def loader_tokens(slot: Any, tokenizer: Any, text: str) -> tuple[Any, Any]:
 
 
 def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, variation: int, index: int,
-                   requested_name: str | None = None) -> dict[str, Any]:  # fmt: skip
+                   requested_name: str | None = None) -> dict[str, Any]:
     """A hooked mgds ``Tokenize.get_item``: the caption tokenized by the profile slot."""
     text = module._get_previous_item(variation, module.in_name, index)
     lock = getattr(module, "tokenizer_lock", None) or threading.Lock()
@@ -429,7 +429,7 @@ def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, var
 
 
 def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_name: str | None, variation: int,
-                 index: int, requested_name: str | None = None) -> dict[str, Any]:  # fmt: skip
+                 index: int, requested_name: str | None = None) -> dict[str, Any]:
     """A hooked mgds ``Encode*Text.get_item``: the tokens encoded by the profile slot (cached as OneTrainer caches)."""
     import torch
 
@@ -489,7 +489,7 @@ def _preparation_modules(fam: Family, original: Callable[..., Any]) -> Callable[
                 n_enc += 1
         RUN.once(f"loader:{fam.key}:{p.fingerprint()}",
                  "te-align: OneTrainer %s data loader tokenizes (%d) and encodes (%d) by profile %s (fingerprint %s)",
-                 fam.loader_class, n_tok, n_enc, p.name, p.fingerprint()[:12])  # fmt: skip
+                 fam.loader_class, n_tok, n_enc, p.name, p.fingerprint()[:12])
         return modules
 
     return mark_wrapper(_preparation_modules, original)
@@ -535,7 +535,7 @@ def _cache_modules(original: Callable[..., Any]) -> Callable[..., Any]:
                     RUN.stale += stale
                 if stale:
                     logger.warning("te-align: %d cached text-encoder file(s) in %s were made without te-align or with "
-                                   "another profile; texts are re-encoded by profile %s into %s", stale, text_dir, p.name, keep)  # fmt: skip
+                                   "another profile; texts are re-encoded by profile %s into %s", stale, text_dir, p.name, keep)
                 else:
                     logger.info("te-align: OneTrainer text cache keyed by profile %s: %s", p.name, m.cache_dir)
         return modules
@@ -587,7 +587,7 @@ class OneTrainerHook(Hook):
                 out.append(Target(fam.model_module, f"{fam.model_class}.encode_text", fam.params, wrap=partial(_encode_text, fam)))
             if "loader" in self.parts:
                 out.append(Target(fam.loader_module, f"{fam.loader_class}._preparation_modules", ("self", "config", "model"),
-                                  wrap=partial(_preparation_modules, fam)))  # fmt: skip
+                                  wrap=partial(_preparation_modules, fam)))
         if "cache" in self.parts:
             out.append(Target(MIXIN_MODULE, "DataLoaderText2ImageMixin._cache_modules_from_names", CACHE_PARAMS, wrap=_cache_modules))
         return out

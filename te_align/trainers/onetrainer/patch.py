@@ -62,7 +62,7 @@ def static_problems(root: Path) -> list[str]:
 def shim_source(script: str, profile: str | None) -> bytes:
     up = "/".join([".."] * (len(Path(script).parts) - 1)) or "."
     return shim_from_template(templates_dir() / "launch_script.py.tmpl", script, profile,
-                              unpinned="profile chosen per model type", up=up)  # fmt: skip
+                              unpinned="profile chosen per model type", up=up)
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
@@ -79,7 +79,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
         f"scripts/ run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
     )
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="OneTrainer", scripts=SCRIPTS, shim=shim_source,
-                         readme=readme)  # fmt: skip
+                         readme=readme)
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -103,7 +103,7 @@ class OneTrainer(Adapter):
                 self.model_type = importlib.import_module("modules.util.enum.ModelType").ModelType
             except Exception as e:
                 raise ProbeError(f"onetrainer: cannot import modules.util.enum.ModelType from {self.root} "
-                                 f"({type(e).__name__}: {e})") from None  # fmt: skip
+                                 f"({type(e).__name__}: {e})") from None
             yield
 
     def model(self, profile_name: str, toks: dict[str, Any], encs: dict[str, Any]) -> Any:
@@ -131,13 +131,13 @@ class OneTrainer(Adapter):
         notes = [f"{cls_name}.encode_text, object made with {cls_name}(ModelType.{self.MODELS[profile_name][1]})"]
         if cls_name not in ("ChromaModel", "QwenModel"):
             notes.append("without hooks: one prompt per encode_text call (its text is one str), so differences of "
-                         "~1e-6 can come from the batch shape, not from OneTrainer's settings")  # fmt: skip
+                         "~1e-6 can come from the batch shape, not from OneTrainer's settings")
         if cls_name == "StableDiffusionModel" and clip_text_model_view(model.text_encoder):
             notes.append("the installed transformers' CLIPTextModel has no .text_model (OneTrainer pins transformers "
-                         "5.5.4, which has): the tiny encoder gets text_model.final_layer_norm = its final_layer_norm")  # fmt: skip
+                         "5.5.4, which has): the tiny encoder gets text_model.final_layer_norm = its final_layer_norm")
         if cls_name == "FluxModel":
             notes.append("text_ids: OneTrainer builds them in the transformer call, not compared; "
-                         "text_encoder_2_sequence_length=77 (TrainConfig default)")  # fmt: skip
+                         "text_encoder_2_sequence_length=77 (TrainConfig default)")
 
         def outputs(out: Any) -> dict[str, Any]:
             import torch
@@ -203,7 +203,7 @@ class OneTrainer(Adapter):
         self._hooked = True
         try:
             yield ["hooks: te_align.trainers.onetrainer.hooks parts=('models',); captions tokenized as the hooked data loader "
-                   "tokenizes them (one per item), then encode_text(tokens_N=...)"]  # fmt: skip
+                   "tokenizes them (one per item), then encode_text(tokens_N=...)"]
         finally:
             self._hooked = False
             hooks.uninstall()

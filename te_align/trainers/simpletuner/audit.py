@@ -242,7 +242,7 @@ _BACKEND_KEYS = ("instance_data_dir", "dataset_type", "cache_dir_vae", "caption_
 def _is_backend_config(data: Any) -> bool:
     """SimpleTuner's data backend config: a JSON list of backends, each with ``id`` and ``type``."""
     return (isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "id" in d and "type" in d for d in data)
-            and any(k in d for d in data for k in _BACKEND_KEYS))  # fmt: skip
+            and any(k in d for d in data for k in _BACKEND_KEYS))
 
 
 def detect(raw: RawConfig) -> int | None:

@@ -104,7 +104,7 @@ def cache_check_wrapper(arch: Arch, original: Any) -> Any:
         with RUN.lock:
             RUN.reencoded += 1
         RUN.once(f"stale:{arch.name}", "te-align: %s was cached %s; it and any like it are re-encoded", npz_path,
-                 "without a te-align profile" if have is None else f"with profile fingerprint {have[:12]}")  # fmt: skip
+                 "without a te-align profile" if have is None else f"with profile fingerprint {have[:12]}")
         return False
 
     return mark_wrapper(is_disk_cached_outputs_expected, original)

@@ -133,7 +133,7 @@ def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
             logger.info(
                 "te-align: kohya %s follows profile %s (fingerprint %s)%s", arch, p.name, p.fingerprint()[:12],
                 f"; user overrides {json.dumps(RUN.overrides, sort_keys=True)}" if RUN.overrides else "",
-            )  # fmt: skip
+            )
         RUN.last_profile = p
     return p
 
@@ -150,7 +150,7 @@ def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
     slot = p.slots[0].name
     if any("layer" in k for k in RUN.overrides):
         RUN.once("clip_skip:ignored", "te-align: --clip_skip %s not used: the user override %s sets the layer", clip_skip,
-                 json.dumps(RUN.overrides, sort_keys=True))  # fmt: skip
+                 json.dumps(RUN.overrides, sort_keys=True))
         return p
     key = f"{p.name}:{p.fingerprint()}:clip_skip={clip_skip}"
     with RUN.lock:
@@ -158,7 +158,7 @@ def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
         if q is None:
             q = RUN.profiles[key] = p.with_overrides(kohya_lora.clip_skip_overrides(slot, int(clip_skip)))
             logger.info("te-align: --clip_skip %s taken as a user override of profile %s: hidden_states[-%s] + final layer "
-                        "norm (fingerprint %s)", clip_skip, p.name, clip_skip, q.fingerprint()[:12])  # fmt: skip
+                        "norm (fingerprint %s)", clip_skip, p.name, clip_skip, q.fingerprint()[:12])
     return q
 
 

@@ -78,7 +78,7 @@ def pipeline_call_wrapper(arch: Arch, original: Any) -> Any:
                     f"sample:zeros:{arch.name}",
                     "te-align: sample images: a missing negative prompt becomes zero embeddings (profile %s empty_prompt "
                     "= zeros, as the official pipeline); sd-scripts would encode \"\"", p.name,
-                )  # fmt: skip
+                )
                 negative_prompt = MISSING_NEGATIVE
         return original(self, prompt, negative_prompt, *args, **kwargs)
 
@@ -114,7 +114,7 @@ def lpw_embeddings(
         p.name, slot.encoder.layer, " + final norm" if slot.encoder.final_layer_norm else "",
         f"{chunks} chunks of 77" if chunks else "77-token truncation", max_embeddings_multiples,
         "" if clip_skip in (None, 1) else f"; --clip_skip {clip_skip} as in training",
-    )  # fmt: skip
+    )
     parse = not skip_parsing
     weigh = parse and not skip_weighting
 

@@ -64,14 +64,14 @@ def note_setting_differences(arch: Arch, strategy: Any, p: AlignmentProfile) -> 
             "te-align: --max_token_length %s: %d CLIP chunks of 77 tokens each with BOS/EOS (NovelAI method; sd-scripts "
             "stitches them to %d tokens); the profile %s itself truncates at 77",
             chunks * 75, chunks, chunks * 75 + 2, p.name,
-        )  # fmt: skip
+        )
     t5len = getattr(strategy, "t5xxl_max_length", None)
     if t5len is not None and any(s.name == "t5" for s in p.slots) and t5len != p.slot("t5").tokenizer.max_length:
         RUN.once(
             f"t5:{arch.name}",
             "te-align: sd-scripts' T5 length %s replaced by profile %s's %s (override with %s='{\"t5_max_length\": %s}')",
             t5len, p.name, p.slot("t5").tokenizer.max_length, ENV_OVERRIDES, t5len,
-        )  # fmt: skip
+        )
     if arch.notes is not None:
         arch.notes(strategy, p)
 

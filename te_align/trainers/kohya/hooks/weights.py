@@ -52,7 +52,7 @@ def _announce(arch: Arch, p: AlignmentProfile, strategy: Any) -> None:
         arch.name, "--weighted_captions and sample images" if w.samples else "--weighted_captions",
         ", CLIP-G '!' rule" if "clip_g" in arch.slots else "", f"{chunks} chunks of 77" if chunks else "77-token truncation",
         p.name, w.source, ", pooled output unweighted" if w.pooled else "",
-    )  # fmt: skip
+    )
 
 
 def _announce_unweighted(arch: Arch, p: AlignmentProfile) -> None:
@@ -61,7 +61,7 @@ def _announce_unweighted(arch: Arch, p: AlignmentProfile) -> None:
         "te-align: --weighted_captions (%s): captions tokenized and encoded by profile %s; sd-scripts applies no "
         "prompt weights to %s (%s), so captions are encoded as written, weight syntax included, as without te-align",
         arch.name, p.name, arch.weighted.encoder, arch.weighted.source,
-    )  # fmt: skip
+    )
 
 
 def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:
