@@ -20,8 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from te_align import _safetensors, kohya_lora
 from te_align._atomic import atomic_file, link_or_copy
+from te_align._paths import check_file
 from te_align._safetensors import Header
-from te_align.errors import TeAlignError
+from te_align._version import __version__
+from te_align.errors import ProfileNotFound, TeAlignError
+from te_align.profiles import bundled, profiles
+from te_align.profiles import profile as resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -46,8 +50,6 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     (a FIFO is refused before it is opened: opening one blocks until a writer appears), and so is
     a header nested too deeply to parse.
     """
-    from te_align._paths import check_file
-
     check_file(path, MetadataError, what="file")
     try:
         return _safetensors.read_header(path, error=MetadataError)
@@ -66,9 +68,6 @@ def _value(v: Any) -> str:
 
 def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """The ``te_align.*`` metadata keys for a profile (all values strings)."""
-    from te_align._version import __version__
-    from te_align.profiles import profile as resolve
-
     p = resolve(profile) if isinstance(profile, str) else profile
     keys: dict[str, str] = {
         "te_align.version": __version__,
@@ -187,9 +186,6 @@ def _profile_check(stamp: dict[str, Any]) -> dict[str, Any] | None:
     name = stamp.get("te_align.profile")
     if not isinstance(fp, str):
         return None
-    from te_align.errors import ProfileNotFound
-    from te_align.profiles import bundled, profiles
-
     same = [p.name for p in profiles() if p.fingerprint() == fp]
     check: dict[str, Any] = {
         "profile": name,

@@ -13,6 +13,7 @@ from te_align.audit.findings import CheckResult, Finding
 from te_align.audit.parsed import module
 from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
+from te_align.profiles import profile as resolve
 
 
 def check_file(
@@ -66,8 +67,6 @@ def _command(argv: list[str], label: str) -> readers.RawConfig:
 
 def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
            result: CheckResult, dataset: list[str] | None = None, overrides: dict[str, Any] | None = None) -> None:
-    from te_align.profiles import profile as resolve
-
     registry = _plugins.registry()
     if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line:
         readers_of_lines = " or ".join(d.name for d, _ in registry.dialects() if d.command_line)

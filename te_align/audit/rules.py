@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from te_align import _plugins
 from te_align.audit.findings import NOT_SETTABLE, Finding
+from te_align.profiles.registry import _load_bundled
 
 Honoured = Literal["always", "never", "cached"]
 
@@ -443,6 +444,4 @@ def guess_from_name(*names: Any) -> str | None:
 
 def family_of(profile_name: str) -> str:
     """The family of a bundled profile (loads that one profile file only)."""
-    from te_align.profiles.registry import _load_bundled
-
     return _load_bundled(profile_name).family

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from te_align.errors import TeAlignError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ab", help="A/B trainings: a trainer's default conditioning vs the profile, with a report")
@@ -69,8 +71,6 @@ def _summary(result: object) -> None:
 
 def _check_seeds(seeds: int | None) -> None:
     if seeds is not None and seeds < 1:  # 0 would fall back to the preset's count
-        from te_align.errors import TeAlignError
-
         raise TeAlignError(f"must be >= 1, got {seeds}", key="--seeds")
 
 

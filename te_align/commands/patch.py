@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from te_align.profiles import profile
+from te_align.trainers import specs
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("patch", help="install te-align's drop-in scripts into a trainer folder (a transaction)")
-    from te_align.trainers import specs
-
     patched = [s for s in specs() if s.patch]
     p.add_argument("path", help=", ".join(s.patch_path for s in patched))
     p.add_argument("--profile", help="profile name to pin (default: chosen per run from the model trained)")
@@ -36,8 +37,6 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from te_align.patching.transaction import lock, recover
 
     if args.profile:
-        from te_align.profiles import profile
-
         args.profile = profile(args.profile).name  # validate early; aliases resolve
     det = detect(args.path, args.trainer)
     with lock(det.root):  # plan and apply as one step: a second te-align waits or refuses

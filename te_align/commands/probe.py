@@ -10,10 +10,10 @@ import argparse
 import json
 from typing import Any
 
+from te_align.trainers import specs
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from te_align.trainers import specs
-
     probed = [s for s in specs() if s.probe]
     where = "; ".join(f"{s.name}: {s.probe_path}" for s in probed)
     listed = ", ".join(s.name for s in probed[:-1]) + f" or {probed[-1].name}"

@@ -7,6 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from te_align.errors import ProfileError
+from te_align.profiles import profile, profiles
+from te_align.profiles.resolve import build, classify
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="list, show, compare and build alignment profiles")
@@ -45,8 +49,6 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from te_align.profiles import profiles
-
     rows = [
         {"name": p.name, "display_name": p.display_name, "family": p.family, "repo": p.repo,
          "slots": list(p.slot_names), "aliases": list(p.aliases), "fingerprint": p.fingerprint()}
@@ -127,8 +129,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from te_align.profiles import profile
-
     a, b = profile(args.a), profile(args.b)
     ba, bb = a.behaviour(), b.behaviour()
     rows = [(k, ba.get(k, "<absent>"), bb.get(k, "<absent>")) for k in dict.fromkeys([*ba, *bb]) if ba.get(k, "<absent>") != bb.get(k, "<absent>")]
@@ -152,8 +152,6 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
     import stat
 
     from te_align._paths import describe
-    from te_align.errors import ProfileError
-    from te_align.profiles.resolve import classify
 
     out = Path(output).expanduser()
     if out.suffix.lower() not in (".toml", ".json"):
@@ -188,7 +186,6 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
 def _write_with_backup(out: Path, text: str) -> None:
     """Atomic write; an existing file is first kept as ``FILE.bak`` (hard link, else a copy)."""
     from te_align._atomic import atomic_file, link_or_copy
-    from te_align.errors import ProfileError
 
     def backup() -> None:
         if out.exists():
@@ -203,8 +200,6 @@ def _write_with_backup(out: Path, text: str) -> None:
 
 def cmd_build(args: argparse.Namespace) -> int:
     import sys
-
-    from te_align.profiles.resolve import build
 
     out = check_output(args.output, args.source, force=args.force) if args.output else None
     report = build(args.source)

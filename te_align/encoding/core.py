@@ -24,6 +24,7 @@ from te_align._dtypes import DTYPE_NAMES, torch_dtype
 from te_align.encoding.conditioning import Conditioning
 from te_align.encoding.text import is_absent, render, template_prefix
 from te_align.errors import EncodingError
+from te_align.profiles import profile as load
 from te_align.profiles.expr import Call, Node, Ref, output_specs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
 
@@ -689,8 +690,6 @@ def evaluate(node: Node, results: Mapping[str, SlotResult]) -> torch.Tensor | in
 def resolve_profile(profile: AlignmentProfile | str) -> AlignmentProfile:
     if isinstance(profile, AlignmentProfile):
         return profile
-    from te_align.profiles import profile as load
-
     return load(profile)
 
 

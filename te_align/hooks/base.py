@@ -29,7 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from te_align.errors import TeAlignError
+from te_align.errors import ProfileError, TeAlignError
+from te_align.profiles import AlignmentProfile
+from te_align.profiles.overrides import env_overrides as read
+from te_align.profiles.overrides import env_overrides as read_env
+from te_align.profiles.overrides import env_profile, merge, resolve
 
 logger = logging.getLogger("te_align")
 
@@ -63,9 +67,6 @@ class HookError(TeAlignError):
 
 def env_overrides() -> dict[str, Any]:
     """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`HookError` line."""
-    from te_align.errors import ProfileError
-    from te_align.profiles.overrides import env_overrides as read
-
     try:
         return read()
     except ProfileError as e:
@@ -278,8 +279,6 @@ class Settings:
     (:func:`te_align.profiles.overrides.resolve`), once per source."""
 
     def __init__(self, profile: Any = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
-        from te_align.profiles.overrides import merge
-
         self.source = profile
         self.layers = tuple((o, dict(m)) for o, m in layers if m)
         self.overrides, self.origins = merge(*self.layers)
@@ -288,8 +287,6 @@ class Settings:
 
     def profile(self, default: Any = None) -> Any:
         """The profile: the user's source (else ``default``, the hook's choice for the model) with the overrides."""
-        from te_align.profiles.overrides import resolve
-
         source = self.source if self.source is not None else default
         if source is None:
             raise HookError(f"te-align: no profile for this call; set {ENV_PROFILE} or pass profile=")
@@ -323,11 +320,6 @@ def settings(profile: Any = None, overrides: Mapping[str, Any] | None = None, *,
     """The one reading of the environment for every trainer's hooks: ``profile`` (else ``TE_ALIGN_PROFILE``) and
     ``overrides`` over ``TE_ALIGN_OVERRIDES``. A named profile and the overrides are validated now, so a mistake
     is one :class:`HookError` line before anything is installed."""
-    from te_align.errors import ProfileError
-    from te_align.profiles import AlignmentProfile
-    from te_align.profiles.overrides import env_overrides as read_env
-    from te_align.profiles.overrides import env_profile
-
     try:
         env = read_env(environ)
     except ProfileError as e:

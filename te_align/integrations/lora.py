@@ -15,6 +15,8 @@ from typing import Any
 
 from te_align import kohya_lora
 from te_align.errors import TeAlignError
+from te_align.metadata import read
+from te_align.profiles import bundled, profile
 
 #: kohya's modelspec.architecture / ss_base_model_version -> bundled profile (the file format:
 #: :mod:`te_align.kohya_lora`).
@@ -38,8 +40,6 @@ class LoraProfile:
 
 
 def _from_stamp(te: dict[str, Any], check: dict[str, Any] | None, label: str) -> LoraProfile | None:
-    from te_align.profiles import bundled, profile
-
     name = te.get("te_align.profile")
     same = (check or {}).get("same_behaviour_as") or []
     base_name = name if (check or {}).get("bundled") else (same[0] if same else None)
@@ -59,8 +59,6 @@ def _from_stamp(te: dict[str, Any], check: dict[str, Any] | None, label: str) ->
 
 
 def _from_kohya(kohya: dict[str, Any], label: str) -> LoraProfile | None:
-    from te_align.profiles import profile
-
     name = kohya_lora.profile_name(kohya)
     if name is None:
         return None
@@ -88,9 +86,6 @@ def profile_from_lora(path: str | os.PathLike[str], fallback: Any = None) -> Lor
     that name the model; without one that case raises :class:`TeAlignError` asking for a profile. An unreadable
     file raises one line naming it.
     """
-    from te_align.metadata import read
-    from te_align.profiles import profile
-
     label = os.path.basename(os.fspath(path))
     info = read(path)
     found = None

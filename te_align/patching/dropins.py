@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from te_align._git import git_dir
+from te_align.hooks.base import OFF_WORDS
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import (
     STATE_DIR,
@@ -38,8 +39,6 @@ def shim_from_template(template: Path, script: str, profile: str | None, *, unpi
     """A drop-in for ``script`` from a trainer's ``str.format`` template: the original's path under
     :data:`ORIGINALS`, the profile pinned when one is given (else ``pass  # unpinned``), te-align's off words and
     any further ``fields``."""
-    from te_align.hooks.base import OFF_WORDS
-
     text = template.read_text(encoding="utf-8")
     pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else f"pass  # {unpinned}"
     return text.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS,

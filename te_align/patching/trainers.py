@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 from te_align import _plugins
+from te_align._git import git_head
 from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan, lock, recover
 
 
@@ -36,8 +37,6 @@ class Detection:
 def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str, ...]]:
     """A git checkout's version (its HEAD, short) and the notes a detection gives when it is not a commit the hooks
     were verified with (``supported``) or not a git checkout at all (the hook targets are then checked in the source)."""
-    from te_align._git import git_head
-
     head = git_head(root)
     if head is None:
         return "unknown (no git)", ("not a git checkout: the hook targets are checked in the source instead",)

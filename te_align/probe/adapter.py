@@ -14,8 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from te_align import _plugins
+from te_align.errors import closest
 from te_align.probe import ProbeError
 from te_align.probe.core import Case
+from te_align.profiles import profile as _profile
+from te_align.profiles import profile as load
+from te_align.tiny.fit import fit_profile
 
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
@@ -66,8 +70,6 @@ class Adapter:
         self.profiles = {}
 
     def profile_name(self, name: str) -> str:
-        from te_align.profiles import profile as load
-
         canonical = load(name).name
         if canonical not in self.profiles:
             raise ProbeError(f"{self.name} {self.version} has no encoding path te-align can probe for profile "
@@ -93,8 +95,6 @@ class Adapter:
 
 def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
     """(fitted profile, tokenizers, text encoders, diffusers pipeline) for a profile's tiny family."""
-    from te_align.profiles import profile as _profile
-    from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
     from te_align.tiny.tokenizers import clip_bpe_path
 
@@ -123,8 +123,6 @@ def adapter_for(trainer: str, path: str | None) -> Adapter:
     """The probe adapter of a trainer (by name or alias) for the installation at ``path``."""
     spec = _plugins.registry().lookup(trainer, "probe")
     if spec is None:
-        from te_align.errors import closest
-
         known = trainers()
         raise ProbeError(f"unknown trainer '{trainer}'; known: {', '.join(known)}{closest(trainer, known)}")
     return spec.part("probe").ADAPTER(path)  # type: ignore[no-any-return]

@@ -17,7 +17,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from te_align.encoding import encode as _encode
+from te_align.encoding.text import render
 from te_align.probe import ProbeError
+from te_align.profiles.expr import output_specs
 
 _LONG_WORDS = " ".join(f"word{i} cat, dog!" for i in range(400))
 
@@ -30,7 +33,6 @@ def _at_limit(slot: Any, tokenizer: Any) -> str:
     glyph text) the words are put in quotes, so that part is what reaches the limit.
     """
     from te_align.encoding.core import tokenize_length
-    from te_align.encoding.text import render
 
     target = tokenize_length(slot, tokenizer)
     quoted = slot.tokenizer.text_transform != "none"
@@ -210,9 +212,6 @@ def _compare_item(acc: _Acc, label: str, got: Any, want: Any) -> None:
 def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[list[TensorComparison], dict[str, str]]:
     """Run ``case`` and :func:`te_align.encode` over the suite; one comparison per profile output."""
     import torch
-
-    from te_align.encoding import encode as _encode
-    from te_align.profiles.expr import output_specs
 
     suite = suite if suite is not None else prompt_suite(case.profile, case.tokenizers)
     accs: dict[str, _Acc] = {}

@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from te_align import _plugins
+from te_align._atomic import atomic_file
+from te_align._version import __version__
 from te_align.probe import ProbeError
+from te_align.probe.adapter import HooksUnavailable, NotImportable, adapter_for
 from te_align.probe.core import ProbeResult, compare, quiet
+from te_align.profiles import profile as load
 
 
 @dataclass
@@ -61,8 +65,6 @@ class Matrix:
         import diffusers
         import torch
         import transformers
-
-        from te_align._version import __version__
 
         lines = [
             "# te-align trainer matrix",
@@ -126,9 +128,6 @@ def run_matrix(
     environ: Mapping[str, str] | None = None,
 ) -> Matrix:
     """Probe every trainer found x profile (optionally only ``profiles``); write markdown to ``out``."""
-    from te_align.probe.adapter import HooksUnavailable, adapter_for
-    from te_align.profiles import profile as load
-
     wanted = None if profiles is None else {load(p).name for p in profiles}
     matrix = Matrix()
     if trainers is None:
@@ -150,8 +149,6 @@ def run_matrix(
         except ProbeError as e:
             matrix.absent.append(f"{label} ({f.how}): {e}")
     if out is not None:
-        from te_align._atomic import atomic_file
-
         text = matrix.markdown()
         with atomic_file(Path(out), "w", error=ProbeError) as fh:
             fh.write(text)
@@ -159,8 +156,6 @@ def run_matrix(
 
 
 def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: type[Exception], matrix: Matrix) -> Row:
-    from te_align.probe.adapter import NotImportable
-
     try:
         case = adapter.case(name)
         tensors, labels = compare_fn(case)

@@ -36,6 +36,8 @@ from te_align.profiles.model import (
     SlotSpec,
     TokenizerSpec,
 )
+from te_align.profiles.resolve import profile as load
+from te_align.profiles.serialize import validate
 
 #: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
 ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
@@ -232,8 +234,6 @@ def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, 
 
 
 def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> AlignmentProfile:
-    from te_align.profiles.serialize import validate
-
     prov = dict(profile.provenance)
     new = profile
     for key, value in overrides.items():
@@ -334,8 +334,6 @@ def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: boo
     ``layers`` are ``(origin, mapping)`` pairs, later ones winning (``("--set", {...})``,
     ``("config.process[0].te_align.overrides", {...})``); ``env=True`` puts ``TE_ALIGN_OVERRIDES`` first (the
     explicit layers win over it). An error names the origin of the key it is about."""
-    from te_align.profiles.resolve import profile as load
-
     if env:
         layers = (("TE_ALIGN_OVERRIDES", env_overrides(environ)), *layers)
     merged, origins = merge(*layers)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from te_align._atomic import fsync_dir
+from te_align._paths import read_bytes
+from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.config import TrainError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -102,8 +104,6 @@ def save_checkpoint(
     A full disk or read-only folder raises :class:`~te_align.train._io.WriteError`; the newest
     complete checkpoint is never touched before the new one is complete.
     """
-    from te_align.train._io import WriteError, writing
-
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     with writing(root):
@@ -126,8 +126,6 @@ def save_checkpoint(
 def _write_files(tmp: Path, final: Path, params: Mapping[str, Any], optimizer: Any, scheduler: Any, state: dict[str, Any],
                  step: int, rng: dict[str, Any] | None) -> None:
     from safetensors.torch import save
-
-    from te_align.train._io import write_atomic, writing
 
     root = final.parent
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in params.items()}
@@ -186,8 +184,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     import torch
     from safetensors.torch import load
-
-    from te_align._paths import read_bytes
 
     d = Path(path)
     if not (d / "state.json").is_file():

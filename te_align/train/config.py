@@ -18,7 +18,9 @@ from typing import Any, Literal
 
 from te_align import _schema as schema
 from te_align._dtypes import DTYPE_NAMES
+from te_align._paths import read_bytes
 from te_align.errors import TeAlignError, closest
+from te_align.profiles.resolve import is_hub_id
 
 
 class TrainError(TeAlignError):
@@ -345,8 +347,6 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
         sections[name] = schema.build(SECTIONS[name], value, key=name, file=file, error=TrainError)
     cfg = TrainConfig(**sections, source=file or "")
     if base_dir is not None:
-        from te_align.profiles.resolve import is_hub_id
-
         base = Path(base_dir)
 
         def rel(p: str) -> str:
@@ -376,8 +376,6 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a TOML training config (paths relative to its folder)."""
-    from te_align._paths import read_bytes
-
     p = Path(path).expanduser()
     raw = read_bytes(p, TrainError, what="config file")
     try:

@@ -37,7 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_align._dtypes import dtype_name, torch_dtype
+from te_align.encoding.loading import _transformers_class
 from te_align.train.config import TrainConfig, TrainError
+from te_align.train.data import IMAGE_EXTENSIONS
+from te_align.train.models import (
+    CLIP_TARGETS,
+    big_text_encoders,
+    denoise,
+    family_of,
+    resolve_profile,
+    weight_dtype_name,
+)
+from te_align.train.real_configs import REAL_CONFIGS, TEXT_ENCODER_CLASSES, official_components
 
 GiB = 2**30
 #: Blocks of at least this many bytes get their own mapping, returned to the OS when freed (steady_cpu_heap).
@@ -112,9 +124,6 @@ def component_specs(cfg: TrainConfig, profile: Any) -> dict[str, tuple[str, dict
     folder's ``*/config.json`` or, for a hub id of a bundled preset's model, from :mod:`te_align.train.real_configs`."""
     import json
 
-    from te_align.train.models import family_of
-    from te_align.train.real_configs import REAL_CONFIGS, TEXT_ENCODER_CLASSES, official_components
-
     fam = family_of(profile)
     wanted = [fam.denoiser_attr, "vae", *dict.fromkeys(s.encoder_subfolder for s in profile.slots)]
     folder = Path(cfg.model.config or cfg.model.path).expanduser()
@@ -160,8 +169,6 @@ def build_meta(cls_name: str, config: dict[str, Any]) -> Any:
             with torch.device("meta"):
                 return model_cls.from_config(_clean(config))
         # _transformers_class also knows a swapped model's ProjectedTextEncoder (te-align swap)
-        from te_align.encoding.loading import _transformers_class
-
         model_cls = _transformers_class(cls_name, cls_name)
         config_obj = model_cls.config_class(**_clean(config))
         with torch.device("meta"):
@@ -311,8 +318,6 @@ def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tupl
     import torch
     import torch.nn.functional as functional
 
-    from te_align.train.models import denoise
-
     seen: dict[int, int] = {}
     keep: list[Any] = []
 
@@ -347,8 +352,6 @@ def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tupl
 def _largest_block(denoiser: Any, family: Any, noisy: Any, t: Any, cond: Any, time_ids: Any, compute_dtype: Any) -> int:
     import torch
     import torch.nn.functional as functional
-
-    from te_align.train.models import denoise
 
     blocks = [m for name, m in denoiser.named_children() if isinstance(m, torch.nn.ModuleList)]
     per_block: dict[int, int] = {}
@@ -474,8 +477,6 @@ def _stored_files(cfg: TrainConfig, attrs: list[str], denoiser: str) -> dict[str
 def _load_meta(cfg: TrainConfig) -> _Model:
     import torch
 
-    from te_align.train.models import CLIP_TARGETS, family_of, resolve_profile
-
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
     specs = component_specs(cfg, profile)
@@ -577,8 +578,6 @@ def _alternatives(cfg: TrainConfig, device: str) -> dict[str, Any]:
 
 def _images(cfg: TrainConfig) -> tuple[int, int]:
     """(images, distinct captions) of the dataset (1, 1 when the folder is not there)."""
-    from te_align.train.data import IMAGE_EXTENSIONS
-
     root = Path(cfg.data.path).expanduser()
     if not root.is_dir():
         return 1, 1
@@ -592,9 +591,6 @@ def _images(cfg: TrainConfig) -> tuple[int, int]:
 
 def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, traces: dict[Any, int], host: int) -> Estimate:
     import torch
-
-    from te_align._dtypes import torch_dtype
-    from te_align.train.models import big_text_encoders, weight_dtype_name
 
     t, fam = cfg.train, model.family
     wdt = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
@@ -696,9 +692,6 @@ def _loading(cfg: TrainConfig, model: _Model, device: str, weights: dict[str, in
     A hub id's files cannot be read here: they are taken as 16-bit (as FLUX.1 and SD3.5 publish them), so
     only a float32 run converts them."""
     import torch
-
-    from te_align._dtypes import dtype_name
-    from te_align.train.models import big_text_encoders
 
     fam = model.family
     q = cfg.model.quantize

@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align import kohya_lora
+from te_align.metadata import stamp, stamp_keys
+from te_align.train._io import _umask, write_atomic, writing
 from te_align.train.config import TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,8 +78,6 @@ def save_diffusers_lora(
     extra: dict[str, Any],
 ) -> Path:
     """Write the LoRA in diffusers format with te_align metadata; whole file or nothing."""
-    from te_align.metadata import stamp
-
     target = Path(path)
     from diffusers.utils import convert_state_dict_to_diffusers
 
@@ -89,8 +89,6 @@ def save_diffusers_lora(
         # with to_q/to_k/to_v/to_out.0 renamed and other modules not, silently loses those layers
         kwargs[f"{name}_lora_layers"] = sd if name in kohya_lora.DENOISER_PREFIX else convert_state_dict_to_diffusers(sd)
         kwargs[f"{name}_lora_adapter_metadata"] = _adapter_metadata(models[name])
-    from te_align.train._io import _umask, writing
-
     with writing(target):
         tmp = Path(tempfile.mkdtemp(prefix=".lora-", dir=target.parent))
         try:
@@ -535,8 +533,6 @@ def save_kohya_lora(
     """
     from safetensors.torch import save
 
-    from te_align.metadata import stamp_keys
-
     layers = lora_state_dicts(models)
     alphas = {c: float(m.peft_config["default"].lora_alpha) for c, m in models.items()}
     ranks = {c: int(m.peft_config["default"].r) for c, m in models.items()}
@@ -551,8 +547,6 @@ def save_kohya_lora(
         "ss_training_comment": "trained with te-align",
     }
     meta.update(stamp_keys(profile, extra))
-    from te_align.train._io import write_atomic
-
     return write_atomic(path, save(state, metadata=meta))
 
 

@@ -28,11 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_align._dtypes import torch_dtype
+from te_align._compat import _key, require_peft
+from te_align._dtypes import dtype_name, torch_dtype
+from te_align._paths import read_bytes
+from te_align._threads import fit
+from te_align.encoding import Conditioning, EncodeOptions, long_prompt_chunks, sample_dropout
+from te_align.encoding.cache.keys import hash_text_encoders, tensors_digest
+from te_align.encoding.cache.store import EmbeddingCache
 from te_align.errors import CacheError
 from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -53,6 +61,7 @@ from te_align.train.data import (
     scan,
     step_generator,
 )
+from te_align.train.estimate import steady_cpu_heap
 from te_align.train.export import save_diffusers_lora, save_kohya_lora
 from te_align.train.logs import RunLog, plot_losses, read_losses
 from te_align.train.models import (
@@ -76,7 +85,9 @@ from te_align.train.models import (
     vae_scale_factor,
     weight_dtype_name,
 )
+from te_align.train.preflight import check_device, check_output, check_sizes, set_aside_previous_run
 from te_align.train.residency import Residency, for_sampling, precache_variants, release
+from te_align.train.sampling import sample_images
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -102,8 +113,6 @@ class LatentStore:
     """VAE latent distributions (mean, std) per (image, flip), in memory and optionally on disk."""
 
     def __init__(self, vae: Any, directory: Path | None, device: Any, dtype: Any) -> None:
-        from te_align.encoding.cache.keys import hash_text_encoders
-
         self.vae = vae
         self.dir = directory
         self.device = device
@@ -129,9 +138,6 @@ class LatentStore:
 
         from safetensors.torch import load, save
 
-        from te_align._paths import read_bytes
-        from te_align.encoding.cache.keys import tensors_digest
-
         ident = f"{file_digest(item.path)}|{item.bucket}|{flip}|{self.vae_hash}|{self.dtype}"
         name = hashlib.sha256(ident.encode()).hexdigest()
         path = self.dir / name[:2] / f"{name}.safetensors"
@@ -155,8 +161,6 @@ class LatentStore:
         if value is None:
             value = self._encode(item, flip)
             tensors = {"mean": value[0].contiguous(), "std": value[1].contiguous()}
-            from te_align.train._io import write_atomic
-
             write_atomic(path, save(tensors, metadata={"te_align.tensors_sha256": tensors_digest(tensors)}))
         self.mem[key] = value
         return value
@@ -178,8 +182,6 @@ class TextSource:
         self, cfg: TrainConfig, profile: Any, pipe: Any, device: Any, dtype: Any, *, trainable: bool, cache_dir: Path,
         writer: bool = True,
     ) -> None:
-        from te_align.encoding import EncodeOptions
-
         self.cfg = cfg.data
         self.profile = profile
         self.pipe = pipe
@@ -217,9 +219,6 @@ class TextSource:
         options = options or self.options
         key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
         if key not in self._caches:
-            from te_align.encoding.cache.keys import hash_text_encoders
-            from te_align.encoding.cache.store import EmbeddingCache
-
             if self._te_hash is None:
                 self._te_hash = hash_text_encoders(
                     {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots},
@@ -287,8 +286,6 @@ class TextSource:
         consumes ``gen`` exactly as a single process training the whole batch would.
         """
         import torch
-
-        from te_align.encoding import Conditioning, sample_dropout
 
         n = len(captions)
         texts = [process_caption(c, self.cfg, gen) for c in captions]
@@ -385,8 +382,6 @@ def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any)
             logger.warning("train.optimizer = adamw8bit needs bitsandbytes (pip install bitsandbytes); using torch AdamW")
         else:
             import bitsandbytes as bnb
-
-            from te_align._compat import _key
 
             version = getattr(bnb, "__version__", "0")
             if device.type == "cpu" and _key(version) < CPU_ADAMW8BIT:
@@ -524,8 +519,6 @@ class Run:
         cfg = self.cfg
         if not (self.main and cfg.sample.prompts):
             return
-        from te_align.train.sampling import sample_images
-
         self.denoiser.eval()
         try:
             side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
@@ -564,8 +557,6 @@ def train(
     A full disk or read-only folder while writing stops the run with one line naming the file and
     the checkpoint to resume from; the checkpoints already written are never touched.
     """
-    from te_align.train.preflight import check_device, check_output, set_aside_previous_run
-
     cfg = as_config(config)
     check_output(cfg, resume=resume, overwrite=overwrite)
     check_device(cfg)
@@ -599,8 +590,6 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     t = cfg.train
     cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
     if cpu:  # freed tensors go back to the OS, so the resident set follows what --estimate counts
-        from te_align.train.estimate import steady_cpu_heap
-
         steady_cpu_heap()
     _fresh_accelerator_state()
     accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
@@ -608,15 +597,11 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
     report = scan(cfg.data)
-    from te_align._compat import require_peft
-
     require_peft("diffusers", *(["transformers"] if cfg.lora.text_encoders else []))  # before any model is loaded
     weight_dtype = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
     check_quantize(cfg.model.quantize, device)
     profile, family, pipe, objective = _load_model(cfg, pipeline, device, weight_dtype)
     if device.type == "cpu":  # threads that fit the machine: two threads on a shared 2-core box collapse (_threads)
-        from te_align._threads import fit
-
         fit(sum(p.numel() for p in getattr(pipe, family.denoiser_attr).parameters()), t.threads)
     model_id = _model_id(getattr(pipe, family.denoiser_attr))
     compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
@@ -677,8 +662,6 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
 def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tuple[Any, Family, Any, str]:
     """(profile, family, pipeline, objective): the model loaded (or ``pipeline``), checked against the
     profile, frozen, in ``dtype`` (or quantized) and on ``device``."""
-    from te_align._dtypes import dtype_name
-
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
     pipe = pipeline if pipeline is not None else load_pipeline(cfg.model, profile, dtype_name=dtype_name(dtype))
@@ -694,15 +677,11 @@ def _bucket_and_cache_latents(
 ) -> LatentStore:
     """Assign every image its bucket (and chunk count), then fill the latent cache when it is on."""
     vae = pipe.vae
-    from te_align.train.preflight import check_sizes
-
     check_sizes(cfg, vae_scale_factor(vae) * family.patch)
     buckets = make_buckets(cfg.data, vae_scale_factor(vae) * family.patch)
     for it in items:
         it.bucket = assign_bucket(it.size, buckets)
     if cfg.data.long_prompt_chunks:
-        from te_align.encoding import long_prompt_chunks
-
         counts = long_prompt_chunks(profile, [it.caption for it in items], cfg.data.long_prompt_chunks, pipeline=pipe)
         for it, c in zip(items, counts, strict=True):
             it.chunks = c
@@ -778,8 +757,6 @@ def _model_id(denoiser: Any) -> str:
     """sha256 of the denoiser's config and its first and last weights (before LoRA is added)."""
     import hashlib
 
-    from te_align.encoding.cache.keys import tensors_digest
-
     config = dict(getattr(denoiser, "config", {}) or {})
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode("utf-8"))
     named = list(denoiser.named_parameters())
@@ -848,8 +825,6 @@ def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
 def _load_intact(run: Run, resume: bool | str | Path) -> tuple[Path, dict[str, Any]]:
     """The checkpoint to resume from, loaded and verified; with ``resume=True`` a damaged newest one
     is reported (one line naming the file) and the previous intact one used instead."""
-    from te_align.train.checkpoint import CheckpointError, list_checkpoints
-
     if resume is not True:
         path = Path(resume)
         return path, load_checkpoint(path)

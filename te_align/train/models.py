@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._compat import require_peft
 from te_align._dtypes import torch_dtype
+from te_align.profiles.overrides import resolve
+from te_align.profiles.sources.hub import offline_model_problem, unreachable_model_problem
 from te_align.train.config import ModelConfig, TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,8 +75,6 @@ def family_of(profile: AlignmentProfile) -> Family:
 
 # ----------------------------------------------------------------------------------------- loading
 def resolve_profile(cfg: ModelConfig) -> AlignmentProfile:
-    from te_align.profiles.overrides import resolve
-
     source = cfg.path if cfg.profile == "auto" else cfg.profile
     try:
         return resolve(source, ("model.profile_overrides", cfg.profile_overrides or None))
@@ -170,7 +171,6 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
     import diffusers
 
     import te_align.encoding.projected  # noqa: F401  (diffusers loads a swapped model's text encoder class from it)
-    from te_align.profiles.sources.hub import offline_model_problem, unreachable_model_problem
 
     dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
     path = Path(cfg.path).expanduser()
@@ -338,8 +338,6 @@ def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: li
     """Add a peft LoRA adapter ``default`` to a diffusers model or transformers text encoder; trainable params."""
     import torch
     from peft import LoraConfig
-
-    from te_align._compat import require_peft
 
     require_peft(type(model).__module__.split(".")[0])  # a library/peft pair that cannot work: name both versions
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian", target_modules=targets)

@@ -21,7 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from te_align._paths import describe
+from te_align.profiles.resolve import is_hub_id
+from te_align.train._io import writing
+from te_align.train.checkpoint import latest_checkpoint, list_checkpoints
 from te_align.train.config import TrainConfig, TrainError
+from te_align.train.data import scan
+from te_align.train.models import family_of, resolve_profile
 
 #: The files and folders of a run in its output folder (``{name}`` is ``output.name``).
 RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "train_config.json", "logs", "samples",
@@ -30,8 +36,6 @@ RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "t
 
 def previous_run(cfg: TrainConfig) -> list[str]:
     """What of an earlier run the output folder holds (checkpoints, LoRA files); empty when none."""
-    from te_align.train.checkpoint import list_checkpoints
-
     out = Path(cfg.output.dir)
     found = []
     n = len(list_checkpoints(out))
@@ -46,8 +50,6 @@ def previous_run(cfg: TrainConfig) -> list[str]:
 
 def set_aside_previous_run(cfg: TrainConfig) -> Path | None:
     """``--overwrite``: move the earlier run's files into ``<output>/replaced-<UTC time>/``; returns that folder."""
-    from te_align.train._io import writing
-
     out = Path(cfg.output.dir)
     names = [p.format(name=cfg.output.name) for p in RUN_FILES]
     present = [n for n in names if os.path.lexists(out / n)]
@@ -82,8 +84,6 @@ def check_output(cfg: TrainConfig, *, resume: Any, overwrite: bool) -> None:
         import stat
 
         if not stat.S_ISDIR(st.st_mode):
-            from te_align._paths import describe
-
             raise TrainError(f"is {describe(st.st_mode)}, expected a folder for the run's output", file=str(p),
                              key="output.dir")
         if not os.access(p, os.W_OK | os.X_OK):
@@ -159,8 +159,6 @@ def check_sizes(cfg: TrainConfig, multiple: int) -> None:
 
 def check_profile(cfg: TrainConfig) -> Any:
     """The run's profile (with overrides) and the family rules that depend on it; returns the profile."""
-    from te_align.train.models import family_of, resolve_profile
-
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
     obj = cfg.train.objective
@@ -186,8 +184,6 @@ def check_profile(cfg: TrainConfig) -> Any:
 
 
 def check_model_path(cfg: TrainConfig) -> None:
-    from te_align.profiles.resolve import is_hub_id
-
     for key, value in (("model.path", cfg.model.path), ("model.config", cfg.model.config)):
         if not value:
             continue
@@ -216,16 +212,12 @@ def check_run(cfg: TrainConfig, *, resume: Any = None, overwrite: bool = False, 
     if cfg.data.cache_dir and Path(cfg.data.cache_dir).exists() and not Path(cfg.data.cache_dir).is_dir():
         raise TrainError("exists and is not a folder", file=cfg.data.cache_dir, key="data.cache_dir")
     if resume:
-        from te_align.train.checkpoint import latest_checkpoint
-
         if resume is True and latest_checkpoint(cfg.output.dir) is None:
             raise TrainError("no checkpoint to resume from in the output folder",
                              file=str(Path(cfg.output.dir) / "checkpoints"), key="--resume")
         if resume is not True and not (Path(resume) / "state.json").is_file():
             raise TrainError("not a te-align checkpoint folder (no state.json)", file=str(resume), key="--resume")
     if dataset:
-        from te_align.train.data import scan
-
         report = scan(cfg.data)
         notes.append(f"{len(report.items)} images")
         if report.unreadable:

@@ -11,6 +11,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from te_align.encoding import encode_uncond
 from te_align.train.config import SampleConfig
 
 
@@ -21,7 +22,6 @@ def sample_images(
     import torch
 
     import te_align
-    from te_align.encoding import encode_uncond
 
     if not cfg.prompts:
         return []

@@ -24,7 +24,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from te_align.encoding.cache.keys import hash_text_encoders
+from te_align.encoding.cache.store import EmbeddingCache
 from te_align.encoding.projected import CLASS_NAME
+from te_align.metadata import stamp
+from te_align.profiles.expr import Ref, output_specs, refs
+from te_align.train._io import writing
+from te_align.train.config import TrainError
+from te_align.train.loop import TextSource
+from te_align.train.models import CLIP_TARGETS
 
 
 def projection_models(profile: Any, pipe: Any) -> dict[str, Any]:
@@ -50,8 +58,6 @@ INNER_LORA_TARGETS = {"t5": ["q", "k", "v", "o"], "umt5": ["q", "k", "v", "o"], 
 def encoder_lora_targets(model: Any) -> list[str]:
     """``lora.text_encoders`` on a swapped slot: LoRA on the inner encoder's attention (never the projection,
     which trains in full)."""
-    from te_align.train.models import CLIP_TARGETS
-
     inner_type = str(model.config.encoder_config.get("model_type", ""))
     return list(INNER_LORA_TARGETS.get(inner_type, CLIP_TARGETS))
 
@@ -79,8 +85,6 @@ def full_params(denoiser: Any, patterns: list[str]) -> dict[str, Any]:
             p.data = p.data.float()
         out[clean] = p
     if not out:
-        from te_align.train.config import TrainError
-
         raise TrainError(f"no {type(denoiser).__name__} parameter matches {patterns}", key="train.full_modules")
     return out
 
@@ -90,9 +94,6 @@ def save_tensors(tensors: dict[str, Any], path: Path, *, profile: Any, extra: di
     import tempfile
 
     from safetensors.torch import save_file
-
-    from te_align.metadata import stamp
-    from te_align.train._io import writing
 
     data = {k: p.detach().float().cpu().contiguous() for k, p in tensors.items()}
     with writing(path):
@@ -110,8 +111,6 @@ def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: 
 
 def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
     """Whether conditioning = projection(cached inner output) exactly, for every output and dropout."""
-    from te_align.profiles.expr import Ref, output_specs
-
     if cfg.lora.text_encoders:
         return False
     zeros = cfg.data.dropout_policy == "zeros" or (cfg.data.dropout_policy == "profile" and profile.empty_prompt == "zeros")
@@ -129,8 +128,6 @@ def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
 
 
 def _refs(node: Any) -> list[Any]:
-    from te_align.profiles.expr import refs
-
     return refs(node)
 
 
@@ -152,8 +149,6 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
                 writer: bool) -> Any:
     """The run's text source for a swapped model: the projection applied to cached inner outputs
     where that is exact (see the module docstring), else live encoding through the whole encoder."""
-    from te_align.train.loop import TextSource
-
     if not _cacheable(cfg, profile, models):
         return TextSource(cfg, profile, pipe, device, dtype, trainable=True, cache_dir=cache_dir, writer=writer)
 
@@ -171,9 +166,6 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
 
         def _cache(self, pattern: str) -> Any:
             if pattern not in self._caches:
-                from te_align.encoding.cache.keys import hash_text_encoders
-                from te_align.encoding.cache.store import EmbeddingCache
-
                 if self._te_hash is None:
                     encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
                     encoders.update({name: m.encoder for name, (_, m) in self.components.items()})

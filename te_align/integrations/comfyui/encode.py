@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from te_align.encoding import encode
 from te_align.errors import TeAlignError
 
 #: te-align slot name -> attribute of ComfyUI's cond_stage_model and tokenizer objects.
@@ -236,7 +237,6 @@ def encode_with_clip(clip: Any, profile: Any, prompt: str, *, empty: bool = Fals
     """
     import comfy.model_management as mm
 
-    from te_align.encoding import encode
     from te_align.encoding.core import encode_uncond
 
     check_family(clip, profile)

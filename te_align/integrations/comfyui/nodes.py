@@ -12,6 +12,11 @@ import logging
 import os
 from typing import Any
 
+from te_align.errors import TeAlignError
+from te_align.integrations.lora import profile_from_lora
+from te_align.profiles import profile as load
+from te_align.profiles import profiles
+
 FROM_LORA = "from LoRA"
 NO_LORA = "(none)"
 CATEGORY = "conditioning/te-align"
@@ -20,7 +25,6 @@ log = logging.getLogger("te_align.comfyui")
 
 def _profile_names() -> list[str]:
     from te_align.integrations.comfyui.encode import FALLBACK_PROFILES
-    from te_align.profiles import profiles
 
     families = set(FALLBACK_PROFILES)
     return [p.name for p in profiles() if p.family in families]
@@ -77,9 +81,7 @@ def blocked(node: str, error: Exception) -> dict[str, Any]:
 
 def pick_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
     """(profile, one-line info) for the node inputs; a user mistake raises :class:`NodeError` in one line."""
-    from te_align.errors import TeAlignError
     from te_align.integrations.comfyui.encode import FALLBACK_PROFILES, NodeError, check_supported
-    from te_align.profiles import profile as load
 
     if hasattr(profile, "slots"):
         return profile, f"profile {profile.name}"
@@ -99,8 +101,6 @@ def pick_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any
         path = folder_paths.get_full_path("loras", lora_name) or lora_name
     except ImportError:
         path = lora_name
-    from te_align.integrations.lora import profile_from_lora
-
     try:
         found = profile_from_lora(path, fallback=fallback)
     except TeAlignError as e:
@@ -148,7 +148,6 @@ class TeAlignTextEncode:
 
     def encode(self, clip: Any, profile: Any, text: str, lora_name: str = NO_LORA, guidance: float = 3.5,
                width: int = 0, height: int = 0) -> dict[str, Any]:
-        from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
         key = ("TeAlignTextEncode", str(profile), str(lora_name))
@@ -186,7 +185,6 @@ class TeAlignEmptyNegative:
 
     def encode(self, clip: Any, profile: Any, lora_name: str = NO_LORA, guidance: float = 3.5, width: int = 0,
                height: int = 0) -> dict[str, Any]:
-        from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
         key = ("TeAlignEmptyNegative", str(profile), str(lora_name))

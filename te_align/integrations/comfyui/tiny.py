@@ -18,6 +18,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from te_align.errors import TeAlignError
+from te_align.integrations.comfyui.encode import conform_tokenizer
+from te_align.profiles import profile as _profile
+from te_align.tiny.fit import architecture_overrides
 
 ENV = "TE_ALIGN_COMFYUI_DIR"
 #: family -> bundled profiles compared in that family.
@@ -264,10 +267,6 @@ def _build_lumina2() -> TinyComfy:
 
 def fitted_profile(name: str, tiny: TinyComfy) -> Any:
     """Bundled profile ``name`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
-    from te_align.integrations.comfyui.encode import conform_tokenizer
-    from te_align.profiles import profile as _profile
-    from te_align.tiny.fit import architecture_overrides
-
     p = _profile(name)
     comps = dict(tiny.components)
     for slot in p.slots:
@@ -278,8 +277,6 @@ def fitted_profile(name: str, tiny: TinyComfy) -> Any:
 def reference_components(profile: Any, tiny: TinyComfy) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tokenizers, text encoders) for :func:`te_align.encode`: ComfyUI's tokenizers in the profile's conventions
     and the Hugging Face encoders holding ComfyUI's weights."""
-    from te_align.integrations.comfyui.encode import conform_tokenizer
-
     toks = {s.name: conform_tokenizer(s, tiny.components[s.tokenizer_subfolder]) for s in profile.slots}
     encs = {s.name: tiny.components[s.encoder_subfolder] for s in profile.slots}
     return toks, encs

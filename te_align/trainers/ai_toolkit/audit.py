@@ -13,16 +13,18 @@ from typing import Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
     KeyLines,
     Parsed,
     dropout_form_finding,
     expect_mapping,
+    reason,
     unknown_key_finding,
 )
 from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer
+from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.ai_toolkit import names as aitk_table
 
 _TT = "toolkit/train_tools.py"
@@ -192,9 +194,6 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
     ``name_or_path`` (a local folder's or checkpoint's files, else its name) and, for FLUX.1, by a training adapter
     (``assistant_lora_path``: ai-toolkit then treats the model as schnell). Where nothing decides between two
     profiles of a family, the reason carries the assumption (:func:`te_align.audit.parsed.reason`)."""
-    from te_align.audit.models import assumption, guess_model
-    from te_align.audit.parsed import reason
-
     path = model.get("name_or_path")
     by_name, files, decided = guess_model(path)
     arch = aitk_table.arch_name(model)
@@ -257,8 +256,6 @@ def _no_profile(model: dict[str, Any]) -> str | None:
 
 
 def _family(prof: str) -> str:
-    from te_align.audit.rules import family_of
-
     return family_of(prof)
 
 

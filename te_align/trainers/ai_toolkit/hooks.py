@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 from te_align._git import installed_version as _installed
 from te_align._git import read_version
+from te_align.encoding import encode as _encode
 from te_align.errors import TeAlignError
 from te_align.hooks.base import (
     Hook,
@@ -53,6 +54,7 @@ from te_align.hooks.base import (
     mark_wrapper,
     settings,
 )
+from te_align.profiles.overrides import env_profile, resolve
 from te_align.trainers.ai_toolkit import names as aitk_table
 
 logger = logging.getLogger("te_align")
@@ -164,8 +166,6 @@ def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -
                               f"{where}.overrides.{stray[0] if stray[0] != 'max_sequence_length' else 't5_max_length'} instead")
     if not sec["enabled"]:
         return sec
-    from te_align.profiles.overrides import resolve
-
     try:
         name = sec["profile"] or profile_name_for(model if isinstance(model, Mapping) else {})
         sec["resolved"] = resolve(name, (f"{where}.overrides", sec["overrides"] or None), env=True)
@@ -368,7 +368,6 @@ class AiToolkitHook(Hook):
     @staticmethod
     def encode(profile: Any, prompts: Sequence[str], *, dropout_prob: float = 0.0, truncate: bool = True,
                **components: Any) -> Any:
-        from te_align.encoding import encode as _encode
         from te_align.encoding.core import EncodeOptions
 
         opts = EncodeOptions(long_prompt_chunks=0 if truncate else 4)
@@ -491,8 +490,6 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
     (``TE_ALIGN_OVERRIDES`` under the section's ``overrides``) and installs every hook the layout has. Returns None
     when the section says ``enabled: false``. A second process takes over the installed hooks with its profile.
     """
-    from te_align.profiles.overrides import env_profile
-
     proc = dict(process_config)
     default_profile = env_profile() or default_profile
     if "te_align" not in proc and not default_profile:

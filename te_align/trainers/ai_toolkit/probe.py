@@ -34,6 +34,8 @@ from te_align.probe.adapter import (
 from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.ai_toolkit import SPEC
+from te_align.trainers.ai_toolkit import probe_models as am
+from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY, import_model_classes
 from te_align.trainers.api import checkout
 
 
@@ -117,8 +119,6 @@ class AiToolkit(Adapter):
         self.model_error: str | None = None
         self._parts: dict[str, tuple[str, ...]] = {}
         if self.layout == "current":
-            from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY
-
             for p in LEGACY:
                 self.profiles[p] = ("StableDiffusion.encode_prompt (where ai-toolkit's model modules import; "
                                     "else " + self.profiles.get(p, "not probed") + ")")
@@ -142,8 +142,6 @@ class AiToolkit(Adapter):
 
     def _import_models(self) -> None:
         """ai-toolkit's model classes, imported for real (no stand-ins); else the reason, kept for the cells."""
-        from te_align.trainers.ai_toolkit.probe_models import import_model_classes
-
         self.classes, self.model_error = None, None
         try:
             self.classes = import_model_classes()
@@ -169,8 +167,6 @@ class AiToolkit(Adapter):
             return False
 
     def case(self, profile_name: str) -> Case:
-        from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY
-
         model_level = self.layout == "current" and (profile_name in BASE_MODEL_PROFILES or profile_name in LEGACY)
         if model_level and self.classes is not None:
             return self._model_case(profile_name)
@@ -186,8 +182,6 @@ class AiToolkit(Adapter):
 
     def _model_case(self, profile_name: str) -> Case:
         """The real ``StableDiffusion.encode_prompt`` / ``BaseModel.encode_prompt`` on a ``__new__``-made object."""
-        from te_align.trainers.ai_toolkit import probe_models as am
-
         assert self.classes is not None
         prof, toks, encs, pipe = _tiny(profile_name)
         notes = [n for n in (self.classes.get("package_note"),) if n]

@@ -22,8 +22,10 @@ from importlib import resources
 from typing import Any
 
 from te_align.audit import rules as _rules
+from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
-from te_align.audit.parsed import Parsed, dropout_form_finding, unknown_key_finding
+from te_align.audit.models import guess_model, profiles_of
+from te_align.audit.parsed import Parsed, dropout_form_finding, reason, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 
@@ -316,9 +318,6 @@ def guess_profile(script: str, values: dict[str, Any]) -> tuple[str, str, bool]:
     """(profile, why, only a default) for the script: the model the files or name of --pretrained_model_name_or_path
     say when that is a model of the script's families, else the script's own default model (assumed: the reason
     carries the assumption, :func:`te_align.audit.parsed.reason`)."""
-    from te_align.audit.models import guess_model, profiles_of
-    from te_align.audit.parsed import reason
-
     spec = SCRIPTS[script]
     path = values.get("pretrained_model_name_or_path")
     by_name, detail, decided = guess_model(path)
@@ -355,8 +354,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     written: dict[str, str] = {}
 
     def line(key: str) -> int | None:
-        from te_align.audit.cmdline import arg_line
-
         return None if raw.data.get("from_argv") else arg_line(text, written.get(key, key))  # type: ignore[union-attr]
 
     values, findings, seen = read_args(script, args, raw.file, line)

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from te_align._git import git_head
+from te_align.audit import check_file
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter
+from te_align.probe.adapter import Adapter, _hf_quiet, _ordered, _tiny
 from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
@@ -126,8 +127,6 @@ class DiffusersExamples(Adapter):
         import diffusers  # noqa: F401  (decide optional packages before any stand-in exists)
         import transformers  # noqa: F401
 
-        from te_align.probe.adapter import _hf_quiet
-
         _hf_quiet()
         with _stubs.sandbox([self.root]), _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]), \
                 tempfile.TemporaryDirectory(prefix="te-align-probe-dx-") as data:
@@ -142,8 +141,6 @@ class DiffusersExamples(Adapter):
 
     def case(self, profile_name: str) -> Case:
         import torch
-
-        from te_align.probe.adapter import _ordered, _tiny
 
         probed = PROBED[profile_name]
         mod = self._module(probed)
@@ -208,8 +205,6 @@ class DiffusersExamples(Adapter):
 
 def fix_flags(profile: Any) -> list[str]:
     """The flags ``te-align check`` gives for this profile's probed script at its defaults."""
-    from te_align.audit import check_file
-
     probed = PROBED[profile.name if profile.name in PROBED else _base(profile.name)]
     result = check_file("<probe>", profile=profile.name if profile.name in PROBED else _base(profile.name),
                         command=["accelerate", "launch", probed.script])

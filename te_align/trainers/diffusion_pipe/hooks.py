@@ -43,8 +43,9 @@ from te_align.hooks.base import (
     log_to_console,
     mark_wrapper,
 )
+from te_align.profiles.overrides import env_profile
 from te_align.trainers.diffusion_pipe import names
-from te_align.trainers.diffusion_pipe.audit import COMMIT, FINGERPRINT_TAG, LUMINA_START
+from te_align.trainers.diffusion_pipe.audit import COMMIT, FINGERPRINT_TAG, LUMINA_START, _variant
 
 logger = logging.getLogger("te_align")
 
@@ -115,8 +116,6 @@ class DiffusionPipeHook(Hook):
     # -- profiles ------------------------------------------------------------------------------
     def profile(self, fam: Family, model: Any) -> Any:
         """The profile of a model object (the user's, else its type's with the variant its files name)."""
-        from te_align.trainers.diffusion_pipe.audit import _variant
-
         mt = names.BY_TYPE[fam.type]
         config = getattr(model, "model_config", None)
         default = _variant(mt, dict(config) if isinstance(config, dict) else {})[0] if self.user.source is None else None
@@ -278,8 +277,6 @@ def boot(profile: str | None = None, argv: Sequence[str] | None = None) -> bool:
                f"no [model] type in {path!r}" if path else "no --config")
         logger.info("te-align: not active in this diffusion-pipe process (%s); diffusion-pipe runs unmodified", why)
         return False
-    from te_align.profiles.overrides import env_profile
-
     chosen = env_profile() or profile
 
     def go() -> None:

@@ -15,6 +15,7 @@ from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_templa
 from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
 from te_align.trainers.api import target_mismatch
+from te_align.trainers.diffusion_pipe.hooks import SUPPORTED, DiffusionPipeHook
 
 TRAINER = "diffusion-pipe"
 SCRIPTS: tuple[tuple[str, str], ...] = (("train.py", "training, every deepspeed rank"),)
@@ -26,15 +27,11 @@ def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).is_file() for m in MARKERS):
         return None
-    from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
-
     return Detection(TRAINER, root, "checkout", *commit_version(root, SUPPORTED))
 
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.diffusion_pipe.hooks import DiffusionPipeHook
-
     return target_problems(Path(root), DiffusionPipeHook().targets())
 
 
@@ -43,8 +40,6 @@ def shim_source(script: str, profile: str | None) -> bytes:
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
-
     root = detection.root
     problems = static_problems(root)
     if problems:

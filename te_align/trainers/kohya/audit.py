@@ -13,8 +13,16 @@ from typing import Any
 
 from te_align.audit import rules
 from te_align.audit.findings import NOT_SETTABLE, Finding
-from te_align.audit.models import guess_model
-from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
+from te_align.audit.models import assumption, guess_model
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    flatten_sections,
+    reason,
+    unknown_key_finding,
+)
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
@@ -248,8 +256,6 @@ def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None]:
 
 def flatten(data: dict[str, Any]) -> dict[str, Any]:
     """read_config_from_file flattens every section into one namespace (library/train_util.py:4700-4764)."""
-    from te_align.audit.parsed import flatten_sections
-
     return flatten_sections(data)
 
 
@@ -302,9 +308,6 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
 
 def _assumed(why: str, prof: str, arch: str) -> str:
     """``why`` with the assumption it rests on when ``prof`` has siblings nothing in the config told apart."""
-    from te_align.audit.models import assumption
-    from te_align.audit.parsed import reason
-
     said = assumption(prof, "pretrained_model_name_or_path (its name or files)")
     if arch == "sd3" and said:
         said += "; every bundled SD3 profile encodes the same way"

@@ -19,6 +19,7 @@ from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
 from te_align.trainers.api import target_mismatch
 from te_align.trainers.kohya import names as kohya_table
+from te_align.trainers.kohya.hooks import KohyaHook, all_targets
 
 TRAINER = "kohya"
 #: Scripts that get a drop-in, with the architecture they train (LoRA first, then full fine-tunes).
@@ -58,15 +59,11 @@ def detect(path: Path) -> Detection | None:
 
 
 def _version(root: Path) -> tuple[str, tuple[str, ...]]:
-    from te_align.trainers.kohya.hooks import KohyaHook
-
     return commit_version(root, KohyaHook.supported)
 
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.kohya.hooks import all_targets
-
     return target_problems(root, all_targets())
 
 
@@ -75,8 +72,6 @@ def shim_source(script: str, profile: str | None) -> bytes:
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.kohya.hooks import KohyaHook
-
     root = detection.root
     problems = static_problems(root)
     if problems:

@@ -49,6 +49,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from te_align._git import git_head
+from te_align._safetensors import read_header
+from te_align.encoding import encode as _encode
+from te_align.errors import TeAlignError
 from te_align.hooks.base import (
     Hook,
     HookError,
@@ -58,6 +61,7 @@ from te_align.hooks.base import (
     log_to_console,
     mark_wrapper,
 )
+from te_align.profiles.overrides import env_profile
 from te_align.trainers.musubi import names
 from te_align.trainers.musubi.audit import COMMIT, META_FINGERPRINT, META_PROFILE, parse_args
 
@@ -160,8 +164,6 @@ class MusubiHook(Hook):
     def _qwen(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def get_qwen_prompt_embeds(tokenizer: Any, vlm: Any, prompt: Any = None) -> Any:
             import torch
-
-            from te_align.encoding import encode as _encode
 
             p = self.profile("qwen_image")
             prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
@@ -275,9 +277,6 @@ def _stamp(profile: Any) -> dict[str, str]:
 
 def _fingerprint(path: str) -> str:
     """The te-align fingerprint in a cache file's metadata ("" when it has none or cannot be read)."""
-    from te_align._safetensors import read_header
-    from te_align.errors import TeAlignError
-
     try:
         return (read_header(path).metadata or {}).get(META_FINGERPRINT, "")
     except (OSError, TeAlignError):
@@ -338,6 +337,4 @@ def boot(profile: str | None = None, argv: Sequence[str] | None = None) -> bool:
         log_to_console()
         logger.info("te-align: not active in this musubi-tuner process (%s)", why)
         return False
-    from te_align.profiles.overrides import env_profile
-
     return install(env_profile() or profile, parts=parts)

@@ -22,6 +22,7 @@ from te_align.patching.dropins import target_problems
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import PatchError, Plan
 from te_align.trainers.api import target_mismatch
+from te_align.trainers.musubi.hooks import SUPPORTED, MusubiHook
 
 TRAINER = "musubi"
 INIT = "src/musubi_tuner/__init__.py"
@@ -52,8 +53,6 @@ def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).is_file() for m in MARKERS) or version(root) is None:
         return None
-    from te_align.trainers.musubi.hooks import SUPPORTED
-
     head = git_head(root)
     found = f"{version(root)} ({head[:7]})" if head else f"{version(root)} (no git)"
     notes: tuple[str, ...] = ()
@@ -65,14 +64,10 @@ def detect(path: Path) -> Detection | None:
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.musubi.hooks import MusubiHook
-
     return target_problems(Path(root) / "src", MusubiHook().targets())
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.musubi.hooks import SUPPORTED
-
     root = detection.root
     problems = static_problems(root)
     if problems:

@@ -12,16 +12,18 @@ from typing import Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
     KeyLines,
     Parsed,
     dropout_form_finding,
     expect_mapping,
+    reason,
     unknown_key_finding,
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer
+from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.onetrainer import names
 
 #: OneTrainer has no setting for hard-coded encoding; its launch scripts run te-align's hooks once patched.
@@ -143,9 +145,6 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     """The bundled profile a config trains: its model_type (the one model-type table,
     :mod:`te_align.trainers.onetrainer.names`), the variant from the transformer override's or base model's files or
     names. Where nothing decides between two profiles of a family, the reason carries the assumption."""
-    from te_align.audit.models import assumption, guess_model
-    from te_align.audit.parsed import reason
-
     mt = names.model_type_name(values.get("model_type"))
     prof, _ = names.profile_of(mt)
     if prof is None:
@@ -160,8 +159,6 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def _same_family(a: str, b: str) -> bool:
-    from te_align.audit.rules import family_of
-
     return family_of(a) == family_of(b)
 
 

@@ -56,6 +56,7 @@ from te_align.hooks.base import (
     Settings,
     Target,
     mark_wrapper,
+    settings,
 )
 from te_align.trainers.onetrainer import names
 
@@ -259,8 +260,6 @@ class _Run:
         key = self.explicit if self.explicit is not None else profile_name_for_model_type(getattr(model, "model_type", ""))
         with self.lock:
             if self.settings is None:  # used without install(): the environment's settings
-                from te_align.hooks.base import settings
-
                 self.settings = settings()
             # the one way in (source + TE_ALIGN_OVERRIDES + install() overrides), cached by Settings once per source
             p = self.settings.profile(key)

@@ -22,6 +22,7 @@ from te_align.patching.transaction import (
     Plan,
 )
 from te_align.trainers.api import target_mismatch
+from te_align.trainers.onetrainer.hooks import OneTrainerHook
 
 TRAINER = "onetrainer"
 #: Launch scripts that get a drop-in (those that exist), with what they start.
@@ -47,15 +48,11 @@ def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).is_file() for m in MARKERS):
         return None
-    from te_align.trainers.onetrainer.hooks import OneTrainerHook
-
     return Detection(TRAINER, root, "checkout", *commit_version(root, OneTrainerHook.supported))
 
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.onetrainer.hooks import OneTrainerHook
-
     return target_problems(root, OneTrainerHook().targets())
 
 
@@ -66,8 +63,6 @@ def shim_source(script: str, profile: str | None) -> bytes:
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.onetrainer.hooks import OneTrainerHook
-
     root = detection.root
     problems = static_problems(root)
     if problems:

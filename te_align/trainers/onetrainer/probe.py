@@ -25,11 +25,14 @@ from typing import Any, ClassVar
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter
+from te_align.probe.adapter import TINY_FAMILY, Adapter, HooksUnavailable, NotImportable, _hf_quiet
 from te_align.probe.core import Case
 from te_align.probe.matrix import Found
+from te_align.profiles import profile as _profile
+from te_align.tiny.fit import fit_profile
 from te_align.trainers.api import find_checkout
 from te_align.trainers.onetrainer import SPEC
+from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
 
 #: Environment variable naming a OneTrainer checkout (matrix and tests).
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
@@ -93,8 +96,6 @@ class OneTrainer(Adapter):
         import diffusers  # noqa: F401  (decide optional packages before any stand-in exists)
         import transformers  # noqa: F401
 
-        from te_align.probe.adapter import _hf_quiet
-
         _hf_quiet()
         roots = [self.root, *mgds_dirs()]
         with _stubs.sandbox(roots, [str(self.root)]), _stubs.stub_missing(OPTIONAL, roots), \
@@ -108,8 +109,6 @@ class OneTrainer(Adapter):
 
     def model(self, profile_name: str, toks: dict[str, Any], encs: dict[str, Any]) -> Any:
         """A OneTrainer model object of the profile's class with the tiny components as its encoders."""
-        from te_align.probe.adapter import NotImportable
-
         cls_name, mt, n = self.MODELS[profile_name]
         try:
             cls = getattr(importlib.import_module(f"modules.model.{cls_name}"), cls_name)
@@ -169,8 +168,6 @@ class OneTrainer(Adapter):
         def hooked(prompts: list[str]) -> dict[str, Any]:
             import torch
 
-            from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
-
             fam = next(f for f in FAMILIES.values() if f.model_class == cls_name)
             p = RUN.profile_for(model, fam)
             kwargs: dict[str, Any] = {}
@@ -190,8 +187,6 @@ class OneTrainer(Adapter):
 
     @contextlib.contextmanager
     def hooked(self, profile: Any) -> Iterator[list[str]]:
-        from te_align.probe.adapter import HooksUnavailable
-
         try:
             from te_align.trainers.onetrainer import hooks as hooks
 
@@ -211,9 +206,6 @@ class OneTrainer(Adapter):
 
 def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(fitted profile, tokenizers, text encoders) of the profile's tiny family (:mod:`te_align.tiny`)."""
-    from te_align.probe.adapter import TINY_FAMILY
-    from te_align.profiles import profile as _profile
-    from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
     from te_align.tiny.tokenizers import clip_bpe_path
 

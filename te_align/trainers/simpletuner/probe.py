@@ -21,12 +21,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter
+from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _ordered, _tiny
 from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.api import checkout
 from te_align.trainers.simpletuner import SPEC
+from te_align.trainers.simpletuner.hooks import FAMILIES, SimpleTunerHook
 
 ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Import-only packages SimpleTuner's model modules need besides torch/transformers/diffusers/accelerate/peft.
@@ -171,9 +173,6 @@ class SimpleTunerProbe(Adapter):
     name = "simpletuner"
 
     def __init__(self, path: str | None) -> None:
-        from te_align._git import git_head
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         self.root, self.sys_path = _root(path)
         head = git_head(self.root)
         self.version = self._version() + (f" ({head[:7]})" if head else "")
@@ -198,8 +197,6 @@ class SimpleTunerProbe(Adapter):
         import diffusers  # noqa: F401  (decide optional packages before any stand-in exists)
         import transformers  # noqa: F401
 
-        from te_align.probe.adapter import _hf_quiet
-
         _hf_quiet()
         with _diffusers_restored(), _stubs.sandbox([self.root], [self.sys_path] if self.sys_path else []), \
                 _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]):
@@ -211,8 +208,6 @@ class SimpleTunerProbe(Adapter):
                 logging.getLogger().setLevel(level)
 
     def _module(self, family: str) -> Any:
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         mod = FAMILIES[family].module
         if mod not in self.modules:
             try:
@@ -251,9 +246,6 @@ class SimpleTunerProbe(Adapter):
 
     def model(self, profile_name: str, toks: dict[str, Any], encs: dict[str, Any], pipe: Any) -> Any:
         """A ``__new__``-made SimpleTuner model of the profile's family with the tiny components."""
-        from te_align.probe.adapter import _ordered
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         family, cfg = PROBED[profile_name]
         mod = self._module(family)
         cls = getattr(mod, FAMILIES[family].cls)
@@ -286,9 +278,6 @@ class SimpleTunerProbe(Adapter):
         return model
 
     def case(self, profile_name: str) -> Case:
-        from te_align.probe.adapter import _tiny
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         family, cfg = PROBED[profile_name]
         prof, toks, encs, pipe = _tiny(profile_name)
         model = self.model(profile_name, toks, encs, pipe)
@@ -330,9 +319,6 @@ class SimpleTunerProbe(Adapter):
 
     @contextlib.contextmanager
     def hooked(self, profile: Any) -> Iterator[list[str]]:
-        from te_align.probe.adapter import HooksUnavailable
-        from te_align.trainers.simpletuner.hooks import SimpleTunerHook
-
         family = next((f for p, (f, _) in PROBED.items() if p == profile.name), None)
         if family is None:
             raise HooksUnavailable(f"no SimpleTuner hook for profile {profile.name}")

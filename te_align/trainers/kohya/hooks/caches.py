@@ -12,7 +12,9 @@ import atexit
 import os
 from typing import TYPE_CHECKING, Any
 
+from te_align._atomic import atomic_file
 from te_align.hooks.base import HookError, mark_wrapper
+from te_align.metadata import stamp, stamp_keys
 from te_align.trainers.kohya.hooks.run import RUN, chunk_options, profile_for, tokenize_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,8 +61,6 @@ def stamp_npz(path: str, fingerprint: str) -> None:
     from pathlib import Path
 
     import numpy as np
-
-    from te_align._atomic import atomic_file
 
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
@@ -136,8 +136,6 @@ def stamping_save(original: Any) -> Any:
         p = RUN.last_profile
         if p is None or not str(file).endswith(".safetensors"):
             return original(self, file, dtype, metadata)
-        from te_align.metadata import stamp, stamp_keys
-
         if isinstance(metadata, dict):
             metadata.update(stamp_keys(p, {"trainer": TRAINER}))
             return original(self, file, dtype, metadata)

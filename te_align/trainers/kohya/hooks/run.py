@@ -17,7 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from te_align import kohya_lora
-from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides  # noqa: F401
+from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides, settings  # noqa: F401
 from te_align.trainers.kohya import names as table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,9 +118,6 @@ def default_profile_name(arch: str, strategy: Any = None) -> str:
 
 def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
     """The profile a hooked call of ``arch`` follows (explicit, else per architecture; overrides applied)."""
-    from te_align.hooks.base import settings
-    from te_align.profiles import AlignmentProfile
-
     name = RUN.explicit if RUN.explicit is not None else default_profile_name(arch, strategy)
     key = name.name if isinstance(name, AlignmentProfile) else f"{arch}:{name}"
     with RUN.lock:
