@@ -13,6 +13,8 @@ from te_align._version import __version__
 from te_align.errors import TeAlignError
 from te_align.profiles import AlignmentProfile, profile, profiles
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 _quiet.install()  # drop the third-party log lines a user cannot act on (te_align/_quiet.py says which and why)
 
 

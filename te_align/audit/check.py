@@ -15,6 +15,9 @@ from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
 
+# Function-local te_align imports in this module: would close an import loop at module level; load what only
+# one command needs when it runs.
+
 
 def check_file(
     path: str,

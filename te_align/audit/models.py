@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 from te_align.audit.rules import guess_from_name
 from te_align.errors import TeAlignError
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 @functools.lru_cache(maxsize=64)
 def profile_from_files(path: Any) -> tuple[str, str] | None:

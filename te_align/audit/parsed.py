@@ -15,6 +15,8 @@ from te_align import _plugins
 from te_align.audit.findings import Finding
 from te_align.audit.rules import Trainer
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 
 @dataclass(frozen=True)
 class CacheSpec:

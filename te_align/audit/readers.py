@@ -14,6 +14,8 @@ from typing import Any
 from te_align import _plugins
 from te_align.errors import TeAlignError
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 
 class ConfigSyntaxError(TeAlignError):
     """A config file that does not parse; carries the 1-based line and column."""

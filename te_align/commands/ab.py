@@ -6,6 +6,8 @@ import argparse
 
 from te_align.errors import TeAlignError
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ab", help="A/B trainings: a trainer's default conditioning vs the profile, with a report")

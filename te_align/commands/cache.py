@@ -11,6 +11,8 @@ from typing import Any
 from te_align.errors import CacheError, TeAlignError
 from te_align.profiles import bundled
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="show or clear an embedding cache folder")

@@ -18,6 +18,8 @@ from te_align.audit.readers import trainers
 from te_align.profiles import profile
 from te_align.trainers import dialects
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def trainer_choices() -> tuple[str, ...]:
     """``auto`` and every config language of the trainer registry."""

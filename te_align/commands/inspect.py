@@ -8,6 +8,8 @@ from typing import Any
 
 from te_align import kohya_lora
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="show the te-align stamp and kohya text-encoder settings of a .safetensors file")

@@ -8,6 +8,8 @@ import json
 from te_align.profiles import profile
 from te_align.trainers import specs
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("patch", help="install te-align's drop-in scripts into a trainer folder (a transaction)")

@@ -12,6 +12,9 @@ from typing import Any
 
 from te_align.trainers import specs
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     probed = [s for s in specs() if s.probe]

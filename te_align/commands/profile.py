@@ -11,6 +11,8 @@ from te_align.errors import ProfileError
 from te_align.profiles import profile, profiles
 from te_align.profiles.resolve import build, classify
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="list, show, compare and build alignment profiles")

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 #: Kept here (not imported from te_align.swap) so that ``te-align --help`` imports no torch.
 RESET_CHOICES = ("none", "cross", "qk", "all")
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a LoRA with every caption encoded by the model's profile")

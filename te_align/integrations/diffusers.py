@@ -30,6 +30,9 @@ from te_align.encoding import encode
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 #: Pipelines whose ``__call__`` takes the profile's outputs under these names, checked by tests/test_apply.py.
 SUPPORTED: dict[str, str] = {
     "FluxPipeline": "flux",

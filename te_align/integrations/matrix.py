@@ -34,6 +34,9 @@ from te_align.probe.core import prompt_suite
 from te_align.profiles import profile as _profile
 from te_align.tiny.fit import fit_profile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 @dataclass
 class Cell:

@@ -21,6 +21,9 @@ from te_align.profiles import profile as _profile
 from te_align.profiles import profile as load
 from te_align.tiny.fit import fit_profile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
                "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",

@@ -22,6 +22,9 @@ from te_align.encoding.text import render
 from te_align.probe import ProbeError
 from te_align.profiles.expr import output_specs
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; would close an import loop at module level.
+
 _LONG_WORDS = " ".join(f"word{i} cat, dog!" for i in range(400))
 
 

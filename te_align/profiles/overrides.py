@@ -39,6 +39,8 @@ from te_align.profiles.model import (
 from te_align.profiles.resolve import profile as load
 from te_align.profiles.serialize import validate
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 #: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
 ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
 #: The profile every trainer's hooks use instead of the one they choose per model.

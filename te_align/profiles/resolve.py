@@ -29,6 +29,8 @@ from te_align.profiles.registry import bundled, bundled_name
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles.sources.common import BuildReport
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 #: A hub repo id, ``owner/name``, with an optional ``@revision`` (a branch, tag or commit; branches may hold ``/``).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
 #: File suffixes of profile files and of single-file checkpoints.

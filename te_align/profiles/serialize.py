@@ -23,6 +23,8 @@ from te_align.profiles.model import (
     TokenizerSpec,
 )
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 _TOP_KEYS = (
     "name",
     "family",

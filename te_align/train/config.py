@@ -22,6 +22,8 @@ from te_align._paths import read_bytes
 from te_align.errors import TeAlignError, closest
 from te_align.profiles.resolve import is_hub_id
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 
 class TrainError(TeAlignError):
     """A training config, dataset or model the trainer cannot use, or a run that had to stop."""

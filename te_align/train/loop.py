@@ -92,6 +92,9 @@ from te_align.train.sampling import sample_images
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+# Function-local te_align imports in this module: would close an import loop at module level; load what only
+# one command needs when it runs.
+
 logger = logging.getLogger("te_align.train")
 
 

@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from te_align.profiles import AlignmentProfile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 logger = logging.getLogger("te_align.train")
 
 SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux")

@@ -14,6 +14,8 @@ from typing import Any
 from te_align.encoding import encode_uncond
 from te_align.train.config import SampleConfig
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def sample_images(
     pipe: Any, profile: Any, cfg: SampleConfig, out_dir: Path, step: int, *, size: tuple[int, int], device: Any, dtype: Any

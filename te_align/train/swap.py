@@ -34,6 +34,8 @@ from te_align.train.config import TrainError
 from te_align.train.loop import TextSource
 from te_align.train.models import CLIP_TARGETS
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def projection_models(profile: Any, pipe: Any) -> dict[str, Any]:
     """Pipeline component -> projected encoder, for the profile's swapped slots; their projections are

@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never 
     from te_align.patching.transaction import Plan
     from te_align.probe.adapter import Adapter
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 #: The module parts a trainer package may have (each named in its spec; ``check`` dialects are listed apart).
 PARTS = ("names", "hooks", "patch", "probe")
 

@@ -42,6 +42,8 @@ from te_align.profiles import profile as resolve
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 logger = logging.getLogger("te_align")
 
 

@@ -17,6 +17,8 @@ from te_align.integrations.lora import profile_from_lora
 from te_align.profiles import profile as load
 from te_align.profiles import profiles
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 FROM_LORA = "from LoRA"
 NO_LORA = "(none)"
 CATEGORY = "conditioning/te-align"

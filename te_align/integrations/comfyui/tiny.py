@@ -22,6 +22,9 @@ from te_align.integrations.comfyui.encode import conform_tokenizer
 from te_align.profiles import profile as _profile
 from te_align.tiny.fit import architecture_overrides
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 ENV = "TE_ALIGN_COMFYUI_DIR"
 #: family -> bundled profiles compared in that family.
 PROFILES: dict[str, tuple[str, ...]] = {

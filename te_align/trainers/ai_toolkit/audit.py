@@ -27,6 +27,8 @@ from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, Unr
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.ai_toolkit import names as aitk_table
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 _TT = "toolkit/train_tools.py"
 _SDM = "toolkit/stable_diffusion_model.py"
 

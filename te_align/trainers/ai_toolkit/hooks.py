@@ -57,6 +57,9 @@ from te_align.hooks.base import (
 from te_align.profiles.overrides import env_profile, resolve
 from te_align.trainers.ai_toolkit import names as aitk_table
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 logger = logging.getLogger("te_align")
 
 #: Module prefix per layout.

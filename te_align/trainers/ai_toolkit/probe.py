@@ -38,6 +38,9 @@ from te_align.trainers.ai_toolkit import probe_models as am
 from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY, import_model_classes
 from te_align.trainers.api import checkout
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 class _Unevaluable(Exception):
     pass

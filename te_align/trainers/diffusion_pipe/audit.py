@@ -47,6 +47,8 @@ from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
 from te_align.trainers.diffusion_pipe import names
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
 NAME = "diffusion-pipe"
 #: The system prompt te-align's lumina2 profile (diffusers' Lumina2Pipeline) puts in front of a caption.

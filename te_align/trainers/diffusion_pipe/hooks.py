@@ -47,6 +47,9 @@ from te_align.profiles.overrides import env_profile
 from te_align.trainers.diffusion_pipe import names
 from te_align.trainers.diffusion_pipe.audit import COMMIT, FINGERPRINT_TAG, LUMINA_START, _variant
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 logger = logging.getLogger("te_align")
 
 SUPPORTED: dict[str, str] = {COMMIT: "diffusion-pipe 8f83dbf (main)"}

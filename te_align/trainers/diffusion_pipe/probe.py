@@ -28,6 +28,8 @@ from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.diffusion_pipe import SPEC, names
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages diffusion-pipe's modules import at the top that these encode paths never call.
 OPTIONAL = ("deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",

@@ -27,6 +27,8 @@ from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, know
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 # ------------------------------------------------------------------------------------ converters
 def _sd_clip_skip(v: Any, ctx: Context) -> Any:

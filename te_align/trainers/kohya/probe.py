@@ -29,6 +29,9 @@ from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.kohya import SPEC
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 
 class Kohya(Adapter):
     name = "kohya"

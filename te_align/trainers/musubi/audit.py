@@ -40,6 +40,8 @@ from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.musubi import names
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 COMMIT = "30c658c4f4b0bf05038b3346eff9670259b10fc7"
 NAME = "musubi"
 _Q = "qwen_image/qwen_image_utils.py"

@@ -65,6 +65,9 @@ from te_align.profiles.overrides import env_profile
 from te_align.trainers.musubi import names
 from te_align.trainers.musubi.audit import COMMIT, META_FINGERPRINT, META_PROFILE, parse_args
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 logger = logging.getLogger("te_align")
 
 #: The musubi-tuner commits the targets were read and verified against.

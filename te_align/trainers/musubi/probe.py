@@ -31,6 +31,9 @@ from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.musubi import SPEC
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages musubi-tuner's modules import at the top that these encode paths never call.
 OPTIONAL = ("cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",

@@ -60,6 +60,9 @@ from te_align.hooks.base import (
 )
 from te_align.trainers.onetrainer import names
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 logger = logging.getLogger("te_align")
 
 #: OneTrainer commit the targets were read and verified against.

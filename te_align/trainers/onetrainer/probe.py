@@ -34,6 +34,9 @@ from te_align.trainers.api import find_checkout
 from te_align.trainers.onetrainer import SPEC
 from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 #: Environment variable naming a OneTrainer checkout (matrix and tests).
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Optional packages OneTrainer's model modules import at the top that the encode path never calls.

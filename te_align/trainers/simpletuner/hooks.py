@@ -82,6 +82,9 @@ from te_align.hooks.base import (
 )
 from te_align.trainers.simpletuner.audit import guess_profile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 logger = logging.getLogger("te_align")
 
 COMMIT = "bc8e6ab7738ce457a2ed8eb2d26cadd91c6442cb"

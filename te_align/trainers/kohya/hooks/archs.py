@@ -39,6 +39,9 @@ from te_align.trainers.kohya.hooks.run import ENV_OVERRIDES, RUN, with_clip_skip
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 #: ``tokenize(arch, profile, strategy, texts, negative)`` -> sd-scripts' token layout
 Tokenize = Callable[["Arch", "AlignmentProfile", Any, list[str], bool], Any]
 #: ``encode(arch, profile, encoding strategy, tokenize strategy, models, tokens, **extra parameters)`` -> outputs

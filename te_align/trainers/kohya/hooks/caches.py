@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 #: Key stored in every TE-output npz written while the hooks are active.
 NPZ_KEY = "te_align_fingerprint"
 #: Trainer name in the stamp of a saved LoRA.

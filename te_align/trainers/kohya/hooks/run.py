@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.encoding.core import EncodeOptions
     from te_align.profiles import AlignmentProfile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 logger = logging.getLogger("te_align")
 
 #: Run facts the parent learns (Flux variant) handed to DataLoader workers through the environment.

@@ -52,6 +52,9 @@ from te_align.trainers.kohya.hooks.run import (
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 class MissingNegative(str):
     """A negative prompt that was not given: the text ``""``, but truthy, so sd-scripts'

@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 # -------------------------------------------------------------------------------- tokenization
 def clip_g_tokenizer(strategy: Any, attr: str) -> Any:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 class NegativeWeights(list):  # type: ignore[type-arg]
     """Weights of a batch with absent negative prompts (``zero_rows``) whose profile makes them zeros."""
