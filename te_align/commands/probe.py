@@ -18,7 +18,7 @@ from te_align.trainers import specs
 
 def register(sub: argparse._SubParsersAction) -> None:
     probed = [s for s in specs() if s.probe]
-    where = "; ".join(f"{s.name}: {s.probe_path}" for s in probed)
+    where = "; ".join(f"{s.name}: {s.probe_help}" for s in probed)
     listed = ", ".join(s.name for s in probed[:-1]) + f" or {probed[-1].name}"
     found = ", ".join(f"${s.env_dir}" for s in probed if s.env_dir)
     p = sub.add_parser(

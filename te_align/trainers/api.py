@@ -174,13 +174,19 @@ class TrainerSpec:
     probe: str | None = None
     #: What ``te-align patch`` takes, for ``--help`` (``sd-scripts checkout or kohya_ss GUI folder``).
     patch_path: str = ""
-    #: What ``te-align probe`` runs, for ``--help`` (``an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR``).
+    #: What ``te-align probe`` runs, for ``--help`` (``an sd-scripts checkout at --path or $ENV``; ``$ENV`` stands
+    #: for :attr:`env_dir`, see :attr:`probe_help`).
     probe_path: str = ""
     #: The environment variable naming a checkout of the trainer (probe, matrix, integration tests): the one
     #: place it is written.
     env_dir: str | None = None
     #: The package (filled in from the folder by the registry).
     package: str = field(default="", compare=False)
+
+    @property
+    def probe_help(self) -> str:
+        """:attr:`probe_path` with ``$ENV`` spelled out (``$TE_ALIGN_KOHYA_DIR``)."""
+        return self.probe_path.replace("$ENV", f"${self.env_dir}")
 
     def module_path(self, module: str) -> str:
         return f"te_align.trainers.{self.package}.{module}"

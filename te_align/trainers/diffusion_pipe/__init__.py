@@ -13,6 +13,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="diffusion-pipe checkout",
-    probe_path="a diffusion-pipe checkout at --path or $TE_ALIGN_DIFFUSION_PIPE_DIR",
+    probe_path="a diffusion-pipe checkout at --path or $ENV",
     env_dir="TE_ALIGN_DIFFUSION_PIPE_DIR",
 )

@@ -19,6 +19,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="kohya_ss GUI folder or sd-scripts checkout",
-    probe_path="an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR",
+    probe_path="an sd-scripts checkout at --path or $ENV",
     env_dir="TE_ALIGN_KOHYA_DIR",
 )

@@ -45,9 +45,9 @@ class Kohya(Adapter):
     }
 
     def __init__(self, path: str | None) -> None:
-        path = path or os.environ.get("TE_ALIGN_KOHYA_DIR")
+        path = path or os.environ.get(ENV_DIR)
         if not path:
-            raise ProbeError("kohya: give --path to a kohya-ss/sd-scripts checkout (or set TE_ALIGN_KOHYA_DIR)")
+            raise ProbeError(f"kohya: give --path to a kohya-ss/sd-scripts checkout (or set {ENV_DIR})")
         root = Path(path).expanduser()
         if not (root / "library" / "strategy_base.py").is_file():
             raise ProbeError(f"kohya: {path} is not a kohya-ss/sd-scripts checkout (no library/strategy_base.py)")

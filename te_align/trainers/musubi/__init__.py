@@ -15,6 +15,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="musubi-tuner checkout",
-    probe_path="a musubi-tuner checkout at --path or $TE_ALIGN_MUSUBI_DIR",
+    probe_path="a musubi-tuner checkout at --path or $ENV",
     env_dir="TE_ALIGN_MUSUBI_DIR",
 )
