@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 
 from te_align.errors import ProfileError, TeAlignError
 from te_align.profiles import AlignmentProfile
-from te_align.profiles.overrides import env_overrides as read
 from te_align.profiles.overrides import env_overrides as read_env
 from te_align.profiles.overrides import env_profile, merge, resolve
 
@@ -68,7 +67,7 @@ class HookError(TeAlignError):
 def env_overrides() -> dict[str, Any]:
     """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`HookError` line."""
     try:
-        return read()
+        return read_env()
     except ProfileError as e:
         raise HookError(e.message) from None
 

@@ -17,7 +17,6 @@ from te_align import _plugins
 from te_align.errors import closest
 from te_align.probe import ProbeError
 from te_align.probe.core import Case
-from te_align.profiles import profile as _profile
 from te_align.profiles import profile as load
 from te_align.tiny.fit import fit_profile
 
@@ -107,7 +106,7 @@ def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[
         raise ProbeError(str(e)) from None
     pipe = build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = fit_profile(_profile(profile_name), comps)
+    prof = fit_profile(load(profile_name), comps)
     toks = {k: v for k, v in comps.items() if k.startswith("tokenizer")}
     encs = {k: v for k, v in comps.items() if k.startswith("text_encoder")}
     return prof, toks, encs, pipe
