@@ -33,7 +33,7 @@ differ from the source te-align was verified with). A hook's profiles are cached
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,11 +231,15 @@ def _checked(spec: TrainerSpec, part: str, module: ModuleType) -> ModuleType:
 
 # ------------------------------------------------------------------------------------------------ the registry
 def _exists(module: str) -> bool:
-    """Whether a module can be imported, found without running it (its package is imported)."""
+    """Whether a trainer package has the module (a file or a sub-package beside its ``__init__``), found without
+    running it."""
+    package, _, name = module.rpartition(".")
     try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its package does not exist
+        folders = importlib.import_module(package).__path__
+    except (ModuleNotFoundError, AttributeError):  # no such package
         return False
+    return any(os.path.isfile(os.path.join(f, name + ".py")) or os.path.isfile(os.path.join(f, name, "__init__.py"))
+               for f in folders)
 
 
 def _spec_problems(spec: TrainerSpec) -> list[str]:
