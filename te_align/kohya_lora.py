@@ -2,8 +2,8 @@
 ``.safetensors`` LoRA, in one place.
 
 A file format, not a trainer part: te-align reads it (``te-align inspect``, :mod:`te_align.metadata`), picks a
-profile from it (:mod:`te_align.integrations.lora`), writes it (:mod:`te_align.train.export`) and recognises it
-(:mod:`te_align.profiles.sources.checkpoint`). Standard library only; no tensor is read here.
+profile from it (:mod:`te_align.integrations.lora`), writes it (:mod:`te_align.train.export`) and recognises
+it (:mod:`te_align.profiles.sources.checkpoint`). Standard library only; no tensor is read here.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import re
 from collections.abc import Mapping
 
 #: Metadata keys that describe text conditioning (train_network.py and the architecture-specific
-#: ``update_metadata`` of sd3_/flux_train_network.py), plus the modelspec architecture. Keys some forks or older
-#: versions write (ss_t5xxl_max_token_length, ss_network_train_unet_only, ss_weighted_captions) are read when present.
+#: ``update_metadata`` of sd3_/flux_train_network.py), plus the modelspec architecture. Keys some forks or
+#: older versions write (ss_t5xxl_max_token_length, ss_network_train_unet_only, ss_weighted_captions) are read
+#: when present.
 METADATA_KEYS = (
     "ss_base_model_version",
     "ss_v2",
@@ -129,7 +130,8 @@ def profile_name(metadata: Mapping[str, object]) -> str | None:
 
 
 def clip_skip_overrides(slot: str, clip_skip: int) -> dict[str, object]:
-    """sd-scripts' ``clip_skip N`` as profile overrides of a CLIP slot: ``hidden_states[-N]`` plus the final layer
+    """sd-scripts' ``clip_skip N`` as profile overrides of a CLIP slot: ``hidden_states[-N]`` plus the final
+    layer
     norm (library/strategy_sd.py encode_tokens)."""
     return {f"slots.{slot}.encoder.layer": -int(clip_skip), f"slots.{slot}.encoder.final_layer_norm": True}
 

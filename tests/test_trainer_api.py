@@ -1,5 +1,6 @@
 """The trainer contract (te_align/trainers/api.py): a spec is validated when it registers, a part is checked
-against its Protocol when it loads, the engine never imports trainers/, and a new trainer is one folder plus one
+against its Protocol when it loads, the engine never imports trainers/, and a new trainer is one folder plus
+one
 registry line. No torch, no trainer checkout."""
 
 from __future__ import annotations

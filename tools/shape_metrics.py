@@ -7,15 +7,18 @@ Maintainer script (standard library only, reads source, imports nothing of te_al
 ``ROOT`` is a checkout (default: the one this script is in); it reads ``ROOT/te_align``. Printed:
 
 - ``lines``: lines of Python in ``te_align/``;
-- ``function-local te_align imports``: ``import`` / ``from`` statements inside a function body whose target is a
+- ``function-local te_align imports``: ``import`` / ``from`` statements inside a function body whose target is
+a
   ``te_align`` module (``importlib.import_module("te_align....")`` with a literal name counted too);
 - ``Any tokens``: the name ``Any`` as a code token (comments and strings not counted);
 - ``fmt: skip``: lines carrying ``# fmt: skip``;
 - ``lines > 110 cols``;
-- ``import loops between subpackages``: strongly connected groups (more than one node) of the graph whose nodes are
+- ``import loops between subpackages``: strongly connected groups (more than one node) of the graph whose
+nodes are
   ``te_align``'s first-level packages and modules and whose arrows are every runtime import, module-level and
   function-local (imports under ``if TYPE_CHECKING:`` are not runtime and not counted);
-- ``arrows engine -> trainers``: import statements in ``audit/``, ``hooks/``, ``patching/``, ``probe/`` (the engine)
+- ``arrows engine -> trainers``: import statements in ``audit/``, ``hooks/``, ``patching/``, ``probe/`` (the
+engine)
   whose target is ``te_align.trainers``;
 - ``duplicated-code pairs``: maximal runs of six or more identical code lines (stripped; blank lines, comments,
   imports and docstrings left out) found in two places of ``te_align/``, each pair of places once.

@@ -1,8 +1,9 @@
 """The trainers te-align knows: one folder per trainer, one registry.
 
 Each third-party trainer is a package ``te_align/trainers/<package>/`` whose ``__init__.py`` holds its
-:class:`~te_align.trainers.api.TrainerSpec` (``SPEC``), plain data and standard library only. The spec names the
-trainer's parts, each a module of the same package, each typed by a Protocol of :mod:`te_align.trainers.api`:
+:class:`~te_align.trainers.api.TrainerSpec` (``SPEC``), plain data and standard library only. The spec names
+the trainer's parts, each a module of the same package, each typed by a Protocol of
+:mod:`te_align.trainers.api`:
 
 ``names``
     the trainer's own model / architecture names -> te-align's bundled profiles (torch-free);
@@ -22,8 +23,8 @@ trainer's parts, each a module of the same package, each typed by a Protocol of 
 detection, ``patch`` dispatch, ``probe``, ``matrix``, the docs, the maintainer tools) is derived from it here.
 
 The registry is read at the top only: by ``commands/`` and the public API. The engine (:mod:`te_align.audit`,
-:mod:`te_align.hooks`, :mod:`te_align.patching`, :mod:`te_align.probe`) never imports this package; it is handed
-the registry (or the part it needs) from above: ``te_align/__init__`` installs :func:`registry` into
+:mod:`te_align.hooks`, :mod:`te_align.patching`, :mod:`te_align.probe`) never imports this package; it is
+handed the registry (or the part it needs) from above: ``te_align/__init__`` installs :func:`registry` into
 :mod:`te_align._plugins`, from where the engine reads it. A new trainer is one folder and one line in
 :data:`PACKAGES`.
 

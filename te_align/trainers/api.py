@@ -1,31 +1,35 @@
-"""The trainer contract: the parts a trainer package may have, its :class:`TrainerSpec`, and the pieces every trainer
-shares.
+"""The trainer contract: the parts a trainer package may have, its :class:`TrainerSpec`, and the pieces every
+trainer shares.
 
-This module is a low floor: it imports the standard library and :mod:`te_align.errors` only (the engine's types
-are named for the type checker alone), so the registry (:mod:`te_align.trainers`) and every trainer's spec can
-import it without pulling in the engine, and ``te-align --help`` stays light.
+This module is a low floor: it imports the standard library and :mod:`te_align.errors` only (the engine's
+types are named for the type checker alone), so the registry (:mod:`te_align.trainers`) and every trainer's
+spec can import it without pulling in the engine, and ``te-align --help`` stays light.
 
-A trainer package ``te_align/trainers/<package>/`` holds ``SPEC`` (a :class:`TrainerSpec`) in its ``__init__.py``
-and one module per part it has. Each part is typed by a Protocol here; :meth:`TrainerSpec.part` and
+A trainer package ``te_align/trainers/<package>/`` holds ``SPEC`` (a :class:`TrainerSpec`) in its
+``__init__.py`` and one module per part it has. Each part is typed by a Protocol here;
+:meth:`TrainerSpec.part` and
 :meth:`TrainerSpec.reader` import a part and check it against its Protocol, so a missing function or table is
 one :class:`TrainerSpecError` naming the trainer, the part and what it lacks:
 
 :class:`CheckDialect`
-    one config language ``te-align check`` reads (``audit*.py``): ``RULES``, ``CACHES``, ``detect``, ``parse``;
+    one config language ``te-align check`` reads (``audit*.py``): ``RULES``, ``CACHES``, ``detect``,
+    ``parse``;
 :class:`HookPart`
     the runtime hook (``hooks``): targets and wrappers over the one lifecycle of :mod:`te_align.hooks.base`;
 :class:`Patcher`
-    ``te-align patch`` (``patch``): ``detect(path)`` and ``plan(detection, profile)``, templates in ``templates/``;
+    ``te-align patch`` (``patch``): ``detect(path)`` and ``plan(detection, profile)``, templates in
+    ``templates/``;
 :class:`ProbePart`
     ``te-align probe`` / ``matrix`` (``probe``): ``ADAPTER`` and ``find(environ)``;
 ``names``
     the trainer's own model names -> bundled profiles (a table the other parts read; no fixed interface).
 
-:class:`Registry` is the validated set of specs: names, aliases and dialect names are unique across trainers and
-every part a spec names exists; a problem is one :class:`RegistryError` listing each.
+:class:`Registry` is the validated set of specs: names, aliases and dialect names are unique across trainers
+and every part a spec names exists; a problem is one :class:`RegistryError` listing each.
 
 Shared pieces: :func:`checkout` / :func:`find_checkout` (a checkout located by the trainer's one environment
-variable, :attr:`TrainerSpec.env_dir`) and :func:`target_mismatch` (the message for a checkout whose hook targets
+variable, :attr:`TrainerSpec.env_dir`) and :func:`target_mismatch` (the message for a checkout whose hook
+targets
 differ from the source te-align was verified with). A hook's profiles are cached by
 :meth:`te_align.hooks.base.Settings.profile`, once per source, for every trainer.
 """
@@ -63,7 +67,8 @@ class TrainerSpecError(TeAlignError, TypeError):
 
 
 class RegistryError(TeAlignError, ValueError):
-    """Specs that cannot be registered together (duplicate names, parts that do not exist, mistyped fields)."""
+    """Specs that cannot be registered together (duplicate names, parts that do not exist, mistyped
+    fields)."""
 
 
 # ------------------------------------------------------------------------------------------------ the parts
@@ -103,7 +108,8 @@ class ProbePart(Protocol):
 
 
 class HookPart(Protocol):
-    """The runtime hook: a module holding one :class:`te_align.hooks.base.Lifecycle` (``install`` / ``uninstall``)
+    """The runtime hook: a module holding one :class:`te_align.hooks.base.Lifecycle`
+    (``install`` / ``uninstall``)
     over :class:`te_align.hooks.base.Hook` subclasses that declare their targets."""
 
     __name__: str
@@ -174,8 +180,8 @@ class TrainerSpec:
     probe: str | None = None
     #: What ``te-align patch`` takes, for ``--help`` (``sd-scripts checkout or kohya_ss GUI folder``).
     patch_path: str = ""
-    #: What ``te-align probe`` runs, for ``--help`` (``an sd-scripts checkout at --path or $ENV``; ``$ENV`` stands
-    #: for :attr:`env_dir`, see :attr:`probe_help`).
+    #: What ``te-align probe`` runs, for ``--help`` (``an sd-scripts checkout at --path or $ENV``; ``$ENV``
+    #: stands for :attr:`env_dir`, see :attr:`probe_help`).
     probe_path: str = ""
     #: The environment variable naming a checkout of the trainer (probe, matrix, integration tests): the one
     #: place it is written.
@@ -229,7 +235,8 @@ def _checked(spec: TrainerSpec, part: str, module: ModuleType) -> ModuleType:
     return module
 
 
-# ------------------------------------------------------------------------------------------------ the registry
+# ------------------------------------------------------------------------------------------------ the
+# registry
 def _exists(module: str) -> bool:
     """Whether a trainer package has the module (a file or a sub-package beside its ``__init__``), found without
     running it."""
@@ -238,8 +245,8 @@ def _exists(module: str) -> bool:
         folders = importlib.import_module(package).__path__
     except (ModuleNotFoundError, AttributeError):  # no such package
         return False
-    return any(os.path.isfile(os.path.join(f, name + ".py")) or os.path.isfile(os.path.join(f, name, "__init__.py"))
-               for f in folders)
+    return any(os.path.isfile(os.path.join(f, name + ".py"))
+               or os.path.isfile(os.path.join(f, name, "__init__.py")) for f in folders)
 
 
 def _spec_problems(spec: TrainerSpec) -> list[str]:
@@ -252,7 +259,8 @@ def _spec_problems(spec: TrainerSpec) -> list[str]:
         if not isinstance(value, tuple):
             out.append(f"{spec.package}: {attr} must be a tuple, not {type(value).__name__}")
     if isinstance(spec.check, tuple):
-        out += [f"{spec.package}: check holds {d!r}, not a Dialect" for d in spec.check if not isinstance(d, Dialect)]
+        out += [f"{spec.package}: check holds {d!r}, not a Dialect"
+                for d in spec.check if not isinstance(d, Dialect)]
     modules = [(p, getattr(spec, p)) for p in PARTS if getattr(spec, p) is not None]
     modules += [(f"check {d.name}", d.module) for d in spec.check if isinstance(d, Dialect)]
     for what, module in modules:
@@ -328,7 +336,8 @@ class Registry:
         return None
 
 
-# ------------------------------------------------------------------------------------------------ shared pieces
+# ------------------------------------------------------------------------------------------------ shared
+# pieces
 def checkout(environ: Mapping[str, str], spec: TrainerSpec) -> str | None:
     """The checkout the trainer's environment variable names (None: unset or empty)."""
     return (environ.get(spec.env_dir) or None) if spec.env_dir else None
@@ -346,8 +355,8 @@ def find_checkout(environ: Mapping[str, str], spec: TrainerSpec, found: Callable
     return [], [f"{lead}: {spec.env_dir} is not set (path of a {spec.repo} checkout)"]
 
 
-def target_mismatch(name: str, version: str, root: Path | str, problems: Sequence[str], supported: Iterable[str],
-                    how: str = "") -> str:
+def target_mismatch(name: str, version: str, root: Path | str, problems: Sequence[str],
+                    supported: Iterable[str], how: str = "") -> str:
     """The one message for an installation whose hook targets do not match the source te-align was verified with:
     the targets that differ, the verified commit (``supported``'s first) and ``how`` to get it (by default: check
     it out, or a copy of it when ``root`` is not a git checkout)."""
@@ -361,5 +370,6 @@ def target_mismatch(name: str, version: str, root: Path | str, problems: Sequenc
             f"({'; '.join(problems)}). te-align was verified with {name} {commit}; {how} or upgrade te-align")
 
 
-__all__ = ["PARTS", "CheckDialect", "Dialect", "HookPart", "Patcher", "ProbePart", "Registry", "RegistryError",
+__all__ = ["PARTS", "CheckDialect", "Dialect", "HookPart", "Patcher", "ProbePart", "Registry",
+           "RegistryError",
            "TrainerSpec", "TrainerSpecError", "checkout", "find_checkout", "target_mismatch"]
