@@ -9,11 +9,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align import _plugins
 from te_align.audit.findings import Finding
 from te_align.audit.rules import Trainer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: would close an import loop at module level.
 
@@ -117,7 +120,7 @@ def expect_mapping(value: Any, name: str, file: str, lines: KeyLines) -> dict[st
     return value
 
 
-def dropout_form_finding(profile: Any, rate: Any, form: str, *, key: str, trainer: str, source: str,
+def dropout_form_finding(profile: AlignmentProfile, rate: Any, form: str, *, key: str, trainer: str, source: str,
                          line: int | None = None, fix: str = "") -> list[Finding]:
     """Caption dropout against the profile's empty-prompt rule: a trainer that drops captions as ``form``
     ("encode": the empty caption "" is encoded; "zeros": the embeddings are zeroed) where the profile's

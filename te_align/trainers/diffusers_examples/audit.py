@@ -19,7 +19,7 @@ import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules as _rules
 from te_align.audit.cmdline import arg_line
@@ -28,6 +28,9 @@ from te_align.audit.models import guess_model, profiles_of
 from te_align.audit.parsed import Parsed, dropout_form_finding, reason, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig
 from te_align.audit.rules import Context, Rule, Trainer, family_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 COMMIT = "58eb52c0803ea9af3abec60841c2a093bdf1f951"
 NAME = "diffusers-examples"
@@ -374,7 +377,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove --{key}"
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         key = "proportion_empty_prompts"
         if script != "train_text_to_image_sdxl.py" or key not in values:
             return []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import NOT_SETTABLE, Finding
@@ -26,6 +26,9 @@ from te_align.audit.parsed import (
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: load what only one command needs when it runs.
 
@@ -230,7 +233,7 @@ NPZ_LENGTH = {
 NPZ_FLAGS = ("apply_t5_attn_mask", "apply_lg_attn_mask")
 
 
-def scan_cache(directory: str, profile: Any) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
     """sd-scripts' ``*_te*.npz`` files in ``directory``, read from their headers (te_align.audit.cachefiles)."""
     from functools import partial
 
@@ -338,7 +341,7 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig)
     """Caption dropout (caption_dropout_rate / caption_dropout_every_n_epochs: the caption becomes "" and is
     encoded) against the profile's empty-prompt rule."""
 
-    def after(profile: Any, ctx: Any) -> list:
+    def after(profile: AlignmentProfile, ctx: Context) -> list:
         out = []
         for key in ("caption_dropout_rate", "caption_dropout_every_n_epochs"):
             rate = values.get(key)

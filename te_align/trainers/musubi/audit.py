@@ -20,7 +20,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.cmdline import arg_line
@@ -39,6 +39,9 @@ from te_align.audit.parsed import (
 from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.musubi import names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: load what only one command needs when it runs.
 
@@ -447,7 +450,7 @@ def cache_record(path: Path) -> dict[str, Any]:
     return out
 
 
-def scan_cache(directory: str, profile: Any) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
     """musubi-tuner's ``*_te.safetensors`` in ``directory``: fingerprints (te-align's hooks stamp them) and, since
     every caption is cached at its own length, no one length to compare (the longest is reported as a note)."""
     from collections import Counter

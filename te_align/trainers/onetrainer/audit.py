@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
@@ -25,6 +25,9 @@ from te_align.audit.parsed import (
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.onetrainer import names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 #: OneTrainer has no setting for hard-coded encoding; its launch scripts run te-align's hooks once patched.
 NOT_SETTABLE = (
@@ -236,7 +239,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return fix_set(key, False) if key.endswith("attention_mask") else f"remove \"{key}\""
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         out: list[Finding] = []
         for part in ("text_encoder", "text_encoder_2"):
             key = f"{part}.dropout_probability"

@@ -8,7 +8,7 @@ so an unknown key stops training (error). ``check_user_config`` rewrites ``token
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
@@ -23,6 +23,9 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Context, Rule, Trainer, family_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 _M = "simpletuner/helpers/models"
 
@@ -305,7 +308,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove {key}"
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         key = "caption_dropout_probability"
         rate = values.get(key, 0.1)
         return dropout_form_finding(
