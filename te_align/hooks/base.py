@@ -36,6 +36,10 @@ from te_align.profiles.overrides import env_profile, merge, resolve
 
 logger = logging.getLogger("te_align")
 
+#: What a user names a profile by: a bundled name, alias, path or hub id, a profile object, or None (each model's
+#: own, chosen by the hook).
+ProfileSource = AlignmentProfile | str | None
+
 
 def log_to_console() -> None:
     """Make te-align's INFO lines visible in a trainer that sets up no logging: a stdout handler
@@ -277,14 +281,14 @@ class Settings:
     :meth:`profile` resolves a source plus the overrides through the one way in
     (:func:`te_align.profiles.overrides.resolve`), once per source."""
 
-    def __init__(self, profile: Any = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
+    def __init__(self, profile: ProfileSource = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
         self.source = profile
         self.layers = tuple((o, dict(m)) for o, m in layers if m)
         self.overrides, self.origins = merge(*self.layers)
-        self._cache: dict[Any, Any] = {}
+        self._cache: dict[str | int, AlignmentProfile] = {}
         self._lock = threading.Lock()
 
-    def profile(self, default: Any = None) -> Any:
+    def profile(self, default: ProfileSource = None) -> AlignmentProfile:
         """The profile: the user's source (else ``default``, the hook's choice for the model) with the overrides."""
         source = self.source if self.source is not None else default
         if source is None:
@@ -314,7 +318,7 @@ class Settings:
     __hash__ = None  # type: ignore[assignment]
 
 
-def settings(profile: Any = None, overrides: Mapping[str, Any] | None = None, *, origin: str = "install()",
+def settings(profile: ProfileSource = None, overrides: Mapping[str, Any] | None = None, *, origin: str = "install()",
              environ: Mapping[str, str] | None = None) -> Settings:
     """The one reading of the environment for every trainer's hooks: ``profile`` (else ``TE_ALIGN_PROFILE``) and
     ``overrides`` over ``TE_ALIGN_OVERRIDES``. A named profile and the overrides are validated now, so a mistake
@@ -350,7 +354,7 @@ class Lifecycle:
         self.options: dict[str, Any] = {}
         self.lock = threading.RLock()
 
-    def install(self, profile: Any = None, overrides: Mapping[str, Any] | None = None, *,
+    def install(self, profile: ProfileSource = None, overrides: Mapping[str, Any] | None = None, *,
                 environ: Mapping[str, str] | None = None, **options: Any) -> bool:
         """Install the trainer's hook (every target or none). False under ``TE_ALIGN=off``.
 
