@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from te_align import kohya_lora
 from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides, settings  # noqa: F401
+from te_align.profiles import AlignmentProfile
 from te_align.trainers.kohya import names as table
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.encoding.core import EncodeOptions
-    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path.
