@@ -33,7 +33,8 @@ COMMANDS = {
     "te-align check kohya/sdxl_typo.toml": ["-m", "te_align", "check", CHECK_EXAMPLE],
 }
 #: The commands compared against a baseline revision (the cold paths the re-layout must not slow down).
-COMPARED = ("python -c pass", "te-align profile show sd35-large", "te-align check kohya/sdxl_typo.toml")
+COMPARED = ("python -c pass", "te-align --help", "te-align profile show sd35-large",
+            "te-align check kohya/sdxl_typo.toml")
 
 
 def wall(args: list[str], checkout: Path) -> float:

@@ -80,7 +80,7 @@ def peft_conflict(*libraries: str) -> str | None:
     library, minimum = max(short, key=lambda x: _key(x[1]))
     return (f"{library} {_version(library)} needs peft >= {minimum} for LoRA adapters, but peft {peft_version} is "
             f"installed; fix: pip install \"{declared_range(library)}\" (the range te-align is tested with), or "
-            f"a peft >= {minimum} once one is released")  # fmt: skip
+            f"a peft >= {minimum} once one is released")
 
 
 def require_peft(*libraries: str) -> None:

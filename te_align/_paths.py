@@ -72,7 +72,7 @@ def check_dir(path: str | os.PathLike[str], error: type[TeAlignError], *, what: 
 
 
 def read_bytes(path: str | os.PathLike[str], error: type[TeAlignError], *, what: str = "file",
-               limit: int | None = None) -> bytes:  # fmt: skip
+               limit: int | None = None) -> bytes:
     """The bytes of a regular file (at most ``limit`` when given), never blocking on a FIFO."""
     name = str(path)
     try:

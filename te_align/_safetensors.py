@@ -68,7 +68,7 @@ class Header:
 
 
 def parse_header(data: bytes, file_size: int, *, label: str = "<bytes>",
-                 error: type[TeAlignError] = SafetensorsError) -> Header:  # fmt: skip
+                 error: type[TeAlignError] = SafetensorsError) -> Header:
     """Parse and validate a header from the first bytes of a file (at least ``8 + N`` of them).
 
     Raises ``error`` as one line, ``LABEL: not a valid safetensors file: …``.
@@ -141,7 +141,7 @@ def parse_header(data: bytes, file_size: int, *, label: str = "<bytes>",
 
 
 def read_header(path: str | os.PathLike[str], *, label: str | None = None,
-                error: type[TeAlignError] = SafetensorsError) -> Header:  # fmt: skip
+                error: type[TeAlignError] = SafetensorsError) -> Header:
     """Read and validate only the header of a safetensors file (``label`` names it in messages)."""
     name = str(path) if label is None else label
     try:

@@ -150,7 +150,7 @@ def check(
 
 
 def unknown_key(key: str, valid: Collection[str], *, file: str | None = None,
-                error: type[TeAlignError] = TeAlignError) -> TeAlignError:  # fmt: skip
+                error: type[TeAlignError] = TeAlignError) -> TeAlignError:
     """The error for an unknown key: the closest valid keys, else every valid key."""
     name = key.rpartition(".")[2]
     hint = closest(name, valid)
@@ -159,7 +159,7 @@ def unknown_key(key: str, valid: Collection[str], *, file: str | None = None,
 
 
 def take(data: dict[str, Any], name: str, tp: Any, *, key: str = "", default: Any = MISSING,
-         file: str | None = None, error: type[TeAlignError] = TeAlignError) -> Any:  # fmt: skip
+         file: str | None = None, error: type[TeAlignError] = TeAlignError) -> Any:
     """The checked value of one key of a table: ``default`` when it is absent, or an error when required."""
     where = join(key, name)
     if name not in data:
@@ -170,7 +170,7 @@ def take(data: dict[str, Any], name: str, tp: Any, *, key: str = "", default: An
 
 
 def build(cls: type[T], data: Any, *, key: str = "", file: str | None = None,
-          error: type[TeAlignError] = TeAlignError, exclude: Collection[str] = ()) -> T:  # fmt: skip
+          error: type[TeAlignError] = TeAlignError, exclude: Collection[str] = ()) -> T:
     """A ``cls`` instance from a table: every key checked, unknown keys refused, defaults filled in.
 
     ``key`` is the dotted key of the table itself (``""`` at the top of a file); ``exclude`` names

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from te_align import __version__
+from te_align._version import __version__
 from te_align.errors import TeAlignError
 
 #: Command modules under te_align.commands, in --help order.

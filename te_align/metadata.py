@@ -18,10 +18,14 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_align import _safetensors
+from te_align import _safetensors, kohya_lora
 from te_align._atomic import atomic_file, link_or_copy
+from te_align._paths import check_file
 from te_align._safetensors import Header
-from te_align.errors import TeAlignError
+from te_align._version import __version__
+from te_align.errors import ProfileNotFound, TeAlignError
+from te_align.profiles import bundled, profiles
+from te_align.profiles import profile as resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -30,28 +34,8 @@ PREFIX = "te_align."
 #: Version of the ``te_align.*`` key layout written by :func:`stamp`.
 STAMP_FORMAT = 1
 
-#: kohya sd-scripts metadata keys that describe text conditioning (train_network.py and the
-#: architecture-specific ``update_metadata`` of sd3_/flux_train_network.py), plus the modelspec
-#: architecture. Keys some forks or older versions write (ss_t5xxl_max_token_length,
-#: ss_network_train_unet_only, ss_weighted_captions) are read when present.
-KOHYA_KEYS = (
-    "ss_base_model_version",
-    "ss_v2",
-    "ss_sd_model_name",
-    "modelspec.architecture",
-    "ss_model_prediction_type",
-    "ss_clip_skip",
-    "ss_max_token_length",
-    "ss_t5xxl_max_token_length",
-    "ss_apply_t5_attn_mask",
-    "ss_apply_lg_attn_mask",
-    "ss_text_encoder_lr",
-    "ss_network_train_unet_only",
-    "ss_caption_dropout_rate",
-    "ss_caption_tag_dropout_rate",
-    "ss_weighted_captions",
-    "ss_training_comment",
-)
+#: kohya sd-scripts metadata keys that describe text conditioning (the file format: :mod:`te_align.kohya_lora`).
+KOHYA_KEYS = kohya_lora.METADATA_KEYS
 
 
 class MetadataError(TeAlignError):
@@ -66,8 +50,6 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     (a FIFO is refused before it is opened: opening one blocks until a writer appears), and so is
     a header nested too deeply to parse.
     """
-    from te_align._paths import check_file
-
     check_file(path, MetadataError, what="file")
     try:
         return _safetensors.read_header(path, error=MetadataError)
@@ -86,9 +68,6 @@ def _value(v: Any) -> str:
 
 def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """The ``te_align.*`` metadata keys for a profile (all values strings)."""
-    from te_align import __version__
-    from te_align.profiles import profile as resolve
-
     p = resolve(profile) if isinstance(profile, str) else profile
     keys: dict[str, str] = {
         "te_align.version": __version__,
@@ -180,8 +159,6 @@ def _copy_exactly(f: Any, out: Any, n: int, chunk: int = 16 << 20) -> int:
 
 
 # ------------------------------------------------------------------------------------- reading
-#: Tensor-name prefixes of text-encoder weights: kohya LoRA (lora_te_, lora_te1_…) and diffusers/PEFT.
-_TE_TENSOR_PREFIXES = ("lora_te", "text_encoder")
 _BOOL_SUFFIXES = (".final_layer_norm", ".masks.encoder", ".masks.zero_padded", ".masks.denoiser", ".tokenizer_only")
 
 
@@ -203,37 +180,12 @@ def _parse_stamp_value(key: str, v: str) -> Any:
     return v
 
 
-def _parse_kohya_value(v: str) -> Any:
-    """sd-scripts writes ``str(value)``: "None", "True", "2", "0.0001", "[1e-05, 2e-05]"."""
-    if v == "None":
-        return None
-    if v in ("True", "False"):
-        return v == "True"
-    if re.fullmatch(r"-?\d+", v):
-        return int(v)
-    try:
-        return float(v)
-    except ValueError:
-        pass
-    if v.startswith("[") and v.endswith("]"):
-        try:
-            return json.loads(v)
-        except json.JSONDecodeError:
-            pass
-        except RecursionError:
-            raise MetadataError("a kohya metadata value is nested too deeply to read") from None
-    return v
-
-
 def _profile_check(stamp: dict[str, Any]) -> dict[str, Any] | None:
     """Compare a stamp's fingerprint with the bundled profile of the same name (bundled only: no files, no hub)."""
     fp = stamp.get("te_align.fingerprint")
     name = stamp.get("te_align.profile")
     if not isinstance(fp, str):
         return None
-    from te_align.errors import ProfileNotFound
-    from te_align.profiles import bundled, profiles
-
     same = [p.name for p in profiles() if p.fingerprint() == fp]
     check: dict[str, Any] = {
         "profile": name,
@@ -279,7 +231,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     head = read_header(path)
     meta = head.metadata
     te = {k: _parse_stamp_value(k, v) for k, v in meta.items() if k.startswith(PREFIX)}
-    kohya = {k: _parse_kohya_value(meta[k]) for k in KOHYA_KEYS if k in meta}
+    kohya = kohya_lora.read(meta, MetadataError)
     stamped = "te_align.fingerprint" in te
     return {
         "path": str(path),
@@ -288,7 +240,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         "kohya": kohya,
         "profile_check": _profile_check(te) if stamped else None,
         "tensor_count": len(head.tensors),
-        "text_encoder_tensors": sum(1 for n in head.tensors if n.startswith(_TE_TENSOR_PREFIXES)),
+        "text_encoder_tensors": sum(1 for n in head.tensors if kohya_lora.is_text_encoder_tensor(n)),
         "metadata_keys": len(meta),
     }
 

@@ -6,10 +6,10 @@ Maintainer script (needs trainer checkouts, no network, no torch)::
                                  [--simpletuner DIR] [--musubi DIR] [--diffusion-pipe DIR]
                                  [--list] [--show-findings KIND] [--kinds]
 
-Each checkout comes from its option or its environment variable: ``TE_ALIGN_KOHYA_DIR`` (kohya-ss/sd-scripts),
-``TE_ALIGN_KOHYA_GUI_DIR`` (bmaltais/kohya_ss), ``TE_ALIGN_AI_TOOLKIT_DIR`` (ostris/ai-toolkit),
-``TE_ALIGN_ONETRAINER_DIR`` (Nerogar/OneTrainer), ``TE_ALIGN_SIMPLETUNER_DIR`` (bghira/SimpleTuner),
-``TE_ALIGN_MUSUBI_DIR`` (kohya-ss/musubi-tuner), ``TE_ALIGN_DIFFUSION_PIPE_DIR`` (tdrussell/diffusion-pipe).
+Each checkout comes from its option or its environment variable, the one the trainer registry names for the
+config language (``TrainerSpec.env_dir``, or the dialect's own for the kohya_ss GUI): ``TE_ALIGN_KOHYA_DIR``
+(kohya-ss/sd-scripts), ``TE_ALIGN_KOHYA_GUI_DIR`` (bmaltais/kohya_ss), ``TE_ALIGN_AI_TOOLKIT_DIR`` and so on;
+``--help`` lists each with its repository.
 
 What it reads, per trainer:
 
@@ -54,15 +54,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ENV = {
-    "kohya": "TE_ALIGN_KOHYA_DIR",
-    "kohya-gui": "TE_ALIGN_KOHYA_GUI_DIR",
-    "ai-toolkit": "TE_ALIGN_AI_TOOLKIT_DIR",
-    "onetrainer": "TE_ALIGN_ONETRAINER_DIR",
-    "simpletuner": "TE_ALIGN_SIMPLETUNER_DIR",
-    "musubi": "TE_ALIGN_MUSUBI_DIR",
-    "diffusion-pipe": "TE_ALIGN_DIFFUSION_PIPE_DIR",
-}
 
 
 @dataclass
@@ -248,6 +239,8 @@ def diffusion_pipe_cases(root: Path, tmp: Path) -> list[Case]:
     return out
 
 
+#: Where each config language's shipped configs are (the ``check`` dialect names of the trainer registry), in the
+#: order the report lists them.
 FINDERS = {
     "kohya": kohya_cases,
     "kohya-gui": gui_cases,
@@ -257,6 +250,22 @@ FINDERS = {
     "musubi": musubi_cases,
     "diffusion-pipe": diffusion_pipe_cases,
 }
+
+
+def checkout_env() -> dict[str, tuple[str, str]]:
+    """(environment variable, repository) of the checkout each config language's configs come from, read from the
+    trainer registry."""
+    from te_align.trainers import dialect
+
+    out = {}
+    for name in FINDERS:
+        d, spec = dialect(name)
+        out[name] = (spec.dialect_env(d) or "", spec.dialect_repo(d))
+    return out
+
+
+#: The environment variable of each config language's checkout (from the registry).
+ENV = {name: env for name, (env, _) in checkout_env().items()}
 
 
 def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]:
@@ -303,8 +312,9 @@ def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, env in ENV.items():
-        ap.add_argument(f"--{name}", metavar="DIR", help=f"checkout (default: ${env})")
+    env_of = checkout_env()
+    for name, (env, repo) in env_of.items():
+        ap.add_argument(f"--{name}", metavar="DIR", help=f"{repo} checkout (default: ${env})")
     ap.add_argument("--list", action="store_true", help="print exit code, status and profile per config")
     ap.add_argument("--show-findings", metavar="KIND", help="print findings of this kind (or 'all')")
     ap.add_argument("--kinds", action="store_true", help="count the findings of each kind/severity per trainer")
@@ -315,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="te-align-corpus-") as tmp:
         print(f"{'trainer':<12}{'configs':>8}  {'exit codes':<34}{'tracebacks':>10}{'unknown':>9}"
               f"{'not checked':>12}{'0 w/o rule':>11}{'median s':>10}{'max s':>8}")
-        for name, env in ENV.items():
+        for name, (env, _) in env_of.items():
             root = getattr(args, name.replace("-", "_")) or os.environ.get(env)
             if not root:
                 print(f"{name:<12}  skipped: no --{name} and no ${env}")

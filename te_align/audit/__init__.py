@@ -11,6 +11,8 @@ from te_align.audit.check import check_file, check_files, exit_code
 from te_align.audit.findings import CheckResult, Finding
 from te_align.audit.rules import Rule
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 __all__ = ["TRAINERS", "CheckResult", "Finding", "Rule", "check_file", "check_files", "exit_code"]
 
 

@@ -5,20 +5,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from te_align import _plugins
 from te_align.audit import readers
 from te_align.audit.findings import CheckResult, Finding
 from te_align.audit.parsed import module
 from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
+from te_align.profiles import profile as resolve
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import ModuleType
+
+    from te_align.audit.parsed import CacheSpec
+    from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: would close an import loop at module level; load what only
+# one command needs when it runs.
 
 
 def check_file(
     path: str,
     *,
     trainer: str = "auto",
-    profile: Any = None,
+    profile: AlignmentProfile | str | None = None,
     extra_args: Sequence[str] = (),
     cache_dir: str | None = None,
     dataset: Sequence[str] = (),
@@ -63,13 +74,12 @@ def _command(argv: list[str], label: str) -> readers.RawConfig:
     return from_argv(argv, label)
 
 
-def _check(raw: readers.RawConfig, name: str, profile: Any, extra_args: list[str], cache_dir: str | None,
+def _check(raw: readers.RawConfig, name: str, profile: AlignmentProfile | str | None, extra_args: list[str],
+           cache_dir: str | None,
            result: CheckResult, dataset: list[str] | None = None, overrides: dict[str, Any] | None = None) -> None:
-    from te_align.profiles import profile as resolve
-    from te_align.trainers import dialect, dialects
-
-    if raw.fmt == "cmdline" and not dialect(name)[0].command_line:
-        readers_of_lines = " or ".join(d.name for d, _ in dialects() if d.command_line)
+    registry = _plugins.registry()
+    if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line:
+        readers_of_lines = " or ".join(d.name for d, _ in registry.dialects() if d.command_line)
         raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
                                        f"command lines for --trainer {readers_of_lines} only", file=raw.file)
     mod = module(name)
@@ -154,7 +164,8 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (_ORDER[f.kind], _SEV[f.severity]))
 
 
-def _scan_cache(cache_dir: str, name: str, mod: Any, prof: Any, effective: dict[str, Any], spec: Any) -> list[Finding]:
+def _scan_cache(cache_dir: str, name: str, mod: ModuleType, prof: AlignmentProfile, effective: dict[str, Any],
+                spec: CacheSpec | None) -> list[Finding]:
     """The cached text-encoder files in ``cache_dir``: read by the reader's ``scan_cache`` where it has one (the
     lengths they record), else counted by the file patterns of its cache spec."""
     from te_align.audit.cachefiles import scan
@@ -198,7 +209,8 @@ def _scan_cache(cache_dir: str, name: str, mod: Any, prof: Any, effective: dict[
     return out
 
 
-def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Any, prof: Any, spec: Any) -> list[Finding]:
+def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Any, prof: AlignmentProfile,
+                          spec: CacheSpec | None) -> list[Finding]:
     """Cache files te-align's hooks stamped with another profile's fingerprint (stale: a hooked run re-encodes
     them), and files made without the hooks (the trainer's own encoding, with the deviations above)."""
     out: list[Finding] = []

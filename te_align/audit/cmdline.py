@@ -17,6 +17,7 @@ import re
 import shlex
 from pathlib import Path
 
+from te_align import _plugins
 from te_align.audit.readers import MAX_BYTES, ConfigSyntaxError, RawConfig, UnreadableConfig
 
 #: File suffixes read as a command line (besides a file with no suffix).
@@ -25,9 +26,7 @@ SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
 
 def _script_pattern() -> re.Pattern[str]:
     """A training script's name in a command line: the scripts of every ``check`` reader (the trainer registry)."""
-    from te_align.trainers import dialects
-
-    names = "|".join(f"(?:{d.scripts})" for d, _ in dialects() if d.scripts)
+    names = "|".join(f"(?:{d.scripts})" for d, _ in _plugins.registry().dialects() if d.scripts)
     return re.compile(r"(?:^|[\\/\s\"'])(" + names + r")\b")
 
 

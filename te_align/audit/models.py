@@ -17,6 +17,11 @@ import functools
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from te_align.audit.rules import guess_from_name
+from te_align.errors import TeAlignError
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 @functools.lru_cache(maxsize=64)
 def profile_from_files(path: Any) -> tuple[str, str] | None:
@@ -36,7 +41,6 @@ def profile_from_files(path: Any) -> tuple[str, str] | None:
 
 
 def _folder(p: Path, shown: str) -> tuple[str, str] | None:
-    from te_align.errors import TeAlignError
     from te_align.profiles.sources import folder
 
     tree = folder.Tree.local(p, shown)
@@ -53,7 +57,6 @@ def _folder(p: Path, shown: str) -> tuple[str, str] | None:
 
 def _checkpoint(p: Path, shown: str) -> tuple[str, str] | None:
     from te_align._safetensors import read_header
-    from te_align.errors import TeAlignError
     from te_align.profiles.sources import checkpoint
 
     try:
@@ -87,8 +90,6 @@ def guess_model(*paths: Any) -> Guess:
     """The bundled profile model paths/ids a config names say: a local folder's or checkpoint's files first (they are
     what the trainer loads), then the names (:func:`te_align.audit.rules.guess_from_name`)."""
     import re
-
-    from te_align.audit.rules import guess_from_name
 
     for path in paths:
         found = profile_from_files(path)

@@ -9,10 +9,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from te_align import _plugins
 from te_align.audit.findings import Finding
 from te_align.audit.rules import Trainer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: would close an import loop at module level.
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,7 @@ def reason(text: str, assumed: str = "") -> Reason:
 
 def module(name: str) -> ModuleType:
     """The reader of a ``check`` dialect (``--trainer NAME``), from the trainer registry."""
-    from te_align.trainers import dialect
-
-    _, spec = dialect(name)
+    _, spec = _plugins.registry().dialect(name)
     return spec.reader(name)
 
 
@@ -116,7 +120,7 @@ def expect_mapping(value: Any, name: str, file: str, lines: KeyLines) -> dict[st
     return value
 
 
-def dropout_form_finding(profile: Any, rate: Any, form: str, *, key: str, trainer: str, source: str,
+def dropout_form_finding(profile: AlignmentProfile, rate: Any, form: str, *, key: str, trainer: str, source: str,
                          line: int | None = None, fix: str = "") -> list[Finding]:
     """Caption dropout against the profile's empty-prompt rule: a trainer that drops captions as ``form``
     ("encode": the empty caption "" is encoded; "zeros": the embeddings are zeroed) where the profile's
@@ -217,7 +221,7 @@ def checkout_commit(root: Any, args: Any = ()) -> str:
 
     try:
         return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+                              check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown commit"
 

@@ -11,7 +11,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from te_align import _plugins
 from te_align.errors import TeAlignError
+
+# Function-local te_align imports in this module: would close an import loop at module level.
 
 
 class ConfigSyntaxError(TeAlignError):
@@ -188,9 +191,7 @@ def key_line(text: str, key: str) -> int | None:
 def known_keys(name: str) -> dict[str, frozenset[str]]:
     """The bundled list of valid keys of a ``check`` dialect (``data/<name>.txt`` in its trainer's folder), by
     section (``""`` when it has none)."""
-    from te_align.trainers import dialect
-
-    _, spec = dialect(name)
+    _, spec = _plugins.registry().dialect(name)
     res = resources.files(f"te_align.trainers.{spec.package}").joinpath("data", f"{name}.txt")
     sections: dict[str, set[str]] = {}
     current = ""
@@ -208,18 +209,15 @@ def known_keys(name: str) -> dict[str, frozenset[str]]:
 # ------------------------------------------------------------------------------ trainer shape
 def trainers() -> tuple[str, ...]:
     """Every ``--trainer`` value ``check`` reads (the config languages of the trainer registry)."""
-    from te_align.trainers import dialects
-
-    return tuple(d.name for d, _ in dialects())
+    return tuple(d.name for d, _ in _plugins.registry().dialects())
 
 
 def detect_trainer(raw: RawConfig) -> str:
     """Tell the config language from the file's shape (each reader scores it; the highest wins, the registry's
     order breaks ties), or raise :class:`UnreadableConfig`."""
-    from te_align.trainers import dialects
-
+    dialects = _plugins.registry().dialects()
     best: tuple[int, str] | None = None
-    for d, spec in dialects():
+    for d, spec in dialects:
         score = spec.reader(d.name).detect(raw)
         if score and (best is None or score > best[0]):
             best = (score, d.name)
@@ -227,6 +225,6 @@ def detect_trainer(raw: RawConfig) -> str:
         return best[1]
     if raw.fmt != "cmdline" and not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a table/object at the top level", file=raw.file)
-    files = [d.name for d, _ in dialects() if not d.command_line]
+    files = [d.name for d, _ in dialects if not d.command_line]
     raise UnreadableConfig(f"cannot tell which trainer this config is for; pass --trainer {'|'.join(files)}",
                            file=raw.file)

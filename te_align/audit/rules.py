@@ -13,9 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from te_align import _plugins
 from te_align.audit.findings import NOT_SETTABLE, Finding
+from te_align.profiles.registry import _load_bundled
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 Honoured = Literal["always", "never", "cached"]
 
@@ -243,13 +248,11 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def _trainer_source(text: str) -> bool:
     """Whether a provenance source names a trainer (a "trainer choice", or a trainer of the registry)."""
-    from te_align.trainers import source_words
-
     low = text.lower()
-    return "trainer choice" in low or any(w in low for w in source_words())
+    return "trainer choice" in low or any(w in low for w in _plugins.registry().source_words())
 
 
-def _severity(profile: Any, path: str, effective: Any) -> str:
+def _severity(profile: AlignmentProfile, path: str, effective: Any) -> str:
     """``warning`` when a model or pipeline source (not another trainer) documents the effective value
     as an alternative (FLUX.1 schnell at 512: the diffusers default); ``error`` otherwise."""
     pv = profile.provenance_of(f"slots.{path}")
@@ -260,12 +263,12 @@ def _severity(profile: Any, path: str, effective: Any) -> str:
     return "error"
 
 
-def official_alternative(profile: Any, path: str, effective: Any) -> Any:
+def official_alternative(profile: AlignmentProfile, path: str, effective: Any) -> Any:
     """The alternative the model's authors published (status ``official``) that ``effective`` is, or None: Lumina 2's
     other system-prompt templates. A config that uses one is told so in a note, not an error."""
     pv = profile.provenance_of(f"slots.{path}")
     return next((a for a in (pv.alternatives if pv is not None else ()) if a.status == "official"
-                 and _same_value(_plain(a.value), effective)), None)  # fmt: skip
+                 and _same_value(_plain(a.value), effective)), None)
 
 
 def _plain(v: Any) -> Any:
@@ -274,7 +277,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def evaluate(trainer: Trainer, profile: Any, ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
+def evaluate(trainer: Trainer, profile: AlignmentProfile, ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
     """Apply the trainer's table: effective values per profile path, and the findings."""
     findings: list[Finding] = []
     effective: dict[str, Any] = {}
@@ -444,6 +447,4 @@ def guess_from_name(*names: Any) -> str | None:
 
 def family_of(profile_name: str) -> str:
     """The family of a bundled profile (loads that one profile file only)."""
-    from te_align.profiles.registry import _load_bundled
-
     return _load_bundled(profile_name).family

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from te_align.errors import TeAlignError
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ab", help="A/B trainings: a trainer's default conditioning vs the profile, with a report")
@@ -69,8 +73,6 @@ def _summary(result: object) -> None:
 
 def _check_seeds(seeds: int | None) -> None:
     if seeds is not None and seeds < 1:  # 0 would fall back to the preset's count
-        from te_align.errors import TeAlignError
-
         raise TeAlignError(f"must be >= 1, got {seeds}", key="--seeds")
 
 
@@ -88,7 +90,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from te_align.ab.matrix import run_matrix
 
     rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc, results=args.results,
-                      summary=args.summary, strips=args.strips, workers=args.workers, device=args.device, dry_run=args.dry_run)  # fmt: skip
+                      summary=args.summary, strips=args.strips, workers=args.workers, device=args.device, dry_run=args.dry_run)
     print(f"\n{len(rows)} row(s); table: {args.out}/matrix.md")
     for r in rows:
         print(f"  {r.preset:34} {r.seeds}/{r.planned} seeds  {r.verdict}")

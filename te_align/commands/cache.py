@@ -8,6 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from te_align.errors import CacheError, TeAlignError
+from te_align.profiles import bundled
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="show or clear an embedding cache folder")
@@ -37,7 +42,6 @@ def human_bytes(n: int) -> str:
 def _open_cache(directory: str) -> Any:
     from te_align._paths import check_dir
     from te_align.encoding.cache.admin import scan
-    from te_align.errors import CacheError
 
     d = check_dir(Path(directory), CacheError, what="folder")
     info = scan(d)
@@ -47,9 +51,6 @@ def _open_cache(directory: str) -> Any:
 
 
 def _current_fingerprint(name: str) -> str | None:
-    from te_align.errors import TeAlignError
-    from te_align.profiles import bundled
-
     try:
         return bundled(name).fingerprint()
     except TeAlignError:
@@ -96,8 +97,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _confirm(question: str) -> bool:
-    from te_align.errors import CacheError
-
     if sys.stdin is None or not sys.stdin.isatty():
         raise CacheError(f"{question} — not confirmed; pass --yes")
     try:
@@ -109,7 +108,6 @@ def _confirm(question: str) -> bool:
 
 def cmd_clear(args: argparse.Namespace) -> int:
     from te_align.encoding.cache.admin import clear
-    from te_align.errors import TeAlignError
 
     info = _open_cache(args.directory)
     names: list[str] = []

@@ -13,11 +13,16 @@ import json
 import sys
 from typing import Any
 
+from te_align.audit import check_file, check_files, exit_code
+from te_align.audit.readers import trainers
+from te_align.profiles import profile
+from te_align.trainers import dialects
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def trainer_choices() -> tuple[str, ...]:
     """``auto`` and every config language of the trainer registry."""
-    from te_align.audit.readers import trainers
-
     return ("auto", *trainers())
 
 
@@ -58,8 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _reads() -> str:
-    from te_align.trainers import dialects
-
     reads = [d.reads for d, _ in dialects()]
     return ", ".join(reads[:-1]) + f" or {reads[-1]}" if len(reads) > 1 else "".join(reads)
 
@@ -86,14 +89,11 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from te_align.audit import check_files, exit_code
     from te_align.profiles.overrides import parse_set
 
     ns, extra = _split(args)
     overrides = parse_set(ns.set)
     if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
-        from te_align.audit import check_file
-
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, command=extra, overrides=overrides)]
     else:
@@ -125,8 +125,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _family(r: Any) -> str:
-    from te_align.profiles import profile
-
     try:
         return str(profile(r.profile).family)
     except Exception:  # a profile that does not resolve was reported by the check itself
@@ -154,7 +152,6 @@ def _inference(r: Any, tool: str | None) -> list[Any]:
     if not tool or r.profile is None:
         return []
     from te_align.integrations.targets import inference_notes
-    from te_align.profiles import profile
 
     return inference_notes(profile(r.profile, **(r.overrides or {})), tool, r.effective or {})
 

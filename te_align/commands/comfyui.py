@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("comfyui", help="install te-align's ComfyUI nodes (te-align Text Encode, Empty Negative)")

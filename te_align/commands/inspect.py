@@ -6,6 +6,10 @@ import argparse
 import json
 from typing import Any
 
+from te_align import kohya_lora
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="show the te-align stamp and kohya text-encoder settings of a .safetensors file")
@@ -14,17 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_inspect)
 
 
-def _onoff(v: Any) -> str:
-    if v is True:
-        return "on"
-    if v is False:
-        return "off"
-    return "-" if v is None else str(v)
-
-
-def _short(v: Any, n: int = 60) -> str:
-    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-    return s if len(s) <= n else s[: n - 1] + "…"
+kohya_lines = kohya_lora.describe
+_onoff = kohya_lora.onoff
+_short = kohya_lora.short
 
 
 def stamp_lines(data: dict[str, Any]) -> list[str]:
@@ -62,7 +58,7 @@ def stamp_lines(data: dict[str, Any]) -> list[str]:
         b = f"te_align.{s}."
         if _onoff(te.get(b + "tokenizer_only")) == "on":
             lines.append(f"  {s}: max {te.get(b + 'max_length', '?')} tokens, tokenized only (no encoder), "
-                         f"denoiser mask {_onoff(te.get(b + 'masks.denoiser'))}")  # fmt: skip
+                         f"denoiser mask {_onoff(te.get(b + 'masks.denoiser'))}")
             continue
         lines.append(
             f"  {s}: max {te.get(b + 'max_length', '?')} tokens, layer {te.get(b + 'layer', '?')}, "
@@ -73,65 +69,6 @@ def stamp_lines(data: dict[str, Any]) -> list[str]:
     for k, v in te.items():
         if k.startswith("te_align.extra."):
             lines.append(f"  {k.removeprefix('te_align.extra.')}: {_short(v, 100)}")
-    return lines
-
-
-def kohya_lines(kohya: dict[str, Any], text_encoder_tensors: int | None = None) -> list[str]:
-    """Plain-words description of kohya sd-scripts' text-encoder keys (and of text-encoder LoRA tensors)."""
-    lines: list[str] = []
-    if text_encoder_tensors:
-        lines.append(f"text-encoder weights in this file: {text_encoder_tensors} tensors (lora_te*/text_encoder*)")
-    if not kohya:
-        return [*lines, "no kohya sd-scripts text-encoder keys"]
-    version = kohya.get("ss_base_model_version")
-    if "ss_base_model_version" in kohya or "modelspec.architecture" in kohya:
-        arch = kohya.get("modelspec.architecture")
-        lines.append(f"base model {version if version is not None else '-'}" + (f" (modelspec {arch})" if arch else ""))
-    if kohya.get("ss_v2") is True:
-        lines.append("SD 2.x (--v2)")
-    if kohya.get("ss_sd_model_name"):
-        lines.append(f"trained on {_short(kohya['ss_sd_model_name'], 100)}")
-    if kohya.get("ss_model_prediction_type") is not None:
-        lines.append(f"model prediction type {kohya['ss_model_prediction_type']}")
-    if "ss_clip_skip" in kohya:
-        skip = kohya["ss_clip_skip"]
-        used = version is None or str(version).startswith("sd_v")
-        note = "" if used else f"; not used by sd-scripts for {version}"
-        if isinstance(skip, int):
-            lines.append(f"clip_skip {skip} (sd-scripts: hidden_states[-{skip}] + final LN{note})")
-        else:
-            lines.append(f"clip_skip not set (sd-scripts: last layer, text_encoder(ids)[0]{note})")
-    if "ss_max_token_length" in kohya:
-        m = kohya["ss_max_token_length"]
-        if isinstance(m, int):
-            lines.append(f"CLIP max tokens {m} ({m // 75} windows of 75 tokens + BOS/EOS, concatenated)")
-        else:
-            lines.append("CLIP max tokens 75 (one 77-token window)")
-    if "ss_t5xxl_max_token_length" in kohya:
-        lines.append(f"T5 max tokens {kohya['ss_t5xxl_max_token_length']}")
-    if "ss_apply_t5_attn_mask" in kohya:
-        lines.append(f"T5 attention mask: {_onoff(kohya['ss_apply_t5_attn_mask'])}")
-    if "ss_apply_lg_attn_mask" in kohya:
-        lines.append(f"CLIP-L/G attention mask: {_onoff(kohya['ss_apply_lg_attn_mask'])}")
-    if kohya.get("ss_network_train_unet_only") is True:
-        lines.append("text encoder trained: no (network_train_unet_only)")
-    if "ss_text_encoder_lr" in kohya:
-        lr = kohya["ss_text_encoder_lr"]
-        if lr is None:
-            lines.append("text encoder lr not set (sd-scripts uses --learning_rate unless --network_train_unet_only)")
-        elif lr in (0, 0.0, [], [0], [0.0]):
-            lines.append(f"text encoder lr {lr} (text encoder frozen)")
-        else:
-            lines.append(f"text encoder lr {lr}")
-    if "ss_caption_dropout_rate" in kohya or "ss_caption_tag_dropout_rate" in kohya:
-        lines.append(
-            f"caption dropout {_onoff(kohya.get('ss_caption_dropout_rate'))}, "
-            f"tag dropout {_onoff(kohya.get('ss_caption_tag_dropout_rate'))}"
-        )
-    if "ss_weighted_captions" in kohya:
-        lines.append(f"weighted captions: {_onoff(kohya['ss_weighted_captions'])}")
-    if kohya.get("ss_training_comment"):
-        lines.append(f"training comment: {_short(kohya['ss_training_comment'], 100)}")
     return lines
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from te_align.profiles import profile
+from te_align.trainers import specs
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("patch", help="install te-align's drop-in scripts into a trainer folder (a transaction)")
-    from te_align.trainers import specs
-
     patched = [s for s in specs() if s.patch]
     p.add_argument("path", help=", ".join(s.patch_path for s in patched))
     p.add_argument("--profile", help="profile name to pin (default: chosen per run from the model trained)")
@@ -36,8 +39,6 @@ def cmd_patch(args: argparse.Namespace) -> int:
     from te_align.patching.transaction import lock, recover
 
     if args.profile:
-        from te_align.profiles import profile
-
         args.profile = profile(args.profile).name  # validate early; aliases resolve
     det = detect(args.path, args.trainer)
     with lock(det.root):  # plan and apply as one step: a second te-align waits or refuses
@@ -86,7 +87,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({
             "root": str(root), "patched": st.patched, "recovered": st.recovered, "manifest": st.manifest,
             "files": [{"path": f.path, "state": f.state, "detail": f.detail} for f in st.files],
-        }, indent=2))  # fmt: skip
+        }, indent=2))
         return 0
     if st.recovered:
         print(st.recovered)

@@ -10,12 +10,15 @@ import argparse
 import json
 from typing import Any
 
+from te_align.trainers import specs
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from te_align.trainers import specs
-
     probed = [s for s in specs() if s.probe]
-    where = "; ".join(f"{s.name}: {s.probe_path}" for s in probed)
+    where = "; ".join(f"{s.name}: {s.probe_help}" for s in probed)
     listed = ", ".join(s.name for s in probed[:-1]) + f" or {probed[-1].name}"
     found = ", ".join(f"${s.env_dir}" for s in probed if s.env_dir)
     p = sub.add_parser(
@@ -63,7 +66,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
         return code
     print(f"te-align probe: {r.trainer} {r.version} ({r.location})")
     print(f"profile {r.profile}, {'with' if r.hooks else 'without'} te-align hooks; {len(r.prompts)} prompts "
-          "(standard suite), tiny random-weight encoders, real-convention tokenizers")  # fmt: skip
+          "(standard suite), tiny random-weight encoders, real-convention tokenizers")
     print()
     rows = [("tensor", "trainer shape", "profile shape", "max|Δ|", "mean cos", "differ")]
     for t in r.tensors:
@@ -72,7 +75,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             continue
         diff = "0" if t.identical else f"{t.max_abs_diff:.3g}" + ("*" if not t.shape_match else "")
         rows.append((t.name, _fmt_shape(t.trainer_shape), _fmt_shape(t.profile_shape), diff,
-                     f"{t.mean_cosine:.4f}", f"{len(t.differing)}/{t.compared}"))  # fmt: skip
+                     f"{t.mean_cosine:.4f}", f"{len(t.differing)}/{t.compared}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

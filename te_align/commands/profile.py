@@ -7,6 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from te_align.errors import ProfileError
+from te_align.profiles import profile, profiles
+from te_align.profiles.resolve import build, classify
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="list, show, compare and build alignment profiles")
@@ -33,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.add_argument("source", metavar="PATH_OR_REPO")
     build.add_argument("-o", "--output", help="write the profile here (.toml or .json; the folder must exist); default: print TOML")
     build.add_argument("--force", action="store_true",
-                       help="replace an existing output file (written atomically; the old one is kept as FILE.bak)")  # fmt: skip
+                       help="replace an existing output file (written atomically; the old one is kept as FILE.bak)")
     build.set_defaults(func=cmd_build)
 
 
@@ -45,8 +51,6 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from te_align.profiles import profiles
-
     rows = [
         {"name": p.name, "display_name": p.display_name, "family": p.family, "repo": p.repo,
          "slots": list(p.slot_names), "aliases": list(p.aliases), "fingerprint": p.fingerprint()}
@@ -100,7 +104,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             _, slot, rest = path.split(".", 2)
             sp = p.slot(slot)
             group = f"slot {slot} ({sp.tokenizer_subfolder}/, tokenized only)" if sp.tokenizer_only else (
-                f"slot {slot} ({sp.tokenizer_subfolder}/ + {sp.encoder_subfolder}/)")  # fmt: skip
+                f"slot {slot} ({sp.tokenizer_subfolder}/ + {sp.encoder_subfolder}/)")
             label = rest
         elif path.startswith("outputs."):
             group, label = "outputs", path.split(".", 1)[1]
@@ -127,8 +131,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from te_align.profiles import profile
-
     a, b = profile(args.a), profile(args.b)
     ba, bb = a.behaviour(), b.behaviour()
     rows = [(k, ba.get(k, "<absent>"), bb.get(k, "<absent>")) for k in dict.fromkeys([*ba, *bb]) if ba.get(k, "<absent>") != bb.get(k, "<absent>")]
@@ -152,8 +154,6 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
     import stat
 
     from te_align._paths import describe
-    from te_align.errors import ProfileError
-    from te_align.profiles.resolve import classify
 
     out = Path(output).expanduser()
     if out.suffix.lower() not in (".toml", ".json"):
@@ -163,9 +163,9 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
         model = src.path.resolve()
         target = out.resolve()
         if target == model or model in target.parents or (src.kind == "single-file" and target.parent == model.parent
-                                                          and target.name == model.name):  # fmt: skip
+                                                          and target.name == model.name):
             raise ProfileError(f"is inside the model {'folder' if src.kind == 'folder' else 'file'} it reads ({src.path}); "
-                               "write the profile somewhere else", file=output, key="--output")  # fmt: skip
+                               "write the profile somewhere else", file=output, key="--output")
     parent = out.parent
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist (create it first; build creates no folders)"
@@ -181,14 +181,13 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
             raise ProfileError(f"is {describe(st.st_mode)}, not a file to write", file=output, key="--output")
         if not force:
             raise ProfileError("exists: pass --force to replace it (the old file is kept as "
-                               f"{out.name}.bak), or choose another file", file=output, key="--output")  # fmt: skip
+                               f"{out.name}.bak), or choose another file", file=output, key="--output")
     return out
 
 
 def _write_with_backup(out: Path, text: str) -> None:
     """Atomic write; an existing file is first kept as ``FILE.bak`` (hard link, else a copy)."""
     from te_align._atomic import atomic_file, link_or_copy
-    from te_align.errors import ProfileError
 
     def backup() -> None:
         if out.exists():
@@ -204,8 +203,6 @@ def _write_with_backup(out: Path, text: str) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     import sys
 
-    from te_align.profiles.resolve import build
-
     out = check_output(args.output, args.source, force=args.force) if args.output else None
     report = build(args.source)
     for line in report.summary_lines():
@@ -215,7 +212,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         check_output(args.output, args.source, force=args.force)  # again: nothing appeared there meanwhile
         _write_with_backup(out, text)
         print(f"wrote {args.output}" + (f" (the old file is kept as {out.name}.bak)" if args.force and
-              out.with_name(out.name + ".bak").exists() else ""), file=sys.stderr)  # fmt: skip
+              out.with_name(out.name + ".bak").exists() else ""), file=sys.stderr)
     else:
         print(report.profile.to_toml(), end="")
     return 0

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 #: Kept here (not imported from te_align.swap) so that ``te-align --help`` imports no torch.
 RESET_CHOICES = ("none", "cross", "qk", "all")
 
@@ -24,10 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the new model folder (must not exist)")
     p.add_argument("--profile", default="auto", help="the base model's profile: auto (read from BASE), a bundled name or a file")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="profile override for the base profile (repeatable), e.g. clip_l_hidden_size=32")  # fmt: skip
+                   help="profile override for the base profile (repeatable), e.g. clip_l_hidden_size=32")
     p.add_argument("--config", default="", help="for a single-file BASE: the diffusers folder or hub id with its configs")
     p.add_argument("--reset", default="cross", help="denoiser layers re-initialised: " + ", ".join(RESET_CHOICES)
-                   + " (default cross)")  # fmt: skip
+                   + " (default cross)")
     p.add_argument("--stats", default="global", help="match one mean/std over all values (global, default) or one per channel")
     p.add_argument("--shift", action="store_true", help="match the mean too (default: only the std)")
     p.add_argument("--captions", default=None, help="a text file with one caption per line to measure on (default: a built-in set)")
@@ -89,7 +92,7 @@ def cmd_swap(args: argparse.Namespace) -> int:
         profile=args.profile, profile_overrides=_overrides(args.override), config=args.config, reset=args.reset,
         stats=args.stats, shift=args.shift, seed=args.seed, max_length=args.max_length, encoder_mask=args.encoder_mask,
         projection=args.projection, name=args.name,
-    )  # fmt: skip
+    )
     data = report.as_dict()
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True))
@@ -101,6 +104,6 @@ def cmd_swap(args: argparse.Namespace) -> int:
     print(f"    new, after scaling  {_fmt(data['after'])}")
     scale = data["scale"]
     print(f"  output scale {scale if isinstance(scale, list) else f'{scale:.6f}'}"
-          + ("" if data["shift"] == 0.0 else f", shift {data['shift']}"))  # fmt: skip
+          + ("" if data["shift"] == 0.0 else f", shift {data['shift']}"))
     print(f"  reset {report.reset}: {len(report.reset_layers)} layers re-initialised (seed {report.seed})")
     return 0

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a LoRA with every caption encoded by the model's profile")
@@ -18,13 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an output folder that holds a previous run (its files are moved into "
-                        "OUTPUT/replaced-<time>/, nothing is deleted)")  # fmt: skip
+                        "OUTPUT/replaced-<time>/, nothing is deleted)")
     p.add_argument("--check", action="store_true",
-                   help="validate the config, profile, device, output folder and dataset, and exit (loads no model)")  # fmt: skip
+                   help="validate the config, profile, device, output folder and dataset, and exit (loads no model)")
     p.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
     p.add_argument("--estimate", action="store_true",
                    help="print the memory the run needs per device (models built on the meta device, nothing big "
-                        "loads) and exit; exit 1 when it does not fit, naming settings that would")  # fmt: skip
+                        "loads) and exit; exit 1 when it does not fit, naming settings that would")
     p.add_argument("--memory", type=float, default=None, metavar="GIB",
                    help="with --estimate: the device memory to fit in (default: the GPU's, else system RAM)")
     p.set_defaults(func=cmd_train)

@@ -24,6 +24,7 @@ from te_align._dtypes import DTYPE_NAMES, torch_dtype
 from te_align.encoding.conditioning import Conditioning
 from te_align.encoding.text import is_absent, render, template_prefix
 from te_align.errors import EncodingError
+from te_align.profiles import profile as load
 from te_align.profiles.expr import Call, Node, Ref, output_specs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
 
@@ -71,6 +72,15 @@ class SlotResult:
 
 
 # ------------------------------------------------------------------------------ components
+def eos_mask(ids: torch.Tensor, eos: int | None) -> torch.Tensor:
+    """Attention mask of CLIP ids made without one: real tokens up to and including the first EOS (all ones when
+    the tokenizer has no EOS)."""
+    if eos is None:
+        return torch.ones_like(ids)
+    first = (ids == eos).int().argmax(dim=1, keepdim=True)
+    return (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) <= first).to(torch.long)
+
+
 def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind: str) -> Any:
     if table is None:
         table = {}
@@ -556,7 +566,7 @@ def _post_process(
     hidden, mask, ids = drop_prefix(slot, hidden, mask, ids)
     hidden, mask, ids = trim(slot, hidden, mask, ids)
     return SlotResult(hidden=hidden, pooled=pooled, mask=mask, ids=ids, denoiser_mask=denoiser_mask(slot, mask, hidden.dtype),
-                      token_counts=counts)  # fmt: skip
+                      token_counts=counts)
 
 
 #: (hidden states, attention mask, token ids) as a step passes them on.
@@ -680,8 +690,6 @@ def evaluate(node: Node, results: Mapping[str, SlotResult]) -> torch.Tensor | in
 def resolve_profile(profile: AlignmentProfile | str) -> AlignmentProfile:
     if isinstance(profile, AlignmentProfile):
         return profile
-    from te_align.profiles import profile as load
-
     return load(profile)
 
 
@@ -741,7 +749,7 @@ def _check_request(
             x.encode("utf-8")
         except UnicodeEncodeError as e:
             raise EncodingError(f"prompt {i} is not valid Unicode text: a lone surrogate U+{ord(x[e.start]):04X} at "
-                                f"position {e.start} (decode the text with errors='replace' first)") from None  # fmt: skip
+                                f"position {e.start} (decode the text with errors='replace' first)") from None
     if drop is not None and (isinstance(drop, (str, bytes)) or not isinstance(drop, Iterable)):
         raise EncodingError(f"drop must be a list of booleans, got {type(drop).__name__}")
     if drop_slots is not None and not isinstance(drop_slots, Mapping):

@@ -8,6 +8,9 @@ from typing import Any
 from te_align.errors import EncodingError
 from te_align.profiles.model import AlignmentProfile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 def _transformers_class(name: str, fallback: str) -> Any:
     import transformers

@@ -15,6 +15,7 @@ import importlib.util
 import sys
 from typing import Any
 
+from te_align import _plugins
 from te_align.hooks.base import ENV_SWITCH, OFF_WORDS, Hook, HookError, Target, hooks_disabled
 
 __all__ = ["ENV_SWITCH", "OFF_WORDS", "Hook", "HookError", "Target", "hooks_disabled"]
@@ -28,13 +29,10 @@ def _real_name(fullname: str) -> str | None:
     head, _, tail = fullname[len(prefix):].partition(".")
     if head == "base":
         return None
-    from te_align.trainers import specs
-
-    for spec in specs():
-        if spec.hooks and head == spec.package:
-            real = f"te_align.trainers.{spec.package}.{spec.hooks}"
-            return f"{real}.{tail}" if tail else real
-    return None
+    real = _plugins.registry().hooks_module(head)
+    if real is None:
+        return None
+    return f"{real}.{tail}" if tail else real
 
 
 class _AliasLoader(importlib.abc.Loader):

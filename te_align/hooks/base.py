@@ -12,7 +12,7 @@ trainer versions it was verified with are data (:attr:`Hook.supported`). Everyth
   ``TE_ALIGN=off`` (how A/B runs get the trainer's unmodified behaviour), validates the settings before touching
   anything, is idempotent (the same options again: the new settings, no re-wrapping), logs what is active and
   the user's overrides once; ``uninstall`` restores every original;
-* :meth:`Hook.install` resolves and checks *every* target first; if one is missing or its signature changed it
+* :meth:`Hook.install` locates and checks *every* target first; if one is missing or its signature changed it
   refuses with one message naming each problem and the detected trainer version, and changes nothing. Only then
   are the replacements applied; a failure half-way restores what was already replaced.
 """
@@ -29,9 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from te_align.errors import TeAlignError
+from te_align.errors import ProfileError, TeAlignError
+from te_align.profiles import AlignmentProfile
+from te_align.profiles.overrides import env_overrides as read_env
+from te_align.profiles.overrides import env_profile, merge, resolve
 
 logger = logging.getLogger("te_align")
+
+#: What a user names a profile by: a bundled name, alias, path or hub id, a profile object, or None (each model's
+#: own, chosen by the hook).
+ProfileSource = AlignmentProfile | str | None
 
 
 def log_to_console() -> None:
@@ -63,11 +70,8 @@ class HookError(TeAlignError):
 
 def env_overrides() -> dict[str, Any]:
     """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`HookError` line."""
-    from te_align.errors import ProfileError
-    from te_align.profiles.overrides import env_overrides as read
-
     try:
-        return read()
+        return read_env()
     except ProfileError as e:
         raise HookError(e.message) from None
 
@@ -100,7 +104,7 @@ class Target:
 
 
 @dataclass
-class ResolvedTarget:
+class LocatedTarget:
     target: Target
     owner: Any
     attr: str
@@ -119,7 +123,7 @@ def _unwrap_descriptor(value: Any) -> Any:
     return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
 
 
-def resolve(target: Target) -> ResolvedTarget:
+def locate(target: Target) -> LocatedTarget:
     """Import and look up a target; raises HookError naming what is missing."""
     try:
         obj: Any = importlib.import_module(target.module)
@@ -156,7 +160,7 @@ def resolve(target: Target) -> ResolvedTarget:
             extra[n].default is inspect.Parameter.empty for n in names[len(want) :]
         ):
             raise HookError(f"{target.label}: signature changed: expected ({', '.join(want)}), found ({', '.join(names)})")
-    return ResolvedTarget(target, obj, attr, raw, own)
+    return LocatedTarget(target, obj, attr, raw, own)
 
 
 def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,12 +170,12 @@ def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> C
     return wrapper
 
 
-def replacement(resolved: ResolvedTarget) -> Any:
-    """What ``resolved``'s target puts in place of the original: ``target.wrap(original)``, descriptor kind kept."""
-    wrap = resolved.target.wrap
+def replacement(located: LocatedTarget) -> Any:
+    """What ``located``'s target puts in place of the original: ``target.wrap(original)``, descriptor kind kept."""
+    wrap = located.target.wrap
     if wrap is None:
-        raise HookError(f"{resolved.target.label}: the target names no wrapper")
-    raw = resolved.original
+        raise HookError(f"{located.target.label}: the target names no wrapper")
+    raw = located.original
     if isinstance(raw, (staticmethod, classmethod)):
         return type(raw)(wrap(raw.__func__))
     return wrap(raw)
@@ -185,7 +189,7 @@ class Hook:
     #: The trainer versions (commit or version string) the targets were verified against -> label.
     supported: ClassVar[Mapping[str, str]] = {}
 
-    installed: list[ResolvedTarget] = field(default_factory=list)
+    installed: list[LocatedTarget] = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # -- to implement -------------------------------------------------------------------------
@@ -207,12 +211,12 @@ class Hook:
     def is_installed(self) -> bool:
         return bool(self.installed)
 
-    def check(self) -> list[ResolvedTarget]:
+    def check(self) -> list[LocatedTarget]:
         """Resolve every target; raise one HookError listing every problem (nothing is changed)."""
-        resolved, problems = [], []
+        located, problems = [], []
         for t in self.targets():
             try:
-                resolved.append(resolve(t))
+                located.append(locate(t))
             except HookError as e:
                 problems.append(e.message)
         if problems:
@@ -220,7 +224,7 @@ class Hook:
                 f"{self.name} hooks not installed (trainer version {self.detect_version()}; verified with "
                 f"{self.supported_versions() or 'n/a'}): " + "; ".join(problems)
             )
-        return resolved
+        return located
 
     def install(self) -> bool:
         """Install every replacement or none. Returns False when disabled by ``TE_ALIGN=off``."""
@@ -230,10 +234,10 @@ class Hook:
                 return False
             if self.installed:
                 return True
-            resolved = self.check()
-            done: list[ResolvedTarget] = []
+            located = self.check()
+            done: list[LocatedTarget] = []
             try:
-                for r in resolved:
+                for r in located:
                     if getattr(_unwrap_descriptor(r.original), "__te_align_original__", None) is not None:
                         raise HookError(f"{r.target.label} is already wrapped by another te-align hook instance")
                     setattr(r.owner, r.attr, replacement(r))
@@ -277,19 +281,15 @@ class Settings:
     :meth:`profile` resolves a source plus the overrides through the one way in
     (:func:`te_align.profiles.overrides.resolve`), once per source."""
 
-    def __init__(self, profile: Any = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
-        from te_align.profiles.overrides import merge
-
+    def __init__(self, profile: ProfileSource = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
         self.source = profile
         self.layers = tuple((o, dict(m)) for o, m in layers if m)
         self.overrides, self.origins = merge(*self.layers)
-        self._cache: dict[Any, Any] = {}
+        self._cache: dict[str | int, AlignmentProfile] = {}
         self._lock = threading.Lock()
 
-    def profile(self, default: Any = None) -> Any:
+    def profile(self, default: ProfileSource = None) -> AlignmentProfile:
         """The profile: the user's source (else ``default``, the hook's choice for the model) with the overrides."""
-        from te_align.profiles.overrides import resolve
-
         source = self.source if self.source is not None else default
         if source is None:
             raise HookError(f"te-align: no profile for this call; set {ENV_PROFILE} or pass profile=")
@@ -318,16 +318,11 @@ class Settings:
     __hash__ = None  # type: ignore[assignment]
 
 
-def settings(profile: Any = None, overrides: Mapping[str, Any] | None = None, *, origin: str = "install()",
+def settings(profile: ProfileSource = None, overrides: Mapping[str, Any] | None = None, *, origin: str = "install()",
              environ: Mapping[str, str] | None = None) -> Settings:
     """The one reading of the environment for every trainer's hooks: ``profile`` (else ``TE_ALIGN_PROFILE``) and
     ``overrides`` over ``TE_ALIGN_OVERRIDES``. A named profile and the overrides are validated now, so a mistake
     is one :class:`HookError` line before anything is installed."""
-    from te_align.errors import ProfileError
-    from te_align.profiles import AlignmentProfile
-    from te_align.profiles.overrides import env_overrides as read_env
-    from te_align.profiles.overrides import env_profile
-
     try:
         env = read_env(environ)
     except ProfileError as e:
@@ -349,7 +344,7 @@ class Lifecycle:
     visible in trainers that configure no logging; ``check`` (optional) refuses trainer-specific override keys."""
 
     def __init__(self, trainer: str, build: Callable[..., Hook], *, console: Callable[[], None] | None = None,
-                 check: Callable[[Mapping[str, Any]], Any] | None = None, runs: str = "") -> None:  # fmt: skip
+                 check: Callable[[Mapping[str, Any]], Any] | None = None, runs: str = "") -> None:
         self.trainer = trainer
         self.runs = runs or trainer
         self.build = build
@@ -359,8 +354,8 @@ class Lifecycle:
         self.options: dict[str, Any] = {}
         self.lock = threading.RLock()
 
-    def install(self, profile: Any = None, overrides: Mapping[str, Any] | None = None, *,
-                environ: Mapping[str, str] | None = None, **options: Any) -> bool:  # fmt: skip
+    def install(self, profile: ProfileSource = None, overrides: Mapping[str, Any] | None = None, *,
+                environ: Mapping[str, str] | None = None, **options: Any) -> bool:
         """Install the trainer's hook (every target or none). False under ``TE_ALIGN=off``.
 
         Installed already with the same ``options``: takes the new settings and returns True (nothing is wrapped
@@ -369,7 +364,7 @@ class Lifecycle:
             self.console()
         if hooks_disabled():
             logger.info("te-align: %s hooks disabled by %s=%s; %s runs unmodified", self.trainer, ENV_SWITCH,
-                        os.environ.get(ENV_SWITCH), self.runs)  # fmt: skip
+                        os.environ.get(ENV_SWITCH), self.runs)
             return False
         if self.check is not None:
             self.check({**env_overrides(), **dict(overrides or {})})

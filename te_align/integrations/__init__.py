@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 
 def apply(pipe: Any, profile: Any = None, **kwargs: Any) -> Any:
     """Make a diffusers pipeline encode prompts by ``profile`` (see :func:`te_align.integrations.diffusers.apply`)."""

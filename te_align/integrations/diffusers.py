@@ -26,7 +26,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from te_align.encoding import encode
 from te_align.errors import TeAlignError
+from te_align.profiles import profile as resolve
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 #: Pipelines whose ``__call__`` takes the profile's outputs under these names, checked by tests/test_apply.py.
 SUPPORTED: dict[str, str] = {
@@ -106,8 +111,6 @@ def apply(pipe: Any, profile: Any = None, **encode_kwargs: Any) -> Any:
     undoes it. Refuses, in one line, a pipeline class te-align has not verified, a profile of another model family
     and a profile whose encoder widths are not the pipeline's.
     """
-    from te_align.profiles import profile as resolve
-
     base = _base_class(pipe)
     official = _official(base)
     family = SUPPORTED.get(official.__name__) if official is not None else None
@@ -175,7 +178,6 @@ def _as_list(x: Any, what: str) -> list[str]:
 def _aligned_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     import torch
 
-    from te_align.encoding import encode
     from te_align.encoding.core import encode_uncond
 
     official = _official(type(self))

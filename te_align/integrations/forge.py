@@ -24,6 +24,9 @@ from typing import Any
 
 from te_align.errors import TeAlignError
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 ENV = "TE_ALIGN_FORGE_DIR"
 #: family -> bundled profiles compared (the families whose Forge engines take te-align's tiny encoders).
 PROFILES: dict[str, tuple[str, ...]] = {

@@ -13,30 +13,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from te_align import kohya_lora
 from te_align.errors import TeAlignError
+from te_align.metadata import read
+from te_align.profiles import bundled, profile
 
-#: kohya modelspec.architecture (library/sai_model_spec.py ARCH_*) prefix -> bundled profile, longest first.
-ARCHITECTURES: tuple[tuple[str, str], ...] = (
-    ("stable-diffusion-3.5-large", "sd35-large"),
-    ("stable-diffusion-3-5-large", "sd35-large"),
-    ("stable-diffusion-3.5-medium", "sd35-medium"),
-    ("stable-diffusion-3-5-medium", "sd35-medium"),
-    ("stable-diffusion-3", "sd3-medium"),
-    ("stable-diffusion-xl-v1-base", "sdxl"),
-    ("stable-diffusion-v2", "sd21"),
-    ("stable-diffusion-v1", "sd15"),
-    ("flux-1-schnell", "flux-schnell"),
-    ("flux-1-dev", "flux-dev"),
-    ("flux-1", "flux-dev"),
-    ("chroma", "chroma"),
-    ("lumina-2", "lumina2"),
-    ("lumina", "lumina2"),
-)
-#: kohya ss_base_model_version -> bundled profile (used when modelspec.architecture is absent).
-BASE_VERSIONS: tuple[tuple[str, str], ...] = (
-    ("sdxl", "sdxl"), ("sd_v2", "sd21"), ("sd_v1", "sd15"), ("sd3", "sd3-medium"), ("flux1", "flux-dev"),
-    ("chroma", "chroma"), ("lumina2", "lumina2"),
-)
+#: kohya's modelspec.architecture / ss_base_model_version -> bundled profile (the file format:
+#: :mod:`te_align.kohya_lora`).
+ARCHITECTURES = kohya_lora.ARCHITECTURES
+BASE_VERSIONS = kohya_lora.BASE_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -54,19 +39,7 @@ class LoraProfile:
         return self.source == "fallback"
 
 
-def _match(value: Any, table: tuple[tuple[str, str], ...]) -> str | None:
-    if not isinstance(value, str):
-        return None
-    v = value.strip().lower()
-    for prefix, name in table:
-        if v.startswith(prefix):
-            return name
-    return None
-
-
 def _from_stamp(te: dict[str, Any], check: dict[str, Any] | None, label: str) -> LoraProfile | None:
-    from te_align.profiles import bundled, profile
-
     name = te.get("te_align.profile")
     same = (check or {}).get("same_behaviour_as") or []
     base_name = name if (check or {}).get("bundled") else (same[0] if same else None)
@@ -86,9 +59,7 @@ def _from_stamp(te: dict[str, Any], check: dict[str, Any] | None, label: str) ->
 
 
 def _from_kohya(kohya: dict[str, Any], label: str) -> LoraProfile | None:
-    from te_align.profiles import profile
-
-    name = _match(kohya.get("modelspec.architecture"), ARCHITECTURES) or _match(kohya.get("ss_base_model_version"), BASE_VERSIONS)
+    name = kohya_lora.profile_name(kohya)
     if name is None:
         return None
     base = profile(name)
@@ -102,9 +73,7 @@ def _from_kohya(kohya: dict[str, Any], label: str) -> LoraProfile | None:
             overrides["slots.t5.masks.denoiser"] = True
     skip = kohya.get("ss_clip_skip")
     if base.family in ("sd1", "sd2") and isinstance(skip, int) and skip > 1:
-        slot = base.slots[0].name
-        overrides[f"slots.{slot}.encoder.layer"] = -skip
-        overrides[f"slots.{slot}.encoder.final_layer_norm"] = True
+        overrides.update(kohya_lora.clip_skip_overrides(base.slots[0].name, skip))
     p = base.with_overrides(overrides) if overrides else base
     said = ", ".join(f"{k.removeprefix('slots.')}={v}" for k, v in overrides.items())
     return LoraProfile(p, "kohya", f"{label}: profile {name} from kohya metadata" + (f" ({said})" if said else ""), overrides)
@@ -117,9 +86,6 @@ def profile_from_lora(path: str | os.PathLike[str], fallback: Any = None) -> Lor
     that name the model; without one that case raises :class:`TeAlignError` asking for a profile. An unreadable
     file raises one line naming it.
     """
-    from te_align.metadata import read
-    from te_align.profiles import profile
-
     label = os.path.basename(os.fspath(path))
     info = read(path)
     found = None

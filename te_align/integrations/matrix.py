@@ -22,6 +22,21 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
+from te_align._version import __version__
+from te_align.encoding import encode
+from te_align.errors import TeAlignError
+from te_align.integrations import forge
+from te_align.integrations.comfyui import tiny
+from te_align.integrations.comfyui.encode import components, to_conditioning
+from te_align.integrations.comfyui.install import comfyui_version
+from te_align.integrations.comfyui.nodes import TeAlignTextEncode
+from te_align.probe.core import prompt_suite
+from te_align.profiles import profile as _profile
+from te_align.tiny.fit import fit_profile
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 @dataclass
 class Cell:
@@ -85,13 +100,6 @@ def comfyui_rows(comfyui_dir: str | None) -> list[tuple[str, str, str]]:
     """(family/profile, row name, result) for the ComfyUI rows; one 'not available' row when ComfyUI does not import."""
     import torch
 
-    from te_align.encoding import encode
-    from te_align.errors import TeAlignError
-    from te_align.integrations.comfyui import tiny
-    from te_align.integrations.comfyui.encode import components, to_conditioning
-    from te_align.integrations.comfyui.nodes import TeAlignTextEncode
-    from te_align.probe.core import prompt_suite
-
     try:
         tiny.import_comfyui(comfyui_dir)
         import nodes
@@ -136,9 +144,6 @@ def diffusers_rows() -> list[tuple[str, str, str]]:
     """The diffusers pipelines' own ``encode_prompt`` (defaults) vs ``te_align.encode`` on the same components."""
     import torch
 
-    from te_align.encoding import encode
-    from te_align.probe.core import prompt_suite
-    from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
 
     out = []
@@ -146,9 +151,7 @@ def diffusers_rows() -> list[tuple[str, str, str]]:
                           ("sd15", ("sd15",)), ("chroma", ("chroma",))):
         pipe = build_pipeline_for_encoding(family)
         for name in names:
-            import te_align
-
-            p = fit_profile(te_align.profile(name), pipe)
+            p = fit_profile(_profile(name), pipe)
             suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             first = p.output_names[0]
             cells = [Cell(first)] + ([Cell("pooled")] if "pooled_prompt_embeds" in p.output_names else [])
@@ -174,13 +177,6 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
     on those components; one 'not importable' row naming what is missing when Forge does not import."""
     import torch
 
-    import te_align
-    from te_align.encoding import encode
-    from te_align.errors import TeAlignError
-    from te_align.integrations import forge
-    from te_align.probe.core import prompt_suite
-    from te_align.tiny.fit import fit_profile
-
     try:
         forge.import_forge(forge_dir)
     except TeAlignError as e:
@@ -190,7 +186,7 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
         pipe = forge.pipeline(family)
         eng = forge.engines(family, pipe)
         for name in names:
-            p = fit_profile(te_align.profile(name), pipe)
+            p = fit_profile(_profile(name), pipe)
             suite = prompt_suite(p, {s.tokenizer_subfolder: getattr(pipe, s.tokenizer_subfolder) for s in p.slots})
             first = p.output_names[0]
             pooled = "pooled_prompt_embeds" in p.output_names
@@ -211,8 +207,6 @@ def forge_rows(forge_dir: str | None) -> list[tuple[str, str, str]]:
 
 def forge_note() -> str:
     """The matrix's paragraph on how the Forge rows were made."""
-    from te_align.integrations import forge
-
     return ("Forge rows: its text engines (backend/text_processing) built with the arguments of its "
             "backend/diffusion_engine/<family>.py, on its own encoder classes holding the tiny components' weights, "
             f"compared with `te_align.encode` on those components (\"identical\" allows {FORGE_ATOL:g} of float "
@@ -231,24 +225,18 @@ def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = Non
     import torch
     import transformers
 
-    import te_align
-
     comfyui_dir = comfyui_dir or os.environ.get("TE_ALIGN_COMFYUI_DIR")
     forge_dir = forge_dir or os.environ.get("TE_ALIGN_FORGE_DIR")
     rows = diffusers_rows() + comfyui_rows(comfyui_dir) + forge_rows(forge_dir)
-    from te_align.integrations.comfyui import tiny
-
     version = "-"
     if comfyui_dir and os.path.isfile(os.path.join(comfyui_dir, "comfyui_version.py")):
         from pathlib import Path
-
-        from te_align.integrations.comfyui.install import comfyui_version
 
         version = comfyui_version(Path(comfyui_dir))
     lines = [
         "# te-align inference matrix",
         "",
-        f"Measured by `te-align matrix --inference` (te-align {te_align.__version__}, torch {torch.__version__}, "
+        f"Measured by `te-align matrix --inference` (te-align {__version__}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, diffusers {diffusers.__version__}, ComfyUI {version} from a checkout, "
         f"{platform.machine()}): tiny random-weight encoders, the standard prompt suite, one prompt at a time. "
         "ComfyUI rows compare with `te_align.encode` run on ComfyUI's own encoder modules (so \"identical\" is "
@@ -260,8 +248,6 @@ def inference_matrix(comfyui_dir: str | None = None, forge_dir: str | None = Non
     if tiny.STAND_INS:
         lines += ["Stand-ins for import dependencies that do not load here (never called by text encoding): "
                   + "; ".join(f"{k} ({v})" for k, v in tiny.STAND_INS.items()), ""]
-    from te_align.integrations import forge
-
     if forge.STAND_INS:
         lines += [forge_note(), ""]
     lines += ["| profile | tool | result |", "|---|---|---|"]

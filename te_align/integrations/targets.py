@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from te_align.errors import TeAlignError, closest
+from te_align.profiles.overrides import canonical_key
 
 COMFYUI = "comfyanonymous/ComfyUI@fe25114"
 FORGE = "lllyasviel/stable-diffusion-webui-forge@dfdcbab"
@@ -266,13 +267,11 @@ def _fmt(v: Any) -> str:
 
 def _overridden(profile: Any, path: str, value: Any) -> str:
     """Python for the profile with ``path`` set to ``value`` (``te_align.profile('flux-schnell', t5_max_length=512)``)."""
-    from te_align.profiles.overrides import resolve_key
-
     full = path if "." not in path else f"slots.{path}"
     slot, _, rest = path.partition(".")
     short = f"{slot}_{rest.rsplit('.', 1)[-1]}" if rest else path
     try:
-        ok = short.isidentifier() and resolve_key(profile, short) == full
+        ok = short.isidentifier() and canonical_key(profile, short) == full
     except TeAlignError:
         ok = False
     arg = f"{short}={value!r}" if ok else f"**{{{path!r}: {value!r}}}"

@@ -35,7 +35,7 @@ def fill(template: Path, values: dict[bytes, str]) -> bytes:
 
 
 def plan_block(detection: Detection, profile: str | None, *, trainer: str, relpath: str, block: bytes, mark: bytes,
-               note: str = "appends te-align's boot block") -> Plan:  # fmt: skip
+               note: str = "appends te-align's boot block") -> Plan:
     """The plan that appends ``block`` (whose first line holds ``mark``) to ``root/relpath``."""
     root = detection.root
     target = root / relpath

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from te_align._git import git_dir
+from te_align.hooks.base import OFF_WORDS
 from te_align.patching.trainers import Detection
 from te_align.patching.transaction import (
     STATE_DIR,
@@ -34,16 +35,14 @@ ORIGINALS = "te_align_originals"
 
 
 def shim_from_template(template: Path, script: str, profile: str | None, *, unpinned: str = "profile chosen per run",
-                       **fields: str) -> bytes:  # fmt: skip
+                       **fields: str) -> bytes:
     """A drop-in for ``script`` from a trainer's ``str.format`` template: the original's path under
     :data:`ORIGINALS`, the profile pinned when one is given (else ``pass  # unpinned``), te-align's off words and
     any further ``fields``."""
-    from te_align.hooks.base import OFF_WORDS
-
     text = template.read_text(encoding="utf-8")
     pin = f'_te_os.environ.setdefault("TE_ALIGN_PROFILE", {profile!r})' if profile else f"pass  # {unpinned}"
     return text.format(script=script, original=f"{ORIGINALS}/{script}", pin=pin, off_words=OFF_WORDS,
-                       **fields).encode("utf-8")  # fmt: skip
+                       **fields).encode("utf-8")
 
 
 # ------------------------------------------------------------------------------ static contract
@@ -121,7 +120,7 @@ def _dirty(root: Path, ours: set[str]) -> list[str]:
         out = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if out.returncode != 0:
@@ -160,7 +159,7 @@ def _original_for(
     orig_edited = (
         orig_entry is not None and orig_now is not None and sha256_bytes(orig_now) != orig_entry["patched_sha256"]
         and not orig_now.startswith(DROP_IN_MARK)
-    )  # fmt: skip
+    )
     ours = cur_bytes is None or sha256_bytes(cur_bytes) == entry["patched_sha256"] or cur_bytes.startswith(DROP_IN_MARK)
     if ours:  # te-align's drop-in (maybe edited by the user: --replan writes a fresh one)
         original = orig_now if orig_edited else backup
@@ -173,7 +172,7 @@ def _original_for(
         original = cur_bytes
     if original is None:
         raise PatchError(f"te-align state file is unreadable (no backup of {script}); restore {script} by hand, then delete {state}",
-                         file=str(state / "manifest.json"))  # fmt: skip
+                         file=str(state / "manifest.json"))
     return original
 
 
@@ -226,7 +225,7 @@ def plan_drop_ins(
         else:
             original = cur_bytes
         changes.append(FileChange(script, shim(script, profile), cur_sha, note=f"drop-in ({what}); original kept in {orig_rel}",
-                                  restore_to=restore_to))  # fmt: skip
+                                  restore_to=restore_to))
         changes.append(FileChange(orig_rel, original, sha256_file(root / orig_rel), note=f"original {script}, unchanged", original_of=script))
     changes.append(FileChange(f"{ORIGINALS}/README.txt", readme.encode(), sha256_file(root / ORIGINALS / "README.txt")))
     changes.append(FileChange(f"{ORIGINALS}/.gitignore", b"*\n", sha256_file(root / ORIGINALS / ".gitignore")))
@@ -234,7 +233,7 @@ def plan_drop_ins(
     return Plan(
         root, trainer, detection.version, tuple(changes), profile=profile,
         extra={"layout": detection.layout, "scripts": [s for s, _ in present], "plan_sha256": digest},
-    )  # fmt: skip
+    )
 
 
 __all__ = ["DROP_IN_MARK", "ORIGINALS", "plan_drop_ins", "target_problems"]

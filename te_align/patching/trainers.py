@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from te_align import _plugins
+from te_align._git import git_head
 from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan, lock, recover
 
 
@@ -35,8 +37,6 @@ class Detection:
 def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str, ...]]:
     """A git checkout's version (its HEAD, short) and the notes a detection gives when it is not a commit the hooks
     were verified with (``supported``) or not a git checkout at all (the hook targets are then checked in the source)."""
-    from te_align._git import git_head
-
     head = git_head(root)
     if head is None:
         return "unknown (no git)", ("not a git checkout: the hook targets are checked in the source instead",)
@@ -45,33 +45,16 @@ def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str
         return head[:7], ()
     verified = ", ".join(c[:7] for c in supported)
     return head[:7], (f"commit {head[:7]} is not one te-align was verified with ({verified}); hook targets are "
-                      "checked in the source",)  # fmt: skip
-
-
-def targets_mismatch(detection: Detection, problems: list[str], name: str, supported: Iterable[str]) -> PatchError:
-    """The error for a checkout whose hook targets do not match the source te-align was verified with: which
-    targets, the commit to check out (``supported``'s first) and how."""
-    from te_align._git import git_dir
-
-    root = detection.root
-    commit = next(iter(supported))[:7]
-    how = f"git -C {root} checkout {commit}" if git_dir(root) is not None else f"a copy of {name} {commit}"
-    return PatchError(f"unknown {name} version {detection.version} at {root}: te-align's hook targets do not match "
-                      f"({'; '.join(problems)}). te-align was verified with {name} {commit}; use {how} or upgrade "
-                      "te-align")  # fmt: skip
+                      "checked in the source",)
 
 
 def _module(name: str) -> ModuleType:
-    from te_align.trainers import get
-
-    return get(name).part("patch")
+    return _plugins.registry().get(name).part("patch")
 
 
 def available() -> list[str]:
     """The trainers ``te-align patch`` can patch (the registry's trainers with a ``patch`` part)."""
-    from te_align.trainers import names
-
-    return list(names("patch"))
+    return list(_plugins.registry().names("patch"))
 
 
 def detect(path: str | Path, trainer: str = "auto") -> Detection:
@@ -81,11 +64,10 @@ def detect(path: str | Path, trainer: str = "auto") -> Detection:
         raise PatchError(f"no such folder: {p}")
     if not p.is_dir():
         raise PatchError(f"not a folder: {p} (give the trainer's folder)")
-    from te_align.trainers import lookup
-
-    if trainer != "auto" and lookup(trainer, "patch") is None:
+    spec = None if trainer == "auto" else _plugins.registry().lookup(trainer, "patch")
+    if trainer != "auto" and spec is None:
         raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(available())}")
-    names = available() if trainer == "auto" else [lookup(trainer, "patch").name]  # type: ignore[union-attr]
+    names = [spec.name] if spec is not None else available()
     for name in names:
         found = _module(name).detect(p)
         if found is not None:

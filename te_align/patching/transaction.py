@@ -49,8 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from te_align import __version__, _atomic
+from te_align import _atomic
 from te_align._atomic import fault_point, fsync_dir
+from te_align._version import __version__
 from te_align.errors import TeAlignError
 
 STATE_DIR = ".te-align"
@@ -714,7 +715,7 @@ def _still_interrupted(root: Path) -> str:
             os.path.lexists(state / JOURNAL_DATA) or not (state / MANIFEST).exists()
             or any(f.name.endswith(TMP_SUFFIX) for f in state.iterdir())
         )
-    )  # fmt: skip
+    )
     if leftovers:
         return f". te-align could not remove its own leftovers in {state}: once that is fixed, run 'te-align status {root}' to remove them"
     return ""

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.probe.core import ProbeResult, TensorComparison
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 __all__ = ["ProbeError", "ProbeResult", "TensorComparison", "find_trainers", "probe", "run_matrix"]
 
 from te_align.errors import TeAlignError

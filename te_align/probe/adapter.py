@@ -13,8 +13,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from te_align import _plugins
+from te_align.errors import closest
 from te_align.probe import ProbeError
 from te_align.probe.core import Case
+from te_align.profiles import profile as load
+from te_align.tiny.fit import fit_profile
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
 TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
@@ -65,12 +72,10 @@ class Adapter:
         self.profiles = {}
 
     def profile_name(self, name: str) -> str:
-        from te_align.profiles import profile as load
-
         canonical = load(name).name
         if canonical not in self.profiles:
             raise ProbeError(f"{self.name} {self.version} has no encoding path te-align can probe for profile "
-                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")  # fmt: skip
+                             f"'{canonical}'; probed profiles: {', '.join(self.profiles)}")
         return canonical
 
     def label(self, path: str | None) -> str:
@@ -92,8 +97,6 @@ class Adapter:
 
 def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
     """(fitted profile, tokenizers, text encoders, diffusers pipeline) for a profile's tiny family."""
-    import te_align
-    from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
     from te_align.tiny.tokenizers import clip_bpe_path
 
@@ -103,7 +106,7 @@ def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[
         raise ProbeError(str(e)) from None
     pipe = build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = fit_profile(te_align.profile(profile_name), comps)
+    prof = fit_profile(load(profile_name), comps)
     toks = {k: v for k, v in comps.items() if k.startswith("tokenizer")}
     encs = {k: v for k, v in comps.items() if k.startswith("text_encoder")}
     return prof, toks, encs, pipe
@@ -115,19 +118,13 @@ def _ordered(table: dict[str, Any], kind: str) -> list[Any]:
 
 def trainers() -> tuple[str, ...]:
     """The trainers ``te-align probe`` can run (the registry's trainers with a ``probe`` part)."""
-    from te_align.trainers import names
-
-    return names("probe")
+    return _plugins.registry().names("probe")
 
 
 def adapter_for(trainer: str, path: str | None) -> Adapter:
     """The probe adapter of a trainer (by name or alias) for the installation at ``path``."""
-    from te_align.trainers import lookup
-
-    spec = lookup(trainer, "probe")
+    spec = _plugins.registry().lookup(trainer, "probe")
     if spec is None:
-        from te_align.errors import closest
-
         known = trainers()
         raise ProbeError(f"unknown trainer '{trainer}'; known: {', '.join(known)}{closest(trainer, known)}")
     return spec.part("probe").ADAPTER(path)  # type: ignore[no-any-return]

@@ -17,7 +17,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from te_align.encoding import encode as _encode
+from te_align.encoding.text import render
 from te_align.probe import ProbeError
+from te_align.profiles.expr import output_specs
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; would close an import loop at module level.
 
 _LONG_WORDS = " ".join(f"word{i} cat, dog!" for i in range(400))
 
@@ -30,7 +36,6 @@ def _at_limit(slot: Any, tokenizer: Any) -> str:
     glyph text) the words are put in quotes, so that part is what reaches the limit.
     """
     from te_align.encoding.core import tokenize_length
-    from te_align.encoding.text import render
 
     target = tokenize_length(slot, tokenizer)
     quoted = slot.tokenizer.text_transform != "none"
@@ -211,16 +216,13 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
     """Run ``case`` and :func:`te_align.encode` over the suite; one comparison per profile output."""
     import torch
 
-    import te_align
-    from te_align.profiles.expr import output_specs
-
     suite = suite if suite is not None else prompt_suite(case.profile, case.tokenizers)
     accs: dict[str, _Acc] = {}
     labels: dict[str, str] = {}
     outputs = {o.name: o for o in output_specs(case.profile)}
     for group, prompts in suite.items():
         with torch.no_grad():
-            want = te_align.encode(case.profile, prompts, tokenizers=case.tokenizers, text_encoders=case.text_encoders)
+            want = _encode(case.profile, prompts, tokenizers=case.tokenizers, text_encoders=case.text_encoders)
             got = case.run(list(prompts))
         for name in want:
             ref = want[name]
@@ -250,7 +252,7 @@ def compare(case: Case, suite: Mapping[str, list[str]] | None = None) -> tuple[l
             continue
         cos = sum(acc.cos) / len(acc.cos) if acc.cos else math.nan
         result.append(TensorComparison(acc.name, acc.trainer_shape, acc.profile_shape, acc.shape_match,
-                                       acc.max_abs, cos, acc.differing, acc.compared))  # fmt: skip
+                                       acc.max_abs, cos, acc.differing, acc.compared))
     return result, labels
 
 

@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_align import _plugins
+from te_align._atomic import atomic_file
+from te_align._version import __version__
 from te_align.probe import ProbeError
+from te_align.probe.adapter import HooksUnavailable, NotImportable, adapter_for
 from te_align.probe.core import ProbeResult, compare, quiet
+from te_align.profiles import profile as load
 
 
 @dataclass
@@ -61,12 +66,10 @@ class Matrix:
         import torch
         import transformers
 
-        import te_align
-
         lines = [
             "# te-align trainer matrix",
             "",
-            f"Measured by `te-align matrix` (te-align {te_align.__version__}, torch {torch.__version__}, transformers "
+            f"Measured by `te-align matrix` (te-align {__version__}, torch {torch.__version__}, transformers "
             f"{transformers.__version__}, diffusers {diffusers.__version__}): each trainer's real prompt-encoding code "
             "and `te_align.encode` run on the same tiny random-weight encoders with real-convention tokenizers over "
             f"the standard prompt suite (up to {self.prompts} prompts per profile, in groups encoded as one batch each). "
@@ -106,12 +109,10 @@ class Matrix:
 def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found], list[str]]:
     """(trainers to probe, lines for trainers that are not here): each trainer's probe ``find``, in the
     registry's order."""
-    from te_align.trainers import specs
-
     env = os.environ if environ is None else environ
     found: list[Found] = []
     absent: list[str] = []
-    for spec in specs():
+    for spec in _plugins.registry().specs():
         if spec.probe:
             here, missing = spec.part("probe").find(env)
             found += here
@@ -127,9 +128,6 @@ def run_matrix(
     environ: Mapping[str, str] | None = None,
 ) -> Matrix:
     """Probe every trainer found x profile (optionally only ``profiles``); write markdown to ``out``."""
-    from te_align.probe.adapter import HooksUnavailable, adapter_for
-    from te_align.profiles import profile as load
-
     wanted = None if profiles is None else {load(p).name for p in profiles}
     matrix = Matrix()
     if trainers is None:
@@ -151,8 +149,6 @@ def run_matrix(
         except ProbeError as e:
             matrix.absent.append(f"{label} ({f.how}): {e}")
     if out is not None:
-        from te_align._atomic import atomic_file
-
         text = matrix.markdown()
         with atomic_file(Path(out), "w", error=ProbeError) as fh:
             fh.write(text)
@@ -160,8 +156,6 @@ def run_matrix(
 
 
 def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: type[Exception], matrix: Matrix) -> Row:
-    from te_align.probe.adapter import NotImportable
-
     try:
         case = adapter.case(name)
         tensors, labels = compare_fn(case)
@@ -178,7 +172,7 @@ def _row(adapter: Any, label: str, name: str, compare_fn: Any, unavailable_exc: 
         with adapter.hooked(case.profile) as hook_notes:
             h_tensors, _ = compare_fn(case)
         hooked = Cell(ProbeResult(adapter.name, adapter.version, adapter.location, name, True, h_tensors, labels,
-                                  [*case.notes, *hook_notes]))  # fmt: skip
+                                  [*case.notes, *hook_notes]))
     except unavailable_exc as e:
         hooked = Cell(unavailable=f"hooks unavailable: {e}")
     except Exception as e:

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from te_align.errors import ProfileError, closest
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 #: Provenance statuses, strongest first. ``override`` marks a value a user changed.
 STATUSES = ("official", "derived-copy", "code", "paper", "inferred", "unconfirmed", "override")
 

@@ -36,6 +36,10 @@ from te_align.profiles.model import (
     SlotSpec,
     TokenizerSpec,
 )
+from te_align.profiles.resolve import profile as load
+from te_align.profiles.serialize import validate
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 #: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
 ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
@@ -53,7 +57,7 @@ def _field_part(field: str) -> str | None:
     return None
 
 
-def resolve_key(profile: AlignmentProfile, key: str) -> str:
+def canonical_key(profile: AlignmentProfile, key: str) -> str:
     """Map an override key to its full dotted path, or raise naming the valid keys."""
     if key in _TOP:
         return key
@@ -217,7 +221,7 @@ def _replace(profile: AlignmentProfile, path: str, value: Any) -> AlignmentProfi
 
 
 def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, origin: str | None = None
-                    ) -> AlignmentProfile:  # fmt: skip
+                    ) -> AlignmentProfile:
     """``profile`` with validated ``overrides`` (key -> value), each recorded in provenance (status ``override``).
 
     ``origin`` names where the overrides came from (``--set``, ``TE_ALIGN_OVERRIDES``, a config key) in errors."""
@@ -232,21 +236,19 @@ def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, 
 
 
 def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> AlignmentProfile:
-    from te_align.profiles.serialize import validate
-
     prov = dict(profile.provenance)
     new = profile
     for key, value in overrides.items():
         if not isinstance(key, str) or not key:
             raise ProfileError(f"override names must be non-empty strings, got {key!r}")
-        path = resolve_key(profile, key)
+        path = canonical_key(profile, key)
         value = typed_value(profile, path, value, key)
         old = profile.get(path)
         before = profile.provenance_of(path)
         alts = () if before is None else (Alternative(old if old is not None else "none", before.source, before.status),)
         new = _replace(new, path, value)
         prov[path] = Provenance(source=f"user override {key}={value!r}", status="override",
-                                note=f"profile value was {old!r}", alternatives=alts)  # fmt: skip
+                                note=f"profile value was {old!r}", alternatives=alts)
     new = dataclasses.replace(new, provenance=tuple(prov.items()))
     try:
         validate(new, None)
@@ -258,7 +260,7 @@ def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> Alignment
 
 def _same_path(profile: AlignmentProfile, key: str, path: str | None) -> bool:
     try:
-        return path is not None and resolve_key(profile, key) == path
+        return path is not None and canonical_key(profile, key) == path
     except ProfileError:
         return False
 
@@ -319,7 +321,7 @@ def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any]
             continue
         if not isinstance(mapping, Mapping):
             raise ProfileError(f"expected a table of profile overrides (key = value), got {type(mapping).__name__}",
-                               file=origin or None)  # fmt: skip
+                               file=origin or None)
         for k, v in mapping.items():
             merged.pop(k, None)  # keep the latest layer's order
             merged[k] = v
@@ -328,14 +330,12 @@ def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any]
 
 
 def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: bool = False,
-            environ: Mapping[str, str] | None = None) -> AlignmentProfile:  # fmt: skip
+            environ: Mapping[str, str] | None = None) -> AlignmentProfile:
     """The profile for ``source`` with overrides: the one function every entry point calls.
 
     ``layers`` are ``(origin, mapping)`` pairs, later ones winning (``("--set", {...})``,
     ``("config.process[0].te_align.overrides", {...})``); ``env=True`` puts ``TE_ALIGN_OVERRIDES`` first (the
     explicit layers win over it). An error names the origin of the key it is about."""
-    from te_align.profiles.resolve import profile as load
-
     if env:
         layers = (("TE_ALIGN_OVERRIDES", env_overrides(environ)), *layers)
     merged, origins = merge(*layers)
@@ -351,5 +351,16 @@ def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: boo
         raise
 
 
-__all__ = ["ENV_OVERRIDES", "ENV_PROFILE", "apply_overrides", "check_value", "env_overrides", "env_profile", "merge",
-           "parse_set", "resolve", "resolve_key", "typed_value"]
+__all__ = [
+    "ENV_OVERRIDES",
+    "ENV_PROFILE",
+    "apply_overrides",
+    "canonical_key",
+    "check_value",
+    "env_overrides",
+    "env_profile",
+    "merge",
+    "parse_set",
+    "resolve",
+    "typed_value",
+]

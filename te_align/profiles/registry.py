@@ -10,6 +10,8 @@ from typing import Any
 from te_align.errors import ProfileNotFound, closest
 from te_align.profiles.model import AlignmentProfile
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 _PROFILE_DIR = "data/profiles"
 
 

@@ -29,6 +29,8 @@ from te_align.profiles.registry import bundled, bundled_name
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles.sources.common import BuildReport
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 #: A hub repo id, ``owner/name``, with an optional ``@revision`` (a branch, tag or commit; branches may hold ``/``).
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
 #: File suffixes of profile files and of single-file checkpoints.
@@ -152,7 +154,7 @@ def _build(src: Source) -> BuildReport:
         return build_hub(src.name, src.revision)
     if src.path is not None and src.path.name == MODEL_PROFILE_FILE:
         raise ProfileError(f"a model folder that carries its own profile ({MODEL_PROFILE_FILE}, written by te-align swap); "
-                           "te-align profile show reads it", file=src.text)  # fmt: skip
+                           "te-align profile show reads it", file=src.text)
     raise ProfileError(  # build classifies without bundled names: a profile file is the one other kind
         f"a {src.kind.replace('-', ' ')}, not a model: build reads a diffusers model folder, a .safetensors "
         "checkpoint or a hub repo id (te-align profile show reads this one)",

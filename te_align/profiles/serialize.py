@@ -23,6 +23,8 @@ from te_align.profiles.model import (
     TokenizerSpec,
 )
 
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 _TOP_KEYS = (
     "name",
     "family",
@@ -124,7 +126,7 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
     if not outputs_raw:
         raise ProfileError("expected a table of output name = expression", file=file, key="outputs")
     prov = [(str(path), _provenance_from_dict(path, pdata, file))
-            for path, pdata in take(data, "provenance", dict[str, Any], default={}).items()]  # fmt: skip
+            for path, pdata in take(data, "provenance", dict[str, Any], default={}).items()]
     hints = schema.hints(AlignmentProfile)
     name = take(data, "name", str)
     profile = AlignmentProfile(
@@ -247,10 +249,10 @@ def validate(p: AlignmentProfile, file: str | None = None) -> None:
             raise ProfileError(
                 "absent_text applies to prompts a text_transform finds no text in; this slot has text_transform = \"none\"",
                 file=file, key=f"{where}.tokenizer.absent_text",
-            )  # fmt: skip
+            )
         if s.masks.encoder_mask_dtype != "int64" and not s.masks.encoder:
             raise ProfileError("encoder_mask_dtype needs masks.encoder = true (no mask goes into the encoder)",
-                               file=file, key=f"{where}.masks.encoder_mask_dtype")  # fmt: skip
+                               file=file, key=f"{where}.masks.encoder_mask_dtype")
         if t.min_length_pad_id is not None and t.min_length is None:
             raise ProfileError("min_length_pad_id needs a min_length", file=file, key=f"{where}.tokenizer.min_length_pad_id")
         if s.tokenizer_only:
@@ -261,7 +263,7 @@ def validate(p: AlignmentProfile, file: str | None = None) -> None:
                 raise ProfileError(
                     "a tokenizer_only slot keeps its token ids as tokenized (no repad, token_window or drop_start_tokens)",
                     file=file, key=f"{where}.tokenizer",
-                )  # fmt: skip
+                )
     tokenizer_only = {s.name for s in p.slots if s.tokenizer_only}
     for name, expr in p.outputs:
         node = check_expression(expr, p.slot_names, key=f"outputs.{name}", file=file)

@@ -88,11 +88,11 @@ def fit_profile(profile: AlignmentProfile, components: Any, **overrides: Any) ->
 
 @functools.cache
 def _family_overrides(family: str) -> dict[str, Any]:
-    import te_align
+    from te_align.profiles import profile as _profile
     from te_align.tiny.encoders import family_components
 
     components = family_components("flux" if family.startswith("flux") else family)
-    return architecture_overrides(te_align.profile(PROFILES[family]), components)
+    return architecture_overrides(_profile(PROFILES[family]), components)
 
 
 def profile_overrides(family: str) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def tiny_profile_overrides(model: str | Path) -> dict[str, Any]:
 
     Read from the folder's encoder configs and tokenizers: nothing is built or loaded twice.
     """
-    import te_align
+    from te_align.profiles import profile as _profile
 
-    profile = te_align.profile(DEMO_PROFILE)
+    profile = _profile(DEMO_PROFILE)
     return architecture_overrides(profile, _folder_components(Path(model), profile))

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from te_align._atomic import fsync_dir
+from te_align._paths import read_bytes
+from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.config import TrainError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -102,8 +104,6 @@ def save_checkpoint(
     A full disk or read-only folder raises :class:`~te_align.train._io.WriteError`; the newest
     complete checkpoint is never touched before the new one is complete.
     """
-    from te_align.train._io import WriteError, writing
-
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     with writing(root):
@@ -124,10 +124,8 @@ def save_checkpoint(
 
 
 def _write_files(tmp: Path, final: Path, params: Mapping[str, Any], optimizer: Any, scheduler: Any, state: dict[str, Any],
-                 step: int, rng: dict[str, Any] | None) -> None:  # fmt: skip
+                 step: int, rng: dict[str, Any] | None) -> None:
     from safetensors.torch import save
-
-    from te_align.train._io import write_atomic, writing
 
     root = final.parent
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in params.items()}
@@ -165,7 +163,7 @@ def _check_state(state: Any) -> dict[str, Any]:
         raise ValueError(f"state.json has no valid step (got {step!r})")
     pos = state.get("position")
     if not (isinstance(pos, dict) and set(pos) == {"epoch", "index"}
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pos.values())):  # fmt: skip
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pos.values())):
         raise ValueError(f"state.json has no valid data position (got {pos!r})")
     if not isinstance(state.get("fingerprint"), str):
         raise ValueError("state.json has no profile fingerprint")
@@ -187,8 +185,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     import torch
     from safetensors.torch import load
 
-    from te_align._paths import read_bytes
-
     d = Path(path)
     if not (d / "state.json").is_file():
         raise CheckpointError("not a te-align checkpoint folder (no state.json)", file=str(d), key="--resume")
@@ -200,7 +196,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ValueError(f"state.json is not valid JSON ({type(e).__name__})") from None
         out: dict[str, Any] = {"state": state}
         for name, key in (("trainable.safetensors", "params"), ("optimizer.pt", "optimizer"),
-                          ("scheduler.pt", "scheduler"), ("rng.pt", "rng")):  # fmt: skip
+                          ("scheduler.pt", "scheduler"), ("rng.pt", "rng")):
             where = d / name
             blob = read_bytes(where, CheckpointError)
             want = state.get("files", {}).get(name)

@@ -18,7 +18,11 @@ from typing import Any, Literal
 
 from te_align import _schema as schema
 from te_align._dtypes import DTYPE_NAMES
+from te_align._paths import read_bytes
 from te_align.errors import TeAlignError, closest
+from te_align.profiles.resolve import is_hub_id
+
+# Function-local te_align imports in this module: would close an import loop at module level.
 
 
 class TrainError(TeAlignError):
@@ -269,7 +273,7 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     ext = d.caption_extension
     need(ext.startswith("."), "data.caption_extension", f"must start with '.', got {ext!r}")
     need(len(ext) > 1 and not (set(ext) & _BAD_NAME_CHARS) and ext.strip(".") and not ext.endswith("."),
-         "data.caption_extension", f"must be a file extension such as '.txt', got {ext!r}")  # fmt: skip
+         "data.caption_extension", f"must be a file extension such as '.txt', got {ext!r}")
     from te_align.train.data import IMAGE_EXTENSIONS
 
     need(ext.lower() not in IMAGE_EXTENSIONS, "data.caption_extension", f"{ext!r} is an image extension")
@@ -319,12 +323,12 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(t.checkpoints_keep >= 0, "train.checkpoints_keep", "must be >= 0")
     need(t.threads >= 0, "train.threads", f"expected 0 (te-align picks) or a number of threads, got {t.threads}")
     need(DEVICE.fullmatch(t.device) is not None, "train.device",
-         f"expected auto, cpu, mps, cuda or cuda:N, got {t.device!r}")  # fmt: skip
+         f"expected auto, cpu, mps, cuda or cuda:N, got {t.device!r}")
     need(not (t.mixed_precision == "fp16" and t.device == "cpu"), "train.mixed_precision",
-         "fp16 mixed precision needs a GPU; use \"bf16\" or \"no\" on the CPU")  # fmt: skip
+         "fp16 mixed precision needs a GPU; use \"bf16\" or \"no\" on the CPU")
     name = cfg.output.name
     need(bool(name) and name not in (".", "..") and not (set(name) & _BAD_NAME_CHARS) and name == name.strip(),
-         "output.name", f"must be a plain file name (no folders), got {name!r}")  # fmt: skip
+         "output.name", f"must be a plain file name (no folders), got {name!r}")
     need(bool(cfg.output.dir), "output.dir", "must not be empty")
     need(s.every >= 0, "sample.every", "must be >= 0")
     need(s.steps >= 1, "sample.steps", "must be >= 1")
@@ -334,7 +338,7 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     for side in ("width", "height"):
         v = getattr(s, side)
         need(v == 0 or (8 <= v <= MAX_SIDE and v % 8 == 0), f"sample.{side}",
-             f"must be 0 (the training resolution) or a multiple of 8 in [8, {MAX_SIDE}], got {v}")  # fmt: skip
+             f"must be 0 (the training resolution) or a multiple of 8 in [8, {MAX_SIDE}], got {v}")
     need(cfg.logging.every >= 1, "logging.every", "must be >= 1")
 
 
@@ -353,8 +357,6 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
         sections[name] = schema.build(SECTIONS[name], value, key=name, file=file, error=TrainError)
     cfg = TrainConfig(**sections, source=file or "")
     if base_dir is not None:
-        from te_align.profiles.resolve import is_hub_id
-
         base = Path(base_dir)
 
         def rel(p: str) -> str:
@@ -384,8 +386,6 @@ def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir:
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a TOML training config (paths relative to its folder)."""
-    from te_align._paths import read_bytes
-
     p = Path(path).expanduser()
     raw = read_bytes(p, TrainError, what="config file")
     try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._paths import check_dir, read_bytes
 from te_align.train.config import DataConfig, TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,8 +80,6 @@ def read_caption(path: Path) -> str:
     Anything else (Latin-1, UTF-16 without a BOM, binary) raises ``ValueError`` saying what was
     found: guessing an encoding would train on mojibake, which no later step could notice.
     """
-    from te_align._paths import read_bytes
-
     raw = read_bytes(path, TrainError, what="caption file")
     encoding = "utf-8"
     for bom, enc in _BOMS:
@@ -116,8 +115,6 @@ def scan(cfg: DataConfig) -> ScanReport:
     with a BOM; any other caption file stops the scan with one line listing them all (see
     :func:`read_caption`). Images without a caption file are trained with an empty caption and listed.
     """
-    from te_align._paths import check_dir
-
     root = Path(cfg.path).expanduser()
     if not os.path.lexists(root):
         raise TrainError("dataset folder does not exist", file=str(root), key="data.path")
@@ -152,7 +149,7 @@ def scan(cfg: DataConfig) -> ScanReport:
             f"{len(bad_captions)} caption file(s) cannot be read as UTF-8 (with or without a BOM) or UTF-16 with a BOM: "
             f"{_listing(bad_captions)}; save them as UTF-8",
             file=str(root), key="data.path",
-        )  # fmt: skip
+        )
     if report.unreadable:
         logger.warning(
             "skipping %d unreadable image(s): %s",

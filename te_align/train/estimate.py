@@ -37,7 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from te_align._dtypes import dtype_name, torch_dtype
+from te_align.encoding.loading import _transformers_class
 from te_align.train.config import TrainConfig, TrainError
+from te_align.train.data import IMAGE_EXTENSIONS
+from te_align.train.models import (
+    CLIP_TARGETS,
+    big_text_encoders,
+    denoise,
+    family_of,
+    resolve_profile,
+    weight_dtype_name,
+)
+from te_align.train.real_configs import REAL_CONFIGS, TEXT_ENCODER_CLASSES, official_components
 
 GiB = 2**30
 #: Blocks of at least this many bytes get their own mapping, returned to the OS when freed (steady_cpu_heap).
@@ -112,9 +124,6 @@ def component_specs(cfg: TrainConfig, profile: Any) -> dict[str, tuple[str, dict
     folder's ``*/config.json`` or, for a hub id of a bundled preset's model, from :mod:`te_align.train.real_configs`."""
     import json
 
-    from te_align.train.models import family_of
-    from te_align.train.real_configs import REAL_CONFIGS, TEXT_ENCODER_CLASSES, official_components
-
     fam = family_of(profile)
     wanted = [fam.denoiser_attr, "vae", *dict.fromkeys(s.encoder_subfolder for s in profile.slots)]
     folder = Path(cfg.model.config or cfg.model.path).expanduser()
@@ -131,7 +140,7 @@ def component_specs(cfg: TrainConfig, profile: Any) -> dict[str, tuple[str, dict
     repo = cfg.model.config or cfg.model.path
     if repo not in REAL_CONFIGS:
         raise TrainError("--estimate needs the component configs: a diffusers folder (model.path or model.config) or "
-                         f"one of the bundled hub ids ({', '.join(REAL_CONFIGS)})", file=repo, key="model.path")  # fmt: skip
+                         f"one of the bundled hub ids ({', '.join(REAL_CONFIGS)})", file=repo, key="model.path")
     specs.update(REAL_CONFIGS[repo])
     for attr, conf in official_components(repo).items():
         if attr in wanted:
@@ -160,8 +169,6 @@ def build_meta(cls_name: str, config: dict[str, Any]) -> Any:
             with torch.device("meta"):
                 return model_cls.from_config(_clean(config))
         # _transformers_class also knows a swapped model's ProjectedTextEncoder (te-align swap)
-        from te_align.encoding.loading import _transformers_class
-
         model_cls = _transformers_class(cls_name, cls_name)
         config_obj = model_cls.config_class(**_clean(config))
         with torch.device("meta"):
@@ -179,7 +186,7 @@ def _fp8_layers(module: Any) -> set[str]:
     pats = (*skip, *keep, "lora_")
     kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
     return {n for n, m in module.named_modules()
-            if isinstance(m, kinds) and not any(re.search(p, n) for p in pats)}  # fmt: skip
+            if isinstance(m, kinds) and not any(re.search(p, n) for p in pats)}
 
 
 def weight_bytes(module: Any, dtype_bytes: int, quantize: str, *, fp16: bool = False) -> int:
@@ -194,7 +201,7 @@ def weight_bytes(module: Any, dtype_bytes: int, quantize: str, *, fp16: bool = F
         quantized = _fp8_layers(module)
     elif quantize in ("int8", "nf4"):
         quantized = {n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)
-                     and not any(re.search(rf"(^|\.){k}$", n) for k in keep32)}  # fmt: skip
+                     and not any(re.search(rf"(^|\.){k}$", n) for k in keep32)}
     counted: set[int] = set()  # tied weights (T5's shared / embed_tokens) are one tensor
     for name, m in module.named_modules():
         own = [(n, p) for n, p in m.named_parameters(recurse=False) if id(p) not in counted]
@@ -250,7 +257,7 @@ def _count(module: Any) -> int:
 
 # ------------------------------------------------------------------------------------------ activations
 def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-                scale: Any = None, enable_gqa: bool = False) -> Any:  # fmt: skip
+                scale: Any = None, enable_gqa: bool = False) -> Any:
     """Stands in for F.scaled_dot_product_attention while tracing: keeps what a fused (flash /
     memory-efficient) kernel keeps for the backward pass, not the L x S score matrix of the math path."""
     import torch
@@ -272,7 +279,7 @@ def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout
 
 
 def _meta_inputs(denoiser: Any, family: Any, batch: int, latent_hw: tuple[int, int], text_len: int,
-                 compute_dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:  # fmt: skip
+                 compute_dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:
     """(noisy latents, timesteps, conditioning, SDXL time ids) on meta for one denoiser call."""
     import torch
 
@@ -293,25 +300,23 @@ def _meta_inputs(denoiser: Any, family: Any, batch: int, latent_hw: tuple[int, i
         else:
             cond = {"prompt_embeds": torch.empty(batch, text_len, conf.cross_attention_dim, dtype=compute_dtype)}
             if family.name == "sdxl":
-                cond["pooled_prompt_embeds"] = torch.empty(batch, conf.projection_class_embeddings_input_dim - 6 * conf.addition_time_embed_dim, dtype=compute_dtype)  # fmt: skip
+                cond["pooled_prompt_embeds"] = torch.empty(batch, conf.projection_class_embeddings_input_dim - 6 * conf.addition_time_embed_dim, dtype=compute_dtype)
         time_ids = torch.zeros(batch, 6, device="meta") if family.name == "sdxl" else None
     return noisy, t, cond, time_ids
 
 
 def largest_block(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
-                  compute_dtype: Any) -> int:  # fmt: skip
+                  compute_dtype: Any) -> int:
     """Bytes autograd keeps for the largest single transformer / UNet block of one denoiser call, traced on meta."""
     noisy, t, cond, time_ids = _meta_inputs(denoiser, family, batch, latent_hw, text_len, compute_dtype)
     return _largest_block(denoiser, family, noisy, t, cond, time_ids, compute_dtype)
 
 
 def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
-                      compute_dtype: Any, checkpointing: bool) -> int:  # fmt: skip
+                      compute_dtype: Any, checkpointing: bool) -> int:
     """Bytes autograd keeps for the backward pass of one denoiser call (LoRA attached), traced on meta."""
     import torch
     import torch.nn.functional as functional
-
-    from te_align.train.models import denoise
 
     seen: dict[int, int] = {}
     keep: list[Any] = []
@@ -347,8 +352,6 @@ def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tupl
 def _largest_block(denoiser: Any, family: Any, noisy: Any, t: Any, cond: Any, time_ids: Any, compute_dtype: Any) -> int:
     import torch
     import torch.nn.functional as functional
-
-    from te_align.train.models import denoise
 
     blocks = [m for name, m in denoiser.named_children() if isinstance(m, torch.nn.ModuleList)]
     per_block: dict[int, int] = {}
@@ -474,8 +477,6 @@ def _stored_files(cfg: TrainConfig, attrs: list[str], denoiser: str) -> dict[str
 def _load_meta(cfg: TrainConfig) -> _Model:
     import torch
 
-    from te_align.train.models import CLIP_TARGETS, family_of, resolve_profile
-
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
     specs = component_specs(cfg, profile)
@@ -511,7 +512,7 @@ def _load_meta(cfg: TrainConfig) -> _Model:
     pooled = getattr(conf, "pooled_projection_dim", 0) or 0
     return _Model(profile, family, specs, meta, sum(p.numel() for p in lora), te_lora, int(vae.config.latent_channels),
                   2 ** (len(vae.config.block_out_channels) - 1), text_len, text_len * width + pooled,
-                  _stored_files(cfg, list(meta), family.denoiser_attr))  # fmt: skip
+                  _stored_files(cfg, list(meta), family.denoiser_attr))
 
 
 def _sequence_length(profile: Any, family: Any) -> int:
@@ -525,7 +526,7 @@ def _sequence_length(profile: Any, family: Any) -> int:
 
 
 def estimate(cfg: TrainConfig, *, device: str | None = None, available: int | None = None,
-             options: bool = True) -> Estimate:  # fmt: skip
+             options: bool = True) -> Estimate:
     """The memory estimate of ``cfg``; ``device``: ``cuda`` or ``cpu`` (default: the run's)."""
     import torch
 
@@ -545,7 +546,7 @@ def estimate(cfg: TrainConfig, *, device: str | None = None, available: int | No
     if options:
         for name, change in _alternatives(cfg, device).items():
             alt = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), train=dataclasses.replace(cfg.train),
-                                      data=dataclasses.replace(cfg.data))  # fmt: skip
+                                      data=dataclasses.replace(cfg.data))
             change(alt)
             e = build(alt)
             est.options[name] = (e.peak("device"), e.peak("host"))
@@ -583,8 +584,6 @@ def _alternatives(cfg: TrainConfig, device: str) -> dict[str, Any]:
 
 def _images(cfg: TrainConfig) -> tuple[int, int]:
     """(images, distinct captions) of the dataset (1, 1 when the folder is not there)."""
-    from te_align.train.data import IMAGE_EXTENSIONS
-
     root = Path(cfg.data.path).expanduser()
     if not root.is_dir():
         return 1, 1
@@ -599,9 +598,6 @@ def _images(cfg: TrainConfig) -> tuple[int, int]:
 def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, traces: dict[Any, int], host: int) -> Estimate:
     import torch
 
-    from te_align._dtypes import torch_dtype
-    from te_align.train.models import big_text_encoders, weight_dtype_name
-
     t, fam = cfg.train, model.family
     wdt = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
     compute = wdt if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
@@ -614,7 +610,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
             weights[attr] = weight_bytes(module, 4 if wb == 2 and wdt == torch.float16 else wb, "none")
         else:
             weights[attr] = weight_bytes(module, wb, q if (attr == fam.denoiser_attr or attr in big) else "none",
-                                         fp16=wdt == torch.float16)  # fmt: skip
+                                         fp16=wdt == torch.float16)
     den = fam.denoiser_attr
     lora = model.lora_params + model.te_lora_params
     eight_bit = t.optimizer == "adamw8bit"
@@ -629,7 +625,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
         try:
             traces[key] = saved_activations(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat),
                                             text_len=model.text_len, compute_dtype=compute,
-                                            checkpointing=t.gradient_checkpointing)  # fmt: skip
+                                            checkpointing=t.gradient_checkpointing)
         except (ValueError, RuntimeError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TrainError(f"the denoiser cannot run a {side}x{side} image: {first}", key="data.resolution") from None
@@ -641,7 +637,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     block_key = ("block", t.batch_size, lat, str(compute), str(wdt))
     if block_key not in traces:
         traces[block_key] = largest_block(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat),
-                                          text_len=model.text_len, compute_dtype=compute)  # fmt: skip
+                                          text_len=model.text_len, compute_dtype=compute)
     transient = traces[block_key]
     images, captions = _images(cfg)
     flips = 2 if cfg.data.random_flip else 1
@@ -660,7 +656,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     free_vae = cfg.model.free_encoders and cfg.data.cache_latents
     encoders = [a for a in model.meta if a not in (den, "vae")]
     runtime = [Line("runtime (CUDA context, workspaces)", CUDA_CONTEXT)] if device == "cuda" else \
-        [Line("runtime (torch and libraries, this process)", host)]  # fmt: skip
+        [Line("runtime (torch and libraries, this process)", host)]
     qs = f", {q}" if q != "none" else ""
     # on CUDA the denoiser waits in host RAM until the encoders are done (te_align.train.models.place_denoiser)
     on_host = device == "cuda" and q not in ("int8", "nf4")
@@ -679,7 +675,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     if not free_vae:
         training.append(Line("vae weights (kept)", weights["vae"]))
     training += [Line(f"latent cache ({images} images)", latent_cache, where_cache),
-                 Line(f"text cache in memory ({captions} captions x {variants})", text_cache, where_cache)]  # fmt: skip
+                 Line(f"text cache in memory ({captions} captions x {variants})", text_cache, where_cache)]
     if device == "cuda":
         training.append(Line("runtime (torch and libraries)", host, "host"))
     loading = _loading(cfg, model, device, weights, wdt, host)
@@ -702,9 +698,6 @@ def _loading(cfg: TrainConfig, model: _Model, device: str, weights: dict[str, in
     A hub id's files cannot be read here: they are taken as 16-bit (as FLUX.1 and SD3.5 publish them), so
     only a float32 run converts them."""
     import torch
-
-    from te_align._dtypes import dtype_name
-    from te_align.train.models import big_text_encoders
 
     fam = model.family
     q = cfg.model.quantize
@@ -752,7 +745,7 @@ def report(est: Estimate, cfg: TrainConfig) -> str:
         lines.append(f"  {'total on ' + est.device:<62} {_gib(dev):>11}")
     lines.append(f"peak: {_gib(est.peak('device'))} of {_gib(est.available)} on {est.device}"
                  + (f"; host RAM {_gib(est.peak('host'))}" if est.device == "cuda" else "")
-                 + (" - fits" if est.fits else " - DOES NOT FIT"))  # fmt: skip
+                 + (" - fits" if est.fits else " - DOES NOT FIT"))
     if est.options:
         lines.append("other settings:")
         for name, (dev, _) in est.options.items():

@@ -43,6 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align import kohya_lora
+from te_align.metadata import stamp, stamp_keys
+from te_align.train._io import _umask, write_atomic, writing
 from te_align.train.config import TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,8 +78,6 @@ def save_diffusers_lora(
     extra: dict[str, Any],
 ) -> Path:
     """Write the LoRA in diffusers format with te_align metadata; whole file or nothing."""
-    from te_align.metadata import stamp
-
     target = Path(path)
     from diffusers.utils import convert_state_dict_to_diffusers
 
@@ -86,10 +87,8 @@ def save_diffusers_lora(
         # denoisers in peft format (lora_A / lora_B): diffusers converts a denoiser state dict to peft only
         # when its first key is not lora_A, so the partly renamed (lora.down) dict it would otherwise get,
         # with to_q/to_k/to_v/to_out.0 renamed and other modules not, silently loses those layers
-        kwargs[f"{name}_lora_layers"] = sd if name in _DENOISER_PREFIX else convert_state_dict_to_diffusers(sd)
+        kwargs[f"{name}_lora_layers"] = sd if name in kohya_lora.DENOISER_PREFIX else convert_state_dict_to_diffusers(sd)
         kwargs[f"{name}_lora_adapter_metadata"] = _adapter_metadata(models[name])
-    from te_align.train._io import _umask, writing
-
     with writing(target):
         tmp = Path(tempfile.mkdtemp(prefix=".lora-", dir=target.parent))
         try:
@@ -103,8 +102,6 @@ def save_diffusers_lora(
     return target
 
 
-#: Component name -> kohya prefix, per number of text encoders (SD1 uses "lora_te").
-_DENOISER_PREFIX = {"unet": "lora_unet", "transformer": "lora_unet"}
 #: What te-align <= 0.x wrote for SD3/Flux transformers (diffusers module names); still read.
 _LEGACY_TRANSFORMER_PREFIX = "lora_transformer"
 #: Families whose kohya denoiser names are the original (non-diffusers) model's.
@@ -112,12 +109,10 @@ ORIGINAL_LAYOUT_FAMILIES = ("sd3", "flux")
 
 
 def kohya_prefix(component: str, n_text_encoders: int) -> str:
-    if component in _DENOISER_PREFIX:
-        return _DENOISER_PREFIX[component]
-    if component == "text_encoder":
-        return "lora_te" if n_text_encoders == 1 else "lora_te1"
-    if component.startswith("text_encoder_"):
-        return f"lora_te{component.rsplit('_', 1)[1]}"
+    """The kohya tensor-name prefix of a component (the format: :mod:`te_align.kohya_lora`)."""
+    found = kohya_lora.prefix(component, n_text_encoders)
+    if found is not None:
+        return found
     raise TrainError(f"no kohya prefix for component '{component}'")
 
 
@@ -538,8 +533,6 @@ def save_kohya_lora(
     """
     from safetensors.torch import save
 
-    from te_align.metadata import stamp_keys
-
     layers = lora_state_dicts(models)
     alphas = {c: float(m.peft_config["default"].lora_alpha) for c, m in models.items()}
     ranks = {c: int(m.peft_config["default"].r) for c, m in models.items()}
@@ -554,8 +547,6 @@ def save_kohya_lora(
         "ss_training_comment": "trained with te-align",
     }
     meta.update(stamp_keys(profile, extra))
-    from te_align.train._io import write_atomic
-
     return write_atomic(path, save(state, metadata=meta))
 
 

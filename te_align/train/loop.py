@@ -28,11 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from te_align._dtypes import torch_dtype
+from te_align._compat import _key, require_peft
+from te_align._dtypes import dtype_name, torch_dtype
+from te_align._paths import read_bytes
+from te_align._threads import fit
+from te_align.encoding import Conditioning, EncodeOptions, long_prompt_chunks, sample_dropout
+from te_align.encoding.cache.keys import hash_text_encoders, tensors_digest
+from te_align.encoding.cache.store import EmbeddingCache
 from te_align.errors import CacheError
 from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     rng_state,
     save_checkpoint,
@@ -53,6 +61,7 @@ from te_align.train.data import (
     scan,
     step_generator,
 )
+from te_align.train.estimate import steady_cpu_heap
 from te_align.train.export import save_diffusers_lora, save_kohya_lora
 from te_align.train.logs import RunLog, plot_losses, read_losses
 from te_align.train.models import (
@@ -76,10 +85,15 @@ from te_align.train.models import (
     vae_scale_factor,
     weight_dtype_name,
 )
+from te_align.train.preflight import check_device, check_output, check_sizes, set_aside_previous_run
 from te_align.train.residency import Residency, for_sampling, precache_variants, release
+from te_align.train.sampling import sample_images
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+# Function-local te_align imports in this module: would close an import loop at module level; load what only
+# one command needs when it runs.
 
 logger = logging.getLogger("te_align.train")
 
@@ -102,8 +116,6 @@ class LatentStore:
     """VAE latent distributions (mean, std) per (image, flip), in memory and optionally on disk."""
 
     def __init__(self, vae: Any, directory: Path | None, device: Any, dtype: Any) -> None:
-        from te_align.encoding.cache.keys import hash_text_encoders
-
         self.vae = vae
         self.dir = directory
         self.device = device
@@ -129,9 +141,6 @@ class LatentStore:
 
         from safetensors.torch import load, save
 
-        from te_align._paths import read_bytes
-        from te_align.encoding.cache.keys import tensors_digest
-
         ident = f"{file_digest(item.path)}|{item.bucket}|{flip}|{self.vae_hash}|{self.dtype}"
         name = hashlib.sha256(ident.encode()).hexdigest()
         path = self.dir / name[:2] / f"{name}.safetensors"
@@ -155,8 +164,6 @@ class LatentStore:
         if value is None:
             value = self._encode(item, flip)
             tensors = {"mean": value[0].contiguous(), "std": value[1].contiguous()}
-            from te_align.train._io import write_atomic
-
             write_atomic(path, save(tensors, metadata={"te_align.tensors_sha256": tensors_digest(tensors)}))
         self.mem[key] = value
         return value
@@ -178,8 +185,6 @@ class TextSource:
         self, cfg: TrainConfig, profile: Any, pipe: Any, device: Any, dtype: Any, *, trainable: bool, cache_dir: Path,
         writer: bool = True,
     ) -> None:
-        from te_align.encoding import EncodeOptions
-
         self.cfg = cfg.data
         self.profile = profile
         self.pipe = pipe
@@ -217,9 +222,6 @@ class TextSource:
         options = options or self.options
         key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
         if key not in self._caches:
-            from te_align.encoding.cache.keys import hash_text_encoders
-            from te_align.encoding.cache.store import EmbeddingCache
-
             if self._te_hash is None:
                 self._te_hash = hash_text_encoders(
                     {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots},
@@ -235,7 +237,7 @@ class TextSource:
         return te_align.encode(
             self.profile, captions, pipeline=self.pipe, options=options or self.options, drop=drop,
             drop_slots=drop_slots or None, requires_grad=self.trainable,
-        )  # fmt: skip
+        )
 
     @property
     def chunk_positions(self) -> int:
@@ -287,8 +289,6 @@ class TextSource:
         consumes ``gen`` exactly as a single process training the whole batch would.
         """
         import torch
-
-        from te_align.encoding import Conditioning, sample_dropout
 
         n = len(captions)
         texts = [process_caption(c, self.cfg, gen) for c in captions]
@@ -343,7 +343,7 @@ def _seq_len(cond: Any) -> int:
     return int(t.shape[-2])
 
 
-def _resolve_objective(name: str, family: Any, scheduler_config: Any) -> str:
+def _pick_objective(name: str, family: Any, scheduler_config: Any) -> str:
     if family.flow_native:
         if name not in ("auto", "flow"):
             raise TrainError(f"{family.name} models train with rectified flow only; got {name!r}", key="train.objective")
@@ -386,20 +386,18 @@ def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any)
         else:
             import bitsandbytes as bnb
 
-            from te_align._compat import _key
-
             version = getattr(bnb, "__version__", "0")
             if device.type == "cpu" and _key(version) < CPU_ADAMW8BIT:
                 # 0.48 and 0.49 build the optimizer on CPU, then fail inside its first step (tools/deps.py lowest)
                 logger.warning("train.optimizer = adamw8bit on the CPU needs bitsandbytes >= %s (installed: %s; "
                                "pip install \"te-align[bnb]\"); using torch AdamW",
-                               ".".join(map(str, CPU_ADAMW8BIT)), version)  # fmt: skip
+                               ".".join(map(str, CPU_ADAMW8BIT)), version)
                 return torch.optim.AdamW(groups, **kw)
             try:
                 return bnb.optim.AdamW8bit(groups, **kw)
             except Exception as e:  # an old bitsandbytes without this device's kernels
                 logger.warning("train.optimizer = adamw8bit: bitsandbytes %s cannot run on %s (%s); using torch AdamW",
-                               getattr(bnb, "__version__", "?"), device.type, str(e).splitlines()[0] if str(e) else type(e).__name__)  # fmt: skip
+                               getattr(bnb, "__version__", "?"), device.type, str(e).splitlines()[0] if str(e) else type(e).__name__)
     return torch.optim.AdamW(groups, **kw)
 
 
@@ -516,7 +514,7 @@ class Run:
                 keep=self.cfg.train.checkpoints_keep, rng=rng,
                 state={"position": dataclasses.asdict(self.pos), "fingerprint": self.profile.fingerprint(),
                        "profile": self.profile.name, "run": _run_record(self)},
-            )  # fmt: skip
+            )
         self.accelerator.wait_for_everyone()
         assert self.last_ckpt is not None or not self.main
         return self.last_ckpt  # type: ignore[return-value]
@@ -526,21 +524,19 @@ class Run:
         cfg = self.cfg
         if not (self.main and cfg.sample.prompts):
             return
-        from te_align.train.sampling import sample_images
-
         self.denoiser.eval()
         try:
             side = max(cfg.data.bucket_step, cfg.data.resolution // cfg.data.bucket_step * cfg.data.bucket_step)
             with for_sampling(self.pipe, self.residency, self.device):
                 sample_images(self.pipe, self.profile, cfg.sample, self.out_dir / "samples", self.step, size=(side, side),
-                              device=self.device, dtype=self.cond_dtype)  # fmt: skip
+                              device=self.device, dtype=self.cond_dtype)
         finally:
             self.denoiser.train()
 
     def result(self, lora_path: Path | None = None, kohya_path: Path | None = None) -> TrainResult:
         assert self.log is not None
         return TrainResult(self.out_dir, lora_path, kohya_path, self.step, read_losses(self.log.csv_path), self.last_ckpt,
-                           self.profile.name, self.profile.fingerprint(), self.steps_per_s)  # fmt: skip
+                           self.profile.name, self.profile.fingerprint(), self.steps_per_s)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -566,8 +562,6 @@ def train(
     A full disk or read-only folder while writing stops the run with one line naming the file and
     the checkpoint to resume from; the checkpoints already written are never touched.
     """
-    from te_align.train.preflight import check_device, check_output, set_aside_previous_run
-
     cfg = as_config(config)
     check_output(cfg, resume=resume, overwrite=overwrite)
     check_device(cfg)
@@ -585,7 +579,7 @@ def train(
     except (WriteError, CacheError) as e:
         last = latest_checkpoint(cfg.output.dir)
         hint = (f"the run can continue from its last checkpoint {last} with --resume" if last is not None
-                else "no checkpoint was written yet")  # fmt: skip
+                else "no checkpoint was written yet")
         raise TrainError(f"{e.message}; {hint}", file=e.file) from None
 
 
@@ -601,8 +595,6 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     t = cfg.train
     cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
     if cpu:  # freed tensors go back to the OS, so the resident set follows what --estimate counts
-        from te_align.train.estimate import steady_cpu_heap
-
         steady_cpu_heap()
     _fresh_accelerator_state()
     accelerator = Accelerator(mixed_precision=t.mixed_precision, cpu=cpu)
@@ -610,15 +602,11 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     set_seed((t.seed + accelerator.process_index) % 2**32)  # global RNGs (LoRA dropout); per-step draws use step_generator
 
     report = scan(cfg.data)
-    from te_align._compat import require_peft
-
     require_peft("diffusers", *(["transformers"] if cfg.lora.text_encoders else []))  # before any model is loaded
     weight_dtype = torch_dtype(weight_dtype_name(cfg.model, t.mixed_precision))
     check_quantize(cfg.model.quantize, device)
     profile, family, pipe, objective = _load_model(cfg, pipeline, device, weight_dtype)
     if device.type == "cpu":  # threads that fit the machine: two threads on a shared 2-core box collapse (_threads)
-        from te_align._threads import fit
-
         fit(sum(p.numel() for p in getattr(pipe, family.denoiser_attr).parameters()), t.threads)
     model_id = _model_id(getattr(pipe, family.denoiser_attr))
     compute_dtype = weight_dtype if t.mixed_precision == "no" else torch_dtype(t.mixed_precision)
@@ -639,10 +627,10 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         from te_align.train.swap import text_source
 
         text = text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
-                           writer=accelerator.is_main_process)  # fmt: skip
+                           writer=accelerator.is_main_process)
     else:
         text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
-                          cache_dir=cache_dir / "text", writer=accelerator.is_main_process)  # fmt: skip
+                          cache_dir=cache_dir / "text", writer=accelerator.is_main_process)
     with accelerator.main_process_first():
         text.precache(sorted({it.caption for it in report.items}))
         if cfg.model.free_encoders:  # every dropout variant too, so that the text encoders can be freed
@@ -673,19 +661,17 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
         flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id, residency=residency,
         projection_models=projections, full_params=full,
-    )  # fmt: skip
+    )
 
 
 def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tuple[Any, Family, Any, str]:
     """(profile, family, pipeline, objective): the model loaded (or ``pipeline``), checked against the
     profile, frozen, in ``dtype`` (or quantized) and on ``device``."""
-    from te_align._dtypes import dtype_name
-
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
     pipe = pipeline if pipeline is not None else load_pipeline(cfg.model, profile, dtype_name=dtype_name(dtype))
     check_model(profile, pipe, cfg.model.path)
-    objective = _resolve_objective(cfg.train.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
+    objective = _pick_objective(cfg.train.objective, family, pipe.scheduler.config if pipe.scheduler is not None else {})
     prepare_frozen(cfg.model, profile, pipe, device, dtype)
     return profile, family, pipe, objective
 
@@ -696,15 +682,11 @@ def _bucket_and_cache_latents(
 ) -> LatentStore:
     """Assign every image its bucket (and chunk count), then fill the latent cache when it is on."""
     vae = pipe.vae
-    from te_align.train.preflight import check_sizes
-
     check_sizes(cfg, vae_scale_factor(vae) * family.patch)
     buckets = make_buckets(cfg.data, vae_scale_factor(vae) * family.patch)
     for it in items:
         it.bucket = assign_bucket(it.size, buckets)
     if cfg.data.long_prompt_chunks:
-        from te_align.encoding import long_prompt_chunks
-
         counts = long_prompt_chunks(profile, [it.caption for it in items], cfg.data.long_prompt_chunks, pipeline=pipe)
         for it, c in zip(items, counts, strict=True):
             it.chunks = c
@@ -733,7 +715,7 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
     denoiser_params: list[Any] = []
     if lo.rank > 0:  # lora.rank = 0: a full fine-tune of train.full_modules, no denoiser LoRA
         denoiser_params = add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                   targets=lo.target_modules or family.default_targets, seed=t.seed)  # fmt: skip
+                                   targets=lo.target_modules or family.default_targets, seed=t.seed)
         lora_models[family.denoiser_attr] = denoiser
     text_encoder_params: list[Any] = []
     for k, name in enumerate(te_slots):
@@ -745,7 +727,7 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
 
             targets = encoder_lora_targets(enc)
         text_encoder_params += add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
-                                        targets=targets, seed=t.seed + 1 + k)  # fmt: skip
+                                        targets=targets, seed=t.seed + 1 + k)
         lora_models[slot.encoder_subfolder] = enc
         enc.train()
     if t.gradient_checkpointing:
@@ -783,8 +765,6 @@ def _model_id(denoiser: Any) -> str:
     """sha256 of the denoiser's config and its first and last weights (before LoRA is added)."""
     import hashlib
 
-    from te_align.encoding.cache.keys import tensors_digest
-
     config = dict(getattr(denoiser, "config", {}) or {})
     h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode("utf-8"))
     named = list(denoiser.named_parameters())
@@ -805,7 +785,7 @@ def _run_record(run: Run) -> dict[str, Any]:
         "full_modules": sorted(t.full_modules), "full_lr": t.full_lr, "batch_size": t.batch_size,
         "gradient_accumulation": t.gradient_accumulation, "seed": t.seed, "total": run.total,
         "lr_scheduler": t.lr_scheduler, "warmup_steps": t.warmup_steps,
-    }  # fmt: skip
+    }
 
 
 #: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
@@ -825,9 +805,9 @@ def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[st
     for key, label in _FIXED.items():
         if key in saved and saved[key] != now[key]:
             what = (f"was trained on a different model ({saved.get('model')!r}; model config or weights differ)"
-                    if key == "model_id" else f"was trained with {label} = {saved[key]!r}, this config has {now[key]!r}")  # fmt: skip
+                    if key == "model_id" else f"was trained with {label} = {saved[key]!r}, this config has {now[key]!r}")
             raise TrainError(f"cannot resume: the checkpoint {what}; restore the setting or train into a new output.dir",
-                             file=str(path), key="--resume")  # fmt: skip
+                             file=str(path), key="--resume")
     notes = []
     for key, label in _CHANGES.items():
         if key in saved and saved[key] != now[key]:
@@ -855,8 +835,6 @@ def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
 def _load_intact(run: Run, resume: bool | str | Path) -> tuple[Path, dict[str, Any]]:
     """The checkpoint to resume from, loaded and verified; with ``resume=True`` a damaged newest one
     is reported (one line naming the file) and the previous intact one used instead."""
-    from te_align.train.checkpoint import CheckpointError, list_checkpoints
-
     if resume is not True:
         path = Path(resume)
         return path, load_checkpoint(path)
@@ -874,10 +852,10 @@ def _load_intact(run: Run, resume: bool | str | Path) -> tuple[Path, dict[str, A
             continue
         if damaged and run.main:
             logger.warning("resuming from the previous intact checkpoint %s (step %d) instead of the damaged %s",
-                           path, state["state"]["step"], damaged[0])  # fmt: skip
+                           path, state["state"]["step"], damaged[0])
         return path, state
     raise TrainError(f"every checkpoint is damaged ({', '.join(damaged)}): nothing to resume from; "
-                     "use --overwrite to start over", file=str(run.out_dir / "checkpoints"), key="--resume")  # fmt: skip
+                     "use --overwrite to start over", file=str(run.out_dir / "checkpoints"), key="--resume")
 
 
 def _resume(run: Run, resume: bool | str | Path) -> None:
@@ -890,7 +868,7 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
         raise TrainError(
             f"the checkpoint was trained with profile fingerprint {state['state'].get('fingerprint')} but this run's "
             f"profile '{profile.name}' has {profile.fingerprint()}", file=str(path), key="--resume",
-        )  # fmt: skip
+        )
     saved = state["state"].get("run") or {}
     notes = _check_resume_config(run, saved, path) if isinstance(saved, dict) else []
     named_trainable = run.named_trainable
@@ -898,11 +876,11 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
     extra = set(state["params"]) - set(named_trainable)
     if missing or extra:
         raise TrainError(f"the checkpoint's trainable tensors do not match this run's ({len(missing)} missing, {len(extra)} "
-                         "extra: different lora settings?)", file=str(path), key="--resume")  # fmt: skip
+                         "extra: different lora settings?)", file=str(path), key="--resume")
     shapes = [k for k, p in named_trainable.items() if tuple(state["params"][k].shape) != tuple(p.shape)]
     if shapes:
         raise TrainError(f"the checkpoint's tensor {shapes[0]} has shape {tuple(state['params'][shapes[0]].shape)}, this run's "
-                         f"{tuple(named_trainable[shapes[0]].shape)} (a different lora.rank?)", file=str(path), key="--resume")  # fmt: skip
+                         f"{tuple(named_trainable[shapes[0]].shape)} (a different lora.rank?)", file=str(path), key="--resume")
     try:
         run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["scheduler"])
@@ -913,7 +891,7 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
     except Exception as e:  # a state of another optimizer or a damaged RNG state
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainError(f"the checkpoint's optimizer, schedule or RNG state does not fit this run: {text}", file=str(path),
-                         key="--resume") from None  # fmt: skip
+                         key="--resume") from None
     with torch.no_grad():
         for k, p in named_trainable.items():
             p.copy_(state["params"][k].to(p.dtype))
@@ -926,7 +904,7 @@ def _resume(run: Run, resume: bool | str | Path) -> None:
             logger.warning("--resume: %s; the new value is used from step %d on", note, run.step + 1)
         if run.total <= run.step:
             logger.warning("--resume: the run has %d steps and the checkpoint is at step %d: nothing left to train "
-                           "(raise train.max_steps to continue)", run.total, run.step)  # fmt: skip
+                           "(raise train.max_steps to continue)", run.total, run.step)
         logger.info("resuming from %s (step %d)", path, run.step)
 
 
@@ -940,7 +918,7 @@ def _loop(run: Run, stop_after: int | None) -> None:
         _write_run_record(run)
     run.log = RunLog(run.out_dir, resume_step=run.step, tensorboard=cfg.logging.tensorboard, enabled=run.main)
     bar = tqdm(total=run.total, initial=run.step, disable=not (run.main and cfg.logging.progress), desc="train",
-               unit="step", dynamic_ncols=True)  # fmt: skip
+               unit="step", dynamic_ncols=True)
     stream = run.order.stream(run.pos)
     optimizer_step, clip_gradients = _direct_step(run.accelerator, run.optimizer, run.trainable)
     t_start = time.perf_counter()
@@ -994,7 +972,7 @@ def _write_run_record(run: Run) -> None:
         "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
         "quantize_backend": QUANTIZE_BACKENDS[cfg.model.quantize],
         "residency": dataclasses.asdict(run.residency) if run.residency is not None else None,
-    })  # fmt: skip
+    })
 
 
 def _accumulate_gradients(run: Run, stream: Iterator[tuple[Position, list[int]]]) -> float:
@@ -1046,21 +1024,21 @@ def _finish(run: Run) -> TrainResult:
         extra = _lora_metadata(run)
         if run.lora_models:  # none with lora.rank = 0 and no text-encoder LoRA: no empty LoRA file is written
             lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
-                                            profile=profile, extra=extra)  # fmt: skip
+                                            profile=profile, extra=extra)
         if run.projection_models:
             from te_align.train.swap import save_projection
 
             save_projection(run.projection_models, run.out_dir / f"{cfg.output.name}_projection.safetensors",
-                            profile=profile, extra=extra)  # fmt: skip
+                            profile=profile, extra=extra)
         if run.full_params:
             from te_align.train.swap import save_tensors
 
             save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
-                         run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)  # fmt: skip
+                         run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)
         if cfg.output.kohya and run.lora_models:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
                                          n_text_encoders=len(profile.slots), profile=profile, extra=extra,
-                                         base_model=cfg.model.path, family=run.family.name)  # fmt: skip
+                                         base_model=cfg.model.path, family=run.family.name)
     run.accelerator.wait_for_everyone()  # the main process has closed the CSV log
     result = run.result(lora_path, kohya_path)
     if run.main and cfg.logging.loss_plot:
@@ -1079,7 +1057,7 @@ def _lora_metadata(run: Run) -> dict[str, Any]:
         "alpha": cfg.lora.alpha, "profile_overrides": cfg.model.profile_overrides,
         "learning_rate": cfg.train.learning_rate, "seed": cfg.train.seed,
         "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
-    }  # fmt: skip
+    }
 
 
 def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple[int, int] | None = None) -> torch.Tensor:
@@ -1131,7 +1109,7 @@ def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple
         target = noise if run.objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
     with run.accelerator.autocast():
         pred = denoise(family, run.model, noisy.to(run.compute_dtype), timesteps, cond, time_ids=time_ids,
-                       guidance=cfg.train.guidance, config=run.denoiser.config)  # fmt: skip
+                       guidance=cfg.train.guidance, config=run.denoiser.config)
     return torch.nn.functional.mse_loss(pred.float(), target.float())
 
 

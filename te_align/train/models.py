@@ -14,13 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._compat import require_peft
 from te_align._dtypes import torch_dtype
+from te_align.profiles.overrides import resolve
+from te_align.profiles.sources.hub import offline_model_problem, unreachable_model_problem
 from te_align.train.config import ModelConfig, TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
 
 logger = logging.getLogger("te_align.train")
 
@@ -72,8 +78,6 @@ def family_of(profile: AlignmentProfile) -> Family:
 
 # ----------------------------------------------------------------------------------------- loading
 def resolve_profile(cfg: ModelConfig) -> AlignmentProfile:
-    from te_align.profiles.overrides import resolve
-
     source = cfg.path if cfg.profile == "auto" else cfg.profile
     try:
         return resolve(source, ("model.profile_overrides", cfg.profile_overrides or None))
@@ -121,11 +125,11 @@ def check_quantize(quantize: str, device: Any) -> None:
         return
     if importlib.util.find_spec("bitsandbytes") is None:
         raise TrainError(f"quantize = \"{quantize}\" needs bitsandbytes (pip install \"te-align[bnb]\"); "
-                         "or use quantize = \"fp8\", which needs no extra package", key="model.quantize")  # fmt: skip
+                         "or use quantize = \"fp8\", which needs no extra package", key="model.quantize")
     if getattr(device, "type", str(device)) != "cuda":
         raise TrainError(f"quantize = \"{quantize}\" (bitsandbytes through diffusers) needs a CUDA GPU and this run is "
                          f"on {getattr(device, 'type', device)}; use quantize = \"fp8\" (float8 weight storage, any "
-                         "device) or \"none\"", key="model.quantize")  # fmt: skip
+                         "device) or \"none\"", key="model.quantize")
 
 
 def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
@@ -133,7 +137,7 @@ def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
     if quantize == "int8":
         return "bitsandbytes_8bit", {"load_in_8bit": True}
     return "bitsandbytes_4bit", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-                                 "bnb_4bit_compute_dtype": dtype}  # fmt: skip
+                                 "bnb_4bit_compute_dtype": dtype}
 
 
 def quantized_components(pipe: Any, profile: AlignmentProfile) -> list[str]:
@@ -152,7 +156,7 @@ def apply_fp8(module: Any, compute_dtype: Any) -> None:
     # transformers' keep-in-fp32 layers (T5's ``wo``: T5 casts its input to that layer's weight dtype) stay too
     keep = tuple(rf"(^|\.){name}$" for name in getattr(module, "_keep_in_fp32_modules", None) or ())
     apply_layerwise_casting(module, storage_dtype=torch.float8_e4m3fn, compute_dtype=compute_dtype,
-                            skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))  # fmt: skip
+                            skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))
 
 
 def is_quantized(module: Any) -> bool:
@@ -170,7 +174,6 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
     import diffusers
 
     import te_align.encoding.projected  # noqa: F401  (diffusers loads a swapped model's text encoder class from it)
-    from te_align.profiles.sources.hub import offline_model_problem, unreachable_model_problem
 
     dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
     path = Path(cfg.path).expanduser()
@@ -179,7 +182,7 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
         if path.is_file():
             raise TrainError(f"quantize = \"{cfg.quantize}\" loads through diffusers' quantization config, which this "
                              "trainer uses with diffusers folders and hub ids; convert the single file to a diffusers "
-                             "folder, or use quantize = \"fp8\"", file=str(path), key="model.quantize")  # fmt: skip
+                             "folder, or use quantize = \"fp8\"", file=str(path), key="model.quantize")
         from diffusers import PipelineQuantizationConfig
 
         backend, kwargs = _bnb_config(cfg.quantize, dtype)
@@ -244,7 +247,7 @@ def _load_single_file(path: Path, cfg: ModelConfig, profile: AlignmentProfile, c
     except SingleFileComponentError as e:
         if not cfg.config:
             raise TrainError(f"the checkpoint does not hold every component ({_first_line(e)}); set model.config to the "
-                             "diffusers folder or hub id of the base model", file=str(path), key="model.config") from None  # fmt: skip
+                             "diffusers folder or hub id of the base model", file=str(path), key="model.config") from None
     fam = family_of(profile)
     denoiser_cls = getattr(diffusers, _DENOISER_CLASSES[fam.denoiser_attr if fam.denoiser_attr == "unet" else fam.name])
     denoiser = denoiser_cls.from_single_file(str(path), config=cfg.config, subfolder=fam.denoiser_attr, **options)
@@ -320,7 +323,7 @@ def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, devic
         if plain:
             raise TrainError(f"quantize = \"{cfg.quantize}\": {', '.join(plain)} of the given pipeline is not quantized; "
                              "let te-align load model.path, or pass a pipeline loaded with a BitsAndBytesConfig",
-                             key="model.quantize")  # fmt: skip
+                             key="model.quantize")
     if cfg.quantize == "fp8":
         for name in quantized_components(pipe, profile):
             apply_fp8(getattr(pipe, name), dtype)
@@ -338,8 +341,6 @@ def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: li
     """Add a peft LoRA adapter ``default`` to a diffusers model or transformers text encoder; trainable params."""
     import torch
     from peft import LoraConfig
-
-    from te_align._compat import require_peft
 
     require_peft(type(model).__module__.split(".")[0])  # a library/peft pair that cannot work: name both versions
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, init_lora_weights="gaussian", target_modules=targets)
@@ -421,7 +422,7 @@ def denoise(
         return model(
             hidden_states=noisy, timestep=timesteps, encoder_hidden_states=emb,
             pooled_projections=cond["pooled_prompt_embeds"], return_dict=False,
-        )[0]  # fmt: skip
+        )[0]
     # flux
     b, _, h, w = noisy.shape
     g = None

@@ -21,7 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from te_align._paths import describe
+from te_align.profiles.resolve import is_hub_id
+from te_align.train._io import writing
+from te_align.train.checkpoint import latest_checkpoint, list_checkpoints
 from te_align.train.config import TrainConfig, TrainError
+from te_align.train.data import scan
+from te_align.train.models import family_of, resolve_profile
 
 #: The files and folders of a run in its output folder (``{name}`` is ``output.name``).
 RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "{name}_full.safetensors",
@@ -32,8 +38,6 @@ WEIGHT_FILES = RUN_FILES[1:5]
 
 def previous_run(cfg: TrainConfig) -> list[str]:
     """What of an earlier run the output folder holds (checkpoints, LoRA files); empty when none."""
-    from te_align.train.checkpoint import list_checkpoints
-
     out = Path(cfg.output.dir)
     found = []
     n = len(list_checkpoints(out))
@@ -48,8 +52,6 @@ def previous_run(cfg: TrainConfig) -> list[str]:
 
 def set_aside_previous_run(cfg: TrainConfig) -> Path | None:
     """``--overwrite``: move the earlier run's files into ``<output>/replaced-<UTC time>/``; returns that folder."""
-    from te_align.train._io import writing
-
     out = Path(cfg.output.dir)
     names = [p.format(name=cfg.output.name) for p in RUN_FILES]
     present = [n for n in names if os.path.lexists(out / n)]
@@ -84,14 +86,12 @@ def check_output(cfg: TrainConfig, *, resume: Any, overwrite: bool) -> None:
         import stat
 
         if not stat.S_ISDIR(st.st_mode):
-            from te_align._paths import describe
-
             raise TrainError(f"is {describe(st.st_mode)}, expected a folder for the run's output", file=str(p),
-                             key="output.dir")  # fmt: skip
+                             key="output.dir")
         if not os.access(p, os.W_OK | os.X_OK):
             why = "read-only file system" if _read_only(p) else "not writable"
             raise TrainError(f"{why}: the run cannot write its output here; choose another output.dir", file=str(p),
-                             key="output.dir")  # fmt: skip
+                             key="output.dir")
         break
     if resume or overwrite:
         return
@@ -101,7 +101,7 @@ def check_output(cfg: TrainConfig, *, resume: Any, overwrite: bool) -> None:
             f"holds a previous run ({', '.join(found)}): pass --resume to continue it, --overwrite to start over "
             "(its files are moved into a replaced-<time>/ folder there), or choose another output.dir",
             file=str(out), key="output.dir",
-        )  # fmt: skip
+        )
 
 
 def _read_only(p: Path) -> bool:
@@ -123,13 +123,13 @@ def check_device(cfg: TrainConfig) -> None:
     if kind == "auto":
         if not torch.cuda.is_available():
             raise TrainError("fp16 mixed precision needs a GPU and none is available (the run would use the CPU); "
-                             "use \"bf16\" or \"no\"", key="train.mixed_precision")  # fmt: skip
+                             "use \"bf16\" or \"no\"", key="train.mixed_precision")
         return
     module = getattr(torch, kind, None)
     available = bool(module is not None and hasattr(module, "is_available") and module.is_available())
     if not available:
         raise TrainError(f"{t.device!r} is not available on this machine (torch {torch.__version__} sees no {kind} device); "
-                         "use \"auto\" or \"cpu\"", key="train.device")  # fmt: skip
+                         "use \"auto\" or \"cpu\"", key="train.device")
     if ":" in t.device and hasattr(module, "device_count"):
         index = int(t.device.split(":")[1])
         if index >= module.device_count():
@@ -151,18 +151,16 @@ def check_sizes(cfg: TrainConfig, multiple: int) -> None:
     """Bucket step and sample sizes must be multiples of what the model needs (VAE scale x patch size)."""
     if cfg.data.bucket_step % multiple:
         raise TrainError(f"must be a multiple of {multiple} for this model (VAE scale x patch size), got {cfg.data.bucket_step}",
-                         key="data.bucket_step")  # fmt: skip
+                         key="data.bucket_step")
     for side in ("width", "height"):
         v = getattr(cfg.sample, side)
         if v % multiple:
             raise TrainError(f"must be a multiple of {multiple} for this model (VAE scale x patch size), got {v}",
-                             key=f"sample.{side}")  # fmt: skip
+                             key=f"sample.{side}")
 
 
 def check_profile(cfg: TrainConfig) -> Any:
     """The run's profile (with overrides) and the family rules that depend on it; returns the profile."""
-    from te_align.train.models import family_of, resolve_profile
-
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
     obj = cfg.train.objective
@@ -173,14 +171,14 @@ def check_profile(cfg: TrainConfig) -> Any:
     for name in cfg.lora.text_encoders:
         if name not in profile.slot_names:
             raise TrainError(f"no slot '{name}' in profile '{profile.name}' (slots: {', '.join(profile.slot_names)})",
-                             key="lora.text_encoders")  # fmt: skip
+                             key="lora.text_encoders")
         if not profile.slot(name).tokenizer.cls.startswith("CLIP"):
             raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {name} LoRA)",
-                             key="lora.text_encoders")  # fmt: skip
+                             key="lora.text_encoders")
     for k in cfg.data.encoder_dropout:
         if k != "all" and k not in profile.slot_names:
             raise TrainError(f"no slot '{k}' in profile '{profile.name}' (slots: {', '.join(profile.slot_names)})",
-                             key=f"data.encoder_dropout.{k}")  # fmt: skip
+                             key=f"data.encoder_dropout.{k}")
     scale = _vae_scale(cfg)
     if scale is not None:
         check_sizes(cfg, scale * family.patch)
@@ -188,8 +186,6 @@ def check_profile(cfg: TrainConfig) -> Any:
 
 
 def check_model_path(cfg: TrainConfig) -> None:
-    from te_align.profiles.resolve import is_hub_id
-
     for key, value in (("model.path", cfg.model.path), ("model.config", cfg.model.config)):
         if not value:
             continue
@@ -218,16 +214,12 @@ def check_run(cfg: TrainConfig, *, resume: Any = None, overwrite: bool = False, 
     if cfg.data.cache_dir and Path(cfg.data.cache_dir).exists() and not Path(cfg.data.cache_dir).is_dir():
         raise TrainError("exists and is not a folder", file=cfg.data.cache_dir, key="data.cache_dir")
     if resume:
-        from te_align.train.checkpoint import latest_checkpoint
-
         if resume is True and latest_checkpoint(cfg.output.dir) is None:
             raise TrainError("no checkpoint to resume from in the output folder",
-                             file=str(Path(cfg.output.dir) / "checkpoints"), key="--resume")  # fmt: skip
+                             file=str(Path(cfg.output.dir) / "checkpoints"), key="--resume")
         if resume is not True and not (Path(resume) / "state.json").is_file():
             raise TrainError("not a te-align checkpoint folder (no state.json)", file=str(resume), key="--resume")
     if dataset:
-        from te_align.train.data import scan
-
         report = scan(cfg.data)
         notes.append(f"{len(report.items)} images")
         if report.unreadable:

@@ -100,7 +100,7 @@ def release(cfg: Any, profile: Any, pipe: Any, text: Any, latents: Any, device: 
                   else "a swapped model's text projection is trained (te-align swap)")
     elif not text.use_cache:
         te_why = ("captions are encoded live every step: " + ("tags are shuffled (data.shuffle_tags) and shuffled "
-                  "captions have no cached variants" if cfg.data.shuffle_tags else "data.cache_text = false"))  # fmt: skip
+                  "captions have no cached variants" if cfg.data.shuffle_tags else "data.cache_text = false"))
     vae_why = ""
     if not cfg.model.free_encoders:
         vae_why = "model.free_encoders = false"
@@ -117,13 +117,13 @@ def release(cfg: Any, profile: Any, pipe: Any, text: Any, latents: Any, device: 
         elif sampling and not cuda:
             res.kept.update(dict.fromkeys(names, "sampling"))
             logger.info("%s kept in memory after caching: sampling (sample.prompts) uses them on %s", label,
-                        getattr(device, "type", device))  # fmt: skip
+                        getattr(device, "type", device))
         elif sampling:
             for a in names:
                 getattr(pipe, a).to("cpu")
             res.offloaded += names
             logger.info("%s moved to CPU RAM after caching (every caption and latent is cached); sampling brings "
-                        "them back to %s for each round", label, device)  # fmt: skip
+                        "them back to %s for each round", label, device)
         else:
             for a in names:
                 setattr(pipe, a, None)

@@ -11,7 +11,10 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from te_align.encoding import encode_uncond
 from te_align.train.config import SampleConfig
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 
 def sample_images(
@@ -21,7 +24,6 @@ def sample_images(
     import torch
 
     import te_align
-    from te_align.encoding import encode_uncond
 
     if not cfg.prompts:
         return []

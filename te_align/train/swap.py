@@ -24,7 +24,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from te_align.encoding.cache.keys import hash_text_encoders
+from te_align.encoding.cache.store import EmbeddingCache
 from te_align.encoding.projected import CLASS_NAME
+from te_align.metadata import stamp
+from te_align.profiles.expr import Ref, output_specs, refs
+from te_align.train._io import writing
+from te_align.train.config import TrainError
+from te_align.train.loop import TextSource
+from te_align.train.models import CLIP_TARGETS
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 
 def projection_models(profile: Any, pipe: Any) -> dict[str, Any]:
@@ -50,8 +60,6 @@ INNER_LORA_TARGETS = {"t5": ["q", "k", "v", "o"], "umt5": ["q", "k", "v", "o"], 
 def encoder_lora_targets(model: Any) -> list[str]:
     """``lora.text_encoders`` on a swapped slot: LoRA on the inner encoder's attention (never the projection,
     which trains in full)."""
-    from te_align.train.models import CLIP_TARGETS
-
     inner_type = str(model.config.encoder_config.get("model_type", ""))
     return list(INNER_LORA_TARGETS.get(inner_type, CLIP_TARGETS))
 
@@ -79,8 +87,6 @@ def full_params(denoiser: Any, patterns: list[str]) -> dict[str, Any]:
             p.data = p.data.float()
         out[clean] = p
     if not out:
-        from te_align.train.config import TrainError
-
         raise TrainError(f"no {type(denoiser).__name__} parameter matches {patterns}", key="train.full_modules")
     return out
 
@@ -90,9 +96,6 @@ def save_tensors(tensors: dict[str, Any], path: Path, *, profile: Any, extra: di
     import tempfile
 
     from safetensors.torch import save_file
-
-    from te_align.metadata import stamp
-    from te_align.train._io import writing
 
     data = {k: p.detach().float().cpu().contiguous() for k, p in tensors.items()}
     with writing(path):
@@ -110,8 +113,6 @@ def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: 
 
 def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
     """Whether conditioning = projection(cached inner output) exactly, for every output and dropout."""
-    from te_align.profiles.expr import Ref, output_specs
-
     if cfg.lora.text_encoders:
         return False
     zeros = cfg.data.dropout_policy == "zeros" or (cfg.data.dropout_policy == "profile" and profile.empty_prompt == "zeros")
@@ -129,8 +130,6 @@ def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
 
 
 def _refs(node: Any) -> list[Any]:
-    from te_align.profiles.expr import refs
-
     return refs(node)
 
 
@@ -149,11 +148,9 @@ def inner_profile(profile: Any, models: dict[str, Any]) -> Any:
 
 
 def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], device: Any, dtype: Any, *, cache_dir: Path,
-                writer: bool) -> Any:  # fmt: skip
+                writer: bool) -> Any:
     """The run's text source for a swapped model: the projection applied to cached inner outputs
     where that is exact (see the module docstring), else live encoding through the whole encoder."""
-    from te_align.train.loop import TextSource
-
     if not _cacheable(cfg, profile, models):
         return TextSource(cfg, profile, pipe, device, dtype, trainable=True, cache_dir=cache_dir, writer=writer)
 
@@ -165,17 +162,14 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             self.trainable = True  # the projection trains: the encoders stay in memory (te_align.train.residency)
             self.inner = inner_profile(profile, models)
             self.components = {s.name: (getattr(pipe, s.tokenizer_subfolder), models[s.encoder_subfolder])
-                               for s in profile.slots if s.encoder_subfolder in models}  # fmt: skip
+                               for s in profile.slots if s.encoder_subfolder in models}
             self.outputs = {o: self.components[expr.split(".")[0]][1] for o, expr in profile.outputs
-                            if expr.split(".")[0] in self.components}  # fmt: skip
+                            if expr.split(".")[0] in self.components}
 
         def _cache(self, pattern: str, options: Any = None) -> Any:
             options = options or self.options
             key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
             if key not in self._caches:
-                from te_align.encoding.cache.keys import hash_text_encoders
-                from te_align.encoding.cache.store import EmbeddingCache
-
                 if self._te_hash is None:
                     encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
                     encoders.update({name: m.encoder for name, (_, m) in self.components.items()})
@@ -195,7 +189,7 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
             encoders.update({name: m.encoder for name, (_, m) in self.components.items()})
             cond = te_align.encode(self.inner, captions, tokenizers=tokenizers, text_encoders=encoders,
-                                   options=options or self.options, drop=drop, drop_slots=drop_slots or None)  # fmt: skip
+                                   options=options or self.options, drop=drop, drop_slots=drop_slots or None)
             # the swapped profile's conditioning at the stage before the projection (the cache key says which stage)
             return dataclasses.replace(cond, profile_name=self.profile.name, fingerprint=self.profile.fingerprint())
 
@@ -207,7 +201,7 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             for name, model in self.outputs.items():
                 tensors[name] = model.project(tensors[name]).to(self.dtype)
             return dataclasses.replace(cond, tensors=tensors, profile_name=self.profile.name,
-                                       fingerprint=self.profile.fingerprint())  # fmt: skip
+                                       fingerprint=self.profile.fingerprint())
 
     return ProjectedTextSource()
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from te_align.encoding.cache.keys import ENTRY_FILE, HEX2, MARKER_NAME, TEMP_FILE, entry_meta
 
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
 #: Temp files older than this are removed by a full :func:`clear` (a crashed writer's leftovers).
 STALE_TEMP_SECONDS = 3600.0
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import atomic_file
 from te_align._dtypes import dtype_name
+from te_align._safetensors import SafetensorsError, read_header
 from te_align.errors import CacheError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -194,8 +195,6 @@ def entry_path(directory: Path, key: str) -> Path:
 
 def entry_meta(path: Path) -> dict[str, str] | None:
     """An entry's metadata from its header, or None when it is not a valid entry file."""
-    from te_align._safetensors import SafetensorsError, read_header
-
     try:
         head = read_header(path)
     except (SafetensorsError, RecursionError):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import atomic_file
+from te_align._safetensors import SafetensorsError, parse_header
 from te_align.encoding.cache.admin import CacheInfo, clear, scan
 from te_align.encoding.cache.keys import (
     CACHE_FORMAT,
@@ -36,9 +37,12 @@ from te_align.encoding.cache.keys import (
 )
 from te_align.encoding.conditioning import Conditioning
 from te_align.errors import CacheError, TeAlignError
+from te_align.profiles import profile as resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 logger = logging.getLogger("te_align")
 
@@ -93,8 +97,6 @@ class EmbeddingCache:
         *,
         verify: bool = True,
     ) -> None:
-        from te_align.profiles import profile as resolve
-
         self.directory = Path(directory)
         self.profile = resolve(profile)
         self.fingerprint = self.profile.fingerprint()
@@ -158,8 +160,6 @@ class EmbeddingCache:
             return None
 
     def _decode(self, data: bytes, path: Path, key: str, caption: str) -> Conditioning:
-        from te_align._safetensors import SafetensorsError, parse_header
-
         try:
             head = parse_header(data, len(data), label=str(path))
         except SafetensorsError as e:

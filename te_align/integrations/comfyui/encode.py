@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from te_align.encoding import encode
 from te_align.errors import TeAlignError
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 #: te-align slot name -> attribute of ComfyUI's cond_stage_model and tokenizer objects.
 SLOT_ATTRS: dict[str, str] = {"clip_l": "clip_l", "clip_g": "clip_g", "t5": "t5xxl", "clip_h": "clip_h"}
@@ -236,7 +240,6 @@ def encode_with_clip(clip: Any, profile: Any, prompt: str, *, empty: bool = Fals
     """
     import comfy.model_management as mm
 
-    from te_align.encoding import encode
     from te_align.encoding.core import encode_uncond
 
     check_family(clip, profile)

@@ -12,6 +12,13 @@ import logging
 import os
 from typing import Any
 
+from te_align.errors import TeAlignError
+from te_align.integrations.lora import profile_from_lora
+from te_align.profiles import profile as load
+from te_align.profiles import profiles
+
+# Function-local te_align imports in this module: would close an import loop at module level.
+
 FROM_LORA = "from LoRA"
 NO_LORA = "(none)"
 CATEGORY = "conditioning/te-align"
@@ -20,7 +27,6 @@ log = logging.getLogger("te_align.comfyui")
 
 def _profile_names() -> list[str]:
     from te_align.integrations.comfyui.encode import FALLBACK_PROFILES
-    from te_align.profiles import profiles
 
     families = set(FALLBACK_PROFILES)
     return [p.name for p in profiles() if p.family in families]
@@ -75,11 +81,9 @@ def blocked(node: str, error: Exception) -> dict[str, Any]:
     return {"ui": {"text": [line]}, "result": (ExecutionBlocker(line), ExecutionBlocker(line))}
 
 
-def resolve_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
+def pick_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
     """(profile, one-line info) for the node inputs; a user mistake raises :class:`NodeError` in one line."""
-    from te_align.errors import TeAlignError
     from te_align.integrations.comfyui.encode import FALLBACK_PROFILES, NodeError, check_supported
-    from te_align.profiles import profile as load
 
     if hasattr(profile, "slots"):
         return profile, f"profile {profile.name}"
@@ -99,8 +103,6 @@ def resolve_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[
         path = folder_paths.get_full_path("loras", lora_name) or lora_name
     except ImportError:
         path = lora_name
-    from te_align.integrations.lora import profile_from_lora
-
     try:
         found = profile_from_lora(path, fallback=fallback)
     except TeAlignError as e:
@@ -148,12 +150,11 @@ class TeAlignTextEncode:
 
     def encode(self, clip: Any, profile: Any, text: str, lora_name: str = NO_LORA, guidance: float = 3.5,
                width: int = 0, height: int = 0) -> dict[str, Any]:
-        from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
         key = ("TeAlignTextEncode", str(profile), str(lora_name))
         try:
-            p, info = resolve_profile(clip, profile, lora_name)
+            p, info = pick_profile(clip, profile, lora_name)
             cond = encode_with_clip(clip, p, text)
         except TeAlignError as e:  # a user mistake (te-align's errors are one line naming the fix)
             _BLOCKED.add(key)
@@ -186,12 +187,11 @@ class TeAlignEmptyNegative:
 
     def encode(self, clip: Any, profile: Any, lora_name: str = NO_LORA, guidance: float = 3.5, width: int = 0,
                height: int = 0) -> dict[str, Any]:
-        from te_align.errors import TeAlignError
         from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
 
         key = ("TeAlignEmptyNegative", str(profile), str(lora_name))
         try:
-            p, info = resolve_profile(clip, profile, lora_name)
+            p, info = pick_profile(clip, profile, lora_name)
             cond = encode_with_clip(clip, p, "", empty=True)
         except TeAlignError as e:
             _BLOCKED.add(key)

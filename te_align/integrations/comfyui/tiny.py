@@ -18,6 +18,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from te_align.errors import TeAlignError
+from te_align.integrations.comfyui.encode import conform_tokenizer
+from te_align.profiles import profile as _profile
+from te_align.tiny.fit import architecture_overrides
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 ENV = "TE_ALIGN_COMFYUI_DIR"
 #: family -> bundled profiles compared in that family.
@@ -235,7 +241,7 @@ def _spiece_model() -> bytes:
         sentence_iterator=iter(_sentences()), model_writer=buf, vocab_size=400, model_type="bpe", pad_id=0, eos_id=1,
         bos_id=2, unk_id=3, pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
         byte_fallback=True, add_dummy_prefix=False, normalization_rule_name="identity", num_threads=1, minloglevel=2,
-        user_defined_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"])  # fmt: skip
+        user_defined_symbols=["<mask>", "<start_of_turn>", "<end_of_turn>"])
     return buf.getvalue()
 
 
@@ -264,11 +270,7 @@ def _build_lumina2() -> TinyComfy:
 
 def fitted_profile(name: str, tiny: TinyComfy) -> Any:
     """Bundled profile ``name`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
-    import te_align
-    from te_align.integrations.comfyui.encode import conform_tokenizer
-    from te_align.tiny.fit import architecture_overrides
-
-    p = te_align.profile(name)
+    p = _profile(name)
     comps = dict(tiny.components)
     for slot in p.slots:
         comps[slot.tokenizer_subfolder] = conform_tokenizer(slot, comps[slot.tokenizer_subfolder])
@@ -278,8 +280,6 @@ def fitted_profile(name: str, tiny: TinyComfy) -> Any:
 def reference_components(profile: Any, tiny: TinyComfy) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tokenizers, text encoders) for :func:`te_align.encode`: ComfyUI's tokenizers in the profile's conventions
     and the Hugging Face encoders holding ComfyUI's weights."""
-    from te_align.integrations.comfyui.encode import conform_tokenizer
-
     toks = {s.name: conform_tokenizer(s, tiny.components[s.tokenizer_subfolder]) for s in profile.slots}
     encs = {s.name: tiny.components[s.encoder_subfolder] for s in profile.slots}
     return toks, encs
@@ -318,7 +318,7 @@ def flux_model_files(folder: str | os.PathLike[str], tiny: TinyComfy, *, guidanc
             patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=sum(FLUX_AXES),
             num_attention_heads=1, joint_attention_dim=t5, pooled_projection_dim=pooled, guidance_embeds=guidance,
             axes_dims_rope=FLUX_AXES,
-        )  # fmt: skip
+        )
     root = Path(folder)
     names = {"diffusion_models": "tiny-flux.safetensors", "vae": "tiny-taef1.safetensors"}
     for sub in names:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
+from te_align import kohya_lora
 from te_align._safetensors import Header, read_header
 from te_align.errors import ProfileError
 from te_align.profiles.model import AlignmentProfile
@@ -160,7 +161,7 @@ def _detect_checkpoint(h: Header, label: str) -> tuple[str, str, list[str]]:
 
 def _unrecognised(keys: dict[str, tuple[int, ...]]) -> str:
     names = list(keys)
-    if any(".lora_" in k or "lora_down" in k or k.startswith(("lora_unet_", "lora_te")) for k in names):
+    if any(kohya_lora.is_lora_tensor(k) for k in names):
         what = "it looks like a LoRA, which has no text-encoder recipe of its own"
     elif any(k.startswith(("text_model.", "encoder.block.", "transformer.resblocks.", "shared.")) for k in names):
         what = "it looks like a standalone text encoder; pass the model checkpoint or folder"

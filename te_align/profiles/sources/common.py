@@ -17,6 +17,7 @@ from typing import Any, Literal, NamedTuple
 from te_align.errors import ProfileError
 from te_align.profiles.model import AlignmentProfile
 from te_align.profiles.registry import bundled, bundled_names
+from te_align.profiles.serialize import profile_from_dict, profile_to_dict, set_dict_path
 
 logger = logging.getLogger("te_align")
 
@@ -172,8 +173,6 @@ class Collector:
             self.notes.append(text)
 
     def apply(self, *, name: str, kind: SourceKind, source: str, reason: str, repo: str) -> BuildReport:
-        from te_align.profiles.serialize import profile_from_dict, profile_to_dict, set_dict_path
-
         base = self.base
         data = profile_to_dict(base)
         prov = data["provenance"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from te_align._paths import read_bytes
 from te_align.errors import ProfileError
 from te_align.profiles.model import AlignmentProfile, SlotSpec
 from te_align.profiles.sources.common import (
@@ -95,8 +96,6 @@ class Tree:
 
 
 def _read_json(path: Path, label: str) -> dict[str, Any]:
-    from te_align._paths import read_bytes
-
     try:
         raw = read_bytes(path, ProfileError)
     except ProfileError as e:

@@ -152,7 +152,7 @@ def unreachable_model_problem(repo_id: str, error: BaseException) -> str | None:
     network = any(type(x).__name__ in ("LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError",
                                        "ConnectionError", "ConnectTimeout", "NameResolutionError")
                   or "not fully cached locally" in str(x) or "outgoing traffic has been disabled" in str(x)
-                  for x in chain)  # fmt: skip
+                  for x in chain)
     if not network:
         return None
     return (f"'{repo_id}' is a Hugging Face hub id; the hub could not be reached (offline?) and the model is not "

@@ -1,6 +1,6 @@
 """ostris/ai-toolkit (a checkout, or the ostris-ai-toolkit package on PyPI)."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="ai-toolkit",

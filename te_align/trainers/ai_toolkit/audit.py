@@ -9,21 +9,28 @@ system prompt.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
     KeyLines,
     Parsed,
     dropout_form_finding,
     expect_mapping,
+    reason,
     unknown_key_finding,
 )
 from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer
+from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.ai_toolkit import names as aitk_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 _TT = "toolkit/train_tools.py"
 _SDM = "toolkit/stable_diffusion_model.py"
@@ -147,7 +154,7 @@ _CACHE = CacheSpec(("_t_e_cache/*.safetensors", "*.safetensors"),
                    "toolkit/dataloader_mixins.py:2120-2163,2309-2310", "delete the _t_e_cache folders")
 CACHES = {f: _CACHE for f in SUPPORTED}
 
-def scan_cache(directory: str, profile: Any) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
     """ai-toolkit's cached ``*.safetensors`` (``text_embed``, toolkit/prompt_utils.py:119-141), from their headers;
     the length is the profile's T5 slot's (else its last slot's)."""
     from functools import partial
@@ -192,9 +199,6 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
     ``name_or_path`` (a local folder's or checkpoint's files, else its name) and, for FLUX.1, by a training adapter
     (``assistant_lora_path``: ai-toolkit then treats the model as schnell). Where nothing decides between two
     profiles of a family, the reason carries the assumption (:func:`te_align.audit.parsed.reason`)."""
-    from te_align.audit.models import assumption, guess_model
-    from te_align.audit.parsed import reason
-
     path = model.get("name_or_path")
     by_name, files, decided = guess_model(path)
     arch = aitk_table.arch_name(model)
@@ -257,8 +261,6 @@ def _no_profile(model: dict[str, Any]) -> str | None:
 
 
 def _family(prof: str) -> str:
-    from te_align.audit.rules import family_of
-
     return family_of(prof)
 
 
@@ -334,7 +336,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if values.get("train.prompt_dropout_prob"):
         rates.append(("train.prompt_dropout_prob", values["train.prompt_dropout_prob"]))
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         if profile.family in ("sd3", "chroma", "hidream", "qwen-image", "wan"):  # prompt dropout dropped there
             rates_here = [r for r in rates if not r[0].startswith("train.")]
         else:

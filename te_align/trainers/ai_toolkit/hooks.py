@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 from te_align._git import installed_version as _installed
 from te_align._git import read_version
+from te_align.encoding import encode as _encode
 from te_align.errors import TeAlignError
 from te_align.hooks.base import (
     Hook,
@@ -53,7 +54,11 @@ from te_align.hooks.base import (
     mark_wrapper,
     settings,
 )
+from te_align.profiles.overrides import env_profile, resolve
 from te_align.trainers.ai_toolkit import names as aitk_table
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 logger = logging.getLogger("te_align")
 
@@ -118,7 +123,7 @@ def profile_name_for(model: Mapping[str, Any]) -> str:
     if name is None:
         raise HookError(f"te-align has no profile for ai-toolkit arch '{aitk_table.arch_of(model)}'; supported: "
                         f"{', '.join(aitk_table.hooked_archs())}. Set te_align.profile, remove the te_align section, "
-                        "or run with TE_ALIGN=off")  # fmt: skip
+                        "or run with TE_ALIGN=off")
     return name
 
 
@@ -161,11 +166,9 @@ def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -
         stray = [k for k in IGNORED_BY_AI_TOOLKIT if k in model]
         if stray:
             raise ConfigError(f"model.{stray[0]} is ignored by ai-toolkit (it has no such key); set it as "
-                              f"{where}.overrides.{stray[0] if stray[0] != 'max_sequence_length' else 't5_max_length'} instead")  # fmt: skip
+                              f"{where}.overrides.{stray[0] if stray[0] != 'max_sequence_length' else 't5_max_length'} instead")
     if not sec["enabled"]:
         return sec
-    from te_align.profiles.overrides import resolve
-
     try:
         name = sec["profile"] or profile_name_for(model if isinstance(model, Mapping) else {})
         sec["resolved"] = resolve(name, (f"{where}.overrides", sec["overrides"] or None), env=True)
@@ -311,18 +314,18 @@ class AiToolkitHook(Hook):
         out: list[Target] = []
         if "train_tools" in parts:
             out += [Target(f"{pre}toolkit.train_tools", fn, params, wrap=partial(self._train_tools_wrapper, fn))
-                    for fn, params in TRAIN_TOOLS_PARAMS.items()]  # fmt: skip
+                    for fn, params in TRAIN_TOOLS_PARAMS.items()]
         if "legacy" in parts:
             out.append(Target(f"{pre}toolkit.stable_diffusion_model", "StableDiffusion.encode_prompt", ENCODE_PROMPT_PARAMS,
-                              wrap=partial(self._legacy_encode_prompt, prompt_embeds_cls=pe)))  # fmt: skip
+                              wrap=partial(self._legacy_encode_prompt, prompt_embeds_cls=pe)))
         if "models" in parts:
             out.append(Target("toolkit.models.base_model", "BaseModel.encode_prompt", ENCODE_PROMPT_PARAMS, wrap=self._base_encode_prompt))
             out += [Target(mod, f"{cls}.get_prompt_embeds", ("self", "prompt"),
                            wrap=partial(self._get_prompt_embeds, family, pfam, prompt_embeds_cls=pe))
-                    for family, (mod, cls, pfam) in MODEL_CLASSES.items()]  # fmt: skip
+                    for family, (mod, cls, pfam) in MODEL_CLASSES.items()]
         if "cache" in parts:
             out.append(Target("toolkit.dataloader_mixins", "TextEmbeddingFileItemDTOMixin.get_text_embedding_info_dict",
-                              ("self", "caption_override", "text_only"), wrap=self._cache_key))  # fmt: skip
+                              ("self", "caption_override", "text_only"), wrap=self._cache_key))
         return out
 
     def detect_version(self) -> str:
@@ -341,7 +344,7 @@ class AiToolkitHook(Hook):
             return active
         if model_config is None:
             raise HookError("te-align: no profile for this ai-toolkit encode call; set te_align.profile in the job "
-                            "config or pass profile= to AiToolkitHook")  # fmt: skip
+                            "config or pass profile= to AiToolkitHook")
         name = profile_name_for(_model_config_dict(model_config))
         if name not in self._profiles:  # the model's own, with the user's overrides (the one way in)
             self._profiles[name] = self.user.profile(name)
@@ -356,23 +359,22 @@ class AiToolkitHook(Hook):
         if len(self._profiles) == 1:
             return next(iter(self._profiles.values()))
         raise HookError("te-align: the text-embedding cache key needs the profile; set te_align.profile (or install "
-                        "the hooks through the te-align extension, which resolves it from the model config)")  # fmt: skip
+                        "the hooks through the te-align extension, which resolves it from the model config)")
 
     @staticmethod
     def _check_family(profile: Any, what: str, families: frozenset[str] | set[str]) -> None:
         if profile.family not in families:
             raise HookError(f"te-align: {what} encodes {'/'.join(sorted(families))} prompts but the active profile "
-                            f"'{profile.name}' is for {profile.family}")  # fmt: skip
+                            f"'{profile.name}' is for {profile.family}")
 
     # -- encoding -----------------------------------------------------------------------------
     @staticmethod
     def encode(profile: Any, prompts: Sequence[str], *, dropout_prob: float = 0.0, truncate: bool = True,
-               **components: Any) -> Any:  # fmt: skip
-        import te_align
+               **components: Any) -> Any:
         from te_align.encoding.core import EncodeOptions
 
         opts = EncodeOptions(long_prompt_chunks=0 if truncate else 4)
-        return te_align.encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
+        return _encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
 
     def _train_tools_wrapper(self, fn_name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         families, style = TRAIN_TOOLS[fn_name]
@@ -436,7 +438,7 @@ class AiToolkitHook(Hook):
         return mark_wrapper(encode_prompt, original)
 
     def _get_prompt_embeds(self, family: str, profile_family: str, original: Callable[..., Any],
-                           prompt_embeds_cls: Callable[[], Any]) -> Callable[..., Any]:  # fmt: skip
+                           prompt_embeds_cls: Callable[[], Any]) -> Callable[..., Any]:
         def get_prompt_embeds(model: Any, prompt: Any, *args: Any, **kwargs: Any) -> Any:
             profile = self.profile_for(getattr(model, "model_config", None))
             self._check_family(profile, f"ai-toolkit {family} get_prompt_embeds", {profile_family})
@@ -446,7 +448,7 @@ class AiToolkitHook(Hook):
             if family == "chroma":
                 p = dataclasses.replace(profile, outputs=(*profile.outputs, (_ENCODER_MASK, "t5.mask")))
                 cond = self.encode(p, prompts, dropout_prob=_DROPOUT.get(),
-                                   tokenizers={"tokenizer": model.tokenizer[1]}, text_encoders={"text_encoder": model.text_encoder[1]})  # fmt: skip
+                                   tokenizers={"tokenizer": model.tokenizer[1]}, text_encoders={"text_encoder": model.text_encoder[1]})
                 pe = pe_cls(cond["prompt_embeds"])
                 pe.attention_mask = cond[_ENCODER_MASK]
                 return pe
@@ -491,8 +493,6 @@ def enable(process_config: Mapping[str, Any], *, default_profile: str | None = N
     (``TE_ALIGN_OVERRIDES`` under the section's ``overrides``) and installs every hook the layout has. Returns None
     when the section says ``enabled: false``. A second process takes over the installed hooks with its profile.
     """
-    from te_align.profiles.overrides import env_profile
-
     proc = dict(process_config)
     default_profile = env_profile() or default_profile
     if "te_align" not in proc and not default_profile:
@@ -544,7 +544,7 @@ class ProcessWatch(Hook):
     def targets(self) -> Sequence[Target]:
         pre = PREFIXES[detect_layout() if self.layout == "auto" else self.layout]
         return (Target(f"{pre}jobs.process.BaseProcess", "BaseProcess.__init__", ("self", "process_id", "job", "config"),
-                       wrap=self._process_init),)  # fmt: skip
+                       wrap=self._process_init),)
 
     def detect_version(self) -> str:
         return AiToolkitHook(layout=self.layout).detect_version()

@@ -106,7 +106,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
         orig_edited = (
             orig_entry is not None and orig_now is not None and sha256_bytes(orig_now) != orig_entry["patched_sha256"]
             and not orig_now.startswith(SHIM_MARK)
-        )  # fmt: skip
+        )
         ours = current_run is None or sha256_bytes(current_run) == entry["patched_sha256"] or current_run.startswith(SHIM_MARK)
         if ours:  # te-align's shim, maybe edited by the user: --replan writes a fresh one
             original = orig_now if orig_edited else (state / entry["backup"]).read_bytes() if entry.get("backup") else None
@@ -119,7 +119,7 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             original = current_run  # replaced by something else (e.g. git pull): the new original
         if original is None:
             raise PatchError(f"te-align state file is unreadable (no backup of run.py); restore run.py by hand, then delete {state}",
-                             file=str(state / "manifest.json"))  # fmt: skip
+                             file=str(state / "manifest.json"))
         restore_to = original
     changes = [
         FileChange(EXTENSION, ext, sha256_file(root / EXTENSION), note="te-align extension"),

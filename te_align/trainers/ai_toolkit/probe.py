@@ -16,7 +16,7 @@ import importlib.util
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,14 @@ from te_align.probe.adapter import (
     _tiny,
 )
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.ai_toolkit import SPEC
+from te_align.trainers.ai_toolkit import probe_models as am
+from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY, import_model_classes
+from te_align.trainers.api import checkout
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 
 class _Unevaluable(Exception):
@@ -64,7 +72,7 @@ def _encode_prompt_calls(source: str) -> dict[str, ast.Call]:
                     calls: dict[str, ast.Call] = {}
                     for node in ast.walk(fn):
                         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                                and isinstance(node.func.value, ast.Name) and node.func.value.id == "train_tools"):  # fmt: skip
+                                and isinstance(node.func.value, ast.Name) and node.func.value.id == "train_tools"):
                             calls.setdefault(node.func.attr, node)
                     return calls
     return {}
@@ -100,7 +108,7 @@ class AiToolkit(Adapter):
                 self.layout, self.root, self.sys_path = "pypi", p / "ostris_ai_toolkit", str(p)
             else:
                 raise ProbeError(f"ai-toolkit: {path} is not an ai-toolkit installation (no toolkit/train_tools.py "
-                                 "and toolkit/stable_diffusion_model.py)")  # fmt: skip
+                                 "and toolkit/stable_diffusion_model.py)")
         self.prefix = "ostris_ai_toolkit." if self.layout == "pypi" else ""
         if self.layout == "pypi":
             found = installed_version("ostris-ai-toolkit") if path is None else dist_version(self.root.parent, "ostris_ai_toolkit")
@@ -114,11 +122,9 @@ class AiToolkit(Adapter):
         self.model_error: str | None = None
         self._parts: dict[str, tuple[str, ...]] = {}
         if self.layout == "current":
-            from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY
-
             for p in LEGACY:
                 self.profiles[p] = ("StableDiffusion.encode_prompt (where ai-toolkit's model modules import; "
-                                    "else " + self.profiles.get(p, "not probed") + ")")  # fmt: skip
+                                    "else " + self.profiles.get(p, "not probed") + ")")
             for p, fam in BASE_MODEL_PROFILES.items():
                 self.profiles[p] = f"{BASE_MODEL_CLASSES[fam]}.encode_prompt -> get_prompt_embeds (BaseModel)"
 
@@ -139,8 +145,6 @@ class AiToolkit(Adapter):
 
     def _import_models(self) -> None:
         """ai-toolkit's model classes, imported for real (no stand-ins); else the reason, kept for the cells."""
-        from te_align.trainers.ai_toolkit.probe_models import import_model_classes
-
         self.classes, self.model_error = None, None
         try:
             self.classes = import_model_classes()
@@ -154,7 +158,7 @@ class AiToolkit(Adapter):
             self.train_tools = importlib.import_module(f"{self.prefix}toolkit.train_tools")
         except Exception as e:
             raise ProbeError(f"ai-toolkit: cannot import {self.prefix}toolkit.train_tools from {self.root} "
-                             f"({type(e).__name__}: {e})") from None  # fmt: skip
+                             f"({type(e).__name__}: {e})") from None
         self._calls = _encode_prompt_calls(self._source_file.read_text(encoding="utf-8"))
         yield
 
@@ -166,8 +170,6 @@ class AiToolkit(Adapter):
             return False
 
     def case(self, profile_name: str) -> Case:
-        from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY
-
         model_level = self.layout == "current" and (profile_name in BASE_MODEL_PROFILES or profile_name in LEGACY)
         if model_level and self.classes is not None:
             return self._model_case(profile_name)
@@ -178,13 +180,11 @@ class AiToolkit(Adapter):
         case = self._train_tools_case(profile_name)
         if model_level:
             case.notes.append(f"StableDiffusion.encode_prompt is not importable here ({self.model_error}): "
-                              "its train_tools call is replayed")  # fmt: skip
+                              "its train_tools call is replayed")
         return case
 
     def _model_case(self, profile_name: str) -> Case:
         """The real ``StableDiffusion.encode_prompt`` / ``BaseModel.encode_prompt`` on a ``__new__``-made object."""
-        from te_align.trainers.ai_toolkit import probe_models as am
-
         assert self.classes is not None
         prof, toks, encs, pipe = _tiny(profile_name)
         notes = [n for n in (self.classes.get("package_note"),) if n]
@@ -193,15 +193,15 @@ class AiToolkit(Adapter):
             model, _ = am.base_model(self.classes, fam, pipe)
             self._parts[profile_name] = ("models",)
             notes.append(f"{BASE_MODEL_CLASSES[fam]}.encode_prompt(prompts) -> get_prompt_embeds, object made with "
-                         f"__new__ (no weights), model: {am.BASE_MODELS[fam][1]}")  # fmt: skip
+                         f"__new__ (no weights), model: {am.BASE_MODELS[fam][1]}")
         else:
             model = am.legacy_model(self.classes, profile_name, pipe)
             self._parts[profile_name] = ("train_tools", "legacy")
             notes.append(f"StableDiffusion.encode_prompt(prompts) with its defaults, object made with __new__ "
-                         f"(no weights), model: {am.LEGACY[profile_name][0]}")  # fmt: skip
+                         f"(no weights), model: {am.LEGACY[profile_name][0]}")
         if profile_name == "chroma":
             notes.append("prompt_attention_mask: the text length ai-toolkit's Chroma transformer uses (tokenizer mask "
-                         "+ attn_padding=1, src/model.py), as a float mask like the profile's")  # fmt: skip
+                         "+ attn_padding=1, src/model.py), as a float mask like the profile's")
 
         def run(prompts: list[str]) -> dict[str, Any]:
             log = logging.getLogger(type(model.pipeline).__module__)  # HiDream's pipeline logs every truncation
@@ -252,7 +252,7 @@ class AiToolkit(Adapter):
                     shown.append(f"{kw.arg}={ast.unparse(kw.value)}→{kwargs[kw.arg]!r}")
         except _Unevaluable as e:
             raise ProbeError(f"ai-toolkit: cannot evaluate argument {e} of train_tools.{fn_name}(...) at "
-                             f"{self._source_file.name}:{call.lineno}") from None  # fmt: skip
+                             f"{self._source_file.name}:{call.lineno}") from None
         if prompt_param is None:
             raise ProbeError(f"ai-toolkit: train_tools.{fn_name}(...) at {self._source_file.name}:{call.lineno} gets no prompt")
         rel = "toolkit/stable_diffusion_model.py"
@@ -334,18 +334,16 @@ def _albumentations_offline() -> Iterator[None]:
 
 
 ADAPTER = AiToolkit
-ENV_DIR = "TE_ALIGN_AI_TOOLKIT_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """The installed ostris-ai-toolkit package and/or a checkout in ``TE_ALIGN_AI_TOOLKIT_DIR``."""
-    from te_align.probe.matrix import Found
-
     found = []
     installed = importlib.util.find_spec("ostris_ai_toolkit") is not None
     if installed:
         found.append(Found("ai-toolkit", None, "installed ostris-ai-toolkit package"))
-    root = environ.get(ENV_DIR)
+    root = checkout(environ, SPEC)
     if root:
         found.append(Found("ai-toolkit", root, f"{ENV_DIR}={root}"))
     if not found:

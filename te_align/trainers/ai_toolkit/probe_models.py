@@ -78,7 +78,7 @@ def import_model_classes() -> dict[str, Any]:
 
     return {"ModelConfig": ModelConfig, "StableDiffusion": StableDiffusion, "chroma": ChromaModel, "hidream": HidreamModel,
             "qwen-image": QwenImageModel, "wan": Wan21, "HiDreamImagePipeline": HiDreamImagePipeline,
-            "package_note": note}  # fmt: skip
+            "package_note": note}
 
 
 def bare(classes: Mapping[str, Any], cls: Any, model: Mapping[str, Any], **attrs: Any) -> Any:
@@ -124,4 +124,4 @@ def legacy_model(classes: Mapping[str, Any], profile: str, pipe: Any) -> Any:
     sfx = _suffixes(n)
     toks, encs = [getattr(pipe, f"tokenizer{s}") for s in sfx], [getattr(pipe, f"text_encoder{s}") for s in sfx]
     return bare(classes, classes["StableDiffusion"], model, pipeline=pipe, tokenizer=toks if n > 1 else toks[0],
-                text_encoder=encs if n > 1 else encs[0])  # fmt: skip
+                text_encoder=encs if n > 1 else encs[0])

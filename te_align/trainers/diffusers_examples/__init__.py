@@ -1,6 +1,6 @@
 """The huggingface/diffusers example training scripts (examples/dreambooth, examples/text_to_image)."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="diffusers-examples",
@@ -10,6 +10,6 @@ SPEC = TrainerSpec(
     check=(Dialect("diffusers-examples", "audit", "a diffusers example script's command line",
                    scripts=r"train[\w.-]*\.py", command_line=True),),
     probe="probe",
-    probe_path="a diffusers checkout at --path or $TE_ALIGN_DIFFUSERS_EXAMPLES_DIR",
+    probe_path="a diffusers checkout at --path or $ENV",
     env_dir="TE_ALIGN_DIFFUSERS_EXAMPLES_DIR",
 )

@@ -19,13 +19,18 @@ import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules as _rules
+from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
-from te_align.audit.parsed import Parsed, dropout_form_finding, unknown_key_finding
+from te_align.audit.models import guess_model, profiles_of
+from te_align.audit.parsed import Parsed, dropout_form_finding, reason, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig
 from te_align.audit.rules import Context, Rule, Trainer, family_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 COMMIT = "58eb52c0803ea9af3abec60841c2a093bdf1f951"
 NAME = "diffusers-examples"
@@ -316,9 +321,6 @@ def guess_profile(script: str, values: dict[str, Any]) -> tuple[str, str, bool]:
     """(profile, why, only a default) for the script: the model the files or name of --pretrained_model_name_or_path
     say when that is a model of the script's families, else the script's own default model (assumed: the reason
     carries the assumption, :func:`te_align.audit.parsed.reason`)."""
-    from te_align.audit.models import guess_model, profiles_of
-    from te_align.audit.parsed import reason
-
     spec = SCRIPTS[script]
     path = values.get("pretrained_model_name_or_path")
     by_name, detail, decided = guess_model(path)
@@ -355,8 +357,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     written: dict[str, str] = {}
 
     def line(key: str) -> int | None:
-        from te_align.audit.cmdline import arg_line
-
         return None if raw.data.get("from_argv") else arg_line(text, written.get(key, key))  # type: ignore[union-attr]
 
     values, findings, seen = read_args(script, args, raw.file, line)
@@ -377,7 +377,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove --{key}"
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         key = "proportion_empty_prompts"
         if script != "train_text_to_image_sdxl.py" or key not in values:
             return []

@@ -21,17 +21,21 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from te_align._git import git_head
+from te_align.audit import check_file
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter
+from te_align.probe.adapter import Adapter, _hf_quiet, _ordered, _tiny
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.diffusers_examples import SPEC
 
-ENV = "TE_ALIGN_DIFFUSERS_EXAMPLES_DIR"
+ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
 #: Import-only third-party packages of the scripts (their encode paths use none of them).
 OPTIONAL_IMPORTS = ("torchvision", "datasets", "wandb", "bitsandbytes", "prodigyopt", "cv2", "tensorboard",
@@ -123,8 +127,6 @@ class DiffusersExamples(Adapter):
         import diffusers  # noqa: F401  (decide optional packages before any stand-in exists)
         import transformers  # noqa: F401
 
-        from te_align.probe.adapter import _hf_quiet
-
         _hf_quiet()
         with _stubs.sandbox([self.root]), _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]), \
                 tempfile.TemporaryDirectory(prefix="te-align-probe-dx-") as data:
@@ -139,8 +141,6 @@ class DiffusersExamples(Adapter):
 
     def case(self, profile_name: str) -> Case:
         import torch
-
-        from te_align.probe.adapter import _ordered, _tiny
 
         probed = PROBED[profile_name]
         mod = self._module(probed)
@@ -205,8 +205,6 @@ class DiffusersExamples(Adapter):
 
 def fix_flags(profile: Any) -> list[str]:
     """The flags ``te-align check`` gives for this profile's probed script at its defaults."""
-    from te_align.audit import check_file
-
     probed = PROBED[profile.name if profile.name in PROBED else _base(profile.name)]
     result = check_file("<probe>", profile=profile.name if profile.name in PROBED else _base(profile.name),
                         command=["accelerate", "launch", probed.script])
@@ -225,11 +223,6 @@ def _base(name: str) -> str:
 ADAPTER = DiffusersExamples
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A diffusers checkout in ``TE_ALIGN_DIFFUSERS_EXAMPLES_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV)
-    if root:
-        return [Found("diffusers-examples", root, f"{ENV}={root}")], []
-    return [], [f"diffusers example scripts: {ENV} is not set (path of a huggingface/diffusers checkout)"]
+    return find_checkout(environ, SPEC, Found)

@@ -1,6 +1,6 @@
 """tdrussell/diffusion-pipe (FLUX.1, SDXL, SD3, Chroma, Lumina 2, HiDream, Wan, Qwen-Image, AuraFlow, …)."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="diffusion-pipe",
@@ -13,6 +13,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="diffusion-pipe checkout",
-    probe_path="a diffusion-pipe checkout at --path or $TE_ALIGN_DIFFUSION_PIPE_DIR",
+    probe_path="a diffusion-pipe checkout at --path or $ENV",
     env_dir="TE_ALIGN_DIFFUSION_PIPE_DIR",
 )

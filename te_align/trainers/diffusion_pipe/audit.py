@@ -25,10 +25,29 @@ from typing import Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
-from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, unknown_key_finding
-from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig
+from te_align.audit.models import assumption, profile_from_files
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    checkout_commit,
+    emit_key_table,
+    unknown_key_finding,
+)
+from te_align.audit.readers import (
+    ConfigSyntaxError,
+    NotChecked,
+    RawConfig,
+    UnreadableConfig,
+    known_keys,
+    load,
+)
 from te_align.audit.rules import Context, Rule, Trainer
+from te_align.errors import TeAlignError
+from te_align.profiles import profile as resolve
 from te_align.trainers.diffusion_pipe import names
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
 NAME = "diffusion-pipe"
@@ -164,8 +183,6 @@ FINGERPRINT_TAG = "te-align:"
 @functools.cache
 def valid_keys() -> dict[str, frozenset[str]]:
     """The keys diffusion-pipe reads, by section: ``top``, ``model``, ``dataset``, ``directory``."""
-    from te_align.audit.readers import known_keys
-
     return {k: v for k, v in known_keys("diffusion-pipe").items() if not k.startswith("required")}
 
 
@@ -175,8 +192,6 @@ def required_keys() -> dict[str, dict[str, tuple[Any, str]]]:
     each key -> (an example value, where it is read). From the bundled ``[required]`` / ``[required.<type>]``
     sections (lines ``key = VALUE  # file:line``)."""
     import tomllib
-
-    from te_align.audit.readers import known_keys
 
     out: dict[str, dict[str, tuple[Any, str]]] = {}
     for section, lines in known_keys("diffusion-pipe").items():
@@ -218,14 +233,12 @@ def _profile_example(key: str, profile: str | None) -> Any:
     """The value of ``key`` that gives ``profile``'s setting (where a rule reads the key), else None."""
     if profile is None:
         return None
-    from te_align.profiles import profile as resolve
-
     prof = resolve(profile)
     for rule in RULES:
         if rule.key == key and rule.path is not None and rule.applies(prof.name, prof.family):
             try:
                 value = rules.CONVERTERS[rule.convert].back(prof.get(f"slots.{rule.path}"), Context(values={},
-                                                            profile_name=prof.name))  # fmt: skip
+                                                            profile_name=prof.name))
             except LookupError:
                 continue
             return None if value is rules.REMOVE else value
@@ -268,8 +281,6 @@ def _dataset(path: Any, config_file: str) -> tuple[dict[str, Any] | None, str | 
     here = Path(config_file).resolve().parent
     for candidate in (Path(path), *(folder / path for folder in [here, *here.parents][:4])):
         if candidate.is_file():
-            from te_align.audit.readers import load
-
             raw = load(str(candidate))
             if raw.fmt != "toml" or not isinstance(raw.data, dict):
                 raise UnreadableConfig("dataset: expected a TOML table", file=str(candidate))
@@ -308,8 +319,6 @@ def _variant(mt: names.ModelType, model: dict[str, Any]) -> tuple[str, str, bool
         if signal is not None:
             has, where = signal
             return ("flux-dev" if has else "flux-schnell"), f"[model] type 'flux' and {where}", False
-    from te_align.audit.models import profile_from_files
-
     for key in names.MODEL_FILES:  # a diffusers folder's configs, a checkpoint's tensor names
         found = profile_from_files(model.get(key))
         if found is not None and found[0] in dict(patterns).values():
@@ -332,7 +341,6 @@ def _flux_guidance(model: dict[str, Any]) -> tuple[bool, str] | None:
     path = model.get("transformer_path")
     if isinstance(path, str) and path.endswith((".safetensors", ".sft")) and Path(path).is_file():
         from te_align._safetensors import read_header
-        from te_align.errors import TeAlignError
 
         try:
             keys = read_header(path).tensors
@@ -404,13 +412,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         what = mt.display if mt else mt_name
         return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {what} (diffusion-pipe [model] type "
-                                  f"{mt_name!r})")  # fmt: skip
+                                  f"{mt_name!r})")
     prof, reason, assumed = _variant(mt, model)
     findings += _missing_keys(raw.data, model, mt_name, prof)
     said = ""
     if assumed:
-        from te_align.audit.models import assumption
-
         said = assumption(prof, "the [model] file names or their files")
         if mt.type == "sd3" and said:
             said += "; every bundled SD3 profile encodes the same way"
@@ -457,7 +463,7 @@ def _config_keys(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
                 target, key = node.value, node.slice.value
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault", "pop")
-                  and node.args and isinstance(node.args[0], ast.Constant)):  # fmt: skip
+                  and node.args and isinstance(node.args[0], ast.Constant)):
                 target, key = node.func.value, node.args[0].value
             if target is None or not isinstance(key, str):
                 continue
@@ -491,7 +497,7 @@ def _unconditional_reads(tree: Any, spellings: tuple[str, ...]) -> dict[str, int
     def reads(node: Any) -> dict[str, int]:
         here: dict[str, int] = {}
         if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant)
-                and isinstance(node.slice.value, str) and ast.unparse(node.value) in spellings):  # fmt: skip
+                and isinstance(node.slice.value, str) and ast.unparse(node.value) in spellings):
             here = {node.slice.value: node.lineno}
         if isinstance(node, ast.If):
             if "__name__" in ast.unparse(node.test) or ast.unparse(node.test) == "is_main_process()":
@@ -520,7 +526,7 @@ def _defaulted(tree: Any, spellings: tuple[str, ...]) -> set[str]:
 
     return {n.args[0].value for n in ast.walk(tree)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "setdefault" and n.args
-            and isinstance(n.args[0], ast.Constant) and ast.unparse(n.func.value) in spellings}  # fmt: skip
+            and isinstance(n.args[0], ast.Constant) and ast.unparse(n.func.value) in spellings}
 
 
 def _example(value: Any, key: str) -> Any:
@@ -564,7 +570,7 @@ def _required(root: Path) -> dict[str, dict[str, tuple[Any, str]]]:
             continue
         path = root / "models" / (mt.module.replace(".", "/") + ".py")
         found = {k: line for k, line in _unconditional_reads(ast.parse(path.read_text(encoding="utf-8")),
-                                                             model_names).items() if k not in defaulted}  # fmt: skip
+                                                             model_names).items() if k not in defaulted}
         table: dict[str, tuple[Any, str]] = {}
         for key, line in sorted({**{k: -1 for k in model_train}, **found}.items()):
             where = f"models/{mt.module.replace('.', '/')}.py:{line}" if key in found else f"train.py:{model_train[key]}"
@@ -577,8 +583,6 @@ def _required(root: Path) -> dict[str, dict[str, tuple[Any, str]]]:
 
 def _main(argv: list[str] | None = None) -> int:
     """``python -m te_align.trainers.diffusion_pipe.audit CHECKOUT [--write] [--commit SHA]``: the bundled key table."""
-    from te_align.audit.parsed import checkout_commit, emit_key_table
-
     args = sys.argv[1:] if argv is None else argv
     if not args or not (Path(args[0]) / "train.py").is_file() or not (Path(args[0]) / "models").is_dir():
         print("usage: python -m te_align.trainers.diffusion_pipe.audit DIFFUSION_PIPE_CHECKOUT [--write]", file=sys.stderr)

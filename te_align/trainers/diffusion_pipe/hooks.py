@@ -43,8 +43,12 @@ from te_align.hooks.base import (
     log_to_console,
     mark_wrapper,
 )
+from te_align.profiles.overrides import env_profile
 from te_align.trainers.diffusion_pipe import names
-from te_align.trainers.diffusion_pipe.audit import COMMIT, FINGERPRINT_TAG, LUMINA_START
+from te_align.trainers.diffusion_pipe.audit import COMMIT, FINGERPRINT_TAG, LUMINA_START, _variant
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 logger = logging.getLogger("te_align")
 
@@ -76,7 +80,7 @@ FAMILIES: dict[str, Family] = {f.type: f for f in (
     Family("lumina_2", "lumina2", (("text_encoder", (("prompt_embeds", "gemma", "hidden"), ("prompt_masks", "gemma", "mask"))),)),
     Family("qwen_image", "qwen-image", (("text_encoder", (("prompt_embeds", "qwen", "rows"),)),)),
     Family("auraflow", "auraflow", (("text_encoder", (("prompt_embeds", "t5", "hidden"),)),)),
-)}  # fmt: skip
+)}
 
 
 @dataclass
@@ -96,11 +100,11 @@ class DiffusionPipeHook(Hook):
         for t in self.types:
             mt = names.BY_TYPE[t]
             out.append(Target(f"models.{mt.module}", f"{mt.cls}.get_call_text_encoder_fn", ("self", "text_encoder"),
-                              wrap=self._wrap(FAMILIES[t])))  # fmt: skip
+                              wrap=self._wrap(FAMILIES[t])))
         if self.cache:
             out.append(Target("utils.dataset", "_map_and_cache",
                               ("dataset", "map_fn", "cache_dir", "cache_file_prefix", "new_fingerprint_args",
-                               "regenerate_cache", "caching_batch_size"), wrap=self._map_and_cache))  # fmt: skip
+                               "regenerate_cache", "caching_batch_size"), wrap=self._map_and_cache))
         return out
 
     def detect_version(self) -> str:
@@ -115,15 +119,13 @@ class DiffusionPipeHook(Hook):
     # -- profiles ------------------------------------------------------------------------------
     def profile(self, fam: Family, model: Any) -> Any:
         """The profile of a model object (the user's, else its type's with the variant its files name)."""
-        from te_align.trainers.diffusion_pipe.audit import _variant
-
         mt = names.BY_TYPE[fam.type]
         config = getattr(model, "model_config", None)
         default = _variant(mt, dict(config) if isinstance(config, dict) else {})[0] if self.user.source is None else None
         p = self.user.profile(default)
         if p.family != fam.profile_family:
             raise HookError(f"te-align: diffusion-pipe's {mt.display} encodes {fam.profile_family} prompts but the "
-                            f"profile '{p.name}' is for {p.family}")  # fmt: skip
+                            f"profile '{p.name}' is for {p.family}")
         return p
 
     # -- wrappers ------------------------------------------------------------------------------
@@ -132,13 +134,13 @@ class DiffusionPipeHook(Hook):
             def get_call_text_encoder_fn(model: Any, text_encoder: Any) -> Any:
                 fn = original(model, text_encoder)
                 outputs = next((outs for attr, outs in fam.encoders
-                                if _component(model, attr) is text_encoder), None)  # fmt: skip
+                                if _component(model, attr) is text_encoder), None)
                 if outputs is None:
                     return fn
                 p = self.profile(fam, model)
                 self.active = p
                 self._once(f"{fam.type}:{p.fingerprint()}", "te-align: diffusion-pipe %s encodes captions by profile %s "
-                           "(fingerprint %s)", fam.type, p.name, p.fingerprint())  # fmt: skip
+                           "(fingerprint %s)", fam.type, p.name, p.fingerprint())
                 attr = next(a for a, outs in fam.encoders if outs is outputs)
                 return _encoder_fn(self, fam, model, p, outputs, fn, attr)
 
@@ -148,7 +150,7 @@ class DiffusionPipeHook(Hook):
 
     def _map_and_cache(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def _map_and_cache(dataset: Any, map_fn: Any, cache_dir: Any, cache_file_prefix: str = "",
-                           new_fingerprint_args: Any = None, *args: Any, **kw: Any) -> Any:  # fmt: skip
+                           new_fingerprint_args: Any = None, *args: Any, **kw: Any) -> Any:
             if self.active is not None and str(cache_file_prefix).startswith("text_embeddings_"):
                 new_fingerprint_args = [*(new_fingerprint_args or []), FINGERPRINT_TAG + self.active.fingerprint()]
             return original(dataset, map_fn, cache_dir, cache_file_prefix, new_fingerprint_args, *args, **kw)
@@ -170,7 +172,7 @@ def _component(model: Any, name: str) -> Any:
 
 
 def _encoder_fn(hook: DiffusionPipeHook, fam: Family, model: Any, profile: Any, outputs: Any,
-                original_fn: Callable[..., Any], attr: str) -> Callable[..., Any]:  # fmt: skip
+                original_fn: Callable[..., Any], attr: str) -> Callable[..., Any]:
     """The text-encoder function diffusion-pipe calls, encoding by the profile (same arity as the original: the
     caching code counts its parameters for the control-file argument, utils/dataset.py:1150-1153)."""
 
@@ -217,7 +219,7 @@ def _without_prompt_start(hook: DiffusionPipeHook, text: str) -> str:
     marker = LUMINA_START.lstrip()
     if marker in text:
         hook._once("lumina:prefix", "te-align: diffusion-pipe captions start with a caption_prefix up to '%s'; the "
-                   "profile's system prompt takes its place", marker.strip())  # fmt: skip
+                   "profile's system prompt takes its place", marker.strip())
         return text.split(marker, 1)[1]
     return text
 
@@ -270,7 +272,7 @@ def boot(profile: str | None = None, argv: Sequence[str] | None = None) -> bool:
     log_to_console()
     if hooks_disabled():
         logger.info("te-align: diffusion-pipe hooks disabled by TE_ALIGN=%s; diffusion-pipe runs unmodified",
-                    os.environ.get("TE_ALIGN"))  # fmt: skip
+                    os.environ.get("TE_ALIGN"))
         return False
     mt_name, path = model_type(list(sys.argv if argv is None else argv))
     if mt_name not in FAMILIES:
@@ -278,8 +280,6 @@ def boot(profile: str | None = None, argv: Sequence[str] | None = None) -> bool:
                f"no [model] type in {path!r}" if path else "no --config")
         logger.info("te-align: not active in this diffusion-pipe process (%s); diffusion-pipe runs unmodified", why)
         return False
-    from te_align.profiles.overrides import env_profile
-
     chosen = env_profile() or profile
 
     def go() -> None:

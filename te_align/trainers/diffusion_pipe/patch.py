@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_template, target_problems
-from te_align.patching.trainers import Detection, commit_version, targets_mismatch
-from te_align.patching.transaction import Plan
+from te_align.patching.trainers import Detection, commit_version
+from te_align.patching.transaction import PatchError, Plan
+from te_align.trainers.api import target_mismatch
+from te_align.trainers.diffusion_pipe.hooks import SUPPORTED, DiffusionPipeHook
 
 TRAINER = "diffusion-pipe"
 SCRIPTS: tuple[tuple[str, str], ...] = (("train.py", "training, every deepspeed rank"),)
@@ -25,15 +27,11 @@ def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).is_file() for m in MARKERS):
         return None
-    from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
-
     return Detection(TRAINER, root, "checkout", *commit_version(root, SUPPORTED))
 
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.diffusion_pipe.hooks import DiffusionPipeHook
-
     return target_problems(Path(root), DiffusionPipeHook().targets())
 
 
@@ -42,16 +40,14 @@ def shim_source(script: str, profile: str | None) -> bytes:
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.diffusion_pipe.hooks import SUPPORTED
-
     root = detection.root
     problems = static_problems(root)
     if problems:
-        raise targets_mismatch(detection, problems, "diffusion-pipe", SUPPORTED)
+        raise PatchError(target_mismatch("diffusion-pipe", detection.version, root, problems, SUPPORTED))
     readme = ("Original diffusion-pipe train.py, kept byte for byte by te-align; the train.py one folder up runs it after "
               f"arming te-align. Undo everything with: te-align unpatch {root}\n")
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="diffusion-pipe", scripts=SCRIPTS, shim=shim_source,
-                         readme=readme)  # fmt: skip
+                         readme=readme)
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -16,7 +16,7 @@ import contextlib
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,13 @@ from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _tiny
 from te_align.probe.core import Case
-from te_align.trainers.diffusion_pipe import names
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.diffusion_pipe import SPEC, names
 
-ENV_DIR = "TE_ALIGN_DIFFUSION_PIPE_DIR"
+# Function-local te_align imports in this module: load what only one command needs when it runs.
+
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages diffusion-pipe's modules import at the top that these encode paths never call.
 OPTIONAL = ("deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",
             "hyvideo", "hi_diffusers", "hyimage", "ltx_video", "omnigen2", "cosmos1", "einops", "datasets", "av",
@@ -56,7 +60,7 @@ class DiffusionPipe(Adapter):
         head = git_head(self.root)
         self.version = head[:7] if head else "unknown (no git)"
         self.profiles = {p: f"models/{names.BY_TYPE[t].module}.py {names.BY_TYPE[t].cls}.get_call_text_encoder_fn"
-                         for p, t in PROFILES.items()}  # fmt: skip
+                         for p, t in PROFILES.items()}
         self.modules: dict[str, Any] = {}
 
     @contextlib.contextmanager
@@ -88,7 +92,7 @@ class DiffusionPipe(Adapter):
             from types import SimpleNamespace
 
             obj.diffusers_pipeline = SimpleNamespace(tokenizer_2=toks["tokenizer"], text_encoder_2=encs["text_encoder"],
-                                                     tokenizer_max_length=77)  # fmt: skip
+                                                     tokenizer_max_length=77)
             notes_extra = ["the T5 tokenizer and encoder in a FLUX.1 pipeline's tokenizer_2 / text_encoder_2 "
                            "(models/chroma.py:143)"]
         else:
@@ -96,7 +100,7 @@ class DiffusionPipe(Adapter):
         if t == "auraflow":
             obj.max_sequence_length = obj.model_config["max_sequence_length"]  # auraflow.py:28 ([model] is required)
         encoders = {"flux": ("text_encoder", "text_encoder_2"), "sd3": ("text_encoder", "text_encoder_2", "text_encoder_3"),
-                    "chroma": ("text_encoder_2",)}.get(t, ("text_encoder",))  # fmt: skip
+                    "chroma": ("text_encoder_2",)}.get(t, ("text_encoder",))
         notes = [f"{mt.cls}.get_call_text_encoder_fn(text_encoder)(captions, is_video) for "
                  f"{', '.join(encoders)}, object made with __new__ and te-align's tiny pipeline"]
 
@@ -222,11 +226,6 @@ _COMBINE = {"flux": _flux, "sd3": _sd3, "chroma": _chroma, "lumina_2": _lumina, 
 ADAPTER = DiffusionPipe
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A diffusion-pipe checkout in ``TE_ALIGN_DIFFUSION_PIPE_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("diffusion-pipe", root, f"{ENV_DIR}={root}")], []
-    return [], [f"diffusion-pipe: {ENV_DIR} is not set (path of a tdrussell/diffusion-pipe checkout)"]
+    return find_checkout(environ, SPEC, Found)

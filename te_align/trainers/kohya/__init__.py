@@ -1,6 +1,6 @@
 """kohya-ss/sd-scripts and the bmaltais/kohya_ss GUI that runs it."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="kohya",
@@ -11,13 +11,14 @@ SPEC = TrainerSpec(
     check=(
         Dialect("kohya", "audit", "sd-scripts TOML",
                 scripts=r"(?:sdxl|sd3|flux|lumina|anima|hunyuan_image)_train[\w.-]*\.py"),
-        Dialect("kohya-gui", "audit_gui", "kohya_ss GUI JSON"),
+        Dialect("kohya-gui", "audit_gui", "kohya_ss GUI JSON", repo="bmaltais/kohya_ss",
+                env_dir="TE_ALIGN_KOHYA_GUI_DIR"),
     ),
     names="names",
     hooks="hooks",
     patch="patch",
     probe="probe",
     patch_path="kohya_ss GUI folder or sd-scripts checkout",
-    probe_path="an sd-scripts checkout at --path or $TE_ALIGN_KOHYA_DIR",
+    probe_path="an sd-scripts checkout at --path or $ENV",
     env_dir="TE_ALIGN_KOHYA_DIR",
 )

@@ -9,15 +9,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import NOT_SETTABLE, Finding
-from te_align.audit.models import guess_model
-from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
+from te_align.audit.models import assumption, guess_model
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    flatten_sections,
+    reason,
+    unknown_key_finding,
+)
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 
 # ------------------------------------------------------------------------------------ converters
@@ -220,7 +233,7 @@ NPZ_LENGTH = {
 NPZ_FLAGS = ("apply_t5_attn_mask", "apply_lg_attn_mask")
 
 
-def scan_cache(directory: str, profile: Any) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
     """sd-scripts' ``*_te*.npz`` files in ``directory``, read from their headers (te_align.audit.cachefiles)."""
     from functools import partial
 
@@ -248,8 +261,6 @@ def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None]:
 
 def flatten(data: dict[str, Any]) -> dict[str, Any]:
     """read_config_from_file flattens every section into one namespace (library/train_util.py:4700-4764)."""
-    from te_align.audit.parsed import flatten_sections
-
     return flatten_sections(data)
 
 
@@ -302,9 +313,6 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
 
 def _assumed(why: str, prof: str, arch: str) -> str:
     """``why`` with the assumption it rests on when ``prof`` has siblings nothing in the config told apart."""
-    from te_align.audit.models import assumption
-    from te_align.audit.parsed import reason
-
     said = assumption(prof, "pretrained_model_name_or_path (its name or files)")
     if arch == "sd3" and said:
         said += "; every bundled SD3 profile encodes the same way"
@@ -333,7 +341,7 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig)
     """Caption dropout (caption_dropout_rate / caption_dropout_every_n_epochs: the caption becomes "" and is
     encoded) against the profile's empty-prompt rule."""
 
-    def after(profile: Any, ctx: Any) -> list:
+    def after(profile: AlignmentProfile, ctx: Context) -> list:
         out = []
         for key in ("caption_dropout_rate", "caption_dropout_every_n_epochs"):
             rate = values.get(key)

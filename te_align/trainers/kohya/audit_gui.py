@@ -16,7 +16,7 @@ from typing import Any
 
 from te_align.audit.parsed import KeyLines, Parsed, unknown_key_finding
 from te_align.audit.readers import RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Trainer, guess_from_name
+from te_align.audit.rules import Trainer, family_of, guess_from_name
 from te_align.trainers.kohya import audit as kohya
 from te_align.trainers.kohya import names as kohya_table
 
@@ -225,6 +225,4 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 def _family(prof: str | None) -> str:
     if not prof:
         return ""
-    from te_align.audit.rules import family_of
-
     return family_of(prof)

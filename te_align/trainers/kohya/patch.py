@@ -17,7 +17,9 @@ from te_align._git import git_dir
 from te_align.patching.dropins import ORIGINALS, plan_drop_ins, shim_from_template, target_problems
 from te_align.patching.trainers import Detection, commit_version
 from te_align.patching.transaction import PatchError, Plan
+from te_align.trainers.api import target_mismatch
 from te_align.trainers.kohya import names as kohya_table
+from te_align.trainers.kohya.hooks import KohyaHook, all_targets
 
 TRAINER = "kohya"
 #: Scripts that get a drop-in, with the architecture they train (LoRA first, then full fine-tunes).
@@ -43,7 +45,7 @@ def detect(path: Path) -> Detection | None:
             how = (
                 f"run: git -C {path} submodule update --init --recursive" if git_dir(path) is not None
                 else f"{path} is not a git checkout: put a copy of kohya-ss/sd-scripts into {sub}"
-            )  # fmt: skip
+            )
             raise PatchError(f"{path} is a kohya_ss GUI folder but its sd-scripts submodule is empty or incomplete; {how}")
         root, layout = sub, "kohya_ss GUI"
     elif _is_sd_scripts(path):
@@ -57,15 +59,11 @@ def detect(path: Path) -> Detection | None:
 
 
 def _version(root: Path) -> tuple[str, tuple[str, ...]]:
-    from te_align.trainers.kohya.hooks import KohyaHook
-
     return commit_version(root, KohyaHook.supported)
 
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.kohya.hooks import all_targets
-
     return target_problems(root, all_targets())
 
 
@@ -74,8 +72,6 @@ def shim_source(script: str, profile: str | None) -> bytes:
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.kohya.hooks import KohyaHook
-
     root = detection.root
     problems = static_problems(root)
     if problems:
@@ -84,17 +80,14 @@ def plan(detection: Detection, profile: str | None) -> Plan:
             how = f"check that commit out (git -C {root} checkout {commit})"
         else:
             how = (f"{root} is not a git checkout: replace it by sd-scripts at that commit "
-                   f"(git clone https://github.com/kohya-ss/sd-scripts; git -C sd-scripts checkout {commit})")  # fmt: skip
-        raise PatchError(
-            f"unknown sd-scripts version {detection.version} at {root}: te-align's hook targets do not match "
-            f"({'; '.join(problems)}). te-align was verified with sd-scripts {commit}; {how} or upgrade te-align"
-        )
+                   f"(git clone https://github.com/kohya-ss/sd-scripts; git -C sd-scripts checkout {commit})")
+        raise PatchError(target_mismatch("sd-scripts", detection.version, root, problems, KohyaHook.supported, how))
     readme = (
         "Original sd-scripts train scripts, kept byte for byte by te-align; the scripts of the same name one\n"
         f"folder up run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
     )
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="sd-scripts", scripts=SCRIPTS, shim=shim_source,
-                         readme=readme)  # fmt: skip
+                         readme=readme)
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +25,12 @@ from te_align.probe.adapter import (
     _tiny,
 )
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.kohya import SPEC
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
 
 
 class Kohya(Adapter):
@@ -39,9 +45,9 @@ class Kohya(Adapter):
     }
 
     def __init__(self, path: str | None) -> None:
-        path = path or os.environ.get("TE_ALIGN_KOHYA_DIR")
+        path = path or os.environ.get(ENV_DIR)
         if not path:
-            raise ProbeError("kohya: give --path to a kohya-ss/sd-scripts checkout (or set TE_ALIGN_KOHYA_DIR)")
+            raise ProbeError(f"kohya: give --path to a kohya-ss/sd-scripts checkout (or set {ENV_DIR})")
         root = Path(path).expanduser()
         if not (root / "library" / "strategy_base.py").is_file():
             raise ProbeError(f"kohya: {path} is not a kohya-ss/sd-scripts checkout (no library/strategy_base.py)")
@@ -80,7 +86,7 @@ class Kohya(Adapter):
         try:
             with _stubs.sandbox([self.root], [str(self.root)]), \
                     _stubs.stub_missing(("torchvision", "cv2", "bitsandbytes", "open_clip", "xformers"), [self.root]), \
-                    tempfile.TemporaryDirectory(prefix="te-align-probe-kohya-") as cache:  # fmt: skip
+                    tempfile.TemporaryDirectory(prefix="te-align-probe-kohya-") as cache:
                 self.modules: dict[str, Any] = {}
                 for name in ("strategy_sd", "strategy_sdxl", "strategy_sd3", "strategy_flux", "flux_utils", "strategy_lumina"):
                     try:
@@ -141,7 +147,7 @@ class Kohya(Adapter):
             ts = m["strategy_sd3"].Sd3TokenizeStrategy(256, self.cache)  # --t5xxl_max_token_length default
             es = m["strategy_sd3"].Sd3TextEncodingStrategy(False, False, 0.0, 0.0, 0.0)
             notes.append("sd-scripts --t5xxl_max_token_length default 256 (library/sd3_train_utils.py); "
-                         "concat_encodings pads CLIP to 4096 = T5-XXL width, here to the tiny T5 width")  # fmt: skip
+                         "concat_encodings pads CLIP to 4096 = T5-XXL width, here to the tiny T5 width")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 lg, t5, pooled = es.encode_tokens(ts, models, ts.tokenize(prompts))[:3]
@@ -153,7 +159,7 @@ class Kohya(Adapter):
             ts = m["strategy_flux"].FluxTokenizeStrategy(length, self.cache)
             es = m["strategy_flux"].FluxTextEncodingStrategy(apply_t5_attn_mask=False)
             notes.append(f"T5 length {length}: flux_train_network.get_tokenize_strategy's default for "
-                         f"{'schnell' if length == 256 else 'dev'} (no --t5xxl_max_token_length)")  # fmt: skip
+                         f"{'schnell' if length == 256 else 'dev'} (no --t5xxl_max_token_length)")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 pooled, t5, txt_ids, _ = es.encode_tokens(ts, models, ts.tokenize(prompts))
@@ -166,9 +172,9 @@ class Kohya(Adapter):
             es = m["strategy_flux"].FluxTextEncodingStrategy(apply_t5_attn_mask=True)
             chroma_models = [m["flux_utils"].DummyCLIPL(), models[0]]
             notes.append("flux_train_network.py --model_type chroma: T5 length 512 (is_schnell False), "
-                         "--apply_t5_attn_mask required, flux_utils.DummyCLIPL in CLIP-L's place")  # fmt: skip
+                         "--apply_t5_attn_mask required, flux_utils.DummyCLIPL in CLIP-L's place")
             notes.append("prompt_attention_mask: the text length Chroma's transformer uses "
-                         "(library/chroma_models.py: mask.sum() + attn_padding=1, clipped), as a float mask like the profile's")  # fmt: skip
+                         "(library/chroma_models.py: mask.sum() + attn_padding=1, clipped), as a float mask like the profile's")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 _, t5, txt_ids, mask = es.encode_tokens(ts, chroma_models, ts.tokenize(prompts))
@@ -181,7 +187,7 @@ class Kohya(Adapter):
             es = m["strategy_lumina"].LuminaTextEncodingStrategy()
             notes.append("lumina_train_network.py defaults: --system_prompt '' (no system prompt), "
                          "--gemma2_max_token_length None -> 256; LuminaTokenizeStrategy's hub download of "
-                         "google/gemma-2-2b answered with the tiny Gemma tokenizer (a fresh copy)")  # fmt: skip
+                         "google/gemma-2-2b answered with the tiny Gemma tokenizer (a fresh copy)")
 
             def run(prompts: list[str]) -> dict[str, Any]:
                 hidden, _, mask = es.encode_tokens(ts, models, ts.tokenize(prompts))
@@ -244,14 +250,9 @@ class Kohya(Adapter):
 
 
 ADAPTER = Kohya
-ENV_DIR = "TE_ALIGN_KOHYA_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """An sd-scripts checkout in ``TE_ALIGN_KOHYA_DIR`` (``te-align matrix``)."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("kohya", root, f"{ENV_DIR}={root}")], []
-    return [], [f"kohya sd-scripts: {ENV_DIR} is not set (path of a kohya-ss/sd-scripts checkout)"]
+    return find_checkout(environ, SPEC, Found)

@@ -1,6 +1,6 @@
 """kohya-ss/musubi-tuner (Qwen-Image, Wan 2.1/2.2, HunyuanVideo, FramePack, FLUX.1 Kontext, …)."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 from te_align.trainers.musubi.names import SCRIPTS
 
 SPEC = TrainerSpec(
@@ -15,6 +15,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="musubi-tuner checkout",
-    probe_path="a musubi-tuner checkout at --path or $TE_ALIGN_MUSUBI_DIR",
+    probe_path="a musubi-tuner checkout at --path or $ENV",
     env_dir="TE_ALIGN_MUSUBI_DIR",
 )

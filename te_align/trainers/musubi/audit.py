@@ -20,15 +20,30 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
+from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
 from te_align.audit.models import guess_model
-from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, unknown_key_finding
-from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    checkout_commit,
+    emit_key_table,
+    flatten_sections,
+    parse_cli,
+    unknown_key_finding,
+)
+from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.musubi import names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 COMMIT = "30c658c4f4b0bf05038b3346eff9670259b10fc7"
 NAME = "musubi"
@@ -119,8 +134,6 @@ META_FINGERPRINT = "te_align_fingerprint"
 def valid_keys() -> dict[str, frozenset[str]]:
     """The bundled option names per script (``[qwen_image_train_network]``…) and dataset-config keys
     (``[dataset]`` top level, ``[dataset.general]``, ``[dataset.image]``, ``[dataset.video]``)."""
-    from te_align.audit.readers import known_keys
-
     return known_keys("musubi")
 
 
@@ -192,8 +205,6 @@ def _is_dataset_config(data: dict[str, Any]) -> bool:
 
 def _flatten(data: dict[str, Any]) -> dict[str, Any]:
     """read_config_from_file: every section's keys into one namespace (training/parser_common.py:780-811)."""
-    from te_align.audit.parsed import flatten_sections
-
     return flatten_sections(data)
 
 
@@ -208,8 +219,6 @@ def _read_toml(path: str, what: str) -> dict[str, Any]:
         raise UnreadableConfig(f"{what}: no such file", file=path)
     if p.stat().st_size > MAX_BYTES:
         raise UnreadableConfig(f"{what} is larger than {MAX_BYTES} bytes", file=path)
-    from te_align.audit.readers import load
-
     raw = load(path)
     if raw.fmt != "toml" or not isinstance(raw.data, dict):
         raise UnreadableConfig(f"{what}: expected a TOML table", file=path)
@@ -219,8 +228,6 @@ def _read_toml(path: str, what: str) -> dict[str, Any]:
 def parse_args(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
     """``--key value`` / ``--key=value`` / ``--flag`` -> values, the script named among them (``*.py``), and the
     order the options were written in."""
-    from te_align.audit.parsed import parse_cli
-
     return parse_cli(args)
 
 
@@ -308,8 +315,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         values, _, order = parse_args(words)
         script: str | None = str(raw.data["script"])
         if not raw.data.get("from_argv"):
-            from te_align.audit.cmdline import arg_line
-
             text = raw.text
             cli_lines = lambda key: arg_line(text, key)  # noqa: E731
         file_values: dict[str, Any] = {}
@@ -418,7 +423,7 @@ def _dataset_findings(data: dict[str, Any], file: str, lines: KeyLines) -> list[
 
 
 def _trainer(raw: RawConfig, cli_keys: set[str], cli_line: Callable[[str], int | None],
-             lines: KeyLines) -> Trainer:  # fmt: skip
+             lines: KeyLines) -> Trainer:
     def fix_set(key: str, value: Any) -> str:
         if raw.fmt == "toml" and key not in cli_keys:
             return f"{key} = {json.dumps(value)}"
@@ -445,7 +450,7 @@ def cache_record(path: Path) -> dict[str, Any]:
     return out
 
 
-def scan_cache(directory: str, profile: Any) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
     """musubi-tuner's ``*_te.safetensors`` in ``directory``: fingerprints (te-align's hooks stamp them) and, since
     every caption is cached at its own length, no one length to compare (the longest is reported as a note)."""
     from collections import Counter
@@ -573,8 +578,6 @@ def key_table(root: Path) -> dict[str, set[str]]:
 def _main(argv: list[str] | None = None) -> int:
     """``python -m te_align.trainers.musubi.audit CHECKOUT [--write] [--commit SHA]``: the bundled key table from a checkout."""
     import re
-
-    from te_align.audit.parsed import checkout_commit, emit_key_table
 
     args = sys.argv[1:] if argv is None else argv
     if not args or not (Path(args[0]) / "src" / "musubi_tuner").is_dir():

@@ -49,6 +49,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from te_align._git import git_head
+from te_align._safetensors import read_header
+from te_align.encoding import encode as _encode
+from te_align.errors import TeAlignError
 from te_align.hooks.base import (
     Hook,
     HookError,
@@ -58,8 +61,12 @@ from te_align.hooks.base import (
     log_to_console,
     mark_wrapper,
 )
+from te_align.profiles.overrides import env_profile
 from te_align.trainers.musubi import names
 from te_align.trainers.musubi.audit import COMMIT, META_FINGERPRINT, META_PROFILE, parse_args
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 logger = logging.getLogger("te_align")
 
@@ -114,7 +121,7 @@ class MusubiHook(Hook):
         out: list[Target] = []
         if "qwen" in self.parts:
             out.append(Target(f"{_M}.qwen_image.qwen_image_utils", "get_qwen_prompt_embeds", ("tokenizer", "vlm", "prompt"),
-                              wrap=self._qwen))  # fmt: skip
+                              wrap=self._qwen))
         if "wan" in self.parts:
             out.append(Target(f"{_M}.wan.modules.t5", "T5EncoderModel.__call__", ("self", "texts", "device"), wrap=self._wan))
         if "cache" in self.parts:
@@ -126,7 +133,7 @@ class MusubiHook(Hook):
                 Target(f"{_M}.cache_text_encoder_outputs", "process_text_encoder_batches",
                        ("num_workers", "skip_existing", "batch_size", "datasets", "all_cache_files_for_dataset",
                         "all_cache_paths_for_dataset", "encode", "requires_content"), wrap=self._batches),
-            ]  # fmt: skip
+            ]
         if "check" in self.parts:
             out += [Target(f"{_M}.dataset.image_video_dataset", f"{cls}.prepare_for_training",
                            ("self", "num_timestep_buckets"), wrap=self._check) for cls in ("ImageDataset", "VideoDataset")]
@@ -149,7 +156,7 @@ class MusubiHook(Hook):
         family = ENCODERS[prefix][1]
         if p.family != family:
             raise HookError(f"te-align: musubi-tuner's {arch.display} encodes {family} prompts but the profile "
-                            f"'{p.name}' is for {p.family}")  # fmt: skip
+                            f"'{p.name}' is for {p.family}")
         return p
 
     def _by_short(self, short: str) -> Any:
@@ -161,8 +168,6 @@ class MusubiHook(Hook):
         def get_qwen_prompt_embeds(tokenizer: Any, vlm: Any, prompt: Any = None) -> Any:
             import torch
 
-            import te_align
-
             p = self.profile("qwen_image")
             prompts = [prompt] if isinstance(prompt, str) else list(prompt or [])
             dtype = vlm.dtype
@@ -170,8 +175,8 @@ class MusubiHook(Hook):
             device = vlm.device
             autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if fp8 else contextlib.nullcontext()
             with torch.no_grad(), autocast:  # as the original runs an fp8 model (qwen_image_utils.py:353-356)
-                out = te_align.encode(p, prompts, tokenizers={p.slot("qwen").tokenizer_subfolder: tokenizer},
-                                      text_encoders={p.slot("qwen").encoder_subfolder: vlm})  # fmt: skip
+                out = _encode(p, prompts, tokenizers={p.slot("qwen").tokenizer_subfolder: tokenizer},
+                                      text_encoders={p.slot("qwen").encoder_subfolder: vlm})
             return out["prompt_embeds"].to(dtype=dtype, device=device), out["prompt_embeds_mask"].long().to(device)
 
         return mark_wrapper(get_qwen_prompt_embeds, original)
@@ -215,7 +220,7 @@ class MusubiHook(Hook):
 
     def _batches(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def process_text_encoder_batches(num_workers: Any, skip_existing: bool, batch_size: Any, datasets: Any,
-                                         all_cache_files_for_dataset: Any, *args: Any, **kw: Any) -> Any:  # fmt: skip
+                                         all_cache_files_for_dataset: Any, *args: Any, **kw: Any) -> Any:
             if skip_existing:  # only files of the current fingerprint count as existing: the rest are encoded again
                 kept = []
                 for ds, files in zip(datasets, all_cache_files_for_dataset, strict=True):
@@ -228,7 +233,7 @@ class MusubiHook(Hook):
                         logger.warning("te-align: %d cached text-encoder output(s) in %s were made without te-align or "
                                        "under another profile; --skip_existing keeps only those of profile %s "
                                        "(fingerprint %s): the rest are encoded again", len(files) - len(fresh),
-                                       getattr(ds, "cache_directory", "?"), p.name, p.fingerprint())  # fmt: skip
+                                       getattr(ds, "cache_directory", "?"), p.name, p.fingerprint())
                     kept.append(fresh)
                 all_cache_files_for_dataset = kept
             return original(num_workers, skip_existing, batch_size, datasets, all_cache_files_for_dataset, *args, **kw)
@@ -250,9 +255,9 @@ class MusubiHook(Hook):
                         f"{dataset.cache_directory} were made without te-align or under another profile than "
                         f"{p.name} (fingerprint {p.fingerprint()}); cache them again with te-align's hooks "
                         f"({arch.prefix}_cache_text_encoder_outputs.py in the patched checkout), or train on them as "
-                        "they are with TE_ALIGN=off")  # fmt: skip
+                        "they are with TE_ALIGN=off")
                 self.once(f"train:{short}", "te-align: musubi-tuner trains on text-encoder outputs cached by profile %s "
-                          "(fingerprint %s)", p.name, p.fingerprint())  # fmt: skip
+                          "(fingerprint %s)", p.name, p.fingerprint())
             return result
 
         return mark_wrapper(prepare_for_training, original)
@@ -275,9 +280,6 @@ def _stamp(profile: Any) -> dict[str, str]:
 
 def _fingerprint(path: str) -> str:
     """The te-align fingerprint in a cache file's metadata ("" when it has none or cannot be read)."""
-    from te_align._safetensors import read_header
-    from te_align.errors import TeAlignError
-
     try:
         return (read_header(path).metadata or {}).get(META_FINGERPRINT, "")
     except (OSError, TeAlignError):
@@ -331,13 +333,11 @@ def boot(profile: str | None = None, argv: Sequence[str] | None = None) -> bool:
     if hooks_disabled():
         log_to_console()
         logger.info("te-align: musubi-tuner hooks disabled by TE_ALIGN=%s; musubi-tuner runs unmodified",
-                    os.environ.get("TE_ALIGN"))  # fmt: skip
+                    os.environ.get("TE_ALIGN"))
         return False
     parts, why = parts_for(list(sys.argv if argv is None else argv))
     if not parts:
         log_to_console()
         logger.info("te-align: not active in this musubi-tuner process (%s)", why)
         return False
-    from te_align.profiles.overrides import env_profile
-
     return install(env_profile() or profile, parts=parts)

@@ -19,8 +19,10 @@ from te_align._git import git_head
 from te_align.hooks.base import OFF_WORDS
 from te_align.patching.blocks import fill, plan_block
 from te_align.patching.dropins import target_problems
-from te_align.patching.trainers import Detection, targets_mismatch
-from te_align.patching.transaction import Plan
+from te_align.patching.trainers import Detection
+from te_align.patching.transaction import PatchError, Plan
+from te_align.trainers.api import target_mismatch
+from te_align.trainers.musubi.hooks import SUPPORTED, MusubiHook
 
 TRAINER = "musubi"
 INIT = "src/musubi_tuner/__init__.py"
@@ -51,8 +53,6 @@ def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).is_file() for m in MARKERS) or version(root) is None:
         return None
-    from te_align.trainers.musubi.hooks import SUPPORTED
-
     head = git_head(root)
     found = f"{version(root)} ({head[:7]})" if head else f"{version(root)} (no git)"
     notes: tuple[str, ...] = ()
@@ -64,18 +64,14 @@ def detect(path: Path) -> Detection | None:
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.musubi.hooks import MusubiHook
-
     return target_problems(Path(root) / "src", MusubiHook().targets())
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.musubi.hooks import SUPPORTED
-
     root = detection.root
     problems = static_problems(root)
     if problems:
-        raise targets_mismatch(detection, problems, "musubi-tuner", SUPPORTED)
+        raise PatchError(target_mismatch("musubi-tuner", detection.version, root, problems, SUPPORTED))
     return plan_block(detection, profile, trainer=TRAINER, relpath=INIT, block=block(profile), mark=BLOCK_MARK)
 
 

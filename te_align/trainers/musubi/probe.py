@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,14 @@ from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _tiny
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import find_checkout
+from te_align.trainers.musubi import SPEC
 
-ENV_DIR = "TE_ALIGN_MUSUBI_DIR"
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages musubi-tuner's modules import at the top that these encode paths never call.
 OPTIONAL = ("cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",
             "xformers", "einops", "toml", "tqdm", "sentencepiece", "gradio", "matplotlib", "prompt_toolkit",
@@ -57,7 +63,7 @@ def umt5_state_dict(hf: Any) -> dict[str, Any]:
             f"blocks.{i}.ffn.gate.0.weight": sd[f"{b}.1.DenseReluDense.wi_0.weight"],
             f"blocks.{i}.ffn.fc1.weight": sd[f"{b}.1.DenseReluDense.wi_1.weight"],
             f"blocks.{i}.ffn.fc2.weight": sd[f"{b}.1.DenseReluDense.wo.weight"],
-        })  # fmt: skip
+        })
     return out
 
 
@@ -150,7 +156,7 @@ class Musubi(Adapter):
         hf = encs["text_encoder"]
         cfg = hf.config
         model = t5mod.T5Encoder(cfg.vocab_size, cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff, cfg.num_heads,
-                                cfg.num_layers, cfg.relative_attention_num_buckets, shared_pos=False, dropout=0.1)  # fmt: skip
+                                cfg.num_layers, cfg.relative_attention_num_buckets, shared_pos=False, dropout=0.1)
         model.load_state_dict(umt5_state_dict(hf), strict=True)
         model = model.eval().requires_grad_(False).to(hf.dtype)
         length = prof.slot("t5").tokenizer.max_length
@@ -201,11 +207,6 @@ class Musubi(Adapter):
 ADAPTER = Musubi
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A musubi-tuner checkout in ``TE_ALIGN_MUSUBI_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("musubi", root, f"{ENV_DIR}={root}")], []
-    return [], [f"musubi-tuner: {ENV_DIR} is not set (path of a kohya-ss/musubi-tuner checkout)"]
+    return find_checkout(environ, SPEC, Found)

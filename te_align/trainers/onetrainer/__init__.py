@@ -1,6 +1,6 @@
 """Nerogar/OneTrainer."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="onetrainer",
@@ -12,6 +12,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="OneTrainer checkout",
-    probe_path="a checkout at --path or $TE_ALIGN_ONETRAINER_DIR",
+    probe_path="a checkout at --path or $ENV",
     env_dir="TE_ALIGN_ONETRAINER_DIR",
 )

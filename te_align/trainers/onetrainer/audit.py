@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
     KeyLines,
     Parsed,
     dropout_form_finding,
     expect_mapping,
+    reason,
     unknown_key_finding,
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer
+from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.onetrainer import names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 #: OneTrainer has no setting for hard-coded encoding; its launch scripts run te-align's hooks once patched.
 NOT_SETTABLE = (
@@ -143,9 +148,6 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     """The bundled profile a config trains: its model_type (the one model-type table,
     :mod:`te_align.trainers.onetrainer.names`), the variant from the transformer override's or base model's files or
     names. Where nothing decides between two profiles of a family, the reason carries the assumption."""
-    from te_align.audit.models import assumption, guess_model
-    from te_align.audit.parsed import reason
-
     mt = names.model_type_name(values.get("model_type"))
     prof, _ = names.profile_of(mt)
     if prof is None:
@@ -160,8 +162,6 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def _same_family(a: str, b: str) -> bool:
-    from te_align.audit.rules import family_of
-
     return family_of(a) == family_of(b)
 
 
@@ -172,7 +172,7 @@ def _is_concepts_file(data: Any) -> bool:
     """OneTrainer's concepts file (``concept_file_name``): a JSON list of concepts, each with ``path`` and its
     ``image`` / ``text`` settings."""
     return (isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "path" in d for d in data)
-            and any("image" in d or "text" in d or "balancing" in d for d in data))  # fmt: skip
+            and any("image" in d or "text" in d or "balancing" in d for d in data))
 
 
 def detect(raw: RawConfig) -> int | None:
@@ -239,7 +239,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return fix_set(key, False) if key.endswith("attention_mask") else f"remove \"{key}\""
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         out: list[Finding] = []
         for part in ("text_encoder", "text_encoder_2"):
             key = f"{part}.dropout_probability"

@@ -56,8 +56,12 @@ from te_align.hooks.base import (
     Settings,
     Target,
     mark_wrapper,
+    settings,
 )
 from te_align.trainers.onetrainer import names
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 logger = logging.getLogger("te_align")
 
@@ -94,7 +98,7 @@ def _enc(slot: str, n: str = "", *, mask: str | None = "tokens_mask", pooled: bo
                    mask=None if mask is None else (mask + u if mask == "tokens_mask" else mask),
                    output=f"text_encoder{u}_output" if output else None,
                    pooled=f"pooled_text_encoder{u}_output" if pooled else None,
-                   dropout=f"text_encoder{u}_dropout_probability", layer_skip=f"text_encoder{u}_layer_skip")  # fmt: skip
+                   dropout=f"text_encoder{u}_dropout_probability", layer_skip=f"text_encoder{u}_layer_skip")
 
 
 _HEAD = ("self", "train_device", "batch_size", "rand", "text")
@@ -198,7 +202,7 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
             "text_encoder_output"),
            "QwenBaseDataLoader", frozenset({"qwen-image"}), (_enc("qwen"),),
            lambda out, h, p: (out["prompt_embeds"], out["prompt_embeds_mask"].bool()), cached_post_processed=True),
-)}  # fmt: skip
+)}
 
 MIXIN_MODULE = "modules.dataLoader.mixin.DataLoaderText2ImageMixin"
 CACHE_PARAMS = ("self", "model", "model_setup", "image_split_names", "image_aggregate_names", "text_split_names",
@@ -236,18 +240,16 @@ class _Run:
     explicit: Any = None
     overrides: dict[str, Any] = field(default_factory=dict)
     settings: Settings | None = None
-    profiles: dict[str, Any] = field(default_factory=dict)
     logged: set[str] = field(default_factory=set)
     stale: int = 0
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def configure(self, settings: Settings | None) -> None:
-        """The user's settings (:func:`te_align.hooks.base.settings`); forgets the profiles chosen so far."""
+        """The user's settings (:func:`te_align.hooks.base.settings`; a new one forgets the profiles chosen so far)."""
         with self.lock:
             self.settings = settings
             self.explicit = settings.source if settings is not None else None
             self.overrides = dict(settings.overrides) if settings is not None else {}
-            self.profiles = {}
 
     def once(self, key: str, msg: str, *args: Any) -> None:
         with self.lock:
@@ -259,19 +261,14 @@ class _Run:
     def profile_for(self, model: Any, fam: Family) -> Any:
         """The run's profile for ``model`` (explicit, else by its model type), checked against the family."""
         key = self.explicit if self.explicit is not None else profile_name_for_model_type(getattr(model, "model_type", ""))
-        cache_key = key if isinstance(key, str) else id(key)
         with self.lock:
-            p = self.profiles.get(cache_key)
-            if p is None:
-                if self.settings is None:  # used without install(): the environment's settings
-                    from te_align.hooks.base import settings
-
-                    self.settings = settings()
-                p = self.settings.profile(key)  # the one way in: source + TE_ALIGN_OVERRIDES + install() overrides
-                self.profiles[cache_key] = p
+            if self.settings is None:  # used without install(): the environment's settings
+                self.settings = settings()
+            # the one way in (source + TE_ALIGN_OVERRIDES + install() overrides), cached by Settings once per source
+            p = self.settings.profile(key)
         if p.family not in fam.profile_families:
             raise HookError(f"te-align: OneTrainer {fam.model_class} encodes {'/'.join(sorted(fam.profile_families))} "
-                            f"prompts but the profile '{p.name}' is for {p.family}")  # fmt: skip
+                            f"prompts but the profile '{p.name}' is for {p.family}")
         return p
 
 
@@ -309,7 +306,7 @@ def _check_width(fam: Family, e: Encoder, slot: Any, model: Any, ids: Any) -> No
         raise HookError(f"te-align: OneTrainer {fam.model_class}.encode_text got {e.tokens} of length {ids.shape[-1]}, "
                         f"but profile slot '{slot.name}' tokenizes to {want}: these tokens were not made by the hooked "
                         "data loader (cached before te-align? clear the cache or install the hooks before the data "
-                        "loader is built)")  # fmt: skip
+                        "loader is built)")
 
 
 def _batch_longest(slot: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
@@ -344,7 +341,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
         for e, slot in _slots(p, fam, model):
             if e.layer_skip and a.get(e.layer_skip):
                 RUN.once(f"{fam.key}:{e.layer_skip}", "te-align: OneTrainer %s=%s has no effect; profile %s decides the layer",
-                         e.layer_skip, a[e.layer_skip], p.name)  # fmt: skip
+                         e.layer_skip, a[e.layer_skip], p.name)
             encoder = getattr(model, e.encoder, None)
             ids, mask = a.get(e.tokens), a.get(e.mask) if e.mask else None
             cached = a.get(e.output) if e.output else None
@@ -358,15 +355,15 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 ids, mask = tokenize_slot(slot, getattr(model, e.tokenizer), texts)
                 batch = len(texts)
             if ids is not None and mask is None:
-                from te_align.trainers.kohya.hooks.slots import clip_mask
+                from te_align.encoding.core import eos_mask
 
-                mask = clip_mask(ids, slot.tokenizer.eos_token_id)
+                mask = eos_mask(ids, slot.tokenizer.eos_token_id)
             have_hidden = cached is not None or e.output is None
             have_pooled = e.pooled is None or cached_pooled is not None
             if not (have_hidden and have_pooled):
                 if ids is None:
                     raise HookError(f"te-align: OneTrainer {fam.model_class}.encode_text got neither text, tokens nor a "
-                                    f"cached output for {e.encoder}")  # fmt: skip
+                                    f"cached output for {e.encoder}")
                 _check_width(fam, e, slot, model, ids)
                 ids, mask = _batch_longest(slot, ids, mask)
                 res = encode_slot_tokens(p, slot, encoder, ids, mask)
@@ -378,7 +375,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 width = int(mask.sum(dim=1).max())
                 cached, ids, mask = cached[:, :width], ids[:, :width], mask[:, :width]
                 res = SlotResult(cached, None, mask, ids, denoiser_mask(slot, mask, cached.dtype),
-                                 [int(x) for x in mask.sum(dim=1)])  # fmt: skip
+                                 [int(x) for x in mask.sum(dim=1)])
             else:
                 post = _post_mask(slot, encoder, ids, mask)
                 dmask = post.denoiser_mask if cached is None else post.denoiser_mask.to(cached.dtype)
@@ -389,7 +386,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
             embeddings = getattr(model, f"all_{e.encoder}_embeddings", None)
             if res.hidden is not None and apply is not None and embeddings is not None and embeddings():
                 res = SlotResult(apply(embeddings(), getattr(model, e.tokenizer), res.ids, res.hidden), res.pooled, res.mask,
-                                 res.ids, res.denoiser_mask, res.token_counts)  # fmt: skip
+                                 res.ids, res.denoiser_mask, res.token_counts)
             rate = a.get(e.dropout) if e.dropout else None
             if rate is not None and rate > 0.0 and fam.key == "qwen":
                 raise NotImplementedError("OneTrainer has no caption dropout for Qwen-Image (modules/model/QwenModel.py)")
@@ -399,7 +396,7 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 res = SlotResult(None if res.hidden is None else res.hidden * keep[:, None, None].to(res.hidden.dtype),
                                  None if res.pooled is None else res.pooled * keep[:, None].to(res.pooled.dtype),
                                  res.mask, res.ids, res.denoiser_mask if not fam.drop_mask else res.denoiser_mask *
-                                 keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)  # fmt: skip
+                                 keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)
             results[slot.name] = res
             hidden[e.slot], pooled[e.slot] = res.hidden, res.pooled
         outs = _combine(p, {s.name: results[s.name] for s in p.slots}, None).tensors
@@ -421,7 +418,7 @@ def loader_tokens(slot: Any, tokenizer: Any, text: str) -> tuple[Any, Any]:
 
 
 def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, variation: int, index: int,
-                   requested_name: str | None = None) -> dict[str, Any]:  # fmt: skip
+                   requested_name: str | None = None) -> dict[str, Any]:
     """A hooked mgds ``Tokenize.get_item``: the caption tokenized by the profile slot."""
     text = module._get_previous_item(variation, module.in_name, index)
     lock = getattr(module, "tokenizer_lock", None) or threading.Lock()
@@ -434,7 +431,7 @@ def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, var
 
 
 def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_name: str | None, variation: int,
-                 index: int, requested_name: str | None = None) -> dict[str, Any]:  # fmt: skip
+                 index: int, requested_name: str | None = None) -> dict[str, Any]:
     """A hooked mgds ``Encode*Text.get_item``: the tokens encoded by the profile slot (cached as OneTrainer caches)."""
     import torch
 
@@ -444,9 +441,9 @@ def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_na
     if mask_name is not None:
         mask = module._get_previous_item(variation, mask_name, index)[None]
     else:
-        from te_align.trainers.kohya.hooks.slots import clip_mask
+        from te_align.encoding.core import eos_mask
 
-        mask = clip_mask(ids, slot.tokenizer.eos_token_id)
+        mask = eos_mask(ids, slot.tokenizer.eos_token_id)
     if slot.tokenizer.padding == "longest" and slot.tokenizer.padding_side == "right":  # as tokenized alone
         width = int(mask.sum(dim=1).max())
         ids, mask = ids[:, :width], mask[:, :width]
@@ -494,7 +491,7 @@ def _preparation_modules(fam: Family, original: Callable[..., Any]) -> Callable[
                 n_enc += 1
         RUN.once(f"loader:{fam.key}:{p.fingerprint()}",
                  "te-align: OneTrainer %s data loader tokenizes (%d) and encodes (%d) by profile %s (fingerprint %s)",
-                 fam.loader_class, n_tok, n_enc, p.name, p.fingerprint()[:12])  # fmt: skip
+                 fam.loader_class, n_tok, n_enc, p.name, p.fingerprint()[:12])
         return modules
 
     return mark_wrapper(_preparation_modules, original)
@@ -540,7 +537,7 @@ def _cache_modules(original: Callable[..., Any]) -> Callable[..., Any]:
                     RUN.stale += stale
                 if stale:
                     logger.warning("te-align: %d cached text-encoder file(s) in %s were made without te-align or with "
-                                   "another profile; texts are re-encoded by profile %s into %s", stale, text_dir, p.name, keep)  # fmt: skip
+                                   "another profile; texts are re-encoded by profile %s into %s", stale, text_dir, p.name, keep)
                 else:
                     logger.info("te-align: OneTrainer text cache keyed by profile %s: %s", p.name, m.cache_dir)
         return modules
@@ -592,7 +589,7 @@ class OneTrainerHook(Hook):
                 out.append(Target(fam.model_module, f"{fam.model_class}.encode_text", fam.params, wrap=partial(_encode_text, fam)))
             if "loader" in self.parts:
                 out.append(Target(fam.loader_module, f"{fam.loader_class}._preparation_modules", ("self", "config", "model"),
-                                  wrap=partial(_preparation_modules, fam)))  # fmt: skip
+                                  wrap=partial(_preparation_modules, fam)))
         if "cache" in self.parts:
             out.append(Target(MIXIN_MODULE, "DataLoaderText2ImageMixin._cache_modules_from_names", CACHE_PARAMS, wrap=_cache_modules))
         return out

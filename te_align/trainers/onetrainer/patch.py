@@ -21,6 +21,8 @@ from te_align.patching.transaction import (
     PatchError,
     Plan,
 )
+from te_align.trainers.api import target_mismatch
+from te_align.trainers.onetrainer.hooks import OneTrainerHook
 
 TRAINER = "onetrainer"
 #: Launch scripts that get a drop-in (those that exist), with what they start.
@@ -46,42 +48,33 @@ def detect(path: Path) -> Detection | None:
     root = Path(path)
     if not all((root / m).is_file() for m in MARKERS):
         return None
-    from te_align.trainers.onetrainer.hooks import OneTrainerHook
-
     return Detection(TRAINER, root, "checkout", *commit_version(root, OneTrainerHook.supported))
 
 
 def static_problems(root: Path) -> list[str]:
     """Hook targets that are missing or whose parameters changed, read from the source (no import)."""
-    from te_align.trainers.onetrainer.hooks import OneTrainerHook
-
     return target_problems(root, OneTrainerHook().targets())
 
 
 def shim_source(script: str, profile: str | None) -> bytes:
     up = "/".join([".."] * (len(Path(script).parts) - 1)) or "."
     return shim_from_template(templates_dir() / "launch_script.py.tmpl", script, profile,
-                              unpinned="profile chosen per model type", up=up)  # fmt: skip
+                              unpinned="profile chosen per model type", up=up)
 
 
 def plan(detection: Detection, profile: str | None) -> Plan:
-    from te_align.trainers.onetrainer.hooks import OneTrainerHook
-
     root = detection.root
     problems = static_problems(root)
     if problems:
         commit = next(iter(OneTrainerHook.supported))[:7]
-        raise PatchError(
-            f"unknown OneTrainer version {detection.version} at {root}: te-align's hook targets do not match "
-            f"({'; '.join(problems)}). te-align was verified with OneTrainer {commit}; check that commit out "
-            f"(git -C {root} checkout {commit}) or upgrade te-align"
-        )
+        raise PatchError(target_mismatch("OneTrainer", detection.version, root, problems, OneTrainerHook.supported,
+                                         how=f"check that commit out (git -C {root} checkout {commit})"))
     readme = (
         "Original OneTrainer launch scripts, kept byte for byte by te-align; the scripts of the same name in\n"
         f"scripts/ run them after activating te-align. Undo everything with: te-align unpatch {root}\n"
     )
     return plan_drop_ins(detection, profile, trainer=TRAINER, name="OneTrainer", scripts=SCRIPTS, shim=shim_source,
-                         readme=readme)  # fmt: skip
+                         readme=readme)
 
 
 __all__ = ["ORIGINALS", "SCRIPTS", "detect", "plan", "shim_source", "static_problems"]

@@ -19,17 +19,26 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter
+from te_align.probe.adapter import TINY_FAMILY, Adapter, HooksUnavailable, NotImportable, _hf_quiet
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.profiles import profile as _profile
+from te_align.tiny.fit import fit_profile
+from te_align.trainers.api import find_checkout
+from te_align.trainers.onetrainer import SPEC
+from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path; load what only one command needs when it runs.
 
 #: Environment variable naming a OneTrainer checkout (matrix and tests).
-ENV_DIR = "TE_ALIGN_ONETRAINER_DIR"
+ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Optional packages OneTrainer's model modules import at the top that the encode path never calls.
 OPTIONAL = ("gguf", "parse", "torchvision", "cv2", "bitsandbytes", "torchao", "optimum", "imagesize", "av",
             "scenedetect", "yt_dlp", "pooch", "omegaconf", "imwatermark", "open_clip", "dadaptation",
@@ -90,8 +99,6 @@ class OneTrainer(Adapter):
         import diffusers  # noqa: F401  (decide optional packages before any stand-in exists)
         import transformers  # noqa: F401
 
-        from te_align.probe.adapter import _hf_quiet
-
         _hf_quiet()
         roots = [self.root, *mgds_dirs()]
         with _stubs.sandbox(roots, [str(self.root)]), _stubs.stub_missing(OPTIONAL, roots), \
@@ -100,13 +107,11 @@ class OneTrainer(Adapter):
                 self.model_type = importlib.import_module("modules.util.enum.ModelType").ModelType
             except Exception as e:
                 raise ProbeError(f"onetrainer: cannot import modules.util.enum.ModelType from {self.root} "
-                                 f"({type(e).__name__}: {e})") from None  # fmt: skip
+                                 f"({type(e).__name__}: {e})") from None
             yield
 
     def model(self, profile_name: str, toks: dict[str, Any], encs: dict[str, Any]) -> Any:
         """A OneTrainer model object of the profile's class with the tiny components as its encoders."""
-        from te_align.probe.adapter import NotImportable
-
         cls_name, mt, n = self.MODELS[profile_name]
         try:
             cls = getattr(importlib.import_module(f"modules.model.{cls_name}"), cls_name)
@@ -128,13 +133,13 @@ class OneTrainer(Adapter):
         notes = [f"{cls_name}.encode_text, object made with {cls_name}(ModelType.{self.MODELS[profile_name][1]})"]
         if cls_name not in ("ChromaModel", "QwenModel"):
             notes.append("without hooks: one prompt per encode_text call (its text is one str), so differences of "
-                         "~1e-6 can come from the batch shape, not from OneTrainer's settings")  # fmt: skip
+                         "~1e-6 can come from the batch shape, not from OneTrainer's settings")
         if cls_name == "StableDiffusionModel" and clip_text_model_view(model.text_encoder):
             notes.append("the installed transformers' CLIPTextModel has no .text_model (OneTrainer pins transformers "
-                         "5.5.4, which has): the tiny encoder gets text_model.final_layer_norm = its final_layer_norm")  # fmt: skip
+                         "5.5.4, which has): the tiny encoder gets text_model.final_layer_norm = its final_layer_norm")
         if cls_name == "FluxModel":
             notes.append("text_ids: OneTrainer builds them in the transformer call, not compared; "
-                         "text_encoder_2_sequence_length=77 (TrainConfig default)")  # fmt: skip
+                         "text_encoder_2_sequence_length=77 (TrainConfig default)")
 
         def outputs(out: Any) -> dict[str, Any]:
             import torch
@@ -166,8 +171,6 @@ class OneTrainer(Adapter):
         def hooked(prompts: list[str]) -> dict[str, Any]:
             import torch
 
-            from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
-
             fam = next(f for f in FAMILIES.values() if f.model_class == cls_name)
             p = RUN.profile_for(model, fam)
             kwargs: dict[str, Any] = {}
@@ -187,8 +190,6 @@ class OneTrainer(Adapter):
 
     @contextlib.contextmanager
     def hooked(self, profile: Any) -> Iterator[list[str]]:
-        from te_align.probe.adapter import HooksUnavailable
-
         try:
             from te_align.trainers.onetrainer import hooks as hooks
 
@@ -200,7 +201,7 @@ class OneTrainer(Adapter):
         self._hooked = True
         try:
             yield ["hooks: te_align.trainers.onetrainer.hooks parts=('models',); captions tokenized as the hooked data loader "
-                   "tokenizes them (one per item), then encode_text(tokens_N=...)"]  # fmt: skip
+                   "tokenizes them (one per item), then encode_text(tokens_N=...)"]
         finally:
             self._hooked = False
             hooks.uninstall()
@@ -208,9 +209,6 @@ class OneTrainer(Adapter):
 
 def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(fitted profile, tokenizers, text encoders) of the profile's tiny family (:mod:`te_align.tiny`)."""
-    import te_align
-    from te_align.probe.adapter import TINY_FAMILY
-    from te_align.tiny.fit import fit_profile
     from te_align.tiny.pipelines import build_pipeline_for_encoding
     from te_align.tiny.tokenizers import clip_bpe_path
 
@@ -220,7 +218,7 @@ def tiny_components(profile_name: str) -> tuple[Any, dict[str, Any], dict[str, A
         raise ProbeError(str(e)) from None
     pipe = build_pipeline_for_encoding(TINY_FAMILY.get(profile_name, profile_name))
     comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
-    prof = fit_profile(te_align.profile(profile_name), comps)
+    prof = fit_profile(_profile(profile_name), comps)
     return prof, {k: v for k, v in comps.items() if k.startswith("tokenizer")}, {k: v for k, v in comps.items() if k.startswith("text_encoder")}
 
 
@@ -246,11 +244,6 @@ def torch_no_grad() -> Iterator[None]:
 ADAPTER = OneTrainer
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A OneTrainer checkout in ``TE_ALIGN_ONETRAINER_DIR``."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV_DIR)
-    if root:
-        return [Found("onetrainer", root, f"{ENV_DIR}={root}")], []
-    return [], [f"OneTrainer: {ENV_DIR} is not set (path of a Nerogar/OneTrainer checkout)"]
+    return find_checkout(environ, SPEC, Found)

@@ -1,6 +1,6 @@
 """bghira/SimpleTuner."""
 
-from te_align.trainers import Dialect, TrainerSpec
+from te_align.trainers.api import Dialect, TrainerSpec
 
 SPEC = TrainerSpec(
     name="simpletuner",
@@ -12,6 +12,6 @@ SPEC = TrainerSpec(
     patch="patch",
     probe="probe",
     patch_path="SimpleTuner checkout",
-    probe_path="a checkout at --path or $TE_ALIGN_SIMPLETUNER_DIR, or the installed package",
+    probe_path="a checkout at --path or $ENV, or the installed package",
     env_dir="TE_ALIGN_SIMPLETUNER_DIR",
 )

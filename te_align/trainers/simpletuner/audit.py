@@ -8,13 +8,24 @@ so an unknown key stops training (error). ``check_user_config`` rewrites ``token
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
-from te_align.audit.parsed import CacheSpec, KeyLines, Parsed, dropout_form_finding, unknown_key_finding
+from te_align.audit.models import assumption, guess_model
+from te_align.audit.parsed import (
+    CacheSpec,
+    KeyLines,
+    Parsed,
+    dropout_form_finding,
+    reason,
+    unknown_key_finding,
+)
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer
+from te_align.audit.rules import Context, Rule, Trainer, family_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 _M = "simpletuner/helpers/models"
 
@@ -199,9 +210,6 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     name of pretrained_model_name_or_path (what SimpleTuner loads instead of the flavour's repository), else
     SimpleTuner's default flavour. Where nothing decides between two profiles of a family, the reason carries the
     assumption."""
-    from te_align.audit.models import assumption, guess_model
-    from te_align.audit.parsed import reason
-
     fam = str(values.get("model_family") or "")
     flavour = str(values.get("model_flavour") or "")
     path = values.get("pretrained_model_name_or_path")
@@ -230,8 +238,6 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def _same_family(a: str, b: str) -> bool:
-    from te_align.audit.rules import family_of
-
     return family_of(a) == family_of(b)
 
 
@@ -242,7 +248,7 @@ _BACKEND_KEYS = ("instance_data_dir", "dataset_type", "cache_dir_vae", "caption_
 def _is_backend_config(data: Any) -> bool:
     """SimpleTuner's data backend config: a JSON list of backends, each with ``id`` and ``type``."""
     return (isinstance(data, list) and bool(data) and all(isinstance(d, dict) and "id" in d and "type" in d for d in data)
-            and any(k in d for d in data for k in _BACKEND_KEYS))  # fmt: skip
+            and any(k in d for d in data for k in _BACKEND_KEYS))
 
 
 def detect(raw: RawConfig) -> int | None:
@@ -302,7 +308,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove {key}"
 
-    def after(profile: Any, ctx: Any) -> list[Finding]:
+    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
         key = "caption_dropout_probability"
         rate = values.get(key, 0.1)
         return dropout_form_finding(
@@ -311,8 +317,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                    "default 0.1 at simpletuner/simpletuner_sdk/server/services/field_registry/sections/advanced.py:"
                    "1183-1190",
             line=lines(key), fix=f'{fix_set(key, 0.0)} (SimpleTuner cannot drop captions as zeros)')
-
-    from te_align.audit.rules import family_of
 
     # Qwen-Image's edit flavours encode the caption with its image: the hooks leave them to SimpleTuner
     hooked = prof is not None and family_of(prof) in HOOKED and not (fam == "qwen_image" and flavour.startswith("edit"))

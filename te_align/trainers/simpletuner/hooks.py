@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from te_align.encoding import encode as _encode
 from te_align.hooks.base import (
     ENV_PROFILE,
     ENV_SWITCH,
@@ -79,6 +80,10 @@ from te_align.hooks.base import (
     hooks_disabled,
     mark_wrapper,
 )
+from te_align.trainers.simpletuner.audit import guess_profile
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 logger = logging.getLogger("te_align")
 
@@ -189,8 +194,6 @@ _BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("te_align_simplet
 
 def _profile_name_for(config: Any) -> str:
     """The bundled profile for a SimpleTuner model config (as ``te-align check`` reads the config)."""
-    from te_align.trainers.simpletuner.audit import guess_profile
-
     values = {k: getattr(config, k, None) for k in ("model_family", "model_flavour", "pretrained_model_name_or_path")}
     name, why = guess_profile(values)
     if name is None:
@@ -371,8 +374,6 @@ def _existing(cache: Any) -> set[str]:
 def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: bool = False) -> Any:
     """:func:`te_align.encode` with SimpleTuner's model components, in the original's return layout
     (``negative``: SimpleTuner's validation negative prompt, encoded with the profile's negative template)."""
-    import te_align
-
     batch = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
     device = getattr(getattr(model, "accelerator", None), "device", None)
     if fam.loads_encoders:  # as the original does first (qwen_image/model.py:518-526)
@@ -382,14 +383,14 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
         if device is not None and getattr(first, "device", device) != device:
             first.to(device)
     toks, encs = _components(model)
-    out = te_align.encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
+    out = _encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
     dtype = getattr(getattr(model, "config", None), fam.cast, None) if fam.cast else None
     values = []
     for name in fam.returns:
         if name.endswith("?"):
             value = out[name[:-1]]
         elif name.endswith("@empty"):
-            value = te_align.encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
+            value = _encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
                                     negative=True)[name.split("@", 1)[0]]
         elif name == "t5_mask":
             from te_align.encoding.core import tokenize_slot

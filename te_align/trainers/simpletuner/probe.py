@@ -17,15 +17,20 @@ import importlib.util
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter
+from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _ordered, _tiny
 from te_align.probe.core import Case
+from te_align.probe.matrix import Found
+from te_align.trainers.api import checkout
+from te_align.trainers.simpletuner import SPEC
+from te_align.trainers.simpletuner.hooks import FAMILIES, SimpleTunerHook
 
-ENV = "TE_ALIGN_SIMPLETUNER_DIR"
+ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Import-only packages SimpleTuner's model modules need besides torch/transformers/diffusers/accelerate/peft.
 OPTIONAL_IMPORTS = ("torchvision", "lycoris", "fastapi", "pandas", "starlette", "pydantic_settings", "sse_starlette",
                     "uvicorn", "wandb", "bitsandbytes", "optimum", "torchao", "cv2", "boto3", "botocore",
@@ -168,9 +173,6 @@ class SimpleTunerProbe(Adapter):
     name = "simpletuner"
 
     def __init__(self, path: str | None) -> None:
-        from te_align._git import git_head
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         self.root, self.sys_path = _root(path)
         head = git_head(self.root)
         self.version = self._version() + (f" ({head[:7]})" if head else "")
@@ -195,8 +197,6 @@ class SimpleTunerProbe(Adapter):
         import diffusers  # noqa: F401  (decide optional packages before any stand-in exists)
         import transformers  # noqa: F401
 
-        from te_align.probe.adapter import _hf_quiet
-
         _hf_quiet()
         with _diffusers_restored(), _stubs.sandbox([self.root], [self.sys_path] if self.sys_path else []), \
                 _stubs.stub_missing(OPTIONAL_IMPORTS, [self.root]):
@@ -208,8 +208,6 @@ class SimpleTunerProbe(Adapter):
                 logging.getLogger().setLevel(level)
 
     def _module(self, family: str) -> Any:
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         mod = FAMILIES[family].module
         if mod not in self.modules:
             try:
@@ -248,9 +246,6 @@ class SimpleTunerProbe(Adapter):
 
     def model(self, profile_name: str, toks: dict[str, Any], encs: dict[str, Any], pipe: Any) -> Any:
         """A ``__new__``-made SimpleTuner model of the profile's family with the tiny components."""
-        from te_align.probe.adapter import _ordered
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         family, cfg = PROBED[profile_name]
         mod = self._module(family)
         cls = getattr(mod, FAMILIES[family].cls)
@@ -283,9 +278,6 @@ class SimpleTunerProbe(Adapter):
         return model
 
     def case(self, profile_name: str) -> Case:
-        from te_align.probe.adapter import _tiny
-        from te_align.trainers.simpletuner.hooks import FAMILIES
-
         family, cfg = PROBED[profile_name]
         prof, toks, encs, pipe = _tiny(profile_name)
         model = self.model(profile_name, toks, encs, pipe)
@@ -327,9 +319,6 @@ class SimpleTunerProbe(Adapter):
 
     @contextlib.contextmanager
     def hooked(self, profile: Any) -> Iterator[list[str]]:
-        from te_align.probe.adapter import HooksUnavailable
-        from te_align.trainers.simpletuner.hooks import SimpleTunerHook
-
         family = next((f for p, (f, _) in PROBED.items() if p == profile.name), None)
         if family is None:
             raise HooksUnavailable(f"no SimpleTuner hook for profile {profile.name}")
@@ -349,14 +338,11 @@ class SimpleTunerProbe(Adapter):
 ADAPTER = SimpleTunerProbe
 
 
-def find(environ: Any) -> tuple[list[Any], list[str]]:
+def find(environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
     """A checkout in ``TE_ALIGN_SIMPLETUNER_DIR``, else the installed simpletuner package."""
-    from te_align.probe.matrix import Found
-
-    root = environ.get(ENV)
+    root = checkout(environ, SPEC)
     if root:
         return [Found("simpletuner", root, f"{ENV}={root}")], []
     if importlib.util.find_spec("simpletuner") is not None:
         return [Found("simpletuner", None, "installed simpletuner package")], []
-    return [], ["SimpleTuner: not installed and TE_ALIGN_SIMPLETUNER_DIR is not set (path of a bghira/SimpleTuner "
-                "checkout)"]
+    return [], [f"SimpleTuner: not installed and {ENV} is not set (path of a bghira/SimpleTuner checkout)"]

@@ -39,6 +39,9 @@ from te_align.trainers.kohya.hooks.run import ENV_OVERRIDES, RUN, with_clip_skip
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 #: ``tokenize(arch, profile, strategy, texts, negative)`` -> sd-scripts' token layout
 Tokenize = Callable[["Arch", "AlignmentProfile", Any, list[str], bool], Any]
 #: ``encode(arch, profile, encoding strategy, tokenize strategy, models, tokens, **extra parameters)`` -> outputs
@@ -110,15 +113,15 @@ class Arch:
         ]
         if self.cache_cls:
             out.append(Target(m, f"{self.cache_cls}.is_disk_cached_outputs_expected", ("self", "npz_path"),
-                              wrap=partial(caches.cache_check_wrapper, self)))  # fmt: skip
+                              wrap=partial(caches.cache_check_wrapper, self)))
             out.append(Target(m, f"{self.cache_cls}.cache_batch_outputs",
                               ("self", "tokenize_strategy", "models", "text_encoding_strategy", self.cache_batch_param),
-                              wrap=partial(caches.cache_write_wrapper, self)))  # fmt: skip
+                              wrap=partial(caches.cache_write_wrapper, self)))
         if self.weighted is not None:
             out.append(Target(m, f"{self.tokenize_cls}.tokenize_with_weights", ("self", "text"),
-                              wrap=partial(weights.tokenize_with_weights_wrapper, self)))  # fmt: skip
+                              wrap=partial(weights.tokenize_with_weights_wrapper, self)))
             out.append(Target(m, f"{self.encode_cls}.encode_tokens_with_weights", self.weighted.encode_params,
-                              wrap=partial(weights.encode_tokens_with_weights_wrapper, self)))  # fmt: skip
+                              wrap=partial(weights.encode_tokens_with_weights_wrapper, self)))
         out.extend(self.extra(self))
         return out
 
@@ -157,7 +160,7 @@ def _tokenize_sd(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str
 
 
 def _encode_sd(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
-               **_: Any) -> Any:  # fmt: skip
+               **_: Any) -> Any:
     """``[hidden]``; sd-scripts' ``--clip_skip`` taken as a profile override (:func:`~.run.with_clip_skip`)."""
     p = with_clip_skip(p, getattr(self, "clip_skip", None))
     return [slots.slot_encode(p, p.slots[0].name, models[0], slots.one_chunk(tokens[0], arch.name), None).hidden]
@@ -170,7 +173,7 @@ def _tokenize_sdxl(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[s
 
 
 def _encode_sdxl(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any],
-                 tokens: Sequence[Any], **_: Any) -> Any:  # fmt: skip
+                 tokens: Sequence[Any], **_: Any) -> Any:
     """``[clip_l hidden, clip_g hidden, clip_g pooled]``."""
     r1 = slots.slot_encode(p, "clip_l", models[0], slots.one_chunk(tokens[0], arch.name), None)
     r2 = slots.slot_encode(p, "clip_g", models[1], slots.one_chunk(tokens[1], arch.name), None)
@@ -186,7 +189,7 @@ def _sample_targets_sd(arch: Arch) -> tuple[Target, ...]:
                wrap=partial(sample.lpw_embeddings_wrapper, arch)),
         Target(m, "StableDiffusionLongPromptWeightingPipeline.__call__", ("self", "prompt", "negative_prompt"),
                wrap=partial(sample.pipeline_call_wrapper, arch)),
-    )  # fmt: skip
+    )
 
 
 def _sample_targets_sdxl(arch: Arch) -> tuple[Target, ...]:
@@ -194,7 +197,7 @@ def _sample_targets_sdxl(arch: Arch) -> tuple[Target, ...]:
     return (
         Target("library.sdxl_lpw_stable_diffusion", "SdxlStableDiffusionLongPromptWeightingPipeline.__call__",
                ("self", "prompt", "negative_prompt"), wrap=partial(sample.pipeline_call_wrapper, arch)),
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------------------ SD3
@@ -222,7 +225,7 @@ def _tokenize_flux(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[s
 
 
 def _encode_flux(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any],
-                 tokens: Sequence[Any], **_: Any) -> Any:  # fmt: skip
+                 tokens: Sequence[Any], **_: Any) -> Any:
     """``[clip_l pooled, t5 hidden, txt_ids (zeros), t5 mask]`` (Chroma: the dummy CLIP-L's pooled output)."""
     import torch
 
@@ -279,7 +282,7 @@ def _tokenize_single(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list
 
 
 def _encode_lumina(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any],
-                   tokens: Sequence[Any], **_: Any) -> Any:  # fmt: skip
+                   tokens: Sequence[Any], **_: Any) -> Any:
     """``[hidden, ids, mask]``."""
     ids, mask = tokens
     r = slots.slot_encode(p, p.slots[0].name, models[0], ids, mask)
@@ -291,7 +294,7 @@ def _notes_lumina(strategy: Any, p: AlignmentProfile) -> None:
     if sp is not None:
         tmpl = p.slots[0].tokenizer
         RUN.once("lumina:sp", "te-align: Lumina 2 captions use profile %s's template (sd-scripts --system_prompt %r not used): %r",
-                 p.name, sp, getattr(tmpl, "template", None))  # fmt: skip
+                 p.name, sp, getattr(tmpl, "template", None))
 
 
 def _notes_anima(strategy: Any, p: AlignmentProfile) -> None:
@@ -299,12 +302,12 @@ def _notes_anima(strategy: Any, p: AlignmentProfile) -> None:
         have, want = getattr(strategy, attr, None), p.slot(slot).tokenizer.max_length if slot in p.slot_names else None
         if have is not None and want is not None and have != want:
             RUN.once(f"anima:{attr}", "te-align: sd-scripts' %s %s replaced by profile %s's %s (override with %s='{\"%s_max_length\": %s}')",
-                     flag, have, p.name, want, ENV_OVERRIDES, slot, have)  # fmt: skip
+                     flag, have, p.name, want, ENV_OVERRIDES, slot, have)
 
 
 # ------------------------------------------- the architectures with steps of their own: SD3, Anima, HunyuanImage
 def _encode_sd3(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
-                enable_dropout: bool = True, **_: Any) -> Any:  # fmt: skip
+                enable_dropout: bool = True, **_: Any) -> Any:
     """``[lg_out, t5_out, lg_pooled, l_mask, g_mask, t5_mask]`` as Sd3TextEncodingStrategy.encode_tokens returns them,
     with sd-scripts' per-encoder caption dropout (``--clip_l_dropout_rate`` etc., zeroed rows)."""
     import torch
@@ -315,7 +318,7 @@ def _encode_sd3(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: A
     if any(getattr(self, f, False) for f in flags):
         RUN.once("sd3:masks", "te-align: SD3 --apply_lg_attn_mask/--apply_t5_attn_mask are not used: masks follow profile %s "
                   "(encoder masks: clip_l=%s clip_g=%s t5=%s), on the live and the cached path alike",
-                  p.name, *(p.slot(s).masks.encoder for s in ("clip_l", "clip_g", "t5")))  # fmt: skip
+                  p.name, *(p.slot(s).masks.encoder for s in ("clip_l", "clip_g", "t5")))
     lg_out = lg_pooled = None
     if l_ids is not None and clip_l is not None:
         rl = slots.slot_encode(p, "clip_l", clip_l, l_ids, l_mask)
@@ -374,7 +377,7 @@ def _tokenize_anima(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[
 
 
 def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
-                  **_: Any) -> Any:  # fmt: skip
+                  **_: Any) -> Any:
     """``[qwen states, qwen mask, t5 ids, t5 mask]`` as AnimaTextEncodingStrategy.encode_tokens returns them
     (strategy_anima.py:82-107): Qwen3 runs on the batch cut back to its longest caption, exactly as the
     official pipeline encodes that batch; states and mask are then zero-padded back to sd-scripts' width.
@@ -437,7 +440,7 @@ def _tokenize_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, texts: lis
         "te-align: HunyuanImage captions follow profile %s: Qwen %s tokens (sd-scripts: up to 1024, padded to the batch's "
         "longest), ByT5 glyph text from '...', \"...\", ‘...’ and “...” (sd-scripts skips '...')",
         p.name, p.slot("qwen").tokenizer.max_length if "qwen" in p.slot_names else "?",
-    )  # fmt: skip
+    )
     out: list[Any] = []
     for slot, tok in slots.slot_tokenizers(arch, strategy, p):
         out.extend(tokenize_slot(slot, tok, texts, negative=negative))
@@ -459,7 +462,7 @@ def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: Any, ids:
 
 
 def _encode_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strategy: Any, models: Sequence[Any],
-                    tokens: Sequence[Any], **_: Any) -> Any:  # fmt: skip
+                    tokens: Sequence[Any], **_: Any) -> Any:
     """``[vlm_embed, vlm_mask, byt5_embed, byt5_mask, ocr_mask]`` as HunyuanImageTextEncodingStrategy.encode_tokens
     returns them (strategy_hunyuan_image.py:53-79): states and int64 masks of both slots by the profile, and
     ``ocr_mask`` (bool, per caption, on the CPU as sd-scripts builds it): the caption has glyph text.
@@ -504,7 +507,7 @@ def _encode_hunyuan_fp8(p: AlignmentProfile, qwen: Any, ids: Any, mask: Any) -> 
             "remove --fp8_vl or those overrides"
         )
     RUN.once("hunyuan:fp8", "te-align: --fp8_vl: Qwen2.5-VL encodes the profile's tokens through sd-scripts' float8 forward "
-              "(bf16 autocast); floats differ from the official bf16 encoding by the quantisation")  # fmt: skip
+              "(bf16 autocast); floats differ from the official bf16 encoding by the quantisation")
     return hte.get_qwen_prompt_embeds_from_tokens(qwen, ids, mask)
 
 

@@ -12,12 +12,16 @@ import atexit
 import os
 from typing import TYPE_CHECKING, Any
 
+from te_align._atomic import atomic_file
 from te_align.hooks.base import HookError, mark_wrapper
+from te_align.metadata import stamp, stamp_keys
 from te_align.trainers.kohya.hooks.run import RUN, chunk_options, profile_for, tokenize_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch
+
+# Function-local te_align imports in this module: would close an import loop at module level.
 
 #: Key stored in every TE-output npz written while the hooks are active.
 NPZ_KEY = "te_align_fingerprint"
@@ -59,8 +63,6 @@ def stamp_npz(path: str, fingerprint: str) -> None:
     from pathlib import Path
 
     import numpy as np
-
-    from te_align._atomic import atomic_file
 
     with np.load(path) as data:
         arrays = {k: data[k] for k in data.files}
@@ -104,7 +106,7 @@ def cache_check_wrapper(arch: Arch, original: Any) -> Any:
         with RUN.lock:
             RUN.reencoded += 1
         RUN.once(f"stale:{arch.name}", "te-align: %s was cached %s; it and any like it are re-encoded", npz_path,
-                 "without a te-align profile" if have is None else f"with profile fingerprint {have[:12]}")  # fmt: skip
+                 "without a te-align profile" if have is None else f"with profile fingerprint {have[:12]}")
         return False
 
     return mark_wrapper(is_disk_cached_outputs_expected, original)
@@ -136,8 +138,6 @@ def stamping_save(original: Any) -> Any:
         p = RUN.last_profile
         if p is None or not str(file).endswith(".safetensors"):
             return original(self, file, dtype, metadata)
-        from te_align.metadata import stamp, stamp_keys
-
         if isinstance(metadata, dict):
             metadata.update(stamp_keys(p, {"trainer": TRAINER}))
             return original(self, file, dtype, metadata)

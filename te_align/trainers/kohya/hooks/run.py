@@ -16,12 +16,16 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides  # noqa: F401
+from te_align import kohya_lora
+from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides, settings  # noqa: F401
+from te_align.profiles import AlignmentProfile
 from te_align.trainers.kohya import names as table
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.encoding.core import EncodeOptions
-    from te_align.profiles import AlignmentProfile
+
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
 
 logger = logging.getLogger("te_align")
 
@@ -117,9 +121,6 @@ def default_profile_name(arch: str, strategy: Any = None) -> str:
 
 def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
     """The profile a hooked call of ``arch`` follows (explicit, else per architecture; overrides applied)."""
-    from te_align.hooks.base import settings
-    from te_align.profiles import AlignmentProfile
-
     name = RUN.explicit if RUN.explicit is not None else default_profile_name(arch, strategy)
     key = name.name if isinstance(name, AlignmentProfile) else f"{arch}:{name}"
     with RUN.lock:
@@ -132,7 +133,7 @@ def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
             logger.info(
                 "te-align: kohya %s follows profile %s (fingerprint %s)%s", arch, p.name, p.fingerprint()[:12],
                 f"; user overrides {json.dumps(RUN.overrides, sort_keys=True)}" if RUN.overrides else "",
-            )  # fmt: skip
+            )
         RUN.last_profile = p
     return p
 
@@ -149,17 +150,15 @@ def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
     slot = p.slots[0].name
     if any("layer" in k for k in RUN.overrides):
         RUN.once("clip_skip:ignored", "te-align: --clip_skip %s not used: the user override %s sets the layer", clip_skip,
-                 json.dumps(RUN.overrides, sort_keys=True))  # fmt: skip
+                 json.dumps(RUN.overrides, sort_keys=True))
         return p
     key = f"{p.name}:{p.fingerprint()}:clip_skip={clip_skip}"
     with RUN.lock:
         q = RUN.profiles.get(key)
         if q is None:
-            q = RUN.profiles[key] = p.with_overrides(
-                {f"slots.{slot}.encoder.layer": -int(clip_skip), f"slots.{slot}.encoder.final_layer_norm": True}
-            )
+            q = RUN.profiles[key] = p.with_overrides(kohya_lora.clip_skip_overrides(slot, int(clip_skip)))
             logger.info("te-align: --clip_skip %s taken as a user override of profile %s: hidden_states[-%s] + final layer "
-                        "norm (fingerprint %s)", clip_skip, p.name, clip_skip, q.fingerprint()[:12])  # fmt: skip
+                        "norm (fingerprint %s)", clip_skip, p.name, clip_skip, q.fingerprint()[:12])
     return q
 
 

@@ -52,6 +52,9 @@ from te_align.trainers.kohya.hooks.run import (
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 class MissingNegative(str):
     """A negative prompt that was not given: the text ``""``, but truthy, so sd-scripts'
@@ -78,7 +81,7 @@ def pipeline_call_wrapper(arch: Arch, original: Any) -> Any:
                     f"sample:zeros:{arch.name}",
                     "te-align: sample images: a missing negative prompt becomes zero embeddings (profile %s empty_prompt "
                     "= zeros, as the official pipeline); sd-scripts would encode \"\"", p.name,
-                )  # fmt: skip
+                )
                 negative_prompt = MISSING_NEGATIVE
         return original(self, prompt, negative_prompt, *args, **kwargs)
 
@@ -114,7 +117,7 @@ def lpw_embeddings(
         p.name, slot.encoder.layer, " + final norm" if slot.encoder.final_layer_norm else "",
         f"{chunks} chunks of 77" if chunks else "77-token truncation", max_embeddings_multiples,
         "" if clip_skip in (None, 1) else f"; --clip_skip {clip_skip} as in training",
-    )  # fmt: skip
+    )
     parse = not skip_parsing
     weigh = parse and not skip_weighting
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 # -------------------------------------------------------------------------------- tokenization
 def clip_g_tokenizer(strategy: Any, attr: str) -> Any:
@@ -64,14 +67,14 @@ def note_setting_differences(arch: Arch, strategy: Any, p: AlignmentProfile) -> 
             "te-align: --max_token_length %s: %d CLIP chunks of 77 tokens each with BOS/EOS (NovelAI method; sd-scripts "
             "stitches them to %d tokens); the profile %s itself truncates at 77",
             chunks * 75, chunks, chunks * 75 + 2, p.name,
-        )  # fmt: skip
+        )
     t5len = getattr(strategy, "t5xxl_max_length", None)
     if t5len is not None and any(s.name == "t5" for s in p.slots) and t5len != p.slot("t5").tokenizer.max_length:
         RUN.once(
             f"t5:{arch.name}",
             "te-align: sd-scripts' T5 length %s replaced by profile %s's %s (override with %s='{\"t5_max_length\": %s}')",
             t5len, p.name, p.slot("t5").tokenizer.max_length, ENV_OVERRIDES, t5len,
-        )  # fmt: skip
+        )
     if arch.notes is not None:
         arch.notes(strategy, p)
 
@@ -100,13 +103,11 @@ def tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> An
 
 # ------------------------------------------------------------------------------------ encoding
 def clip_mask(ids: Any, eos: int | None) -> Any:
-    """Attention mask of CLIP ids without one: real tokens up to and including the first EOS."""
-    import torch
+    """Attention mask of CLIP ids without one: real tokens up to and including the first EOS
+    (:func:`te_align.encoding.core.eos_mask`)."""
+    from te_align.encoding.core import eos_mask
 
-    if eos is None:
-        return torch.ones_like(ids)
-    first = (ids == eos).int().argmax(dim=1, keepdim=True)
-    return (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) <= first).to(torch.long)
+    return eos_mask(ids, eos)
 
 
 def one_chunk(t: Any, arch: str) -> Any:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 class NegativeWeights(list):  # type: ignore[type-arg]
     """Weights of a batch with absent negative prompts (``zero_rows``) whose profile makes them zeros."""
@@ -52,7 +55,7 @@ def _announce(arch: Arch, p: AlignmentProfile, strategy: Any) -> None:
         arch.name, "--weighted_captions and sample images" if w.samples else "--weighted_captions",
         ", CLIP-G '!' rule" if "clip_g" in arch.slots else "", f"{chunks} chunks of 77" if chunks else "77-token truncation",
         p.name, w.source, ", pooled output unweighted" if w.pooled else "",
-    )  # fmt: skip
+    )
 
 
 def _announce_unweighted(arch: Arch, p: AlignmentProfile) -> None:
@@ -61,7 +64,7 @@ def _announce_unweighted(arch: Arch, p: AlignmentProfile) -> None:
         "te-align: --weighted_captions (%s): captions tokenized and encoded by profile %s; sd-scripts applies no "
         "prompt weights to %s (%s), so captions are encoded as written, weight syntax included, as without te-align",
         arch.name, p.name, arch.weighted.encoder, arch.weighted.source,
-    )  # fmt: skip
+    )
 
 
 def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:

@@ -11,6 +11,9 @@ import importlib.util
 import os
 import sys
 
+# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
+# import, the CLI's cold path.
+
 
 def _chain() -> None:
     """Run the next ``sitecustomize`` on sys.path (the one this file shadows), if there is one."""

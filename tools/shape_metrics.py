@@ -1,0 +1,289 @@
+"""Print the shape of the ``te_align`` package: the numbers issue 36 tracks, before and after a change.
+
+Maintainer script (standard library only, reads source, imports nothing of te_align)::
+
+    python tools/shape_metrics.py [ROOT] [--json] [--loops] [--arrows] [--local]
+
+``ROOT`` is a checkout (default: the one this script is in); it reads ``ROOT/te_align``. Printed:
+
+- ``lines``: lines of Python in ``te_align/``;
+- ``function-local te_align imports``: ``import`` / ``from`` statements inside a function body whose target is
+a
+  ``te_align`` module (``importlib.import_module("te_align....")`` with a literal name counted too);
+- ``Any tokens``: the name ``Any`` as a code token (comments and strings not counted);
+- ``fmt: skip``: lines carrying ``# fmt: skip``;
+- ``lines > 110 cols``;
+- ``import loops between subpackages``: strongly connected groups (more than one node) of the graph whose
+nodes are
+  ``te_align``'s first-level packages and modules and whose arrows are every runtime import, module-level and
+  function-local (imports under ``if TYPE_CHECKING:`` are not runtime and not counted);
+- ``arrows engine -> trainers``: import statements in ``audit/``, ``hooks/``, ``patching/``, ``probe/`` (the
+engine)
+  whose target is ``te_align.trainers``;
+- ``duplicated-code pairs``: maximal runs of six or more identical code lines (stripped; blank lines, comments,
+  imports and docstrings left out) found in two places of ``te_align/``, each pair of places once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import sys
+import tokenize
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENGINE = ("audit", "hooks", "patching", "probe")
+DUP_LINES = 6
+
+
+@dataclass
+class Import:
+    """One import statement: where it is, what it targets, whether it runs inside a function."""
+
+    module: str
+    line: int
+    target: str
+    local: bool
+    type_only: bool
+
+
+@dataclass
+class Source:
+    path: Path
+    module: str
+    text: str
+    tree: ast.Module
+    imports: list[Import] = field(default_factory=list)
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = module.split(".")
+            base = base[: len(base) - node.level + (1 if is_package else 0)]
+            mod = ".".join([*base, node.module] if node.module else base)
+        else:
+            mod = node.module or ""
+        # ``from pkg import sub`` imports the submodule when there is one; the caller maps it to its node.
+        return [f"{mod}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Call):
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name == "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+            value = node.args[0].value
+            if isinstance(value, str):
+                return [value]
+    return []
+
+
+def _walk(node: ast.AST, local: bool, type_only: bool) -> Iterator[tuple[ast.AST, bool, bool]]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for sub in child.body:
+                yield sub, local, True
+                yield from _walk(sub, local, True)
+            for sub in child.orelse:
+                yield sub, local, type_only
+                yield from _walk(sub, local, type_only)
+            continue
+        inner = local or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        yield child, local, type_only
+        yield from _walk(child, inner, type_only)
+
+
+def load(root: Path) -> list[Source]:
+    out = []
+    for path in sorted((root / "te_align").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        mod = module_name(root, path)
+        src = Source(path, mod, text, ast.parse(text, str(path)))
+        is_package = path.name == "__init__.py"
+        for node, local, type_only in _walk(src.tree, False, False):
+            for target in _targets(node, mod, is_package):
+                if target == "te_align" or target.startswith("te_align."):
+                    src.imports.append(Import(mod, getattr(node, "lineno", 0), target, local, type_only))
+        out.append(src)
+    return out
+
+
+def node_of(name: str, known: set[str]) -> str:
+    """The first-level node (``te_align.audit``) of a module or of a name imported from a module."""
+    parts = name.split(".")
+    if len(parts) < 2:
+        return "te_align"
+    first = f"te_align.{parts[1]}"
+    return first if first in known else "te_align"
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    groups: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
+def _code_lines(src: Source) -> list[tuple[int, str]]:
+    """(line number, stripped text) of each line that is code: no blank, comment, import or docstring lines."""
+    skip: set[int] = set()
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            skip.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            skip.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    out = []
+    for n, line in enumerate(src.text.splitlines(), 1):
+        s = line.strip()
+        if s and not s.startswith("#") and n not in skip:
+            out.append((n, s))
+    return out
+
+
+def duplicate_pairs(sources: list[Source], size: int = DUP_LINES) -> list[tuple[str, int, str, int, int]]:
+    """Maximal runs of ``size`` or more identical code lines in two places: (file, line, file, line, length)."""
+    lines = {s.module: _code_lines(s) for s in sources}
+    windows: dict[tuple[str, ...], list[tuple[str, int]]] = defaultdict(list)
+    for mod, ls in lines.items():
+        for i in range(len(ls) - size + 1):
+            window = tuple(t for _, t in ls[i:i + size])
+            if sum(len(t) > 3 for t in window) >= size // 2:  # not a run of closing brackets
+                windows[window].append((mod, i))
+    matches: set[tuple[str, int, str, int]] = set()
+    for places in windows.values():
+        if len(places) > 20:  # boilerplate repeated everywhere is not a copy of one function
+            continue
+        for a in range(len(places)):
+            for b in range(a + 1, len(places)):
+                (ma, ia), (mb, ib) = sorted((places[a], places[b]))
+                if ma == mb and abs(ia - ib) < size:
+                    continue
+                matches.add((ma, ia, mb, ib))
+    runs = []
+    for ma, ia, mb, ib in sorted(matches):
+        if (ma, ia - 1, mb, ib - 1) in matches:
+            continue  # inside a run that started earlier
+        n = 0
+        while (ma, ia + n, mb, ib + n) in matches:
+            n += 1
+        runs.append((ma, lines[ma][ia][0], mb, lines[mb][ib][0], n + size - 1))
+    return runs
+
+
+def measure(root: Path) -> dict[str, object]:
+    sources = load(root)
+    known = {f"te_align.{s.module.split('.')[1]}" for s in sources if s.module.count(".") >= 1}
+    any_tokens = 0
+    fmt_skip = 0
+    long_lines = 0
+    total = 0
+    for s in sources:
+        total += len(s.text.splitlines())
+        fmt_skip += s.text.count("# fmt: skip")
+        long_lines += sum(len(line) > 110 for line in s.text.splitlines())
+        for tok in tokenize.generate_tokens(io.StringIO(s.text).readline):
+            any_tokens += tok.type == tokenize.NAME and tok.string == "Any"
+    local = list({(i.module, i.line): i for s in sources for i in s.imports if i.local}.values())
+    graph: dict[str, set[str]] = defaultdict(set)
+    for s in sources:
+        a = node_of(s.module, known)
+        for i in s.imports:
+            b = node_of(i.target, known)
+            if not i.type_only and a != b:
+                graph[a].add(b)
+    loops = strongly_connected(graph)
+    arrows = list({(i.module, i.line): i for s in sources for i in s.imports
+                   if s.module.split(".")[1:2] and s.module.split(".")[1] in ENGINE
+                   and node_of(i.target, known) == "te_align.trainers"}.values())
+    dups = duplicate_pairs(sources)
+    return {
+        "lines": total,
+        "function-local te_align imports": len(local),
+        "Any tokens": any_tokens,
+        "fmt: skip": fmt_skip,
+        "lines > 110 cols": long_lines,
+        "import loops between subpackages": len(loops),
+        "arrows engine -> trainers": len(arrows),
+        "duplicated-code pairs": len(dups),
+        "_loops": loops,
+        "_arrows": [f"{i.module}:{i.line} -> {i.target}" for i in arrows],
+        "_local": [f"{i.module}:{i.line} -> {i.target}" for i in local],
+        "_dups": [f"{a}:{la} = {b}:{lb} ({n} lines)" for a, la, b, lb, n in dups],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parents[1]), help="a checkout")
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument("--loops", action="store_true", help="list the nodes of each import loop")
+    ap.add_argument("--arrows", action="store_true", help="list the engine's imports of te_align.trainers")
+    ap.add_argument("--local", action="store_true", help="list the function-local te_align imports")
+    ap.add_argument("--dups", action="store_true", help="list the duplicated-code pairs")
+    args = ap.parse_args(argv)
+    res = measure(Path(args.root))
+    numbers = {k: v for k, v in res.items() if not k.startswith("_")}
+    if args.json:
+        print(json.dumps(numbers, indent=1))
+    else:
+        for k, v in numbers.items():
+            print(f"{k:<36}{v:>8}")
+    for flag, key in (("loops", "_loops"), ("arrows", "_arrows"), ("local", "_local"), ("dups", "_dups")):
+        if getattr(args, flag):
+            print(f"\n{flag}:")
+            for item in res[key]:  # type: ignore[attr-defined]
+                print(f"  {' '.join(item) if isinstance(item, list) else item}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
