@@ -54,6 +54,7 @@ def encode_captions(captions: list[str], fp: str | None = None, name: str = PROF
         name,
         fp or fingerprint(),
         [len(c.split()) for c in captions],
+        shared=("text_ids",),  # as the product's encoders do: a batch of 6 would otherwise slice it
     )
 
 
@@ -103,6 +104,20 @@ def test_conditioning_index_split_cat_to() -> None:
         c["nope"]
     explicit = Conditioning({"a": torch.zeros(2, 4), "ids": torch.zeros(2, 3)}, "x", "f", None, shared=("ids",))
     assert explicit.index(0)["ids"].shape == (2, 3) and explicit.index(0)["a"].shape == (1, 4)
+
+
+def test_named_shared_tensor_survives_a_batch_as_long_as_itself(tmp_path: Path) -> None:
+    # text_ids is (6, 3): a batch of exactly 6 captions must not slice it (CI once stored (1, 3))
+    six = [f"caption {i}" for i in range(6)]
+    batch = encode_captions(six)
+    assert batch.batch_size == 6 and not batch.is_batched("text_ids")
+    assert all(one["text_ids"].shape == (6, 3) for one in batch.split())
+    cache = make_cache(tmp_path)
+    cache.get_or_encode(six, encode_captions)
+    assert all(same(make_cache(tmp_path).get(c), encode_captions([c])) for c in six)  # type: ignore[arg-type]
+    # unnamed, the fallback cannot tell a (6, 3) table from a batch of 6: why encoders must name it
+    unnamed = Conditioning(dict(batch.tensors), batch.profile_name, batch.fingerprint, batch.token_counts)
+    assert unnamed.index(0)["text_ids"].shape == (1, 3)
 
 
 # ----------------------------------------------------------------------------------------- keys

@@ -7,7 +7,8 @@ records the profile name and fingerprint so caches and trainers can check where 
 Tensors whose first dimension is the batch are *batched*; a tensor without a batch dimension (Flux's
 ``text_ids`` of shape ``(seq, 3)``) is *shared* by every prompt. Name shared tensors in ``shared``;
 tensors not named there are treated as shared too when their first dimension differs from the batch
-size, so an encoder that forgets to list them still gets correct slices.
+size. That fallback cannot tell a shared tensor from a batched one when its first dimension happens
+to equal the batch size (a (6, 3) ``text_ids`` in a batch of 6 prompts), so encoders must name them.
 
 torch is only imported by the methods that build new tensors.
 """
