@@ -10,6 +10,8 @@ Maintainer script (standard library only, reads source, imports nothing of te_al
 - ``function-local te_align imports``: ``import`` / ``from`` statements inside a function body whose target is
 a
   ``te_align`` module (``importlib.import_module("te_align....")`` with a literal name counted too);
+- ``lazy module handles``: module-level ``lazy_module("te_align....")`` declarations (``te_align/_lazy.py``), the
+  one mark per module of an import deferred to keep torch off the CLI's cold path; they count as arrows below;
 - ``Any tokens``: the name ``Any`` as a code token (comments and strings not counted);
 - ``fmt: skip``: lines carrying ``# fmt: skip``;
 - ``lines > 110 cols``;
@@ -50,6 +52,7 @@ class Import:
     target: str
     local: bool
     type_only: bool
+    lazy: bool = False  # a module-level ``lazy_module("te_align....")`` handle: imported on first use
 
 
 @dataclass
@@ -73,6 +76,11 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
 def _targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -86,9 +94,8 @@ def _targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
         # ``from pkg import sub`` imports the submodule when there is one; the caller maps it to its node.
         return [f"{mod}.{a.name}" for a in node.names]
     if isinstance(node, ast.Call):
-        f = node.func
-        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-        if name == "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+        name = _call_name(node)
+        if name in ("import_module", "lazy_module") and node.args and isinstance(node.args[0], ast.Constant):
             value = node.args[0].value
             if isinstance(value, str):
                 return [value]
@@ -120,7 +127,8 @@ def load(root: Path) -> list[Source]:
         for node, local, type_only in _walk(src.tree, False, False):
             for target in _targets(node, mod, is_package):
                 if target == "te_align" or target.startswith("te_align."):
-                    src.imports.append(Import(mod, getattr(node, "lineno", 0), target, local, type_only))
+                    lazy = isinstance(node, ast.Call) and not local and _call_name(node) == "lazy_module"
+                    src.imports.append(Import(mod, getattr(node, "lineno", 0), target, local, type_only, lazy))
         out.append(src)
     return out
 
@@ -248,6 +256,7 @@ def measure(root: Path) -> dict[str, object]:
     return {
         "lines": total,
         "function-local te_align imports": len(local),
+        "lazy module handles": sum(i.lazy for s in sources for i in s.imports),
         "Any tokens": any_tokens,
         "fmt: skip": fmt_skip,
         "lines > 110 cols": long_lines,
