@@ -3,6 +3,8 @@
     python benchmarks/base_eval.py novelty               # the prompts against the training captions (no model)
     python benchmarks/base_eval.py score [--only sd3]    # sample and read every prompt (resumable)
     python benchmarks/base_eval.py table                 # the docs/world.md table from the committed results
+    python benchmarks/base_eval.py score --pipeline RUN/model-4000 --label sdxl-X1 --family sdxl [--call JSON]
+                                                         # a candidate base (not shipped): base_eval/candidates/
 
 ``score`` writes one JSON line per prompt to ``benchmarks/base_eval/results/<base>.jsonl`` (prompt index, text,
 style, what was asked, what the reader read) as it goes and skips the prompts already there, so an interrupted run
@@ -112,7 +114,27 @@ def _read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def score(name: str, *, limit: int | None = None) -> None:
+def _candidate(folder: Path, family: str, call: dict[str, object]) -> object:
+    """A pipeline folder written by ``tools/world_build.py base`` (not shipped), called with its family's shipped
+    sampling settings plus ``call``."""
+    import diffusers
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from ship_base import SAMPLING
+
+    pipe = diffusers.DiffusionPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    settings = {**SAMPLING[family], **call}
+
+    def run(text: str, **kwargs: object) -> object:
+        return pipe(text, **{**settings, **kwargs})
+
+    return run
+
+
+def score(name: str, *, limit: int | None = None, folder: Path | None = None, family: str = "",
+          call: dict[str, object] | None = None) -> None:  # fmt: skip
+    """Score shipped base ``name``, or (``folder``) a candidate pipeline folder under the label ``name``."""
     import numpy as np
     import torch
 
@@ -120,14 +142,13 @@ def score(name: str, *, limit: int | None = None) -> None:
 
     torch.set_num_threads(1)
     ps = prompts()[:limit]
-    path = RESULTS / f"{name}.jsonl"
+    path = RESULTS / f"{name}.jsonl" if folder is None else OUT / "candidates" / f"{name}.jsonl"
     done = {r["i"] for r in _read(path)}
     todo = [(i, p) for i, p in enumerate(ps) if i not in done]
     print(f"{name}: {len(todo)} of {len(ps)} prompts to score", flush=True)
     if not todo:
         return
-    cache = OUT / ".cache"
-    pipe = world.base(name, cache_dir=cache)
+    pipe = world.base(name, cache_dir=OUT / ".cache") if folder is None else _candidate(folder, family, call or {})
     path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with torch.no_grad(), path.open("a", encoding="utf-8") as f:
@@ -196,6 +217,13 @@ def summary() -> dict[str, object]:
         base["seconds_per_prompt"] = statistics.median(r["seconds"] for r in rows)
         base["before"] = bases.base_info(name)["metrics"]["heldout"]["visible"]
         out["bases"][name] = base  # type: ignore[index]
+    candidates = {}
+    for path in sorted((OUT / "candidates").glob("*.jsonl")):
+        rows = _read(path)
+        cand = {"all": summarise(rows), **{st: summarise([r for r in rows if r["style"] == st]) for st in evalset.STYLES}}
+        candidates[path.stem] = cand
+    if candidates:
+        out["candidates"] = candidates
     return out
 
 
@@ -210,23 +238,24 @@ def table(s: dict) -> str:
         "before: colour / position / shape / objects exact (190 visible, grammar wording) |",
         "| --- | ---: | --- | --- | --- | --- | ---: | --- |",
     ]
-    for name, b in s["bases"].items():
-        a, before = b["all"], b["before"]
+    every = {**s["bases"], **{f"{k} (candidate, not shipped)": v for k, v in s.get("candidates", {}).items()}}
+    for name, b in every.items():
+        a, before = b["all"], b.get("before")
         sp = a["spurious_per_image"]
         lines.append(
             f"| {name} | {a['prompts']} | {_pct(a['colour'])} | {_pct(a['position'])} | {_pct(a['shape'])} | "
             f"{_pct(a['exact_as_asked'])} | {sp['mean']:.2f} [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] | "
-            f"{before['colour']:.1%} / {before['position']:.1%} / {before['shape']:.1%} / "
-            f"{before['object_accuracy']:.1%} |"
+            + (f"{before['colour']:.1%} / {before['position']:.1%} / {before['shape']:.1%} / "
+               f"{before['object_accuracy']:.1%} |" if before else "- |")
         )
     lines += ["", "By prompt style (colour / position / shape / exactly as asked):", "",
               "| base | " + " | ".join(evalset.STYLES) + " |", "| --- |" + " --- |" * len(evalset.STYLES)]  # fmt: skip
-    for name, b in s["bases"].items():
+    for name, b in every.items():
         cells = [f"{b[st]['colour']['rate']:.0%} / {b[st]['position']['rate']:.0%} / {b[st]['shape']['rate']:.0%} / "
                  f"{b[st]['exact_as_asked']['rate']:.0%}" for st in evalset.STYLES]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Verdicts (the plan's rules):", ""]
-    for name, b in s["bases"].items():
+    for name, b in every.items():
         a = b["all"]
         parts = []
         for key, target in TARGETS.items():
@@ -248,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     sc = sub.add_parser("score")
     sc.add_argument("--only", action="append", default=None)
     sc.add_argument("--limit", type=int, default=None, help="score only the first N prompts (timing)")
+    sc.add_argument("--pipeline", type=Path, default=None,
+                    help="a candidate base's pipeline folder (tools/world_build.py base); needs --label and --family")
+    sc.add_argument("--label", default="", help="the candidate's name: results in base_eval/candidates/LABEL.jsonl")
+    sc.add_argument("--family", default="", help="the candidate's family (its sampling settings: tools/ship_base.py)")
+    sc.add_argument("--call", default="{}", help='JSON of extra call arguments, e.g. \'{"negative_prompt": ""}\'')
     sub.add_parser("table")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -261,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "score":
         from te_align.tiny import bases
 
+        if args.pipeline is not None:
+            if not (args.label and args.family):
+                ap.error("--pipeline needs --label and --family")
+            score(args.label, limit=args.limit, folder=args.pipeline, family=args.family, call=json.loads(args.call))
+            return 0
         for name in args.only or bases.shipped():
             score(name, limit=args.limit)
         return 0

@@ -459,3 +459,17 @@ def test_conditioning_gap_is_zero_without_a_text_path_and_the_x0_error_otherwise
         table.rows(torch.zeros(6, dtype=torch.long)), table.captions[:1] * 6, table.shared
     )
     assert diagnostics.conditioning_gap(cfg, model, latents, same, fractions=(0.3, 0.9)) == {0.3: 0.0, 0.9: 0.0}
+
+
+def test_sdxl_unet_cross_attention_layouts():
+    """SDXL's layout (no text at the full resolution) by default; "all" adds cross-attention there (amendment 7)."""
+    family = pretrain.new_transformer(pretrain.PretrainConfig.for_family("sdxl", head_dim=16), 80, 48)
+    every = pretrain.new_transformer(
+        pretrain.PretrainConfig.for_family("sdxl", head_dim=16, unet_cross_attention="all"), 80, 48
+    )
+    assert [type(b).__name__ for b in family.down_blocks] == ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"]
+    assert [type(b).__name__ for b in every.down_blocks] == ["CrossAttnDownBlock2D"] * 3
+    assert [type(b).__name__ for b in every.up_blocks] == ["CrossAttnUpBlock2D"] * 3
+    assert every.config.addition_embed_type == family.config.addition_embed_type == "text_time"
+    with pytest.raises(ValueError, match=r"unet_cross_attention: expected family or all, got 'top'"):
+        pretrain.PretrainConfig.for_family("sdxl", unet_cross_attention="top")

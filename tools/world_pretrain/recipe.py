@@ -213,6 +213,10 @@ class PretrainConfig:
     unet_channels: tuple[int, ...] = (32, 64, 64)
     unet_layers_per_block: int = 1
     time_embed_dim: int = 16
+    # sdxl: where text enters the UNet: "family" (SDXL's layout: cross-attention at every level but the full
+    # resolution) or "all" (cross-attention at every level, as SD 1.5 has at the full resolution; the layout
+    # bench_learnability.md amendment 7 tests, the conditioning recipe unchanged)
+    unet_cross_attention: str = "family"
     # the scene space (te_align.tiny.world.SPACES): "full" (1-3 objects, every size, style and background) or
     # "simple" (one filled object, medium or large, plain white background)
     world: str = "full"
@@ -228,6 +232,10 @@ class PretrainConfig:
 
         if self.world not in world.SPACES:
             raise ValueError(f"PretrainConfig.world: expected one of {', '.join(world.SPACES)}, got {self.world!r}")
+        if self.unet_cross_attention not in ("family", "all"):
+            raise ValueError(
+                f"PretrainConfig.unet_cross_attention: expected family or all, got {self.unet_cross_attention!r}"
+            )
 
     @property
     def space(self) -> Any:
@@ -769,15 +777,16 @@ def _unet_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
             "attention_head_dim": [c // cfg.head_dim for c in cfg.unet_channels], "cross_attention_dim": joint_dim,
             "norm_num_groups": 8,
         }  # fmt: skip
+    every = cfg.unet_cross_attention == "all"
     return {
         "sample_size": cfg.latent_size,
         "in_channels": cfg.latent_channels,
         "out_channels": cfg.latent_channels,
         "layers_per_block": cfg.unet_layers_per_block,
         "block_out_channels": list(cfg.unet_channels),
-        # SDXL's layout: no attention at full resolution, cross-attention below
-        "down_block_types": ["DownBlock2D"] + ["CrossAttnDownBlock2D"] * (n - 1),
-        "up_block_types": ["CrossAttnUpBlock2D"] * (n - 1) + ["UpBlock2D"],
+        # SDXL's layout: no attention at full resolution, cross-attention below ("all": at full resolution too)
+        "down_block_types": ["DownBlock2D" if k == 0 and not every else "CrossAttnDownBlock2D" for k in range(n)],
+        "up_block_types": ["UpBlock2D" if k == n - 1 and not every else "CrossAttnUpBlock2D" for k in range(n)],
         # diffusers' UNet reads attention_head_dim as the number of heads
         "attention_head_dim": [c // cfg.head_dim for c in cfg.unet_channels],
         "cross_attention_dim": joint_dim,  # CLIP-L hidden + CLIP-G hidden
