@@ -8,16 +8,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align import _plugins
+from te_align._lazy import lazy_module
 from te_align.audit import readers
-from te_align.audit.cachefiles import scan
-from te_align.audit.captions import read_captions
-from te_align.audit.cmdline import from_argv
 from te_align.audit.findings import CheckResult, Finding, combine_exit_codes
 from te_align.audit.parsed import module, reset_suggestion_budget
 from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
-from te_align.profiles.overrides import apply_overrides
+
+# Lazy: what only some ``check`` runs need (a command line, --set, --dataset, --cache-dir), loaded
+# when used so that ``te-align --help`` and a plain ``check`` stay cold.
+_cachefiles = lazy_module("te_align.audit.cachefiles")
+_captions = lazy_module("te_align.audit.captions")
+_cmdline = lazy_module("te_align.audit.cmdline")
+_overrides = lazy_module("te_align.profiles.overrides")
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import ModuleType
@@ -68,7 +72,7 @@ def check_file(
 
 
 def _command(argv: list[str], label: str) -> readers.RawConfig:
-    return from_argv(argv, label)
+    return _cmdline.from_argv(argv, label)
 
 
 def _check(
@@ -119,7 +123,7 @@ def _check(
             findings.append(Finding(kind="note", severity="info", setting="profile", message=parsed.assumed,
                                     fix="pass --profile NAME to check against the model you train"))
     if overrides:
-        prof = apply_overrides(prof, overrides, origin="--set")
+        prof = _overrides.apply_overrides(prof, overrides, origin="--set")
         result.overrides = dict(overrides)
     result.profile = prof.name
     if prof.family not in parsed.supported:
@@ -130,7 +134,8 @@ def _check(
         for d in dataset:
             if not Path(d).is_dir():
                 raise readers.UnreadableConfig("--dataset: no such folder", file=d)
-    ctx.extra["captions"] = read_captions(list(dataset or []) + [str(d) for d in parsed.caption_dirs])
+    caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
+    ctx.extra["captions"] = _captions.read_captions(caption_dirs)
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
     findings += deviations
     findings += parsed.after(prof, ctx) if parsed.after is not None else []
@@ -180,7 +185,7 @@ def _scan_cache(
         res = mod.scan_cache(cache_dir, prof)
     else:
         patterns = dict.fromkeys(g.rsplit("/", 1)[-1] for g in (spec.glob if spec else ()))
-        res = scan(cache_dir, [(g, None, "") for g in patterns])
+        res = _cachefiles.scan(cache_dir, [(g, None, "") for g in patterns])
     found, lengths, bad, path_of = res[:4]
     fingerprints = res.fingerprints if hasattr(res, "fingerprints") else {}
     out: list[Finding] = []

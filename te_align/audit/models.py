@@ -18,10 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from te_align._safetensors import read_header
+from te_align._lazy import lazy_module
 from te_align.audit.rules import guess_from_name
 from te_align.errors import TeAlignError
-from te_align.profiles.sources import checkpoint, folder
+
+# Lazy: read only when a config names a local model folder or checkpoint (``check`` stays cold otherwise).
+_safetensors = lazy_module("te_align._safetensors")
+_checkpoint = lazy_module("te_align.profiles.sources.checkpoint")
+_folder = lazy_module("te_align.profiles.sources.folder")
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,13 +46,13 @@ def profile_from_files(path: object) -> tuple[str, str] | None:
 
 
 def _folder(p: Path, shown: str) -> tuple[str, str] | None:
-    tree = folder.Tree.local(p, shown)
+    tree = _folder.Tree.local(p, shown)
     try:
         index = tree.read("model_index.json") or {}
         name = index.get("_class_name")
         if not isinstance(name, str):
             return None
-        profile, why = folder._detect_folder(tree, index, name, p.name)
+        profile, why = _folder._detect_folder(tree, index, name, p.name)
     except TeAlignError:
         return None
     return profile, why
@@ -56,7 +60,7 @@ def _folder(p: Path, shown: str) -> tuple[str, str] | None:
 
 def _checkpoint(p: Path, shown: str) -> tuple[str, str] | None:
     try:
-        profile, why, _ = checkpoint._detect_checkpoint(read_header(p), shown)
+        profile, why, _ = _checkpoint._detect_checkpoint(_safetensors.read_header(p), shown)
     except TeAlignError:
         return None
     return profile, why
