@@ -141,7 +141,6 @@ def _evidence(r: CheckResult) -> list[dict[str, object] | None]:
     """Per finding of a checked result: what the committed effects matrix measured about it (deviations only)."""
     if r.profile is None:
         return [None] * len(r.findings)
-
     fam = _family(r)
     return [
         _ab_evidence.evidence_for(fam, r.profile, f.setting, f.effective) if f.kind == "deviation" else None
@@ -157,7 +156,6 @@ def _inference(r: CheckResult, tool: str | None) -> list[InferenceNote]:
     """``--for TOOL``: the inference notes for a checked result (none without a profile)."""
     if not tool or r.profile is None:
         return []
-
     return _targets.inference_notes(profile(r.profile, **(r.overrides or {})), tool, r.effective or {})
 
 

@@ -55,7 +55,6 @@ def _overrides(items: list[str]) -> dict[str, object]:
 def _captions(path: str | None) -> list[str] | None:
     if path is None:
         return None
-
     raw = _paths.read_bytes(path, _swap.SwapError, what="captions file")
     try:
         lines = [x.strip() for x in raw.decode("utf-8-sig").splitlines()]
