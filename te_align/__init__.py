@@ -6,9 +6,9 @@ needs them is called, so ``import te_align`` and the CLI start fast.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from te_align import _plugins, _quiet
+from te_align import _plugins, _quiet, encoding, integrations
 from te_align._version import __version__
 from te_align.errors import TeAlignError
 from te_align.profiles import AlignmentProfile, profile, profiles
@@ -28,30 +28,29 @@ def _trainer_registry() -> _trainers_api.Registry:
 _plugins.install(_trainer_registry)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from diffusers import DiffusionPipeline
+
     from te_align.encoding import Conditioning
     from te_align.trainers import api as _trainers_api
 
 
 def encode(profile: AlignmentProfile | str, prompts: str | list[str], **kwargs: Any) -> Conditioning:
     """Encode prompts exactly by a profile (see :func:`te_align.encoding.encode`)."""
-    from te_align.encoding import encode as _encode
-
-    return _encode(profile, prompts, **kwargs)
+    return encoding.encode(profile, prompts, **kwargs)
 
 
 def load_text_encoders(profile: AlignmentProfile | str, path_or_repo: str, **kwargs: Any) -> tuple[dict, dict]:
     """Load the tokenizers and text encoders a profile needs (see :func:`te_align.encoding.load_text_encoders`)."""
-    from te_align.encoding import load_text_encoders as _load
-
-    return _load(profile, path_or_repo, **kwargs)
+    return encoding.load_text_encoders(profile, path_or_repo, **kwargs)
 
 
-def apply(pipe: Any, profile: AlignmentProfile | str | None = None, **kwargs: Any) -> Any:
+_Pipe = TypeVar("_Pipe", bound="DiffusionPipeline")
+
+
+def apply(pipe: _Pipe, profile: AlignmentProfile | str | None = None, **kwargs: Any) -> _Pipe:
     """Make a diffusers pipeline encode its prompts by a profile, by default the one it carries (see
     :func:`te_align.integrations.diffusers.apply`)."""
-    from te_align.integrations.diffusers import apply as _apply
-
-    return _apply(pipe, profile, **kwargs)
+    return integrations.apply(pipe, profile, **kwargs)
 
 
 __all__ = [

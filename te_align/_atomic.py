@@ -118,7 +118,7 @@ def atomic_file(
     *,
     error: type[TeAlignError] = TeAlignError,
     mode_from: Path | None = None,
-    before_replace: Callable[[], Any] | None = None,
+    before_replace: Callable[[], object] | None = None,
 ) -> Iterator[IO[Any]]:
     """Yield a file object whose contents replace ``path`` only when the block ends without error.
 

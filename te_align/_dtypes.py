@@ -7,7 +7,7 @@ strings; :func:`torch_dtype` turns one into a ``torch.dtype`` and :func:`dtype_n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -37,7 +37,7 @@ def torch_dtype(value: str | torch.dtype) -> torch.dtype:
 
     if isinstance(value, torch.dtype):
         return value
-    dtype: Any = getattr(torch, canonical_dtype(value))
+    dtype: torch.dtype = getattr(torch, canonical_dtype(value))
     return dtype
 
 

@@ -25,13 +25,22 @@ import os
 
 #: (logger name, fragment of the formatted message, why) — the lines dropped.
 DROPPED: tuple[tuple[str, str, str], ...] = (
-    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community",
-     "optional CPU 4-bit kernel package missing; te-align's 4-bit path is CUDA-only"),
-    ("diffusers.models.modeling_utils", "that should be kept in float32: []",
-     "an empty list of float32 modules"),
-    ("transformers.utils.import_utils", "requires torchvision (not installed); falling back to",
-     "PIL image processor fallback for components te-align never runs"),
-)  # fmt: skip
+    (
+        "bitsandbytes.backends.cpu.ops",
+        "Failed to load CPU gemm_4bit_forward from kernels-community",
+        "optional CPU 4-bit kernel package missing; te-align's 4-bit path is CUDA-only",
+    ),
+    (
+        "diffusers.models.modeling_utils",
+        "that should be kept in float32: []",
+        "an empty list of float32 modules",
+    ),
+    (
+        "transformers.utils.import_utils",
+        "requires torchvision (not installed); falling back to",
+        "PIL image processor fallback for components te-align never runs",
+    ),
+)
 
 
 class _DropLines(logging.Filter):

@@ -16,9 +16,12 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align.errors import TeAlignError
+
+if TYPE_CHECKING:
+    from te_align._types import JSONValue
 
 #: Headers larger than this are refused, as the safetensors library refuses them.
 MAX_HEADER_BYTES = 100_000_000
@@ -59,7 +62,7 @@ class Header:
     data_start: int
     data_len: int
     #: The header JSON object as read (tensor entries and ``__metadata__``, in file order).
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    raw: dict[str, JSONValue] = field(repr=False, default_factory=dict)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -161,12 +164,20 @@ def read_header(path: str | os.PathLike[str], *, label: str | None = None,
     return parse_header(first, size, label=name, error=error)
 
 
-def encode_header(header: dict[str, Any]) -> bytes:
+def encode_header(header: dict[str, object]) -> bytes:
     """Length + header JSON, padded with spaces so the tensor data starts at a multiple of 8 bytes."""
     body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     body += b" " * (-(8 + len(body)) % 8)
     return struct.pack("<Q", len(body)) + body
 
 
-__all__ = ["DTYPE_SIZES", "MAX_HEADER_BYTES", "Header", "SafetensorsError", "TensorInfo", "encode_header",
-           "parse_header", "read_header"]  # fmt: skip
+__all__ = [
+    "DTYPE_SIZES",
+    "MAX_HEADER_BYTES",
+    "Header",
+    "SafetensorsError",
+    "TensorInfo",
+    "encode_header",
+    "parse_header",
+    "read_header",
+]

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from te_align.errors import TeAlignError, closest
@@ -27,9 +27,9 @@ from te_align.errors import TeAlignError, closest
 T = TypeVar("T")
 
 #: A table key that was not given (``take`` without a default: the key is required).
-MISSING: Any = dataclasses.MISSING
+MISSING = dataclasses.MISSING
 
-_SCALARS: dict[Any, tuple[str, str]] = {
+_SCALARS: dict[object, tuple[str, str]] = {
     bool: ("true or false", "true/false values"),
     int: ("an integer", "integers"),
     float: ("a number", "numbers"),
@@ -46,7 +46,7 @@ def join(key: str, name: str | int) -> str:
     return f"{key}.{name}" if key else name
 
 
-def type_name(tp: Any) -> str:
+def type_name(tp: object) -> str:
     """What a type hint expects, in words (``an integer``, ``one of 'a' | 'b'``, ``a list of strings``)."""
     origin = get_origin(tp)
     if origin is Literal:
@@ -68,13 +68,13 @@ def type_name(tp: Any) -> str:
 
 
 @functools.cache
-def hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, object]:
     """The resolved type hints of a dataclass (cached)."""
     return typing.get_type_hints(cls)
 
 
 def check(
-    value: Any, tp: Any, *, key: str, file: str | None = None, error: type[TeAlignError] = TeAlignError
+    value: object, tp: object, *, key: str, file: str | None = None, error: type[TeAlignError] = TeAlignError
 ) -> Any:
     """``value`` checked against the type hint ``tp`` (ints become floats where a float is expected).
 
@@ -158,7 +158,7 @@ def unknown_key(key: str, valid: Collection[str], *, file: str | None = None,
     return error(message, file=file, key=key)
 
 
-def take(data: dict[str, Any], name: str, tp: Any, *, key: str = "", default: Any = MISSING,
+def take(data: Mapping[str, object], name: str, tp: object, *, key: str = "", default: object = MISSING,
          file: str | None = None, error: type[TeAlignError] = TeAlignError) -> Any:
     """The checked value of one key of a table: ``default`` when it is absent, or an error when required."""
     where = join(key, name)
@@ -169,7 +169,7 @@ def take(data: dict[str, Any], name: str, tp: Any, *, key: str = "", default: An
     return check(data[name], tp, key=where, file=file, error=error)
 
 
-def build(cls: type[T], data: Any, *, key: str = "", file: str | None = None,
+def build(cls: type[T], data: object, *, key: str = "", file: str | None = None,
           error: type[TeAlignError] = TeAlignError, exclude: Collection[str] = ()) -> T:
     """A ``cls`` instance from a table: every key checked, unknown keys refused, defaults filled in.
 

@@ -16,7 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, NotRequired, TypedDict
 
 from te_align import _safetensors, kohya_lora
 from te_align._atomic import atomic_file, link_or_copy
@@ -28,6 +28,8 @@ from te_align.profiles import bundled, profiles
 from te_align.profiles import profile as resolve
 
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align._types import JSONValue
+    from te_align.kohya_lora import MetadataValue
     from te_align.profiles import AlignmentProfile
 
 PREFIX = "te_align."
@@ -40,6 +42,32 @@ KOHYA_KEYS = kohya_lora.METADATA_KEYS
 
 class MetadataError(TeAlignError):
     """A file that is not a readable safetensors file, or one that cannot be stamped."""
+
+
+class ProfileCheck(TypedDict):
+    """A stamp's fingerprint against the bundled profile of the stamped name (see :func:`read`)."""
+
+    profile: JSONValue
+    stamped_fingerprint: str
+    bundled: bool
+    current_fingerprint: str | None
+    matches: bool | None
+    same_behaviour_as: list[str]
+    differences: list[dict[str, object]]
+    bundled_name: NotRequired[str]
+
+
+class FileMetadata(TypedDict):
+    """What :func:`read` gives back for one safetensors file."""
+
+    path: str
+    stamped: bool
+    te_align: dict[str, JSONValue]
+    kohya: dict[str, MetadataValue]
+    profile_check: ProfileCheck | None
+    tensor_count: int
+    text_encoder_tensors: int
+    metadata_keys: int
 
 
 # ------------------------------------------------------------------------------- header reading
@@ -58,7 +86,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
 
 
 # ------------------------------------------------------------------------------------ stamping
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
@@ -66,7 +94,7 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, Any] | None = None) -> dict[str, str]:
+def stamp_keys(profile: AlignmentProfile | str, extra: dict[str, object] | None = None) -> dict[str, str]:
     """The ``te_align.*`` metadata keys for a profile (all values strings)."""
     p = resolve(profile) if isinstance(profile, str) else profile
     keys: dict[str, str] = {
@@ -103,7 +131,7 @@ def stamp(
     path_out: str | os.PathLike[str] | None = None,
     *,
     profile: AlignmentProfile | str,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
     backup: bool = False,
 ) -> dict[str, str]:
     """Write the ``te_align.*`` keys of ``profile`` into a safetensors file's metadata.
@@ -125,7 +153,7 @@ def stamp(
 
     meta = {k: v for k, v in head.metadata.items() if not k.startswith(PREFIX)}
     meta.update(keys)
-    new_header: dict[str, Any] = {"__metadata__": meta}
+    new_header: dict[str, object] = {"__metadata__": meta}
     new_header.update((k, v) for k, v in head.raw.items() if k != "__metadata__")
     encoded = _safetensors.encode_header(new_header)
 
@@ -147,7 +175,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _copy_exactly(f: Any, out: Any, n: int, chunk: int = 16 << 20) -> int:
+def _copy_exactly(f: IO[bytes], out: IO[bytes], n: int, chunk: int = 16 << 20) -> int:
     done = 0
     while done < n:
         buf = f.read(min(chunk, n - done))
@@ -162,7 +190,7 @@ def _copy_exactly(f: Any, out: Any, n: int, chunk: int = 16 << 20) -> int:
 _BOOL_SUFFIXES = (".final_layer_norm", ".masks.encoder", ".masks.zero_padded", ".masks.denoiser", ".tokenizer_only")
 
 
-def _parse_stamp_value(key: str, v: str) -> Any:
+def _parse_stamp_value(key: str, v: str) -> JSONValue:
     if key == "te_align.profile_json":
         try:
             return json.loads(v)
@@ -180,14 +208,14 @@ def _parse_stamp_value(key: str, v: str) -> Any:
     return v
 
 
-def _profile_check(stamp: dict[str, Any]) -> dict[str, Any] | None:
+def _profile_check(stamp: dict[str, JSONValue]) -> ProfileCheck | None:
     """Compare a stamp's fingerprint with the bundled profile of the same name (bundled only: no files, no hub)."""
     fp = stamp.get("te_align.fingerprint")
     name = stamp.get("te_align.profile")
     if not isinstance(fp, str):
         return None
     same = [p.name for p in profiles() if p.fingerprint() == fp]
-    check: dict[str, Any] = {
+    check: ProfileCheck = {
         "profile": name,
         "stamped_fingerprint": fp,
         "bundled": False,
@@ -217,7 +245,7 @@ def _profile_check(stamp: dict[str, Any]) -> dict[str, Any] | None:
     return check
 
 
-def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read(path: str | os.PathLike[str]) -> FileMetadata:
     """The te-align stamp and kohya text-encoder metadata of a safetensors file (header only).
 
     Returns ``{"path", "stamped", "te_align": {key: value}, "kohya": {key: value}, "profile_check",

@@ -7,18 +7,15 @@ Exit codes per file (:mod:`te_align.audit.findings`): 0 aligned (rules ran and p
 2 unreadable input, 3 not checked (no profile or no rules for the model, or not a training job).
 """
 
+from te_align.audit import readers
 from te_align.audit.check import check_file, check_files, exit_code
 from te_align.audit.findings import CheckResult, Finding
 from te_align.audit.rules import Rule
-
-# Function-local te_align imports in this module: would close an import loop at module level.
 
 __all__ = ["TRAINERS", "CheckResult", "Finding", "Rule", "check_file", "check_files", "exit_code"]
 
 
 def __getattr__(name: str) -> object:
     if name == "TRAINERS":  # the config languages check reads, from the trainer registry
-        from te_align.audit.readers import trainers
-
-        return trainers()
+        return readers.trainers()
     raise AttributeError(name)

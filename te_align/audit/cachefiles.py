@@ -37,7 +37,7 @@ class CacheScan(NamedTuple):
 
 
 #: A record reader: a cache file -> what it records (``{"length": n, <flag>: bool, …}``); raises on a bad file.
-Record = Callable[[Path], dict[str, Any]]
+Record = Callable[[Path], dict[str, int | bool | str]]
 #: The errors a record reader raises for an unreadable file.
 UNREADABLE = (OSError, ValueError, zipfile.BadZipFile, SyntaxError, TeAlignError)
 
@@ -56,10 +56,10 @@ def _npy_header(data: bytes) -> tuple[dict[str, Any], int]:
     return header, start + hlen
 
 
-def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict[str, Any]:
+def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict[str, int | bool | str]:
     """``{"length": L, <flag>: bool, …}`` of one ``.npz`` file: the second-to-last axis of ``array`` and the
     0-d boolean arrays named in ``flags``."""
-    out: dict[str, Any] = {}
+    out: dict[str, int | bool | str] = {}
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
         if array and f"{array}.npy" in names:
@@ -77,7 +77,9 @@ def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict
     return out
 
 
-def safetensors_record(path: Path, tensor: str | Callable[[str], bool], axis: int = -2) -> dict[str, Any]:
+def safetensors_record(
+    path: Path, tensor: str | Callable[[str], bool], axis: int = -2
+) -> dict[str, int | bool | str]:
     """``{"length": L}`` of one ``.safetensors`` file from its header: axis ``axis`` of ``tensor`` (a name, or a
     test over names: the first tensor that passes)."""
     tensors = read_header(path).tensors

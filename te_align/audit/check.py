@@ -8,21 +8,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align import _plugins
+from te_align._lazy import lazy_module
 from te_align.audit import readers
-from te_align.audit.findings import CheckResult, Finding
-from te_align.audit.parsed import module
+from te_align.audit.findings import CheckResult, Finding, combine_exit_codes
+from te_align.audit.parsed import module, reset_suggestion_budget
 from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
+
+# Lazy: what only some ``check`` runs need (a command line, --set, --dataset, --cache-dir), loaded
+# when used so that ``te-align --help`` and a plain ``check`` stay cold.
+_cachefiles = lazy_module("te_align.audit.cachefiles")
+_captions = lazy_module("te_align.audit.captions")
+_cmdline = lazy_module("te_align.audit.cmdline")
+_overrides = lazy_module("te_align.profiles.overrides")
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import ModuleType
 
     from te_align.audit.parsed import CacheSpec
     from te_align.profiles import AlignmentProfile
-
-# Function-local te_align imports in this module: would close an import loop at module level; load what only
-# one command needs when it runs.
 
 
 def check_file(
@@ -34,15 +39,13 @@ def check_file(
     cache_dir: str | None = None,
     dataset: Sequence[str] = (),
     command: Sequence[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> CheckResult:
     """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
     cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
     ``dataset``: caption folders to count captions in (besides the ones the config names). ``command``: a
     training command line given as words instead of a file (``path`` is then only its label). ``overrides``: profile
     overrides (``--set``) applied to the profile the file is checked against (given or detected)."""
-    from te_align.audit.parsed import reset_suggestion_budget
-
     reset_suggestion_budget()
     result = CheckResult(file=str(path))
     try:
@@ -69,14 +72,19 @@ def check_file(
 
 
 def _command(argv: list[str], label: str) -> readers.RawConfig:
-    from te_align.audit.cmdline import from_argv
-
-    return from_argv(argv, label)
+    return _cmdline.from_argv(argv, label)
 
 
-def _check(raw: readers.RawConfig, name: str, profile: AlignmentProfile | str | None, extra_args: list[str],
-           cache_dir: str | None,
-           result: CheckResult, dataset: list[str] | None = None, overrides: dict[str, Any] | None = None) -> None:
+def _check(
+    raw: readers.RawConfig,
+    name: str,
+    profile: AlignmentProfile | str | None,
+    extra_args: list[str],
+    cache_dir: str | None,
+    result: CheckResult,
+    dataset: list[str] | None = None,
+    overrides: dict[str, object] | None = None,
+) -> None:
     registry = _plugins.registry()
     if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line:
         readers_of_lines = " or ".join(d.name for d, _ in registry.dialects() if d.command_line)
@@ -115,9 +123,7 @@ def _check(raw: readers.RawConfig, name: str, profile: AlignmentProfile | str | 
             findings.append(Finding(kind="note", severity="info", setting="profile", message=parsed.assumed,
                                     fix="pass --profile NAME to check against the model you train"))
     if overrides:
-        from te_align.profiles.overrides import apply_overrides
-
-        prof = apply_overrides(prof, overrides, origin="--set")
+        prof = _overrides.apply_overrides(prof, overrides, origin="--set")
         result.overrides = dict(overrides)
     result.profile = prof.name
     if prof.family not in parsed.supported:
@@ -128,9 +134,8 @@ def _check(raw: readers.RawConfig, name: str, profile: AlignmentProfile | str | 
         for d in dataset:
             if not Path(d).is_dir():
                 raise readers.UnreadableConfig("--dataset: no such folder", file=d)
-    from te_align.audit.captions import read_captions
-
-    ctx.extra["captions"] = read_captions(list(dataset or []) + [str(d) for d in parsed.caption_dirs])
+    caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
+    ctx.extra["captions"] = _captions.read_captions(caption_dirs)
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
     findings += deviations
     findings += parsed.after(prof, ctx) if parsed.after is not None else []
@@ -164,19 +169,23 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (_ORDER[f.kind], _SEV[f.severity]))
 
 
-def _scan_cache(cache_dir: str, name: str, mod: ModuleType, prof: AlignmentProfile, effective: dict[str, Any],
-                spec: CacheSpec | None) -> list[Finding]:
+def _scan_cache(
+    cache_dir: str,
+    name: str,
+    mod: ModuleType,
+    prof: AlignmentProfile,
+    effective: dict[str, object],
+    spec: CacheSpec | None,
+) -> list[Finding]:
     """The cached text-encoder files in ``cache_dir``: read by the reader's ``scan_cache`` where it has one (the
     lengths they record), else counted by the file patterns of its cache spec."""
-    from te_align.audit.cachefiles import scan
-
     if not Path(cache_dir).is_dir():
         raise readers.UnreadableConfig("no such cache folder", file=cache_dir)
     if hasattr(mod, "scan_cache"):
         res = mod.scan_cache(cache_dir, prof)
     else:
         patterns = dict.fromkeys(g.rsplit("/", 1)[-1] for g in (spec.glob if spec else ()))
-        res = scan(cache_dir, [(g, None, "") for g in patterns])
+        res = _cachefiles.scan(cache_dir, [(g, None, "") for g in patterns])
     found, lengths, bad, path_of = res[:4]
     fingerprints = res.fingerprints if hasattr(res, "fingerprints") else {}
     out: list[Finding] = []
@@ -209,7 +218,7 @@ def _scan_cache(cache_dir: str, name: str, mod: ModuleType, prof: AlignmentProfi
     return out
 
 
-def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Any, prof: AlignmentProfile,
+def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Mapping[str, int], prof: AlignmentProfile,
                           spec: CacheSpec | None) -> list[Finding]:
     """Cache files te-align's hooks stamped with another profile's fingerprint (stale: a hooked run re-encodes
     them), and files made without the hooks (the trainer's own encoding, with the deviations above)."""
@@ -243,6 +252,4 @@ def check_files(paths: Sequence[str], **kw: Any) -> list[CheckResult]:
 
 def exit_code(results: Sequence[CheckResult]) -> int:
     """The exit code of several files: the most serious (2 unreadable > 1 deviations > 3 not checked > 0)."""
-    from te_align.audit.findings import combine_exit_codes
-
     return combine_exit_codes([r.exit_code for r in results])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 Severity = Literal["error", "warning", "info"]
 Kind = Literal["deviation", "missing-key", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value",
@@ -41,8 +41,8 @@ class Finding:
     kind: Kind
     severity: Severity
     setting: str
-    effective: Any = None
-    profile: Any = None
+    effective: object = None
+    profile: object = None
     source: str = ""
     fix: str = ""
     message: str = ""
@@ -51,7 +51,7 @@ class Finding:
     line: int | None = None
     column: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -65,7 +65,7 @@ class CheckResult:
     family_reason: str = ""
     cached: bool = False
     findings: list[Finding] = field(default_factory=list)
-    effective: dict[str, Any] = field(default_factory=dict)
+    effective: dict[str, object] = field(default_factory=dict)
     #: ``checked`` (rules ran), ``not-checked`` (no profile / no rules), ``not-training``, ``unreadable``.
     status: Status = "checked"
     #: Why the file was not checked (``status`` not-checked / not-training).
@@ -73,7 +73,7 @@ class CheckResult:
     #: The rules that compared a profile value (``path`` of each, with its config key when it has one).
     rules_ran: list[str] = field(default_factory=list)
     #: Profile overrides the file was checked with (``check --set``).
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, object] = field(default_factory=dict)
     #: The profile was assumed (no signal decided between it and another profile of its family): what and why.
     assumed: str = ""
 
@@ -87,7 +87,7 @@ class CheckResult:
             return EXIT_NOT_CHECKED
         return EXIT_ALIGNED
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "file": self.file,
             "trainer": self.trainer,

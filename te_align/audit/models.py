@@ -14,17 +14,22 @@ reports a bare "aligned" on a guess.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from te_align._lazy import lazy_module
 from te_align.audit.rules import guess_from_name
 from te_align.errors import TeAlignError
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+# Lazy: read only when a config names a local model folder or checkpoint (``check`` stays cold otherwise).
+_safetensors = lazy_module("te_align._safetensors")
+_checkpoint = lazy_module("te_align.profiles.sources.checkpoint")
+_folder = lazy_module("te_align.profiles.sources.folder")
 
 
 @functools.lru_cache(maxsize=64)
-def profile_from_files(path: Any) -> tuple[str, str] | None:
+def profile_from_files(path: object) -> tuple[str, str] | None:
     """(bundled profile, why) for a local diffusers folder or ``.safetensors`` checkpoint; None when ``path`` is not
     one, or its files name no model te-align profiles."""
     if not isinstance(path, str) or not path or len(path) > 4096:
@@ -41,26 +46,21 @@ def profile_from_files(path: Any) -> tuple[str, str] | None:
 
 
 def _folder(p: Path, shown: str) -> tuple[str, str] | None:
-    from te_align.profiles.sources import folder
-
-    tree = folder.Tree.local(p, shown)
+    tree = _folder.Tree.local(p, shown)
     try:
         index = tree.read("model_index.json") or {}
         name = index.get("_class_name")
         if not isinstance(name, str):
             return None
-        profile, why = folder._detect_folder(tree, index, name, p.name)
+        profile, why = _folder._detect_folder(tree, index, name, p.name)
     except TeAlignError:
         return None
     return profile, why
 
 
 def _checkpoint(p: Path, shown: str) -> tuple[str, str] | None:
-    from te_align._safetensors import read_header
-    from te_align.profiles.sources import checkpoint
-
     try:
-        profile, why, _ = checkpoint._detect_checkpoint(read_header(p), shown)
+        profile, why, _ = _checkpoint._detect_checkpoint(_safetensors.read_header(p), shown)
     except TeAlignError:
         return None
     return profile, why
@@ -125,7 +125,7 @@ def siblings(profile: str) -> list[str]:
     return sorted(p for p, f in fams.items() if f == fam and p != profile) if fam else []
 
 
-def profiles_of(families: Any) -> list[str]:
+def profiles_of(families: Iterable[str]) -> list[str]:
     """The bundled profiles of the given families, sorted."""
     wanted = set(families)
     return sorted(p for p, f in _families().items() if f in wanted)

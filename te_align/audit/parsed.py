@@ -7,18 +7,20 @@ table), ``CACHES``, ``detect(raw) -> int | None`` and ``parse(raw, extra_args) -
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from te_align import _plugins
 from te_align.audit.findings import Finding
-from te_align.audit.rules import Trainer
+from te_align.audit.readers import ConfigSyntaxError
+from te_align.audit.rules import Context, Trainer
 
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align._types import StrPath
     from te_align.profiles import AlignmentProfile
-
-# Function-local te_align imports in this module: would close an import loop at module level.
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Parsed:
     """A config read the way the trainer reads it."""
 
     trainer: Trainer
-    values: dict[str, Any]
+    values: dict[str, object]
     profile_guess: str | None
     family_reason: str
     cached: bool
@@ -52,9 +54,9 @@ class Parsed:
     #: ``not-checked`` or ``not-training``.
     not_checked_status: str = "not-checked"
     #: Extra facts for converters (``Context.extra``), e.g. caption statistics.
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     #: Trainer-specific findings computed once the profile is known: ``after(profile, ctx) -> [Finding]``.
-    after: Any = None
+    after: Callable[[AlignmentProfile, Context], list[Finding]] | None = None
     #: Folders the config trains on, where ``check`` counts captions (with ``--dataset DIR``).
     caption_dirs: list[str] = field(default_factory=list)
     #: Set when no signal in the config decided between ``profile_guess`` and another profile of its family: what
@@ -108,10 +110,8 @@ class KeyLines:
         return self._lines.get(key) if key else None
 
 
-def expect_mapping(value: Any, name: str, file: str, lines: KeyLines) -> dict[str, Any]:
+def expect_mapping(value: object, name: str, file: str, lines: KeyLines) -> dict[str, object]:
     """A config section that must be a table: ``{}`` when absent, an unreadable-input error otherwise."""
-    from te_align.audit.readers import ConfigSyntaxError
-
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -120,8 +120,17 @@ def expect_mapping(value: Any, name: str, file: str, lines: KeyLines) -> dict[st
     return value
 
 
-def dropout_form_finding(profile: AlignmentProfile, rate: Any, form: str, *, key: str, trainer: str, source: str,
-                         line: int | None = None, fix: str = "") -> list[Finding]:
+def dropout_form_finding(
+    profile: AlignmentProfile,
+    rate: object,
+    form: str,
+    *,
+    key: str,
+    trainer: str,
+    source: str,
+    line: int | None = None,
+    fix: str = "",
+) -> list[Finding]:
     """Caption dropout against the profile's empty-prompt rule: a trainer that drops captions as ``form``
     ("encode": the empty caption "" is encoded; "zeros": the embeddings are zeroed) where the profile's
     empty/unconditional prompt is the other one teaches the model an unconditional input inference never gives."""
@@ -143,8 +152,17 @@ def dropout_form_finding(profile: AlignmentProfile, rate: Any, form: str, *, key
     )]
 
 
-def unknown_key_finding(key: str, valid: Any, *, trainer: str, line: int | None, severity: str = "warning",
-                        behaviour: str, hint: str | None = None, section: str = "") -> Finding:
+def unknown_key_finding(
+    key: str,
+    valid: Iterable[str],
+    *,
+    trainer: str,
+    line: int | None,
+    severity: str = "warning",
+    behaviour: str,
+    hint: str | None = None,
+    section: str = "",
+) -> Finding:
     """An unknown key with the closest valid key (or a trainer-specific hint)."""
     from difflib import get_close_matches
 
@@ -171,7 +189,7 @@ def unknown_key_finding(key: str, valid: Any, *, trainer: str, line: int | None,
     )
 
 
-def cli_scalar(s: str) -> Any:
+def cli_scalar(s: str) -> bool | int | float | str:
     """A command-line value as a TOML reader would type it: true / false, an int, a float, else the string."""
     low = s.strip().lower()
     if low in ("true", "false"):
@@ -184,10 +202,10 @@ def cli_scalar(s: str) -> Any:
     return s
 
 
-def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
+def parse_cli(args: list[str]) -> tuple[dict[str, bool | int | float | str], str | None, list[str]]:
     """``--key value`` / ``--key=value`` / ``--flag`` -> values (dashes as underscores), the first ``*.py``
     positional (the script, its file name), and the order the options were written in."""
-    values: dict[str, Any] = {}
+    values: dict[str, bool | int | float | str] = {}
     order: list[str] = []
     script = None
     i = 0
@@ -210,7 +228,7 @@ def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
     return values, script, order
 
 
-def checkout_commit(root: Any, args: Any = ()) -> str:
+def checkout_commit(root: StrPath, args: Iterable[str] = ()) -> str:
     """The HEAD commit of the git checkout ``root`` (for the header of a generated key table), or the one given as
     ``--commit SHA`` in ``args`` (a checkout extracted without its git folder)."""
     import subprocess
@@ -226,7 +244,7 @@ def checkout_commit(root: Any, args: Any = ()) -> str:
         return "unknown commit"
 
 
-def emit_key_table(lines: list[str], args: list[str], target: Any) -> int:
+def emit_key_table(lines: list[str], args: list[str], target: Path) -> int:
     """A generated key table: written to ``target`` with ``--write`` in ``args``, else printed."""
     import sys
 
@@ -239,10 +257,10 @@ def emit_key_table(lines: list[str], args: list[str], target: Any) -> int:
     return 0
 
 
-def flatten_sections(data: dict[str, Any]) -> dict[str, Any]:
+def flatten_sections(data: Mapping[str, object]) -> dict[str, object]:
     """Every table's keys in one namespace, as trainers that read a TOML config into their argparse namespace do
     (a later table's key wins; top-level values kept)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in data.items():
         if isinstance(v, dict):
             out.update(v)

@@ -9,10 +9,13 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align import _plugins
 from te_align.errors import TeAlignError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align._types import JSONObject, JSONValue
 
 # Function-local te_align imports in this module: would close an import loop at module level.
 
@@ -52,7 +55,7 @@ class RawConfig:
     file: str
     fmt: str  # "toml" | "json" | "yaml"
     text: str
-    data: Any
+    data: JSONValue
 
 
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -143,7 +146,7 @@ def _check_depth(path: str, text: str, fmt: str) -> None:
                 raise ConfigSyntaxError(path, n, None, f"nested deeper than {MAX_DEPTH} levels")
 
 
-def _parse_toml(path: str, text: str) -> Any:
+def _parse_toml(path: str, text: str) -> JSONObject:
     import tomllib
 
     try:
@@ -156,14 +159,14 @@ def _parse_toml(path: str, text: str) -> Any:
         raise ConfigSyntaxError(path, None, None, msg) from None
 
 
-def _parse_json(path: str, text: str) -> Any:
+def _parse_json(path: str, text: str) -> JSONValue:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigSyntaxError(path, e.lineno, e.colno, e.msg) from None
 
 
-def _parse_yaml(path: str, text: str) -> Any:
+def _parse_yaml(path: str, text: str) -> JSONValue:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -13,14 +13,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from te_align import _plugins
 from te_align.audit.findings import NOT_SETTABLE, Finding
 from te_align.profiles.registry import _load_bundled
 
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align.audit.captions import CaptionStats
     from te_align.profiles import AlignmentProfile
+    from te_align.profiles.model import Alternative
 
 Honoured = Literal["always", "never", "cached"]
 
@@ -29,9 +31,9 @@ Honoured = Literal["always", "never", "cached"]
 class ByProfile:
     """A default that depends on the profile: ``ByProfile({"flux-schnell": 256, "*": 512})``."""
 
-    values: Mapping[str, Any]
+    values: Mapping[str, object]
 
-    def pick(self, profile_name: str) -> Any:
+    def pick(self, profile_name: str) -> object:
         return self.values.get(profile_name, self.values.get("*"))
 
 
@@ -42,7 +44,7 @@ class Rule:
     path: str | None
     families: tuple[str, ...]
     key: str | None
-    default: Any
+    default: object
     meaning: str
     source: str
     convert: str = "same"
@@ -58,7 +60,7 @@ class Rule:
     def applies(self, profile_name: str, family: str) -> bool:
         return "*" in self.families or family in self.families or profile_name in self.families
 
-    def default_for(self, profile_name: str) -> Any:
+    def default_for(self, profile_name: str) -> object:
         return self.default.pick(profile_name) if isinstance(self.default, ByProfile) else self.default
 
 
@@ -67,12 +69,16 @@ class Context:
     """What a converter may look at: the whole config (trainer key -> value) and the profile name.
     ``ran`` collects the rules that compared a profile value (see :func:`evaluate`)."""
 
-    values: Mapping[str, Any]
+    values: Mapping[str, object]
     profile_name: str
     cached: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     file: str = ""
     ran: list[str] = field(default_factory=list)
+
+
+#: A converter: a trainer value -> a profile value (``to``), or back for a fix (``back``).
+ConvertFn: TypeAlias = Callable[[object, Context], object]
 
 
 class Remove:
@@ -82,7 +88,7 @@ class Remove:
 REMOVE = Remove()
 
 
-def _int_or_none(v: Any) -> int | None:
+def _int_or_none(v: object) -> int | None:
     if v is None or v == "":
         return None
     try:
@@ -98,38 +104,38 @@ class Converter:
     or LookupError when no value works), and what kind of value the config key takes (``int``, ``bool``, ``str``,
     ``fraction``, ``choice:a,b``; None: any, or the rule's default decides)."""
 
-    to: Callable[[Any, Context], Any]
-    back: Callable[[Any, Context], Any]
+    to: ConvertFn
+    back: ConvertFn
     kind: str | None = None
 
 
-def _same(v: Any, ctx: Context) -> Any:
+def _same(v: object, ctx: Context) -> object:
     return v
 
 
-def _nonempty(v: Any, ctx: Context) -> Any:
+def _nonempty(v: object, ctx: Context) -> object:
     return v if isinstance(v, str) and v else None
 
 
-def _nonempty_back(p: Any, ctx: Context) -> Any:
+def _nonempty_back(p: object, ctx: Context) -> object:
     return REMOVE if p in (None, "") else p
 
 
-def _bool(v: Any, ctx: Context) -> Any:
+def _bool(v: object, ctx: Context) -> object:
     return _truthy(v)
 
 
-def _bool_back(p: Any, ctx: Context) -> Any:
+def _bool_back(p: object, ctx: Context) -> object:
     return True if p else REMOVE
 
 
-def _truthy(v: Any) -> bool:
+def _truthy(v: object) -> bool:
     if isinstance(v, str):
         return v.strip().lower() in ("1", "true", "yes", "on")
     return bool(v)
 
 
-def unsettable(p: Any, ctx: Context) -> Any:
+def unsettable(p: object, ctx: Context) -> object:
     """A back-converter for values no config key can set."""
     raise LookupError
 
@@ -143,7 +149,7 @@ CONVERTERS: dict[str, Converter] = {
 }
 
 
-def register(name: str, to: Callable[[Any, Context], Any], back: Callable[[Any, Context], Any] = unsettable,
+def register(name: str, to: ConvertFn, back: ConvertFn = unsettable,
              kind: str | None = None) -> None:
     """Add a trainer's converter (the first registration of a name wins; the same one again is a no-op)."""
     CONVERTERS.setdefault(name, Converter(to, back, kind))
@@ -178,7 +184,7 @@ def expected_type(rule: Rule, profile_name: str) -> str | None:
     return None
 
 
-def value_problem(kind: str | None, v: Any) -> str | None:
+def value_problem(kind: str | None, v: object) -> str | None:
     """Why ``v`` is not a valid value of ``kind`` (None: fine, or unset)."""
     import math
 
@@ -231,14 +237,14 @@ class Trainer:
     name: str
     rules: tuple[Rule, ...]
     #: ``fix_set(key, value)`` -> "t5xxl_max_token_length = 256"; ``fix_remove(key)`` -> "remove …".
-    fix_set: Callable[[str, Any], str]
+    fix_set: Callable[[str, object], str]
     fix_remove: Callable[[str], str]
     key_line: Callable[[str], int | None] = lambda key: None
     #: What "no key can fix this" says for this trainer (its reader knows whether te-align patches it).
     not_settable: str = NOT_SETTABLE
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def _same_value(a: object, b: object) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b if isinstance(a, bool) and isinstance(b, bool) else False
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -252,7 +258,7 @@ def _trainer_source(text: str) -> bool:
     return "trainer choice" in low or any(w in low for w in _plugins.registry().source_words())
 
 
-def _severity(profile: AlignmentProfile, path: str, effective: Any) -> str:
+def _severity(profile: AlignmentProfile, path: str, effective: object) -> str:
     """``warning`` when a model or pipeline source (not another trainer) documents the effective value
     as an alternative (FLUX.1 schnell at 512: the diffusers default); ``error`` otherwise."""
     pv = profile.provenance_of(f"slots.{path}")
@@ -263,7 +269,7 @@ def _severity(profile: AlignmentProfile, path: str, effective: Any) -> str:
     return "error"
 
 
-def official_alternative(profile: AlignmentProfile, path: str, effective: Any) -> Any:
+def official_alternative(profile: AlignmentProfile, path: str, effective: object) -> Alternative | None:
     """The alternative the model's authors published (status ``official``) that ``effective`` is, or None: Lumina 2's
     other system-prompt templates. A config that uses one is told so in a note, not an error."""
     pv = profile.provenance_of(f"slots.{path}")
@@ -271,16 +277,18 @@ def official_alternative(profile: AlignmentProfile, path: str, effective: Any) -
                  and _same_value(_plain(a.value), effective)), None)
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: object) -> object:
     if isinstance(v, str) and v.strip().lstrip("-").isdigit():
         return int(v)
     return v
 
 
-def evaluate(trainer: Trainer, profile: AlignmentProfile, ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
+def evaluate(
+    trainer: Trainer, profile: AlignmentProfile, ctx: Context
+) -> tuple[list[Finding], dict[str, object]]:
     """Apply the trainer's table: effective values per profile path, and the findings."""
     findings: list[Finding] = []
-    effective: dict[str, Any] = {}
+    effective: dict[str, object] = {}
     slots = set(profile.slot_names)
     reported: set[str] = set()
     for rule in trainer.rules:
@@ -357,7 +365,7 @@ def evaluate(trainer: Trainer, profile: AlignmentProfile, ctx: Context) -> tuple
     return findings, effective
 
 
-def _by_captions(which: str, stats: Any, meaning: str) -> tuple[str, str]:
+def _by_captions(which: str, stats: CaptionStats | None, meaning: str) -> tuple[str, str]:
     """Severity and message of a deviation that only some captions feel."""
     what = {"bang": ('contain a literal "!"', "with_bang"),
             "over512": ("are longer than 512 bytes (so may pass 512 tokens)", "over_512_bytes")}[which]
@@ -370,7 +378,7 @@ def _by_captions(which: str, stats: Any, meaning: str) -> tuple[str, str]:
     return "warning", f"{meaning}. {n} of {stats.describe()} {what[0]}"
 
 
-def _differs(to_profile: Callable[[Any, Context], Any], raw: Any, default: Any, ctx: Context) -> bool:
+def _differs(to_profile: ConvertFn, raw: object, default: object, ctx: Context) -> bool:
     try:
         return not _same_value(to_profile(raw, ctx), to_profile(default, ctx))
     except Exception:  # a value the converter cannot read still counts as set
@@ -382,7 +390,7 @@ def _cached_fix(trainer: Trainer, rule: Rule) -> str:
             "(then the flag reaches the encoders)")
 
 
-def _fix(trainer: Trainer, rule: Rule, to_trainer: Callable[[Any, Context], Any], expected: Any, ctx: Context) -> str:
+def _fix(trainer: Trainer, rule: Rule, to_trainer: ConvertFn, expected: object, ctx: Context) -> str:
     if rule.key is None or rule.fix == "":
         return trainer.not_settable
     try:
@@ -396,13 +404,13 @@ def _fix(trainer: Trainer, rule: Rule, to_trainer: Callable[[Any, Context], Any]
     return trainer.fix_set(rule.key, value)
 
 
-def _literal(v: Any) -> str:
+def _literal(v: object) -> str:
     import json
 
     return json.dumps(v, ensure_ascii=False)
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
@@ -433,7 +441,7 @@ _NAME_HINTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def guess_from_name(*names: Any) -> str | None:
+def guess_from_name(*names: object) -> str | None:
     """A bundled profile name guessed from model paths / repo ids, or None."""
     for name in names:
         if not isinstance(name, str) or not name:

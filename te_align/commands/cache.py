@@ -6,12 +6,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from te_align._lazy import lazy_module
 from te_align.errors import CacheError, TeAlignError
-from te_align.profiles import bundled
+from te_align.profiles import bundled, profile
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+if TYPE_CHECKING:
+    from te_align.encoding.cache.admin import CacheInfo
+
+# Lazy: what only one command needs, loaded when it runs (the CLI's other commands stay cold).
+_cache_admin = lazy_module("te_align.encoding.cache.admin")
+_paths = lazy_module("te_align._paths")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,12 +45,9 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _open_cache(directory: str) -> Any:
-    from te_align._paths import check_dir
-    from te_align.encoding.cache.admin import scan
-
-    d = check_dir(Path(directory), CacheError, what="folder")
-    info = scan(d)
+def _open_cache(directory: str) -> CacheInfo:
+    d = _paths.check_dir(Path(directory), CacheError, what="folder")
+    info = _cache_admin.scan(d)
     if not info.is_cache:
         raise CacheError("does not look like a te-align cache (no marker file, no te-align entries)", file=directory)
     return info
@@ -107,16 +110,12 @@ def _confirm(question: str) -> bool:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from te_align.encoding.cache.admin import clear
-
     info = _open_cache(args.directory)
     names: list[str] = []
     fps: list[str] = []
     if args.profile:
         recorded = {g.profile for g in info.profiles}
         try:
-            from te_align.profiles import profile
-
             p = profile(args.profile)
             names, fps = [p.name], [p.fingerprint()]
         except TeAlignError:
@@ -141,7 +140,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         if not _confirm(question + "?"):
             print("nothing deleted")
             return 1
-    res = clear(args.directory, profile_names=names, fingerprints=fps)
+    res = _cache_admin.clear(args.directory, profile_names=names, fingerprints=fps)
     line = f"deleted {res.removed} entries ({human_bytes(res.bytes)}) of {what} from {info.directory}"
     if res.corrupt_removed:
         line += f", and {res.corrupt_removed} corrupt file(s)"

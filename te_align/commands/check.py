@@ -11,14 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
+from te_align._lazy import lazy_module
 from te_align.audit import check_file, check_files, exit_code
 from te_align.audit.readers import trainers
 from te_align.profiles import profile
 from te_align.trainers import dialects
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+if TYPE_CHECKING:
+    from te_align.audit.findings import CheckResult
+    from te_align.integrations.targets import InferenceNote
+
+# Lazy: what only some check runs need (--set, --for, the effects matrix), loaded when used.
+_overrides = lazy_module("te_align.profiles.overrides")
+_ab_evidence = lazy_module("te_align.ab.evidence")
+_targets = lazy_module("te_align.integrations.targets")
 
 
 def trainer_choices() -> tuple[str, ...]:
@@ -89,10 +97,8 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from te_align.profiles.overrides import parse_set
-
     ns, extra = _split(args)
-    overrides = parse_set(ns.set)
+    overrides = _overrides.parse_set(ns.set)
     if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, command=extra, overrides=overrides)]
@@ -124,45 +130,40 @@ def cmd_check(args: argparse.Namespace) -> int:
     return code
 
 
-def _family(r: Any) -> str:
+def _family(r: CheckResult) -> str:
     try:
         return str(profile(r.profile).family)
     except Exception:  # a profile that does not resolve was reported by the check itself
         return ""
 
 
-def _evidence(r: Any) -> list[dict[str, Any] | None]:
+def _evidence(r: CheckResult) -> list[dict[str, object] | None]:
     """Per finding of a checked result: what the committed effects matrix measured about it (deviations only)."""
     if r.profile is None:
         return [None] * len(r.findings)
-    from te_align.ab.evidence import evidence_for
-
     fam = _family(r)
-    return [evidence_for(fam, r.profile, f.setting, f.effective) if f.kind == "deviation" else None for f in r.findings]
+    return [
+        _ab_evidence.evidence_for(fam, r.profile, f.setting, f.effective) if f.kind == "deviation" else None
+        for f in r.findings
+    ]
 
 
-def _note_evidence(r: Any, tool: str, note: Any) -> dict[str, Any]:
-    from te_align.ab.evidence import evidence_for
-
-    return evidence_for(_family(r), r.profile, note.setting, None, tool=tool)
+def _note_evidence(r: CheckResult, tool: str, note: InferenceNote) -> dict[str, object]:
+    return _ab_evidence.evidence_for(_family(r), r.profile, note.setting, None, tool=tool)
 
 
-def _inference(r: Any, tool: str | None) -> list[Any]:
+def _inference(r: CheckResult, tool: str | None) -> list[InferenceNote]:
     """``--for TOOL``: the inference notes for a checked result (none without a profile)."""
     if not tool or r.profile is None:
         return []
-    from te_align.integrations.targets import inference_notes
-
-    return inference_notes(profile(r.profile, **(r.overrides or {})), tool, r.effective or {})
+    return _targets.inference_notes(profile(r.profile, **(r.overrides or {})), tool, r.effective or {})
 
 
-def _print_inference(tool: str, notes: list[Any]) -> None:
-    from te_align.integrations.targets import TOOLS
-
+def _print_inference(tool: str, notes: list[InferenceNote]) -> None:
     if not notes:
-        print(f"  sampling in {TOOLS[tool]}: conditioning as trained (no known difference)")
+        print(f"  sampling in {_targets.TOOLS[tool]}: conditioning as trained (no known difference)")
         return
-    print(f"  sampling in {TOOLS[tool]}:")
+    print(f"  sampling in {_targets.TOOLS[tool]}:")
     for n in notes:
         print(f"  note     {n.message}" + (f", unless you {n.fix}" if n.fix and n.setting != "prompt syntax" else ""))
         if n.fix and n.setting == "prompt syntax":
@@ -170,7 +171,7 @@ def _print_inference(tool: str, notes: list[Any]) -> None:
         print(f"  {'':<9}  source: {n.source}")
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
@@ -204,7 +205,7 @@ def _clip_pair(a: str, b: str, na: int, nb: int) -> tuple[str, str]:
     return ("…" + _clip(a[start:], na - 1) if start else ca), ("…" + _clip(b[start:], nb - 1) if start else cb)
 
 
-def _print_result(r: Any, evidence: list[dict[str, Any] | None] | None = None) -> None:
+def _print_result(r: CheckResult, evidence: list[dict[str, object] | None] | None = None) -> None:
     # unreadable input (a file that cannot be read or parsed, a value of the wrong type): one line each on stderr,
     # with the prefix every te-align command uses for errors; the rest of the report stays on stdout
     for f in r.findings:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+from te_align._lazy import lazy_module
+
+# Lazy: what only one command needs, loaded when it runs (the CLI's other commands stay cold).
+_install = lazy_module("te_align.integrations.comfyui.install")
+_transaction = lazy_module("te_align.patching.transaction")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,14 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from te_align.integrations.comfyui.install import plan
-    from te_align.patching.transaction import apply
-
-    pl = plan(args.path)
+    pl = _install.plan(args.path)
     print(f"ComfyUI {pl.trainer_version} at {pl.root}")
     for line in pl.describe()[1:]:
         print(line)
-    result = apply(pl, dry_run=args.dry_run)
+    result = _transaction.apply(pl, dry_run=args.dry_run)
     if result.recovered:
         print(result.recovered)
     if args.dry_run:
@@ -44,14 +45,11 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    from te_align.integrations.comfyui.install import comfyui_root
-    from te_align.patching.transaction import PatchError, read_manifest, revert_report
-
-    root = comfyui_root(args.path)
-    manifest = read_manifest(root)
+    root = _install.comfyui_root(args.path)
+    manifest = _transaction.read_manifest(root)
     if manifest is None or manifest.get("trainer") not in (None, "comfyui"):
-        raise PatchError(f"te-align's nodes are not installed in {root}: nothing to undo")
-    result = revert_report(root)
+        raise _transaction.PatchError(f"te-align's nodes are not installed in {root}: nothing to undo")
+    result = _transaction.revert_report(root)
     if result.recovered:
         print(result.recovered)
     print(f"restored {len(result.restored)} file(s) in {root}")
@@ -59,10 +57,7 @@ def cmd_uninstall(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from te_align.integrations.comfyui.install import comfyui_root
-    from te_align.patching.transaction import status
-
-    st = status(comfyui_root(args.path))
+    st = _transaction.status(_install.comfyui_root(args.path))
     if st.recovered:
         print(st.recovered)
     if not st.patched:

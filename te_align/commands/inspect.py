@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align import kohya_lora
+from te_align._lazy import lazy_module
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+if TYPE_CHECKING:
+    from te_align.metadata import FileMetadata
+
+# Lazy: what only this command needs, loaded when it runs (the CLI's other commands stay cold).
+_metadata = lazy_module("te_align.metadata")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +28,7 @@ _onoff = kohya_lora.onoff
 _short = kohya_lora.short
 
 
-def stamp_lines(data: dict[str, Any]) -> list[str]:
+def stamp_lines(data: FileMetadata) -> list[str]:
     """Plain-words description of the te_align section of :func:`te_align.metadata.read`'s result."""
     te = data["te_align"]
     if not data["stamped"]:
@@ -104,9 +109,7 @@ def escape_json(text: str) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from te_align.metadata import read
-
-    data = read(args.file)
+    data = _metadata.read(args.file)
     if args.json:
         print(escape_json(json.dumps(data, indent=2, ensure_ascii=False)))
         return 0

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from te_align._lazy import lazy_module
 from te_align.profiles import profile
 from te_align.trainers import specs
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+# Lazy: what only one command needs, loaded when it runs (the CLI's other commands stay cold).
+_patching = lazy_module("te_align.patching")
+_patch_trainers = lazy_module("te_align.patching.trainers")
+_transaction = lazy_module("te_align.patching.transaction")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,24 +38,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
-    from te_align.patching import apply
-    from te_align.patching.trainers import detect, plan_for
-    from te_align.patching.transaction import lock, recover
-
     if args.profile:
         args.profile = profile(args.profile).name  # validate early; aliases resolve
-    det = detect(args.path, args.trainer)
-    with lock(det.root):  # plan and apply as one step: a second te-align waits or refuses
-        recovered = recover(det.root)
+    det = _patch_trainers.detect(args.path, args.trainer)
+    with _transaction.lock(det.root):  # plan and apply as one step: a second te-align waits or refuses
+        recovered = _transaction.recover(det.root)
         if recovered:
             print(recovered)
-        plan = plan_for(det, args.profile)
+        plan = _patch_trainers.plan_for(det, args.profile)
         print(f"{det.trainer} ({det.layout}, version {det.version}) at {det.root}")
         for note in det.notes:
             print(f"  note: {note}")
         for line in plan.describe()[1:]:
             print(line)
-        result = apply(plan, replan=args.replan, dry_run=args.dry_run)
+        result = _patching.apply(plan, replan=args.replan, dry_run=args.dry_run)
     if args.dry_run:
         print("dry run: nothing changed")
     elif result.noop:
@@ -62,11 +62,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_unpatch(args: argparse.Namespace) -> int:
-    from te_align.patching.trainers import patched_root
-    from te_align.patching.transaction import revert_report
-
-    root = patched_root(args.path)
-    result = revert_report(root, keep_changed=args.keep_changed)
+    root = _patch_trainers.patched_root(args.path)
+    result = _transaction.revert_report(root, keep_changed=args.keep_changed)
     if result.recovered:
         print(result.recovered)
     print(f"restored {len(result.restored)} file(s) in {root}")
@@ -78,11 +75,8 @@ def cmd_unpatch(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from te_align.patching import status
-    from te_align.patching.trainers import patched_root
-
-    root = patched_root(args.path)
-    st = status(root)
+    root = _patch_trainers.patched_root(args.path)
+    st = _patching.status(root)
     if args.json:
         print(json.dumps({
             "root": str(root), "patched": st.patched, "recovered": st.recovered, "manifest": st.manifest,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from collections.abc import Iterable
 
 from te_align.trainers import specs
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.set_defaults(func=cmd_matrix)
 
 
-def _fmt_shape(s: Any) -> str:
+def _fmt_shape(s: Iterable[int] | None) -> str:
     return "-" if s is None else str(tuple(s))
 
 

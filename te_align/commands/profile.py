@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
+from te_align._lazy import lazy_module
 from te_align.errors import ProfileError
 from te_align.profiles import profile, profiles
 from te_align.profiles.resolve import build, classify
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+# Lazy: what only one command needs, loaded when it runs (the CLI's other commands stay cold).
+_atomic = lazy_module("te_align._atomic")
+_overrides = lazy_module("te_align.profiles.overrides")
+_paths = lazy_module("te_align._paths")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,11 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     build.set_defaults(func=cmd_build)
 
 
-def parse_set(items: list[str]) -> dict[str, Any]:
+def parse_set(items: list[str]) -> dict[str, object]:
     """``KEY=VALUE`` pairs (see :func:`te_align.profiles.overrides.parse_set`)."""
-    from te_align.profiles.overrides import parse_set as parse
-
-    return parse(items)
+    return _overrides.parse_set(items)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -67,7 +68,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, str):
         return json.dumps(v, ensure_ascii=False) if (v == "" or v != v.strip() or "\n" in v or len(v) > 60) else v
     if v is None:
@@ -82,9 +83,7 @@ def _clip(s: str, n: int) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from te_align.profiles.overrides import resolve
-
-    p = resolve(args.name, ("--set", parse_set(args.set)))
+    p = _overrides.resolve(args.name, ("--set", parse_set(args.set)))
     if args.json:
         data = p.to_dict()
         data["fingerprint"] = p.fingerprint()
@@ -153,8 +152,6 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
     import os
     import stat
 
-    from te_align._paths import describe
-
     out = Path(output).expanduser()
     if out.suffix.lower() not in (".toml", ".json"):
         raise ProfileError("the output must be a .toml or .json file", file=output, key="--output")
@@ -178,7 +175,9 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
         raise ProfileError(f"cannot use as output: {e.strerror}", file=output, key="--output") from None
     if st is not None:
         if not stat.S_ISREG(st.st_mode):
-            raise ProfileError(f"is {describe(st.st_mode)}, not a file to write", file=output, key="--output")
+            raise ProfileError(
+                f"is {_paths.describe(st.st_mode)}, not a file to write", file=output, key="--output"
+            )
         if not force:
             raise ProfileError("exists: pass --force to replace it (the old file is kept as "
                                f"{out.name}.bak), or choose another file", file=output, key="--output")
@@ -187,14 +186,15 @@ def check_output(output: str, source: str, *, force: bool) -> Path:
 
 def _write_with_backup(out: Path, text: str) -> None:
     """Atomic write; an existing file is first kept as ``FILE.bak`` (hard link, else a copy)."""
-    from te_align._atomic import atomic_file, link_or_copy
-
     def backup() -> None:
         if out.exists():
-            link_or_copy(out, out.with_name(out.name + ".bak"))
+            _atomic.link_or_copy(out, out.with_name(out.name + ".bak"))
 
     try:
-        with atomic_file(out, "w", error=ProfileError, mode_from=out if out.exists() else None, before_replace=backup) as f:
+        mode_from = out if out.exists() else None
+        with _atomic.atomic_file(
+            out, "w", error=ProfileError, mode_from=mode_from, before_replace=backup
+        ) as f:
             f.write(text)
     except OSError as e:
         raise ProfileError(f"cannot write: {e.strerror or e} (free space or choose a writable folder)", file=str(out)) from None

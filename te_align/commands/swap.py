@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path; load what only one command needs when it runs.
+from te_align._lazy import lazy_module
+
+# Lazy: te_align.swap imports torch (transformers, diffusers); kept off ``te-align --help``, the CLI's cold
+# path, like what only this command needs.
+_paths = lazy_module("te_align._paths")
+_profile_overrides = lazy_module("te_align.profiles.overrides")
+_swap = lazy_module("te_align.swap")
 
 #: Kept here (not imported from te_align.swap) so that ``te-align --help`` imports no torch.
 RESET_CHOICES = ("none", "cross", "qk", "all")
@@ -44,25 +49,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _overrides(items: list[str]) -> dict[str, object]:
-    from te_align.profiles.overrides import parse_set
-
-    return parse_set(items, origin="--override")
+    return _profile_overrides.parse_set(items, origin="--override")
 
 
 def _captions(path: str | None) -> list[str] | None:
     if path is None:
         return None
-    from te_align._paths import read_bytes
-    from te_align.swap import SwapError
-
-    raw = read_bytes(path, SwapError, what="captions file")
+    raw = _paths.read_bytes(path, _swap.SwapError, what="captions file")
     try:
         lines = [x.strip() for x in raw.decode("utf-8-sig").splitlines()]
     except UnicodeDecodeError as e:
-        raise SwapError(f"not UTF-8 text (byte {e.start})", file=path, key="--captions") from None
+        raise _swap.SwapError(f"not UTF-8 text (byte {e.start})", file=path, key="--captions") from None
     lines = [x for x in lines if x]
     if not lines:
-        raise SwapError("no captions (expected one caption per line)", file=path, key="--captions")
+        raise _swap.SwapError("no captions (expected one caption per line)", file=path, key="--captions")
     return lines
 
 
@@ -77,9 +77,7 @@ def cmd_swap(args: argparse.Namespace) -> int:
     import json
     import logging
 
-    from te_align.swap import check_request, swap
-
-    check_request(args.reset, args.stats, args.out)
+    _swap.check_request(args.reset, args.stats, args.out)
     import diffusers.utils.logging as diffusers_logging
     import transformers.utils.logging as transformers_logging
 
@@ -87,7 +85,7 @@ def cmd_swap(args: argparse.Namespace) -> int:
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
     logging.getLogger("diffusers").setLevel(logging.ERROR)
-    report, _ = swap(
+    report, _ = _swap.swap(
         args.base, args.encoder, args.out, tokenizer=args.tokenizer, captions=_captions(args.captions),
         profile=args.profile, profile_overrides=_overrides(args.override), config=args.config, reset=args.reset,
         stats=args.stats, shift=args.shift, seed=args.seed, max_length=args.max_length, encoder_mask=args.encoder_mask,

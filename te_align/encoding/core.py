@@ -16,7 +16,7 @@ import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -27,6 +27,13 @@ from te_align.errors import EncodingError
 from te_align.profiles import profile as load
 from te_align.profiles.expr import Call, Node, Ref, output_specs
 from te_align.profiles.model import AlignmentProfile, SlotSpec
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils import ModelOutput
+
+_Component = TypeVar("_Component")
 
 #: CLIP-style chunk body length for long prompts (77 positions minus BOS and EOS).
 CHUNK_BODY = 75
@@ -55,7 +62,7 @@ class EncodeOptions:
     #: per-caption tokenization that is collated later) instead of the batch's longest need.
     pad_chunks: bool = False
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, int | str | bool]:
         return {"long_prompt_chunks": self.long_prompt_chunks, "dropout_policy": self.dropout_policy, "pad_chunks": self.pad_chunks}
 
 
@@ -81,7 +88,7 @@ def eos_mask(ids: torch.Tensor, eos: int | None) -> torch.Tensor:
     return (torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) <= first).to(torch.long)
 
 
-def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind: str) -> Any:
+def _component(table: Mapping[str, _Component] | None, slot: SlotSpec, attr: str, kind: str) -> _Component:
     if table is None:
         table = {}
     if not isinstance(table, Mapping):
@@ -98,7 +105,9 @@ def _component(table: Mapping[str, Any] | None, slot: SlotSpec, attr: str, kind:
     )
 
 
-def _from_pipeline(pipeline: Any, slot: SlotSpec) -> tuple[Any, Any]:
+def _from_pipeline(
+    pipeline: DiffusionPipeline, slot: SlotSpec
+) -> tuple[PreTrainedTokenizerBase, torch.nn.Module | None]:
     tok = getattr(pipeline, slot.tokenizer_subfolder, None)
     if slot.tokenizer_only:
         if tok is None:
@@ -111,7 +120,7 @@ def _from_pipeline(pipeline: Any, slot: SlotSpec) -> tuple[Any, Any]:
     return tok, enc
 
 
-def _config_width(config: Any) -> int | None:
+def _config_width(config: object) -> int | None:
     for name in ("hidden_size", "d_model"):
         v = getattr(config, name, None)
         if isinstance(v, int):
@@ -122,7 +131,13 @@ def _config_width(config: Any) -> int | None:
     return None
 
 
-def check_components(profile: AlignmentProfile, slot: SlotSpec, tokenizer: Any, encoder: Any, device: torch.device | None) -> None:
+def check_components(
+    profile: AlignmentProfile,
+    slot: SlotSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    encoder: torch.nn.Module,
+    device: torch.device | None,
+) -> None:
     """Refuse encoders that do not fit the profile, naming the slot and both values."""
     width = _config_width(getattr(encoder, "config", None))
     if width is not None and width != slot.encoder.hidden_size:
@@ -144,7 +159,7 @@ def check_components(profile: AlignmentProfile, slot: SlotSpec, tokenizer: Any, 
             )
 
 
-def _encoder_dtype(encoder: Any) -> torch.dtype:
+def _encoder_dtype(encoder: torch.nn.Module) -> torch.dtype:
     dt = getattr(encoder, "dtype", None)
     if isinstance(dt, torch.dtype):
         return dt
@@ -152,14 +167,14 @@ def _encoder_dtype(encoder: Any) -> torch.dtype:
     return p.dtype if p is not None else torch.float32
 
 
-def _encoder_device(encoder: Any) -> torch.device:
+def _encoder_device(encoder: torch.nn.Module) -> torch.device:
     p = next(iter(encoder.parameters()), None)
     return p.device if p is not None else torch.device("cpu")
 
 
-def _final_norm(encoder: Any, slot: SlotSpec) -> Any:
+def _final_norm(encoder: torch.nn.Module, slot: SlotSpec) -> torch.nn.Module:
     for path in ("text_model.final_layer_norm", "final_layer_norm", "encoder.final_layer_norm", "norm", "model.norm"):
-        obj = encoder
+        obj: object = encoder
         for part in path.split("."):
             obj = getattr(obj, part, None)
             if obj is None:
@@ -170,7 +185,7 @@ def _final_norm(encoder: Any, slot: SlotSpec) -> Any:
 
 
 # ------------------------------------------------------------------------------ tokenizing
-def tokenize_length(slot: SlotSpec, tokenizer: Any, *, negative: bool = False) -> int:
+def tokenize_length(slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, *, negative: bool = False) -> int:
     """The truncation length handed to the tokenizer for one slot.
 
     ``max_length`` plus dropped template tokens, or an explicit ``tokenize_max_length``; for a
@@ -187,10 +202,12 @@ def tokenize_length(slot: SlotSpec, tokenizer: Any, *, negative: bool = False) -
 
 
 #: tokenizer -> its copy that reads a literal pad token as text (built once per tokenizer object).
-_TEXT_PAD: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_TEXT_PAD: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, PreTrainedTokenizerBase] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def prompt_tokenizer(slot: SlotSpec, tokenizer: Any) -> Any:
+def prompt_tokenizer(slot: SlotSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """The tokenizer that reads prompt text for ``slot``.
 
     ``tokenizer.pad_token_in_prompt = "pad_id"``: ``tokenizer`` itself. ``"text"``: a copy (built
@@ -208,7 +225,7 @@ def prompt_tokenizer(slot: SlotSpec, tokenizer: Any) -> Any:
     return cached
 
 
-def _text_pad_tokenizer(slot: SlotSpec, tok: Any) -> Any:
+def _text_pad_tokenizer(slot: SlotSpec, tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     import transformers
 
     pad, pad_id = tok.pad_token, tok.pad_token_id
@@ -237,7 +254,9 @@ def _text_pad_tokenizer(slot: SlotSpec, tok: Any) -> Any:
     return new
 
 
-def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _tokenize(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], negative: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     t = slot.tokenizer
     tokenizer = prompt_tokenizer(slot, tokenizer)
     length = tokenize_length(slot, tokenizer, negative=negative)
@@ -248,7 +267,7 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
         if old_side is not None:
             tokenizer.padding_side = t.padding_side
         # lists, made into tensors below: transformers' return_tensors="pt" walks the nested lists in Python first
-        kwargs: dict[str, Any] = {"add_special_tokens": t.add_special_tokens}
+        kwargs: dict[str, bool | int | str] = {"add_special_tokens": t.add_special_tokens}
         if t.truncation:
             kwargs.update(truncation=True, max_length=length)
             kwargs["padding"] = "max_length" if t.padding == "max_length" else True
@@ -270,7 +289,7 @@ def _tokenize(slot: SlotSpec, tokenizer: Any, texts: list[str], negative: bool) 
     return ids, mask
 
 
-def pad_id_of(slot: SlotSpec, tokenizer: Any) -> int:
+def pad_id_of(slot: SlotSpec, tokenizer: PreTrainedTokenizerBase) -> int:
     """The id padding positions get: the profile's ``pad_token_id``, else the tokenizer's, else 0."""
     t = slot.tokenizer
     return t.pad_token_id if t.pad_token_id is not None else (tokenizer.pad_token_id or 0)
@@ -285,7 +304,9 @@ def pad_tokens(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, length: in
     return torch.nn.functional.pad(ids, pad, value=pad_id), torch.nn.functional.pad(mask, pad, value=0)
 
 
-def count_tokens(slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False) -> list[int]:
+def count_tokens(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, negative: bool = False
+) -> list[int]:
     """Tokens per prompt for a slot, without special tokens and without truncation."""
     texts = [render(slot.tokenizer, p, negative=negative) for p in prompts]
     tokenizer = prompt_tokenizer(slot, tokenizer)
@@ -297,8 +318,8 @@ def long_prompt_chunks(
     prompts: Sequence[str],
     max_chunks: int,
     *,
-    tokenizers: Mapping[str, Any] | None = None,
-    pipeline: Any = None,
+    tokenizers: Mapping[str, PreTrainedTokenizerBase] | None = None,
+    pipeline: DiffusionPipeline | None = None,
 ) -> list[int]:
     """Chunks each prompt needs under the NovelAI method (1..max_chunks), per the profile's first chunkable slot.
 
@@ -317,7 +338,9 @@ def long_prompt_chunks(
     return [max(1, min(max_chunks, math.ceil(n / body))) for n in count_tokens(clip, tok, prompts)]
 
 
-def _chunk_ids(slot: SlotSpec, tokenizer: Any, texts: list[str], max_chunks: int, fixed: bool = False) -> tuple[torch.Tensor, list[int], int]:
+def _chunk_ids(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_chunks: int, fixed: bool = False
+) -> tuple[torch.Tensor, list[int], int]:
     """NovelAI chunking: (B * n_chunks, 77) ids, token counts, chunks per prompt."""
     t = slot.tokenizer
     tokenizer = prompt_tokenizer(slot, tokenizer)
@@ -352,8 +375,8 @@ def _batch_dim(slot: SlotSpec) -> int:
 def encode_slot(
     profile: AlignmentProfile,
     slot: SlotSpec,
-    tokenizer: Any,
-    encoder: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    encoder: torch.nn.Module | None,
     prompts: Sequence[str],
     *,
     device: torch.device,
@@ -367,7 +390,12 @@ def encode_slot(
 
 
 def tokenize_slot(
-    slot: SlotSpec, tokenizer: Any, prompts: Sequence[str], *, negative: bool = False, options: EncodeOptions = EncodeOptions()
+    slot: SlotSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    negative: bool = False,
+    options: EncodeOptions = EncodeOptions(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask of one slot exactly as :func:`encode_slot` makes them.
 
@@ -387,7 +415,7 @@ def tokenize_slot(
 
 
 def _tokenize_with_absent(
-    slot: SlotSpec, tokenizer: Any, texts: list[str], absent: list[bool], negative: bool
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], absent: list[bool], negative: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenize the prompts that have text for the slot; the others get pad ids and an all-zero mask."""
     t = slot.tokenizer
@@ -408,7 +436,7 @@ def _tokenize_with_absent(
 def encode_slot_tokens(
     profile: AlignmentProfile,
     slot: SlotSpec,
-    encoder: Any,
+    encoder: torch.nn.Module | None,
     ids: torch.Tensor,
     mask: torch.Tensor,
     *,
@@ -450,12 +478,14 @@ def _tokens_only(slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, counts: 
 
 
 # ------------------------------------------------------------------------- running the encoder
-def run_encoder(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+def run_encoder(
+    slot: SlotSpec, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
+) -> ModelOutput:
     """The encoder's output for ``ids``; the attention mask goes in only where the profile says
     (``masks.encoder``), and all hidden states are returned when a layer other than the normed
     last one is selected."""
     e = slot.encoder
-    kwargs: dict[str, Any] = {"input_ids": ids}
+    kwargs: dict[str, torch.Tensor | bool] = {"input_ids": ids}
     if slot.masks.encoder:
         kwargs["attention_mask"] = mask.float() if slot.masks.encoder_mask_dtype == "float" else mask
     if not (e.layer == "last" and e.final_layer_norm) or _is_lm_head(encoder):
@@ -463,12 +493,12 @@ def run_encoder(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Ten
     return encoder(**kwargs)
 
 
-def _is_lm_head(encoder: Any) -> bool:
+def _is_lm_head(encoder: torch.nn.Module) -> bool:
     # language-model heads return logits and no last_hidden_state at all
     return type(encoder).__name__.endswith(("ForCausalLM", "ForConditionalGeneration"))
 
 
-def select_layer(slot: SlotSpec, encoder: Any, out: Any) -> torch.Tensor:
+def select_layer(slot: SlotSpec, encoder: torch.nn.Module, out: ModelOutput) -> torch.Tensor:
     """HiddenMaskIds 1: the hidden states the profile takes (``encoder.layer``: last, penultimate, an index
     or every layer stacked), through the final layer norm where ``encoder.final_layer_norm`` says."""
     e = slot.encoder
@@ -486,7 +516,7 @@ def select_layer(slot: SlotSpec, encoder: Any, out: Any) -> torch.Tensor:
     return hidden
 
 
-def pool(slot: SlotSpec, ids: torch.Tensor, out: Any) -> torch.Tensor | None:
+def pool(slot: SlotSpec, ids: torch.Tensor, out: ModelOutput) -> torch.Tensor | None:
     """HiddenMaskIds 2: the pooled embedding (``encoder.pooled``: pooler_output, text_embeds, the last hidden
     state at the first EOS token, or none)."""
     e = slot.encoder
@@ -502,12 +532,16 @@ def pool(slot: SlotSpec, ids: torch.Tensor, out: Any) -> torch.Tensor | None:
     return last[torch.arange(last.shape[0], device=last.device), positions]
 
 
-def _forward(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _forward(
+    slot: SlotSpec, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     out = run_encoder(slot, encoder, ids, mask)
     return select_layer(slot, encoder, out), pool(slot, ids, out)
 
 
-def _encode_batch(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _encode_batch(
+    slot: SlotSpec, encoder: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_forward` over a batch, one sample at a time where the profile says so (``per_sample``);
     samples without text for the slot (``absent_text = "zeros"``: an all-zero mask) are not encoded
     and get zeros."""
@@ -533,7 +567,10 @@ def _encode_batch(slot: SlotSpec, encoder: Any, ids: torch.Tensor, mask: torch.T
 
 
 def _zero_row(
-    slot: SlotSpec, encoder: Any, ids: torch.Tensor, rows: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]]
+    slot: SlotSpec,
+    encoder: torch.nn.Module,
+    ids: torch.Tensor,
+    rows: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]],
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Zero hidden state (and pooled output) of one sample, shaped like an encoded one."""
     if rows:
@@ -541,7 +578,7 @@ def _zero_row(
         return torch.zeros_like(h), None if p is None else torch.zeros_like(p)
     e = slot.encoder
     width = _config_width(getattr(encoder, "config", None)) or e.hidden_size
-    kw: dict[str, Any] = {"dtype": _encoder_dtype(encoder), "device": ids.device}
+    kw: dict[str, torch.dtype | torch.device] = {"dtype": _encoder_dtype(encoder), "device": ids.device}
     lead = (e.num_layers,) if e.layer == "all" else ()
     pooled = None if e.pooled == "none" else torch.zeros((1, e.projection_dim or width), **kw)
     return torch.zeros((*lead, 1, ids.shape[1], width), **kw), pooled
@@ -550,8 +587,9 @@ def _zero_row(
 # ------------------------------------------------------------ post-processing, in pipeline order
 def _post_process(
     slot: SlotSpec,
-    encoder: Any,
-    hidden: torch.Tensor,
+    encoder: torch.nn.Module,
+    hidden
+: torch.Tensor,
     pooled: torch.Tensor | None,
     ids: torch.Tensor,
     mask: torch.Tensor,
@@ -776,7 +814,11 @@ def _check_request(
 
 
 def _encode_slots(
-    p: AlignmentProfile, req: _Request, tokenizers: Mapping[str, Any] | None, text_encoders: Mapping[str, Any] | None, pipeline: Any
+    p: AlignmentProfile,
+    req: _Request,
+    tokenizers: Mapping[str, PreTrainedTokenizerBase] | None,
+    text_encoders: Mapping[str, torch.nn.Module] | None,
+    pipeline: DiffusionPipeline | None,
 ) -> dict[str, SlotResult]:
     """Every slot's result, in profile order; dropped samples replaced as ``req.policy`` says."""
     results: dict[str, SlotResult] = {}
@@ -833,9 +875,9 @@ def encode(
     profile: AlignmentProfile | str,
     prompts: str | Sequence[str],
     *,
-    tokenizers: Mapping[str, Any] | None = None,
-    text_encoders: Mapping[str, Any] | None = None,
-    pipeline: Any = None,
+    tokenizers: Mapping[str, PreTrainedTokenizerBase] | None = None,
+    text_encoders: Mapping[str, torch.nn.Module] | None = None,
+    pipeline: DiffusionPipeline | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
     negative: bool = False,
@@ -863,8 +905,8 @@ def encode(
 def _apply_slot_drop(
     p: AlignmentProfile,
     slot: SlotSpec,
-    tok: Any,
-    enc: Any,
+    tok: PreTrainedTokenizerBase,
+    enc: torch.nn.Module,
     res: SlotResult,
     flags: list[bool],
     device: torch.device,

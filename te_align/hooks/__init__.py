@@ -13,7 +13,8 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-from typing import Any
+from collections.abc import Sequence
+from types import CodeType, ModuleType
 
 from te_align import _plugins
 from te_align.hooks.base import ENV_SWITCH, OFF_WORDS, Hook, HookError, Target, hooks_disabled
@@ -39,13 +40,13 @@ class _AliasLoader(importlib.abc.Loader):
     def __init__(self, real: str) -> None:
         self.real = real
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         return importlib.import_module(self.real)  # the trainer's module itself, not a copy
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         return None
 
-    def get_code(self, fullname: str) -> Any:  # ``python -m te_align.hooks.<package>`` (runpy)
+    def get_code(self, fullname: str) -> CodeType | None:  # ``python -m te_align.hooks.<package>`` (runpy)
         spec = importlib.util.find_spec(self.real)
         if spec is None or spec.loader is None:
             raise ImportError(self.real)
@@ -53,7 +54,9 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class _Aliases(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         real = _real_name(fullname)
         if real is None:
             return None
@@ -68,7 +71,7 @@ if not any(isinstance(f, _Aliases) for f in sys.meta_path):
     sys.meta_path.insert(0, _Aliases())  # first: a submodule of an alias resolves to the trainer's own module
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> ModuleType:
     real = _real_name(f"{__name__}.{name}")
     if real is None:
         raise AttributeError(name)

@@ -27,18 +27,23 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from te_align.errors import ProfileError, TeAlignError
 from te_align.profiles import AlignmentProfile
 from te_align.profiles.overrides import env_overrides as read_env
 from te_align.profiles.overrides import env_profile, merge, resolve
 
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
 logger = logging.getLogger("te_align")
 
 #: What a user names a profile by: a bundled name, alias, path or hub id, a profile object, or None (each model's
 #: own, chosen by the hook).
 ProfileSource = AlignmentProfile | str | None
+_F = TypeVar("_F", bound=Callable[..., object])
 
 
 def log_to_console() -> None:
@@ -68,7 +73,7 @@ class HookError(TeAlignError):
     """A hook cannot be installed (missing or changed targets, unsupported version)."""
 
 
-def env_overrides() -> dict[str, Any]:
+def env_overrides() -> dict[str, object]:
     """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`HookError` line."""
     try:
         return read_env()
@@ -96,7 +101,7 @@ class Target:
     module: str
     qualname: str
     params: tuple[str, ...] | None = None
-    wrap: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+    wrap: Callable[[object], object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -106,9 +111,9 @@ class Target:
 @dataclass
 class LocatedTarget:
     target: Target
-    owner: Any
+    owner: object
     attr: str
-    original: Any
+    original: object
     #: The attribute lives on ``owner`` itself (not inherited): uninstall puts it back, else deletes.
     own: bool = True
 
@@ -119,14 +124,14 @@ class LocatedTarget:
             delattr(self.owner, self.attr)
 
 
-def _unwrap_descriptor(value: Any) -> Any:
+def _unwrap_descriptor(value: object) -> object:
     return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
 
 
 def locate(target: Target) -> LocatedTarget:
     """Import and look up a target; raises HookError naming what is missing."""
     try:
-        obj: Any = importlib.import_module(target.module)
+        obj: object = importlib.import_module(target.module)
     except Exception as e:  # any import failure means the target is unusable
         raise HookError(f"{target.label}: cannot import {target.module} ({type(e).__name__}: {e})") from None
     parts = target.qualname.split(".")
@@ -163,14 +168,14 @@ def locate(target: Target) -> LocatedTarget:
     return LocatedTarget(target, obj, attr, raw, own)
 
 
-def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+def mark_wrapper(wrapper: _F, original: Callable[..., object]) -> _F:
     """``functools.wraps`` plus a marker so a second install never wraps a wrapper."""
     functools.update_wrapper(wrapper, original)
     wrapper.__te_align_original__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
-def replacement(located: LocatedTarget) -> Any:
+def replacement(located: LocatedTarget) -> object:
     """What ``located``'s target puts in place of the original: ``target.wrap(original)``, descriptor kind kept."""
     wrap = located.target.wrap
     if wrap is None:
@@ -281,7 +286,9 @@ class Settings:
     :meth:`profile` resolves a source plus the overrides through the one way in
     (:func:`te_align.profiles.overrides.resolve`), once per source."""
 
-    def __init__(self, profile: ProfileSource = None, layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> None:
+    def __init__(
+        self, profile: ProfileSource = None, layers: Sequence[tuple[str, Mapping[str, object]]] = ()
+    ) -> None:
         self.source = profile
         self.layers = tuple((o, dict(m)) for o, m in layers if m)
         self.overrides, self.origins = merge(*self.layers)
@@ -318,8 +325,13 @@ class Settings:
     __hash__ = None  # type: ignore[assignment]
 
 
-def settings(profile: ProfileSource = None, overrides: Mapping[str, Any] | None = None, *, origin: str = "install()",
-             environ: Mapping[str, str] | None = None) -> Settings:
+def settings(
+    profile: ProfileSource = None,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    origin: str = "install()",
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
     """The one reading of the environment for every trainer's hooks: ``profile`` (else ``TE_ALIGN_PROFILE``) and
     ``overrides`` over ``TE_ALIGN_OVERRIDES``. A named profile and the overrides are validated now, so a mistake
     is one :class:`HookError` line before anything is installed."""
@@ -344,18 +356,18 @@ class Lifecycle:
     visible in trainers that configure no logging; ``check`` (optional) refuses trainer-specific override keys."""
 
     def __init__(self, trainer: str, build: Callable[..., Hook], *, console: Callable[[], None] | None = None,
-                 check: Callable[[Mapping[str, Any]], Any] | None = None, runs: str = "") -> None:
+                 check: Callable[[Mapping[str, object]], object] | None = None, runs: str = "") -> None:
         self.trainer = trainer
         self.runs = runs or trainer
         self.build = build
         self.console = console
         self.check = check
         self.hook: Hook | None = None
-        self.options: dict[str, Any] = {}
+        self.options: dict[str, object] = {}
         self.lock = threading.RLock()
 
-    def install(self, profile: ProfileSource = None, overrides: Mapping[str, Any] | None = None, *,
-                environ: Mapping[str, str] | None = None, **options: Any) -> bool:
+    def install(self, profile: ProfileSource = None, overrides: Mapping[str, object] | None = None, *,
+                environ: Mapping[str, str] | None = None, **options: object) -> bool:
         """Install the trainer's hook (every target or none). False under ``TE_ALIGN=off``.
 
         Installed already with the same ``options``: takes the new settings and returns True (nothing is wrapped
@@ -408,7 +420,9 @@ class _AfterImport:
     def __init__(self) -> None:
         self.waiting: dict[str, list[Callable[[], None]]] = {}
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         import importlib.util
         import sys
 
@@ -425,7 +439,7 @@ class _AfterImport:
         original_exec = loader.exec_module  # type: ignore[union-attr]
         callbacks = self.waiting.pop(fullname)
 
-        def exec_module(module: Any) -> None:
+        def exec_module(module: ModuleType) -> None:
             original_exec(module)
             for callback in callbacks:
                 callback()

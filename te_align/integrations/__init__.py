@@ -11,12 +11,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-# Function-local te_align imports in this module: would close an import loop at module level.
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+    from te_align.profiles.model import AlignmentProfile
+
+# Function-local te_align imports in this module: keep torch (te_align.integrations.diffusers imports it) off
+# this package's import.
+
+_Pipe = TypeVar("_Pipe", bound="DiffusionPipeline")
 
 
-def apply(pipe: Any, profile: Any = None, **kwargs: Any) -> Any:
+def apply(pipe: _Pipe, profile: AlignmentProfile | str | None = None, **kwargs: Any) -> _Pipe:
     """Make a diffusers pipeline encode prompts by ``profile`` (see :func:`te_align.integrations.diffusers.apply`)."""
     from te_align.integrations.diffusers import apply as _apply
 

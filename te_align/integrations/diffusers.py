@@ -24,14 +24,24 @@ carries its profile (:data:`PROFILE_ATTR`, set by :func:`te_align.tiny.bases.loa
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from te_align.encoding import encode
+from te_align.encoding.core import _config_width, encode_uncond
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from te_align.encoding.conditioning import Conditioning
+    from te_align.profiles.model import AlignmentProfile
+
+# ``encode`` loads te_align.encoding.core (and torch) when this module is imported: it is not on the CLI's
+# cold path (``te_align.apply`` and ``te_align.integrations.apply`` import it on first use).
+
+_Pipe = TypeVar("_Pipe", bound="DiffusionPipeline")
 
 #: Pipelines whose ``__call__`` takes the profile's outputs under these names, checked by tests/test_apply.py.
 SUPPORTED: dict[str, str] = {
@@ -51,7 +61,7 @@ _MARK = "_te_align_profile"
 _ALIGNED: dict[type, type] = {}
 
 
-def _base_class(pipe: Any) -> type:
+def _base_class(pipe: object) -> type:
     """The pipeline's class before :func:`apply`."""
     cls = type(pipe)
     return cls.__bases__[0] if getattr(cls, "_te_align_wrapped", False) else cls
@@ -82,10 +92,8 @@ def _aligned_class(cls: type, official: type) -> type:
     return _ALIGNED[cls]
 
 
-def _width_mismatch(p: Any, pipe: Any, cls_name: str) -> str | None:
+def _width_mismatch(p: AlignmentProfile, pipe: DiffusionPipeline, cls_name: str) -> str | None:
     """One line naming every slot whose pipeline encoder is not as wide as the profile says, or None."""
-    from te_align.encoding.core import _config_width
-
     bad = []
     for slot in p.slots:
         if slot.tokenizer_only:
@@ -102,7 +110,7 @@ def _width_mismatch(p: Any, pipe: Any, cls_name: str) -> str | None:
             f"pipeline was built with, or override {keys} if this is intended)")
 
 
-def apply(pipe: Any, profile: Any = None, **encode_kwargs: Any) -> Any:
+def apply(pipe: _Pipe, profile: AlignmentProfile | str | None = None, **encode_kwargs: Any) -> _Pipe:
     """Make ``pipe`` encode prompts by ``profile`` (a name, alias, file or :class:`AlignmentProfile`).
 
     Returns ``pipe`` (changed in place). ``profile`` None: the profile the pipeline carries (te-align's world bases
@@ -152,7 +160,7 @@ def apply(pipe: Any, profile: Any = None, **encode_kwargs: Any) -> Any:
 _EXAMPLE = {"flux": "flux-dev", "sd3": "sd35-large", "sdxl": "sdxl", "sd1": "sd15"}
 
 
-def remove(pipe: Any) -> Any:
+def remove(pipe: _Pipe) -> _Pipe:
     """Undo :func:`apply`: the pipeline encodes prompts its own way again."""
     if getattr(type(pipe), "_te_align_wrapped", False):
         pipe.__class__ = _base_class(pipe)
@@ -161,13 +169,13 @@ def remove(pipe: Any) -> Any:
     return pipe
 
 
-def applied_profile(pipe: Any) -> Any:
+def applied_profile(pipe: DiffusionPipeline) -> AlignmentProfile | None:
     """The profile :func:`apply` set on ``pipe``, or None."""
     state = pipe.__dict__.get(_MARK)
     return state[0] if state else None
 
 
-def _as_list(x: Any, what: str) -> list[str]:
+def _as_list(x: object, what: str) -> list[str]:
     if isinstance(x, str):
         return [x]
     if isinstance(x, (list, tuple)) and all(isinstance(s, str) for s in x):
@@ -175,10 +183,8 @@ def _as_list(x: Any, what: str) -> list[str]:
     raise TeAlignError(f"{what} must be a string or a list of strings, got {type(x).__name__}")
 
 
-def _aligned_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _aligned_call(self: DiffusionPipeline, *args: Any, **kwargs: Any) -> object:
     import torch
-
-    from te_align.encoding.core import encode_uncond
 
     official = _official(type(self))
     if official is None:  # pragma: no cover - apply() placed this call above an official class
@@ -224,7 +230,7 @@ def _aligned_call(self: Any, *args: Any, **kwargs: Any) -> Any:
     return original(self, **call)
 
 
-def _repeat(cond: Any, name: str, n: int) -> Any:
+def _repeat(cond: Conditioning, name: str, n: int) -> torch.Tensor:
     t = cond[name]
     if n == 1 or not cond.is_batched(name):
         return t

@@ -19,10 +19,19 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from te_align.errors import TeAlignError
+
+if TYPE_CHECKING:
+    import torch
+    from diffusers import DiffusionPipeline
+    from transformers import CLIPTextModel, PreTrainedTokenizerBase, T5EncoderModel
+
+#: A Forge text-processing engine: prompts -> conditioning (and the pooled output, where it returns one).
+ForgeEngine: TypeAlias = "Callable[[list[str]], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]"
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path.
@@ -94,13 +103,13 @@ def _clip_class() -> type:
 
     class CLIPTextModelAsForgeReadsIt(CLIPTextModel):
         @property
-        def text_model(self) -> Any:
+        def text_model(self) -> CLIPTextModel:
             return self
 
     return CLIPTextModelAsForgeReadsIt
 
 
-def _clip(hf: Any) -> Any:
+def _clip(hf: CLIPTextModel) -> torch.nn.Module:
     """Forge's IntegratedCLIP holding ``hf``'s weights, built as Forge's loader builds every CLIP (backend/loader.py:72:
     transformers' CLIPTextModel with a text projection added); its own copy, as the classic engine wraps the token
     embedding in place."""
@@ -115,7 +124,7 @@ def _clip(hf: Any) -> Any:
     return model.eval()
 
 
-def _t5(hf: Any) -> Any:
+def _t5(hf: T5EncoderModel) -> torch.nn.Module:
     """Forge's own T5 (IntegratedT5) holding ``hf``'s (a transformers T5EncoderModel) weights."""
     from backend.nn.t5 import IntegratedT5
 
@@ -134,7 +143,7 @@ def _t5(hf: Any) -> Any:
 T5_COMPONENT = {"flux": "text_encoder_2", "chroma": "text_encoder"}
 
 
-def pipeline(family: str) -> Any:
+def pipeline(family: str) -> DiffusionPipeline:
     """The tiny diffusers pipeline of ``family`` (te-align's components) whose encoders Forge's classes can hold.
 
     Forge's T5 code takes the attention's inner width to be the model width (backend/nn/t5.py:201 passes model_dim as inner_dim to :74-79, as in every
@@ -166,7 +175,7 @@ def pipeline(family: str) -> Any:
     return pipe
 
 
-def engines(family: str, pipe: Any) -> dict[str, Any]:
+def engines(family: str, pipe: DiffusionPipeline) -> dict[str, ForgeEngine]:
     """Forge's engines of ``family`` with the arguments its ``backend/diffusion_engine/<family>.py`` passes, on
     ``pipe``'s (a tiny diffusers pipeline's) tokenizers and encoder weights. No textual-inversion folder is read."""
     from backend.args import dynamic_args
@@ -175,7 +184,7 @@ def engines(family: str, pipe: Any) -> dict[str, Any]:
 
     emphasis = dynamic_args["emphasis_name"]
 
-    def classic(enc: Any, tok: Any, key: str, **kw: Any) -> Any:
+    def classic(enc: CLIPTextModel, tok: PreTrainedTokenizerBase, key: str, **kw: bool | int) -> ForgeEngine:
         return ClassicTextProcessingEngine(text_encoder=_clip(enc), tokenizer=tok, embedding_dir=None, embedding_key=key,
                                            embedding_expected_shape=enc.config.hidden_size, emphasis_name=emphasis, **kw)
 
@@ -198,7 +207,7 @@ def engines(family: str, pipe: Any) -> dict[str, Any]:
     raise TeAlignError(f"no Forge engines for family {family!r}; compared: {', '.join(PROFILES)}")
 
 
-def conditioning(family: str, eng: dict[str, Any], prompt: str) -> dict[str, Any]:
+def conditioning(family: str, eng: dict[str, ForgeEngine], prompt: str) -> dict[str, torch.Tensor]:
     """``{"crossattn": ..., "pooled": ...}`` for one positive prompt, combined as the family's
     ``get_learned_conditioning`` does (flux.py:84-97, chroma.py:55-57, sdxl.py:85-121, sd15.py)."""
     import torch

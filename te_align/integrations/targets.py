@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align.errors import TeAlignError, closest
 from te_align.profiles.overrides import canonical_key
+
+if TYPE_CHECKING:
+    from te_align.profiles.model import AlignmentProfile
 
 COMFYUI = "comfyanonymous/ComfyUI@fe25114"
 FORGE = "lllyasviel/stable-diffusion-webui-forge@dfdcbab"
@@ -38,7 +41,7 @@ class Behaviour:
     #: The slot-relative profile path it concerns; None: a note shown whatever was trained.
     path: str | None
     #: The tool's effective value for ``path`` (compared with the trained value); None when ``path`` is None.
-    value: Any
+    value: object
     #: What the tool does, as a clause ("pads T5 to at least 256 tokens and never truncates").
     does: str
     #: How to sample as trained in that tool; ``{trained}`` is filled with the trained value.
@@ -224,16 +227,16 @@ class InferenceNote:
     tool: str
     setting: str
     #: The trained value; None where the trainer does not record it (``trained_known`` False) or none applies.
-    trained: Any
-    tool_value: Any
+    trained: object
+    tool_value: object
     message: str
     fix: str
     source: str
     #: The profile's value of ``setting`` (None for a prompt-syntax note).
-    profile_value: Any = None
+    profile_value: object = None
     trained_known: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"tool": self.tool, "setting": self.setting, "trained": self.trained,
                 "trained_known": self.trained_known, "profile": self.profile_value, "tool_value": self.tool_value,
                 "message": self.message, "fix": self.fix, "source": self.source}
@@ -251,11 +254,11 @@ def check_tool(tool: str) -> str:
     return key
 
 
-def _profile_value(profile: Any, path: str) -> Any:
+def _profile_value(profile: AlignmentProfile, path: str) -> object:
     return profile.get(path) if "." not in path else profile.get(f"slots.{path}")
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
@@ -265,7 +268,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _overridden(profile: Any, path: str, value: Any) -> str:
+def _overridden(profile: AlignmentProfile, path: str, value: object) -> str:
     """Python for the profile with ``path`` set to ``value`` (``te_align.profile('flux-schnell', t5_max_length=512)``)."""
     full = path if "." not in path else f"slots.{path}"
     slot, _, rest = path.partition(".")
@@ -278,7 +281,9 @@ def _overridden(profile: Any, path: str, value: Any) -> str:
     return f"te_align.profile({profile.name!r}, {arg})"
 
 
-def inference_notes(profile: Any, tool: str, effective: Mapping[str, Any] | None = None) -> list[InferenceNote]:
+def inference_notes(
+    profile: AlignmentProfile, tool: str, effective: Mapping[str, object] | None = None
+) -> list[InferenceNote]:
     """Where sampling in ``tool`` gives other conditioning than the training did.
 
     ``profile``: the profile trained with (an :class:`~te_align.profiles.AlignmentProfile`). ``effective``: the
@@ -327,7 +332,7 @@ def inference_notes(profile: Any, tool: str, effective: Mapping[str, Any] | None
     return notes
 
 
-def _same(b: Behaviour, trained: Any) -> bool:
+def _same(b: Behaviour, trained: object) -> bool:
     if b.path is not None and b.path.endswith("system_prompt"):
         return not trained  # the tool adds none: the same only when none was trained
     if b.path is not None and b.path.endswith("tokenizer.max_length") and b.value == 0:

@@ -24,17 +24,54 @@ from te_align.tiny.fit import fit_profile
 # import, the CLI's cold path.
 
 #: tiny-model family (te_align.tiny.encoders.family_components) per bundled profile.
-TINY_FAMILY = {"sd15": "sd15", "sd21": "sd21", "sdxl": "sdxl", "sd3-medium": "sd3", "sd35-large": "sd3",
-               "sd35-medium": "sd3", "flux-dev": "flux", "flux-schnell": "flux", "chroma": "chroma",
-               "pixart-sigma": "pixart-sigma", "auraflow": "auraflow", "lumina2": "lumina2", "hidream": "hidream",
-               "qwen-image": "qwen-image", "wan21": "wan21", "hunyuanimage-2.1": "hunyuanimage", "sana": "sana"}  # fmt: skip
+TINY_FAMILY = {
+    "sd15": "sd15",
+    "sd21": "sd21",
+    "sdxl": "sdxl",
+    "sd3-medium": "sd3",
+    "sd35-large": "sd3",
+    "sd35-medium": "sd3",
+    "flux-dev": "flux",
+    "flux-schnell": "flux",
+    "chroma": "chroma",
+    "pixart-sigma": "pixart-sigma",
+    "auraflow": "auraflow",
+    "lumina2": "lumina2",
+    "hidream": "hidream",
+    "qwen-image": "qwen-image",
+    "wan21": "wan21",
+    "hunyuanimage-2.1": "hunyuanimage",
+    "sana": "sana",
+}
 
 #: Third-party packages whose absence must not stop a trainer module from importing (stood in).
 OPTIONAL_IMPORTS = (
-    "torchvision", "cv2", "library", "leco", "networks", "optimum", "lycoris", "k_diffusion", "bitsandbytes",
-    "prodigyopt", "dadaptation", "albumentations", "controlnet_aux", "timm", "kornia", "lpips", "gradio",
-    "imwatermark", "torchao", "ip_adapter", "open_clip", "clip", "xformers", "lion_pytorch", "schedulefree",
-)  # fmt: skip
+    "torchvision",
+    "cv2",
+    "library",
+    "leco",
+    "networks",
+    "optimum",
+    "lycoris",
+    "k_diffusion",
+    "bitsandbytes",
+    "prodigyopt",
+    "dadaptation",
+    "albumentations",
+    "controlnet_aux",
+    "timm",
+    "kornia",
+    "lpips",
+    "gradio",
+    "imwatermark",
+    "torchao",
+    "ip_adapter",
+    "open_clip",
+    "clip",
+    "xformers",
+    "lion_pytorch",
+    "schedulefree",
+)
 
 
 class HooksUnavailable(Exception):

@@ -24,8 +24,10 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING
 
+from te_align import _schema as schema
+from te_align._dtypes import DTYPE_NAMES
 from te_align.errors import ProfileError, closest
 from te_align.profiles.model import (
     AlignmentProfile,
@@ -39,7 +41,10 @@ from te_align.profiles.model import (
 from te_align.profiles.resolve import profile as load
 from te_align.profiles.serialize import validate
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from te_align._types import JSONValue
 
 #: Profile overrides for every trainer's hooks, a JSON object (``{"t5_max_length": 512}``).
 ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
@@ -120,11 +125,9 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 }
 
 
-def check_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> None:
+def check_value(profile: AlignmentProfile, path: str, value: object, key: str) -> None:
     """Refuse an override value that is out of range or nonsensical for its field (one line naming the key)."""
     import math
-
-    from te_align._dtypes import DTYPE_NAMES
 
     field = path.rsplit(".", 1)[-1]
 
@@ -147,10 +150,8 @@ def check_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> N
         raise bad("expected a probability in [0, 1]")
 
 
-def _hint(path: str) -> Any:
+def _hint(path: str) -> object:
     """The type hint of the field a resolved override path sets."""
-    from te_align import _schema as schema
-
     parts = path.split(".")
     if parts[0] == "outputs":
         return str | None  # an expression, or None: remove the output
@@ -162,7 +163,7 @@ def _hint(path: str) -> Any:
     return schema.hints(cls)[parts[3]]
 
 
-def _default(path: str) -> Any:
+def _default(path: str) -> object:
     """The dataclass default of the field at ``path`` (``dataclasses.MISSING`` when it has none)."""
     parts = path.split(".")
     if parts[0] != "slots" or len(parts) < 4:
@@ -173,11 +174,9 @@ def _default(path: str) -> Any:
     return f.default
 
 
-def typed_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> Any:
+def typed_value(profile: AlignmentProfile, path: str, value: object, key: str) -> object:
     """``value`` checked against the type hint of the field at ``path`` (None: the field's default where the
     field takes no None), then against its range (:func:`check_value`)."""
-    from te_align import _schema as schema
-
     hint = _hint(path)
     if value is None and path.split(".")[0] != "outputs":
         try:
@@ -196,7 +195,7 @@ def typed_value(profile: AlignmentProfile, path: str, value: Any, key: str) -> A
     return value
 
 
-def _replace(profile: AlignmentProfile, path: str, value: Any) -> AlignmentProfile:
+def _replace(profile: AlignmentProfile, path: str, value: object) -> AlignmentProfile:
     """``profile`` with the field at ``path`` replaced (``dataclasses.replace`` at each level)."""
     parts = path.split(".")
     if parts[0] == "outputs":
@@ -220,7 +219,7 @@ def _replace(profile: AlignmentProfile, path: str, value: Any) -> AlignmentProfi
     return dataclasses.replace(profile, slots=tuple(slots))
 
 
-def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, origin: str | None = None
+def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, object], *, origin: str | None = None
                     ) -> AlignmentProfile:
     """``profile`` with validated ``overrides`` (key -> value), each recorded in provenance (status ``override``).
 
@@ -235,7 +234,7 @@ def apply_overrides(profile: AlignmentProfile, overrides: Mapping[str, Any], *, 
         raise
 
 
-def _apply(profile: AlignmentProfile, overrides: Mapping[str, Any]) -> AlignmentProfile:
+def _apply(profile: AlignmentProfile, overrides: Mapping[str, object]) -> AlignmentProfile:
     prov = dict(profile.provenance)
     new = profile
     for key, value in overrides.items():
@@ -266,11 +265,11 @@ def _same_path(profile: AlignmentProfile, key: str, path: str | None) -> bool:
 
 
 # ------------------------------------------------------------------------------ the ways in
-def parse_set(items: Iterable[str], *, origin: str = "--set") -> dict[str, Any]:
+def parse_set(items: Iterable[str], *, origin: str = "--set") -> dict[str, JSONValue]:
     """``KEY=VALUE`` pairs (``--set``): values read as TOML scalars (512, true, "text", 0.5), else as strings."""
     import tomllib
 
-    out: dict[str, Any] = {}
+    out: dict[str, JSONValue] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -289,7 +288,7 @@ def parse_set(items: Iterable[str], *, origin: str = "--set") -> dict[str, Any]:
     return out
 
 
-def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, JSONValue]:
     """``TE_ALIGN_OVERRIDES`` (a JSON object), or {}; anything else is one :class:`ProfileError` line."""
     raw = (os.environ if environ is None else environ).get(ENV_OVERRIDES, "").strip()
     if not raw:
@@ -312,9 +311,9 @@ def env_profile(environ: Mapping[str, str] | None = None) -> str | None:
     return value or None
 
 
-def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any], dict[str, str]]:
+def merge(*layers: tuple[str, Mapping[str, object] | None]) -> tuple[dict[str, object], dict[str, str]]:
     """Layers of overrides ``(origin, mapping)``, later ones winning: (the merged overrides, the origin of each)."""
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     origins: dict[str, str] = {}
     for origin, mapping in layers:
         if mapping is None:
@@ -329,8 +328,12 @@ def merge(*layers: tuple[str, Mapping[str, Any] | None]) -> tuple[dict[str, Any]
     return merged, origins
 
 
-def resolve(source: Any, *layers: tuple[str, Mapping[str, Any] | None], env: bool = False,
-            environ: Mapping[str, str] | None = None) -> AlignmentProfile:
+def resolve(
+    source: str | Path | AlignmentProfile,
+    *layers: tuple[str, Mapping[str, object] | None],
+    env: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> AlignmentProfile:
     """The profile for ``source`` with overrides: the one function every entry point calls.
 
     ``layers`` are ``(origin, mapping)`` pairs, later ones winning (``("--set", {...})``,

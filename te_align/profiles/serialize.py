@@ -6,7 +6,7 @@ import json
 import tomllib
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from te_align import _schema as schema
 from te_align.errors import ProfileError, closest
@@ -25,6 +25,8 @@ from te_align.profiles.model import (
 
 # Function-local te_align imports in this module: would close an import loop at module level.
 
+_T = TypeVar("_T")
+
 _TOP_KEYS = (
     "name",
     "family",
@@ -42,14 +44,14 @@ _TOP_KEYS = (
 _SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks")
 
 
-def _spec_to_dict(spec: Any) -> dict[str, Any]:
+def _spec_to_dict(spec: object) -> dict[str, object]:
     return {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) is not None}
 
 
-def profile_to_dict(p: AlignmentProfile) -> dict[str, Any]:
-    slots: dict[str, Any] = {}
+def profile_to_dict(p: AlignmentProfile) -> dict[str, object]:
+    slots: dict[str, dict[str, object]] = {}
     for s in p.slots:
-        d: dict[str, Any] = {
+        d: dict[str, object] = {
             "tokenizer_subfolder": s.tokenizer_subfolder,
             "encoder_subfolder": s.encoder_subfolder,
         }
@@ -62,9 +64,9 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, Any]:
             d["encoder"] = _spec_to_dict(s.encoder)
         d["masks"] = _spec_to_dict(s.masks)
         slots[s.name] = d
-    prov: dict[str, Any] = {}
+    prov: dict[str, dict[str, object]] = {}
     for path, pv in p.provenance:
-        e: dict[str, Any] = {"source": pv.source, "status": pv.status}
+        e: dict[str, object] = {"source": pv.source, "status": pv.status}
         if pv.note:
             e["note"] = pv.note
         if pv.alternatives:
@@ -88,7 +90,7 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, Any]:
     }
 
 
-def set_dict_path(data: dict[str, Any], path: str, value: Any) -> None:
+def set_dict_path(data: dict[str, Any], path: str, value: object) -> None:
     """Set a dotted path (``slots.t5.tokenizer.max_length``) in a profile dict; ``None`` removes the key."""
     parts = path.split(".")
     target = data
@@ -100,19 +102,21 @@ def set_dict_path(data: dict[str, Any], path: str, value: Any) -> None:
         target[parts[-1]] = value
 
 
-def _with_added_fields(tokenizer: Any) -> Any:
+def _with_added_fields(tokenizer: object) -> object:
     """A tokenizer table written before a field of :data:`ADDED_FIELDS` existed gets the value version 1 behaved as."""
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("cls"), str):
         return tokenizer  # build_spec names the problem
     return {**{k: f(tokenizer["cls"]) for k, f in ADDED_FIELDS.items() if k not in tokenizer}, **tokenizer}
 
 
-def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile:
+def profile_from_dict(data: object, *, file: str | None = None) -> AlignmentProfile:
     """Build and validate a profile from plain data (as read from TOML or JSON)."""
     if not isinstance(data, dict):
         raise ProfileError("expected a table at the top level", file=file)
 
-    def take(table: dict[str, Any], name: str, tp: Any, key: str = "", default: Any = schema.MISSING) -> Any:
+    def take(
+        table: dict[str, object], name: str, tp: object, key: str = "", default: object = schema.MISSING
+    ) -> Any:
         return schema.take(table, name, tp, key=key, default=default, file=file, error=ProfileError)
 
     for k in data:
@@ -153,7 +157,7 @@ def profile_from_dict(data: Any, *, file: str | None = None) -> AlignmentProfile
     return profile
 
 
-def _slot_from_dict(name: str, sdata: Any, file: str | None) -> SlotSpec:
+def _slot_from_dict(name: str, sdata: object, file: str | None) -> SlotSpec:
     where = f"slots.{name}"
     if not isinstance(sdata, dict):
         raise ProfileError(f"expected a table, got {sdata!r}", file=file, key=where)
@@ -161,10 +165,10 @@ def _slot_from_dict(name: str, sdata: Any, file: str | None) -> SlotSpec:
         if k not in _SLOT_KEYS:
             raise schema.unknown_key(f"{where}.{k}", _SLOT_KEYS, file=file, error=ProfileError)
 
-    def take(field: str, tp: Any, default: Any = schema.MISSING) -> Any:
+    def take(field: str, tp: object, default: object = schema.MISSING) -> Any:
         return schema.take(sdata, field, tp, key=where, default=default, file=file, error=ProfileError)
 
-    def spec(cls: type, field: str, default: Any = schema.MISSING) -> Any:
+    def spec(cls: type[_T], field: str, default: object = schema.MISSING) -> _T:
         raw = take(field, dict[str, Any], default)
         return schema.build(cls, raw, key=f"{where}.{field}", file=file, error=ProfileError)
 
@@ -195,12 +199,12 @@ def _slot_from_dict(name: str, sdata: Any, file: str | None) -> SlotSpec:
     )
 
 
-def _provenance_from_dict(path: str, pdata: Any, file: str | None) -> Provenance:
+def _provenance_from_dict(path: str, pdata: object, file: str | None) -> Provenance:
     where = f"provenance.{path}"
     if not isinstance(pdata, dict):
         raise ProfileError("expected a table with source and status", file=file, key=where)
 
-    def status(value: Any, key: str) -> str:
+    def status(value: object, key: str) -> str:
         if value not in STATUSES:
             raise ProfileError(f"expected a status in {', '.join(STATUSES)}, got {value!r}", file=file, key=key)
         return value

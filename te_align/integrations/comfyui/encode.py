@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from te_align.encoding import encode
 from te_align.errors import TeAlignError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from te_align.encoding.conditioning import Conditioning
+    from te_align.profiles.model import AlignmentProfile, SlotSpec
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path.
@@ -70,7 +78,28 @@ class NodeError(TeAlignError):
     """A user mistake the te-align nodes report in one line (ComfyUI shows it in its error panel)."""
 
 
-def comfy_family(clip: Any) -> tuple[str | None, str]:
+class ComfyPatcher(Protocol):
+    """What te-align reads of a ComfyUI ``ModelPatcher``: the device the model runs on."""
+
+    load_device: torch.device
+
+
+class ComfyClip(Protocol):
+    """What te-align reads of a ComfyUI ``CLIP`` object (comfy/sd.py): the text-encoder model and tokenizer
+    (their per-slot attributes are looked up by name), its model patcher, and ``load_model()``."""
+
+    cond_stage_model: object
+    tokenizer: object
+    patcher: ComfyPatcher
+
+    def load_model(self) -> object: ...
+
+
+#: ComfyUI's CONDITIONING: ``[[cross_attn, {"pooled_output": ..., ...}]]``.
+ComfyConditioning: TypeAlias = "list[list[torch.Tensor | dict[str, torch.Tensor | float | int]]]"
+
+
+def comfy_family(clip: object) -> tuple[str | None, str]:
     """(te-align family, ComfyUI class name) of a ComfyUI CLIP object's text-encoder model."""
     model = getattr(clip, "cond_stage_model", None)
     if model is None:
@@ -82,7 +111,7 @@ def comfy_family(clip: Any) -> tuple[str | None, str]:
     return None, type(model).__name__
 
 
-def check_supported(clip: Any) -> tuple[str | None, str]:
+def check_supported(clip: object) -> tuple[str | None, str]:
     """(family, class name) of a ComfyUI CLIP object; a family the nodes cannot encode raises its reason."""
     fam, cls = comfy_family(clip)
     if fam in UNSUPPORTED:
@@ -90,7 +119,7 @@ def check_supported(clip: Any) -> tuple[str | None, str]:
     return fam, cls
 
 
-def check_family(clip: Any, profile: Any) -> str:
+def check_family(clip: object, profile: AlignmentProfile) -> str:
     """Refuse a CLIP object of another family than the profile's, naming both."""
     fam, cls = check_supported(clip)
     if profile.family in UNSUPPORTED:
@@ -107,10 +136,12 @@ def check_family(clip: Any, profile: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------- tokenizers
-_CONFORMED: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_CONFORMED: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, dict[str, PreTrainedTokenizerBase]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def conform_tokenizer(slot: Any, tok: Any) -> Any:
+def conform_tokenizer(slot: SlotSpec, tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """ComfyUI's Hugging Face tokenizer for ``slot``, with the profile's pad token where ComfyUI's differs
     (ComfyUI loads CLIP-G from the CLIP-L files and pads with id 0 itself; the hub CLIP-G tokenizer's pad is "!",
     a special token). The copy is made once per tokenizer object."""
@@ -131,19 +162,19 @@ def conform_tokenizer(slot: Any, tok: Any) -> Any:
 # ---------------------------------------------------------------------------------------------- encoders
 @dataclass
 class _Out:
-    last_hidden_state: Any
-    hidden_states: Any
-    pooler_output: Any = None
-    text_embeds: Any = None
+    last_hidden_state: torch.Tensor
+    hidden_states: _OneLayer
+    pooler_output: torch.Tensor | None = None
+    text_embeds: torch.Tensor | None = None
 
 
 class _OneLayer:
     """``hidden_states`` with the one entry the slot asks for (ComfyUI computes one intermediate per pass)."""
 
-    def __init__(self, index: int | None, value: Any, last: Any) -> None:
+    def __init__(self, index: int | None, value: torch.Tensor, last: torch.Tensor) -> None:
         self.index, self.value, self.last = index, value, last
 
-    def __getitem__(self, i: int) -> Any:
+    def __getitem__(self, i: int) -> torch.Tensor:
         if i == -1 and self.index is None:
             return self.last
         if i != self.index:
@@ -158,7 +189,7 @@ class ComfyEncoder:
     ``text_embeds`` is the unprojected pooled output (see :data:`UNPROJECTED_POOLED`).
     """
 
-    def __init__(self, slot: Any, module: Any, *, unprojected: bool = False) -> None:
+    def __init__(self, slot: SlotSpec, module: torch.nn.Module, *, unprojected: bool = False) -> None:
         import torch
 
         self.slot = slot
@@ -173,7 +204,7 @@ class ComfyEncoder:
         elif hasattr(module, "encoder") and hasattr(module.encoder, "final_layer_norm"):
             self.final_layer_norm = module.encoder.final_layer_norm
 
-    def parameters(self) -> Any:
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
         return iter(())
 
     def _index(self) -> int | None:
@@ -187,7 +218,12 @@ class ComfyEncoder:
             return -2
         return int(layer) - 1 if int(layer) > 0 else int(layer)
 
-    def __call__(self, input_ids: Any, attention_mask: Any = None, output_hidden_states: bool = False) -> _Out:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> _Out:
         import torch
 
         index = self._index()
@@ -202,10 +238,15 @@ class ComfyEncoder:
         return _Out(x, hidden)
 
 
-_ENCODERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], ComfyEncoder]] = weakref.WeakKeyDictionary()
+#: (slot name, layer, final norm, unprojected): what a :class:`ComfyEncoder` reads of its slot.
+_EncoderKey: TypeAlias = "tuple[str, str | int, bool, bool]"
+#: ComfyUI module -> its adapters by :data:`_EncoderKey`.
+_ENCODERS: weakref.WeakKeyDictionary[torch.nn.Module, dict[_EncoderKey, ComfyEncoder]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def comfy_encoder(slot: Any, module: Any, family: str = "") -> ComfyEncoder:
+def comfy_encoder(slot: SlotSpec, module: torch.nn.Module, family: str = "") -> ComfyEncoder:
     """The :class:`ComfyEncoder` of ``module`` for ``slot`` of a ``family`` profile, made once per module and per the
     slot fields it reads (name, layer, final norm); it holds nothing but references, so reusing it is the same as
     making it anew."""
@@ -218,9 +259,12 @@ def comfy_encoder(slot: Any, module: Any, family: str = "") -> ComfyEncoder:
     return enc
 
 
-def components(clip: Any, profile: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def components(
+    clip: ComfyClip, profile: AlignmentProfile
+) -> tuple[dict[str, PreTrainedTokenizerBase], dict[str, ComfyEncoder]]:
     """(tokenizers, encoders) by slot name, taken from a ComfyUI CLIP object."""
-    tokenizers, encoders = {}, {}
+    tokenizers: dict[str, PreTrainedTokenizerBase] = {}
+    encoders: dict[str, ComfyEncoder] = {}
     for slot in profile.slots:
         attr = SLOT_ATTRS.get(slot.name)
         sub = getattr(clip.cond_stage_model, attr, None) if attr else None
@@ -233,7 +277,9 @@ def components(clip: Any, profile: Any) -> tuple[dict[str, Any], dict[str, Any]]
     return tokenizers, encoders
 
 
-def encode_with_clip(clip: Any, profile: Any, prompt: str, *, empty: bool = False) -> Any:
+def encode_with_clip(
+    clip: ComfyClip, profile: AlignmentProfile, prompt: str, *, empty: bool = False
+) -> Conditioning:
     """``te_align.encode`` (or, with ``empty``, the profile's empty prompt) on ComfyUI's loaded encoders.
 
     Returns the :class:`~te_align.encoding.Conditioning` on ComfyUI's intermediate device.
@@ -253,8 +299,14 @@ def encode_with_clip(clip: Any, profile: Any, prompt: str, *, empty: bool = Fals
     return cond.to(mm.intermediate_device())
 
 
-def to_conditioning(profile: Any, cond: Any, *, guidance: float | None = None, width: int = 0,
-                    height: int = 0) -> list[list[Any]]:
+def to_conditioning(
+    profile: AlignmentProfile,
+    cond: Mapping[str, torch.Tensor],
+    *,
+    guidance: float | None = None,
+    width: int = 0,
+    height: int = 0,
+) -> ComfyConditioning:
     """ComfyUI's CONDITIONING for a profile's tensors: ``[[cross_attn, {"pooled_output": ..., ...}]]``.
 
     Flux gets the ``guidance`` key as CLIPTextEncodeFlux sets it; SDXL gets the size keys when a size is given
@@ -265,7 +317,7 @@ def to_conditioning(profile: Any, cond: Any, *, guidance: float | None = None, w
     names = list(cond)
     first = names[0]
     x = cond[first]
-    extra: dict[str, Any] = {}
+    extra: dict[str, torch.Tensor | float | int] = {}
     if "pooled_prompt_embeds" in cond:
         extra["pooled_output"] = cond["pooled_prompt_embeds"]
     if profile.family == "chroma":

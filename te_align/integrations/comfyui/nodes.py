@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align.errors import TeAlignError
+from te_align.integrations.comfyui.encode import (
+    FALLBACK_PROFILES,
+    NodeError,
+    check_supported,
+    encode_with_clip,
+    to_conditioning,
+)
 from te_align.integrations.lora import profile_from_lora
 from te_align.profiles import profile as load
 from te_align.profiles import profiles
 
-# Function-local te_align imports in this module: would close an import loop at module level.
+if TYPE_CHECKING:
+    from te_align.integrations.comfyui.encode import ComfyClip
+    from te_align.profiles.model import AlignmentProfile
+
+#: A node's INPUT_TYPES: section -> input name -> (type or choices, options).
+InputTypes = dict[str, dict[str, tuple[object, ...]]]
 
 FROM_LORA = "from LoRA"
 NO_LORA = "(none)"
@@ -26,8 +38,6 @@ log = logging.getLogger("te_align.comfyui")
 
 
 def _profile_names() -> list[str]:
-    from te_align.integrations.comfyui.encode import FALLBACK_PROFILES
-
     families = set(FALLBACK_PROFILES)
     return [p.name for p in profiles() if p.family in families]
 
@@ -46,7 +56,7 @@ def _lora_names() -> list[str]:
 _BLOCKED: set[tuple[str, str, str]] = set()
 
 
-def changed(node: str, profile: Any = None, lora_name: Any = NO_LORA, **_: Any) -> Any:
+def changed(node: str, profile: object = None, lora_name: object = NO_LORA, **_: object) -> float | str:
     """The nodes' IS_CHANGED: NaN (run again) after a mistake with these inputs, so the line is reported again;
     with 'from LoRA', the LoRA file's size and modification time, so a re-stamped LoRA is read again."""
     if (node, str(profile), str(lora_name)) in _BLOCKED:
@@ -62,7 +72,7 @@ def changed(node: str, profile: Any = None, lora_name: Any = NO_LORA, **_: Any) 
     return ""
 
 
-def blocked(node: str, error: Exception) -> dict[str, Any]:
+def blocked(node: str, error: Exception) -> dict[str, object]:
     """The node's result for a user mistake: one line, no traceback.
 
     ComfyUI's ExecutionBlocker (comfy_execution/graph_utils.py) as both outputs: the nodes that use them are not run
@@ -70,8 +80,6 @@ def blocked(node: str, error: Exception) -> dict[str, Any]:
     execution_block_cb). The line is also logged (and is the node's ui text). A ComfyUI without ExecutionBlocker
     gets the error raised (its panel then shows the same line, with a traceback).
     """
-    from te_align.integrations.comfyui.encode import NodeError
-
     line = f"{node}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
     log.warning("te-align: %s", line)
     try:
@@ -81,10 +89,10 @@ def blocked(node: str, error: Exception) -> dict[str, Any]:
     return {"ui": {"text": [line]}, "result": (ExecutionBlocker(line), ExecutionBlocker(line))}
 
 
-def pick_profile(clip: Any, profile: Any, lora_name: str = NO_LORA) -> tuple[Any, str]:
+def pick_profile(
+    clip: object, profile: AlignmentProfile | str, lora_name: str = NO_LORA
+) -> tuple[AlignmentProfile, str]:
     """(profile, one-line info) for the node inputs; a user mistake raises :class:`NodeError` in one line."""
-    from te_align.integrations.comfyui.encode import FALLBACK_PROFILES, NodeError, check_supported
-
     if hasattr(profile, "slots"):
         return profile, f"profile {profile.name}"
     if profile != FROM_LORA:
@@ -116,7 +124,7 @@ class TeAlignTextEncode:
     """Encode a prompt exactly as a profile (the one the LoRA was trained with) says."""
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
+    def INPUT_TYPES(cls) -> InputTypes:
         return {
             "required": {
                 "clip": ("CLIP", {"tooltip": "ComfyUI's loaded text encoders (no second copy is made)"}),
@@ -142,16 +150,14 @@ class TeAlignTextEncode:
     CATEGORY = CATEGORY
 
     @classmethod
-    def IS_CHANGED(cls, **inputs: Any) -> Any:
+    def IS_CHANGED(cls, **inputs: object) -> float | str:
         return changed("TeAlignTextEncode", **inputs)
 
     DESCRIPTION = ("Encodes the prompt with ComfyUI's loaded text encoders exactly as the alignment profile says "
                    "(the conditioning the LoRA was trained with), equal to te_align.encode.")
 
-    def encode(self, clip: Any, profile: Any, text: str, lora_name: str = NO_LORA, guidance: float = 3.5,
-               width: int = 0, height: int = 0) -> dict[str, Any]:
-        from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
-
+    def encode(self, clip: ComfyClip, profile: AlignmentProfile | str, text: str, lora_name: str = NO_LORA,
+               guidance: float = 3.5, width: int = 0, height: int = 0) -> dict[str, object]:
         key = ("TeAlignTextEncode", str(profile), str(lora_name))
         try:
             p, info = pick_profile(clip, profile, lora_name)
@@ -169,7 +175,7 @@ class TeAlignEmptyNegative:
     """The profile's empty prompt: zeros for SDXL, the encoded "" for SD3 and Flux."""
 
     @classmethod
-    def INPUT_TYPES(cls) -> dict[str, Any]:
+    def INPUT_TYPES(cls) -> InputTypes:
         req = TeAlignTextEncode.INPUT_TYPES()
         return {"required": {"clip": req["required"]["clip"], "profile": req["required"]["profile"]},
                 "optional": {k: req["optional"][k] for k in ("lora_name", "guidance", "width", "height")}}
@@ -180,15 +186,13 @@ class TeAlignEmptyNegative:
     CATEGORY = CATEGORY
 
     @classmethod
-    def IS_CHANGED(cls, **inputs: Any) -> Any:
+    def IS_CHANGED(cls, **inputs: object) -> float | str:
         return changed("TeAlignEmptyNegative", **inputs)
 
     DESCRIPTION = "The unconditional (negative) conditioning the profile's model was trained and sampled with."
 
-    def encode(self, clip: Any, profile: Any, lora_name: str = NO_LORA, guidance: float = 3.5, width: int = 0,
-               height: int = 0) -> dict[str, Any]:
-        from te_align.integrations.comfyui.encode import encode_with_clip, to_conditioning
-
+    def encode(self, clip: ComfyClip, profile: AlignmentProfile | str, lora_name: str = NO_LORA,
+               guidance: float = 3.5, width: int = 0, height: int = 0) -> dict[str, object]:
         key = ("TeAlignEmptyNegative", str(profile), str(lora_name))
         try:
             p, info = pick_profile(clip, profile, lora_name)

@@ -14,16 +14,25 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from te_align._lazy import lazy_module
 from te_align.errors import TeAlignError
-from te_align.integrations.comfyui.encode import conform_tokenizer
+from te_align.integrations.comfyui.encode import ComfyClip, conform_tokenizer
 from te_align.profiles import profile as _profile
 from te_align.tiny.fit import architecture_overrides
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerBase
+
+    from te_align.profiles.model import AlignmentProfile
+
+# Function-local te_align imports in this module, and the lazy handle below: keep torch (transformers,
+# diffusers) off this module's import, the CLI's cold path.
+_tiny_encoders = lazy_module("te_align.tiny.encoders")
 
 ENV = "TE_ALIGN_COMFYUI_DIR"
 #: family -> bundled profiles compared in that family.
@@ -53,7 +62,7 @@ class _Unavailable(type(sys)):  # a module whose every attribute fails when used
             raise AttributeError(attr)
         why = self.__why
 
-        def unavailable(*a: Any, **k: Any) -> Any:
+        def unavailable(*a: object, **k: object) -> NoReturn:
             raise TeAlignError(f"{self.__name__}.{attr} is not available here: {why}")
 
         return unavailable
@@ -76,7 +85,7 @@ def _stand_in(module: str, subs: tuple[str, ...]) -> None:
     STAND_INS[module] = why
 
 
-def import_comfyui(path: str | None = None) -> Any:
+def import_comfyui(path: str | None = None) -> ModuleType:
     """Import ComfyUI from the checkout at ``path`` (default: $TE_ALIGN_COMFYUI_DIR); one line on failure."""
     path = path or os.environ.get(ENV)
     if not path:
@@ -108,20 +117,18 @@ def import_comfyui(path: str | None = None) -> Any:
 @dataclass
 class TinyComfy:
     family: str
-    clip: Any
+    clip: ComfyClip
     #: Hugging Face components by diffusers component name (tokenizer, text_encoder, ...), same weights as ``clip``.
-    components: dict[str, Any]
+    components: dict[str, PreTrainedTokenizerBase | torch.nn.Module]
 
 
-def _clip_cfg(variant: str) -> dict[str, Any]:
-    from te_align.tiny.encoders import CLIP_VARIANTS
-
-    v = CLIP_VARIANTS[variant]
+def _clip_cfg(variant: str) -> dict[str, int | str]:
+    v = _tiny_encoders.CLIP_VARIANTS[variant]
     return {k: v[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                               "hidden_act", "projection_dim")}
 
 
-def _t5(width: int) -> Any:
+def _t5(width: int) -> transformers.T5EncoderModel:
     import torch
     import transformers
 
@@ -154,13 +161,14 @@ def build(family: str, comfyui_dir: str | None = None, *, clip_l_projection: str
     import comfy.text_encoders.pixart_t5 as pixart
     import comfy.text_encoders.sd3_clip as sd3_clip
 
-    from te_align.tiny.encoders import clip_text_model, clip_text_model_with_projection
+    clip_text_model = _tiny_encoders.clip_text_model
+    clip_text_model_with_projection = _tiny_encoders.clip_text_model_with_projection
 
-    hf: dict[str, Any] = {}
+    hf: dict[str, PreTrainedTokenizerBase | torch.nn.Module] = {}
     state: dict[str, torch.Tensor] = {}
-    options: dict[str, Any] = {}
+    options: dict[str, object] = {}
 
-    def put(prefix: str, model: Any) -> None:
+    def put(prefix: str, model: torch.nn.Module) -> None:
         for k, v in model.state_dict().items():
             if prefix.startswith("clip") and not k.startswith(("text_model.", "text_projection.")):
                 k = f"text_model.{k}"  # transformers 5 CLIPTextModel keys have no text_model. prefix
@@ -268,7 +276,7 @@ def _build_lumina2() -> TinyComfy:
     return TinyComfy("lumina2", clip, {"text_encoder": gemma})
 
 
-def fitted_profile(name: str, tiny: TinyComfy) -> Any:
+def fitted_profile(name: str, tiny: TinyComfy) -> AlignmentProfile:
     """Bundled profile ``name`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
     p = _profile(name)
     comps = dict(tiny.components)
@@ -277,7 +285,9 @@ def fitted_profile(name: str, tiny: TinyComfy) -> Any:
     return p.with_overrides(architecture_overrides(p, comps))
 
 
-def reference_components(profile: Any, tiny: TinyComfy) -> tuple[dict[str, Any], dict[str, Any]]:
+def reference_components(
+    profile: AlignmentProfile, tiny: TinyComfy
+) -> tuple[dict[str, PreTrainedTokenizerBase], dict[str, torch.nn.Module]]:
     """(tokenizers, text encoders) for :func:`te_align.encode`: ComfyUI's tokenizers in the profile's conventions
     and the Hugging Face encoders holding ComfyUI's weights."""
     toks = {s.name: conform_tokenizer(s, tiny.components[s.tokenizer_subfolder]) for s in profile.slots}
