@@ -32,13 +32,18 @@ from te_align.trainers.diffusion_pipe import SPEC, names
 
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages diffusion-pipe's modules import at the top that these encode paths never call.
-OPTIONAL = ("deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",
-            "hyvideo", "hi_diffusers", "hyimage", "ltx_video", "omnigen2", "cosmos1", "einops", "datasets", "av",
-            "cv2", "optimi", "bitsandbytes", "unsloth", "flash_attn", "sageattention", "torchaudio", "loguru",
-            "timm", "decord", "peft", "sentencepiece")  # fmt: skip
+OPTIONAL = (
+    "deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",
+    "hyvideo", "hi_diffusers", "hyimage", "ltx_video", "omnigen2", "cosmos1", "einops", "datasets", "av",
+    "cv2", "optimi", "bitsandbytes", "unsloth", "flash_attn", "sageattention", "torchaudio", "loguru", "timm",
+    "decord", "peft", "sentencepiece",
+)
 #: profile -> the model type probed for it.
-PROFILES = {"flux-dev": "flux", "flux-schnell": "flux", "sd3-medium": "sd3", "sd35-large": "sd3", "sd35-medium": "sd3",
-            "chroma": "chroma", "lumina2": "lumina_2", "qwen-image": "qwen_image", "auraflow": "auraflow"}  # fmt: skip
+PROFILES = {
+    "flux-dev": "flux", "flux-schnell": "flux", "sd3-medium": "sd3", "sd35-large": "sd3",
+    "sd35-medium": "sd3", "chroma": "chroma", "lumina2": "lumina_2", "qwen-image": "qwen_image",
+    "auraflow": "auraflow",
+}
 
 
 def checkout_root(path: str | os.PathLike[str]) -> Path:

@@ -59,15 +59,21 @@ class Kohya(Adapter):
             "sd15": "SdTokenizeStrategy(v2=False) + SdTextEncodingStrategy(clip_skip=None)",
             "sd21": "SdTokenizeStrategy(v2=True) + SdTextEncodingStrategy(clip_skip=None)",
             "sdxl": "SdxlTokenizeStrategy + SdxlTextEncodingStrategy",
-            **{p: "Sd3TokenizeStrategy(t5xxl_max_length=256) + Sd3TextEncodingStrategy + concat_encodings"
-               for p in ("sd3-medium", "sd35-large", "sd35-medium")},
+            **{
+                p: "Sd3TokenizeStrategy(t5xxl_max_length=256) + Sd3TextEncodingStrategy + concat_encodings"
+                for p in ("sd3-medium", "sd35-large", "sd35-medium")
+            },
             "flux-dev": "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy",
             "flux-schnell": "FluxTokenizeStrategy(256) + FluxTextEncodingStrategy",
-            "chroma": "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy(apply_t5_attn_mask=True) + DummyCLIPL "
-                      "(flux_train_network.py --model_type chroma)",
-            "lumina2": "LuminaTokenizeStrategy(system_prompt='', max_length=None) + LuminaTextEncodingStrategy "
-                       "(lumina_train_network.py)",
-        }  # fmt: skip
+            "chroma": (
+                "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy(apply_t5_attn_mask=True) + DummyCLIPL "
+                "(flux_train_network.py --model_type chroma)"
+            ),
+            "lumina2": (
+                "LuminaTokenizeStrategy(system_prompt='', max_length=None) + LuminaTextEncodingStrategy "
+                "(lumina_train_network.py)"
+            ),
+        }
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

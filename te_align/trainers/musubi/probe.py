@@ -36,10 +36,12 @@ from te_align.trainers.musubi import SPEC
 
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages musubi-tuner's modules import at the top that these encode paths never call.
-OPTIONAL = ("cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",
-            "xformers", "einops", "toml", "tqdm", "sentencepiece", "gradio", "matplotlib", "prompt_toolkit",
-            "ascii_magic", "sensecraft", "imageio", "decord", "kornia", "timm", "lycoris", "prodigyopt",
-            "schedulefree", "library", "transformers_stream_generator", "qwen_vl_utils")  # fmt: skip
+OPTIONAL = (
+    "cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",
+    "xformers", "einops", "toml", "tqdm", "sentencepiece", "gradio", "matplotlib", "prompt_toolkit",
+    "ascii_magic", "sensecraft", "imageio", "decord", "kornia", "timm", "lycoris", "prodigyopt",
+    "schedulefree", "library", "transformers_stream_generator", "qwen_vl_utils",
+)
 
 
 def checkout_root(path: str | os.PathLike[str]) -> Path:
