@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_align._git import dist_version, installed_version, read_version
 from te_align.probe import ProbeError, _stubs
@@ -37,6 +37,9 @@ from te_align.trainers.ai_toolkit import SPEC
 from te_align.trainers.ai_toolkit import probe_models as am
 from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY, import_model_classes
 from te_align.trainers.api import checkout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path.
@@ -278,7 +281,7 @@ class AiToolkit(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.ai_toolkit.hooks import AiToolkitHook
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -28,6 +28,9 @@ from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.kohya import SPEC
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path; load what only one command needs when it runs.
@@ -237,7 +240,7 @@ class Kohya(Adapter):
         return ts
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.kohya import hooks as hk
 

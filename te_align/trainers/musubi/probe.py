@@ -21,7 +21,7 @@ import importlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -42,6 +42,9 @@ OPTIONAL = (
     "ascii_magic", "sensecraft", "imageio", "decord", "kornia", "timm", "lycoris", "prodigyopt",
     "schedulefree", "library", "transformers_stream_generator", "qwen_vl_utils",
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 
 def checkout_root(path: str | os.PathLike[str]) -> Path:
@@ -184,7 +187,7 @@ class Musubi(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.musubi import hooks
 

@@ -21,7 +21,7 @@ import importlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -33,6 +33,9 @@ from te_align.tiny.fit import fit_profile
 from te_align.trainers.api import find_checkout
 from te_align.trainers.onetrainer import SPEC
 from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path; load what only one command needs when it runs.
@@ -190,7 +193,7 @@ class OneTrainer(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.onetrainer import hooks as hooks
 
