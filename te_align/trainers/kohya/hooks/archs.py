@@ -151,14 +151,8 @@ def encode_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[...,
     the architecture's further parameters (:attr:`Arch.encode_params`) are passed on by name."""
     extra = arch.encode_params[4:]
 
-    def encode_tokens(
-        self: object,
-        tokenize_strategy: object,
-        models: Models,
-        tokens: Tokens,
-        *args: object,
-        **kwargs: object,
-    ) -> Outputs:
+    def encode_tokens(self: object, tokenize_strategy: object, models: Models, tokens: Tokens, *args: object,
+                      **kwargs: object) -> Outputs:
         kwargs.update(zip(extra, args, strict=False))
         return slots.encode(arch, self, tokenize_strategy, models, tokens, **kwargs)
 
@@ -178,15 +172,8 @@ def _tokenize_sd(
     return [parts[0][0].unsqueeze(1)]
 
 
-def _encode_sd(
-    arch: Arch,
-    p: AlignmentProfile,
-    self: object,
-    tokenize_strategy: object,
-    models: Models,
-    tokens: Tokens,
-    **_: object,
-) -> Outputs:
+def _encode_sd(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+               tokens: Tokens, **_: object) -> Outputs:
     """``[hidden]``; sd-scripts' ``--clip_skip`` taken as a profile override (:func:`~.run.with_clip_skip`)."""
     p = with_clip_skip(p, getattr(self, "clip_skip", None))
     return [slots.slot_encode(p, p.slots[0].name, models[0], slots.one_chunk(tokens[0], arch.name), None).hidden]
@@ -340,16 +327,8 @@ def _notes_anima(strategy: object, p: AlignmentProfile) -> None:
 
 
 # ------------------------------------------- the architectures with steps of their own: SD3, Anima, HunyuanImage
-def _encode_sd3(
-    arch: Arch,
-    p: AlignmentProfile,
-    self: object,
-    tokenize_strategy: object,
-    models: Models,
-    tokens: Tokens,
-    enable_dropout: bool = True,
-    **_: object,
-) -> Outputs:
+def _encode_sd3(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+                tokens: Tokens, enable_dropout: bool = True, **_: object) -> Outputs:
     """``[lg_out, t5_out, lg_pooled, l_mask, g_mask, t5_mask]`` as Sd3TextEncodingStrategy.encode_tokens returns them,
     with sd-scripts' per-encoder caption dropout (``--clip_l_dropout_rate`` etc., zeroed rows)."""
     import torch
@@ -420,15 +399,8 @@ def _tokenize_anima(
     return out
 
 
-def _encode_anima(
-    arch: Arch,
-    p: AlignmentProfile,
-    strategy: object,
-    tokenize_strategy: object,
-    models: Models,
-    tokens: Tokens,
-    **_: object,
-) -> Outputs:
+def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: object, tokenize_strategy: object,
+                  models: Models, tokens: Tokens, **_: object) -> Outputs:
     """``[qwen states, qwen mask, t5 ids, t5 mask]`` as AnimaTextEncodingStrategy.encode_tokens returns them
     (strategy_anima.py:82-107): Qwen3 runs on the batch cut back to its longest caption, exactly as the
     official pipeline encodes that batch; states and mask are then zero-padded back to sd-scripts' width.
@@ -508,15 +480,8 @@ def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: object, i
         )
 
 
-def _encode_hunyuan(
-    arch: Arch,
-    p: AlignmentProfile,
-    strategy: object,
-    tokenize_strategy: object,
-    models: Models,
-    tokens: Tokens,
-    **_: object,
-) -> Outputs:
+def _encode_hunyuan(arch: Arch, p: AlignmentProfile, strategy: object, tokenize_strategy: object,
+                    models: Models, tokens: Tokens, **_: object) -> Outputs:
     """``[vlm_embed, vlm_mask, byt5_embed, byt5_mask, ocr_mask]`` as HunyuanImageTextEncodingStrategy.encode_tokens
     returns them (strategy_hunyuan_image.py:53-79): states and int64 masks of both slots by the profile, and
     ``ocr_mask`` (bool, per caption, on the CPU as sd-scripts builds it): the caption has glyph text.
