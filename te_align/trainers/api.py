@@ -44,6 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
+from te_align._git import git_dir
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never imports this package)
@@ -53,8 +54,6 @@ if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never 
     from te_align.patching.trainers import Detection
     from te_align.patching.transaction import Plan
     from te_align.probe.adapter import Adapter
-
-# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 #: The module parts a trainer package may have (each named in its spec; ``check`` dialects are listed apart).
 PARTS = ("names", "hooks", "patch", "probe")
@@ -360,8 +359,6 @@ def target_mismatch(name: str, version: str, root: Path | str, problems: Sequenc
     """The one message for an installation whose hook targets do not match the source te-align was verified with:
     the targets that differ, the verified commit (``supported``'s first) and ``how`` to get it (by default: check
     it out, or a copy of it when ``root`` is not a git checkout)."""
-    from te_align._git import git_dir
-
     commit = next(iter(supported))[:7]
     if not how:
         how = "use " + (f"git -C {root} checkout {commit}" if git_dir(Path(root)) is not None

@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
+from te_align.audit.cachefiles import CacheScan, safetensors_record, scan
 from te_align.audit.findings import Finding
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
@@ -29,8 +30,6 @@ from te_align.trainers.ai_toolkit import names as aitk_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
-
-# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 _TT = "toolkit/train_tools.py"
 _SDM = "toolkit/stable_diffusion_model.py"
@@ -154,12 +153,10 @@ _CACHE = CacheSpec(("_t_e_cache/*.safetensors", "*.safetensors"),
                    "toolkit/dataloader_mixins.py:2120-2163,2309-2310", "delete the _t_e_cache folders")
 CACHES = {f: _CACHE for f in SUPPORTED}
 
-def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> CacheScan:
     """ai-toolkit's cached ``*.safetensors`` (``text_embed``, toolkit/prompt_utils.py:119-141), from their headers;
     the length is the profile's T5 slot's (else its last slot's)."""
     from functools import partial
-
-    from te_align.audit.cachefiles import safetensors_record, scan
 
     slot = "t5" if "t5" in profile.slot_names else profile.slot_names[-1]
     return scan(directory, [("*.safetensors", partial(safetensors_record, tensor="text_embed"),

@@ -38,10 +38,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, TypedDict, TypeVar
 
 from te_align._git import installed_version as _installed
 from te_align._git import read_version
+from te_align._lazy import lazy_module
 from te_align.encoding import encode as _encode
 from te_align.errors import TeAlignError
 from te_align.hooks.base import (
@@ -57,8 +58,19 @@ from te_align.hooks.base import (
 from te_align.profiles.overrides import env_profile, resolve
 from te_align.trainers.ai_toolkit import names as aitk_table
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from diffusers import DiffusionPipeline
+    from transformers import PreTrainedTokenizerBase
+
+    from te_align.encoding import core as _core
+    from te_align.encoding.conditioning import Conditioning
+    from te_align.hooks.base import ProfileSource
+    from te_align.profiles import AlignmentProfile
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger("te_align")
 
@@ -84,6 +96,39 @@ IGNORED_BY_AI_TOOLKIT = ("t5_max_length", "max_sequence_length", "max_length", "
 
 class ConfigError(TeAlignError):
     """A malformed ``te_align:`` section in an ai-toolkit job config."""
+
+
+class Section(TypedDict):
+    """A validated ``te_align:`` section (:func:`validate_section`), its profile resolved once enabled
+    (:func:`settings_from_process`)."""
+
+    enabled: bool
+    profile: str | None
+    overrides: dict[str, object]
+    resolved: NotRequired[AlignmentProfile]
+
+
+class _Model(Protocol):
+    """What the hooks read directly of an ai-toolkit model (``StableDiffusion`` or a ``BaseModel``); what only
+    some models have is read with ``getattr``."""
+
+    pipeline: DiffusionPipeline
+    #: Chroma's (CLIP-L, T5) pair: the hooks take the T5 of each.
+    tokenizer: Sequence[PreTrainedTokenizerBase]
+    text_encoder: Sequence[torch.nn.Module]
+    torch_dtype: torch.dtype
+
+    def text_encoder_to(self, device: torch.device, dtype: torch.dtype) -> None: ...
+
+
+class _PromptEmbeds(Protocol):
+    """ai-toolkit's ``PromptEmbeds`` (``toolkit/prompt_utils.py``) as the hooks fill it."""
+
+    attention_mask: torch.Tensor | None
+
+
+#: ai-toolkit's ``PromptEmbeds`` class (looked up when a wrapper runs).
+PromptEmbedsClass = Callable[..., _PromptEmbeds]
 
 
 # ------------------------------------------------------------------------------ layout/version
@@ -116,7 +161,7 @@ def installed_version(layout: str) -> str:
 
 
 # ------------------------------------------------------------------------------ profiles
-def profile_name_for(model: Mapping[str, Any]) -> str:
+def profile_name_for(model: Mapping[str, object]) -> str:
     """The bundled profile for an ai-toolkit ``model:`` section (``arch`` or ``is_*`` flags + name_or_path),
     from the trainer table :mod:`te_align.trainers.ai_toolkit`."""
     name = aitk_table.hooked_profile(model)
@@ -127,11 +172,11 @@ def profile_name_for(model: Mapping[str, Any]) -> str:
     return name
 
 
-def _model_config_dict(model_config: Any) -> dict[str, Any]:
+def _model_config_dict(model_config: object) -> dict[str, object]:
     return {k: getattr(model_config, k, None) for k in aitk_table.MODEL_KEYS}
 
 
-def validate_section(section: Any, where: str = "te_align") -> dict[str, Any]:
+def validate_section(section: object, where: str = "te_align") -> Section:
     """Check a ``te_align:`` section strictly; returns it with defaults. Errors name the key and the allowed ones."""
     if section is None:
         return {"enabled": True, "profile": None, "overrides": {}}
@@ -158,7 +203,7 @@ def validate_section(section: Any, where: str = "te_align") -> dict[str, Any]:
     return {"enabled": enabled, "profile": prof, "overrides": dict(overrides)}
 
 
-def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -> dict[str, Any]:
+def settings_from_process(process: Mapping[str, object], where: str = "te_align") -> Section:
     """Validate a process config's ``te_align`` section and resolve its profile (errors are ConfigError)."""
     sec = validate_section(process.get("te_align"), where)  # (the profile with TE_ALIGN_OVERRIDES under its overrides)
     model = process.get("model") or {}
@@ -178,12 +223,14 @@ def settings_from_process(process: Mapping[str, Any], where: str = "te_align") -
 
 
 # ------------------------------------------------------------------------------ runtime context
-_ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("te_align_ai_toolkit_profile", default=None)
+_ACTIVE: contextvars.ContextVar[AlignmentProfile | None] = contextvars.ContextVar(
+    "te_align_ai_toolkit_profile", default=None
+)
 _DROPOUT: contextvars.ContextVar[float] = contextvars.ContextVar("te_align_ai_toolkit_dropout", default=0.0)
 
 
 @contextlib.contextmanager
-def _using(profile: Any, dropout: float | None = None) -> Iterator[None]:
+def _using(profile: AlignmentProfile, dropout: float | None = None) -> Iterator[None]:
     t1 = _ACTIVE.set(profile)
     t2 = _DROPOUT.set(dropout) if dropout is not None else None
     try:
@@ -198,7 +245,7 @@ def _names(kind: str, n: int) -> list[str]:
     return [kind if i == 0 else f"{kind}_{i + 1}" for i in range(n)]
 
 
-def _as_list(x: Any) -> list[Any]:
+def _as_list(x: _T | list[_T] | tuple[_T, ...]) -> list[_T]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
@@ -210,7 +257,7 @@ def _draw(n: int, p: float) -> list[bool] | None:
     return [torch.rand(1).item() < p for _ in range(n)]
 
 
-def _text_encoder_to_device(model: Any, family: str) -> None:
+def _text_encoder_to_device(model: _Model, family: str) -> None:
     """Move the text encoder(s) where the replaced ``get_prompt_embeds`` moves them before encoding.
 
     ai-toolkit keeps text encoders off the GPU between uses (``low_vram``, after caching); its
@@ -227,7 +274,7 @@ def _text_encoder_to_device(model: Any, family: str) -> None:
         enc.to(device)
 
 
-def _repeat(cond: Any, name: str, n: int) -> Any:
+def _repeat(cond: Conditioning, name: str, n: int) -> torch.Tensor:
     t = cond[name]
     if n == 1 or not cond.is_batched(name):
         return t
@@ -274,11 +321,11 @@ class AiToolkitHook(Hook):
     name: ClassVar[str] = "ai-toolkit"
     supported: ClassVar[dict[str, str]] = {v: label for layout in SUPPORTED.values() for v, label in layout.items()}
 
-    profile: Any = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    profile: ProfileSource = None
+    overrides: dict[str, object] = field(default_factory=dict)
     parts: tuple[str, ...] | None = None
     layout: str = "auto"
-    _profiles: dict[str, Any] = field(default_factory=dict, repr=False)
+    _profiles: dict[str, AlignmentProfile] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.layout not in ("auto", *PREFIXES):
@@ -335,7 +382,7 @@ class AiToolkitHook(Hook):
             return "not found"
 
     # -- profiles -----------------------------------------------------------------------------
-    def profile_for(self, model_config: Any = None) -> Any:
+    def profile_for(self, model_config: object = None) -> AlignmentProfile:
         """The explicit profile, else the one active in this call, else the model config's."""
         if self.profile is not None:
             return self.profile
@@ -350,7 +397,7 @@ class AiToolkitHook(Hook):
             self._profiles[name] = self.user.profile(name)
         return self._profiles[name]
 
-    def current_profile(self) -> Any:
+    def current_profile(self) -> AlignmentProfile:
         """The profile for cache keys: explicit, active, or the only one resolved so far."""
         if self.profile is not None:
             return self.profile
@@ -362,29 +409,35 @@ class AiToolkitHook(Hook):
                         "the hooks through the te-align extension, which resolves it from the model config)")
 
     @staticmethod
-    def _check_family(profile: Any, what: str, families: frozenset[str] | set[str]) -> None:
+    def _check_family(profile: AlignmentProfile, what: str, families: frozenset[str] | set[str]) -> None:
         if profile.family not in families:
             raise HookError(f"te-align: {what} encodes {'/'.join(sorted(families))} prompts but the active profile "
                             f"'{profile.name}' is for {profile.family}")
 
     # -- encoding -----------------------------------------------------------------------------
     @staticmethod
-    def encode(profile: Any, prompts: Sequence[str], *, dropout_prob: float = 0.0, truncate: bool = True,
-               **components: Any) -> Any:
-        from te_align.encoding.core import EncodeOptions
-
-        opts = EncodeOptions(long_prompt_chunks=0 if truncate else 4)
+    def encode(
+        profile: AlignmentProfile,
+        prompts: Sequence[str],
+        *,
+        dropout_prob: float = 0.0,
+        truncate: bool = True,
+        **components: Any,
+    ) -> Conditioning:
+        opts = _core.EncodeOptions(long_prompt_chunks=0 if truncate else 4)
         return _encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
 
-    def _train_tools_wrapper(self, fn_name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _train_tools_wrapper(self, fn_name: str, original: Callable[..., object]) -> Callable[..., object]:
         families, style = TRAIN_TOOLS[fn_name]
         params = TRAIN_TOOLS_PARAMS[fn_name]
-        defaults = {"truncate": True, "max_length": None, "dropout_prob": 0.0, "num_images_per_prompt": 1,
-                    "prompts2": None, "use_text_encoder_1": True, "use_text_encoder_2": True, "attn_mask": False,
-                    "pipeline": None}  # fmt: skip
+        defaults = {
+            "truncate": True, "max_length": None, "dropout_prob": 0.0, "num_images_per_prompt": 1,
+            "prompts2": None, "use_text_encoder_1": True, "use_text_encoder_2": True, "attn_mask": False,
+            "pipeline": None,
+        }
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            a = dict(defaults)
+        def wrapper(*args: object, **kwargs: object) -> object:
+            a: dict[str, Any] = dict(defaults)  # train_tools' arguments by name, each read as what it is
             a.update(zip(params, args, strict=False))
             a.update(kwargs)
             profile = self.profile_for()
@@ -393,9 +446,12 @@ class AiToolkitHook(Hook):
             if a["prompts2"] is not None and _as_list(a["prompts2"]) != prompts:
                 raise HookError("te-align: a second prompt list different from the first is not supported (encode_prompts_xl prompts2)")
             if style == "list":
-                toks, encs = _as_list(a.get("tokenizers", a.get("tokenizer"))), _as_list(a.get("text_encoders", a.get("text_encoder")))
-                comps = {"tokenizers": dict(zip(_names("tokenizer", len(toks)), toks, strict=True)),
-                         "text_encoders": dict(zip(_names("text_encoder", len(encs)), encs, strict=True))}  # fmt: skip
+                toks = _as_list(a.get("tokenizers", a.get("tokenizer")))
+                encs = _as_list(a.get("text_encoders", a.get("text_encoder")))
+                comps = {
+                    "tokenizers": dict(zip(_names("tokenizer", len(toks)), toks, strict=True)),
+                    "text_encoders": dict(zip(_names("text_encoder", len(encs)), encs, strict=True)),
+                }
             else:
                 comps = {"tokenizers": {"tokenizer": a["tokenizer"]}, "text_encoders": {"text_encoder": a["text_encoder"]}}
             drop_p = float(a["dropout_prob"] or 0.0) or _DROPOUT.get()
@@ -412,8 +468,10 @@ class AiToolkitHook(Hook):
 
         return mark_wrapper(wrapper, original)
 
-    def _legacy_encode_prompt(self, original: Callable[..., Any], prompt_embeds_cls: Callable[[], Any]) -> Callable[..., Any]:
-        def encode_prompt(model: Any, prompt: Any, *args: Any, **kwargs: Any) -> Any:
+    def _legacy_encode_prompt(
+        self, original: Callable[..., object], prompt_embeds_cls: Callable[[], PromptEmbedsClass]
+    ) -> Callable[..., object]:
+        def encode_prompt(model: _Model, prompt: str | list[str], *args: Any, **kwargs: Any) -> object:
             profile = self.profile_for(getattr(model, "model_config", None))
             bound = dict(zip(ENCODE_PROMPT_PARAMS[2:], args, strict=False))
             bound.update(kwargs)
@@ -427,8 +485,8 @@ class AiToolkitHook(Hook):
 
         return mark_wrapper(encode_prompt, original)
 
-    def _base_encode_prompt(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def encode_prompt(model: Any, prompt: Any, *args: Any, **kwargs: Any) -> Any:
+    def _base_encode_prompt(self, original: Callable[..., object]) -> Callable[..., object]:
+        def encode_prompt(model: object, prompt: str | list[str], *args: Any, **kwargs: Any) -> object:
             profile = self.profile_for(getattr(model, "model_config", None))
             bound = dict(zip(ENCODE_PROMPT_PARAMS[2:], args, strict=False))
             bound.update(kwargs)
@@ -437,9 +495,11 @@ class AiToolkitHook(Hook):
 
         return mark_wrapper(encode_prompt, original)
 
-    def _get_prompt_embeds(self, family: str, profile_family: str, original: Callable[..., Any],
-                           prompt_embeds_cls: Callable[[], Any]) -> Callable[..., Any]:
-        def get_prompt_embeds(model: Any, prompt: Any, *args: Any, **kwargs: Any) -> Any:
+    def _get_prompt_embeds(self, family: str, profile_family: str, original: Callable[..., object],
+                           prompt_embeds_cls: Callable[[], PromptEmbedsClass]) -> Callable[..., object]:
+        def get_prompt_embeds(
+            model: _Model, prompt: str | list[str], *args: object, **kwargs: object
+        ) -> _PromptEmbeds:
             profile = self.profile_for(getattr(model, "model_config", None))
             self._check_family(profile, f"ai-toolkit {family} get_prompt_embeds", {profile_family})
             prompts = _as_list(prompt)
@@ -464,8 +524,8 @@ class AiToolkitHook(Hook):
 
         return mark_wrapper(get_prompt_embeds, original)
 
-    def _cache_key(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def get_text_embedding_info_dict(item: Any, *args: Any, **kwargs: Any) -> Any:
+    def _cache_key(self, original: Callable[..., dict[str, object]]) -> Callable[..., dict[str, object]]:
+        def get_text_embedding_info_dict(item: object, *args: object, **kwargs: object) -> dict[str, object]:
             info = original(item, *args, **kwargs)
             p = self.current_profile()
             info["te_align_profile"] = p.name
@@ -475,7 +535,7 @@ class AiToolkitHook(Hook):
         return mark_wrapper(get_text_embedding_info_dict, original)
 
 
-def _prompt_embeds_cls(prefix: str) -> Any:
+def _prompt_embeds_cls(prefix: str) -> PromptEmbedsClass:
     """ai-toolkit's ``PromptEmbeds`` class (looked up when a wrapper runs)."""
     return importlib.import_module(f"{prefix}toolkit.prompt_utils").PromptEmbeds
 
@@ -485,7 +545,9 @@ def _prompt_embeds_cls(prefix: str) -> Any:
 ENCODING = Lifecycle("ai-toolkit", AiToolkitHook)
 
 
-def enable(process_config: Mapping[str, Any], *, default_profile: str | None = None, where: str = "te_align") -> AiToolkitHook | None:
+def enable(
+    process_config: Mapping[str, Any], *, default_profile: str | None = None, where: str = "te_align"
+) -> AiToolkitHook | None:
     """Install the hooks for one ai-toolkit process config (called by the te-align extension).
 
     Validates the ``te_align:`` section (unknown keys are an error), resolves the profile (the section's, else
@@ -549,10 +611,12 @@ class ProcessWatch(Hook):
     def detect_version(self) -> str:
         return AiToolkitHook(layout=self.layout).detect_version()
 
-    def _process_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _process_init(self, original: Callable[..., object]) -> Callable[..., object]:
         default_profile = self.default_profile
 
-        def __init__(process: Any, process_id: int, job: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        def __init__(
+            process: object, process_id: int, job: object, config: object, *args: object, **kwargs: object
+        ) -> None:
             if isinstance(config, Mapping) and ("model" in config or "te_align" in config):
                 enable(config, default_profile=default_profile, where=f"config.process[{process_id}].te_align")
             original(process, process_id, job, config, *args, **kwargs)

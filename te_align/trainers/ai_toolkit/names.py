@@ -8,7 +8,6 @@ after the colon); older configs set ``is_*`` flags instead, and a config with ne
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 #: ``model.arch`` -> (bundled profile, whether te-align's ai-toolkit hooks encode that arch by it).
 #: Not hooked: SSD-1B and Vega and Flex.2 (not verified), PixArt-α (no bundled profile; ``te-align check``
@@ -27,22 +26,22 @@ ALIASES: dict[str, str] = {"flex1": "flux"}
 FLAGS: tuple[tuple[str, str], ...] = (
     ("is_xl", "sdxl"), ("is_v3", "sd3"), ("is_flux", "flux"), ("is_pixart_sigma", "pixart_sigma"),
     ("is_auraflow", "auraflow"), ("is_lumina2", "lumina2"), ("is_v2", "sd2"), ("is_pixart", "pixart"),
-)  # fmt: skip
+)
 #: The ``model:`` keys :func:`arch_of` reads.
 MODEL_KEYS: tuple[str, ...] = ("arch", "name_or_path", *(flag for flag, _ in FLAGS))
 
 
-def arch_name(model: Mapping[str, Any]) -> str:
+def arch_name(model: Mapping[str, object]) -> str:
     """``model.arch`` without its mode suffix (``"wan22_14b:t2v"`` -> ``"wan22_14b"``); "" when unset."""
     return str(model.get("arch") or "").split(":")[0]
 
 
-def flag_arch(model: Mapping[str, Any]) -> str | None:
+def flag_arch(model: Mapping[str, object]) -> str | None:
     """The arch the first set ``is_*`` flag names (None: no flag set)."""
     return next((arch for flag, arch in FLAGS if model.get(flag)), None)
 
 
-def arch_of(model: Mapping[str, Any]) -> str | None:
+def arch_of(model: Mapping[str, object]) -> str | None:
     """The arch a ``model:`` section trains, aliases resolved (None: nothing to tell, no ``name_or_path`` either)."""
     arch = arch_name(model)
     if arch:
@@ -58,7 +57,7 @@ def hooked_archs() -> list[str]:
     return sorted(a for a, (_, hooked) in ARCHS.items() if hooked and a not in ALIASES)
 
 
-def hooked_profile(model: Mapping[str, Any]) -> str | None:
+def hooked_profile(model: Mapping[str, object]) -> str | None:
     """The bundled profile the hooks use for a ``model:`` section (None: no profile for its arch)."""
     arch = arch_of(model)
     name = str(model.get("name_or_path") or "").lower()

@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_align._git import dist_version, installed_version, read_version
 from te_align.probe import ProbeError, _stubs
@@ -37,6 +37,9 @@ from te_align.trainers.ai_toolkit import SPEC
 from te_align.trainers.ai_toolkit import probe_models as am
 from te_align.trainers.ai_toolkit.probe_models import BASE_MODEL_PROFILES, LEGACY, import_model_classes
 from te_align.trainers.api import checkout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path.
@@ -81,11 +84,13 @@ def _encode_prompt_calls(source: str) -> dict[str, ast.Call]:
 class AiToolkit(Adapter):
     name = "ai-toolkit"
     #: profile -> train_tools function StableDiffusion.encode_prompt uses for it.
-    FUNCTIONS: ClassVar[dict[str, str]] = {"sd15": "encode_prompts", "sd21": "encode_prompts", "sdxl": "encode_prompts_xl",
-                 "sd3-medium": "encode_prompts_sd3", "sd35-large": "encode_prompts_sd3",
-                 "sd35-medium": "encode_prompts_sd3", "flux-dev": "encode_prompts_flux",
-                 "flux-schnell": "encode_prompts_flux", "pixart-sigma": "encode_prompts_pixart",
-                 "auraflow": "encode_prompts_auraflow"}  # fmt: skip
+    FUNCTIONS: ClassVar[dict[str, str]] = {
+        "sd15": "encode_prompts", "sd21": "encode_prompts", "sdxl": "encode_prompts_xl",
+        "sd3-medium": "encode_prompts_sd3", "sd35-large": "encode_prompts_sd3",
+        "sd35-medium": "encode_prompts_sd3", "flux-dev": "encode_prompts_flux",
+        "flux-schnell": "encode_prompts_flux", "pixart-sigma": "encode_prompts_pixart",
+        "auraflow": "encode_prompts_auraflow",
+    }
 
     def __init__(self, path: str | None) -> None:
         self.profiles = {p: f"toolkit.train_tools.{fn} as StableDiffusion.encode_prompt calls it" for p, fn in self.FUNCTIONS.items()}
@@ -225,12 +230,14 @@ class AiToolkit(Adapter):
         tok_list, enc_list = _ordered(toks, "tokenizer"), _ordered(encs, "text_encoder")
         many = fn_name in ("encode_prompts_xl", "encode_prompts_sd3", "encode_prompts_flux")
         env: dict[str, Any] = {
-            "self.tokenizer": tok_list if many else tok_list[0], "self.text_encoder": enc_list if many else enc_list[0],
+            "self.tokenizer": tok_list if many else tok_list[0],
+            "self.text_encoder": enc_list if many else enc_list[0],
             "self.pipeline": pipe, "prompt2": None, "num_images_per_prompt": 1, "long_prompts": False,
-            "max_length": None, "dropout_prob": 0.0, "force_all": False, "use_encoder_1": True, "use_encoder_2": True,
+            "max_length": None, "dropout_prob": 0.0, "force_all": False, "use_encoder_1": True,
+            "use_encoder_2": True,
             "self.model_config.attn_masking": self._attn_masking_default(),
             "self.model_config.is_pixart_sigma": profile_name == "pixart-sigma",
-        }  # fmt: skip
+        }
         params = list(inspect.signature(fn).parameters)
         kwargs: dict[str, Any] = {}
         shown: list[str] = []
@@ -274,7 +281,7 @@ class AiToolkit(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.ai_toolkit.hooks import AiToolkitHook
 

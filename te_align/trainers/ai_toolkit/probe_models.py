@@ -40,7 +40,7 @@ LEGACY: dict[str, tuple[dict[str, Any], str, int]] = {
     "auraflow": ({"arch": "auraflow"}, "auraflow", 1),
     "lumina2": ({"arch": "lumina2"}, "lumina2", 1),
     "pixart-sigma": ({"arch": "pixart_sigma"}, "pixart-sigma", 1),
-}  # fmt: skip
+}
 
 
 def import_model_package() -> str | None:

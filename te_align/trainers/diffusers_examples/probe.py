@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
 from te_align.audit import check_file
@@ -34,6 +34,9 @@ from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.diffusers_examples import SPEC
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 
@@ -193,7 +196,7 @@ class DiffusersExamples(Adapter):
         return Case(prof, toks, encs, guarded, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         """No hooks exist for these scripts: the run with te-align check's fix flags instead."""
         self.fix = fix_flags(profile)
         try:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from te_align._safetensors import read_header
 from te_align.audit import rules
 from te_align.audit.findings import Finding
 from te_align.audit.models import assumption, profile_from_files
@@ -46,8 +47,6 @@ from te_align.audit.rules import Context, Rule, Trainer
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
 from te_align.trainers.diffusion_pipe import names
-
-# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
 NAME = "diffusion-pipe"
@@ -340,8 +339,6 @@ def _flux_guidance(model: dict[str, Any]) -> tuple[bool, str] | None:
                 return data["guidance_embeds"], f"{cfg} guidance_embeds = {str(data['guidance_embeds']).lower()}"
     path = model.get("transformer_path")
     if isinstance(path, str) and path.endswith((".safetensors", ".sft")) and Path(path).is_file():
-        from te_align._safetensors import read_header
-
         try:
             keys = read_header(path).tensors
         except (OSError, TeAlignError):

@@ -30,9 +30,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from te_align._git import git_head
+from te_align._lazy import lazy_module
 from te_align.hooks.base import (
     Hook,
     HookError,
@@ -47,12 +48,23 @@ from te_align.profiles.overrides import env_profile
 from te_align.trainers.diffusion_pipe import names
 from te_align.trainers.diffusion_pipe.audit import COMMIT, FINGERPRINT_TAG, LUMINA_START, _variant
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from te_align.encoding import core as _core
+    from te_align.encoding.core import SlotResult
+    from te_align.hooks.base import ProfileSource
+    from te_align.profiles import AlignmentProfile
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align")
 
 SUPPORTED: dict[str, str] = {COMMIT: "diffusion-pipe 8f83dbf (main)"}
+#: One output of a text-encoder function: a tensor, each caption's rows (``rows``), or None.
+Output: TypeAlias = "torch.Tensor | list[torch.Tensor] | None"
+#: diffusion-pipe's function per text encoder, ``fn(caption, is_video[, control_file]) -> {name: output}``.
+EncoderFn = Callable[..., dict[str, Output]]
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,7 @@ class DiffusionPipeHook(Hook):
     types: tuple[str, ...] = tuple(FAMILIES)
     cache: bool = True
     #: the profile of the model whose encoders were asked for last (the cache fingerprint)
-    active: Any = field(default=None, repr=False)
+    active: AlignmentProfile | None = field(default=None, repr=False)
 
     def targets(self) -> Sequence[Target]:
         out = []
@@ -117,7 +129,7 @@ class DiffusionPipeHook(Hook):
         return (self.supported.get(head, head[:7]) if head else "unknown (no git)") + f" at {root}"
 
     # -- profiles ------------------------------------------------------------------------------
-    def profile(self, fam: Family, model: Any) -> Any:
+    def profile(self, fam: Family, model: object) -> AlignmentProfile:
         """The profile of a model object (the user's, else its type's with the variant its files name)."""
         mt = names.BY_TYPE[fam.type]
         config = getattr(model, "model_config", None)
@@ -129,9 +141,9 @@ class DiffusionPipeHook(Hook):
         return p
 
     # -- wrappers ------------------------------------------------------------------------------
-    def _wrap(self, fam: Family) -> Callable[[Any], Any]:
-        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-            def get_call_text_encoder_fn(model: Any, text_encoder: Any) -> Any:
+    def _wrap(self, fam: Family) -> Callable[[Callable[..., EncoderFn]], Callable[..., EncoderFn]]:
+        def wrap(original: Callable[..., EncoderFn]) -> Callable[..., EncoderFn]:
+            def get_call_text_encoder_fn(model: object, text_encoder: object) -> EncoderFn:
                 fn = original(model, text_encoder)
                 outputs = next((outs for attr, outs in fam.encoders
                                 if _component(model, attr) is text_encoder), None)
@@ -148,46 +160,54 @@ class DiffusionPipeHook(Hook):
 
         return wrap
 
-    def _map_and_cache(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def _map_and_cache(dataset: Any, map_fn: Any, cache_dir: Any, cache_file_prefix: str = "",
-                           new_fingerprint_args: Any = None, *args: Any, **kw: Any) -> Any:
+    def _map_and_cache(self, original: Callable[..., object]) -> Callable[..., object]:
+        def _map_and_cache(
+            dataset: object,
+            map_fn: object,
+            cache_dir: object,
+            cache_file_prefix: str = "",
+            new_fingerprint_args: Sequence[object] | None = None,
+            *args: object,
+            **kw: object,
+        ) -> object:
             if self.active is not None and str(cache_file_prefix).startswith("text_embeddings_"):
                 new_fingerprint_args = [*(new_fingerprint_args or []), FINGERPRINT_TAG + self.active.fingerprint()]
             return original(dataset, map_fn, cache_dir, cache_file_prefix, new_fingerprint_args, *args, **kw)
 
         return mark_wrapper(_map_and_cache, original)
 
-    def _once(self, key: str, msg: str, *args: Any) -> None:
+    def _once(self, key: str, msg: str, *args: object) -> None:
         logged = self.__dict__.setdefault("_logged", set())
         if key not in logged:
             logged.add(key)
             logger.info(msg, *args)
 
 
-def _component(model: Any, name: str) -> Any:
+def _component(model: object, name: str) -> Any:
+    """``model.<name>`` (a tokenizer or a text encoder, whatever the model class holds; None: it has none)."""
     try:
         return getattr(model, name)
     except (AttributeError, RuntimeError):
         return None
 
 
-def _encoder_fn(hook: DiffusionPipeHook, fam: Family, model: Any, profile: Any, outputs: Any,
-                original_fn: Callable[..., Any], attr: str) -> Callable[..., Any]:
+def _encoder_fn(hook: DiffusionPipeHook, fam: Family, model: object, profile: AlignmentProfile,
+                outputs: tuple[tuple[str, str, str], ...], original_fn: EncoderFn, attr: str) -> EncoderFn:
     """The text-encoder function diffusion-pipe calls, encoding by the profile (same arity as the original: the
     caching code counts its parameters for the control-file argument, utils/dataset.py:1150-1153)."""
 
-    def encode(caption: Any, is_video: Any, control_file: Any = None) -> dict[str, Any]:
+    def encode(
+        caption: Sequence[str], is_video: object, control_file: Sequence[object] | None = None
+    ) -> dict[str, Output]:
         import torch
-
-        from te_align.encoding.core import encode_slot
 
         if control_file is not None and any(c is not None for c in control_file):
             return original_fn(caption, is_video, control_file)  # an edit model's image prompt: no profile
         texts = [str(c) for c in caption]
         if fam.type == "lumina_2":
             texts = [_without_prompt_start(hook, t) for t in texts]
-        results: dict[str, Any] = {}
-        out: dict[str, Any] = {}
+        results: dict[str, SlotResult] = {}
+        out: dict[str, Output] = {}
         for name, slot_name, what in outputs:
             if slot_name not in results:
                 slot = profile.slot(slot_name)
@@ -195,7 +215,7 @@ def _encoder_fn(hook: DiffusionPipeHook, fam: Family, model: Any, profile: Any, 
                 tok, enc = _component(model, tok_attr), _component(model, attr)
                 device = next(enc.parameters()).device
                 with torch.no_grad():
-                    results[slot_name] = encode_slot(profile, slot, tok, enc, texts, device=device)
+                    results[slot_name] = _core.encode_slot(profile, slot, tok, enc, texts, device=device)
             res = results[slot_name]
             if what == "rows":
                 counts = [int(m) for m in res.denoiser_mask.sum(dim=1)] if res.denoiser_mask is not None else res.token_counts
@@ -207,7 +227,7 @@ def _encoder_fn(hook: DiffusionPipeHook, fam: Family, model: Any, profile: Any, 
     if len(inspect.signature(original_fn).parameters) == 3:
         return encode
 
-    def encode2(caption: Any, is_video: Any) -> dict[str, Any]:
+    def encode2(caption: Sequence[str], is_video: object) -> dict[str, Output]:
         return encode(caption, is_video)
 
     return encode2
@@ -228,7 +248,13 @@ def _without_prompt_start(hook: DiffusionPipeHook, text: str) -> str:
 LIFECYCLE = Lifecycle("diffusion-pipe", DiffusionPipeHook, console=log_to_console)
 
 
-def install(profile: Any = None, *, types: Sequence[str] | None = None, cache: bool = True, **overrides: Any) -> bool:
+def install(
+    profile: ProfileSource = None,
+    *,
+    types: Sequence[str] | None = None,
+    cache: bool = True,
+    **overrides: object,
+) -> bool:
     """Install the hooks for ``types`` (default every hooked model type; all targets or none). False under
     ``TE_ALIGN=off``."""
     return LIFECYCLE.install(profile, overrides, types=tuple(types or FAMILIES), cache=cache)

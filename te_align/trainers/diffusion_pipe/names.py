@@ -34,7 +34,9 @@ TYPES: tuple[ModelType, ...] = (
     ModelType("wan", "wan.wan", "WanPipeline", "Wan 2.1/2.2", "wan21"),
     ModelType("qwen_image", "qwen_image", "QwenImagePipeline", "Qwen-Image", "qwen-image", True),
     ModelType("auraflow", "auraflow", "AuraFlowPipeline", "AuraFlow", "auraflow", True),
-    ModelType("hunyuan_image", "hunyuan_image", "HunyuanImagePipeline", "HunyuanImage-2.1", "hunyuanimage-2.1"),
+    ModelType(
+        "hunyuan_image", "hunyuan_image", "HunyuanImagePipeline", "HunyuanImage-2.1", "hunyuanimage-2.1"
+    ),
     ModelType("anima", "cosmos_predict2", "CosmosPredict2Pipeline", "Anima", "anima"),
     ModelType("cosmos_predict2", "cosmos_predict2", "CosmosPredict2Pipeline", "Cosmos-Predict2", None),
     ModelType("ltx-video", "ltx_video", "LTXVideoPipeline", "LTX-Video", None),
@@ -49,7 +51,7 @@ TYPES: tuple[ModelType, ...] = (
     ModelType("ideogram4", "ideogram4", "Ideogram4Pipeline", "Ideogram 4", None),
     ModelType("krea2", "krea2", "Krea2Pipeline", "Krea 2", None),
     ModelType("minimax_h3", "minimax_h3", "MinimaxH3Pipeline", "MiniMax H3", None),
-)  # fmt: skip
+)
 BY_TYPE = {t.type: t for t in TYPES}
 #: The model-file keys of ``[model]`` whose names tell a model's variant (first that names one wins).
 MODEL_FILES = ("diffusers_path", "transformer_path", "checkpoint_path", "ckpt_path", "transformer")

@@ -18,7 +18,8 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -28,17 +29,32 @@ from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.diffusion_pipe import SPEC, names
 
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from te_align.profiles import AlignmentProfile
+
 # Function-local te_align imports in this module: load what only one command needs when it runs.
+
+#: diffusion-pipe's text-encoder outputs by its names (a tensor; Qwen-Image: each caption's rows).
+Calls = Callable[[list[str]], dict[str, Any]]
+#: What a model's ``prepare_inputs`` hands the transformer for some prompts, by the profile's output names.
+Run = Callable[[list[str]], dict[str, "torch.Tensor"]]
 
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages diffusion-pipe's modules import at the top that these encode paths never call.
-OPTIONAL = ("deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",
-            "hyvideo", "hi_diffusers", "hyimage", "ltx_video", "omnigen2", "cosmos1", "einops", "datasets", "av",
-            "cv2", "optimi", "bitsandbytes", "unsloth", "flash_attn", "sageattention", "torchaudio", "loguru",
-            "timm", "decord", "peft", "sentencepiece")  # fmt: skip
+OPTIONAL = (
+    "deepspeed", "comfy", "comfy_api", "torchvision", "imageio", "wandb", "multiprocess", "src", "Lumina_2",
+    "hyvideo", "hi_diffusers", "hyimage", "ltx_video", "omnigen2", "cosmos1", "einops", "datasets", "av",
+    "cv2", "optimi", "bitsandbytes", "unsloth", "flash_attn", "sageattention", "torchaudio", "loguru", "timm",
+    "decord", "peft", "sentencepiece",
+)
 #: profile -> the model type probed for it.
-PROFILES = {"flux-dev": "flux", "flux-schnell": "flux", "sd3-medium": "sd3", "sd35-large": "sd3", "sd35-medium": "sd3",
-            "chroma": "chroma", "lumina2": "lumina_2", "qwen-image": "qwen_image", "auraflow": "auraflow"}  # fmt: skip
+PROFILES = {
+    "flux-dev": "flux", "flux-schnell": "flux", "sd3-medium": "sd3", "sd35-large": "sd3",
+    "sd35-medium": "sd3", "chroma": "chroma", "lumina2": "lumina_2", "qwen-image": "qwen_image",
+    "auraflow": "auraflow",
+}
 
 
 def checkout_root(path: str | os.PathLike[str]) -> Path:
@@ -61,7 +77,7 @@ class DiffusionPipe(Adapter):
         self.version = head[:7] if head else "unknown (no git)"
         self.profiles = {p: f"models/{names.BY_TYPE[t].module}.py {names.BY_TYPE[t].cls}.get_call_text_encoder_fn"
                          for p, t in PROFILES.items()}
-        self.modules: dict[str, Any] = {}
+        self.modules: dict[str, ModuleType] = {}
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -116,13 +132,13 @@ class DiffusionPipe(Adapter):
 
         if t == "chroma":
             notes += notes_extra
-        run: Callable[[list[str]], dict[str, Any]] = _COMBINE[t](calls, notes)
+        run: Run = _COMBINE[t](calls, notes)
         if profile_name == "flux-schnell":
             notes.append("FLUX.1 schnell: the same call as dev (models/flux.py:307-322 passes no T5 length)")
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.diffusion_pipe import hooks
 
@@ -140,23 +156,23 @@ class DiffusionPipe(Adapter):
 
 
 # ------------------------------------------------------------------------------------ prepare_inputs
-def _flux(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Callable[[list[str]], dict[str, Any]]:
+def _flux(calls: Calls, notes: list[str]) -> Run:
     notes.append("prepare_inputs hands the transformer t5_embed and clip_embed (models/flux.py:324-346); text_ids: "
                  "zeros built there, not compared")
 
-    def run(prompts: list[str]) -> dict[str, Any]:
+    def run(prompts: list[str]) -> dict[str, torch.Tensor]:
         out = calls(prompts)
         return {"prompt_embeds": out["t5_embed"], "pooled_prompt_embeds": out["clip_embed"]}
 
     return run
 
 
-def _sd3(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Callable[[list[str]], dict[str, Any]]:
+def _sd3(calls: Calls, notes: list[str]) -> Run:
     import torch
 
     notes.append("prepare_inputs concatenates CLIP-L/G, pads them to T5's width and appends T5 (models/sd3.py:109-123)")
 
-    def run(prompts: list[str]) -> dict[str, Any]:
+    def run(prompts: list[str]) -> dict[str, torch.Tensor]:
         out = calls(prompts)
         clip = torch.cat([out["prompt_embed"], out["prompt_2_embed"]], dim=-1)
         clip = torch.nn.functional.pad(clip, (0, out["t5_prompt_embed"].shape[-1] - clip.shape[-1]))
@@ -166,14 +182,14 @@ def _sd3(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Call
     return run
 
 
-def _chroma(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Callable[[list[str]], dict[str, Any]]:
+def _chroma(calls: Calls, notes: list[str]) -> Run:
     import torch
 
     notes.append("prompt_attention_mask: the text length Chroma's transformer attends to (the T5 mask plus one padding "
                  "token, modify_mask_to_attend_padding(…, 1): models/chroma.py:389-403), as a float mask like the "
                  "profile's; text_ids: zeros built in prepare_inputs, not compared")
 
-    def run(prompts: list[str]) -> dict[str, Any]:
+    def run(prompts: list[str]) -> dict[str, torch.Tensor]:
         out = calls(prompts)
         mask = out["t5_attention_mask"]
         length = torch.clip(mask.sum(dim=-1).to(torch.int64) + 1, 0, mask.shape[1])
@@ -183,24 +199,24 @@ def _chroma(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> C
     return run
 
 
-def _lumina(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Callable[[list[str]], dict[str, Any]]:
+def _lumina(calls: Calls, notes: list[str]) -> Run:
     notes.append("captions without a caption_prefix (the dataset default, utils/dataset.py:733-763); prepare_inputs "
                  "hands the transformer prompt_embeds and prompt_masks (models/lumina_2.py:139-143)")
 
-    def run(prompts: list[str]) -> dict[str, Any]:
+    def run(prompts: list[str]) -> dict[str, torch.Tensor]:
         out = calls(prompts)
         return {"prompt_embeds": out["prompt_embeds"], "prompt_attention_mask": out["prompt_masks"]}
 
     return run
 
 
-def _qwen(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Callable[[list[str]], dict[str, Any]]:
+def _qwen(calls: Calls, notes: list[str]) -> Run:
     import torch
 
     notes.append("each caption's real tokens are cached and padded to the batch's longest with the mask "
                  "(models/qwen_image.py:394-412; the mask is bool there, compared as int64)")
 
-    def run(prompts: list[str]) -> dict[str, Any]:
+    def run(prompts: list[str]) -> dict[str, torch.Tensor]:
         rows = calls(prompts)["prompt_embeds"]
         longest = max(r.shape[0] for r in rows)
         embeds = torch.stack([torch.cat([u, u.new_zeros(longest - u.size(0), u.size(1))]) for u in rows])
@@ -212,11 +228,11 @@ def _qwen(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Cal
     return run
 
 
-def _aura(calls: Callable[[list[str]], dict[str, Any]], notes: list[str]) -> Callable[[list[str]], dict[str, Any]]:
+def _aura(calls: Calls, notes: list[str]) -> Run:
     notes.append("AuraFlowPipeline.encode_prompt(max_sequence_length=[model] max_sequence_length = 256); only "
                  "prompt_embeds is kept (models/auraflow.py:99-103)")
 
-    def run(prompts: list[str]) -> dict[str, Any]:
+    def run(prompts: list[str]) -> dict[str, torch.Tensor]:
         return {"prompt_embeds": calls(prompts)["prompt_embeds"]}
 
     return run

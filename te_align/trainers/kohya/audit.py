@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
+from te_align.audit.cachefiles import CacheScan, npz_record, scan
 from te_align.audit.findings import NOT_SETTABLE, Finding
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
@@ -23,14 +24,13 @@ from te_align.audit.parsed import (
     reason,
     unknown_key_finding,
 )
+from te_align.audit.parsed import parse_cli as _parse_cli
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
-
-# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 
 # ------------------------------------------------------------------------------------ converters
@@ -233,11 +233,9 @@ NPZ_LENGTH = {
 NPZ_FLAGS = ("apply_t5_attn_mask", "apply_lg_attn_mask")
 
 
-def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> CacheScan:
     """sd-scripts' ``*_te*.npz`` files in ``directory``, read from their headers (te_align.audit.cachefiles)."""
     from functools import partial
-
-    from te_align.audit.cachefiles import npz_record, scan
 
     return scan(directory, [(f"*{suffix}", partial(npz_record, array=arr, flags=NPZ_FLAGS), ppath)
                             for suffix, (arr, ppath) in NPZ_LENGTH.items()])
@@ -253,9 +251,7 @@ def toml_literal(v: Any) -> str:
 
 def parse_cli(args: list[str]) -> tuple[dict[str, Any], str | None]:
     """``--key value`` / ``--key=value`` / ``--flag`` -> values; a ``*.py`` positional is the script."""
-    from te_align.audit.parsed import parse_cli as parse
-
-    values, script, _ = parse(args)
+    values, script, _ = _parse_cli(args)
     return values, script
 
 

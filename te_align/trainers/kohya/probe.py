@@ -13,7 +13,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -28,6 +28,9 @@ from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
 from te_align.trainers.kohya import SPEC
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path; load what only one command needs when it runs.
@@ -59,15 +62,21 @@ class Kohya(Adapter):
             "sd15": "SdTokenizeStrategy(v2=False) + SdTextEncodingStrategy(clip_skip=None)",
             "sd21": "SdTokenizeStrategy(v2=True) + SdTextEncodingStrategy(clip_skip=None)",
             "sdxl": "SdxlTokenizeStrategy + SdxlTextEncodingStrategy",
-            **{p: "Sd3TokenizeStrategy(t5xxl_max_length=256) + Sd3TextEncodingStrategy + concat_encodings"
-               for p in ("sd3-medium", "sd35-large", "sd35-medium")},
+            **{
+                p: "Sd3TokenizeStrategy(t5xxl_max_length=256) + Sd3TextEncodingStrategy + concat_encodings"
+                for p in ("sd3-medium", "sd35-large", "sd35-medium")
+            },
             "flux-dev": "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy",
             "flux-schnell": "FluxTokenizeStrategy(256) + FluxTextEncodingStrategy",
-            "chroma": "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy(apply_t5_attn_mask=True) + DummyCLIPL "
-                      "(flux_train_network.py --model_type chroma)",
-            "lumina2": "LuminaTokenizeStrategy(system_prompt='', max_length=None) + LuminaTextEncodingStrategy "
-                       "(lumina_train_network.py)",
-        }  # fmt: skip
+            "chroma": (
+                "FluxTokenizeStrategy(512) + FluxTextEncodingStrategy(apply_t5_attn_mask=True) + DummyCLIPL "
+                "(flux_train_network.py --model_type chroma)"
+            ),
+            "lumina2": (
+                "LuminaTokenizeStrategy(system_prompt='', max_length=None) + LuminaTextEncodingStrategy "
+                "(lumina_train_network.py)"
+            ),
+        }
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
@@ -231,7 +240,7 @@ class Kohya(Adapter):
         return ts
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.kohya import hooks as hk
 

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from te_align._safetensors import read_header
 from te_align.audit import rules
+from te_align.audit.cachefiles import UNREADABLE, CacheScan
 from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
 from te_align.audit.models import guess_model
@@ -42,8 +44,6 @@ from te_align.trainers.musubi import names
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
-
-# Function-local te_align imports in this module: load what only one command needs when it runs.
 
 COMMIT = "30c658c4f4b0bf05038b3346eff9670259b10fc7"
 NAME = "musubi"
@@ -440,8 +440,6 @@ def _trainer(raw: RawConfig, cli_keys: set[str], cli_line: Callable[[str], int |
 def cache_record(path: Path) -> dict[str, Any]:
     """What one ``*_te.safetensors`` file records: the longest text length of its tensors and te-align's
     fingerprint (``""``: none), from the header only."""
-    from te_align._safetensors import read_header
-
     header = read_header(path)
     rows = [t.shape[0] for name, t in header.tensors.items() if name.startswith("varlen_") and len(t.shape) >= 2]
     out: dict[str, Any] = {"fingerprint": (header.metadata or {}).get(META_FINGERPRINT, "")}
@@ -450,12 +448,10 @@ def cache_record(path: Path) -> dict[str, Any]:
     return out
 
 
-def scan_cache(directory: str, profile: AlignmentProfile) -> Any:
+def scan_cache(directory: str, profile: AlignmentProfile) -> CacheScan:
     """musubi-tuner's ``*_te.safetensors`` in ``directory``: fingerprints (te-align's hooks stamp them) and, since
     every caption is cached at its own length, no one length to compare (the longest is reported as a note)."""
     from collections import Counter
-
-    from te_align.audit.cachefiles import UNREADABLE, CacheScan
 
     found = bad = 0
     fingerprints: Counter[str] = Counter()

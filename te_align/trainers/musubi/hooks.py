@@ -43,12 +43,13 @@ import contextlib
 import contextvars
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from te_align._git import git_head
+from te_align._lazy import lazy_module
 from te_align._safetensors import read_header
 from te_align.encoding import encode as _encode
 from te_align.errors import TeAlignError
@@ -65,8 +66,17 @@ from te_align.profiles.overrides import env_profile
 from te_align.trainers.musubi import names
 from te_align.trainers.musubi.audit import COMMIT, META_FINGERPRINT, META_PROFILE, parse_args
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:  # pragma: no cover
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from te_align.encoding import core as _core
+    from te_align.hooks.base import ProfileSource
+    from te_align.profiles import AlignmentProfile
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align")
 
@@ -84,23 +94,46 @@ class _Encoder:
     """musubi-tuner's umT5 module (``T5Encoder.forward(ids, mask)`` -> last hidden state) as the Hugging Face-style
     encoder :mod:`te_align.encoding` calls (``encoder(input_ids=…, attention_mask=…).last_hidden_state``)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         from types import SimpleNamespace
 
         self.model = model
         self.config = SimpleNamespace(d_model=getattr(model, "dim", None))
 
-    def parameters(self) -> Any:
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.model.parameters()
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def __call__(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object
+    ) -> SimpleNamespace:
         from types import SimpleNamespace
 
         return SimpleNamespace(last_hidden_state=self.model(input_ids, attention_mask))
+
+
+class _TokenizerWrapper(Protocol):
+    """musubi-tuner's ``HuggingfaceTokenizer`` (wan/modules/tokenizers.py): the tokenizer it wraps."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+
+class _WanT5(Protocol):
+    """What the Wan hook reads of musubi-tuner's ``T5EncoderModel`` (wan/modules/t5.py)."""
+
+    tokenizer: _TokenizerWrapper
+    model: torch.nn.Module
+
+
+class _Dataset(Protocol):
+    """What the training check reads of musubi-tuner's ``ImageDataset`` / ``VideoDataset``."""
+
+    cache_directory: str
+
+    def get_all_text_encoder_output_cache_files(self) -> Iterable[str]: ...
 
 
 @dataclass
@@ -149,7 +182,7 @@ class MusubiHook(Hook):
         return (self.supported.get(head, head[:7]) if head else "unknown (no git)") + f" at {root}"
 
     # -- profiles ------------------------------------------------------------------------------
-    def profile(self, prefix: str) -> Any:
+    def profile(self, prefix: str) -> AlignmentProfile:
         """The profile an architecture's calls follow (the user's, else the architecture's own)."""
         arch = names.BY_PREFIX[prefix]
         p = self.user.profile(arch.profile)
@@ -159,13 +192,17 @@ class MusubiHook(Hook):
                             f"'{p.name}' is for {p.family}")
         return p
 
-    def _by_short(self, short: str) -> Any:
+    def _by_short(self, short: str) -> AlignmentProfile | None:
         arch = names.BY_SHORT.get(short)
         return self.profile(arch.prefix) if arch is not None and arch.prefix in ENCODERS else None
 
     # -- encoding ------------------------------------------------------------------------------
-    def _qwen(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def get_qwen_prompt_embeds(tokenizer: Any, vlm: Any, prompt: Any = None) -> Any:
+    def _qwen(self, original: Callable[..., object]) -> Callable[..., object]:
+        def get_qwen_prompt_embeds(
+            tokenizer: PreTrainedTokenizerBase,
+            vlm: PreTrainedModel,
+            prompt: str | Sequence[str] | None = None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             import torch
 
             p = self.profile("qwen_image")
@@ -181,25 +218,28 @@ class MusubiHook(Hook):
 
         return mark_wrapper(get_qwen_prompt_embeds, original)
 
-    def _wan(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def __call__(model: Any, texts: Any, device: Any) -> Any:
+    def _wan(self, original: Callable[..., object]) -> Callable[..., object]:
+        def __call__(
+            model: _WanT5, texts: str | Sequence[str], device: torch.device | str
+        ) -> list[torch.Tensor]:
             import torch
-
-            from te_align.encoding.core import encode_slot_tokens, tokenize_slot
 
             p = self.profile("wan")
             slot = p.slot("t5")
             batch = [texts] if isinstance(texts, str) else list(texts)
-            ids, mask = tokenize_slot(slot, model.tokenizer.tokenizer, batch)
+            ids, mask = _core.tokenize_slot(slot, model.tokenizer.tokenizer, batch)
             with torch.no_grad():
-                res = encode_slot_tokens(p, slot, _Encoder(model.model), ids.to(device), mask.to(device))
+                encoder = _Encoder(model.model)
+                res = _core.encode_slot_tokens(p, slot, encoder, ids.to(device), mask.to(device))
             return [u[:v] for u, v in zip(res.hidden, res.token_counts, strict=True)]
 
         return mark_wrapper(__call__, original)
 
     # -- cache ---------------------------------------------------------------------------------
-    def _save(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def save_text_encoder_output_cache_common(item_info: Any, sd: Any, arch_fullname: str, *args: Any, **kw: Any) -> Any:
+    def _save(self, original: Callable[..., object]) -> Callable[..., object]:
+        def save_text_encoder_output_cache_common(
+            item_info: object, sd: dict[str, torch.Tensor], arch_fullname: str, *args: object, **kw: object
+        ) -> object:
             arch = next((a for a in names.ARCHS if a.prefix in ENCODERS and arch_fullname == _full(a)), None)
             token = _STAMP.set(None if arch is None else _stamp(self.profile(arch.prefix)))
             try:
@@ -209,8 +249,14 @@ class MusubiHook(Hook):
 
         return mark_wrapper(save_text_encoder_output_cache_common, original)
 
-    def _stamp(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def mem_eff_save_file(tensors: Any, filename: Any, metadata: Any = None, *args: Any, **kw: Any) -> Any:
+    def _stamp(self, original: Callable[..., object]) -> Callable[..., object]:
+        def mem_eff_save_file(
+            tensors: dict[str, torch.Tensor],
+            filename: str,
+            metadata: dict[str, str] | None = None,
+            *args: object,
+            **kw: object,
+        ) -> object:
             stamp = _STAMP.get()
             if stamp is not None:
                 metadata = {**(metadata or {}), **stamp}
@@ -218,11 +264,18 @@ class MusubiHook(Hook):
 
         return mark_wrapper(mem_eff_save_file, original)
 
-    def _batches(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def process_text_encoder_batches(num_workers: Any, skip_existing: bool, batch_size: Any, datasets: Any,
-                                         all_cache_files_for_dataset: Any, *args: Any, **kw: Any) -> Any:
+    def _batches(self, original: Callable[..., object]) -> Callable[..., object]:
+        def process_text_encoder_batches(
+            num_workers: object,
+            skip_existing: bool,
+            batch_size: object,
+            datasets: Sequence[object],
+            all_cache_files_for_dataset: Sequence[Collection[str]],
+            *args: object,
+            **kw: object,
+        ) -> object:
             if skip_existing:  # only files of the current fingerprint count as existing: the rest are encoded again
-                kept = []
+                kept: list[Collection[str]] = []
                 for ds, files in zip(datasets, all_cache_files_for_dataset, strict=True):
                     p = self._by_short(str(getattr(ds, "architecture", "")))
                     if p is None:
@@ -240,8 +293,8 @@ class MusubiHook(Hook):
 
         return mark_wrapper(process_text_encoder_batches, original)
 
-    def _check(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def prepare_for_training(dataset: Any, *args: Any, **kw: Any) -> Any:
+    def _check(self, original: Callable[..., object]) -> Callable[..., object]:
+        def prepare_for_training(dataset: _Dataset, *args: object, **kw: object) -> object:
             result = original(dataset, *args, **kw)
             short = str(getattr(dataset, "architecture", ""))
             p = self._by_short(short)
@@ -262,7 +315,7 @@ class MusubiHook(Hook):
 
         return mark_wrapper(prepare_for_training, original)
 
-    def once(self, key: str, msg: str, *args: Any) -> None:
+    def once(self, key: str, msg: str, *args: object) -> None:
         logged = self.__dict__.setdefault("_logged", set())
         if key not in logged:
             logged.add(key)
@@ -274,7 +327,7 @@ def _full(arch: names.Arch) -> str:
     return {"qwen_image": "qwen_image", "wan": "wan"}[arch.prefix]
 
 
-def _stamp(profile: Any) -> dict[str, str]:
+def _stamp(profile: AlignmentProfile) -> dict[str, str]:
     return {META_PROFILE: profile.name, META_FINGERPRINT: profile.fingerprint()}
 
 
@@ -290,7 +343,7 @@ def _fingerprint(path: str) -> str:
 LIFECYCLE = Lifecycle("musubi-tuner", MusubiHook, console=log_to_console)
 
 
-def install(profile: Any = None, *, parts: Sequence[str] = PARTS, **overrides: Any) -> bool:
+def install(profile: ProfileSource = None, *, parts: Sequence[str] = PARTS, **overrides: object) -> bool:
     """Install the musubi-tuner hooks (all targets of ``parts`` or none; idempotent). False under ``TE_ALIGN=off``."""
     return LIFECYCLE.install(profile, overrides, parts=tuple(parts))
 

@@ -41,7 +41,7 @@ ARCHS: tuple[Arch, ...] = (
     Arch("krea2", "kr2", "Krea 2", None, "networks.lora_krea2"),
     Arch("ideogram4", "i4", "Ideogram 4", None, "networks.lora_ideogram4"),
     Arch("hidream_o1", "ho1", "HiDream-O1", None, "networks.lora_hidream_o1"),
-)  # fmt: skip
+)
 BY_PREFIX = {a.prefix: a for a in ARCHS}
 BY_SHORT = {a.short: a for a in ARCHS}
 #: Short names of the Qwen-Image variants whose cache files share the ``qi`` family (edit, layered).

@@ -21,7 +21,7 @@ import importlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -36,10 +36,15 @@ from te_align.trainers.musubi import SPEC
 
 ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Packages musubi-tuner's modules import at the top that these encode paths never call.
-OPTIONAL = ("cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",
-            "xformers", "einops", "toml", "tqdm", "sentencepiece", "gradio", "matplotlib", "prompt_toolkit",
-            "ascii_magic", "sensecraft", "imageio", "decord", "kornia", "timm", "lycoris", "prodigyopt",
-            "schedulefree", "library", "transformers_stream_generator", "qwen_vl_utils")  # fmt: skip
+OPTIONAL = (
+    "cv2", "av", "voluptuous", "easydict", "torchvision", "bitsandbytes", "sageattention", "flash_attn",
+    "xformers", "einops", "toml", "tqdm", "sentencepiece", "gradio", "matplotlib", "prompt_toolkit",
+    "ascii_magic", "sensecraft", "imageio", "decord", "kornia", "timm", "lycoris", "prodigyopt",
+    "schedulefree", "library", "transformers_stream_generator", "qwen_vl_utils",
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 
 def checkout_root(path: str | os.PathLike[str]) -> Path:
@@ -182,7 +187,7 @@ class Musubi(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.musubi import hooks
 

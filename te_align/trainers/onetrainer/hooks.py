@@ -44,9 +44,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
 from te_align._git import git_head
+from te_align._lazy import lazy_module
 from te_align.hooks.base import (
     ENV_PROFILE,
     ENV_SWITCH,
@@ -60,8 +61,20 @@ from te_align.hooks.base import (
 )
 from te_align.trainers.onetrainer import names
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from te_align.encoding import core as _core
+    from te_align.encoding.core import SlotResult
+    from te_align.hooks.base import ProfileSource
+    from te_align.profiles import AlignmentProfile
+    from te_align.profiles.model import SlotSpec
+
+    #: One value of a hooked mgds ``Encode*Text`` item: a tensor, a layer stack's tensors, or None.
+    CachedItem: TypeAlias = "torch.Tensor | list[torch.Tensor] | None"
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align")
 
@@ -91,7 +104,9 @@ class Encoder:
     layer_skip: str | None  # encode_text parameter: OneTrainer's layer skip
 
 
-def _enc(slot: str, n: str = "", *, mask: str | None = "tokens_mask", pooled: bool = False, output: bool = True) -> Encoder:
+def _enc(
+    slot: str, n: str = "", *, mask: str | None = "tokens_mask", pooled: bool = False, output: bool = True
+) -> Encoder:
     """OneTrainer's names for encoder ``n`` ("" for the single-encoder models, "1".."3" otherwise)."""
     s, u = (f"_{n}", f"_{n}") if n else ("", "")
     return Encoder(slot=slot, tokenizer=f"tokenizer{s}", encoder=f"text_encoder{s}", tokens=f"tokens{u}",
@@ -102,6 +117,8 @@ def _enc(slot: str, n: str = "", *, mask: str | None = "tokens_mask", pooled: bo
 
 
 _HEAD = ("self", "train_device", "batch_size", "rand", "text")
+#: A tensor (or None) per profile slot name: the hidden states or pooled outputs ``encode_text`` returns from.
+PerSlot = dict[str, "torch.Tensor | None"]
 
 
 @dataclass(frozen=True)
@@ -115,9 +132,9 @@ class Family:
     profile_families: frozenset[str]
     encoders: tuple[Encoder, ...]
     #: OneTrainer's return value from (profile outputs, per-slot hidden, per-slot pooled).
-    returns: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], Any]
+    returns: Callable[[dict[str, torch.Tensor], PerSlot, PerSlot], object]
     #: encode_text parameters the profile replaces (logged once when set away from their default).
-    replaced: tuple[tuple[str, Any], ...] = ()
+    replaced: tuple[tuple[str, object], ...] = ()
     #: OneTrainer's caption dropout zeroes the returned attention mask too (PixArt, Sana).
     drop_mask: bool = False
     #: The data loader's encode module hands on the post-processed tokens and mask with the cached hidden
@@ -205,11 +222,13 @@ FAMILIES: dict[str, Family] = {f.key: f for f in (
 )}
 
 MIXIN_MODULE = "modules.dataLoader.mixin.DataLoaderText2ImageMixin"
-CACHE_PARAMS = ("self", "model", "model_setup", "image_split_names", "image_aggregate_names", "text_split_names",
-                "sort_names", "config", "text_caching")  # fmt: skip
+CACHE_PARAMS = (
+    "self", "model", "model_setup", "image_split_names", "image_aggregate_names", "text_split_names",
+    "sort_names", "config", "text_caching",
+)
 
 
-def family_of_model(model: Any) -> Family:
+def family_of_model(model: object) -> Family:
     """The :data:`FAMILIES` row of a OneTrainer model object (by its class or a base class)."""
     names = [c.__name__ for c in type(model).__mro__]
     for n in names:
@@ -221,7 +240,7 @@ def family_of_model(model: Any) -> Family:
     raise HookError(f"te-align: OneTrainer model {type(model).__name__} is not one te-align hooks")
 
 
-def profile_name_for_model_type(model_type: Any) -> str:
+def profile_name_for_model_type(model_type: object) -> str:
     """The bundled profile for a OneTrainer ``ModelType`` (enum or its name), from the one table
     (:mod:`te_align.trainers.onetrainer.names`)."""
     name = str(getattr(model_type, "name", model_type))
@@ -237,8 +256,8 @@ def profile_name_for_model_type(model_type: Any) -> str:
 # ------------------------------------------------------------------------------------ run state
 @dataclass
 class _Run:
-    explicit: Any = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    explicit: ProfileSource = None
+    overrides: dict[str, object] = field(default_factory=dict)
     settings: Settings | None = None
     logged: set[str] = field(default_factory=set)
     stale: int = 0
@@ -251,14 +270,14 @@ class _Run:
             self.explicit = settings.source if settings is not None else None
             self.overrides = dict(settings.overrides) if settings is not None else {}
 
-    def once(self, key: str, msg: str, *args: Any) -> None:
+    def once(self, key: str, msg: str, *args: object) -> None:
         with self.lock:
             if key in self.logged:
                 return
             self.logged.add(key)
         logger.info(msg, *args)
 
-    def profile_for(self, model: Any, fam: Family) -> Any:
+    def profile_for(self, model: object, fam: Family) -> AlignmentProfile:
         """The run's profile for ``model`` (explicit, else by its model type), checked against the family."""
         key = self.explicit if self.explicit is not None else profile_name_for_model_type(getattr(model, "model_type", ""))
         with self.lock:
@@ -276,7 +295,7 @@ RUN = _Run()
 
 
 # ------------------------------------------------------------------------------------ encoding
-def _slots(p: Any, fam: Family, model: Any) -> list[tuple[Encoder, Any]]:
+def _slots(p: AlignmentProfile, fam: Family, model: object) -> list[tuple[Encoder, SlotSpec]]:
     """(OneTrainer encoder, profile slot) for the encoders the model has (SD 2.x's CLIP-H is its one slot)."""
     out = []
     for e in fam.encoders:
@@ -285,23 +304,20 @@ def _slots(p: Any, fam: Family, model: Any) -> list[tuple[Encoder, Any]]:
     return out
 
 
-def _post_mask(slot: Any, encoder: Any, ids: Any, mask: Any) -> Any:
+def _post_mask(slot: SlotSpec, encoder: object, ids: torch.Tensor, mask: torch.Tensor) -> SlotResult:
     """The SlotResult of cached hidden states' tokens: masks after the profile's windowing steps."""
     import torch
 
-    from te_align.encoding.core import _post_process
-
     dummy = torch.zeros((*ids.shape, 1))  # only the masks and ids are used: no encoder needed (it may be unloaded)
-    return _post_process(slot, torch.nn.Module(), dummy, None, ids, mask, [int(x) for x in mask.sum(dim=1)])
+    counts = [int(x) for x in mask.sum(dim=1)]
+    return _core._post_process(slot, torch.nn.Module(), dummy, None, ids, mask, counts)
 
 
-def _check_width(fam: Family, e: Encoder, slot: Any, model: Any, ids: Any) -> None:
+def _check_width(fam: Family, e: Encoder, slot: SlotSpec, model: object, ids: torch.Tensor) -> None:
     """Tokens of a fixed-length slot must have the profile's length (made by the hooked data loader)."""
-    from te_align.encoding.core import tokenize_length
-
     if slot.tokenizer.padding != "max_length":
         return
-    want = tokenize_length(slot, getattr(model, e.tokenizer))
+    want = _core.tokenize_length(slot, getattr(model, e.tokenizer))
     if ids.shape[-1] != want:
         raise HookError(f"te-align: OneTrainer {fam.model_class}.encode_text got {e.tokens} of length {ids.shape[-1]}, "
                         f"but profile slot '{slot.name}' tokenizes to {want}: these tokens were not made by the hooked "
@@ -309,7 +325,9 @@ def _check_width(fam: Family, e: Encoder, slot: Any, model: Any, ids: Any) -> No
                         "loader is built)")
 
 
-def _batch_longest(slot: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
+def _batch_longest(
+    slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``padding = "longest"`` slot's right-padded tokens cut to the batch's longest caption, as tokenizing
     the batch does (the hooked data loader pads each caption to a fixed length so batches can be stacked)."""
     if slot.tokenizer.padding != "longest" or slot.tokenizer.padding_side != "right":
@@ -318,14 +336,13 @@ def _batch_longest(slot: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
     return ids[:, :width], mask[:, :width]
 
 
-def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any]:
+def _encode_text(fam: Family, original: Callable[..., object]) -> Callable[..., object]:
     params = fam.params
 
-    def encode_text(*args: Any, **kwargs: Any) -> Any:
+    def encode_text(*args: object, **kwargs: object) -> object:
         import torch
 
-        from te_align.encoding.core import SlotResult, _combine, encode_slot_tokens, tokenize_slot
-
+        # OneTrainer's arguments by name: the model, its tensors and settings, read as each one is
         a: dict[str, Any] = dict(zip(params, args, strict=False))
         a.update(kwargs)
         model = a["self"]
@@ -336,8 +353,8 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
         text = a.get("text")
         batch = int(a.get("batch_size") or 1)
         results: dict[str, SlotResult] = {}
-        hidden: dict[str, Any] = {}
-        pooled: dict[str, Any] = {}
+        hidden: PerSlot = {}
+        pooled: PerSlot = {}
         for e, slot in _slots(p, fam, model):
             if e.layer_skip and a.get(e.layer_skip):
                 RUN.once(f"{fam.key}:{e.layer_skip}", "te-align: OneTrainer %s=%s has no effect; profile %s decides the layer",
@@ -352,12 +369,10 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                 texts = [text] if isinstance(text, str) else list(text)
                 add = getattr(model, f"add_{e.encoder}_embeddings_to_prompt", None)
                 texts = [add(t) for t in texts] if add is not None else texts
-                ids, mask = tokenize_slot(slot, getattr(model, e.tokenizer), texts)
+                ids, mask = _core.tokenize_slot(slot, getattr(model, e.tokenizer), texts)
                 batch = len(texts)
             if ids is not None and mask is None:
-                from te_align.encoding.core import eos_mask
-
-                mask = eos_mask(ids, slot.tokenizer.eos_token_id)
+                mask = _core.eos_mask(ids, slot.tokenizer.eos_token_id)
             have_hidden = cached is not None or e.output is None
             have_pooled = e.pooled is None or cached_pooled is not None
             if not (have_hidden and have_pooled):
@@ -366,59 +381,84 @@ def _encode_text(fam: Family, original: Callable[..., Any]) -> Callable[..., Any
                                     f"cached output for {e.encoder}")
                 _check_width(fam, e, slot, model, ids)
                 ids, mask = _batch_longest(slot, ids, mask)
-                res = encode_slot_tokens(p, slot, encoder, ids, mask)
+                res = _core.encode_slot_tokens(p, slot, encoder, ids, mask)
                 if cached is not None:
-                    res = SlotResult(cached, res.pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts)
+                    res = _core.SlotResult(
+                        cached, res.pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts
+                    )
             elif fam.cached_post_processed:  # tokens and mask as encoded, padded to a fixed length by the loader
-                from te_align.encoding.core import denoiser_mask
 
                 width = int(mask.sum(dim=1).max())
                 cached, ids, mask = cached[:, :width], ids[:, :width], mask[:, :width]
-                res = SlotResult(cached, None, mask, ids, denoiser_mask(slot, mask, cached.dtype),
-                                 [int(x) for x in mask.sum(dim=1)])
+                res = _core.SlotResult(cached, None, mask, ids, _core.denoiser_mask(slot, mask, cached.dtype),
+                                       [int(x) for x in mask.sum(dim=1)])
             else:
                 post = _post_mask(slot, encoder, ids, mask)
                 dmask = post.denoiser_mask if cached is None else post.denoiser_mask.to(cached.dtype)
-                res = SlotResult(cached, cached_pooled, post.mask, post.ids, dmask, post.token_counts)
+                res = _core.SlotResult(cached, cached_pooled, post.mask, post.ids, dmask, post.token_counts)
             if cached_pooled is not None:
-                res = SlotResult(res.hidden, cached_pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts)
+                res = _core.SlotResult(
+                    res.hidden, cached_pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts
+                )
             apply = getattr(model, "_apply_output_embeddings", None)
             embeddings = getattr(model, f"all_{e.encoder}_embeddings", None)
             if res.hidden is not None and apply is not None and embeddings is not None and embeddings():
-                res = SlotResult(apply(embeddings(), getattr(model, e.tokenizer), res.ids, res.hidden), res.pooled, res.mask,
-                                 res.ids, res.denoiser_mask, res.token_counts)
+                res = _core.SlotResult(apply(embeddings(), getattr(model, e.tokenizer), res.ids, res.hidden),
+                                       res.pooled, res.mask, res.ids, res.denoiser_mask, res.token_counts)
             rate = a.get(e.dropout) if e.dropout else None
             if rate is not None and rate > 0.0 and fam.key == "qwen":
                 raise NotImplementedError("OneTrainer has no caption dropout for Qwen-Image (modules/model/QwenModel.py)")
             if rate is not None and rate > 0.0:
                 ref = res.hidden if res.hidden is not None else res.pooled
                 keep = torch.tensor([a["rand"].random() > rate for _ in range(batch)], device=ref.device).float()
-                res = SlotResult(None if res.hidden is None else res.hidden * keep[:, None, None].to(res.hidden.dtype),
-                                 None if res.pooled is None else res.pooled * keep[:, None].to(res.pooled.dtype),
-                                 res.mask, res.ids, res.denoiser_mask if not fam.drop_mask else res.denoiser_mask *
-                                 keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)
+                res = _core.SlotResult(
+                    None if res.hidden is None else res.hidden * keep[:, None, None].to(res.hidden.dtype),
+                    None if res.pooled is None else res.pooled * keep[:, None].to(res.pooled.dtype),
+                    res.mask, res.ids, res.denoiser_mask if not fam.drop_mask else res.denoiser_mask *
+                    keep[:, None].to(res.denoiser_mask.dtype), res.token_counts)
             results[slot.name] = res
             hidden[e.slot], pooled[e.slot] = res.hidden, res.pooled
-        outs = _combine(p, {s.name: results[s.name] for s in p.slots}, None).tensors
+        outs = _core._combine(p, {s.name: results[s.name] for s in p.slots}, None).tensors
         return fam.returns(outs, hidden, pooled)
 
     return mark_wrapper(encode_text, original)
 
 
 # ------------------------------------------------------------------------------------ data loader
-def loader_tokens(slot: Any, tokenizer: Any, text: str) -> tuple[Any, Any]:
+class _TokenizeModule(Protocol):
+    """What a hooked ``get_item`` reads of an mgds ``Tokenize`` module."""
+
+    in_name: str
+    tokens_out_name: str
+    mask_out_name: str
+    tokenizer: PreTrainedTokenizerBase
+
+    def _get_previous_item(self, variation: int, name: str, index: int) -> str: ...
+
+
+class _EncodeModule(Protocol):
+    """What a hooked ``get_item`` reads of an mgds ``Encode*Text`` module."""
+
+    hidden_state_out_name: str
+    text_encoder: torch.nn.Module
+
+    def _get_previous_item(self, variation: int, name: str, index: int) -> torch.Tensor: ...
+
+
+def loader_tokens(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, text: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One caption's (ids, mask) as the hooked data loader makes them: the profile's tokenization, padded to a
     fixed length for ``padding = "longest"`` slots so that a batch can be stacked (cut back in encode_text)."""
-    from te_align.encoding.core import pad_id_of, pad_tokens, tokenize_length, tokenize_slot
-
-    ids, mask = tokenize_slot(slot, tokenizer, [text])
+    ids, mask = _core.tokenize_slot(slot, tokenizer, [text])
     if slot.tokenizer.padding == "longest":
-        ids, mask = pad_tokens(slot, ids, mask, tokenize_length(slot, tokenizer), pad_id_of(slot, tokenizer))
+        length, pad_id = _core.tokenize_length(slot, tokenizer), _core.pad_id_of(slot, tokenizer)
+        ids, mask = _core.pad_tokens(slot, ids, mask, length, pad_id)
     return ids, mask
 
 
-def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, variation: int, index: int,
-                   requested_name: str | None = None) -> dict[str, Any]:
+def _tokenize_item(module: _TokenizeModule, slot: SlotSpec, add: Callable[[str], str] | None, variation: int,
+                   index: int, requested_name: str | None = None) -> dict[str, torch.Tensor]:
     """A hooked mgds ``Tokenize.get_item``: the caption tokenized by the profile slot."""
     text = module._get_previous_item(variation, module.in_name, index)
     lock = getattr(module, "tokenizer_lock", None) or threading.Lock()
@@ -430,27 +470,24 @@ def _tokenize_item(module: Any, slot: Any, add: Callable[[str], str] | None, var
     return {module.tokens_out_name: ids[0], module.mask_out_name: mask[0]}
 
 
-def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_name: str | None, variation: int,
-                 index: int, requested_name: str | None = None) -> dict[str, Any]:
+def _encode_item(module: _EncodeModule, profile: AlignmentProfile, slot: SlotSpec, tokens_name: str,
+                 mask_name: str | None, variation: int, index: int,
+                 requested_name: str | None = None) -> dict[str, CachedItem]:
     """A hooked mgds ``Encode*Text.get_item``: the tokens encoded by the profile slot (cached as OneTrainer caches)."""
     import torch
-
-    from te_align.encoding.core import encode_slot_tokens
 
     ids = module._get_previous_item(variation, tokens_name, index)[None]
     if mask_name is not None:
         mask = module._get_previous_item(variation, mask_name, index)[None]
     else:
-        from te_align.encoding.core import eos_mask
-
-        mask = eos_mask(ids, slot.tokenizer.eos_token_id)
+        mask = _core.eos_mask(ids, slot.tokenizer.eos_token_id)
     if slot.tokenizer.padding == "longest" and slot.tokenizer.padding_side == "right":  # as tokenized alone
         width = int(mask.sum(dim=1).max())
         ids, mask = ids[:, :width], mask[:, :width]
     with torch.no_grad():
-        res = encode_slot_tokens(profile, slot, module.text_encoder, ids, mask)
+        res = _core.encode_slot_tokens(profile, slot, module.text_encoder, ids, mask)
     if slot.encoder.layer == "all":  # a layer stack (HiDream's Llama): mgds caches one (L, D) tensor per layer
-        out: dict[str, Any] = {module.hidden_state_out_name: list(res.hidden[:, 0].unbind(0))}
+        out: dict[str, CachedItem] = {module.hidden_state_out_name: list(res.hidden[:, 0].unbind(0))}
     else:
         out = {module.hidden_state_out_name: res.hidden[0]}
     mask_out = getattr(module, "tokens_attention_mask_out_name", None)
@@ -463,12 +500,15 @@ def _encode_item(module: Any, profile: Any, slot: Any, tokens_name: str, mask_na
     return out
 
 
-def _preparation_modules(fam: Family, original: Callable[..., Any]) -> Callable[..., Any]:
-    def _preparation_modules(loader: Any, config: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+def _preparation_modules(fam: Family, original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    # ``list[Any]``: mgds modules of many classes, told apart by the attributes they have, then hooked
+    def _preparation_modules(
+        loader: object, config: object, model: object, *args: object, **kwargs: object
+    ) -> list[Any]:
         modules = original(loader, config, model, *args, **kwargs)
         p = RUN.profile_for(model, fam)
-        by_tok: dict[int, tuple[Encoder, Any]] = {}
-        by_enc: dict[int, tuple[Encoder, Any]] = {}
+        by_tok: dict[int, tuple[Encoder, SlotSpec]] = {}
+        by_enc: dict[int, tuple[Encoder, SlotSpec]] = {}
         for e, slot in _slots(p, fam, model):
             tok, enc = getattr(model, e.tokenizer, None), getattr(model, e.encoder, None)
             if tok is not None:
@@ -511,13 +551,15 @@ def count_stale(text_dir: Path, keep: str) -> int:
     return n
 
 
-def cache_folder(profile: Any) -> str:
+def cache_folder(profile: AlignmentProfile) -> str:
     """The hooked text cache's folder name under ``<cache_dir>/text`` for a profile."""
     return CACHE_PREFIX + profile.fingerprint()[:16]
 
 
-def _cache_modules(original: Callable[..., Any]) -> Callable[..., Any]:
-    def _cache_modules_from_names(loader: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+def _cache_modules(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    def _cache_modules_from_names(
+        loader: object, model: object, *args: object, **kwargs: object
+    ) -> list[Any]:
         modules = original(loader, model, *args, **kwargs)
         try:
             fam = family_of_model(model)
@@ -608,7 +650,12 @@ class OneTrainerHook(Hook):
 LIFECYCLE = Lifecycle("OneTrainer", OneTrainerHook, console=_log_to_console)
 
 
-def install(profile: Any = None, *, parts: Sequence[str] = ("models", "loader", "cache"), **overrides: Any) -> bool:
+def install(
+    profile: ProfileSource = None,
+    *,
+    parts: Sequence[str] = ("models", "loader", "cache"),
+    **overrides: object,
+) -> bool:
     """Install the OneTrainer hooks (all targets or none; idempotent). Returns False under ``TE_ALIGN=off``.
 
     ``profile``: a profile name or object for every model (default ``TE_ALIGN_PROFILE``, else by model type);

@@ -19,10 +19,10 @@ MODEL_TYPES: tuple[tuple[str, str, bool], ...] = (
 
 #: ``ModelType`` values te-align has no profile for, by the model's name.
 NO_PROFILE: dict[str, str] = {
-    "Z_IMAGE": "Z-Image", "FLUX_2": "FLUX.2", "KREA_2": "Krea 2", "ERNIE": "ERNIE-Image", "IDEOGRAM_4": "Ideogram 4",
-    "HUNYUAN_VIDEO": "HunyuanVideo", "WUERSTCHEN_2": "Würstchen v2", "STABLE_CASCADE_1": "Stable Cascade",
-    "PIXART_ALPHA": "PixArt-α",
-}  # fmt: skip
+    "Z_IMAGE": "Z-Image", "FLUX_2": "FLUX.2", "KREA_2": "Krea 2", "ERNIE": "ERNIE-Image",
+    "IDEOGRAM_4": "Ideogram 4", "HUNYUAN_VIDEO": "HunyuanVideo", "WUERSTCHEN_2": "Würstchen v2",
+    "STABLE_CASCADE_1": "Stable Cascade", "PIXART_ALPHA": "PixArt-α",
+}
 
 #: The model type a config without ``model_type`` trains (TrainConfig's default).
 DEFAULT = "STABLE_DIFFUSION_15"

@@ -21,7 +21,7 @@ import importlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -34,6 +34,9 @@ from te_align.trainers.api import find_checkout
 from te_align.trainers.onetrainer import SPEC
 from te_align.trainers.onetrainer.hooks import FAMILIES, RUN, _slots, loader_tokens
 
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
+
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path; load what only one command needs when it runs.
 
@@ -43,7 +46,7 @@ ENV_DIR = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 OPTIONAL = ("gguf", "parse", "torchvision", "cv2", "bitsandbytes", "torchao", "optimum", "imagesize", "av",
             "scenedetect", "yt_dlp", "pooch", "omegaconf", "imwatermark", "open_clip", "dadaptation",
             "lion_pytorch", "prodigyopt", "schedulefree", "pytorch_optimizer", "prodigyplus", "adv_optm",
-            "tensorboard", "customtkinter", "matplotlib", "scipy", "deepdiff", "psutil", "nvidia")  # fmt: skip
+            "tensorboard", "customtkinter", "matplotlib", "scipy", "deepdiff", "psutil", "nvidia")
 
 
 def mgds_dirs() -> list[Path]:
@@ -73,14 +76,15 @@ class OneTrainer(Adapter):
     name = "onetrainer"
     #: profile -> (model class, ModelType member, OneTrainer encoder count).
     MODELS: ClassVar[dict[str, tuple[str, str, int]]] = {
-        "sd15": ("StableDiffusionModel", "STABLE_DIFFUSION_15", 1), "sd21": ("StableDiffusionModel", "STABLE_DIFFUSION_21", 1),
+        "sd15": ("StableDiffusionModel", "STABLE_DIFFUSION_15", 1),
+        "sd21": ("StableDiffusionModel", "STABLE_DIFFUSION_21", 1),
         "sdxl": ("StableDiffusionXLModel", "STABLE_DIFFUSION_XL_10_BASE", 2),
         "sd3-medium": ("StableDiffusion3Model", "STABLE_DIFFUSION_3", 3),
         "sd35-large": ("StableDiffusion3Model", "STABLE_DIFFUSION_35", 3),
         "flux-dev": ("FluxModel", "FLUX_DEV_1", 2), "chroma": ("ChromaModel", "CHROMA_1", 1),
         "pixart-sigma": ("PixArtAlphaModel", "PIXART_SIGMA", 1), "sana": ("SanaModel", "SANA", 1),
         "hidream": ("HiDreamModel", "HI_DREAM_FULL", 4), "qwen-image": ("QwenModel", "QWEN", 1),
-    }  # fmt: skip
+    }
 
     def __init__(self, path: str | None) -> None:
         path = path or os.environ.get(ENV_DIR)
@@ -189,7 +193,7 @@ class OneTrainer(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         try:
             from te_align.trainers.onetrainer import hooks as hooks
 

@@ -66,8 +66,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from te_align._lazy import lazy_module
 from te_align.encoding import encode as _encode
 from te_align.hooks.base import (
     ENV_PROFILE,
@@ -82,8 +84,15 @@ from te_align.hooks.base import (
 )
 from te_align.trainers.simpletuner.audit import guess_profile
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from te_align.encoding import core as _core
+    from te_align.hooks.base import ProfileSource
+    from te_align.profiles import AlignmentProfile
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align")
 
@@ -93,6 +102,21 @@ ENV_BOOT = "TE_ALIGN_SIMPLETUNER"
 _M = "simpletuner.helpers.models"
 _CACHE = "simpletuner.helpers.caching.text_embeds"
 ENCODE_PARAMS = ("self", "prompts", "is_negative_prompt")
+
+
+class _Model(Protocol):
+    """What the hooks read directly of a SimpleTuner model (``ModelFoundation``); the rest by ``getattr``."""
+
+    tokenizers: list[PreTrainedTokenizerBase | None] | None
+    text_encoders: list[torch.nn.Module | None] | None
+
+    def load_text_encoder(self) -> None: ...
+
+
+class _Cache(Protocol):
+    """What the hooks read directly of SimpleTuner's ``TextEmbeddingCache``: its data backend's id."""
+
+    id: str
 
 
 @dataclass(frozen=True)
@@ -117,7 +141,7 @@ class Family:
     #: the original loads the text encoders when none are loaded and moves the first to the accelerator's device
     loads_encoders: bool = False
 
-    def passes(self, model: Any) -> bool:
+    def passes(self, model: object) -> bool:
         check = getattr(model, self.passthrough, None) if self.passthrough else None
         return bool(check()) if callable(check) else False
 
@@ -183,7 +207,7 @@ def detect_version() -> str:
 # ------------------------------------------------------------------------------ state
 @dataclass
 class _State:
-    profiles: dict[int, Any] = field(default_factory=dict)
+    profiles: dict[int, AlignmentProfile] = field(default_factory=dict)
     stale: dict[str, set[str]] = field(default_factory=dict)
     logged: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -192,7 +216,7 @@ class _State:
 _BYPASS: contextvars.ContextVar[bool] = contextvars.ContextVar("te_align_simpletuner_bypass", default=False)
 
 
-def _profile_name_for(config: Any) -> str:
+def _profile_name_for(config: object) -> str:
     """The bundled profile for a SimpleTuner model config (as ``te-align check`` reads the config)."""
     values = {k: getattr(config, k, None) for k in ("model_family", "model_flavour", "pretrained_model_name_or_path")}
     name, why = guess_profile(values)
@@ -201,10 +225,10 @@ def _profile_name_for(config: Any) -> str:
     return name
 
 
-def _components(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _components(model: _Model) -> tuple[dict[str, PreTrainedTokenizerBase], dict[str, torch.nn.Module]]:
     """SimpleTuner's ``tokenizers`` / ``text_encoders`` lists (TEXT_ENCODER_CONFIGURATION order) by diffusers name."""
-    toks: dict[str, Any] = {}
-    encs: dict[str, Any] = {}
+    toks: dict[str, PreTrainedTokenizerBase] = {}
+    encs: dict[str, torch.nn.Module] = {}
     for i, (tok, enc) in enumerate(zip(model.tokenizers or [], model.text_encoders or [], strict=False)):
         suffix = "" if i == 0 else f"_{i + 1}"
         if tok is not None:
@@ -222,7 +246,7 @@ class SimpleTunerHook(Hook):
     name: ClassVar[str] = "SimpleTuner"
     supported: ClassVar[dict[str, str]] = SUPPORTED
 
-    profile: Any = None
+    profile: ProfileSource = None
     families: tuple[str, ...] = tuple(FAMILIES)
     cache: bool = True
     state: _State = field(default_factory=_State)
@@ -251,7 +275,7 @@ class SimpleTunerHook(Hook):
         with self.state.lock:
             self.state.profiles.clear()
 
-    def _given(self) -> Any:
+    def _given(self) -> AlignmentProfile | None:
         """The profile the user chose for every model (this hook's ``profile``, else ``TE_ALIGN_PROFILE`` / the
         install argument), with the user's overrides; None: each model's own."""
         user = self.user
@@ -259,7 +283,7 @@ class SimpleTunerHook(Hook):
             return Settings(self.profile, user.layers).profile()
         return user.profile() if user.source is not None else None
 
-    def profile_for(self, model: Any, family: str) -> Any:
+    def profile_for(self, model: object, family: str) -> AlignmentProfile:
         key = id(model)
         prof = self.state.profiles.get(key)
         if prof is not None:
@@ -277,7 +301,7 @@ class SimpleTunerHook(Hook):
                    fam.cls, prof.name, prof.fingerprint()[:16])
         return prof
 
-    def _once(self, key: str, msg: str, *args: Any) -> None:
+    def _once(self, key: str, msg: str, *args: object) -> None:
         with self.state.lock:
             if key in self.state.logged:
                 return
@@ -285,11 +309,17 @@ class SimpleTunerHook(Hook):
         logger.info(msg, *args)
 
     # -- wrappers ------------------------------------------------------------------------------
-    def _wrap_encode(self, family: str) -> Callable[[Any], Any]:
+    def _wrap_encode(self, family: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
         fam = FAMILIES[family]
 
-        def wrap(original: Any) -> Any:
-            def _encode_prompts(model: Any, prompts: Any, is_negative_prompt: bool = False, *args: Any, **kw: Any) -> Any:
+        def wrap(original: Callable[..., object]) -> Callable[..., object]:
+            def _encode_prompts(
+                model: _Model,
+                prompts: str | Sequence[str],
+                is_negative_prompt: bool = False,
+                *args: object,
+                **kw: object,
+            ) -> object:
                 if _BYPASS.get():
                     return original(model, prompts, is_negative_prompt, *args, **kw)
                 if fam.passes(model):
@@ -308,7 +338,7 @@ class SimpleTunerHook(Hook):
 
         return wrap
 
-    def _suffix(self, cache: Any) -> str:
+    def _suffix(self, cache: object) -> str:
         model = getattr(cache, "model", None)
         prof = None
         if model is not None:
@@ -321,14 +351,16 @@ class SimpleTunerHook(Hook):
             prof = self._given()
         return "" if prof is None else f"-ta{prof.fingerprint()[:16]}"
 
-    def _wrap_hash(self, original: Any) -> Any:
-        def create_hash(cache: Any, key_value: Any, prompt: Any = None, *args: Any, **kw: Any) -> Any:
+    def _wrap_hash(self, original: Callable[..., str]) -> Callable[..., str]:
+        def create_hash(
+            cache: object, key_value: object, prompt: object = None, *args: object, **kw: object
+        ) -> str:
             return original(cache, key_value, prompt, *args, **kw) + self._suffix(cache)
 
         return mark_wrapper(create_hash, original)
 
-    def _wrap_path(self, original: Any) -> Any:
-        def hash_prompt_with_path(cache: Any, prompt_record: Any, *args: Any, **kw: Any) -> Any:
+    def _wrap_path(self, original: Callable[..., str]) -> Callable[..., str]:
+        def hash_prompt_with_path(cache: _Cache, prompt_record: object, *args: object, **kw: object) -> str:
             path = original(cache, prompt_record, *args, **kw)
             suffix = self._suffix(cache)
             if suffix and path.endswith(suffix + ".pt"):
@@ -340,8 +372,10 @@ class SimpleTunerHook(Hook):
 
         return mark_wrapper(hash_prompt_with_path, original)
 
-    def _wrap_compute(self, original: Any) -> Any:
-        def compute_embeddings_for_prompts(cache: Any, all_prompts: Any, *args: Any, **kw: Any) -> Any:
+    def _wrap_compute(self, original: Callable[..., object]) -> Callable[..., object]:
+        def compute_embeddings_for_prompts(
+            cache: object, all_prompts: object, *args: object, **kw: object
+        ) -> object:
             result = original(cache, all_prompts, *args, **kw)
             where = str(getattr(cache, "cache_dir", ""))
             with self.state.lock:
@@ -359,7 +393,7 @@ class SimpleTunerHook(Hook):
             return sum(len(v) for v in self.state.stale.values())
 
 
-def _existing(cache: Any) -> set[str]:
+def _existing(cache: _Cache) -> set[str]:
     """The cache files SimpleTuner knows exist for this backend (its own ``StateTracker`` list)."""
     tracker = getattr(sys.modules.get(type(cache).__module__), "StateTracker", None)
     if tracker is None:
@@ -371,7 +405,13 @@ def _existing(cache: Any) -> set[str]:
     return set(files)
 
 
-def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: bool = False) -> Any:
+def encode_as(
+    profile: AlignmentProfile,
+    fam: Family,
+    model: _Model,
+    prompts: str | Sequence[str],
+    negative: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """:func:`te_align.encode` with SimpleTuner's model components, in the original's return layout
     (``negative``: SimpleTuner's validation negative prompt, encoded with the profile's negative template)."""
     batch = [prompts] if isinstance(prompts, str) else [str(p) for p in prompts]
@@ -385,7 +425,7 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
     toks, encs = _components(model)
     out = _encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
     dtype = getattr(getattr(model, "config", None), fam.cast, None) if fam.cast else None
-    values = []
+    values: list[torch.Tensor] = []
     for name in fam.returns:
         if name.endswith("?"):
             value = out[name[:-1]]
@@ -393,10 +433,8 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
             value = _encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
                                     negative=True)[name.split("@", 1)[0]]
         elif name == "t5_mask":
-            from te_align.encoding.core import tokenize_slot
-
             slot = profile.slot("t5")
-            value = tokenize_slot(slot, toks[slot.tokenizer_subfolder], batch, negative=negative)[1]
+            value = _core.tokenize_slot(slot, toks[slot.tokenizer_subfolder], batch, negative=negative)[1]
         elif name.endswith("@batch"):
             import torch
 
@@ -414,7 +452,13 @@ def encode_as(profile: Any, fam: Family, model: Any, prompts: Any, negative: boo
 LIFECYCLE = Lifecycle("SimpleTuner", SimpleTunerHook)
 
 
-def install(profile: Any = None, *, families: Sequence[str] | None = None, cache: bool = True, **overrides: Any) -> bool:
+def install(
+    profile: ProfileSource = None,
+    *,
+    families: Sequence[str] | None = None,
+    cache: bool = True,
+    **overrides: object,
+) -> bool:
     """Install the hooks (all targets or none). False when ``TE_ALIGN=off``.
 
     ``profile``: for every model (default ``TE_ALIGN_PROFILE``, else each model's own from its config);
@@ -454,7 +498,9 @@ def boot_env(environ: dict[str, str] | None = None, profile: str | None = None) 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Installs the hooks right after SimpleTuner's text-embed cache module is imported (each process)."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _CACHE:
             return None
         sys.meta_path.remove(self)
@@ -465,7 +511,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         loader = spec.loader
         original_exec = loader.exec_module  # type: ignore[union-attr]
 
-        def exec_module(module: Any) -> None:
+        def exec_module(module: ModuleType) -> None:
             original_exec(module)
             _boot_install()
 

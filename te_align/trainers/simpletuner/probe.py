@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
@@ -29,6 +29,9 @@ from te_align.probe.matrix import Found
 from te_align.trainers.api import checkout
 from te_align.trainers.simpletuner import SPEC
 from te_align.trainers.simpletuner.hooks import FAMILIES, SimpleTunerHook
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles import AlignmentProfile
 
 ENV = str(SPEC.env_dir)  # the trainer's one environment variable (its spec)
 #: Import-only packages SimpleTuner's model modules need besides torch/transformers/diffusers/accelerate/peft.
@@ -318,7 +321,7 @@ class SimpleTunerProbe(Adapter):
         return Case(prof, toks, encs, run, notes)
 
     @contextlib.contextmanager
-    def hooked(self, profile: Any) -> Iterator[list[str]]:
+    def hooked(self, profile: AlignmentProfile) -> Iterator[list[str]]:
         family = next((f for p, (f, _) in PROBED.items() if p == profile.name), None)
         if family is None:
             raise HooksUnavailable(f"no SimpleTuner hook for profile {profile.name}")

@@ -41,7 +41,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from te_align._git import git_head
 from te_align.hooks.base import Hook, Lifecycle, Settings, Target
@@ -57,6 +57,9 @@ from te_align.trainers.kohya.hooks.run import (
     profile_for,
     with_clip_skip,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.hooks.base import ProfileSource
 
 logger = logging.getLogger("te_align")
 
@@ -89,7 +92,7 @@ LIFECYCLE = Lifecycle("kohya", KohyaHook, check=check_overrides, runs="sd-script
 
 
 # ------------------------------------------------------------------------------------ public API
-def install(profile: Any = None, **overrides: Any) -> bool:
+def install(profile: ProfileSource = None, **overrides: object) -> bool:
     """Install the kohya hooks (idempotent; all targets or none). Returns False under ``TE_ALIGN=off``.
 
     ``profile``: a profile name or object used for every architecture (default: ``TE_ALIGN_PROFILE``,
@@ -120,4 +123,4 @@ __all__ = [
     "ARCHS", "ENV_OVERRIDES", "ENV_PROFILE", "ENV_STATE", "NPZ_KEY", "RUN", "Arch", "KohyaHook",
     "all_targets", "cache_fingerprint", "check", "default_profile_name", "install", "is_installed", "profile_for",
     "uninstall", "with_clip_skip",
-]  # fmt: skip
+]

@@ -29,23 +29,33 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from te_align._lazy import lazy_module
 from te_align.hooks.base import HookError, Target, mark_wrapper
 from te_align.trainers.kohya import names as table
 from te_align.trainers.kohya.hooks import caches, sample, slots, weights
 from te_align.trainers.kohya.hooks.run import ENV_OVERRIDES, RUN, with_clip_skip
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from te_align.encoding import core as _core
     from te_align.profiles import AlignmentProfile
+    from te_align.profiles.model import SlotSpec
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
-
+#: sd-scripts' text encoders as ``encode_tokens`` gets them (None where a run has no such encoder).
+Models = Sequence["torch.nn.Module | None"]
+#: sd-scripts' token layout: what ``tokenize`` returns and ``encode_tokens`` gets (None: an absent part).
+Tokens = Sequence["torch.Tensor | None"]
+#: ``encode_tokens``' outputs in sd-scripts' layout (None: an output the batch does not have).
+Outputs = list["torch.Tensor | None"]
 #: ``tokenize(arch, profile, strategy, texts, negative)`` -> sd-scripts' token layout
-Tokenize = Callable[["Arch", "AlignmentProfile", Any, list[str], bool], Any]
+Tokenize = Callable[["Arch", "AlignmentProfile", object, list[str], bool], Tokens]
 #: ``encode(arch, profile, encoding strategy, tokenize strategy, models, tokens, **extra parameters)`` -> outputs
-Encode = Callable[..., Any]
+Encode = Callable[..., Outputs]
 
 
 @dataclass(frozen=True)
@@ -93,9 +103,9 @@ class Arch:
     #: the LoRA network module whose ``LoRANetwork.save_weights`` gets the stamp.
     network: str | None = None
     #: facts read from the models an encode or cache call gets (Flux: Chroma's dummy CLIP-L).
-    observe: Callable[[Sequence[Any]], None] | None = None
+    observe: Callable[[Models], None] | None = None
     #: architecture-specific notes on sd-scripts settings the profile replaces (logged once).
-    notes: Callable[[Any, AlignmentProfile], None] | None = None
+    notes: Callable[[object, AlignmentProfile], None] | None = None
     #: further targets of this architecture (sample pipelines, sd-scripts' own checkpoint analysis).
     extra: Callable[[Arch], tuple[Target, ...]] = field(default=lambda arch: ())
 
@@ -127,21 +137,22 @@ class Arch:
 
 
 # ------------------------------------------------------------------------------ the replacements
-def tokenize_wrapper(arch: Arch, original: Any) -> Any:
+def tokenize_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """``tokenize(self, text[, is_negative])``: the profile's tokens in sd-scripts' layout."""
 
-    def tokenize(self: Any, text: Any, is_negative: bool = False) -> Any:
+    def tokenize(self: object, text: str | Sequence[str], is_negative: bool = False) -> Tokens:
         return slots.tokenize(arch, self, text, negative=is_negative)
 
     return mark_wrapper(tokenize, original)
 
 
-def encode_wrapper(arch: Arch, original: Any) -> Any:
+def encode_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """``encode_tokens(self, tokenize_strategy, models, tokens, ...)``: the profile's encoding in sd-scripts' layout;
     the architecture's further parameters (:attr:`Arch.encode_params`) are passed on by name."""
     extra = arch.encode_params[4:]
 
-    def encode_tokens(self: Any, tokenize_strategy: Any, models: Any, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+    def encode_tokens(self: object, tokenize_strategy: object, models: Models, tokens: Tokens, *args: object,
+                      **kwargs: object) -> Outputs:
         kwargs.update(zip(extra, args, strict=False))
         return slots.encode(arch, self, tokenize_strategy, models, tokens, **kwargs)
 
@@ -153,27 +164,31 @@ def _stamp_target(network: str) -> Target:
 
 
 # ------------------------------------------------------------------------------ SD 1.x / 2.x, SDXL
-def _tokenize_sd(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_sd(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``[ids]`` with sd-scripts' chunk axis: (B, 1, L)."""
     parts = slots.tokenize_slots(arch, p, strategy, texts, negative)
     return [parts[0][0].unsqueeze(1)]
 
 
-def _encode_sd(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
-               **_: Any) -> Any:
+def _encode_sd(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+               tokens: Tokens, **_: object) -> Outputs:
     """``[hidden]``; sd-scripts' ``--clip_skip`` taken as a profile override (:func:`~.run.with_clip_skip`)."""
     p = with_clip_skip(p, getattr(self, "clip_skip", None))
     return [slots.slot_encode(p, p.slots[0].name, models[0], slots.one_chunk(tokens[0], arch.name), None).hidden]
 
 
-def _tokenize_sdxl(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_sdxl(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``(clip_l ids, clip_g ids)``, each (B, 1, L)."""
     parts = slots.tokenize_slots(arch, p, strategy, texts, negative)
     return (parts[0][0].unsqueeze(1), parts[1][0].unsqueeze(1))
 
 
-def _encode_sdxl(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any],
-                 tokens: Sequence[Any], **_: Any) -> Any:
+def _encode_sdxl(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+                 tokens: Tokens, **_: object) -> Outputs:
     """``[clip_l hidden, clip_g hidden, clip_g pooled]``."""
     r1 = slots.slot_encode(p, "clip_l", models[0], slots.one_chunk(tokens[0], arch.name), None)
     r2 = slots.slot_encode(p, "clip_g", models[1], slots.one_chunk(tokens[1], arch.name), None)
@@ -201,31 +216,35 @@ def _sample_targets_sdxl(arch: Arch) -> tuple[Target, ...]:
 
 
 # ------------------------------------------------------------------------------------------ SD3
-def _tokenize_sd3(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_sd3(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``[l ids, g ids, t5 ids, l mask, g mask, t5 mask]``."""
     parts = slots.tokenize_slots(arch, p, strategy, texts, negative)
     return [parts[0][0], parts[1][0], parts[2][0], parts[0][1], parts[1][1], parts[2][1]]
 
 
 # ------------------------------------------------------------------------------------- FLUX.1, Chroma
-def _is_chroma(models: Sequence[Any]) -> bool:
+def _is_chroma(models: Models) -> bool:
     return bool(models) and models[0] is not None and type(models[0]).__name__ == "DummyCLIPL"
 
 
-def _observe_flux(models: Sequence[Any]) -> None:
+def _observe_flux(models: Models) -> None:
     """Chroma: sd-scripts passes its zero ``DummyCLIPL`` in CLIP-L's place (recorded for the profile choice)."""
     if _is_chroma(models):
         RUN.record(flux_variant="chroma")
 
 
-def _tokenize_flux(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_flux(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``[clip_l ids, t5 ids, t5 mask]``."""
     parts = slots.tokenize_slots(arch, p, strategy, texts, negative)
     return [parts[0][0], parts[1][0], parts[1][1]]
 
 
-def _encode_flux(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any],
-                 tokens: Sequence[Any], **_: Any) -> Any:
+def _encode_flux(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+                 tokens: Tokens, **_: object) -> Outputs:
     """``[clip_l pooled, t5 hidden, txt_ids (zeros), t5 mask]`` (Chroma: the dummy CLIP-L's pooled output)."""
     import torch
 
@@ -254,8 +273,8 @@ def _flux_probes(arch: Arch) -> tuple[Target, ...]:
     )
 
 
-def _analyze_checkpoint_wrapper(original: Any) -> Any:
-    def analyze_checkpoint_state(ckpt_path: str, *a: Any, **k: Any) -> Any:
+def _analyze_checkpoint_wrapper(original: Callable[..., Sequence[object]]) -> Callable[..., Sequence[object]]:
+    def analyze_checkpoint_state(ckpt_path: str, *a: object, **k: object) -> Sequence[object]:
         result = original(ckpt_path, *a, **k)
         if RUN.state().get("flux_variant") != "chroma":
             RUN.record(flux_variant="schnell" if result[1] else "dev")
@@ -264,8 +283,8 @@ def _analyze_checkpoint_wrapper(original: Any) -> Any:
     return mark_wrapper(analyze_checkpoint_state, original)
 
 
-def _dummy_clip_l_wrapper(original: Any) -> Any:
-    def dummy_init(self: Any, *a: Any, **k: Any) -> None:
+def _dummy_clip_l_wrapper(original: Callable[..., None]) -> Callable[..., None]:
+    def dummy_init(self: object, *a: object, **k: object) -> None:
         RUN.record(flux_variant="chroma")
         original(self, *a, **k)
 
@@ -273,7 +292,9 @@ def _dummy_clip_l_wrapper(original: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------- Lumina 2
-def _tokenize_single(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_single(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``(ids, mask)`` of a one-tokenizer architecture, the mask as int64."""
     import torch
 
@@ -281,15 +302,15 @@ def _tokenize_single(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list
     return (ids, mask.to(torch.long))
 
 
-def _encode_lumina(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any],
-                   tokens: Sequence[Any], **_: Any) -> Any:
+def _encode_lumina(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+                   tokens: Tokens, **_: object) -> Outputs:
     """``[hidden, ids, mask]``."""
     ids, mask = tokens
     r = slots.slot_encode(p, p.slots[0].name, models[0], ids, mask)
     return [r.hidden, ids, mask]
 
 
-def _notes_lumina(strategy: Any, p: AlignmentProfile) -> None:
+def _notes_lumina(strategy: object, p: AlignmentProfile) -> None:
     sp = getattr(strategy, "system_prompt", None)
     if sp is not None:
         tmpl = p.slots[0].tokenizer
@@ -297,7 +318,7 @@ def _notes_lumina(strategy: Any, p: AlignmentProfile) -> None:
                  p.name, sp, getattr(tmpl, "template", None))
 
 
-def _notes_anima(strategy: Any, p: AlignmentProfile) -> None:
+def _notes_anima(strategy: object, p: AlignmentProfile) -> None:
     for attr, flag, slot in (("qwen3_max_length", "--qwen3_max_token_length", "qwen"), ("t5_max_length", "--t5_max_token_length", "t5")):
         have, want = getattr(strategy, attr, None), p.slot(slot).tokenizer.max_length if slot in p.slot_names else None
         if have is not None and want is not None and have != want:
@@ -306,8 +327,8 @@ def _notes_anima(strategy: Any, p: AlignmentProfile) -> None:
 
 
 # ------------------------------------------- the architectures with steps of their own: SD3, Anima, HunyuanImage
-def _encode_sd3(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
-                enable_dropout: bool = True, **_: Any) -> Any:
+def _encode_sd3(arch: Arch, p: AlignmentProfile, self: object, tokenize_strategy: object, models: Models,
+                tokens: Tokens, enable_dropout: bool = True, **_: object) -> Outputs:
     """``[lg_out, t5_out, lg_pooled, l_mask, g_mask, t5_mask]`` as Sd3TextEncodingStrategy.encode_tokens returns them,
     with sd-scripts' per-encoder caption dropout (``--clip_l_dropout_rate`` etc., zeroed rows)."""
     import torch
@@ -339,7 +360,9 @@ def _encode_sd3(arch: Arch, p: AlignmentProfile, self: Any, tokenize_strategy: A
 
 
 # ------------------------------------------------------------------------------------------ Anima
-def _batch_longest(slot: Any, ids: Any, mask: Any, pad_id: int) -> tuple[Any, Any]:
+def _batch_longest(
+    slot: SlotSpec, ids: torch.Tensor, mask: torch.Tensor, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fixed-length tokens cut back to what :func:`~te_align.encoding.core.tokenize_slot` gives the same
     batch under ``padding = "longest"``: the longest caption's width (at least ``min_length``, the added
     positions holding ``min_length_pad_id``), every other masked position the pad id (captions tokenized
@@ -364,20 +387,20 @@ def _batch_longest(slot: Any, ids: Any, mask: Any, pad_id: int) -> tuple[Any, An
     return ids, mask
 
 
-def _tokenize_anima(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_anima(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``[qwen ids, qwen mask, t5 ids, t5 mask]`` as sd-scripts' AnimaTokenizeStrategy.tokenize returns them
     (strategy_anima.py:53-69), by the profile, each padded to the slot's ``max_length`` for collation."""
-    from te_align.encoding.core import pad_id_of, pad_tokens, tokenize_slot
-
-    out: list[Any] = []
+    out: list[torch.Tensor] = []
     for slot, tok in slots.slot_tokenizers(arch, strategy, p):
-        ids, mask = tokenize_slot(slot, tok, texts, negative=negative)
-        out.extend(pad_tokens(slot, ids, mask, slot.tokenizer.max_length, pad_id_of(slot, tok)))
+        ids, mask = _core.tokenize_slot(slot, tok, texts, negative=negative)
+        out.extend(_core.pad_tokens(slot, ids, mask, slot.tokenizer.max_length, _core.pad_id_of(slot, tok)))
     return out
 
 
-def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any],
-                  **_: Any) -> Any:
+def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: object, tokenize_strategy: object,
+                  models: Models, tokens: Tokens, **_: object) -> Outputs:
     """``[qwen states, qwen mask, t5 ids, t5 mask]`` as AnimaTextEncodingStrategy.encode_tokens returns them
     (strategy_anima.py:82-107): Qwen3 runs on the batch cut back to its longest caption, exactly as the
     official pipeline encodes that batch; states and mask are then zero-padded back to sd-scripts' width.
@@ -407,14 +430,12 @@ def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strat
     """
     import torch
 
-    from te_align.encoding.core import encode_slot_tokens
-
     qwen = p.slot("qwen")
     ids, mask, t5_ids, t5_mask = tokens
     width = ids.shape[1]
     pad_id = qwen.tokenizer.pad_token_id if qwen.tokenizer.pad_token_id is not None else 0
     cut_ids, cut_mask = _batch_longest(qwen, ids, mask, pad_id)
-    r = encode_slot_tokens(p, qwen, models[0], cut_ids, cut_mask)
+    r = _core.encode_slot_tokens(p, qwen, models[0], cut_ids, cut_mask)
     extra = width - r.hidden.shape[-2]
     left = qwen.tokenizer.padding_side == "left"
     hidden = torch.nn.functional.pad(r.hidden, (0, 0, extra, 0) if left else (0, 0, 0, extra))
@@ -423,7 +444,9 @@ def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strat
 
 
 # ----------------------------------------------------------------------------------- HunyuanImage
-def _tokenize_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> Any:
+def _tokenize_hunyuan(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> Tokens:
     """``[vlm ids, vlm mask, byt5 ids, byt5 mask]`` as HunyuanImageTokenizeStrategy.tokenize returns them
     (strategy_hunyuan_image.py:27-45), by the profile.
 
@@ -433,27 +456,23 @@ def _tokenize_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, texts: lis
     quoted text gets ByT5 pad ids with an all-zero mask, which sd-scripts' own encode step also reads as
     "no glyph text" (hunyuan_image_text_encoder.py:600-605).
     """
-    from te_align.encoding.core import tokenize_slot
-
     RUN.once(
         "hunyuan:settings",
         "te-align: HunyuanImage captions follow profile %s: Qwen %s tokens (sd-scripts: up to 1024, padded to the batch's "
         "longest), ByT5 glyph text from '...', \"...\", ‘...’ and “...” (sd-scripts skips '...')",
         p.name, p.slot("qwen").tokenizer.max_length if "qwen" in p.slot_names else "?",
     )
-    out: list[Any] = []
+    out: list[torch.Tensor] = []
     for slot, tok in slots.slot_tokenizers(arch, strategy, p):
-        out.extend(tokenize_slot(slot, tok, texts, negative=negative))
+        out.extend(_core.tokenize_slot(slot, tok, texts, negative=negative))
     return out
 
 
-def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: Any, ids: Any) -> None:
-    from te_align.encoding.core import tokenize_length
-
+def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: object, ids: torch.Tensor) -> None:
     slot = p.slot(slot_name)
     if slot.tokenizer.padding != "max_length" or not slot.tokenizer.truncation:
         return
-    want = tokenize_length(slot, tokenizer)
+    want = _core.tokenize_length(slot, tokenizer)
     if ids.shape[1] != want:
         raise HookError(
             f"te-align kohya hunyuan_image: {slot_name} tokens are {ids.shape[1]} wide but profile {p.name} tokenizes to "
@@ -461,8 +480,8 @@ def _check_token_width(p: AlignmentProfile, slot_name: str, tokenizer: Any, ids:
         )
 
 
-def _encode_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_strategy: Any, models: Sequence[Any],
-                    tokens: Sequence[Any], **_: Any) -> Any:
+def _encode_hunyuan(arch: Arch, p: AlignmentProfile, strategy: object, tokenize_strategy: object,
+                    models: Models, tokens: Tokens, **_: object) -> Outputs:
     """``[vlm_embed, vlm_mask, byt5_embed, byt5_mask, ocr_mask]`` as HunyuanImageTextEncodingStrategy.encode_tokens
     returns them (strategy_hunyuan_image.py:53-79): states and int64 masks of both slots by the profile, and
     ``ocr_mask`` (bool, per caption, on the CPU as sd-scripts builds it): the caption has glyph text.
@@ -474,8 +493,6 @@ def _encode_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_str
     """
     import torch
 
-    from te_align.encoding.core import encode_slot_tokens
-
     vlm_ids, vlm_mask, byt5_ids, byt5_mask = tokens
     qwen, byt5 = models
     for attr, ids in zip(arch.tokenizers, (vlm_ids, byt5_ids), strict=True):  # sd-scripts' order: Qwen, ByT5
@@ -484,14 +501,16 @@ def _encode_hunyuan(arch: Arch, p: AlignmentProfile, strategy: Any, tokenize_str
         if getattr(getattr(qwen, "dtype", None), "itemsize", 2) == 1:
             vlm_embed, vlm_out_mask = _encode_hunyuan_fp8(p, qwen, vlm_ids, vlm_mask)
         else:
-            rq = encode_slot_tokens(p, p.slot("qwen"), qwen, vlm_ids, vlm_mask)
+            rq = _core.encode_slot_tokens(p, p.slot("qwen"), qwen, vlm_ids, vlm_mask)
             vlm_embed, vlm_out_mask = rq.hidden, rq.denoiser_mask
-        rb = encode_slot_tokens(p, p.slot("byt5"), byt5, byt5_ids, byt5_mask)
+        rb = _core.encode_slot_tokens(p, p.slot("byt5"), byt5, byt5_ids, byt5_mask)
     ocr = rb.denoiser_mask.bool().any(dim=1).cpu()
     return [vlm_embed, vlm_out_mask, rb.hidden, rb.denoiser_mask, ocr.to(torch.bool)]
 
 
-def _encode_hunyuan_fp8(p: AlignmentProfile, qwen: Any, ids: Any, mask: Any) -> tuple[Any, Any]:
+def _encode_hunyuan_fp8(
+    p: AlignmentProfile, qwen: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """--fp8_vl: float8 Qwen2.5-VL weights only run through sd-scripts' own forward (bf16 autocast and the
     float8 hooks it installs at load, hunyuan_image_text_encoder.py:411-491,544-546). It is handed the
     profile's tokens; it takes hidden_states[-3] and drops the first 34 positions, which is the profile's
@@ -555,7 +574,7 @@ BY_NAME: dict[str, Arch] = {a.name: a for a in ARCHS}
 assert set(BY_NAME) == set(table.ARCH_PROFILES), "te_align.trainers.kohya and the hook rows name the same architectures"
 
 
-def arch_of_strategy(strategy: Any) -> Arch | None:
+def arch_of_strategy(strategy: object) -> Arch | None:
     """The architecture whose tokenize strategy ``strategy`` is (by class name; None: not one of sd-scripts')."""
     if strategy is None:
         return None

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from te_align._atomic import atomic_file
 from te_align.hooks.base import HookError, mark_wrapper
@@ -19,7 +20,7 @@ from te_align.trainers.kohya.hooks.run import RUN, chunk_options, profile_for, t
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
-    from te_align.trainers.kohya.hooks.archs import Arch
+    from te_align.trainers.kohya.hooks.archs import Arch, Models
 
 # Function-local te_align imports in this module: would close an import loop at module level.
 
@@ -29,7 +30,7 @@ NPZ_KEY = "te_align_fingerprint"
 TRAINER = "kohya-ss/sd-scripts"
 
 
-def cache_fingerprint(p: AlignmentProfile, strategy: Any = None, *, weighted: bool = False) -> str:
+def cache_fingerprint(p: AlignmentProfile, strategy: object = None, *, weighted: bool = False) -> str:
     """Fingerprint stored in TE-output caches: the profile's, plus sd-scripts settings that change outputs.
 
     ``strategy``: the tokenize strategy (its architecture and ``--max_token_length`` decide long-prompt
@@ -87,16 +88,16 @@ def report_reencoded() -> None:
 atexit.register(report_reencoded)
 
 
-def _expected_fingerprint(arch: Arch, strategy: Any) -> str:
+def _expected_fingerprint(arch: Arch, strategy: object) -> str:
     tok = tokenize_strategy()
     return cache_fingerprint(profile_for(arch.name, tok), tok, weighted=bool(getattr(strategy, "is_weighted", False)))
 
 
 # ------------------------------------------------------------------------------ replacements
-def cache_check_wrapper(arch: Arch, original: Any) -> Any:
+def cache_check_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., bool]:
     """``is_disk_cached_outputs_expected``: sd-scripts' check, then the fingerprint must match."""
 
-    def is_disk_cached_outputs_expected(self: Any, npz_path: str) -> bool:
+    def is_disk_cached_outputs_expected(self: object, npz_path: str) -> bool:
         if not original(self, npz_path):
             return False
         want = _expected_fingerprint(arch, self)
@@ -112,10 +113,16 @@ def cache_check_wrapper(arch: Arch, original: Any) -> Any:
     return mark_wrapper(is_disk_cached_outputs_expected, original)
 
 
-def cache_write_wrapper(arch: Arch, original: Any) -> Any:
+def cache_write_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """``cache_batch_outputs``: sd-scripts writes the npz files, then each gets the fingerprint."""
 
-    def cache_batch_outputs(self: Any, tokenize_strategy: Any, models: Any, text_encoding_strategy: Any, infos: Any) -> Any:
+    def cache_batch_outputs(
+        self: object,
+        tokenize_strategy: object,
+        models: Models,
+        text_encoding_strategy: object,
+        infos: Iterable[object],
+    ) -> object:
         report_reencoded()
         if arch.observe is not None:
             arch.observe(models)
@@ -131,10 +138,10 @@ def cache_write_wrapper(arch: Arch, original: Any) -> Any:
     return mark_wrapper(cache_batch_outputs, original)
 
 
-def stamping_save(original: Any) -> Any:
+def stamping_save(original: Callable[..., object]) -> Callable[..., object]:
     """``LoRANetwork.save_weights``: the saved .safetensors carries the te_align stamp of the run's profile."""
 
-    def save_weights(self: Any, file: str, dtype: Any, metadata: Any) -> Any:
+    def save_weights(self: object, file: str, dtype: object, metadata: object) -> object:
         p = RUN.last_profile
         if p is None or not str(file).endswith(".safetensors"):
             return original(self, file, dtype, metadata)

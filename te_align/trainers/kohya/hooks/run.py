@@ -14,18 +14,21 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from te_align import kohya_lora
+from te_align._lazy import lazy_module
+from te_align._types import JSONObject, JSONValue
 from te_align.hooks.base import ENV_OVERRIDES, ENV_PROFILE, HookError, Settings, env_overrides, settings  # noqa: F401
 from te_align.profiles import AlignmentProfile
 from te_align.trainers.kohya import names as table
 
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align.encoding import core as _core
     from te_align.encoding.core import EncodeOptions
-
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+    from te_align.hooks.base import ProfileSource
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align")
 
@@ -44,8 +47,8 @@ class Run:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.settings: Settings | None = None
-        self.explicit: Any = None
-        self.overrides: dict[str, Any] = {}
+        self.explicit: ProfileSource = None
+        self.overrides: dict[str, object] = {}
         self.profiles: dict[str, AlignmentProfile] = {}
         self.logged: set[str] = set()
         self.reencoded = 0
@@ -67,21 +70,21 @@ class Run:
             self.reencoded = self.reencoded_logged = 0
             self.logged.clear()
 
-    def once(self, key: str, msg: str, *args: Any, level: int = logging.INFO) -> None:
+    def once(self, key: str, msg: str, *args: object, level: int = logging.INFO) -> None:
         with self.lock:
             if key in self.logged:
                 return
             self.logged.add(key)
         logger.log(level, msg, *args)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JSONObject:
         try:
             data = json.loads(os.environ.get(ENV_STATE, "{}"))
         except json.JSONDecodeError:
             data = {}
         return data if isinstance(data, dict) else {}
 
-    def record(self, **facts: Any) -> None:
+    def record(self, **facts: JSONValue) -> None:
         data = self.state()
         data.update(facts)
         os.environ[ENV_STATE] = json.dumps(data, sort_keys=True)
@@ -91,7 +94,7 @@ RUN = Run()
 
 
 # ------------------------------------------------------------------------------ user settings
-def check_overrides(raw: dict[str, Any]) -> dict[str, Any]:
+def check_overrides(raw: dict[str, object]) -> dict[str, object]:
     """The user's overrides, all of them profile overrides (validated when the profile is built).
 
     The former hook option ``kohya.clip_g_exclamation`` is refused with the override that replaces it.
@@ -107,7 +110,7 @@ def check_overrides(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------- profiles
-def default_profile_name(arch: str, strategy: Any = None) -> str:
+def default_profile_name(arch: str, strategy: object = None) -> str:
     """The bundled profile for an sd-scripts architecture (SD: v2 from the tokenizer; Flux: the recorded variant)."""
     variant = None
     if arch == "sd":
@@ -119,7 +122,7 @@ def default_profile_name(arch: str, strategy: Any = None) -> str:
     return table.profile_name(arch, variant)
 
 
-def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
+def profile_for(arch: str, strategy: object = None) -> AlignmentProfile:
     """The profile a hooked call of ``arch`` follows (explicit, else per architecture; overrides applied)."""
     name = RUN.explicit if RUN.explicit is not None else default_profile_name(arch, strategy)
     key = name.name if isinstance(name, AlignmentProfile) else f"{arch}:{name}"
@@ -138,7 +141,7 @@ def profile_for(arch: str, strategy: Any = None) -> AlignmentProfile:
     return p
 
 
-def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
+def with_clip_skip(p: AlignmentProfile, clip_skip: int | None) -> AlignmentProfile:
     """SD1/2: sd-scripts' ``--clip_skip N`` taken as a user override of the profile (logged once).
 
     sd-scripts reads ``hidden_states[-N]`` and applies the final layer norm (library/strategy_sd.py
@@ -162,21 +165,19 @@ def with_clip_skip(p: AlignmentProfile, clip_skip: Any) -> AlignmentProfile:
     return q
 
 
-def chunk_options(chunkable: bool, strategy: Any) -> EncodeOptions:
+def chunk_options(chunkable: bool, strategy: object) -> EncodeOptions:
     """sd-scripts' ``--max_token_length 150/225`` (SD1/2, SDXL: ``chunkable``) as te-align's long-prompt chunking.
 
     sd-scripts stitches its 75-token chunks into one n*75+2 sequence; te-align keeps each chunk's
     BOS/EOS (n*77, the NovelAI method), always n chunks so per-caption tokens collate.
     """
-    from te_align.encoding.core import EncodeOptions
-
     ml = getattr(strategy, "max_length", None) or 77
     if chunkable and ml > 77:
-        return EncodeOptions(long_prompt_chunks=(ml - 2) // 75, pad_chunks=True)
-    return EncodeOptions()
+        return _core.EncodeOptions(long_prompt_chunks=(ml - 2) // 75, pad_chunks=True)
+    return _core.EncodeOptions()
 
 
-def tokenize_strategy() -> Any:
+def tokenize_strategy() -> object:
     """sd-scripts' registered tokenize strategy (``TokenizeStrategy.get_strategy()``), or None.
 
     None while sd-scripts' ``library.strategy_base`` is not imported: then no strategy was set either.

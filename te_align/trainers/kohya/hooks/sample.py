@@ -37,8 +37,10 @@ weights with :mod:`te_align.encoding.weights` by the lpw pipeline's formula.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
+from te_align._lazy import lazy_module
 from te_align.hooks.base import mark_wrapper
 from te_align.trainers.kohya.hooks import slots
 from te_align.trainers.kohya.hooks.run import (
@@ -50,10 +52,20 @@ from te_align.trainers.kohya.hooks.run import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from te_align.trainers.kohya.hooks.archs import Arch
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+    from te_align.encoding import weights as _weights
+    from te_align.trainers.kohya.hooks.archs import Arch
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _weights = lazy_module("te_align.encoding.weights")
+
+
+class LpwPipeline(Protocol):
+    """What the hooked embeddings read of sd-scripts' SD1/2 lpw pipeline (``pipe``)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    text_encoder: torch.nn.Module
 
 
 class MissingNegative(str):
@@ -70,10 +82,16 @@ class MissingNegative(str):
 MISSING_NEGATIVE = MissingNegative("")
 
 
-def pipeline_call_wrapper(arch: Arch, original: Any) -> Any:
+def pipeline_call_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """The lpw pipeline's ``__call__``: a missing negative prompt is marked where the profile makes it zeros."""
 
-    def __call__(self: Any, prompt: Any, negative_prompt: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def __call__(
+        self: object,
+        prompt: str | Sequence[str],
+        negative_prompt: str | Sequence[str] | None = None,
+        *args: object,
+        **kwargs: object,
+    ) -> object:
         if negative_prompt is None:
             p = profile_for(arch.name, tokenize_strategy() or self)
             if p.empty_prompt == "zeros":
@@ -90,18 +108,16 @@ def pipeline_call_wrapper(arch: Arch, original: Any) -> Any:
 
 def lpw_embeddings(
     arch: Arch,
-    pipe: Any,
-    prompt: Any,
-    uncond_prompt: Any = None,
+    pipe: LpwPipeline,
+    prompt: str | Sequence[str],
+    uncond_prompt: str | Sequence[str] | None = None,
     max_embeddings_multiples: int | None = 3,
     no_boseos_middle: bool | None = False,
     skip_parsing: bool | None = False,
     skip_weighting: bool | None = False,
-    clip_skip: Any = None,
-) -> tuple[Any, Any]:
+    clip_skip: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``get_weighted_text_embeddings`` of the SD1/2 lpw pipeline (``arch``: sd), by the profile."""
-
-    from te_align.encoding.weights import tokenize_slot_weighted, weight_hidden_states
 
     strategy = tokenize_strategy()
     p = with_clip_skip(profile_for(arch.name, strategy or pipe), clip_skip)
@@ -121,11 +137,14 @@ def lpw_embeddings(
     parse = not skip_parsing
     weigh = parse and not skip_weighting
 
-    def embed(texts: list[Any]) -> Any:
-        ids, mask, weights = tokenize_slot_weighted(slot, tokenizer, [str(t) for t in texts], options=opts, parse=parse)
+    def embed(texts: list[str]) -> torch.Tensor:
+        plain = [str(t) for t in texts]
+        ids, mask, weights = _weights.tokenize_slot_weighted(
+            slot, tokenizer, plain, options=opts, parse=parse
+        )
         hidden = slots.slot_encode(p, slot.name, pipe.text_encoder, ids, mask).hidden
         if weigh:
-            hidden = weight_hidden_states(hidden, weights.to(hidden.dtype), restore_mean=True)
+            hidden = _weights.weight_hidden_states(hidden, weights.to(hidden.dtype), restore_mean=True)
         if p.empty_prompt == "zeros":
             hidden = slots.zero_rows(hidden, [isinstance(t, MissingNegative) for t in texts])
         return hidden
@@ -138,11 +157,11 @@ def lpw_embeddings(
     return text_embeddings, embed(uncond)
 
 
-def lpw_embeddings_wrapper(arch: Arch, original: Any) -> Any:
+def lpw_embeddings_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """The replacement of ``get_weighted_text_embeddings``: :func:`lpw_embeddings` (same parameters and
     defaults, pinned by the declared target) under the original's name."""
 
-    def get_weighted_text_embeddings(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def get_weighted_text_embeddings(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         return lpw_embeddings(arch, *args, **kwargs)
 
     return mark_wrapper(get_weighted_text_embeddings, original)

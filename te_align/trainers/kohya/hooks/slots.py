@@ -11,21 +11,27 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from te_align._lazy import lazy_module
 from te_align.hooks.base import HookError
 from te_align.trainers.kohya.hooks.run import ENV_OVERRIDES, RUN, chunk_options, profile_for
 
 if TYPE_CHECKING:  # pragma: no cover
-    from te_align.profiles import AlignmentProfile
-    from te_align.trainers.kohya.hooks.archs import Arch
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+    from te_align.encoding import core as _core
+    from te_align.encoding.core import SlotResult
+    from te_align.profiles import AlignmentProfile
+    from te_align.profiles.model import SlotSpec
+    from te_align.trainers.kohya.hooks.archs import Arch, Models, Outputs, Tokens
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _core = lazy_module("te_align.encoding.core")
 
 
 # -------------------------------------------------------------------------------- tokenization
-def clip_g_tokenizer(strategy: Any, attr: str) -> Any:
+def clip_g_tokenizer(strategy: object, attr: str) -> PreTrainedTokenizerBase:
     """sd-scripts' laion CLIP-G tokenizer made the hub ``tokenizer_2`` (a copy whose pad token "!" is special).
 
     The profile's ``clip_g.tokenizer.pad_token_in_prompt`` then decides how a literal "!" reads, as for
@@ -47,7 +53,9 @@ def slot_name(arch: Arch, attr: str, p: AlignmentProfile) -> str:
     return p.slots[0].name if name is None else name
 
 
-def slot_tokenizers(arch: Arch, strategy: Any, p: AlignmentProfile) -> list[tuple[Any, Any]]:
+def slot_tokenizers(
+    arch: Arch, strategy: object, p: AlignmentProfile
+) -> list[tuple[SlotSpec | None, PreTrainedTokenizerBase]]:
     """(slot spec or None, tokenizer) per sd-scripts tokenizer, in sd-scripts' order."""
     names = {s.name for s in p.slots}
     out = []
@@ -58,7 +66,7 @@ def slot_tokenizers(arch: Arch, strategy: Any, p: AlignmentProfile) -> list[tupl
     return out
 
 
-def note_setting_differences(arch: Arch, strategy: Any, p: AlignmentProfile) -> None:
+def note_setting_differences(arch: Arch, strategy: object, p: AlignmentProfile) -> None:
     """Log once where sd-scripts' own settings ask for something the profile does differently."""
     chunks = chunk_options(arch.chunkable, strategy).long_prompt_chunks
     if chunks:
@@ -79,21 +87,22 @@ def note_setting_differences(arch: Arch, strategy: Any, p: AlignmentProfile) -> 
         arch.notes(strategy, p)
 
 
-def tokenize_slots(arch: Arch, p: AlignmentProfile, strategy: Any, texts: list[str], negative: bool) -> list[tuple[Any, Any]]:
+def tokenize_slots(
+    arch: Arch, p: AlignmentProfile, strategy: object, texts: list[str], negative: bool
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(ids, mask) per sd-scripts tokenizer by the profile (long-prompt chunks where sd-scripts asks for them)."""
-    from te_align.encoding.core import tokenize_slot
-
-    parts: list[tuple[Any, Any]] = []
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
     for slot, tok in slot_tokenizers(arch, strategy, p):
         if slot is None:  # e.g. Chroma has no CLIP-L: sd-scripts still tokenizes for its dummy encoder
             enc = tok(texts, max_length=77, padding="max_length", truncation=True, return_tensors="pt")
             parts.append((enc["input_ids"], enc["attention_mask"]))
         else:
-            parts.append(tokenize_slot(slot, tok, texts, negative=negative, options=chunk_options(arch.chunkable, strategy)))
+            opts = chunk_options(arch.chunkable, strategy)
+            parts.append(_core.tokenize_slot(slot, tok, texts, negative=negative, options=opts))
     return parts
 
 
-def tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> Any:
+def tokenize(arch: Arch, strategy: object, text: str | Sequence[str], negative: bool = False) -> Tokens:
     """The hooked ``tokenize``: sd-scripts' token layout of ``arch``, made by the profile."""
     texts = [text] if isinstance(text, str) else list(text)
     p = profile_for(arch.name, strategy)
@@ -102,15 +111,13 @@ def tokenize(arch: Arch, strategy: Any, text: Any, negative: bool = False) -> An
 
 
 # ------------------------------------------------------------------------------------ encoding
-def clip_mask(ids: Any, eos: int | None) -> Any:
+def clip_mask(ids: torch.Tensor, eos: int | None) -> torch.Tensor:
     """Attention mask of CLIP ids without one: real tokens up to and including the first EOS
     (:func:`te_align.encoding.core.eos_mask`)."""
-    from te_align.encoding.core import eos_mask
-
-    return eos_mask(ids, eos)
+    return _core.eos_mask(ids, eos)
 
 
-def one_chunk(t: Any, arch: str) -> Any:
+def one_chunk(t: torch.Tensor, arch: str) -> torch.Tensor:
     """sd-scripts' (B, chunks, L) CLIP tokens as (B, L); hooked tokenization makes exactly one chunk."""
     if t.dim() == 3:
         if t.shape[1] != 1:
@@ -122,14 +129,18 @@ def one_chunk(t: Any, arch: str) -> Any:
     return t
 
 
-def slot_encode(p: AlignmentProfile, slot_name: str, encoder: Any, ids: Any, mask: Any | None) -> Any:
+def slot_encode(
+    p: AlignmentProfile,
+    slot_name: str,
+    encoder: torch.nn.Module,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> SlotResult:
     """One slot's tokens through its encoder by the profile (CLIP ids without a mask: mask up to the first EOS)."""
-    from te_align.encoding.core import encode_slot_tokens
-
     slot = p.slot(slot_name)
     if mask is None:
         mask = clip_mask(ids, slot.tokenizer.eos_token_id)
-    return encode_slot_tokens(p, slot, encoder, ids, mask)
+    return _core.encode_slot_tokens(p, slot, encoder, ids, mask)
 
 
 def drop(rate: float, enable: bool, n: int) -> list[bool]:
@@ -137,7 +148,7 @@ def drop(rate: float, enable: bool, n: int) -> list[bool]:
     return [enable and rate > 0.0 and random.random() < rate for _ in range(n)]
 
 
-def zero_rows(t: Any, rows: list[bool]) -> Any:
+def zero_rows(t: torch.Tensor | None, rows: list[bool]) -> torch.Tensor | None:
     """``t`` with the marked batch rows set to zero."""
     import torch
 
@@ -147,7 +158,9 @@ def zero_rows(t: Any, rows: list[bool]) -> Any:
     return torch.where(sel, torch.zeros((), dtype=t.dtype, device=t.device), t)
 
 
-def encode(arch: Arch, strategy: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Sequence[Any], **kw: Any) -> Any:
+def encode(
+    arch: Arch, strategy: object, tokenize_strategy: object, models: Models, tokens: Tokens, **kw: object
+) -> Outputs:
     """The hooked ``encode_tokens``: sd-scripts' output layout of ``arch``, encoded by the profile."""
     if arch.observe is not None:
         arch.observe(models)

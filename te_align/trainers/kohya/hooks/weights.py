@@ -22,20 +22,23 @@ sd-scripts': the A1111 syntax parsed as sd-scripts parses it, aligned to the pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from te_align._lazy import lazy_module
 from te_align.hooks.base import mark_wrapper
 from te_align.trainers.kohya.hooks import slots
 from te_align.trainers.kohya.hooks.run import RUN, chunk_options, profile_for
 from te_align.trainers.kohya.hooks.sample import MissingNegative
 
 if TYPE_CHECKING:  # pragma: no cover
-    from te_align.profiles import AlignmentProfile
-    from te_align.trainers.kohya.hooks.archs import Arch
+    import torch
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path.
+    from te_align.encoding import weights as _weights
+    from te_align.profiles import AlignmentProfile
+    from te_align.trainers.kohya.hooks.archs import Arch, Models, Outputs, Tokens
+else:  # imported on first use: keeps torch off this module's import (the CLI's cold path)
+    _weights = lazy_module("te_align.encoding.weights")
 
 
 class NegativeWeights(list):  # type: ignore[type-arg]
@@ -44,7 +47,7 @@ class NegativeWeights(list):  # type: ignore[type-arg]
     zero_rows: list[bool]
 
 
-def _announce(arch: Arch, p: AlignmentProfile, strategy: Any) -> None:
+def _announce(arch: Arch, p: AlignmentProfile, strategy: object) -> None:
     chunks = chunk_options(arch.chunkable, strategy).long_prompt_chunks
     w = arch.weighted
     RUN.once(
@@ -67,10 +70,10 @@ def _announce_unweighted(arch: Arch, p: AlignmentProfile) -> None:
     )
 
 
-def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:
+def tokenize_weighted(
+    arch: Arch, strategy: object, text: str | Sequence[str]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """SD/SDXL ``tokenize_with_weights`` by the profile: ([ids per encoder], [weights per encoder]), (B, 1, L)."""
-    from te_align.encoding.weights import tokenize_slot_weighted
-
     texts = [text] if isinstance(text, str) else list(text)
     p = profile_for(arch.name, strategy)
     slots.note_setting_differences(arch, strategy, p)
@@ -79,7 +82,7 @@ def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:
     plain = [str(t) for t in texts]
     ids_list, weights_list = [], []
     for slot, tok in slots.slot_tokenizers(arch, strategy, p):
-        ids, _mask, weights = tokenize_slot_weighted(slot, tok, plain, options=opts)
+        ids, _mask, weights = _weights.tokenize_slot_weighted(slot, tok, plain, options=opts)
         ids_list.append(ids.unsqueeze(1))
         weights_list.append(weights.unsqueeze(1))
     absent = [isinstance(t, MissingNegative) for t in texts]
@@ -90,18 +93,23 @@ def tokenize_weighted(arch: Arch, strategy: Any, text: Any) -> Any:
     return ids_list, weights_list
 
 
-def _weigh(hidden: Any, weights: Any) -> Any:
+def _weigh(hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sd-scripts' strategy weighting of one encoder's hidden states, dtype behaviour included."""
-    from te_align.encoding.weights import weight_hidden_states
-
     w = weights[:, 0] if weights.dim() == 3 else weights
-    out = weight_hidden_states(hidden, w)
+    out = _weights.weight_hidden_states(hidden, w)
     # sd-scripts multiplies by float32 weights: one 77-token chunk takes the product's promoted dtype
     # (strategy_sd.py:122), several chunks are written back into the hidden states' own dtype (:125-128)
     return out if hidden.shape[1] <= 77 else out.to(hidden.dtype)
 
 
-def encode_weighted(arch: Arch, self: Any, tokenize_strategy: Any, models: Sequence[Any], tokens: Any, weights: Any) -> Any:
+def encode_weighted(
+    arch: Arch,
+    self: object,
+    tokenize_strategy: object,
+    models: Models,
+    tokens: Tokens,
+    weights: Sequence[torch.Tensor],
+) -> Outputs:
     """SD/SDXL ``encode_tokens_with_weights``: the hooked encoding, then sd-scripts' weighting of each encoder's
     hidden states (the outputs before ``weighted.hidden_outputs``; the rest, e.g. SDXL's pooled, unweighted)."""
     out = slots.encode(arch, self, tokenize_strategy, models, tokens)
@@ -114,12 +122,14 @@ def encode_weighted(arch: Arch, self: Any, tokenize_strategy: Any, models: Seque
 
 
 # ------------------------------------------------------------------------------ replacements
-def tokenize_with_weights_wrapper(arch: Arch, original: Any) -> Any:
+def tokenize_with_weights_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """``tokenize_with_weights``: the profile's tokens with sd-scripts' weights (or, where sd-scripts applies
     none, the plain hooked tokens and weights of 1)."""
     if not arch.weighted.applied:
 
-        def tokenize_with_weights_unweighted(self: Any, text: Any) -> Any:
+        def tokenize_with_weights_unweighted(
+            self: object, text: str | Sequence[str]
+        ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[torch.Tensor]]:
             import torch
 
             _announce_unweighted(arch, profile_for(arch.name, self))
@@ -128,22 +138,32 @@ def tokenize_with_weights_wrapper(arch: Arch, original: Any) -> Any:
 
         return mark_wrapper(tokenize_with_weights_unweighted, original)
 
-    def tokenize_with_weights(self: Any, text: Any) -> Any:
+    def tokenize_with_weights(
+        self: object, text: str | Sequence[str]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         return tokenize_weighted(arch, self, text)
 
     return mark_wrapper(tokenize_with_weights, original)
 
 
-def encode_tokens_with_weights_wrapper(arch: Arch, original: Any) -> Any:
+def encode_tokens_with_weights_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
     """``encode_tokens_with_weights``: the hooked encoding with sd-scripts' weighting (or none, where it has none)."""
     if not arch.weighted.applied:
 
-        def encode_tokens_with_weights_unweighted(self: Any, tokenize_strategy: Any, models: Any, tokens: Any, weights: Any) -> Any:
+        def encode_tokens_with_weights_unweighted(
+            self: object, tokenize_strategy: object, models: Models, tokens: Tokens, weights: object
+        ) -> Outputs:
             return slots.encode(arch, self, tokenize_strategy, models, tokens)
 
         return mark_wrapper(encode_tokens_with_weights_unweighted, original)
 
-    def encode_tokens_with_weights(self: Any, tokenize_strategy: Any, models: Any, tokens_list: Any, weights_list: Any) -> Any:
+    def encode_tokens_with_weights(
+        self: object,
+        tokenize_strategy: object,
+        models: Models,
+        tokens_list: Tokens,
+        weights_list: Sequence[torch.Tensor],
+    ) -> Outputs:
         return encode_weighted(arch, self, tokenize_strategy, models, tokens_list, weights_list)
 
     return mark_wrapper(encode_tokens_with_weights, original)
