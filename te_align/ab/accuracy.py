@@ -82,8 +82,13 @@ class _separate_passes:
     (the second half) as two calls, each with its own sequence length: ComfyUI's separate passes for a prompt and
     a negative it cannot batch. Every batched tensor argument is split by rows."""
 
-    def __init__(self, denoiser: Any, lengths: dict[str, tuple[int, int]], names: dict[str, str],
-                 by_tensor: dict[int, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        denoiser: Any,
+        lengths: dict[str, tuple[int, int]],
+        names: dict[str, str],
+        by_tensor: dict[int, int] | None = None,
+    ) -> None:
         self.denoiser, self.lengths, self.names = denoiser, lengths, names
         #: For pipelines that call the prompt and the negative separately: the padded tensor's data pointer -> its
         #: real length.
@@ -207,8 +212,15 @@ def sample_prompts(
                 by_tensor = {kwargs["negative_prompt_embeds"].data_ptr(): ln, kwargs["prompt_embeds"].data_ptr(): lp}
                 lengths = {}
             with _separate_passes(denoiser, lengths, {"prompt_embeds": "encoder_hidden_states"}, by_tensor):
-                out = pipe(**kwargs, num_inference_steps=steps, guidance_scale=guidance, width=size, height=size,
-                           generator=gens, output_type="np").images  # fmt: skip
+                out = pipe(
+                    **kwargs,
+                    num_inference_steps=steps,
+                    guidance_scale=guidance,
+                    width=size,
+                    height=size,
+                    generator=gens,
+                    output_type="np",
+                ).images
             for i, im in zip(idx, out, strict=True):
                 images[i] = np.clip(np.rint(im * 255), 0, 255).astype(np.uint8)
     return [images[i] for i in range(len(captions))]

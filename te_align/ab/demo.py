@@ -40,8 +40,14 @@ def _env_int(name: str) -> int | None:
         raise ABError(f"expected an integer, got {value!r}", key=name) from None
 
 
-def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, seeds: int | None = None, workers: int | None = None,
-             say: Callable[[str], None] = print) -> Any:  # fmt: skip
+def run_demo(
+    out: str | Path = "te-align-demo",
+    *,
+    steps: int | None = None,
+    seeds: int | None = None,
+    workers: int | None = None,
+    say: Callable[[str], None] = print,
+) -> Any:
     """Run the demo row; returns the :class:`te_align.ab.runner.ABResult` of all its seeds (report written)."""
     from te_align.ab.matrix import matrix_presets, row_result, run_matrix
 
@@ -75,8 +81,10 @@ def verdict_line(result: Any) -> str:
     if m is None:
         return f"verdict: {result.verdict}"
     ci = "one seed: no interval" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
-    return (f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
-            f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)")  # fmt: skip
+    return (
+        f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
+        f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)"
+    )
 
 
 def committed_blocks() -> list[tuple[Any, ...]]:
@@ -87,9 +95,14 @@ def committed_blocks() -> list[tuple[Any, ...]]:
     blocks: list[tuple[Any, ...]] = [("h2", "The committed effects matrix (docs/effects.md)")]
     if data is None:
         return [*blocks, ("p", "This installation ships no effects summary.")]
-    blocks.append(("p", f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
-                        "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
-                        "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in."))  # fmt: skip
+    blocks.append(
+        (
+            "p",
+            f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
+            "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
+            "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in.",
+        )
+    )
     rows = []
     for r in data["rows"]:
         m = r.get("primary")
@@ -117,15 +130,26 @@ def write_train_example(root: Path, preset: Any) -> Path:
     info = base_info(preset.world.base)
     data = root / "matrix" / preset.name / "seed-0" / "data" / "seed-0" / "train"
     config = {
-        "model": {"path": str(materialize(preset.world.base)), "profile": preset.profile,
-                  "profile_overrides": dict(info.get("profile_overrides") or {})},
-        "data": {"path": os.path.relpath(data, root), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "model": {
+            "path": str(materialize(preset.world.base)),
+            "profile": preset.profile,
+            "profile_overrides": dict(info.get("profile_overrides") or {}),
+        },
+        "data": {
+            "path": os.path.relpath(data, root),
+            "resolution": 32,
+            "bucket_step": 16,
+            "min_bucket": 16,
+            "max_bucket": 64,
+        },
         "lora": {"rank": 8, "alpha": 8.0, "text_encoders": ["clip_l"]},
         "train": {"max_steps": 60, "batch_size": 4, "learning_rate": 3e-4, "checkpoint_every": 0},
         "output": {"dir": "train-output"},
-    }  # fmt: skip
-    head = ("# A LoRA on te-align demo's Flux-shaped world base (denoiser + CLIP-L text encoder), conditioned by the\n"
-            "# flux-schnell profile fitted to the base's tiny encoders. Run: te-align train <this file>\n")  # fmt: skip
+    }
+    head = (
+        "# A LoRA on te-align demo's Flux-shaped world base (denoiser + CLIP-L text encoder), conditioned by the\n"
+        "# flux-schnell profile fitted to the base's tiny encoders. Run: te-align train <this file>\n"
+    )
     path = root / TRAIN_EXAMPLE
     with atomic_file(path, "w") as f:
         f.write(head + toml.dumps(config))

@@ -95,9 +95,12 @@ def fixed_noise(latents: Any, n_timesteps: int, seed: int) -> Any:
     """(N, T, C, h, w) noise: validation image i always gets the draws of generator ``seed + i``."""
     import torch
 
-    return torch.stack([
-        torch.randn((n_timesteps, *latents.shape[1:]), generator=torch.Generator().manual_seed(seed + i)) for i in range(latents.shape[0])
-    ])  # fmt: skip
+    return torch.stack(
+        [
+            torch.randn((n_timesteps, *latents.shape[1:]), generator=torch.Generator().manual_seed(seed + i))
+            for i in range(latents.shape[0])
+        ]
+    )
 
 
 def resolve_objective(family: Any, pipe: Any, configured: str) -> str:
@@ -161,5 +164,12 @@ def validation_loss(
     return value
 
 
-__all__ = ["DEFAULT_TIMESTEPS", "Divergence", "conditioning_divergence", "fixed_noise", "load_val_latents", "resolve_objective",
-           "validation_loss"]  # fmt: skip
+__all__ = [
+    "DEFAULT_TIMESTEPS",
+    "Divergence",
+    "conditioning_divergence",
+    "fixed_noise",
+    "load_val_latents",
+    "resolve_objective",
+    "validation_loss",
+]

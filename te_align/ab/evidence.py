@@ -88,8 +88,15 @@ def _num(v: Any) -> float:
         return math.nan
 
 
-def evidence_for(family: str, profile: str, setting: str, value: Any, *, tool: str = "check",
-                 path: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+def evidence_for(
+    family: str,
+    profile: str,
+    setting: str,
+    value: Any,
+    *,
+    tool: str = "check",
+    path: str | Path | None = None,
+) -> dict[str, Any]:
     """The measured row for a finding: ``{"row", "verdict", "seeds", "planned", "difference", "ci", "document",
     "text"}``, or ``{"row": None, "verdict": "not measured", "text": ...}``."""
     m = next((x for x in MEASURES if x.matches(family, profile, setting or "", value, tool)), None)
@@ -107,10 +114,20 @@ def evidence_for(family: str, profile: str, setting: str, value: Any, *, tool: s
         text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
     else:
         ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
-        text = (f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
-                f"{diff:+.3f}{ci} on concept accuracy: {verdict}")  # fmt: skip
+        text = (
+            f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
+            f"{diff:+.3f}{ci} on concept accuracy: {verdict}"
+        )
     def j(v: float) -> float | None:
         return None if math.isnan(v) else v
 
-    return {"row": m.row, "verdict": verdict, "seeds": seeds, "planned": planned, "difference": j(diff), "ci": [j(lo), j(hi)],
-            "document": DOCUMENT, "text": text + f" (see {DOCUMENT})"}  # fmt: skip
+    return {
+        "row": m.row,
+        "verdict": verdict,
+        "seeds": seeds,
+        "planned": planned,
+        "difference": j(diff),
+        "ci": [j(lo), j(hi)],
+        "document": DOCUMENT,
+        "text": text + f" (see {DOCUMENT})",
+    }

@@ -124,9 +124,18 @@ def row_hash(p: Preset, *, seeds: int | None, max_steps: int | None) -> str:
     from te_align.ab.runner import PRIMARY
 
     base = p.world.base if p.world is not None else ""
-    return _hash({"format": PLAN_FORMAT, "row": p.to_dict(), "base": _base_digest(base) if base else "", "seeds": seeds,
-                  "max_steps": max_steps, "primary": PRIMARY, "alpha": ALPHA,
-                  "correction": "holm over deviation and inference rows, paired t p-values"})  # fmt: skip
+    return _hash(
+        {
+            "format": PLAN_FORMAT,
+            "row": p.to_dict(),
+            "base": _base_digest(base) if base else "",
+            "seeds": seeds,
+            "max_steps": max_steps,
+            "primary": PRIMARY,
+            "alpha": ALPHA,
+            "correction": "holm over deviation and inference rows, paired t p-values",
+        }
+    )
 
 
 def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | None) -> str:
@@ -178,12 +187,31 @@ def _machine() -> str:
 def _seed_record(p: Preset, seed: int, result: Any, plan: str, seconds: float, cpu: float, device: str) -> dict[str, Any]:
     arms = {}
     for r in result.runs:
-        arms[r.arm] = {"steps": r.steps, "train_seconds": r.seconds, "train_cpu_seconds": r.cpu_seconds, "shares": r.shares,
-                       "losses": r.losses, "val": r.val, "val_own": r.val_own, "curve": r.curve, "probes": r.probes,
-                       "probe_reads": r.probe_reads, "curve_mean": r.curve_mean}  # fmt: skip
-    return {"format": RESULT_FORMAT, "plan": plan, "preset": p.name, "seed": seed, "arms": arms, "seconds": seconds,
-            "cpu_seconds": cpu, "device": device, "machine": _machine(),
-            "samples": {r.arm: r.probe_samples for r in result.runs}}  # fmt: skip
+        arms[r.arm] = {
+            "steps": r.steps,
+            "train_seconds": r.seconds,
+            "train_cpu_seconds": r.cpu_seconds,
+            "shares": r.shares,
+            "losses": r.losses,
+            "val": r.val,
+            "val_own": r.val_own,
+            "curve": r.curve,
+            "probes": r.probes,
+            "probe_reads": r.probe_reads,
+            "curve_mean": r.curve_mean,
+        }
+    return {
+        "format": RESULT_FORMAT,
+        "plan": plan,
+        "preset": p.name,
+        "seed": seed,
+        "arms": arms,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "device": device,
+        "machine": _machine(),
+        "samples": {r.arm: r.probe_samples for r in result.runs},
+    }
 
 
 def row_result(p: Preset, out: Path, seeds: list[int], *, out_dir: Path | None = None) -> Any:
@@ -229,8 +257,11 @@ def read_results(results: Path, plan: str | dict[str, str] | None = None) -> dic
             raise ABError(f"not a te-align matrix result (format {RESULT_FORMAT}); delete it to run that seed again", file=str(f))
         want = plan.get(str(d.get("preset"))) if isinstance(plan, dict) else plan
         if plan is not None and d.get("plan") != want:
-            raise ABError(f"a result of another plan ({d.get('plan')}; this plan is {want}): the row changed after it ran, so "
-                          "it cannot be mixed in; move the results folder away to start the new plan", file=str(f))  # fmt: skip
+            raise ABError(
+                f"a result of another plan ({d.get('plan')}; this plan is {want}): the row changed after it ran, so "
+                "it cannot be mixed in; move the results folder away to start the new plan",
+                file=str(f),
+            )
         out.setdefault(str(d.get("preset")), []).append(d)
     for rows in out.values():
         rows.sort(key=lambda d: int(d["seed"]))
@@ -265,9 +296,19 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]
         assert p.world is not None
         b = p.baseline
         who = {"null": "(control)", "positive": "(control)", "inference": b.inference_tool}.get(b.kind, b.trainer)
-        row = MatrixRow(p.name, b.kind, who, _deviation(p), p.world.base, planned=planned or p.eval.seeds, source=b.source,
-                        sample_as=b.sample_as if b.kind == "deviation" else "", overrides=dict(b.overrides), train=dict(b.train),
-                        profile=p.profile)  # fmt: skip
+        row = MatrixRow(
+            p.name,
+            b.kind,
+            who,
+            _deviation(p),
+            p.world.base,
+            planned=planned or p.eval.seeds,
+            source=b.source,
+            sample_as=b.sample_as if b.kind == "deviation" else "",
+            overrides=dict(b.overrides),
+            train=dict(b.train),
+            profile=p.profile,
+        )
         try:
             row.family = str(base_info(p.world.base)["family"])
         except BaseError:
@@ -281,10 +322,27 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]
         row.where = sorted({str(d.get("device", "cpu")) for d in recs})
         if recs:
             summary = summarize(_runs_of(recs), [int(d["seed"]) for d in recs])
-            row.metrics = [{"metric": r.metric, "a_mean": r.a_mean, "a_sd": r.a_sd, "b_mean": r.b_mean, "b_sd": r.b_sd,
-                            "diff_mean": r.diff_mean, "diff_sd": r.diff_sd, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                            "verdict": r.verdict, "higher_better": r.higher_better, "n": r.n, "p_t": r.p_t,
-                            "p_signflip": r.p_signflip, "a": r.a, "b": r.b} for r in summary]  # fmt: skip
+            row.metrics = [
+                {
+                    "metric": r.metric,
+                    "a_mean": r.a_mean,
+                    "a_sd": r.a_sd,
+                    "b_mean": r.b_mean,
+                    "b_sd": r.b_sd,
+                    "diff_mean": r.diff_mean,
+                    "diff_sd": r.diff_sd,
+                    "ci_low": r.ci_low,
+                    "ci_high": r.ci_high,
+                    "verdict": r.verdict,
+                    "higher_better": r.higher_better,
+                    "n": r.n,
+                    "p_t": r.p_t,
+                    "p_signflip": r.p_signflip,
+                    "a": r.a,
+                    "b": r.b,
+                }
+                for r in summary
+            ]
             prim = next((r for r in summary if r.metric == PRIMARY), None)
             if prim is not None:
                 row.sd_ratio = sd_ratio_interval(prim.a, prim.b)
@@ -395,8 +453,10 @@ def run_matrix(
         _write_json(res_dir / rec["preset"] / f"seed-{rec['seed']}.json", rec)
         if strips is not None and rec["seed"] == 0:
             _strip(rec, Path(strips), out_dir)
-        say(f"[{finished}/{len(tasks)}] {rec['preset']} seed {rec['seed']}: primary A {rec['arms']['A']['curve_mean']:+.3f}, "
-            f"B {rec['arms']['B']['curve_mean']:+.3f} ({rec['seconds']:.0f} s, {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
+        say(
+            f"[{finished}/{len(tasks)}] {rec['preset']} seed {rec['seed']}: primary A {rec['arms']['A']['curve_mean']:+.3f}, "
+            f"B {rec['arms']['B']['curve_mean']:+.3f} ({rec['seconds']:.0f} s, {time.perf_counter() - t0:.0f} s so far)"
+        )
         publish()
 
     if workers == 1:
@@ -417,9 +477,13 @@ def run_matrix(
 
 
 def _command(seeds: int | None, max_steps: int | None) -> str:
-    return ("te-align ab matrix" + (f" --seeds {seeds}" if seeds else "") + (f" --max-steps {max_steps}" if max_steps else "")
-            + " --workers 2 --results benchmarks/effects/results --doc docs/effects.md --summary te_align/ab/data/effects.json"
-            " --strips docs/effects")  # fmt: skip
+    return (
+        "te-align ab matrix"
+        + (f" --seeds {seeds}" if seeds else "")
+        + (f" --max-steps {max_steps}" if max_steps else "")
+        + " --workers 2 --results benchmarks/effects/results --doc docs/effects.md --summary te_align/ab/data/effects.json"
+        " --strips docs/effects"
+    )
 
 
 def _samples(rec: dict[str, Any], arm: str, out_dir: Path) -> list[Path]:
@@ -461,12 +525,28 @@ def summary_of(rows: Sequence[MatrixRow], plan: str) -> dict[str, Any]:
     out = []
     for r in rows:
         m = r.primary
-        out.append({"preset": r.preset, "kind": r.kind, "trainer": r.trainer, "family": r.family, "profile": r.profile,
-                    "base": r.base, "overrides": r.overrides, "train": r.train, "source": r.source, "verdict": r.verdict,
-                    "seeds": r.seeds, "planned": r.planned,
-                    "primary": None if m is None else {k: m[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t",
-                                                                         "p_signflip", "n")},
-                    "p_holm": r.p_holm})  # fmt: skip
+        out.append(
+            {
+                "preset": r.preset,
+                "kind": r.kind,
+                "trainer": r.trainer,
+                "family": r.family,
+                "profile": r.profile,
+                "base": r.base,
+                "overrides": r.overrides,
+                "train": r.train,
+                "source": r.source,
+                "verdict": r.verdict,
+                "seeds": r.seeds,
+                "planned": r.planned,
+                "primary": None
+                if m is None
+                else {
+                    k: m[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip", "n")
+                },
+                "p_holm": r.p_holm,
+            }
+        )
     return {"format": 1, "plan": plan, "document": "docs/effects.md", "rows": out}
 
 
@@ -507,22 +587,30 @@ def _reading(rows: Sequence[MatrixRow]) -> list[str]:
             gate = " (the gate of the deviation rows)" if r.preset == GATE else ""
             out.append(f"- Positive control **{r.preset}**{gate}: {r.verdict}; {seen}.")
     if any(r.verdict == UNINFORMATIVE for r in family):
-        out.append(f"- The {len(family)} deviation and inference rows are uninformative: the gating positive control "
-                   "was not seen.")  # fmt: skip
+        out.append(
+            f"- The {len(family)} deviation and inference rows are uninformative: the gating positive control "
+            "was not seen."
+        )
         return out
-    for verdict, says in ((PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
-                          (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
-                          (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could "
-                                          "have missed")):  # fmt: skip
+    for verdict, says in (
+        (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
+        (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
+        (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
+    ):
         named = [r for r in family if r.verdict == verdict]
         listing = ", ".join(f"{r.preset} ({_ci(r.primary)})" for r in named if r.primary) or "none"
         out.append(f"- **{verdict}** ({len(named)} of {len(family)}: {says}): {listing}.")
-    leaning = [r.preset for r in family if r.verdict == NO_DIFFERENCE and r.primary
-               and (r.primary["ci_low"] > 0 or r.primary["ci_high"] < 0)]  # fmt: skip
+    leaning = [
+        r.preset
+        for r in family
+        if r.verdict == NO_DIFFERENCE and r.primary and (r.primary["ci_low"] > 0 or r.primary["ci_high"] < 0)
+    ]
     if leaning:
-        out.append(f"- The intervals are not adjusted for the {len(family)} rows: {len(leaning)} of the rows read "
-                   f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an interval that excludes 0 but a p-value that does "
-                   "not survive Holm's adjustment; they are leads for a larger study, not findings.")  # fmt: skip
+        out.append(
+            f"- The intervals are not adjusted for the {len(family)} rows: {len(leaning)} of the rows read "
+            f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an interval that excludes 0 but a p-value that does "
+            "not survive Holm's adjustment; they are leads for a larger study, not findings."
+        )
     return out
 
 
@@ -564,16 +652,22 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         if m is None:
             lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | {r.verdict} | |")
             continue
-        lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
-                     f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
+            f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |"
+        )
     lines += _reading(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
         lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")
-    lines += ["", "## Secondary metrics (final checkpoint unless named), A - B [95% CI]", "",
-              "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
-              "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",
-              "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Secondary metrics (final checkpoint unless named), A - B [95% CI]",
+        "",
+        "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
+        "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if not r.metrics:
             continue
@@ -587,9 +681,14 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
     if strips is not None and doc is not None:
         shown = [(r, strips / f"{r.preset}.png") for r in rows if (strips / f"{r.preset}.png").is_file()]
         if shown:
-            lines += ["", "## Samples: seed 0, final checkpoint, arm A (top) beside arm B (bottom)", "",
-                      "Each image is labelled with what its prompt asked (the prompts themselves are in the row's result "
-                      "file); short prompts only.", ""]  # fmt: skip
+            lines += [
+                "",
+                "## Samples: seed 0, final checkpoint, arm A (top) beside arm B (bottom)",
+                "",
+                "Each image is labelled with what its prompt asked (the prompts themselves are in the row's result "
+                "file); short prompts only.",
+                "",
+            ]
             for r, png in shown:
                 rel = os.path.relpath(png, doc.parent)
                 lines += [f"**{r.preset}** — {r.deviation}", "", f"![{r.preset}: A above B]({rel})", ""]

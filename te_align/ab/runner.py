@@ -247,8 +247,26 @@ def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
         ps = paired(metric, a, b)
         (am, asd), (bm, bsd), (dm, dsd) = _stats(a), _stats(b), _stats(list(ps.diffs))
         lo, hi = ps.interval
-        rows.append(SummaryRow(metric.name, am, asd, bm, bsd, dm, dsd, ps.n, lo, hi, ps.verdict, metric.higher_better,
-                               ps.p_t, ps.p_signflip, list(a), list(b)))  # fmt: skip
+        rows.append(
+            SummaryRow(
+                metric=metric.name,
+                a_mean=am,
+                a_sd=asd,
+                b_mean=bm,
+                b_sd=bsd,
+                diff_mean=dm,
+                diff_sd=dsd,
+                n=ps.n,
+                ci_low=lo,
+                ci_high=hi,
+                verdict=ps.verdict,
+                higher_better=metric.higher_better,
+                p_t=ps.p_t,
+                p_signflip=ps.p_signflip,
+                a=list(a),
+                b=list(b),
+            )
+        )
     return rows
 
 
@@ -287,13 +305,31 @@ def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_se
         return root
     concept = w.concept_object()
     mix = dict(w.style_mix) or None
-    say(f"drawing the finetuning data from the shapes world (seed {seed}): {w.train_images} training images with {w.concept}, "
-        f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})")  # fmt: skip
+    say(
+        f"drawing the finetuning data from the shapes world (seed {seed}): {w.train_images} training images with {w.concept}, "
+        f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})"
+    )
     space = world.SPACES[w.space]
-    train = world.make_dataset(w.train_images, seed, split="concept", concept=concept, image_size=w.image_size,
-                               style_mix=mix, tokenizer=False, space=space)  # fmt: skip
-    val = world.make_dataset(w.val_images, seed, split="validation", concept=concept, image_size=w.image_size,
-                             style_mix=mix, tokenizer=False, space=space)  # fmt: skip
+    train = world.make_dataset(
+        w.train_images,
+        seed,
+        split="concept",
+        concept=concept,
+        image_size=w.image_size,
+        style_mix=mix,
+        tokenizer=False,
+        space=space,
+    )
+    val = world.make_dataset(
+        w.val_images,
+        seed,
+        split="validation",
+        concept=concept,
+        image_size=w.image_size,
+        style_mix=mix,
+        tokenizer=False,
+        space=space,
+    )
     for folder, samples in (("train", train), ("val", val)):
         tmp = root / f".{folder}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -424,15 +460,28 @@ def run_ab(
         prof_paths[arm] = path
 
     data_key = "per-seed world draws" if per_seed else str((data_dir if data is not None else out_dir / "data").resolve())
-    key_src = json.dumps({"preset": p.to_dict(), "model": model_path, "data": data_key, "max_steps": max_steps,
-                          "a": prof_a.fingerprint(), "b": prof_b.fingerprint(), "plan": plan}, sort_keys=True)  # fmt: skip
+    key_src = json.dumps(
+        {
+            "preset": p.to_dict(),
+            "model": model_path,
+            "data": data_key,
+            "max_steps": max_steps,
+            "a": prof_a.fingerprint(),
+            "b": prof_b.fingerprint(),
+            "plan": plan,
+        },
+        sort_keys=True,
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     state_path = out_dir / STATE_FILE
     state = _read_state(state_path)
     if state and state.get("key") != key:
         other = f" (plan {state.get('plan')})" if state.get("plan") != plan else ""
-        raise ABError(f"this folder holds an A/B with a different preset, model, data, step count or plan{other}: use "
-                      f"another --out (or delete {STATE_FILE} to start over)", file=str(out_dir))  # fmt: skip
+        raise ABError(
+            f"this folder holds an A/B with a different preset, model, data, step count or plan{other}: use "
+            f"another --out (or delete {STATE_FILE} to start over)",
+            file=str(out_dir),
+        )
     state = state or {"format": STATE_FORMAT, "key": key, "preset": p.name, "plan": plan, "runs": {}}
     runs_state: dict[str, Any] = state.setdefault("runs", {})
     save = lambda: _write_state(state_path, state)  # noqa: E731
@@ -460,26 +509,58 @@ def run_ab(
                 continue
             if arm == "A" and inference_row:  # the very LoRA arm B trained, sampled as the inference tool does
                 b = runs_state[f"{s}/B"]
-                runs_state[tag] = {**{k: b[k] for k in ("steps", "losses", "dir")}, "seed": s, "arm": "A", "trained": True,
-                                   "seconds": 0.0, "shares": "B"}  # fmt: skip
+                runs_state[tag] = {
+                    **{k: b[k] for k in ("steps", "losses", "dir")},
+                    "seed": s,
+                    "arm": "A",
+                    "trained": True,
+                    "seconds": 0.0,
+                    "shares": "B",
+                }
                 save()
                 continue
             arm_dir = out_dir / "runs" / f"seed-{s}" / arm
             arm_train = _arm_data(p, train_dir, out_dir / "data" / f"seed-{s}", s) if arm == "A" and p.baseline.kind == "positive" else train_dir
-            cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(arm_train), out=str(arm_dir),
-                                                     profile=str(prof_paths[arm]), seed=s, max_steps=max_steps, arm=arm))  # fmt: skip
+            cfg = config_from_dict(
+                train_config_dict(
+                    p,
+                    model=model_path,
+                    data=str(arm_train),
+                    out=str(arm_dir),
+                    profile=str(prof_paths[arm]),
+                    seed=s,
+                    max_steps=max_steps,
+                    arm=arm,
+                )
+            )
             resume = latest_checkpoint(arm_dir) is not None
             say(f"seed {s} arm {arm} ({_arm_label(p, arm, prof_b.name)}){': resuming' if resume else ''} ...")
             t1, c1 = time.perf_counter(), time.process_time()
             result = train(cfg, resume=True if resume else None)
-            runs_state[tag] = {"seed": s, "arm": arm, "trained": True, "steps": result.steps, "seconds": time.perf_counter() - t1,
-                               "cpu_seconds": time.process_time() - c1, "losses": result.losses, "dir": str(arm_dir)}  # fmt: skip
+            runs_state[tag] = {
+                "seed": s,
+                "arm": arm,
+                "trained": True,
+                "steps": result.steps,
+                "seconds": time.perf_counter() - t1,
+                "cpu_seconds": time.process_time() - c1,
+                "losses": result.losses,
+                "dir": str(arm_dir),
+            }
             save()
         todo = [f"{s}/{arm}" for arm in ARMS if not runs_state[f"{s}/{arm}"].get("evaluated")]
         if todo or "divergence" not in state:
             if evaluator is None:
-                evaluator = _Evaluator(p, model_path=model_path, prof_a=prof_a, prof_b=prof_b, train_dir=train_dir, out_dir=out_dir,
-                                       max_steps=max_steps, say=say)  # fmt: skip
+                evaluator = _Evaluator(
+                    p,
+                    model_path=model_path,
+                    prof_a=prof_a,
+                    prof_b=prof_b,
+                    train_dir=train_dir,
+                    out_dir=out_dir,
+                    max_steps=max_steps,
+                    say=say,
+                )
             evaluator.run(state, todo, seed=s, train_dir=train_dir, val_dir=val_dir, save=save)
         if on_seed is not None:
             on_seed(_result(p, out_dir, seed_list[: seed_list.index(s) + 1], runs_state, state, prof_paths, val_dirs[s], t0))
@@ -506,14 +587,30 @@ def _arm_label(p: Preset, arm: str, profile: str) -> str:
     return f"trainer default: {p.baseline.trainer}"
 
 
-def _result(p: Preset, out_dir: Path, seeds: list[int], runs_state: dict[str, Any], state: dict[str, Any], prof_paths: dict[str, Path],
-            val_dir: Path, t0: float) -> ABResult:  # fmt: skip
+def _result(
+    p: Preset,
+    out_dir: Path,
+    seeds: list[int],
+    runs_state: dict[str, Any],
+    state: dict[str, Any],
+    prof_paths: dict[str, Path],
+    val_dir: Path,
+    t0: float,
+) -> ABResult:
     from te_align.ab.evaluate import Divergence
 
     runs = [_run_from(runs_state[f"{s}/{arm}"]) for s in seeds for arm in ARMS]
     divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state.get("divergence", [])]
-    result = ABResult(out_dir, p, len(seeds), runs, divergence, summarize(runs, seeds), profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])},
-                      val_dir=val_dir)  # fmt: skip
+    result = ABResult(
+        out_dir,
+        p,
+        len(seeds),
+        runs,
+        divergence,
+        summarize(runs, seeds),
+        profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])},
+        val_dir=val_dir,
+    )
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -521,8 +618,18 @@ def _result(p: Preset, out_dir: Path, seeds: list[int], runs_state: dict[str, An
 class _Evaluator:
     """The evaluation pipeline of one A/B, loaded once: validation loss per checkpoint, samples, probe prompts."""
 
-    def __init__(self, p: Preset, *, model_path: str, prof_a: Any, prof_b: Any, train_dir: Path, out_dir: Path, max_steps: int | None,
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        p: Preset,
+        *,
+        model_path: str,
+        prof_a: Any,
+        prof_b: Any,
+        train_dir: Path,
+        out_dir: Path,
+        max_steps: int | None,
+        say: Callable[[str], None],
+    ) -> None:
         import torch
 
         from te_align.train import config_from_dict
@@ -541,8 +648,17 @@ class _Evaluator:
             self.inf_a = prof_a
             chunks = int(_merge(p.train, p.baseline.train).get("data", {}).get("long_prompt_chunks", 0) or 0)
             self.opts_a = EncodeOptions(long_prompt_chunks=chunks) if chunks else None
-        cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(out_dir), profile=p.profile, seed=0,
-                                                 max_steps=max_steps))  # fmt: skip
+        cfg = config_from_dict(
+            train_config_dict(
+                p,
+                model=model_path,
+                data=str(train_dir),
+                out=str(out_dir),
+                profile=p.profile,
+                seed=0,
+                max_steps=max_steps,
+            )
+        )
         self.cfg = cfg
         self.family = family_of(prof_b)
         pipe = load_pipeline(cfg.model, prof_b)
@@ -554,8 +670,14 @@ class _Evaluator:
         self.pipe = pipe
         self.denoiser = getattr(pipe, self.family.denoiser_attr)
         lo = cfg.lora
-        add_lora(self.denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.target_modules or self.family.default_targets,
-                 seed=0)  # fmt: skip
+        add_lora(
+            self.denoiser,
+            rank=lo.rank,
+            alpha=lo.alpha,
+            dropout=lo.dropout,
+            targets=lo.target_modules or self.family.default_targets,
+            seed=0,
+        )
         self.denoiser.eval()
         self.named = {f"{self.family.denoiser_attr}.{n}": prm for n, prm in self.denoiser.named_parameters() if "lora_" in n}
         for prm in self.named.values():
@@ -627,9 +749,19 @@ class _Evaluator:
         objective = evaluate.resolve_objective(family, pipe, cfg.train.objective)
 
         def vloss(cond: Any) -> float:
-            return evaluate.validation_loss(family=family, denoiser=self.denoiser, latents=latents, noise=noise, timesteps=timesteps,
-                                            cond=cond, objective=objective, scheduler_config=pipe.scheduler.config,
-                                            guidance=cfg.train.guidance, flow_shift_scale=flow_timestep_scale(family), pixel_size=res)  # fmt: skip
+            return evaluate.validation_loss(
+                family=family,
+                denoiser=self.denoiser,
+                latents=latents,
+                noise=noise,
+                timesteps=timesteps,
+                cond=cond,
+                objective=objective,
+                scheduler_config=pipe.scheduler.config,
+                guidance=cfg.train.guidance,
+                flow_shift_scale=flow_timestep_scale(family),
+                pixel_size=res,
+            )
 
         probes = _probes(p, seed)
         curve_steps = _curve_steps(p, self.max_steps)
@@ -637,8 +769,14 @@ class _Evaluator:
         base_b = vloss(cond_b)
         base_own = {"A": vloss(sampled_a), "B": base_b}
         sample_size = p.eval.sample_size or res
-        scfg = SampleConfig(prompts=list(p.eval.prompts), seeds=list(p.eval.sample_seeds), steps=p.eval.sample_steps,
-                            guidance_scale=p.eval.guidance_scale, width=sample_size, height=sample_size)  # fmt: skip
+        scfg = SampleConfig(
+            prompts=list(p.eval.prompts),
+            seeds=list(p.eval.sample_seeds),
+            steps=p.eval.sample_steps,
+            guidance_scale=p.eval.guidance_scale,
+            width=sample_size,
+            height=sample_size,
+        )
         runs_state = state["runs"]
         for tag in todo:
             r = runs_state[tag]
@@ -656,8 +794,16 @@ class _Evaluator:
                 val.append((step, vloss(cond_b)))
                 val_own.append((step, vloss(own) if own is not cond_b else val[-1][1]))
                 if probes and (step in curve_steps or (step == ckpts[-1][0] and not curve_steps)):
-                    images = accuracy.sample_prompts(pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,
-                                                     guidance=p.eval.accuracy_guidance, size=sample_size, seed=0, options=opts)  # fmt: skip
+                    images = accuracy.sample_prompts(
+                        pipe,
+                        inf,
+                        [q.text for q in probes],
+                        steps=p.eval.accuracy_steps,
+                        guidance=p.eval.accuracy_guidance,
+                        size=sample_size,
+                        seed=0,
+                        options=opts,
+                    )
                     reads = accuracy.read_probes(images, [q.objects for q in probes], concept_colour=_concept_colour(p))
                     curve.append((step, _probe_summary(probes, reads)))
                     if step == ckpts[-1][0]:
@@ -668,14 +814,34 @@ class _Evaluator:
             if probes and missing_steps:
                 raise ABError(f"no checkpoint at step(s) {missing_steps} (eval.curve_steps) to read the learning curve", file=r["dir"])
             # samples of the final weights, conditioned as the arm is sampled at inference
-            files = sample_images(pipe, self.prof_b, scfg, sample_dir, ckpts[-1][0], size=(sample_size, sample_size), device=torch.device("cpu"),
-                                  dtype=torch.float32) if inf is self.prof_b and (arm == "B" or self.opts_a is None) else []  # fmt: skip
+            files = (
+                sample_images(
+                    pipe,
+                    self.prof_b,
+                    scfg,
+                    sample_dir,
+                    ckpts[-1][0],
+                    size=(sample_size, sample_size),
+                    device=torch.device("cpu"),
+                    dtype=torch.float32,
+                )
+                if inf is self.prof_b and (arm == "B" or self.opts_a is None)
+                else []
+            )
             r.update({"val": val, "val_own": val_own, "samples": [str(f) for f in files], "curve": curve})
             if probes:
                 r["probes"] = [q.to_dict() for q in probes]
             elif key is not None:
-                images = accuracy.sample_prompts(pipe, inf, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
-                                                 size=sample_size, seed=0, options=opts)  # fmt: skip
+                images = accuracy.sample_prompts(
+                    pipe,
+                    inf,
+                    captions,
+                    steps=p.eval.accuracy_steps,
+                    guidance=p.eval.accuracy_guidance,
+                    size=sample_size,
+                    seed=0,
+                    options=opts,
+                )
                 truths = [key["items"][f.stem]["objects"] for f, _ in items]
                 r["accuracy"] = accuracy.score_images(images, truths)
                 acc_files = accuracy.save_images(images, [f.stem for f, _ in items], sample_dir / "accuracy")
@@ -733,9 +899,17 @@ def _probe_summary(probes: list[Any], reads: list[dict[str, Any]]) -> dict[str, 
         return sum(float(r[key]) for r in rows) / len(rows) if rows else float("nan")
 
     hit, false = rate(concept, "hit"), rate(control, "concept_colour") if control else 0.0
-    return {"hit": hit, "false": false, "net": hit - false, "exact": rate(concept, "exact"), "known": rate(control, "hit"),
-            "extra": rate(concept + control, "extra"), "hits": [bool(r["hit"]) for r in concept],
-            "false_reads": [bool(r["concept_colour"]) for r in control], "known_hits": [bool(r["hit"]) for r in control]}  # fmt: skip
+    return {
+        "hit": hit,
+        "false": false,
+        "net": hit - false,
+        "exact": rate(concept, "exact"),
+        "known": rate(control, "hit"),
+        "extra": rate(concept + control, "extra"),
+        "hits": [bool(r["hit"]) for r in concept],
+        "false_reads": [bool(r["concept_colour"]) for r in control],
+        "known_hits": [bool(r["hit"]) for r in control],
+    }
 
 
 __all__ = ["ARMS", "STATE_FILE", "ABResult", "ArmRun", "SummaryRow", "run_ab", "split_data", "summarize"]

@@ -39,8 +39,12 @@ class Stats:
         if self.mode == "global":
             out.update(mean=float(self.mean[0]), std=float(self.std[0]))
         else:
-            out.update(mean=float(self.mean.mean()), std=float(self.std.mean()), std_min=float(self.std.min()),
-                       std_max=float(self.std.max()))  # fmt: skip
+            out.update(
+                mean=float(self.mean.mean()),
+                std=float(self.std.mean()),
+                std_min=float(self.std.min()),
+                std_max=float(self.std.max()),
+            )
         return out
 
 

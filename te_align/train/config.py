@@ -286,12 +286,18 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
             need(ok, f"data.encoder_dropout.{k}", f"must be a probability in [0, 1], got {v!r}")
     need(lo.rank >= 0, "lora.rank", f"must be >= 1 (or 0 with train.full_modules: no denoiser LoRA), got {lo.rank}")
     if lo.rank == 0:  # a full fine-tune: the train.full_modules weights (and a swapped model's projection) only
-        need(bool(t.full_modules), "lora.rank",
-             "0 trains no denoiser LoRA, so train.full_modules must name the weights to train in full "
-             "(e.g. [\"\"] for the whole denoiser); or set lora.rank >= 1")  # fmt: skip
+        need(
+            bool(t.full_modules),
+            "lora.rank",
+            "0 trains no denoiser LoRA, so train.full_modules must name the weights to train in full "
+            '(e.g. [""] for the whole denoiser); or set lora.rank >= 1',
+        )
         need(not lo.target_modules, "lora.target_modules", "set, but lora.rank = 0 adds no denoiser LoRA: remove it")
-        need(not lo.text_encoders or lo.text_encoder_rank >= 1, "lora.text_encoder_rank",
-             "must be >= 1 when lora.rank = 0 and lora.text_encoders is set (it defaults to lora.rank)")  # fmt: skip
+        need(
+            not lo.text_encoders or lo.text_encoder_rank >= 1,
+            "lora.text_encoder_rank",
+            "must be >= 1 when lora.rank = 0 and lora.text_encoders is set (it defaults to lora.rank)",
+        )
     need(lo.rank <= 4096, "lora.rank", f"must be <= 4096, got {lo.rank}")
     need(lo.alpha > 0, "lora.alpha", f"must be > 0, got {lo.alpha}")
     need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must be in [0, 1), got {lo.dropout}")

@@ -114,8 +114,16 @@ def steady_cpu_heap() -> bool:
 
 # --------------------------------------------------------------------------------------------- models
 def _clean(config: dict[str, Any]) -> dict[str, Any]:
-    drop = {"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "_class_name",
-            "_diffusers_version", "model_type"}  # fmt: skip
+    drop = {
+        "architectures",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "_name_or_path",
+        "_class_name",
+        "_diffusers_version",
+        "model_type",
+    }
     return {k: v for k, v in config.items() if k not in drop and not k.startswith("_")}
 
 
@@ -291,12 +299,16 @@ def _meta_inputs(denoiser: Any, family: Any, batch: int, latent_hw: tuple[int, i
         noisy = torch.empty(batch, c, h, w, dtype=compute_dtype)
         t = torch.full((batch,), 0.5 if family.name == "flux" else 500.0)
         if family.name == "flux":
-            cond = {"prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
-                    "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
-                    "text_ids": torch.zeros(text_len, 3)}  # fmt: skip
+            cond = {
+                "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
+                "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
+                "text_ids": torch.zeros(text_len, 3),
+            }
         elif family.name == "sd3":
-            cond = {"prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
-                    "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype)}  # fmt: skip
+            cond = {
+                "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
+                "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
+            }
         else:
             cond = {"prompt_embeds": torch.empty(batch, text_len, conf.cross_attention_dim, dtype=compute_dtype)}
             if family.name == "sdxl":
@@ -492,8 +504,12 @@ def _load_meta(cfg: TrainConfig) -> _Model:
     if cfg.train.full_modules:  # trained in full: float32 weights with gradients and optimizer state, like LoRA's
         import re
 
-        lora += [p for n, p in den.named_parameters()
-                 if "lora_" not in n and any(re.search(pat, n.replace(".base_layer.", ".")) for pat in cfg.train.full_modules)]  # fmt: skip
+        lora += [
+            p
+            for n, p in den.named_parameters()
+            if "lora_" not in n
+            and any(re.search(pat, n.replace(".base_layer.", ".")) for pat in cfg.train.full_modules)
+        ]
     for p in lora:
         p.requires_grad_(True)
         p.data = p.data.float()
@@ -660,16 +676,29 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     qs = f", {q}" if q != "none" else ""
     # on CUDA the denoiser waits in host RAM until the encoders are done (te_align.train.models.place_denoiser)
     on_host = device == "cuda" and q not in ("int8", "nf4")
-    caching = [*runtime, Line(f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})", weights[den],
-                              "host" if on_host else "device")]  # fmt: skip
+    caching = [
+        *runtime,
+        Line(
+            f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})",
+            weights[den],
+            "host" if on_host else "device",
+        ),
+    ]
     caching += [Line(f"{a} weights", weights[a]) for a in encoders] + [Line("vae weights", weights["vae"])]
     caching.append(Line(f"VAE encoding one {side}x{side} image", vae_work))
-    training = [*runtime, Line(f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})", weights[den]),
-                Line(f"LoRA parameters ({lora:,}, float32)", lora * 4), Line("LoRA gradients (float32)", lora * 4),
-                Line(f"optimizer state ({t.optimizer})", optim),
-                Line(f"activations (batch {t.batch_size}, {side}x{side}, checkpointing "
-                     f"{'on' if t.gradient_checkpointing else 'off'})", acts),
-                Line("temporaries (forward/backward)", transient)]  # fmt: skip
+    training = [
+        *runtime,
+        Line(f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})", weights[den]),
+        Line(f"LoRA parameters ({lora:,}, float32)", lora * 4),
+        Line("LoRA gradients (float32)", lora * 4),
+        Line(f"optimizer state ({t.optimizer})", optim),
+        Line(
+            f"activations (batch {t.batch_size}, {side}x{side}, checkpointing "
+            f"{'on' if t.gradient_checkpointing else 'off'})",
+            acts,
+        ),
+        Line("temporaries (forward/backward)", transient),
+    ]
     if not free:
         training += [Line(f"{a} weights (kept)", weights[a]) for a in encoders]
     if not free_vae:
@@ -732,8 +761,11 @@ def report(est: Estimate, cfg: TrainConfig) -> str:
     """The estimate as text: components per phase, the peak against the device, options that fit."""
     lines = [f"memory estimate for {cfg.source or 'the config'} on {est.device} ({_gib(est.available)} available)"]
     lines.append("parameters: " + ", ".join(f"{k} {v:,}" for k, v in est.params.items()))
-    titles = {"loading": "loading (weights as loaded, the file of a converted component mapped)",
-              "caching": "caching (text encoders + VAE resident)", "training": "training"}  # fmt: skip
+    titles = {
+        "loading": "loading (weights as loaded, the file of a converted component mapped)",
+        "caching": "caching (text encoders + VAE resident)",
+        "training": "training",
+    }
     for phase, items in est.phases().items():
         if not items:
             continue
@@ -760,5 +792,16 @@ def refusal(est: Estimate) -> str:
     return f"the run needs about {_gib(est.peak('device'))} on {est.device} but {_gib(est.available)} is available{alt}"
 
 
-__all__ = ["Estimate", "Line", "build_meta", "component_specs", "estimate", "refusal", "report", "saved_activations",
-           "steady_cpu_heap", "stored_bytes", "weight_bytes"]  # fmt: skip
+__all__ = [
+    "Estimate",
+    "Line",
+    "build_meta",
+    "component_specs",
+    "estimate",
+    "refusal",
+    "report",
+    "saved_activations",
+    "steady_cpu_heap",
+    "stored_bytes",
+    "weight_bytes",
+]

@@ -79,8 +79,14 @@ class RunLog:
     def log(self, step: int, epoch: int, loss: float, lr: float, steps_per_s: float, elapsed: float) -> None:
         if not self.enabled:
             return
-        row = {"step": step, "epoch": epoch, "loss": f"{loss:.8g}", "lr": f"{lr:.6g}",
-               "steps_per_s": f"{steps_per_s:.4g}", "elapsed_s": f"{elapsed:.2f}"}  # fmt: skip
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "loss": f"{loss:.8g}",
+            "lr": f"{lr:.6g}",
+            "steps_per_s": f"{steps_per_s:.4g}",
+            "elapsed_s": f"{elapsed:.2f}",
+        }
         with writing(self.csv_path):
             self._csv.writerow(row)
             self._file.flush()

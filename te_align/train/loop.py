@@ -789,14 +789,29 @@ def _run_record(run: Run) -> dict[str, Any]:
 
 
 #: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
-_FIXED = {"model_id": "the model", "rank": "lora.rank", "target_modules": "lora.target_modules",
-          "text_encoders": "lora.text_encoders", "text_encoder_rank": "lora.text_encoder_rank",
-          "text_encoder_target_modules": "lora.text_encoder_target_modules", "full_modules": "train.full_modules"}  # fmt: skip
+_FIXED = {
+    "model_id": "the model",
+    "rank": "lora.rank",
+    "target_modules": "lora.target_modules",
+    "text_encoders": "lora.text_encoders",
+    "text_encoder_rank": "lora.text_encoder_rank",
+    "text_encoder_target_modules": "lora.text_encoder_target_modules",
+    "full_modules": "train.full_modules",
+}
 #: Settings that change the rest of the run when they change (warned about; the new value is used).
-_CHANGES = {"learning_rate": "train.learning_rate", "text_encoder_lr": "train.text_encoder_lr",
-            "projection_lr": "train.projection_lr", "full_lr": "train.full_lr", "alpha": "lora.alpha",
-            "batch_size": "train.batch_size", "gradient_accumulation": "train.gradient_accumulation", "seed": "train.seed",
-            "total": "total steps", "lr_scheduler": "train.lr_scheduler", "warmup_steps": "train.warmup_steps"}  # fmt: skip
+_CHANGES = {
+    "learning_rate": "train.learning_rate",
+    "text_encoder_lr": "train.text_encoder_lr",
+    "projection_lr": "train.projection_lr",
+    "full_lr": "train.full_lr",
+    "alpha": "lora.alpha",
+    "batch_size": "train.batch_size",
+    "gradient_accumulation": "train.gradient_accumulation",
+    "seed": "train.seed",
+    "total": "total steps",
+    "lr_scheduler": "train.lr_scheduler",
+    "warmup_steps": "train.warmup_steps",
+}
 
 
 def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[str]:

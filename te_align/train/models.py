@@ -34,11 +34,30 @@ SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux")
 
 #: Default LoRA targets, as diffusers' LoRA example scripts use them.
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
-SD3_TARGETS = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-               "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v"]  # fmt: skip
-FLUX_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
-                "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                "ff_context.net.2"]  # fmt: skip
+SD3_TARGETS = [
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_k",
+    "attn.to_out.0",
+    "attn.to_q",
+    "attn.to_v",
+]
+FLUX_TARGETS = [
+    "attn.to_k",
+    "attn.to_q",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+]
 CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 
 @dataclass

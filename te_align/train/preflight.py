@@ -30,8 +30,17 @@ from te_align.train.data import scan
 from te_align.train.models import family_of, resolve_profile
 
 #: The files and folders of a run in its output folder (``{name}`` is ``output.name``).
-RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "{name}_full.safetensors",
-             "{name}_projection.safetensors", "train_config.json", "logs", "samples", "loss.png")  # fmt: skip
+RUN_FILES = (
+    "checkpoints",
+    "{name}.safetensors",
+    "{name}_kohya.safetensors",
+    "{name}_full.safetensors",
+    "{name}_projection.safetensors",
+    "train_config.json",
+    "logs",
+    "samples",
+    "loss.png",
+)
 #: The trained-weight files among them (a folder holding one holds a previous run).
 WEIGHT_FILES = RUN_FILES[1:5]
 
