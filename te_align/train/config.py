@@ -19,6 +19,7 @@ from typing import Any, Literal
 from te_align import _schema as schema
 from te_align._dtypes import DTYPE_NAMES
 from te_align._paths import read_bytes
+from te_align._types import JSONObject
 from te_align.errors import TeAlignError, closest
 from te_align.profiles.resolve import is_hub_id
 
@@ -208,7 +209,7 @@ class TrainConfig:
     #: Where the config was read from (relative paths are resolved against its folder).
     source: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = dataclasses.asdict(self)
         d.pop("source", None)
         return d
@@ -348,11 +349,11 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(cfg.logging.every >= 1, "logging.every", "must be >= 1")
 
 
-def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir: str | Path | None = None) -> TrainConfig:
+def config_from_dict(data: JSONObject, *, file: str | None = None, base_dir: str | Path | None = None) -> TrainConfig:
     """Validate a config mapping; relative paths are resolved against ``base_dir``."""
     if not isinstance(data, dict):
         raise TrainError("a training config must be a table", file=file)
-    sections: dict[str, Any] = {}
+    sections: dict[str, object] = {}
     for name, value in data.items():
         if name not in SECTIONS:
             hint = closest(name, SECTIONS)
@@ -405,7 +406,7 @@ def load_config(path: str | Path) -> TrainConfig:
     return config_from_dict(data, file=str(path), base_dir=p.resolve().parent)
 
 
-def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
+def as_config(config: TrainConfig | JSONObject | str | Path) -> TrainConfig:
     """A :class:`TrainConfig` from a config object, a mapping or a TOML path."""
     if isinstance(config, TrainConfig):
         _check(config, config.source or None)

@@ -12,7 +12,7 @@ default for (and that the hub file repeats) are left out.
 
 from __future__ import annotations
 
-from typing import Any
+from te_align._types import JSONObject
 
 _VAE_16 = {
     "in_channels": 3,
@@ -29,7 +29,7 @@ _VAE_16 = {
 }
 
 #: repo id -> component attribute -> (diffusers class name, config)
-REAL_CONFIGS: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
+REAL_CONFIGS: dict[str, dict[str, tuple[str, JSONObject]]] = {
     "black-forest-labs/FLUX.1-dev": {
         "transformer": (
             "FluxTransformer2DModel",
@@ -115,7 +115,7 @@ REAL_CONFIGS["black-forest-labs/FLUX.1-schnell"] = {
 TEXT_ENCODER_CLASSES = {"clip_text_model": "CLIPTextModel", "t5": "T5EncoderModel"}
 
 
-def official_components(repo: str) -> dict[str, dict[str, Any]]:
+def official_components(repo: str) -> dict[str, JSONObject]:
     """Text-encoder configs (``text_encoder*``: plain values) from the bundled official snapshot of ``repo``."""
     import json
     from importlib import resources
@@ -125,7 +125,7 @@ def official_components(repo: str) -> dict[str, dict[str, Any]]:
     if not ref.is_file():
         return {}
     data = json.loads(ref.read_text(encoding="utf-8"))
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JSONObject] = {}
     for attr, fields in data.get("components", {}).items():
         if not attr.startswith("text_encoder"):
             continue
