@@ -36,10 +36,25 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import te_align
 from te_align import _schema as schema
+from te_align._lazy import lazy_module
+from te_align._shipped import shipped_dir
+from te_align._types import JSONObject
 from te_align.errors import TeAlignError, closest
+from te_align.tiny.bases import BASES
+from te_align.train.config import SECTIONS, TrainError, config_from_dict
+from te_align.trainers import names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles.model import AlignmentProfile
+    from te_align.tiny.world.scenes import Concept
+
+#: The shapes world (numpy), loaded when a world preset is checked: listing or loading other presets stays light.
+_world = lazy_module("te_align.tiny.world")
+_phrasings = lazy_module("te_align.tiny.world.phrasings")
 
 
 class ABError(TeAlignError):
@@ -103,7 +118,7 @@ class Baseline:
             return "inference"
         return "deviation"
 
-    def inference_profile(self, profile: Any) -> Any:
+    def inference_profile(self, profile: AlignmentProfile) -> AlignmentProfile:
         """The profile arm A is sampled with (``profile`` itself for every row but an inference-side one)."""
         return profile.with_overrides(self.inference_overrides) if self.inference_overrides else profile
 
@@ -132,12 +147,10 @@ class WorldSettings:
     #: that seed, so that the interval across seeds covers the data draw too.
     per_seed_data: bool = True
 
-    def concept_object(self) -> Any:
-        from te_align.tiny import world
-
+    def concept_object(self) -> Concept:
         attribute, _, value = self.concept.partition("=")
         hold = tuple(tuple(h.split("=", 1)) for h in self.holdout)
-        return world.Concept(attribute, value, holdout=hold)  # type: ignore[arg-type]
+        return _world.Concept(attribute, value, holdout=hold)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -185,15 +198,13 @@ class Preset:
     world: WorldSettings | None = None
     source: str = ""
 
-    def arm_profiles(self, base: Any = None) -> tuple[Any, Any]:
+    def arm_profiles(self, base: AlignmentProfile | None = None) -> tuple[AlignmentProfile, AlignmentProfile]:
         """(arm A, arm B) profiles: B is ``base`` (default: the bundled profile), A is B with the baseline overrides."""
-        import te_align
-
         b = base if base is not None else te_align.profile(self.profile)
         a = b.with_overrides(self.baseline.overrides) if self.baseline.overrides else b
         return a, b
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = dataclasses.asdict(self)
         d.pop("source", None)
         return d
@@ -201,8 +212,6 @@ class Preset:
 
 def presets_root() -> Path:
     """The bundled ``presets/`` folder: the repository's, or its copy in an installed wheel."""
-    from te_align._shipped import shipped_dir
-
     root = shipped_dir("presets")
     if root is None:
         raise ABError("te-align's bundled presets are missing from this installation (reinstall te-align)")
@@ -224,15 +233,10 @@ def list_presets() -> dict[str, Path]:
     return out
 
 
-def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
+def preset_from_dict(data: JSONObject, *, file: str = "") -> Preset:
     """Validate a preset mapping: keys, baseline trainer, overrides (against the profile), [train] sections."""
-    import te_align
-    from te_align.train.config import SECTIONS, TrainError, config_from_dict
-
     preset = dataclasses.replace(schema.build(Preset, data, file=file, error=ABError, exclude=("source",)), source=file)
     baseline, ev = preset.baseline, preset.eval
-    from te_align.trainers import names
-
     if baseline.trainer not in names():  # the trainer registry's names
         raise ABError(f"expected one of {', '.join(names())}, got {baseline.trainer!r}", file=file, key="baseline.trainer")
     for key in ("behaviour", "why", "source"):
@@ -339,14 +343,12 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
 
 
 def _check_probes(preset: Preset, file: str) -> None:
-    from te_align.tiny.world.phrasings import LENGTHS
-
     ev = preset.eval
     for key in ("probe_concept", "probe_control"):
         for length, n in getattr(ev, key).items():
-            if length not in LENGTHS or not isinstance(n, int) or n < 0:
+            if length not in _phrasings.LENGTHS or not isinstance(n, int) or n < 0:
                 raise ABError(
-                    f"expected lengths ({', '.join(LENGTHS)}) = counts >= 0, got {length!r} = {n!r}",
+                    f"expected lengths ({', '.join(_phrasings.LENGTHS)}) = counts >= 0, got {length!r} = {n!r}",
                     file=file,
                     key=f"eval.{key}",
                 )
@@ -377,23 +379,19 @@ def _check_world(w: WorldSettings, file: str) -> None:
             file=file,
             key="world.concept",
         ) from None
-    from te_align.tiny.bases import BASES
-
     if w.base not in BASES:
         raise ABError(
             f"no pretrained world base {w.base!r}{closest(w.base, list(BASES)) or ''}; bases: {', '.join(BASES)}",
             file=file,
             key="world.base",
         )
-    from te_align.tiny.world import SPACES
-
-    if w.space not in SPACES:
-        raise ABError(f"no scene space {w.space!r}; spaces: {', '.join(SPACES)}", file=file, key="world.space")
+    if w.space not in _world.SPACES:
+        raise ABError(f"no scene space {w.space!r}; spaces: {', '.join(_world.SPACES)}", file=file, key="world.space")
     if w.train_images < 1 or w.val_images < 1 or w.image_size < 8 or w.data_seed < 0:
         raise ABError("train_images >= 1, val_images >= 1, image_size >= 8, data_seed >= 0", file=file, key="world")
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: JSONObject, extra: JSONObject) -> JSONObject:
     out = dict(base)
     for k, v in extra.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else v
@@ -410,10 +408,10 @@ def train_config_dict(
     seed: int,
     max_steps: int | None = None,
     arm: str = "B",
-) -> dict[str, Any]:
+) -> JSONObject:
     """The te_align.train config of one arm: identical for both arms apart from ``profile``, ``out`` and, for
     arm A, the baseline's ``train`` settings."""
-    raw: dict[str, Any] = {k: dict(v) for k, v in preset.train.items()}
+    raw: JSONObject = {k: dict(v) for k, v in preset.train.items()}
     if arm == "A" and preset.baseline.train:
         raw = _merge(raw, preset.baseline.train)
     raw.setdefault("model", {}).update({"path": model, "profile": profile})

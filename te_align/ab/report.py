@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING, Any
 from te_align._atomic import atomic_file
 from te_align.ab.plots import Series, band_plot, image_grid
 from te_align.ab.preset import ABError
+from te_align.ab.stats import round_to_spread
+from te_align.tiny import world
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from te_align.ab.runner import ABResult
 
 COLOURS = {"A": (214, 96, 40), "B": (40, 90, 200)}
@@ -104,9 +108,7 @@ def _plots(result: ABResult) -> dict[str, Path]:
 GRID_PROMPTS = 6
 
 
-def _reading(img: Any) -> str:
-    from te_align.tiny import world
-
+def _reading(img: np.ndarray) -> str:
     found = world.read_image(img)
     return "; ".join(" ".join(k) for k in found) if found else "nothing"
 
@@ -116,8 +118,6 @@ def _accuracy_grid(result: ABResult) -> bytes:
     what the reader read in it."""
     import numpy as np
     from PIL import Image
-
-    from te_align.tiny import world
 
     runs = [r for r in result.runs if r.seed < 2]
     first = runs[0].accuracy_samples[:GRID_PROMPTS]
@@ -150,8 +150,6 @@ def _probe_grid(result: ABResult) -> bytes:
     reader read."""
     import numpy as np
     from PIL import Image
-
-    from te_align.tiny import world
 
     first = min(r.seed for r in result.runs)
     runs = [r for r in result.runs if r.seed == first]
@@ -216,8 +214,6 @@ def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
 
 def _headline(result: ABResult) -> list[Block]:
     """The verdict first, then each deciding metric's mean difference and 95% interval, rounded to its spread."""
-    from te_align.ab.stats import round_to_spread
-
     out: list[Block] = [
         (
             "p",
