@@ -28,8 +28,12 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from te_align._atomic import fault_point, fsync_dir
+from te_align._lazy import lazy_module
+from te_align._types import JSONObject
+from te_align.encoding.core import _config_width
 from te_align.errors import TeAlignError, closest
 from te_align.profiles.model import (
     AlignmentProfile,
@@ -39,9 +43,22 @@ from te_align.profiles.model import (
     SlotSpec,
     TokenizerSpec,
 )
+from te_align.profiles.overrides import resolve
 from te_align.profiles.resolve import MODEL_PROFILE_FILE
 from te_align.swap.families import FAMILIES, RESET_MODES, SwapFamily
-from te_align.swap.measure import STATS_MODES, Stats
+from te_align.swap.measure import STATS_MODES, Stats, measure
+from te_align.train.config import ModelConfig
+from te_align.train.models import load_pipeline
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from diffusers import DiffusionPipeline
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from te_align.encoding.projected import ProjectedTextEncoder
+
+#: Deferred: it loads transformers, needed only once a swap builds its encoder.
+_projected = lazy_module("te_align.encoding.projected")
 
 #: The profile file a swapped model folder carries (te_align.profile(folder) reads it).
 PROFILE_FILE = MODEL_PROFILE_FILE
@@ -81,7 +98,7 @@ class SwapReport:
     reset_layers: list[str] = field(default_factory=list)
     seed: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "out": None if self.out is None else str(self.out),
             "profile": self.profile.name,
@@ -141,14 +158,12 @@ def family_row(profile: AlignmentProfile) -> SwapFamily:
     return row
 
 
-def _width(config: Any) -> int | None:
-    from te_align.encoding.core import _config_width
-
+def _width(config: object) -> int | None:
     return _config_width(config)
 
 
 def check_parts(
-    profile: AlignmentProfile, row: SwapFamily, denoiser: Any, encoder: Any, tokenizer: Any, *, where: Mapping[str, str]
+    profile: AlignmentProfile, row: SwapFamily, denoiser: torch.nn.Module, encoder: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, where: Mapping[str, str]
 ) -> tuple[int, int]:
     """(input width, output width): the new encoder's width and the denoiser's, after checking that the
     denoiser takes what the old slot gives and that the tokenizer fits the encoder."""
@@ -194,7 +209,7 @@ def check_parts(
     return width, want
 
 
-def check_projection(weights: Mapping[str, Any], in_width: int, out_width: int, *, file: str) -> None:
+def check_projection(weights: Mapping[str, torch.Tensor], in_width: int, out_width: int, *, file: str) -> None:
     """A projection to start from: ``weight`` (out, in) and an optional ``bias`` (out,)."""
     if "weight" not in weights:
         raise SwapError(f"no tensor 'weight' (found: {', '.join(sorted(weights)) or 'none'})", file=file, key="weight")
@@ -215,7 +230,7 @@ def check_projection(weights: Mapping[str, Any], in_width: int, out_width: int, 
 
 
 # ------------------------------------------------------------------------------------------ profile
-def _slot_name(encoder: Any, taken: Sequence[str]) -> str:
+def _slot_name(encoder: PreTrainedModel, taken: Sequence[str]) -> str:
     model_type = str(getattr(encoder.config, "model_type", "") or "text")
     name = {"t5": "t5", "umt5": "t5", "mt5": "t5"}.get(model_type, model_type.replace("-", "_"))
     return name if name not in taken else f"{name}_swap"
@@ -224,8 +239,8 @@ def _slot_name(encoder: Any, taken: Sequence[str]) -> str:
 def swapped_profile(
     base: AlignmentProfile,
     row: SwapFamily,
-    encoder: Any,
-    tokenizer: Any,
+    encoder: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     out_width: int,
     max_length: int,
@@ -234,8 +249,6 @@ def swapped_profile(
     source: str,
 ) -> AlignmentProfile:
     """The profile of the swapped model: the base's, with ``row.slot`` replaced by the projected encoder."""
-    from te_align.encoding.projected import CLASS_NAME
-
     old = base.slot(row.slot)
     new_name = _slot_name(encoder, [s for s in base.slot_names if s != row.slot])
     cfg = encoder.config
@@ -254,7 +267,7 @@ def swapped_profile(
     )
     layers = getattr(cfg, "num_layers", None) or getattr(cfg, "num_hidden_layers", None) or 0
     enc = EncoderSpec(
-        cls=CLASS_NAME,
+        cls=_projected.CLASS_NAME,
         hidden_size=out_width,
         num_layers=int(layers),
         vocab_size=getattr(cfg, "vocab_size", None),
@@ -315,14 +328,14 @@ def swapped_profile(
 
 
 # ------------------------------------------------------------------------------------------ reset
-def matching_layers(denoiser: Any, patterns: Sequence[str]) -> list[str]:
+def matching_layers(denoiser: torch.nn.Module, patterns: Sequence[str]) -> list[str]:
     """The names of the layers :func:`reset_layers` would re-initialise (nothing is changed)."""
     import re
 
     return [name for name, _ in denoiser.named_modules() if name and any(re.search(p, "." + name) for p in patterns)]
 
 
-def check_reset(denoiser: Any, row: SwapFamily, reset: str, *, file: str | None) -> None:
+def check_reset(denoiser: torch.nn.Module, row: SwapFamily, reset: str, *, file: str | None) -> None:
     """Refuse a reset mode that matches no layer of the denoiser (e.g. ``cross`` on a UNet without cross-attention),
     before anything is measured or written."""
     if reset == "none" or matching_layers(denoiser, row.reset[reset]):
@@ -337,7 +350,7 @@ def check_reset(denoiser: Any, row: SwapFamily, reset: str, *, file: str | None)
     )
 
 
-def reset_layers(denoiser: Any, patterns: Sequence[str]) -> list[str]:
+def reset_layers(denoiser: torch.nn.Module, patterns: Sequence[str]) -> list[str]:
     """Re-initialise the layers whose names match, in ``named_modules()`` order, each by its own
     ``reset_parameters()`` (draws from the global torch RNG); returns their names."""
     import re
@@ -356,14 +369,11 @@ def reset_layers(denoiser: Any, patterns: Sequence[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ loading
-def _load_base(base: str, config: str, profile: AlignmentProfile) -> Any:
-    from te_align.train.config import ModelConfig
-    from te_align.train.models import load_pipeline
-
+def _load_base(base: str, config: str, profile: AlignmentProfile) -> DiffusionPipeline:
     return load_pipeline(ModelConfig(path=str(base), config=config, dtype="float32"), profile, dtype_name="float32")
 
 
-def _load_encoder(source: str) -> Any:
+def _load_encoder(source: str) -> PreTrainedModel:
     import transformers
 
     path = Path(source).expanduser()
@@ -394,7 +404,7 @@ def _load_encoder(source: str) -> Any:
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
 
 
-def _load_tokenizer(source: str) -> Any:
+def _load_tokenizer(source: str) -> PreTrainedTokenizerBase:
     import transformers
 
     try:
@@ -404,7 +414,7 @@ def _load_tokenizer(source: str) -> Any:
         raise SwapError(f"cannot load the tokenizer: {first}", file=str(source), key="--tokenizer") from None
 
 
-def _load_projection(source: str) -> dict[str, Any]:
+def _load_projection(source: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     try:
@@ -418,21 +428,21 @@ def _load_projection(source: str) -> dict[str, Any]:
         ) from None
 
 
-def build_projected(encoder: Any, out_width: int, *, encoder_mask: bool, projection: Mapping[str, Any] | None) -> Any:
+def build_projected(
+    encoder: PreTrainedModel, out_width: int, *, encoder_mask: bool, projection: Mapping[str, torch.Tensor] | None
+) -> ProjectedTextEncoder:
     """The projected encoder around a copy of ``encoder``'s weights (projection drawn from the global RNG
     unless given; bias zero; scale 1, shift 0)."""
     import torch
 
-    from te_align.encoding.projected import ProjectedTextEncoder, ProjectedTextEncoderConfig
-
-    cfg = ProjectedTextEncoderConfig(
+    cfg = _projected.ProjectedTextEncoderConfig(
         encoder_class=type(encoder).__name__,
         encoder_config=encoder.config.to_dict(),
         hidden_size=out_width,
         use_attention_mask=encoder_mask,
     )
     state = torch.random.get_rng_state()
-    model = ProjectedTextEncoder(cfg)  # its construction draws random numbers: they do not count
+    model = _projected.ProjectedTextEncoder(cfg)  # its construction draws random numbers: they do not count
     torch.random.set_rng_state(state)
     model.encoder.load_state_dict(encoder.state_dict())
     with torch.no_grad():
@@ -446,10 +456,8 @@ def build_projected(encoder: Any, out_width: int, *, encoder_mask: bool, project
 
 
 # ------------------------------------------------------------------------------------------ writing
-def _write_folder(pipe: Any, profile: AlignmentProfile, report: dict[str, Any], out: Path) -> None:
+def _write_folder(pipe: DiffusionPipeline, profile: AlignmentProfile, report: JSONObject, out: Path) -> None:
     """The new diffusers folder, written into a temporary folder and renamed into place."""
-    from te_align._atomic import fault_point, fsync_dir
-
     out = out.expanduser()
     tmp = out.parent / f".{out.name}.swap-{os.getpid()}.tmp"
     try:
@@ -479,10 +487,10 @@ def _write_folder(pipe: Any, profile: AlignmentProfile, report: dict[str, Any], 
 # ------------------------------------------------------------------------------------------ swap
 def swap(
     base: str | os.PathLike[str] | None,
-    encoder: Any,
+    encoder: str | os.PathLike[str] | PreTrainedModel,
     out: str | os.PathLike[str] | None,
     *,
-    tokenizer: Any = None,
+    tokenizer: str | os.PathLike[str] | PreTrainedTokenizerBase | None = None,
     captions: Sequence[str] | None = None,
     profile: str | AlignmentProfile = "auto",
     profile_overrides: Mapping[str, Any] | None = None,
@@ -493,10 +501,10 @@ def swap(
     seed: int = 0,
     max_length: int | None = None,
     encoder_mask: bool = False,
-    projection: str | Mapping[str, Any] | None = None,
+    projection: str | Mapping[str, torch.Tensor] | None = None,
     name: str | None = None,
-    pipeline: Any = None,
-) -> tuple[SwapReport, Any]:
+    pipeline: DiffusionPipeline | None = None,
+) -> tuple[SwapReport, DiffusionPipeline]:
     """Swap the text encoder of ``base`` for ``encoder`` (+ ``tokenizer``); returns (report, swapped pipeline).
 
     ``base``: a diffusers folder, hub id or single-file checkpoint (``config``: its diffusers configs),
@@ -513,8 +521,6 @@ def swap(
     check_request(reset, stats, out)
     if base is None and (pipeline is None or profile == "auto"):
         raise SwapError("give a base model, or an already loaded pipeline with its profile", key="--base")
-    from te_align.profiles.overrides import resolve
-
     base_profile = resolve(profile if profile != "auto" else str(base), ("--override", profile_overrides or None))
     row = family_row(base_profile)
     configs = config or base  # a single-file base's configs are in ``config``
@@ -619,7 +625,7 @@ def swap(
 
 
 def _with_measured_provenance(profile: AlignmentProfile, base: AlignmentProfile, target: Stats, before: Stats,
-                              scale: Any, offset: Any, row: SwapFamily) -> AlignmentProfile:
+                              scale: torch.Tensor, offset: torch.Tensor, row: SwapFamily) -> AlignmentProfile:
     """The swapped profile with the measured scale and shift in its provenance (not behaviour: they live in the
     encoder's weights, which every embedding-cache key hashes)."""
     t, b = target.summary(), before.summary()
@@ -637,9 +643,7 @@ def _with_measured_provenance(profile: AlignmentProfile, base: AlignmentProfile,
     return replace(profile, provenance=prov)
 
 
-def _measure_with(profile: AlignmentProfile, texts: list[str], stats: str, row: SwapFamily, pipe: Any) -> Stats:
-    from te_align.swap.measure import measure
-
+def _measure_with(profile: AlignmentProfile, texts: list[str], stats: str, row: SwapFamily, pipe: DiffusionPipeline) -> Stats:
     return measure(profile, texts, mode=stats, output=row.output, pipeline=pipe)
 
 
