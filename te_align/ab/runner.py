@@ -327,26 +327,9 @@ def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_se
         f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})"
     )
     space = world.SPACES[w.space]
-    train = world.make_dataset(
-        w.train_images,
-        seed,
-        split="concept",
-        concept=concept,
-        image_size=w.image_size,
-        style_mix=mix,
-        tokenizer=False,
-        space=space,
-    )
-    val = world.make_dataset(
-        w.val_images,
-        seed,
-        split="validation",
-        concept=concept,
-        image_size=w.image_size,
-        style_mix=mix,
-        tokenizer=False,
-        space=space,
-    )
+    draw = {"concept": concept, "image_size": w.image_size, "style_mix": mix, "tokenizer": False, "space": space}
+    train = world.make_dataset(w.train_images, seed, split="concept", **draw)
+    val = world.make_dataset(w.val_images, seed, split="validation", **draw)
     for folder, samples in (("train", train), ("val", val)):
         tmp = root / f".{folder}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -790,14 +773,8 @@ class _Evaluator:
                 val_own.append((step, vloss(own) if own is not cond_b else val[-1][1]))
                 if probes and (step in curve_steps or (step == ckpts[-1][0] and not curve_steps)):
                     images = accuracy.sample_prompts(
-                        pipe,
-                        inf,
-                        [q.text for q in probes],
-                        steps=p.eval.accuracy_steps,
-                        guidance=p.eval.accuracy_guidance,
-                        size=sample_size,
-                        seed=0,
-                        options=opts,
+                        pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,
+                        guidance=p.eval.accuracy_guidance, size=sample_size, seed=0, options=opts,
                     )
                     reads = accuracy.read_probes(images, [q.objects for q in probes], concept_colour=_concept_colour(p))
                     curve.append((step, _probe_summary(probes, reads)))
@@ -828,14 +805,8 @@ class _Evaluator:
                 r["probes"] = [q.to_dict() for q in probes]
             elif key is not None:
                 images = accuracy.sample_prompts(
-                    pipe,
-                    inf,
-                    captions,
-                    steps=p.eval.accuracy_steps,
-                    guidance=p.eval.accuracy_guidance,
-                    size=sample_size,
-                    seed=0,
-                    options=opts,
+                    pipe, inf, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
+                    size=sample_size, seed=0, options=opts,
                 )
                 truths = [key["items"][f.stem]["objects"] for f, _ in items]
                 r["accuracy"] = accuracy.score_images(images, truths)

@@ -346,12 +346,7 @@ def _meta_inputs(
 
 
 def largest_block(
-    denoiser: torch.nn.Module,
-    family: Family,
-    *,
-    batch: int,
-    latent_hw: tuple[int, int],
-    text_len: int,
+    denoiser: torch.nn.Module, family: Family, *, batch: int, latent_hw: tuple[int, int], text_len: int,
     compute_dtype: torch.dtype,
 ) -> int:
     """Bytes autograd keeps for the largest single transformer / UNet block of one denoiser call, traced on meta."""
@@ -360,14 +355,8 @@ def largest_block(
 
 
 def saved_activations(
-    denoiser: torch.nn.Module,
-    family: Family,
-    *,
-    batch: int,
-    latent_hw: tuple[int, int],
-    text_len: int,
-    compute_dtype: torch.dtype,
-    checkpointing: bool,
+    denoiser: torch.nn.Module, family: Family, *, batch: int, latent_hw: tuple[int, int], text_len: int,
+    compute_dtype: torch.dtype, checkpointing: bool,
 ) -> int:
     """Bytes autograd keeps for the backward pass of one denoiser call (LoRA attached), traced on meta."""
     import torch

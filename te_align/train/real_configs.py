@@ -14,19 +14,9 @@ from __future__ import annotations
 
 from te_align._types import JSONObject
 
-_VAE_16 = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "latent_channels": 16,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "norm_num_groups": 32,
-    "sample_size": 1024,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-}
+_VAE_16 = {"in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
+           "layers_per_block": 2, "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+           "norm_num_groups": 32, "sample_size": 1024, "use_quant_conv": False, "use_post_quant_conv": False}  # fmt: skip
 
 #: repo id -> component attribute -> (diffusers class name, config)
 REAL_CONFIGS: dict[str, dict[str, tuple[str, JSONObject]]] = {
