@@ -13,25 +13,44 @@ spurious readings per image.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import te_align
+from te_align._lazy import lazy_module
+from te_align._types import JSONObject
+from te_align.tiny import world
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from te_align.encoding.core import EncodeOptions
+    from te_align.profiles.model import AlignmentProfile
+
+#: Deferred: it imports torch, which this module leaves to the functions that sample.
+_encoding_core = lazy_module("te_align.encoding.core")
+
+#: An answer-key object: ``[colour, shape, position, carries_concept]``.
+_KeyObject = Sequence[str | bool]
 
 __all__ = ["encode_each", "read_probes", "sample_prompts", "save_images", "score_images"]
 
 
-def _per_prompt(profile: Any, options: Any) -> bool:
+def _per_prompt(profile: AlignmentProfile, options: EncodeOptions | None) -> bool:
     """True where a prompt's conditioning depends on the other prompts of its batch (padding to the longest,
     chunking): such prompts are encoded one at a time, as an inference tool encodes them."""
     return bool(options is not None and getattr(options, "long_prompt_chunks", 0)) or any(
         s.tokenizer.padding == "longest" for s in profile.slots)
 
 
-def _repeat_to(t: Any, length: int) -> Any:
+def _repeat_to(t: torch.Tensor, length: int) -> torch.Tensor:
     return t if t.shape[1] == length else t.repeat(1, length // t.shape[1], *([1] * (t.dim() - 2)))
 
 
-def _pad_to(t: Any, length: int) -> Any:
+def _pad_to(t: torch.Tensor, length: int) -> torch.Tensor:
     import torch
 
     return t if t.shape[1] == length else torch.nn.functional.pad(t, [0, 0] * (t.dim() - 2) + [0, length - t.shape[1]])
@@ -42,7 +61,7 @@ def _pad_to(t: Any, length: int) -> Any:
 _COMFY_REPEAT_LIMIT = 4
 
 
-def _match_lengths(pos: dict[str, Any], neg: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def _match_lengths(pos: dict[str, torch.Tensor], neg: dict[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
     """Make a prompt's and its negative's sequence tensors batchable as ComfyUI does
     (comfyanonymous/ComfyUI@fe25114 comfy/conds.py:46-76, CONDCrossAttn): where the least common multiple of the
     two lengths is at most 4 times the shorter, both are repeated to it (for cross-attention this changes nothing);
@@ -64,7 +83,7 @@ def _match_lengths(pos: dict[str, Any], neg: dict[str, Any]) -> dict[str, tuple[
     return separate
 
 
-def _pad_pair(pos: dict[str, Any], neg: dict[str, Any]) -> dict[str, tuple[int, int]]:
+def _pad_pair(pos: dict[str, torch.Tensor], neg: dict[str, torch.Tensor]) -> dict[str, tuple[int, int]]:
     """Zero-pad a prompt's and its negative's sequence tensors to one length (a pipeline's shape check), returning
     ``{name: (negative length, prompt length)}`` so that each call is cut back to its own length."""
     out: dict[str, tuple[int, int]] = {}
@@ -82,13 +101,18 @@ class _separate_passes:
     (the second half) as two calls, each with its own sequence length: ComfyUI's separate passes for a prompt and
     a negative it cannot batch. Every batched tensor argument is split by rows."""
 
-    def __init__(self, denoiser: Any, lengths: dict[str, tuple[int, int]], names: dict[str, str],
-                 by_tensor: dict[int, int] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        denoiser: torch.nn.Module,
+        lengths: dict[str, tuple[int, int]],
+        names: dict[str, str],
+        by_tensor: dict[int, int] | None = None,
+    ) -> None:
         self.denoiser, self.lengths, self.names = denoiser, lengths, names
         #: For pipelines that call the prompt and the negative separately: the padded tensor's data pointer -> its
         #: real length.
         self.by_tensor = dict(by_tensor or {})
-        self.forward: Any = None
+        self.forward: Callable[..., Any] | None = None
 
     def __enter__(self) -> _separate_passes:
         if not self.lengths and not self.by_tensor:
@@ -116,7 +140,7 @@ class _separate_passes:
             b = ehs.shape[0] // 2
             outs = []
             for half, rows in enumerate((slice(0, b), slice(b, 2 * b))):
-                def take(v: Any, name: str = "", rows: slice = rows, half: int = half) -> Any:
+                def take(v: object, name: str = "", rows: slice = rows, half: int = half) -> object:
                     if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != 2 * b:
                         return v
                     v = v[rows]
@@ -130,20 +154,25 @@ class _separate_passes:
         self.denoiser.forward = forward
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.forward is not None:
             del self.denoiser.forward  # the instance attribute; the class's forward is back
 
 
-def encode_each(profile: Any, prompts: Sequence[str], pipe: Any, *, options: Any = None, negative: bool = False) -> dict[str, Any]:
+def encode_each(
+    profile: AlignmentProfile,
+    prompts: Sequence[str],
+    pipe: DiffusionPipeline,
+    *,
+    options: EncodeOptions | None = None,
+    negative: bool = False,
+) -> dict[str, torch.Tensor]:
     """Each prompt encoded alone (its own padding and chunk count), then batched: sequence tensors are zero-padded to
     the longest (for comparisons only; sampling groups prompts by shape instead)."""
     import torch
 
-    import te_align
-
     parts = [te_align.encode(profile, [p], pipeline=pipe, options=options, negative=negative) for p in prompts]
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for k in parts[0]:
         ts = [c[k] for c in parts]
         if ts[0].dim() >= 2 and any(t.shape != ts[0].shape for t in ts):
@@ -154,9 +183,17 @@ def encode_each(profile: Any, prompts: Sequence[str], pipe: Any, *, options: Any
 
 
 def sample_prompts(
-    pipe: Any, profile: Any, captions: Sequence[str], *, steps: int, guidance: float, size: int, seed: int = 0,
-    batch: int = 16, options: Any = None,
-) -> list[Any]:
+    pipe: DiffusionPipeline,
+    profile: AlignmentProfile,
+    captions: Sequence[str],
+    *,
+    steps: int,
+    guidance: float,
+    size: int,
+    seed: int = 0,
+    batch: int = 16,
+    options: EncodeOptions | None = None,
+) -> list[np.ndarray]:
     """One uint8 HxWx3 image per caption (caption ``i`` from generator seed ``seed + i``), conditioned by ``profile``
     (and encode ``options``), classifier-free guidance against the profile's empty prompt. Where a prompt's
     conditioning depends on its batch (padding to the longest, chunking), each prompt is encoded alone and prompts
@@ -164,25 +201,22 @@ def sample_prompts(
     import numpy as np
     import torch
 
-    import te_align
-    from te_align.encoding import encode_uncond
-
     accepted = _call_parameters(pipe)
     alone = _per_prompt(profile, options)
     if alone:
         conds = [dict(te_align.encode(profile, [c], pipeline=pipe, options=options)) for c in captions]
         # the empty prompt encodes the same for every caption: once, then a shallow copy each (matching replaces values)
-        neg = dict(encode_uncond(profile, 1, pipeline=pipe, options=options)) if guidance > 1 else {}
+        neg = dict(_encoding_core.encode_uncond(profile, 1, pipeline=pipe, options=options)) if guidance > 1 else {}
         negs = [dict(neg) for _ in captions]
         # Flux's true guidance runs the prompt and its negative as two calls: each keeps its own length
         separate = [_pad_pair(c, n) if "true_cfg_scale" in accepted else _match_lengths(c, n) for c, n in zip(conds, negs, strict=True)]
-        groups: dict[Any, list[int]] = {}
+        groups: dict[tuple[tuple[str, tuple[int, ...]], ...], list[int]] = {}
         for i, c in enumerate(conds):
             groups.setdefault(tuple((k, tuple(v.shape)) for k, v in sorted(c.items())), []).append(i)
         order = [idx[j : j + batch] for idx in groups.values() for j in range(0, len(idx), batch)]
     else:
         order = [list(range(i, min(i + batch, len(captions)))) for i in range(0, len(captions), batch)]
-    images: dict[int, Any] = {}
+    images: dict[int, np.ndarray] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for idx in order:
             if alone:
@@ -191,7 +225,7 @@ def sample_prompts(
             else:
                 chunk = [captions[i] for i in idx]
                 cond = te_align.encode(profile, chunk, pipeline=pipe, options=options)
-                neg = encode_uncond(profile, len(chunk), pipeline=pipe, options=options) if guidance > 1 else {}
+                neg = _encoding_core.encode_uncond(profile, len(chunk), pipeline=pipe, options=options) if guidance > 1 else {}
             kwargs: dict[str, Any] = {k: v for k, v in cond.items() if k in accepted}
             if guidance > 1:
                 kwargs.update({f"negative_{k}": v for k, v in neg.items() if f"negative_{k}" in accepted})
@@ -207,14 +241,21 @@ def sample_prompts(
                 by_tensor = {kwargs["negative_prompt_embeds"].data_ptr(): ln, kwargs["prompt_embeds"].data_ptr(): lp}
                 lengths = {}
             with _separate_passes(denoiser, lengths, {"prompt_embeds": "encoder_hidden_states"}, by_tensor):
-                out = pipe(**kwargs, num_inference_steps=steps, guidance_scale=guidance, width=size, height=size,
-                           generator=gens, output_type="np").images  # fmt: skip
+                out = pipe(
+                    **kwargs,
+                    num_inference_steps=steps,
+                    guidance_scale=guidance,
+                    width=size,
+                    height=size,
+                    generator=gens,
+                    output_type="np",
+                ).images
             for i, im in zip(idx, out, strict=True):
                 images[i] = np.clip(np.rint(im * 255), 0, 255).astype(np.uint8)
     return [images[i] for i in range(len(captions))]
 
 
-def _call_parameters(pipe: Any) -> set[str]:
+def _call_parameters(pipe: DiffusionPipeline) -> set[str]:
     """The keyword parameters of the pipeline's ``__call__`` (through a wrapper that takes ``**kwargs``: the first
     class in the method resolution order that names its parameters)."""
     for cls in type(pipe).__mro__:
@@ -228,10 +269,8 @@ def _call_parameters(pipe: Any) -> set[str]:
     return set(inspect.signature(pipe.__call__).parameters)
 
 
-def score_images(images: Sequence[Any], truths: Sequence[Sequence[Sequence[Any]]]) -> dict[str, float]:
+def score_images(images: Sequence[np.ndarray], truths: Sequence[Sequence[_KeyObject]]) -> dict[str, float]:
     """Scores of ``images`` against answer-key objects ``[colour, shape, position, carries_concept]``."""
-    from te_align.tiny import world
-
     rows = []
     concept_hits = concept_total = 0
     for img, objs in zip(images, truths, strict=True):
@@ -260,7 +299,7 @@ def score_images(images: Sequence[Any], truths: Sequence[Sequence[Sequence[Any]]
     return out
 
 
-def save_images(images: Sequence[Any], names: Sequence[str], folder: Path) -> list[Path]:
+def save_images(images: Sequence[np.ndarray], names: Sequence[str], folder: Path) -> list[Path]:
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -272,13 +311,13 @@ def save_images(images: Sequence[Any], names: Sequence[str], folder: Path) -> li
     return files
 
 
-def read_probes(images: Sequence[Any], objects: Sequence[Sequence[Sequence[Any]]], *, concept_colour: str) -> list[dict[str, Any]]:
+def read_probes(
+    images: Sequence[np.ndarray], objects: Sequence[Sequence[_KeyObject]], *, concept_colour: str
+) -> list[JSONObject]:
     """Per image, what the world's reader found against the one asked object ``[colour, shape, position, concept]``:
     ``hit`` (an object of the asked colour at the asked position), ``exact`` (colour, shape and position),
     ``concept_colour`` (any object read in the concept's colour), ``extra`` (objects read besides the asked one)
     and ``read`` (the readings)."""
-    from te_align.tiny import world
-
     out = []
     for img, objs in zip(images, objects, strict=True):
         pred = world.read_image(img)

@@ -16,9 +16,14 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from te_align.ab.preset import ABError
+from te_align._atomic import atomic_file
+from te_align.ab.evidence import summary
+from te_align.ab.matrix import matrix_presets, row_result, run_matrix
+from te_align.ab.preset import ABError, Preset
+from te_align.ab.report import Block, write_report
+from te_align.ab.runner import PRIMARY, ABResult
+from te_align.tiny.bases import base_info, materialize
 
 #: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 1,000 CPU-seconds;
 #: 2 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores (each process
@@ -40,11 +45,15 @@ def _env_int(name: str) -> int | None:
         raise ABError(f"expected an integer, got {value!r}", key=name) from None
 
 
-def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, seeds: int | None = None, workers: int | None = None,
-             say: Callable[[str], None] = print) -> Any:  # fmt: skip
+def run_demo(
+    out: str | Path = "te-align-demo",
+    *,
+    steps: int | None = None,
+    seeds: int | None = None,
+    workers: int | None = None,
+    say: Callable[[str], None] = print,
+) -> ABResult:
     """Run the demo row; returns the :class:`te_align.ab.runner.ABResult` of all its seeds (report written)."""
-    from te_align.ab.matrix import matrix_presets, row_result, run_matrix
-
     steps = steps if steps is not None else (_env_int("TE_ALIGN_DEMO_STEPS") or DEMO_STEPS)
     seeds = seeds if seeds is not None else (_env_int("TE_ALIGN_DEMO_SEEDS") or DEMO_SEEDS)
     if seeds < 1:
@@ -57,8 +66,6 @@ def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, see
     run_matrix(root / "matrix", only=[DEMO_ROW], seeds=seeds, max_steps=steps, workers=workers or DEMO_WORKERS, say=say)
     result = row_result(p, root / "matrix", list(range(seeds)), out_dir=root / "ab")
     result.seconds = time.perf_counter() - t0  # the report's wall time: this run's training and evaluation
-    from te_align.ab.report import write_report
-
     result.report_md, result.report_html = write_report(result, appendix=committed_blocks())
     say(verdict_line(result))
     train_toml = write_train_example(root, p)
@@ -67,29 +74,32 @@ def run_demo(out: str | Path = "te-align-demo", *, steps: int | None = None, see
     return result
 
 
-def verdict_line(result: Any) -> str:
+def verdict_line(result: ABResult) -> str:
     """The demo's verdict with the primary metric's paired difference and 95% interval."""
-    from te_align.ab.runner import PRIMARY
-
     m = next((r for r in result.summary if r.metric == PRIMARY), None)
     if m is None:
         return f"verdict: {result.verdict}"
     ci = "one seed: no interval" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
-    return (f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
-            f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)")  # fmt: skip
+    return (
+        f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
+        f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)"
+    )
 
 
-def committed_blocks() -> list[tuple[Any, ...]]:
+def committed_blocks() -> list[Block]:
     """Report blocks with the committed matrix (every measured row), so the demo's one row is seen among all."""
-    from te_align.ab.evidence import summary
-
     data = summary()
-    blocks: list[tuple[Any, ...]] = [("h2", "The committed effects matrix (docs/effects.md)")]
+    blocks: list[Block] = [("h2", "The committed effects matrix (docs/effects.md)")]
     if data is None:
         return [*blocks, ("p", "This installation ships no effects summary.")]
-    blocks.append(("p", f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
-                        "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
-                        "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in."))  # fmt: skip
+    blocks.append(
+        (
+            "p",
+            f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
+            "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
+            "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in.",
+        )
+    )
     rows = []
     for r in data["rows"]:
         m = r.get("primary")
@@ -106,26 +116,34 @@ def committed_blocks() -> list[tuple[Any, ...]]:
 TRAIN_EXAMPLE = "train.toml"
 
 
-def write_train_example(root: Path, preset: Any) -> Path:
+def write_train_example(root: Path, preset: Preset) -> Path:
     """A ``te-align train`` config for the demo's base and seed-0 data: a LoRA on the denoiser and on CLIP-L, with the
     flux-schnell profile fitted to the base's tiny encoders."""
     import toml
 
-    from te_align._atomic import atomic_file
-    from te_align.tiny.bases import base_info, materialize
-
     info = base_info(preset.world.base)
     data = root / "matrix" / preset.name / "seed-0" / "data" / "seed-0" / "train"
     config = {
-        "model": {"path": str(materialize(preset.world.base)), "profile": preset.profile,
-                  "profile_overrides": dict(info.get("profile_overrides") or {})},
-        "data": {"path": os.path.relpath(data, root), "resolution": 32, "bucket_step": 16, "min_bucket": 16, "max_bucket": 64},
+        "model": {
+            "path": str(materialize(preset.world.base)),
+            "profile": preset.profile,
+            "profile_overrides": dict(info.get("profile_overrides") or {}),
+        },
+        "data": {
+            "path": os.path.relpath(data, root),
+            "resolution": 32,
+            "bucket_step": 16,
+            "min_bucket": 16,
+            "max_bucket": 64,
+        },
         "lora": {"rank": 8, "alpha": 8.0, "text_encoders": ["clip_l"]},
         "train": {"max_steps": 60, "batch_size": 4, "learning_rate": 3e-4, "checkpoint_every": 0},
         "output": {"dir": "train-output"},
-    }  # fmt: skip
-    head = ("# A LoRA on te-align demo's Flux-shaped world base (denoiser + CLIP-L text encoder), conditioned by the\n"
-            "# flux-schnell profile fitted to the base's tiny encoders. Run: te-align train <this file>\n")  # fmt: skip
+    }
+    head = (
+        "# A LoRA on te-align demo's Flux-shaped world base (denoiser + CLIP-L text encoder), conditioned by the\n"
+        "# flux-schnell profile fitted to the base's tiny encoders. Run: te-align train <this file>\n"
+    )
     path = root / TRAIN_EXAMPLE
     with atomic_file(path, "w") as f:
         f.write(head + toml.dumps(config))

@@ -10,12 +10,17 @@ models use the scheduler's ``add_noise`` at ``round(t * (T - 1))``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align.ab.preset import ABError
+from te_align.train.models import Family, denoise, latent_transform
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from diffusers import DiffusionPipeline
 
 DEFAULT_TIMESTEPS = tuple((i + 0.5) / 8 for i in range(8))
 
@@ -32,7 +37,9 @@ class Divergence:
     prompts: int
 
 
-def conditioning_divergence(cond_a: Any, cond_b: Any) -> list[Divergence]:
+def conditioning_divergence(
+    cond_a: Mapping[str, torch.Tensor], cond_b: Mapping[str, torch.Tensor]
+) -> list[Divergence]:
     """Per output tensor: max abs difference and mean per-prompt cosine similarity.
 
     Tensors of different shapes (e.g. T5 154 vs 256 tokens) are zero-padded to the larger shape first,
@@ -68,13 +75,11 @@ def conditioning_divergence(cond_a: Any, cond_b: Any) -> list[Divergence]:
 
 
 # ----------------------------------------------------------------------------------- validation
-def load_val_latents(pipe: Any, files: Sequence[Path], resolution: int) -> Any:
+def load_val_latents(pipe: DiffusionPipeline, files: Sequence[Path], resolution: int) -> torch.Tensor:
     """(N, C, h, w) scaled latents (distribution mean) of square centre crops of the validation images."""
     import numpy as np
     import torch
     from PIL import Image
-
-    from te_align.train.models import latent_transform
 
     xs = []
     for f in files:
@@ -91,16 +96,19 @@ def load_val_latents(pipe: Any, files: Sequence[Path], resolution: int) -> Any:
     return (mean - shift) * scaling
 
 
-def fixed_noise(latents: Any, n_timesteps: int, seed: int) -> Any:
+def fixed_noise(latents: torch.Tensor, n_timesteps: int, seed: int) -> torch.Tensor:
     """(N, T, C, h, w) noise: validation image i always gets the draws of generator ``seed + i``."""
     import torch
 
-    return torch.stack([
-        torch.randn((n_timesteps, *latents.shape[1:]), generator=torch.Generator().manual_seed(seed + i)) for i in range(latents.shape[0])
-    ])  # fmt: skip
+    return torch.stack(
+        [
+            torch.randn((n_timesteps, *latents.shape[1:]), generator=torch.Generator().manual_seed(seed + i))
+            for i in range(latents.shape[0])
+        ]
+    )
 
 
-def resolve_objective(family: Any, pipe: Any, configured: str) -> str:
+def resolve_objective(family: Family, pipe: DiffusionPipeline, configured: str) -> str:
     if family.name in ("sd3", "flux"):
         return "flow"
     if configured in ("eps", "v", "flow"):
@@ -110,14 +118,22 @@ def resolve_objective(family: Any, pipe: Any, configured: str) -> str:
 
 
 def validation_loss(
-    *, family: Any, denoiser: Any, latents: Any, noise: Any, timesteps: Sequence[float], cond: Any, objective: str,
-    scheduler_config: Any = None, guidance: float = 1.0, flow_shift_scale: float = 1000.0, pixel_size: int = 0,
+    *,
+    family: Family,
+    denoiser: torch.nn.Module,
+    latents: torch.Tensor,
+    noise: torch.Tensor,
+    timesteps: Sequence[float],
+    cond: Mapping[str, torch.Tensor] | list[Mapping[str, torch.Tensor]],
+    objective: str,
+    scheduler_config: Mapping[str, object] | None = None,
+    guidance: float = 1.0,
+    flow_shift_scale: float = 1000.0,
+    pixel_size: int = 0,
 ) -> float:
     """Mean MSE over validation images x fixed timesteps (deterministic; no gradients). ``cond``: the images'
     conditioning as one batch, or a list of one conditioning per image (prompts encoded one at a time)."""
     import torch
-
-    from te_align.train.models import denoise
 
     tt = torch.tensor(list(timesteps), dtype=torch.float32)
     k = len(tt)
@@ -161,5 +177,12 @@ def validation_loss(
     return value
 
 
-__all__ = ["DEFAULT_TIMESTEPS", "Divergence", "conditioning_divergence", "fixed_noise", "load_val_latents", "resolve_objective",
-           "validation_loss"]  # fmt: skip
+__all__ = [
+    "DEFAULT_TIMESTEPS",
+    "Divergence",
+    "conditioning_divergence",
+    "fixed_noise",
+    "load_val_latents",
+    "resolve_objective",
+    "validation_loss",
+]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from te_align._types import JSONObject
+
 __all__ = ["MEASURES", "Measure", "evidence_for", "summary"]
 
 SUMMARY = Path(__file__).parent / "data" / "effects.json"
@@ -32,11 +34,11 @@ class Measure:
     row: str
     scope: str
     setting: str
-    value: Any = None
+    value: object = None
     #: ``check`` (a trainer finding) or an inference tool (``comfyui``: a ``check --for`` note).
     tool: str = "check"
 
-    def matches(self, family: str, profile: str, setting: str, value: Any, tool: str = "check") -> bool:
+    def matches(self, family: str, profile: str, setting: str, value: object, tool: str = "check") -> bool:
         if tool != self.tool or self.scope not in (family, profile):
             return False
         if self.setting.startswith("*."):
@@ -65,7 +67,7 @@ MEASURES: tuple[Measure, ...] = (
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str) -> dict[str, Any] | None:
+def _load(path: str) -> JSONObject | None:
     p = Path(path)
     if not p.is_file():
         return None
@@ -76,7 +78,7 @@ def _load(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == 1 and isinstance(data.get("rows"), list) else None
 
 
-def summary(path: str | Path | None = None) -> dict[str, Any] | None:
+def summary(path: str | Path | None = None) -> JSONObject | None:
     """The shipped effects summary (or the one at ``path``), None when absent or unreadable."""
     return _load(str(path or SUMMARY))
 
@@ -88,8 +90,15 @@ def _num(v: Any) -> float:
         return math.nan
 
 
-def evidence_for(family: str, profile: str, setting: str, value: Any, *, tool: str = "check",
-                 path: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+def evidence_for(
+    family: str,
+    profile: str,
+    setting: str,
+    value: object,
+    *,
+    tool: str = "check",
+    path: str | Path | None = None,
+) -> JSONObject:
     """The measured row for a finding: ``{"row", "verdict", "seeds", "planned", "difference", "ci", "document",
     "text"}``, or ``{"row": None, "verdict": "not measured", "text": ...}``."""
     m = next((x for x in MEASURES if x.matches(family, profile, setting or "", value, tool)), None)
@@ -107,10 +116,20 @@ def evidence_for(family: str, profile: str, setting: str, value: Any, *, tool: s
         text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
     else:
         ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
-        text = (f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
-                f"{diff:+.3f}{ci} on concept accuracy: {verdict}")  # fmt: skip
+        text = (
+            f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
+            f"{diff:+.3f}{ci} on concept accuracy: {verdict}"
+        )
     def j(v: float) -> float | None:
         return None if math.isnan(v) else v
 
-    return {"row": m.row, "verdict": verdict, "seeds": seeds, "planned": planned, "difference": j(diff), "ci": [j(lo), j(hi)],
-            "document": DOCUMENT, "text": text + f" (see {DOCUMENT})"}  # fmt: skip
+    return {
+        "row": m.row,
+        "verdict": verdict,
+        "seeds": seeds,
+        "planned": planned,
+        "difference": j(diff),
+        "ci": [j(lo), j(hi)],
+        "document": DOCUMENT,
+        "text": text + f" (see {DOCUMENT})",
+    }

@@ -26,10 +26,31 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from te_align import _quiet
 from te_align._atomic import atomic_file
+from te_align._lazy import lazy_module
+from te_align._types import JSONObject
+from te_align.ab.evaluate import Divergence
 from te_align.ab.preset import ABError, Preset, load_preset, presets_root
+from te_align.ab.stats import (
+    NO_DIFFERENCE,
+    PROFILE_BETTER,
+    TRAINER_BETTER,
+    holm,
+    round_to_spread,
+    sd_ratio_interval,
+)
+from te_align.tiny.bases import BaseError, base_info, shipped
+from te_align.tiny.world import grid
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.ab.runner import ABResult, ArmRun
+
+#: The A/B runner, loaded on first use: a worker process (:func:`_unit`) sets torch to one thread before it and
+#: the training libraries load.
+_runner = lazy_module("te_align.ab.runner")
 
 __all__ = ["MatrixRow", "aggregate", "matrix_presets", "plan_hash", "render_effects", "row_hash", "row_result", "run_matrix"]
 
@@ -59,24 +80,22 @@ class MatrixRow:
     planned: int = 0
     verdict: str = "not run"
     reason: str = ""
-    metrics: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[JSONObject] = field(default_factory=list)
     p_holm: float = float("nan")
     sd_ratio: tuple[float, float, float] = (float("nan"), float("nan"), float("nan"))
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     source: str = ""
     sample_as: str = ""
-    overrides: dict[str, Any] = field(default_factory=dict)
-    train: dict[str, Any] = field(default_factory=dict)
+    overrides: JSONObject = field(default_factory=dict)
+    train: JSONObject = field(default_factory=dict)
     family: str = ""
     profile: str = ""
     where: list[str] = field(default_factory=list)
 
     @property
-    def primary(self) -> dict[str, Any] | None:
-        from te_align.ab.runner import PRIMARY
-
-        return next((m for m in self.metrics if m["metric"] == PRIMARY), None)
+    def primary(self) -> JSONObject | None:
+        return next((m for m in self.metrics if m["metric"] == _runner.PRIMARY), None)
 
 
 def matrix_presets() -> list[Preset]:
@@ -105,15 +124,13 @@ def _deviation(p: Preset) -> str:
 
 
 def _base_digest(name: str) -> str:
-    from te_align.tiny.bases import BaseError, base_info
-
     try:
         return hashlib.sha256(json.dumps(base_info(name)["files"], sort_keys=True).encode()).hexdigest()[:16]
     except BaseError:
         return "not shipped"
 
 
-def _hash(data: Any) -> str:
+def _hash(data: object) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -121,12 +138,19 @@ def row_hash(p: Preset, *, seeds: int | None, max_steps: int | None) -> str:
     """The hash every result of one row carries: the row's preset, its base's files, seeds, steps, the primary metric
     and the statistics. A row added by an amendment leaves the other rows' results valid; a changed row refuses its
     old results."""
-    from te_align.ab.runner import PRIMARY
-
     base = p.world.base if p.world is not None else ""
-    return _hash({"format": PLAN_FORMAT, "row": p.to_dict(), "base": _base_digest(base) if base else "", "seeds": seeds,
-                  "max_steps": max_steps, "primary": PRIMARY, "alpha": ALPHA,
-                  "correction": "holm over deviation and inference rows, paired t p-values"})  # fmt: skip
+    return _hash(
+        {
+            "format": PLAN_FORMAT,
+            "row": p.to_dict(),
+            "base": _base_digest(base) if base else "",
+            "seeds": seeds,
+            "max_steps": max_steps,
+            "primary": _runner.PRIMARY,
+            "alpha": ALPHA,
+            "correction": "holm over deviation and inference rows, paired t p-values",
+        }
+    )
 
 
 def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | None) -> str:
@@ -135,29 +159,25 @@ def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | 
 
 
 # ------------------------------------------------------------------------------------------- units
-def _unit(args: tuple[str, int, str, int | None, str, str]) -> dict[str, Any]:
+def _unit(args: tuple[str, int, str, int | None, str, str]) -> JSONObject:
     """One seed of one row, in a worker process (single-threaded); returns the per-seed result."""
     name, seed, out, max_steps, plan, device = args
     import torch
 
     torch.set_num_threads(1)
     os.environ.setdefault("TE_ALIGN_THREADS", "1")
-    from te_align._quiet import install as quiet
-
-    quiet()
+    _quiet.install()
     import diffusers
     import transformers
 
     diffusers.utils.logging.disable_progress_bar()
     transformers.utils.logging.disable_progress_bar()
-    from te_align.ab.runner import run_ab
-
     p = next(x for x in matrix_presets() if x.name == name)
     if device and device != "cpu":
         p.train.setdefault("train", {})["device"] = device
     t0, c0 = time.perf_counter(), time.process_time()
     lines: list[str] = []
-    result = run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False, say=lines.append)
+    result = _runner.run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False, say=lines.append)
     rec = _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
     # sample paths relative to the matrix folder (OUT/<row>/seed-<s>/...): a committed result names no machine path
     root = Path(out).parent.parent
@@ -175,49 +195,67 @@ def _machine() -> str:
             f"transformers {transformers.__version__}")
 
 
-def _seed_record(p: Preset, seed: int, result: Any, plan: str, seconds: float, cpu: float, device: str) -> dict[str, Any]:
+def _seed_record(
+    p: Preset, seed: int, result: ABResult, plan: str, seconds: float, cpu: float, device: str
+) -> JSONObject:
     arms = {}
     for r in result.runs:
-        arms[r.arm] = {"steps": r.steps, "train_seconds": r.seconds, "train_cpu_seconds": r.cpu_seconds, "shares": r.shares,
-                       "losses": r.losses, "val": r.val, "val_own": r.val_own, "curve": r.curve, "probes": r.probes,
-                       "probe_reads": r.probe_reads, "curve_mean": r.curve_mean}  # fmt: skip
-    return {"format": RESULT_FORMAT, "plan": plan, "preset": p.name, "seed": seed, "arms": arms, "seconds": seconds,
-            "cpu_seconds": cpu, "device": device, "machine": _machine(),
-            "samples": {r.arm: r.probe_samples for r in result.runs}}  # fmt: skip
+        arms[r.arm] = {
+            "steps": r.steps,
+            "train_seconds": r.seconds,
+            "train_cpu_seconds": r.cpu_seconds,
+            "shares": r.shares,
+            "losses": r.losses,
+            "val": r.val,
+            "val_own": r.val_own,
+            "curve": r.curve,
+            "probes": r.probes,
+            "probe_reads": r.probe_reads,
+            "curve_mean": r.curve_mean,
+        }
+    return {
+        "format": RESULT_FORMAT,
+        "plan": plan,
+        "preset": p.name,
+        "seed": seed,
+        "arms": arms,
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "device": device,
+        "machine": _machine(),
+        "samples": {r.arm: r.probe_samples for r in result.runs},
+    }
 
 
-def row_result(p: Preset, out: Path, seeds: list[int], *, out_dir: Path | None = None) -> Any:
+def row_result(p: Preset, out: Path, seeds: list[int], *, out_dir: Path | None = None) -> ABResult:
     """One row's :class:`~te_align.ab.runner.ABResult` over the given seeds, read from its unit folders
     (``out/<row>/seed-<s>/``), for a row-level report written into ``out_dir`` (default ``out/<row>``)."""
-    from te_align.ab.evaluate import Divergence
-    from te_align.ab.runner import STATE_FILE, ABResult, _run_from, summarize
-
     out_dir = Path(out_dir or out / p.name)
     runs, divergence, profiles = [], [], {}
     for s in seeds:
         unit = out / p.name / f"seed-{s}"
         try:
-            state = json.loads((unit / STATE_FILE).read_text(encoding="utf-8"))
-            runs += [_run_from(state["runs"][f"{s}/{arm}"]) for arm in ("A", "B")]
+            state = json.loads((unit / _runner.STATE_FILE).read_text(encoding="utf-8"))
+            runs += [_runner._run_from(state["runs"][f"{s}/{arm}"]) for arm in ("A", "B")]
         except (OSError, ValueError, KeyError) as e:
             raise ABError(f"no finished A/B state for seed {s} ({e})", file=str(unit)) from None
         if not divergence:
             divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state.get("divergence", [])]
             profiles = {arm: str(unit / "profiles" / f"{arm}.toml") for arm in ("A", "B")}
     out_dir.mkdir(parents=True, exist_ok=True)
-    return ABResult(out_dir, p, len(seeds), runs, divergence, summarize(runs, seeds), profiles=profiles)
+    return _runner.ABResult(out_dir, p, len(seeds), runs, divergence, _runner.summarize(runs, seeds), profiles=profiles)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, "w", error=ABError) as f:
         f.write(json.dumps(data, indent=1, sort_keys=True, default=float) + "\n")
 
 
-def read_results(results: Path, plan: str | dict[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+def read_results(results: Path, plan: str | dict[str, str] | None = None) -> dict[str, list[JSONObject]]:
     """Per-seed results by row name (seed order). A file that does not parse, or that belongs to another plan
     (``plan``: one hash for every file, or each row's hash by row name), is one clear error naming it."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[JSONObject]] = {}
     if not results.is_dir():
         return out
     for f in sorted(results.glob("*/seed-*.json")):
@@ -229,22 +267,23 @@ def read_results(results: Path, plan: str | dict[str, str] | None = None) -> dic
             raise ABError(f"not a te-align matrix result (format {RESULT_FORMAT}); delete it to run that seed again", file=str(f))
         want = plan.get(str(d.get("preset"))) if isinstance(plan, dict) else plan
         if plan is not None and d.get("plan") != want:
-            raise ABError(f"a result of another plan ({d.get('plan')}; this plan is {want}): the row changed after it ran, so "
-                          "it cannot be mixed in; move the results folder away to start the new plan", file=str(f))  # fmt: skip
+            raise ABError(
+                f"a result of another plan ({d.get('plan')}; this plan is {want}): the row changed after it ran, so "
+                "it cannot be mixed in; move the results folder away to start the new plan",
+                file=str(f),
+            )
         out.setdefault(str(d.get("preset")), []).append(d)
     for rows in out.values():
         rows.sort(key=lambda d: int(d["seed"]))
     return out
 
 
-def _runs_of(records: list[dict[str, Any]]) -> list[Any]:
-    from te_align.ab.runner import ArmRun
-
+def _runs_of(records: list[JSONObject]) -> list[ArmRun]:
     runs = []
     for d in records:
         for arm in ("A", "B"):
             a = d["arms"][arm]
-            r = ArmRun(seed=int(d["seed"]), arm=arm, steps=int(a["steps"]), seconds=float(a["train_seconds"]))
+            r = _runner.ArmRun(seed=int(d["seed"]), arm=arm, steps=int(a["steps"]), seconds=float(a["train_seconds"]))
             r.losses = [(int(s), float(v)) for s, v in a["losses"]]
             r.val = [(int(s), float(v)) for s, v in a["val"]]
             r.val_own = [(int(s), float(v)) for s, v in a["val_own"]]
@@ -253,21 +292,27 @@ def _runs_of(records: list[dict[str, Any]]) -> list[Any]:
     return runs
 
 
-def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]], *, planned: int | None) -> list[MatrixRow]:
+def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *, planned: int | None) -> list[MatrixRow]:
     """The table: per row its paired summary over the seeds so far; the verdict once every planned seed is in (Holm
     across the deviation and inference rows, on the primary metric; controls unadjusted)."""
-    from te_align.ab.runner import PRIMARY, summarize
-    from te_align.ab.stats import NO_DIFFERENCE, PROFILE_BETTER, TRAINER_BETTER, holm, sd_ratio_interval
-    from te_align.tiny.bases import BaseError, base_info
-
     rows: list[MatrixRow] = []
     for p in presets:
         assert p.world is not None
         b = p.baseline
         who = {"null": "(control)", "positive": "(control)", "inference": b.inference_tool}.get(b.kind, b.trainer)
-        row = MatrixRow(p.name, b.kind, who, _deviation(p), p.world.base, planned=planned or p.eval.seeds, source=b.source,
-                        sample_as=b.sample_as if b.kind == "deviation" else "", overrides=dict(b.overrides), train=dict(b.train),
-                        profile=p.profile)  # fmt: skip
+        row = MatrixRow(
+            p.name,
+            b.kind,
+            who,
+            _deviation(p),
+            p.world.base,
+            planned=planned or p.eval.seeds,
+            source=b.source,
+            sample_as=b.sample_as if b.kind == "deviation" else "",
+            overrides=dict(b.overrides),
+            train=dict(b.train),
+            profile=p.profile,
+        )
         try:
             row.family = str(base_info(p.world.base)["family"])
         except BaseError:
@@ -280,12 +325,29 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[dict[str, Any]]
         row.cpu_seconds = sum(float(d["cpu_seconds"]) for d in recs)
         row.where = sorted({str(d.get("device", "cpu")) for d in recs})
         if recs:
-            summary = summarize(_runs_of(recs), [int(d["seed"]) for d in recs])
-            row.metrics = [{"metric": r.metric, "a_mean": r.a_mean, "a_sd": r.a_sd, "b_mean": r.b_mean, "b_sd": r.b_sd,
-                            "diff_mean": r.diff_mean, "diff_sd": r.diff_sd, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                            "verdict": r.verdict, "higher_better": r.higher_better, "n": r.n, "p_t": r.p_t,
-                            "p_signflip": r.p_signflip, "a": r.a, "b": r.b} for r in summary]  # fmt: skip
-            prim = next((r for r in summary if r.metric == PRIMARY), None)
+            summary = _runner.summarize(_runs_of(recs), [int(d["seed"]) for d in recs])
+            row.metrics = [
+                {
+                    "metric": r.metric,
+                    "a_mean": r.a_mean,
+                    "a_sd": r.a_sd,
+                    "b_mean": r.b_mean,
+                    "b_sd": r.b_sd,
+                    "diff_mean": r.diff_mean,
+                    "diff_sd": r.diff_sd,
+                    "ci_low": r.ci_low,
+                    "ci_high": r.ci_high,
+                    "verdict": r.verdict,
+                    "higher_better": r.higher_better,
+                    "n": r.n,
+                    "p_t": r.p_t,
+                    "p_signflip": r.p_signflip,
+                    "a": r.a,
+                    "b": r.b,
+                }
+                for r in summary
+            ]
+            prim = next((r for r in summary if r.metric == _runner.PRIMARY), None)
             if prim is not None:
                 row.sd_ratio = sd_ratio_interval(prim.a, prim.b)
         rows.append(row)
@@ -351,8 +413,6 @@ def run_matrix(
     res_dir = Path(results).expanduser() if results is not None else out_dir / "results"
     done = read_results(res_dir, rows_hash)
     chosen = [p for p in presets if not only or p.name in only]
-    from te_align.tiny.bases import shipped
-
     ready = set(shipped())
     units: list[tuple[str, int]] = []
     for s in range(max(seeds or p.eval.seeds for p in chosen) if chosen else 0):
@@ -389,14 +449,16 @@ def run_matrix(
     tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device) for name, s in units]
     finished = 0
 
-    def collect(rec: dict[str, Any]) -> None:
+    def collect(rec: JSONObject) -> None:
         nonlocal finished
         finished += 1
         _write_json(res_dir / rec["preset"] / f"seed-{rec['seed']}.json", rec)
         if strips is not None and rec["seed"] == 0:
             _strip(rec, Path(strips), out_dir)
-        say(f"[{finished}/{len(tasks)}] {rec['preset']} seed {rec['seed']}: primary A {rec['arms']['A']['curve_mean']:+.3f}, "
-            f"B {rec['arms']['B']['curve_mean']:+.3f} ({rec['seconds']:.0f} s, {time.perf_counter() - t0:.0f} s so far)")  # fmt: skip
+        say(
+            f"[{finished}/{len(tasks)}] {rec['preset']} seed {rec['seed']}: primary A {rec['arms']['A']['curve_mean']:+.3f}, "
+            f"B {rec['arms']['B']['curve_mean']:+.3f} ({rec['seconds']:.0f} s, {time.perf_counter() - t0:.0f} s so far)"
+        )
         publish()
 
     if workers == 1:
@@ -417,21 +479,23 @@ def run_matrix(
 
 
 def _command(seeds: int | None, max_steps: int | None) -> str:
-    return ("te-align ab matrix" + (f" --seeds {seeds}" if seeds else "") + (f" --max-steps {max_steps}" if max_steps else "")
-            + " --workers 2 --results benchmarks/effects/results --doc docs/effects.md --summary te_align/ab/data/effects.json"
-            " --strips docs/effects")  # fmt: skip
+    return (
+        "te-align ab matrix"
+        + (f" --seeds {seeds}" if seeds else "")
+        + (f" --max-steps {max_steps}" if max_steps else "")
+        + " --workers 2 --results benchmarks/effects/results --doc docs/effects.md --summary te_align/ab/data/effects.json"
+        " --strips docs/effects"
+    )
 
 
-def _samples(rec: dict[str, Any], arm: str, out_dir: Path) -> list[Path]:
+def _samples(rec: JSONObject, arm: str, out_dir: Path) -> list[Path]:
     """A result's final probe images of one arm (stored relative to the matrix folder)."""
     return [out_dir / f for f in rec.get("samples", {}).get(arm) or []]
 
 
-def _strip(rec: dict[str, Any], folder: Path, out_dir: Path) -> Path | None:
+def _strip(rec: JSONObject, folder: Path, out_dir: Path) -> Path | None:
     """A sample strip of one seed: arm A's final probe images above arm B's, with what each prompt asked."""
     from PIL import Image
-
-    from te_align.tiny.world import grid
 
     a, b = _samples(rec, "A", out_dir), _samples(rec, "B", out_dir)
     probes = rec["arms"]["A"].get("probes") or []
@@ -456,28 +520,42 @@ def _strip(rec: dict[str, Any], folder: Path, out_dir: Path) -> Path | None:
     return path
 
 
-def summary_of(rows: Sequence[MatrixRow], plan: str) -> dict[str, Any]:
+def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
     """What ``te-align check`` reads: per measured row its deviation, trainer, family and primary-metric result."""
     out = []
     for r in rows:
         m = r.primary
-        out.append({"preset": r.preset, "kind": r.kind, "trainer": r.trainer, "family": r.family, "profile": r.profile,
-                    "base": r.base, "overrides": r.overrides, "train": r.train, "source": r.source, "verdict": r.verdict,
-                    "seeds": r.seeds, "planned": r.planned,
-                    "primary": None if m is None else {k: m[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t",
-                                                                         "p_signflip", "n")},
-                    "p_holm": r.p_holm})  # fmt: skip
+        out.append(
+            {
+                "preset": r.preset,
+                "kind": r.kind,
+                "trainer": r.trainer,
+                "family": r.family,
+                "profile": r.profile,
+                "base": r.base,
+                "overrides": r.overrides,
+                "train": r.train,
+                "source": r.source,
+                "verdict": r.verdict,
+                "seeds": r.seeds,
+                "planned": r.planned,
+                "primary": None
+                if m is None
+                else {
+                    k: m[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip", "n")
+                },
+                "p_holm": r.p_holm,
+            }
+        )
     return {"format": 1, "plan": plan, "document": "docs/effects.md", "rows": out}
 
 
 # ------------------------------------------------------------------------------------------ render
 def _num(v: float, spread: float) -> str:
-    from te_align.ab.stats import round_to_spread
-
     return round_to_spread(v, spread)
 
 
-def _ci(m: dict[str, Any], scale: float = 1.0) -> str:
+def _ci(m: JSONObject, scale: float = 1.0) -> str:
     if math.isnan(m["ci_low"]):
         return f"{_num(scale * m['diff_mean'], float('nan'))} (1 seed)"
     half = scale * (m["ci_high"] - m["ci_low"]) / 2
@@ -491,8 +569,6 @@ def _p(v: float) -> str:
 def _reading(rows: Sequence[MatrixRow]) -> list[str]:
     """The plain reading of the table, computed from the verdicts (no hand-written conclusion): the controls, then
     the deviation and inference rows grouped by verdict; silent until every row has all its seeds."""
-    from te_align.ab.stats import NO_DIFFERENCE, PROFILE_BETTER, TRAINER_BETTER
-
     ran = [r for r in rows if not r.reason]
     if not ran or any(r.seeds < r.planned for r in ran):
         return []
@@ -507,30 +583,36 @@ def _reading(rows: Sequence[MatrixRow]) -> list[str]:
             gate = " (the gate of the deviation rows)" if r.preset == GATE else ""
             out.append(f"- Positive control **{r.preset}**{gate}: {r.verdict}; {seen}.")
     if any(r.verdict == UNINFORMATIVE for r in family):
-        out.append(f"- The {len(family)} deviation and inference rows are uninformative: the gating positive control "
-                   "was not seen.")  # fmt: skip
+        out.append(
+            f"- The {len(family)} deviation and inference rows are uninformative: the gating positive control "
+            "was not seen."
+        )
         return out
-    for verdict, says in ((PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
-                          (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
-                          (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could "
-                                          "have missed")):  # fmt: skip
+    for verdict, says in (
+        (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
+        (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
+        (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
+    ):
         named = [r for r in family if r.verdict == verdict]
         listing = ", ".join(f"{r.preset} ({_ci(r.primary)})" for r in named if r.primary) or "none"
         out.append(f"- **{verdict}** ({len(named)} of {len(family)}: {says}): {listing}.")
-    leaning = [r.preset for r in family if r.verdict == NO_DIFFERENCE and r.primary
-               and (r.primary["ci_low"] > 0 or r.primary["ci_high"] < 0)]  # fmt: skip
+    leaning = [
+        r.preset
+        for r in family
+        if r.verdict == NO_DIFFERENCE and r.primary and (r.primary["ci_low"] > 0 or r.primary["ci_high"] < 0)
+    ]
     if leaning:
-        out.append(f"- The intervals are not adjusted for the {len(family)} rows: {len(leaning)} of the rows read "
-                   f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an interval that excludes 0 but a p-value that does "
-                   "not survive Holm's adjustment; they are leads for a larger study, not findings.")  # fmt: skip
+        out.append(
+            f"- The intervals are not adjusted for the {len(family)} rows: {len(leaning)} of the rows read "
+            f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an interval that excludes 0 but a p-value that does "
+            "not survive Holm's adjustment; they are leads for a larger study, not findings."
+        )
     return out
 
 
 def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips: Path | None = None, doc: Path | None = None) -> str:
     """The evidence document: the table (primary metric, interval, p-values, verdict), secondary metrics, the
     sample strips, and the method as it ran."""
-    from te_align.ab.runner import PRIMARY
-
     done = sum(r.seeds for r in rows)
     planned = sum(r.planned for r in rows if not r.reason)
     cpu = sum(r.cpu_seconds for r in rows)
@@ -547,7 +629,7 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         f"on {', '.join(where)}; with two worker processes about {wall / 2 / 3600:.1f} h of wall time; each row's CPU "
         "minutes are in the table's last column). A row's verdict is given only once all its seeds are in.",
         "",
-        f"Primary metric (pre-registered): **{PRIMARY}** — per checkpoint at 50, 100, 200 and 300 steps, the share of "
+        f"Primary metric (pre-registered): **{_runner.PRIMARY}** — per checkpoint at 50, 100, 200 and 300 steps, the share of "
         "prompts asking for pink (on the held-out shape, in wording never used in training) drawn pink at the asked "
         "position, minus the share of prompts asking for another colour where pink was drawn; averaged over the "
         "checkpoints. Difference = A - B (higher = arm A better); 95% t interval across paired seeds; p: paired t "
@@ -564,16 +646,22 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         if m is None:
             lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | {r.verdict} | |")
             continue
-        lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
-                     f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
+            f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |"
+        )
     lines += _reading(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
         lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")
-    lines += ["", "## Secondary metrics (final checkpoint unless named), A - B [95% CI]", "",
-              "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
-              "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",
-              "|---|---:|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "## Secondary metrics (final checkpoint unless named), A - B [95% CI]",
+        "",
+        "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
+        "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",
+        "|---|---:|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if not r.metrics:
             continue
@@ -587,9 +675,14 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
     if strips is not None and doc is not None:
         shown = [(r, strips / f"{r.preset}.png") for r in rows if (strips / f"{r.preset}.png").is_file()]
         if shown:
-            lines += ["", "## Samples: seed 0, final checkpoint, arm A (top) beside arm B (bottom)", "",
-                      "Each image is labelled with what its prompt asked (the prompts themselves are in the row's result "
-                      "file); short prompts only.", ""]  # fmt: skip
+            lines += [
+                "",
+                "## Samples: seed 0, final checkpoint, arm A (top) beside arm B (bottom)",
+                "",
+                "Each image is labelled with what its prompt asked (the prompts themselves are in the row's result "
+                "file); short prompts only.",
+                "",
+            ]
             for r, png in shown:
                 rel = os.path.relpath(png, doc.parent)
                 lines += [f"**{r.preset}** — {r.deviation}", "", f"![{r.preset}: A above B]({rel})", ""]

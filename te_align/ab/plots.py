@@ -10,7 +10,10 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from PIL import Image
 
 
 @dataclass
@@ -24,7 +27,7 @@ class Series:
     markers: bool = False
 
 
-def _png(img: Any) -> bytes:
+def _png(img: Image.Image) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
@@ -88,7 +91,7 @@ def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", siz
     return _png(img)
 
 
-def image_grid(rows: Sequence[tuple[str, Sequence[Any]]], columns: Sequence[str], *, cell: int = 128, title: str = "") -> bytes:
+def image_grid(rows: Sequence[tuple[str, Sequence[Image.Image]]], columns: Sequence[str], *, cell: int = 128, title: str = "") -> bytes:
     """A grid of PIL images: one labelled row per (label, images), one labelled column per ``columns``."""
     from PIL import Image, ImageDraw
 

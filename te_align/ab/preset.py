@@ -36,10 +36,25 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import te_align
 from te_align import _schema as schema
+from te_align._lazy import lazy_module
+from te_align._shipped import shipped_dir
+from te_align._types import JSONObject
 from te_align.errors import TeAlignError, closest
+from te_align.tiny.bases import BASES
+from te_align.train.config import SECTIONS, TrainError, config_from_dict
+from te_align.trainers import names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles.model import AlignmentProfile
+    from te_align.tiny.world.scenes import Concept
+
+#: The shapes world (numpy), loaded when a world preset is checked: listing or loading other presets stays light.
+_world = lazy_module("te_align.tiny.world")
+_phrasings = lazy_module("te_align.tiny.world.phrasings")
 
 
 class ABError(TeAlignError):
@@ -103,7 +118,7 @@ class Baseline:
             return "inference"
         return "deviation"
 
-    def inference_profile(self, profile: Any) -> Any:
+    def inference_profile(self, profile: AlignmentProfile) -> AlignmentProfile:
         """The profile arm A is sampled with (``profile`` itself for every row but an inference-side one)."""
         return profile.with_overrides(self.inference_overrides) if self.inference_overrides else profile
 
@@ -132,12 +147,10 @@ class WorldSettings:
     #: that seed, so that the interval across seeds covers the data draw too.
     per_seed_data: bool = True
 
-    def concept_object(self) -> Any:
-        from te_align.tiny import world
-
+    def concept_object(self) -> Concept:
         attribute, _, value = self.concept.partition("=")
         hold = tuple(tuple(h.split("=", 1)) for h in self.holdout)
-        return world.Concept(attribute, value, holdout=hold)  # type: ignore[arg-type]
+        return _world.Concept(attribute, value, holdout=hold)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -185,15 +198,13 @@ class Preset:
     world: WorldSettings | None = None
     source: str = ""
 
-    def arm_profiles(self, base: Any = None) -> tuple[Any, Any]:
+    def arm_profiles(self, base: AlignmentProfile | None = None) -> tuple[AlignmentProfile, AlignmentProfile]:
         """(arm A, arm B) profiles: B is ``base`` (default: the bundled profile), A is B with the baseline overrides."""
-        import te_align
-
         b = base if base is not None else te_align.profile(self.profile)
         a = b.with_overrides(self.baseline.overrides) if self.baseline.overrides else b
         return a, b
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = dataclasses.asdict(self)
         d.pop("source", None)
         return d
@@ -201,8 +212,6 @@ class Preset:
 
 def presets_root() -> Path:
     """The bundled ``presets/`` folder: the repository's, or its copy in an installed wheel."""
-    from te_align._shipped import shipped_dir
-
     root = shipped_dir("presets")
     if root is None:
         raise ABError("te-align's bundled presets are missing from this installation (reinstall te-align)")
@@ -224,15 +233,10 @@ def list_presets() -> dict[str, Path]:
     return out
 
 
-def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
+def preset_from_dict(data: JSONObject, *, file: str = "") -> Preset:
     """Validate a preset mapping: keys, baseline trainer, overrides (against the profile), [train] sections."""
-    import te_align
-    from te_align.train.config import SECTIONS, TrainError, config_from_dict
-
     preset = dataclasses.replace(schema.build(Preset, data, file=file, error=ABError, exclude=("source",)), source=file)
     baseline, ev = preset.baseline, preset.eval
-    from te_align.trainers import names
-
     if baseline.trainer not in names():  # the trainer registry's names
         raise ABError(f"expected one of {', '.join(names())}, got {baseline.trainer!r}", file=file, key="baseline.trainer")
     for key in ("behaviour", "why", "source"):
@@ -241,25 +245,40 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
     inference = bool(baseline.inference_overrides or baseline.inference_chunks or baseline.inference_tool)
     if baseline.null:
         if baseline.overrides or baseline.train or baseline.remove_words or baseline.shuffle_captions or inference or baseline.positive:
-            raise ABError("a null control has no overrides, train settings, removed words or inference settings (arm A = arm B)",
-                          file=file, key="baseline")  # fmt: skip
+            raise ABError(
+                "a null control has no overrides, train settings, removed words or inference settings (arm A = arm B)",
+                file=file,
+                key="baseline",
+            )
     elif baseline.positive or baseline.remove_words or baseline.shuffle_captions:
         if not baseline.positive or not (baseline.remove_words or baseline.shuffle_captions):
-            raise ABError("a positive control (positive = true) names the words arm A's captions lose (remove_words) or "
-                          "shuffles them (shuffle_captions = true), and both are only for a positive control", file=file,
-                          key="baseline.remove_words")  # fmt: skip
+            raise ABError(
+                "a positive control (positive = true) names the words arm A's captions lose (remove_words) or "
+                "shuffles them (shuffle_captions = true), and both are only for a positive control",
+                file=file,
+                key="baseline.remove_words",
+            )
         if baseline.overrides or baseline.train or inference:
             raise ABError("a positive control differs only in remove_words or shuffle_captions", file=file, key="baseline")
     elif inference:
         if baseline.overrides or baseline.train:
-            raise ABError("an inference-side row trains one LoRA by the profile for both arms: no overrides or train settings",
-                          file=file, key="baseline")  # fmt: skip
+            raise ABError(
+                "an inference-side row trains one LoRA by the profile for both arms: no overrides or train settings",
+                file=file,
+                key="baseline",
+            )
         if not baseline.inference_tool or not (baseline.inference_overrides or baseline.inference_chunks > 0):
-            raise ABError("an inference-side row names inference_tool and sets inference_overrides or inference_chunks >= 1",
-                          file=file, key="baseline")  # fmt: skip
+            raise ABError(
+                "an inference-side row names inference_tool and sets inference_overrides or inference_chunks >= 1",
+                file=file,
+                key="baseline",
+            )
     elif not baseline.overrides and not baseline.train:
-        raise ABError("arm A must differ from the profile: set overrides or train (or null = true for a control)",
-                      file=file, key="baseline")  # fmt: skip
+        raise ABError(
+            "arm A must differ from the profile: set overrides or train (or null = true for a control)",
+            file=file,
+            key="baseline",
+        )
     if baseline.sample_as not in ("profile", "trained"):
         raise ABError(f"expected profile or trained, got {baseline.sample_as!r}", file=file, key="baseline.sample_as")
     if baseline.sample_as == "trained" and baseline.kind != "deviation":
@@ -278,12 +297,18 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
         except TeAlignError as e:
             raise ABError(f"profile / inference overrides: {e}", file=file, key="baseline.inference_overrides") from None
         if inf.fingerprint() == b.fingerprint() and not baseline.inference_chunks:
-            raise ABError("the inference overrides leave the profile's behaviour unchanged: both arms would be identical",
-                          file=file, key="baseline.inference_overrides")  # fmt: skip
+            raise ABError(
+                "the inference overrides leave the profile's behaviour unchanged: both arms would be identical",
+                file=file,
+                key="baseline.inference_overrides",
+            )
     for section, values in baseline.train.items():
         if section not in SECTIONS or not isinstance(values, dict):
-            raise ABError(f"expected a table of a [train] section{closest(section, list(SECTIONS)) or ''}", file=file,
-                          key=f"baseline.train.{section}")  # fmt: skip
+            raise ABError(
+                f"expected a table of a [train] section{closest(section, list(SECTIONS)) or ''}",
+                file=file,
+                key=f"baseline.train.{section}",
+            )
         owned = _RUNNER_KEYS.get(section, set()) & set(values)
         if owned:
             raise ABError(f"set by the A/B runner per arm: {', '.join(sorted(owned))}", file=file, key=f"baseline.train.{section}")
@@ -318,14 +343,15 @@ def preset_from_dict(data: dict[str, Any], *, file: str = "") -> Preset:
 
 
 def _check_probes(preset: Preset, file: str) -> None:
-    from te_align.tiny.world.phrasings import LENGTHS
-
     ev = preset.eval
     for key in ("probe_concept", "probe_control"):
         for length, n in getattr(ev, key).items():
-            if length not in LENGTHS or not isinstance(n, int) or n < 0:
-                raise ABError(f"expected lengths ({', '.join(LENGTHS)}) = counts >= 0, got {length!r} = {n!r}", file=file,
-                              key=f"eval.{key}")  # fmt: skip
+            if length not in _phrasings.LENGTHS or not isinstance(n, int) or n < 0:
+                raise ABError(
+                    f"expected lengths ({', '.join(_phrasings.LENGTHS)}) = counts >= 0, got {length!r} = {n!r}",
+                    file=file,
+                    key=f"eval.{key}",
+                )
     probes = bool(ev.probe_concept or ev.probe_control)
     if probes and preset.world is None:
         raise ABError("probe prompts need a shapes-world preset ([world])", file=file, key="eval.probe_concept")
@@ -337,41 +363,55 @@ def _check_probes(preset: Preset, file: str) -> None:
         steps = preset.train.get("train", {}).get("max_steps")
         bad = [s for s in ev.curve_steps if s < 1 or not ev.every or (s % ev.every and s != steps)]
         if bad or sorted(set(ev.curve_steps)) != list(ev.curve_steps):
-            raise ABError(f"expected increasing checkpoint steps (multiples of eval.every = {ev.every}), got {ev.curve_steps}",
-                          file=file, key="eval.curve_steps")  # fmt: skip
+            raise ABError(
+                f"expected increasing checkpoint steps (multiples of eval.every = {ev.every}), got {ev.curve_steps}",
+                file=file,
+                key="eval.curve_steps",
+            )
 
 
 def _check_world(w: WorldSettings, file: str) -> None:
     try:
         w.concept_object()
     except (ValueError, TypeError) as e:
-        raise ABError(f"{e} (expected attribute=value, e.g. colour=pink; holdout entries attribute=value)", file=file,
-                      key="world.concept") from None  # fmt: skip
-    from te_align.tiny.bases import BASES
-
+        raise ABError(
+            f"{e} (expected attribute=value, e.g. colour=pink; holdout entries attribute=value)",
+            file=file,
+            key="world.concept",
+        ) from None
     if w.base not in BASES:
-        raise ABError(f"no pretrained world base {w.base!r}{closest(w.base, list(BASES)) or ''}; bases: {', '.join(BASES)}",
-                      file=file, key="world.base")  # fmt: skip
-    from te_align.tiny.world import SPACES
-
-    if w.space not in SPACES:
-        raise ABError(f"no scene space {w.space!r}; spaces: {', '.join(SPACES)}", file=file, key="world.space")
+        raise ABError(
+            f"no pretrained world base {w.base!r}{closest(w.base, list(BASES)) or ''}; bases: {', '.join(BASES)}",
+            file=file,
+            key="world.base",
+        )
+    if w.space not in _world.SPACES:
+        raise ABError(f"no scene space {w.space!r}; spaces: {', '.join(_world.SPACES)}", file=file, key="world.space")
     if w.train_images < 1 or w.val_images < 1 or w.image_size < 8 or w.data_seed < 0:
         raise ABError("train_images >= 1, val_images >= 1, image_size >= 8, data_seed >= 0", file=file, key="world")
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: JSONObject, extra: JSONObject) -> JSONObject:
     out = dict(base)
     for k, v in extra.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and v else v
     return out
 
 
-def train_config_dict(preset: Preset, *, model: str, data: str, out: str, profile: str, seed: int, max_steps: int | None = None,
-                      arm: str = "B") -> dict[str, Any]:  # fmt: skip
+def train_config_dict(
+    preset: Preset,
+    *,
+    model: str,
+    data: str,
+    out: str,
+    profile: str,
+    seed: int,
+    max_steps: int | None = None,
+    arm: str = "B",
+) -> JSONObject:
     """The te_align.train config of one arm: identical for both arms apart from ``profile``, ``out`` and, for
     arm A, the baseline's ``train`` settings."""
-    raw: dict[str, Any] = {k: dict(v) for k, v in preset.train.items()}
+    raw: JSONObject = {k: dict(v) for k, v in preset.train.items()}
     if arm == "A" and preset.baseline.train:
         raw = _merge(raw, preset.baseline.train)
     raw.setdefault("model", {}).update({"path": model, "profile": profile})
@@ -380,8 +420,13 @@ def train_config_dict(preset: Preset, *, model: str, data: str, out: str, profil
     # a null control's arm A draws its own training randomness (data order, noise, dropout, LoRA init): with
     # the same seed both arms would be bit-identical and the control could not fail
     null_a = arm == "A" and preset.baseline.null
-    tr.update({"seed": 42 + seed + (NULL_SEED_OFFSET if null_a else 0), "checkpoint_every": preset.eval.every or 1_000_000_000,
-               "checkpoints_keep": 0})  # fmt: skip
+    tr.update(
+        {
+            "seed": 42 + seed + (NULL_SEED_OFFSET if null_a else 0),
+            "checkpoint_every": preset.eval.every or 1_000_000_000,
+            "checkpoints_keep": 0,
+        }
+    )
     if max_steps is not None:
         tr["max_steps"] = max_steps
         tr["epochs"] = 0
@@ -409,5 +454,15 @@ def load_preset(name_or_path: str | Path) -> Preset:
     return preset_from_dict(data, file=str(p))
 
 
-__all__ = ["ABError", "Baseline", "EvalSettings", "Preset", "WorldSettings", "list_presets", "load_preset", "preset_from_dict",
-           "presets_root", "train_config_dict"]  # fmt: skip
+__all__ = [
+    "ABError",
+    "Baseline",
+    "EvalSettings",
+    "Preset",
+    "WorldSettings",
+    "list_presets",
+    "load_preset",
+    "preset_from_dict",
+    "presets_root",
+    "train_config_dict",
+]

@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING, Any
 from te_align._atomic import atomic_file
 from te_align.ab.plots import Series, band_plot, image_grid
 from te_align.ab.preset import ABError
+from te_align.ab.stats import round_to_spread
+from te_align.tiny import world
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from te_align.ab.runner import ABResult
 
 COLOURS = {"A": (214, 96, 40), "B": (40, 90, 200)}
@@ -104,9 +108,7 @@ def _plots(result: ABResult) -> dict[str, Path]:
 GRID_PROMPTS = 6
 
 
-def _reading(img: Any) -> str:
-    from te_align.tiny import world
-
+def _reading(img: np.ndarray) -> str:
     found = world.read_image(img)
     return "; ".join(" ".join(k) for k in found) if found else "nothing"
 
@@ -116,8 +118,6 @@ def _accuracy_grid(result: ABResult) -> bytes:
     what the reader read in it."""
     import numpy as np
     from PIL import Image
-
-    from te_align.tiny import world
 
     runs = [r for r in result.runs if r.seed < 2]
     first = runs[0].accuracy_samples[:GRID_PROMPTS]
@@ -151,8 +151,6 @@ def _probe_grid(result: ABResult) -> bytes:
     import numpy as np
     from PIL import Image
 
-    from te_align.tiny import world
-
     first = min(r.seed for r in result.runs)
     runs = [r for r in result.runs if r.seed == first]
     probes = runs[0].probes
@@ -174,19 +172,40 @@ def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     out: list[Block] = []
     if "probes" in plots:
         out.append(("h2", "Samples: what each arm draws (seed " + str(min(r.seed for r in result.runs)) + ", last checkpoint)"))
-        out.append(("p", "Top row arm A, bottom row arm B; under each image the prompt's request and what the world's reader "
-                         "read in it. Pink triangles were never in the training images."))  # fmt: skip
+        out.append(
+            (
+                "p",
+                "Top row arm A, bottom row arm B; under each image the prompt's request and what the world's reader "
+                "read in it. Pink triangles were never in the training images.",
+            )
+        )
         out.append(("img", "probe prompts: arm A above arm B", plots["probes"]))
     runs = result.runs
     out.append(("h2", "Prompt accuracy (probe prompts in new wording, sampled as each arm is sampled at inference)"))
-    out.append(("p", "Per checkpoint: hit = pink drawn at the asked position when pink was asked; false = pink drawn when "
-                     "another colour was asked; net = hit - false (the primary metric is its mean over the checkpoints); "
-                     "known = the other colours drawn as asked (forgetting); exact = colour, shape and position."))  # fmt: skip
+    out.append(
+        (
+            "p",
+            "Per checkpoint: hit = pink drawn at the asked position when pink was asked; false = pink drawn when "
+            "another colour was asked; net = hit - false (the primary metric is its mean over the checkpoints); "
+            "known = the other colours drawn as asked (forgetting); exact = colour, shape and position.",
+        )
+    )
     rows = []
     for r in runs:
         for step, c in r.curve:
-            rows.append([str(r.seed), r.arm, str(step), f"{c['net']:+.3f}", f"{c['hit']:.3f}", f"{c['false']:.3f}", f"{c['known']:.3f}",
-                         f"{c['exact']:.3f}", f"{c['extra']:.2f}"])  # fmt: skip
+            rows.append(
+                [
+                    str(r.seed),
+                    r.arm,
+                    str(step),
+                    f"{c['net']:+.3f}",
+                    f"{c['hit']:.3f}",
+                    f"{c['false']:.3f}",
+                    f"{c['known']:.3f}",
+                    f"{c['exact']:.3f}",
+                    f"{c['extra']:.2f}",
+                ]
+            )
     out.append(("table", ["seed", "arm", "step", "net", "hit", "false", "known", "exact", "extra objects / image"], rows))
     if "curve" in plots:
         out.append(("img", "concept net accuracy per checkpoint", plots["curve"]))
@@ -195,10 +214,13 @@ def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
 
 def _headline(result: ABResult) -> list[Block]:
     """The verdict first, then each deciding metric's mean difference and 95% interval, rounded to its spread."""
-    from te_align.ab.stats import round_to_spread
-
-    out: list[Block] = [("p", f"**Verdict: {result.verdict}** ({result.seeds} seed(s), paired by seed; scored as the "
-                               "official pipeline conditions at inference).")]  # fmt: skip
+    out: list[Block] = [
+        (
+            "p",
+            f"**Verdict: {result.verdict}** ({result.seeds} seed(s), paired by seed; scored as the "
+            "official pipeline conditions at inference).",
+        )
+    ]
     lines = []
     for r in result.summary:
         if "own conditioning" in r.metric or r.metric.startswith("training"):
@@ -224,16 +246,30 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     blocks += _headline(result)
     if p.description:
         blocks.append(("p", p.description))
-    arm_a = {"null": f"the profile, with its own random draws (a null control): {b.why}",
-             "positive": ("captions shuffled among the images" if b.shuffle_captions else
-                          f"captions without {', '.join(repr(w) for w in b.remove_words)}") + f" (a positive control): {b.why}",
-             "inference": f"arm B's LoRA, sampled as {b.inference_tool} does by default: {b.behaviour}"}.get(
-                 b.kind, f"{b.trainer} default ({b.version}): {b.behaviour}")  # fmt: skip
-    blocks.append(("table", ["arm", "conditioning", "source"], [
-        ["A", arm_a, b.source],
-        ["B", f"profile {p.profile}: {b.why}" if b.kind == "deviation" else f"profile {p.profile}",
-         "te-align bundled profile (te-align profile show " + p.profile + ")"],
-    ]))  # fmt: skip
+    arm_a = {
+        "null": f"the profile, with its own random draws (a null control): {b.why}",
+        "positive": (
+            "captions shuffled among the images"
+            if b.shuffle_captions
+            else f"captions without {', '.join(repr(w) for w in b.remove_words)}"
+        )
+        + f" (a positive control): {b.why}",
+        "inference": f"arm B's LoRA, sampled as {b.inference_tool} does by default: {b.behaviour}",
+    }.get(b.kind, f"{b.trainer} default ({b.version}): {b.behaviour}")
+    blocks.append(
+        (
+            "table",
+            ["arm", "conditioning", "source"],
+            [
+                ["A", arm_a, b.source],
+                [
+                    "B",
+                    f"profile {p.profile}: {b.why}" if b.kind == "deviation" else f"profile {p.profile}",
+                    "te-align bundled profile (te-align profile show " + p.profile + ")",
+                ],
+            ],
+        )
+    )
     if b.kind == "inference":
         over = ", ".join(f"{k} = {v!r}" for k, v in b.inference_overrides.items()) or "none"
         what = f"Arm A = arm B's LoRA sampled by the profile with {over}" + (f" and CLIP chunks (up to {b.inference_chunks})" if b.inference_chunks else "")
@@ -241,40 +277,118 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
         over = ", ".join(f"{k} = {v!r}" for k, v in b.overrides.items()) or "none"
         what = f"Arm A = profile with overrides {over}" + (f", train settings {b.train}" if b.train else "")
         what += ", sampled as trained" if b.sample_as == "trained" else ""
-    blocks.append(("p", f"{what}. Identical data, seeds, steps and hyper-parameters; "
-                        f"{result.seeds} seed(s); {result.runs[0].steps if result.runs else 0} steps per arm; wall time {result.seconds:.1f} s."))  # fmt: skip
+    blocks.append(
+        (
+            "p",
+            f"{what}. Identical data, seeds, steps and hyper-parameters; "
+            f"{result.seeds} seed(s); {result.runs[0].steps if result.runs else 0} steps per arm; wall time {result.seconds:.1f} s.",
+        )
+    )
     probes = bool(result.runs) and all(r.curve for r in result.runs)
     if probes:
         blocks += _probe_blocks(result, plots)
         blocks.append(("h2", "Validation loss per checkpoint"))
         blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
     blocks.append(("h2", f"Summary ({result.seeds} seed(s); difference = A - B: mean, standard deviation and 95% t interval across seeds)"))
-    blocks.append(("table", ["metric", "A mean", "A sd", "B mean", "B sd", "A-B mean", "A-B sd", "seeds", "A-B 95% interval", "verdict"],
-                   [[r.metric, fmt(r.a_mean), fmt(r.a_sd), fmt(r.b_mean), fmt(r.b_sd), fmt(r.diff_mean), fmt(r.diff_sd), str(r.n),
-                     f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]", r.verdict] for r in result.summary]))  # fmt: skip
+    blocks.append(
+        (
+            "table",
+            [
+                "metric",
+                "A mean",
+                "A sd",
+                "B mean",
+                "B sd",
+                "A-B mean",
+                "A-B sd",
+                "seeds",
+                "A-B 95% interval",
+                "verdict",
+            ],
+            [
+                [
+                    r.metric,
+                    fmt(r.a_mean),
+                    fmt(r.a_sd),
+                    fmt(r.b_mean),
+                    fmt(r.b_sd),
+                    fmt(r.diff_mean),
+                    fmt(r.diff_sd),
+                    str(r.n),
+                    f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]",
+                    r.verdict,
+                ]
+                for r in result.summary
+            ],
+        )
+    )
     if result.runs and all(r.accuracy for r in result.runs):
         blocks.append(("h2", "Prompt accuracy on held-out prompts"))
-        blocks.append(("p", "Every validation caption (the concept in combinations never trained on) sampled once per run with the "
-                            "official pipeline, profile conditioning, fixed seeds; read back by the shapes-world reader. Objects exact: "
-                            "colour, shape and position all right; concept: the same over objects carrying the new concept."))  # fmt: skip
-        keys = [("object_accuracy", "objects exact"), ("concept_accuracy", "concept objects exact"), ("colour", "colour"),
-                ("shape", "shape"), ("position", "position"), ("image_accuracy", "images exact")]  # fmt: skip
-        blocks.append(("table", ["seed", "arm"] + [name for _, name in keys] + ["extra objects / image"],
-                       [[str(r.seed), r.arm] + [f"{100 * r.accuracy[k]:.1f}%" for k, _ in keys] + [f"{r.accuracy['extra_per_image']:.2f}"]
-                        for r in result.runs]))  # fmt: skip
+        blocks.append(
+            (
+                "p",
+                "Every validation caption (the concept in combinations never trained on) sampled once per run with the "
+                "official pipeline, profile conditioning, fixed seeds; read back by the shapes-world reader. Objects exact: "
+                "colour, shape and position all right; concept: the same over objects carrying the new concept.",
+            )
+        )
+        keys = [
+            ("object_accuracy", "objects exact"),
+            ("concept_accuracy", "concept objects exact"),
+            ("colour", "colour"),
+            ("shape", "shape"),
+            ("position", "position"),
+            ("image_accuracy", "images exact"),
+        ]
+        blocks.append(
+            (
+                "table",
+                ["seed", "arm"] + [name for _, name in keys] + ["extra objects / image"],
+                [
+                    [str(r.seed), r.arm]
+                    + [f"{100 * r.accuracy[k]:.1f}%" for k, _ in keys]
+                    + [f"{r.accuracy['extra_per_image']:.2f}"]
+                    for r in result.runs
+                ],
+            )
+        )
         if "accuracy" in plots:
             blocks.append(("img", "held-out prompts: ground truth, then each run's sample with what the reader read", plots["accuracy"]))
     blocks.append(("h2", "Conditioning divergence between the arms"))
-    blocks.append(("p", "Every caption and sample prompt encoded by both arms; tensors of different shapes are zero-padded to the "
-                        "larger shape, so missing positions count. Cosine = mean over prompts of the flattened per-prompt cosine."))  # fmt: skip
-    blocks.append(("table", ["tensor", "shape A", "shape B", "max abs diff", "mean cosine", "prompts differing"],
-                   [[d.tensor, "x".join(map(str, d.shape_a)), "x".join(map(str, d.shape_b)), fmt(d.max_abs_diff), fmt(d.cosine),
-                     f"{d.prompts_differing}/{d.prompts}"] for d in result.divergence]))  # fmt: skip
+    blocks.append(
+        (
+            "p",
+            "Every caption and sample prompt encoded by both arms; tensors of different shapes are zero-padded to the "
+            "larger shape, so missing positions count. Cosine = mean over prompts of the flattened per-prompt cosine.",
+        )
+    )
+    blocks.append(
+        (
+            "table",
+            ["tensor", "shape A", "shape B", "max abs diff", "mean cosine", "prompts differing"],
+            [
+                [
+                    d.tensor,
+                    "x".join(map(str, d.shape_a)),
+                    "x".join(map(str, d.shape_b)),
+                    fmt(d.max_abs_diff),
+                    fmt(d.cosine),
+                    f"{d.prompts_differing}/{d.prompts}",
+                ]
+                for d in result.divergence
+            ],
+        )
+    )
     blocks.append(("h2", "Training loss"))
     blocks.append(("img", "training loss A vs B", plots["train_loss"]))
     blocks.append(("h2", "Validation loss per checkpoint" + (" (values)" if probes else "")))
-    blocks.append(("p", "Held-out images, fixed timesteps and fixed noise per image (SD3 paper's validation loss), conditioned "
-                        "by the profile, i.e. as the official pipeline conditions at inference. Step 0 is the base model."))  # fmt: skip
+    blocks.append(
+        (
+            "p",
+            "Held-out images, fixed timesteps and fixed noise per image (SD3 paper's validation loss), conditioned "
+            "by the profile, i.e. as the official pipeline conditions at inference. Step 0 is the base model.",
+        )
+    )
     if not probes:
         blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
     steps = sorted({s for r in result.runs for s, _ in r.val})
@@ -282,9 +396,32 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     rows = [[str(s)] + [fmt(dict(r.val).get(s, float("nan"))) for r in result.runs] for s in steps]
     blocks.append(("table", header, rows))
     blocks.append(("h2", "Runs"))
-    blocks.append(("table", ["seed", "arm", "steps", "seconds", "training loss (last 20%)", "val loss (profile)", "val loss (own)"],
-                   [[str(r.seed), r.arm, str(r.steps), f"{r.seconds:.1f}", fmt(r.final_train), fmt(r.final_val), fmt(r.final_val_own)]
-                    for r in result.runs]))  # fmt: skip
+    blocks.append(
+        (
+            "table",
+            [
+                "seed",
+                "arm",
+                "steps",
+                "seconds",
+                "training loss (last 20%)",
+                "val loss (profile)",
+                "val loss (own)",
+            ],
+            [
+                [
+                    str(r.seed),
+                    r.arm,
+                    str(r.steps),
+                    f"{r.seconds:.1f}",
+                    fmt(r.final_train),
+                    fmt(r.final_val),
+                    fmt(r.final_val_own),
+                ]
+                for r in result.runs
+            ],
+        )
+    )
     if plots.get("samples") is not None:
         blocks.append(("h2", "Samples"))
         blocks.append(("img", "sample grid", plots["samples"]))
@@ -327,10 +464,14 @@ def _html(blocks: list[Block], title: str) -> str:
             head = "".join(f"<th>{e(c)}</th>" for c in blk[1])
             rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in blk[2])
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}img{max-width:100%}")  # fmt: skip
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{e(title)}</title><style>{style}</style></head>"
-            f"<body>\n" + "\n".join(body) + "\n</body></html>\n")  # fmt: skip
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}img{max-width:100%}"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{e(title)}</title><style>{style}</style></head>'
+        f"<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
 def write_report(result: ABResult, appendix: list[Block] | None = None) -> tuple[Path, Path]:

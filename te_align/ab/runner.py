@@ -21,13 +21,41 @@ import logging
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+import te_align
 from te_align._atomic import atomic_file
+from te_align._lazy import lazy_module
+from te_align._types import JSONObject
+from te_align.ab import accuracy, evaluate
+from te_align.ab.evaluate import Divergence
 from te_align.ab.preset import ABError, Preset, _merge, load_preset, train_config_dict
+from te_align.ab.report import write_report
+from te_align.ab.stats import NO_DIFFERENCE, Metric, paired
+from te_align.profiles.overrides import resolve
+from te_align.tiny import world
+from te_align.tiny.bases import BaseError, base_info, materialize
+from te_align.tiny.datasets import ANSWER_KEY, read_answer_key, write_world_split
+from te_align.tiny.fit import _folder_components, architecture_overrides
+from te_align.tiny.world.phrasings import ProbePrompt, probe_prompts
+from te_align.train.checkpoint import latest_checkpoint, list_checkpoints
+from te_align.train.config import SampleConfig, config_from_dict
+from te_align.train.data import IMAGE_EXTENSIONS
+from te_align.train.models import add_lora, check_model, family_of, flow_timestep_scale, load_pipeline
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from te_align.encoding import Conditioning
+    from te_align.profiles.model import AlignmentProfile
+
+#: Deferred: they import torch, which this module leaves to the functions that train and sample.
+_encoding_core = lazy_module("te_align.encoding.core")
+_loop = lazy_module("te_align.train.loop")
+_sampling = lazy_module("te_align.train.sampling")
 
 logger = logging.getLogger("te_align.ab")
 
@@ -53,9 +81,9 @@ class ArmRun:
     #: The accuracy samples (one image per validation caption).
     accuracy_samples: list[str] = field(default_factory=list)
     #: Probe-prompt rates per curve checkpoint (:func:`_probe_summary`), sampled as the arm is sampled at inference.
-    curve: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    curve: list[tuple[int, JSONObject]] = field(default_factory=list)
     #: The probe prompts (text, asked object, length) and the final checkpoint's images and readings.
-    probes: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[JSONObject] = field(default_factory=list)
     probe_samples: list[str] = field(default_factory=list)
     probe_reads: list[list[list[str]]] = field(default_factory=list)
     cpu_seconds: float = 0.0
@@ -116,7 +144,7 @@ class ABResult:
     preset: Preset
     seeds: int
     runs: list[ArmRun]
-    divergence: list[Any]
+    divergence: list[Divergence]
     summary: list[SummaryRow]
     report_md: Path | None = None
     report_html: Path | None = None
@@ -134,7 +162,7 @@ class ABResult:
 
 
 # ------------------------------------------------------------------------------------------ state
-def _read_state(path: Path) -> dict[str, Any]:
+def _read_state(path: Path) -> JSONObject:
     if not path.is_file():
         return {}
     try:
@@ -144,12 +172,12 @@ def _read_state(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_state(path: Path, state: dict[str, Any]) -> None:
+def _write_state(path: Path, state: JSONObject) -> None:
     with atomic_file(path, "w", error=ABError) as f:
         f.write(json.dumps(state, indent=1, sort_keys=True))
 
 
-def _run_from(d: dict[str, Any]) -> ArmRun:
+def _run_from(d: JSONObject) -> ArmRun:
     r = ArmRun(seed=int(d["seed"]), arm=str(d["arm"]), steps=int(d.get("steps", 0)), seconds=float(d.get("seconds", 0.0)))
     r.losses = [(int(s), float(v)) for s, v in d.get("losses", [])]
     r.val = [(int(s), float(v)) for s, v in d.get("val", [])]
@@ -169,8 +197,6 @@ def _run_from(d: dict[str, Any]) -> ArmRun:
 # ------------------------------------------------------------------------------------------- data
 def split_data(data: Path, out: Path, holdout: float) -> tuple[Path, Path]:
     """(train, val) folders: ``data/train`` + ``data/val`` when present, else a deterministic hold-out copy."""
-    from te_align.train.data import IMAGE_EXTENSIONS
-
     if (data / "train").is_dir() and (data / "val").is_dir():
         return data / "train", data / "val"
     images = sorted(p for p in data.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
@@ -192,8 +218,6 @@ def split_data(data: Path, out: Path, holdout: float) -> tuple[Path, Path]:
 
 
 def _val_items(val_dir: Path) -> list[tuple[Path, str]]:
-    from te_align.train.data import IMAGE_EXTENSIONS
-
     files = sorted(p for p in val_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
     if not files:
         raise ABError("no validation images", file=str(val_dir))
@@ -217,8 +241,6 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
     """Per metric: both arms' means and sds, the paired difference A - B, its 95% interval and verdict."""
-    from te_align.ab.stats import Metric, paired
-
     metrics: list[tuple[Metric, Callable[[ArmRun], float]]] = []
     if runs and all(r.curve for r in runs):
         metrics += [
@@ -247,8 +269,26 @@ def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
         ps = paired(metric, a, b)
         (am, asd), (bm, bsd), (dm, dsd) = _stats(a), _stats(b), _stats(list(ps.diffs))
         lo, hi = ps.interval
-        rows.append(SummaryRow(metric.name, am, asd, bm, bsd, dm, dsd, ps.n, lo, hi, ps.verdict, metric.higher_better,
-                               ps.p_t, ps.p_signflip, list(a), list(b)))  # fmt: skip
+        rows.append(
+            SummaryRow(
+                metric=metric.name,
+                a_mean=am,
+                a_sd=asd,
+                b_mean=bm,
+                b_sd=bsd,
+                diff_mean=dm,
+                diff_sd=dsd,
+                n=ps.n,
+                ci_low=lo,
+                ci_high=hi,
+                verdict=ps.verdict,
+                higher_better=metric.higher_better,
+                p_t=ps.p_t,
+                p_signflip=ps.p_signflip,
+                a=list(a),
+                b=list(b),
+            )
+        )
     return rows
 
 
@@ -259,8 +299,6 @@ PRIMARY = "concept net accuracy, learning-curve mean (as sampled at inference)"
 def verdict_of(summary: list[SummaryRow]) -> str:
     """The A/B's verdict over what inference sees: the profile-conditioned validation loss and, when
     measured, the prompt accuracies (:func:`te_align.ab.stats.overall_verdict`)."""
-    from te_align.ab.stats import NO_DIFFERENCE
-
     primary = next((r for r in summary if r.metric == PRIMARY), None)
     if primary is not None:  # the pre-registered verdict reads the primary metric alone
         return primary.verdict or NO_DIFFERENCE
@@ -276,9 +314,6 @@ def verdict_of(summary: list[SummaryRow]) -> str:
 def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_seed: int | None = None) -> Path:
     """``OUT/data/{train,val}`` drawn from the shapes world by the preset's [world] settings (once); ``data_seed``
     overrides the preset's (one draw per seed), and then ``out_dir`` is that seed's folder itself."""
-    from te_align.tiny import world
-    from te_align.tiny.datasets import ANSWER_KEY, write_world_split
-
     w = p.world
     assert w is not None
     root = out_dir / "data" if data_seed is None else out_dir
@@ -287,13 +322,14 @@ def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_se
         return root
     concept = w.concept_object()
     mix = dict(w.style_mix) or None
-    say(f"drawing the finetuning data from the shapes world (seed {seed}): {w.train_images} training images with {w.concept}, "
-        f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})")  # fmt: skip
+    say(
+        f"drawing the finetuning data from the shapes world (seed {seed}): {w.train_images} training images with {w.concept}, "
+        f"{w.val_images} validation images in held-out combinations ({', '.join(w.holdout) or 'any'})"
+    )
     space = world.SPACES[w.space]
-    train = world.make_dataset(w.train_images, seed, split="concept", concept=concept, image_size=w.image_size,
-                               style_mix=mix, tokenizer=False, space=space)  # fmt: skip
-    val = world.make_dataset(w.val_images, seed, split="validation", concept=concept, image_size=w.image_size,
-                             style_mix=mix, tokenizer=False, space=space)  # fmt: skip
+    draw = {"concept": concept, "image_size": w.image_size, "style_mix": mix, "tokenizer": False, "space": space}
+    train = world.make_dataset(w.train_images, seed, split="concept", **draw)
+    val = world.make_dataset(w.val_images, seed, split="validation", **draw)
     for folder, samples in (("train", train), ("val", val)):
         tmp = root / f".{folder}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -303,19 +339,14 @@ def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_se
     return root
 
 
-def _world_overrides(p: Preset, model: str | Path | None, model_path: str) -> dict[str, Any]:
+def _world_overrides(p: Preset, model: str | Path | None, model_path: str) -> JSONObject:
     """A world preset's profile fitted to its tiny encoders: from the shipped base's manifest, or read from the
     folder given with ``--model``."""
-    from te_align.tiny.bases import BaseError, base_info
-
     if model is None and model_path.startswith("world:"):
         try:
             return dict(base_info(model_path.split(":", 1)[1]).get("profile_overrides") or {})
         except BaseError as e:
             raise ABError(str(e), key="--model") from None
-    import te_align
-    from te_align.tiny.fit import _folder_components, architecture_overrides
-
     prof = te_align.profile(p.profile)
     return architecture_overrides(prof, _folder_components(Path(model_path), prof))
 
@@ -323,8 +354,6 @@ def _world_overrides(p: Preset, model: str | Path | None, model_path: str) -> di
 def resolve_model(model: str) -> str:
     """``world:NAME`` is a shipped shapes-world base (materialized into the cache); anything else is as given."""
     if model.startswith("world:"):
-        from te_align.tiny.bases import BaseError, materialize
-
         try:
             return str(materialize(model.split(":", 1)[1]))
         except BaseError as e:
@@ -371,7 +400,7 @@ def run_ab(
     seeds: int | None = None,
     out: str | Path = "ab-out",
     max_steps: int | None = None,
-    profile_overrides: dict[str, Any] | None = None,
+    profile_overrides: JSONObject | None = None,
     report: bool = True,
     plan: str = "",
     first_seed: int = 0,
@@ -410,8 +439,6 @@ def run_ab(
         profile_overrides = _world_overrides(p, model, model_path)
     model_path = resolve_model(model_path)
 
-    from te_align.profiles.overrides import resolve
-
     base = resolve(p.profile, ("model.profile_overrides", profile_overrides or None))
     prof_a, prof_b = p.arm_profiles(base)
     prof_paths = {}
@@ -424,22 +451,31 @@ def run_ab(
         prof_paths[arm] = path
 
     data_key = "per-seed world draws" if per_seed else str((data_dir if data is not None else out_dir / "data").resolve())
-    key_src = json.dumps({"preset": p.to_dict(), "model": model_path, "data": data_key, "max_steps": max_steps,
-                          "a": prof_a.fingerprint(), "b": prof_b.fingerprint(), "plan": plan}, sort_keys=True)  # fmt: skip
+    key_src = json.dumps(
+        {
+            "preset": p.to_dict(),
+            "model": model_path,
+            "data": data_key,
+            "max_steps": max_steps,
+            "a": prof_a.fingerprint(),
+            "b": prof_b.fingerprint(),
+            "plan": plan,
+        },
+        sort_keys=True,
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     state_path = out_dir / STATE_FILE
     state = _read_state(state_path)
     if state and state.get("key") != key:
         other = f" (plan {state.get('plan')})" if state.get("plan") != plan else ""
-        raise ABError(f"this folder holds an A/B with a different preset, model, data, step count or plan{other}: use "
-                      f"another --out (or delete {STATE_FILE} to start over)", file=str(out_dir))  # fmt: skip
+        raise ABError(
+            f"this folder holds an A/B with a different preset, model, data, step count or plan{other}: use "
+            f"another --out (or delete {STATE_FILE} to start over)",
+            file=str(out_dir),
+        )
     state = state or {"format": STATE_FORMAT, "key": key, "preset": p.name, "plan": plan, "runs": {}}
-    runs_state: dict[str, Any] = state.setdefault("runs", {})
+    runs_state: JSONObject = state.setdefault("runs", {})
     save = lambda: _write_state(state_path, state)  # noqa: E731
-
-    from te_align.train import config_from_dict
-    from te_align.train.checkpoint import latest_checkpoint
-    from te_align.train.loop import train
 
     if data is None and not per_seed:
         data_dir = _world_data(p, out_dir, say)
@@ -460,33 +496,63 @@ def run_ab(
                 continue
             if arm == "A" and inference_row:  # the very LoRA arm B trained, sampled as the inference tool does
                 b = runs_state[f"{s}/B"]
-                runs_state[tag] = {**{k: b[k] for k in ("steps", "losses", "dir")}, "seed": s, "arm": "A", "trained": True,
-                                   "seconds": 0.0, "shares": "B"}  # fmt: skip
+                runs_state[tag] = {
+                    **{k: b[k] for k in ("steps", "losses", "dir")},
+                    "seed": s,
+                    "arm": "A",
+                    "trained": True,
+                    "seconds": 0.0,
+                    "shares": "B",
+                }
                 save()
                 continue
             arm_dir = out_dir / "runs" / f"seed-{s}" / arm
             arm_train = _arm_data(p, train_dir, out_dir / "data" / f"seed-{s}", s) if arm == "A" and p.baseline.kind == "positive" else train_dir
-            cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(arm_train), out=str(arm_dir),
-                                                     profile=str(prof_paths[arm]), seed=s, max_steps=max_steps, arm=arm))  # fmt: skip
+            cfg = config_from_dict(
+                train_config_dict(
+                    p,
+                    model=model_path,
+                    data=str(arm_train),
+                    out=str(arm_dir),
+                    profile=str(prof_paths[arm]),
+                    seed=s,
+                    max_steps=max_steps,
+                    arm=arm,
+                )
+            )
             resume = latest_checkpoint(arm_dir) is not None
             say(f"seed {s} arm {arm} ({_arm_label(p, arm, prof_b.name)}){': resuming' if resume else ''} ...")
             t1, c1 = time.perf_counter(), time.process_time()
-            result = train(cfg, resume=True if resume else None)
-            runs_state[tag] = {"seed": s, "arm": arm, "trained": True, "steps": result.steps, "seconds": time.perf_counter() - t1,
-                               "cpu_seconds": time.process_time() - c1, "losses": result.losses, "dir": str(arm_dir)}  # fmt: skip
+            result = _loop.train(cfg, resume=True if resume else None)
+            runs_state[tag] = {
+                "seed": s,
+                "arm": arm,
+                "trained": True,
+                "steps": result.steps,
+                "seconds": time.perf_counter() - t1,
+                "cpu_seconds": time.process_time() - c1,
+                "losses": result.losses,
+                "dir": str(arm_dir),
+            }
             save()
         todo = [f"{s}/{arm}" for arm in ARMS if not runs_state[f"{s}/{arm}"].get("evaluated")]
         if todo or "divergence" not in state:
             if evaluator is None:
-                evaluator = _Evaluator(p, model_path=model_path, prof_a=prof_a, prof_b=prof_b, train_dir=train_dir, out_dir=out_dir,
-                                       max_steps=max_steps, say=say)  # fmt: skip
+                evaluator = _Evaluator(
+                    p,
+                    model_path=model_path,
+                    prof_a=prof_a,
+                    prof_b=prof_b,
+                    train_dir=train_dir,
+                    out_dir=out_dir,
+                    max_steps=max_steps,
+                    say=say,
+                )
             evaluator.run(state, todo, seed=s, train_dir=train_dir, val_dir=val_dir, save=save)
         if on_seed is not None:
             on_seed(_result(p, out_dir, seed_list[: seed_list.index(s) + 1], runs_state, state, prof_paths, val_dirs[s], t0))
     result = _result(p, out_dir, seed_list, runs_state, state, prof_paths, val_dirs[seed_list[-1]], t0)
     if report:
-        from te_align.ab.report import write_report
-
         result.report_md, result.report_html = write_report(result)
     return result
 
@@ -506,14 +572,28 @@ def _arm_label(p: Preset, arm: str, profile: str) -> str:
     return f"trainer default: {p.baseline.trainer}"
 
 
-def _result(p: Preset, out_dir: Path, seeds: list[int], runs_state: dict[str, Any], state: dict[str, Any], prof_paths: dict[str, Path],
-            val_dir: Path, t0: float) -> ABResult:  # fmt: skip
-    from te_align.ab.evaluate import Divergence
-
+def _result(
+    p: Preset,
+    out_dir: Path,
+    seeds: list[int],
+    runs_state: JSONObject,
+    state: JSONObject,
+    prof_paths: dict[str, Path],
+    val_dir: Path,
+    t0: float,
+) -> ABResult:
     runs = [_run_from(runs_state[f"{s}/{arm}"]) for s in seeds for arm in ARMS]
     divergence = [Divergence(**{**d, "shape_a": tuple(d["shape_a"]), "shape_b": tuple(d["shape_b"])}) for d in state.get("divergence", [])]
-    result = ABResult(out_dir, p, len(seeds), runs, divergence, summarize(runs, seeds), profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])},
-                      val_dir=val_dir)  # fmt: skip
+    result = ABResult(
+        out_dir,
+        p,
+        len(seeds),
+        runs,
+        divergence,
+        summarize(runs, seeds),
+        profiles={"A": str(prof_paths["A"]), "B": str(prof_paths["B"])},
+        val_dir=val_dir,
+    )
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -521,28 +601,42 @@ def _result(p: Preset, out_dir: Path, seeds: list[int], runs_state: dict[str, An
 class _Evaluator:
     """The evaluation pipeline of one A/B, loaded once: validation loss per checkpoint, samples, probe prompts."""
 
-    def __init__(self, p: Preset, *, model_path: str, prof_a: Any, prof_b: Any, train_dir: Path, out_dir: Path, max_steps: int | None,
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        p: Preset,
+        *,
+        model_path: str,
+        prof_a: AlignmentProfile,
+        prof_b: AlignmentProfile,
+        train_dir: Path,
+        out_dir: Path,
+        max_steps: int | None,
+        say: Callable[[str], None],
+    ) -> None:
         import torch
-
-        from te_align.train import config_from_dict
-        from te_align.train.models import add_lora, check_model, family_of, load_pipeline
 
         self.p, self.say, self.out_dir, self.max_steps = p, say, out_dir, max_steps
         self.prof_a, self.prof_b = prof_a, prof_b
         #: What each arm is sampled and scored with at inference: the profile, or an inference tool's conditioning.
-        from te_align.encoding.core import EncodeOptions
-
         self.inf_a, self.opts_a = prof_b, None
         if p.baseline.kind == "inference":
             self.inf_a = p.baseline.inference_profile(prof_b)
-            self.opts_a = EncodeOptions(long_prompt_chunks=p.baseline.inference_chunks) if p.baseline.inference_chunks else None
+            self.opts_a = _encoding_core.EncodeOptions(long_prompt_chunks=p.baseline.inference_chunks) if p.baseline.inference_chunks else None
         elif p.baseline.sample_as == "trained":
             self.inf_a = prof_a
             chunks = int(_merge(p.train, p.baseline.train).get("data", {}).get("long_prompt_chunks", 0) or 0)
-            self.opts_a = EncodeOptions(long_prompt_chunks=chunks) if chunks else None
-        cfg = config_from_dict(train_config_dict(p, model=model_path, data=str(train_dir), out=str(out_dir), profile=p.profile, seed=0,
-                                                 max_steps=max_steps))  # fmt: skip
+            self.opts_a = _encoding_core.EncodeOptions(long_prompt_chunks=chunks) if chunks else None
+        cfg = config_from_dict(
+            train_config_dict(
+                p,
+                model=model_path,
+                data=str(train_dir),
+                out=str(out_dir),
+                profile=p.profile,
+                seed=0,
+                max_steps=max_steps,
+            )
+        )
         self.cfg = cfg
         self.family = family_of(prof_b)
         pipe = load_pipeline(cfg.model, prof_b)
@@ -554,15 +648,21 @@ class _Evaluator:
         self.pipe = pipe
         self.denoiser = getattr(pipe, self.family.denoiser_attr)
         lo = cfg.lora
-        add_lora(self.denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.target_modules or self.family.default_targets,
-                 seed=0)  # fmt: skip
+        add_lora(
+            self.denoiser,
+            rank=lo.rank,
+            alpha=lo.alpha,
+            dropout=lo.dropout,
+            targets=lo.target_modules or self.family.default_targets,
+            seed=0,
+        )
         self.denoiser.eval()
         self.named = {f"{self.family.denoiser_attr}.{n}": prm for n, prm in self.denoiser.named_parameters() if "lora_" in n}
         for prm in self.named.values():
             prm.requires_grad_(False)
         self.zero = {k: torch.zeros_like(v) if ".lora_B." in k else v.detach().clone() for k, v in self.named.items()}
 
-    def load(self, params: dict[str, Any]) -> None:
+    def load(self, params: Mapping[str, torch.Tensor]) -> None:
         import torch
 
         missing = set(self.named) - set(params)
@@ -572,23 +672,23 @@ class _Evaluator:
             for k, prm in self.named.items():
                 prm.copy_(params[k].to(prm.dtype))
 
-    def run(self, state: dict[str, Any], todo: list[str], *, seed: int, train_dir: Path, val_dir: Path, save: Callable[[], None]) -> None:
+    def run(
+        self,
+        state: JSONObject,
+        todo: list[str],
+        *,
+        seed: int,
+        train_dir: Path,
+        val_dir: Path,
+        save: Callable[[], None],
+    ) -> None:
         import torch
         from safetensors.torch import load_file
-
-        import te_align
-        from te_align.ab import accuracy, evaluate
-        from te_align.train.checkpoint import list_checkpoints
-        from te_align.train.config import SampleConfig
-        from te_align.train.models import flow_timestep_scale
-        from te_align.train.sampling import sample_images
 
         p, pipe, cfg, family = self.p, self.pipe, self.cfg, self.family
         self.say(f"evaluating seed {seed}: validation loss per checkpoint, samples, prompt accuracy ...")
         items = _val_items(val_dir)
         captions = [c for _, c in items]
-        from te_align.tiny.datasets import read_answer_key
-
         try:
             key = read_answer_key(val_dir)
         except (OSError, ValueError) as e:
@@ -599,7 +699,7 @@ class _Evaluator:
                 raise ABError(f"the answer key has no entry for {missing[0]} (and {len(missing) - 1} more)", file=str(val_dir))
         cond_a = te_align.encode(self.prof_a, captions, pipeline=pipe)
         cond_b = te_align.encode(self.prof_b, captions, pipeline=pipe)
-        cond_inf: Any = cond_b
+        cond_inf: Conditioning | list[Conditioning] = cond_b
         if self.inf_a is not self.prof_b or self.opts_a is not None:
             if accuracy._per_prompt(self.inf_a, self.opts_a):  # each prompt alone, as the inference tool encodes it
                 cond_inf = [te_align.encode(self.inf_a, [c], pipeline=pipe, options=self.opts_a) for c in captions]
@@ -626,10 +726,20 @@ class _Evaluator:
         noise = evaluate.fixed_noise(latents, len(timesteps), p.eval.noise_seed)
         objective = evaluate.resolve_objective(family, pipe, cfg.train.objective)
 
-        def vloss(cond: Any) -> float:
-            return evaluate.validation_loss(family=family, denoiser=self.denoiser, latents=latents, noise=noise, timesteps=timesteps,
-                                            cond=cond, objective=objective, scheduler_config=pipe.scheduler.config,
-                                            guidance=cfg.train.guidance, flow_shift_scale=flow_timestep_scale(family), pixel_size=res)  # fmt: skip
+        def vloss(cond: Conditioning | list[Conditioning]) -> float:
+            return evaluate.validation_loss(
+                family=family,
+                denoiser=self.denoiser,
+                latents=latents,
+                noise=noise,
+                timesteps=timesteps,
+                cond=cond,
+                objective=objective,
+                scheduler_config=pipe.scheduler.config,
+                guidance=cfg.train.guidance,
+                flow_shift_scale=flow_timestep_scale(family),
+                pixel_size=res,
+            )
 
         probes = _probes(p, seed)
         curve_steps = _curve_steps(p, self.max_steps)
@@ -637,8 +747,14 @@ class _Evaluator:
         base_b = vloss(cond_b)
         base_own = {"A": vloss(sampled_a), "B": base_b}
         sample_size = p.eval.sample_size or res
-        scfg = SampleConfig(prompts=list(p.eval.prompts), seeds=list(p.eval.sample_seeds), steps=p.eval.sample_steps,
-                            guidance_scale=p.eval.guidance_scale, width=sample_size, height=sample_size)  # fmt: skip
+        scfg = SampleConfig(
+            prompts=list(p.eval.prompts),
+            seeds=list(p.eval.sample_seeds),
+            steps=p.eval.sample_steps,
+            guidance_scale=p.eval.guidance_scale,
+            width=sample_size,
+            height=sample_size,
+        )
         runs_state = state["runs"]
         for tag in todo:
             r = runs_state[tag]
@@ -656,8 +772,10 @@ class _Evaluator:
                 val.append((step, vloss(cond_b)))
                 val_own.append((step, vloss(own) if own is not cond_b else val[-1][1]))
                 if probes and (step in curve_steps or (step == ckpts[-1][0] and not curve_steps)):
-                    images = accuracy.sample_prompts(pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,
-                                                     guidance=p.eval.accuracy_guidance, size=sample_size, seed=0, options=opts)  # fmt: skip
+                    images = accuracy.sample_prompts(
+                        pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,
+                        guidance=p.eval.accuracy_guidance, size=sample_size, seed=0, options=opts,
+                    )
                     reads = accuracy.read_probes(images, [q.objects for q in probes], concept_colour=_concept_colour(p))
                     curve.append((step, _probe_summary(probes, reads)))
                     if step == ckpts[-1][0]:
@@ -668,14 +786,28 @@ class _Evaluator:
             if probes and missing_steps:
                 raise ABError(f"no checkpoint at step(s) {missing_steps} (eval.curve_steps) to read the learning curve", file=r["dir"])
             # samples of the final weights, conditioned as the arm is sampled at inference
-            files = sample_images(pipe, self.prof_b, scfg, sample_dir, ckpts[-1][0], size=(sample_size, sample_size), device=torch.device("cpu"),
-                                  dtype=torch.float32) if inf is self.prof_b and (arm == "B" or self.opts_a is None) else []  # fmt: skip
+            files = (
+                _sampling.sample_images(
+                    pipe,
+                    self.prof_b,
+                    scfg,
+                    sample_dir,
+                    ckpts[-1][0],
+                    size=(sample_size, sample_size),
+                    device=torch.device("cpu"),
+                    dtype=torch.float32,
+                )
+                if inf is self.prof_b and (arm == "B" or self.opts_a is None)
+                else []
+            )
             r.update({"val": val, "val_own": val_own, "samples": [str(f) for f in files], "curve": curve})
             if probes:
                 r["probes"] = [q.to_dict() for q in probes]
             elif key is not None:
-                images = accuracy.sample_prompts(pipe, inf, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
-                                                 size=sample_size, seed=0, options=opts)  # fmt: skip
+                images = accuracy.sample_prompts(
+                    pipe, inf, captions, steps=p.eval.accuracy_steps, guidance=p.eval.accuracy_guidance,
+                    size=sample_size, seed=0, options=opts,
+                )
                 truths = [key["items"][f.stem]["objects"] for f, _ in items]
                 r["accuracy"] = accuracy.score_images(images, truths)
                 acc_files = accuracy.save_images(images, [f.stem for f, _ in items], sample_dir / "accuracy")
@@ -709,33 +841,38 @@ def _concept_colour(p: Preset) -> str:
     return c.value
 
 
-def _probes(p: Preset, seed: int) -> list[Any]:
+def _probes(p: Preset, seed: int) -> list[ProbePrompt]:
     """The probe prompts of one seed (the same for both arms): concept prompts, then control prompts."""
     if p.world is None or not (p.eval.probe_concept or p.eval.probe_control):
         return []
-    from te_align.tiny.world import SHAPES
-    from te_align.tiny.world.phrasings import probe_prompts
-
     c = p.world.concept_object()
-    held = [v for a, v in c.holdout if a == "shape"] or list(SHAPES)
+    held = [v for a, v in c.holdout if a == "shape"] or list(world.SHAPES)
     colour = _concept_colour(p)
     concept = probe_prompts(1000 + seed, colour=colour, shapes=held, lengths=list(p.eval.probe_concept.items()), stream="concept")
-    control = probe_prompts(1000 + seed, colour="*", shapes=SHAPES, lengths=list(p.eval.probe_control.items()), stream="control")
+    control = probe_prompts(1000 + seed, colour="*", shapes=world.SHAPES, lengths=list(p.eval.probe_control.items()), stream="control")
     return concept + control
 
 
-def _probe_summary(probes: list[Any], reads: list[dict[str, Any]]) -> dict[str, Any]:
+def _probe_summary(probes: list[ProbePrompt], reads: list[JSONObject]) -> JSONObject:
     """Rates over one checkpoint's probe images (see :func:`summarize` for what each means)."""
     concept = [r for q, r in zip(probes, reads, strict=True) if q.objects[0][3]]
     control = [r for q, r in zip(probes, reads, strict=True) if not q.objects[0][3]]
 
-    def rate(rows: list[dict[str, Any]], key: str) -> float:
+    def rate(rows: list[JSONObject], key: str) -> float:
         return sum(float(r[key]) for r in rows) / len(rows) if rows else float("nan")
 
     hit, false = rate(concept, "hit"), rate(control, "concept_colour") if control else 0.0
-    return {"hit": hit, "false": false, "net": hit - false, "exact": rate(concept, "exact"), "known": rate(control, "hit"),
-            "extra": rate(concept + control, "extra"), "hits": [bool(r["hit"]) for r in concept],
-            "false_reads": [bool(r["concept_colour"]) for r in control], "known_hits": [bool(r["hit"]) for r in control]}  # fmt: skip
+    return {
+        "hit": hit,
+        "false": false,
+        "net": hit - false,
+        "exact": rate(concept, "exact"),
+        "known": rate(control, "hit"),
+        "extra": rate(concept + control, "extra"),
+        "hits": [bool(r["hit"]) for r in concept],
+        "false_reads": [bool(r["concept_colour"]) for r in control],
+        "known_hits": [bool(r["hit"]) for r in control],
+    }
 
 
 __all__ = ["ARMS", "STATE_FILE", "ABResult", "ArmRun", "SummaryRow", "run_ab", "split_data", "summarize"]

@@ -32,7 +32,7 @@ __all__ = [
     "sign_flip_p",
     "t_quantile",
     "t_two_sided_p",
-]  # fmt: skip
+]
 
 PROFILE_BETTER = "profile better"
 TRAINER_BETTER = "trainer default better"

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-from te_align.profiles.expr import Ref, output_specs
+import te_align
+from te_align._types import JSONObject
+from te_align.profiles.expr import Node, Ref, output_specs, refs
 from te_align.profiles.model import AlignmentProfile
 
 STATS_MODES = ("global", "channel")
@@ -33,14 +35,18 @@ class Stats:
     positions: int
     captions: int
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONObject:
         """Plain numbers: the mean and std (for ``channel`` mode, the average over channels and the range)."""
-        out: dict[str, Any] = {"mode": self.mode, "positions": self.positions, "captions": self.captions}
+        out: JSONObject = {"mode": self.mode, "positions": self.positions, "captions": self.captions}
         if self.mode == "global":
             out.update(mean=float(self.mean[0]), std=float(self.std[0]))
         else:
-            out.update(mean=float(self.mean.mean()), std=float(self.std.mean()), std_min=float(self.std.min()),
-                       std_max=float(self.std.max()))  # fmt: skip
+            out.update(
+                mean=float(self.mean.mean()),
+                std=float(self.std.mean()),
+                std_min=float(self.std.min()),
+                std_max=float(self.std.max()),
+            )
         return out
 
 
@@ -58,9 +64,7 @@ def attended_mask_output(profile: AlignmentProfile, output: str) -> str | None:
     return None
 
 
-def _refs(node: Any) -> list[Ref]:
-    from te_align.profiles.expr import refs
-
+def _refs(node: Node) -> list[Ref]:
     return refs(node)
 
 
@@ -75,8 +79,6 @@ def measure(
 ) -> Stats:
     """Mean and std of ``output`` over the attended positions of ``captions``, encoded by
     ``te_align.encode(profile, ..., **encode_kwargs)`` (pipeline= or tokenizers= / text_encoders=)."""
-    import te_align
-
     mask_name = attended_mask_output(profile, output)
     rows = []
     for i in range(0, len(captions), batch):

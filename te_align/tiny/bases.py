@@ -63,12 +63,18 @@ BASES: dict[str, BaseSpec] = {
 #: Per family: text-encoder component -> (shared encoder folder, transformers class); tokenizer component ->
 #: (kind, CLIP pad token). The classes are those of te_align.tiny.encoders.family_components.
 ENCODERS: dict[str, dict[str, tuple[str, str]]] = {
-    "sd3": {"text_encoder": ("clip_l", "CLIPTextModelWithProjection"),
-            "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection"), "text_encoder_3": ("t5", "T5EncoderModel")},
+    "sd3": {
+        "text_encoder": ("clip_l", "CLIPTextModelWithProjection"),
+        "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection"),
+        "text_encoder_3": ("t5", "T5EncoderModel"),
+    },
     "flux": {"text_encoder": ("clip_l", "CLIPTextModel"), "text_encoder_2": ("t5", "T5EncoderModel")},
-    "sdxl": {"text_encoder": ("clip_l", "CLIPTextModel"), "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection")},
+    "sdxl": {
+        "text_encoder": ("clip_l", "CLIPTextModel"),
+        "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection"),
+    },
     "sd15": {"text_encoder": ("clip_l", "CLIPTextModel")},
-}  # fmt: skip
+}
 TOKENIZERS: dict[str, dict[str, tuple[str, str]]] = {
     "sd3": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!"), "tokenizer_3": ("t5", "")},
     "flux": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("t5", "")},
@@ -134,8 +140,11 @@ def _check_files(root: Path, files: dict[str, str], what: str) -> None:
             raise BaseError(f"{what} file missing; {_FIX[what]}", file=str(path))
         got = _sha256(path)
         if got != digest:
-            raise BaseError(f"SHA-256 {got[:12]}… differs from the recorded {digest[:12]}…: the {what} file was altered; "
-                            f"{_FIX[what]}", file=str(path))  # fmt: skip
+            raise BaseError(
+                f"SHA-256 {got[:12]}… differs from the recorded {digest[:12]}…: the {what} file was altered; "
+                f"{_FIX[what]}",
+                file=str(path),
+            )
 
 
 _FIX = {"shipped": "reinstall te-align", "cached": "delete the folder (it is rebuilt on the next load)"}
@@ -233,8 +242,9 @@ def materialize(name: str, cache_dir: str | Path | None = None, source: str | Pa
         os.replace(tmp, dest)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise BaseError(f"cannot write the world base ({e.strerror or e}); free space or set XDG_CACHE_HOME",
-                        file=str(dest)) from None  # fmt: skip
+        raise BaseError(
+            f"cannot write the world base ({e.strerror or e}); free space or set XDG_CACHE_HOME", file=str(dest)
+        ) from None
     return dest
 
 

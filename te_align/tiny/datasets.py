@@ -17,8 +17,11 @@ __all__ = ["ANSWER_KEY", "COLOURS", "SHAPES", "SQUARE_COLOURS", "make_shapes_dat
 
 #: Colours of :func:`make_shapes_dataset`.
 COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (235, 200, 40),
-}  # fmt: skip
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 70, 220),
+    "yellow": (235, 200, 40),
+}
 #: Shapes of :func:`make_shapes_dataset`.
 SHAPES = ("square", "circle", "triangle")
 
@@ -43,7 +46,8 @@ def _draw(shape: str, colour: tuple[int, int, int], size: int, rng: Any) -> Any:
         d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
     arr = np.asarray(img).astype(int) + rng.integers(-6, 7, (size, size, 3))
     where = ("top" if cy < size / 3 else "bottom" if cy > 2 * size / 3 else "middle") + (
-        " left" if cx < size / 3 else " right" if cx > 2 * size / 3 else "")  # fmt: skip
+        " left" if cx < size / 3 else " right" if cx > 2 * size / 3 else ""
+    )
     return Image.fromarray(np.clip(arr, 0, 255).astype("uint8")), where
 
 
@@ -110,9 +114,14 @@ def write_world_split(folder: str | Path, samples: list[Any], concept: Any = Non
             "objects": [[o.colour, o.shape, o.position, bool(concept is not None and concept.carried_by(o))] for o in s.objects],
             "style": s.style,
         }
-    key = {"format": 1, "concept": None if concept is None else {"attribute": concept.attribute, "value": concept.value,
-                                                                  "holdout": [list(h) for h in concept.holdout]},
-           "items": items}  # fmt: skip
+    concept_key = None
+    if concept is not None:
+        concept_key = {
+            "attribute": concept.attribute,
+            "value": concept.value,
+            "holdout": [list(h) for h in concept.holdout],
+        }
+    key = {"format": 1, "concept": concept_key, "items": items}
     import json
 
     (out / ANSWER_KEY).write_text(json.dumps(key, indent=1, sort_keys=True), encoding="utf-8")

@@ -52,13 +52,31 @@ ClipVariant = Literal["L", "H", "G"]
 #: H = OpenCLIP ViT-H/14 as in SD2.x (1024 wide, 23 layers, gelu, projection 512),
 #: G = OpenCLIP ViT-bigG/14 (1280 wide, 32 layers, gelu, projection 1280).
 CLIP_VARIANTS: dict[str, dict[str, Any]] = {
-    "L": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-          "projection_dim": 32, "hidden_act": "quick_gelu"},
-    "H": {"hidden_size": 40, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 4,
-          "projection_dim": 24, "hidden_act": "gelu"},
-    "G": {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
-          "projection_dim": 48, "hidden_act": "gelu"},
-}  # fmt: skip
+    "L": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "projection_dim": 32,
+        "hidden_act": "quick_gelu",
+    },
+    "H": {
+        "hidden_size": 40,
+        "intermediate_size": 80,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "projection_dim": 24,
+        "hidden_act": "gelu",
+    },
+    "G": {
+        "hidden_size": 48,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "projection_dim": 48,
+        "hidden_act": "gelu",
+    },
+}
 
 #: Family name -> diffusers pipeline class name.
 PIPELINE_CLASSES: dict[str, str] = {

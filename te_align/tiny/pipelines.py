@@ -56,10 +56,16 @@ __all__ = [
 def _vae_config(latent_channels: int = 4, flow: bool = False) -> dict[str, Any]:
     """A two-level ``AutoencoderKL`` (8x downsampling halved to 4x), with the SD3/Flux scaling when ``flow``."""
     config: dict[str, Any] = {
-        "in_channels": 3, "out_channels": 3, "down_block_types": ["DownEncoderBlock2D"] * 2,
-        "up_block_types": ["UpDecoderBlock2D"] * 2, "block_out_channels": [8, 16], "layers_per_block": 1,
-        "latent_channels": latent_channels, "norm_num_groups": 8, "sample_size": 32,
-    }  # fmt: skip
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ["DownEncoderBlock2D"] * 2,
+        "up_block_types": ["UpDecoderBlock2D"] * 2,
+        "block_out_channels": [8, 16],
+        "layers_per_block": 1,
+        "latent_channels": latent_channels,
+        "norm_num_groups": 8,
+        "sample_size": 32,
+    }
     if flow:
         config.update(shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False, use_post_quant_conv=False)
     return config
@@ -68,11 +74,18 @@ def _vae_config(latent_channels: int = 4, flow: bool = False) -> dict[str, Any]:
 def _sd3_config(**changes: Any) -> dict[str, Any]:
     """A one-layer ``SD3Transformer2DModel`` reading the tiny T5 width and both tiny CLIP projections."""
     config: dict[str, Any] = {
-        "sample_size": 16, "patch_size": 2, "in_channels": 4, "num_layers": 1, "attention_head_dim": 8,
-        "num_attention_heads": 2, "joint_attention_dim": T5_D_MODEL, "caption_projection_dim": 16,
+        "sample_size": 16,
+        "patch_size": 2,
+        "in_channels": 4,
+        "num_layers": 1,
+        "attention_head_dim": 8,
+        "num_attention_heads": 2,
+        "joint_attention_dim": T5_D_MODEL,
+        "caption_projection_dim": 16,
         "pooled_projection_dim": CLIP_VARIANTS["L"]["projection_dim"] + CLIP_VARIANTS["G"]["projection_dim"],
-        "out_channels": 4, "pos_embed_max_size": 32,
-    }  # fmt: skip
+        "out_channels": 4,
+        "pos_embed_max_size": 32,
+    }
     config.update(changes)
     return config
 
@@ -96,10 +109,17 @@ def tiny_unet(xl: bool = False) -> diffusers.UNet2DConditionModel:
                 "projection_class_embeddings_input_dim": 8 * 6 + pooled,
             }
         return diffusers.UNet2DConditionModel(
-            sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
-            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-            attention_head_dim=4, norm_num_groups=8, **kw,
-        )  # fmt: skip
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(16, 32),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            attention_head_dim=4,
+            norm_num_groups=8,
+            **kw,
+        )
 
 
 def tiny_sd3_transformer() -> diffusers.SD3Transformer2DModel:
@@ -124,10 +144,17 @@ def tiny_flux_transformer(guidance: bool = True) -> diffusers.FluxTransformer2DM
     with seeded(seed_for(f"flux{guidance}")):
         # in_channels 16 = 4 latent channels x 2x2 packing
         return diffusers.FluxTransformer2DModel(
-            patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8, num_attention_heads=2,
-            joint_attention_dim=T5_D_MODEL, pooled_projection_dim=CLIP_VARIANTS["L"]["hidden_size"], guidance_embeds=guidance,
+            patch_size=1,
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=T5_D_MODEL,
+            pooled_projection_dim=CLIP_VARIANTS["L"]["hidden_size"],
+            guidance_embeds=guidance,
             axes_dims_rope=(2, 2, 4),
-        )  # fmt: skip
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -201,27 +228,45 @@ def build_pipeline(family: str) -> Any:
     """A real diffusers pipeline of ``family`` (sd15, sdxl, sd3, flux, flux-schnell) with tiny components."""
     if family == "sd15":
         return diffusers.StableDiffusionPipeline(
-            vae=tiny_vae(), unet=tiny_unet(), scheduler=diffusers.DDPMScheduler(steps_offset=1, clip_sample=False), safety_checker=None,
-            feature_extractor=None, requires_safety_checker=False, **family_components("sd15"),
-        )  # fmt: skip
+            vae=tiny_vae(),
+            unet=tiny_unet(),
+            scheduler=diffusers.DDPMScheduler(steps_offset=1, clip_sample=False),
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
+            **family_components("sd15"),
+        )
     if family == "sdxl":
         return diffusers.StableDiffusionXLPipeline(
-            vae=tiny_vae(), unet=tiny_unet(xl=True), scheduler=diffusers.EulerDiscreteScheduler(), add_watermarker=False,
+            vae=tiny_vae(),
+            unet=tiny_unet(xl=True),
+            scheduler=diffusers.EulerDiscreteScheduler(),
+            add_watermarker=False,
             **family_components("sdxl"),
-        )  # fmt: skip
+        )
     if family == "sd3":
         return diffusers.StableDiffusion3Pipeline(
-            transformer=tiny_sd3_transformer(), vae=tiny_vae(flow=True), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
+            transformer=tiny_sd3_transformer(),
+            vae=tiny_vae(flow=True),
+            scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
             **family_components("sd3"),
-        )  # fmt: skip
+        )
     if family in ("flux", "flux-schnell"):
         dev = family == "flux"
-        sched = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=dev, base_image_seq_len=16,
-                                                          max_image_seq_len=256, base_shift=0.5, max_shift=1.15)  # fmt: skip
+        sched = diffusers.FlowMatchEulerDiscreteScheduler(
+            shift=3.0,
+            use_dynamic_shifting=dev,
+            base_image_seq_len=16,
+            max_image_seq_len=256,
+            base_shift=0.5,
+            max_shift=1.15,
+        )
         return diffusers.FluxPipeline(
-            transformer=tiny_flux_transformer(guidance=dev), vae=tiny_vae(flow=True), scheduler=sched,
+            transformer=tiny_flux_transformer(guidance=dev),
+            vae=tiny_vae(flow=True),
+            scheduler=sched,
             **family_components("flux"),
-        )  # fmt: skip
+        )
     raise ValueError(family)
 
 
@@ -244,8 +289,11 @@ def build_tiny_sd3_pipeline() -> diffusers.StableDiffusion3Pipeline:
         )
         vae = diffusers.AutoencoderKL(**_vae_config(flow=True)).eval()
     pipe = diffusers.StableDiffusion3Pipeline(
-        transformer=transformer, vae=vae, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0), **family_components("sd3"),
-    )  # fmt: skip
+        transformer=transformer,
+        vae=vae,
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0),
+        **family_components("sd3"),
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -16,12 +16,16 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import fsync_dir
 from te_align._paths import read_bytes
+from te_align._types import JSONObject, JSONValue
 from te_align.train._io import WriteError, write_atomic, writing
 from te_align.train.config import TrainError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FORMAT = 1
@@ -48,11 +52,11 @@ def latest_checkpoint(output_dir: str | os.PathLike[str]) -> Path | None:
     return found[-1][1] if found else None
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, object]:
     import numpy as np
     import torch
 
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state: dict[str, object] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -69,7 +73,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _torch_bytes(obj: Any) -> bytes:
+def _torch_bytes(obj: object) -> bytes:
     import io
 
     import torch
@@ -89,12 +93,12 @@ def save_checkpoint(
     output_dir: str | os.PathLike[str],
     step: int,
     *,
-    params: Mapping[str, Any],
-    optimizer: Any,
-    scheduler: Any,
-    state: dict[str, Any],
+    params: Mapping[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: JSONObject,
     keep: int = 0,
-    rng: dict[str, Any] | None = None,
+    rng: dict[str, object] | None = None,
 ) -> Path:
     """Write ``step-NNNNNNNN`` atomically and prune to the newest ``keep`` (0 = keep all).
 
@@ -123,8 +127,16 @@ def save_checkpoint(
     return final
 
 
-def _write_files(tmp: Path, final: Path, params: Mapping[str, Any], optimizer: Any, scheduler: Any, state: dict[str, Any],
-                 step: int, rng: dict[str, Any] | None) -> None:
+def _write_files(
+    tmp: Path,
+    final: Path,
+    params: Mapping[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: JSONObject,
+    step: int,
+    rng: dict[str, object] | None,
+) -> None:
     from safetensors.torch import save
 
     root = final.parent
@@ -155,7 +167,7 @@ class CheckpointError(TrainError):
     """A checkpoint folder that is missing, incomplete or damaged."""
 
 
-def _check_state(state: Any) -> dict[str, Any]:
+def _check_state(state: JSONValue) -> JSONObject:
     if not isinstance(state, dict):
         raise ValueError(f"state.json holds {type(state).__name__}, expected a table")
     step = state.get("step")

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from te_align import _schema as schema
 from te_align._dtypes import DTYPE_NAMES
 from te_align._paths import read_bytes
+from te_align._types import JSONObject
 from te_align.errors import TeAlignError, closest
 from te_align.profiles.resolve import is_hub_id
 
@@ -208,7 +209,7 @@ class TrainConfig:
     #: Where the config was read from (relative paths are resolved against its folder).
     source: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         d = dataclasses.asdict(self)
         d.pop("source", None)
         return d
@@ -286,12 +287,18 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
             need(ok, f"data.encoder_dropout.{k}", f"must be a probability in [0, 1], got {v!r}")
     need(lo.rank >= 0, "lora.rank", f"must be >= 1 (or 0 with train.full_modules: no denoiser LoRA), got {lo.rank}")
     if lo.rank == 0:  # a full fine-tune: the train.full_modules weights (and a swapped model's projection) only
-        need(bool(t.full_modules), "lora.rank",
-             "0 trains no denoiser LoRA, so train.full_modules must name the weights to train in full "
-             "(e.g. [\"\"] for the whole denoiser); or set lora.rank >= 1")  # fmt: skip
+        need(
+            bool(t.full_modules),
+            "lora.rank",
+            "0 trains no denoiser LoRA, so train.full_modules must name the weights to train in full "
+            '(e.g. [""] for the whole denoiser); or set lora.rank >= 1',
+        )
         need(not lo.target_modules, "lora.target_modules", "set, but lora.rank = 0 adds no denoiser LoRA: remove it")
-        need(not lo.text_encoders or lo.text_encoder_rank >= 1, "lora.text_encoder_rank",
-             "must be >= 1 when lora.rank = 0 and lora.text_encoders is set (it defaults to lora.rank)")  # fmt: skip
+        need(
+            not lo.text_encoders or lo.text_encoder_rank >= 1,
+            "lora.text_encoder_rank",
+            "must be >= 1 when lora.rank = 0 and lora.text_encoders is set (it defaults to lora.rank)",
+        )
     need(lo.rank <= 4096, "lora.rank", f"must be <= 4096, got {lo.rank}")
     need(lo.alpha > 0, "lora.alpha", f"must be > 0, got {lo.alpha}")
     need(0.0 <= lo.dropout < 1.0, "lora.dropout", f"must be in [0, 1), got {lo.dropout}")
@@ -342,11 +349,11 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(cfg.logging.every >= 1, "logging.every", "must be >= 1")
 
 
-def config_from_dict(data: dict[str, Any], *, file: str | None = None, base_dir: str | Path | None = None) -> TrainConfig:
+def config_from_dict(data: JSONObject, *, file: str | None = None, base_dir: str | Path | None = None) -> TrainConfig:
     """Validate a config mapping; relative paths are resolved against ``base_dir``."""
     if not isinstance(data, dict):
         raise TrainError("a training config must be a table", file=file)
-    sections: dict[str, Any] = {}
+    sections: dict[str, object] = {}
     for name, value in data.items():
         if name not in SECTIONS:
             hint = closest(name, SECTIONS)
@@ -399,7 +406,7 @@ def load_config(path: str | Path) -> TrainConfig:
     return config_from_dict(data, file=str(path), base_dir=p.resolve().parent)
 
 
-def as_config(config: TrainConfig | dict[str, Any] | str | Path) -> TrainConfig:
+def as_config(config: TrainConfig | JSONObject | str | Path) -> TrainConfig:
     """A :class:`TrainConfig` from a config object, a mapping or a TOML path."""
     if isinstance(config, TrainConfig):
         _check(config, config.source or None)

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from te_align._paths import check_dir, read_bytes
 from te_align.train.config import DataConfig, TrainError
@@ -64,7 +64,7 @@ def _folder_repeats(path: Path, root: Path) -> int:
     return 1
 
 
-def _listing(paths: Sequence[Any], limit: int = 10) -> str:
+def _listing(paths: Sequence[object], limit: int = 10) -> str:
     shown = [str(p) for p in paths[:limit]]
     more = f" … and {len(paths) - limit} more" if len(paths) > limit else ""
     return ", ".join(shown) + more

@@ -33,16 +33,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align._dtypes import dtype_name, torch_dtype
+from te_align._types import JSONObject
 from te_align.encoding.loading import _transformers_class
 from te_align.train.config import TrainConfig, TrainError
 from te_align.train.data import IMAGE_EXTENSIONS
 from te_align.train.models import (
     CLIP_TARGETS,
+    Family,
     big_text_encoders,
     denoise,
     family_of,
@@ -50,6 +54,12 @@ from te_align.train.models import (
     weight_dtype_name,
 )
 from te_align.train.real_configs import REAL_CONFIGS, TEXT_ENCODER_CLASSES, official_components
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from te_align.profiles.model import AlignmentProfile
 
 GiB = 2**30
 #: Blocks of at least this many bytes get their own mapping, returned to the OS when freed (steady_cpu_heap).
@@ -113,13 +123,21 @@ def steady_cpu_heap() -> bool:
 
 
 # --------------------------------------------------------------------------------------------- models
-def _clean(config: dict[str, Any]) -> dict[str, Any]:
-    drop = {"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path", "_class_name",
-            "_diffusers_version", "model_type"}  # fmt: skip
+def _clean(config: JSONObject) -> JSONObject:
+    drop = {
+        "architectures",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "_name_or_path",
+        "_class_name",
+        "_diffusers_version",
+        "model_type",
+    }
     return {k: v for k, v in config.items() if k not in drop and not k.startswith("_")}
 
 
-def component_specs(cfg: TrainConfig, profile: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+def component_specs(cfg: TrainConfig, profile: AlignmentProfile) -> dict[str, tuple[str, JSONObject]]:
     """attribute -> (class name, config) of the denoiser, the text encoders and the VAE, read from the model
     folder's ``*/config.json`` or, for a hub id of a bundled preset's model, from :mod:`te_align.train.real_configs`."""
     import json
@@ -127,7 +145,7 @@ def component_specs(cfg: TrainConfig, profile: Any) -> dict[str, tuple[str, dict
     fam = family_of(profile)
     wanted = [fam.denoiser_attr, "vae", *dict.fromkeys(s.encoder_subfolder for s in profile.slots)]
     folder = Path(cfg.model.config or cfg.model.path).expanduser()
-    specs: dict[str, tuple[str, dict[str, Any]]] = {}
+    specs: dict[str, tuple[str, JSONObject]] = {}
     if folder.is_dir() and (folder / "model_index.json").is_file():
         index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
         for attr in wanted:
@@ -152,7 +170,7 @@ def component_specs(cfg: TrainConfig, profile: Any) -> dict[str, tuple[str, dict
     return specs
 
 
-def build_meta(cls_name: str, config: dict[str, Any]) -> Any:
+def build_meta(cls_name: str, config: JSONObject) -> torch.nn.Module:
     """The model of ``cls_name`` (a diffusers or transformers class) from ``config`` on the meta device."""
     import warnings
 
@@ -176,7 +194,7 @@ def build_meta(cls_name: str, config: dict[str, Any]) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- weights
-def _fp8_layers(module: Any) -> set[str]:
+def _fp8_layers(module: torch.nn.Module) -> set[str]:
     """Names of the layers :func:`te_align.train.models.apply_fp8` stores in float8."""
     import torch
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
@@ -189,7 +207,7 @@ def _fp8_layers(module: Any) -> set[str]:
             if isinstance(m, kinds) and not any(re.search(p, n) for p in pats)}
 
 
-def weight_bytes(module: Any, dtype_bytes: int, quantize: str, *, fp16: bool = False) -> int:
+def weight_bytes(module: torch.nn.Module, dtype_bytes: int, quantize: str, *, fp16: bool = False) -> int:
     """Bytes of ``module``'s weights stored in ``dtype_bytes`` per value, with ``quantize`` applied to its layers
     (``fp16``: loaded as float16, where transformers keeps ``_keep_in_fp32_modules`` in float32)."""
     import torch
@@ -250,53 +268,75 @@ def stored_bytes_of(paths: list[Path]) -> dict[str, int]:
     return out
 
 
-def _count(module: Any) -> int:
+def _count(module: torch.nn.Module) -> int:
     """Frozen parameters (LoRA excluded)."""
     return sum(p.numel() for n, p in module.named_parameters() if "lora_" not in n)
 
 
 # ------------------------------------------------------------------------------------------ activations
-def _fused_sdpa(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-                scale: Any = None, enable_gqa: bool = False) -> Any:
+def _fused_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
     """Stands in for F.scaled_dot_product_attention while tracing: keeps what a fused (flash /
     memory-efficient) kernel keeps for the backward pass, not the L x S score matrix of the math path."""
     import torch
 
     class Fused(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any) -> Any:
+        def forward(
+            ctx: torch.autograd.function.FunctionCtx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> torch.Tensor:
             out = q.new_empty((*q.shape[:-1], v.shape[-1]))
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
             ctx.save_for_backward(q, k, v, out, lse)
             return out
 
         @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:  # pragma: no cover - never run on meta
+        def backward(  # pragma: no cover - never run on meta
+            ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             q, k, v, _, _ = ctx.saved_tensors
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
     return Fused.apply(query, key, value)
 
 
-def _meta_inputs(denoiser: Any, family: Any, batch: int, latent_hw: tuple[int, int], text_len: int,
-                 compute_dtype: Any) -> tuple[Any, Any, dict[str, Any], Any]:
+def _meta_inputs(
+    denoiser: torch.nn.Module,
+    family: Family,
+    batch: int,
+    latent_hw: tuple[int, int],
+    text_len: int,
+    compute_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """(noisy latents, timesteps, conditioning, SDXL time ids) on meta for one denoiser call."""
     import torch
 
     conf = denoiser.config
     h, w = latent_hw
     c = conf.in_channels // (4 if family.name == "flux" else 1)
-    cond: dict[str, Any] = {}
+    cond: dict[str, torch.Tensor] = {}
     with torch.device("meta"):
         noisy = torch.empty(batch, c, h, w, dtype=compute_dtype)
         t = torch.full((batch,), 0.5 if family.name == "flux" else 500.0)
         if family.name == "flux":
-            cond = {"prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
-                    "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
-                    "text_ids": torch.zeros(text_len, 3)}  # fmt: skip
+            cond = {
+                "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
+                "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
+                "text_ids": torch.zeros(text_len, 3),
+            }
         elif family.name == "sd3":
-            cond = {"prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
-                    "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype)}  # fmt: skip
+            cond = {
+                "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
+                "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
+            }
         else:
             cond = {"prompt_embeds": torch.empty(batch, text_len, conf.cross_attention_dim, dtype=compute_dtype)}
             if family.name == "sdxl":
@@ -305,23 +345,27 @@ def _meta_inputs(denoiser: Any, family: Any, batch: int, latent_hw: tuple[int, i
     return noisy, t, cond, time_ids
 
 
-def largest_block(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
-                  compute_dtype: Any) -> int:
+def largest_block(
+    denoiser: torch.nn.Module, family: Family, *, batch: int, latent_hw: tuple[int, int], text_len: int,
+    compute_dtype: torch.dtype,
+) -> int:
     """Bytes autograd keeps for the largest single transformer / UNet block of one denoiser call, traced on meta."""
     noisy, t, cond, time_ids = _meta_inputs(denoiser, family, batch, latent_hw, text_len, compute_dtype)
     return _largest_block(denoiser, family, noisy, t, cond, time_ids, compute_dtype)
 
 
-def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tuple[int, int], text_len: int,
-                      compute_dtype: Any, checkpointing: bool) -> int:
+def saved_activations(
+    denoiser: torch.nn.Module, family: Family, *, batch: int, latent_hw: tuple[int, int], text_len: int,
+    compute_dtype: torch.dtype, checkpointing: bool,
+) -> int:
     """Bytes autograd keeps for the backward pass of one denoiser call (LoRA attached), traced on meta."""
     import torch
     import torch.nn.functional as functional
 
     seen: dict[int, int] = {}
-    keep: list[Any] = []
+    keep: list[torch.Tensor] = []
 
-    def pack(t: Any) -> Any:
+    def pack(t: torch.Tensor) -> torch.Tensor:
         if isinstance(t, torch.nn.Parameter) or (t.requires_grad and t.is_leaf):
             return t
         base = t._base if t._base is not None else t
@@ -349,7 +393,15 @@ def saved_activations(denoiser: Any, family: Any, *, batch: int, latent_hw: tupl
     return total
 
 
-def _largest_block(denoiser: Any, family: Any, noisy: Any, t: Any, cond: Any, time_ids: Any, compute_dtype: Any) -> int:
+def _largest_block(
+    denoiser: torch.nn.Module,
+    family: Family,
+    noisy: torch.Tensor,
+    t: torch.Tensor,
+    cond: dict[str, torch.Tensor],
+    time_ids: torch.Tensor | None,
+    compute_dtype: torch.dtype,
+) -> int:
     import torch
     import torch.nn.functional as functional
 
@@ -357,14 +409,14 @@ def _largest_block(denoiser: Any, family: Any, noisy: Any, t: Any, cond: Any, ti
     per_block: dict[int, int] = {}
     current: list[int] = [-1]
     seen: set[int] = set()
-    keep: list[Any] = []
+    keep: list[torch.Tensor] = []
     hooks = []
     for ml in blocks:
         for m in ml:
             hooks.append(m.register_forward_pre_hook(lambda mod, *_: current.__setitem__(0, id(mod))))
             hooks.append(m.register_forward_hook(lambda *_: current.__setitem__(0, -1)))
 
-    def pack(x: Any) -> Any:
+    def pack(x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.nn.Parameter) or (x.requires_grad and x.is_leaf) or current[0] < 0:
             return x
         base = x._base if x._base is not None else x
@@ -387,7 +439,7 @@ def _largest_block(denoiser: Any, family: Any, noisy: Any, t: Any, cond: Any, ti
     return max(per_block.values(), default=0)
 
 
-def _null() -> Any:
+def _null() -> AbstractContextManager[None]:
     import contextlib
 
     return contextlib.nullcontext()
@@ -405,7 +457,7 @@ def _host_runtime() -> int:
         return 0
 
 
-def _tokenizers(cfg: TrainConfig, profile: Any) -> list[Any]:
+def _tokenizers(cfg: TrainConfig, profile: AlignmentProfile) -> list[PreTrainedTokenizerBase]:
     """The run's tokenizers, loaded from a local model folder with the classes its ``model_index.json`` names, so
     that the runtime read next includes them and the tokenizer libraries (on CPU, loading the tiny Flux
     pipeline's CLIP tokenizer is a visible share of the tiny run's peak); none for a hub id (nothing is
@@ -446,10 +498,10 @@ def _device_memory(device: str) -> int:
 
 @dataclass
 class _Model:
-    profile: Any
-    family: Any
-    specs: dict[str, tuple[str, dict[str, Any]]]
-    meta: dict[str, Any]
+    profile: AlignmentProfile
+    family: Family
+    specs: dict[str, tuple[str, JSONObject]]
+    meta: dict[str, torch.nn.Module]
     lora_params: int
     te_lora_params: int
     latent_channels: int
@@ -492,8 +544,12 @@ def _load_meta(cfg: TrainConfig) -> _Model:
     if cfg.train.full_modules:  # trained in full: float32 weights with gradients and optimizer state, like LoRA's
         import re
 
-        lora += [p for n, p in den.named_parameters()
-                 if "lora_" not in n and any(re.search(pat, n.replace(".base_layer.", ".")) for pat in cfg.train.full_modules)]  # fmt: skip
+        lora += [
+            p
+            for n, p in den.named_parameters()
+            if "lora_" not in n
+            and any(re.search(pat, n.replace(".base_layer.", ".")) for pat in cfg.train.full_modules)
+        ]
     for p in lora:
         p.requires_grad_(True)
         p.data = p.data.float()
@@ -515,7 +571,7 @@ def _load_meta(cfg: TrainConfig) -> _Model:
                   _stored_files(cfg, list(meta), family.denoiser_attr))
 
 
-def _sequence_length(profile: Any, family: Any) -> int:
+def _sequence_length(profile: AlignmentProfile, family: Family) -> int:
     """Tokens of the conditioning sequence the denoiser sees (SD3: CLIP 77 + T5; Flux: T5; UNets: 77 x chunks)."""
     lengths = {s.name: int(getattr(s.tokenizer, "max_length", 77) or 77) for s in profile.slots}
     if family.name == "sd3":
@@ -534,7 +590,7 @@ def estimate(cfg: TrainConfig, *, device: str | None = None, available: int | No
     if device is None:
         device = "cuda" if (t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())) else "cpu"
     model = _load_meta(cfg)
-    traces: dict[tuple[Any, ...], int] = {}
+    traces: dict[tuple[object, ...], int] = {}
     held = _tokenizers(cfg, model.profile)  # a run holds them (and their libraries) from the load on
     runtime = _host_runtime()  # read once: every option is compared on the same footing
     del held
@@ -553,12 +609,12 @@ def estimate(cfg: TrainConfig, *, device: str | None = None, available: int | No
     return est
 
 
-def _alternatives(cfg: TrainConfig, device: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _alternatives(cfg: TrainConfig, device: str) -> dict[str, Callable[[TrainConfig], None]]:
+    out: dict[str, Callable[[TrainConfig], None]] = {}
     t, m = cfg.train, cfg.model
     quants = ["fp8"] + (["int8", "nf4"] if device == "cuda" else [])
 
-    def setter(**kw: Any) -> Any:
+    def setter(**kw: object) -> Callable[[TrainConfig], None]:
         def change(c: TrainConfig) -> None:
             for key, value in kw.items():
                 section, attr = key.split("__")
@@ -595,7 +651,7 @@ def _images(cfg: TrainConfig) -> tuple[int, int]:
     return max(1, len(files)), max(1, len(captions))
 
 
-def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, traces: dict[Any, int], host: int) -> Estimate:
+def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, traces: dict[tuple[object, ...], int], host: int) -> Estimate:
     import torch
 
     t, fam = cfg.train, model.family
@@ -660,16 +716,29 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     qs = f", {q}" if q != "none" else ""
     # on CUDA the denoiser waits in host RAM until the encoders are done (te_align.train.models.place_denoiser)
     on_host = device == "cuda" and q not in ("int8", "nf4")
-    caching = [*runtime, Line(f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})", weights[den],
-                              "host" if on_host else "device")]  # fmt: skip
+    caching = [
+        *runtime,
+        Line(
+            f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})",
+            weights[den],
+            "host" if on_host else "device",
+        ),
+    ]
     caching += [Line(f"{a} weights", weights[a]) for a in encoders] + [Line("vae weights", weights["vae"])]
     caching.append(Line(f"VAE encoding one {side}x{side} image", vae_work))
-    training = [*runtime, Line(f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})", weights[den]),
-                Line(f"LoRA parameters ({lora:,}, float32)", lora * 4), Line("LoRA gradients (float32)", lora * 4),
-                Line(f"optimizer state ({t.optimizer})", optim),
-                Line(f"activations (batch {t.batch_size}, {side}x{side}, checkpointing "
-                     f"{'on' if t.gradient_checkpointing else 'off'})", acts),
-                Line("temporaries (forward/backward)", transient)]  # fmt: skip
+    training = [
+        *runtime,
+        Line(f"{den} weights ({weight_dtype_name(cfg.model, t.mixed_precision)}{qs})", weights[den]),
+        Line(f"LoRA parameters ({lora:,}, float32)", lora * 4),
+        Line("LoRA gradients (float32)", lora * 4),
+        Line(f"optimizer state ({t.optimizer})", optim),
+        Line(
+            f"activations (batch {t.batch_size}, {side}x{side}, checkpointing "
+            f"{'on' if t.gradient_checkpointing else 'off'})",
+            acts,
+        ),
+        Line("temporaries (forward/backward)", transient),
+    ]
     if not free:
         training += [Line(f"{a} weights (kept)", weights[a]) for a in encoders]
     if not free_vae:
@@ -685,7 +754,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
                     lines_loading=loading)
 
 
-def _loading(cfg: TrainConfig, model: _Model, device: str, weights: dict[str, int], wdt: Any, host: int) -> list[Line]:
+def _loading(cfg: TrainConfig, model: _Model, device: str, weights: dict[str, int], wdt: torch.dtype, host: int) -> list[Line]:
     """The loading phase: every component's weights as loaded, plus the file pages of the component being
     converted. A component whose file holds another dtype than the one it is loaded in is read from the
     memory-mapped file into a converted copy, so both are resident until the load returns (seen on CPU with
@@ -732,8 +801,11 @@ def report(est: Estimate, cfg: TrainConfig) -> str:
     """The estimate as text: components per phase, the peak against the device, options that fit."""
     lines = [f"memory estimate for {cfg.source or 'the config'} on {est.device} ({_gib(est.available)} available)"]
     lines.append("parameters: " + ", ".join(f"{k} {v:,}" for k, v in est.params.items()))
-    titles = {"loading": "loading (weights as loaded, the file of a converted component mapped)",
-              "caching": "caching (text encoders + VAE resident)", "training": "training"}  # fmt: skip
+    titles = {
+        "loading": "loading (weights as loaded, the file of a converted component mapped)",
+        "caching": "caching (text encoders + VAE resident)",
+        "training": "training",
+    }
     for phase, items in est.phases().items():
         if not items:
             continue
@@ -760,5 +832,16 @@ def refusal(est: Estimate) -> str:
     return f"the run needs about {_gib(est.peak('device'))} on {est.device} but {_gib(est.available)} is available{alt}"
 
 
-__all__ = ["Estimate", "Line", "build_meta", "component_specs", "estimate", "refusal", "report", "saved_activations",
-           "steady_cpu_heap", "stored_bytes", "weight_bytes"]  # fmt: skip
+__all__ = [
+    "Estimate",
+    "Line",
+    "build_meta",
+    "component_specs",
+    "estimate",
+    "refusal",
+    "report",
+    "saved_activations",
+    "steady_cpu_heap",
+    "stored_bytes",
+    "weight_bytes",
+]

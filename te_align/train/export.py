@@ -41,19 +41,21 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from te_align import kohya_lora
+from te_align._types import JSONObject, JSONValue
 from te_align.metadata import stamp, stamp_keys
 from te_align.train._io import _umask, write_atomic, writing
 from te_align.train.config import TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from diffusers import DiffusionPipeline
 
     from te_align.profiles import AlignmentProfile
 
-def lora_state_dicts(models: Mapping[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+def lora_state_dicts(models: Mapping[str, torch.nn.Module]) -> dict[str, dict[str, torch.Tensor]]:
     """Component name -> peft-format LoRA state dict (``<module>.lora_A.weight``), float32 CPU copies."""
     from peft.utils import get_peft_model_state_dict
 
@@ -64,25 +66,25 @@ def lora_state_dicts(models: Mapping[str, Any]) -> dict[str, dict[str, torch.Ten
     return out
 
 
-def _adapter_metadata(model: Any) -> dict[str, Any]:
+def _adapter_metadata(model: torch.nn.Module) -> JSONValue:
     cfg = model.peft_config["default"].to_dict()
     return json.loads(json.dumps(cfg, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
 
 
 def save_diffusers_lora(
-    pipeline_cls: Any,
-    models: Mapping[str, Any],
+    pipeline_cls: type[DiffusionPipeline],
+    models: Mapping[str, torch.nn.Module],
     path: str | os.PathLike[str],
     *,
     profile: AlignmentProfile,
-    extra: dict[str, Any],
+    extra: JSONObject,
 ) -> Path:
     """Write the LoRA in diffusers format with te_align metadata; whole file or nothing."""
     target = Path(path)
     from diffusers.utils import convert_state_dict_to_diffusers
 
     layers = lora_state_dicts(models)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, object] = {}
     for name, sd in layers.items():
         # denoisers in peft format (lora_A / lora_B): diffusers converts a denoiser state dict to peft only
         # when its first key is not lora_A, so the partly renamed (lora.down) dict it would otherwise get,
@@ -503,7 +505,7 @@ def kohya_to_pipeline_state(
 _NETWORK_MODULE = {"flux": "networks.lora_flux", "sd3": "networks.lora_sd3"}
 
 
-def _out_dims(model: Any) -> dict[str, int]:
+def _out_dims(model: torch.nn.Module) -> dict[str, int]:
     """Module name -> output width of every Linear / Conv2d of a (peft-wrapped) model."""
     import torch
 
@@ -517,12 +519,12 @@ def _out_dims(model: Any) -> dict[str, int]:
 
 
 def save_kohya_lora(
-    models: Mapping[str, Any],
+    models: Mapping[str, torch.nn.Module],
     path: str | os.PathLike[str],
     *,
     n_text_encoders: int,
     profile: AlignmentProfile,
-    extra: dict[str, Any],
+    extra: JSONObject,
     base_model: str = "",
     family: str = "",
 ) -> Path:

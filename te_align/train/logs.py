@@ -14,11 +14,15 @@ import importlib.util
 import io
 import logging
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align.train._io import write_atomic, writing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.utils.tensorboard import SummaryWriter
 
 logger = logging.getLogger("te_align.train")
 
@@ -28,13 +32,11 @@ FIELDS = ("step", "epoch", "loss", "lr", "steps_per_s", "elapsed_s")
 def _quiet_tensorboard_thread() -> None:
     """TensorBoard's event writer thread dies on a write error (full disk) and Python prints its traceback;
     the same error is raised again in the main thread, where :class:`RunLog` reports it as one line."""
-    import threading
-
     previous = threading.excepthook
     if getattr(previous, "_te_align", False):
         return
 
-    def hook(args: Any) -> None:
+    def hook(args: threading.ExceptHookArgs) -> None:
         if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
             logger.debug("TensorBoard writer thread: %s", args.exc_value)
             return
@@ -49,7 +51,7 @@ class RunLog:
         self.enabled = enabled
         self.dir = output_dir / "logs"
         self.csv_path = self.dir / "train_log.csv"
-        self.writer: Any = None
+        self.writer: SummaryWriter | None = None
         if not enabled:
             return
         with writing(self.dir):
@@ -79,8 +81,14 @@ class RunLog:
     def log(self, step: int, epoch: int, loss: float, lr: float, steps_per_s: float, elapsed: float) -> None:
         if not self.enabled:
             return
-        row = {"step": step, "epoch": epoch, "loss": f"{loss:.8g}", "lr": f"{lr:.6g}",
-               "steps_per_s": f"{steps_per_s:.4g}", "elapsed_s": f"{elapsed:.2f}"}  # fmt: skip
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "loss": f"{loss:.8g}",
+            "lr": f"{lr:.6g}",
+            "steps_per_s": f"{steps_per_s:.4g}",
+            "elapsed_s": f"{elapsed:.2f}",
+        }
         with writing(self.csv_path):
             self._csv.writerow(row)
             self._file.flush()

@@ -28,10 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import te_align
+from te_align import _safetensors
 from te_align._compat import _key, require_peft
 from te_align._dtypes import dtype_name, torch_dtype
+from te_align._lazy import lazy_module
 from te_align._paths import read_bytes
 from te_align._threads import fit
+from te_align._types import JSONObject
 from te_align.encoding import Conditioning, EncodeOptions, long_prompt_chunks, sample_dropout
 from te_align.encoding.cache.keys import hash_text_encoders, tensors_digest
 from te_align.encoding.cache.store import EmbeddingCache
@@ -91,9 +95,16 @@ from te_align.train.sampling import sample_images
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from accelerate import Accelerator
+    from diffusers import DiffusionPipeline
+    from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-# Function-local te_align imports in this module: would close an import loop at module level; load what only
-# one command needs when it runs.
+    from te_align.encoding.projected import ProjectedTextEncoder
+    from te_align.profiles.model import AlignmentProfile
+
+#: te_align.train.swap imports this module's TextSource at module level (and loads transformers): deferred, or
+#: the two would close an import loop.
+_swap = lazy_module("te_align.train.swap")
 
 logger = logging.getLogger("te_align.train")
 
@@ -115,7 +126,7 @@ class TrainResult:
 class LatentStore:
     """VAE latent distributions (mean, std) per (image, flip), in memory and optionally on disk."""
 
-    def __init__(self, vae: Any, directory: Path | None, device: Any, dtype: Any) -> None:
+    def __init__(self, vae: torch.nn.Module, directory: Path | None, device: torch.device, dtype: torch.dtype) -> None:
         self.vae = vae
         self.dir = directory
         self.device = device
@@ -123,7 +134,7 @@ class LatentStore:
         self.mem: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.vae_hash = hash_text_encoders({"vae": vae}) if directory is not None else ""
 
-    def _encode(self, item: Any, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode(self, item: Item, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         px, _ = load_pixels(item, flip)
@@ -131,7 +142,7 @@ class LatentStore:
             dist = self.vae.encode(px[None].to(self.device, self.dtype)).latent_dist
         return dist.mean[0].float().cpu(), dist.std[0].float().cpu()
 
-    def get(self, index: int, item: Any, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, index: int, item: Item, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
         key = (index, flip)
         if key in self.mem:
             return self.mem[key]
@@ -148,10 +159,8 @@ class LatentStore:
         if path.is_file():
             why = ""
             try:
-                from te_align._safetensors import parse_header
-
                 data = read_bytes(path, TrainError)
-                meta = parse_header(data, len(data), label=str(path), error=TrainError).metadata
+                meta = _safetensors.parse_header(data, len(data), label=str(path), error=TrainError).metadata
                 t = load(data)
                 if meta.get("te_align.tensors_sha256") != tensors_digest({"mean": t["mean"], "std": t["std"]}):
                     why = "tensor bytes do not match their recorded digest" if "te_align.tensors_sha256" in meta else "no digest"
@@ -174,7 +183,7 @@ class LatentStore:
 MEMO_BYTES = 512 * 2**20
 
 
-def _nbytes(cond: Any) -> int:
+def _nbytes(cond: Conditioning) -> int:
     return sum(t.numel() * t.element_size() for t in cond.values())
 
 
@@ -182,7 +191,15 @@ class TextSource:
     """Conditioning for a batch of raw captions: caption processing, dropout and te_align.encode."""
 
     def __init__(
-        self, cfg: TrainConfig, profile: Any, pipe: Any, device: Any, dtype: Any, *, trainable: bool, cache_dir: Path,
+        self,
+        cfg: TrainConfig,
+        profile: AlignmentProfile,
+        pipe: DiffusionPipeline,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        trainable: bool,
+        cache_dir: Path,
         writer: bool = True,
     ) -> None:
         self.cfg = cfg.data
@@ -209,16 +226,16 @@ class TextSource:
         if cfg.data.cache_text and not self.use_cache:
             why = "text encoders are trained" if trainable else "tags are shuffled"
             logger.info("text-embedding cache off: %s, so captions change every step", why)
-        self._caches: dict[str, Any] = {}
+        self._caches: dict[str, EmbeddingCache] = {}
         #: Recently used conditionings in memory, least recently used first; the disk cache holds them all.
-        self._memo: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._memo: OrderedDict[tuple[str, str], Conditioning] = OrderedDict()
         self._memo_bytes = 0
         self.cache_dir = cache_dir
         #: Only this process writes cache files (rank 0 of a data-parallel run; the others read them).
         self.writer = writer
         self._te_hash: str | None = None
 
-    def _cache(self, pattern: str, options: Any = None) -> Any:
+    def _cache(self, pattern: str, options: EncodeOptions | None = None) -> EmbeddingCache:
         options = options or self.options
         key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
         if key not in self._caches:
@@ -231,9 +248,9 @@ class TextSource:
             self._caches[key] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
         return self._caches[key]
 
-    def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]], options: Any = None) -> Any:
-        import te_align
-
+    def _encode(
+        self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]], options: EncodeOptions | None = None
+    ) -> Conditioning:
         return te_align.encode(
             self.profile, captions, pipeline=self.pipe, options=options or self.options, drop=drop,
             drop_slots=drop_slots or None, requires_grad=self.trainable,
@@ -244,10 +261,10 @@ class TextSource:
         """Positions of one long-prompt chunk (the chunkable slot's max_length, 77 for CLIP)."""
         return next(s.tokenizer.max_length for s in self.profile.slots if s.tokenizer.chunkable)
 
-    def _cached(self, pattern: str, text: str, dropped: list[str], options: Any = None) -> Any:
+    def _cached(self, pattern: str, text: str, dropped: list[str], options: EncodeOptions | None = None) -> Conditioning:
         """One caption's conditioning from the memo or the disk cache (``pattern``: the dropped slots, ``*`` all)."""
 
-        def fn(caps: list[str]) -> Any:
+        def fn(caps: list[str]) -> Conditioning:
             m = len(caps)
             return self._encode(caps, [pattern == "*"] * m, {s: [True] * m for s in dropped if pattern != "*"}, options)
 
@@ -269,7 +286,7 @@ class TextSource:
             for text, cond in zip(chunk, cache.get_or_encode(chunk, lambda caps: self._encode(caps, [False] * len(caps), {}), store=self.writer), strict=True):
                 self._remember(("", text), cond)
 
-    def _remember(self, key: tuple[str, str], cond: Any) -> None:
+    def _remember(self, key: tuple[str, str], cond: Conditioning) -> None:
         """Keep ``cond`` in the in-memory memo, evicting the least recently used beyond ``MEMO_BYTES``
         (a large dataset's T5 conditioning would not fit in RAM: Flux, 512 x 4096 bf16 = 4 MiB per
         caption; evicted entries are read back from the disk cache)."""
@@ -282,7 +299,7 @@ class TextSource:
             _, old = self._memo.popitem(last=False)
             self._memo_bytes -= _nbytes(old)
 
-    def batch(self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None) -> Any:
+    def batch(self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None) -> Conditioning:
         """Conditioning for ``captions[lo:hi]`` (``span``; default all).
 
         Caption processing and dropout are drawn for the whole (global) batch, so every process
@@ -335,7 +352,7 @@ class TextSource:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _seq_len(cond: Any) -> int:
+def _seq_len(cond: Conditioning) -> int:
     """The sequence length of a conditioning's (first) embeddings tensor."""
     t = cond.tensors.get("prompt_embeds") if hasattr(cond, "tensors") else None
     if t is None:
@@ -343,7 +360,7 @@ def _seq_len(cond: Any) -> int:
     return int(t.shape[-2])
 
 
-def _pick_objective(name: str, family: Any, scheduler_config: Any) -> str:
+def _pick_objective(name: str, family: Family, scheduler_config: Any) -> str:
     if family.flow_native:
         if name not in ("auto", "flow"):
             raise TrainError(f"{family.name} models train with rectified flow only; got {name!r}", key="train.objective")
@@ -373,7 +390,7 @@ def _lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
 CPU_ADAMW8BIT = (0, 50)
 
 
-def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any) -> Any:
+def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, object]], device: torch.device) -> torch.optim.Optimizer:
     import importlib.util
 
     import torch
@@ -401,7 +418,9 @@ def _make_optimizer(cfg: TrainConfig, groups: list[dict[str, Any]], device: Any)
     return torch.optim.AdamW(groups, **kw)
 
 
-def _direct_step(accelerator: Any, optimizer: Any, trainable: list[Any]) -> tuple[Callable[[], Any], Callable[[float], Any]]:
+def _direct_step(
+    accelerator: Accelerator, optimizer: torch.optim.Optimizer, trainable: list[torch.nn.Parameter]
+) -> tuple[Callable[[], object], Callable[[float], object]]:
     """(optimizer step, gradient clip) without accelerate's per-step wrapper work where it adds nothing.
 
     ``AcceleratedOptimizer.step`` looks up the optional ``lomo_optim`` package twice per call (a
@@ -422,7 +441,7 @@ def _direct_step(accelerator: Any, optimizer: Any, trainable: list[Any]) -> tupl
     return inner.step, lambda norm: torch.nn.utils.clip_grad_norm_(trainable, norm)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: object) -> None:
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
@@ -433,36 +452,36 @@ class Run:
     :func:`_resume` and :func:`_loop` (``step``, ``pos``, ``last_ckpt``) and read by :func:`_finish`."""
 
     cfg: TrainConfig
-    accelerator: Any
-    device: Any
+    accelerator: Accelerator
+    device: torch.device
     #: This process writes the outputs (rank 0 of a data-parallel run).
     main: bool
     out_dir: Path
     report: ScanReport
-    profile: Any
+    profile: AlignmentProfile
     family: Family
-    pipe: Any
+    pipe: DiffusionPipeline
     objective: str
     #: Autocast dtype of the denoiser call; ``cond_dtype``: dtype of the conditioning and the samples.
-    compute_dtype: Any
-    cond_dtype: Any
+    compute_dtype: torch.dtype
+    cond_dtype: torch.dtype
     latents: LatentStore
     #: VAE latent shift and scaling factor.
     shift: float
     scaling: float
     text: TextSource
     #: Component attribute -> model with LoRA (the denoiser, text encoders with LoRA).
-    lora_models: dict[str, Any]
-    denoiser_params: list[Any]
-    text_encoder_params: list[Any]
+    lora_models: dict[str, torch.nn.Module]
+    denoiser_params: list[torch.nn.Parameter]
+    text_encoder_params: list[torch.nn.Parameter]
     order: BatchOrder
     #: Optimizer steps of the whole run.
     total: int
-    optimizer: Any
-    scheduler: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     #: The denoiser as ``accelerator.prepare`` returned it (``denoiser`` is the unwrapped one).
-    model: Any
-    noise_sched: Any
+    model: torch.nn.Module
+    noise_sched: SchedulerMixin | None
     flow_shift: float
     #: sha256 of the denoiser's config and a few of its weights: a resumed run must train the same model.
     model_id: str = ""
@@ -474,31 +493,29 @@ class Run:
     #: Text encoders / VAE freed or moved to CPU once the caches were full (te_align.train.residency).
     residency: Residency | None = None
     #: A swapped model's projected text encoders by component; their projections train (te_align.train.swap).
-    projection_models: dict[str, Any] = field(default_factory=dict)
+    projection_models: dict[str, ProjectedTextEncoder] = field(default_factory=dict)
     #: Denoiser weights trained in full (``train.full_modules``), by diffusers parameter name.
-    full_params: dict[str, Any] = field(default_factory=dict)
+    full_params: dict[str, torch.nn.Parameter] = field(default_factory=dict)
 
     @property
     def items(self) -> list[Item]:
         return self.report.items
 
     @property
-    def denoiser(self) -> Any:
+    def denoiser(self) -> torch.nn.Module:
         return getattr(self.pipe, self.family.denoiser_attr)
 
     @property
-    def trainable(self) -> list[Any]:
+    def trainable(self) -> list[torch.nn.Parameter]:
         return self.denoiser_params + self.text_encoder_params
 
     @property
-    def named_trainable(self) -> dict[str, Any]:
+    def named_trainable(self) -> dict[str, torch.nn.Parameter]:
         named = {f"{comp}.{n}": p for comp, m in self.lora_models.items() for n, p in m.named_parameters() if p.requires_grad}
         if self.family.denoiser_attr not in self.lora_models:  # lora.rank = 0: the full-module weights by their own names
             named.update({f"{self.family.denoiser_attr}.{k}": p for k, p in self.full_params.items()})
         if self.projection_models:
-            from te_align.train.swap import named_projection_params
-
-            named.update(named_projection_params(self.projection_models))
+            named.update(_swap.named_projection_params(self.projection_models))
         return named
 
     def save_checkpoint(self) -> Path:
@@ -541,11 +558,11 @@ class Run:
 
 # ------------------------------------------------------------------------------------------ train
 def train(
-    config: TrainConfig | dict[str, Any] | str | Path,
+    config: TrainConfig | JSONObject | str | Path,
     *,
     resume: bool | str | Path | None = None,
     stop_after: int | None = None,
-    pipeline: Any = None,
+    pipeline: DiffusionPipeline | None = None,
     overwrite: bool = False,
 ) -> TrainResult:
     """Run a LoRA training as configured: set up, resume, loop, finish.
@@ -584,7 +601,7 @@ def train(
 
 
 # ---------------------------------------------------------------------------------------- setup
-def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
+def _setup(cfg: TrainConfig, pipeline: DiffusionPipeline | None) -> Run:
     """Everything the loop needs, in this order: accelerator and seed, the dataset (a bad one fails
     before any model is loaded), profile and model, buckets, latent cache, LoRA, text conditioning,
     batch order, optimizer and schedule."""
@@ -618,15 +635,11 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     shift, scaling = latent_transform(pipe.vae)
 
     lora_models, denoiser_params, text_encoder_params = _add_lora(cfg, profile, family, pipe)
-    from te_align.train.swap import full_params, projection_models
-
-    full = full_params(getattr(pipe, family.denoiser_attr), t.full_modules)
-    projections = projection_models(profile, pipe)
+    full = _swap.full_params(getattr(pipe, family.denoiser_attr), t.full_modules)
+    projections = _swap.projection_models(profile, pipe)
     projection_params = [p for m in projections.values() for p in m.projection.parameters()]
     if projections:  # a swapped model: the projection trains on the (cached) inner encoder output
-        from te_align.train.swap import text_source
-
-        text = text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
+        text = _swap.text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
                            writer=accelerator.is_main_process)
     else:
         text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
@@ -664,7 +677,9 @@ def _setup(cfg: TrainConfig, pipeline: Any) -> Run:
     )
 
 
-def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tuple[Any, Family, Any, str]:
+def _load_model(
+    cfg: TrainConfig, pipeline: DiffusionPipeline | None, device: torch.device, dtype: torch.dtype
+) -> tuple[AlignmentProfile, Family, DiffusionPipeline, str]:
     """(profile, family, pipeline, objective): the model loaded (or ``pipeline``), checked against the
     profile, frozen, in ``dtype`` (or quantized) and on ``device``."""
     profile = resolve_profile(cfg.model)
@@ -677,7 +692,13 @@ def _load_model(cfg: TrainConfig, pipeline: Any, device: Any, dtype: Any) -> tup
 
 
 def _bucket_and_cache_latents(
-    cfg: TrainConfig, items: list[Item], profile: Any, family: Family, pipe: Any, device: Any, accelerator: Any,
+    cfg: TrainConfig,
+    items: list[Item],
+    profile: AlignmentProfile,
+    family: Family,
+    pipe: DiffusionPipeline,
+    device: torch.device,
+    accelerator: Accelerator,
     cache_dir: Path,
 ) -> LatentStore:
     """Assign every image its bucket (and chunk count), then fill the latent cache when it is on."""
@@ -699,7 +720,9 @@ def _bucket_and_cache_latents(
     return latents
 
 
-def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tuple[dict[str, Any], list[Any], list[Any]]:
+def _add_lora(
+    cfg: TrainConfig, profile: AlignmentProfile, family: Family, pipe: DiffusionPipeline
+) -> tuple[dict[str, torch.nn.Module], list[torch.nn.Parameter], list[torch.nn.Parameter]]:
     """(LoRA models by component, denoiser LoRA parameters, text-encoder LoRA parameters)."""
     te_slots = list(cfg.lora.text_encoders)
     for name in te_slots:
@@ -711,21 +734,19 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
             raise TrainError(f"text-encoder LoRA is supported on CLIP slots only (diffusers loads no {slot.name} LoRA)", key="lora.text_encoders")
     lo, t = cfg.lora, cfg.train
     denoiser = getattr(pipe, family.denoiser_attr)
-    lora_models: dict[str, Any] = {}
-    denoiser_params: list[Any] = []
+    lora_models: dict[str, torch.nn.Module] = {}
+    denoiser_params: list[torch.nn.Parameter] = []
     if lo.rank > 0:  # lora.rank = 0: a full fine-tune of train.full_modules, no denoiser LoRA
         denoiser_params = add_lora(denoiser, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout,
                                    targets=lo.target_modules or family.default_targets, seed=t.seed)
         lora_models[family.denoiser_attr] = denoiser
-    text_encoder_params: list[Any] = []
+    text_encoder_params: list[torch.nn.Parameter] = []
     for k, name in enumerate(te_slots):
         slot = profile.slot(name)
         enc = getattr(pipe, slot.encoder_subfolder)
         targets = lo.text_encoder_target_modules or CLIP_TARGETS
         if not lo.text_encoder_target_modules and slot.encoder.cls == "ProjectedTextEncoder":
-            from te_align.train.swap import encoder_lora_targets
-
-            targets = encoder_lora_targets(enc)
+            targets = _swap.encoder_lora_targets(enc)
         text_encoder_params += add_lora(enc, rank=lo.text_encoder_rank or lo.rank, alpha=lo.alpha, dropout=lo.dropout,
                                         targets=targets, seed=t.seed + 1 + k)
         lora_models[slot.encoder_subfolder] = enc
@@ -738,7 +759,7 @@ def _add_lora(cfg: TrainConfig, profile: Any, family: Family, pipe: Any) -> tupl
     return lora_models, denoiser_params, text_encoder_params
 
 
-def _noise_scheduler(objective: str, pipe: Any) -> Any:
+def _noise_scheduler(objective: str, pipe: DiffusionPipeline) -> SchedulerMixin | None:
     """The DDPM noise schedule of an eps / v run (None for rectified flow)."""
     if objective not in ("eps", "v"):
         return None
@@ -761,7 +782,7 @@ def _fresh_accelerator_state() -> None:
         AcceleratorState._reset_state()
 
 
-def _model_id(denoiser: Any) -> str:
+def _model_id(denoiser: torch.nn.Module) -> str:
     """sha256 of the denoiser's config and its first and last weights (before LoRA is added)."""
     import hashlib
 
@@ -773,7 +794,7 @@ def _model_id(denoiser: Any) -> str:
     return h.hexdigest()
 
 
-def _run_record(run: Run) -> dict[str, Any]:
+def _run_record(run: Run) -> JSONObject:
     """What a checkpoint records of the run's settings, for :func:`_check_resume_config`."""
     lo, t = run.cfg.lora, run.cfg.train
     return {
@@ -789,17 +810,32 @@ def _run_record(run: Run) -> dict[str, Any]:
 
 
 #: Settings a run cannot continue with when they change (the trained tensors would not fit or mean something else).
-_FIXED = {"model_id": "the model", "rank": "lora.rank", "target_modules": "lora.target_modules",
-          "text_encoders": "lora.text_encoders", "text_encoder_rank": "lora.text_encoder_rank",
-          "text_encoder_target_modules": "lora.text_encoder_target_modules", "full_modules": "train.full_modules"}  # fmt: skip
+_FIXED = {
+    "model_id": "the model",
+    "rank": "lora.rank",
+    "target_modules": "lora.target_modules",
+    "text_encoders": "lora.text_encoders",
+    "text_encoder_rank": "lora.text_encoder_rank",
+    "text_encoder_target_modules": "lora.text_encoder_target_modules",
+    "full_modules": "train.full_modules",
+}
 #: Settings that change the rest of the run when they change (warned about; the new value is used).
-_CHANGES = {"learning_rate": "train.learning_rate", "text_encoder_lr": "train.text_encoder_lr",
-            "projection_lr": "train.projection_lr", "full_lr": "train.full_lr", "alpha": "lora.alpha",
-            "batch_size": "train.batch_size", "gradient_accumulation": "train.gradient_accumulation", "seed": "train.seed",
-            "total": "total steps", "lr_scheduler": "train.lr_scheduler", "warmup_steps": "train.warmup_steps"}  # fmt: skip
+_CHANGES = {
+    "learning_rate": "train.learning_rate",
+    "text_encoder_lr": "train.text_encoder_lr",
+    "projection_lr": "train.projection_lr",
+    "full_lr": "train.full_lr",
+    "alpha": "lora.alpha",
+    "batch_size": "train.batch_size",
+    "gradient_accumulation": "train.gradient_accumulation",
+    "seed": "train.seed",
+    "total": "total steps",
+    "lr_scheduler": "train.lr_scheduler",
+    "warmup_steps": "train.warmup_steps",
+}
 
 
-def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[str]:
+def _check_resume_config(run: Run, saved: JSONObject, path: Path) -> list[str]:
     """Refuse a resume whose model or LoRA layout changed; the list of warnings for other changed settings."""
     now = _run_record(run)
     for key, label in _FIXED.items():
@@ -815,7 +851,7 @@ def _check_resume_config(run: Run, saved: dict[str, Any], path: Path) -> list[st
     return notes
 
 
-def _apply_learning_rates(run: Run, saved: dict[str, Any]) -> None:
+def _apply_learning_rates(run: Run, saved: JSONObject) -> None:
     """Use the config's learning rates from here on (a checkpoint stores the old ones in its schedule)."""
     t = run.cfg.train
     lora_te = any(c != run.family.denoiser_attr for c in run.lora_models)
@@ -958,8 +994,6 @@ def _loop(run: Run, stop_after: int | None) -> None:
 
 def _write_run_record(run: Run) -> None:
     """``train_config.json``: the config, profile and dataset summary of this run."""
-    import te_align
-
     cfg, report = run.cfg, run.report
     with writing(run.out_dir):
         run.out_dir.mkdir(parents=True, exist_ok=True)
@@ -1026,14 +1060,10 @@ def _finish(run: Run) -> TrainResult:
             lora_path = save_diffusers_lora(type(run.pipe), run.lora_models, run.out_dir / f"{cfg.output.name}.safetensors",
                                             profile=profile, extra=extra)
         if run.projection_models:
-            from te_align.train.swap import save_projection
-
-            save_projection(run.projection_models, run.out_dir / f"{cfg.output.name}_projection.safetensors",
+            _swap.save_projection(run.projection_models, run.out_dir / f"{cfg.output.name}_projection.safetensors",
                             profile=profile, extra=extra)
         if run.full_params:
-            from te_align.train.swap import save_tensors
-
-            save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
+            _swap.save_tensors({f"{run.family.denoiser_attr}.{k}": p for k, p in run.full_params.items()},
                          run.out_dir / f"{cfg.output.name}_full.safetensors", profile=profile, extra=extra)
         if cfg.output.kohya and run.lora_models:
             kohya_path = save_kohya_lora(run.lora_models, run.out_dir / f"{cfg.output.name}_kohya.safetensors",
@@ -1049,7 +1079,7 @@ def _finish(run: Run) -> TrainResult:
     return result
 
 
-def _lora_metadata(run: Run) -> dict[str, Any]:
+def _lora_metadata(run: Run) -> JSONObject:
     """Training facts stamped into the saved LoRA files."""
     cfg = run.cfg
     return {

@@ -10,23 +10,27 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from te_align._compat import require_peft
 from te_align._dtypes import torch_dtype
+from te_align._lazy import lazy_module
+from te_align.errors import TeAlignError
 from te_align.profiles.overrides import resolve
 from te_align.profiles.sources.hub import offline_model_problem, unreachable_model_problem
 from te_align.train.config import ModelConfig, TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from diffusers import DiffusionPipeline, ModelMixin
 
     from te_align.profiles import AlignmentProfile
 
-# Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path; load what only one command needs when it runs.
+#: Deferred: it imports torch and transformers, which this module keeps off its own import (the CLI's cold path).
+_encoding_core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align.train")
 
@@ -34,11 +38,30 @@ SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux")
 
 #: Default LoRA targets, as diffusers' LoRA example scripts use them.
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
-SD3_TARGETS = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-               "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v"]  # fmt: skip
-FLUX_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
-                "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                "ff_context.net.2"]  # fmt: skip
+SD3_TARGETS = [
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_k",
+    "attn.to_out.0",
+    "attn.to_q",
+    "attn.to_v",
+]
+FLUX_TARGETS = [
+    "attn.to_k",
+    "attn.to_q",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "ff.net.0.proj",
+    "ff.net.2",
+    "ff_context.net.0.proj",
+    "ff_context.net.2",
+]
 CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 
 @dataclass
@@ -84,8 +107,6 @@ def resolve_profile(cfg: ModelConfig) -> AlignmentProfile:
     except TrainError:
         raise
     except Exception as e:
-        from te_align.errors import TeAlignError
-
         if isinstance(e, TeAlignError):
             raise TrainError(f"model.profile: {e}") from None
         raise
@@ -117,7 +138,7 @@ def big_text_encoders(profile: AlignmentProfile) -> list[str]:
     return [s.encoder_subfolder for s in profile.slots if not s.tokenizer.cls.startswith("CLIP")]
 
 
-def check_quantize(quantize: str, device: Any) -> None:
+def check_quantize(quantize: str, device: torch.device | str) -> None:
     """Refuse a ``model.quantize`` this machine cannot run, in one line naming the alternative."""
     import importlib.util
 
@@ -132,7 +153,7 @@ def check_quantize(quantize: str, device: Any) -> None:
                          "device) or \"none\"", key="model.quantize")
 
 
-def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
+def _bnb_config(quantize: str, dtype: torch.dtype) -> tuple[str, dict[str, object]]:
     """(diffusers quant_backend, its kwargs) for ``int8`` / ``nf4``."""
     if quantize == "int8":
         return "bitsandbytes_8bit", {"load_in_8bit": True}
@@ -140,13 +161,13 @@ def _bnb_config(quantize: str, dtype: Any) -> tuple[str, dict[str, Any]]:
                                  "bnb_4bit_compute_dtype": dtype}
 
 
-def quantized_components(pipe: Any, profile: AlignmentProfile) -> list[str]:
+def quantized_components(pipe: DiffusionPipeline, profile: AlignmentProfile) -> list[str]:
     """The components ``model.quantize`` covers: the denoiser and the large text encoder(s)."""
     fam = family_of(profile)
     return [fam.denoiser_attr] + [a for a in big_text_encoders(profile) if getattr(pipe, a, None) is not None]
 
 
-def apply_fp8(module: Any, compute_dtype: Any) -> None:
+def apply_fp8(module: torch.nn.Module, compute_dtype: torch.dtype) -> None:
     """Store ``module``'s Linear/Conv weights as float8_e4m3fn, upcast to ``compute_dtype`` layer by layer
     (diffusers' layerwise casting; norms, embedding tables, keep-in-fp32 layers and LoRA layers stay as they are)."""
     import torch
@@ -159,12 +180,12 @@ def apply_fp8(module: Any, compute_dtype: Any) -> None:
                             skip_modules_pattern=(*skip, *keep, "lora_"), skip_modules_classes=(torch.nn.Embedding,))
 
 
-def is_quantized(module: Any) -> bool:
+def is_quantized(module: torch.nn.Module) -> bool:
     """True for a bitsandbytes-quantized diffusers/transformers model."""
     return bool(getattr(module, "is_quantized", False) or getattr(module, "quantization_method", None))
 
 
-def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: str | None = None) -> Any:
+def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: str | None = None) -> DiffusionPipeline:
     """The diffusers pipeline of the model, from a folder, a hub id or a single-file checkpoint.
 
     ``dtype_name``: the frozen weights' dtype (default :func:`weight_dtype_name` without mixed
@@ -177,7 +198,7 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
 
     dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
     path = Path(cfg.path).expanduser()
-    common: dict[str, Any] = {"torch_dtype": dtype}
+    common: dict[str, object] = {"torch_dtype": dtype}
     if cfg.quantize in ("int8", "nf4"):
         if path.is_file():
             raise TrainError(f"quantize = \"{cfg.quantize}\" loads through diffusers' quantization config, which this "
@@ -228,7 +249,9 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
 _DENOISER_CLASSES = {"unet": "UNet2DConditionModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel"}
 
 
-def _load_single_file(path: Path, cfg: ModelConfig, profile: AlignmentProfile, common: dict[str, Any]) -> Any:
+def _load_single_file(
+    path: Path, cfg: ModelConfig, profile: AlignmentProfile, common: dict[str, object]
+) -> DiffusionPipeline:
     """A pipeline from a single-file checkpoint in the original (non-diffusers) layout.
 
     ``model.config`` (a diffusers folder or hub id) gives diffusers the component configs, so no
@@ -260,10 +283,8 @@ def _base_pipeline(name: str) -> str:
     return name
 
 
-def check_model(profile: AlignmentProfile, pipe: Any, where: str) -> None:
+def check_model(profile: AlignmentProfile, pipe: DiffusionPipeline, where: str) -> None:
     """Refuse a model whose pipeline or text encoders do not fit the profile (one line, names both)."""
-    from te_align.encoding.core import _config_width
-
     got = _base_pipeline(type(pipe).__name__)
     want = _base_pipeline(profile.pipeline)
     if got != want:
@@ -281,7 +302,7 @@ def check_model(profile: AlignmentProfile, pipe: Any, where: str) -> None:
         if tok is None or enc is None:
             missing = slot.tokenizer_subfolder if tok is None else slot.encoder_subfolder
             raise TrainError(f"the model has no '{missing}' for profile '{profile.name}' slot '{slot.name}'", file=where)
-        width = _config_width(getattr(enc, "config", None))
+        width = _encoding_core._config_width(getattr(enc, "config", None))
         if width is not None and width != slot.encoder.hidden_size:
             raise TrainError(
                 f"{slot.encoder_subfolder} has hidden size {width} but profile '{profile.name}' slot '{slot.name}' "
@@ -291,17 +312,19 @@ def check_model(profile: AlignmentProfile, pipe: Any, where: str) -> None:
             )
 
 
-def vae_scale_factor(vae: Any) -> int:
+def vae_scale_factor(vae: ModelMixin) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1)
 
 
-def latent_transform(vae: Any) -> tuple[float, float]:
+def latent_transform(vae: ModelMixin) -> tuple[float, float]:
     """(shift, scale): latents = (vae_latents - shift) * scale."""
     shift = getattr(vae.config, "shift_factor", None) or 0.0
     return float(shift), float(vae.config.scaling_factor)
 
 
-def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, device: Any, dtype: Any) -> None:
+def prepare_frozen(
+    cfg: ModelConfig, profile: AlignmentProfile, pipe: DiffusionPipeline, device: torch.device, dtype: torch.dtype
+) -> None:
     """Freeze the denoiser, text encoders and VAE, put them on ``device`` in ``dtype`` (the VAE stays
     float32 when ``dtype`` is float16, which overflows in the SDXL VAE), then apply ``model.quantize =
     "fp8"`` to the denoiser and the large text encoder. bitsandbytes-quantized modules stay as loaded."""
@@ -329,7 +352,7 @@ def prepare_frozen(cfg: ModelConfig, profile: AlignmentProfile, pipe: Any, devic
             apply_fp8(getattr(pipe, name), dtype)
 
 
-def place_denoiser(pipe: Any, profile: AlignmentProfile, device: Any) -> None:
+def place_denoiser(pipe: DiffusionPipeline, profile: AlignmentProfile, device: torch.device) -> None:
     """The denoiser onto ``device`` (after the caches are full and the encoders freed; see prepare_frozen)."""
     module = getattr(pipe, family_of(profile).denoiser_attr)
     if not is_quantized(module):
@@ -337,7 +360,9 @@ def place_denoiser(pipe: Any, profile: AlignmentProfile, device: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------- lora
-def add_lora(model: Any, *, rank: int, alpha: float, dropout: float, targets: list[str], seed: int) -> list[Any]:
+def add_lora(
+    model: torch.nn.Module, *, rank: int, alpha: float, dropout: float, targets: list[str], seed: int
+) -> list[torch.nn.Parameter]:
     """Add a peft LoRA adapter ``default`` to a diffusers model or transformers text encoder; trainable params."""
     import torch
     from peft import LoraConfig
@@ -383,7 +408,7 @@ def unpack_latents(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return x.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
-def image_ids(h: int, w: int, device: Any, dtype: Any) -> torch.Tensor:
+def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Flux image position ids (H/2 * W/2, 3): (0, row, column)."""
     import torch
 
@@ -400,14 +425,14 @@ def sdxl_time_ids(original: tuple[int, int], crop: tuple[int, int], target: tupl
 
 def denoise(
     family: Family,
-    model: Any,
+    model: torch.nn.Module,
     noisy: torch.Tensor,
     timesteps: torch.Tensor,
-    cond: Any,
+    cond: Mapping[str, torch.Tensor],
     *,
     time_ids: torch.Tensor | None = None,
     guidance: float | None = None,
-    config: Any = None,
+    config: object = None,
 ) -> torch.Tensor:
     """The denoiser's prediction in latent layout (B, C, H, W)."""
     import torch

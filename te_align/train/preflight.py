@@ -19,7 +19,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from te_align._paths import describe
 from te_align.profiles.resolve import is_hub_id
@@ -29,9 +29,21 @@ from te_align.train.config import TrainConfig, TrainError
 from te_align.train.data import scan
 from te_align.train.models import family_of, resolve_profile
 
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.profiles.model import AlignmentProfile
+
 #: The files and folders of a run in its output folder (``{name}`` is ``output.name``).
-RUN_FILES = ("checkpoints", "{name}.safetensors", "{name}_kohya.safetensors", "{name}_full.safetensors",
-             "{name}_projection.safetensors", "train_config.json", "logs", "samples", "loss.png")  # fmt: skip
+RUN_FILES = (
+    "checkpoints",
+    "{name}.safetensors",
+    "{name}_kohya.safetensors",
+    "{name}_full.safetensors",
+    "{name}_projection.safetensors",
+    "train_config.json",
+    "logs",
+    "samples",
+    "loss.png",
+)
 #: The trained-weight files among them (a folder holding one holds a previous run).
 WEIGHT_FILES = RUN_FILES[1:5]
 
@@ -69,7 +81,7 @@ def set_aside_previous_run(cfg: TrainConfig) -> Path | None:
     return dest
 
 
-def check_output(cfg: TrainConfig, *, resume: Any, overwrite: bool) -> None:
+def check_output(cfg: TrainConfig, *, resume: bool | str | Path | None, overwrite: bool) -> None:
     """Refuse an output folder the run cannot use, or one holding a previous run (without resume/overwrite)."""
     out = Path(cfg.output.dir)
     if resume and overwrite:
@@ -159,7 +171,7 @@ def check_sizes(cfg: TrainConfig, multiple: int) -> None:
                              key=f"sample.{side}")
 
 
-def check_profile(cfg: TrainConfig) -> Any:
+def check_profile(cfg: TrainConfig) -> AlignmentProfile:
     """The run's profile (with overrides) and the family rules that depend on it; returns the profile."""
     profile = resolve_profile(cfg.model)
     family = family_of(profile)
@@ -203,7 +215,7 @@ def check_model_path(cfg: TrainConfig) -> None:
             raise TrainError("no such model file or folder (and not a hub repo id owner/name)", file=value, key=key)
 
 
-def check_run(cfg: TrainConfig, *, resume: Any = None, overwrite: bool = False, dataset: bool = True) -> list[str]:
+def check_run(cfg: TrainConfig, *, resume: bool | str | Path | None = None, overwrite: bool = False, dataset: bool = True) -> list[str]:
     """Everything the run would refuse before its first step, as one :class:`TrainError`; returns notes."""
     notes: list[str] = []
     check_model_path(cfg)

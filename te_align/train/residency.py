@@ -17,12 +17,21 @@ import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from te_align.encoding import Conditioning
+    from te_align.profiles.model import AlignmentProfile
+    from te_align.train.config import TrainConfig
+    from te_align.train.loop import LatentStore, TextSource
 
 logger = logging.getLogger("te_align.train")
 
 
-def variants(text: Any, captions: list[str]) -> list[tuple[str, list[str]]]:
+def variants(text: TextSource, captions: list[str]) -> list[tuple[str, list[str]]]:
     """(dropout pattern, texts) for every conditioning :meth:`TextSource.batch` can ask the cache for.
 
     Patterns are as ``TextSource.batch`` names them: ``""`` (nothing dropped), ``"*"`` (the whole
@@ -43,7 +52,7 @@ def variants(text: Any, captions: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def precache_variants(text: Any, captions: list[str], batch: int = 1) -> int:
+def precache_variants(text: TextSource, captions: list[str], batch: int = 1) -> int:
     """Fill the text cache with every dropout variant of ``captions`` (the plain ones are
     :meth:`TextSource.precache`'s); returns how many conditionings were looked up.
 
@@ -58,7 +67,7 @@ def precache_variants(text: Any, captions: list[str], batch: int = 1) -> int:
             continue
         dropped = [s for s in text.slot_probs if pattern == "*" or s in pattern.split(",")]
 
-        def fn(caps: list[str], pattern: str = pattern, dropped: list[str] = dropped) -> Any:
+        def fn(caps: list[str], pattern: str = pattern, dropped: list[str] = dropped) -> Conditioning:
             m = len(caps)
             return text._encode(caps, [pattern == "*"] * m, {s: [True] * m for s in dropped if pattern != "*"})
 
@@ -80,11 +89,18 @@ class Residency:
     kept: dict[str, str] = field(default_factory=dict)
 
 
-def _encoders(profile: Any) -> list[str]:
+def _encoders(profile: AlignmentProfile) -> list[str]:
     return list(dict.fromkeys(s.encoder_subfolder for s in profile.slots))
 
 
-def release(cfg: Any, profile: Any, pipe: Any, text: Any, latents: Any, device: Any) -> Residency:
+def release(
+    cfg: TrainConfig,
+    profile: AlignmentProfile,
+    pipe: DiffusionPipeline,
+    text: TextSource,
+    latents: LatentStore,
+    device: torch.device,
+) -> Residency:
     """Free (or, when sampling needs them on CUDA, offload to CPU) the text encoders and the VAE the
     loop no longer uses; log what was freed, moved or kept and why."""
     import torch
@@ -139,7 +155,7 @@ def release(cfg: Any, profile: Any, pipe: Any, text: Any, latents: Any, device: 
 
 
 @contextlib.contextmanager
-def for_sampling(pipe: Any, res: Residency | None, device: Any) -> Iterator[None]:
+def for_sampling(pipe: DiffusionPipeline, res: Residency | None, device: torch.device) -> Iterator[None]:
     """The offloaded components back on ``device`` for a sampling round, then back to CPU."""
     names = list(res.offloaded) if res is not None else []
     for a in names:

@@ -9,21 +9,32 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+import te_align
 from te_align.encoding import encode_uncond
 from te_align.train.config import SampleConfig
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from te_align.profiles.model import AlignmentProfile
 
 
 def sample_images(
-    pipe: Any, profile: Any, cfg: SampleConfig, out_dir: Path, step: int, *, size: tuple[int, int], device: Any, dtype: Any
+    pipe: DiffusionPipeline,
+    profile: AlignmentProfile,
+    cfg: SampleConfig,
+    out_dir: Path,
+    step: int,
+    *,
+    size: tuple[int, int],
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> list[Path]:
     """Render every (prompt, seed) pair into ``out_dir/step-NNNNNNNN/``; returns the files."""
     import torch
-
-    import te_align
 
     if not cfg.prompts:
         return []
@@ -40,7 +51,7 @@ def sample_images(
                 neg = te_align.encode(profile, [cfg.negative_prompt], pipeline=pipe, device=device, dtype=dtype, negative=True)
             else:
                 neg = encode_uncond(profile, 1, pipeline=pipe, device=device, dtype=dtype)
-            kwargs: dict[str, Any] = {k: v for k, v in cond.items() if k in accepted}
+            kwargs: dict[str, object] = {k: v for k, v in cond.items() if k in accepted}
             kwargs.update({f"negative_{k}": v for k, v in neg.items() if f"negative_{k}" in accepted and cfg.guidance_scale > 1})
             for seed in cfg.seeds:
                 gen = torch.Generator(device="cpu").manual_seed(int(seed))

@@ -21,28 +21,37 @@ than one projected slot's hidden states) the captions are encoded live through t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+import te_align
+from te_align._types import JSONObject
+from te_align.encoding import Conditioning, EncodeOptions
 from te_align.encoding.cache.keys import hash_text_encoders
 from te_align.encoding.cache.store import EmbeddingCache
 from te_align.encoding.projected import CLASS_NAME
 from te_align.metadata import stamp
-from te_align.profiles.expr import Ref, output_specs, refs
+from te_align.profiles.expr import Node, Ref, output_specs, refs
 from te_align.train._io import writing
-from te_align.train.config import TrainError
+from te_align.train.config import TrainConfig, TrainError
 from te_align.train.loop import TextSource
 from te_align.train.models import CLIP_TARGETS
 
-# Function-local te_align imports in this module: load what only one command needs when it runs.
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from te_align.encoding.projected import ProjectedTextEncoder
+    from te_align.profiles.model import AlignmentProfile
 
 
-def projection_models(profile: Any, pipe: Any) -> dict[str, Any]:
+def projection_models(profile: AlignmentProfile, pipe: DiffusionPipeline) -> dict[str, ProjectedTextEncoder]:
     """Pipeline component -> projected encoder, for the profile's swapped slots; their projections are
     made trainable (float32), everything else of them stays as it is (frozen, or LoRA from ``lora.text_encoders``)."""
     import torch
 
-    out: dict[str, Any] = {}
+    out: dict[str, ProjectedTextEncoder] = {}
     for slot in profile.slots:
         if slot.tokenizer_only or slot.encoder.cls != CLASS_NAME:
             continue
@@ -57,18 +66,18 @@ def projection_models(profile: Any, pipe: Any) -> dict[str, Any]:
 INNER_LORA_TARGETS = {"t5": ["q", "k", "v", "o"], "umt5": ["q", "k", "v", "o"], "mt5": ["q", "k", "v", "o"]}
 
 
-def encoder_lora_targets(model: Any) -> list[str]:
+def encoder_lora_targets(model: ProjectedTextEncoder) -> list[str]:
     """``lora.text_encoders`` on a swapped slot: LoRA on the inner encoder's attention (never the projection,
     which trains in full)."""
     inner_type = str(model.config.encoder_config.get("model_type", ""))
     return list(INNER_LORA_TARGETS.get(inner_type, CLIP_TARGETS))
 
 
-def named_projection_params(models: dict[str, Any]) -> dict[str, Any]:
+def named_projection_params(models: Mapping[str, ProjectedTextEncoder]) -> dict[str, torch.nn.Parameter]:
     return {f"{comp}.projection.{n}": p for comp, m in models.items() for n, p in m.projection.named_parameters()}
 
 
-def full_params(denoiser: Any, patterns: list[str]) -> dict[str, Any]:
+def full_params(denoiser: torch.nn.Module, patterns: list[str]) -> dict[str, torch.nn.Parameter]:
     """``train.full_modules``: the denoiser's own weights (not LoRA) whose names match a pattern, made
     trainable in float32; keyed by their diffusers names (peft's ``.base_layer`` left out)."""
     import re
@@ -77,7 +86,7 @@ def full_params(denoiser: Any, patterns: list[str]) -> dict[str, Any]:
 
     if not patterns:
         return {}
-    out: dict[str, Any] = {}
+    out: dict[str, torch.nn.Parameter] = {}
     for name, p in denoiser.named_parameters():
         clean = name.replace(".base_layer.", ".")
         if "lora_" in name or not any(re.search(pat, clean) for pat in patterns):
@@ -91,7 +100,9 @@ def full_params(denoiser: Any, patterns: list[str]) -> dict[str, Any]:
     return out
 
 
-def save_tensors(tensors: dict[str, Any], path: Path, *, profile: Any, extra: dict[str, Any]) -> Path:
+def save_tensors(
+    tensors: Mapping[str, torch.Tensor], path: Path, *, profile: AlignmentProfile, extra: JSONObject
+) -> Path:
     """Trained tensors as one stamped .safetensors file (whole file or nothing)."""
     import tempfile
 
@@ -106,12 +117,14 @@ def save_tensors(tensors: dict[str, Any], path: Path, *, profile: Any, extra: di
     return path
 
 
-def save_projection(models: dict[str, Any], path: Path, *, profile: Any, extra: dict[str, Any]) -> Path:
+def save_projection(
+    models: Mapping[str, ProjectedTextEncoder], path: Path, *, profile: AlignmentProfile, extra: JSONObject
+) -> Path:
     """The trained projections as one stamped .safetensors file (whole file or nothing)."""
     return save_tensors(named_projection_params(models), path, profile=profile, extra=extra)
 
 
-def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
+def _cacheable(cfg: TrainConfig, profile: AlignmentProfile, models: Mapping[str, ProjectedTextEncoder]) -> bool:
     """Whether conditioning = projection(cached inner output) exactly, for every output and dropout."""
     if cfg.lora.text_encoders:
         return False
@@ -129,11 +142,11 @@ def _cacheable(cfg: Any, profile: Any, models: dict[str, Any]) -> bool:
     return True
 
 
-def _refs(node: Any) -> list[Any]:
+def _refs(node: Node) -> list[Ref]:
     return refs(node)
 
 
-def inner_profile(profile: Any, models: dict[str, Any]) -> Any:
+def inner_profile(profile: AlignmentProfile, models: Mapping[str, ProjectedTextEncoder]) -> AlignmentProfile:
     """``profile`` with each projected slot describing its inner encoder (class and width)."""
     import dataclasses
 
@@ -147,8 +160,17 @@ def inner_profile(profile: Any, models: dict[str, Any]) -> Any:
     return dataclasses.replace(profile, slots=tuple(slots))
 
 
-def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], device: Any, dtype: Any, *, cache_dir: Path,
-                writer: bool) -> Any:
+def text_source(
+    cfg: TrainConfig,
+    profile: AlignmentProfile,
+    pipe: DiffusionPipeline,
+    models: Mapping[str, ProjectedTextEncoder],
+    device: torch.device,
+    dtype: torch.dtype,
+    *,
+    cache_dir: Path,
+    writer: bool,
+) -> TextSource:
     """The run's text source for a swapped model: the projection applied to cached inner outputs
     where that is exact (see the module docstring), else live encoding through the whole encoder."""
     if not _cacheable(cfg, profile, models):
@@ -166,7 +188,7 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             self.outputs = {o: self.components[expr.split(".")[0]][1] for o, expr in profile.outputs
                             if expr.split(".")[0] in self.components}
 
-        def _cache(self, pattern: str, options: Any = None) -> Any:
+        def _cache(self, pattern: str, options: EncodeOptions | None = None) -> EmbeddingCache:
             options = options or self.options
             key = pattern if options is self.options else f"{pattern}|{options.as_dict()}"
             if key not in self._caches:
@@ -180,10 +202,14 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
                 self._caches[key] = EmbeddingCache(self.cache_dir, self.profile, self._te_hash, opts)
             return self._caches[key]
 
-        def _encode(self, captions: list[str], drop: list[bool], drop_slots: dict[str, list[bool]], options: Any = None) -> Any:
+        def _encode(
+            self,
+            captions: list[str],
+            drop: list[bool],
+            drop_slots: dict[str, list[bool]],
+            options: EncodeOptions | None = None,
+        ) -> Conditioning:
             import dataclasses
-
-            import te_align
 
             tokenizers = {s.name: getattr(self.pipe, s.tokenizer_subfolder) for s in self.profile.slots}
             encoders = {s.name: getattr(self.pipe, s.encoder_subfolder) for s in self.profile.slots}
@@ -193,7 +219,9 @@ def text_source(cfg: Any, profile: Any, pipe: Any, models: dict[str, Any], devic
             # the swapped profile's conditioning at the stage before the projection (the cache key says which stage)
             return dataclasses.replace(cond, profile_name=self.profile.name, fingerprint=self.profile.fingerprint())
 
-        def batch(self, captions: list[str], gen: Any, span: tuple[int, int] | None = None) -> Any:
+        def batch(
+            self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None
+        ) -> Conditioning:
             import dataclasses
 
             cond = super().batch(captions, gen, span)
