@@ -9,7 +9,6 @@ the version of a distribution installed in a ``site-packages`` folder (its ``*.d
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from pathlib import Path
 
@@ -76,6 +75,8 @@ def dist_version(site: Path, package: str) -> str | None:
 
 def installed_version(distribution: str) -> str | None:
     """The version of ``distribution`` installed in this Python (None: not installed)."""
+    import importlib.metadata  # 20 ms with its email parser: off the cold path of `te-align check`
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
