@@ -44,10 +44,10 @@ SAMPLING: dict[str, dict[str, Any]] = {
              "height": 32, "width": 32},
     "sdxl": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
     "sd15": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
-    # ChromaPipeline.__call__'s guidance_scale is true classifier-free guidance against negative_prompt (diffusers
-    # 0.42.1 pipelines/chroma/pipeline_chroma.py:596-614, 869-882); T5 256 as recipe.PROFILE_CHANGES
-    "chroma": {"num_inference_steps": 16, "guidance_scale": 4.0, "negative_prompt": "", "max_sequence_length": 256,
-               "height": 32, "width": 32},
+    # ChromaPipeline.__call__'s guidance_scale is true classifier-free guidance against negative_prompt
+    # (diffusers 0.42.1 pipelines/chroma/pipeline_chroma.py:596-614, 869-882); T5 256: recipe.PROFILE_CHANGES
+    "chroma": {"num_inference_steps": 16, "guidance_scale": 4.0, "negative_prompt": "",
+               "max_sequence_length": 256, "height": 32, "width": 32},
 }  # fmt: skip
 
 
@@ -197,7 +197,7 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
     used = sorted({f"encoders/{f}" for f, _ in bases.ENCODERS[spec.family].values()} | {"vae", name})
     files = {p.relative_to(root).as_posix(): bases._sha256(p)
              for top in used for p in sorted((root / top).rglob("*")) if p.is_file() and p.name != bases.MANIFEST}  # fmt: skip
-    fitted = recipe.fitted_overrides(spec.family)  # the tiny encoders' numbers and the family's own (chroma's T5 256)
+    fitted = recipe.fitted_overrides(spec.family)  # the tiny encoders' numbers and chroma's T5 256
     info: dict[str, Any] = {
         "format": bases.FORMAT, "name": name, "family": spec.family, "profile": spec.profile, "pipeline": spec.pipeline,
         "denoiser_class": type(denoiser).__name__, "world": world, "held_out": held_out,

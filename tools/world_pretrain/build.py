@@ -145,8 +145,7 @@ def _load_checkpoint(path: Path, cfg: recipe.PretrainConfig, prep: dict[str, Any
     import torch
 
     ck = torch.load(path, weights_only=False, map_location="cpu")
-    # a field added after the checkpoint was saved (e.g. chroma's approximator sizes) had its default's effect
-    saved = {**recipe.PretrainConfig().as_dict(), **ck["config"]}
+    saved = recipe.complete_config(ck["config"])  # fields added since it was saved: at their defaults
     # the total step count may grow (the learning rate is warm-up then constant, so it does not depend on it)
     if {**saved, "steps": None} != {**cfg.as_dict(), "steps": None}:
         raise SystemExit(f"{path}: saved for another configuration; run without --resume or with the same flags")

@@ -99,7 +99,7 @@ def _predict_x0(
         return (xt - (1 - abar).sqrt() * eps) / abar.sqrt()
     xt = (1 - frac) * x0 + frac * noise
     v = _denoise(cfg, model, xt, torch.full((n,), float(frac)), rows, shared)
-    if cfg.family in PACKED_FAMILIES:  # flux, chroma: the same packing (ChromaPipeline's is copied from Flux's)
+    if cfg.family in PACKED_FAMILIES:  # flux, chroma: ChromaPipeline's packing is copied from Flux's
         import diffusers
 
         h, w = x0.shape[-2:]

@@ -1,5 +1,5 @@
-"""Pretraining tiny base models (SD3-, Flux-, Chroma-, SDXL- and SD 1.5-shaped) on the shapes world with exactly their
-profile.
+"""Pretraining tiny base models (SD3-, Flux-, Chroma-, SDXL- and SD 1.5-shaped) on the shapes world with
+exactly their profile.
 
 A base model that was trained with *one* conditioning recipe is what makes "alignment" measurable: a
 LoRA trained with a deviating recipe can then be compared with one trained by the profile. This module
@@ -49,8 +49,8 @@ model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's 
   (``empty_prompt = "zeros"``, ``force_zeros_for_empty_prompt``), which is what the pipeline's
   classifier-free guidance feeds for a missing negative prompt.
 
-The caption-dropout rate of flux, chroma and sdxl (10%) is a choice: none of the three models' rates was published; 10% is
-the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards
+The caption-dropout rate of flux, chroma and sdxl (10%) is a choice: none of the three models' rates was
+published; 10% is the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards
 (CompVis/stable-diffusion-v1-4, runwayml/stable-diffusion-v1-5 on the Hugging Face Hub) and the
 ``ucg_rate: 0.1`` of Stability-AI/generative-models@0ad7de9 configs/example_training/txt2img-clipl.yaml:53.
 
@@ -109,6 +109,7 @@ __all__ = [
     "PretrainResult",
     "SlotDropout",
     "build_pipeline",
+    "complete_config",
     "encode_captions",
     "evaluate_pipeline",
     "family_spec",
@@ -166,13 +167,14 @@ FAMILIES: dict[str, FamilySpec] = {
 PACKED_FAMILIES = ("flux", "chroma")
 
 #: Per family, behaviour changes of its profile besides the tiny encoders' architecture numbers
-#: (:func:`te_align.tiny.fit.profile_overrides`); written into a shipped base's ``base.json["profile_overrides"]``.
-#: chroma: T5 256 tokens instead of the profile's 512 (ChromaPipeline's max_sequence_length default,
-#: pipeline_chroma.py:614), the window of the shipped SD3 and Flux bases (flux-schnell's own 256). The world
-#: encoders' T5 was pretrained at 256, 154 and 77 tokens (world_pretrain.encoders.EncoderConfig.t5_lengths); with
-#: the encoder mask the real tokens' states do not depend on the padding, but the denoiser's float mask does not
-#: hide padding (see the chroma notes above), so 256 keeps the padding it sees to what the other bases see, halves
-#: the text tokens of every step, and still holds every world caption the other bases' T5 windows hold.
+#: (:func:`te_align.tiny.fit.profile_overrides`); written into a shipped base's
+#: ``base.json["profile_overrides"]``. chroma: T5 256 tokens instead of the profile's 512 (ChromaPipeline's
+#: max_sequence_length default, pipeline_chroma.py:614), the window of the shipped SD3 and Flux bases
+#: (flux-schnell's own 256). The world encoders' T5 was pretrained at 256, 154 and 77 tokens
+#: (world_pretrain.encoders.EncoderConfig.t5_lengths); with the encoder mask the real tokens' states do not
+#: depend on the padding, but the denoiser's float mask does not hide padding (see the chroma notes above), so
+#: 256 keeps the padding it sees to what the other bases see, halves the text tokens of every step, and holds
+#: every world caption the other bases' T5 windows hold.
 PROFILE_CHANGES: dict[str, dict[str, Any]] = {
     "chroma": {"slots.t5.tokenizer.max_length": 256},
 }
@@ -188,12 +190,12 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # (the class defaults: unet_channels, single_layers, time_embed_dim are used by their family only)
     "sdxl": {},
     "sd15": {},
-    # the flux base's 2 double-stream + 2 single-stream blocks of width 64 (2 heads x 32). The approximator (which
-    # replaces Flux's per-block modulation linears) maps only (timestep, modulation row index) to the 32
-    # modulation vectors of four blocks, once per sample whatever the token count: 2 residual layers instead of
-    # Chroma's 5, of the model's width 64 (Chroma's 5120 is wider than its 3072, so no narrower layer squeezes
-    # the modulation): 25 k of the 334 k parameters (7.5%; Chroma's 5 x 5120 are 3% of 8.9 B), little time
-    # next to the blocks (benchmarks/bench_world_steps.py --only chroma)
+    # the flux base's 2 double-stream + 2 single-stream blocks of width 64 (2 heads x 32). The approximator
+    # (which replaces Flux's per-block modulation linears) maps only (timestep, modulation row index) to the
+    # 32 modulation vectors of four blocks, once per sample whatever the token count: 2 residual layers
+    # instead of Chroma's 5, of the model's width 64 (Chroma's 5120 is wider than its 3072, so no narrower
+    # layer squeezes the modulation): 25 k of the 334 k parameters (7.5%; Chroma's 5 x 5120 are 3% of
+    # 8.9 B), little time next to the blocks (benchmarks/bench_world_steps.py --only chroma)
     "chroma": {"layers": 2, "single_layers": 2, "approximator_hidden_dim": 64, "approximator_layers": 2},
 }
 
@@ -327,6 +329,13 @@ class PretrainConfig:
         return self.image_size // 2 ** (len(self.vae_channels) - 1)
 
 
+def complete_config(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A config recorded by an earlier version (a checkpoint's, a shipped base's) with every field added since
+    at its default, which is the behaviour the run had (e.g. chroma's approximator sizes, used by no earlier
+    family)."""
+    return {**PretrainConfig().as_dict(), **recorded}
+
+
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
@@ -356,14 +365,16 @@ def _tensor_to_images(x: Any) -> list[np.ndarray]:
 
 def fitted_overrides(family: str = FAMILY) -> dict[str, Any]:
     """The overrides of ``family``'s bundled profile: the tiny encoders' architecture numbers
-    (:func:`te_align.tiny.fit.profile_overrides`) and the family's :data:`PROFILE_CHANGES` (chroma's T5 256)."""
+    (:func:`te_align.tiny.fit.profile_overrides`) and the family's :data:`PROFILE_CHANGES` (chroma's T5
+    256)."""
     from te_align.tiny.fit import profile_overrides
 
     return {**profile_overrides(family_spec(family).fit), **PROFILE_CHANGES.get(family, {})}
 
 
 def fitted_profile(family: str = FAMILY) -> Any:
-    """The bundled profile of ``family`` with :func:`fitted_overrides` (the tiny encoders' numbers; chroma's T5 256)."""
+    """The bundled profile of ``family`` with :func:`fitted_overrides` (the tiny encoders' numbers, chroma's
+    T5 256)."""
     import te_align
 
     return te_align.profile(family_spec(family).profile).with_overrides(fitted_overrides(family))
@@ -816,8 +827,8 @@ def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
 
 
 def _chroma_config(cfg: PretrainConfig, joint_dim: int) -> dict[str, Any]:
-    """``ChromaTransformer2DModel``'s arguments: Flux's blocks (:func:`_flux_config` without a pooled vector or
-    guidance embedding: Chroma has neither) and the approximator that computes every block's modulation
+    """``ChromaTransformer2DModel``'s arguments: Flux's blocks (:func:`_flux_config` without a pooled vector
+    or guidance embedding: Chroma has neither) and the approximator that computes every block's modulation
     (diffusers 0.42.1 models/transformers/transformer_chroma.py:401-431)."""
     if cfg.width % cfg.head_dim:
         raise ValueError(f"PretrainConfig.width: {cfg.width} is not a multiple of head_dim {cfg.head_dim}")
@@ -881,8 +892,8 @@ def _unet_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
 
 
 def new_transformer(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> Any:
-    """A fresh denoiser of ``cfg.family`` (SD3 / Flux / Chroma transformer, SDXL / SD 1.5 UNet) reading the given
-    text widths (``pooled_dim`` is ignored by chroma, which has no pooled vector)."""
+    """A fresh denoiser of ``cfg.family`` (SD3 / Flux / Chroma transformer, SDXL / SD 1.5 UNet) reading the
+    given text widths (``pooled_dim`` is ignored by chroma, which has no pooled vector)."""
     import diffusers
 
     family_spec(cfg.family)
