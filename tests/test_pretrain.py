@@ -765,3 +765,10 @@ def test_world_build_base_trains_from_the_shipped_autoencoder_and_encoders(famil
     logs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logs if r["phase"] == "gap"] == [1, 2]
     assert [(r["step"], r["samples"]) for r in logs if r["phase"] == "eval"] == [(2, 8)]
+    # shipping it records the shared parts' own training, as the shipped bases that trained them record it
+    import ship_base
+
+    record = ship_base.pretrain_record(out, 2)
+    shipped = bases.base_info(bases.shipped()[0])["pretrain"]
+    assert (record["vae"], record["encoders"]) == (shipped["vae"], shipped["encoders"])
+    assert record["steps"] == 2 and record["config"]["family"] == family

@@ -123,7 +123,28 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
     if enc is not None and (enc / "encoders.json").is_file():
         out["encoders"] = {"command": "python tools/world_build.py encoders",
                            **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}  # fmt: skip
+    # a base trained on the shipped parts (world_build.py base --vae DATA/vae --encoders DATA/encoders)
+    for part, folder in (("vae", Path(config["vae_from"])), ("encoders", enc)):
+        if part not in out and folder is not None:
+            record = shipped_part_record(folder, part)
+            if record is not None:
+                out[part] = record
     return out
+
+
+def shipped_part_record(folder: Path, part: str) -> dict[str, Any] | None:
+    """The training record of a shared part (``vae`` or ``encoders``) when ``folder`` is that part inside a world
+    data root: copied from the ``base.json`` of a base shipped there whose recorded hashes its files still have."""
+    root = folder.resolve().parent
+    if folder.resolve() != (root / part).resolve():
+        return None
+    for name in bases.shipped(root):
+        info = bases.base_info(name, root)
+        mine = {rel: digest for rel, digest in info["files"].items() if rel.startswith(f"{part}/")}
+        record = info.get("pretrain", {}).get(part)
+        if mine and record and all(bases._sha256(root / rel) == digest for rel, digest in mine.items()):
+            return dict(record)
+    return None
 
 
 def evaluate(pipe: Any, name: str, world_name: str, held_out: str, per_style: int) -> dict[str, Any]:

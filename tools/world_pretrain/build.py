@@ -261,6 +261,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     # amendments 5 and 6: colour 76% (SDXL) and 87.9% (SD 1.5) at 2,000 steps, so continued once to 4,000
     "sd15": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
     "sdxl": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
+    # not trained yet: the flux base's recipe (its size and data); a session that ships it records its choice here
+    "chroma": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 500},
 }
 
 
