@@ -3,9 +3,10 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_world_steps.py [--batch 32] [--threads 1] [--only sd3]
 
 Each candidate is the family's real diffusers class at a tiny size, fed what its pipeline feeds it (SD3: 77 + 256
-text tokens; Flux schnell: 256 T5 tokens, dev 512; SDXL / SD 1.5: 77 CLIP tokens) on 16 x 16 x 8 latents (32 px
-images through the world autoencoder). Two untimed steps, then the mean of ``--steps``. The machine is shared:
-run candidates in one call so their times are measured side by side, and note the load.
+text tokens; Flux schnell: 256 T5 tokens, dev 512; Chroma: 256 or 512 T5 tokens with its transformer
+mask; SDXL / SD 1.5: 77 CLIP tokens) on 16 x 16 x 8 latents (32 px images through the world autoencoder).
+``--only chroma`` also times the Flux base's size beside it. Two untimed steps, then the mean of ``--steps``.
+The machine is shared: run candidates in one call so their times are measured side by side, and note the load.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--only", default="", help="sd3, flux, sdxl or sd15")
+    ap.add_argument("--only", default="", help="sd3, flux, chroma, sdxl or sd15")
     args = ap.parse_args()
 
     import diffusers
@@ -66,6 +67,59 @@ def main() -> None:
             bench(f"Flux width {w}, {layers}+{single} blocks, T5 {seq}", m,
                   lambda m=m, x=x, c=c, p=p, t=t, ids=ids, tids=tids: m(hidden_states=x, encoder_hidden_states=c, pooled_projections=p,
                                                                        timestep=t, img_ids=ids, txt_ids=tids, guidance=None).sample)  # fmt: skip
+    if args.only == "chroma":  # the Flux base's size, measured beside the Chroma candidates
+        m = diffusers.FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=32,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=32,
+            num_attention_heads=2,
+            joint_attention_dim=96,
+            pooled_projection_dim=32,
+            guidance_embeds=False,
+            axes_dims_rope=(4, 14, 14),
+        )
+        x, c, p, t = torch.randn(b, 64, 32), torch.randn(b, 256, 96), torch.randn(b, 32), torch.rand(b)
+        ids, tids = torch.zeros(64, 3), torch.zeros(256, 3)
+        bench(
+            "Flux width 64, 2+2 blocks, T5 256 (the flux base)",
+            m,
+            lambda m=m, x=x, c=c, p=p, t=t, ids=ids, tids=tids: m(
+                hidden_states=x, encoder_hidden_states=c, pooled_projections=p, timestep=t, img_ids=ids,
+                txt_ids=tids, guidance=None,
+            ).sample,
+        )
+    if args.only in ("", "chroma"):
+        # the chroma family's size (world_pretrain.recipe FAMILY_DEFAULTS) at T5 256 and 512, and the approximator
+        # at Chroma's 5 layers; the mask as ChromaPipeline builds it: 40 visible text tokens (a short caption and
+        # one padding token, float, as pipelines/chroma/pipeline_chroma.py:249-251) and ones for the 64 image tokens
+        for seq, hidden, depth in ((256, 64, 2), (512, 64, 2), (256, 64, 5)):
+            m = diffusers.ChromaTransformer2DModel(
+                patch_size=1,
+                in_channels=32,
+                num_layers=2,
+                num_single_layers=2,
+                attention_head_dim=32,
+                num_attention_heads=2,
+                joint_attention_dim=96,
+                axes_dims_rope=(4, 14, 14),
+                approximator_num_channels=64,
+                approximator_hidden_dim=hidden,
+                approximator_layers=depth,
+            )
+            x, c, t = torch.randn(b, 64, 32), torch.randn(b, seq, 96), torch.rand(b)
+            text = (torch.arange(seq) < 40).float().expand(b, seq)
+            mask = torch.cat([text, torch.ones(b, 64, dtype=torch.bool)], dim=1)
+            ids, tids = torch.zeros(64, 3), torch.zeros(seq, 3)
+            bench(
+                f"Chroma width 64, 2+2 blocks, approximator {depth} x {hidden}, T5 {seq}",
+                m,
+                lambda m=m, x=x, c=c, t=t, ids=ids, tids=tids, mask=mask: m(
+                    hidden_states=x, encoder_hidden_states=c, timestep=t, img_ids=ids, txt_ids=tids,
+                    attention_mask=mask,
+                ).sample,
+            )
     for fam in ("sdxl", "sd15"):
         if args.only not in ("", fam):
             continue

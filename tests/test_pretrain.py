@@ -251,14 +251,15 @@ def test_family_configs_and_profiles():
     assert (sdxl.unet_channels, sdxl.caption_dropout_rate) == ((32, 64, 64), 0.2)
     assert pretrain.PretrainConfig().caption_dropout_rate == 0.0
     with pytest.raises(
-        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, sd15, got 'sd21'"
+        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, sd15, chroma, got 'sd21'"
     ):
         pretrain.PretrainConfig(family="sd21")
-    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl", "sd15")] == [
+    assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl", "sd15", "chroma")] == [
         "sd35-large",
         "flux-schnell",
         "sdxl",
         "sd15",
+        "chroma",
     ]
     assert pretrain._rope_axes(32) == (4, 14, 14) and pretrain._rope_axes(128) == (16, 56, 56)
     assert sum(pretrain._rope_axes(16)) == 16 and all(a % 2 == 0 for a in pretrain._rope_axes(16))
@@ -473,3 +474,301 @@ def test_sdxl_unet_cross_attention_layouts():
     assert every.config.addition_embed_type == family.config.addition_embed_type == "text_time"
     with pytest.raises(ValueError, match=r"unet_cross_attention: expected family or all, got 'top'"):
         pretrain.PretrainConfig.for_family("sdxl", unet_cross_attention="top")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the Chroma-shaped family
+# ------------------------------------------------------------------------------------------------------------
+
+#: "a red circle" is 8 tiny-T5 tokens and the end-of-text token; the empty prompt the end-of-text token alone
+RED_CIRCLE_TOKENS = 9
+
+
+def _chroma_mask(tokens: int, text: int = 256, image: int = 64) -> torch.Tensor:
+    """ChromaPipeline's transformer mask of a prompt: its real tokens, one padding token, then the image."""
+    return torch.tensor([1.0] * (tokens + 1) + [0.0] * (text - tokens - 1) + [1.0] * image)
+
+
+@pytest.fixture(scope="module")
+def chroma_run(tmp_path_factory):
+    cfg, first, folder = _family_run("chroma", tmp_path_factory)
+    second = pretrain.pretrain(cfg)
+    return cfg, first, folder, second
+
+
+def test_chroma_family_builds_a_chroma_transformer_sized_like_the_flux_base():
+    cfg = pretrain.PretrainConfig.for_family("chroma")
+    assert (cfg.layers, cfg.single_layers, cfg.width, cfg.head_dim) == (2, 2, 64, 32)
+    assert (cfg.approximator_hidden_dim, cfg.approximator_layers, cfg.caption_dropout_rate) == (64, 2, 0.1)
+    spec = pretrain.FAMILIES["chroma"]
+    assert (spec.profile, spec.pipeline, spec.denoiser, spec.components) == (
+        "chroma",
+        "ChromaPipeline",
+        "transformer",
+        "chroma",
+    )
+    model = pretrain.new_transformer(cfg, 96, 0)
+    assert type(model).__name__ == "ChromaTransformer2DModel"
+    want = {
+        "in_channels": 32,
+        "num_layers": 2,
+        "num_single_layers": 2,
+        "attention_head_dim": 32,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 96,
+        "approximator_num_channels": 64,
+        "approximator_hidden_dim": 64,
+        "approximator_layers": 2,
+    }
+    assert {k: model.config[k] for k in want} == want
+    assert tuple(model.config.axes_dims_rope) == (4, 14, 14) and model.inner_dim == 64
+    assert sum(p.numel() for p in model.parameters()) == 334_112
+    assert sum(p.numel() for p in model.distilled_guidance_layer.parameters()) == 25_088
+    # the same seed gives the same weights; an odd latent grid cannot be packed
+    again = pretrain.new_transformer(cfg, 96, 0)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="Chroma packs 2 x 2 latent patches; latent size 15 is odd"):
+        pretrain.new_transformer(pretrain.PretrainConfig.for_family("chroma", image_size=30), 96, 0)
+    # the profile: T5 alone at 256 tokens (the tiny bases' window), one padding token visible to the denoiser
+    profile = pretrain.fitted_profile("chroma")
+    (t5,) = profile.slots
+    assert (t5.name, t5.tokenizer.max_length, t5.masks.denoiser_extra_pad_tokens, profile.empty_prompt) == (
+        "t5",
+        256,
+        1,
+        "encode",
+    )
+    assert pretrain.fitted_overrides("chroma")["slots.t5.encoder.hidden_size"] == 96
+
+
+def test_chroma_pretrain_is_deterministic(chroma_run):
+    _, first, _, second = chroma_run
+    for name in ("transformer", "vae", "text_encoder"):
+        a, b = _state(getattr(first.pipeline, name)), _state(getattr(second.pipeline, name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert first.state["step"] == 3
+    raw = first.state["transformer"].state_dict()
+    cfg = pretrain.PretrainConfig.for_family("chroma", **FAMILY_TINY)
+    init = pretrain.new_transformer(cfg, 96, 0).state_dict()
+    assert not torch.equal(init["proj_out.weight"], raw["proj_out.weight"])
+    losses = [[r["loss"] for r in res.log if r["phase"] == "transformer"] for res in (first, second)]
+    assert losses[0] == losses[1]
+
+
+def test_chroma_saved_folder_loads_into_chroma_pipeline_and_samples(chroma_run):
+    _, res, folder, _ = chroma_run
+    pipe = diffusers.ChromaPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    assert type(pipe.transformer).__name__ == "ChromaTransformer2DModel"
+    assert type(pipe.text_encoder).__name__ == "T5EncoderModel" and pipe.vae_scale_factor == 2
+    trained = res.pipeline.transformer.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in pipe.transformer.state_dict().items())
+    assert (pipe.scheduler.config.shift, pipe.scheduler.config.use_dynamic_shifting) == (1.0, False)
+    assert pipe.vae.config.shift_factor is not None
+    # a plain call (the pipeline's own defaults: T5 512, guidance 5 against "") samples
+    gen = torch.Generator().manual_seed(0)
+    image = pipe("a red circle", num_inference_steps=2, height=32, width=32, output_type="np", generator=gen)
+    image = image.images[0]
+    assert image.shape == (32, 32, 3) and np.isfinite(image).all()
+    samples = pretrain.heldout_set(2, style="short")
+    result = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)
+    images = result["images"]
+    assert len(images) == 2 and images[0].shape == (32, 32, 3) and images[0].dtype == np.uint8
+    assert result["all"]["objects"] == sum(len(s.scene.objects) for s in samples)
+    visible = pretrain.visible(pretrain.fitted_profile("chroma"), samples)
+    assert result["visible"]["prompts"] == float(sum(visible))
+    again = pretrain.evaluate_pipeline(pipe, samples, steps=2, guidance=2.0)["images"]
+    assert all(np.array_equal(x, y) for x, y in zip(images, again, strict=True))
+
+
+def test_chroma_training_feeds_the_mask_chroma_pipeline_feeds(chroma_run):
+    import dataclasses
+
+    from te_align.train.models import image_ids, pack_latents
+
+    cfg, res, _, _ = chroma_run
+    st = res.state
+    captions = ["a red circle", ""]
+    table = pretrain.encode_captions(st["profile"], st["components"], captions)
+    assert table.tensors["prompt_attention_mask"].dtype == torch.float32
+    want = torch.stack([_chroma_mask(RED_CIRCLE_TOKENS)[:256], _chroma_mask(1)[:256]])
+    assert torch.equal(table.tensors["prompt_attention_mask"], want)
+    # one training step: the transformer's forward gets every real token and one padding token, then the image
+    one = dataclasses.replace(cfg, batch=2, steps=1, caption_dropout=0.0)
+    model = pretrain.new_denoiser(one, 96, 0)
+    calls, handle = _recorder(model)
+    pretrain.train_transformer(one, st["latents"][:2], table, st["dropout"], transformer=model)
+    handle.remove()
+    ((_, kw, _),) = calls
+    mask = kw["attention_mask"]
+    assert mask.dtype == torch.float32 and mask.shape == (2, 256 + 64)
+    for row, embeds in zip(mask, kw["encoder_hidden_states"], strict=True):
+        k = next(i for i in range(2) if torch.equal(embeds, table.tensors["prompt_embeds"][i]))
+        assert torch.equal(row, _chroma_mask(RED_CIRCLE_TOKENS if k == 0 else 1)), captions[k]
+    assert kw["txt_ids"].shape == (256, 3) and not kw["txt_ids"].any()
+    # ... exactly the tensor ChromaPipeline gives its transformer for that prompt at sampling (T5 256, no CFG)
+    sampled, handle = _recorder(res.pipeline.transformer)
+    res.pipeline(
+        "a red circle",
+        num_inference_steps=1,
+        guidance_scale=1.0,
+        height=32,
+        width=32,
+        max_sequence_length=256,
+        output_type="latent",
+    )
+    handle.remove()
+    ((_, skw, _),) = sampled
+    assert torch.equal(skw["attention_mask"], _chroma_mask(RED_CIRCLE_TOKENS)[None])
+    assert torch.equal(skw["txt_ids"], kw["txt_ids"]) and torch.equal(skw["img_ids"], kw["img_ids"])
+    # flow matching as Flux: packed latents, flow time t in [0, 1], packed velocity target
+    x0 = st["latents"][:3]
+    rows = st["table"].rows(torch.arange(3))
+    calls, handle = _recorder(model)
+    loss = pretrain.training_loss(cfg, model, x0, rows, st["table"].shared, torch.Generator().manual_seed(9))
+    handle.remove()
+    gen = torch.Generator().manual_seed(9)
+    t = torch.sigmoid(torch.randn(3, generator=gen))
+    noise = torch.randn(x0.shape, generator=gen)
+    xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
+    ((_, kw, out),) = calls
+    assert torch.equal(kw["hidden_states"], pack_latents(xt)) and torch.equal(kw["timestep"], t)
+    assert torch.equal(kw["img_ids"], image_ids(16, 16, "cpu", torch.float32))
+    assert "pooled_projections" not in kw
+    assert torch.equal(kw["attention_mask"][:, 256:], torch.ones(3, 64))
+    assert torch.equal(kw["attention_mask"][:, :256], rows["prompt_attention_mask"])
+    assert torch.equal(loss, torch.nn.functional.mse_loss(out[0], pack_latents(noise - x0)))
+
+
+def test_chroma_caption_dropout_is_the_encoded_empty_prompt_with_its_mask(chroma_run):
+    _, res, _, _ = chroma_run
+    st = res.state
+    drop = st["captions"]
+    assert drop.rate == 0.1 and st["dropout"].rates == {}  # chroma publishes no dropout: 10% whole captions
+    got = drop.apply(st["table"].rows(torch.arange(3)), torch.tensor([True, False, False]))
+    assert torch.equal(got["prompt_attention_mask"][0], _chroma_mask(1)[:256])
+    assert torch.equal(got["prompt_embeds"][1:], st["table"].tensors["prompt_embeds"][1:3])
+    # what ChromaPipeline encodes for negative_prompt="" at T5 256
+    encoded = res.pipeline.encode_prompt(["x"], negative_prompt=[""], max_sequence_length=256)
+    neg, neg_mask = encoded[3], encoded[5]
+    assert torch.equal(got["prompt_attention_mask"][0], neg_mask[0])
+    assert torch.allclose(got["prompt_embeds"][0], neg[0], atol=1e-5)
+
+
+def test_chroma_conditioning_gap_is_the_x0_error_of_rolled_captions(chroma_run):
+    from te_align.train.models import image_ids, pack_latents, unpack_latents
+
+    cfg, res, _, _ = chroma_run
+    table = res.state["table"]
+    latents = res.state["latents"][:4]
+    rows4 = pretrain.ConditioningTable(table.rows(torch.arange(4)), table.captions[:4], table.shared)
+    model = res.pipeline.transformer
+    gap = diagnostics.conditioning_gap(cfg, model, latents, rows4, fractions=(0.5,), seed=4)
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(4))
+    errs = []
+    for idx in (torch.arange(4), torch.roll(torch.arange(4), 1)):
+        r = rows4.rows(idx)
+        mask = torch.cat([r["prompt_attention_mask"], torch.ones(4, 64)], dim=1)
+        xt = 0.5 * latents + 0.5 * noise
+        with torch.no_grad():
+            v = model(
+                hidden_states=pack_latents(xt),
+                timestep=torch.full((4,), 0.5),
+                encoder_hidden_states=r["prompt_embeds"],
+                txt_ids=table.shared["text_ids"],
+                img_ids=image_ids(16, 16, "cpu", torch.float32),
+                attention_mask=mask,
+            ).sample
+        errs.append(float(((xt - 0.5 * unpack_latents(v, 16, 16) - latents) ** 2).mean()))
+    assert gap[0.5] == pytest.approx(100 * (errs[1] - errs[0]) / errs[0], rel=1e-6)
+
+
+def test_chroma_base_ships_and_loads_with_its_sampling_settings(chroma_run, tmp_path):
+    import ship_base
+
+    from te_align.tiny import bases
+    from te_align.tiny.encoders import family_components
+
+    _, res, _, _ = chroma_run
+    pipe = res.pipeline
+    sd3 = family_components("sd3")
+    shared = {"clip_l": sd3["text_encoder"], "clip_g": sd3["text_encoder_2"], "t5": pipe.text_encoder}
+    root = tmp_path / "world"
+    info = ship_base.ship_pipeline(
+        pipe, "chroma", root, encoders=shared, vae=pipe.vae, world="simple", held_out="", pretrain={}
+    )
+    assert (info["profile"], info["pipeline"], info["denoiser_class"]) == (
+        "chroma",
+        "ChromaPipeline",
+        "ChromaTransformer2DModel",
+    )
+    assert info["sampling"] == {
+        "num_inference_steps": 16,
+        "guidance_scale": 4.0,
+        "negative_prompt": "",
+        "max_sequence_length": 256,
+        "height": 32,
+        "width": 32,
+    }
+    assert info["profile_overrides"] == pretrain.fitted_overrides("chroma")
+    assert sorted(info["files"]) == [
+        "chroma/scheduler/scheduler_config.json",
+        "chroma/transformer/config.json",
+        "chroma/transformer/diffusion_pytorch_model.safetensors",
+        "encoders/t5/config.json",
+        "encoders/t5/model.safetensors",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+    ]
+    loaded = bases.load("chroma", cache_dir=tmp_path / "cache", source=root)
+    assert type(loaded).__name__ == "ChromaPipeline" and isinstance(loaded, diffusers.ChromaPipeline)
+    assert loaded.te_align_profile.slots[0].tokenizer.max_length == 256
+    seen, handle = _recorder(loaded.transformer)
+    img = loaded("a red circle", generator=torch.Generator().manual_seed(0), output_type="np").images[0]
+    handle.remove()
+    # 16 steps of true classifier-free guidance (the prompt and the empty negative), T5 256, 32 px
+    assert img.shape == (32, 32, 3) and len(seen) == 32
+    (_, cond, _), (_, uncond, _) = seen[:2]
+    assert cond["encoder_hidden_states"].shape == (1, 256, 96)
+    assert torch.equal(cond["attention_mask"], _chroma_mask(RED_CIRCLE_TOKENS)[None])
+    assert torch.equal(uncond["attention_mask"], _chroma_mask(1)[None])
+
+
+@pytest.mark.parametrize("family", ["chroma", "sdxl"])
+def test_world_build_base_trains_from_the_shipped_autoencoder_and_encoders(family, tmp_path):
+    """`world_build.py base FAMILY --vae <shipped vae> --encoders <shipped encoders>`: the float16 parts
+    every shipped base trained with, loaded as float32 (the SDXL family drops the autoencoder's shift, as its
+    pipeline does)."""
+    import json
+
+    import transformers
+    from world_pretrain import build
+
+    from te_align.tiny import bases
+
+    data = bases.data_root()
+    config = {"train_size": 16, "batch": 4, "encode_batch": 16, "world": "simple"}
+    out = tmp_path / family
+    parts = ["--vae", str(data / "vae"), "--encoders", str(data / "encoders")]
+    short = ["--steps", "2", "--eval-n", "1", "--sample-steps", "2", "--gap-every", "1"]
+    build.main(["base", family, "--out", str(out), *parts, *short, "--config", json.dumps(config)])
+    spec = pretrain.FAMILIES[family]
+    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(out / "model-2"))
+    shipped_vae = diffusers.AutoencoderKL.from_pretrained(str(data / "vae"))
+    assert all(torch.equal(v, shipped_vae.state_dict()[k]) for k, v in pipe.vae.state_dict().items())
+    assert pipe.vae.config.scaling_factor == shipped_vae.config.scaling_factor == 1.026165
+    assert pipe.vae.config.shift_factor == (None if family == "sdxl" else -0.045383)
+    if family == "chroma":
+        t5 = transformers.T5EncoderModel.from_pretrained(str(data / "encoders" / "t5")).float()
+        assert pipe.text_encoder.dtype == torch.float32
+        assert all(torch.equal(v, t5.state_dict()[k]) for k, v in pipe.text_encoder.state_dict().items())
+    logs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logs if r["phase"] == "gap"] == [1, 2]
+    assert [(r["step"], r["samples"]) for r in logs if r["phase"] == "eval"] == [(2, 8)]
+    # shipping it records the shared parts' own training, as the shipped bases that trained them record it
+    import ship_base
+
+    record = ship_base.pretrain_record(out, 2)
+    shipped = bases.base_info(bases.shipped()[0])["pretrain"]
+    assert (record["vae"], record["encoders"]) == (shipped["vae"], shipped["encoders"])
+    assert record["steps"] == 2 and record["config"]["family"] == family

@@ -84,6 +84,10 @@ def test_components_for_every_family_share_one_encoder_set(tmp_path: Path) -> No
         clip_l = {k.removeprefix("text_model."): v for k, v in comps["text_encoder"].state_dict().items()}
         assert all(torch.equal(v, clip_l[k.removeprefix("text_model.")]) for k, v in tower.items())
     assert encoders.components_for("sd3", shared)["text_encoder_3"] is shared["t5"]
+    chroma = encoders.components_for("chroma", shared)  # T5 alone, the one SD3 and Flux use
+    ref = family_components("chroma")
+    assert {k: type(v).__name__ for k, v in chroma.items()} == {k: type(v).__name__ for k, v in ref.items()}
+    assert chroma["text_encoder"] is shared["t5"] and chroma["tokenizer"].pad_token == ref["tokenizer"].pad_token
 
 
 def test_probes_read_what_the_conditioning_carries() -> None:
@@ -168,6 +172,8 @@ def test_the_one_command_rebuilds_the_shipped_recipe(name: str) -> None:
     shipped = json.loads(manifest.read_text(encoding="utf-8"))["pretrain"]
     chosen = build.RECIPES[name]
     cfg = recipe.PretrainConfig.for_family(name, **chosen["config"], steps=chosen["steps"]).as_dict()
-    recorded = {k: v for k, v in shipped["config"].items() if k in cfg and k != "encoders"}
+    # fields added after the base was shipped (chroma's approximator sizes) are at the defaults it had
+    complete = recipe.complete_config(shipped["config"])
+    recorded = {k: v for k, v in complete.items() if k in cfg and k != "encoders"}
     assert {k: v for k, v in cfg.items() if k != "encoders"} == recorded
     assert shipped["steps"] == chosen["steps"] and shipped["samples_seen"] == chosen["steps"] * cfg["batch"]

@@ -44,6 +44,10 @@ SAMPLING: dict[str, dict[str, Any]] = {
              "height": 32, "width": 32},
     "sdxl": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
     "sd15": {"num_inference_steps": 16, "guidance_scale": 4.0, "height": 32, "width": 32},
+    # ChromaPipeline.__call__'s guidance_scale is true classifier-free guidance against negative_prompt
+    # (diffusers 0.42.1 pipelines/chroma/pipeline_chroma.py:596-614, 869-882); T5 256: recipe.PROFILE_CHANGES
+    "chroma": {"num_inference_steps": 16, "guidance_scale": 4.0, "negative_prompt": "",
+               "max_sequence_length": 256, "height": 32, "width": 32},
 }  # fmt: skip
 
 
@@ -119,7 +123,28 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
     if enc is not None and (enc / "encoders.json").is_file():
         out["encoders"] = {"command": "python tools/world_build.py encoders",
                            **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}  # fmt: skip
+    # a base trained on the shipped parts (world_build.py base --vae DATA/vae --encoders DATA/encoders)
+    for part, folder in (("vae", Path(config["vae_from"])), ("encoders", enc)):
+        if part not in out and folder is not None:
+            record = shipped_part_record(folder, part)
+            if record is not None:
+                out[part] = record
     return out
+
+
+def shipped_part_record(folder: Path, part: str) -> dict[str, Any] | None:
+    """The training record of a shared part (``vae`` or ``encoders``) when ``folder`` is that part inside a world
+    data root: copied from the ``base.json`` of a base shipped there whose recorded hashes its files still have."""
+    root = folder.resolve().parent
+    if folder.resolve() != (root / part).resolve():
+        return None
+    for name in bases.shipped(root):
+        info = bases.base_info(name, root)
+        mine = {rel: digest for rel, digest in info["files"].items() if rel.startswith(f"{part}/")}
+        record = info.get("pretrain", {}).get(part)
+        if mine and record and all(bases._sha256(root / rel) == digest for rel, digest in mine.items()):
+            return dict(record)
+    return None
 
 
 def evaluate(pipe: Any, name: str, world_name: str, held_out: str, per_style: int) -> dict[str, Any]:
@@ -161,8 +186,7 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
     """Write base ``name`` (``pipe``'s denoiser and scheduler, the shared ``encoders`` and ``vae``) into the world data
     root ``root`` with its ``base.json`` (no metrics yet); returns the manifest."""
     import torch
-
-    from te_align.tiny.fit import PROFILES, profile_overrides
+    from world_pretrain import recipe
 
     spec = bases.BASES[name]
     # the pipeline must have been trained with exactly the shared parts
@@ -194,7 +218,7 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
     used = sorted({f"encoders/{f}" for f, _ in bases.ENCODERS[spec.family].values()} | {"vae", name})
     files = {p.relative_to(root).as_posix(): bases._sha256(p)
              for top in used for p in sorted((root / top).rglob("*")) if p.is_file() and p.name != bases.MANIFEST}  # fmt: skip
-    fitted = profile_overrides(next(k for k, v in PROFILES.items() if v == spec.profile))
+    fitted = recipe.fitted_overrides(spec.family)  # the tiny encoders' numbers and chroma's T5 256
     info: dict[str, Any] = {
         "format": bases.FORMAT, "name": name, "family": spec.family, "profile": spec.profile, "pipeline": spec.pipeline,
         "denoiser_class": type(denoiser).__name__, "world": world, "held_out": held_out,

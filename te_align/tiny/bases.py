@@ -58,6 +58,7 @@ BASES: dict[str, BaseSpec] = {
     "flux": BaseSpec("flux", "flux", "flux-schnell", "FluxPipeline", "transformer"),
     "sdxl": BaseSpec("sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet"),
     "sd15": BaseSpec("sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet"),
+    "chroma": BaseSpec("chroma", "chroma", "chroma", "ChromaPipeline", "transformer"),
 }
 
 #: Per family: text-encoder component -> (shared encoder folder, transformers class); tokenizer component ->
@@ -74,12 +75,14 @@ ENCODERS: dict[str, dict[str, tuple[str, str]]] = {
         "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection"),
     },
     "sd15": {"text_encoder": ("clip_l", "CLIPTextModel")},
+    "chroma": {"text_encoder": ("t5", "T5EncoderModel")},
 }
 TOKENIZERS: dict[str, dict[str, tuple[str, str]]] = {
     "sd3": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!"), "tokenizer_3": ("t5", "")},
     "flux": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("t5", "")},
     "sdxl": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!")},
     "sd15": {"tokenizer": ("clip", "<|endoftext|>")},
+    "chroma": {"tokenizer": ("t5", "")},
 }
 #: Constructor arguments of the official pipelines besides their components.
 PIPELINE_KWARGS: dict[str, dict[str, Any]] = {

@@ -37,6 +37,9 @@ PROFILES = {"sd15": "sd15", "sdxl": "sdxl", "sd3": "sd35-large", "flux": "flux-d
 #: The bundled profile of the demo's tiny SD3 model.
 DEMO_PROFILE = "sd35-large"
 
+# a shapes-world base family (te_align.tiny.bases.BASES) that no tiny training pipeline builds: T5 alone
+PROFILES["chroma"] = "chroma"
+
 
 def _text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config

@@ -145,8 +145,9 @@ def _load_checkpoint(path: Path, cfg: recipe.PretrainConfig, prep: dict[str, Any
     import torch
 
     ck = torch.load(path, weights_only=False, map_location="cpu")
+    saved = recipe.complete_config(ck["config"])  # fields added since it was saved: at their defaults
     # the total step count may grow (the learning rate is warm-up then constant, so it does not depend on it)
-    if {**ck["config"], "steps": None} != {**cfg.as_dict(), "steps": None}:
+    if {**saved, "steps": None} != {**cfg.as_dict(), "steps": None}:
         raise SystemExit(f"{path}: saved for another configuration; run without --resume or with the same flags")
     if ck["step"] > cfg.steps:
         raise SystemExit(f"{path}: saved at step {ck['step']}, past --steps {cfg.steps}")
@@ -260,6 +261,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     # amendments 5 and 6: colour 76% (SDXL) and 87.9% (SD 1.5) at 2,000 steps, so continued once to 4,000
     "sd15": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
     "sdxl": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
+    # not trained yet: the flux base's recipe (its size and data); a session that ships it records its choice here
+    "chroma": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 500},
 }
 
 

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from te_align.tiny.world.reader import _blur
-from world_pretrain.recipe import EPS_FAMILIES, ConditioningTable, PretrainConfig, _ddpm_schedule, _denoise
+from world_pretrain.recipe import (
+    EPS_FAMILIES,
+    PACKED_FAMILIES,
+    ConditioningTable,
+    PretrainConfig,
+    _ddpm_schedule,
+    _denoise,
+)
 
 __all__ = ["conditioning_gap", "degrade", "probe_conditioning"]
 
@@ -92,7 +99,7 @@ def _predict_x0(
         return (xt - (1 - abar).sqrt() * eps) / abar.sqrt()
     xt = (1 - frac) * x0 + frac * noise
     v = _denoise(cfg, model, xt, torch.full((n,), float(frac)), rows, shared)
-    if cfg.family == "flux":
+    if cfg.family in PACKED_FAMILIES:  # flux, chroma: ChromaPipeline's packing is copied from Flux's
         import diffusers
 
         h, w = x0.shape[-2:]

@@ -364,7 +364,7 @@ def components_for(family: str, encoders: dict[str, Any]) -> dict[str, Any]:
 
     The classes are the ones of :func:`te_align.tiny.encoders.family_components`: SD3 CLIP-L and CLIP-G with
     projection and T5; Flux CLIP-L (``CLIPTextModel``) and T5; SDXL CLIP-L (``CLIPTextModel``) and CLIP-G with
-    projection; SD 1.5 CLIP-L (``CLIPTextModel``).
+    projection; SD 1.5 CLIP-L (``CLIPTextModel``); Chroma T5 alone.
     """
     from te_align.tiny import tokenizers as tok
 
@@ -380,4 +380,6 @@ def components_for(family: str, encoders: dict[str, Any]) -> dict[str, Any]:
                 "tokenizer_2": tok.clip_tokenizer(pad="!"), "text_encoder_2": encoders["clip_g"]}  # fmt: skip
     if family == "sd15":
         return {"tokenizer": clip_eot, "text_encoder": _without_projection(encoders["clip_l"])}
+    if family == "chroma":  # T5 alone, as ChromaPipeline (the T5 SD3 and Flux share)
+        return {"tokenizer": tok.t5_tokenizer(), "text_encoder": encoders["t5"]}
     raise ValueError(f"components_for: no world encoders for family {family!r}")

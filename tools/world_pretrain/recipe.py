@@ -1,4 +1,5 @@
-"""Pretraining tiny base models (SD3-, Flux- and SDXL-shaped) on the shapes world with exactly their profile.
+"""Pretraining tiny base models (SD3-, Flux-, Chroma-, SDXL- and SD 1.5-shaped) on the shapes world with
+exactly their profile.
 
 A base model that was trained with *one* conditioning recipe is what makes "alignment" measurable: a
 LoRA trained with a deviating recipe can then be compared with one trained by the profile. This module
@@ -19,6 +20,24 @@ model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's 
   dynamic shifting. No per-encoder dropout (flux-schnell publishes none); the caption is dropped to the
   encoded empty prompt (the profile's ``empty_prompt = "encode"``) at :attr:`PretrainConfig.caption_dropout`,
   so that sampling can use true classifier-free guidance (``true_cfg_scale`` with ``negative_prompt=""``).
+* ``chroma``: ``ChromaTransformer2DModel`` + ``ChromaPipeline``, profile chroma (T5 only: no CLIP, no pooled
+  vector). Flux's double- and single-stream blocks, but every block's modulation comes from one "distilled
+  guidance layer" (``ChromaApproximator``) fed the timestep and each modulation row's index instead of a
+  pooled projection (diffusers 0.42.1 src/diffusers/models/transformers/transformer_chroma.py:151-200,
+  420-431, 519-520). T5 is run with the tokenizer's attention mask, and the transformer is given the mask
+  with one padding token visible (the profile's ``prompt_attention_mask``, ``masks.denoiser_extra_pad_tokens
+  = 1``; pipelines/chroma/pipeline_chroma.py:240-251) extended with ones for the image tokens by the
+  pipeline's own ``_prepare_attention_mask`` (pipeline_chroma.py:545-561, 787-798), in training as at
+  sampling (pipeline_chroma.py:858-866). That mask is in the embeddings' dtype (float), which
+  ``scaled_dot_product_attention`` adds to the attention logits instead of masking (diffusers issues 12116
+  and 13619); training feeds the very tensor the pipeline feeds, so the base matches its official pipeline.
+  Flow matching as Flux (packed 2 x 2 latents, ``t`` in [0, 1] as the pipeline's ``timestep / 1000``,
+  pipeline_chroma.py:856-861; zero ``text_ids``, pipeline_chroma.py:323), the saved scheduler as the flux
+  family's (shift 1, no dynamic shifting, so the ``mu`` the pipeline always computes is ignored:
+  schedulers/scheduling_flow_match_euler_discrete.py:309,354). Caption dropout to the encoded empty prompt
+  (``empty_prompt = "encode"``) at 10%, sampled with true classifier-free guidance (``guidance_scale``
+  against ``negative_prompt=""``, pipeline_chroma.py:328,869-882). The T5 window is 256 tokens, not the
+  profile's 512 (:data:`PROFILE_CHANGES`).
 * ``sdxl``: ``UNet2DConditionModel`` (cross-attention to CLIP-L + CLIP-G hidden states, ``text_time``
   add-embedding of the pooled CLIP-G projection and six time ids) + ``StableDiffusionXLPipeline``, profile
   sdxl. Epsilon prediction on SDXL's scaled-linear schedule (betas 0.00085 .. 0.012, 1000 steps; uniform
@@ -30,8 +49,8 @@ model (:data:`FAMILIES`); :meth:`PretrainConfig.for_family` gives each family's 
   (``empty_prompt = "zeros"``, ``force_zeros_for_empty_prompt``), which is what the pipeline's
   classifier-free guidance feeds for a missing negative prompt.
 
-The caption-dropout rate of flux and sdxl (10%) is a choice: neither model's rate was published; 10% is
-the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards
+The caption-dropout rate of flux, chroma and sdxl (10%) is a choice: none of the three models' rates was
+published; 10% is the "10% dropping of the text-conditioning" of the Stable Diffusion v1 model cards
 (CompVis/stable-diffusion-v1-4, runwayml/stable-diffusion-v1-5 on the Hugging Face Hub) and the
 ``ucg_rate: 0.1`` of Stability-AI/generative-models@0ad7de9 configs/example_training/txt2img-clipl.yaml:53.
 
@@ -81,6 +100,8 @@ import numpy as np
 __all__ = [
     "FAMILIES",
     "FAMILY_DEFAULTS",
+    "PACKED_FAMILIES",
+    "PROFILE_CHANGES",
     "CaptionDropout",
     "ConditioningTable",
     "FamilySpec",
@@ -88,10 +109,12 @@ __all__ = [
     "PretrainResult",
     "SlotDropout",
     "build_pipeline",
+    "complete_config",
     "encode_captions",
     "evaluate_pipeline",
     "family_spec",
     "family_vae",
+    "fitted_overrides",
     "fitted_profile",
     "heldout_set",
     "model_sizes",
@@ -136,6 +159,24 @@ FAMILIES: dict[str, FamilySpec] = {
     "sdxl": FamilySpec("sdxl", "sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet", 0.1),
     # sd15 publishes its caption dropout as the profile's per-encoder dropout of its one encoder (10%)
     "sd15": FamilySpec("sd15", "sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet", 0.0),
+    # chroma publishes no caption dropout (the profile's train_dropout is unconfirmed): 10% as flux and sdxl
+    "chroma": FamilySpec("chroma", "chroma", "chroma", "chroma", "ChromaPipeline", "transformer", 0.1),
+}
+
+#: Families whose denoiser reads 2 x 2 packed latents (the Flux layout) and returns them packed.
+PACKED_FAMILIES = ("flux", "chroma")
+
+#: Per family, behaviour changes of its profile besides the tiny encoders' architecture numbers
+#: (:func:`te_align.tiny.fit.profile_overrides`); written into a shipped base's
+#: ``base.json["profile_overrides"]``. chroma: T5 256 tokens instead of the profile's 512 (ChromaPipeline's
+#: max_sequence_length default, pipeline_chroma.py:614), the window of the shipped SD3 and Flux bases
+#: (flux-schnell's own 256). The world encoders' T5 was pretrained at 256, 154 and 77 tokens
+#: (world_pretrain.encoders.EncoderConfig.t5_lengths); with the encoder mask the real tokens' states do not
+#: depend on the padding, but the denoiser's float mask does not hide padding (see the chroma notes above), so
+#: 256 keeps the padding it sees to what the other bases see, halves the text tokens of every step, and holds
+#: every world caption the other bases' T5 windows hold.
+PROFILE_CHANGES: dict[str, dict[str, Any]] = {
+    "chroma": {"slots.t5.tokenizer.max_length": 256},
 }
 
 #: Per family, the :class:`PretrainConfig` fields :meth:`PretrainConfig.for_family` changes from the defaults.
@@ -149,6 +190,13 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # (the class defaults: unet_channels, single_layers, time_embed_dim are used by their family only)
     "sdxl": {},
     "sd15": {},
+    # the flux base's 2 double-stream + 2 single-stream blocks of width 64 (2 heads x 32). The approximator
+    # (which replaces Flux's per-block modulation linears) maps only (timestep, modulation row index) to the
+    # 32 modulation vectors of four blocks, once per sample whatever the token count: 2 residual layers
+    # instead of Chroma's 5, of the model's width 64 (Chroma's 5120 is wider than its 3072, so no narrower
+    # layer squeezes the modulation): 25 k of the 334 k parameters (7.5%; Chroma's 5 x 5120 are 3% of
+    # 8.9 B), little time next to the blocks (benchmarks/bench_world_steps.py --only chroma)
+    "chroma": {"layers": 2, "single_layers": 2, "approximator_hidden_dim": 64, "approximator_layers": 2},
 }
 
 
@@ -203,12 +251,15 @@ class PretrainConfig:
     # the concept the denoiser never sees (the LoRA finetunes teach it): "attribute=value", "" for none.
     # The autoencoder is trained on the whole world, as a real VAE is trained on all images.
     held_out: str = "colour=pink"
-    # the model family (FAMILIES): sd3, flux or sdxl
+    # the model family (FAMILIES): sd3, flux, sdxl, sd15 or chroma
     family: str = "sd3"
     # whole-caption dropout to the profile's empty prompt (None: the family's default, FAMILIES)
     caption_dropout: float | None = None
-    # flux: single-stream blocks after the `layers` double-stream ones (for_family("flux") sets layers 2)
+    # flux, chroma: single-stream blocks after the `layers` double-stream ones (for_family sets layers 2)
     single_layers: int = 2
+    # chroma: the approximator ("distilled_guidance_layer") that computes every block's modulation
+    approximator_hidden_dim: int = 64
+    approximator_layers: int = 2
     # sdxl: UNet block widths (attention heads of head_dim), time-id embedding width per id
     unet_channels: tuple[int, ...] = (32, 64, 64)
     unet_layers_per_block: int = 1
@@ -278,6 +329,13 @@ class PretrainConfig:
         return self.image_size // 2 ** (len(self.vae_channels) - 1)
 
 
+def complete_config(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A config recorded by an earlier version (a checkpoint's, a shipped base's) with every field added since
+    at its default, which is the behaviour the run had (e.g. chroma's approximator sizes, used by no earlier
+    family)."""
+    return {**PretrainConfig().as_dict(), **recorded}
+
+
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
@@ -305,13 +363,21 @@ def _tensor_to_images(x: Any) -> list[np.ndarray]:
     return [a for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
 
 
-def fitted_profile(family: str = FAMILY) -> Any:
-    """The bundled profile of ``family`` with the tiny encoders' architecture numbers (behaviour unchanged)."""
-    import te_align
+def fitted_overrides(family: str = FAMILY) -> dict[str, Any]:
+    """The overrides of ``family``'s bundled profile: the tiny encoders' architecture numbers
+    (:func:`te_align.tiny.fit.profile_overrides`) and the family's :data:`PROFILE_CHANGES` (chroma's T5
+    256)."""
     from te_align.tiny.fit import profile_overrides
 
-    spec = family_spec(family)
-    return te_align.profile(spec.profile).with_overrides(profile_overrides(spec.fit))
+    return {**profile_overrides(family_spec(family).fit), **PROFILE_CHANGES.get(family, {})}
+
+
+def fitted_profile(family: str = FAMILY) -> Any:
+    """The bundled profile of ``family`` with :func:`fitted_overrides` (the tiny encoders' numbers, chroma's
+    T5 256)."""
+    import te_align
+
+    return te_align.profile(family_spec(family).profile).with_overrides(fitted_overrides(family))
 
 
 def model_sizes(pipe: Any) -> dict[str, dict[str, float]]:
@@ -760,6 +826,33 @@ def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
     }
 
 
+def _chroma_config(cfg: PretrainConfig, joint_dim: int) -> dict[str, Any]:
+    """``ChromaTransformer2DModel``'s arguments: Flux's blocks (:func:`_flux_config` without a pooled vector
+    or guidance embedding: Chroma has neither) and the approximator that computes every block's modulation
+    (diffusers 0.42.1 models/transformers/transformer_chroma.py:401-431)."""
+    if cfg.width % cfg.head_dim:
+        raise ValueError(f"PretrainConfig.width: {cfg.width} is not a multiple of head_dim {cfg.head_dim}")
+    if cfg.latent_size % 2:
+        raise ValueError(
+            f"PretrainConfig: Chroma packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd"
+        )
+    return {
+        "patch_size": 1,
+        "in_channels": 4 * cfg.latent_channels,  # 2 x 2 packed latents
+        "num_layers": cfg.layers,
+        "num_single_layers": cfg.single_layers,
+        "attention_head_dim": cfg.head_dim,
+        "num_attention_heads": cfg.width // cfg.head_dim,
+        "joint_attention_dim": joint_dim,
+        "axes_dims_rope": _rope_axes(cfg.head_dim),
+        # Chroma's 64 input channels: 16 timestep + 16 (zero) guidance + 32 row-index frequencies
+        # (transformer_chroma.py:151-180); a frequency embedding, independent of the model's width
+        "approximator_num_channels": 64,
+        "approximator_hidden_dim": cfg.approximator_hidden_dim,
+        "approximator_layers": cfg.approximator_layers,
+    }
+
+
 def _unet_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[str, Any]:
     n = len(cfg.unet_channels)
     bad = [c for c in cfg.unet_channels if c % cfg.head_dim]
@@ -799,13 +892,16 @@ def _unet_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
 
 
 def new_transformer(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> Any:
-    """A fresh denoiser of ``cfg.family`` (SD3 / Flux transformer, SDXL UNet) reading the given text widths."""
+    """A fresh denoiser of ``cfg.family`` (SD3 / Flux / Chroma transformer, SDXL / SD 1.5 UNet) reading the
+    given text widths (``pooled_dim`` is ignored by chroma, which has no pooled vector)."""
     import diffusers
 
     family_spec(cfg.family)
     with _rng(cfg.seed * 1000 + 3):
         if cfg.family == "flux":
             return diffusers.FluxTransformer2DModel(**_flux_config(cfg, joint_dim, pooled_dim))
+        if cfg.family == "chroma":
+            return diffusers.ChromaTransformer2DModel(**_chroma_config(cfg, joint_dim))
         if cfg.family in EPS_FAMILIES:
             return diffusers.UNet2DConditionModel(**_unet_config(cfg, joint_dim, pooled_dim))
         return diffusers.SD3Transformer2DModel(**_transformer_config(cfg, joint_dim, pooled_dim))
@@ -844,6 +940,8 @@ def training_loss(
       MSE to ``e - x_0``.
     * flux: the same flow on 2 x 2 packed latents (``FluxPipeline._pack_latents``) with the pipeline's image
       ids and the profile's text ids, the transformer fed ``t``; MSE to the packed ``e - x_0``.
+    * chroma: as flux (``ChromaPipeline``'s packing and image ids), no pooled vector, and the profile's
+      ``prompt_attention_mask`` extended to the image tokens as the pipeline extends it (:func:`_denoise`).
     * sdxl: epsilon prediction, ``x_t = sqrt(a_t) x_0 + sqrt(1 - a_t) e`` on SDXL's scaled-linear schedule,
       uniform integer timesteps in [0, 1000), time ids :func:`sdxl_time_ids`; MSE to ``e``.
     * sd15: the same epsilon prediction on the same schedule (SD 1.5's), no time ids or pooled vector.
@@ -867,11 +965,12 @@ def training_loss(
     tt = t.view(-1, 1, 1, 1)
     xt = (1 - tt) * x0 + tt * noise
     pred = _denoise(cfg, model, xt, t, rows, shared)
-    if cfg.family == "flux":
+    if cfg.family in PACKED_FAMILIES:
         import diffusers
 
         b, c, h, w = x0.shape
-        return torch.nn.functional.mse_loss(pred.float(), diffusers.FluxPipeline._pack_latents(noise - x0, b, c, h, w))
+        pipe_cls = getattr(diffusers, family_spec(cfg.family).pipeline)
+        return torch.nn.functional.mse_loss(pred.float(), pipe_cls._pack_latents(noise - x0, b, c, h, w))
     return torch.nn.functional.mse_loss(pred.float(), noise - x0)
 
 
@@ -880,7 +979,11 @@ def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, A
 
     ``t``: sdxl integer timesteps (the output is epsilon, time ids :func:`sdxl_time_ids`); sd3 flow time in
     [0, 1], fed as ``1000 t`` (velocity); flux flow time fed as it is, on 2 x 2 packed latents with the
-    pipeline's image ids and the profile's text ids (packed velocity).
+    pipeline's image ids and the profile's text ids (packed velocity); chroma as flux, without a pooled vector
+    and with ``attention_mask``: the profile's ``prompt_attention_mask`` (every real token and one padding
+    token, in the embeddings' dtype) followed by ones for the image tokens, made by
+    ``ChromaPipeline._prepare_attention_mask`` as ``ChromaPipeline.__call__`` makes it (diffusers 0.42.1
+    pipelines/chroma/pipeline_chroma.py:545-561, 787-792, 858-866).
     """
     import torch
 
@@ -893,6 +996,28 @@ def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, A
             xt, t, encoder_hidden_states=rows["prompt_embeds"],
             added_cond_kwargs={"text_embeds": rows["pooled_prompt_embeds"], "time_ids": time_ids}, return_dict=False,
         )[0]  # fmt: skip
+    if cfg.family == "chroma":
+        import diffusers
+
+        chroma = diffusers.ChromaPipeline
+        b, c, h, w = xt.shape
+        # _prepare_attention_mask reads nothing from the pipeline instance (pipeline_chroma.py:545-561)
+        mask = chroma._prepare_attention_mask(
+            None,
+            batch_size=b,
+            sequence_length=(h // 2) * (w // 2),
+            dtype=xt.dtype,
+            attention_mask=rows["prompt_attention_mask"],
+        )
+        return model(
+            hidden_states=chroma._pack_latents(xt, b, c, h, w),
+            timestep=t,
+            encoder_hidden_states=rows["prompt_embeds"],
+            txt_ids=shared["text_ids"],
+            img_ids=chroma._prepare_latent_image_ids(b, h // 2, w // 2, xt.device, xt.dtype),
+            attention_mask=mask,
+            return_dict=False,
+        )[0]
     if cfg.family == "flux":
         import diffusers
 
@@ -1047,18 +1172,19 @@ def build_pipeline(
     """The official pipeline of ``cfg.family`` around the pretrained parts and the tiny frozen text encoders.
 
     ``transformer`` is the denoiser (the SDXL and SD 1.5 families' UNet). Schedulers: SD3 flow matching with
-    ``cfg.scheduler_shift``; Flux-schnell's (shift ``cfg.scheduler_shift``, no dynamic shifting); SDXL's
-    Euler (:func:`sdxl_scheduler`); SD 1.5's PNDM (:func:`sd15_scheduler`).
+    ``cfg.scheduler_shift``; Flux-schnell's (shift ``cfg.scheduler_shift``, no dynamic shifting), the same for
+    Chroma; SDXL's Euler (:func:`sdxl_scheduler`); SD 1.5's PNDM (:func:`sd15_scheduler`).
     """
     import diffusers
 
     components = components or _components(cfg.family, cfg.encoders)
-    if cfg.family == "flux":
+    if cfg.family in PACKED_FAMILIES:
         scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
             shift=cfg.scheduler_shift, use_dynamic_shifting=False, base_image_seq_len=256, max_image_seq_len=4096,
             base_shift=0.5, max_shift=1.15,
         )  # fmt: skip
-        pipe = diffusers.FluxPipeline(transformer=transformer, vae=vae, scheduler=scheduler, **components)
+        pipe_cls = getattr(diffusers, family_spec(cfg.family).pipeline)
+        pipe = pipe_cls(transformer=transformer, vae=vae, scheduler=scheduler, **components)
     elif cfg.family == "sdxl":
         pipe = diffusers.StableDiffusionXLPipeline(
             unet=transformer, vae=family_vae(cfg, vae), scheduler=sdxl_scheduler(), add_watermarker=False,
@@ -1129,6 +1255,8 @@ def evaluate_pipeline(
     * StableDiffusion3Pipeline: classifier-free guidance ``guidance`` with the encoded empty negative prompt.
     * FluxPipeline: true classifier-free guidance (``true_cfg_scale=guidance``, ``negative_prompt=""``) and
       ``max_sequence_length`` = the profile's T5 length (flux-schnell: 256; the pipeline's default is 512).
+    * ChromaPipeline: true classifier-free guidance, which it calls ``guidance_scale`` (against
+      ``negative_prompt=""``), and ``max_sequence_length`` = the fitted profile's T5 length (256).
     * StableDiffusionXLPipeline: classifier-free guidance ``guidance`` with zeros as the negative
       (``force_zeros_for_empty_prompt``, no negative prompt passed); ``shift`` does not apply.
 
@@ -1162,6 +1290,20 @@ def evaluate_pipeline(
                 prompt=prompts, negative_prompt=[""] * len(chunk), true_cfg_scale=guidance, height=size, width=size,
                 max_sequence_length=t5.tokenizer.max_length, num_inference_steps=steps, generator=gens, output_type="np",
             ).images  # fmt: skip
+        elif family == "chroma":
+            size = pipe.vae.config.sample_size
+            assert t5 is not None
+            out = pipe(
+                prompt=prompts,
+                negative_prompt=[""] * len(chunk),
+                guidance_scale=guidance,
+                height=size,
+                width=size,
+                max_sequence_length=t5.tokenizer.max_length,
+                num_inference_steps=steps,
+                generator=gens,
+                output_type="np",
+            ).images
         else:
             out = pipe(
                 prompt=prompts, num_inference_steps=steps, guidance_scale=guidance, generator=gens, output_type="np",
@@ -1184,8 +1326,8 @@ def visible(profile: Any, samples: Sequence[Any]) -> list[bool]:
 
     A slot sees the tokens its tokenizer keeps (``max_length``, the end-of-text token taking the last place);
     an object whose description ends after that is cut from that slot's conditioning. Objects cut from every
-    slot cannot be drawn by any model of the family (SDXL's and SD 1.5's CLIP windows are 77 tokens, SD3's
-    and Flux's T5 window 256 tiny-T5 tokens).
+    slot cannot be drawn by any model of the family (SDXL's and SD 1.5's CLIP windows are 77 tokens, SD3's,
+    Flux's and Chroma's T5 window 256 tiny-T5 tokens).
     """
     from te_align.tiny import tokenizers, world
 
