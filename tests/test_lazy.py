@@ -38,3 +38,26 @@ def test_handle_reads_like_the_module_and_is_read_only() -> None:
         m.dtype_name = None
     with pytest.raises(ModuleNotFoundError, match=r"te_align\.not_a_module"):
         lazy_module("te_align.not_a_module").anything  # noqa: B018
+
+
+def test_no_module_rebinds_its_lazy_handle_name() -> None:
+    """A ``def _folder`` below ``_folder = lazy_module(...)`` silently replaces the handle (CI caught one)."""
+    import ast
+    from pathlib import Path
+
+    clashes = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "te_align").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        handles = {
+            t.id
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "lazy_module"
+            for t in node.targets if isinstance(t, ast.Name)
+        }  # fmt: skip
+        bound = [
+            n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        ] + [t.id for n in tree.body if isinstance(n, ast.Assign) and not (isinstance(n.value, ast.Call)
+             and getattr(n.value.func, "id", "") == "lazy_module") for t in n.targets if isinstance(t, ast.Name)]  # fmt: skip
+        clashes += [f"{path.name}: {name}" for name in sorted(handles & set(bound))]
+    assert clashes == []
