@@ -1,5 +1,5 @@
-"""Cold-start time of ``te-align check`` on one config (and of ``check --fix``, which writes a fixed copy each run),
-next to ``python -c pass``.
+"""Cold-start time of ``te-align check`` on one config (and of ``check --fix``, which writes a fixed copy each
+run), next to ``python -c pass``.
 
 Run: ``python benchmarks/bench_check.py [--runs N]``. Prints the median whole-process wall time of each
 command and its ratio to a bare interpreter start. Target: ``te-align check CONFIG`` < 1 s (no torch).

@@ -1,5 +1,6 @@
-"""``te-align check --fix`` / ``--diff``: the fix written in the trainer's own terms, every other byte kept, as a
-transaction (re-check before the write, backup, atomic replace), and one line for every input it refuses."""
+"""``te-align check --fix`` / ``--diff``: the fix written in the trainer's own terms, every other byte kept,
+as a transaction (re-check before the write, backup, atomic replace), and one line for every input it
+refuses."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
     "kohya/flux_schnell_lora.toml": (["t5xxl_max_token_length = 512", "apply_t5_attn_mask = true"],
                                      ["t5xxl_max_token_length = 256"]),
     "kohya/lumina2_lora.toml": (['system_prompt = ""'],
-                                ['system_prompt = "You are an assistant designed to generate superior images with the '
-                                 'superior degree of image-text alignment based on textual prompts or user prompts."']),
+                                ['system_prompt = "You are an assistant designed to generate superior '
+                                 'images with the superior degree of image-text alignment based on textual '
+                                 'prompts or user prompts."']),
     "kohya/sd35_masks_live.toml": (["apply_t5_attn_mask = true", "apply_lg_attn_mask = true"], []),
     "kohya/sdxl_typo.toml": (["clip_skip = 2"], []),
-    "kohya-gui/flux_schnell_lora.json": (['  "t5xxl_max_token_length": 512,'], ['  "t5xxl_max_token_length": 256,']),
+    "kohya-gui/flux_schnell_lora.json": (['  "t5xxl_max_token_length": 512,'],
+                                         ['  "t5xxl_max_token_length": 256,']),
     "kohya-gui/sdxl_lora.json": (['  "max_token_length": 225,'], ['  "max_token_length": 75,']),
     "onetrainer/flux_lora.json": (['    "concept_file_name": "training_concepts/concepts.json"'],
                                   ['    "concept_file_name": "training_concepts/concepts.json",',
@@ -105,7 +108,9 @@ def test_fix_cli_summary_names_what_is_left(examples: Path, capsys: pytest.Captu
     gui = examples / "kohya-gui" / "sdxl_lora.json"
     assert main(["check", str(gui), "--fix"]) == 0
     out = capsys.readouterr().out
-    assert "  cache: after fixing, delete the *_te_outputs.npz files (made with the settings before this fix)" in out
+    cache = ("  cache: after fixing, delete the *_te_outputs.npz files (made with the settings before this "
+             "fix)")
+    assert cache in out
     job = examples / "ai-toolkit" / "flux_schnell_lora.yaml"
     assert main(["check", str(job), "--fix"]) == 1
     out = capsys.readouterr().out
@@ -136,8 +141,8 @@ def test_toml_with_comments_and_literal_strings(tmp_path: Path) -> None:
     path.write_text(text, encoding="utf-8")
     report = fix_file(str(path))
     assert report.written, report.refused
-    want = ("You are an assistant designed to generate superior images with the superior degree of image-text "
-            "alignment based on textual prompts or user prompts.")
+    want = ("You are an assistant designed to generate superior images with the superior degree of "
+            "image-text alignment based on textual prompts or user prompts.")
     assert _changed(text, path.read_text(encoding="utf-8")) == (
         ["system_prompt = ''   # keep this comment", "gemma2_max_token_length = 512 # too long"],
         [f"system_prompt = '{want}'   # keep this comment", "gemma2_max_token_length = 256 # too long"])
@@ -154,8 +159,8 @@ def test_toml_new_top_level_key_goes_after_the_last_one(tmp_path: Path) -> None:
     path.write_text(text, encoding="utf-8")
     report = fix_file(str(path))
     assert report.written, report.refused
-    want = ("You are an assistant designed to generate superior images with the superior degree of image-text "
-            "alignment based on textual prompts or user prompts.")
+    want = ("You are an assistant designed to generate superior images with the superior degree of "
+            "image-text alignment based on textual prompts or user prompts.")
     assert path.read_text(encoding="utf-8") == text.replace(
         "network_module = \"networks.lora_lumina\"\n", f"network_module = \"networks.lora_lumina\"\n"
                                                       f"system_prompt = \"{want}\"\n")
@@ -201,10 +206,10 @@ def test_yaml_new_key_and_quoting(tmp_path: Path) -> None:
     assert fix_file(str(path)).changes == []  # aligned already: nothing to write
     from te_align.audit import editing
 
-    change = editing.Change(str(path), "yaml", ("config", "process", 0, "model", "arch"), "flux2")
-    new = editing.apply(text, "yaml", [change, editing.Change(str(path), "yaml",
-                                                             ("config", "process", 0, "train", "lr"), 0.0001)],
-                        str(path))
+    proc = ("config", "process", 0)
+    changes = [editing.Change(str(path), "yaml", (*proc, "model", "arch"), "flux2"),
+               editing.Change(str(path), "yaml", (*proc, "train", "lr"), 0.0001)]
+    new = editing.apply(text, "yaml", changes, str(path))
     assert _changed(text, new) == (["        arch: 'flux'"], ["        arch: 'flux2'", "        lr: 0.0001"])
 
 
@@ -256,7 +261,8 @@ def test_read_only_file(examples: Path, capsys: pytest.CaptureFixture[str]) -> N
     path.chmod(0o444)
     try:
         assert main(["check", str(path), "--fix"]) == 2
-        assert _one_line(capsys) == f"te-align: error: {path}: not writable (mode -r--r--r--); nothing written"
+        want = f"te-align: error: {path}: not writable (mode -r--r--r--); nothing written"
+        assert _one_line(capsys) == want
         assert path.read_bytes() == before and not Path(str(path) + BACKUP_SUFFIX).exists()
     finally:
         path.chmod(0o644)
@@ -278,8 +284,8 @@ def test_symlink_is_refused(examples: Path, capsys: pytest.CaptureFixture[str]) 
     link.symlink_to(target)
     before = target.read_bytes()
     assert main(["check", str(link), "--fix"]) == 2
-    assert _one_line(capsys) == (f"te-align: error: {link}: a symbolic link (to {os.path.realpath(target)}); --fix "
-                                 "writes regular files only: run it on the file the link points to")
+    assert _one_line(capsys) == (f"te-align: error: {link}: a symbolic link (to {os.path.realpath(target)}); "
+                                 "--fix writes regular files only: run it on the file the link points to")
     assert target.read_bytes() == before and link.is_symlink()
 
 
@@ -300,34 +306,50 @@ def test_key_given_after_dashes_is_refused(examples: Path) -> None:
     path = examples / "kohya" / "flux_schnell_lora.toml"
     before = path.read_bytes()
     report = fix_file(str(path), extra_args=["flux_train_network.py", "--t5xxl_max_token_length", "512"])
-    assert report.refused == (f"{path}: key 't5xxl_max_token_length': given on the command line after `--`, which "
-                              "overrides the TOML: change it there")
+    assert report.refused == (f"{path}: key 't5xxl_max_token_length': given on the command line after `--`, "
+                              "which overrides the TOML: change it there")
     assert path.read_bytes() == before
 
 
+#: A diffusion-pipe Lumina 2 training TOML (``{dataset}``: the dataset TOML it names).
+DP_LUMINA = """\
+output_dir = "/out"
+dataset = "{dataset}"
+epochs = 1
+micro_batch_size_per_gpu = 1
+pipeline_stages = 1
+gradient_accumulation_steps = 1
+gradient_clipping = 1.0
+warmup_steps = 10
+[model]
+type = "lumina_2"
+transformer_path = "/m/t.safetensors"
+llm_path = "/m/g.safetensors"
+vae_path = "/m/ae.safetensors"
+dtype = "bfloat16"
+lumina_shift = true
+"""
+
+
 def test_unknown_place_for_a_key_is_refused(tmp_path: Path) -> None:
-    """diffusion-pipe's caption_prefix lives in the dataset TOML: when that is not found, no place to write it."""
+    """diffusion-pipe's caption_prefix lives in the dataset TOML: when that is not found, no place to write
+    it."""
     path = tmp_path / "lumina.toml"
-    text = ('output_dir = "/out"\ndataset = "missing.toml"\nepochs = 1\nmicro_batch_size_per_gpu = 1\n'
-            'pipeline_stages = 1\ngradient_accumulation_steps = 1\ngradient_clipping = 1.0\nwarmup_steps = 10\n'
-            '[model]\ntype = "lumina_2"\ntransformer_path = "/m/t.safetensors"\nllm_path = "/m/g.safetensors"\n'
-            'vae_path = "/m/ae.safetensors"\ndtype = "bfloat16"\nlumina_shift = true\n')
+    text = DP_LUMINA.format(dataset="missing.toml")
     path.write_text(text, encoding="utf-8")
     report = fix_file(str(path))
-    assert report.refused == (f"{path}: key 'caption_prefix': the dataset TOML ('missing.toml') is not found; "
-                              "caption_prefix goes there")
+    assert report.refused == (f"{path}: key 'caption_prefix': the dataset TOML ('missing.toml') is not "
+                              "found; caption_prefix goes there")
     assert path.read_text(encoding="utf-8") == text
 
 
 def test_diffusion_pipe_caption_prefix_in_the_dataset_toml(tmp_path: Path) -> None:
     dataset = tmp_path / "dataset.toml"
-    dtext = "# my dataset\nresolutions = [1024]\n\n[[directory]]\npath = '/data/img'  # images\nnum_repeats = 1\n"
+    dtext = ("# my dataset\nresolutions = [1024]\n\n[[directory]]\npath = '/data/img'  # images\n"
+             "num_repeats = 1\n")
     dataset.write_text(dtext, encoding="utf-8")
     path = tmp_path / "lumina.toml"
-    text = ('output_dir = "/out"\ndataset = "' + str(dataset) + '"\nepochs = 1\nmicro_batch_size_per_gpu = 1\n'
-            'pipeline_stages = 1\ngradient_accumulation_steps = 1\ngradient_clipping = 1.0\nwarmup_steps = 10\n'
-            '[model]\ntype = "lumina_2"\ntransformer_path = "/m/t.safetensors"\nllm_path = "/m/g.safetensors"\n'
-            'vae_path = "/m/ae.safetensors"\ndtype = "bfloat16"\nlumina_shift = true\n')
+    text = DP_LUMINA.format(dataset=dataset)
     path.write_text(text, encoding="utf-8")
     report = fix_file(str(path))
     assert report.written, report.refused
@@ -349,9 +371,11 @@ def _corpus() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("dialect", "env"), _corpus())
-def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, env: str, tmp_path: Path) -> None:
+def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, env: str,
+                                                                  tmp_path: Path) -> None:
     """Every shipped config of the trainer's checkout, fixed in a copy: re-checked clean for what was fixed,
-    idempotent, and every changed line names a changed key (or only gained the comma a new JSON member needs)."""
+    idempotent, and every changed line names a changed key (or only gained the comma a new JSON member
+    needs)."""
     root = os.environ.get(env)
     if not root:
         pytest.skip(f"{env} is not set (a checkout of the trainer whose shipped configs are fixed)")
@@ -387,7 +411,8 @@ def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, e
                 case.name, line, keys)
         fixed = {(f.kind, f.setting) for f in report.fixed}
         again = check_file(str(path), trainer=case.trainer, extra_args=case.extra)
-        assert not [f for f in again.findings if (f.kind, f.setting) in fixed and f.severity != "info"], case.name
+        still = [f for f in again.findings if (f.kind, f.setting) in fixed and f.severity != "info"]
+        assert not still, case.name
         assert not fix_file(str(path), trainer=case.trainer, extra_args=case.extra).written, case.name
     assert written >= 0
 

@@ -165,15 +165,15 @@ def test_torch_free_commands_import_no_torch(name: str):
 
 
 def _imported(args: list[str], cwd: Path) -> tuple[int, set[str]]:
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "te_align", *args], capture_output=True, text=True,
-                         cwd=cwd)
-    return out.returncode, {m.group(1).split(".")[0]
-                            for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", out.stderr, re.M)}
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "te_align", *args], capture_output=True,
+                         text=True, cwd=cwd)
+    pattern = r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)"
+    return out.returncode, {m.group(1).split(".")[0] for m in re.finditer(pattern, out.stderr, re.M)}
 
 
 def test_check_imports_the_fix_libraries_only_for_fix(tmp_path: Path):
-    """``check`` alone imports neither tomlkit nor ruamel.yaml; ``check --fix`` (and ``--diff``) import them, and
-    still no torch."""
+    """``check`` alone imports neither tomlkit nor ruamel.yaml; ``check --fix`` (and ``--diff``) import them,
+    and still no torch."""
     rc, plain = _imported(["check", str(ROOT / "examples" / "ai-toolkit" / "flux_schnell_lora.yaml")], ROOT)
     assert rc == 1 and "te_align" in plain
     assert not plain & {"tomlkit", "ruamel"}, sorted(plain & {"tomlkit", "ruamel"})

@@ -103,8 +103,8 @@ def parse_text(text: str, file: str) -> RawConfig:
 
 
 def _logical(text: str) -> list[tuple[int, int, str]]:
-    """The text's logical lines: (first physical line, last physical line, joined text), 1-based; a line ending in a
-    continuation (``\\``, ``^``, a backtick) goes on with the next."""
+    """The text's logical lines: (first physical line, last physical line, joined text), 1-based; a line
+    ending in a continuation (``\\``, ``^``, a backtick) goes on with the next."""
     logical: list[tuple[int, int, str]] = []
     buf, start, n = "", 0, 0
     for n, raw in enumerate(text.splitlines(), 1):

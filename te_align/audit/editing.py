@@ -1,26 +1,27 @@
-"""Editing a trainer config's text for ``te-align check --fix``: set, add or remove one key (or command-line flag)
-and keep every other byte.
+"""Editing a trainer config's text for ``te-align check --fix``: set, add or remove one key (or command-line
+flag) and keep every other byte.
 
 A trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) turns a finding's
 :class:`~te_align.audit.findings.Edit` into :class:`Change` s (file, format, path inside the file, value);
 :func:`apply` makes them:
 
 TOML
-    with tomlkit (comment-, order- and format-preserving; a literal ``'string'`` stays literal); a key new at the
-    top level of a file with tables goes after the last top-level key (tomlkit would put it elsewhere);
+    with tomlkit (comment-, order- and format-preserving; a literal ``'string'`` stays literal); a key new at
+    the top level of a file with tables goes after the last top-level key (tomlkit would put it elsewhere);
 YAML
-    ruamel.yaml's round-trip loader finds the key and value positions, and only that span of the text is replaced
-    (a dump would re-indent lists and move comments); quoting style kept;
+    ruamel.yaml's round-trip loader finds the key and value positions, and only that span of the text is
+    replaced (a dump would re-indent lists and move comments); quoting style kept;
 JSON
     the member's span (found by a scanner over the text) is replaced; a new member copies the separator and
     indentation of the object's last one, so the file's indentation and key order stay;
 command line
     the flag's value word is replaced, a flag removed with its value (and its line, when it stood alone on a
-    continued line), a new flag goes on a line of its own before the command's last one (continued as the others).
+    continued line), a new flag goes on a line of its own before the command's last one (continued as the
+    others).
 
-Every result is parsed again and compared with the data the changes should give (:func:`expected_data`); an edit
-that would give anything else is refused (:class:`CannotFix`), never written. tomlkit and ruamel.yaml are imported
-here, when a fix is made, never by ``te-align check`` itself. No torch.
+Every result is parsed again and compared with the data the changes should give (:func:`expected_data`); an
+edit that would give anything else is refused (:class:`CannotFix`), never written. tomlkit and ruamel.yaml are
+imported here, when a fix is made, never by ``te-align check`` itself. No torch.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from te_align.errors import TeAlignError
 if TYPE_CHECKING:  # pragma: no cover
     from te_align._types import JSONValue
 
-#: A path inside a config: mapping keys and list indices from the top (``("config", "process", 0, "model", "k")``);
-#: for a command line, the flag's name alone (``("t5xxl_max_token_length",)``).
+#: A path inside a config: mapping keys and list indices from the top (``("config", "process", 0, "model",
+#: "k")``); for a command line, the flag's name alone (``("t5xxl_max_token_length",)``).
 Path_ = tuple[str | int, ...]
 
 
@@ -67,7 +68,9 @@ class Change:
         name = self.key or ".".join(str(p) for p in self.path)
         if self.fmt == "cmdline":
             name = f"--{name}" if not name.startswith("--") else name
-            return f"removed {name}" if self.remove else (name if self.value is True else f"{name} {_shown(self.value)}")
+            if self.remove:
+                return f"removed {name}"
+            return name if self.value is True else f"{name} {_shown(self.value)}"
         return f"removed {name}" if self.remove else f"{name} = {_shown(self.value)}"
 
 
@@ -138,8 +141,8 @@ def _verify_words(old: JSONValue, new: JSONValue, changes: Sequence[Change], fil
             want[name] = c.value if isinstance(c.value, bool) else cli_scalar(str(c.value))
     if after != want or old.get("script") != new.get("script"):
         keys = ", ".join(f"--{c.path[0]}" for c in changes)
-        raise CannotFix(f"the edit of {keys} would change more of the command line than that; nothing written "
-                        "(please report this file)", file=file)
+        raise CannotFix(f"the edit of {keys} would change more of the command line than that; nothing "
+                        "written (please report this file)", file=file)
 
 
 def _nl(text: str) -> str:
@@ -160,8 +163,8 @@ def _toml(text: str, changes: Sequence[Change], file: str) -> str:
             for p in c.path[:-1]:
                 container = container[p]  # type: ignore[index]
         except (KeyError, IndexError, TypeError):
-            raise CannotFix(f"no [{'.'.join(str(p) for p in c.path[:-1])}] table for {c.key}; add it, then run "
-                            "--fix again", file=file) from None
+            raise CannotFix(f"no [{'.'.join(str(p) for p in c.path[:-1])}] table for {c.key}; add it, then "
+                            "run --fix again", file=file) from None
         last = c.path[-1]
         here = container  # a tomlkit Container, Table or InlineTable
         if c.remove:
@@ -170,7 +173,8 @@ def _toml(text: str, changes: Sequence[Change], file: str) -> str:
             continue
         if last in here:  # type: ignore[operator]
             old = here[last]  # type: ignore[index]
-            literal = isinstance(old, String) and old.type in (StringType.SLL,)
+            kind = getattr(old, "type", None) or getattr(old, "_t", None)  # tomlkit < 0.13 names it _t
+            literal = isinstance(old, String) and kind == StringType.SLL
             if literal and isinstance(c.value, str) and "'" not in c.value and "\n" not in c.value:
                 here[last] = tomlkit.string(c.value, literal=True)  # type: ignore[index]
             else:
@@ -264,11 +268,11 @@ def _yaml(text: str, c: Change, file: str) -> str:
         for p in c.path[:-1]:
             parent = parent[p]
     except (KeyError, IndexError, TypeError):
-        raise CannotFix(f"no {'.'.join(str(p) for p in c.path[:-1])} section for {c.key}; add it, then run --fix "
-                        "again", file=file) from None
+        raise CannotFix(f"no {'.'.join(str(p) for p in c.path[:-1])} section for {c.key}; add it, then run "
+                        "--fix again", file=file) from None
     if not isinstance(parent, CommentedMap) or parent.fa.flow_style():
-        raise CannotFix(f"{c.key}: its section is not a block mapping (a {{…}} flow mapping?); edit it by hand",
-                        file=file)
+        raise CannotFix(f"{c.key}: its section is not a block mapping (a {{…}} flow mapping?); edit it "
+                        "by hand", file=file)
     key = c.path[-1]
     lines = text.splitlines(keepends=True)
     if key in parent:
@@ -279,7 +283,8 @@ def _yaml(text: str, c: Change, file: str) -> str:
         line = lines[kl]
         end = _scalar_end(line, vc)
         if end < 0 or line[vc:vc + 1] in ("|", ">", "&", "*", "!"):
-            raise CannotFix(f"{c.key}: the value is not a plain or quoted one-line scalar; edit it by hand", file=file)
+            raise CannotFix(f"{c.key}: the value is not a plain or quoted one-line scalar; edit it by hand",
+                            file=file)
         if c.remove:
             if line[:kc].strip():  # the key shares its line with a list dash or another key
                 raise CannotFix(f"{c.key}: the key starts a list item; remove it by hand", file=file)
@@ -389,8 +394,8 @@ def _json(text: str, c: Change, file: str) -> str:
         return text
     parent = objects.get(c.path[:-1])
     if parent is None:
-        raise CannotFix(f"no {'.'.join(str(p) for p in c.path[:-1])} object for {c.key}; add it, then run --fix "
-                        "again", file=file)
+        raise CannotFix(f"no {'.'.join(str(p) for p in c.path[:-1])} object for {c.key}; add it, then run "
+                        "--fix again", file=file)
     member = json.dumps(str(c.path[-1]), ensure_ascii=False) + ": " + new
     if not parent.keys:
         return text[:parent.open + 1] + member + text[parent.close:]
@@ -504,13 +509,13 @@ def flag_words(words: str, name: str, value: object, remove: bool) -> str:
 def require_known(key: str, valid: frozenset[str] | set[str], file: str, trainer: str) -> None:
     """Refuse to write a key the trainer does not read (not in its bundled key list)."""
     if key not in valid:
-        raise CannotFix(f"not a key {trainer} reads (not in te-align's list of its keys); --fix will not write it",
-                        file=file, key=key)
+        raise CannotFix(f"not a key {trainer} reads (not in te-align's list of its keys); --fix will "
+                        "not write it", file=file, key=key)
 
 
 def flat_paths(data: JSONValue, key: str) -> list[Path_]:
-    """Where ``key`` is in a config whose tables a trainer flattens into one namespace (sd-scripts, musubi-tuner):
-    the top level and every table."""
+    """Where ``key`` is in a config whose tables a trainer flattens into one namespace (sd-scripts,
+    musubi-tuner): the top level and every table."""
     if not isinstance(data, dict):
         return []
     paths: list[Path_] = [(key,)] if key in data and not isinstance(data[key], dict) else []
@@ -518,8 +523,8 @@ def flat_paths(data: JSONValue, key: str) -> list[Path_]:
 
 
 def flat_changes(file: str, fmt: str, data: JSONValue, key: str, value: object, remove: bool) -> list[Change]:
-    """Set (every occurrence of) or remove a key of a flattened config; a new key goes to the top level when the
-    file has top-level keys (or no tables), else into its first table."""
+    """Set (every occurrence of) or remove a key of a flattened config; a new key goes to the top level when
+    the file has top-level keys (or no tables), else into its first table."""
     paths = flat_paths(data, key)
     if remove or paths:
         return [Change(file, fmt, p, value, remove, key) for p in paths]
@@ -532,9 +537,9 @@ def flag_changes(raw: readers.RawConfig, key: str, value: object, remove: bool,
                  extra_args: Sequence[str]) -> list[Change]:
     """A flag of a training command line in a file (``accelerate launch SCRIPT ARGS``)."""
     if isinstance(raw.data, dict) and raw.data.get("from_argv"):
-        raise CannotFix("the command line was given after `--`, not in a file: change it there", file=raw.file,
-                        key=f"--{key}")
-    if key in parse_cli(list(extra_args))[0]:
-        raise CannotFix("given on te-align's command line after `--`, which overrides the file: change it there",
+        raise CannotFix("the command line was given after `--`, not in a file: change it there",
                         file=raw.file, key=f"--{key}")
+    if key in parse_cli(list(extra_args))[0]:
+        raise CannotFix("given on te-align's command line after `--`, which overrides the file: change "
+                        "it there", file=raw.file, key=f"--{key}")
     return [Change(raw.file, "cmdline", (key,), value, remove, key)]

@@ -1,19 +1,20 @@
 """``te-align check --fix``: write the profile's values into the user's config, in the trainer's own terms.
 
 For every error or warning finding whose fix is a key or flag the trainer reads (:attr:`Finding.edit`), the
-trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goes and :mod:`te_align.audit.editing`
-edits the text, keeping every other byte. The fix is a transaction, as ``te-align patch`` makes them:
+trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goes and
+:mod:`te_align.audit.editing` edits the text, keeping every other byte. The fix is a transaction, as
+``te-align patch`` makes them:
 
-1. refuse, with one line and the file untouched: a symbolic link (``--fix`` writes regular files only: it names
-   the file the link points to), a profile only assumed (``--profile`` settles it), a key the writer has no place
-   for or that is given on the command line after ``--``, a file without write permission (its mode bits, so also
-   for root) or in a folder that cannot be written;
+1. refuse, with one line and the file untouched: a symbolic link (``--fix`` writes regular files only: it
+   names the file the link points to), a profile only assumed (``--profile`` settles it), a key the writer has
+   no place for or that is given on the command line after ``--``, a file without write permission (its mode
+   bits, so also for root) or in a folder that cannot be written;
 2. check the new text (in memory, :func:`te_align.audit.readers.overlaid`) before anything is written: if a
    finding the fix was meant to remove is still there, nothing is written;
-3. under the folder's lock (:func:`te_align.patching.transaction.lock`), compare the file's bytes with the ones
-   the fix was made from (a file changed meanwhile is refused), keep a backup beside it
-   (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses; ``--no-backup`` skips it) and
-   replace it atomically (:func:`te_align._atomic.atomic_file`, its permission bits kept).
+3. under the folder's lock (:func:`te_align.patching.transaction.lock`), compare the file's bytes with the
+   ones the fix was made from (a file changed meanwhile is refused), keep a backup beside it
+   (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses; ``--no-backup`` skips it)
+   and replace it atomically (:func:`te_align._atomic.atomic_file`, its permission bits kept).
 
 Running it again changes nothing: the fixed findings are gone. No torch.
 """
@@ -38,8 +39,8 @@ from te_align.patching.transaction import KEPT_ORIGINAL_SUFFIX, lock
 
 #: The backup beside a fixed file: ``NAME`` + this suffix (the name ``te-align unpatch --keep-changed`` uses).
 BACKUP_SUFFIX = KEPT_ORIGINAL_SUFFIX
-#: What ``--fix`` writes: findings of these severities (``info`` notes, such as a per-encoder dropout the profile
-#: documents, stay notes).
+#: What ``--fix`` writes: findings of these severities (``info`` notes, such as a per-encoder dropout the
+#: profile documents, stay notes).
 FIXED_SEVERITIES = ("error", "warning")
 
 
@@ -60,8 +61,8 @@ class FixReport:
     diff: str = ""
     backups: list[str] = field(default_factory=list)
     written: bool = False
-    #: What to do after the fix: the fixes of the stale-cache findings the config had (a cache made with the old
-    #: settings is still there).
+    #: What to do after the fix: the fixes of the stale-cache findings the config had (a cache made with the
+    #: old settings is still there).
     after: list[str] = field(default_factory=list)
 
     @property
@@ -77,13 +78,14 @@ class FixReport:
 
 def needs_patch(f: Finding) -> bool:
     """A finding no key or flag of the trainer fixes (its fix is ``te-align patch``, the hooks, or none): a
-    deviation without an edit, or a key users set in vain whose fix says so (ai-toolkit's ``t5_max_length``)."""
+    deviation without an edit, or a key users set in vain whose fix says so (ai-toolkit's
+    ``t5_max_length``)."""
     return f.edit is None and (f.kind == "deviation" or "te-align patch" in f.fix)
 
 
 def why_left(f: Finding) -> str:
-    """Why ``--fix`` did not write a finding's fix: no key sets it (``te-align patch`` / the hooks), or its fix is
-    a choice left to the user (a misspelled key, caption dropout, a cache to rebuild)."""
+    """Why ``--fix`` did not write a finding's fix: no key sets it (``te-align patch`` / the hooks), or its
+    fix is a choice left to the user (a misspelled key, caption dropout, a cache to rebuild)."""
     if needs_patch(f):
         return f"no key sets it: {f.fix}"
     return f"left to you: {f.fix}" if f.fix else "left to you"
@@ -116,15 +118,17 @@ def fix_file(
     backup: bool = True,
     before_write: Callable[[], object] | None = None,
 ) -> FixReport:
-    """Fix one config (``write=False``: only make the diff). ``before_write`` runs after the fix is made and checked,
-    just before the files are locked, compared and replaced (tests change the file there)."""
+    """Fix one config (``write=False``: only make the diff). ``before_write`` runs after the fix is made and
+    checked, just before the files are locked, compared and replaced (tests change the file there)."""
     opts: dict[str, object] = {"trainer": trainer, "profile": profile, "extra_args": list(extra_args),
-                               "cache_dir": cache_dir, "dataset": list(dataset), "overrides": dict(overrides or {})}
+                               "cache_dir": cache_dir, "dataset": list(dataset),
+                               "overrides": dict(overrides or {})}
     p = Path(path)
     if p.is_symlink():
         result = CheckResult(file=path, status="unreadable")
-        return _refuse(FixReport(path, result), f"{path}: a symbolic link (to {os.path.realpath(p)}); --fix writes "
-                                                 "regular files only: run it on the file the link points to")
+        return _refuse(FixReport(path, result), f"{path}: a symbolic link (to {os.path.realpath(p)}); --fix "
+                                                "writes regular files only: run it on the file the link "
+                                                "points to")
     try:
         original = {str(p): p.read_bytes()} if p.is_file() else {}
     except OSError as e:
@@ -139,8 +143,8 @@ def fix_file(
     if not targets:
         return report
     if result.assumed and profile is None:
-        return _refuse(report, f"{path}: the model is assumed ({result.profile}: {result.assumed}); --fix writes "
-                               f"only against a profile the config settles: pass --profile NAME")
+        return _refuse(report, f"{path}: the model is assumed ({result.profile}: {result.assumed}); --fix "
+                               "writes only against a profile the config settles: pass --profile NAME")
     try:
         changes = _place(path, result, targets, list(extra_args))
         texts = _edit_texts(changes, original)
@@ -158,7 +162,8 @@ def fix_file(
         return _refuse(report, f"{path}: after the fix {f.setting} would still be {_plain(f.effective)} "
                                f"({f.message}); nothing written")
     if after.exit_code == EXIT_UNREADABLE:
-        return _refuse(report, f"{path}: the fixed config would not read back; nothing written (please report it)")
+        return _refuse(report, f"{path}: the fixed config would not read back; nothing written (please "
+                               "report it)")
     report.changes = changes
     report.fixed = targets
     report.diff = "".join(_diff(f, old, t) for f, (old, t) in texts.items() if t != old)
@@ -186,7 +191,8 @@ def _plain(v: object) -> str:
 
 
 def _place(path: str, result: CheckResult, targets: list[Finding], extra_args: list[str]) -> list[Change]:
-    """The changes of every target finding, from the dialect's writer; one per place (agreeing fixes merged)."""
+    """The changes of every target finding, from the dialect's writer; one per place (agreeing fixes
+    merged)."""
     name = result.trainer or ""
     _, spec = _plugins.registry().dialect(name)
     writer = spec.writer(name)
@@ -200,8 +206,8 @@ def _place(path: str, result: CheckResult, targets: list[Finding], extra_args: l
             for c in writer.place(raw, e, extra_args):
                 key = (str(Path(c.file).resolve()), c.path)
                 if key in out and (out[key].value, out[key].remove) != (c.value, c.remove):
-                    raise CannotFix(f"two fixes disagree on {c.key} ({out[key].describe()} / {c.describe()}); "
-                                    "fix by hand", file=c.file)
+                    raise CannotFix(f"two fixes disagree on {c.key} ({out[key].describe()} / "
+                                    f"{c.describe()}); fix by hand", file=c.file)
                 out[key] = c
     return list(out.values())
 
@@ -215,7 +221,8 @@ def _edit_texts(changes: list[Change], original: dict[str, bytes]) -> dict[str, 
     for f, cs in by_file.items():
         p = Path(f)
         if p.is_symlink():
-            raise CannotFix(f"a symbolic link (to {os.path.realpath(p)}); --fix writes regular files only", file=f)
+            raise CannotFix(f"a symbolic link (to {os.path.realpath(p)}); --fix writes regular files only",
+                            file=f)
         if f not in original:
             original[f] = p.read_bytes()
         try:
@@ -244,12 +251,13 @@ def _writable(file: str) -> None:
         raise CannotFix(f"not writable (mode {stat.filemode(st.st_mode)}); nothing written", file=file)
     folder = Path(file).parent
     if not os.access(folder, os.W_OK):
-        raise CannotFix(f"its folder {folder} is not writable (--fix replaces the file atomically); nothing written",
-                        file=file)
+        raise CannotFix(f"its folder {folder} is not writable (--fix replaces the file atomically); nothing "
+                        "written", file=file)
 
 
 def _write(file: str, old: bytes, new: bytes, backup: bool) -> list[str]:
-    """Replace ``file`` by ``new`` under its folder's lock, if it still holds ``old``; the backup beside it."""
+    """Replace ``file`` by ``new`` under its folder's lock, if it still holds ``old``; the backup beside
+    it."""
     p = Path(file)
     bak = p.with_name(p.name + BACKUP_SUFFIX)
 

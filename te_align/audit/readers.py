@@ -60,15 +60,16 @@ class RawConfig:
     data: JSONValue
 
 
-#: Texts that stand in for files while ``check --fix`` re-checks a fix before writing it (resolved path -> text);
-#: see :func:`overlaid`. Empty outside a re-check.
+#: Texts that stand in for files while ``check --fix`` re-checks a fix before writing it (resolved path ->
+#: text); see :func:`overlaid`. Empty outside a re-check.
 _OVERLAY: dict[str, str] = {}
 
 
 @contextlib.contextmanager
 def overlaid(texts: Mapping[str, str]) -> Iterator[None]:
-    """Within the block, :func:`load` and :func:`read_text` read ``texts[path]`` instead of the file at ``path``:
-    a config (and the dataset TOML it names) is checked as it would be after a fix, nothing written."""
+    """Within the block, :func:`load` and :func:`read_text` read ``texts[path]`` instead of the file at
+    ``path``: a config (and the dataset TOML it names) is checked as it would be after a fix, nothing
+    written."""
     saved = dict(_OVERLAY)
     _OVERLAY.update({str(Path(p).resolve()): t for p, t in texts.items()})
     try:

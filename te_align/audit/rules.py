@@ -56,8 +56,9 @@ class Rule:
     #: The deviation matters only for some captions: ``bang`` (captions with a literal "!") or ``over512`` (captions
     #: that can pass 512 tokens). Warning with the count when captions are visible and some are affected, else info.
     captions: str | None = None
-    #: Other config keys the fix sets with ``key`` (``(("i_know_what_i_am_doing", True),)``): ``check --fix`` writes
-    #: them too. A ``fix`` template without ``{set}`` or ``{value}`` is words only: ``--fix`` leaves it to the user.
+    #: Other config keys the fix sets with ``key`` (``(("i_know_what_i_am_doing", True),)``): ``check --fix``
+    #: writes them too. A ``fix`` template without ``{set}`` or ``{value}`` is words only: ``--fix`` leaves it
+    #: to the user.
     also: tuple[tuple[str, object], ...] = ()
 
     def applies(self, profile_name: str, family: str) -> bool:
@@ -410,9 +411,11 @@ def _fix(trainer: Trainer, rule: Rule, to_trainer: ConvertFn, expected: object, 
 
 
 def _edit(rule: Rule, to_trainer: ConvertFn, expected: object, ctx: Context) -> Edit | None:
-    """The fix of a deviation as data (:class:`Edit`), where a config key makes it: None when the value is hard-coded,
-    no value of the key gives the profile's, or the rule's fix is words only (a template without the value)."""
-    if rule.key is None or rule.fix == "" or (rule.fix and "{set}" not in rule.fix and "{value}" not in rule.fix):
+    """The fix of a deviation as data (:class:`Edit`), where a config key makes it: None when the value is
+    hard-coded, no value of the key gives the profile's, or the rule's fix is words only (a template without
+    the value)."""
+    words_only = bool(rule.fix) and "{set}" not in (rule.fix or "") and "{value}" not in (rule.fix or "")
+    if rule.key is None or rule.fix == "" or words_only:
         return None
     try:
         value = to_trainer(expected, ctx)

@@ -22,8 +22,8 @@ one :class:`TrainerSpecError` naming the trainer, the part and what it lacks:
 :class:`ProbePart`
     ``te-align probe`` / ``matrix`` (``probe``): ``ADAPTER`` and ``find(environ)``;
 :class:`ConfigWriter`
-    ``te-align check --fix`` for one config language (a dialect's ``writer``): ``place(raw, edit, extra_args)``,
-    where in which file a finding's fix goes;
+    ``te-align check --fix`` for one config language (a dialect's ``writer``): ``place(raw, edit,
+    extra_args)``, where in which file a finding's fix goes;
 ``names``
     the trainer's own model names -> bundled profiles (a table the other parts read; no fixed interface).
 
@@ -92,13 +92,14 @@ class CheckDialect(Protocol):
 
 @runtime_checkable
 class ConfigWriter(Protocol):
-    """``te-align check --fix``: where a finding's fix (:class:`~te_align.audit.findings.Edit`) goes in a config of
-    one dialect, in the trainer's own terms: the file (the config, or the dataset TOML it names), the path inside
-    it and the value. The engine (:mod:`te_align.audit.editing`) then edits the text, keeping everything else."""
+    """``te-align check --fix``: where a finding's fix (:class:`~te_align.audit.findings.Edit`) goes in a
+    config of one dialect, in the trainer's own terms: the file (the config, or the dataset TOML it names),
+    the path inside it and the value. The engine (:mod:`te_align.audit.editing`) then edits the text, keeping
+    everything else."""
 
     def place(self, raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
-        """The changes that make ``edit`` (raise :class:`te_align.audit.editing.CannotFix` with the reason: a key
-        given on the command line, one this dialect has no place for, a value from a shell variable)."""
+        """The changes that make ``edit`` (raise :class:`te_align.audit.editing.CannotFix` with the reason: a
+        key given on the command line, one this dialect has no place for, a value from a shell variable)."""
 
 
 @runtime_checkable
@@ -170,8 +171,8 @@ class Dialect:
     repo: str = ""
     #: The environment variable naming a checkout of that repository, when not the trainer's own.
     env_dir: str = ""
-    #: The module that writes fixes into this dialect's configs (a :class:`ConfigWriter`; "" : ``--fix`` leaves
-    #: its findings as they are).
+    #: The module that writes fixes into this dialect's configs (a :class:`ConfigWriter`; "" : ``--fix``
+    #: leaves its findings as they are).
     writer: str = ""
 
 

@@ -13,4 +13,5 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
     if not dot or "[" in section:
         raise CannotFix("--fix has no place for this key in a job YAML", file=raw.file, key=edit.key)
     require_known(name, known_keys("ai-toolkit").get(section, frozenset()), raw.file, "ai-toolkit")
-    return [Change(raw.file, "yaml", ("config", "process", 0, section, name), edit.value, edit.remove, edit.key)]
+    path = ("config", "process", 0, section, name)
+    return [Change(raw.file, "yaml", path, edit.value, edit.remove, edit.key)]

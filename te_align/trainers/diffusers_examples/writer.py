@@ -1,5 +1,5 @@
-"""``te-align check --fix`` for a diffusers example script's command line (``accelerate launch train_*.py …`` in
-a .sh/.bat/.txt file): the flag is set, added or removed in the file, continuations kept."""
+"""``te-align check --fix`` for a diffusers example script's command line (``accelerate launch train_*.py …``
+in a .sh/.bat/.txt file): the flag is set, added or removed in the file, continuations kept."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""``te-align check --fix`` for diffusion-pipe: a ``[model]`` key of the training TOML, or ``caption_prefix`` in
-the dataset TOML it names (utils/dataset.py reads it per ``[[directory]]``, else from the dataset's top level):
-set in every directory that has one and at the top level when it is there, else added at the top level."""
+"""``te-align check --fix`` for diffusion-pipe: a ``[model]`` key of the training TOML, or ``caption_prefix``
+in the dataset TOML it names (utils/dataset.py reads it per ``[[directory]]``, else from the dataset's top
+level): set in every directory that has one and at the top level when it is there, else added at the top
+level."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``te-align check --fix`` for sd-scripts ``--config_file`` TOMLs: sd-scripts flattens every table into its
-argument namespace (library/train_util.py:4700-4764), so a key is set where it is (every table that has it) and a
-new one goes to the top level, or into the first table of a file that has only tables."""
+argument namespace (library/train_util.py:4700-4764), so a key is set where it is (every table that has it)
+and a new one goes to the top level, or into the first table of a file that has only tables."""
 
 from __future__ import annotations
 

@@ -38,4 +38,5 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
     new = flag_words(extra, edit.key, edit.value, edit.remove)
     if new == extra or (edit.remove and f"{edit.key}" not in extra.replace("-", "_")):
         return []
-    return [Change(raw.file, "json", ("additional_parameters",), new, False, f"additional_parameters --{edit.key}")]
+    return [Change(raw.file, "json", ("additional_parameters",), new, False, "additional_parameters "
+                                                                             f"--{edit.key}")]

@@ -1,5 +1,6 @@
 """``te-align check --fix`` for SimpleTuner ``config.json`` / ``config.toml``: flat keys, written as the file
-spells them (with or without the leading ``--``); a new key takes the spelling most of the file's keys have."""
+spells them (with or without the leading ``--``); a new key takes the spelling most of the file's keys
+have."""
 
 from __future__ import annotations
 
