@@ -25,7 +25,7 @@ from te_align.errors import TeAlignError
 # Lazy: read only when a config names a local model folder or checkpoint (``check`` stays cold otherwise).
 _safetensors = lazy_module("te_align._safetensors")
 _checkpoint = lazy_module("te_align.profiles.sources.checkpoint")
-_folder = lazy_module("te_align.profiles.sources.folder")
+_folder_source = lazy_module("te_align.profiles.sources.folder")
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,13 +46,13 @@ def profile_from_files(path: object) -> tuple[str, str] | None:
 
 
 def _folder(p: Path, shown: str) -> tuple[str, str] | None:
-    tree = _folder.Tree.local(p, shown)
+    tree = _folder_source.Tree.local(p, shown)
     try:
         index = tree.read("model_index.json") or {}
         name = index.get("_class_name")
         if not isinstance(name, str):
             return None
-        profile, why = _folder._detect_folder(tree, index, name, p.name)
+        profile, why = _folder_source._detect_folder(tree, index, name, p.name)
     except TeAlignError:
         return None
     return profile, why
