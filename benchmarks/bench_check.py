@@ -1,4 +1,5 @@
-"""Cold-start time of ``te-align check`` on one config, next to ``python -c pass``.
+"""Cold-start time of ``te-align check`` on one config (and of ``check --fix``, which writes a fixed copy each
+run), next to ``python -c pass``.
 
 Run: ``python benchmarks/bench_check.py [--runs N]``. Prints the median whole-process wall time of each
 command and its ratio to a bare interpreter start. Target: ``te-align check CONFIG`` < 1 s (no torch).
@@ -9,9 +10,11 @@ measured by ``taskset -c 0 python tools/check_corpus.py`` with trainer checkouts
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +31,17 @@ COMMANDS = {
 }
 
 
-def wall(cmd: list[str], expect: int) -> float:
+#: ``check --fix`` on a fresh copy of a config each run (the copy is made outside the timed part): it writes.
+FIX_COPY = Path(tempfile.mkdtemp(prefix="bench-check-fix-")) / "flux_schnell_lora.toml"
+FIXES = {
+    "check --fix kohya/flux_schnell_lora.toml": ([*CHECK, str(FIX_COPY), "--fix", "--no-backup"], 0,
+                                                 EX / "kohya" / "flux_schnell_lora.toml"),
+}
+
+
+def wall(cmd: list[str], expect: int, fresh: Path | None = None) -> float:
+    if fresh is not None:
+        shutil.copy(fresh, FIX_COPY)
     t0 = time.perf_counter()
     rc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
     t = time.perf_counter() - t0
@@ -45,6 +58,9 @@ def main() -> None:
     for name, (cmd, expect) in COMMANDS.items():
         wall(cmd, expect)  # warm the OS file cache
         results[name] = statistics.median(wall(cmd, expect) for _ in range(args.runs))
+    for name, (cmd, expect, fresh) in FIXES.items():
+        wall(cmd, expect, fresh)
+        results[name] = statistics.median(wall(cmd, expect, fresh) for _ in range(args.runs))
     base = results["python -c pass"]
     print(f"{'command':<42}{'median s':>10}{'x python':>10}")
     for name, t in results.items():

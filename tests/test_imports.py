@@ -164,6 +164,26 @@ def test_torch_free_commands_import_no_torch(name: str):
     assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
 
 
+def _imported(args: list[str], cwd: Path) -> tuple[int, set[str]]:
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "te_align", *args], capture_output=True,
+                         text=True, cwd=cwd)
+    pattern = r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)"
+    return out.returncode, {m.group(1).split(".")[0] for m in re.finditer(pattern, out.stderr, re.M)}
+
+
+def test_check_imports_the_fix_libraries_only_for_fix(tmp_path: Path):
+    """``check`` alone imports neither tomlkit nor ruamel.yaml; ``check --fix`` (and ``--diff``) import them,
+    and still no torch."""
+    rc, plain = _imported(["check", str(ROOT / "examples" / "ai-toolkit" / "flux_schnell_lora.yaml")], ROOT)
+    assert rc == 1 and "te_align" in plain
+    assert not plain & {"tomlkit", "ruamel"}, sorted(plain & {"tomlkit", "ruamel"})
+    config = tmp_path / "flux_schnell_lora.toml"
+    config.write_bytes((ROOT / "examples" / "kohya" / "flux_schnell_lora.toml").read_bytes())
+    rc, fixing = _imported(["check", str(config), "--fix", "--no-backup"], ROOT)
+    assert rc == 0 and "tomlkit" in fixing
+    assert not fixing & set(HEAVY), sorted(fixing & set(HEAVY))
+
+
 # ---------------------------------------------------------------------------------- aliases
 def test_no_single_letter_module_aliases():
     found = []

@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 
 from te_align import _plugins
-from te_align.audit.readers import MAX_BYTES, ConfigSyntaxError, RawConfig, UnreadableConfig
+from te_align.audit.readers import MAX_BYTES, ConfigSyntaxError, RawConfig, UnreadableConfig, read_text
 
 #: File suffixes read as a command line (besides a file with no suffix).
 SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
@@ -55,7 +55,7 @@ def load(path: str) -> RawConfig:
         size = p.stat().st_size
         if size > MAX_BYTES:
             raise UnreadableConfig(f"file is {size} bytes; te-align check reads files up to {MAX_BYTES} bytes", file=path)
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p)
     except UnicodeDecodeError as e:
         raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
     except OSError as e:
@@ -74,23 +74,10 @@ def from_argv(argv: list[str], label: str = "<command line>") -> RawConfig:
 
 def parse_text(text: str, file: str) -> RawConfig:
     """Find the (last) line that runs a ``train_*.py`` script; split it into words as a shell would."""
-    logical: list[tuple[int, str]] = []  # (first physical line, joined text)
-    buf, start = "", 0
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        if not buf:
-            start = n
-        cont = line.endswith(("\\", "^", "`")) and not line.endswith(("\\\\",))
-        buf += (line[:-1] if cont else line) + (" " if cont else "")
-        if not cont:
-            logical.append((start, buf))
-            buf = ""
-    if buf:
-        logical.append((start, buf))
     variables: dict[str, str] = {}
     windows = Path(file).suffix.lower() in (".bat", ".cmd", ".ps1")  # backslashes are path separators there
     found: tuple[int, list[str]] | None = None
-    for first, line in logical:
+    for first, _, line in _logical(text):
         stripped = line.strip()
         if not stripped or stripped.startswith(("#", "REM ", "rem ", "::")):
             continue
@@ -113,6 +100,36 @@ def parse_text(text: str, file: str) -> RawConfig:
     if at is None:
         raise UnreadableConfig(f"line {found[0]} names a train_*.py script only inside another word", file=file)
     return RawConfig(file, "cmdline", text, _data(words, at))
+
+
+def _logical(text: str) -> list[tuple[int, int, str]]:
+    """The text's logical lines: (first physical line, last physical line, joined text), 1-based; a line
+    ending in a continuation (``\\``, ``^``, a backtick) goes on with the next."""
+    logical: list[tuple[int, int, str]] = []
+    buf, start, n = "", 0, 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip()
+        if not buf:
+            start = n
+        cont = line.endswith(("\\", "^", "`")) and not line.endswith(("\\\\",))
+        buf += (line[:-1] if cont else line) + (" " if cont else "")
+        if not cont:
+            logical.append((start, n, buf))
+            buf = ""
+    if buf:
+        logical.append((start, n, buf))
+    return logical
+
+
+def command_lines(text: str) -> tuple[int, int] | None:
+    """The physical lines (1-based, first and last) of the training command :func:`parse_text` reads: the last
+    logical line that runs a training script (None: there is none)."""
+    found = None
+    for first, last, line in _logical(text):
+        stripped = line.strip()
+        if stripped and not stripped.startswith(("#", "REM ", "rem ", "::")) and _SCRIPT.search(stripped):
+            found = (first, last)
+    return found
 
 
 def _script_index(words: list[str]) -> int | None:

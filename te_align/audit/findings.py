@@ -30,6 +30,20 @@ NOT_SETTABLE = "not settable: use `te-align patch`"
 
 
 @dataclass(frozen=True)
+class Edit:
+    """A finding's fix as data, for ``te-align check --fix``: set the trainer's config ``key`` (as the reader
+    names it: ``model.t5_max_length``, ``text_encoder_2.sequence_length``) to ``value``, or remove it
+    (``remove``; the trainer's default then holds), together with the keys in ``also`` that the trainer needs
+    with it (SimpleTuner's ``i_know_what_i_am_doing``). Where the key lives in the file is the trainer's
+    writer's business (:class:`te_align.trainers.api.ConfigWriter`)."""
+
+    key: str
+    value: object = None
+    remove: bool = False
+    also: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
 class Finding:
     """One line of the report.
 
@@ -50,6 +64,8 @@ class Finding:
     trainer_source: str = ""
     line: int | None = None
     column: int | None = None
+    #: The fix as data where a key or flag the trainer reads makes it (None: words only, or not settable).
+    edit: Edit | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -3,9 +3,11 @@ the bundled lists of valid keys, and telling the trainer from a file's shape. No
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,6 +60,36 @@ class RawConfig:
     data: JSONValue
 
 
+#: Texts that stand in for files while ``check --fix`` re-checks a fix before writing it (resolved path ->
+#: text); see :func:`overlaid`. Empty outside a re-check.
+_OVERLAY: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def overlaid(texts: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, :func:`load` and :func:`read_text` read ``texts[path]`` instead of the file at
+    ``path``: a config (and the dataset TOML it names) is checked as it would be after a fix, nothing
+    written."""
+    saved = dict(_OVERLAY)
+    _OVERLAY.update({str(Path(p).resolve()): t for p, t in texts.items()})
+    try:
+        yield
+    finally:
+        _OVERLAY.clear()
+        _OVERLAY.update(saved)
+
+
+def overlay_text(path: str | Path) -> str | None:
+    """The text standing in for ``path`` during a re-check (None: read the file)."""
+    return _OVERLAY.get(str(Path(path).resolve())) if _OVERLAY else None
+
+
+def read_text(path: str | Path) -> str:
+    """A config file's text (UTF-8), or the text standing in for it during a re-check."""
+    text = overlay_text(path)
+    return Path(path).read_text(encoding="utf-8") if text is None else text
+
+
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
@@ -82,7 +114,7 @@ def load(path: str) -> RawConfig:
         if size > MAX_BYTES:
             raise UnreadableConfig(f"config is {size} bytes; te-align check reads configs up to {MAX_BYTES} bytes",
                                    file=path)
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p)
     except UnicodeDecodeError as e:
         raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
     except OSError as e:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from te_align import _plugins
-from te_align.audit.findings import NOT_SETTABLE, Finding
+from te_align.audit.findings import NOT_SETTABLE, Edit, Finding
 from te_align.profiles.registry import _load_bundled
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,6 +56,10 @@ class Rule:
     #: The deviation matters only for some captions: ``bang`` (captions with a literal "!") or ``over512`` (captions
     #: that can pass 512 tokens). Warning with the count when captions are visible and some are affected, else info.
     captions: str | None = None
+    #: Other config keys the fix sets with ``key`` (``(("i_know_what_i_am_doing", True),)``): ``check --fix``
+    #: writes them too. A ``fix`` template without ``{set}`` or ``{value}`` is words only: ``--fix`` leaves it
+    #: to the user.
+    also: tuple[tuple[str, object], ...] = ()
 
     def applies(self, profile_name: str, family: str) -> bool:
         return "*" in self.families or family in self.families or profile_name in self.families
@@ -328,6 +332,7 @@ def evaluate(
                     key=rule.key,
                     trainer_source=rule.source,
                     line=trainer.key_line(rule.key),
+                    edit=Edit(rule.key, remove=True),
                 ))
             raw = default
         if rule.path is None:
@@ -361,6 +366,7 @@ def evaluate(
             key=rule.key,
             trainer_source=rule.source,
             line=trainer.key_line(rule.key) if present and rule.key else None,
+            edit=_edit(rule, to_trainer, expected, ctx),
         ))
     return findings, effective
 
@@ -402,6 +408,22 @@ def _fix(trainer: Trainer, rule: Rule, to_trainer: ConvertFn, expected: object, 
     if rule.fix:
         return rule.fix.format(key=rule.key, value=_literal(value), set=trainer.fix_set(rule.key, value))
     return trainer.fix_set(rule.key, value)
+
+
+def _edit(rule: Rule, to_trainer: ConvertFn, expected: object, ctx: Context) -> Edit | None:
+    """The fix of a deviation as data (:class:`Edit`), where a config key makes it: None when the value is
+    hard-coded, no value of the key gives the profile's, or the rule's fix is words only (a template without
+    the value)."""
+    words_only = bool(rule.fix) and "{set}" not in (rule.fix or "") and "{value}" not in (rule.fix or "")
+    if rule.key is None or rule.fix == "" or words_only:
+        return None
+    try:
+        value = to_trainer(expected, ctx)
+    except LookupError:
+        return None
+    if value is REMOVE:
+        return Edit(rule.key, remove=True, also=rule.also)
+    return Edit(rule.key, value, also=rule.also)
 
 
 def _literal(v: object) -> str:

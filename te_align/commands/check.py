@@ -21,12 +21,14 @@ from te_align.trainers import dialects
 
 if TYPE_CHECKING:
     from te_align.audit.findings import CheckResult
+    from te_align.audit.fix import FixReport
     from te_align.integrations.targets import InferenceNote
 
 # Lazy: what only some check runs need (--set, --for, the effects matrix), loaded when used.
 _overrides = lazy_module("te_align.profiles.overrides")
 _ab_evidence = lazy_module("te_align.ab.evidence")
 _targets = lazy_module("te_align.integrations.targets")
+_fix = lazy_module("te_align.audit.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
 
 
 def trainer_choices() -> tuple[str, ...]:
@@ -48,6 +50,14 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--for", dest="for_tool", metavar="TOOL", choices=("comfyui", "forge", "diffusers"),
                    help="also say where sampling in comfyui, forge or diffusers gives other conditioning than this "
                         "training (notes; the exit code is unchanged)")
+    p.add_argument("--fix", action="store_true",
+                   help="write the profile's values into the config where a key or flag the trainer reads "
+                        "sets them (comments and layout kept; backup beside it as NAME.te-align-original); "
+                        "the rest stay findings")
+    p.add_argument("--diff", action="store_true",
+                   help="with or without --fix: print the fix as a unified diff, write nothing")
+    p.add_argument("--no-backup", dest="no_backup", action="store_true",
+                   help="--fix: keep no backup beside the file")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
                     "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
         usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--set KEY=VALUE] [--json] "
-              "[--cache-dir DIR] [--dataset DIR] [-- EXTRA_ARGS]\n       te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
+              "[--cache-dir DIR] [--dataset DIR] [--fix [--no-backup]] [--diff] [-- EXTRA_ARGS]\n       "
+              "te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
     )
     _options(p)
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="CONFIG", help="config files, then `--` and extra CLI args")
@@ -87,7 +98,7 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     ns = inner.parse_args(rest)
     if not ns.configs and not extra:
         inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
-    for name in ("trainer", "profile", "json", "cache_dir", "for_tool"):
+    for name in ("trainer", "profile", "json", "cache_dir", "for_tool", "fix", "diff", "no_backup"):
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
@@ -99,6 +110,8 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
 def cmd_check(args: argparse.Namespace) -> int:
     ns, extra = _split(args)
     overrides = _overrides.parse_set(ns.set)
+    if ns.fix or ns.diff or ns.no_backup:
+        return _cmd_fix(ns, extra, overrides)
     if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, command=extra, overrides=overrides)]
@@ -128,6 +141,66 @@ def cmd_check(args: argparse.Namespace) -> int:
             for n in notes[i]:
                 print(f"  measured ({n.setting}): {_note_evidence(r, ns.for_tool, n)['text']}")
     return code
+
+
+def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, object]) -> int:
+    """``--fix`` / ``--diff``: per file, the fix (or its diff), then the check of the file as it now
+    stands."""
+    if not ns.configs:
+        print("te-align: error: --fix and --diff edit config files; a command line after `--` alone has no "
+              "file to edit (put it in a .sh/.txt file)", file=sys.stderr)
+        return 2
+    if ns.no_backup and not ns.fix:
+        print("te-align: error: --no-backup goes with --fix", file=sys.stderr)
+        return 2
+    reports = [_fix.fix_file(c, trainer=ns.trainer, profile=ns.profile, extra_args=extra,
+                             cache_dir=ns.cache_dir, dataset=ns.dataset, overrides=overrides,
+                             write=not ns.diff, backup=not ns.no_backup) for c in ns.configs]
+    code = exit_code([r.result for r in reports]) if not any(r.refused for r in reports) else 2
+    if ns.json:
+        dicts = []
+        for r in reports:
+            d = r.result.to_dict()
+            left = [{"setting": f.setting, "kind": f.kind, "why": _fix.why_left(f)} for f in r.left]
+            d["fix"] = {"written": r.written, "changes": [c.describe() for c in r.changes],
+                        "refused": r.refused, "backups": r.backups, "diff": r.diff, "left": left}
+            dicts.append(d)
+        print(json.dumps({"exit_code": code, "results": dicts}, indent=2, ensure_ascii=False, default=str))
+        return code
+    for i, r in enumerate(reports):
+        if r.refused:
+            print(f"te-align: error: {r.refused}", file=sys.stderr)
+            continue
+        if ns.diff:
+            sys.stdout.write(r.diff)
+            continue
+        if i:
+            print()
+        if r.written:
+            said = ", ".join(c.describe() for c in r.changes)
+            bak = f" (backup: {', '.join(r.backups)})" if r.backups else ""
+            print(f"{r.file}: fixed {len(r.fixed)} finding(s): {said}{bak}")
+            for a in r.after:
+                print(f"  cache: {a} (made with the settings before this fix)")
+        _print_result(r.result)
+        _print_left(r)
+    return code
+
+
+def _print_left(r: FixReport) -> None:
+    """One line: what --fix could not write, and why (te-align patch / the hooks, or the user's choice)."""
+    left = r.left
+    if not left:
+        return
+    patch = [f.setting for f in left if _fix.needs_patch(f)]
+    yours = [f.setting for f in left if not _fix.needs_patch(f)]
+    parts = []
+    if patch:
+        parts.append(f"{len(patch)} no key sets ({', '.join(patch)}): `te-align patch` or the hooks, see "
+                     "its fix")
+    if yours:
+        parts.append(f"{len(yours)} left to you ({', '.join(yours)}): see its fix")
+    print(f"  --fix left {len(left)} finding(s): " + "; ".join(parts))
 
 
 def _family(r: CheckResult) -> str:

@@ -21,6 +21,9 @@ one :class:`TrainerSpecError` naming the trainer, the part and what it lacks:
     ``templates/``;
 :class:`ProbePart`
     ``te-align probe`` / ``matrix`` (``probe``): ``ADAPTER`` and ``find(environ)``;
+:class:`ConfigWriter`
+    ``te-align check --fix`` for one config language (a dialect's ``writer``): ``place(raw, edit,
+    extra_args)``, where in which file a finding's fix goes;
 ``names``
     the trainer's own model names -> bundled profiles (a table the other parts read; no fixed interface).
 
@@ -48,6 +51,8 @@ from te_align._git import git_dir
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never imports this package)
+    from te_align.audit.editing import Change
+    from te_align.audit.findings import Edit
     from te_align.audit.parsed import Parsed
     from te_align.audit.readers import RawConfig
     from te_align.audit.rules import Rule
@@ -83,6 +88,18 @@ class CheckDialect(Protocol):
 
     def parse(self, raw: RawConfig, extra_args: list[str]) -> Parsed:
         """The config's values, profile guess and key findings."""
+
+
+@runtime_checkable
+class ConfigWriter(Protocol):
+    """``te-align check --fix``: where a finding's fix (:class:`~te_align.audit.findings.Edit`) goes in a
+    config of one dialect, in the trainer's own terms: the file (the config, or the dataset TOML it names),
+    the path inside it and the value. The engine (:mod:`te_align.audit.editing`) then edits the text, keeping
+    everything else."""
+
+    def place(self, raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
+        """The changes that make ``edit`` (raise :class:`te_align.audit.editing.CannotFix` with the reason: a
+        key given on the command line, one this dialect has no place for, a value from a shell variable)."""
 
 
 @runtime_checkable
@@ -129,6 +146,7 @@ _CHECKS: dict[str, Callable[[ModuleType], list[str]]] = {
     + ([] if not hasattr(m, "ADAPTER") or isinstance(m.ADAPTER, type) else ["ADAPTER as a class"]),
     "hooks": lambda m: [] if _has_lifecycle(m) else ["a te_align.hooks.base.Lifecycle"],
     "names": lambda m: [],
+    "writer": lambda m: [] if callable(getattr(m, "place", None)) else ["place"],
 }
 
 
@@ -153,6 +171,9 @@ class Dialect:
     repo: str = ""
     #: The environment variable naming a checkout of that repository, when not the trainer's own.
     env_dir: str = ""
+    #: The module that writes fixes into this dialect's configs (a :class:`ConfigWriter`; "" : ``--fix``
+    #: leaves its findings as they are).
+    writer: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,6 +232,15 @@ class TrainerSpec:
                 return _checked(self, "check", importlib.import_module(self.module_path(d.module)))
         raise LookupError(f"{self.display_name} has no config language {dialect!r}")
 
+    def writer(self, dialect: str) -> ModuleType | None:
+        """The :class:`ConfigWriter` of one of the trainer's config languages (None: it has none)."""
+        for d in self.check:
+            if d.name == dialect:
+                if not d.writer:
+                    return None
+                return _checked(self, "writer", importlib.import_module(self.module_path(d.writer)))
+        raise LookupError(f"{self.display_name} has no config language {dialect!r}")
+
     def dialect_repo(self, dialect: Dialect) -> str:
         """The repository whose configs a dialect reads."""
         return dialect.repo or self.repo
@@ -262,6 +292,7 @@ def _spec_problems(spec: TrainerSpec) -> list[str]:
                 for d in spec.check if not isinstance(d, Dialect)]
     modules = [(p, getattr(spec, p)) for p in PARTS if getattr(spec, p) is not None]
     modules += [(f"check {d.name}", d.module) for d in spec.check if isinstance(d, Dialect)]
+    modules += [(f"writer {d.name}", d.writer) for d in spec.check if isinstance(d, Dialect) and d.writer]
     for what, module in modules:
         if not isinstance(module, str):
             out.append(f"{spec.package}: {what} must name a module, not {module!r}")
@@ -367,6 +398,6 @@ def target_mismatch(name: str, version: str, root: Path | str, problems: Sequenc
             f"({'; '.join(problems)}). te-align was verified with {name} {commit}; {how} or upgrade te-align")
 
 
-__all__ = ["PARTS", "CheckDialect", "Dialect", "HookPart", "Patcher", "ProbePart", "Registry",
+__all__ = ["PARTS", "CheckDialect", "ConfigWriter", "Dialect", "HookPart", "Patcher", "ProbePart", "Registry",
            "RegistryError",
            "TrainerSpec", "TrainerSpecError", "checkout", "find_checkout", "target_mismatch"]

@@ -7,7 +7,7 @@ SPEC = TrainerSpec(
     display_name="ai-toolkit",
     repo="ostris/ai-toolkit",
     aliases=("ai_toolkit", "aitoolkit", "ostris"),
-    check=(Dialect("ai-toolkit", "audit", "ai-toolkit job YAML"),),
+    check=(Dialect("ai-toolkit", "audit", "ai-toolkit job YAML", writer="writer"),),
     names="names",
     hooks="hooks",
     patch="patch",

@@ -113,7 +113,7 @@ RULES: tuple[Rule, ...] = (
     Rule("t5.tokenizer.max_length", ("pixart",), "model.is_pixart_sigma", False,
          "arch pixart: 300 tokens with is_pixart_sigma, else 120; arch pixart_sigma: the generic T5 branch's 256",
          f"{_SDM}:2442-2449,2502-2510; {_TT}:425-450", convert="aitk_pixart_len",
-         fix='model.arch: "pixart" with {set}'),
+         fix='model.arch: "pixart" with {set}', also=(("model.arch", "pixart"),)),
     Rule("t5.tokenizer.text_cleaning", ("pixart",), None, "none",
          "captions go to the T5 tokenizer as they are: no PixArt caption cleaning and no lower-casing",
          f"{_TT}:425-450"),

@@ -7,7 +7,7 @@ SPEC = TrainerSpec(
     display_name="diffusion-pipe",
     repo="tdrussell/diffusion-pipe",
     aliases=("diffusion_pipe", "diffusionpipe"),
-    check=(Dialect("diffusion-pipe", "audit", "diffusion-pipe training TOML"),),
+    check=(Dialect("diffusion-pipe", "audit", "diffusion-pipe training TOML", writer="writer"),),
     names="names",
     hooks="hooks",
     patch="patch",

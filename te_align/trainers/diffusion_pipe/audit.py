@@ -42,6 +42,7 @@ from te_align.audit.readers import (
     UnreadableConfig,
     known_keys,
     load,
+    read_text,
 )
 from te_align.audit.rules import Context, Rule, Trainer
 from te_align.errors import TeAlignError
@@ -373,7 +374,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     dirs: list[str] = []
     values: dict[str, Any] = dict(model)
     if dataset is not None and dataset_file is not None:
-        dlines = KeyLines(Path(dataset_file).read_text(encoding="utf-8"))
+        dlines = KeyLines(read_text(dataset_file))
         for k in dataset:
             if k not in keys["dataset"]:
                 findings.append(unknown_key_finding(k, keys["dataset"], trainer="diffusion-pipe: utils/dataset.py",

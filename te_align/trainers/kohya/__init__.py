@@ -10,9 +10,9 @@ SPEC = TrainerSpec(
     source_words=("sd-scripts",),
     check=(
         Dialect("kohya", "audit", "sd-scripts TOML",
-                scripts=r"(?:sdxl|sd3|flux|lumina|anima|hunyuan_image)_train[\w.-]*\.py"),
+                scripts=r"(?:sdxl|sd3|flux|lumina|anima|hunyuan_image)_train[\w.-]*\.py", writer="writer"),
         Dialect("kohya-gui", "audit_gui", "kohya_ss GUI JSON", repo="bmaltais/kohya_ss",
-                env_dir="TE_ALIGN_KOHYA_GUI_DIR"),
+                env_dir="TE_ALIGN_KOHYA_GUI_DIR", writer="writer_gui"),
     ),
     names="names",
     hooks="hooks",

@@ -9,7 +9,7 @@ SPEC = TrainerSpec(
     repo="kohya-ss/musubi-tuner",
     aliases=("musubi-tuner", "musubi_tuner"),
     check=(Dialect("musubi", "audit", "musubi-tuner --config_file / --dataset_config TOML or command line",
-                   scripts=SCRIPTS, command_line=True),),
+                   scripts=SCRIPTS, command_line=True, writer="writer"),),
     names="names",
     hooks="hooks",
     patch="patch",

@@ -38,7 +38,7 @@ from te_align.audit.parsed import (
     parse_cli,
     unknown_key_finding,
 )
-from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load
+from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load, read_text
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.trainers.musubi import names
 
@@ -340,7 +340,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         values = {**from_file, **values}  # the command line wins (read_config_from_file parses args into it)
     if dataset is None and isinstance(dataset_file, str) and Path(dataset_file).is_file():
         dataset = _read_toml(dataset_file, "--dataset_config")
-        findings += _dataset_findings(dataset, dataset_file, KeyLines(Path(dataset_file).read_text(encoding="utf-8")))
+        findings += _dataset_findings(dataset, dataset_file, KeyLines(read_text(dataset_file)))
     media, caches = dataset_dirs(dataset or {})
     valid = script_options(script)
     for key in file_values:

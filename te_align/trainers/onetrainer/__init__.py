@@ -6,7 +6,7 @@ SPEC = TrainerSpec(
     name="onetrainer",
     display_name="OneTrainer",
     repo="Nerogar/OneTrainer",
-    check=(Dialect("onetrainer", "audit", "OneTrainer JSON"),),
+    check=(Dialect("onetrainer", "audit", "OneTrainer JSON", writer="writer"),),
     names="names",
     hooks="hooks",
     patch="patch",

@@ -7,7 +7,7 @@ SPEC = TrainerSpec(
     display_name="SimpleTuner",
     repo="bghira/SimpleTuner",
     aliases=("simple-tuner",),
-    check=(Dialect("simpletuner", "audit", "SimpleTuner config.json/.toml"),),
+    check=(Dialect("simpletuner", "audit", "SimpleTuner config.json/.toml", writer="writer"),),
     hooks="hooks",
     patch="patch",
     probe="probe",

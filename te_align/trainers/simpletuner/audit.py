@@ -104,7 +104,7 @@ RULES: tuple[Rule, ...] = (
     Rule("t5.tokenizer.max_length", ("sd3",), "tokenizer_max_length", None,
          "SD3 T5 length: unset = 154, and values above 154 are cut to 154 unless i_know_what_i_am_doing",
          f"{_M}/sd3/model.py:848-865", convert="st_sd3_len",
-         fix='"{key}": {value}, "i_know_what_i_am_doing": true'),
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),)),
     Rule("t5.masks.zero_padded", ("sd3", "flux", "chroma"), "t5_padding", "unmodified",
          't5_padding "zero" multiplies padded T5 outputs by 0',
          f"{_M}/sd3/model.py:440; {_M}/flux/model.py:516-517; "
@@ -157,7 +157,7 @@ RULES: tuple[Rule, ...] = (
     Rule("t5.tokenizer.max_length", ("auraflow",), "tokenizer_max_length", None,
          "AuraFlow T5 length: unset = 120 (768 for the pony flavour), capped there unless i_know_what_i_am_doing",
          f"{_M}/auraflow/model.py:256-263,387-399", convert="st_aura_len",
-         fix='"{key}": {value}, "i_know_what_i_am_doing": true'),
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),)),
 )
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart",

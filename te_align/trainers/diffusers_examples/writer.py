@@ -1,0 +1,12 @@
+"""``te-align check --fix`` for a diffusers example script's command line (``accelerate launch train_*.py …``
+in a .sh/.bat/.txt file): the flag is set, added or removed in the file, continuations kept."""
+
+from __future__ import annotations
+
+from te_align.audit.editing import Change, flag_changes
+from te_align.audit.findings import Edit
+from te_align.audit.readers import RawConfig
+
+
+def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
+    return flag_changes(raw, edit.key, edit.value, edit.remove, extra_args)

@@ -1,0 +1,434 @@
+"""``te-align check --fix`` / ``--diff``: the fix written in the trainer's own terms, every other byte kept,
+as a transaction (re-check before the write, backup, atomic replace), and one line for every input it
+refuses."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from te_align.audit import check_file
+from te_align.audit.fix import BACKUP_SUFFIX, fix_file
+from te_align.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+#: Every example config whose findings --fix writes: exactly the lines the fix changes (removed, added).
+EXPECTED: dict[str, tuple[list[str], list[str]]] = {
+    "kohya/flux_schnell_lora.toml": (["t5xxl_max_token_length = 512", "apply_t5_attn_mask = true"],
+                                     ["t5xxl_max_token_length = 256"]),
+    "kohya/lumina2_lora.toml": (['system_prompt = ""'],
+                                ['system_prompt = "You are an assistant designed to generate superior '
+                                 'images with the superior degree of image-text alignment based on textual '
+                                 'prompts or user prompts."']),
+    "kohya/sd35_masks_live.toml": (["apply_t5_attn_mask = true", "apply_lg_attn_mask = true"], []),
+    "kohya/sdxl_typo.toml": (["clip_skip = 2"], []),
+    "kohya-gui/flux_schnell_lora.json": (['  "t5xxl_max_token_length": 512,'],
+                                         ['  "t5xxl_max_token_length": 256,']),
+    "kohya-gui/sdxl_lora.json": (['  "max_token_length": 225,'], ['  "max_token_length": 75,']),
+    "onetrainer/flux_lora.json": (['    "concept_file_name": "training_concepts/concepts.json"'],
+                                  ['    "concept_file_name": "training_concepts/concepts.json",',
+                                   '    "text_encoder_2_sequence_length": 512']),
+    "simpletuner/sd3_config.json": (['  "resolution": 1024'], ['  "resolution": 1024,',
+                                                                '  "i_know_what_i_am_doing": true']),
+}
+
+
+def _changed(old: str, new: str) -> tuple[list[str], list[str]]:
+    """The lines difflib finds removed and added (everything else is byte-identical)."""
+    removed, added = [], []
+    for line in difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0):
+        if line.startswith(("---", "+++", "@@")):
+            continue
+        (removed if line.startswith("-") else added).append(line[1:])
+    return removed, added
+
+
+@pytest.fixture
+def examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of examples/ to fix (relative dataset names resolve as in the repository)."""
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "examples"
+
+
+def _configs() -> list[str]:
+    return sorted(str(p.relative_to(EXAMPLES)) for p in EXAMPLES.rglob("*")
+                  if p.suffix in (".toml", ".json", ".yaml", ".sh") and p.is_file())
+
+
+@pytest.mark.parametrize("rel", _configs())
+def test_every_example_fixed_rechecked_and_unchanged_elsewhere(examples: Path, rel: str) -> None:
+    path = examples / rel
+    before = path.read_text(encoding="utf-8")
+    checked = check_file(str(path))
+    report = fix_file(str(path))
+    if rel not in EXPECTED:  # nothing --fix writes: no change, no backup
+        assert not report.written and not report.changes
+        assert path.read_text(encoding="utf-8") == before
+        assert not Path(str(path) + BACKUP_SUFFIX).exists()
+        return
+    assert report.written and not report.refused
+    after = path.read_text(encoding="utf-8")
+    assert _changed(before, after) == EXPECTED[rel]
+    assert Path(str(path) + BACKUP_SUFFIX).read_text(encoding="utf-8") == before
+    fixed = {(f.kind, f.setting) for f in report.fixed}
+    assert fixed and fixed <= {(f.kind, f.setting) for f in checked.findings}
+    again = check_file(str(path))
+    assert not [f for f in again.findings if (f.kind, f.setting) in fixed and f.severity != "info"]
+    second = fix_file(str(path))  # idempotent
+    assert not second.written and not second.changes and path.read_text(encoding="utf-8") == after
+
+
+def test_diff_prints_the_fix_and_writes_nothing(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = examples / "kohya" / "flux_schnell_lora.toml"
+    before = path.read_bytes()
+    assert main(["check", str(path), "--diff"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"--- a/{path}"
+    assert "-t5xxl_max_token_length = 512\n-apply_t5_attn_mask = true\n+t5xxl_max_token_length = 256\n" in out
+    assert path.read_bytes() == before and not Path(str(path) + BACKUP_SUFFIX).exists()
+
+
+def test_fix_cli_summary_names_what_is_left(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = examples / "kohya" / "sdxl_typo.toml"
+    assert main(["check", str(path), "--fix", "--no-backup"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"{path}: fixed 1 finding(s): removed clip_skip"
+    assert "  --fix left 1 finding(s): 1 left to you (cache_text_encoder_output): see its fix" in out
+    assert not Path(str(path) + BACKUP_SUFFIX).exists()
+    gui = examples / "kohya-gui" / "sdxl_lora.json"
+    assert main(["check", str(gui), "--fix"]) == 0
+    out = capsys.readouterr().out
+    cache = ("  cache: after fixing, delete the *_te_outputs.npz files (made with the settings before this "
+             "fix)")
+    assert cache in out
+    job = examples / "ai-toolkit" / "flux_schnell_lora.yaml"
+    assert main(["check", str(job), "--fix"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("  --fix left 2 finding(s): 2 no key sets (")
+    assert out.splitlines()[-1].endswith("): `te-align patch` or the hooks, see its fix")
+
+
+def test_profile_and_set_apply_to_the_values_written(examples: Path) -> None:
+    path = examples / "kohya" / "flux_schnell_lora.toml"
+    before = path.read_text(encoding="utf-8")
+    report = fix_file(str(path), profile="flux-schnell", overrides={"t5.tokenizer.max_length": 512})
+    assert report.written
+    assert _changed(before, path.read_text(encoding="utf-8")) == (["apply_t5_attn_mask = true"], [])
+
+
+# ------------------------------------------------------------------------------------ formats
+def test_toml_with_comments_and_literal_strings(tmp_path: Path) -> None:
+    path = tmp_path / "lumina.toml"
+    text = ("# sd-scripts lumina_train_network.py --config_file lumina.toml\n"
+            "[model_arguments]   # the model\n"
+            "pretrained_model_name_or_path = '/models/lumina_2.safetensors'  # local file\n"
+            "network_module = 'networks.lora_lumina'\n"
+            "system_prompt = ''   # keep this comment\n"
+            "\n"
+            "[training_arguments]\n"
+            "gemma2_max_token_length = 512 # too long\n"
+            "learning_rate = 1e-4\n")
+    path.write_text(text, encoding="utf-8")
+    report = fix_file(str(path))
+    assert report.written, report.refused
+    want = ("You are an assistant designed to generate superior images with the superior degree of "
+            "image-text alignment based on textual prompts or user prompts.")
+    assert _changed(text, path.read_text(encoding="utf-8")) == (
+        ["system_prompt = ''   # keep this comment", "gemma2_max_token_length = 512 # too long"],
+        [f"system_prompt = '{want}'   # keep this comment", "gemma2_max_token_length = 256 # too long"])
+
+
+def test_toml_new_top_level_key_goes_after_the_last_one(tmp_path: Path) -> None:
+    path = tmp_path / "lumina.toml"
+    text = ("pretrained_model_name_or_path = \"/models/lumina_2.safetensors\"\n"
+            "network_module = \"networks.lora_lumina\"\n"
+            "\n"
+            "# text encoder\n"
+            "[te]\n"
+            "gemma2 = \"/models/gemma_2_2b_fp16.safetensors\"\n")
+    path.write_text(text, encoding="utf-8")
+    report = fix_file(str(path))
+    assert report.written, report.refused
+    want = ("You are an assistant designed to generate superior images with the superior degree of "
+            "image-text alignment based on textual prompts or user prompts.")
+    assert path.read_text(encoding="utf-8") == text.replace(
+        "network_module = \"networks.lora_lumina\"\n", f"network_module = \"networks.lora_lumina\"\n"
+                                                      f"system_prompt = \"{want}\"\n")
+
+
+YAML_JOB = """\
+---
+# ai-toolkit job: FLUX.1 dev LoRA
+job: extension
+config:
+  name: "my_flux_lora"   # the output name
+  process:
+    - type: 'sd_trainer'
+      training_folder: "output"
+      model:
+        name_or_path: "black-forest-labs/FLUX.1-dev"   # hub id
+        is_flux: true
+        attn_masking: true    # masks padded T5 tokens
+        quantize: true
+      train:
+        steps: 2000
+      datasets:
+        - folder_path: "/data/img"
+          caption_ext: "txt"
+"""
+
+
+def test_yaml_with_comments_keeps_everything_but_the_changed_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(YAML_JOB, encoding="utf-8")
+    report = fix_file(str(path))
+    assert report.written, report.refused
+    assert _changed(YAML_JOB, path.read_text(encoding="utf-8")) == (
+        ["        attn_masking: true    # masks padded T5 tokens"], [])
+    assert not fix_file(str(path)).written
+
+
+def test_yaml_new_key_and_quoting(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    text = YAML_JOB.replace("        attn_masking: true    # masks padded T5 tokens\n", "")
+    text = text.replace("is_flux: true", "is_flux: true\n        arch: 'flux'")
+    path.write_text(text, encoding="utf-8")
+    assert fix_file(str(path)).changes == []  # aligned already: nothing to write
+    from te_align.audit import editing
+
+    proc = ("config", "process", 0)
+    changes = [editing.Change(str(path), "yaml", (*proc, "model", "arch"), "flux2"),
+               editing.Change(str(path), "yaml", (*proc, "train", "lr"), 0.0001)]
+    new = editing.apply(text, "yaml", changes, str(path))
+    assert _changed(text, new) == (["        arch: 'flux'"], ["        arch: 'flux2'", "        lr: 0.0001"])
+
+
+SH = """\
+#!/bin/bash
+# diffusers train_dreambooth_lora_flux.py, FLUX.1 schnell
+export MODEL_NAME="black-forest-labs/FLUX.1-schnell"
+accelerate launch train_dreambooth_lora_flux.py \\
+  --pretrained_model_name_or_path=$MODEL_NAME \\
+  --instance_data_dir=dog \\
+  --max_sequence_length 512 \\
+  --output_dir=out \\
+  --mixed_precision="bf16"
+"""
+
+
+def test_command_line_keeps_continuations(tmp_path: Path) -> None:
+    path = tmp_path / "train.sh"
+    path.write_text(SH, encoding="utf-8")
+    report = fix_file(str(path))
+    assert report.written, report.refused
+    assert _changed(SH, path.read_text(encoding="utf-8")) == (["  --max_sequence_length 512 \\"],
+                                                               ["  --max_sequence_length 256 \\"])
+    path.write_text(SH.replace("  --max_sequence_length 512 \\\n", ""), encoding="utf-8")
+    report = fix_file(str(path), backup=False)
+    assert report.written, report.refused
+    assert path.read_text(encoding="utf-8") == SH.replace("  --max_sequence_length 512 \\\n", "").replace(
+        '  --mixed_precision="bf16"', '  --max_sequence_length 256 \\\n  --mixed_precision="bf16"')
+
+
+def test_command_line_crlf_and_windows_caret(tmp_path: Path) -> None:
+    path = tmp_path / "train.bat"
+    text = SH.replace("\\\n", "^\n").replace("export ", "set ").replace("\n", "\r\n")
+    path.write_bytes(text.encode("utf-8"))
+    assert fix_file(str(path)).written
+    assert path.read_bytes() == text.replace("512", "256").encode("utf-8")
+
+
+# ------------------------------------------------------------------------------------ bad input
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_read_only_file(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = examples / "kohya" / "flux_schnell_lora.toml"
+    before = path.read_bytes()
+    path.chmod(0o444)
+    try:
+        assert main(["check", str(path), "--fix"]) == 2
+        want = f"te-align: error: {path}: not writable (mode -r--r--r--); nothing written"
+        assert _one_line(capsys) == want
+        assert path.read_bytes() == before and not Path(str(path) + BACKUP_SUFFIX).exists()
+    finally:
+        path.chmod(0o644)
+
+
+def test_file_changed_while_being_fixed(examples: Path) -> None:
+    path = examples / "kohya" / "flux_schnell_lora.toml"
+    edited = path.read_text(encoding="utf-8") + "# edited meanwhile\n"
+    report = fix_file(str(path), before_write=lambda: path.write_text(edited, encoding="utf-8"))
+    assert report.refused == f"{path}: changed while it was being fixed; nothing written: run --fix again"
+    assert report.exit_code == 2 and path.read_text(encoding="utf-8") == edited
+    assert not Path(str(path) + BACKUP_SUFFIX).exists()
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_symlink_is_refused(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = examples / "kohya" / "flux_schnell_lora.toml"
+    link = examples / "link.toml"
+    link.symlink_to(target)
+    before = target.read_bytes()
+    assert main(["check", str(link), "--fix"]) == 2
+    assert _one_line(capsys) == (f"te-align: error: {link}: a symbolic link (to {os.path.realpath(target)}); "
+                                 "--fix writes regular files only: run it on the file the link points to")
+    assert target.read_bytes() == before and link.is_symlink()
+
+
+def test_assumed_profile_refuses_until_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "flux.toml"
+    text = 'network_module = "networks.lora_flux"\nt5xxl_max_token_length = 256\n'
+    path.write_text(text, encoding="utf-8")
+    assert main(["check", str(path), "--trainer", "kohya", "--fix"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"te-align: error: {path}: the model is assumed (flux-dev: ")
+    assert line.endswith("--fix writes only against a profile the config settles: pass --profile NAME")
+    assert path.read_text(encoding="utf-8") == text
+    assert main(["check", str(path), "--trainer", "kohya", "--fix", "--profile", "flux-dev"]) == 0
+    assert path.read_text(encoding="utf-8") == text.replace("256", "512")
+
+
+def test_key_given_after_dashes_is_refused(examples: Path) -> None:
+    path = examples / "kohya" / "flux_schnell_lora.toml"
+    before = path.read_bytes()
+    report = fix_file(str(path), extra_args=["flux_train_network.py", "--t5xxl_max_token_length", "512"])
+    assert report.refused == (f"{path}: key 't5xxl_max_token_length': given on the command line after `--`, "
+                              "which overrides the TOML: change it there")
+    assert path.read_bytes() == before
+
+
+#: A diffusion-pipe Lumina 2 training TOML (``{dataset}``: the dataset TOML it names).
+DP_LUMINA = """\
+output_dir = "/out"
+dataset = "{dataset}"
+epochs = 1
+micro_batch_size_per_gpu = 1
+pipeline_stages = 1
+gradient_accumulation_steps = 1
+gradient_clipping = 1.0
+warmup_steps = 10
+[model]
+type = "lumina_2"
+transformer_path = "/m/t.safetensors"
+llm_path = "/m/g.safetensors"
+vae_path = "/m/ae.safetensors"
+dtype = "bfloat16"
+lumina_shift = true
+"""
+
+
+def test_unknown_place_for_a_key_is_refused(tmp_path: Path) -> None:
+    """diffusion-pipe's caption_prefix lives in the dataset TOML: when that is not found, no place to write
+    it."""
+    path = tmp_path / "lumina.toml"
+    text = DP_LUMINA.format(dataset="missing.toml")
+    path.write_text(text, encoding="utf-8")
+    report = fix_file(str(path))
+    assert report.refused == (f"{path}: key 'caption_prefix': the dataset TOML ('missing.toml') is not "
+                              "found; caption_prefix goes there")
+    assert path.read_text(encoding="utf-8") == text
+
+
+def test_diffusion_pipe_caption_prefix_in_the_dataset_toml(tmp_path: Path) -> None:
+    dataset = tmp_path / "dataset.toml"
+    dtext = ("# my dataset\nresolutions = [1024]\n\n[[directory]]\npath = '/data/img'  # images\n"
+             "num_repeats = 1\n")
+    dataset.write_text(dtext, encoding="utf-8")
+    path = tmp_path / "lumina.toml"
+    text = DP_LUMINA.format(dataset=dataset)
+    path.write_text(text, encoding="utf-8")
+    report = fix_file(str(path))
+    assert report.written, report.refused
+    assert path.read_text(encoding="utf-8") == text
+    removed, added = _changed(dtext, dataset.read_text(encoding="utf-8"))
+    assert removed == [] and len(added) == 1 and added[0].startswith('caption_prefix = "You are an assistant')
+    assert added[0].endswith(' <Prompt Start> "')
+    assert not fix_file(str(path)).written
+
+
+# ------------------------------------------------------------------------------------ shipped configs
+def _corpus() -> list[tuple[str, str]]:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import check_corpus
+    finally:
+        sys.path.pop(0)
+    return [(name, env) for name, env in check_corpus.ENV.items()]
+
+
+@pytest.mark.parametrize(("dialect", "env"), _corpus())
+def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, env: str,
+                                                                  tmp_path: Path) -> None:
+    """Every shipped config of the trainer's checkout, fixed in a copy: re-checked clean for what was fixed,
+    idempotent, and every changed line names a changed key (or only gained the comma a new JSON member
+    needs)."""
+    root = os.environ.get(env)
+    if not root:
+        pytest.skip(f"{env} is not set (a checkout of the trainer whose shipped configs are fixed)")
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import check_corpus
+    finally:
+        sys.path.pop(0)
+    cases = check_corpus.FINDERS[dialect](Path(root), tmp_path)
+    written = 0
+    for i, case in enumerate(cases):
+        src = Path(case.path)
+        path = tmp_path / "fix" / f"{i}{src.suffix}"
+        path.parent.mkdir(exist_ok=True)
+        text = src.read_text(encoding="utf-8", errors="replace")
+        m = re.search(r'^dataset = "([^"]+)"', text, re.M) if dialect == "diffusion-pipe" else None
+        if m and Path(m.group(1)).is_file():  # the dataset TOML a fix may write: a copy, never the checkout's
+            copy = tmp_path / "fix" / f"{i}-dataset.toml"
+            shutil.copy(m.group(1), copy)
+            text = text.replace(m.group(0), f'dataset = "{copy}"')
+        path.write_text(text, encoding="utf-8")
+        before = path.read_text(encoding="utf-8")
+        report = fix_file(str(path), trainer=case.trainer, extra_args=case.extra)
+        if not report.written:
+            assert path.read_text(encoding="utf-8") == before, case.name
+            continue
+        written += 1
+        after = path.read_text(encoding="utf-8")
+        keys = {str(c.path[-1]).split("--")[-1] for c in report.changes if c.file == str(path)}
+        removed, added = _changed(before, after)
+        for line in removed + added:
+            assert any(k in line for k in keys) or line + "," in added or line.rstrip(",") in removed, (
+                case.name, line, keys)
+        fixed = {(f.kind, f.setting) for f in report.fixed}
+        again = check_file(str(path), trainer=case.trainer, extra_args=case.extra)
+        still = [f for f in again.findings if (f.kind, f.setting) in fixed and f.severity != "info"]
+        assert not still, case.name
+        assert not fix_file(str(path), trainer=case.trainer, extra_args=case.extra).written, case.name
+    assert written >= 0
+
+
+def test_pre_commit_hooks_file_names_a_real_entry_point() -> None:
+    import tomllib
+
+    import yaml
+
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    by_id = {h["id"]: h for h in hooks}
+    assert set(by_id) == {"te-align-check", "te-align-check-fix"}
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    for h in hooks:
+        assert h["language"] == "python" and h["entry"].split()[0] in scripts
+        assert h["entry"].split()[1] == "check" and isinstance(h["files"], str) and re.compile(h["files"])
+    assert "--fix" in by_id["te-align-check-fix"]["entry"].split()
+    assert "--fix" not in by_id["te-align-check"]["entry"].split()
+    assert stat.S_ISREG((ROOT / ".pre-commit-hooks.yaml").stat().st_mode)
