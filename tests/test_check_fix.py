@@ -414,7 +414,13 @@ def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, e
         still = [f for f in again.findings if (f.kind, f.setting) in fixed and f.severity != "info"]
         assert not still, case.name
         assert not fix_file(str(path), trainer=case.trainer, extra_args=case.extra).written, case.name
-    assert written >= 0
+    # at the checkouts the corpus was last run on (kohya-ss/sd-scripts, bmaltais/kohya_ss, Nerogar/OneTrainer,
+    # bghira/SimpleTuner, tdrussell/diffusion-pipe heads of 2026-11-28): 2, 31, 1, 6 and 1 configs had a fix a key
+    # can carry; ai-toolkit's and musubi's shipped configs have none (their fixes need te-align patch or a flag)
+    if dialect in ("ai-toolkit", "musubi"):
+        assert written == 0
+    else:
+        assert written >= 1, f"no shipped {dialect} config was fixed"
 
 
 def test_pre_commit_hooks_file_names_a_real_entry_point() -> None:
