@@ -416,7 +416,7 @@ def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, e
         assert not fix_file(str(path), trainer=case.trainer, extra_args=case.extra).written, case.name
     # at the checkouts the corpus was last run on (kohya-ss/sd-scripts, bmaltais/kohya_ss, Nerogar/OneTrainer,
     # bghira/SimpleTuner, tdrussell/diffusion-pipe heads of 2026-11-28): 2, 31, 1, 6 and 1 configs had a fix a key
-    # can carry; ai-toolkit's and musubi's shipped configs have none (their fixes need te-align patch or a flag)
+    # can carry; none of ai-toolkit's and musubi's shipped configs has one
     if dialect in ("ai-toolkit", "musubi"):
         assert written == 0
     else:
