@@ -483,7 +483,7 @@ def _cmdline(text: str, c: Change, file: str) -> str:
 
 
 def flag_words(words: str, name: str, value: object, remove: bool) -> str:
-    """A string of command-line words (the kohya_ss GUI's ``additional_parameters``) with ``--name`` set to
+    """A string of command-line words (a GUI config's field of extra arguments) with ``--name`` set to
     ``value`` (added where missing) or removed."""
     parts = shlex.split(words)
     out: list[str] = []
@@ -514,8 +514,8 @@ def require_known(key: str, valid: frozenset[str] | set[str], file: str, trainer
 
 
 def flat_paths(data: JSONValue, key: str) -> list[Path_]:
-    """Where ``key`` is in a config whose tables a trainer flattens into one namespace (sd-scripts,
-    musubi-tuner): the top level and every table."""
+    """Where ``key`` is in a config whose tables a trainer flattens into one namespace: the top level and every
+    table."""
     if not isinstance(data, dict):
         return []
     paths: list[Path_] = [(key,)] if key in data and not isinstance(data[key], dict) else []

@@ -34,7 +34,7 @@ class Edit:
     """A finding's fix as data, for ``te-align check --fix``: set the trainer's config ``key`` (as the reader
     names it: ``model.t5_max_length``, ``text_encoder_2.sequence_length``) to ``value``, or remove it
     (``remove``; the trainer's default then holds), together with the keys in ``also`` that the trainer needs
-    with it (SimpleTuner's ``i_know_what_i_am_doing``). Where the key lives in the file is the trainer's
+    with it (e.g. a trainer's confirmation switch for a setting it warns about). Where the key lives in the file is the trainer's
     writer's business (:class:`te_align.trainers.api.ConfigWriter`)."""
 
     key: str

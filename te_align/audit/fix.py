@@ -78,8 +78,8 @@ class FixReport:
 
 def needs_patch(f: Finding) -> bool:
     """A finding no key or flag of the trainer fixes (its fix is ``te-align patch``, the hooks, or none): a
-    deviation without an edit, or a key users set in vain whose fix says so (ai-toolkit's
-    ``t5_max_length``)."""
+    deviation without an edit, or a key users set in vain whose fix says so (a key the trainer reads but
+    ignores for this model)."""
     return f.edit is None and (f.kind == "deviation" or "te-align patch" in f.fix)
 
 
