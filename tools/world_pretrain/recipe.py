@@ -805,12 +805,13 @@ def _rope_axes(head_dim: int) -> tuple[int, int, int]:
     return (first, second, head_dim - first - second)
 
 
-def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[str, Any]:
+def _packed_blocks(cfg: PretrainConfig, joint_dim: int, name: str) -> dict[str, Any]:
+    """The double- and single-stream blocks Flux and Chroma share, on 2 x 2 packed latents."""
     if cfg.width % cfg.head_dim:
         raise ValueError(f"PretrainConfig.width: {cfg.width} is not a multiple of head_dim {cfg.head_dim}")
     if cfg.latent_size % 2:
         raise ValueError(
-            f"PretrainConfig: Flux packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd"
+            f"PretrainConfig: {name} packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd"
         )
     return {
         "patch_size": 1,
@@ -820,31 +821,24 @@ def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[s
         "attention_head_dim": cfg.head_dim,
         "num_attention_heads": cfg.width // cfg.head_dim,
         "joint_attention_dim": joint_dim,
-        "pooled_projection_dim": pooled_dim,
-        "guidance_embeds": False,  # flux-schnell: no guidance distillation to learn from scratch
         "axes_dims_rope": _rope_axes(cfg.head_dim),
     }
 
 
-def _chroma_config(cfg: PretrainConfig, joint_dim: int) -> dict[str, Any]:
-    """``ChromaTransformer2DModel``'s arguments: Flux's blocks (:func:`_flux_config` without a pooled vector
-    or guidance embedding: Chroma has neither) and the approximator that computes every block's modulation
-    (diffusers 0.42.1 models/transformers/transformer_chroma.py:401-431)."""
-    if cfg.width % cfg.head_dim:
-        raise ValueError(f"PretrainConfig.width: {cfg.width} is not a multiple of head_dim {cfg.head_dim}")
-    if cfg.latent_size % 2:
-        raise ValueError(
-            f"PretrainConfig: Chroma packs 2 x 2 latent patches; latent size {cfg.latent_size} is odd"
-        )
+def _flux_config(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> dict[str, Any]:
     return {
-        "patch_size": 1,
-        "in_channels": 4 * cfg.latent_channels,  # 2 x 2 packed latents
-        "num_layers": cfg.layers,
-        "num_single_layers": cfg.single_layers,
-        "attention_head_dim": cfg.head_dim,
-        "num_attention_heads": cfg.width // cfg.head_dim,
-        "joint_attention_dim": joint_dim,
-        "axes_dims_rope": _rope_axes(cfg.head_dim),
+        **_packed_blocks(cfg, joint_dim, "Flux"),
+        "pooled_projection_dim": pooled_dim,
+        "guidance_embeds": False,  # flux-schnell: no guidance distillation to learn from scratch
+    }
+
+
+def _chroma_config(cfg: PretrainConfig, joint_dim: int) -> dict[str, Any]:
+    """``ChromaTransformer2DModel``'s arguments: Flux's blocks (:func:`_packed_blocks`, no pooled vector or
+    guidance embedding: Chroma has neither) and the approximator that computes every block's modulation
+    (diffusers 0.42.1 models/transformers/transformer_chroma.py:401-431)."""
+    return {
+        **_packed_blocks(cfg, joint_dim, "Chroma"),
         # Chroma's 64 input channels: 16 timestep + 16 (zero) guidance + 32 row-index frequencies
         # (transformer_chroma.py:151-180); a frequency embedding, independent of the model's width
         "approximator_num_channels": 64,
