@@ -232,6 +232,22 @@ def family_run(request):
     return request.getfixturevalue(f"{request.param}_run")
 
 
+def _flow_step(cfg, model, st):
+    """One rectified-flow training loss on the first three cached rows (seed 9), with what the denoiser was
+    called with and the flow time, noise and noisy latents drawn exactly as the recipe draws them."""
+    x0 = st["latents"][:3]
+    rows = st["table"].rows(torch.arange(3))
+    calls, handle = _recorder(model)
+    loss = pretrain.training_loss(cfg, model, x0, rows, st["table"].shared, torch.Generator().manual_seed(9))
+    handle.remove()
+    gen = torch.Generator().manual_seed(9)
+    t = torch.sigmoid(torch.randn(3, generator=gen))
+    noise = torch.randn(x0.shape, generator=gen)
+    xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
+    ((_, kw, out),) = calls
+    return x0, rows, kw, out, loss, t, noise, xt
+
+
 def _recorder(module):
     """The kwargs and output of every forward call of ``module`` (a real diffusers model)."""
     calls = []
@@ -320,16 +336,7 @@ def test_flux_training_step_packs_latents_and_feeds_flow_time(flux_run):
     cfg, res, _ = flux_run
     st = res.state
     model = pretrain.new_denoiser(cfg, 96, 32)
-    x0 = st["latents"][:3]
-    rows = st["table"].rows(torch.arange(3))
-    calls, handle = _recorder(model)
-    loss = pretrain.training_loss(cfg, model, x0, rows, st["table"].shared, torch.Generator().manual_seed(9))
-    handle.remove()
-    gen = torch.Generator().manual_seed(9)
-    t = torch.sigmoid(torch.randn(3, generator=gen))
-    noise = torch.randn(x0.shape, generator=gen)
-    xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
-    ((_, kw, out),) = calls
+    x0, _rows, kw, out, loss, t, noise, xt = _flow_step(cfg, model, st)
     assert kw["hidden_states"].shape == (3, 64, 4 * 4) and torch.equal(kw["hidden_states"], pack_latents(xt))
     assert torch.equal(kw["timestep"], t) and kw["guidance"] is None
     assert torch.equal(kw["img_ids"], image_ids(16, 16, "cpu", torch.float32))
@@ -622,16 +629,7 @@ def test_chroma_training_feeds_the_mask_chroma_pipeline_feeds(chroma_run):
     assert torch.equal(skw["attention_mask"], _chroma_mask(RED_CIRCLE_TOKENS)[None])
     assert torch.equal(skw["txt_ids"], kw["txt_ids"]) and torch.equal(skw["img_ids"], kw["img_ids"])
     # flow matching as Flux: packed latents, flow time t in [0, 1], packed velocity target
-    x0 = st["latents"][:3]
-    rows = st["table"].rows(torch.arange(3))
-    calls, handle = _recorder(model)
-    loss = pretrain.training_loss(cfg, model, x0, rows, st["table"].shared, torch.Generator().manual_seed(9))
-    handle.remove()
-    gen = torch.Generator().manual_seed(9)
-    t = torch.sigmoid(torch.randn(3, generator=gen))
-    noise = torch.randn(x0.shape, generator=gen)
-    xt = (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise
-    ((_, kw, out),) = calls
+    x0, rows, kw, out, loss, t, noise, xt = _flow_step(cfg, model, st)
     assert torch.equal(kw["hidden_states"], pack_latents(xt)) and torch.equal(kw["timestep"], t)
     assert torch.equal(kw["img_ids"], image_ids(16, 16, "cpu", torch.float32))
     assert "pooled_projections" not in kw
