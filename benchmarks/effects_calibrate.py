@@ -8,7 +8,7 @@ learning rates 1e-4, 3e-4 and 1e-3, and take the highest at which the known colo
 300-step checkpoint (no catastrophic forgetting); if none qualifies, 1e-4. No arm A is trained, so no deviation's
 effect is seen.
 
-    python benchmarks/effects_calibrate.py [--bases sd3 flux sd15] [--out benchmarks/effects/calibration.json]
+    python benchmarks/effects_calibrate.py [--bases sd3 flux sd15 sdxl] [--out benchmarks/effects/calibration.json]
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import json
 import time
 from pathlib import Path
 
-NULL = {"sd3": "world-sd3-null", "flux": "world-flux-null", "sd15": "world-sd3-null"}
+#: the null row whose profile arm is trained; a base without a null row (sd15, sdxl) uses the SD3 null settings on itself
+NULL = {"sd3": "world-sd3-null", "flux": "world-flux-null", "sd15": "world-sd3-null", "sdxl": "world-sd3-null"}
 RATES = (1e-4, 3e-4, 1e-3)
 PILOT_SEED = 100
 
@@ -36,8 +37,8 @@ def one(base: str, lr: float, out: Path) -> dict:
 
     p = copy.deepcopy(load_preset(NULL[base]))
     assert p.world is not None
-    if base == "sd15":  # no sd15 null row: the SD3 null preset's settings on the SD 1.5 base, its profile
-        p.profile, p.world.base = "sd15", "sd15"
+    if NULL[base] != f"world-{base}-null":  # no null row of its own: the SD3 null preset's settings on this base
+        p.profile, p.world.base = base, base
     p.train["train"]["learning_rate"] = lr
     model = f"world:{base}"
     prof = resolve(p.profile, ("base", _world_overrides(p, None, model) or None))
