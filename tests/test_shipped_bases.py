@@ -34,10 +34,10 @@ PROMPTS = [
 
 
 def test_the_bases_that_met_their_targets_are_shipped_within_30_mb() -> None:
-    # the SDXL base read colour 83.7% after 4,000 steps and is not shipped (docs/world.md)
-    assert SHIPPED == ["sd3", "flux", "sd15"]
+    # the Chroma base read colour 86.2% on new wording after 4,000 steps and is not shipped (docs/world.md)
+    assert SHIPPED == ["sd3", "flux", "sdxl", "sd15"]
     folders = sorted(p.name for p in bases.data_root().iterdir() if p.is_dir())
-    assert folders == ["encoders", "flux", "sd15", "sd3", "vae"]  # nothing shipped that the loader does not know
+    assert folders == ["encoders", "flux", "sd15", "sd3", "sdxl", "vae"]  # nothing shipped that the loader does not know
     size = sum(p.stat().st_size for p in bases.data_root().rglob("*") if p.is_file())
     assert size <= 30 * 1024 * 1024, f"{size / 2**20:.1f} MB shipped"
 

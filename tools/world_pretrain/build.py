@@ -260,8 +260,14 @@ RECIPES: dict[str, dict[str, Any]] = {
     "flux": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 500},
     # amendments 5 and 6: colour 76% (SDXL) and 87.9% (SD 1.5) at 2,000 steps, so continued once to 4,000
     "sd15": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
-    "sdxl": {"config": _SIMPLE, "steps": 4000, "eval_at": [1000, 2000, 3000], "gap_every": 500},
-    # not trained yet: the flux base's recipe (its size and data); a session that ships it records its choice here
+    # amendment 7: X1, cross-attention at every UNet level, continued once from 4,000 to 8,000 steps
+    "sdxl": {
+        "config": {**_SIMPLE, "unet_cross_attention": "all"},
+        "steps": 8000,
+        "eval_at": [1000, 2000, 3000, 4000, 6000],
+        "gap_every": 500,
+    },
+    # amendment 8: trained 2,000 then 4,000 steps and missed its colour target, so not shipped
     "chroma": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 500},
 }
 
