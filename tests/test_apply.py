@@ -135,7 +135,9 @@ def test_world_base_sampling_is_identical_with_its_own_profile(name, world_cache
     aligned = _sample(pipe, "a red cube on the left")  # the prompt positionally, as pipe(prompt) takes it
     assert torch.equal(aligned, plain)
     assert torch.equal(_sample(pipe, prompt="a red cube on the left"), plain)
-    other = {"t5_max_length": 64} if "t5" in prof.slot_names else {"clip_l_max_length": 32}
+    # a shorter window (every CLIP at once where they are concatenated, as SDXL's)
+    clips = {f"{s}_max_length": 32 for s in prof.slot_names if s.startswith("clip")}
+    other = {"t5_max_length": 64} if "t5" in prof.slot_names else clips
     te_align.apply(pipe, te_align.profile(prof, **other))  # the aligned call is the one that encodes
     assert not torch.equal(_sample(pipe, "a red cube on the left"), plain)
     remove(pipe)
