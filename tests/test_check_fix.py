@@ -10,6 +10,7 @@ import re
 import shutil
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -438,3 +439,358 @@ def test_pre_commit_hooks_file_names_a_real_entry_point() -> None:
     assert "--fix" in by_id["te-align-check-fix"]["entry"].split()
     assert "--fix" not in by_id["te-align-check"]["entry"].split()
     assert stat.S_ISREG((ROOT / ".pre-commit-hooks.yaml").stat().st_mode)
+
+
+# ------------------------------------------------------------------------------ two files, one transaction
+#: The caption_prefix the Lumina 2 profile gives diffusion-pipe's dataset TOML.
+DP_PREFIX = ("You are an assistant designed to generate superior images with the superior degree of image-text "
+             "alignment based on textual prompts or user prompts. <Prompt Start> ")
+DP_TRAIN = DP_LUMINA.format(dataset="dp_data/dataset.toml") + "max_sequence_length = 512\n"
+DP_TRAIN_FIXED = DP_TRAIN.replace("max_sequence_length = 512", "max_sequence_length = 256")
+DP_DATASET = "# my dataset\nresolutions = [1024]\n\n[[directory]]\npath = '/data/img'  # images\nnum_repeats = 1\n"
+DP_DATASET_FIXED = DP_DATASET.replace("resolutions = [1024]\n",
+                                      f'resolutions = [1024]\ncaption_prefix = "{DP_PREFIX}"\n')
+Snap = dict[str, tuple[int, bytes]]
+
+
+@pytest.fixture
+def dp_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A diffusion-pipe Lumina 2 training TOML whose fix writes it ([model] max_sequence_length) and the dataset
+    TOML it names in another folder (caption_prefix), in ``tmp_path/run``.
+
+    No shipped diffusion-pipe rule fixes keys in both files for one model today (Lumina 2's fix is
+    caption_prefix alone), so the fact table gets one [model] rule (trainer data, not the code under test):
+    Gemma's max_length as [model] max_sequence_length, the way a future rule or a plugin's would be."""
+    from te_align.audit.rules import Rule
+    from te_align.trainers.diffusion_pipe import audit as dp
+
+    rule = Rule("gemma.tokenizer.max_length", ("lumina2",), "max_sequence_length", 256,
+                "max_length = [model] max_sequence_length (test rule)", "models/lumina_2.py")
+    monkeypatch.setattr(dp, "RULES", tuple(rule if r.path == rule.path and "lumina2" in r.families else r
+                                           for r in dp.RULES))
+    monkeypatch.chdir(tmp_path)  # the dataset name is relative: to the training TOML's folder
+    return _dp_layout(tmp_path / "run")
+
+
+def _dp_layout(root: Path, *, mode: int = 0o640, older: bytes | None = None) -> tuple[Path, Path]:
+    (root / "dp_data").mkdir(parents=True)
+    config, dataset = root / "train.toml", root / "dp_data" / "dataset.toml"
+    config.write_text(DP_TRAIN, encoding="utf-8")
+    dataset.write_text(DP_DATASET, encoding="utf-8")
+    config.chmod(mode)
+    if older is not None:  # the backup an earlier fix left
+        Path(str(config) + BACKUP_SUFFIX).write_bytes(older)
+    return config, dataset
+
+
+def _snap(root: Path) -> Snap:
+    """Every file under ``root``: its permission bits and bytes."""
+    return {p.relative_to(root).as_posix(): (p.stat().st_mode & 0o7777, p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _fixed_snap(before: Snap) -> Snap:
+    """``before`` after a clean fix: both files fixed (modes kept), their originals the backups (an older one
+    replaced)."""
+    want = dict(before)
+    for rel, text in (("train.toml", DP_TRAIN_FIXED), ("dp_data/dataset.toml", DP_DATASET_FIXED)):
+        want[rel + BACKUP_SUFFIX] = before[rel]
+        want[rel] = (before[rel][0], text.encode("utf-8"))
+    return want
+
+
+def test_two_files_are_fixed_together(dp_pair: tuple[Path, Path]) -> None:
+    config, dataset = dp_pair
+    root = config.parent
+    before = _snap(root)
+    report = fix_file(str(config))
+    assert report.written and not report.refused
+    assert report.backups == [str(config) + BACKUP_SUFFIX, str(dataset) + BACKUP_SUFFIX]
+    assert config.read_bytes() == DP_TRAIN_FIXED.encode("utf-8")
+    assert dataset.read_bytes() == DP_DATASET_FIXED.encode("utf-8")
+    assert _snap(root) == _fixed_snap(before)  # backups beside both, no journal, no temp file, modes kept
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    assert not fix_file(str(config)).written
+
+
+def test_second_file_changed_before_the_write_writes_nothing(dp_pair: tuple[Path, Path]) -> None:
+    config, dataset = dp_pair
+    root = config.parent
+    before = _snap(root)
+    edited = DP_DATASET + "# edited meanwhile\n"
+    report = fix_file(str(config), before_write=lambda: dataset.write_text(edited, encoding="utf-8"))
+    assert report.refused == f"{dataset}: changed while it was being fixed; nothing written: run --fix again"
+    assert not report.written and report.exit_code == 2
+    assert _snap(root) == {**before, "dp_data/dataset.toml": (before["dp_data/dataset.toml"][0],
+                                                              edited.encode("utf-8"))}
+
+
+def _fail_replace_of(monkeypatch: pytest.MonkeyPatch, target: Path, fail: BaseException,
+                     after: Callable[[str], None] | None = None) -> None:
+    """os.replace fails for ``target`` (``fail`` raised instead of renaming onto it); ``after`` runs after
+    every other real rename (with its destination)."""
+    real = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str], **kw: object) -> None:
+        if os.fspath(dst) == str(target):
+            raise fail
+        real(src, dst, **kw)  # type: ignore[arg-type]
+        if after is not None:
+            after(os.fspath(dst))
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+@pytest.mark.parametrize("older", [None, b"# the backup an earlier fix left\n"])
+def test_second_replace_fails_first_file_restored(dp_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                                                  older: bytes | None) -> None:
+    config, dataset = dp_pair
+    root = config.parent
+    if older is not None:
+        bak = Path(str(config) + BACKUP_SUFFIX)
+        bak.write_bytes(older)
+        inode = bak.stat().st_ino
+    before = _snap(root)
+    _fail_replace_of(monkeypatch, dataset, OSError(28, "No space left on device"))
+    report = fix_file(str(config))
+    monkeypatch.undo()
+    assert report.refused == f"{dataset}: cannot write: No space left on device; nothing written"
+    assert not report.written and not report.backups
+    assert _snap(root) == before  # the config restored byte-identical (mode 0640 too), no backup of this run
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    if older is not None:
+        assert bak.stat().st_ino == inode  # the older backup itself, not a copy
+
+
+def test_interrupt_during_the_second_replace_rolls_back_then_propagates(dp_pair: tuple[Path, Path],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    config, dataset = dp_pair
+    before = _snap(config.parent)
+    _fail_replace_of(monkeypatch, dataset, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        fix_file(str(config))
+    monkeypatch.undo()
+    assert _snap(config.parent) == before
+
+
+def test_second_file_changed_under_the_lock_after_the_first_replace(dp_pair: tuple[Path, Path],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An editor (no te-align lock) writes the dataset TOML just after the config was replaced: the config
+    gets its bytes back, the editor's bytes stay."""
+    config, dataset = dp_pair
+    root = config.parent
+    before = _snap(root)
+    edited = DP_DATASET + "# edited meanwhile\n"
+
+    def editor(dst: str) -> None:
+        if dst == str(config):
+            dataset.write_text(edited, encoding="utf-8")
+
+    _fail_replace_of(monkeypatch, root / "nothing", OSError(), after=editor)
+    report = fix_file(str(config))
+    monkeypatch.undo()
+    assert report.refused == f"{dataset}: changed while it was being fixed; nothing written: run --fix again"
+    assert _snap(root) == {**before, "dp_data/dataset.toml": (before["dp_data/dataset.toml"][0],
+                                                              edited.encode("utf-8"))}
+
+
+def _fix_in_child(config: Path, *, kill_at: int | None = None, log: Path | None = None) -> int | None:
+    """``fix_file(config)`` in a forked child (a real process: a kill is a real SIGKILL, at the ``kill_at``-th
+    file operation, see te_align._atomic). Its exit code, None when it was killed."""
+    from te_align import _atomic
+
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 98
+        try:
+            for key in ("TE_ALIGN_FAULT_AT", "TE_ALIGN_FAULT_MODE", "TE_ALIGN_FAULT_LOG"):
+                os.environ.pop(key, None)
+            if kill_at is not None:
+                os.environ.update(TE_ALIGN_FAULT_AT=str(kill_at), TE_ALIGN_FAULT_MODE="kill")
+            if log is not None:
+                os.environ["TE_ALIGN_FAULT_LOG"] = str(log)
+            _atomic.reset_fault_counter()
+            _atomic.FSYNC = False  # a killed process, not a machine: the page cache survives
+            code = 0 if fix_file(str(config)).written else 1
+        except BaseException:
+            code = 99
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return None if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _ops(config: Path, tmp_path: Path) -> list[str]:
+    """The file operations of a clean fix of a copy of ``config``'s layout (``N op path`` lines)."""
+    scratch = tmp_path / "scratch"
+    shutil.copytree(config.parent, scratch)
+    log = tmp_path / "ops.log"
+    assert _fix_in_child(scratch / config.name, log=log) == 0
+    shutil.rmtree(scratch)
+    return [line.split(" ", 2)[1] + " " + line.split(" ", 2)[2].replace(str(scratch), str(config.parent))
+            for line in log.read_text(encoding="utf-8").splitlines()]
+
+
+def test_killed_between_the_two_replaces_is_rolled_back_by_the_next_fix(
+        dp_pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, dataset = dp_pair
+    root = config.parent
+    before = _snap(root)
+    ops = _ops(config, tmp_path)
+    at = ops.index(f"rename {dataset}") + 1  # the rename of the second file
+    assert _fix_in_child(config, kill_at=at) is None
+    journal = root / f".{config.name}.te-align-fix-journal"
+    assert config.read_bytes() == DP_TRAIN_FIXED.encode("utf-8") and dataset.read_bytes() == DP_DATASET.encode()
+    # the journal: each file's path, original bytes (base64) and the new bytes' sha256; private
+    import base64
+    import hashlib
+    import json
+
+    data = json.loads(journal.read_bytes())
+    assert stat.S_IMODE(journal.stat().st_mode) == 0o600
+    assert data["te_align"] == "check --fix journal" and data["version"] == 1 and data["committed"] is False
+    assert data["config"] == str(config)
+    assert [(f["path"], base64.b64decode(f["original"]), f["new_sha256"], f["backup"], f["older_backup"])
+            for f in data["files"]] == [
+        (str(config), DP_TRAIN.encode(), hashlib.sha256(DP_TRAIN_FIXED.encode()).hexdigest(),
+         str(config) + BACKUP_SUFFIX, None),
+        (str(dataset), DP_DATASET.encode(), hashlib.sha256(DP_DATASET_FIXED.encode()).hexdigest(),
+         str(dataset) + BACKUP_SUFFIX, None)]
+    # --diff writes nothing, not even the rollback
+    assert main(["check", str(config), "--diff"]) == 2
+    assert _one_line(capsys) == (f"te-align: error: {config}: an interrupted --fix left its journal {journal}: "
+                                 "run --fix to roll it back first (--diff writes nothing)")
+    # the next --fix rolls it back, says so and stops
+    assert main(["check", str(config), "--fix"]) == 2
+    assert _one_line(capsys) == (f"te-align: error: {config}: an interrupted --fix was rolled back ({config} "
+                                 "restored to the bytes before it; its backups as before, its journal removed); "
+                                 "nothing fixed yet: run --fix again")
+    assert _snap(root) == before
+    # then it fixes, byte-identical to a clean run
+    report = fix_file(str(config))
+    assert report.written
+    assert _snap(root) == _fixed_snap(before)
+
+
+def test_journal_of_a_file_with_other_bytes_is_refused(dp_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    config, dataset = dp_pair
+    root = config.parent
+    ops = _ops(config, tmp_path)
+    assert _fix_in_child(config, kill_at=ops.index(f"rename {dataset}") + 1) is None
+    config.write_text(DP_TRAIN_FIXED + "# edited after the crash\n", encoding="utf-8")
+    left = _snap(root)
+    journal = root / f".{config.name}.te-align-fix-journal"
+    report = fix_file(str(config))
+    assert report.refused == (f"{config}: holds neither its bytes from before the interrupted --fix nor the "
+                              f"fixed ones; nothing rolled back: its original is in {journal} (base64), restore "
+                              "it or keep the file as it is, then delete the journal")
+    assert not report.written and _snap(root) == left  # nothing touched: journal, backup, both files
+
+
+def test_damaged_journal_is_refused(dp_pair: tuple[Path, Path]) -> None:
+    config, _ = dp_pair
+    journal = config.parent / f".{config.name}.te-align-fix-journal"
+    journal.write_text('{"te_align": "check --fix journal", "version": 1, "committed": false, '
+                       '"files": [{"path": "x"}]}')
+    left = _snap(config.parent)
+    report = fix_file(str(config))
+    assert report.refused == (f"{config}: its --fix journal {journal} is unreadable (a file without an absolute "
+                              "path); nothing rolled back: check the files it names (their originals are in "
+                              "it, base64), then delete it")
+    assert _snap(config.parent) == left
+
+
+def test_killed_at_every_file_operation_recovers_byte_identical(tmp_path: Path,
+                                                                dp_pair: tuple[Path, Path]) -> None:
+    """A kill at each file operation of a fix (the config has a backup from an earlier fix, the dataset TOML
+    none): the next --fix rolls back to exactly the files before (or finds the fix done), and the one after
+    it leaves exactly what a clean run leaves."""
+    config, _ = dp_pair
+    shutil.rmtree(config.parent)
+    older = b"# the backup an earlier fix left\n"
+    config, _ = _dp_layout(config.parent, older=older)
+    root = config.parent
+    before = _snap(root)
+    want = _fixed_snap(before)
+    ops = _ops(config, tmp_path)
+    assert len(ops) >= 12, ops
+    for at in range(1, len(ops) + 1):
+        shutil.rmtree(root)
+        _dp_layout(root, older=older)
+        assert _fix_in_child(config, kill_at=at) is None, (at, ops[at - 1])
+        first = fix_file(str(config))
+        if first.rolled_back or "interrupted --fix was rolled back" in first.refused:
+            assert _snap(root) == before, (at, ops[at - 1])
+            assert fix_file(str(config)).written, (at, ops[at - 1])
+        elif first.written:  # killed before the journal was written: nothing had changed
+            assert not first.refused
+        assert _snap(root) == want, (at, ops[at - 1], sorted(set(_snap(root)) ^ set(want)))
+
+
+def test_rollback_killed_at_every_file_operation_is_rolled_back_again(tmp_path: Path,
+                                                                      dp_pair: tuple[Path, Path]) -> None:
+    """The rollback of a fix killed between its two replaces, itself killed at each of its file operations:
+    the --fix after it still gives back exactly the files before."""
+    config, dataset = dp_pair
+    root = config.parent
+    shutil.rmtree(root)
+    older = b"# the backup an earlier fix left\n"
+    _dp_layout(root, older=older)
+    before = _snap(root)
+    at = _ops(config, tmp_path).index(f"rename {dataset}") + 1
+
+    def killed_fix() -> None:
+        shutil.rmtree(root)
+        _dp_layout(root, older=older)
+        assert _fix_in_child(config, kill_at=at) is None
+
+    killed_fix()
+    log = tmp_path / "rollback.log"
+    assert _fix_in_child(config, log=log) == 1  # the rollback (it writes no fix)
+    n = len(log.read_text(encoding="utf-8").splitlines())
+    assert n >= 4
+    for k in range(1, n + 1):
+        killed_fix()
+        assert _fix_in_child(config, kill_at=k) is None, k
+        report = fix_file(str(config))
+        assert "an interrupted --fix was rolled back" in report.refused, (k, report.refused)
+        assert _snap(root) == before, k
+
+
+@pytest.mark.parametrize("mode", ["enospc", "erofs"])
+def test_full_disk_or_read_only_at_every_file_operation(tmp_path: Path, dp_pair: tuple[Path, Path],
+                                                        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """ENOSPC (that operation and every later one that needs space) or EROFS (every change from then on) at
+    each file operation: one line, and the files exactly as before (when even the rollback cannot write, the
+    journal stays and the next --fix rolls back); or the fix whole."""
+    from te_align import _atomic
+
+    config, _ = dp_pair
+    root = config.parent
+    shutil.rmtree(root)
+    older = b"# the backup an earlier fix left\n"
+    _dp_layout(root, older=older)
+    before = _snap(root)
+    n = len(_ops(config, tmp_path))
+    for at in range(1, n + 1):
+        shutil.rmtree(root)
+        _dp_layout(root, older=older)
+        monkeypatch.setenv("TE_ALIGN_FAULT_AT", str(at))
+        monkeypatch.setenv("TE_ALIGN_FAULT_MODE", mode)
+        _atomic.reset_fault_counter()
+        report = fix_file(str(config))
+        monkeypatch.delenv("TE_ALIGN_FAULT_AT")
+        if report.written:  # the fault came after the commit point
+            assert _snap(root) == _fixed_snap(before) or "train.toml.te-align-fix-journal" in str(_snap(root))
+            report = fix_file(str(config))  # finishes a committed journal's cleanup
+            assert not report.refused and _snap(root) == _fixed_snap(before), at
+            continue
+        assert "\n" not in report.refused, (at, report.refused)
+        if "rolling back failed too" in report.refused:  # the journal stays for the next --fix
+            assert report.refused.endswith(f"its journal {root}/.train.toml.te-align-fix-journal is kept: run "
+                                           "--fix again to roll it back"), (at, report.refused)
+            again = fix_file(str(config))
+            assert "an interrupted --fix was rolled back" in again.refused, (at, again.refused)
+        else:
+            assert "nothing written" in report.refused, (at, report.refused)
+        assert _snap(root) == before, (at, report.refused)

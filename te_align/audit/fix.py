@@ -11,25 +11,58 @@ trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goe
    bits, so also for root) or in a folder that cannot be written;
 2. check the new text (in memory, :func:`te_align.audit.readers.overlaid`) before anything is written: if a
    finding the fix was meant to remove is still there, nothing is written;
-3. under the folder's lock (:func:`te_align.patching.transaction.lock`), compare the file's bytes with the
-   ones the fix was made from (a file changed meanwhile is refused), keep a backup beside it
+3. under the lock of every folder it writes in (:func:`te_align.patching.transaction.lock`, taken in the order
+   of their real paths), compare every file's bytes with the ones the fix was made from (one changed
+   meanwhile: nothing written), write the journal, then per file keep a backup beside it
    (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses; ``--no-backup`` skips it)
-   and replace it atomically (:func:`te_align._atomic.atomic_file`, its permission bits kept).
+   and replace it atomically (:func:`te_align._atomic.atomic_file`, its permission bits kept): the config
+   first, then the files it names (diffusion-pipe's dataset TOML). The commit point: the journal removed (or,
+   when older backups are to be deleted, rewritten with ``"committed": true``, then removed after them).
+
+The fix may write two files (a training TOML and the dataset TOML it names); they change together or not at
+all. The journal, ``.NAME.te-align-fix-journal`` beside the config (:func:`journal_path`, mode 0600), is JSON::
+
+    {"te_align": "check --fix journal", "version": 1, "committed": false, "config": "/abs/config.toml",
+     "files": [{"path": "/abs/file", "original": "<base64 of its bytes before the fix>",
+                "new_sha256": "<hex digest of the bytes the fix writes>",
+                "backup": "/abs/file.te-align-original" or null (--no-backup),
+                "older_backup": "/abs/.file.te-align-original.te-align-fix-older" or null}, ...]}
+
+``older_backup``: a backup already beside the file (from an earlier fix) is linked there before this run's
+backup replaces it, so that a rollback puts it back (after the commit it is deleted: a successful fix replaces
+the old backup, as it always did). A write that fails half-way (the file changed under the lock, permission,
+full disk, Ctrl-C) is rolled back in-process: every file already replaced gets its original bytes back (the
+backup this run made is a hard link to the original file: renamed back, so a full disk does not stop it; else
+written atomically, permission bits kept), the backups this run made are removed (an older backup is put
+back), the journal is removed, and one line says nothing was written; a rollback that cannot write either
+keeps the journal and says so. A killed process leaves the journal: the next ``--fix`` on that config rolls it
+back under the same locks (each journalled file must hold its original bytes or the fixed ones; a file with
+other bytes is refused in one line naming it, and nothing is touched), removes te-align's temp files beside
+those files, says so in one line (exit 2) and stops: run ``--fix`` again to fix. A committed journal is
+finished instead (the older backups' links and the journal removed), and the fix goes on. ``--diff`` refuses
+while a journal is there (it writes nothing, not even a rollback).
 
 Running it again changes nothing: the fixed findings are gone. No torch.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import difflib
+import hashlib
+import json
 import os
+import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
-from te_align import _plugins
-from te_align._atomic import atomic_file, link_or_copy
+from te_align import _atomic, _plugins
+from te_align._atomic import atomic_file, fault_point, fsync_dir, link_or_copy
 from te_align.audit import editing, readers
 from te_align.audit.check import check_file
 from te_align.audit.editing import CannotFix, Change
@@ -39,6 +72,12 @@ from te_align.patching.transaction import KEPT_ORIGINAL_SUFFIX, lock
 
 #: The backup beside a fixed file: ``NAME`` + this suffix (the name ``te-align unpatch --keep-changed`` uses).
 BACKUP_SUFFIX = KEPT_ORIGINAL_SUFFIX
+#: The journal of a ``--fix`` being written: ``.NAME`` + this suffix beside the config (:func:`journal_path`).
+JOURNAL_SUFFIX = ".te-align-fix-journal"
+#: While a fix is written, a backup that was already beside a file is also linked at ``.BACKUP`` + this suffix.
+OLDER_BACKUP_SUFFIX = ".te-align-fix-older"
+_JOURNAL_TAG = "check --fix journal"
+_CHANGED = "changed while it was being fixed; nothing written: run --fix again"
 #: What ``--fix`` writes: findings of these severities (``info`` notes, such as a per-encoder dropout the
 #: profile documents, stay notes).
 FIXED_SEVERITIES = ("error", "warning")
@@ -64,6 +103,8 @@ class FixReport:
     #: What to do after the fix: the fixes of the stale-cache findings the config had (a cache made with the
     #: old settings is still there).
     after: list[str] = field(default_factory=list)
+    #: The files the rollback of an interrupted ``--fix`` gave their bytes back (:func:`roll_back_interrupted`).
+    rolled_back: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -129,6 +170,27 @@ def fix_file(
         return _refuse(FixReport(path, result), f"{path}: a symbolic link (to {os.path.realpath(p)}); --fix "
                                                 "writes regular files only: run it on the file the link "
                                                 "points to")
+    journal = journal_path(path)
+    if os.path.lexists(journal):
+        unread = FixReport(path, CheckResult(file=path, status="unreadable"))
+        if not write:
+            return _refuse(unread, f"{path}: an interrupted --fix left its journal {journal}: run --fix to roll "
+                                   "it back first (--diff writes nothing)")
+        try:
+            restored = roll_back_interrupted(path)
+        except CannotFix as e:
+            return _refuse(unread, str(e))
+        except TeAlignError as e:
+            return _refuse(unread, f"{path}: {e}; nothing rolled back")
+        except OSError as e:
+            return _refuse(unread, f"{path}: rolling back an interrupted --fix failed ({e.filename}: {e.strerror}); "
+                                   f"its journal {journal} is kept: run --fix again")
+        if restored is not None:
+            report = FixReport(path, check_file(path, **opts), rolled_back=restored)  # type: ignore[arg-type]
+            said = (f"{', '.join(restored)} restored to the bytes before it" if restored
+                    else "every file it names already held its bytes from before it")
+            return _refuse(report, f"{path}: an interrupted --fix was rolled back ({said}; its backups as "
+                                   "before, its journal removed); nothing fixed yet: run --fix again")
     try:
         original = {str(p): p.read_bytes()} if p.is_file() else {}
     except OSError as e:
@@ -169,13 +231,18 @@ def fix_file(
     report.diff = "".join(_diff(f, old, t) for f, (old, t) in texts.items() if t != old)
     if not write or not new_texts:
         return report
+    main = os.path.realpath(path)
+    order = sorted(new_texts, key=lambda f: os.path.realpath(f) != main)  # the config first
     try:
-        for f in new_texts:
+        for f in order:
             _writable(f)
+        if not os.access(journal.parent, os.W_OK):
+            raise CannotFix(f"its folder {journal.parent} is not writable (--fix keeps its journal there); "
+                            "nothing written", file=path)
         if before_write is not None:
             before_write()
-        for f, t in new_texts.items():
-            report.backups += _write(f, original[f], t.encode("utf-8"), backup)
+        report.backups += _write_all(path, [(f, original[f], new_texts[f].encode("utf-8")) for f in order],
+                                     backup)
     except CannotFix as e:
         return _refuse(FixReport(path, result), str(e))
     except TeAlignError as e:
@@ -255,21 +322,341 @@ def _writable(file: str) -> None:
                         "written", file=file)
 
 
-def _write(file: str, old: bytes, new: bytes, backup: bool) -> list[str]:
-    """Replace ``file`` by ``new`` under its folder's lock, if it still holds ``old``; the backup beside
-    it."""
-    p = Path(file)
-    bak = p.with_name(p.name + BACKUP_SUFFIX)
+def journal_path(config: str | os.PathLike[str]) -> Path:
+    """Where ``--fix`` keeps its journal while it writes the fix of ``config``: ``.NAME.te-align-fix-journal``
+    beside it."""
+    p = Path(config)
+    return p.with_name(f".{p.name}{JOURNAL_SUFFIX}")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One file of a fix being written (or of a journal read back: ``new`` is then unknown)."""
+
+    path: str
+    old: bytes
+    new_sha256: str
+    backup: bool
+    #: A backup was already beside the file: kept at :attr:`older_path` until the commit.
+    older: bool
+    new: bytes | None = None
+
+    @property
+    def bak(self) -> Path:
+        p = Path(self.path)
+        return p.with_name(p.name + BACKUP_SUFFIX)
+
+    @property
+    def older_path(self) -> Path:
+        return self.bak.with_name(f".{self.bak.name}{OLDER_BACKUP_SUFFIX}")
+
+
+@contextlib.contextmanager
+def _locked(folders: Iterable[Path]) -> Iterator[None]:
+    """The lock of every folder, each once, in the order of their real paths (two fixes never deadlock)."""
+    with contextlib.ExitStack() as stack:
+        for folder in sorted({os.path.realpath(f) for f in folders}):
+            stack.enter_context(lock(folder))
+        yield
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_all(config: str, files: list[tuple[str, bytes, bytes]], backup: bool) -> list[str]:
+    """Replace every file by its new bytes, all or none: under the lock of every folder, if each still holds
+    the bytes the fix was made from; journalled beside ``config`` (see the module docstring). The backups
+    made."""
+    journal = journal_path(config)
+    with _locked([Path(f).parent for f, _, _ in files] + [journal.parent]):
+        if os.path.lexists(journal):  # a --fix killed since this one looked
+            raise CannotFix(f"an interrupted --fix left its journal {journal} meanwhile: run --fix again to "
+                            "roll it back; nothing written", file=config)
+        for f, old, _ in files:
+            try:
+                now = Path(f).read_bytes()
+            except OSError as e:
+                raise CannotFix(f"cannot read: {e.strerror}; nothing written", file=f) from None
+            if now != old:
+                raise CannotFix(_CHANGED, file=f)
+        entries = []
+        for f, old, new in files:
+            bak = Path(f).with_name(Path(f).name + BACKUP_SUFFIX)
+            entries.append(_Entry(f, old, _sha256(new), backup, backup and os.path.lexists(bak), new))
+        _sweep(entries, journal, older=True)  # what a killed run left after its commit point
+        _write_journal(journal, config, entries)
+        current = entries[0]
+        try:
+            for current in entries:
+                _replace(current)
+            if any(e.older for e in entries):  # the commit point: the journal says so, then the cleanup
+                _write_journal(journal, config, entries, committed=True)
+            else:  # the commit point: no journal
+                fault_point("unlink", journal)
+                journal.unlink()
+                fsync_dir(journal.parent)
+        except BaseException as exc:
+            _fail(exc, entries[:entries.index(current) + 1], journal, config, current)
+        with contextlib.suppress(OSError):  # else the next --fix finishes it
+            _finish(entries, journal)
+    return [str(e.bak) for e in entries if e.backup]
+
+
+def _finish(entries: list[_Entry], journal: Path) -> None:
+    """The cleanup after the commit point: the older backups' extra links, then the journal."""
+    for e in entries:
+        if e.older and os.path.lexists(e.older_path):
+            fault_point("unlink", e.older_path)
+            e.older_path.unlink()
+    for folder in {e.bak.parent for e in entries if e.older}:
+        fsync_dir(folder)
+    if os.path.lexists(journal):
+        fault_point("unlink", journal)
+        journal.unlink()
+        fsync_dir(journal.parent)
+
+
+def _write_journal(journal: Path, config: str, entries: list[_Entry], *, committed: bool = False) -> None:
+    """The journal, atomically and durably (mode 0600: it holds the files' bytes): before the first replace,
+    and (``committed``) after the last one when older backups are to be deleted."""
+    body = {"te_align": _JOURNAL_TAG, "version": 1, "committed": committed, "config": os.path.abspath(config),
+            "files": [
+        {"path": os.path.abspath(e.path), "original": base64.b64encode(e.old).decode("ascii"),
+         "new_sha256": e.new_sha256, "backup": os.path.abspath(e.bak) if e.backup else None,
+         "older_backup": os.path.abspath(e.older_path) if e.older else None} for e in entries]}
+    tmp = journal.with_name(f".{journal.name}.{os.getpid()}.tmp")
+    try:
+        fault_point("create", tmp)
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fault_point("write", tmp)
+            fh.write(json.dumps(body, indent=1).encode("utf-8") + b"\n")
+            fh.flush()
+            if _atomic.FSYNC:
+                os.fsync(fh.fileno())
+        fault_point("rename", journal)
+        os.replace(tmp, journal)
+        fsync_dir(journal.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CannotFix(f"cannot write its --fix journal {journal}: {e.strerror}; nothing written",
+                        file=config) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _replace(e: _Entry) -> None:
+    """Replace one file atomically (permission bits kept), its backup made just before the rename."""
+    p = Path(e.path)
+    assert e.new is not None
+    if e.older:
+        fault_point("link", e.older_path)
+        link_or_copy(e.bak, e.older_path)
 
     def unchanged_then_backup() -> None:
-        if p.read_bytes() != old:
-            raise CannotFix("changed while it was being fixed; nothing written: run --fix again", file=file)
-        if backup:
-            link_or_copy(p, bak)
+        if p.read_bytes() != e.old:
+            raise CannotFix(_CHANGED, file=e.path)
+        if e.backup:
+            fault_point("link", e.bak)
+            link_or_copy(p, e.bak)
 
-    with lock(p.parent):
-        if p.read_bytes() != old:
-            raise CannotFix("changed while it was being fixed; nothing written: run --fix again", file=file)
-        with atomic_file(p, "wb", error=CannotFix, mode_from=p, before_replace=unchanged_then_backup) as fh:
-            fh.write(new)
-    return [str(bak)] if backup else []
+    with atomic_file(p, "wb", error=CannotFix, mode_from=p, before_replace=unchanged_then_backup) as fh:
+        fh.write(e.new)
+
+
+def _fail(exc: BaseException, attempted: list[_Entry], journal: Path, config: str, current: _Entry) -> NoReturn:
+    """Roll back a write that failed half-way (or was interrupted), then raise the one line (or re-raise a
+    ``KeyboardInterrupt``/``SystemExit``). A rollback that cannot write keeps the journal for the next
+    ``--fix``."""
+    try:
+        _undo(attempted, journal, strict=False)
+    except Exception as again:
+        if not isinstance(exc, Exception):
+            raise exc from None
+        first = exc.file if isinstance(exc, TeAlignError) and exc.file else current.path
+        why = _why(exc).replace("; nothing written", "")
+        raise CannotFix(f"{why}; rolling back failed too ({_why(again, named=True)}): its journal {journal} is "
+                        "kept: run --fix again to roll it back", file=first) from None
+    if not isinstance(exc, Exception):
+        raise exc
+    if isinstance(exc, TeAlignError) and "nothing written" in exc.message:
+        raise exc
+    if isinstance(exc, TeAlignError):
+        raise CannotFix(f"{exc.message}; nothing written", file=exc.file or current.path, key=exc.key) from None
+    raise CannotFix(f"{_why(exc)}; nothing written", file=current.path) from None
+
+
+def _why(e: BaseException, *, named: bool = False) -> str:
+    if isinstance(e, TeAlignError):
+        return str(e) if named else e.message
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: cannot write: {e.strerror}" if named and e.filename else f"cannot write: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
+def _undo(entries: list[_Entry], journal: Path, *, strict: bool) -> list[str]:
+    """Give every file holding its fixed bytes its original ones back (atomically, permission bits kept), put
+    the backups back as they were, remove te-align's temp files and the journal. ``strict`` (a journal left
+    by a killed run): a file holding other bytes than its original or fixed ones stops it before anything is
+    touched. The files restored."""
+    todo: list[_Entry] = []
+    for e in entries:
+        try:
+            now: bytes | None = Path(e.path).read_bytes()
+        except FileNotFoundError:
+            now = None
+        if now == e.old:
+            continue
+        if now is not None and _sha256(now) == e.new_sha256:
+            todo.append(e)
+        elif strict:
+            raise CannotFix(f"holds neither its bytes from before the interrupted --fix nor the fixed ones; "
+                            f"nothing rolled back: its original is in {journal} (base64), restore it or keep "
+                            "the file as it is, then delete the journal", file=e.path)
+    for e in todo:
+        p = Path(e.path)
+        if _backup_is_original(e):  # the original file itself (a hard link made just before the rename):
+            fault_point("rename", p)  # a rename, so a full disk does not stop it
+            os.replace(e.bak, p)
+            continue
+        with atomic_file(p, "wb", error=CannotFix, mode_from=p) as fh:
+            fh.write(e.old)
+    for e in entries:
+        if not e.backup:
+            continue
+        if e.older:
+            if not os.path.lexists(e.older_path):
+                continue  # the older backup was never moved
+            if os.path.lexists(e.bak) and os.path.samefile(e.older_path, e.bak):
+                fault_point("unlink", e.older_path)  # rename() of two links to one file does nothing
+                e.older_path.unlink()
+            else:
+                fault_point("rename", e.bak)
+                os.replace(e.older_path, e.bak)
+        elif os.path.lexists(e.bak):
+            fault_point("unlink", e.bak)
+            e.bak.unlink()
+    for folder in {Path(e.path).parent for e in entries}:
+        fsync_dir(folder)
+    _sweep(entries, journal, older=False)
+    fault_point("unlink", journal)
+    journal.unlink(missing_ok=True)
+    fsync_dir(journal.parent)
+    return [e.path for e in todo]
+
+
+def _backup_is_original(e: _Entry) -> bool:
+    """The backup this run made holds the file's original bytes (and is not the older backup)."""
+    if not e.backup or e.bak.is_symlink() or not e.bak.is_file():
+        return False
+    if e.older and (not os.path.lexists(e.older_path) or os.path.samefile(e.older_path, e.bak)):
+        return False  # the backup there is still the older one
+    try:
+        return e.bak.read_bytes() == e.old
+    except OSError:
+        return False
+
+
+#: The temp names :func:`atomic_file` (``mkstemp``: 8 characters), :func:`link_or_copy` and the journal
+#: writer (the pid) give a file beside ``NAME``.
+_TEMP = r"\.{name}\.(?:[a-z0-9_]{{8}}|[0-9]+)\.tmp"
+
+
+def _sweep(entries: list[_Entry], journal: Path, *, older: bool) -> None:
+    """Remove what a killed ``--fix`` can leave beside its files (under their locks): temp files, and with
+    ``older`` (no journal: that fix was committed) an older backup not yet deleted."""
+    names: dict[Path, set[str]] = {journal.parent: {journal.name}}
+    for e in entries:
+        p = Path(e.path)
+        names.setdefault(p.parent, set()).update({p.name, e.bak.name, e.older_path.name})
+    for folder, mine in names.items():
+        pattern = re.compile("|".join(_TEMP.format(name=re.escape(n)) for n in sorted(mine)))
+        try:
+            listing = list(os.scandir(folder))
+        except OSError:
+            continue
+        gone = False
+        for d in listing:
+            if d.is_file(follow_symlinks=False) and pattern.fullmatch(d.name):
+                with contextlib.suppress(OSError):  # litter only: the next --fix tries again
+                    fault_point("unlink", d.path)
+                    Path(d.path).unlink(missing_ok=True)
+                    gone = True
+        if gone:
+            fsync_dir(folder)
+    if older:
+        for e in entries:
+            if e.older_path.is_file() and not e.older_path.is_symlink():
+                with contextlib.suppress(OSError):
+                    fault_point("unlink", e.older_path)
+                    e.older_path.unlink(missing_ok=True)
+
+
+def roll_back_interrupted(config: str) -> list[str] | None:
+    """Roll back the ``--fix`` of ``config`` a killed process left half-written (its journal is there): under
+    the lock of every folder it names, each journalled file holding its fixed bytes gets its original ones
+    back, the backups are put back as they were and the journal is removed. The files restored. None when
+    there is nothing to roll back: no journal (any more: another te-align finished it), or one past its
+    commit point (the fix is whole: its cleanup is finished here). A file holding other bytes, or a journal
+    that does not read, is refused (:class:`CannotFix`, one line) and nothing is touched."""
+    journal = journal_path(config)
+    for _ in range(3):
+        if not os.path.lexists(journal):
+            return None
+        folders = {Path(e.path).parent for e in _read_journal(journal, config)[0]} | {journal.parent}
+        with _locked(folders):
+            if not os.path.lexists(journal):
+                return None
+            entries, committed = _read_journal(journal, config)
+            if {Path(e.path).parent for e in entries} | {journal.parent} != folders:
+                continue
+            if committed:
+                _sweep(entries, journal, older=False)
+                _finish(entries, journal)
+                return None
+            return _undo(entries, journal, strict=True)
+    raise CannotFix(f"its --fix journal {journal} keeps changing; nothing rolled back: run --fix again",
+                    file=config)
+
+
+def _read_journal(journal: Path, config: str) -> tuple[list[_Entry], bool]:
+    """The entries of a journal, every field checked (the backup names must be the ones --fix gives)."""
+    def bad(why: str) -> CannotFix:
+        return CannotFix(f"its --fix journal {journal} is unreadable ({why}); nothing rolled back: check the "
+                         "files it names (their originals are in it, base64), then delete it", file=config)
+
+    if journal.is_symlink() or not journal.is_file():
+        raise bad("not a regular file")
+    try:
+        data = json.loads(journal.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        raise bad(getattr(e, "strerror", None) or type(e).__name__) from None
+    if not isinstance(data, dict) or data.get("te_align") != _JOURNAL_TAG or data.get("version") != 1:
+        raise bad("not a te-align --fix journal of this version")
+    committed = data.get("committed")
+    if not isinstance(committed, bool):
+        raise bad("committed: not true or false")
+    files = data.get("files")
+    if not isinstance(files, list) or not files:
+        raise bad("no files")
+    out = []
+    for f in files:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not os.path.isabs(f["path"]):
+            raise bad("a file without an absolute path")
+        path = f["path"]
+        sha = f.get("new_sha256")
+        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise bad(f"{path}: no new_sha256")
+        try:
+            old = base64.b64decode(f.get("original"), validate=True)  # type: ignore[arg-type]
+        except (TypeError, ValueError, binascii.Error):
+            raise bad(f"{path}: no original") from None
+        e = _Entry(path, old, sha, f.get("backup") is not None, f.get("older_backup") is not None)
+        if (e.backup and f["backup"] != str(e.bak)) or (e.older and (not e.backup or f["older_backup"]
+                                                                     != str(e.older_path))):
+            raise bad(f"{path}: a backup name --fix does not give")
+        out.append(e)
+    return out, committed
