@@ -16,6 +16,7 @@ from te_align.ab.preset import ABError, load_preset, preset_from_dict, presets_r
 from te_align.ab.stats import holm, sd_ratio_interval, sign_flip_p, t_two_sided_p
 
 WORLD = presets_root() / "world"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "effects" / "results"
 
 
 # ------------------------------------------------------------------------------------------ stats
@@ -421,3 +422,39 @@ def test_interrupted_matrix_resumes_and_does_not_rerun_finished_seeds(demo: Any)
         run_matrix(out / "matrix", only=[DEMO_ROW], seeds=2, max_steps=5, say=said.append)
     with pytest.raises(ABError, match="key '--only': no world preset 'world-sd9'"):
         run_matrix(out / "matrix", only=["world-sd9"], say=said.append)
+
+
+def test_rows_added_by_an_amendment_are_a_holm_family_of_their_own() -> None:
+    """bench_effects.md amendment 7: the SDXL rows are adjusted among themselves, so adding them changes no verdict of
+    the first plan's rows; their hash names that correction, the first plan's rows' hashes are unchanged."""
+    from te_align.ab.matrix import aggregate, holm_family, matrix_presets, render_effects, row_hash
+
+    presets = {p.name: p for p in matrix_presets()}
+    later = {n for n, p in presets.items() if holm_family(p.world.base)}
+    assert later == {"world-sdxl-clip-g-bang", "world-sdxl-dropout-encoded", "world-sdxl-max-token-225",
+                     "world-sdxl-pad-longest"}
+    # the first plan's row hashes as committed with its results (benchmarks/effects/results)
+    committed = json.loads((RESULTS / "world-sd3-t5-77" / "seed-0.json").read_text(encoding="utf-8"))["plan"]
+    assert row_hash(presets["world-sd3-t5-77"], seeds=None, max_steps=None) == committed
+    gate = "world-sd3-positive-shuffled"
+    recs = {
+        gate: [_record(gate, s, [0.1 + 0.01 * s] * 4, [0.4] * 4) for s in range(6)],
+        "world-sd3-t5-77": [_record("world-sd3-t5-77", s, [0.2 + 0.01 * s] * 4, [0.5 + 0.012 * s] * 4) for s in range(6)],
+        "world-sd3-t5-154": [_record("world-sd3-t5-154", s, [0.45 + 0.01 * s] * 4, [0.4 + 0.012 * s] * 4) for s in range(6)],
+        "world-sdxl-pad-longest": [
+            _record("world-sdxl-pad-longest", s, [0.3 + 0.02 * s] * 4, [0.5 + 0.01 * s] * 4) for s in range(6)
+        ],
+        "world-sdxl-clip-g-bang": [_record("world-sdxl-clip-g-bang", s, [0.3] * 4, [0.3] * 4) for s in range(2)],
+    }
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    first = [rows["world-sd3-t5-77"].primary["p_t"], rows["world-sd3-t5-154"].primary["p_t"]]
+    # Holm over the two first-plan rows alone: the smaller p doubled, the larger kept (monotone)
+    assert rows["world-sd3-t5-77"].p_holm == pytest.approx(min(1.0, 2 * min(first)))
+    # the SDXL row is the only complete row of its family: its p is not adjusted at all
+    sdxl = rows["world-sdxl-pad-longest"]
+    assert sdxl.holm_family and sdxl.p_holm == pytest.approx(sdxl.primary["p_t"]) and sdxl.verdict == "profile better"
+    text = render_effects(list(rows.values()), command="te-align ab matrix", plan="p1")
+    reading = text.split("## Reading\n\n")[1].split("\n## ")[0]
+    assert "Adjusted on their own (Holm over 2 rows), the SDXL rows (amendment 7):" in reading
+    assert "- Not read yet: 1 of 2 rows have all their seeds." in reading
+    assert "(1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77" in reading

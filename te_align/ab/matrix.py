@@ -67,6 +67,16 @@ PENDING = "pending"
 #: "profile better", the instrument is blind at this scale and the deviation and inference rows are uninformative.
 GATE = "world-sd3-positive-shuffled"
 UNINFORMATIVE = "uninformative (the gating positive control was not seen)"
+#: Holm families (bench_effects.md, amendment 7): the first plan's deviation and inference rows are one family; rows
+#: an amendment added after those verdicts were published form a family of their own, keyed by their base, so that
+#: adding rows changes no published verdict.
+LATER_FAMILIES: dict[str, str] = {"sdxl": "the SDXL rows (amendment 7)"}
+_FIRST_CORRECTION = "holm over deviation and inference rows, paired t p-values"
+
+
+def holm_family(base: str) -> str:
+    """The Holm family of a row on ``base``: ``""`` for the first plan's, else the amendment's name."""
+    return LATER_FAMILIES.get(base, "")
 
 
 @dataclass
@@ -92,6 +102,8 @@ class MatrixRow:
     family: str = ""
     profile: str = ""
     where: list[str] = field(default_factory=list)
+    #: The Holm family the row's verdict is adjusted in (:func:`holm_family`).
+    holm_family: str = ""
 
     @property
     def primary(self) -> JSONObject | None:
@@ -139,6 +151,8 @@ def row_hash(p: Preset, *, seeds: int | None, max_steps: int | None) -> str:
     and the statistics. A row added by an amendment leaves the other rows' results valid; a changed row refuses its
     old results."""
     base = p.world.base if p.world is not None else ""
+    later = holm_family(base)
+    correction = f"holm over the deviation and inference rows of {later}, paired t p-values" if later else _FIRST_CORRECTION
     return _hash(
         {
             "format": PLAN_FORMAT,
@@ -148,7 +162,7 @@ def row_hash(p: Preset, *, seeds: int | None, max_steps: int | None) -> str:
             "max_steps": max_steps,
             "primary": _runner.PRIMARY,
             "alpha": ALPHA,
-            "correction": "holm over deviation and inference rows, paired t p-values",
+            "correction": correction,
         }
     )
 
@@ -312,6 +326,7 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
             overrides=dict(b.overrides),
             train=dict(b.train),
             profile=p.profile,
+            holm_family=holm_family(p.world.base),
         )
         try:
             row.family = str(base_info(p.world.base)["family"])
@@ -351,9 +366,11 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
             if prim is not None:
                 row.sd_ratio = sd_ratio_interval(prim.a, prim.b)
         rows.append(row)
-    family = [r for r in rows if r.kind in ("deviation", "inference") and r.primary is not None and r.seeds >= r.planned]
-    for r, adj in zip(family, holm([float(r.primary["p_t"]) for r in family if r.primary]), strict=True):  # type: ignore[index]
-        r.p_holm = adj
+    for name in dict.fromkeys(r.holm_family for r in rows):
+        family = [r for r in rows if r.holm_family == name and r.kind in ("deviation", "inference") and r.primary is not None
+                  and r.seeds >= r.planned]  # fmt: skip
+        for r, adj in zip(family, holm([float(r.primary["p_t"]) for r in family if r.primary]), strict=True):  # type: ignore[index]
+            r.p_holm = adj
     for r in rows:
         m = r.primary
         if r.reason:
@@ -567,21 +584,41 @@ def _p(v: float) -> str:
 
 
 def _reading(rows: Sequence[MatrixRow]) -> list[str]:
-    """The plain reading of the table, computed from the verdicts (no hand-written conclusion): the controls, then
-    the deviation and inference rows grouped by verdict; silent until every row has all its seeds."""
-    ran = [r for r in rows if not r.reason]
-    if not ran or any(r.seeds < r.planned for r in ran):
-        return []
-    family = [r for r in ran if r.kind in ("deviation", "inference")]
+    """The plain reading of the table, computed from the verdicts (no hand-written conclusion): per Holm family, once
+    every row of it (and every control) has all its seeds, the controls, then the deviation and inference rows grouped
+    by verdict."""
     out = ["", "## Reading", ""]
-    for r in ran:
+    controls = [r for r in rows if not r.reason and r.kind in ("null", "positive")]
+    if not controls or any(r.seeds < r.planned for r in controls):
+        return []
+    for r in controls:
         if r.kind == "null":
             fp = "a false positive: the instrument reads noise as an effect" if r.verdict != NO_DIFFERENCE else "as it must"
             out.append(f"- Null control **{r.preset}**: {r.verdict} ({fp}).")
-        elif r.kind == "positive":
+        else:
             seen = "the instrument sees it" if r.verdict == PROFILE_BETTER else "the instrument does not resolve it"
             gate = " (the gate of the deviation rows)" if r.preset == GATE else ""
             out.append(f"- Positive control **{r.preset}**{gate}: {r.verdict}; {seen}.")
+    families: dict[str, list[MatrixRow]] = {}
+    for r in rows:
+        if not r.reason and r.kind in ("deviation", "inference"):
+            families.setdefault(r.holm_family, []).append(r)
+    if not any(all(r.seeds >= r.planned for r in ran) for ran in families.values()):
+        return []
+    for name, ran in families.items():
+        if name:
+            out += ["", f"Adjusted on their own (Holm over {len(ran)} rows), {name}:", ""]
+        if any(r.seeds < r.planned for r in ran):
+            done = sum(r.seeds >= r.planned for r in ran)
+            out.append(f"- Not read yet: {done} of {len(ran)} rows have all their seeds.")
+            continue
+        out += _family_reading(ran)
+    return out
+
+
+def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
+    """One Holm family's deviation and inference rows grouped by verdict."""
+    out: list[str] = []
     if any(r.verdict == UNINFORMATIVE for r in family):
         out.append(
             f"- The {len(family)} deviation and inference rows are uninformative: the gating positive control "
@@ -692,14 +729,15 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
 
 _METHOD = """## Method (as it ran)
 
-- **Bases.** The shipped world bases (`te_align.tiny.world.base`: SD3-, Flux- and SD 1.5-shaped; `docs/world.md`),
-  each pretrained from scratch on the shapes world with its family's profile and frozen tiny text encoders that were
-  themselves pretrained on world captions. Pink never occurs in any base's pretraining data. The SDXL base missed its
-  colour target and is not shipped; its rows are listed as not run.
+- **Bases.** The shipped world bases (`te_align.tiny.world.base`: SD3-, Flux-, SDXL- and SD 1.5-shaped;
+  `docs/world.md`), each pretrained from scratch on the shapes world with its family's profile and frozen tiny text
+  encoders that were themselves pretrained on world captions. Pink never occurs in any base's pretraining data. The
+  SDXL rows were added by amendment 7 of the plan, after the first plan's verdicts, and are adjusted as a family of
+  their own.
 - **Finetune.** Per seed, 64 images that always show pink (one filled object on white, never a pink triangle) are
   drawn from the world with the default caption mix (tags, short sentences, long captions past T5 positions 77, 154
   and 256; some with "!" or weight syntax); both arms of a seed share the images, data order, noise and LoRA
-  initialisation (a null control's arm A draws its own). LoRA rank 8 on the denoiser, learning rate 1e-3, batch 8,
+  initialisation (a null control's arm A draws its own). LoRA rank 8 on the denoiser, batch 8, learning rate per base by the plan's calibration rule (SD3 3e-4, Flux 1e-4, SD 1.5 and SDXL 1e-3),
   300 steps, checkpoints every 50 steps. SD3 rows train with the profile's 46.4% per-encoder dropout in arm B (the
   base's recipe), SD 1.5 rows with the profile's 10% caption dropout.
 - **Scoring as sampled.** At 50, 100, 200 and 300 steps, each arm samples 24 probe prompts per seed, in sentence

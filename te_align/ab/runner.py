@@ -624,8 +624,11 @@ class _Evaluator:
             self.opts_a = _encoding_core.EncodeOptions(long_prompt_chunks=p.baseline.inference_chunks) if p.baseline.inference_chunks else None
         elif p.baseline.sample_as == "trained":
             self.inf_a = prof_a
-            chunks = int(_merge(p.train, p.baseline.train).get("data", {}).get("long_prompt_chunks", 0) or 0)
-            self.opts_a = _encoding_core.EncodeOptions(long_prompt_chunks=chunks) if chunks else None
+            data = _merge(p.train, p.baseline.train).get("data", {})
+            chunks = int(data.get("long_prompt_chunks", 0) or 0)
+            padding = data.get("long_prompt_padding", "max_length")  # EncodeOptions refuses other values
+            if chunks:
+                self.opts_a = _encoding_core.EncodeOptions(long_prompt_chunks=chunks, chunk_padding=padding)
         cfg = config_from_dict(
             train_config_dict(
                 p,

@@ -16,7 +16,7 @@ import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -38,6 +38,9 @@ _Component = TypeVar("_Component")
 #: CLIP-style chunk body length for long prompts (77 positions minus BOS and EOS).
 CHUNK_BODY = 75
 
+#: How far the last long-prompt chunk is padded (:attr:`EncodeOptions.chunk_padding`).
+ChunkPadding = Literal["max_length", "longest"]
+
 
 @dataclass(frozen=True)
 class EncodeOptions:
@@ -51,6 +54,15 @@ class EncodeOptions:
         output comes from the first chunk. Every prompt of a batch gets the batch's chunk count
         (or exactly N with ``pad_chunks``).
         Source: NovelAI's "Improvements to SD" (2022) and AUTOMATIC1111/kohya ``max_token_length``.
+    chunk_padding:
+        With chunking, how far the last chunk is padded. ``"max_length"``: to 77, as above.
+        ``"longest"``: diffusion-pipe's SDXL (tdrussell/diffusion-pipe@8f83dbf models/sdxl.py:581-589,744-781):
+        every chunk but the last is 77 positions, the last is padded only to the batch's longest
+        caption, ``L - 75 * (n - 1) + 2`` positions for a longest caption of L tokens in n chunks
+        (a batch of short captions: ``L + 2`` < 77). The chunkable slots share the widest of their
+        layouts (the hub CLIP-G tokenizer reads "!" as its pad id and can count a prompt longer than
+        CLIP-L; diffusion-pipe tokenizes for both with CLIP-L's). Needs ``long_prompt_chunks >= 1``
+        (still the chunk limit) and excludes ``pad_chunks``.
     dropout_policy:
         What a dropped caption or dropped encoder becomes: ``"empty"`` (the encoded empty prompt)
         or ``"zeros"``; ``"profile"`` uses the profile's ``empty_prompt`` rule.
@@ -61,9 +73,26 @@ class EncodeOptions:
     #: With chunking: always emit ``long_prompt_chunks`` chunks (fixed shapes, e.g. for a trainer's
     #: per-caption tokenization that is collated later) instead of the batch's longest need.
     pad_chunks: bool = False
+    chunk_padding: ChunkPadding = "max_length"
+
+    def __post_init__(self) -> None:
+        padding, n = self.chunk_padding, self.long_prompt_chunks
+        if padding not in ("max_length", "longest"):
+            raise EncodingError(f"chunk_padding must be 'max_length' or 'longest', got {padding!r}")
+        if padding == "longest" and n < 1:
+            raise EncodingError(f"chunk_padding='longest' needs long_prompt_chunks >= 1, got {n}")
+        if padding == "longest" and self.pad_chunks:
+            raise EncodingError("chunk_padding='longest' excludes pad_chunks (which pads every chunk to 77)")
 
     def as_dict(self) -> dict[str, int | str | bool]:
-        return {"long_prompt_chunks": self.long_prompt_chunks, "dropout_policy": self.dropout_policy, "pad_chunks": self.pad_chunks}
+        d: dict[str, int | str | bool] = {
+            "long_prompt_chunks": self.long_prompt_chunks,
+            "dropout_policy": self.dropout_policy,
+            "pad_chunks": self.pad_chunks,
+        }
+        if self.chunk_padding != "max_length":  # only when set: cache keys made before the option stay valid
+            d["chunk_padding"] = self.chunk_padding
+        return d
 
 
 @dataclass
@@ -339,9 +368,20 @@ def long_prompt_chunks(
 
 
 def _chunk_ids(
-    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], max_chunks: int, fixed: bool = False
+    slot: SlotSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    max_chunks: int,
+    fixed: bool = False,
+    longest: bool = False,
+    min_width: int = 0,
 ) -> tuple[torch.Tensor, list[int], int]:
-    """NovelAI chunking: (B * n_chunks, 77) ids, token counts, chunks per prompt."""
+    """Long-prompt chunks laid side by side: (B, n_chunks * 77) ids (NovelAI), token counts, chunks per prompt.
+
+    ``longest`` (``chunk_padding = "longest"``): the last chunk is cut to the batch's longest last piece plus BOS and
+    EOS, (B, (n_chunks - 1) * 77 + that), or to ``min_width`` where that is wider (more chunks where it needs them);
+    positions past a prompt's EOS are pad, as in 77-wide chunks.
+    """
     t = slot.tokenizer
     tokenizer = prompt_tokenizer(slot, tokenizer)
     bos = t.bos_token_id if t.bos_token_id is not None else tokenizer.bos_token_id
@@ -351,15 +391,23 @@ def _chunk_ids(
     raw = tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
     counts = [len(r) for r in raw]
     n = max_chunks if fixed else max(1, min(max_chunks, max(math.ceil(c / body) for c in counts) if counts else 1))
+    if longest:
+        tail = max((min(c, n * body) - (n - 1) * body for c in counts), default=0)
+        width = max((n - 1) * t.max_length + max(tail, 0) + 2, min_width)
+        n = math.ceil(width / t.max_length)
     rows = []
     for r in raw:
         r = r[: n * body]
+        row: list[int] = []
         for k in range(n):
             part = r[k * body : (k + 1) * body]
-            row = [bos, *part, eos]
-            row += [pad] * (t.max_length - len(row))
-            rows.append(row)
-    return torch.tensor(rows, dtype=torch.long), counts, n
+            row += [bos, *part, eos]
+            row += [pad] * (t.max_length - len(part) - 2)
+        rows.append(row)
+    ids = torch.tensor(rows, dtype=torch.long).reshape(len(texts), n * t.max_length)
+    if longest:
+        ids = ids[:, :width]
+    return ids, counts, n
 
 
 # ---------------------------------------------------------------------------------- one slot
@@ -382,9 +430,13 @@ def encode_slot(
     device: torch.device,
     negative: bool = False,
     options: EncodeOptions = EncodeOptions(),
+    chunk_width: int = 0,
 ) -> SlotResult:
-    """Tokenize, encode and post-process one slot exactly as its profile entry says."""
-    ids, mask = tokenize_slot(slot, tokenizer, prompts, negative=negative, options=options)
+    """Tokenize, encode and post-process one slot exactly as its profile entry says (``chunk_width``: see
+    :func:`tokenize_slot`)."""
+    ids, mask = tokenize_slot(
+        slot, tokenizer, prompts, negative=negative, options=options, chunk_width=chunk_width
+    )
     counts = count_tokens(slot, tokenizer, prompts, negative=negative) if _chunked(slot, options) else None
     return encode_slot_tokens(profile, slot, encoder, ids, mask, device=device, counts=counts)
 
@@ -396,22 +448,35 @@ def tokenize_slot(
     *,
     negative: bool = False,
     options: EncodeOptions = EncodeOptions(),
+    chunk_width: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and attention mask of one slot exactly as :func:`encode_slot` makes them.
 
     Trainer hooks call this where the trainer tokenizes (e.g. in DataLoader workers) and hand the
     result to :func:`encode_slot_tokens` later; together they equal :func:`encode_slot`. With
-    long-prompt chunking the chunks are laid side by side: (batch, chunks * max_length).
+    long-prompt chunking the chunks are laid side by side: (batch, chunks * max_length), the last
+    chunk narrower with ``chunk_padding = "longest"``; there ``chunk_width`` widens the layout to the
+    batch's width in another slot (:func:`encode` passes the widest chunkable slot's, so CLIP-L and
+    CLIP-G line up where their tokenizers count a prompt differently). Without chunking, a chunkable
+    slot's ids are at most ``max_length`` wide (wider ones would read as chunks).
     """
     texts = [render(slot.tokenizer, p, negative=negative) for p in prompts]
     if _chunked(slot, options):
-        ids, _, n = _chunk_ids(slot, tokenizer, texts, options.long_prompt_chunks, fixed=options.pad_chunks)
-        ids = ids.reshape(len(texts), n * ids.shape[1])
+        n, fixed, longest = options.long_prompt_chunks, options.pad_chunks, options.chunk_padding == "longest"
+        ids = _chunk_ids(slot, tokenizer, texts, n, fixed=fixed, longest=longest, min_width=chunk_width)[0]
         return ids, torch.ones_like(ids)
     absent = [is_absent(slot.tokenizer, p) for p in prompts]
     if not any(absent):
-        return _tokenize(slot, tokenizer, texts, negative)
-    return _tokenize_with_absent(slot, tokenizer, texts, absent, negative)
+        ids, mask = _tokenize(slot, tokenizer, texts, negative)
+    else:
+        ids, mask = _tokenize_with_absent(slot, tokenizer, texts, absent, negative)
+    if slot.tokenizer.chunkable and ids.shape[1] > slot.tokenizer.max_length:
+        raise EncodingError(
+            f"slot '{slot.name}': {ids.shape[1]} positions without long-prompt chunks, over max_length "
+            f"{slot.tokenizer.max_length}; a chunkable slot's ids that wide are read as chunks (encode with "
+            "long_prompt_chunks >= 1, or set tokenizer.chunkable = false)"
+        )
+    return ids, mask
 
 
 def _tokenize_with_absent(
@@ -445,10 +510,10 @@ def encode_slot_tokens(
 ) -> SlotResult:
     """Encode and post-process ids from :func:`tokenize_slot` (default device: the encoder's).
 
-    Ids of a chunkable slot longer than ``max_length`` (a whole multiple of it) are long-prompt
-    chunks: each chunk position is encoded with the plain batch shape, so chunk 1 is bit-identical
-    to the unchunked encoding (float results depend on the batch shape); the pooled output comes
-    from chunk 1.
+    Ids of a chunkable slot wider than ``max_length`` are long-prompt chunks: ``max_length``-wide
+    pieces and a narrower last one (``chunk_padding = "longest"``). Each chunk position is encoded
+    with the plain batch shape, so chunk 1 is bit-identical to the unchunked encoding (float results
+    depend on the batch shape); the pooled output comes from chunk 1.
     """
     if slot.tokenizer_only:
         if device is not None:
@@ -456,7 +521,7 @@ def encode_slot_tokens(
         return _tokens_only(slot, ids, mask, counts)
     ids, mask = ids.to(device or _encoder_device(encoder)), mask.to(device or _encoder_device(encoder))
     width = slot.tokenizer.max_length
-    if slot.tokenizer.chunkable and ids.shape[1] > width and ids.shape[1] % width == 0:
+    if slot.tokenizer.chunkable and ids.shape[1] > width:
         parts = [
             _forward(slot, encoder, ids[:, k : k + width], mask[:, k : k + width]) for k in range(0, ids.shape[1], width)
         ]
@@ -821,14 +886,27 @@ def _encode_slots(
     pipeline: DiffusionPipeline | None,
 ) -> dict[str, SlotResult]:
     """Every slot's result, in profile order; dropped samples replaced as ``req.policy`` says."""
+
+    def components(slot: SlotSpec) -> tuple[PreTrainedTokenizerBase, torch.nn.Module | None]:
+        if pipeline is not None and (tokenizers is None or text_encoders is None):
+            return _from_pipeline(pipeline, slot)
+        tok = _component(tokenizers, slot, "tokenizer_subfolder", "tokenizer")
+        if slot.tokenizer_only:
+            return tok, None
+        return tok, _component(text_encoders, slot, "encoder_subfolder", "text encoder")
+
+    width = 0  # chunk_padding "longest": the chunkable slots share the widest layout of theirs
+    if req.options.chunk_padding == "longest":
+        for slot in p.slots:
+            if _chunked(slot, req.options) and not slot.tokenizer_only:
+                tok, enc = components(slot)
+                check_components(p, slot, tok, enc, req.device)
+                ids = tokenize_slot(slot, tok, req.texts, negative=req.negative, options=req.options)[0]
+                width = max(width, ids.shape[1])
     results: dict[str, SlotResult] = {}
     slot_dev: torch.device | None = None
     for slot in sorted(p.slots, key=lambda s: s.tokenizer_only):  # encoded slots first: they set the device
-        if pipeline is not None and (tokenizers is None or text_encoders is None):
-            tok, enc = _from_pipeline(pipeline, slot)
-        else:
-            tok = _component(tokenizers, slot, "tokenizer_subfolder", "tokenizer")
-            enc = None if slot.tokenizer_only else _component(text_encoders, slot, "encoder_subfolder", "text encoder")
+        tok, enc = components(slot)
         if slot.tokenizer_only:
             if not callable(tok):
                 raise EncodingError(f"slot '{slot.name}': the tokenizer is a {type(tok).__name__}, not a tokenizer")
@@ -843,7 +921,17 @@ def _encode_slots(
             texts = ["" if f else x for x, f in zip(req.texts, flags, strict=True)]
             res = encode_slot(p, slot, tok, enc, texts, device=slot_dev, negative=req.negative, options=req.options)
         else:
-            res = encode_slot(p, slot, tok, enc, req.texts, device=slot_dev, negative=req.negative, options=req.options)
+            res = encode_slot(
+                p,
+                slot,
+                tok,
+                enc,
+                req.texts,
+                device=slot_dev,
+                negative=req.negative,
+                options=req.options,
+                chunk_width=width,
+            )
             if any(flags):
                 res = _apply_slot_drop(p, slot, tok, enc, res, flags, slot_dev, req)
         results[slot.name] = res
@@ -922,11 +1010,17 @@ def _apply_slot_drop(
     if flags == req.drop:
         return res  # whole captions were already replaced by "" before encoding
     empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=req.negative, options=req.options)
-    seq, body = res.hidden.shape[-2], slot.tokenizer.max_length
-    if empty.hidden.shape[-2] != seq and req.options.long_prompt_chunks and slot.tokenizer.chunkable and seq % body == 0:
-        # a chunked batch: the empty prompt gets the batch's chunk count, as a dropped whole caption does
-        chunked = dataclasses.replace(req.options, long_prompt_chunks=seq // body, pad_chunks=True)
-        empty = encode_slot(p, slot, tok, enc, [""], device=device, negative=req.negative, options=chunked)
+    seq, width = res.hidden.shape[-2], slot.tokenizer.max_length
+    if empty.hidden.shape[-2] != seq and _chunked(slot, req.options):
+        # a chunked batch: the empty prompt gets the batch's layout, as a whole dropped caption does (the batch's
+        # chunk count; with chunk_padding "longest" the last chunk cut to the batch's width)
+        n = -(-seq // width)
+        chunked = dataclasses.replace(
+            req.options, long_prompt_chunks=n, pad_chunks=True, chunk_padding="max_length"
+        )
+        ids, mask = tokenize_slot(slot, tok, [""], negative=req.negative, options=chunked)
+        counts = count_tokens(slot, tok, [""], negative=req.negative)
+        empty = encode_slot_tokens(p, slot, enc, ids[:, :seq], mask[:, :seq], device=device, counts=counts)
     if empty.hidden.shape[-2] != seq:
         raise EncodingError(f"slot '{slot.name}': the empty prompt encodes to a different length; use dropout_policy='zeros'")
     hidden = torch.where(sel, empty.hidden.expand_as(res.hidden), res.hidden)

@@ -255,7 +255,7 @@ def tokenize_slot_weighted(
         content, cw = content_token_weights(slot, tokenizer, prompt, negative=negative)
         row = ids[b].tolist()
         if chunked:
-            n = len(row) // width
+            n = -(-len(row) // width)  # the last chunk is narrower with chunk_padding = "longest"
             positions = [k * width + 1 + j for k in range(n) for j in range(body)][: len(content)]
         else:
             start, kept = _place(row, content)

@@ -35,6 +35,7 @@ Precision = Literal["no", "fp16", "bf16"]
 Schedule = Literal["constant", "cosine"]
 Optimizer = Literal["adamw", "adamw8bit"]
 DropoutPolicy = Literal["profile", "empty", "zeros"]
+LongPromptPadding = Literal["max_length", "longest"]
 LatentSample = Literal["sample", "mean"]
 Quantize = Literal["none", "int8", "nf4", "fp8"]
 
@@ -84,7 +85,7 @@ class DataConfig:
     #: Draw a latent from the cached distribution each step (``sample``) or use its mean.
     latent_sample: LatentSample = "sample"
     #: Cache text embeddings in a te-align EmbeddingCache (not used when tags are shuffled or
-    #: text encoders are trained: those captions change every step).
+    #: text encoders are trained: those captions change every step; nor with long_prompt_padding "longest").
     cache_text: bool = True
     #: Cache folder; default ``<output.dir>/cache``.
     cache_dir: str = ""
@@ -103,6 +104,10 @@ class DataConfig:
     dropout_policy: DropoutPolicy = "profile"
     #: NovelAI long-prompt chunks for CLIP slots (0 = off); batches are bucketed by chunk count.
     long_prompt_chunks: int = 0
+    #: How far the last long-prompt chunk is padded (te_align EncodeOptions.chunk_padding): "max_length" (77,
+    #: NovelAI) or "longest" (the batch's longest caption, diffusion-pipe's SDXL; text embeddings are then not
+    #: cached, a caption's conditioning depends on its batch). "longest" needs long_prompt_chunks >= 1.
+    long_prompt_padding: LongPromptPadding = "max_length"
 
 
 @dataclass
@@ -271,6 +276,11 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(d.keep_tokens >= 0, "data.keep_tokens", f"must be >= 0, got {d.keep_tokens}")
     need(0.0 <= d.caption_dropout <= 1.0, "data.caption_dropout", f"must be in [0, 1], got {d.caption_dropout}")
     need(d.long_prompt_chunks >= 0, "data.long_prompt_chunks", f"must be >= 0, got {d.long_prompt_chunks}")
+    need(
+        d.long_prompt_padding == "max_length" or d.long_prompt_chunks >= 1,
+        "data.long_prompt_padding",
+        f'"longest" pads long-prompt chunks, so it needs data.long_prompt_chunks >= 1, got {d.long_prompt_chunks}',
+    )
     ext = d.caption_extension
     need(ext.startswith("."), "data.caption_extension", f"must start with '.', got {ext!r}")
     need(len(ext) > 1 and not (set(ext) & _BAD_NAME_CHARS) and ext.strip(".") and not ext.endswith("."),

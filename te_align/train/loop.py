@@ -208,7 +208,11 @@ class TextSource:
         self.device = device
         self.dtype = dtype
         self.trainable = trainable
-        self.options = EncodeOptions(long_prompt_chunks=cfg.data.long_prompt_chunks, dropout_policy=cfg.data.dropout_policy)
+        self.options = EncodeOptions(
+            long_prompt_chunks=cfg.data.long_prompt_chunks,
+            dropout_policy=cfg.data.dropout_policy,
+            chunk_padding=cfg.data.long_prompt_padding,
+        )
         probs: dict[str, float] = {}
         for k, v in cfg.data.encoder_dropout.items():
             if k == "all":
@@ -222,10 +226,15 @@ class TextSource:
                     raise TrainError(str(e), key=f"data.encoder_dropout.{k}") from None
                 probs[k] = float(v)
         self.slot_probs = probs
-        self.use_cache = cfg.data.cache_text and not trainable and not cfg.data.shuffle_tags
+        longest = cfg.data.long_prompt_padding == "longest"
+        self.use_cache = cfg.data.cache_text and not trainable and not cfg.data.shuffle_tags and not longest
         if cfg.data.cache_text and not self.use_cache:
-            why = "text encoders are trained" if trainable else "tags are shuffled"
-            logger.info("text-embedding cache off: %s, so captions change every step", why)
+            if trainable or cfg.data.shuffle_tags:
+                why = "text encoders are trained" if trainable else "tags are shuffled"
+                why += ", so captions change every step"
+            else:
+                why = "each batch's chunks are padded to its longest caption (data.long_prompt_padding)"
+            logger.info("text-embedding cache off: %s", why)
         self._caches: dict[str, EmbeddingCache] = {}
         #: Recently used conditionings in memory, least recently used first; the disk cache holds them all.
         self._memo: OrderedDict[tuple[str, str], Conditioning] = OrderedDict()
