@@ -472,6 +472,17 @@ def dp_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path
     return _dp_layout(tmp_path / "run")
 
 
+#: The backup an earlier fix left beside the config, in the fault campaigns below.
+OLDER = b"# the backup an earlier fix left\n"
+
+
+def _relayout(root: Path) -> dict[str, bytes]:
+    """``root`` laid out afresh as a pair whose config has an older backup; its files' bytes."""
+    shutil.rmtree(root, ignore_errors=True)
+    _dp_layout(root, older=OLDER)
+    return _snap(root)
+
+
 def _dp_layout(root: Path, *, mode: int = 0o640, older: bytes | None = None) -> tuple[Path, Path]:
     (root / "dp_data").mkdir(parents=True)
     config, dataset = root / "train.toml", root / "dp_data" / "dataset.toml"
@@ -706,17 +717,13 @@ def test_killed_at_every_file_operation_recovers_byte_identical(tmp_path: Path,
     none): the next --fix rolls back to exactly the files before (or finds the fix done), and the one after
     it leaves exactly what a clean run leaves."""
     config, _ = dp_pair
-    shutil.rmtree(config.parent)
-    older = b"# the backup an earlier fix left\n"
-    config, _ = _dp_layout(config.parent, older=older)
     root = config.parent
-    before = _snap(root)
+    before = _relayout(root)
     want = _fixed_snap(before)
     ops = _ops(config, tmp_path)
     assert len(ops) >= 12, ops
     for at in range(1, len(ops) + 1):
-        shutil.rmtree(root)
-        _dp_layout(root, older=older)
+        _relayout(root)
         assert _fix_in_child(config, kill_at=at) is None, (at, ops[at - 1])
         first = fix_file(str(config))
         if first.rolled_back or "interrupted --fix was rolled back" in first.refused:
@@ -733,15 +740,11 @@ def test_rollback_killed_at_every_file_operation_is_rolled_back_again(tmp_path: 
     the --fix after it still gives back exactly the files before."""
     config, dataset = dp_pair
     root = config.parent
-    shutil.rmtree(root)
-    older = b"# the backup an earlier fix left\n"
-    _dp_layout(root, older=older)
-    before = _snap(root)
+    before = _relayout(root)
     at = _ops(config, tmp_path).index(f"rename {dataset}") + 1
 
     def killed_fix() -> None:
-        shutil.rmtree(root)
-        _dp_layout(root, older=older)
+        _relayout(root)
         assert _fix_in_child(config, kill_at=at) is None
 
     killed_fix()
@@ -767,14 +770,10 @@ def test_full_disk_or_read_only_at_every_file_operation(tmp_path: Path, dp_pair:
 
     config, _ = dp_pair
     root = config.parent
-    shutil.rmtree(root)
-    older = b"# the backup an earlier fix left\n"
-    _dp_layout(root, older=older)
-    before = _snap(root)
+    before = _relayout(root)
     n = len(_ops(config, tmp_path))
     for at in range(1, n + 1):
-        shutil.rmtree(root)
-        _dp_layout(root, older=older)
+        _relayout(root)
         monkeypatch.setenv("TE_ALIGN_FAULT_AT", str(at))
         monkeypatch.setenv("TE_ALIGN_FAULT_MODE", mode)
         _atomic.reset_fault_counter()
