@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Deferred: it imports torch, which this module leaves to the functions that sample.
 _encoding_core = lazy_module("te_align.encoding.core")
+#: The trainer's sampling helpers (pipeline keywords, the denoiser mask as trained); deferred with the rest.
+_sampling = lazy_module("te_align.train.sampling")
 
 #: An answer-key object: ``[colour, shape, position, carries_concept]``.
 _KeyObject = Sequence[str | bool]
@@ -226,9 +228,7 @@ def sample_prompts(
                 chunk = [captions[i] for i in idx]
                 cond = te_align.encode(profile, chunk, pipeline=pipe, options=options)
                 neg = _encoding_core.encode_uncond(profile, len(chunk), pipeline=pipe, options=options) if guidance > 1 else {}
-            kwargs: dict[str, Any] = {k: v for k, v in cond.items() if k in accepted}
-            if guidance > 1:
-                kwargs.update({f"negative_{k}": v for k, v in neg.items() if f"negative_{k}" in accepted})
+            kwargs: dict[str, Any] = _sampling.pipeline_kwargs(cond, neg if guidance > 1 else None, accepted)
             if "true_cfg_scale" in accepted:  # Flux: real classifier-free guidance against the negative
                 kwargs["true_cfg_scale"] = guidance
             gens = [torch.Generator().manual_seed(seed + i) for i in idx]
@@ -240,7 +240,10 @@ def sample_prompts(
                 ln, lp = lengths["prompt_embeds"]
                 by_tensor = {kwargs["negative_prompt_embeds"].data_ptr(): ln, kwargs["prompt_embeds"].data_ptr(): lp}
                 lengths = {}
-            with _separate_passes(denoiser, lengths, {"prompt_embeds": "encoder_hidden_states"}, by_tensor):
+            with (
+                _separate_passes(denoiser, lengths, {"prompt_embeds": "encoder_hidden_states"}, by_tensor),
+                _sampling.masks_as_trained(pipe, profile),
+            ):
                 out = pipe(
                     **kwargs,
                     num_inference_steps=steps,

@@ -3,7 +3,7 @@
 Validation loss follows the SD3 paper's (Esser et al. 2024, §5.1 "validation loss") recipe: every
 held-out image is noised at a fixed set of timesteps with noise drawn once from a fixed seed, so
 the same checkpoint always gives the same number and the two arms are scored on identical inputs.
-Flow models (SD3, Flux, SDXL-flow) use ``x_t = (1 - t) x0 + t n`` with target ``n - x0``; eps / v
+Flow models (SD3, Flux, Chroma, SDXL-flow) use ``x_t = (1 - t) x0 + t n`` with target ``n - x0``; eps / v
 models use the scheduler's ``add_noise`` at ``round(t * (T - 1))``.
 """
 
@@ -109,7 +109,7 @@ def fixed_noise(latents: torch.Tensor, n_timesteps: int, seed: int) -> torch.Ten
 
 
 def resolve_objective(family: Family, pipe: DiffusionPipeline, configured: str) -> str:
-    if family.name in ("sd3", "flux"):
+    if family.flow_native:
         return "flow"
     if configured in ("eps", "v", "flow"):
         return configured
@@ -130,9 +130,12 @@ def validation_loss(
     guidance: float = 1.0,
     flow_shift_scale: float = 1000.0,
     pixel_size: int = 0,
+    denoiser_mask: bool = True,
 ) -> float:
     """Mean MSE over validation images x fixed timesteps (deterministic; no gradients). ``cond``: the images'
-    conditioning as one batch, or a list of one conditioning per image (prompts encoded one at a time)."""
+    conditioning as one batch, or a list of one conditioning per image (prompts encoded one at a time).
+    ``denoiser_mask``: the text attention mask goes to a denoiser that takes one (chroma), as in training
+    with the conditioning's profile (:func:`te_align.train.models.denoiser_mask_on`)."""
     import torch
 
     tt = torch.tensor(list(timesteps), dtype=torch.float32)
@@ -169,7 +172,7 @@ def validation_loss(
                 noisy = sched.add_noise(x0, nz, steps)
                 target = nz if objective == "eps" else sched.get_velocity(x0, nz, steps)
                 ts = steps
-            pred = denoise(family, denoiser, noisy, ts, c, time_ids=time_ids, guidance=guidance)
+            pred = denoise(family, denoiser, noisy, ts, c, time_ids=time_ids, guidance=guidance, denoiser_mask=denoiser_mask)
             total += float(torch.nn.functional.mse_loss(pred.float(), target.float()))
     value = total / max(n, 1)
     if not math.isfinite(value):

@@ -44,7 +44,14 @@ from te_align.tiny.world.phrasings import ProbePrompt, probe_prompts
 from te_align.train.checkpoint import latest_checkpoint, list_checkpoints
 from te_align.train.config import SampleConfig, config_from_dict
 from te_align.train.data import IMAGE_EXTENSIONS
-from te_align.train.models import add_lora, check_model, family_of, flow_timestep_scale, load_pipeline
+from te_align.train.models import (
+    add_lora,
+    check_model,
+    denoiser_mask_on,
+    family_of,
+    flow_timestep_scale,
+    load_pipeline,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -709,6 +716,8 @@ class _Evaluator:
             else:
                 cond_inf = te_align.encode(self.inf_a, captions, pipeline=pipe, options=self.opts_a)
         sampled_a = cond_inf if (p.baseline.kind == "inference" or p.baseline.sample_as == "trained") else cond_a
+        #: the profile each conditioning was encoded with: the denoiser is called as training with it calls it
+        prof_sampled_a = self.inf_a if sampled_a is cond_inf else self.prof_a
 
         if "divergence" not in state:
             prompts = sorted(set(_captions(train_dir)) | set(captions) | set(p.eval.prompts))
@@ -729,7 +738,8 @@ class _Evaluator:
         noise = evaluate.fixed_noise(latents, len(timesteps), p.eval.noise_seed)
         objective = evaluate.resolve_objective(family, pipe, cfg.train.objective)
 
-        def vloss(cond: Conditioning | list[Conditioning]) -> float:
+        def vloss(cond: Conditioning | list[Conditioning], profile: AlignmentProfile) -> float:
+            """Validation loss with ``cond``, the denoiser called as training with ``profile`` calls it."""
             return evaluate.validation_loss(
                 family=family,
                 denoiser=self.denoiser,
@@ -742,13 +752,14 @@ class _Evaluator:
                 guidance=cfg.train.guidance,
                 flow_shift_scale=flow_timestep_scale(family),
                 pixel_size=res,
+                denoiser_mask=denoiser_mask_on(profile),
             )
 
         probes = _probes(p, seed)
         curve_steps = _curve_steps(p, self.max_steps)
         self.load(self.zero)
-        base_b = vloss(cond_b)
-        base_own = {"A": vloss(sampled_a), "B": base_b}
+        base_b = vloss(cond_b, self.prof_b)
+        base_own = {"A": vloss(sampled_a, prof_sampled_a), "B": base_b}
         sample_size = p.eval.sample_size or res
         scfg = SampleConfig(
             prompts=list(p.eval.prompts),
@@ -763,7 +774,7 @@ class _Evaluator:
             r = runs_state[tag]
             arm = r["arm"]
             inf, opts = (self.inf_a, self.opts_a) if arm == "A" else (self.prof_b, None)
-            own = {"A": sampled_a, "B": cond_b}[arm]
+            own, own_profile = {"A": (sampled_a, prof_sampled_a), "B": (cond_b, self.prof_b)}[arm]
             val, val_own = [(0, base_b)], [(0, base_own[arm])]
             ckpts = list_checkpoints(r["dir"])
             if not ckpts:
@@ -772,8 +783,8 @@ class _Evaluator:
             sample_dir = self.out_dir / "samples" / f"seed-{r['seed']}" / arm
             for step, folder in ckpts:
                 self.load(load_file(str(Path(folder) / "trainable.safetensors")))
-                val.append((step, vloss(cond_b)))
-                val_own.append((step, vloss(own) if own is not cond_b else val[-1][1]))
+                val.append((step, vloss(cond_b, self.prof_b)))
+                val_own.append((step, vloss(own, own_profile) if own is not cond_b else val[-1][1]))
                 if probes and (step in curve_steps or (step == ckpts[-1][0] and not curve_steps)):
                     images = accuracy.sample_prompts(
                         pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,

@@ -37,7 +37,7 @@ PROFILES = {"sd15": "sd15", "sdxl": "sdxl", "sd3": "sd35-large", "flux": "flux-d
 #: The bundled profile of the demo's tiny SD3 model.
 DEMO_PROFILE = "sd35-large"
 
-# a shapes-world base family (te_align.tiny.bases.BASES) that no tiny training pipeline builds: T5 alone
+# T5 alone: the tiny chroma training pipeline (te_align.tiny.pipelines.build_pipeline) and the shapes-world base
 PROFILES["chroma"] = "chroma"
 
 

@@ -9,7 +9,7 @@ Three kinds, all deterministic (fixed seeds, the caller's RNG untouched):
   because ``encode_prompt`` reads ``transformer.config.joint_attention_dim`` when ``text_encoder_3`` is
   dropped.
 * :func:`build_pipeline` / :func:`build_model_folder` (``te-align train`` and A/B runs on tiny models):
-  complete sd15, sdxl, sd3, flux and flux-schnell pipelines (tiny UNet or transformer, tiny VAE, a real
+  complete sd15, sdxl, sd3, flux, flux-schnell and chroma pipelines (tiny UNet or transformer, tiny VAE, a real
   scheduler) that can be trained and sampled; ``build_model_folder`` saves one with ``save_pretrained``
   so the trainer exercises the real loading path.
 * :func:`build_tiny_sd3_pipeline` / :func:`build_tiny_sd3` (``te-align demo``): the demo's SD3-shaped
@@ -41,6 +41,7 @@ __all__ = [
     "build_tiny_sd3",
     "build_tiny_sd3_pipeline",
     "sd3_transformer",
+    "tiny_chroma_transformer",
     "tiny_flux_transformer",
     "tiny_sd3_transformer",
     "tiny_unet",
@@ -157,6 +158,26 @@ def tiny_flux_transformer(guidance: bool = True) -> diffusers.FluxTransformer2DM
         )
 
 
+def tiny_chroma_transformer() -> diffusers.ChromaTransformer2DModel:
+    """Tiny ``ChromaTransformer2DModel`` (one double and one single block, Flux's tiny shapes) with a one-layer
+    approximator (``distilled_guidance_layer``); its 64 input channels are Chroma's fixed frequency embedding
+    (16 timestep + 16 guidance + 32 modulation-index channels), independent of the width."""
+    with seeded(seed_for("chroma")):
+        return diffusers.ChromaTransformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=T5_D_MODEL,
+            axes_dims_rope=(2, 2, 4),
+            approximator_num_channels=64,
+            approximator_hidden_dim=16,
+            approximator_layers=1,
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # pipelines for encode_prompt
 # --------------------------------------------------------------------------------------------------
@@ -225,7 +246,7 @@ def build_pipeline_for_encoding(
 
 
 def build_pipeline(family: str) -> Any:
-    """A real diffusers pipeline of ``family`` (sd15, sdxl, sd3, flux, flux-schnell) with tiny components."""
+    """A real diffusers pipeline of ``family`` (sd15, sdxl, sd3, flux, flux-schnell, chroma) with tiny components."""
     if family == "sd15":
         return diffusers.StableDiffusionPipeline(
             vae=tiny_vae(),
@@ -266,6 +287,15 @@ def build_pipeline(family: str) -> Any:
             vae=tiny_vae(flow=True),
             scheduler=sched,
             **family_components("flux"),
+        )
+    if family == "chroma":
+        # the flux family's scheduler (shift 1, no dynamic shifting: the mu ChromaPipeline always computes is
+        # then ignored), as tools/world_pretrain's chroma base
+        return diffusers.ChromaPipeline(
+            transformer=tiny_chroma_transformer(),
+            vae=tiny_vae(flow=True),
+            scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=1.0),
+            **family_components("chroma"),
         )
     raise ValueError(family)
 

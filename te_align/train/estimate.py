@@ -321,12 +321,18 @@ def _meta_inputs(
 
     conf = denoiser.config
     h, w = latent_hw
-    c = conf.in_channels // (4 if family.name == "flux" else 1)
+    c = conf.in_channels // (4 if family.packed else 1)
     cond: dict[str, torch.Tensor] = {}
     with torch.device("meta"):
         noisy = torch.empty(batch, c, h, w, dtype=compute_dtype)
-        t = torch.full((batch,), 0.5 if family.name == "flux" else 500.0)
-        if family.name == "flux":
+        t = torch.full((batch,), 0.5 if family.packed else 500.0)
+        if family.name == "chroma":  # no pooled vector; the T5 mask in the embeddings' dtype
+            cond = {
+                "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
+                "text_ids": torch.zeros(text_len, 3),
+                "prompt_attention_mask": torch.ones(batch, text_len, dtype=compute_dtype),
+            }
+        elif family.name == "flux":
             cond = {
                 "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
                 "pooled_prompt_embeds": torch.empty(batch, conf.pooled_projection_dim, dtype=compute_dtype),
@@ -572,11 +578,11 @@ def _load_meta(cfg: TrainConfig) -> _Model:
 
 
 def _sequence_length(profile: AlignmentProfile, family: Family) -> int:
-    """Tokens of the conditioning sequence the denoiser sees (SD3: CLIP 77 + T5; Flux: T5; UNets: 77 x chunks)."""
+    """Tokens of the conditioning sequence the denoiser sees (SD3: CLIP 77 + T5; Flux, Chroma: T5; UNets: 77 x chunks)."""
     lengths = {s.name: int(getattr(s.tokenizer, "max_length", 77) or 77) for s in profile.slots}
     if family.name == "sd3":
         return 77 + max((v for k, v in lengths.items() if k == "t5"), default=0)
-    if family.name == "flux":
+    if family.packed:
         return lengths.get("t5", 512)
     return 77
 

@@ -11,7 +11,9 @@ saves it and ComfyUI / A1111 / diffusers read it:
   ``lora_te_`` (one encoder) or ``lora_te1_`` / ``lora_te2_`` with ``text_model_`` module names.
 - Flux (``networks/lora_flux.py``): ``lora_unet_`` + the module names of the original (BFL) Flux
   model, ``double_blocks_{i}_img_attn_qkv``, ``single_blocks_{i}_linear1`` and so on; see
-  :func:`flux_modules`.
+  :func:`flux_modules`. Chroma the same: sd-scripts trains it with ``networks/lora_flux.py`` and its
+  ``library/chroma_models.py`` keeps Flux's block names (``double_blocks.{i}.img_attn.qkv``,
+  ``single_blocks.{i}.linear1``); its approximator (``distilled_guidance_layer``) has no name here.
 - SD3/3.5 (``networks/lora_sd3.py``): ``lora_unet_`` + the original MMDiT names,
   ``joint_blocks_{i}_x_block_attn_qkv``, ``joint_blocks_{i}_context_block_mlp_fc1`` and so on;
   see :func:`sd3_modules`.
@@ -107,7 +109,7 @@ def save_diffusers_lora(
 #: What te-align <= 0.x wrote for SD3/Flux transformers (diffusers module names); still read.
 _LEGACY_TRANSFORMER_PREFIX = "lora_transformer"
 #: Families whose kohya denoiser names are the original (non-diffusers) model's.
-ORIGINAL_LAYOUT_FAMILIES = ("sd3", "flux")
+ORIGINAL_LAYOUT_FAMILIES = ("sd3", "flux", "chroma")
 
 
 def kohya_prefix(component: str, n_text_encoders: int) -> str:
@@ -247,7 +249,7 @@ def sd3_modules(module_names: Iterable[str]) -> list[KohyaModule]:
 
 
 def original_modules(family: str, module_names: Iterable[str]) -> list[KohyaModule]:
-    if family == "flux":
+    if family in ("flux", "chroma"):
         return flux_modules(module_names)
     if family == "sd3":
         return sd3_modules(module_names)
@@ -325,7 +327,7 @@ def to_kohya(
 ) -> dict[str, torch.Tensor]:
     """Diffusers-format LoRA state dicts (per component) -> one kohya-format state dict.
 
-    ``family`` ``sd3`` / ``flux`` writes the transformer under the original model's names (fusing
+    ``family`` ``sd3`` / ``flux`` / ``chroma`` writes the transformer under the original model's names (fusing
     split layers); ``out_dims`` (transformer module -> output width) sizes the zero blocks of fused
     parts that were not trained. Other families keep diffusers module names (``lora_unet_…``).
     """
@@ -463,7 +465,7 @@ def kohya_to_diffusers(
     """Inverse of :func:`to_kohya`: per-component peft-format state dicts and alphas.
 
     ``module_names`` maps each component to its module names (``unet.named_modules()`` names), which
-    resolves the ``_`` / ``.`` ambiguity of kohya keys; ``family`` ``sd3`` / ``flux`` reads the
+    resolves the ``_`` / ``.`` ambiguity of kohya keys; ``family`` ``sd3`` / ``flux`` / ``chroma`` reads the
     original-layout transformer names (splitting fused modules). One alpha per component is
     returned (the commonest); a module whose ``alpha / rank`` differs from ``that alpha / its rank``
     (as peft would scale it) has the ratio folded into its ``lora_B``, so the product is kept.
@@ -502,7 +504,7 @@ def kohya_to_pipeline_state(
 
 
 #: sd-scripts' network module per family (``ss_network_module``).
-_NETWORK_MODULE = {"flux": "networks.lora_flux", "sd3": "networks.lora_sd3"}
+_NETWORK_MODULE = {"flux": "networks.lora_flux", "chroma": "networks.lora_flux", "sd3": "networks.lora_sd3"}
 
 
 def _out_dims(model: torch.nn.Module) -> dict[str, int]:
@@ -530,7 +532,7 @@ def save_kohya_lora(
 ) -> Path:
     """Write the kohya/ComfyUI-format file with ss_* network keys and te_align metadata.
 
-    ``family`` ``sd3`` / ``flux`` writes the layout of sd-scripts' ``networks/lora_sd3.py`` /
+    ``family`` ``sd3`` / ``flux`` / ``chroma`` writes the layout of sd-scripts' ``networks/lora_sd3.py`` /
     ``networks/lora_flux.py`` (original module names, fused ``qkv`` / ``linear1``).
     """
     from safetensors.torch import save

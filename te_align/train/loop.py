@@ -77,6 +77,8 @@ from te_align.train.models import (
     check_quantize,
     default_flow_shift,
     denoise,
+    denoiser_mask_on,
+    enable_gradient_checkpointing,
     family_of,
     flow_timestep_scale,
     latent_transform,
@@ -492,6 +494,8 @@ class Run:
     model: torch.nn.Module
     noise_sched: SchedulerMixin | None
     flow_shift: float
+    #: The profile hands the denoiser its text attention mask (chroma; ``models.denoiser_mask_on``).
+    denoiser_mask: bool = True
     #: sha256 of the denoiser's config and a few of its weights: a resumed run must train the same model.
     model_id: str = ""
     step: int = 0
@@ -682,8 +686,20 @@ def _setup(cfg: TrainConfig, pipeline: DiffusionPipeline | None) -> Run:
         order=order, total=total,
         optimizer=optimizer, scheduler=scheduler, model=model, noise_sched=_noise_scheduler(objective, pipe),
         flow_shift=t.flow_shift or default_flow_shift(family), model_id=model_id, residency=residency,
-        projection_models=projections, full_params=full,
+        projection_models=projections, full_params=full, denoiser_mask=_denoiser_mask(profile, family, accelerator),
     )
+
+
+def _denoiser_mask(profile: AlignmentProfile, family: Family, accelerator: Accelerator) -> bool:
+    """Whether the denoiser gets the profile's text attention mask (a family whose denoiser takes one)."""
+    if family.mask_arg is None:
+        return False
+    on = denoiser_mask_on(profile)
+    if accelerator.is_main_process:
+        logger.info("%s: the text attention mask %s the %s (profile '%s'%s)", family.name,
+                    "goes to" if on else "is NOT given to", family.denoiser_attr, profile.name,
+                    "" if on else ": masks.denoiser is off or it has no denoiser_mask output")
+    return on
 
 
 def _load_model(
@@ -761,7 +777,7 @@ def _add_lora(
         lora_models[slot.encoder_subfolder] = enc
         enc.train()
     if t.gradient_checkpointing:
-        denoiser.enable_gradient_checkpointing()
+        enable_gradient_checkpointing(family, denoiser)
         for name in te_slots:
             getattr(pipe, profile.slot(name).encoder_subfolder).gradient_checkpointing_enable()
     denoiser.train()
@@ -1015,6 +1031,7 @@ def _write_run_record(run: Run) -> None:
         "weight_dtype": weight_dtype_name(cfg.model, cfg.train.mixed_precision), "quantize": cfg.model.quantize,
         "quantize_backend": QUANTIZE_BACKENDS[cfg.model.quantize],
         "residency": dataclasses.asdict(run.residency) if run.residency is not None else None,
+        "denoiser_mask": run.denoiser_mask if run.family.mask_arg is not None else None,
     })
 
 
@@ -1148,7 +1165,7 @@ def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple
         target = noise if run.objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
     with run.accelerator.autocast():
         pred = denoise(family, run.model, noisy.to(run.compute_dtype), timesteps, cond, time_ids=time_ids,
-                       guidance=cfg.train.guidance, config=run.denoiser.config)
+                       guidance=cfg.train.guidance, config=run.denoiser.config, denoiser_mask=run.denoiser_mask)
     return torch.nn.functional.mse_loss(pred.float(), target.float())
 
 

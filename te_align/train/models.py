@@ -2,8 +2,10 @@
 
 Families: ``sd1`` / ``sd2`` (UNet, eps or v), ``sdxl`` (UNet with pooled + size conditioning; eps, v
 or flow), ``sd3`` (MMDiT, rectified flow), ``flux`` (packed latents, image/text position ids,
-guidance embedding for dev; rectified flow). Conditioning always comes from ``te_align.encode``
-with the run's profile; this module only routes its named tensors into the denoiser.
+guidance embedding for dev; rectified flow), ``chroma`` (Flux's packing and ids, no pooled vector or
+guidance embedding, the T5 attention mask into the transformer as ``ChromaPipeline`` passes it;
+rectified flow). Conditioning always comes from ``te_align.encode`` with the run's profile; this
+module only routes its named tensors into the denoiser.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ _encoding_core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align.train")
 
-SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux")
+SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma")
 
 #: Default LoRA targets, as diffusers' LoRA example scripts use them.
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
@@ -62,6 +64,10 @@ FLUX_TARGETS = [
     "ff_context.net.0.proj",
     "ff_context.net.2",
 ]
+#: ChromaTransformer2DModel has Flux's block modules under the same names (its pruned norms have no
+#: modulation Linear: every block's modulation comes from ``distilled_guidance_layer``, the approximator,
+#: which is not a default target).
+CHROMA_TARGETS = list(FLUX_TARGETS)
 CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 
 @dataclass
@@ -73,6 +79,10 @@ class Family:
     default_targets: list[str]
     flow_native: bool
     patch: int = 1  # latent side must be a multiple of this
+    #: The denoiser takes Flux's 2x2-packed latent sequence with image/text position ids (flux, chroma).
+    packed: bool = False
+    #: The denoiser's keyword for the text attention mask, when it takes one (chroma: ``attention_mask``).
+    mask_arg: str | None = None
 
     @property
     def lora_prefix(self) -> str:
@@ -84,7 +94,8 @@ FAMILIES: dict[str, Family] = {
     "sd2": Family("sd2", "unet", UNET_TARGETS, False),
     "sdxl": Family("sdxl", "unet", UNET_TARGETS, False),
     "sd3": Family("sd3", "transformer", SD3_TARGETS, True, patch=2),
-    "flux": Family("flux", "transformer", FLUX_TARGETS, True, patch=2),
+    "flux": Family("flux", "transformer", FLUX_TARGETS, True, patch=2, packed=True),
+    "chroma": Family("chroma", "transformer", CHROMA_TARGETS, True, patch=2, packed=True, mask_arg="attention_mask"),
 }
 
 
@@ -93,7 +104,7 @@ def family_of(profile: AlignmentProfile) -> Family:
     if fam is None:
         raise TrainError(
             f"profile '{profile.name}' is a {profile.family} model; te-align train supports "
-            "SD1.5/SD2 (sd1, sd2), SDXL, SD3/3.5 and Flux",
+            "SD1.5/SD2 (sd1, sd2), SDXL, SD3/3.5, Flux and Chroma",
             key="model.profile",
         )
     return fam
@@ -246,7 +257,8 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
 
 
 #: Denoiser class per denoiser attribute and family, for denoiser-only single-file checkpoints.
-_DENOISER_CLASSES = {"unet": "UNet2DConditionModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel"}
+_DENOISER_CLASSES = {"unet": "UNet2DConditionModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel",
+                     "chroma": "ChromaTransformer2DModel"}
 
 
 def _load_single_file(
@@ -433,8 +445,13 @@ def denoise(
     time_ids: torch.Tensor | None = None,
     guidance: float | None = None,
     config: object = None,
+    denoiser_mask: bool = True,
 ) -> torch.Tensor:
-    """The denoiser's prediction in latent layout (B, C, H, W)."""
+    """The denoiser's prediction in latent layout (B, C, H, W).
+
+    ``denoiser_mask``: the text attention mask of ``cond`` goes to a denoiser that takes one (chroma); False
+    (the profile's ``masks.denoiser`` off, :func:`denoiser_mask_on`) calls it without a mask.
+    """
     import torch
 
     emb = cond["prompt_embeds"]
@@ -448,6 +465,8 @@ def denoise(
             hidden_states=noisy, timestep=timesteps, encoder_hidden_states=emb,
             pooled_projections=cond["pooled_prompt_embeds"], return_dict=False,
         )[0]
+    if family.name == "chroma":
+        return _chroma(model, noisy, timesteps, cond, denoiser_mask)
     # flux
     b, _, h, w = noisy.shape
     g = None
@@ -466,13 +485,90 @@ def denoise(
     return unpack_latents(out, h, w)
 
 
+def _chroma(
+    model: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor, cond: Mapping[str, torch.Tensor], masked: bool
+) -> torch.Tensor:
+    """``ChromaTransformer2DModel`` called as ``ChromaPipeline.__call__`` calls it (diffusers 0.42.1
+    pipelines/chroma/pipeline_chroma.py:858-867): packed latents, flow time t in [0, 1] (the pipeline's
+    ``timestep / 1000``), the T5 states, the zero text ids, the image ids, and the profile's
+    ``prompt_attention_mask`` (real tokens plus one pad, in the embeddings' dtype) extended with ones for the
+    image tokens exactly as ``_prepare_attention_mask`` extends it (:545-561: ``torch.cat`` with bool ones,
+    so the result keeps the mask's floating dtype). No pooled projections, no guidance: Chroma has neither."""
+    import torch
+
+    b, _, h, w = noisy.shape
+    mask = cond.get("prompt_attention_mask") if masked else None
+    if mask is not None:
+        mask = torch.cat([mask, torch.ones(b, (h // 2) * (w // 2), device=mask.device, dtype=torch.bool)], dim=1)
+    out = model(
+        hidden_states=pack_latents(noisy),
+        timestep=timesteps,
+        encoder_hidden_states=cond["prompt_embeds"],
+        txt_ids=cond["text_ids"],
+        img_ids=image_ids(h, w, noisy.device, noisy.dtype),
+        attention_mask=mask,
+        return_dict=False,
+    )[0]
+    return unpack_latents(out, h, w)
+
+
+def denoiser_mask_on(profile: AlignmentProfile) -> bool:
+    """Whether the profile hands the denoiser a text attention mask: it has an output that is a slot's
+    ``denoiser_mask`` and that slot's ``masks.denoiser`` is on. ``t5.masks.denoiser = false`` (or removing
+    the mask output) on chroma trains and samples the transformer without the mask."""
+    from te_align.profiles.expr import parse_expression, refs
+
+    for _, text in profile.outputs:
+        found = [r for r in refs(parse_expression(text)) if r.attr == "denoiser_mask"]
+        if found and all(profile.slot(r.slot).masks.denoiser for r in found):
+            return True
+    return False
+
+
+def enable_gradient_checkpointing(family: Family, model: torch.nn.Module) -> None:
+    """Gradient checkpointing on the denoiser, with the mask it was called with reaching every block.
+
+    diffusers 0.42.1's ``ChromaTransformer2DModel.forward`` checkpoints a single-stream block as
+    ``_gradient_checkpointing_func(block, hidden_states, temb, image_rotary_emb)`` without the
+    ``attention_mask`` it passes when not checkpointing (models/transformers/transformer_chroma.py:589-594
+    against :597-603), so a checkpointed run would train those blocks unmasked and sample them masked.
+    Here the checkpoint function hands such a block the mask of the current call (kept by a forward
+    pre-hook on the model), so a checkpointed step computes what an uncheckpointed one does.
+    """
+    import torch
+
+    if family.name != "chroma":
+        model.enable_gradient_checkpointing()
+        return
+    from diffusers.models.transformers.transformer_chroma import ChromaSingleTransformerBlock
+
+    current: dict[str, torch.Tensor | None] = {"mask": None}
+
+    def remember(_module: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        mask = kwargs.get("attention_mask")
+        current["mask"] = mask if isinstance(mask, torch.Tensor) else None
+
+    def forget(_module: torch.nn.Module, _args: tuple[object, ...], _out: object) -> None:
+        current["mask"] = None
+
+    def checkpoint(block: torch.nn.Module, *args: object) -> object:
+        if isinstance(block, ChromaSingleTransformerBlock) and len(args) == 3:
+            args = (*args, current["mask"])  # (hidden_states, temb, image_rotary_emb) + attention_mask
+        return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=False)
+
+    model.register_forward_pre_hook(remember, with_kwargs=True)
+    model.register_forward_hook(forget)
+    model.enable_gradient_checkpointing(gradient_checkpointing_func=checkpoint)
+
+
 def default_flow_shift(family: Family) -> float:
     return 3.0 if family.name == "sdxl" else 1.0
 
 
 def flow_timestep_scale(family: Family) -> float:
-    """What the denoiser takes for flow time t in [0, 1]: t * 1000 (SD3, SDXL-flow) or t (Flux)."""
-    return 1.0 if family.name == "flux" else 1000.0
+    """What the denoiser takes for flow time t in [0, 1]: t * 1000 (SD3, SDXL-flow) or t (Flux, Chroma: their
+    pipelines pass ``timestep / 1000`` and the transformer multiplies by 1000 itself)."""
+    return 1.0 if family.packed else 1000.0
 
 
 def logit_normal(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
@@ -493,6 +589,8 @@ __all__ = [
     "check_model",
     "check_quantize",
     "denoise",
+    "denoiser_mask_on",
+    "enable_gradient_checkpointing",
     "family_of",
     "image_ids",
     "is_quantized",
