@@ -16,8 +16,8 @@ trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goe
    meanwhile: nothing written), write the journal, then per file keep a backup beside it
    (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses; ``--no-backup`` skips it)
    and replace it atomically (:func:`te_align._atomic.atomic_file`, its permission bits kept): the config
-   first, then the files it names (diffusion-pipe's dataset TOML). The commit point: the journal removed (or,
-   when older backups are to be deleted, rewritten with ``"committed": true``, then removed after them).
+   first, then the files it names (a dataset TOML the training config names). The commit point: the journal
+   removed (or, when older backups are to be deleted, rewritten with ``"committed": true``, then removed after them).
 
 The fix may write two files (a training TOML and the dataset TOML it names); they change together or not at
 all. The journal, ``.NAME.te-align-fix-journal`` beside the config (:func:`journal_path`, mode 0600), is JSON::
