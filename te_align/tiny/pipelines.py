@@ -140,21 +140,25 @@ def sd3_transformer(joint_attention_dim: int = T5_D_MODEL, pooled_projection_dim
     return finish(model)
 
 
+#: The shapes the tiny Flux and Chroma transformers share: one double and one single block, 2 heads of 8, T5 text;
+#: in_channels 16 = 4 latent channels x 2x2 packing.
+_TINY_FLUX_SHAPES: dict[str, Any] = {
+    "patch_size": 1,
+    "in_channels": 16,
+    "num_layers": 1,
+    "num_single_layers": 1,
+    "attention_head_dim": 8,
+    "num_attention_heads": 2,
+    "joint_attention_dim": T5_D_MODEL,
+    "axes_dims_rope": (2, 2, 4),
+}
+
+
 def tiny_flux_transformer(guidance: bool = True) -> diffusers.FluxTransformer2DModel:
     """Tiny ``FluxTransformer2DModel`` (one double and one single block); ``guidance`` as Flux-dev."""
     with seeded(seed_for(f"flux{guidance}")):
-        # in_channels 16 = 4 latent channels x 2x2 packing
         return diffusers.FluxTransformer2DModel(
-            patch_size=1,
-            in_channels=16,
-            num_layers=1,
-            num_single_layers=1,
-            attention_head_dim=8,
-            num_attention_heads=2,
-            joint_attention_dim=T5_D_MODEL,
-            pooled_projection_dim=CLIP_VARIANTS["L"]["hidden_size"],
-            guidance_embeds=guidance,
-            axes_dims_rope=(2, 2, 4),
+            **_TINY_FLUX_SHAPES, pooled_projection_dim=CLIP_VARIANTS["L"]["hidden_size"], guidance_embeds=guidance
         )
 
 
@@ -164,14 +168,7 @@ def tiny_chroma_transformer() -> diffusers.ChromaTransformer2DModel:
     (16 timestep + 16 guidance + 32 modulation-index channels), independent of the width."""
     with seeded(seed_for("chroma")):
         return diffusers.ChromaTransformer2DModel(
-            patch_size=1,
-            in_channels=16,
-            num_layers=1,
-            num_single_layers=1,
-            attention_head_dim=8,
-            num_attention_heads=2,
-            joint_attention_dim=T5_D_MODEL,
-            axes_dims_rope=(2, 2, 4),
+            **_TINY_FLUX_SHAPES,
             approximator_num_channels=64,
             approximator_hidden_dim=16,
             approximator_layers=1,
