@@ -41,8 +41,8 @@ TARGETS = {"colour": 0.90, "position": 0.80}
 TEST_SAMPLE = 4
 
 
-def prompts() -> list[evalset.EvalPrompt]:
-    return evalset.eval_set(N_PER_STYLE, SEED)
+def prompts(seed: int = SEED) -> list[evalset.EvalPrompt]:
+    return evalset.eval_set(N_PER_STYLE, seed)
 
 
 # ---------------------------------------------------------------------------------------------- novelty
@@ -133,16 +133,21 @@ def _candidate(folder: Path, family: str, call: dict[str, object]) -> object:
 
 
 def score(name: str, *, limit: int | None = None, folder: Path | None = None, family: str = "",
-          call: dict[str, object] | None = None) -> None:  # fmt: skip
-    """Score shipped base ``name``, or (``folder``) a candidate pipeline folder under the label ``name``."""
+          call: dict[str, object] | None = None, seed: int = SEED) -> None:  # fmt: skip
+    """Score shipped base ``name``, or (``folder``) a candidate pipeline folder under the label ``name``.
+
+    ``seed`` other than the plan's draws another prompt set of the same generator (a diagnosis: prompts that no
+    decision was taken on); its lines go to ``base_eval/diagnostic/NAME-seedS.jsonl`` and no table reads them."""
     import numpy as np
     import torch
 
     from te_align.tiny import world
 
     torch.set_num_threads(1)
-    ps = prompts()[:limit]
+    ps = prompts(seed)[:limit]
     path = RESULTS / f"{name}.jsonl" if folder is None else OUT / "candidates" / f"{name}.jsonl"
+    if seed != SEED:
+        path = OUT / "diagnostic" / f"{name}-seed{seed}.jsonl"
     done = {r["i"] for r in _read(path)}
     todo = [(i, p) for i, p in enumerate(ps) if i not in done]
     print(f"{name}: {len(todo)} of {len(ps)} prompts to score", flush=True)
@@ -282,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--label", default="", help="the candidate's name: results in base_eval/candidates/LABEL.jsonl")
     sc.add_argument("--family", default="", help="the candidate's family (its sampling settings: tools/ship_base.py)")
     sc.add_argument("--call", default="{}", help='JSON of extra call arguments, e.g. \'{"negative_prompt": ""}\'')
+    sc.add_argument("--seed", type=int, default=SEED,
+                    help="another prompt set of the same generator (diagnosis only: base_eval/diagnostic/)")
     sub.add_parser("table")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -298,10 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.pipeline is not None:
             if not (args.label and args.family):
                 ap.error("--pipeline needs --label and --family")
-            score(args.label, limit=args.limit, folder=args.pipeline, family=args.family, call=json.loads(args.call))
+            score(args.label, limit=args.limit, folder=args.pipeline, family=args.family, call=json.loads(args.call),
+                  seed=args.seed)
             return 0
         for name in args.only or bases.shipped():
-            score(name, limit=args.limit)
+            score(name, limit=args.limit, seed=args.seed)
         return 0
     s = summary()
     (OUT / "summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")

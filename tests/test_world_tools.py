@@ -177,3 +177,22 @@ def test_the_one_command_rebuilds_the_shipped_recipe(name: str) -> None:
     recorded = {k: v for k, v in complete.items() if k in cfg and k != "encoders"}
     assert {k: v for k, v in cfg.items() if k != "encoders"} == recorded
     assert shipped["steps"] == chosen["steps"] and shipped["samples_seen"] == chosen["steps"] * cfg["batch"]
+
+
+def test_encoder_continuation_trains_only_the_named_encoder(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    first, metrics = encoders.pretrain_encoders(encoders.EncoderConfig(captions=32, steps=2, batch=8, t5_lengths=(77,)))
+    encoders.save_encoders(first, tmp_path, config={}, metrics=metrics)
+    cfg = encoders.EncoderConfig(captions=32, steps=2, batch=8, t5_lengths=(77,), init=str(tmp_path), train_only=("t5",))
+    assert cfg.as_dict()["train_only"] == ["t5"] and "init" not in encoders.EncoderConfig().as_dict()
+    cont, metrics = encoders.pretrain_encoders(cfg)
+    assert set(metrics["heldout_accuracy"]) == {"t5"}
+    for key in ("text_encoder", "text_encoder_2"):  # the CLIPs are the init's, value for value
+        sa, sb = first[key].state_dict(), cont[key].state_dict()
+        assert all(torch.equal(sa[k], sb[k]) for k in sa), key
+    sa, sb = first["text_encoder_3"].state_dict(), cont["text_encoder_3"].state_dict()
+    assert not all(torch.equal(sa[k], sb[k]) for k in sa)
+    with pytest.raises(ValueError, match="train_only: unknown encoder"):
+        encoders.EncoderConfig(train_only=("bert",))
+    with pytest.raises(ValueError, match="is not an encoder set"):
+        encoders.EncoderConfig(init=str(tmp_path / "nowhere"))

@@ -113,8 +113,11 @@ def build_encoders(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     if (out / encoders.MANIFEST).is_file():
         return out
+    try:
+        cfg = encoders.EncoderConfig(**json.loads(args.config))
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"world_build.py encoders --config: {exc}") from None
     log = Log(out / "log.jsonl")
-    cfg = encoders.EncoderConfig(**json.loads(args.config))
     log({"phase": "config", "part": "encoders", **cfg.as_dict(), "threads": args.threads})
     comps, metrics = encoders.pretrain_encoders(cfg, log)
     metrics["threads"] = args.threads

@@ -70,11 +70,32 @@ class EncoderConfig:
     # lengths trainers use (77, 154), so the states do not depend on one amount of padding
     t5_lengths: tuple[int, ...] = (256, 154, 256, 77)
     held_out: str = "colour=pink"
+    # continue from this encoder set's weights (a folder of save_encoders) instead of the random tiny encoders;
+    # "" (every shipped set so far): from scratch. Fresh read-out heads either way.
+    init: str = ""
+    # train only these of ENCODER_FILES (the others are kept as they are, byte for byte); () : all three
+    train_only: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "train_only", tuple(self.train_only))
+        object.__setattr__(self, "worlds", tuple(self.worlds))
+        object.__setattr__(self, "t5_lengths", tuple(self.t5_lengths))
+        bad = [k for k in self.train_only if k not in ENCODER_FILES]
+        if bad:
+            raise ValueError(f"EncoderConfig.train_only: unknown encoder(s) {bad}; expected some of {list(ENCODER_FILES)}")
+        if self.init and not all((Path(self.init) / k / "model.safetensors").is_file() for k in ENCODER_FILES):
+            raise ValueError(f"EncoderConfig.init: {self.init} is not an encoder set (expected "
+                             f"{', '.join(k + '/model.safetensors' for k in ENCODER_FILES)})")  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["worlds"] = list(self.worlds)
         d["t5_lengths"] = list(self.t5_lengths)
+        for key, default in (("init", ""), ("train_only", ())):  # absent at their defaults: the older manifests' form
+            if getattr(self, key) == default:
+                d.pop(key)
+            elif key == "train_only":
+                d[key] = list(self.train_only)
         return d
 
 
@@ -199,8 +220,10 @@ class _Heads:
         })  # fmt: skip
 
 
-def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any]) -> tuple[Any, dict[str, list[float]]]:
-    """Summed losses of every read-out on one batch, and per-read-out accuracies (colour, shape, position, size)."""
+def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any],
+             parts: Sequence[str] = ENCODER_FILES) -> tuple[Any, dict[str, list[float]]]:  # fmt: skip
+    """Summed losses of the read-outs of ``parts`` on one batch, and per-read-out accuracies (colour, shape,
+    position, size)."""
     import torch
 
     total = 0.0
@@ -209,6 +232,8 @@ def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any]) -> tuple[
         ("clip_l", "text_encoder", ("clip_l_penultimate", "clip_l_last", "clip_l_embeds")),
         ("clip_g", "text_encoder_2", ("clip_g_penultimate", "clip_g_embeds")),
     ):
+        if key not in parts:
+            continue
         b = batch[key]
         out = comps[enc_name](b["input_ids"], output_hidden_states=True)
         tgt = b["attrs"].reshape(-1, 4)
@@ -224,6 +249,8 @@ def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any]) -> tuple[
             logits = heads.layers[h](x)
             total = total + _ce(logits, t)
             acc[h] = _accuracy(logits.detach(), t)
+    if "t5" not in parts:
+        return total, acc
     b = batch["t5"]
     hidden = comps["text_encoder_3"](b["input_ids"])[0]
     logits = heads.layers["t5"](hidden).reshape(-1, sum(ATTRIBUTE_SIZES.values()) + 1)
@@ -264,7 +291,15 @@ def pretrain_encoders(
     from te_align.tiny._seed import seeded
 
     comps = _base_components()
-    encoders = [comps[k] for k in ("text_encoder", "text_encoder_2", "text_encoder_3")]
+    keys = dict(zip(ENCODER_FILES, ("text_encoder", "text_encoder_2", "text_encoder_3"), strict=True))
+    if cfg.init:
+        for name, model in load_encoders(cfg.init).items():
+            comps[keys[name]].load_state_dict(model.state_dict(), strict=True)
+    parts = cfg.train_only or ENCODER_FILES
+    encoders = [comps[keys[k]] for k in parts]
+    for k in ENCODER_FILES:
+        if k not in parts:
+            comps[keys[k]].eval().requires_grad_(False)
     t0 = time.perf_counter()
     train = _training_samples(cfg, cfg.captions, cfg.seed)
     held = _training_samples(cfg, 1000, cfg.seed + 50_000)
@@ -274,7 +309,10 @@ def pretrain_encoders(
         log({"phase": "encoder_data", "captions": len(train), "seconds": round(time.perf_counter() - t0, 1)})
     with seeded(cfg.seed * 1000 + 11):
         heads = _Heads(comps)
-    params = [p for m in encoders for p in m.parameters()] + list(heads.layers.parameters())
+    heads_of = {"clip_l": ("clip_l_penultimate", "clip_l_last", "clip_l_embeds"),
+                "clip_g": ("clip_g_penultimate", "clip_g_embeds"), "t5": ("t5",)}  # fmt: skip
+    params = [p for m in encoders for p in m.parameters()]
+    params += [p for k in parts for h in heads_of[k] for p in heads.layers[h].parameters()]
     for m in encoders:
         m.train()
         m.requires_grad_(True)
@@ -286,7 +324,7 @@ def pretrain_encoders(
         torch.manual_seed(cfg.seed * 1000 + 13)  # dropout inside T5
         for step in range(cfg.steps):
             idx = torch.randint(0, n, (cfg.batch,), generator=gen)
-            loss, _ = _forward(comps, heads, _select(data, idx, cfg.t5_lengths[step % len(cfg.t5_lengths)]))
+            loss, _ = _forward(comps, heads, _select(data, idx, cfg.t5_lengths[step % len(cfg.t5_lengths)]), parts)
             lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -303,7 +341,7 @@ def pretrain_encoders(
             m.eval().requires_grad_(False)
             for p in m.parameters():
                 p.copy_(p.half().float())
-        _, acc = _forward(comps, heads, _select(held_data, torch.arange(len(held)), 256))
+        _, acc = _forward(comps, heads, _select(held_data, torch.arange(len(held)), 256), parts)
     metrics["heldout_accuracy"] = {k: dict(zip(ATTRIBUTE_SIZES, v, strict=True)) for k, v in acc.items()}
     if log:
         log({"phase": "encoders_done", **metrics})
