@@ -35,6 +35,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "swap" / "results"
+#: What ``te-align swap --report`` cites: the study's numbers and verdicts, written by --dry-run once every unit is in.
+SUMMARY = ROOT / "te_align" / "swap" / "data" / "study.json"
 DOC = ROOT / "docs" / "swap.md"
 FIGURES = ROOT / "docs" / "swap"
 BEGIN = "<!-- swap-study results: written by benchmarks/swap_study.py --dry-run from benchmarks/swap/results; do not edit -->"
@@ -431,8 +433,10 @@ def _paired(a: CellStats, b: CellStats, metric: str = "exact") -> Any:
     return paired(Metric(metric, higher_better=metric != "val_loss"), va, vb)
 
 
-def readings(stats: dict[str, CellStats], settings: Settings) -> list[str]:
-    """The plain readings C1-C5 of the plan, each with its interval (Holm over the 14 claim tests)."""
+def readings(stats: dict[str, CellStats], settings: Settings, verdicts: dict[str, str] | None = None) -> list[str]:
+    """The plain readings C1-C5 of the plan, each with its interval (Holm over the 14 claim tests); ``verdicts``, if
+    given, receives each claim's verdict word (``C1`` ... ``C5``) once every cell is complete."""
+    verdicts = {} if verdicts is None else verdicts
     from te_align.ab.stats import holm
 
     n_seeds = len(settings.seeds)
@@ -469,11 +473,13 @@ def readings(stats: dict[str, CellStats], settings: Settings) -> list[str]:
     lines = []
     c1 = [word(k) for k in range(3)]
     verdict = ("supported" if all(w == "above zero" for w in c1) else "contradicted" if "below zero" in c1 else "null")
+    verdicts["C1"] = verdict
     lines.append(f"**C1, the cross-attention reset recovers best at the low rate: {verdict}.** "
                  + "; ".join(show(k) for k in range(3)) + ".")  # fmt: skip
     c2 = word(3)
     verdict = {"above zero": "supported", "below zero": "contradicted"}.get(c2, "null")
     gain_qk, gain_cross = _paired(c("qk", "matched", hi), c("qk", "matched", lo)), _paired(c("cross", "matched", hi), c("cross", "matched", lo))
+    verdicts["C2"] = verdict
     lines.append(f"**C2, a Q/K reset needs the higher rate: {verdict}.** {show(3)}. Beside it (not read): cross gains "
                  f"{gain_cross.diff_mean:+.3f} from the higher rate, qk {gain_qk.diff_mean:+.3f}.")  # fmt: skip
     drawn = {r: interval(c("all", "matched", r).values("drawn")) for r in (hi, lo)}
@@ -489,6 +495,7 @@ def readings(stats: dict[str, CellStats], settings: Settings) -> list[str]:
     state = {r: collapse(r) for r in (hi, lo)}
     verdict = ("supported" if state[lo] == "collapses" and state[hi] == "does not collapse"
                else "contradicted" if state[lo] == "does not collapse" else "null")  # fmt: skip
+    verdicts["C3"] = verdict
     lines.append(f"**C3, a full reset collapses unless the rate is raised: {verdict}.** Reset all, matched: "
                  + "; ".join(f"at lr {r:g} images with an object {drawn[r][0]:.2f} [{drawn[r][1]:.2f}, {drawn[r][2]:.2f}], "
                              f"spurious objects per image {extra[r][0]:.2f} [{extra[r][1]:.2f}, {extra[r][2]:.2f}] ({state[r]})"
@@ -498,6 +505,7 @@ def readings(stats: dict[str, CellStats], settings: Settings) -> list[str]:
     helps, hurts = c4.count("above zero"), c4.count("below zero")
     verdict = ("supported" if helps and not hurts else "contradicted" if hurts and not helps else "mixed" if helps and hurts
                else "null")  # fmt: skip
+    verdicts["C4"] = verdict
     lines.append(f"**C4, matching the std matters: {verdict}** ({helps} of 8 pairs: matching helps; {hurts}: it hurts). "
                  + "; ".join(show(k) for k in range(6, 14)) + ".")  # fmt: skip
     side = stats[f"cross-std0.2-{rate_tag(lo)}"]
@@ -505,6 +513,7 @@ def readings(stats: dict[str, CellStats], settings: Settings) -> list[str]:
     if len(side.runs) == n_seeds:
         s = _paired(c("cross", "matched", lo), side)
         low, high = s.interval
+        verdicts["C5"] = "own std better" if low > 0 else "0.2 better" if high < 0 else "not distinguished"
         if low > 0:
             read = ("what helps is the base's own statistic; 0.2 is a number for one base, to be measured (`te-align swap` "
                     "measures it), not a constant")  # fmt: skip
@@ -519,6 +528,73 @@ def readings(stats: dict[str, CellStats], settings: Settings) -> list[str]:
     else:
         lines.append(f"**C5, is 0.2 special?** Pending (side cell: {len(side.runs)} of {n_seeds} seeds).")
     return lines
+
+
+CLAIMS = {
+    "C1": "the cross-attention reset recovers best at the low rate",
+    "C2": "a Q/K reset needs the higher rate",
+    "C3": "a full reset collapses unless the rate is raised",
+    "C4": "matching the std matters",
+    "C5": "is 0.2 special, or the base's own std",
+}
+
+
+def study_summary(stats: dict[str, CellStats], settings: Settings) -> dict[str, Any] | None:
+    """What ``te-align swap --report`` prints from the study (None until every cell has every seed): each cell's
+    last-checkpoint numbers with their intervals, the claims' verdicts, and per rate the swapped cell with the highest
+    mean exact accuracy, paired against the next one (is it resolved?)."""
+    n_seeds = len(settings.seeds)
+    if any(len(s.runs) != n_seeds for s in stats.values()):
+        return None
+    verdicts: dict[str, str] = {}
+    readings(stats, settings, verdicts)
+
+    def three(values: Sequence[float], digits: int) -> list[float]:
+        return [round(x, digits) for x in interval(values)]
+
+    out_cells = []
+    for s in stats.values():
+        out_cells.append({"name": s.cell.name, "reset": s.cell.reset, "scaling": s.cell.scaling, "lr": s.cell.lr,
+                          **{m: three(s.values(m), 4) for m in ("exact", "colour", "position", "shape", "drawn")},
+                          "val_loss": three(s.values("val_loss"), 5)})  # fmt: skip
+    best: dict[str, Any] = {}
+    for lr in settings.rates:
+        grid = sorted((s for s in stats.values() if s.cell.reset is not None and s.cell.lr == lr
+                       and s.cell.scaling in SCALINGS), key=lambda s: -statistics.fmean(s.values("exact")))  # fmt: skip
+        first, second = grid[0], grid[1]
+        d = _paired(first, second)
+        best[f"{lr:g}"] = {"cell": first.cell.name, "reset": first.cell.reset, "scaling": first.cell.scaling,
+                           "exact": three(first.values("exact"), 4), "next": second.cell.name,
+                           "difference": [round(d.diff_mean, 4), round(d.interval[0], 4), round(d.interval[1], 4)],
+                           "resolved": bool(d.interval[0] > 0)}  # fmt: skip
+    any_run = next(iter(next(s for s in stats.values() if s.cell.scaling == "matched").runs.values()))
+    return {
+        "study": "te-align's text-encoder swap study (issue 35)",
+        "plan": "benchmarks/bench_swap.md",
+        "plan_hash": settings.hash(),
+        "doc": "docs/swap.md",
+        "setup": (f"te-align's SD 1.5 world base (tiny UNet, CLIP-L width 32) with the world's T5 (width 96) swapped in "
+                  f"by te_align.swap.swap; the whole UNet and the projection fine-tuned for {settings.steps} steps "
+                  f"(batch {settings.batch}, {settings.train_images} world images); exact = share of {settings.probes} "
+                  f"prompts new in wording drawn exactly as asked; {n_seeds} seeds, 95% t intervals"),
+        "steps": settings.steps,
+        "seeds": n_seeds,
+        "base_std": round(statistics.fmean(r["swap"]["target"]["std"] for s in stats.values()
+                                           if s.cell.scaling == "matched" for r in s.runs.values()), 4),
+        "new_std_before_scaling": round(float(any_run["swap"]["before"]["std"]), 4),
+        "cells": out_cells,
+        "claims": {k: {"claim": CLAIMS[k], "verdict": verdicts.get(k, "pending")} for k in CLAIMS},
+        "best": best,
+    }
+
+
+def write_summary(stats: dict[str, CellStats], settings: Settings, path: Path) -> bool:
+    """Write :func:`study_summary` to ``path`` when the study is complete; False (nothing written) otherwise."""
+    summary = study_summary(stats, settings)
+    if summary is None:
+        return False
+    _write_json(path, summary)
+    return True
 
 
 def write_doc(settings: Settings, results: Path, doc: Path, figures: Path) -> str:
@@ -647,6 +723,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS), help="per-seed result files (default: the committed ones)")
     ap.add_argument("--doc", default=str(DOC), help="the document whose results section --dry-run (re)writes")
     ap.add_argument("--figures", default=str(FIGURES), help="folder of the document's PNG figures")
+    ap.add_argument("--summary", default=str(SUMMARY),
+                    help="where --dry-run writes the study's summary for te-align swap --report (once complete)")
     ap.add_argument("--workers", type=int, default=2, help="single-thread worker processes (default 2)")
     ap.add_argument("--cells", default="", help="comma-separated cell names (default: every cell of the plan)")
     ap.add_argument("--unit", default="", help="CELL:SEED: run one unit in this process")
@@ -670,6 +748,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         section = write_doc(settings, results, Path(args.doc), Path(args.figures))
         print(section)
+        stats, _ = load_results(results, settings)
+        if write_summary(stats, settings, Path(args.summary).expanduser()):
+            print(f"summary for te-align swap --report: {args.summary}")
         return 0
     chosen = list(known.values())
     if args.cells:

@@ -195,6 +195,30 @@ def test_cli_prints_the_statistics_before_and_after(base: Path, t5_dir: Path, tm
                                "written by te-align swap); te-align profile show reads it\n")  # fmt: skip
 
 
+def test_report_measures_and_cites_the_study_and_writes_nothing(base: Path, t5_dir: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from te_align.swap.study import report_lines, summary
+
+    captions = tmp_path / "captions.txt"
+    captions.write_text("\n".join(CAPTIONS[:2]) + "\n", encoding="utf-8")
+    before = sorted(tmp_path.rglob("*"))
+    args = ["swap", str(base), "--encoder", str(t5_dir), "--report", "--profile", "sd15", *_overrides(),
+            "--captions", str(captions)]  # fmt: skip
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["study"] == summary() and data["measured"]["out"] is None
+    std = data["measured"]["target"]["std"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"{base} (nothing written): ") and "base model" in text
+    assert text.endswith("\n".join(report_lines(summary(), base_std=std)) + "\n")
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+    err = _bad([*args[1:], "--out", str(tmp_path / "new")], capsys)
+    assert "key '--out': --report writes nothing; leave out --out" in err
+    err = _bad(args[1:4], capsys)
+    assert "key '--out': give --out (the new model folder to write) or --report (measure and print only)" in err
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def _bad(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     rc = main(["swap", *args])

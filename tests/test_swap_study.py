@@ -132,6 +132,43 @@ def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
     assert "C5, is 0.2 special?** The SD 1.5 world base's CLIP conditioning std is 1.654" in section
     assert "what helps is the base's own statistic" in section
     assert "| cross | 0.80 [0.78, 0.82] | 0.45 [0.43, 0.47] |" in section
+    stats, _ = swap_study.load_results(tmp_path / "results", settings)
+    summary = swap_study.study_summary(stats, settings)
+    assert {k: v["verdict"] for k, v in summary["claims"].items()} == {
+        "C1": "supported", "C2": "supported", "C3": "supported", "C4": "supported", "C5": "own std better"}
+    assert summary["best"]["0.0001"] == {"cell": "cross-matched-lr1e-4", "reset": "cross", "scaling": "matched",
+                                         "exact": [0.8, 0.7752, 0.8248], "next": "none-matched-lr1e-4",
+                                         "difference": [0.3, 0.3, 0.3], "resolved": True}  # fmt: skip
+    assert summary["best"]["0.001"]["cell"] == "qk-matched-lr1e-3" and summary["base_std"] == 1.654
+    from te_align.swap.study import report_lines
+
+    lines = report_lines(summary, base_std=2.5)
+    assert "    reset cross, matched           0.80 [0.78, 0.82]" in lines
+    assert ("    highest: reset cross, matched (0.80 [0.78, 0.82]); against reset none, matched: +0.30 [+0.30, +0.30], "
+            "resolved at 3 seeds") in lines  # fmt: skip
+    assert "    C3 a full reset collapses unless the rate is raised: supported" in lines
+    assert lines[-1] == ("  the study base's own conditioning std was 1.654; yours (measured above) is 2.500, and the output "
+                         "scale above matches it.")  # fmt: skip
+    # one seed missing: no summary (te-align swap --report never cites an unfinished study)
+    (tmp_path / "results" / "all-unscaled-lr1e-4" / "seed-2.json").unlink()
+    stats, _ = swap_study.load_results(tmp_path / "results", settings)
+    assert swap_study.study_summary(stats, settings) is None
+    assert not swap_study.write_summary(stats, settings, tmp_path / "study.json") and not (tmp_path / "study.json").exists()
+
+
+def test_the_shipped_summary_is_the_committed_results_summary() -> None:
+    """``te_align/swap/data/study.json`` (what ``te-align swap --report`` prints) is regenerated from the committed
+    per-seed results, number for number."""
+    swap_study = _driver()
+    settings = swap_study.Settings()
+    stats, refused = swap_study.load_results(swap_study.RESULTS, settings)
+    assert not refused
+    expected = swap_study.study_summary(stats, settings)
+    shipped = ROOT / "te_align" / "swap" / "data" / "study.json"
+    if expected is None:
+        assert not shipped.exists()  # never a summary of an unfinished study
+        return
+    assert json.loads(shipped.read_text(encoding="utf-8")) == json.loads(json.dumps(expected))
 
 
 @pytest.mark.parametrize("args, message", [

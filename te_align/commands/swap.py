@@ -12,6 +12,7 @@ from te_align._lazy import lazy_module
 _paths = lazy_module("te_align._paths")
 _profile_overrides = lazy_module("te_align.profiles.overrides")
 _swap = lazy_module("te_align.swap")
+_study = lazy_module("te_align.swap.study")
 
 #: Kept here (not imported from te_align.swap) so that ``te-align --help`` imports no torch.
 RESET_CHOICES = ("none", "cross", "qk", "all")
@@ -29,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("base", help="base model: a diffusers folder, hub id or single-file .safetensors checkpoint")
     p.add_argument("--encoder", required=True, help="the new text encoder: a transformers folder (config.json + weights)")
     p.add_argument("--tokenizer", default=None, help="its tokenizer folder (default: the encoder folder)")
-    p.add_argument("--out", required=True, help="the new model folder (must not exist)")
+    p.add_argument("--out", default=None, help="the new model folder (must not exist); not with --report")
+    p.add_argument("--report", action="store_true",
+                   help="write nothing: measure BASE's and ENCODER's statistics and print them beside what te-align's "
+                   "swap study measured (which reset, scaling and rate recovered, with intervals)")
     p.add_argument("--profile", default="auto", help="the base model's profile: auto (read from BASE), a bundled name or a file")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="profile override for the base profile (repeatable), e.g. clip_l_hidden_size=32")
@@ -77,6 +81,10 @@ def cmd_swap(args: argparse.Namespace) -> int:
     import json
     import logging
 
+    if args.report and args.out is not None:
+        raise _swap.SwapError("--report writes nothing; leave out --out (or drop --report to write the folder)", key="--out")
+    if not args.report and args.out is None:
+        raise _swap.SwapError("give --out (the new model folder to write) or --report (measure and print only)", key="--out")
     _swap.check_request(args.reset, args.stats, args.out)
     import diffusers.utils.logging as diffusers_logging
     import transformers.utils.logging as transformers_logging
@@ -92,10 +100,14 @@ def cmd_swap(args: argparse.Namespace) -> int:
         projection=args.projection, name=args.name,
     )
     data = report.as_dict()
+    study = _study.summary() if args.report else None
     if args.json:
+        if args.report:
+            data = {"measured": data, "study": study}
         print(json.dumps(data, indent=1, sort_keys=True))
         return 0
-    print(f"{args.out}: {report.profile.name} (fingerprint {report.profile.fingerprint()})")
+    where = args.out if not args.report else f"{args.base} (nothing written)"
+    print(f"{where}: {report.profile.name} (fingerprint {report.profile.fingerprint()})")
     print(f"  statistics ({report.target.mode}, {report.target.positions} positions of {report.target.captions} captions):")
     print(f"    base model          {_fmt(data['target'])}")
     print(f"    new, before scaling {_fmt(data['before'])}")
@@ -104,4 +116,7 @@ def cmd_swap(args: argparse.Namespace) -> int:
     print(f"  output scale {scale if isinstance(scale, list) else f'{scale:.6f}'}"
           + ("" if data["shift"] == 0.0 else f", shift {data['shift']}"))
     print(f"  reset {report.reset}: {len(report.reset_layers)} layers re-initialised (seed {report.seed})")
+    if args.report:
+        target = data["target"]["std"]
+        print("\n".join(_study.report_lines(study, base_std=target if isinstance(target, float) else None)))
     return 0
