@@ -619,7 +619,7 @@ def write_doc(settings: Settings, results: Path, doc: Path, figures: Path) -> st
         lines += [f"Measured: {len(walls)} units, {statistics.fmean(walls):.0f} s wall each on average "
                   f"({sum(walls) / 3600:.2f} unit-hours).", ""]  # fmt: skip
     palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-               (227, 119, 194), (127, 127, 127), (23, 190, 207)]  # fmt: skip
+               (227, 119, 194), (127, 127, 127), (23, 190, 207), (188, 189, 34)]  # fmt: skip
     for lr in settings.rates:
         tag = rate_tag(lr)
         base = stats[f"baseline-{tag}"]
