@@ -42,7 +42,7 @@ def _children_cpu() -> float:
 
 def test_the_driver_end_to_end_at_a_tiny_size(tmp_path: Path) -> None:
     where = ["--out", str(tmp_path / "out"), "--results", str(tmp_path / "results"), "--doc", str(tmp_path / "swap.md"),
-             "--figures", str(tmp_path / "figures")]  # fmt: skip
+             "--figures", str(tmp_path / "figures"), "--summary", str(tmp_path / "study.json")]  # fmt: skip
     cells = ["--cells", "baseline-lr1e-3,cross-matched-lr1e-4"]
     cpu0 = _children_cpu()
     proc = _run([*where, *TINY, *cells, "--workers", "2"])
@@ -92,6 +92,7 @@ def test_the_driver_end_to_end_at_a_tiny_size(tmp_path: Path) -> None:
     proc = _run([*where, "--dry-run"])
     assert proc.returncode == 0, proc.stderr
     assert "0 of 57 cell-seeds in" in proc.stdout and "Refused (another plan): 2 files" in proc.stdout
+    assert not (tmp_path / "study.json").exists()  # an unfinished study is never summarised for --report
 
 
 def _fake(settings: Any, cell: Any, seed: int, exact: float, drawn: float = 1.0, extra: float = 0.0) -> dict[str, Any]:
