@@ -614,10 +614,21 @@ def write_doc(settings: Settings, results: Path, doc: Path, figures: Path) -> st
              f"(step {settings.checkpoints[-1]}); *exact* is the share of the {settings.probes} held-out prompts drawn "
              "exactly as asked (colour, shape, position). Chance levels: colour 1/7, shape 1/4, position 1/9, exact 1/252 "
              "(each times *drawn*).", ""]  # fmt: skip
-    walls = [r["wall_seconds"] for s in stats.values() for r in s.runs.values()]
-    if walls:
-        lines += [f"Measured: {len(walls)} units, {statistics.fmean(walls):.0f} s wall each on average "
-                  f"({sum(walls) / 3600:.2f} unit-hours).", ""]  # fmt: skip
+    runs = [r for s in stats.values() for r in s.runs.values()]
+    if runs:
+        walls = [r["wall_seconds"] for r in runs]
+        cpus = [r["cpu_seconds"] for r in runs]
+        free = [r["cpu_seconds"] for r in runs if r["wall_seconds"] <= 1.05 * r["cpu_seconds"]]
+        med, units = statistics.median(cpus), len(stats) * n_seeds
+        text = (f"Measured (each unit's seconds are those of its last segment: a unit resumed after an interruption "
+                f"counts only the part after it): {len(runs)} units, CPU median {med:.0f} s ({min(cpus):.0f}-"
+                f"{max(cpus):.0f}); wall {min(walls):.0f}-{max(walls):.0f} s, median {statistics.median(walls):.0f} s, "
+                "on a machine shared with other studies and sessions.")  # fmt: skip
+        if free:
+            text += (f" {len(free)} units ran on a free core (wall within 5% of CPU): median {statistics.median(free):.0f} s. "
+                     f"The grid on two free cores: {units} units x {med:.0f} s / 2 workers = {units * med / 2 / 3600:.2f} "
+                     "hours (the budget: 3).")  # fmt: skip
+        lines += [text, ""]
     palette = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
                (227, 119, 194), (127, 127, 127), (23, 190, 207), (188, 189, 34)]  # fmt: skip
     for lr in settings.rates:
