@@ -100,7 +100,7 @@ def _fake(settings: Any, cell: Any, seed: int, exact: float, drawn: float = 1.0,
              "extra": extra, "val_loss": 0.01, "reads": []} for s in settings.checkpoints]  # fmt: skip
     swap = None if cell.reset is None else {"target": {"std": 1.654}, "before": {"std": 0.678}}
     return {"plan": settings.hash(), "seed": seed, "cell": {"name": cell.name}, "checkpoints": rows, "swap": swap,
-            "wall_seconds": 100.0}  # fmt: skip
+            "wall_seconds": 100.0, "cpu_seconds": 98.0}  # fmt: skip
 
 
 def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
