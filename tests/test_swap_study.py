@@ -126,6 +126,8 @@ def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
             path.write_text(json.dumps(data), encoding="utf-8")
     section = swap_study.write_doc(settings, tmp_path / "results", tmp_path / "swap.md", tmp_path / "figures")
     assert "57 of 57 cell-seeds in" in section
+    assert "57 units ran on a free core (wall within 5% of CPU): median 98 s. The grid on two free cores: 57 units x 98 s" \
+           " / 2 workers = 0.78 hours (the budget: 3)." in section
     assert "**C1, the cross-attention reset recovers best at the low rate: supported.**" in section
     assert "**C2, a Q/K reset needs the higher rate: supported.**" in section
     assert "**C3, a full reset collapses unless the rate is raised: supported.**" in section
