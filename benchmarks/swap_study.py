@@ -539,6 +539,26 @@ CLAIMS = {
 }
 
 
+#: The diagnosis after the study (benchmarks/swap_cfg_check.py), when committed: cited as a caveat, never a verdict.
+CFG_CHECK = ROOT / "benchmarks" / "swap" / "cfg-check.json"
+
+
+def caveats(settings: Settings, cfg_check: Path = CFG_CHECK) -> list[str]:
+    """What bounds the readings, for ``te-align swap --report``: the guidance every checkpoint was sampled at and,
+    if the post-study check is committed, what the unswapped baseline reads at other guidance scales."""
+    out = [f"every checkpoint was sampled at the base's guidance scale {settings.guidance:g}"]
+    if not cfg_check.is_file():
+        return out
+    data = json.loads(cfg_check.read_text(encoding="utf-8"))
+    for key, sweep in sorted(data["runs"].items()):
+        name, _, seed = key.partition(":")
+        at = sweep[f"{settings.guidance:g}"]["exact"]
+        best = max(sweep, key=lambda g: (sweep[g]["exact"], -float(g)))
+        out.append(f"a check after the study (benchmarks/swap_cfg_check.py, seed {seed}): the unswapped {name} reads "
+                   f"exact {at:.2f} at guidance {settings.guidance:g} and {sweep[best]['exact']:.2f} at {best}")  # fmt: skip
+    return out
+
+
 def study_summary(stats: dict[str, CellStats], settings: Settings) -> dict[str, Any] | None:
     """What ``te-align swap --report`` prints from the study (None until every cell has every seed): each cell's
     last-checkpoint numbers with their intervals, the claims' verdicts, and per rate the swapped cell with the highest
@@ -579,6 +599,8 @@ def study_summary(stats: dict[str, CellStats], settings: Settings) -> dict[str, 
                   f"prompts new in wording drawn exactly as asked; {n_seeds} seeds, 95% t intervals"),
         "steps": settings.steps,
         "seeds": n_seeds,
+        "guidance": settings.guidance,
+        "caveats": caveats(settings),
         "base_std": round(statistics.fmean(r["swap"]["target"]["std"] for s in stats.values()
                                            if s.cell.scaling == "matched" for r in s.runs.values()), 4),
         "new_std_before_scaling": round(float(any_run["swap"]["before"]["std"]), 4),

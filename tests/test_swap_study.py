@@ -216,3 +216,14 @@ def test_an_interrupted_unit_resumes_to_the_same_result(tmp_path: Path, monkeypa
         [{k: v for k, v in r.items() if k not in strip} for r in whole["checkpoints"]]  # fmt: skip
     assert resumed["losses"] == whole["losses"] and resumed["swap"] == whole["swap"]
     assert (tmp_path / "rb" / cell.name / "seed-0.png").read_bytes() == (tmp_path / "ra" / cell.name / "seed-0.png").read_bytes()
+
+
+def test_caveats_cite_the_guidance_and_the_post_study_check(tmp_path: Path) -> None:
+    swap_study = _driver()
+    settings = swap_study.Settings()
+    assert swap_study.caveats(settings, tmp_path / "none.json") == ["every checkpoint was sampled at the base's guidance scale 4"]
+    sweep = {g: {"exact": e} for g, e in (("1", 0.9), ("1.5", 1.0), ("2", 1.0), ("4", 0.3125))}
+    (tmp_path / "cfg.json").write_text(json.dumps({"runs": {"baseline-lr1e-4:0": sweep}}), encoding="utf-8")
+    assert swap_study.caveats(settings, tmp_path / "cfg.json")[1] == (
+        "a check after the study (benchmarks/swap_cfg_check.py, seed 0): the unswapped baseline-lr1e-4 reads exact 0.31 "
+        "at guidance 4 and 1.00 at 1.5")

@@ -61,6 +61,9 @@ def report_lines(study: dict[str, Any] | None, *, base_std: float | None = None)
             out.append(f"    highest: reset {best['reset']}, {best['scaling']} ({_ci(best['exact'])}); against "
                        f"{_name(nxt)}: {best['difference'][0]:+.2f} [{low:+.2f}, {high:+.2f}], {verdict} "
                        f"at {study['seeds']} seeds")  # fmt: skip
+    if study.get("caveats"):
+        out.append("  bounds on these numbers:")
+        out += [f"    {c}" for c in study["caveats"]]
     out.append("  the claims, read by rules fixed before the runs:")
     for key, claim in study["claims"].items():
         out.append(f"    {key} {claim['claim']}: {claim['verdict']}")
