@@ -4,6 +4,7 @@ encoder sets, conditioning probes, and the one resumable command per part (tools
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -196,3 +197,28 @@ def test_encoder_continuation_trains_only_the_named_encoder(tmp_path: Path) -> N
         encoders.EncoderConfig(train_only=("bert",))
     with pytest.raises(ValueError, match="is not an encoder set"):
         encoders.EncoderConfig(init=str(tmp_path / "nowhere"))
+
+
+def test_recase_capitalises_word_starts_only_and_keeps_spans() -> None:
+    from te_align.tiny import world
+
+    samples = world.make_dataset(200, 0, space=world.SPACES["simple"], image_size=None, tokenizer=False, split="all")
+    assert encoders.recase(samples, 0.0, 1) == list(samples)
+    out = encoders.recase(samples, 0.5, 1)
+    assert out == encoders.recase(samples, 0.5, 1)  # seeded
+    changed = 0
+    for a, b in zip(samples, out, strict=True):
+        assert len(a.caption) == len(b.caption) and a.spans == b.spans
+        for i, (ca, cb) in enumerate(zip(a.caption, b.caption, strict=True)):
+            if ca != cb:  # only a lower-case letter that starts a word, made upper-case
+                assert ca.islower() and cb == ca.upper() and (i == 0 or not (a.caption[i - 1].isalpha() or a.caption[i - 1] == "'"))
+                changed += 1
+    starts = sum(len(re.findall(r"(?<![A-Za-z'])[a-z]", s.caption)) for s in samples)
+    assert 0.45 * starts < changed < 0.55 * starts, (changed, starts)  # about half the lower-case word starts
+    one = world.make_dataset(1, 0, space=world.SPACES["simple"], image_size=None, tokenizer=False, split="all")
+    assert [s.caption for s in encoders.recase(one, 1.0, 0)] == [
+        "A Cyan Triangle In The Top Center On A Plain White Background"
+    ]
+    assert encoders.EncoderConfig(case=0.1).as_dict()["case"] == 0.1 and "case" not in encoders.EncoderConfig().as_dict()
+    with pytest.raises(ValueError, match=r"case: 1\.5 is not a probability"):
+        encoders.EncoderConfig(case=1.5)

@@ -45,6 +45,7 @@ __all__ = [
     "components_for",
     "load_encoders",
     "pretrain_encoders",
+    "recase",
     "save_encoders",
 ]
 
@@ -75,6 +76,11 @@ class EncoderConfig:
     init: str = ""
     # train only these of ENCODER_FILES (the others are kept as they are, byte for byte); () : all three
     train_only: tuple[str, ...] = ()
+    # each word of each training caption is written with a capital first letter with this probability, drawn once
+    # per caption (seeded): a stand-in for the cased text a real T5 was pretrained on, where a word and its
+    # capitalised form mean the same. 0.0 (every shipped set so far): the captions as the grammar writes them.
+    # The held-out read-out captions are never recased. CLIP's tokenizers lower-case, so only T5 sees it.
+    case: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_only", tuple(self.train_only))
@@ -83,6 +89,8 @@ class EncoderConfig:
         bad = [k for k in self.train_only if k not in ENCODER_FILES]
         if bad:
             raise ValueError(f"EncoderConfig.train_only: unknown encoder(s) {bad}; expected some of {list(ENCODER_FILES)}")
+        if not 0.0 <= self.case <= 1.0:
+            raise ValueError(f"EncoderConfig.case: {self.case} is not a probability (expected 0.0 to 1.0)")
         if self.init and not all((Path(self.init) / k / "model.safetensors").is_file() for k in ENCODER_FILES):
             raise ValueError(f"EncoderConfig.init: {self.init} is not an encoder set (expected "
                              f"{', '.join(k + '/model.safetensors' for k in ENCODER_FILES)})")  # fmt: skip
@@ -91,7 +99,7 @@ class EncoderConfig:
         d = dataclasses.asdict(self)
         d["worlds"] = list(self.worlds)
         d["t5_lengths"] = list(self.t5_lengths)
-        for key, default in (("init", ""), ("train_only", ())):  # absent at their defaults: the older manifests' form
+        for key, default in (("init", ""), ("train_only", ()), ("case", 0.0)):  # absent at their defaults: the older manifests' form
             if getattr(self, key) == default:
                 d.pop(key)
             elif key == "train_only":
@@ -166,6 +174,25 @@ def _training_samples(cfg: EncoderConfig, n: int, seed: int) -> list[Any]:
         out += world.make_dataset(m, seed, space=world.SPACES[name], image_size=None, tokenizer=False,
                                   split="base" if concept else "all", concept=concept)  # fmt: skip
     return out
+
+
+def recase(samples: Sequence[Any], p: float, seed: int) -> list[Any]:
+    """``samples`` with each word's first letter capitalised with probability ``p`` (one draw per word, seeded).
+
+    Only the case of a word's first letter changes, so every caption keeps its length and its spans' character
+    offsets; ``p == 0`` returns the samples unchanged.
+    """
+    import random
+    import re
+
+    if p <= 0.0:
+        return list(samples)
+    rng = random.Random(seed)
+
+    def up(m: re.Match[str]) -> str:
+        return m.group(0).upper() if rng.random() < p else m.group(0)
+
+    return [dataclasses.replace(s, caption=re.sub(r"(?<![A-Za-z'])[a-z]", up, s.caption)) for s in samples]
 
 
 def _base_components() -> dict[str, Any]:
@@ -301,7 +328,7 @@ def pretrain_encoders(
         if k not in parts:
             comps[keys[k]].eval().requires_grad_(False)
     t0 = time.perf_counter()
-    train = _training_samples(cfg, cfg.captions, cfg.seed)
+    train = recase(_training_samples(cfg, cfg.captions, cfg.seed), cfg.case, cfg.seed * 1000 + 14)
     held = _training_samples(cfg, 1000, cfg.seed + 50_000)
     data = _batches(comps, train, cfg.t5_lengths)
     held_data = _batches(comps, held, (256,))
