@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,7 +192,7 @@ AT_DIR = os.environ.get("TE_ALIGN_AI_TOOLKIT_DIR")
 MODEL_PROFILES = ("lumina2", "chroma", "hidream", "qwen-image", "wan21")
 
 
-def _fake_checkout(root: Path) -> Path:
+def _fake_checkout(root: Path, absent: str = "te_align_absent_media_stack") -> Path:
     """A checkout whose model modules need a package that is not installed (the CI situation, by construction)."""
     (root / "toolkit").mkdir(parents=True)
     (root / "toolkit" / "__init__.py").write_text("")
@@ -202,12 +203,20 @@ def _fake_checkout(root: Path) -> Path:
     pkg.mkdir(parents=True)
     for d in (pkg.parent.parent, pkg.parent, pkg):
         (d / "__init__.py").write_text("")
-    (pkg / "chroma_model.py").write_text("import te_align_absent_media_stack\n")
+    (pkg / "chroma_model.py").write_text(f"import {absent}\n")
     return root
+
+
+AT_PACKAGES = ("toolkit", "extensions_built_in", "te_align_absent_media_stack")
+
+
+def _at_modules() -> dict[str, Any]:
+    return {n: m for n, m in sys.modules.items() if n.split(".")[0] in AT_PACKAGES}
 
 
 def test_model_cells_say_not_importable_here(tmp_path):
     at = [Found("ai-toolkit", str(_fake_checkout(tmp_path / "ai-toolkit")), "fake checkout")]
+    before = _at_modules()  # another ai-toolkit may be imported already (tests/test_ai_toolkit_checkout.py)
     m = run_matrix(trainers=at, profiles=list(MODEL_PROFILES))
     want = "not importable here: ModuleNotFoundError: No module named 'te_align_absent_media_stack'"
     assert [r.profile for r in m.rows] == list(MODEL_PROFILES)
@@ -215,7 +224,33 @@ def test_model_cells_say_not_importable_here(tmp_path):
     assert f"| ai-toolkit 0.0.1 | chroma | {want} | {want} |" in m.markdown()
     with pytest.raises(ProbeError, match=r"ChromaModel\.encode_prompt \(profile chroma\) is not importable here"):
         probe("ai-toolkit", "chroma", at[0].path)
-    assert "te_align_absent_media_stack" not in sys.modules and "toolkit" not in sys.modules
+    assert _at_modules() == before  # the probe leaves no module of the checkout behind
+
+
+@pytest.fixture
+def other_checkout_imported(tmp_path):
+    """ai-toolkit packages of another checkout imported by hand (its sys.path entry gone again); undone after."""
+    saved_modules, saved_path = dict(sys.modules), list(sys.path)
+    for name in _at_modules():  # a copy imported earlier in this process (tests/test_ai_toolkit_checkout.py)
+        del sys.modules[name]
+    other = _fake_checkout(tmp_path / "other" / "ai-toolkit", absent="te_align_absent_other_stack")
+    sys.path.insert(0, str(other))
+    try:
+        yield {n: importlib.import_module(n) for n in ("toolkit.train_tools", "extensions_built_in.diffusion_models")}
+    finally:
+        sys.path[:] = saved_path
+        for name in [n for n in sys.modules if n not in saved_modules]:
+            del sys.modules[name]
+        sys.modules.update(saved_modules)
+
+
+def test_probe_imports_the_given_checkout_over_another_copy(tmp_path, other_checkout_imported):
+    # a user probing two checkouts in one process (or with ai-toolkit imported): the cells are the given checkout's
+    at = [Found("ai-toolkit", str(_fake_checkout(tmp_path / "ai-toolkit")), "fake checkout")]
+    before = _at_modules()
+    m = run_matrix(trainers=at, profiles=["chroma"])
+    assert m.rows[0].plain.text() == "not importable here: ModuleNotFoundError: No module named 'te_align_absent_media_stack'"
+    assert _at_modules() == before and all(sys.modules[n] is mod for n, mod in other_checkout_imported.items())
 
 
 def _models_import() -> bool:

@@ -8,9 +8,11 @@ is not installed. Every attribute of a stand-in is a placeholder class: it can b
 subclassed, subscripted and used in annotations, so module-level code runs; calling into it does
 nothing useful, and the encode paths the probe exercises never do.
 
-:func:`sandbox` undoes everything afterwards: modules imported inside it, ``sys.path`` entries and
-the root logger's handlers/level (some trainers configure logging at import) are restored, so a
-probe leaves the interpreter as it found it.
+:func:`sandbox` imports the trainer's packages from the folders it was given even where another copy of
+them (another checkout, a trainer imported by hand) is already in ``sys.modules``, and undoes everything
+afterwards: modules imported inside it, copies set aside, ``sys.path`` entries and the root logger's
+handlers/level (some trainers configure logging at import) are restored, so a probe leaves the
+interpreter as it found it.
 
 Shared by :mod:`te_align.probe`, the trainers' probe adapters and the tests.
 """
@@ -22,6 +24,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import logging
+import os
 import sys
 import types
 from collections.abc import Iterable, Iterator
@@ -159,29 +162,74 @@ def register_package_without_init(name: str) -> types.ModuleType:
     return module
 
 
+def _under(where: str | Path, roots: tuple[str, ...]) -> bool:
+    """``where`` is one of the (resolved) ``roots`` or inside one (``/a/trainer-old`` is not in ``/a/trainer``)."""
+    resolved = os.path.realpath(where)
+    return any(resolved == r or resolved.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
 def _belongs(module: Any, roots: tuple[str, ...]) -> bool:
     if isinstance(module, _StubModule):
         return True
     where = getattr(module, "__file__", None)
     if where is None:
         where = next(iter(getattr(module, "__path__", None) or ()), None)
-    return where is not None and any(str(where).startswith(r) for r in roots)
+    return where is not None and _under(where, roots)
+
+
+def _shadowed(root_dirs: tuple[str, ...], path: list[str]) -> list[str]:
+    """Top-level names in ``sys.modules`` that ``path`` provides from under ``root_dirs`` as another copy.
+
+    With ``path`` in front of ``sys.path`` a fresh import of such a name finds the trainer's own module
+    (the checkout being probed), but ``import`` would return the copy already loaded (another checkout of
+    the same trainer, say) and the probe would measure that code instead. The standard library is never
+    shadowed (it is found first in practice: builtins, frozen modules, modules already imported).
+    A namespace-package portion in ``path`` shadows only a namespace package (a regular package wins).
+    """
+    if not path or not root_dirs:
+        return []
+    names = []
+    for name, module in list(sys.modules.items()):
+        if "." in name or module is None or name in sys.stdlib_module_names:
+            continue
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or _belongs(module, root_dirs):
+            continue
+        if spec.origin is not None and spec.has_location:
+            where = [spec.origin]
+        elif getattr(module, "__file__", None) is None:  # both namespace packages
+            where = list(spec.submodule_search_locations or ())
+        else:
+            continue
+        if any(_under(w, root_dirs) for w in where):
+            names.append(name)
+    return names
 
 
 @contextlib.contextmanager
 def sandbox(roots: Iterable[str | Path], path: Iterable[str] = ()) -> Iterator[None]:
     """Run a trainer's imports with ``path`` in front of ``sys.path``; restore everything after.
 
-    Modules loaded from under ``roots`` (the trainer's code) and stand-ins are dropped again, so the
-    next probe (or a test) imports a fresh copy; other libraries imported meanwhile (lazily loaded
-    parts of diffusers, say) stay, because dropping them would create second copies of their classes.
+    Modules already in ``sys.modules`` that ``path`` provides from under ``roots`` but that were loaded
+    from elsewhere (:func:`_shadowed`) are set aside for the block, so the trainer's code is imported
+    from ``roots``; they are put back afterwards. Modules loaded from under ``roots`` (the trainer's code)
+    and stand-ins are dropped again, so the next probe (or a test) imports a fresh copy; other libraries
+    imported meanwhile (lazily loaded parts of diffusers, say) stay, because dropping them would create
+    second copies of their classes.
     """
-    root_dirs = tuple(str(Path(r).resolve()) for r in roots)
+    root_dirs = tuple(os.path.realpath(r) for r in roots)
+    path = list(path)
     saved_modules = dict(sys.modules)
     saved_path = list(sys.path)
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
-    for entry in reversed(list(path)):
+    for top in _shadowed(root_dirs, path):  # set aside; put back by the restore below
+        for name in [n for n in saved_modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+    for entry in reversed(path):
         sys.path.insert(0, entry)
     importlib.invalidate_caches()
     try:
