@@ -6,7 +6,8 @@ Takes the pipeline folder ``RUN/model-STEP`` written by ``tools/world_build.py b
 is shipped) and writes into the world data root (default ``te_align/tiny/data/world``):
 
 * the shared parts once: ``encoders/{clip_l,clip_g,t5}`` and ``vae`` (a second base must bring bit-identical
-  ones, else it is refused: every base shares them);
+  ones, else it is refused: every base shares them); a base with an encoder folder of its own
+  (:data:`te_align.tiny.bases.ENCODERS`, e.g. chroma's ``t5_cased``) ships only the encoder folders it uses;
 * ``<name>/<denoiser>/`` and ``<name>/scheduler/``;
 * ``<name>/base.json``: the base's family, profile and fitted profile overrides, the world it was trained on and
   the concept held out, its sampling settings (what ``pipe(prompt)`` uses), the pretraining record (config,
@@ -55,6 +56,10 @@ def _records(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+#: An encoder folder of the world data -> the component of an encoder set (world_build.py encoders) it is.
+SET_PART = {"clip_l": "text_encoder", "clip_g": "text_encoder_2", "t5": "text_encoder_3", "t5_cased": "text_encoder_3"}
 
 
 def _save_half(module: Any, folder: Path) -> None:
@@ -202,7 +207,7 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=root, prefix=".ship-"))
     try:
-        for folder in ("clip_l", "clip_g", "t5"):
+        for folder in encoders:
             _save_half(encoders[folder], work / folder)
             _put_shared(work / folder, root / "encoders" / folder)
         _save_half(vae, work / "vae")
@@ -256,7 +261,12 @@ def main() -> None:
     enc = recipe._components("sd3", paths["encoders"])  # the shared set: CLIP-L and CLIP-G with projection, T5
     vae = diffusers.AutoencoderKL.from_pretrained(paths["vae_from"])
     recipe._round_to_half(vae)
-    encoders = {"clip_l": enc["text_encoder"], "clip_g": enc["text_encoder_2"], "t5": enc["text_encoder_3"]}
+    # the shared set's three folders; a base with a folder of its own (chroma's t5_cased: the shared T5 continued)
+    # ships only the folders it uses
+    used = {folder for folder, _ in bases.ENCODERS[spec.family].values()}
+    shared = ("clip_l", "clip_g", "t5")
+    names = shared if used <= set(shared) else sorted(used)
+    encoders = {folder: enc[SET_PART[folder]] for folder in names}
     info = ship_pipeline(pipe, args.name, root, encoders=encoders, vae=vae, world=cfg["world"], held_out=cfg["held_out"],
                          pretrain=record)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:

@@ -255,7 +255,8 @@ def build_base(args: argparse.Namespace) -> Path:
 # --------------------------------------------------------------------------------------------------
 
 #: The shipped bases' recipes (benchmarks/bench_learnability.md says how each was chosen): PretrainConfig fields on
-#: top of the family's defaults, steps, and evaluation points.
+#: top of the family's defaults, steps, and evaluation points; ``encoders``: EncoderConfig fields of the base's own
+#: encoder set, continued from the shared one (``init`` is the shared set), when it does not use the shared set.
 _SIMPLE = {"batch": 16, "train_size": 20000, "world": "simple"}
 RECIPES: dict[str, dict[str, Any]] = {
     # amendment 4: 2,000 steps (32 k samples), where S3 met colour and position; the SD3 base is S3
@@ -283,6 +284,10 @@ def build_all(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     vae = build_vae(argparse.Namespace(out=str(out), threads=args.threads, config="{}", eval_every=1000))
     enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
+    if "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
+        own = {"init": str(enc), **recipe_["encoders"]}
+        enc = build_encoders(argparse.Namespace(out=str(out / f"encoders-{args.family}"), threads=args.threads,
+                                                config=json.dumps(own)))  # fmt: skip
     ns = argparse.Namespace(
         out=str(out / args.family), threads=args.threads, config=json.dumps(recipe_["config"]), family=args.family,
         vae=str(vae), encoders=str(enc), steps=recipe_["steps"], eval_at=",".join(map(str, recipe_["eval_at"])),
