@@ -54,6 +54,12 @@ ATTRIBUTE_SIZES: dict[str, int] = {"colour": 8, "shape": 4, "position": 9, "size
 #: Sub-folders of an encoder set.
 ENCODER_FILES = ("clip_l", "clip_g", "t5")
 MANIFEST = "encoders.json"
+#: Per encoder of a set: its component in the SD3-style components dict and its read-out heads (:class:`_Heads`).
+_READOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "clip_l": ("text_encoder", ("clip_l_penultimate", "clip_l_last", "clip_l_embeds")),
+    "clip_g": ("text_encoder_2", ("clip_g_penultimate", "clip_g_embeds")),
+    "t5": ("text_encoder_3", ("t5",)),
+}
 
 
 @dataclass(frozen=True)
@@ -255,10 +261,8 @@ def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any],
 
     total = 0.0
     acc: dict[str, list[float]] = {}
-    for key, enc_name, heads_of in (
-        ("clip_l", "text_encoder", ("clip_l_penultimate", "clip_l_last", "clip_l_embeds")),
-        ("clip_g", "text_encoder_2", ("clip_g_penultimate", "clip_g_embeds")),
-    ):
+    for key in ("clip_l", "clip_g"):
+        enc_name, heads_of = _READOUTS[key]
         if key not in parts:
             continue
         b = batch[key]
@@ -279,7 +283,7 @@ def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any],
     if "t5" not in parts:
         return total, acc
     b = batch["t5"]
-    hidden = comps["text_encoder_3"](b["input_ids"])[0]
+    hidden = comps[_READOUTS["t5"][0]](b["input_ids"])[0]
     logits = heads.layers["t5"](hidden).reshape(-1, sum(ATTRIBUTE_SIZES.values()) + 1)
     tgt = b["attrs"].reshape(-1, 4)
     total = total + _ce(logits[:, :-1], tgt)
@@ -318,7 +322,7 @@ def pretrain_encoders(
     from te_align.tiny._seed import seeded
 
     comps = _base_components()
-    keys = dict(zip(ENCODER_FILES, ("text_encoder", "text_encoder_2", "text_encoder_3"), strict=True))
+    keys = {k: comp for k, (comp, _) in _READOUTS.items()}
     if cfg.init:
         for name, model in load_encoders(cfg.init).items():
             comps[keys[name]].load_state_dict(model.state_dict(), strict=True)
@@ -336,10 +340,8 @@ def pretrain_encoders(
         log({"phase": "encoder_data", "captions": len(train), "seconds": round(time.perf_counter() - t0, 1)})
     with seeded(cfg.seed * 1000 + 11):
         heads = _Heads(comps)
-    heads_of = {"clip_l": ("clip_l_penultimate", "clip_l_last", "clip_l_embeds"),
-                "clip_g": ("clip_g_penultimate", "clip_g_embeds"), "t5": ("t5",)}  # fmt: skip
     params = [p for m in encoders for p in m.parameters()]
-    params += [p for k in parts for h in heads_of[k] for p in heads.layers[h].parameters()]
+    params += [p for k in parts for h in _READOUTS[k][1] for p in heads.layers[h].parameters()]
     for m in encoders:
         m.train()
         m.requires_grad_(True)
@@ -384,8 +386,8 @@ def save_encoders(comps: dict[str, Any], folder: str | Path, *, config: dict[str
     """Write the three encoders (``save_pretrained``, safetensors) and ``encoders.json`` into ``folder``."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    for name, key in zip(ENCODER_FILES, ("text_encoder", "text_encoder_2", "text_encoder_3"), strict=True):
-        comps[key].save_pretrained(str(out / name), safe_serialization=True)
+    for name in ENCODER_FILES:
+        comps[_READOUTS[name][0]].save_pretrained(str(out / name), safe_serialization=True)
     (out / MANIFEST).write_text(json.dumps({"config": config, "metrics": metrics}, indent=1, sort_keys=True) + "\n",
                                 encoding="utf-8")  # fmt: skip
     return out
