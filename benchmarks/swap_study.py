@@ -559,15 +559,18 @@ def caveats(settings: Settings, cfg_check: Path = CFG_CHECK) -> list[str]:
     return out
 
 
-def study_summary(stats: dict[str, CellStats], settings: Settings) -> dict[str, Any] | None:
+def study_summary(stats: dict[str, CellStats], settings: Settings,
+                  verdicts: dict[str, str] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """What ``te-align swap --report`` prints from the study (None until every cell has every seed): each cell's
     last-checkpoint numbers with their intervals, the claims' verdicts, and per rate the swapped cell with the highest
-    mean exact accuracy, paired against the next one (is it resolved?)."""
+    mean exact accuracy, paired against the next one (is it resolved?). ``verdicts``: the claims' verdicts as
+    :func:`readings` filled them (computed here when not given)."""
     n_seeds = len(settings.seeds)
     if any(len(s.runs) != n_seeds for s in stats.values()):
         return None
-    verdicts: dict[str, str] = {}
-    readings(stats, settings, verdicts)
+    if verdicts is None:
+        verdicts = {}
+        readings(stats, settings, verdicts)
 
     def three(values: Sequence[float], digits: int) -> list[float]:
         return [round(x, digits) for x in interval(values)]
@@ -610,22 +613,26 @@ def study_summary(stats: dict[str, CellStats], settings: Settings) -> dict[str, 
     }
 
 
-def write_summary(stats: dict[str, CellStats], settings: Settings, path: Path) -> bool:
+def write_summary(stats: dict[str, CellStats], settings: Settings, path: Path,
+                  verdicts: dict[str, str] | None = None) -> bool:  # fmt: skip
     """Write :func:`study_summary` to ``path`` when the study is complete; False (nothing written) otherwise."""
-    summary = study_summary(stats, settings)
+    summary = study_summary(stats, settings, verdicts)
     if summary is None:
         return False
     _write_json(path, summary)
     return True
 
 
-def write_doc(settings: Settings, results: Path, doc: Path, figures: Path) -> str:
-    """The results section of ``doc`` (and its figures) from ``results``; returns the section."""
+def write_doc(settings: Settings, results: Path, doc: Path, figures: Path, *,
+              loaded: tuple[dict[str, CellStats], list[str]] | None = None,
+              verdicts: dict[str, str] | None = None) -> str:  # fmt: skip
+    """The results section of ``doc`` (and its figures) from ``results``; returns the section. ``loaded``: what
+    :func:`load_results` gave for ``results`` (read here when not given); ``verdicts`` is filled by the readings."""
     from PIL import Image
 
     from te_align.ab.plots import Series, band_plot, image_grid
 
-    stats, refused = load_results(results, settings)
+    stats, refused = loaded if loaded is not None else load_results(results, settings)
     n_seeds = len(settings.seeds)
     figures.mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(figures, doc.parent)
@@ -705,7 +712,7 @@ def write_doc(settings: Settings, results: Path, doc: Path, figures: Path) -> st
     prompts = probes(settings)[: settings.grid_prompts]
     lines += ["Sample-grid prompts (columns): " + "; ".join(f"{j + 1}. \"{q.text}\"" for j, q in enumerate(prompts)) + ".", "",
               "### Readings (rules fixed in the plan)", ""]  # fmt: skip
-    lines += [f"- {x}" for x in readings(stats, settings)]
+    lines += [f"- {x}" for x in readings(stats, settings, verdicts)]
     if refused:
         lines += ["", f"Refused (another plan): {len(refused)} files, e.g. {refused[0]}."]
     lines += ["", END]
@@ -779,11 +786,12 @@ def main(argv: list[str] | None = None) -> int:
         run_unit(settings, known[name], int(seed), out, results, say=lambda m: print(m, flush=True))
         return 0
     if args.dry_run:
-        section = write_doc(settings, results, Path(args.doc), Path(args.figures))
+        loaded = load_results(results, settings)
+        verdicts: dict[str, str] = {}
+        section = write_doc(settings, results, Path(args.doc), Path(args.figures), loaded=loaded, verdicts=verdicts)
         print(section)
-        stats, _ = load_results(results, settings)
         # only the plan's own size is cited by te-align swap --report (a test's tiny run never writes it)
-        if settings == Settings() and write_summary(stats, settings, Path(args.summary).expanduser()):
+        if settings == Settings() and write_summary(loaded[0], settings, Path(args.summary).expanduser(), verdicts):
             print(f"summary for te-align swap --report: {args.summary}")
         return 0
     chosen = list(known.values())
