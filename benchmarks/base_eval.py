@@ -229,6 +229,10 @@ def summary() -> dict[str, object]:
         candidates[path.stem] = cand
     if candidates:
         out["candidates"] = candidates
+    # other prompt draws of the same generator (--seed N): diagnoses, and a fresh draw an amendment judges on
+    draws = {path.stem: summarise(_read(path)) for path in sorted((OUT / "diagnostic").glob("*-seed*.jsonl"))}
+    if draws:
+        out["other_draws"] = draws
     return out
 
 
@@ -272,6 +276,12 @@ def table(s: dict) -> str:
         shape_lo = a["shape"]["ci95"][0]
         parts.append("shape above chance" if shape_lo > CHANCE["shape"] else "shape NOT above chance")
         lines.append(f"- **{name}**: " + "; ".join(parts) + ".")
+    if s.get("other_draws"):
+        lines += ["", "Other prompt draws of the same generator (`score --seed N`; no table above reads them):", "",
+                  "| base, draw | prompts | colour | position | shape | exactly as asked |", "| --- | ---: | --- | --- | --- | --- |"]  # fmt: skip
+        for name, a in s["other_draws"].items():
+            lines.append(f"| {name} | {a['prompts']} | {_pct(a['colour'])} | {_pct(a['position'])} | "
+                         f"{_pct(a['shape'])} | {_pct(a['exact_as_asked'])} |")  # fmt: skip
     return "\n".join(lines)
 
 
