@@ -8,7 +8,7 @@ learning rates 1e-4, 3e-4 and 1e-3, and take the highest at which the known colo
 300-step checkpoint (no catastrophic forgetting); if none qualifies, 1e-4. No arm A is trained, so no deviation's
 effect is seen.
 
-    python benchmarks/effects_calibrate.py [--bases sd3 flux sd15 sdxl] [--out benchmarks/effects/calibration.json]
+    python benchmarks/effects_calibrate.py [--bases sd3 flux sd15 sdxl chroma] [--out benchmarks/effects/calibration.json]
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import json
 import time
 from pathlib import Path
 
-#: the null row whose profile arm is trained; a base without a null row (sd15, sdxl) uses the SD3 null settings on itself
-NULL = {"sd3": "world-sd3-null", "flux": "world-flux-null", "sd15": "world-sd3-null", "sdxl": "world-sd3-null"}
+#: the null row whose profile arm is trained; a base without a null row (sd15, sdxl, chroma) uses the SD3 null settings on itself
+NULL = {"sd3": "world-sd3-null", "flux": "world-flux-null", "sd15": "world-sd3-null", "sdxl": "world-sd3-null",
+        "chroma": "world-sd3-null"}
 RATES = (1e-4, 3e-4, 1e-3)
 PILOT_SEED = 100
 

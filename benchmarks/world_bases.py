@@ -34,6 +34,13 @@ def main() -> None:
         p = infos[0]["pretrain"]
         print(f"\nShared by every base: the autoencoder ({p['vae']['train_seconds']:,.0f} s of training) and the text "
               f"encoders ({p['encoders']['metrics']['train_seconds']:,.0f} s).")  # fmt: skip
+        for info in infos:  # a base with an encoder set of its own, continued from the shared one
+            enc = info["pretrain"].get("encoders", {})
+            if enc.get("config", {}).get("init"):
+                c = enc["config"]
+                print(f"The {info['name']} base's own {' and '.join(c['train_only'])}: the shared one continued "
+                      f"{c['steps']:,} steps" + (f" on captions recased with probability {c['case']:g}" if c.get("case")
+                      else "") + f" ({enc['metrics']['train_seconds']:,.0f} s).")  # fmt: skip
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     print(f"Shipped: {size / 2**20:.1f} MB in {root.relative_to(Path(bases.__file__).resolve().parents[2])}.")
 

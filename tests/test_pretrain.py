@@ -685,15 +685,14 @@ def test_chroma_base_ships_and_loads_with_its_sampling_settings(chroma_run, tmp_
     import ship_base
 
     from te_align.tiny import bases
-    from te_align.tiny.encoders import family_components
 
     _, res, _, _ = chroma_run
     pipe = res.pipeline
-    sd3 = family_components("sd3")
-    shared = {"clip_l": sd3["text_encoder"], "clip_g": sd3["text_encoder_2"], "t5": pipe.text_encoder}
     root = tmp_path / "world"
+    # the Chroma base ships its own T5 (encoders/t5_cased) and none of the shared encoders
     info = ship_base.ship_pipeline(
-        pipe, "chroma", root, encoders=shared, vae=pipe.vae, world="simple", held_out="", pretrain={}
+        pipe, "chroma", root, encoders={"t5_cased": pipe.text_encoder}, vae=pipe.vae, world="simple", held_out="",
+        pretrain={},
     )
     assert (info["profile"], info["pipeline"], info["denoiser_class"]) == (
         "chroma",
@@ -713,11 +712,12 @@ def test_chroma_base_ships_and_loads_with_its_sampling_settings(chroma_run, tmp_
         "chroma/scheduler/scheduler_config.json",
         "chroma/transformer/config.json",
         "chroma/transformer/diffusion_pytorch_model.safetensors",
-        "encoders/t5/config.json",
-        "encoders/t5/model.safetensors",
+        "encoders/t5_cased/config.json",
+        "encoders/t5_cased/model.safetensors",
         "vae/config.json",
         "vae/diffusion_pytorch_model.safetensors",
     ]
+    assert sorted(p.name for p in (root / "encoders").iterdir()) == ["t5_cased"]
     loaded = bases.load("chroma", cache_dir=tmp_path / "cache", source=root)
     assert type(loaded).__name__ == "ChromaPipeline" and isinstance(loaded, diffusers.ChromaPipeline)
     assert loaded.te_align_profile.slots[0].tokenizer.max_length == 256

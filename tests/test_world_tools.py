@@ -178,6 +178,9 @@ def test_the_one_command_rebuilds_the_shipped_recipe(name: str) -> None:
     recorded = {k: v for k, v in complete.items() if k in cfg and k != "encoders"}
     assert {k: v for k, v in cfg.items() if k != "encoders"} == recorded
     assert shipped["steps"] == chosen["steps"] and shipped["samples_seen"] == chosen["steps"] * cfg["batch"]
+    if "encoders" in chosen:  # a base with its own encoder set: continued from the shared one as the recipe says
+        own = shipped["encoders"]["config"]
+        assert own.pop("init") and own == encoders.EncoderConfig(**chosen["encoders"]).as_dict()
 
 
 def test_encoder_continuation_trains_only_the_named_encoder(tmp_path: Path) -> None:

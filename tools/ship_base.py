@@ -128,6 +128,12 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
     if enc is not None and (enc / "encoders.json").is_file():
         out["encoders"] = {"command": "python tools/world_build.py encoders",
                            **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}  # fmt: skip
+        init = out["encoders"].get("config", {}).get("init")
+        if init:  # a base's own encoder set continued from the shared one: that set's training record too
+            start = Path(init) if Path(init).is_absolute() else ROOT / init
+            record = shipped_part_record(start, "encoders")
+            if record is not None:
+                out["encoders"]["init_record"] = record
     # a base trained on the shipped parts (world_build.py base --vae DATA/vae --encoders DATA/encoders)
     for part, folder in (("vae", Path(config["vae_from"])), ("encoders", enc)):
         if part not in out and folder is not None:

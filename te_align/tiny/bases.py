@@ -6,6 +6,8 @@ family's profile (``tools/world_build.py``; how in ``benchmarks/bench_learnabili
 
 * ``encoders/clip_l``, ``encoders/clip_g``, ``encoders/t5``: the text encoders, pretrained on world captions and
   shared by every base, as SD 1.5, SDXL, SD3 and Flux share CLIP-L and SD3 and Flux share T5;
+  ``encoders/t5_cased``: the Chroma base's own T5, the shared one continued on captions with capitalised words
+  (``benchmarks/bench_learnability.md`` amendment 11; the SD3 and Flux bases keep the shared one);
 * ``vae``: the autoencoder, shared by every base;
 * ``<name>/``: the base's denoiser, its scheduler config, ``model_index.json`` and ``base.json`` (what was trained
   how, for how many samples and how long, its measured held-out accuracy, its sampling settings, and the
@@ -75,7 +77,7 @@ ENCODERS: dict[str, dict[str, tuple[str, str]]] = {
         "text_encoder_2": ("clip_g", "CLIPTextModelWithProjection"),
     },
     "sd15": {"text_encoder": ("clip_l", "CLIPTextModel")},
-    "chroma": {"text_encoder": ("t5", "T5EncoderModel")},
+    "chroma": {"text_encoder": ("t5_cased", "T5EncoderModel")},
 }
 TOKENIZERS: dict[str, dict[str, tuple[str, str]]] = {
     "sd3": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!"), "tokenizer_3": ("t5", "")},

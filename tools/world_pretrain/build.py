@@ -271,8 +271,15 @@ RECIPES: dict[str, dict[str, Any]] = {
         "eval_at": [1000, 2000, 3000, 4000, 6000],
         "gap_every": 500,
     },
-    # amendment 8: trained 2,000 then 4,000 steps and missed its colour target, so not shipped
-    "chroma": {"config": _SIMPLE, "steps": 2000, "eval_at": [1000], "gap_every": 500},
+    # amendments 8-9 missed colour on the shared encoders (2,000, 4,000, 8,000 steps); amendment 11: its own T5, the
+    # shared one continued 4,000 steps on captions whose words are capitalised with probability 0.1, then 8,000 steps
+    "chroma": {
+        "config": _SIMPLE,
+        "steps": 8000,
+        "eval_at": [4000, 6000],
+        "gap_every": 500,
+        "encoders": {"train_only": ["t5"], "steps": 4000, "case": 0.1},
+    },
 }
 
 
