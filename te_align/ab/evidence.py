@@ -66,6 +66,7 @@ MEASURES: tuple[Measure, ...] = (
     Measure("world-sdxl-max-token-225", "sdxl", "*.tokenizer.max_length", 227),
     Measure("world-sdxl-pad-longest", "sdxl", "*.tokenizer.padding", "longest"),
     Measure("world-sdxl-pad-longest", "sdxl", "*.tokenizer.truncation", False),
+    Measure("world-chroma-t5-no-mask", "chroma", "t5.masks.encoder", False),
     Measure("world-sd3-comfyui", "sd3", "t5.tokenizer.max_length", None, tool="comfyui"),
     Measure("world-flux-comfyui", "flux-schnell", "t5.tokenizer.max_length", None, tool="comfyui"),
     Measure("world-sd15-comfyui", "sd1", "prompt syntax", None, tool="comfyui"),

@@ -70,7 +70,7 @@ UNINFORMATIVE = "uninformative (the gating positive control was not seen)"
 #: Holm families (bench_effects.md, amendment 7): the first plan's deviation and inference rows are one family; rows
 #: an amendment added after those verdicts were published form a family of their own, keyed by their base, so that
 #: adding rows changes no published verdict.
-LATER_FAMILIES: dict[str, str] = {"sdxl": "the SDXL rows (amendment 7)"}
+LATER_FAMILIES: dict[str, str] = {"sdxl": "the SDXL rows (amendment 7)", "chroma": "the Chroma row (amendment 8)"}
 _FIRST_CORRECTION = "holm over deviation and inference rows, paired t p-values"
 
 
