@@ -443,6 +443,8 @@ def test_rows_added_by_an_amendment_are_a_holm_family_of_their_own() -> None:
     assert row_hash(presets["world-sd3-t5-77"], seeds=None, max_steps=None) == committed
     gate = "world-sd3-positive-shuffled"
     recs = {
+        # a later amendment's row that sorts before the first plan's rows: its family is still read after theirs
+        "world-chroma-t5-no-mask": [_record("world-chroma-t5-no-mask", s, [0.3] * 4, [0.3] * 4) for s in range(6)],
         gate: [_record(gate, s, [0.1 + 0.01 * s] * 4, [0.4] * 4) for s in range(6)],
         "world-sd3-t5-77": [_record("world-sd3-t5-77", s, [0.2 + 0.01 * s] * 4, [0.5 + 0.012 * s] * 4) for s in range(6)],
         "world-sd3-t5-154": [_record("world-sd3-t5-154", s, [0.45 + 0.01 * s] * 4, [0.4 + 0.012 * s] * 4) for s in range(6)],
@@ -461,5 +463,8 @@ def test_rows_added_by_an_amendment_are_a_holm_family_of_their_own() -> None:
     text = render_effects(list(rows.values()), command="te-align ab matrix", plan="p1")
     reading = text.split("## Reading\n\n")[1].split("\n## ")[0]
     assert "Adjusted on their own (Holm over 2 rows), the SDXL rows (amendment 7):" in reading
+    chroma = "Adjusted on their own (Holm over 1 row), the Chroma row (amendment 8):"
+    first_plan = "(1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77"
+    assert reading.index(first_plan) < reading.index("the SDXL rows (amendment 7)") < reading.index(chroma)
     assert "- Not read yet: 1 of 2 rows have all their seeds." in reading
     assert "(1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77" in reading

@@ -605,9 +605,12 @@ def _reading(rows: Sequence[MatrixRow]) -> list[str]:
             families.setdefault(r.holm_family, []).append(r)
     if not any(all(r.seeds >= r.planned for r in ran) for ran in families.values()):
         return []
-    for name, ran in families.items():
+    # the first plan's family first, then the amendments' in the order they were added (not the rows' order)
+    order = ["", *LATER_FAMILIES.values()]
+    for name, ran in sorted(families.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)):
         if name:
-            out += ["", f"Adjusted on their own (Holm over {len(ran)} rows), {name}:", ""]
+            rows_word = "row" if len(ran) == 1 else "rows"
+            out += ["", f"Adjusted on their own (Holm over {len(ran)} {rows_word}), {name}:", ""]
         if any(r.seeds < r.planned for r in ran):
             done = sum(r.seeds >= r.planned for r in ran)
             out.append(f"- Not read yet: {done} of {len(ran)} rows have all their seeds.")
