@@ -87,6 +87,26 @@ def test_sd15_matches_encode():
     assert torch.equal(got["encoder_hidden_states"][:1], encode_uncond(prof, 1, pipeline=pipe)["prompt_embeds"])
 
 
+def test_chroma_prompt_and_empty_negative_match_encode_with_their_masks():
+    """ChromaPipeline: the prompt and, with no negative given, the encoded "" (what ChromaPipeline itself uses), each
+    with its T5 mask (real tokens plus one pad), exactly as te_align.encode gives them."""
+    pipe = build_pipeline("chroma")
+    prof = fit_profile(te_align.profile("chroma", t5_max_length=64), pipe)
+    te_align.apply(pipe, prof)
+    kw = {"height": 32, "width": 32, "num_inference_steps": 2, "guidance_scale": 4.0, "output_type": "pt"}
+    got = pipe(PROMPT, generator=torch.Generator().manual_seed(0), **kw).images
+    cond = te_align.encode(prof, PROMPT, pipeline=pipe)
+    neg = encode_uncond(prof, 1, pipeline=pipe)
+    assert cond["prompt_embeds"].shape == (1, 64, 96) and int(cond["prompt_attention_mask"].sum()) < 64
+    remove(pipe)
+    ref = pipe(prompt_embeds=cond["prompt_embeds"], prompt_attention_mask=cond["prompt_attention_mask"],
+               negative_prompt_embeds=neg["prompt_embeds"], negative_prompt_attention_mask=neg["prompt_attention_mask"],
+               generator=torch.Generator().manual_seed(0), **kw).images  # fmt: skip
+    assert torch.equal(got, ref)
+    # the pipeline's own encoding (T5 at 512) gives other images: the aligned call did not fall back to it
+    assert not torch.equal(pipe(PROMPT, generator=torch.Generator().manual_seed(0), **kw).images, got)
+
+
 def test_refusals():
     pipe = build_pipeline("sd15")
     with pytest.raises(TeAlignError, match="profile 'flux-dev' is a flux profile, but StableDiffusionPipeline samples sd1"):

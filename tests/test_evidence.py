@@ -75,7 +75,7 @@ def test_world_presets_validate_and_cite_sources() -> None:
     assert {p.stem for p in WORLD} >= {"sd3-t5-77", "sd3-t5-154", "sd3-no-encoder-dropout", "sd3-null"}
     for path in WORLD:
         p = load_preset(path)
-        assert p.world is not None and p.world.base in ("sd3", "flux", "sdxl", "sd15")
+        assert p.world is not None and p.world.base in ("sd3", "flux", "sdxl", "sd15", "chroma")
         assert p.name.startswith("world-")
         if p.baseline.kind in ("null", "positive"):
             assert not p.baseline.overrides and not p.baseline.train

@@ -11,7 +11,8 @@ How: the pipeline object's class is swapped for a subclass whose ``__call__`` en
 the pipeline's own ``__call__`` with ``prompt_embeds=...`` (and the profile's other outputs under the keyword
 names the pipeline takes). Prompt embeddings a caller passes are used as they are. Without a negative prompt,
 pipelines that take ``negative_prompt_embeds`` get the profile's empty prompt (:func:`te_align.encoding.encode_uncond`:
-zeros for SDXL, the encoded "" for SD3); FluxPipeline gets a negative only when one is given (true CFG).
+zeros for SDXL, the encoded "" for SD3 and Chroma, with its mask); FluxPipeline gets a negative only when one is given
+(true CFG).
 :func:`remove` restores the original class. No weights are copied.
 
 A pipeline class that wraps an official one (te-align's world bases fill their sampling settings in a ``__call__(*args,
@@ -49,6 +50,7 @@ SUPPORTED: dict[str, str] = {
     "StableDiffusion3Pipeline": "sd3",
     "StableDiffusionXLPipeline": "sdxl",
     "StableDiffusionPipeline": "sd1",
+    "ChromaPipeline": "chroma",
 }
 #: Pipelines that take a negative only when the caller gives one (it switches on true CFG).
 NEGATIVE_ONLY_WHEN_GIVEN = ("FluxPipeline",)
