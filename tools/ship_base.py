@@ -58,8 +58,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-#: An encoder folder of the world data -> the component of an encoder set (world_build.py encoders) it is.
-SET_PART = {"clip_l": "text_encoder", "clip_g": "text_encoder_2", "t5": "text_encoder_3", "t5_cased": "text_encoder_3"}
+#: An encoder folder of the world data named otherwise than the encoder of the set it was saved from (world_build.py
+#: encoders; :data:`world_pretrain.encoders.COMPONENTS`): a base's own continued copy.
+SET_FOLDER = {"t5_cased": "t5"}
 
 
 def _save_half(module: Any, folder: Path) -> None:
@@ -254,6 +255,7 @@ def main() -> None:
     import diffusers
     import torch
     from world_pretrain import recipe
+    from world_pretrain.encoders import COMPONENTS
 
     torch.set_num_threads(args.threads)
     diffusers.logging.set_verbosity_error()
@@ -272,7 +274,7 @@ def main() -> None:
     used = {folder for folder, _ in bases.ENCODERS[spec.family].values()}
     shared = ("clip_l", "clip_g", "t5")
     names = shared if used <= set(shared) else sorted(used)
-    encoders = {folder: enc[SET_PART[folder]] for folder in names}
+    encoders = {folder: enc[COMPONENTS[SET_FOLDER.get(folder, folder)]] for folder in names}
     info = ship_pipeline(pipe, args.name, root, encoders=encoders, vae=vae, world=cfg["world"], held_out=cfg["held_out"],
                          pretrain=record)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:

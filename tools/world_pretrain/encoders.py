@@ -39,6 +39,7 @@ from typing import Any
 
 __all__ = [
     "ATTRIBUTE_SIZES",
+    "COMPONENTS",
     "ENCODER_FILES",
     "EncoderConfig",
     "caption_targets",
@@ -60,6 +61,8 @@ _READOUTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "clip_g": ("text_encoder_2", ("clip_g_penultimate", "clip_g_embeds")),
     "t5": ("text_encoder_3", ("t5",)),
 }
+#: Per encoder of a set: its component name in SD3's components (:func:`components_for` ``"sd3"``).
+COMPONENTS: dict[str, str] = {k: comp for k, (comp, _) in _READOUTS.items()}
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,8 @@ class EncoderConfig:
     init: str = ""
     # train only these of ENCODER_FILES (the others are kept as they are, byte for byte); () : all three
     train_only: tuple[str, ...] = ()
-    # each word of each training caption is written with a capital first letter with this probability, drawn once
-    # per caption (seeded): a stand-in for the cased text a real T5 was pretrained on, where a word and its
+    # each word of each training caption is written with a capital first letter with this probability, one seeded
+    # draw per word (:func:`recase`): a stand-in for the cased text a real T5 was pretrained on, where a word and its
     # capitalised form mean the same. 0.0 (every shipped set so far): the captions as the grammar writes them.
     # The held-out read-out captions are never recased. CLIP's tokenizers lower-case, so only T5 sees it.
     case: float = 0.0
@@ -283,7 +286,7 @@ def _forward(comps: dict[str, Any], heads: Any, batch: dict[str, Any],
     if "t5" not in parts:
         return total, acc
     b = batch["t5"]
-    hidden = comps[_READOUTS["t5"][0]](b["input_ids"])[0]
+    hidden = comps[COMPONENTS["t5"]](b["input_ids"])[0]
     logits = heads.layers["t5"](hidden).reshape(-1, sum(ATTRIBUTE_SIZES.values()) + 1)
     tgt = b["attrs"].reshape(-1, 4)
     total = total + _ce(logits[:, :-1], tgt)
@@ -322,15 +325,14 @@ def pretrain_encoders(
     from te_align.tiny._seed import seeded
 
     comps = _base_components()
-    keys = {k: comp for k, (comp, _) in _READOUTS.items()}
     if cfg.init:
         for name, model in load_encoders(cfg.init).items():
-            comps[keys[name]].load_state_dict(model.state_dict(), strict=True)
+            comps[COMPONENTS[name]].load_state_dict(model.state_dict(), strict=True)
     parts = cfg.train_only or ENCODER_FILES
-    encoders = [comps[keys[k]] for k in parts]
+    encoders = [comps[COMPONENTS[k]] for k in parts]
     for k in ENCODER_FILES:
         if k not in parts:
-            comps[keys[k]].eval().requires_grad_(False)
+            comps[COMPONENTS[k]].eval().requires_grad_(False)
     t0 = time.perf_counter()
     train = recase(_training_samples(cfg, cfg.captions, cfg.seed), cfg.case, cfg.seed * 1000 + 14)
     held = _training_samples(cfg, 1000, cfg.seed + 50_000)
@@ -387,7 +389,7 @@ def save_encoders(comps: dict[str, Any], folder: str | Path, *, config: dict[str
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     for name in ENCODER_FILES:
-        comps[_READOUTS[name][0]].save_pretrained(str(out / name), safe_serialization=True)
+        comps[COMPONENTS[name]].save_pretrained(str(out / name), safe_serialization=True)
     (out / MANIFEST).write_text(json.dumps({"config": config, "metrics": metrics}, indent=1, sort_keys=True) + "\n",
                                 encoding="utf-8")  # fmt: skip
     return out
