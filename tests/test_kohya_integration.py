@@ -69,8 +69,12 @@ def import_sd_scripts(root: str) -> dict[str, Any]:
 
     for name in ("torchvision", "cv2"):
         try:
-            importlib.import_module(name)
+            # another tool's stand-in, put into sys.modules by hand, has no loader (te-align's ComfyUI import leaves
+            # torchvision's, whose attributes fail on use): sd-scripts gets this module's stand-in instead
+            real = importlib.import_module(name).__spec__.loader is not None
         except Exception:
+            real = False
+        if not real:
             sys.modules[name] = _standin(name)
             if name == "torchvision":
                 sys.modules["torchvision.transforms"] = _standin("torchvision.transforms")
@@ -95,12 +99,13 @@ def import_sd_scripts(root: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def kohya() -> Iterator[dict[str, Any]]:
-    before = set(sys.modules)
+    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("torchvision", "cv2")}
     yield import_sd_scripts(str(Path(KOHYA_DIR or ".").resolve()))
     # the stand-ins are for sd-scripts' imports only: later tests (OneTrainer's data loaders import torchvision.io)
-    # must see torchvision and cv2 as they really are, not as this module's non-package stand-ins
-    for name in [n for n in sys.modules if n not in before and n.split(".")[0] in ("torchvision", "cv2")]:
+    # must see torchvision and cv2 as they were, not as this module's non-package stand-ins
+    for name in [n for n in sys.modules if n.split(".")[0] in ("torchvision", "cv2")]:
         del sys.modules[name]
+    sys.modules.update(saved)
 
 
 @pytest.fixture(scope="module")

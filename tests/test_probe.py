@@ -283,3 +283,32 @@ def test_real_base_model_and_legacy_probe():
         assert rows[name].hooked.result.aligned, name
     assert _t(rows["flux-schnell"].plain.result, "prompt_embeds").trainer_shape == (512, 96)
     assert any("StableDiffusion.encode_prompt(prompts)" in n for n in rows["flux-schnell"].plain.result.notes)
+
+
+def test_a_stand_in_another_tool_left_is_set_aside_for_the_trainer(tmp_path):
+    """te-align's ComfyUI import leaves torchvision as a stand-in whose attributes fail on use (a function, not a
+    submodule); a trainer probed later in the same process gets the probe's own stand-ins, and the other tool's is put
+    back afterwards."""
+    from te_align.integrations.comfyui import tiny
+    from te_align.probe import _stubs
+
+    name = "te_align_absent_vision"
+    root = tmp_path / "trainer"
+    (root / "lib").mkdir(parents=True)
+    (root / "lib" / "__init__.py").write_text("")
+    (root / "lib" / "images.py").write_text(f"from {name} import transforms\nT = transforms.Compose([])\n")
+    tiny._stand_in(name, ("transforms",))
+    left = {n: m for n, m in sys.modules.items() if n.split(".")[0] == name}
+    try:
+        assert sorted(left) == [name, f"{name}.transforms"] and not _stubs._installed(name)
+        with pytest.raises(AttributeError, match="'function' object has no attribute 'Compose'"):
+            exec(f"from {name} import transforms\ntransforms.Compose([])", {})  # what sd-scripts met before
+        with _stubs.sandbox([root], [str(root)]), _stubs.stub_missing([name], [root]) as finder:
+            images = importlib.import_module("lib.images")
+            assert finder.used == {name} and type(images.T).__name__ == "Compose"
+        assert {n: m for n, m in sys.modules.items() if n.split(".")[0] == name} == left
+        assert "lib.images" not in sys.modules
+    finally:
+        for n in left:
+            sys.modules.pop(n, None)
+        tiny.STAND_INS.pop(name, None)

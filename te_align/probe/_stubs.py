@@ -128,22 +128,39 @@ class StubFinder(importlib.abc.MetaPathFinder):
 
 
 def _installed(name: str) -> bool:
+    """``name`` imports as a real module. A module put into ``sys.modules`` by hand, whose spec has no loader and
+    no package path (another tool's stand-in), is not one."""
     try:
-        return importlib.util.find_spec(name) is not None
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return False
+    return spec is not None and (spec.loader is not None or spec.submodule_search_locations is not None)
 
 
 @contextlib.contextmanager
 def stub_missing(names: Iterable[str], roots: Iterable[str | Path]) -> Iterator[StubFinder]:
-    """Within the block, each of ``names`` that is not installed imports as a stand-in for code under ``roots``."""
-    finder = StubFinder((n for n in names if not _installed(n)), roots)
+    """Within the block, each of ``names`` that is not installed imports as a stand-in for code under ``roots``.
+
+    Where ``sys.modules`` already holds a stand-in for such a name (another tool's, put there by hand:
+    :func:`te_align.integrations.comfyui.tiny.import_comfyui` leaves torchvision's, whose attributes fail on use),
+    it is set aside for the block, so the trainer's code gets this block's stand-ins and not that one;
+    it is put back afterwards.
+    """
+    missing = frozenset(n for n in names if not _installed(n))
+    aside = {n: m for n, m in sys.modules.items() if n.split(".", 1)[0] in missing}
+    for name in aside:
+        del sys.modules[name]
+    finder = StubFinder(missing, roots)
     sys.meta_path.append(finder)
     try:
         yield finder
     finally:
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(finder)
+        if aside:
+            for name in [n for n in sys.modules if n.split(".", 1)[0] in missing]:
+                del sys.modules[name]
+            sys.modules.update(aside)
 
 
 def register_package_without_init(name: str) -> types.ModuleType:
