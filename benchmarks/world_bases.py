@@ -2,7 +2,7 @@
 
     python benchmarks/world_bases.py
 
-For every base in te_align/tiny/data/world: its diffusers class, profile, samples seen, training seconds on the
+For every base in world/te_align_world: its diffusers class, profile, samples seen, training seconds on the
 2-core machine (the denoiser's own; the shared autoencoder and encoders are listed once below the table), and
 the held-out accuracy that tools/ship_base.py measured with plain calls of the shipped pipeline (64 prompts per
 caption style, dataset seed 20000; "visible": the object is described inside some encoder's window).

@@ -41,19 +41,26 @@ def _key(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0].split(".dev")[0].split("rc")[0])[:4])
 
 
-def declared_range(dist: str) -> str:
-    """te-align's own requirement on ``dist`` as installed (``transformers>=5.2,<5.24``), or ``dist``."""
+def declared_range(dist: str, extra: str = "train") -> str:
+    """te-align's own requirement on ``dist`` as installed (``transformers>=5.2,<5.24``), or ``dist``.
+
+    The core's own requirement when it has one, else the ``extra`` one (the libraries te-align's trainer uses are
+    the ``train`` extra's: the core uses them from the environment and requires none of them).
+    """
     try:
         reqs = md.requires("te-align") or []
     except md.PackageNotFoundError:
         return dist
+    found: dict[str, str] = {}
     for r in reqs:
-        if ";" in r:  # extras ("; extra == 'test'") are not the product's range
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*([^;]*)(?:;(.*))?", r)
+        if not m or m.group(1).lower().replace("_", "-") != dist.lower():
             continue
-        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(.*)", r)
-        if m and m.group(1).lower().replace("_", "-") == dist.lower():
-            return f"{m.group(1)}{m.group(2).replace(' ', '')}"
-    return dist
+        marker = (m.group(3) or "").replace(" ", "").replace("'", '"')
+        where = "" if not marker else (extra if marker == f'extra=="{extra}"' else None)
+        if where is not None:
+            found.setdefault(where, f"{m.group(1)}{m.group(2).replace(' ', '')}")
+    return found.get("", found.get(extra, dist))
 
 
 def peft_minimum(library: str) -> str | None:

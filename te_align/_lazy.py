@@ -45,7 +45,15 @@ class LazyModule:
     def _load(self) -> ModuleType:
         module = self._module
         if module is None:
-            module = importlib.import_module(self._name)
+            try:
+                module = importlib.import_module(self._name)
+            except ModuleNotFoundError as e:  # a library of an extra: one line naming the pip install
+                from te_align._extras import missing_extra
+
+                err = missing_extra(e, self._name)
+                if err is None:
+                    raise
+                raise err from None
             object.__setattr__(self, "_module", module)
         return module
 

@@ -44,6 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"te-align: error: {e}", file=sys.stderr)
         return e.exit_code
+    except ModuleNotFoundError as e:  # a library of an extra that is not installed: the pip install, in one line
+        from te_align._extras import missing_extra
+
+        err = missing_extra(e, args.command, f"te-align {args.command}")
+        if err is None or args.debug:
+            raise
+        print(f"te-align: error: {err}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("te-align: interrupted", file=sys.stderr)
         return 130

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from te_align.ab.preset import ABError, list_presets, load_preset, preset_from_dict, presets_root
 

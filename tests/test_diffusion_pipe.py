@@ -302,6 +302,7 @@ def test_every_key_read_without_a_default_is_required():
     """One table (generated from the checkout, see test_key_tables_are_generated_from_the_checkout): for every model
     type te-align checks, leaving out any key diffusion-pipe reads with config['key'] is one missing-key error."""
     import tempfile
+
     import tomllib
 
     from te_align.audit.readers import load

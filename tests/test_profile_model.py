@@ -6,9 +6,9 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 import te_align
 from te_align.cli import main

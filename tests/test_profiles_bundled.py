@@ -7,12 +7,12 @@ import importlib.util
 import json
 import os
 import re
-import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from te_align.profiles import bundled, bundled_names, profile_from_dict
 from te_align.profiles.model import STATUSES, AlignmentProfile, EncoderSpec, MaskSpec, SlotSpec, TokenizerSpec

@@ -83,6 +83,34 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
     assert {f"{info}/licenses/LICENSE", f"{info}/licenses/te_align/tiny/data/LICENSE-CLIP-BPE.txt"} <= names
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0 AND MIT" in meta
+    # the core is small: the world bases are a distribution of their own (world/), and no heavy library is required
+    assert not [n for n in names if "te_align_world" in n or "/world/" in n and n.endswith(".safetensors")]
+    required = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    core = sorted(r.split(">")[0].split(";")[0].strip() for r in required if "extra ==" not in r)
+    assert core == ["pyyaml", "ruamel.yaml", "toml", "tomli", "tomlkit"]
+    assert "Requires-Python: >=3.10" in meta
+
+
+def test_world_wheel_ships_every_base_file(tmp_path):
+    """``world/`` builds the te-align-world wheel, and it carries every file of every shipped base."""
+    import subprocess
+    import sys
+    import zipfile
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+         str(ROOT / "world")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = tmp_path.glob("te_align_world-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    pkg = ROOT / "world" / "te_align_world"
+    files = {f"te_align_world/{p.relative_to(pkg).as_posix()}" for p in pkg.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts}
+    assert len(files) > 30
+    assert not sorted(files - names)
 
 
 # ------------------------------------------------------------------------------ machine paths, citations
@@ -95,7 +123,7 @@ NOTE_CITATION = re.compile(
     r"|\b(?:kohya|trainers|community|hf_configs)\.(?:md|json)\b|\bhf_configs\["
 )
 #: What the wheel ships or a user copies: the package (with the trainers' drop-in templates), presets and examples.
-SHIPPED = ("te_align/", "presets/", "examples/")
+SHIPPED = ("te_align/", "presets/", "examples/", "world/")
 TEXT_SUFFIXES = {".py", ".toml", ".json", ".md", ".txt", ".tmpl", ".yaml", ".yml", ".cfg", ".ini", ""}
 
 

@@ -1,4 +1,4 @@
-"""The world bases te-align ships (te_align/tiny/data/world): present, hash-checked, and drawing what they are asked.
+"""The world bases te-align ships (world/te_align_world): present, hash-checked, and drawing what they are asked.
 
 Loaded exactly as users load them (``te_align.tiny.world.base(name)``: SHA-256 check, the official diffusers
 pipeline, the base's own sampling settings in a plain call), offline. The numbers a base's ``base.json`` records

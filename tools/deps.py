@@ -42,8 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "lock" / "constraints.txt"
@@ -52,24 +53,41 @@ EXTRAS = "test,kohya-test"
 NO_DEPS = ("ostris-ai-toolkit==0.2.7", "oyaml==1.0")
 DEFAULT_TORCH = "torch==2.13.0"
 #: never written into the lock: the installer itself and the project
-NOT_LOCKED = {"pip", "te-align", "te_align"}
+NOT_LOCKED = {"pip", "te-align", "te_align", "te-align-world", "te_align_world"}
+#: the world bases' data, a distribution of its own (world/), installed beside te-align wherever the suite runs
+WORLD = ROOT / "world"
 
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def direct_requirements(extras: bool = True) -> dict[str, str]:
-    """``{name: specifier}`` of pyproject's dependencies (and the test extras)."""
+def direct_requirements(extras: bool = True, core: bool = True) -> dict[str, str]:
+    """``{name: specifier}`` of pyproject's dependencies (``core``) and the test extras, with te-align's own extras
+    that an extra names (``te-align[train]``) expanded."""
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    reqs = list(meta["dependencies"])
-    if extras:
-        for extra in EXTRAS.split(","):
-            reqs += meta.get("optional-dependencies", {}).get(extra, [])
+    optional = meta.get("optional-dependencies", {})
+    reqs = list(meta["dependencies"]) if core else []
+    todo = EXTRAS.split(",") if extras else []
+    seen: set[str] = set()
+    while todo:
+        extra = todo.pop(0)
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for r in optional.get(extra, []):
+            own = re.match(r"\s*te-align\[([^\]]+)\]", r)
+            if own:
+                todo += [e.strip() for e in own.group(1).split(",")]
+            else:
+                reqs.append(r)
     out: dict[str, str] = {}
     for r in reqs:
-        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*([^;]*)", r)
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*([^;]*)(;.*)?", r)
         if m:
+            marker = (m.group(3) or "").replace(" ", "")
+            if "python_version<'3.11'" in marker.replace('"', "'") and sys.version_info >= (3, 11):
+                continue  # a backport this Python does not install (tomli)
             name = _norm(m.group(1))
             spec = m.group(2).strip()
             out[name] = ",".join(s for s in (out.get(name, ""), spec) if s)
@@ -187,7 +205,7 @@ def _install(job: str, python: Path, torch: str | None, log: list[str]) -> int:
         args += ["-c", str(cons)]
     if torch:
         args.append(torch)
-    rc = _run([*pip, *args, "-e", f".[{EXTRAS}]"]).returncode
+    rc = _run([*pip, *args, "-e", f".[{EXTRAS}]", "-e", str(WORLD)]).returncode
     if rc:
         return rc
     return _run([*pip, "--no-deps", *NO_DEPS]).returncode
@@ -289,9 +307,9 @@ def _product(python: Path, venv: Path, torch: str | None) -> int:
     """The product job (see the module docstring)."""
     pip = [str(python), "-m", "pip", "install", "-q"]
     _run([*pip, "--upgrade", "pip"])
-    rc = _run([*pip, *([torch] if torch else []), str(ROOT)]).returncode
+    rc = _run([*pip, *([torch] if torch else []), f"{ROOT}[train]", str(WORLD)]).returncode
     if rc:
-        print(f"\nproduct: `pip install .` failed (exit {rc})")
+        print(f"\nproduct: `pip install ./world \".[train]\"` failed (exit {rc})")
         return rc
     te = str(venv / "bin" / "te-align")
     example = ROOT / "examples" / "kohya" / "flux_schnell_lora.toml"

@@ -3,7 +3,7 @@
     python tools/ship_base.py --name sd3 --run RUNS/sd3 --step 20000 [--dest DIR] [--eval-n 64] [--threads 1]
 
 Takes the pipeline folder ``RUN/model-STEP`` written by ``tools/world_build.py base``, rounds it to float16 (what
-is shipped) and writes into the world data root (default ``te_align/tiny/data/world``):
+is shipped) and writes into the world data root (default ``world/te_align_world``):
 
 * the shared parts once: ``encoders/{clip_l,clip_g,t5}`` and ``vae`` (a second base must bring bit-identical
   ones, else it is refused: every base shares them); a base with an encoder folder of its own
@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--name", required=True, choices=list(bases.BASES))
     ap.add_argument("--run", required=True, help="the base's world_build.py output folder")
     ap.add_argument("--step", type=int, required=True, help="ship RUN/model-STEP")
-    ap.add_argument("--dest", default=None, help="world data root (default: the package's te_align/tiny/data/world)")
+    ap.add_argument("--dest", default=None, help="world data root (default: the package's world/te_align_world)")
     ap.add_argument("--eval-n", type=int, default=64, help="held-out prompts per caption style")
     ap.add_argument("--grid", default=None, help="also write a grid of the first 24 evaluation samples here (PNG)")
     ap.add_argument("--threads", type=int, default=1)

@@ -33,13 +33,13 @@ This module imports no torch.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import te_align
 from te_align import _schema as schema
+from te_align import _toml as tomllib
 from te_align._lazy import lazy_module
 from te_align._shipped import shipped_dir
 from te_align._types import JSONObject

@@ -179,7 +179,7 @@ def _check_depth(path: str, text: str, fmt: str) -> None:
 
 
 def _parse_toml(path: str, text: str) -> JSONObject:
-    import tomllib
+    from te_align import _toml as tomllib
 
     try:
         return tomllib.loads(text)

@@ -267,7 +267,7 @@ def _same_path(profile: AlignmentProfile, key: str, path: str | None) -> bool:
 # ------------------------------------------------------------------------------ the ways in
 def parse_set(items: Iterable[str], *, origin: str = "--set") -> dict[str, JSONValue]:
     """``KEY=VALUE`` pairs (``--set``): values read as TOML scalars (512, true, "text", 0.5), else as strings."""
-    import tomllib
+    from te_align import _toml as tomllib
 
     out: dict[str, JSONValue] = {}
     for item in items:

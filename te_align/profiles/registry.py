@@ -27,8 +27,7 @@ def _bundled_files() -> dict[str, Any]:
 
 @functools.cache
 def _load_bundled(name: str) -> AlignmentProfile:
-    import tomllib
-
+    from te_align import _toml as tomllib
     from te_align.profiles.serialize import profile_from_dict
 
     res = _bundled_files()[name]

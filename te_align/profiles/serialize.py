@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from te_align import _schema as schema
+from te_align import _toml as tomllib
 from te_align.errors import ProfileError, closest
 from te_align.profiles.model import (
     ADDED_FIELDS,

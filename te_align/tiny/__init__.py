@@ -21,7 +21,7 @@ Modules (import the one you need; importing this package imports no torch):
 * :mod:`te_align.tiny.world`: the shapes world (scenes, captions, reader, grid): procedural images of coloured
   shapes with captions in the styles trainers use (tags, short sentences, long natural language), held-out
   concepts, and a deterministic prompt-accuracy reader; ``world.base(name)`` loads a shipped base.
-* :mod:`te_align.tiny.bases`: the pretrained world bases shipped in ``data/world/`` (float16, SHA-256 checked on
+* :mod:`te_align.tiny.bases`: the pretrained world bases shipped in the ``te_align_world`` package (``world/`` in a clone) (float16, SHA-256 checked on
   every load), materialized as diffusers folders and loaded as their official pipelines. How they were pretrained
   is in ``tools/world_pretrain/`` (not shipped).
 """

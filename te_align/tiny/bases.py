@@ -2,7 +2,7 @@
 
 A base is a real diffusers pipeline pretrained from scratch on :mod:`te_align.tiny.world` with exactly its
 family's profile (``tools/world_build.py``; how in ``benchmarks/bench_learnability.md``). The package ships, under
-``te_align/tiny/data/world/``, each neural component's config and float16 weights once:
+``world/te_align_world/``, each neural component's config and float16 weights once:
 
 * ``encoders/clip_l``, ``encoders/clip_g``, ``encoders/t5``: the text encoders, pretrained on world captions and
   shared by every base, as SD 1.5, SDXL, SD3 and Flux share CLIP-L and SD3 and Flux share T5;
@@ -27,10 +27,12 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from te_align._extras import MissingExtra
 from te_align.errors import TeAlignError
 
 __all__ = ["BASES", "BaseError", "BaseSpec", "base_info", "base_profile", "data_root", "load", "materialize", "shipped", "verify"]
@@ -96,8 +98,15 @@ UNSHIFTED = ("sdxl", "sd15")
 
 
 def data_root() -> Path:
-    """The shipped world data (inside the installed package)."""
-    return Path(__file__).resolve().parent / "data" / "world"
+    """The shipped world data: the ``te_align_world`` package (the ``te-align-world`` distribution, ``world/`` in a
+    te-align clone), kept out of te-align's core so that the core stays small."""
+    try:
+        import te_align_world
+    except ModuleNotFoundError:
+        raise MissingExtra(
+            "the world bases are the te-align-world package, which is not installed in this Python "
+            f"({sys.executable}); from a te-align clone: pip install ./world \".[train]\"") from None
+    return te_align_world.ROOT
 
 
 def shipped(source: str | Path | None = None) -> list[str]:

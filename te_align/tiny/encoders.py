@@ -262,9 +262,10 @@ def llama_for_causal_lm(
         num_key_value_heads=2,
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,
-        rope_parameters={
+        # the hub config's spelling (rope_theta + rope_scaling): transformers 4.x reads only it, 5.x converts it
+        rope_theta=500000.0,
+        rope_scaling={
             "rope_type": "llama3",
-            "rope_theta": 500000.0,
             "factor": 8.0,
             "low_freq_factor": 1.0,
             "high_freq_factor": 4.0,
@@ -299,7 +300,9 @@ def qwen2_5_vl_model(
             "num_key_value_heads": 1,
             "max_position_embeddings": 128000,
             "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0},
+            # the hub config's spelling: transformers 4.x reads only rope_scaling/rope_theta (rope_parameters is 5.x)
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+            "rope_theta": 1000000.0,
             "bos_token_id": ids["<|endoftext|>"],
             "eos_token_id": ids["<|im_end|>"],
         },
@@ -342,7 +345,7 @@ def qwen3_model(tokenizer: transformers.PreTrainedTokenizerBase, seed: int | Non
         head_dim=8,
         max_position_embeddings=32768,
         rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rope_theta=1000000.0,  # the hub config's spelling, read by transformers 4.x and 5.x
         tie_word_embeddings=True,
         bos_token_id=eot,
         eos_token_id=eot,

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from te_align import _schema as schema
+from te_align import _toml as tomllib
 from te_align._dtypes import DTYPE_NAMES
 from te_align._paths import read_bytes
 from te_align._types import JSONObject

@@ -3,7 +3,8 @@
 ComfyUI loads this folder as a custom node package: ``te-align comfyui install /path/to/ComfyUI`` writes a
 two-line loader into ``custom_nodes/te-align/`` (a transaction; ``te-align comfyui uninstall`` restores the tree
 byte for byte), or link this folder into ``custom_nodes/`` yourself. Either way te-align must be installed in the
-Python that runs ComfyUI (``pip install te-align``). The nodes call ComfyUI's public objects at run time and copy
+Python that runs ComfyUI (``python -m pip install /path/to/te-align``, a clone or a built wheel: the core is
+pure Python and uses ComfyUI's own torch and transformers). The nodes call ComfyUI's public objects at run time and copy
 none of its code.
 """
 

@@ -31,12 +31,14 @@ LOADER_SOURCE = (
     LOADER_MARK + b"""
 # Written by `te-align comfyui install`; undo with `te-align comfyui uninstall <ComfyUI folder>`.
 import logging
+import sys
 
 try:
     from te_align.integrations.comfyui.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 except ImportError as e:
     logging.getLogger("te_align").error(
-        "te-align nodes not loaded: %s. Install te-align into the Python that runs ComfyUI (pip install te-align).", e
+        "te-align nodes not loaded: %s. Install te-align into the Python that runs ComfyUI (%s -m pip install "
+        "/path/to/te-align: a clone or a built wheel; its core changes no package ComfyUI has).", e, sys.executable
     )
     NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = {}, {}
 

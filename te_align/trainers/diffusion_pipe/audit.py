@@ -191,7 +191,7 @@ def required_keys() -> dict[str, dict[str, tuple[Any, str]]]:
     """Keys read without a default, by table: ``""`` (the training TOML's top level) and each ``[model] type``;
     each key -> (an example value, where it is read). From the bundled ``[required]`` / ``[required.<type>]``
     sections (lines ``key = VALUE  # file:line``)."""
-    import tomllib
+    from te_align import _toml as tomllib
 
     out: dict[str, dict[str, tuple[Any, str]]] = {}
     for section, lines in known_keys("diffusion-pipe").items():
@@ -540,7 +540,8 @@ def _required(root: Path) -> dict[str, dict[str, tuple[Any, str]]]:
     docs/supported_models.md."""
     import ast
     import re
-    import tomllib
+
+    from te_align import _toml as tomllib
 
     model_names = ("self.model_config", "model_config", "config['model']", "self.config['model']")
     train = ast.parse((root / "train.py").read_text(encoding="utf-8"))

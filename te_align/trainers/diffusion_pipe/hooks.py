@@ -274,7 +274,7 @@ def current() -> DiffusionPipeHook | None:
 
 def model_type(argv: Sequence[str]) -> tuple[str | None, str]:
     """The ``[model] type`` of the training TOML in ``argv`` (``--config PATH``), and the path."""
-    import tomllib
+    from te_align import _toml as tomllib
 
     args = list(argv)
     path = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), None)

@@ -320,7 +320,7 @@ def caption_dirs(values: dict[str, Any]) -> list[str]:
     dirs = [values["train_data_dir"]] if isinstance(values.get("train_data_dir"), str) else []
     cfg = values.get("dataset_config")
     if isinstance(cfg, str) and cfg.endswith(".toml") and Path(cfg).is_file():
-        import tomllib
+        from te_align import _toml as tomllib
 
         try:
             data = tomllib.loads(Path(cfg).read_text(encoding="utf-8"))

@@ -16,7 +16,8 @@ if os.environ.get("TE_ALIGN", "").strip().lower() not in _OFF_WORDS:
     except ImportError as e:
         sys.exit(
             f"te-align patched this ai-toolkit folder but cannot be imported in this Python ({e}); "
-            f"pip install te-align here, run with TE_ALIGN=off, or restore the original: te-align unpatch {_here}"
+            f"install it here with te-align patch --python {sys.executable} {_here} (from te-align's own environment), "
+            f"run with TE_ALIGN=off, or restore the original: te-align unpatch {_here}"
         )
 sys.argv[0] = os.path.join(_here, "te_align_original_run.py")
 runpy.run_path(sys.argv[0], run_name="__main__")

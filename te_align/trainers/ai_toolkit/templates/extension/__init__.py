@@ -7,6 +7,8 @@ pinned at patch time, else the one matching ``model.arch`` / ``name_or_path``. `
 the environment gives ai-toolkit's unmodified behaviour.
 """
 
+import sys
+
 PINNED_PROFILE = None  # te-align patch --profile NAME
 
 try:
@@ -14,7 +16,8 @@ try:
 except ImportError as _e:
     raise ImportError(
         f"the te-align extension ({__file__}) needs te-align installed in this Python ({_e}); "
-        "pip install te-align here, or remove it with: te-align unpatch <this ai-toolkit folder>"
+        f"install it here with te-align patch --python {sys.executable} <this ai-toolkit folder> (from te-align's own "
+        "environment), or remove it with: te-align unpatch <this ai-toolkit folder>"
     ) from _e
 
 watch_processes(default_profile=PINNED_PROFILE)
