@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
+from te_align import _toml as tomllib
 from te_align.ab.preset import ABError, list_presets, load_preset, preset_from_dict, presets_root
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
+
+from te_align import _toml as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -425,8 +425,9 @@ def test_shipped_configs_fixed_rechecked_and_unchanged_elsewhere(dialect: str, e
 
 
 def test_pre_commit_hooks_file_names_a_real_entry_point() -> None:
-    import tomllib
     import yaml
+
+    from te_align import _toml as tomllib
 
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
     by_id = {h["id"]: h for h in hooks}

@@ -303,8 +303,7 @@ def test_every_key_read_without_a_default_is_required():
     type te-align checks, leaving out any key diffusion-pipe reads with config['key'] is one missing-key error."""
     import tempfile
 
-    import tomllib
-
+    from te_align import _toml as tomllib
     from te_align.audit.readers import load
     from te_align.trainers.diffusion_pipe.audit import parse, required_keys
 

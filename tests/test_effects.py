@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
+from te_align import _toml as tomllib
 from te_align.ab.preset import ABError, load_preset, preset_from_dict, presets_root
 from te_align.ab.stats import holm, sd_ratio_interval, sign_flip_p, t_two_sided_p
 

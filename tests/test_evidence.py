@@ -104,7 +104,7 @@ def test_baseline_train_settings_apply_to_arm_a_only() -> None:
 
 
 def _world_data() -> dict[str, Any]:
-    import tomllib
+    from te_align import _toml as tomllib
 
     return tomllib.loads((presets_root() / "world" / "sd3-t5-77.toml").read_text(encoding="utf-8"))
 

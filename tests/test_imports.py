@@ -194,3 +194,43 @@ def test_no_single_letter_module_aliases():
                     found += [f"{path.relative_to(ROOT)}:{node.lineno}: as {a.asname}" for a in node.names
                               if a.asname and len(a.asname.rstrip("_")) == 1]  # fmt: skip
     assert not found, "\n".join(found)
+
+
+# ------------------------------------------------------------------------------ the core alone
+def _core_only(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The te-align CLI where no extra is installed (tests/support/no_extras.py: torch, transformers, diffusers,
+    numpy, … all fail to import as they do when missing)."""
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "no_extras.py"), *args],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def test_the_core_commands_run_without_any_extra(tmp_path: Path):
+    """--help, profile show, check, and patch / status / unpatch of an sd-scripts and an ai-toolkit tree: all of
+    them with no torch, transformers or diffusers importable (the hooks' modules are read by patch)."""
+    from tests.test_patch_safety import campaign
+
+    assert _core_only("--help").returncode == 0
+    shown = _core_only("profile", "show", "sd35-large")
+    assert shown.returncode == 0 and "sd35-large" in shown.stdout, shown.stderr
+    checked = _core_only("check", str(ROOT / "examples" / "kohya" / "sdxl_typo.toml"))
+    assert checked.returncode == 1 and checked.stderr == "", checked.stderr
+    for tree in (campaign.fake_kohya(tmp_path / "sd-scripts"), campaign.fake_ai_toolkit(tmp_path / "ai-toolkit")):
+        before = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*"))
+        for args in (["patch", str(tree), "--no-install"], ["status", str(tree)], ["unpatch", str(tree)]):
+            out = _core_only(*args)
+            assert out.returncode == 0, (args, out.stderr)
+            assert "Traceback" not in out.stderr
+        assert sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("args", "extra"), [
+    (["demo", "--out", "demo"], "train"),
+    (["probe", "--trainer", "sd-scripts", "--profile", "sdxl"], "encode"),
+])
+def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path: Path, args: list[str], extra: str):
+    out = _core_only(*args, cwd=tmp_path)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 1 and lines[0].startswith("te-align: error: te-align "), out.stderr
+    assert f'pip install "te-align[{extra}]"' in lines[0] or "pip install ./world" in lines[0], lines[0]
+    assert not list(tmp_path.iterdir())  # nothing half-written

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-import tomllib
 
 import te_align
+from te_align import _toml as tomllib
 from te_align.cli import main
 from te_align.errors import ProfileError, ProfileNotFound
 from te_align.profiles import profile_from_dict

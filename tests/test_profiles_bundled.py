@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
+from te_align import _toml as tomllib
 from te_align.profiles import bundled, bundled_names, profile_from_dict
 from te_align.profiles.model import STATUSES, AlignmentProfile, EncoderSpec, MaskSpec, SlotSpec, TokenizerSpec
 from te_align.profiles.official import official_repos, official_snapshot

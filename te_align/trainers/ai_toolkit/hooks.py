@@ -38,12 +38,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, TypeVar
 
 from te_align._git import installed_version as _installed
 from te_align._git import read_version
 from te_align._lazy import lazy_module
-from te_align.encoding import encode as _encode
 from te_align.errors import TeAlignError
 from te_align.hooks.base import (
     Hook,
@@ -98,14 +97,18 @@ class ConfigError(TeAlignError):
     """A malformed ``te_align:`` section in an ai-toolkit job config."""
 
 
-class Section(TypedDict):
-    """A validated ``te_align:`` section (:func:`validate_section`), its profile resolved once enabled
-    (:func:`settings_from_process`)."""
-
+class _SectionKeys(TypedDict):
     enabled: bool
     profile: str | None
     overrides: dict[str, object]
-    resolved: NotRequired[AlignmentProfile]
+
+
+class Section(_SectionKeys, total=False):
+    """A validated ``te_align:`` section (:func:`validate_section`), its profile resolved once enabled
+    (:func:`settings_from_process`). ``resolved`` is the one optional key (``total=False`` rather than
+    ``typing.NotRequired``, which Python 3.11 added: ai-toolkit runs on 3.10)."""
+
+    resolved: AlignmentProfile
 
 
 class _Model(Protocol):
@@ -425,7 +428,7 @@ class AiToolkitHook(Hook):
         **components: Any,
     ) -> Conditioning:
         opts = _core.EncodeOptions(long_prompt_chunks=0 if truncate else 4)
-        return _encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
+        return _core.encode(profile, list(prompts), options=opts, drop=_draw(len(prompts), dropout_prob), **components)
 
     def _train_tools_wrapper(self, fn_name: str, original: Callable[..., object]) -> Callable[..., object]:
         families, style = TRAIN_TOOLS[fn_name]

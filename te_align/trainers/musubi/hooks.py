@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from te_align._git import git_head
 from te_align._lazy import lazy_module
 from te_align._safetensors import read_header
-from te_align.encoding import encode as _encode
 from te_align.errors import TeAlignError
 from te_align.hooks.base import (
     Hook,
@@ -65,6 +64,9 @@ from te_align.hooks.base import (
 from te_align.profiles.overrides import env_profile
 from te_align.trainers.musubi import names
 from te_align.trainers.musubi.audit import COMMIT, META_FINGERPRINT, META_PROFILE, parse_args
+
+# imported on first use: keeps torch off this module's import (te-align patch and check read it)
+_encoding_core = lazy_module("te_align.encoding.core")
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import SimpleNamespace
@@ -212,7 +214,7 @@ class MusubiHook(Hook):
             device = vlm.device
             autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if fp8 else contextlib.nullcontext()
             with torch.no_grad(), autocast:  # as the original runs an fp8 model (qwen_image_utils.py:353-356)
-                out = _encode(p, prompts, tokenizers={p.slot("qwen").tokenizer_subfolder: tokenizer},
+                out = _encoding_core.encode(p, prompts, tokenizers={p.slot("qwen").tokenizer_subfolder: tokenizer},
                                       text_encoders={p.slot("qwen").encoder_subfolder: vlm})
             return out["prompt_embeds"].to(dtype=dtype, device=device), out["prompt_embeds_mask"].long().to(device)
 

@@ -70,7 +70,6 @@ from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from te_align._lazy import lazy_module
-from te_align.encoding import encode as _encode
 from te_align.hooks.base import (
     ENV_PROFILE,
     ENV_SWITCH,
@@ -83,6 +82,9 @@ from te_align.hooks.base import (
     mark_wrapper,
 )
 from te_align.trainers.simpletuner.audit import guess_profile
+
+# imported on first use: keeps torch off this module's import (te-align patch and check read it)
+_encoding_core = lazy_module("te_align.encoding.core")
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -423,14 +425,14 @@ def encode_as(
         if device is not None and getattr(first, "device", device) != device:
             first.to(device)
     toks, encs = _components(model)
-    out = _encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
+    out = _encoding_core.encode(profile, batch, tokenizers=toks, text_encoders=encs, negative=negative)
     dtype = getattr(getattr(model, "config", None), fam.cast, None) if fam.cast else None
     values: list[torch.Tensor] = []
     for name in fam.returns:
         if name.endswith("?"):
             value = out[name[:-1]]
         elif name.endswith("@empty"):
-            value = _encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
+            value = _encoding_core.encode(profile, [""] * len(batch), tokenizers=toks, text_encoders=encs,
                                     negative=True)[name.split("@", 1)[0]]
         elif name == "t5_mask":
             slot = profile.slot("t5")
