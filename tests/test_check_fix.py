@@ -441,6 +441,23 @@ def test_pre_commit_hooks_file_names_a_real_entry_point() -> None:
     assert stat.S_ISREG((ROOT / ".pre-commit-hooks.yaml").stat().st_mode)
 
 
+def test_readme_pre_commit_config_is_a_working_local_hook() -> None:
+    """The README's .pre-commit-config.yaml is valid YAML whose `repo: local` hook runs the same entry as
+    .pre-commit-hooks.yaml's te-align-check, and names no repository that does not exist."""
+    import yaml
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S) if ".pre-commit-config.yaml" in b]
+    config = yaml.safe_load(block)
+    (repo,) = config["repos"]
+    assert repo["repo"] == "local"
+    (hook,) = repo["hooks"]
+    published = {h["id"]: h for h in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))}
+    assert hook["id"] == "te-align-check" and hook["entry"] == published["te-align-check"]["entry"]
+    assert hook["language"] == "system" and re.compile(hook["files"]).search("configs/flux_lora.toml")
+    assert "TE_ALIGN_REPOSITORY_URL" not in readme
+
+
 # ------------------------------------------------------------------------------ two files, one transaction
 #: The caption_prefix the Lumina 2 profile gives diffusion-pipe's dataset TOML.
 DP_PREFIX = ("You are an assistant designed to generate superior images with the superior degree of image-text "

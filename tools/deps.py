@@ -3,7 +3,8 @@
     python tools/deps.py lock     # newest releases within pyproject's ranges; if the suite passes, write the lock
     python tools/deps.py newest   # the same suite on the newest releases pip resolves without the lock (no write)
     python tools/deps.py lowest   # every direct dependency at the lowest release its declared range allows
-    python tools/deps.py product  # `pip install .` alone (no extras, no lock), then the product's commands
+    python tools/deps.py product  # `pip install ./world ".[train]"` (no lock), then the product's commands
+    python tools/deps.py core --python python3.10   # the core alone on a Python: size, time, commands, its tests
 
 Each job builds a fresh virtual environment in a temporary folder (``--venv DIR`` keeps it), installs te-align from
 this checkout with the ``test`` and ``kohya-test`` extras plus ai-toolkit's PyPI package (``--no-deps``, as the
@@ -22,6 +23,14 @@ noise and fails the job.
 suite passed; ``tests/support/lock.py`` reads it. torch is pinned by ``--torch`` (default ``torch==2.13.0``, the
 CPU build the README installs); ``newest`` leaves torch to pip too unless ``--torch`` is given. Run ``newest``
 before every submission; ``.ci/run`` runs it after the locked suite and prints its report.
+
+``core`` is te-align where only the core is installed, as inside a trainer's environment: a fresh venv on
+``--python`` (default: this one), a wheel of this checkout installed with ``pip install`` (the core's dependencies
+only, from the warm pip cache; ``--lowest`` pins each to the lowest release its range allows), and it prints the
+install's size (what site-packages grew by, bytecode included) and time, checks that no extra's library came with
+it, runs ``--help``, ``profile show``, ``check``, ``patch``/``status``/``unpatch`` of a trainer-shaped tree and
+``demo`` (which must say in one line which extra it needs), and then ``CORE_TESTS``, the test files of the code
+that runs where only the core is installed.
 
 ``lowest`` pins each direct dependency to the lowest release the package index offers inside its declared range
 (``pip index versions``; the bound itself when that release exists, else the first one after it: ``setuptools>=77``
@@ -62,7 +71,8 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def direct_requirements(extras: bool = True, core: bool = True) -> dict[str, str]:
+def direct_requirements(extras: bool = True, core: bool = True,
+                        python: tuple[int, int] = sys.version_info[:2]) -> dict[str, str]:
     """``{name: specifier}`` of pyproject's dependencies (``core``) and the test extras, with te-align's own extras
     that an extra names (``te-align[train]``) expanded."""
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
@@ -86,7 +96,7 @@ def direct_requirements(extras: bool = True, core: bool = True) -> dict[str, str
         m = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*([^;]*)(;.*)?", r)
         if m:
             marker = (m.group(3) or "").replace(" ", "")
-            if "python_version<'3.11'" in marker.replace('"', "'") and sys.version_info >= (3, 11):
+            if "python_version<'3.11'" in marker.replace('"', "'") and python >= (3, 11):
                 continue  # a backport this Python does not install (tomli)
             name = _norm(m.group(1))
             spec = m.group(2).strip()
@@ -170,10 +180,11 @@ def lowest_release(spec: str, versions: list[str]) -> str | None:
     return str(min(found)) if found else None
 
 
-def lowest_pins(python: Path, log: list[str]) -> dict[str, str]:
-    """``{name: version}``: each direct dependency with a lower bound at the lowest release its range allows."""
+def lowest_pins(python: Path, log: list[str], reqs: dict[str, str] | None = None) -> dict[str, str]:
+    """``{name: version}``: each direct dependency (default: the suite's, ``direct_requirements()``) with a lower
+    bound at the lowest release its range allows."""
     pins: dict[str, str] = {}
-    for name, spec in direct_requirements().items():
+    for name, spec in (direct_requirements() if reqs is None else reqs).items():
         bound = lower_bound(spec)
         if bound is None:
             log.append(f"no lower bound declared for {name} (left to pip)")
@@ -213,7 +224,9 @@ def _install(job: str, python: Path, torch: str | None, log: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("job", choices=("lock", "newest", "lowest", "product"))
+    ap.add_argument("job", choices=("lock", "newest", "lowest", "product", "core"))
+    ap.add_argument("--python", help="core: the interpreter to build the venv with (default: this one)")
+    ap.add_argument("--lowest", action="store_true", help="core: the core's dependencies at their lowest releases")
     ap.add_argument("--venv", type=Path, help="build (or reuse) the environment here and keep it")
     ap.add_argument("--torch", help=f"torch requirement (default {DEFAULT_TORCH}; newest: pip's choice)")
     ap.add_argument("--pytest-args", default="", help="instead of the whole suite (e.g. 'tests/test_train.py -x')")
@@ -231,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     log: list[str] = []
     try:
         if not python.exists():
-            _run([sys.executable, "-m", "venv", str(venv)])
+            _run([args.python or sys.executable, "-m", "venv", str(venv)])
+        if args.job == "core":
+            return _core(python, venv, args.lowest)
         if args.job == "product":
             return _product(python, venv, torch)
         rc = _install(args.job, python, torch, log)
@@ -350,6 +365,113 @@ def _product(python: Path, venv: Path, torch: str | None) -> int:
             print(f"        third-party line: {ln[:200]}")
     print(f"result: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
+
+
+#: the test files of the code that runs where only the core is installed (inside a trainer's environment, before
+#: its extras): check, patch, profiles, the hooks' lifecycle and the trainers' parts that need no model
+CORE_TESTS = (
+    "tests/test_check.py", "tests/test_check_corpus.py", "tests/test_check_fix.py", "tests/test_check_shipped.py",
+    "tests/test_detection.py", "tests/test_diffusers_examples_check.py", "tests/test_hooks_base.py",
+    "tests/test_imports.py", "tests/test_inference_targets.py", "tests/test_lazy.py", "tests/test_overrides.py",
+    "tests/test_patch_faults.py", "tests/test_patch_safety.py", "tests/test_patching.py",
+    "tests/test_profile_faults.py", "tests/test_trainer_api.py", "tests/test_trainers.py",
+)
+
+
+def _site_size(python: Path) -> int:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(_run([str(python), "-c", code], capture=True).stdout.strip())
+    return sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+
+
+def _core(python: Path, venv: Path, lowest: bool) -> int:
+    """The core job (see the module docstring)."""
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    _run([*pip, "--upgrade", "pip"])
+    version = _run([str(python), "-c", "import platform; print(platform.python_version())"], capture=True).stdout
+    wheels = Path(tempfile.mkdtemp(prefix="te-align-core-wheel-"))
+    rc = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)]).returncode
+    (wheel,) = wheels.glob("te_align-*.whl")
+    args: list[str] = []
+    log: list[str] = []
+    if lowest:
+        target = tuple(int(x) for x in version.split(".")[:2])
+        pins = lowest_pins(python, log, direct_requirements(extras=False, python=target))  # type: ignore[arg-type]
+        cons = wheels / "lowest.txt"
+        cons.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()), encoding="utf-8")
+        args += ["-c", str(cons)]
+    # the cache is warmed first (a user's second install; the first one downloads), then the install is timed
+    _run([*pip, "--dry-run", *args, str(wheel)], capture=True)
+    size0 = _site_size(python)
+    t0 = time.monotonic()
+    rc = _run([*pip, *args, str(wheel)]).returncode
+    install_s = time.monotonic() - t0
+    if rc:
+        print(f"\ncore: `pip install` of the wheel failed (exit {rc})")
+        return rc
+    grown = (_site_size(python) - size0) / 1e6
+    installed = _freeze(python)
+    heavy = sorted(n for n in installed if n in {"torch", "transformers", "diffusers", "numpy", "safetensors",
+                                                   "huggingface-hub", "tokenizers", "accelerate", "peft"})
+    te = str(venv / "bin" / "te-align")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    work = Path(tempfile.mkdtemp(prefix="te-align-core-"))
+    campaign = _load_campaign()
+    tree = campaign.fake_kohya(work / "sd-scripts")
+    steps = [  # (command, exit codes that are right, text stderr must hold)
+        ([te, "--help"], {0}, ""),
+        ([te, "profile", "show", "flux-schnell"], {0}, ""),
+        ([te, "check", str(ROOT / "examples" / "kohya" / "flux_schnell_lora.toml")], {0, 1}, ""),
+        ([te, "patch", str(tree), "--no-install"], {0}, ""),
+        ([te, "status", str(tree)], {0}, ""),
+        ([te, "unpatch", str(tree)], {0}, ""),
+        ([te, "demo", "--out", "demo"], {2}, "pip install"),
+    ]
+    ok = not heavy
+    rows = []
+    try:
+        for cmd, good, needle in steps:
+            t1 = time.monotonic()
+            p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+            wall = time.monotonic() - t1
+            lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+            right = p.returncode in good and "Traceback" not in p.stderr and (not needle or (
+                len(lines) == 1 and needle in lines[0]))
+            ok &= right
+            rows.append((" ".join(["te-align", *cmd[1:]]).replace(str(work), "."), p.returncode, wall, right,
+                         lines[-1] if lines else ""))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(wheels, ignore_errors=True)
+    _run([*pip, "pytest>=8"])
+    tenv = dict(env, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    tests = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *CORE_TESTS], env=tenv, capture=True)
+    sys.stdout.write(tests.stdout[-6000:])
+    out_lines = [ln for ln in tests.stdout.splitlines() if ln.strip()]
+    summary = out_lines[-1].strip("= ") if out_lines else "(no pytest output)"
+    ok &= tests.returncode == 0
+    print(f"\n=== te-align dependency job: core{' (lowest)' if lowest else ''} (Python {version.strip()}) ===")
+    print("installed: " + ", ".join(f"{n} {v}" for n, v in sorted(installed.items())
+                                    if n not in ("pip", "setuptools", "pytest")))
+    for note in log:
+        print(f"note: {note}")
+    print(f"install: {grown:.1f} MB added to site-packages in {install_s:.1f} s (warm pip cache); "
+          f"extras' libraries installed: {', '.join(heavy) or 'none'}")
+    for shown, code, wall, right, last in rows:
+        print(f"{'ok  ' if right else 'FAIL'} exit {code}  {wall:5.2f} s  {shown}" + (f"  [{last[:110]}]" if last else ""))
+    print(f"core tests: {summary}")
+    print(f"result: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def _load_campaign():  # tools/ is not a package: the fault campaign's trainer-shaped trees
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("te_align_fault_campaign", ROOT / "tools" / "fault_campaign.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def _write_lock(installed: dict[str, str], report: dict) -> None:
