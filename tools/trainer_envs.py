@@ -88,19 +88,22 @@ def trainers() -> list[str]:
 
 
 def find_python(version: str) -> str:
-    """An interpreter of ``version`` (``3.10``): ``python3.10`` on PATH, else the newest pyenv one."""
-    exe = shutil.which(f"python{version}")
-    if exe:
-        return exe
+    """An interpreter of ``version`` (``3.10``) that runs: ``python3.10`` on PATH, else the newest pyenv one (a
+    pyenv shim on PATH for a version pyenv has not activated fails, and is passed over)."""
+    candidates = [exe] if (exe := shutil.which(f"python{version}")) else []
     try:
         root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         root = ""
     if root:
-        found = sorted(Path(root, "versions").glob(f"{version}.*/bin/python"),
-                       key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.parent.name)])
-        if found:
-            return str(found[-1])
+        candidates += [str(p) for p in sorted(
+            Path(root, "versions").glob(f"{version}.*/bin/python"),
+            key=lambda p: [int(x) for x in re.findall(r"\d+", p.parent.parent.name)], reverse=True)]
+    for exe in candidates:
+        ran = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True)
+        if ran.returncode == 0 and ran.stdout.strip() == version:
+            return exe
     raise SystemExit(f"trainer_envs: no Python {version} on PATH (python{version}) or under pyenv")
 
 
