@@ -84,7 +84,7 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0 AND MIT" in meta
     # the core is small: the world bases are a distribution of their own (world/), and no heavy library is required
-    assert not [n for n in names if "te_align_world" in n or "/world/" in n and n.endswith(".safetensors")]
+    assert not [n for n in names if "te_align_world" in n or ("/world/" in n and n.endswith(".safetensors"))]
     required = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     core = sorted(r.split(">")[0].split(";")[0].strip() for r in required if "extra ==" not in r)
     assert core == ["pyyaml", "ruamel.yaml", "toml", "tomli", "tomlkit"]

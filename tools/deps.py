@@ -467,6 +467,8 @@ def _core(python: Path, venv: Path, lowest: bool) -> int:
     for shown, code, wall, right, last in rows:
         print(f"{'ok  ' if right else 'FAIL'} exit {code}  {wall:5.2f} s  {shown}" + (f"  [{last[:110]}]" if last else ""))
     print(f"core tests: {summary}")
+    for line in [ln for ln in tests.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))][:20]:
+        print(f"  {line[:200]}")
     print(f"result: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
