@@ -40,6 +40,24 @@ TRAIN_PARTS = ("te_align.train", "te_align.ab", "te_align.swap", "te_align.tiny"
 class MissingExtra(TeAlignError, ImportError):
     """A library a feature needs is not installed; the message names the ``pip install`` that adds it."""
 
+    def __init__(self, message: str, *, module: str = "") -> None:
+        super().__init__(message)
+        self.module = module  # the library's import name ("torch"), when it is one of PROVIDED
+
+    def said_of(self, doing: str, part: str) -> MissingExtra:
+        """The same error said of ``doing`` run as ``part`` (the CLI names its command and the extra that command
+        needs, not the module that needed the library)."""
+        return missing(self.module, doing, part) if self.module in PROVIDED else self
+
+
+def missing(module: str, doing: str, part: str) -> MissingExtra:
+    """The error for library ``module`` (an import name in PROVIDED) missing while ``doing`` ran as ``part``."""
+    extra = extra_for(part, module)
+    inside = (" (inside a trainer's or ComfyUI's environment, te-align uses the ones installed there)"
+              if extra == "encode" else "")
+    return MissingExtra(f"{doing} needs {PROVIDED[module][0]}, which is not installed in this Python "
+                        f"({sys.executable}); add it with: pip install \"te-align[{extra}]\"{inside}", module=module)
+
 
 def extra_for(part: str, module: str) -> str:
     """The extra to name for ``module`` (an import name) missing in ``part`` (a te-align module or command)."""
@@ -60,12 +78,4 @@ def missing_extra(e: BaseException, part: str, what: str | None = None) -> Missi
     """A :class:`MissingExtra` for ``e`` (raised while ``part`` ran), or None when ``e`` is not a missing library
     of te-align's extras (a real bug keeps its traceback)."""
     top = missing_module(e)
-    if top is None:
-        return None
-    extra = extra_for(part, top)
-    dist = PROVIDED[top][0]
-    doing = what or part
-    inside = (" (inside a trainer's or ComfyUI's environment, te-align uses the ones installed there)"
-              if extra == "encode" else "")
-    return MissingExtra(f"{doing} needs {dist}, which is not installed in this Python ({sys.executable}); "
-                        f"add it with: pip install \"te-align[{extra}]\"{inside}")
+    return None if top is None else missing(top, what or part, part)

@@ -12,6 +12,20 @@ from types import ModuleType
 from typing import Any
 
 
+def _import(name: str) -> ModuleType:
+    """``importlib.import_module(name)``; a library of one of te-align's extras that is not installed raises
+    :class:`te_align._extras.MissingExtra`, whose message names the ``pip install`` that adds it."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        from te_align._extras import missing_extra
+
+        err = missing_extra(e, name)
+        if err is None:
+            raise
+        raise err from None
+
+
 def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
     """A module ``__getattr__`` that imports ``exports[name]`` (a module path) on first use and
     caches the value in ``namespace`` (the package's ``globals()``)."""
@@ -20,7 +34,7 @@ def lazy_exports(package: str, exports: Mapping[str, str], namespace: dict[str, 
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        value = getattr(_import(module), name)
         namespace[name] = value
         return value
 
@@ -45,15 +59,7 @@ class LazyModule:
     def _load(self) -> ModuleType:
         module = self._module
         if module is None:
-            try:
-                module = importlib.import_module(self._name)
-            except ModuleNotFoundError as e:  # a library of an extra: one line naming the pip install
-                from te_align._extras import missing_extra
-
-                err = missing_extra(e, self._name)
-                if err is None:
-                    raise
-                raise err from None
+            module = _import(self._name)
             object.__setattr__(self, "_module", module)
         return module
 

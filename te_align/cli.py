@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from te_align._extras import MissingExtra
 from te_align._version import __version__
 from te_align.errors import TeAlignError
 
@@ -42,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TeAlignError as e:
         if args.debug:
             raise
+        if isinstance(e, MissingExtra):  # said of the command the user ran, with the extra that command needs
+            e = e.said_of(f"te-align {args.command}", args.command)
         print(f"te-align: error: {e}", file=sys.stderr)
         return e.exit_code
     except ModuleNotFoundError as e:  # a library of an extra that is not installed: the pip install, in one line

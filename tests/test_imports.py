@@ -234,3 +234,16 @@ def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path: Path, ar
     assert len(lines) == 1 and lines[0].startswith("te-align: error: te-align "), out.stderr
     assert f'pip install "te-align[{extra}]"' in lines[0] or "pip install ./world" in lines[0], lines[0]
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_the_api_names_the_extra_it_needs():
+    """``te_align.encode`` where torch is missing raises an ImportError whose message names the pip install (a
+    TeAlignError too, so the CLI prints it as one line); profiles still work."""
+    code = ("import te_align\n"
+            "assert te_align.profile('sd15').name == 'sd15'\n"
+            "try:\n    te_align.encode('sd15', 'a cat')\n"
+            "except ImportError as e:\n    print(type(e).__name__, isinstance(e, te_align.TeAlignError), e)\n")
+    out = _core_only("-c", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("MissingExtra True te_align.encoding.core needs torch, which is not installed")
+    assert 'pip install "te-align[encode]"' in out.stdout

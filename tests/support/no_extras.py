@@ -2,6 +2,7 @@
 (``te_align._extras.PROVIDED``) fails to import, as it does where it is not installed.
 
     python tests/support/no_extras.py check examples/kohya/sdxl_typo.toml
+    python tests/support/no_extras.py -c "import te_align; te_align.encode('sd15', 'a cat')"
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ for loaded in [m for m in sys.modules if m.split(".")[0] in PROVIDED]:
     del sys.modules[loaded]
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["-c"]:
+        exec(compile(sys.argv[2], "<-c>", "exec"), {"__name__": "__main__"})
+        sys.exit(0)
     from te_align.cli import main
 
     sys.exit(main(sys.argv[1:]))
