@@ -1,7 +1,7 @@
 """Repository folders that an installed te-align carries: ``presets/``.
 
 The source of truth is the repository's top-level folder. A wheel carries a copy as ``te_align/_<name>/``
-(setup.py copies it at build time), so ``pip install te-align`` can run the bundled A/B
+(setup.py copies it at build time), so an installed wheel (``pip install .`` of a clone, or a built wheel) can run the bundled A/B
 presets (``te-align demo``) without a source checkout; an editable install or a checkout reads the
 top-level folder directly.
 """
