@@ -727,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = args.commands.split(",") if args.commands else None
     _atomic.FSYNC = False  # processes are killed, not machines: the page cache survives
     os.environ.setdefault("TE_ALIGN_LOCK_WAIT", "30")
+    os.environ.setdefault("TE_ALIGN_NO_INSTALL", "1")  # its trees have no venv: patch the files only
     work = args.work or Path(tempfile.mkdtemp(prefix="te-align-fault-campaign."))
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()

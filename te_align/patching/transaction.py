@@ -29,6 +29,13 @@ Nothing read from a state file is trusted: every path must stay inside the tree 
 absolute path, no symbolic link on the way) and every field must have its type, or the command
 stops with "te-align state file is unreadable" and the way out.
 
+The environment step (te-align installed into the trainer's own Python, :mod:`te_align.patching.environment`) is
+part of the same transaction: ``apply(..., prepare_environment=...)`` runs it after every check and before the first
+file is written; it writes ``environment-journal.json`` (python, package list before) before pip runs, and the
+manifest's ``environment`` entry carrying the journal's id is its commit point. Recovery rolls the files back first,
+then an install the manifest does not name (uninstall te-align and every package not in the list before);
+``revert`` uninstalls what the manifest names before it restores the files.
+
 Every change to the disk goes through :func:`te_align._atomic.fault_point`, which crash tests and
 ``tools/fault_campaign.py`` use to kill the process (or fail with ENOSPC/EROFS) at the N-th one.
 
@@ -44,7 +51,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,6 +67,9 @@ REMOVING = ".te-align.removing"
 MANIFEST = "manifest.json"
 JOURNAL = "journal.json"
 JOURNAL_DATA = "journal-data"
+#: The journal of the environment step (te-align installed into the trainer's Python): see
+#: :mod:`te_align.patching.environment`. Its id in the manifest's ``environment`` entry is its commit point.
+ENV_JOURNAL = "environment-journal.json"
 TMP_SUFFIX = ".te-align-tmp"
 #: Kept beside a file that ``unpatch --keep-changed`` leaves as it is, when no other file holds its original.
 KEPT_ORIGINAL_SUFFIX = ".te-align-original"
@@ -174,6 +184,8 @@ class RevertResult:
     #: (path, why) for files ``keep_changed`` left in the tree.
     kept: tuple[tuple[str, str], ...]
     recovered: str | None
+    #: What removing te-align from the trainer's environment did (empty: the patch installed nothing there).
+    environment: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------- file operations
@@ -464,6 +476,13 @@ def _check_manifest(root: Path, data: dict[str, Any]) -> dict[str, Any]:
         raise _unreadable(path, root, "'profile' must be a string or null")
     if "extra" in data and not isinstance(data["extra"], dict):
         raise _unreadable(path, root, "'extra' must be a table")
+    env = data.get("environment")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(env.get(k), str) for k in ("id", "python", "te_align_version"))
+        and isinstance(env.get("installed"), bool)
+        and all(isinstance(env.get(k), dict) and all(isinstance(v, str) for v in env[k].values()) for k in ("added", "before"))
+    ):
+        raise _unreadable(path, root, "'environment' must be a table with id, python, te_align_version, installed, added, before")
     for rel, e in files.items():
         _inside(root, rel, what="file", state_file=path)
         if PurePosixPath(rel).parts[0] in (STATE_DIR, REMOVING):
@@ -617,18 +636,33 @@ def _recover(root: Path) -> str | None:
     if state.is_symlink() or not state.is_dir():
         raise PatchError(f"{state} is not a folder (a symbolic link or a file); te-align keeps its state only in a real folder there. Remove it, then run again")
     journal = _read_journal(root)
-    if journal is None:
-        if _cleanup_leftovers(root):
-            done.append("removed the leftovers of an interrupted te-align command (no file had been changed yet, or it had finished)")
-        if not (state / MANIFEST).exists():
-            left = sorted(f.name for f in state.iterdir() if f.name != ".gitignore")
-            if left:
-                raise _unreadable(
-                    state / MANIFEST, root, f"{MANIFEST} is missing but {state} still holds {', '.join(left)}"
-                )
-            _drop_state(root)  # the folder of a first patch killed before its journal was written
+    rolled_back = journal is not None or os.path.lexists(state / ENV_JOURNAL)
+    if journal is not None:
+        done.append(_rollback_files(root, journal))
+        if not os.path.lexists(state):
+            return "; ".join(done)
+    if os.path.lexists(state / ENV_JOURNAL):  # after the files: the manifest now says whether the install committed
+        from te_align.patching.environment import recover_environment
+
+        env_done = recover_environment(root, read_manifest(root))
+        if env_done:
+            done.append(env_done)
+    if _cleanup_leftovers(root):
+        done.append("removed the leftovers of an interrupted te-align command (no file had been changed yet, or it had finished)")
+    if not (state / MANIFEST).exists():
+        left = sorted(f.name for f in state.iterdir() if f.name != ".gitignore")
+        if left:
+            raise _unreadable(
+                state / MANIFEST, root, f"{MANIFEST} is missing but {state} still holds {', '.join(left)}"
+            )
+        _drop_state(root)  # the folder of a first patch killed before its journal was written (or its install rolled back)
+        if not rolled_back:
             done.append("removed the state folder of an interrupted patch (nothing else had been changed)")
-        return "; ".join(done) or None
+    return "; ".join(done) or None
+
+
+def _rollback_files(root: Path, journal: dict[str, Any]) -> str:
+    state = _state(root)
     entries = journal["files"]
     data_dir = state / JOURNAL_DATA
     rolled = 0
@@ -670,8 +704,7 @@ def _recover(root: Path) -> str | None:
         _commit(root)
     else:
         _drop_state(root)
-    done.append(f"recovered from an interrupted '{journal['op']}' ({rolled} file(s) rolled back)")
-    return "; ".join(done)
+    return f"recovered from an interrupted '{journal['op']}' ({rolled} file(s) rolled back)"
 
 
 def recover(root: str | Path) -> str | None:
@@ -780,9 +813,14 @@ def _check_plan_paths(plan: Plan) -> None:
             raise PatchError(f"{root / c.path} is a folder where te-align writes a file; move it away, then run again")
 
 
-def apply(plan: Plan, *, replan: bool = False, dry_run: bool = False) -> ApplyResult:
+def apply(plan: Plan, *, replan: bool = False, dry_run: bool = False,
+          prepare_environment: Callable[[], dict[str, Any]] | None = None) -> ApplyResult:
     """Apply a plan as a transaction (see the module docstring). ``replan`` accepts patched files
-    that changed since (their current bytes, or the plan's ``restore_to``, become the new originals)."""
+    that changed since (their current bytes, or the plan's ``restore_to``, become the new originals).
+
+    ``prepare_environment``: the environment step (:func:`te_align.patching.environment.install`), run after every
+    check and before the first file is written; it journals itself and returns the manifest's ``environment``
+    entry. Without it an earlier patch's entry is kept."""
     root = _check_root(plan.root)
     _check_plan_paths(plan)
     with lock(root):
@@ -790,10 +828,11 @@ def apply(plan: Plan, *, replan: bool = False, dry_run: bool = False) -> ApplyRe
             recovered = _recover(root)
         except OSError as e:
             raise PatchError(f"cannot finish an interrupted te-align operation: {_os_message(e, root, 0)}{_still_interrupted(root)}") from None
-        return _apply_locked(plan, replan, dry_run, recovered)
+        return _apply_locked(plan, replan, dry_run, recovered, prepare_environment)
 
 
-def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None) -> ApplyResult:
+def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None,
+                  prepare_environment: Callable[[], dict[str, Any]] | None = None) -> ApplyResult:
     root = plan.root
     manifest = read_manifest(root)
     paths = [c.path for c in plan.changes]
@@ -810,15 +849,20 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
                 f"patched file(s) changed since te-align patched them: {', '.join(sorted(changed))}; "
                 f"to keep the new files as the originals and patch again run: te-align patch {root} --replan"
             )
-        if not changed and set(manifest["files"]) == set(paths) and all(
+        files_noop = not changed and set(manifest["files"]) == set(paths) and all(
             manifest["files"][c.path]["patched_sha256"] == sha256_bytes(c.content)
             and manifest["files"][c.path].get("original_of") == c.original_of
             and (c.restore_to is None or manifest["files"][c.path]["original_sha256"] == sha256_bytes(c.restore_to))
             for c in plan.changes
-        ) and manifest.get("profile") == plan.profile:
+        ) and manifest.get("profile") == plan.profile
+        if files_noop and (dry_run or prepare_environment is None):
             return ApplyResult(True, (), recovered)
+    else:
+        files_noop = False
     known: dict[str, Any] = manifest["files"] if manifest else {}
     for c in plan.changes:
+        if files_noop:
+            break
         entry = known.get(c.path)
         cur = sha256_file(root / c.path)
         if entry is not None and cur == entry["patched_sha256"]:
@@ -831,6 +875,14 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
             )
     if dry_run:
         return ApplyResult(False, tuple(paths), recovered)
+    environment = manifest.get("environment") if manifest else None
+    if prepare_environment is not None:
+        try:
+            environment = prepare_environment()
+        except OSError as e:
+            raise _abort(root, e, 65536, f"installing te-align for {root}") from None
+        if files_noop and manifest is not None and manifest.get("environment") == environment:
+            return ApplyResult(True, (), recovered)
     state_rel = PurePosixPath(STATE_DIR)
     stale = [p for p in known if p not in paths]
     # Work out every record and backup first, so the journal can name each file this operation touches.
@@ -885,6 +937,8 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
         "extra": plan.extra,
         "files": files,
     }
+    if environment is not None:
+        new_manifest["environment"] = environment
     need = sum(len(c.content) for c in plan.changes) * 2 + sum(len(b) for b, _ in backups_new.values()) * 2 + 65536
     state = _state(root)
     try:
@@ -903,6 +957,7 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
             _write(f, c.content, files[c.path]["original_mode"])
         _write(state / MANIFEST, (json.dumps(new_manifest, indent=2, sort_keys=True) + "\n").encode(), None)
         _commit(root)
+        _unlink(state / ENV_JOURNAL)  # the manifest names the install: it is committed
     except OSError as e:
         raise _abort(root, e, need, f"patching {root}") from None
     return ApplyResult(False, tuple(paths), recovered)
@@ -942,7 +997,8 @@ def revert_report(root: str | Path, *, keep_changed: bool = False) -> RevertResu
             raise PatchError(f"cannot finish an interrupted te-align operation: {_os_message(e, root, 0)}{_still_interrupted(root)}") from None
         manifest = read_manifest(root)
         if manifest is None:
-            raise PatchError(f"{root} is not patched by te-align (no {STATE_DIR}/{MANIFEST})")
+            done = f"{recovered}; " if recovered else ""
+            raise PatchError(f"{done}{root} is not patched by te-align (no {STATE_DIR}/{MANIFEST})")
         theirs = manifest.get("te_align_version", "0")
         if _version_tuple(theirs) > _version_tuple(__version__):
             raise PatchError(f"{root} was patched by te-align {theirs}, newer than this te-align {__version__}; unpatch with te-align {theirs}")
@@ -976,6 +1032,11 @@ def revert_report(root: str | Path, *, keep_changed: bool = False) -> RevertResu
             kept[side] = f"the original of {p}, which no other file holds"
         todo = [p for p in files if p not in kept]
         dirs = [d for p in todo for d in files[p].get("created_dirs", ())]
+        env_lines: tuple[str, ...] = ()
+        if manifest.get("environment") is not None:  # first, while the manifest still names what to remove
+            from te_align.patching.environment import uninstall
+
+            env_lines = uninstall(manifest["environment"])
         try:
             _begin(root, "revert", [*todo, *extra])
             for p in todo:
@@ -986,7 +1047,7 @@ def revert_report(root: str | Path, *, keep_changed: bool = False) -> RevertResu
             _drop_state(root)  # its rename is the commit point
         except OSError as e:
             raise _abort(root, e, sum(len(b) for b, _ in extra.values()) + 65536, f"unpatching {root}") from None
-        return RevertResult(tuple(sorted(todo)), tuple(sorted(kept.items())), recovered)
+        return RevertResult(tuple(sorted(todo)), tuple(sorted(kept.items())), recovered, env_lines)
 
 
 def is_state_path(rel: str) -> bool:
