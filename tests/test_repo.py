@@ -87,7 +87,7 @@ def test_wheel_ships_the_drop_in_files_presets_and_clip_bpe(tmp_path):
     assert not [n for n in names if "te_align_world" in n or ("/world/" in n and n.endswith(".safetensors"))]
     required = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     core = sorted(r.split(">")[0].split(";")[0].strip() for r in required if "extra ==" not in r)
-    assert core == ["pyyaml", "ruamel.yaml", "toml", "tomli", "tomlkit"]
+    assert core == ["packaging", "pyyaml", "ruamel.yaml", "toml", "tomli", "tomlkit"]
     assert "Requires-Python: >=3.10" in meta
 
 
