@@ -16,7 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NotRequired, TypedDict
+from typing import IO, TYPE_CHECKING, TypedDict
 
 from te_align import _safetensors, kohya_lora
 from te_align._atomic import atomic_file, link_or_copy
@@ -44,9 +44,7 @@ class MetadataError(TeAlignError):
     """A file that is not a readable safetensors file, or one that cannot be stamped."""
 
 
-class ProfileCheck(TypedDict):
-    """A stamp's fingerprint against the bundled profile of the stamped name (see :func:`read`)."""
-
+class _ProfileCheckKeys(TypedDict):
     profile: JSONValue
     stamped_fingerprint: str
     bundled: bool
@@ -54,7 +52,13 @@ class ProfileCheck(TypedDict):
     matches: bool | None
     same_behaviour_as: list[str]
     differences: list[dict[str, object]]
-    bundled_name: NotRequired[str]
+
+
+class ProfileCheck(_ProfileCheckKeys, total=False):
+    """A stamp's fingerprint against the bundled profile of the stamped name (see :func:`read`). ``bundled_name``
+    is the one optional key (``total=False``: ``typing.NotRequired`` is Python 3.11+, trainers run on 3.10)."""
+
+    bundled_name: str
 
 
 class FileMetadata(TypedDict):

@@ -251,3 +251,21 @@ def test_simpletuner_hook_reads_te_align_overrides(monkeypatch):
     hook.configure(settings(None, {"t5_max_length": 77}))  # install(**overrides) over the environment
     assert hook.profile_for(model, "sd3").slot("t5").tokenizer.max_length == 77
     assert SimpleTunerHook(profile="sd3-medium").profile_for(model, "sd3").slot("t5").tokenizer.max_length == 154
+
+
+def test_console_lines_reach_a_root_handler_a_library_left_at_warning():
+    """A library's ``logging.debug()`` at import (torchao 0.10, which ai-toolkit pins) runs an implicit
+    ``basicConfig()``: a stderr root handler at WARNING. te-align's INFO lines then go through that handler
+    (they were dropped); a level the process set for ``te_align`` is left as it is."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    code = ("import logging; logging.debug('a library at import'); from te_align.hooks.base import log_to_console, "
+            "logger; log_to_console(); log_to_console(); logger.info('te-align: one line')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert (proc.stdout, proc.stderr) == ("", "INFO:te_align:te-align: one line\n")
+    kept = code.replace("log_to_console(); log_to_console();", "logger.setLevel(logging.WARNING); log_to_console();")
+    proc = subprocess.run([sys.executable, "-c", kept], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert (proc.stdout, proc.stderr) == ("", "")

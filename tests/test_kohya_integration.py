@@ -11,7 +11,7 @@ after transformers/diffusers have decided they are absent. transformers 5 droppe
 ``CLIPFeatureExtractor`` alias sd-scripts imports; it is restored to ``CLIPImageProcessor``. Its other pure
 Python requirements (einops, imagesize) are the ``kohya-test`` extra. transformers 5 also dropped
 ``batch_encode_plus``, which sd-scripts' Anima tokenizer calls (sd-scripts pins transformers 4.54.1, where
-it equals ``__call__`` on a list of strings): the unhooked Anima tests give the tokenizers that alias.
+it equals ``__call__`` on a list of strings): the unhooked Anima tests give the tokenizers that alias where it is missing.
 """
 
 from __future__ import annotations
@@ -378,8 +378,10 @@ def test_patch_status_unpatch_on_a_copy_restores_every_byte(tmp_path):
 
 # ----------------------------------------------------------------------------------------- Anima
 def _with_batch_encode_plus(tok: Any) -> Any:
-    """transformers 4's ``batch_encode_plus`` (what sd-scripts' Anima tokenizer calls) is ``__call__`` on a list."""
-    tok.batch_encode_plus = tok.__call__
+    """transformers 4's ``batch_encode_plus`` (what sd-scripts' Anima tokenizer calls) is ``__call__`` on a list;
+    given only where the tokenizer lacks it (transformers 4's own ``__call__`` calls ``batch_encode_plus``)."""
+    if not hasattr(tok, "batch_encode_plus"):
+        tok.batch_encode_plus = tok.__call__
     return tok
 
 

@@ -93,7 +93,9 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Checkout:
     root = base / "OneTrainer"
     shutil.copytree(str(ROOT), root, ignore=shutil.ignore_patterns(".git", "venv", "__pycache__", "workspace*"))
     before = _tree(root)
-    patch = _run([sys.executable, "-m", "te_align", "patch", str(root)], REPO)
+    # the files only (TE_ALIGN_NO_INSTALL, i.e. --no-install): the launches run this repository's te_align
+    # from PYTHONPATH, and patch must not install a wheel into (nor unpatch remove it from) the trainer's python
+    patch = _run([sys.executable, "-m", "te_align", "patch", str(root)], REPO, TE_ALIGN_NO_INSTALL="1")
     return Checkout(root, before, base, patch)
 
 

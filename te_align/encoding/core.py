@@ -254,9 +254,29 @@ def prompt_tokenizer(slot: SlotSpec, tokenizer: PreTrainedTokenizerBase) -> PreT
     return cached
 
 
-def _text_pad_tokenizer(slot: SlotSpec, tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+def _clip_bpe_tokenizer(
+    vocab: dict[str, int], merges: list[tuple[str, str]], fast: bool, **kw: Any
+) -> PreTrainedTokenizerBase:
+    """A CLIP BPE tokenizer made from ``vocab`` and ``merges`` (the Rust-backed one where ``fast``)."""
+    import inspect
+    import tempfile
+    from pathlib import Path
+
     import transformers
 
+    if "vocab" in inspect.signature(transformers.CLIPTokenizer.__init__).parameters:
+        # transformers 5: CLIPTokenizer is the Rust-backed one and is built from the vocabulary in memory
+        return transformers.CLIPTokenizer(vocab=vocab, merges=merges, **kw)
+    # transformers 4: CLIPTokenizer (Python) and CLIPTokenizerFast read vocab.json and merges.txt files
+    cls = transformers.CLIPTokenizerFast if fast else transformers.CLIPTokenizer
+    with tempfile.TemporaryDirectory() as d:
+        vocab_file, merges_file = Path(d) / "vocab.json", Path(d) / "merges.txt"
+        vocab_file.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        merges_file.write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+        return cls(str(vocab_file), str(merges_file), **kw)
+
+
+def _text_pad_tokenizer(slot: SlotSpec, tok: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     pad, pad_id = tok.pad_token, tok.pad_token_id
     if pad is None or pad in (tok.bos_token, tok.eos_token, tok.unk_token):
         return tok  # the pad token is a special token anyway (no text spells it)
@@ -270,9 +290,11 @@ def _text_pad_tokenizer(slot: SlotSpec, tok: PreTrainedTokenizerBase) -> PreTrai
                 f"{type(tok).__name__}"
             )
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-        new = transformers.CLIPTokenizer(vocab=model["vocab"], merges=merges, **kw)
-    elif hasattr(tok, "vocab_file") and hasattr(tok, "merges_file"):  # pragma: no cover - transformers < 5 slow tokenizer
-        new = transformers.CLIPTokenizer(tok.vocab_file, tok.merges_file, **kw)
+        new = _clip_bpe_tokenizer(model["vocab"], merges, True, **kw)  # type: ignore[arg-type]
+    elif isinstance(getattr(tok, "encoder", None), dict) and isinstance(getattr(tok, "bpe_ranks", None), dict):
+        # a Python BPE tokenizer (transformers 4's CLIPTokenizer, what sd-scripts loads on 4.54): vocabulary and ranks
+        ranks: dict[tuple[str, str], int] = tok.bpe_ranks
+        new = _clip_bpe_tokenizer(dict(tok.encoder), sorted(ranks, key=ranks.__getitem__), False, **kw)
     else:
         raise EncodingError(f"slot '{slot.name}': pad_token_in_prompt = \"text\" needs a CLIP BPE tokenizer; got {type(tok).__name__}")
     new.pad_token_id = pad_id

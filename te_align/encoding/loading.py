@@ -59,15 +59,23 @@ def load_text_encoders(
             raise EncodingError(f"slot '{name}': no tokenizer folder '{slot.tokenizer_subfolder}' in {source}")
         if not slot.tokenizer_only and is_local and not (Path(source) / slot.encoder_subfolder).is_dir():
             raise EncodingError(f"slot '{name}': no text-encoder folder '{slot.encoder_subfolder}' in {source}")
+        if is_local and not any((Path(source) / slot.tokenizer_subfolder).iterdir()):
+            # said here: transformers 4 fails on an empty folder with a TypeError (4.57 without protobuf: ImportError)
+            raise EncodingError(f"slot '{name}': cannot load from {source}: the folder '{slot.tokenizer_subfolder}' is empty")
         tok_cls = _transformers_class(slot.tokenizer.cls, "AutoTokenizer")
         # a tokenizer_only slot (Anima's T5 ids) has no encoder to load
         enc_cls = None if slot.tokenizer_only else _transformers_class(slot.encoder.cls, "AutoModel")
         torch_dtype = None if enc_cls is None else _resolve_dtype(dtype if dtype is not None else slot.encoder.dtype)
         try:
-            tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)
+            try:
+                tokenizers[name] = tok_cls.from_pretrained(source, subfolder=slot.tokenizer_subfolder, **common)
+            except TypeError as e:  # transformers 4 opens a vocabulary file it did not find (None) instead of OSError
+                raise OSError(f"no tokenizer files in '{slot.tokenizer_subfolder}' ({e})") from None
             if enc_cls is None:
                 continue
-            enc = enc_cls.from_pretrained(source, subfolder=slot.encoder_subfolder, dtype=torch_dtype, **common)
+            enc = enc_cls.from_pretrained(
+                source, subfolder=slot.encoder_subfolder, **{_dtype_argument(): torch_dtype}, **common
+            )
         except OSError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             what = "the tokenizer " if enc_cls is None else ""
@@ -77,3 +85,12 @@ def load_text_encoders(
             enc.to(device)
         encoders[name] = enc
     return tokenizers, encoders
+
+
+def _dtype_argument() -> str:
+    """The name ``from_pretrained`` reads the weights' dtype from: ``dtype`` where configs carry a ``dtype``
+    (transformers 4.56 renamed it; 5.x reads only ``dtype``), else ``torch_dtype`` (4.54, sd-scripts' pin)."""
+    import transformers
+
+    config = transformers.PretrainedConfig
+    return "dtype" if hasattr(config, "dtype") or "dtype" in vars(config()) else "torch_dtype"

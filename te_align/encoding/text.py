@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import logging
 import re
 
 from te_align.profiles.model import TokenizerSpec
@@ -10,6 +11,15 @@ from te_align.profiles.model import TokenizerSpec
 _WS = re.compile(r"\s+")
 #: Quote pairs of the ``quoted_text`` transform, searched in this order (non-greedy, per pair).
 _QUOTES = tuple(re.compile(re.escape(a) + "(.*?)" + re.escape(b)) for a, b in (("'", "'"), ('"', '"'), ("\u2018", "\u2019"), ("\u201c", "\u201d")))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("te_align").warning(message)
 
 
 def _unescape_twice(text: str) -> str:
@@ -43,7 +53,9 @@ def clean_pixart(text: str) -> str:
     from diffusers.utils import is_bs4_available, is_ftfy_available
 
     if not (is_bs4_available() and is_ftfy_available()):
-        # Same fallback as the pipeline: no cleaning when its dependencies are missing.
+        # Same fallback as the pipeline: no cleaning when its dependencies are missing; said once, not silently.
+        _warn_once("te-align: PixArt caption cleaning needs beautifulsoup4 and ftfy (pip install \"te-align[encode]\"); "
+                   "without them prompts are only lower-cased and stripped, as the diffusers pipeline does")
         return text.lower().strip()
     # _clean_caption reads only class-level regexes from ``self``; the pipeline runs it twice.
     owner = PixArtAlphaPipeline

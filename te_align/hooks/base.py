@@ -48,8 +48,17 @@ _F = TypeVar("_F", bound=Callable[..., object])
 
 def log_to_console() -> None:
     """Make te-align's INFO lines visible in a trainer that sets up no logging: a stdout handler
-    on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent)."""
-    if logger.handlers or logging.getLogger().handlers:
+    on the ``te_align`` logger, only when neither it nor the root logger has one (idempotent).
+
+    When the root logger has a handler but its level drops INFO, and no level was set for ``te_align``, the
+    ``te_align`` logger is set to INFO so the lines reach that handler: a library's stray ``logging.debug()`` at
+    import runs an implicit ``basicConfig()`` (WARNING) before any trainer code (torchao 0.10, which ai-toolkit
+    pins, does), and te-align's lines were then dropped."""
+    if logger.handlers:
+        return
+    if logging.getLogger().handlers:
+        if logger.level == logging.NOTSET and logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
         return
     import sys
 

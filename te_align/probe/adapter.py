@@ -134,19 +134,41 @@ class Adapter:
 
 def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
     """(fitted profile, tokenizers, text encoders, diffusers pipeline) for a profile's tiny family."""
-    from te_align.tiny.pipelines import build_pipeline_for_encoding
+    from te_align.tiny.pipelines import PipelineUnavailable, build_pipeline_for_encoding
+
+    _need_clip_bpe()
+    try:
+        pipe = build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
+    except PipelineUnavailable as e:
+        raise ProbeError(str(e)) from None
+    return (*_fitted(profile_name, pipe.components), pipe)
+
+
+def _tiny_text(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(fitted profile, tokenizers, text encoders) for a profile's tiny family, without a diffusers pipeline: the
+    probes of trainers that encode with their own code need none (diffusers 0.32, which sd-scripts and musubi-tuner
+    pin, has no pipeline class for e.g. Qwen-Image or Wan)."""
+    from te_align.tiny.encoders import family_components
+
+    _need_clip_bpe()
+    return _fitted(profile_name, {**family_components(TINY_FAMILY[profile_name]), **replace})
+
+
+def _need_clip_bpe() -> None:
     from te_align.tiny.tokenizers import clip_bpe_path
 
     try:
         clip_bpe_path()
     except FileNotFoundError as e:
         raise ProbeError(str(e)) from None
-    pipe = build_pipeline_for_encoding(TINY_FAMILY[profile_name], **replace)
-    comps = {k: v for k, v in pipe.components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
+
+
+def _fitted(profile_name: str, components: dict[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    comps = {k: v for k, v in components.items() if k.startswith(("tokenizer", "text_encoder")) and v is not None}
     prof = fit_profile(load(profile_name), comps)
     toks = {k: v for k, v in comps.items() if k.startswith("tokenizer")}
     encs = {k: v for k, v in comps.items() if k.startswith("text_encoder")}
-    return prof, toks, encs, pipe
+    return prof, toks, encs
 
 
 def _ordered(table: dict[str, Any], kind: str) -> list[Any]:

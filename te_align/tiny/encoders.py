@@ -301,7 +301,7 @@ def qwen2_5_vl_model(
             "max_position_embeddings": 128000,
             "rms_norm_eps": 1e-6,
             # the hub config's spelling: transformers 4.x reads only rope_scaling/rope_theta (rope_parameters is 5.x)
-            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
             "rope_theta": 1000000.0,
             "bos_token_id": ids["<|endoftext|>"],
             "eos_token_id": ids["<|im_end|>"],

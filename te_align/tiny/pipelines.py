@@ -35,11 +35,14 @@ from te_align.tiny.encoders import (
 )
 
 __all__ = [
+    "PIPELINE_SINCE",
+    "PipelineUnavailable",
     "build_model_folder",
     "build_pipeline",
     "build_pipeline_for_encoding",
     "build_tiny_sd3",
     "build_tiny_sd3_pipeline",
+    "missing_pipeline",
     "sd3_transformer",
     "tiny_chroma_transformer",
     "tiny_flux_transformer",
@@ -205,6 +208,52 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The first diffusers release with each pipeline newer than 0.32 (the release sd-scripts 48d368f and musubi-tuner
+#: 30c658c pin), read from huggingface/diffusers' release tags; anima is a modular pipeline (diffusers.modular_pipelines).
+PIPELINE_SINCE: dict[str, str] = {
+    "Lumina2Pipeline": "0.33.0",
+    "WanPipeline": "0.33.0",
+    "HiDreamImagePipeline": "0.34.0",
+    "ChromaPipeline": "0.34.0",
+    "QwenImagePipeline": "0.35.0",
+    "HunyuanImagePipeline": "0.36.0",
+    "AnimaModularPipeline": "0.39.0",
+}
+
+
+class PipelineUnavailable(ImportError):
+    """The installed diffusers has no pipeline class for a family (older than the release that added it)."""
+
+
+def missing_pipeline(family: str) -> str | None:
+    """Why the installed diffusers cannot build ``family``'s pipeline (one line naming both versions), or None."""
+    import importlib
+
+    cls_name = PIPELINE_CLASSES.get(family)
+    if cls_name is None:
+        return None
+    try:
+        module = importlib.import_module("diffusers.modular_pipelines") if family in MODULAR_FAMILIES else diffusers
+        getattr(module, cls_name)
+    except (ImportError, AttributeError):
+        since = PIPELINE_SINCE.get(cls_name, "a newer release")
+        return f"{family}: diffusers {diffusers.__version__} has no {cls_name}; it needs diffusers >= {since}"
+    return None
+
+
+def _fill_non_text(cls_name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with tiny real parts where a ``None`` vae, unet or scheduler is refused: diffusers 0.32's
+    StableDiffusion, StableDiffusionXL and PixArtSigma pipelines read their configs in ``__init__`` (0.42's take None)."""
+    filled = dict(kwargs)
+    if "vae" in filled and filled["vae"] is None:
+        filled["vae"] = tiny_vae()
+    if "unet" in filled and filled["unet"] is None:
+        filled["unet"] = tiny_unet(xl=cls_name == "StableDiffusionXLPipeline")
+    if "scheduler" in filled and filled["scheduler"] is None:
+        filled["scheduler"] = diffusers.DDPMScheduler(steps_offset=1, clip_sample=False)
+    return filled
+
+
 def build_pipeline_for_encoding(
     family: str, cache_dir: tok.PathLike | None = None, **overrides: Any
 ) -> diffusers.DiffusionPipeline:
@@ -212,11 +261,15 @@ def build_pipeline_for_encoding(
 
     ``overrides`` replace components or constructor arguments (e.g. ``text_encoder_3=None,
     tokenizer_3=None`` for SD3 without T5). ``cache_dir`` is where tokenizer files are written (default
-    :func:`te_align.tiny.tokenizers.default_cache_dir`). Every call builds fresh objects.
+    :func:`te_align.tiny.tokenizers.default_cache_dir`). Every call builds fresh objects. Raises
+    :class:`PipelineUnavailable` where the installed diffusers lacks the pipeline (:func:`missing_pipeline`).
     """
     cls_name = PIPELINE_CLASSES.get(family)
     if cls_name is None:
         raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
+    reason = missing_pipeline(family)
+    if reason:
+        raise PipelineUnavailable(reason)
     if family in MODULAR_FAMILIES:
         # a modular pipeline is built empty from its default blocks and given its components afterwards;
         # its text step's encode_prompt(components, ...) reads them as attributes
@@ -232,7 +285,12 @@ def build_pipeline_for_encoding(
     kwargs.update(family_components(family, cache_dir=cache_dir))
     kwargs.update(overrides)
     pipeline_cls = getattr(diffusers, cls_name)
-    pipe = pipeline_cls(**kwargs)
+    try:
+        pipe = pipeline_cls(**kwargs)
+    except AttributeError as e:  # an older diffusers reads the config of a part given as None
+        if "'NoneType'" not in str(e):
+            raise
+        pipe = pipeline_cls(**_fill_non_text(cls_name, kwargs))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

@@ -22,7 +22,7 @@ from te_align.probe.adapter import (
     HooksUnavailable,
     _hf_quiet,
     _ordered,
-    _tiny,
+    _tiny_text,
 )
 from te_align.probe.core import Case
 from te_align.probe.matrix import Found
@@ -132,7 +132,7 @@ class Kohya(Adapter):
 
             # sd-scripts reads CLIP-L hidden_states[11] by index: the penultimate of the real 12 layers
             replace["text_encoder"] = clip_text_model("L", num_hidden_layers=12)
-        prof, toks, encs, _ = _tiny(profile_name, **replace)
+        prof, toks, encs = _tiny_text(profile_name, **replace)
         models = _ordered(encs, "text_encoder")
         notes: list[str] = []
         run: Callable[[list[str]], dict[str, Any]]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
 from te_align.probe import ProbeError, _stubs
-from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _tiny
+from te_align.probe.adapter import Adapter, HooksUnavailable, _hf_quiet, _tiny_text
 from te_align.probe.core import Case
 from te_align.probe.matrix import Found
 from te_align.trainers.api import find_checkout
@@ -133,7 +133,7 @@ class Musubi(Adapter):
     def _qwen(self) -> Case:
         import torch
 
-        prof, toks, encs, _ = _tiny("qwen-image")
+        prof, toks, encs = _tiny_text("qwen-image")
         utils = self.modules["qwen_image.qwen_image_utils"]
         tokenizer, vlm = toks["tokenizer"], encs["text_encoder"]
 
@@ -155,7 +155,7 @@ class Musubi(Adapter):
     def _wan(self) -> Case:
         import torch
 
-        prof, toks, encs, _ = _tiny("wan21")
+        prof, toks, encs = _tiny_text("wan21")
         t5mod = self.modules["wan.modules.t5"]
         tokmod = self.modules["wan.modules.tokenizers"]
         hf = encs["text_encoder"]
