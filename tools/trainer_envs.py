@@ -10,7 +10,9 @@ the README tells users, and the te-align tests of the code that runs inside that
 Each ``tools/trainer_envs/<trainer>.txt`` holds one trainer's pins, read from its own requirements at the commit
 te-align cites, minus GPU-only builds; its ``# key: value`` header names the Python (``python``), the torch
 requirement (``torch``), the environment variable the checkout tests read (``checkout``) and the test files
-(``tests``). The job:
+(``tests``), and optionally packages the tests need installed ``--no-deps`` (``no-deps``: their own pins clash
+with the trainer's, as ai-toolkit's PyPI packaging does) and a variable that gets the venv's Python
+(``python-var``: OneTrainer's launch tests run the trainer with it). The job:
 
 1. builds a venv on that Python (found on PATH as ``python3.X`` or under ``pyenv root``) and installs torch and the
    pins, as a user of that trainer has them;
@@ -55,6 +57,8 @@ class TrainerEnv:
     tests: tuple[str, ...]
     pins: tuple[str, ...]
     source: str
+    no_deps: tuple[str, ...] = ()
+    python_var: str = ""
 
 
 def load(name: str) -> TrainerEnv:
@@ -68,7 +72,7 @@ def load(name: str) -> TrainerEnv:
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.strip()
         m = re.match(r"#\s*([a-z_-]+):\s*(.*)$", line)
-        if m and m.group(1) in ("python", "torch", "checkout", "tests"):
+        if m and m.group(1) in ("python", "torch", "checkout", "tests", "no-deps", "python-var"):
             head[m.group(1)] = m.group(2).strip()
         elif line.startswith("#"):
             source = source or line.lstrip("# ")
@@ -79,7 +83,7 @@ def load(name: str) -> TrainerEnv:
         raise SystemExit(f"trainer_envs: {path.relative_to(ROOT)}: header line(s) missing: "
                          + ", ".join(f"'# {k}: ...'" for k in missing))
     return TrainerEnv(name, head["python"], head["torch"], head.get("checkout", ""), tuple(head["tests"].split()),
-                      tuple(pins), source)
+                      tuple(pins), source, tuple(head.get("no-deps", "").split()), head.get("python-var", ""))
 
 
 def trainers() -> list[str]:
@@ -182,6 +186,8 @@ def run_one(env: TrainerEnv, wheel: Path, venv: Path | None, checkout: Path | No
         else:
             lines.append(f"import te_align: {probe.stdout.strip()}")
         _run([str(python), "-m", "pip", "install", "-q", "-c", str(frozen), *TEST_TOOLS], check=True)
+        if env.no_deps:
+            _run([str(python), "-m", "pip", "install", "-q", "--no-deps", *env.no_deps], check=True)
         run_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         run_env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
                        PATH=f"{venv / 'bin'}{os.pathsep}{run_env.get('PATH', '')}")
@@ -189,6 +195,8 @@ def run_one(env: TrainerEnv, wheel: Path, venv: Path | None, checkout: Path | No
             run_env.pop(env.checkout, None)
             if checkout is not None:
                 run_env[env.checkout] = str(checkout)
+                if env.python_var:
+                    run_env[env.python_var] = str(python)
         t_tests = time.monotonic()
         tests = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *env.tests], cwd=ROOT,
                      env=run_env, capture_output=True, text=True)
