@@ -52,7 +52,7 @@ def log_to_console() -> None:
 
     When the root logger has a handler but its level drops INFO, and no level was set for ``te_align``, the
     ``te_align`` logger is set to INFO so the lines reach that handler: a library's stray ``logging.debug()`` at
-    import runs an implicit ``basicConfig()`` (WARNING) before any trainer code (torchao 0.10, which ai-toolkit
+    import runs an implicit ``basicConfig()`` (WARNING) before any trainer code (torchao 0.10, which one trainer
     pins, does), and te-align's lines were then dropped."""
     if logger.handlers:
         return

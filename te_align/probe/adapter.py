@@ -146,8 +146,8 @@ def _tiny(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[
 
 def _tiny_text(profile_name: str, **replace: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """(fitted profile, tokenizers, text encoders) for a profile's tiny family, without a diffusers pipeline: the
-    probes of trainers that encode with their own code need none (diffusers 0.32, which sd-scripts and musubi-tuner
-    pin, has no pipeline class for e.g. Qwen-Image or Wan)."""
+    probes of trainers that encode with their own code need none (diffusers 0.32, which trainers still pin, has no
+    pipeline class for e.g. Qwen-Image or Wan)."""
     from te_align.tiny.encoders import family_components
 
     _need_clip_bpe()
