@@ -8,11 +8,9 @@ command must leave the trainer's tree and the venv's package list exactly as the
 from __future__ import annotations
 
 import base64
-import contextlib
 import glob
 import hashlib
 import importlib.util
-import io
 import json
 import os
 import shutil
@@ -24,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from te_align import _atomic
-from te_align.cli import main
 from te_align.patching import environment as envmod
 from te_align.patching.transaction import ENV_JOURNAL, STATE_DIR, PatchError
 from te_align.patching.wheel import build_wheel
+from tests.test_patch_safety import _cli, _error_line
 
 REPO = Path(__file__).resolve().parents[1]
 if "te_align_fault_campaign" not in sys.modules:  # tools/ is not a package: load the campaign's tree builders
@@ -88,19 +86,6 @@ def _pip_freeze(py: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], env=env, capture_output=True, text=True,
                           check=True).stdout
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(args))
-    return rc, out.getvalue(), err.getvalue()
-
-
-def _error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("te-align: error: "), err
-    return lines[0]
 
 
 def _imports(py: Path, cwd: Path) -> list[str]:
