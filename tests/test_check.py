@@ -277,10 +277,110 @@ def test_onetrainer_sd3_hard_77(tmp_path):
 
 # ------------------------------------------------------------------------------------ input errors
 def test_unknown_trainer_shape_and_missing_file(tmp_path):
-    r = check_file(write(tmp_path, "x.json", '{"hello": 1}'))
+    r = check_file(write(tmp_path, "x.json", '{"learning_rate": 1e-4}'))  # a trainer's key, but whose?
     assert r.exit_code == 2 and "cannot tell which trainer" in r.findings[0].message
     r = check_file(str(tmp_path / "missing.toml"))
     assert r.exit_code == 2 and "no such file" in r.findings[0].message
+
+
+#: Files that are no trainer's config (no key a trainer reads): exit 3 in one line; the same bytes broken: exit 2.
+NOT_A_CONFIG = {
+    "pyproject.toml": ('[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+                       '[project]\nname = "demo"\nversion = "1.0"\ndependencies = ["numpy"]\n\n'
+                       '[project.optional-dependencies]\ntrain = ["torch"]\n\n[tool.ruff]\nline-length = 110\n',
+                       "[project\n"),
+    "ci.yml": ("name: tests\non: [push]\njobs:\n  test:\n    runs-on: ubuntu-latest\n    steps:\n"
+               "      - uses: actions/checkout@v4\n      - run: pytest\n", "name: [tests\n"),
+    ".pre-commit-hooks.yaml": ("- id: black\n  name: black\n  entry: black\n  language: python\n", "- id: [black\n"),
+    "package.json": ('{"name": "demo", "version": "1.0.0", "scripts": {"test": "jest"}, "devDependencies": {}}',
+                     '{"name": '),
+}
+NOT_A_CONFIG_REASON = ("not a trainer config: no key in it is one a trainer te-align checks reads "
+                       "(kohya, kohya-gui, ai-toolkit, simpletuner, onetrainer, diffusion-pipe); nothing to check")
+
+
+@pytest.mark.parametrize("name", sorted(NOT_A_CONFIG))
+def test_a_file_that_is_no_trainer_config_is_exit_3_in_one_line(name, tmp_path, capsys):
+    good, broken = NOT_A_CONFIG[name]
+    path = write(tmp_path, name, good)
+    r = check_file(path)
+    assert (r.trainer, r.exit_code, r.status, r.reason) == (None, 3, "not-training", NOT_A_CONFIG_REASON)
+    assert main(["check", path]) == 3
+    assert capsys.readouterr() == (f"{path}: {NOT_A_CONFIG_REASON}\n", "")
+    assert main(["check", path, "--diff"]) == 3  # no diff: why, on stderr (stdout stays a patch)
+    assert capsys.readouterr() == ("", f"{path}: {NOT_A_CONFIG_REASON}\n")
+    write(tmp_path, name, broken)
+    assert main(["check", path]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.startswith(f"te-align: error: {path}:") and "syntax error" in cap.err
+
+
+@pytest.mark.parametrize("suffix", [".example", ".sample", ".dist"])
+def test_an_example_config_with_an_extra_suffix_is_read_by_its_inner_extension(suffix, tmp_path):
+    original = check_file(str(EX / "simpletuner" / "sd3_config.json"))
+    copy = write(tmp_path, "config.json" + suffix, (EX / "simpletuner" / "sd3_config.json").read_text(encoding="utf-8"))
+    for trainer in ("auto", "simpletuner"):
+        r = check_file(copy, trainer=trainer)
+        assert (r.trainer, r.exit_code, r.profile) == ("simpletuner", original.exit_code, original.profile) == (
+            "simpletuner", 1, "sd35-large")
+        assert rows(r) == rows(original)
+    toml = write(tmp_path, "flux.toml" + suffix, FLUX_DEV)
+    assert check_file(toml).exit_code == 0 and check_file(toml).trainer == "kohya"
+    r = check_file(write(tmp_path, "notes.md" + suffix, "hello"))  # a config's (or command line's) extension inside
+    assert r.exit_code == 2 and "unknown config format" in r.findings[0].message
+
+
+#: The shape of kohya_ss's own GUI settings file (bmaltais/kohya_ss `config example.toml`, copied to config.toml):
+#: GUI defaults by tab, no model and no training job.
+GUI_SETTINGS = """# Copy this file and name it config.toml
+[settings]
+use_shell = false
+
+[server]
+allowed_paths = []
+
+[model]
+models_dir = "./models"
+output_name = "new model"
+train_data_dir = "./data"
+save_precision = "bf16"
+
+[folders]
+output_dir = "./outputs"
+logging_dir = "./logs"
+
+[configuration]
+config_dir = "./presets"
+
+[accelerate_launch]
+mixed_precision = "fp16"
+num_processes = 1
+
+[basic]
+learning_rate = 0.0001
+optimizer = "AdamW8bit"
+
+[advanced]
+caption_dropout_rate = 0
+clip_skip = 1
+
+[sdxl]
+sdxl_cache_text_encoder_outputs = false
+"""
+GUI_SETTINGS_REASON = ("not a training config: this is kohya_ss's GUI settings file (config.toml: the defaults "
+                       "of the GUI's fields and folders); check the training config it saves instead (the .json "
+                       "of the GUI's Save, or the config_lora-*.toml it writes to the output folder)")
+
+
+def test_kohya_ss_gui_settings_file_is_not_a_training_config(tmp_path, capsys):
+    path = write(tmp_path, "config example.toml", GUI_SETTINGS)
+    for kw in ({}, {"profile": "sdxl"}):
+        r = check_file(path, **kw)
+        assert (r.trainer, r.exit_code, r.status, r.reason) == ("kohya", 3, "not-training", GUI_SETTINGS_REASON)
+        assert [(f.kind, f.severity) for f in r.findings] == [("not-checked", "info")]
+    for extra in ((), ("--profile", "sdxl")):
+        assert main(["check", path, *extra]) == 3
+        assert capsys.readouterr() == (f"{path}: kohya · {GUI_SETTINGS_REASON}\n", "")
 
 
 def test_family_unknown_needs_profile(tmp_path):
@@ -347,6 +447,28 @@ def test_cli_exit_codes_and_json(capsys, tmp_path):
     # unreadable input goes to stderr with the prefix every command uses; the good file's report stays on stdout
     assert f"te-align: error: {broken}:1:2: syntax error" in cap.err and "syntax error" not in cap.out
     assert "aligned" in cap.out
+
+
+def test_json_carries_the_exit_code_the_process_exits_with(capsys, tmp_path):
+    """README's exit-code table, one row each, and with --fix/--diff: ``exit_code`` at the top level is the
+    process's, and each file's is the code that file alone gives (2 for a --fix that refused it)."""
+    assumed = write(tmp_path, "flux.toml", 'network_module = "networks.lora_flux"\nt5xxl_max_token_length = 256\n')
+    runs = [
+        ([write(tmp_path, "good.toml", FLUX_DEV)], 0),
+        ([write(tmp_path, "bad.toml", FLUX_DEV + "apply_t5_attn_mask = true\n")], 1),
+        ([write(tmp_path, "broken.json", "{")], 2),
+        ([write(tmp_path, "pyproject.toml", '[project]\nname = "demo"\nversion = "1.0"\n')], 3),
+        ([assumed, "--trainer", "kohya", "--fix"], 2),  # refused: the model is only assumed
+        ([assumed, "--trainer", "kohya", "--diff"], 2),
+        ([str(tmp_path / "bad.toml"), "--diff"], 1),
+    ]
+    for args, code in runs:
+        assert main(["check", *args, "--json"]) == code, args
+        data = json.loads(capsys.readouterr().out)
+        assert (data["exit_code"], [r["exit_code"] for r in data["results"]]) == (code, [code]), args
+    assert main(["check", str(tmp_path / "good.toml"), str(tmp_path / "pyproject.toml"), assumed, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert (data["exit_code"], [r["exit_code"] for r in data["results"]]) == (1, [0, 3, 1])  # 2 > 1 > 3 > 0
 
 
 def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):

@@ -119,6 +119,32 @@ def test_fix_cli_summary_names_what_is_left(examples: Path, capsys: pytest.Captu
     assert out.splitlines()[-1].endswith("): `te-align patch` or the hooks, see its fix")
 
 
+def test_diff_says_the_line_fix_says_for_what_no_key_fixes(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = examples / "ai-toolkit" / "flux_schnell_lora.yaml"
+    before = job.read_bytes()
+    left = ("--fix left 2 finding(s): 2 no key sets (t5.tokenizer.max_length, model.t5_max_length): "
+            "`te-align patch` or the hooks, see its fix")
+    assert main(["check", str(job), "--diff"]) == 1
+    assert capsys.readouterr() == ("", f"{job}: {left}\n")  # nothing to diff; stdout stays a patch
+    assert job.read_bytes() == before
+    assert main(["check", str(job), "--fix"]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == f"  {left}"
+
+
+def test_fix_summary_agrees_with_a_finding_only_the_user_can_fix(examples: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = examples / "kohya" / "sdxl_typo.toml"
+    path.write_text(path.read_text(encoding="utf-8") + "caption_dropout_rate = 0.1\n", encoding="utf-8")
+    left = "--fix left 2 finding(s): 2 left to you (empty_prompt, cache_text_encoder_output): see its fix"
+    assert main(["check", str(path), "--diff"]) == 1
+    out, err = capsys.readouterr()
+    assert "-clip_skip = 2\n" in out and err == f"{path}: {left}\n"
+    assert main(["check", str(path), "--fix", "--no-backup"]) == 1
+    out = capsys.readouterr().out
+    assert "fix: caption_dropout_rate = 0 (sd-scripts cannot drop captions as zeros)" in out
+    assert out.splitlines()[-1] == f"  {left}"
+
+
 def test_profile_and_set_apply_to_the_values_written(examples: Path) -> None:
     path = examples / "kohya" / "flux_schnell_lora.toml"
     before = path.read_text(encoding="utf-8")

@@ -204,6 +204,19 @@ def test_journal_paths_must_stay_inside_the_tree(kohya, tmp_path):
     assert (outside / "victim.py").read_text() == "do not touch\n"
 
 
+# ------------------------------------------------------------------------------ 6: a tree patched already
+def test_patching_a_patched_tree_says_one_line_and_lists_no_plan(kohya, toolkit):
+    for root, trainer in ((kohya, "kohya"), (toolkit, "ai-toolkit")):
+        assert _cli("patch", str(root))[0] == 0
+        before = sha256_file(root / STATE_DIR / "manifest.json")
+        for extra in ((), ("--dry-run",)):
+            assert _cli("patch", str(root), *extra) == (
+                0, f"{trainer} at {root}: already patched with this plan: nothing to do\n", "")
+        assert sha256_file(root / STATE_DIR / "manifest.json") == before
+        rc, out, _ = _cli("patch", str(root), "--profile", "flux-dev", "--dry-run")  # another plan: listed in full
+        assert rc == 0 and "  profile: flux-dev" in out and "replace " in out and out.endswith("dry run: nothing changed\n")
+
+
 # ------------------------------------------------------------------------------ 7: re-plan, refusals
 def test_replan_with_an_edited_original_keeps_the_edit(kohya):
     pristine_flux = (kohya / "flux_train_network.py").read_bytes()

@@ -105,6 +105,8 @@ class FixReport:
     after: list[str] = field(default_factory=list)
     #: The files the rollback of an interrupted ``--fix`` gave their bytes back (:func:`roll_back_interrupted`).
     rolled_back: list[str] = field(default_factory=list)
+    #: ``--diff``: the check of the file as the fix would leave it (None: as ``result``).
+    would_be: CheckResult | None = None
 
     @property
     def exit_code(self) -> int:
@@ -112,16 +114,22 @@ class FixReport:
 
     @property
     def left(self) -> list[Finding]:
-        """Error and warning findings still there, each with why ``--fix`` left it (:func:`why_left`)."""
-        return [f for f in self.result.findings if f.severity in FIXED_SEVERITIES
+        """Error and warning findings still there (with ``--diff``: still there once the diff is written), each
+        with why ``--fix`` left it (:func:`why_left`)."""
+        return [f for f in (self.would_be or self.result).findings if f.severity in FIXED_SEVERITIES
                 and f.kind not in ("syntax", "wrong-value")]
 
 
 def needs_patch(f: Finding) -> bool:
-    """A finding no key or flag of the trainer fixes (its fix is ``te-align patch``, the hooks, or none): a
-    deviation without an edit, or a key users set in vain whose fix says so (a key the trainer reads but
-    ignores for this model)."""
-    return f.edit is None and (f.kind == "deviation" or "te-align patch" in f.fix)
+    """A finding no key or flag of the trainer fixes: its fix says "not settable" (a hard-coded value, or a key
+    the trainer reads but ignores for this model). A deviation whose fix is a key the user may set (caption
+    dropout off: sd-scripts cannot drop captions as zeros) is a choice left to the user, not this."""
+    return f.edit is None and "not settable" in f.fix
+
+
+def patch_fixes(f: Finding) -> bool:
+    """A finding no key fixes whose fix is te-align's patch or hooks (not one that says they do not cover it)."""
+    return needs_patch(f) and ("`te-align patch" in f.fix or "with te-align's hooks" in f.fix)
 
 
 def why_left(f: Finding) -> str:
@@ -230,6 +238,7 @@ def fix_file(
     report.fixed = targets
     report.diff = "".join(_diff(f, old, t) for f, (old, t) in texts.items() if t != old)
     if not write or not new_texts:
+        report.would_be = after
         return report
     main = os.path.realpath(path)
     order = sorted(new_texts, key=lambda f: os.path.realpath(f) != main)  # the config first

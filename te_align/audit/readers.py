@@ -98,7 +98,7 @@ def load(path: str) -> RawConfig:
     p = Path(path)
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
-    suffix = p.suffix.lower()
+    suffix = config_suffix(p)
     from te_align.audit import cmdline
 
     if suffix in cmdline.SUFFIXES or (not suffix and p.is_file()):  # a training command line (diffusers scripts)
@@ -107,7 +107,7 @@ def load(path: str) -> RawConfig:
                ".yml": ("yaml", _parse_yaml)}
     if suffix not in parsers:
         raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml "
-                               "(or a command line in .sh/.txt/.bat)",
+                               f"(or a command line in .sh/.txt/.bat; each also as {'/'.join(EXAMPLE_SUFFIXES)})",
                                file=path)
     try:
         size = p.stat().st_size
@@ -126,6 +126,18 @@ def load(path: str) -> RawConfig:
     except RecursionError:
         raise ConfigSyntaxError(path, None, None, f"nested deeper than {MAX_DEPTH} levels") from None
     return RawConfig(path, fmt, text, data)
+
+
+#: Suffixes of a trainer's example config (``config.json.example``): the file is read by the extension before it.
+EXAMPLE_SUFFIXES = (".example", ".sample", ".dist")
+
+
+def config_suffix(p: Path) -> str:
+    """The extension that tells a config's format, lower case: ``config.json.example`` -> ``.json``."""
+    suffixes = [x.lower() for x in p.suffixes]
+    if len(suffixes) >= 2 and suffixes[-1] in EXAMPLE_SUFFIXES:
+        return suffixes[-2]
+    return suffixes[-1] if suffixes else ""
 
 
 def _check_depth(path: str, text: str, fmt: str) -> None:
@@ -258,8 +270,37 @@ def detect_trainer(raw: RawConfig) -> str:
             best = (score, d.name)
     if best is not None:
         return best[1]
+    files = [d.name for d, _ in dialects if not d.command_line]
+    if raw.fmt != "cmdline" and not _trainer_keys(raw.data, [d.name for d, _ in dialects]):
+        raise NotChecked(f"not a trainer config: no key in it is one a trainer te-align checks reads "
+                         f"({', '.join(files)}); nothing to check", status="not-training", file=raw.file)
     if raw.fmt != "cmdline" and not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a table/object at the top level", file=raw.file)
-    files = [d.name for d, _ in dialects if not d.command_line]
     raise UnreadableConfig(f"cannot tell which trainer this config is for; pass --trainer {'|'.join(files)}",
                            file=raw.file)
+
+
+def _keys(data: JSONValue) -> Iterator[str]:
+    """Every key of ``data``, at every depth (lists included), without the leading dashes of a CLI-style key."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield str(k).lstrip("-")
+            yield from _keys(v)
+    elif isinstance(data, list):
+        for v in data:
+            yield from _keys(v)
+
+
+def _trainer_keys(data: JSONValue, dialects: list[str]) -> set[str]:
+    """The keys of ``data`` some trainer reads (by the dialects' bundled key lists). Only keys of a trainer's own
+    shape count (``learning_rate``, ``t5xxl-max-length``): a plain word such as ``name`` or ``version`` is a
+    key of every kind of file."""
+    known: set[str] = set()
+    for name in dialects:
+        try:
+            lists = known_keys(name)
+        except (FileNotFoundError, ModuleNotFoundError):  # a plug-in dialect without a bundled key list
+            continue
+        for keys in lists.values():
+            known |= keys
+    return {k for k in _keys(data) if k in known and ("_" in k.strip("_") or "-" in k)}

@@ -2,8 +2,8 @@
 
 Exit codes: 0 aligned (at least one rule for the trainer and model family ran and all passed), 1 deviations
 found, 2 unreadable input (syntax error, empty config, a value of the wrong type), 3 not checked (te-align has no
-profile for the model or no rules for this trainer and family, or the config is not a training job). Several files:
-the most serious code, 2 > 1 > 3 > 0. Imports no torch.
+profile for the model or no rules for this trainer and family, or the file is not a training job or no trainer
+config at all). Several files: the most serious code, 2 > 1 > 3 > 0. Imports no torch.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "compare them with the alignment profile. Extra CLI args (and the script name) go "
                     "after `--`. Exit codes: 0 aligned (rules for this trainer and family ran and passed), "
                     "1 deviations, 2 unreadable input (syntax error, empty config, wrong type/value), 3 not checked "
-                    "(no profile or no rules for the model, or not a training job); several files: 2 > 1 > 3 > 0.",
+                    "(no profile or no rules for the model, not a training job, or no trainer config at all); "
+                    "several files: 2 > 1 > 3 > 0.",
         usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--set KEY=VALUE] [--json] "
               "[--cache-dir DIR] [--dataset DIR] [--fix [--no-backup]] [--diff] [-- EXTRA_ARGS]\n       "
               "te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
@@ -161,6 +162,7 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
         dicts = []
         for r in reports:
             d = r.result.to_dict()
+            d["exit_code"] = r.exit_code  # a --fix refused: 2, as the process exits
             left = [{"setting": f.setting, "kind": f.kind, "why": _fix.why_left(f)} for f in r.left]
             d["fix"] = {"written": r.written, "changes": [c.describe() for c in r.changes],
                         "refused": r.refused, "backups": r.backups, "diff": r.diff, "left": left}
@@ -171,8 +173,14 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
         if r.refused:
             print(f"te-align: error: {r.refused}", file=sys.stderr)
             continue
-        if ns.diff:
+        if ns.diff:  # stdout stays a patch; why nothing is checked, or what --fix would leave: stderr, as --fix says it
             sys.stdout.write(r.diff)
+            if r.result.status in ("not-checked", "not-training") and r.result.profile is None:
+                head = f"{r.result.trainer} · " if r.result.trainer else ""
+                print(f"{r.file}: {head}{r.result.reason}", file=sys.stderr)
+            left = _left_line(r)
+            if left:
+                print(f"{r.file}: {left}", file=sys.stderr)
             continue
         if i:
             print()
@@ -188,19 +196,30 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
 
 
 def _print_left(r: FixReport) -> None:
-    """One line: what --fix could not write, and why (te-align patch / the hooks, or the user's choice)."""
+    """One line: what --fix could not write, and why (te-align patch / the hooks, hard-coded, or the user's
+    choice)."""
+    left = _left_line(r)
+    if left:
+        print(f"  {left}")
+
+
+def _left_line(r: FixReport) -> str:
+    """What --fix leaves (or, with --diff, would leave), in one line; "" when it leaves nothing."""
     left = r.left
     if not left:
-        return
-    patch = [f.setting for f in left if _fix.needs_patch(f)]
+        return ""
+    patch = [f.setting for f in left if _fix.patch_fixes(f)]
+    fixed = [f.setting for f in left if _fix.needs_patch(f) and not _fix.patch_fixes(f)]
     yours = [f.setting for f in left if not _fix.needs_patch(f)]
     parts = []
     if patch:
         parts.append(f"{len(patch)} no key sets ({', '.join(patch)}): `te-align patch` or the hooks, see "
                      "its fix")
+    if fixed:
+        parts.append(f"{len(fixed)} hard-coded ({', '.join(fixed)}): see its fix")
     if yours:
         parts.append(f"{len(yours)} left to you ({', '.join(yours)}): see its fix")
-    print(f"  --fix left {len(left)} finding(s): " + "; ".join(parts))
+    return f"--fix left {len(left)} finding(s): " + "; ".join(parts)
 
 
 def _family(r: CheckResult) -> str:
@@ -287,7 +306,9 @@ def _print_result(r: CheckResult, evidence: list[dict[str, object] | None] | Non
     if any(f.kind == "syntax" for f in r.findings):
         return
     if r.status in ("not-checked", "not-training") and r.profile is None:
-        print(f"{r.file}: {r.trainer or '-'} · {r.reason}")
+        print(f"{r.file}: {r.trainer} · {r.reason}" if r.trainer else f"{r.file}: {r.reason}")
+        if all(f.kind == "not-checked" for f in r.findings):
+            return  # nothing but why it was not checked: that one line
     else:
         given = "".join(f", {k}={_fmt(v)}" for k, v in r.overrides.items())
         print(f"{r.file}: {r.trainer} · profile {r.profile}{' with --set ' + given[2:] if given else ''} "

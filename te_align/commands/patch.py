@@ -68,6 +68,13 @@ def cmd_patch(args: argparse.Namespace) -> int:
             previous = (_transaction.read_manifest(det.root) or {}).get("environment")
             options = _environment.PipOptions(tuple(args.find_links), args.no_index)
             env_plan = _environment.plan_environment(exe, previous, options)
+        # Nothing to do (the files as planned, and an environment that needs nothing): one line, no plan listed.
+        if _patching.apply(plan, replan=args.replan, dry_run=True).noop and (
+                env_plan is None or (env_plan.noop and env_plan.previous is not None)):
+            print(f"{det.trainer} at {det.root}: already patched with this plan: nothing to do")
+            if env_plan is not None:
+                print(env_plan.one_line())
+            return 0
         print(f"{det.trainer} ({det.layout}, version {det.version}) at {det.root}")
         for note in det.notes:
             print(f"  note: {note}")

@@ -131,6 +131,11 @@ class EnvPlan:
     def noop(self) -> bool:
         return not self.install and not self.add
 
+    def one_line(self) -> str:
+        """``describe`` in one line (for a plan with nothing to do: where, and that nothing is to do)."""
+        first, *rest = self.describe()
+        return f"{first}: " + "; ".join(line.strip() for line in rest)
+
     def describe(self) -> list[str]:
         py = self.python
         lines = [f"environment: {py.executable} (Python {py.version_text}, {py.prefix})"]

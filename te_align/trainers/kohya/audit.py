@@ -408,7 +408,7 @@ def detect(raw: RawConfig) -> int | None:
     more specific reader wins)."""
     if raw.fmt != "toml" or not isinstance(raw.data, dict):
         return None
-    if is_dataset_config(raw.data):
+    if is_dataset_config(raw.data) or is_gui_settings(raw.data):
         return 10
     flat = {str(k).lstrip("-") for k in raw.data}
     for v in raw.data.values():
@@ -425,9 +425,31 @@ def is_dataset_config(data: dict[str, Any]) -> bool:
             and all(isinstance(d, dict) for d in datasets))
 
 
+#: The tables of kohya_ss's own GUI settings file (bmaltais/kohya_ss `config example.toml`, copied to config.toml:
+#: the defaults of the GUI's fields by tab; kohya_gui/class_gui_config.py reads it).
+GUI_SETTINGS_TABLES = frozenset({
+    "settings", "server", "model", "folders", "configuration", "accelerate_launch", "basic", "advanced",
+    "dataset_preparation", "huggingface", "samples", "sdxl", "wd14_caption", "metadata",
+})
+#: Tables only that file has (an sd-scripts config may name a section [model] or [sdxl], never these).
+_GUI_ONLY = frozenset({"settings", "server", "folders", "configuration", "accelerate_launch", "dataset_preparation",
+                       "wd14_caption"})
+GUI_SETTINGS = ("not a training config: this is kohya_ss's GUI settings file (config.toml: the defaults of the GUI's "
+                "fields and folders); check the training config it saves instead (the .json of the GUI's Save, or "
+                "the config_lora-*.toml it writes to the output folder)")
+
+
+def is_gui_settings(data: dict[str, Any]) -> bool:
+    """kohya_ss's GUI settings file: only tables, all of them the GUI's, at least one that only it has."""
+    return (bool(data) and set(data) <= GUI_SETTINGS_TABLES and bool(set(data) & _GUI_ONLY)
+            and all(isinstance(v, dict) for v in data.values()))
+
+
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a TOML table", file=raw.file)
+    if is_gui_settings(raw.data):
+        raise NotChecked(GUI_SETTINGS, status="not-training", file=raw.file)
     if is_dataset_config(raw.data):
         raise NotChecked("not checked: an sd-scripts dataset config names no model; check the training config or "
                          "command line that uses it (--dataset_config) — the model is set there", file=raw.file)
