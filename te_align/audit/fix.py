@@ -123,7 +123,7 @@ class FixReport:
 def needs_patch(f: Finding) -> bool:
     """A finding no key or flag of the trainer fixes: its fix says "not settable" (a hard-coded value, or a key
     the trainer reads but ignores for this model). A deviation whose fix is a key the user may set (caption
-    dropout off: sd-scripts cannot drop captions as zeros) is a choice left to the user, not this."""
+    dropout off, where the trainer cannot drop captions as zeros) is a choice left to the user, not this."""
     return f.edit is None and "not settable" in f.fix
 
 
