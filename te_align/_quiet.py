@@ -15,13 +15,21 @@ Why each line is noise for te-align's users:
 - transformers 5 falls back to the PIL image processors of a pipeline's safety checker / image encoder when
   torchvision is missing, and says so once per class. te-align never runs those processors.
 
-``TE_ALIGN_QUIET=0`` turns the filter off (to see every line when reporting a bug).
+:func:`no_progress_bars` does the same for diffusers' and transformers' own progress bars ("Loading pipeline
+components...", "Loading weights", "Writing model shards") while te-align loads or saves a model for the user: they
+time steps of te-align's work that a user cannot act on. te-align's own bars (``te-align train``'s) stay.
+
+``TE_ALIGN_QUIET=0`` turns the filter and :func:`no_progress_bars` off (to see every line when reporting a bug).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import os
+from collections.abc import Iterator
+from types import ModuleType
 
 #: (logger name, fragment of the formatted message, why) — the lines dropped.
 DROPPED: tuple[tuple[str, str, str], ...] = (
@@ -59,9 +67,40 @@ class _DropLines(logging.Filter):
 _installed: list[tuple[logging.Logger, _DropLines]] = []
 
 
+def quiet() -> bool:
+    """False when ``TE_ALIGN_QUIET=0`` asks for every third-party line and bar."""
+    return os.environ.get("TE_ALIGN_QUIET", "1").strip() != "0"
+
+
+#: The libraries whose progress bars :func:`no_progress_bars` turns off (each has ``is_progress_bar_enabled``,
+#: ``disable_progress_bar`` and ``enable_progress_bar`` in its ``utils.logging``).
+PROGRESS_BAR_LIBRARIES = ("diffusers.utils.logging", "transformers.utils.logging")
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """diffusers' and transformers' progress bars off inside the block, then back as they were (a script that
+    turned them on or off keeps its choice). A no-op with ``TE_ALIGN_QUIET=0``, and for a library not installed."""
+    turned_off: list[ModuleType] = []
+    if quiet():
+        for name in PROGRESS_BAR_LIBRARIES:
+            try:
+                lib = importlib.import_module(name)
+            except ImportError:  # not installed: it shows no bars
+                continue
+            if lib.is_progress_bar_enabled():
+                lib.disable_progress_bar()
+                turned_off.append(lib)
+    try:
+        yield
+    finally:
+        for lib in turned_off:
+            lib.enable_progress_bar()
+
+
 def install() -> None:
     """Attach the filters (idempotent; a no-op with ``TE_ALIGN_QUIET=0``)."""
-    if _installed or os.environ.get("TE_ALIGN_QUIET", "1").strip() == "0":
+    if _installed or not quiet():
         return
     by_logger: dict[str, list[str]] = {}
     for name, fragment, _why in DROPPED:

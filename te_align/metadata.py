@@ -55,10 +55,19 @@ class _ProfileCheckKeys(TypedDict):
 
 
 class ProfileCheck(_ProfileCheckKeys, total=False):
-    """A stamp's fingerprint against the bundled profile of the stamped name (see :func:`read`). ``bundled_name``
-    is the one optional key (``total=False``: ``typing.NotRequired`` is Python 3.11+, trainers run on 3.10)."""
+    """A stamp's fingerprint against the bundled profile of the stamped name (see :func:`read`). ``bundled_name``,
+    ``world_base`` and ``world_base_differences`` are the optional keys (``total=False``: ``typing.NotRequired`` is
+    Python 3.11+, trainers run on 3.10)."""
 
     bundled_name: str
+    #: The te-align world base (``te_align.tiny.bases``) whose own profile has the stamped fingerprint: a LoRA
+    #: ``te-align train`` / ``te-align demo`` trained on that base (its profile is the bundled one fitted to the
+    #: base's tiny encoders, so it differs from the bundled fingerprint on purpose).
+    world_base: str
+    #: With ``world_base``: the behaviour values in which the stamp differs from that base's own profile
+    #: (``{"path", "stamped", "base"}``; empty: it matches). A LoRA trained on the base with a deviation (an A/B's
+    #: arm A) carries the base's encoder widths and these changes.
+    world_base_differences: list[dict[str, object]]
 
 
 class FileMetadata(TypedDict):
@@ -239,6 +248,11 @@ def _profile_check(stamp: dict[str, JSONValue]) -> ProfileCheck | None:
     check["current_fingerprint"] = current.fingerprint()
     check["matches"] = current.fingerprint() == fp
     old = stamp.get("te_align.profile_json")
+    if not check["matches"]:
+        found = _world_base(current.name, fp, old if isinstance(old, dict) else None)
+        if found is not None:
+            check["world_base"], check["world_base_differences"] = found
+            return check
     if not check["matches"] and isinstance(old, dict):
         now = current.behaviour()
         check["differences"] = [
@@ -247,6 +261,46 @@ def _profile_check(stamp: dict[str, JSONValue]) -> ProfileCheck | None:
             if old.get(k, "<absent>") != now.get(k, "<absent>")
         ]
     return check
+
+
+def _world_base(
+    profile_name: str, fingerprint: str, stamped: dict[str, JSONValue] | None
+) -> tuple[str, list[dict[str, object]]] | None:
+    """The shipped world base a stamp was trained on, and the behaviour values in which the stamp differs from the
+    base's own profile (the bundled profile ``profile_name`` fitted to the base's tiny encoders, ``base.json``).
+
+    A base whose own profile has ``fingerprint`` matches (no differences); else one whose encoder widths and depths
+    (its ``profile_overrides``) the stamped values (``stamped``, ``te_align.profile_json``) all carry, with the
+    values that differ. None when neither, or when the world data (the te-align-world package) is not installed.
+    Reads JSON only: no torch."""
+    from te_align._extras import MissingExtra
+    from te_align.tiny import bases
+
+    try:
+        shipped = bases.shipped()
+    except MissingExtra:  # no world data here: no world base to compare with
+        return None
+    near: tuple[str, list[dict[str, object]]] | None = None
+    for name in shipped:
+        if bases.BASES[name].profile != profile_name:
+            continue
+        try:
+            own = bases.base_profile(name)
+            fitted = list(bases.base_info(name).get("profile_overrides") or {})
+        except TeAlignError:  # an unreadable base.json is the world base's error to report, not inspect's
+            continue
+        if own.fingerprint() == fingerprint:
+            return name, []
+        if stamped is None or near is not None:
+            continue
+        now = own.behaviour()
+        if fitted and all(p in now and stamped.get(p, "<absent>") == now[p] for p in fitted):
+            near = name, [
+                {"path": k, "stamped": stamped.get(k, "<absent>"), "base": now.get(k, "<absent>")}
+                for k in dict.fromkeys([*stamped, *now])
+                if stamped.get(k, "<absent>") != now.get(k, "<absent>")
+            ]
+    return near
 
 
 def read(path: str | os.PathLike[str]) -> FileMetadata:

@@ -266,3 +266,52 @@ def test_sdxl_preset_with_the_kohya_clip_g_override_trains_and_evaluates(tmp_pat
     assert div["prompt_embeds"].prompts_differing < div["prompt_embeds"].prompts  # captions without '!' are identical
     assert (tmp_path / "ab" / "data" / "val").is_dir()  # a held-out split was made
     assert result.report_html is not None and result.report_html.is_file()
+
+
+def test_failed_ab_run_leaves_no_output_folder_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from te_align.cli import main
+
+    for var, value in (("HF_HUB_DISABLE_PROGRESS_BARS", "1"), ("TRANSFORMERS_VERBOSITY", "error"),
+                       ("DIFFUSERS_VERBOSITY", "error")):
+        monkeypatch.setenv(var, value)  # what the command sets in its process, undone after the test
+    out = tmp_path / "nested" / "ab-out"
+    argv = ["ab", "run", "tiny-demo", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "nonexistent")]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"te-align: error: {tmp_path / 'nonexistent'}: key '--data': dataset folder does not exist\n"
+    assert not out.exists() and not out.parent.exists()
+    # a folder that was there before is left exactly as it was
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine", encoding="utf-8")
+    assert main([*argv, "--out", str(kept)]) == 2
+    assert sorted(p.name for p in kept.rglob("*")) == ["notes.txt"]
+    assert (kept / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+@pytest.mark.parametrize("quiet", ["1", "0"])
+def test_ab_commands_silence_library_bars_only_when_quiet(quiet: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`te-align ab run / matrix / demo` turn diffusers' and transformers' bars and info lines off; TE_ALIGN_QUIET=0
+    (see te_align/_quiet.py) leaves them as they were."""
+    import diffusers
+    import transformers
+
+    from te_align.commands.ab import _quiet
+
+    libs = (diffusers.utils.logging, transformers.utils.logging)
+    monkeypatch.setenv("TE_ALIGN_QUIET", quiet)
+    for var in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    for lib in libs:
+        lib.enable_progress_bar()
+    try:
+        _quiet()
+        assert [lib.is_progress_bar_enabled() for lib in libs] == [quiet == "0"] * 2
+        import os
+
+        assert ("TRANSFORMERS_VERBOSITY" in os.environ) is (quiet == "1")
+    finally:
+        for lib in libs:
+            lib.enable_progress_bar()

@@ -250,3 +250,45 @@ def test_inspect_and_help_do_not_import_torch(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_inspect_recognises_a_lora_trained_on_a_world_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from te_align.tiny.bases import base_info, base_profile
+
+    info = base_info("flux")
+    prof = base_profile("flux")  # flux-schnell fitted to the base's tiny encoders: not the bundled fingerprint
+    assert prof.name == "flux-schnell" and prof.fingerprint() != te_align.profile("flux-schnell").fingerprint()
+    f = tmp_path / "lora.safetensors"
+    make_lora(f)
+    # what te-align train stamps (te_align.train.loop._lora_metadata) on the world base te-align demo trains on
+    stamp(f, profile=prof, extra={
+        "base_model": str(tmp_path / "world" / "flux-0123456789abcdef"), "objective": "flow", "steps": 60, "rank": 8,
+        "alpha": 8.0, "profile_overrides": dict(info["profile_overrides"]), "learning_rate": 3e-4, "seed": 0,
+        "weight_dtype": "float32", "quantize": "none",
+    })
+    check = read(f)["profile_check"]
+    assert check["world_base"] == "flux"
+    assert check["matches"] is False  # still about the bundled profile of that name
+    assert main(["inspect", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT match" not in out
+    assert (f"  trained on te-align's world base flux with its own profile (flux-schnell fitted to the base's tiny "
+            f"encoders, fingerprint {prof.fingerprint()}); matches it\n") in out
+    assert read(f)["profile_check"]["world_base_differences"] == []
+    # the base's profile with a deviation (an A/B's arm A): named as the base's, with the one value that differs
+    make_lora(f)
+    stamp(f, profile=prof.with_overrides(t5_max_length=512))
+    check = read(f)["profile_check"]
+    assert check["world_base"] == "flux"
+    assert check["world_base_differences"] == [{"path": "slots.t5.tokenizer.max_length", "stamped": 512, "base": 256}]
+    assert main(["inspect", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert ("  trained on te-align's world base flux with its own profile (flux-schnell fitted to the base's tiny "
+            "encoders) changed in 1 value(s):\n      slots.t5.tokenizer.max_length: stamped 512, base 256\n") in out
+    assert "does NOT match" not in out
+    # a flux-schnell profile of other encoder widths is no world base's: the bundled comparison as before
+    make_lora(f)
+    stamp(f, profile=te_align.profile("flux-schnell", t5_max_length=512, clip_l_hidden_size=64))
+    assert "world_base" not in read(f)["profile_check"]
+    assert main(["inspect", str(f)]) == 0
+    assert "does NOT match the current bundled profile flux-schnell" in capsys.readouterr().out

@@ -283,3 +283,54 @@ def test_atomic_writes_use_normal_permissions_and_leave_nothing_on_failure(tmp_p
         raise RuntimeError("interrupted")
     assert target.read_text() == "x = 1\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["p.toml"]
+
+
+def _description_line(out: str) -> str:
+    return next(line.strip() for line in out.splitlines() if line.startswith("  MMDiT"))
+
+
+def test_show_description_follows_overrides(capsys):
+    assert main(["profile", "show", "flux-schnell", "--set", "t5_max_length=512", "--set", "clip_l_hidden_size=32"]) == 0
+    line = _description_line(capsys.readouterr().out)
+    assert line == ("MMDiT with T5-XXL last_hidden_state over all 512 padded positions (no mask anywhere) as the text "
+                    "sequence, CLIP-L pooler_output (32) as the pooled vector, and zero text position ids.")
+    assert "256" not in line and "768" not in line
+    assert main(["profile", "show", "flux-schnell"]) == 0
+    assert "over all 256 padded positions" in _description_line(capsys.readouterr().out)
+    # the written description keeps its placeholders (a profile file reads back the same text)
+    p = te_align.profile("flux-schnell", t5_max_length=512)
+    assert "{slots.t5.tokenizer.max_length}" in p.description
+    assert "all 512 padded positions" in p.describe()
+    assert te_align.profile("sd35-large", t5_max_length=77).describe().count("T5-XXL (77 tokens") == 1
+
+
+def test_every_bundled_description_names_only_its_values():
+    for p in te_align.profiles():
+        text = p.describe()
+        assert "{slots." not in text and "{outputs." not in text, p.name
+
+
+def test_repr_is_one_screen():
+    p = te_align.profile("flux-schnell")
+    assert repr(p) == (
+        f"<AlignmentProfile flux-schnell (family flux, fingerprint {p.fingerprint()})\n"
+        "  clip_l: CLIPTokenizer max_length=77 padding=max_length; CLIPTextModel layer=last pooled=pooler_output\n"
+        "  t5: T5TokenizerFast max_length=256 padding=max_length; T5EncoderModel layer=last>"
+    )
+    q = te_align.profile("flux-schnell", t5_max_length=512)
+    assert repr(q).splitlines()[2:] == [
+        "  t5: T5TokenizerFast max_length=512 padding=max_length; T5EncoderModel layer=last",
+        "  overrides: slots.t5.tokenizer.max_length=512 (was 256)>",
+    ]
+    assert str(q) == repr(q)
+    # equality, hash and the dataclass fields are as before
+    assert q == te_align.profile("flux-schnell", t5_max_length=512) and hash(q) == hash(te_align.profile(
+        "flux-schnell", t5_max_length=512))
+    assert q != p
+    import dataclasses
+
+    assert [f.name for f in dataclasses.fields(p)][:6] == ["name", "family", "display_name", "repo", "pipeline", "slots"]
+    for each in te_align.profiles():
+        text = repr(each)
+        assert len(text) <= 1200 and len(text.splitlines()) <= 8, each.name
+        assert all(len(line) <= 160 for line in text.splitlines()), each.name

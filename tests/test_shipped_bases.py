@@ -88,3 +88,31 @@ def test_shipped_base_reads_as_recorded_on_prompts_new_in_wording(name: str, tmp
         image = pipe(prompts[i].text, generator=torch.Generator().manual_seed(i), output_type="np").images[0]
         read = world.read_image((image * 255).round().clip(0, 255).astype("uint8"))
         assert [list(r) for r in read] == rows[i]["read"], f"{name}: prompt {i} {prompts[i].text!r}"
+
+
+_LOAD = (
+    "import diffusers, transformers\n"
+    "from te_align.tiny import world\n"
+    "world.base('sd15')\n"
+    "print(diffusers.utils.logging.is_progress_bar_enabled(), transformers.utils.logging.is_progress_bar_enabled())\n"
+)
+
+
+@pytest.mark.skipif("sd15" not in SHIPPED, reason="the sd15 world base is not shipped")
+def test_loading_a_base_shows_no_third_party_progress_bars(tmp_path: Path) -> None:
+    """diffusers' "Loading pipeline components..." and transformers' "Loading weights" / "Writing model shards" bars
+    are third-party noise like the log lines te_align/_quiet.py drops; TE_ALIGN_QUIET=0 shows them again. The
+    libraries' own switches are left as they were (a user's script keeps its bars)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for var in ("TE_ALIGN_QUIET", "HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY"):
+        env.pop(var, None)  # the libraries' defaults (`te-align ab` sets these in its own process)
+    out = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env=env)  # builds the cache
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr == "" and out.stdout == "True True\n"
+    loud = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, env={**env, "TE_ALIGN_QUIET": "0"})
+    assert loud.returncode == 0, loud.stderr[-2000:]
+    assert "Loading pipeline components..." in loud.stderr and loud.stdout == "True True\n"

@@ -320,6 +320,8 @@ def test_cli_train_and_resume(tmp_path: Path, models: dict[str, Path], dataset: 
     out = subprocess.run([sys.executable, "-m", "te_align.train", str(cfg)], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "out" / "lora.safetensors").is_file()
+    # te-align's own lines only: no diffusers "Loading pipeline components..." / transformers "Loading weights" bars
+    assert [ln for ln in out.stderr.replace("\r", "\n").splitlines() if ln and not ln.startswith("te-align")] == []
     cfg.write_text(cfg.read_text().replace("max_steps = 2", "max_steps = 3"), encoding="utf-8")
     out = subprocess.run([sys.executable, "-m", "te_align", "train", str(cfg), "--resume"], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]

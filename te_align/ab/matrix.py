@@ -181,11 +181,12 @@ def _unit(args: tuple[str, int, str, int | None, str, str]) -> JSONObject:
     torch.set_num_threads(1)
     os.environ.setdefault("TE_ALIGN_THREADS", "1")
     _quiet.install()
-    import diffusers
-    import transformers
+    if _quiet.quiet():  # TE_ALIGN_QUIET=0 shows the libraries' bars
+        import diffusers
+        import transformers
 
-    diffusers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.disable_progress_bar()
+        diffusers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.disable_progress_bar()
     p = next(x for x in matrix_presets() if x.name == name)
     if device and device != "cpu":
         p.train.setdefault("train", {})["device"] = device

@@ -436,7 +436,6 @@ def run_ab(
         raise ABError(f"must be >= 1, got {n_seeds}", key="--seeds")
     seed_list = list(range(first_seed, first_seed + n_seeds))
     out_dir = Path(out).expanduser()
-    out_dir.mkdir(parents=True, exist_ok=True)
     per_seed = data is None and p.world is not None and p.world.per_seed_data
     if data is not None:
         data_dir = Path(data).expanduser()
@@ -448,6 +447,13 @@ def run_ab(
 
     base = resolve(p.profile, ("model.profile_overrides", profile_overrides or None))
     prof_a, prof_b = p.arm_profiles(base)
+    # the inputs are valid: only now the output folder (a failed start leaves no empty folder behind)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ABError("is not a folder: choose another --out", file=str(out_dir), key="--out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ABError(f"cannot create the output folder: {e.strerror or e}", file=str(out_dir), key="--out") from None
     prof_paths = {}
     for arm, prof in (("A", prof_a), ("B", prof_b)):
         path = out_dir / "profiles" / f"{arm}.toml"

@@ -45,13 +45,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _quiet() -> None:
+    """te-align's lines only: the libraries' info lines and progress bars off (not with ``TE_ALIGN_QUIET=0``)."""
     import logging
     import os
 
+    from te_align import _quiet as quiet
+
+    logging.basicConfig(level=logging.WARNING, format="te-align: %(message)s")
+    if not quiet.quiet():
+        return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-    logging.basicConfig(level=logging.WARNING, format="te-align: %(message)s")
     import diffusers
     import transformers
 

@@ -36,7 +36,19 @@ def stamp_lines(data: FileMetadata) -> list[str]:
     check = data["profile_check"] or {}
     name, fp = te.get("te_align.profile", "?"), te.get("te_align.fingerprint", "?")
     lines = [f"profile {name}, fingerprint {fp}"]
-    if check.get("bundled"):
+    world = check.get("world_base")
+    changed = check.get("world_base_differences") or []
+    if world and not changed:
+        lines.append(f"  trained on te-align's world base {world} with its own profile ({name} fitted to "
+                     f"the base's tiny encoders, fingerprint {fp}); matches it")
+    elif world:
+        lines.append(f"  trained on te-align's world base {world} with its own profile ({name} fitted to the base's "
+                     f"tiny encoders) changed in {len(changed)} value(s):")
+        for d in changed[:12]:
+            lines.append(f"    {d['path']}: stamped {_short(d['stamped'], 40)}, base {_short(d['base'], 40)}")
+        if len(changed) > 12:
+            lines.append(f"    … and {len(changed) - 12} more")
+    elif check.get("bundled"):
         if check.get("matches"):
             lines.append(f"  matches the current bundled profile {check.get('bundled_name', name)}")
         else:

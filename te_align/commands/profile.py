@@ -94,7 +94,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if p.aliases:
         print(f"  aliases: {', '.join(p.aliases)}")
     if p.description:
-        print(f"  {p.description}")
+        print(f"  {p.describe()}")
     paths = p.behaviour_paths()
     width = max(len(x.split(".", 2)[-1]) for x in paths if x.startswith("slots.")) + 2
     last_group = None

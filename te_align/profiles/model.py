@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -201,8 +202,46 @@ class AlignmentProfile:
     outputs: tuple[tuple[str, str], ...]
     empty_prompt: EmptyPrompt = "encode"
     aliases: tuple[str, ...] = ()
+    #: Prose for people. A value it names is written as its dotted path in braces
+    #: (``{slots.t5.tokenizer.max_length}``) so that :meth:`describe` says the profile's effective value.
     description: str = ""
     provenance: tuple[tuple[str, Provenance], ...] = ()
+
+    # ----------------------------------------------------------------- display
+    def __repr__(self) -> str:
+        """One screen: name, family, fingerprint, one line per slot (tokenizer length and padding, encoder layer)
+        and the overridden values. The fields themselves: ``dataclasses.asdict`` or :meth:`to_dict`."""
+        lines = [f"<AlignmentProfile {self.name} (family {self.family}, fingerprint {self.fingerprint()})"]
+        for s in self.slots:
+            tok = s.tokenizer
+            line = f"  {s.name}: {tok.cls} max_length={tok.max_length} padding={tok.padding}"
+            if s.tokenizer_only:
+                line += "; tokenized only"
+            else:
+                enc = s.encoder
+                line += f"; {enc.cls} layer={enc.layer}" + (f" pooled={enc.pooled}" if enc.pooled != "none" else "")
+            masks = [m for m in ("encoder", "zero_padded", "denoiser") if getattr(s.masks, m)]
+            if masks:
+                line += f" masks={'+'.join(masks)}"
+            lines.append(line)
+        changed = [f"{path}={_short_value(self, path)} (was {_was(pv.note)})" for path, pv in self.provenance
+                   if pv.status == "override"]
+        if changed:
+            lines.append("  overrides: " + ", ".join(changed))
+        return "\n".join(lines) + ">"
+
+    def describe(self) -> str:
+        """:attr:`description` with each ``{dotted.path}`` replaced by this profile's value there, so an override
+        (``t5_max_length=512``) is what the prose says. A placeholder naming no value is left as written."""
+
+        def fill(m: re.Match[str]) -> str:
+            try:
+                value = self.get(m.group(1))
+            except ProfileError:
+                return m.group(0)
+            return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+        return _PLACEHOLDER.sub(fill, self.description)
 
     # ----------------------------------------------------------------- lookups
     def slot(self, name: str) -> SlotSpec:
@@ -287,6 +326,26 @@ class AlignmentProfile:
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+
+#: A value named in a description: ``{slots.SLOT.PART.FIELD}``, ``{slots.SLOT.FIELD}``, ``{outputs.NAME}``, ``{family}``.
+_PLACEHOLDER = re.compile(r"\{((?:slots|outputs)(?:\.\w+)+|family|empty_prompt)\}")
+
+
+def _short_value(profile: AlignmentProfile, path: str) -> str:
+    """The value at ``path`` for :meth:`AlignmentProfile.__repr__`, cut to 40 characters (``-``: removed)."""
+    try:
+        value = profile.get(path)
+    except ProfileError:  # an output an override removed
+        return "-"
+    text = "-" if value is None else repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _was(note: str) -> str:
+    """The old value an override's provenance note records (``profile value was 256``), cut to 40 characters."""
+    text = note.removeprefix("profile value was ")
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 # ---------------------------------------------------------------------------- walking helpers

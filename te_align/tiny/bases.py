@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from te_align import _quiet
 from te_align._extras import MissingExtra
 from te_align.errors import TeAlignError
 
@@ -245,8 +246,9 @@ def materialize(name: str, cache_dir: str | Path | None = None, source: str | Pa
     tmp = dest.with_name(dest.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        pipe = _assemble(spec, root, info)
-        pipe.save_pretrained(str(tmp), safe_serialization=True)
+        with _quiet.no_progress_bars():
+            pipe = _assemble(spec, root, info)
+            pipe.save_pretrained(str(tmp), safe_serialization=True)
         (tmp / MANIFEST).write_text(json.dumps(info, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MARKER).write_text(json.dumps({"digest": digest, "files": files}, indent=1, sort_keys=True), encoding="utf-8")
@@ -318,7 +320,8 @@ def load(name: str, *, cache_dir: str | Path | None = None, source: str | Path |
     spec = _spec(name)
     folder = materialize(name, cache_dir=cache_dir, source=source)
     info = base_info(name, source)
-    pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder), dtype=torch.float32)
+    with _quiet.no_progress_bars():
+        pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(folder), dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     _with_defaults(pipe, info["sampling"])
     object.__setattr__(pipe, "te_align_profile", base_profile(name, source))

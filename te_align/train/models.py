@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from te_align import _quiet
 from te_align._compat import require_peft
 from te_align._dtypes import torch_dtype
 from te_align._lazy import lazy_module
@@ -203,8 +204,6 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
     precision). ``model.quantize = "int8"`` / ``"nf4"`` loads the denoiser and the large text encoder
     through diffusers' ``PipelineQuantizationConfig`` (bitsandbytes); ``fp8`` is applied after loading.
     """
-    import diffusers
-
     import te_align.encoding.projected  # noqa: F401  (diffusers loads a swapped model's text encoder class from it)
 
     dtype = torch_dtype(dtype_name or weight_dtype_name(cfg))
@@ -229,21 +228,8 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
 
     try:
         warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
-        if path.is_file():
-            if path.suffix.lower() not in (".safetensors", ".sft"):
-                raise TrainError("single-file checkpoints must be .safetensors (pickle files are never opened)", file=str(path), key="model.path")
-            pipe = _load_single_file(path, cfg, profile, common)
-        elif path.is_dir():
-            if not (path / "model_index.json").is_file():
-                raise TrainError("not a diffusers model folder (no model_index.json)", file=str(path), key="model.path")
-            pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **common)
-        elif path.suffix.lower() in (".safetensors", ".sft", ".ckpt") or str(path).startswith((".", "/", "~")):
-            raise TrainError("no such model file or folder", file=cfg.path, key="model.path")
-        else:  # a hub repo id
-            why = offline_model_problem(cfg.path, cfg.revision or None)
-            if why:
-                raise TrainError(why, key="model.path")
-            pipe = diffusers.DiffusionPipeline.from_pretrained(cfg.path, **common)
+        with _quiet.no_progress_bars():  # diffusers' / transformers' loading bars (TE_ALIGN_QUIET=0 shows them)
+            pipe = _load(path, cfg, profile, common)
     except TrainError:
         raise
     except (OSError, ValueError) as e:
@@ -253,6 +239,28 @@ def load_pipeline(cfg: ModelConfig, profile: AlignmentProfile, *, dtype_name: st
         raise TrainError(f"cannot load the model: {_first_line(e)}", file=cfg.path, key="model.path") from None
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _load(path: Path, cfg: ModelConfig, profile: AlignmentProfile, common: dict[str, object]) -> DiffusionPipeline:
+    """The pipeline from ``path`` (a single file, a diffusers folder) or the hub id ``cfg.path``."""
+    import diffusers
+
+    if path.is_file():
+        if path.suffix.lower() not in (".safetensors", ".sft"):
+            raise TrainError("single-file checkpoints must be .safetensors (pickle files are never opened)", file=str(path), key="model.path")
+        pipe = _load_single_file(path, cfg, profile, common)
+    elif path.is_dir():
+        if not (path / "model_index.json").is_file():
+            raise TrainError("not a diffusers model folder (no model_index.json)", file=str(path), key="model.path")
+        pipe = diffusers.DiffusionPipeline.from_pretrained(str(path), **common)
+    elif path.suffix.lower() in (".safetensors", ".sft", ".ckpt") or str(path).startswith((".", "/", "~")):
+        raise TrainError("no such model file or folder", file=cfg.path, key="model.path")
+    else:  # a hub repo id
+        why = offline_model_problem(cfg.path, cfg.revision or None)
+        if why:
+            raise TrainError(why, key="model.path")
+        pipe = diffusers.DiffusionPipeline.from_pretrained(cfg.path, **common)
     return pipe
 
 
