@@ -13,7 +13,7 @@ the installed version of every direct dependency beside the lock's, the suite's 
 each dependency whose newest release pyproject's upper bound leaves out. Exit status: 0 when ruff and the suite
 pass.
 
-``product`` is a new user's first minutes: a plain ``pip install .`` (newest releases within the ranges), then,
+``product`` is a new user's first minutes: ``pip install ./world ".[train]"`` (newest releases within the ranges), then,
 from an empty folder, ``te-align --help``, ``profile show``, ``check`` on a shipped example, the full ``te-align
 demo`` and ``te-align train`` of the demo's own config (a LoRA on the denoiser and CLIP-L). Each must exit as
 expected and write nothing to stderr but te-align's own lines and progress bars: any other line is third-party
@@ -362,7 +362,7 @@ def _product(python: Path, venv: Path, torch: str | None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     versions = _freeze(python)
-    print("\n=== te-align dependency job: product (pip install . alone) ===")
+    print("\n=== te-align dependency job: product (pip install ./world \".[train]\", no lock) ===")
     print("versions: " + ", ".join(f"{n} {versions.get(n, '-')}" for n in ("torch", "transformers", "diffusers",
                                                                            "peft", "accelerate", "bitsandbytes")))
     for shown, code, wall, noise in rows:
