@@ -105,8 +105,10 @@ def direct_requirements(extras: bool = True, core: bool = True,
 
 
 def lower_bound(spec: str) -> str | None:
-    m = re.search(r">=\s*([0-9][^,\s]*)", spec)
-    return m.group(1) if m else None
+    """The effective lower bound of ``spec``: the highest of its ``>=`` bounds (the core's ``packaging>=22`` and the
+    test extra's ``packaging>=24.2`` make 24.2), or None."""
+    bounds = re.findall(r">=\s*([0-9][^,\s]*)", spec)
+    return max(bounds, key=_key) if bounds else None
 
 
 def upper_bound(spec: str) -> str | None:
