@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import glob
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -25,14 +24,9 @@ from te_align import _atomic
 from te_align.patching import environment as envmod
 from te_align.patching.transaction import ENV_JOURNAL, STATE_DIR, PatchError
 from te_align.patching.wheel import build_wheel
-from tests.test_patch_safety import _cli, _error_line
+from tests.test_patch_safety import _cli, _error_line, campaign
 
 REPO = Path(__file__).resolve().parents[1]
-if "te_align_fault_campaign" not in sys.modules:  # tools/ is not a package: load the campaign's tree builders
-    _spec = importlib.util.spec_from_file_location("te_align_fault_campaign", REPO / "tools" / "fault_campaign.py")
-    sys.modules["te_align_fault_campaign"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["te_align_fault_campaign"])  # type: ignore[union-attr]
-campaign = sys.modules["te_align_fault_campaign"]
 
 pytestmark = [
     pytest.mark.skipif(os.name != "posix", reason="venv layout (bin/python) and kills are POSIX here"),

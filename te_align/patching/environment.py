@@ -274,12 +274,8 @@ def inspect(exe: str | Path) -> Python:
     """Run ``exe`` to learn its version, prefix and site-packages; refuse a Python te-align cannot run on or
     install into (too old, no pip, site-packages not writable)."""
     exe = Path(exe)
-    proc = _run([exe, "-c", _PROBE])
-    try:
-        info = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-    except (ValueError, IndexError):
-        info = None
-    if not isinstance(info, dict):
+    proc, info = _run_json(exe, _PROBE)
+    if info is None:
         raise PatchError(f"{exe} does not run as a Python ({_last_error(proc)}); pick the trainer's Python with --python PATH")
     py = Python(exe, tuple(info["version"]), info["prefix"], info["purelib"], info["scripts"], dict(info["markers"]))  # type: ignore[arg-type]
     requires_python, _ = _own_metadata()
@@ -319,15 +315,21 @@ print(json.dumps({"all": every, "local": local}))
 """
 
 
-def packages(exe: str | Path) -> tuple[dict[str, str], dict[str, str]]:
-    """``({name: version} of every package ``exe`` sees, {name: version} of the environment's own})`` (canonical
-    names; what ``pip list`` and ``pip list --local`` show, read with importlib.metadata in ``exe``)."""
-    proc = _run([exe, "-c", _LIST])
+def _run_json(exe: str | Path, code: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """Run ``code`` with ``exe``; its last stdout line as a JSON object (None when it failed or printed none)."""
+    proc = _run([exe, "-c", code])
     try:
         data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     except (ValueError, IndexError):
         data = None
-    if not isinstance(data, dict):
+    return proc, data if isinstance(data, dict) else None
+
+
+def packages(exe: str | Path) -> tuple[dict[str, str], dict[str, str]]:
+    """``({name: version} of every package ``exe`` sees, {name: version} of the environment's own})`` (canonical
+    names; what ``pip list`` and ``pip list --local`` show, read with importlib.metadata in ``exe``)."""
+    proc, data = _run_json(exe, _LIST)
+    if data is None:
         raise PatchError(f"cannot list the packages of {exe}: {_last_error(proc)}")
     return dict(data["all"]), dict(data["local"])
 
