@@ -596,11 +596,23 @@ def select_layer(slot: SlotSpec, encoder: torch.nn.Module, out: ModelOutput) -> 
         return out.hidden_states[-1]  # language models: the last entry is already normed
     if e.layer == "all":
         return torch.stack(tuple(out.hidden_states[1:]), dim=0)
+    if isinstance(e.layer, tuple):
+        return combine_layers(e.layer_combine, [out.hidden_states[k] for k in e.layer])
     index = {"last": -1, "penultimate": -2}.get(e.layer, e.layer)  # type: ignore[arg-type]
     hidden = out.hidden_states[index]
     if e.final_layer_norm:
         hidden = _final_norm(encoder, slot)(hidden)
     return hidden
+
+
+def combine_layers(how: str, states: list[torch.Tensor]) -> torch.Tensor:
+    """Several tapped (batch, sequence, width) states as one tensor (``encoder.layer_combine``): ``concat``
+    (FLUX.2: the layers side by side, list order), ``interleave`` (width-major, layer fastest) or ``stack``
+    ((batch, sequence, layers, width))."""
+    if how == "concat":
+        return torch.cat(states, dim=-1)
+    stacked = torch.stack(states, dim=-2 if how == "stack" else -1)
+    return stacked if how == "stack" else stacked.flatten(-2)
 
 
 def pool(slot: SlotSpec, ids: torch.Tensor, out: ModelOutput) -> torch.Tensor | None:
@@ -668,6 +680,10 @@ def _zero_row(
     kw: dict[str, torch.dtype | torch.device] = {"dtype": _encoder_dtype(encoder), "device": ids.device}
     lead = (e.num_layers,) if e.layer == "all" else ()
     pooled = None if e.pooled == "none" else torch.zeros((1, e.projection_dim or width), **kw)
+    if isinstance(e.layer, tuple):
+        n = len(e.layer)
+        tail = (n, width) if e.layer_combine == "stack" else (n * width,)
+        return torch.zeros((1, ids.shape[1], *tail), **kw), pooled
     return torch.zeros((*lead, 1, ids.shape[1], width), **kw), pooled
 
 
@@ -715,6 +731,8 @@ def zero_padding(slot: SlotSpec, hidden: torch.Tensor, mask: torch.Tensor) -> to
         return hidden
     if hidden.dim() == 3:
         return hidden * mask.unsqueeze(-1).to(hidden.dtype)
+    if _batch_dim(slot) == 0:  # (batch, sequence, layers, width): layer_combine = "stack"
+        return hidden * mask[:, :, None, None].to(hidden.dtype)
     return hidden * mask[None, :, :, None].to(hidden.dtype)
 
 

@@ -71,6 +71,8 @@ def clean(text: str, mode: str) -> str:
         return clean_pixart(text)
     if mode == "lower":
         return text.lower().strip()
+    if mode == "drop_img_tokens":
+        return text.replace("[IMG]", "")  # FLUX.2's format_input: [IMG] would break the Pixtral processor's count
     raise ValueError(f"unknown text_cleaning {mode!r}")  # validated by the profile schema
 
 
@@ -107,19 +109,25 @@ def render(spec: TokenizerSpec, prompt: str, *, negative: bool = False) -> str:
 
     A prompt without text for the slot (``text_transform``) renders as the empty string would.
     """
-    template = spec.negative_template if negative else spec.template
+    template = _fill(spec, spec.negative_template if negative else spec.template)
     text = clean(slot_text(spec, prompt) or "", spec.text_cleaning)
-    return template.replace("{system_prompt}", spec.system_prompt or "").replace("{prompt}", text)
+    return template.replace("{prompt}", text)
+
+
+def _fill(spec: TokenizerSpec, template: str) -> str:
+    """The template's ``{system_prompt}`` and ``{thinking}`` places filled in (the prompt's is left)."""
+    thinking = spec.thinking_off_text if spec.enable_thinking is False else ""
+    return template.replace("{system_prompt}", spec.system_prompt or "").replace("{thinking}", thinking)
 
 
 def template_prefix(spec: TokenizerSpec, *, negative: bool = False) -> str:
     """The part of the template before ``{prompt}`` (e.g. Sana's instruction block)."""
     template = spec.negative_template if negative else spec.template
-    return template.split("{prompt}", 1)[0].replace("{system_prompt}", spec.system_prompt or "")
+    return _fill(spec, template.split("{prompt}", 1)[0])
 
 
 def template_suffix(spec: TokenizerSpec, *, negative: bool = False) -> str:
     """The part of the template after ``{prompt}`` (empty when the template has no ``{prompt}``)."""
     template = spec.negative_template if negative else spec.template
     after = template.split("{prompt}", 1)[1] if "{prompt}" in template else ""
-    return after.replace("{system_prompt}", spec.system_prompt or "")
+    return _fill(spec, after)

@@ -31,13 +31,15 @@ STATUSES = ("official", "derived-copy", "code", "paper", "inferred", "unconfirme
 
 Padding = Literal["max_length", "longest"]
 PaddingSide = Literal["right", "left"]
-TextCleaning = Literal["none", "basic", "wan", "pixart", "lower"]
+TextCleaning = Literal["none", "basic", "wan", "pixart", "lower", "drop_img_tokens"]
 TokenWindow = Literal["all", "bos_and_tail"]
 Pooled = Literal["none", "pooler_output", "text_embeds", "first_eos"]
 Repad = Literal["none", "batch_longest", "max_length"]
 MaskDtype = Literal["int64", "bool", "embeds"]
 EmptyPrompt = Literal["encode", "zeros"]
 LayerName = Literal["last", "penultimate", "all"]
+#: How several tapped layers (``encoder.layer`` a list of indices) become one tensor per token.
+LayerCombine = Literal["concat", "interleave", "stack"]
 TextTransform = Literal["none", "quoted_text"]
 AbsentText = Literal["empty", "zeros"]
 EncoderMaskDtype = Literal["int64", "float"]
@@ -100,6 +102,13 @@ class TokenizerSpec:
     #: ``text``, as ordinary text (kohya sd-scripts' CLIP-G: "!" is BPE 256, "!!" 748; padding keeps
     #: the pad id).
     pad_token_in_prompt: PadTokenInPrompt = "pad_id"
+    #: The chat template's thinking switch as the official pipeline sets it (``apply_chat_template(...,
+    #: enable_thinking=...)``): True (Z-Image), False (FLUX.2 klein), None where the template has none. The
+    #: template marks the place with ``{thinking}``, filled with ``thinking_off_text`` when this is False.
+    enable_thinking: bool | None = None
+    #: What the model's chat template writes at ``{thinking}`` when thinking is off (Qwen3: an empty
+    #: ``<think>\n\n</think>\n\n`` block after the generation prompt); nothing is written when it is on.
+    thinking_off_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,8 +122,14 @@ class EncoderSpec:
     max_position_embeddings: int | None = None
     vocab_size: int | None = None
     #: ``last`` (last_hidden_state), ``penultimate`` (hidden_states[-2]), ``all``
-    #: (every layer's output, hidden_states[1:], stacked), or an index into hidden_states.
-    layer: LayerName | int = "last"
+    #: (every layer's output, hidden_states[1:], stacked), an index into hidden_states, or a list of
+    #: indices into hidden_states whose states are combined per token by ``layer_combine`` (FLUX.2: 10, 20, 30).
+    layer: LayerName | int | tuple[int, ...] = "last"
+    #: How a list of ``layer`` indices becomes one tensor: ``concat``, the layers' widths side by side in list
+    #: order (FLUX.2's stack on dim 1, permute and reshape: ``cat(dim=-1)``); ``interleave``, width-major with
+    #: the layer index fastest (stack on the last dimension, then flatten it into the width); ``stack``, a
+    #: layer axis after the sequence, (batch, sequence, layers, width).
+    layer_combine: LayerCombine = "concat"
     #: Apply the encoder's final layer norm to the selected hidden state (CLIP clip-skip style).
     final_layer_norm: bool = False
     pooled: Pooled = "none"
@@ -219,7 +234,8 @@ class AlignmentProfile:
                 line += "; tokenized only"
             else:
                 enc = s.encoder
-                line += f"; {enc.cls} layer={enc.layer}" + (f" pooled={enc.pooled}" if enc.pooled != "none" else "")
+                layer = ",".join(map(str, enc.layer)) + f" ({enc.layer_combine})" if isinstance(enc.layer, tuple) else enc.layer
+                line += f"; {enc.cls} layer={layer}" + (f" pooled={enc.pooled}" if enc.pooled != "none" else "")
             masks = [m for m in ("encoder", "zero_padded", "denoiser") if getattr(s.masks, m)]
             if masks:
                 line += f" masks={'+'.join(masks)}"
@@ -358,7 +374,11 @@ _BEHAVIOUR_TOP = ("family", "empty_prompt")
 ADDED_FIELDS: dict[str, Callable[[str], Any]] = {
     "chunkable": lambda cls: cls.startswith("CLIP"),  # version 1 chunked the CLIP tokenizer classes
     "pad_token_in_prompt": lambda cls: "pad_id",
+    "enable_thinking": lambda cls: None,
+    "thinking_off_text": lambda cls: "",
 }
+#: Encoder fields added after fingerprint version 1 -> the value version 1 behaved as (left out of the hash there).
+ADDED_ENCODER_FIELDS: dict[str, Any] = {"layer_combine": "concat"}
 
 
 def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[tuple[str, Any]]:
@@ -372,6 +392,8 @@ def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[
             for f in fields(spec):
                 value = getattr(spec, f.name)
                 if hashed and part == "tokenizer" and f.name in ADDED_FIELDS and value == ADDED_FIELDS[f.name](spec.cls):
+                    continue
+                if hashed and part == "encoder" and f.name in ADDED_ENCODER_FIELDS and value == ADDED_ENCODER_FIELDS[f.name]:
                     continue
                 out.append((f"{base}.{part}.{f.name}", value))
     for name, expr in profile.outputs:

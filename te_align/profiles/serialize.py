@@ -239,12 +239,21 @@ def validate(p: AlignmentProfile, file: str | None = None) -> None:
                 file=file,
                 key=f"{where}.tokenizer.max_length",
             )
-        if isinstance(e.layer, int) and not -(e.num_layers + 1) <= e.layer <= e.num_layers:
-            raise ProfileError(
-                f"layer index {e.layer} is outside hidden_states of a {e.num_layers}-layer encoder",
-                file=file,
-                key=f"{where}.encoder.layer",
-            )
+        for index in e.layer if isinstance(e.layer, tuple) else (e.layer,):
+            if isinstance(index, int) and not -(e.num_layers + 1) <= index <= e.num_layers:
+                raise ProfileError(
+                    f"layer index {index} is outside hidden_states of a {e.num_layers}-layer encoder",
+                    file=file,
+                    key=f"{where}.encoder.layer",
+                )
+        if isinstance(e.layer, tuple) and not e.layer:
+            raise ProfileError("expected one or more hidden_states indices", file=file, key=f"{where}.encoder.layer")
+        if e.layer_combine != "concat" and not isinstance(e.layer, tuple):
+            raise ProfileError("layer_combine applies to a list of layers; this slot taps one", file=file,
+                               key=f"{where}.encoder.layer_combine")
+        if "{thinking}" in t.template and t.enable_thinking is None:
+            raise ProfileError("the template has a {thinking} place but enable_thinking is not set", file=file,
+                               key=f"{where}.tokenizer.enable_thinking")
         if s.masks.denoiser_extra_pad_tokens < 0:
             raise ProfileError("expected a count >= 0", file=file, key=f"{where}.masks.denoiser_extra_pad_tokens")
         if "{prompt}" not in t.template:

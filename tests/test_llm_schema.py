@@ -1,0 +1,73 @@
+"""The profile fields of LLM text encoders: tapped layer lists, their combination, and the thinking switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import te_align
+from te_align.encoding.core import combine_layers
+from te_align.encoding.text import render, template_prefix, template_suffix
+from te_align.errors import ProfileError
+from te_align.profiles.model import TokenizerSpec
+
+QWEN3 = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n{thinking}"
+OFF = "<think>\n\n</think>\n\n"
+
+
+def _states() -> list[torch.Tensor]:
+    # two layers, batch 1, sequence 2, width 2: layer k holds 10k + position-and-width counters
+    return [torch.tensor([[[10 * k + 1, 10 * k + 2], [10 * k + 3, 10 * k + 4]]]) for k in (1, 2)]
+
+
+def test_concat_puts_the_layers_side_by_side_in_list_order():
+    got = combine_layers("concat", _states())
+    assert got.tolist() == [[[11, 12, 21, 22], [13, 14, 23, 24]]]
+    # FLUX.2's own formulation: stack on dim 1, permute, reshape
+    out = torch.stack(_states(), dim=1)
+    b, n, s, d = out.shape
+    assert torch.equal(got, out.permute(0, 2, 1, 3).reshape(b, s, n * d))
+
+
+def test_interleave_is_width_major_and_stack_keeps_a_layer_axis():
+    assert combine_layers("interleave", _states()).tolist() == [[[11, 21, 12, 22], [13, 23, 14, 24]]]
+    stacked = combine_layers("stack", _states())
+    assert tuple(stacked.shape) == (1, 2, 2, 2)
+    assert stacked[0, 1].tolist() == [[13, 14], [23, 24]]
+
+
+@pytest.mark.parametrize(("thinking", "tail"), [(True, ""), (False, OFF)])
+def test_the_thinking_place_is_filled_by_the_switch(thinking, tail):
+    spec = TokenizerSpec(cls="Qwen2Tokenizer", max_length=512, template=QWEN3, enable_thinking=thinking, thinking_off_text=OFF)
+    assert render(spec, "a red cube") == f"<|im_start|>user\na red cube<|im_end|>\n<|im_start|>assistant\n{tail}"
+    assert template_prefix(spec) == "<|im_start|>user\n"
+    assert template_suffix(spec) == f"<|im_end|>\n<|im_start|>assistant\n{tail}"
+
+
+def _qwen_image() -> te_align.AlignmentProfile:
+    return te_align.profile("qwen-image")
+
+
+def test_a_layer_list_is_an_override_with_its_own_fingerprint_and_checked_indices():
+    p = _qwen_image()
+    q = p.with_overrides({"qwen.layer": [9, 18, 27]})
+    assert q.slot("qwen").encoder.layer == (9, 18, 27)
+    assert q.fingerprint() != p.fingerprint()
+    assert "layer=9,18,27 (concat)" in repr(q)
+    with pytest.raises(ProfileError, match="layer index 29 is outside hidden_states of a 28-layer encoder"):
+        p.with_overrides({"qwen.layer": [9, 29]})
+    with pytest.raises(ProfileError, match="layer_combine applies to a list of layers"):
+        p.with_overrides({"qwen.layer_combine": "stack"})
+
+
+def test_a_thinking_place_needs_the_switch():
+    p = _qwen_image()
+    with pytest.raises(ProfileError, match="enable_thinking is not set"):
+        p.with_overrides({"qwen.template": QWEN3})
+    q = p.with_overrides({"qwen.template": QWEN3, "qwen.enable_thinking": False, "qwen.thinking_off_text": OFF})
+    assert render(q.slot("qwen").tokenizer, "x").endswith("assistant\n" + OFF)
+
+
+def test_profiles_without_the_new_fields_keep_their_fingerprints():
+    # the values fingerprint version 1 hashed: adding enable_thinking, thinking_off_text and layer_combine changed none
+    assert _qwen_image().fingerprint() == "cc02949d8077a7ed"
