@@ -89,7 +89,7 @@ def _check(
     overrides: dict[str, object] | None = None,
 ) -> None:
     registry = _plugins.registry()
-    if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line:
+    if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line and not module(name).detect(raw):
         readers_of_lines = " or ".join(d.name for d, _ in registry.dialects() if d.command_line)
         raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
                                        f"command lines for --trainer {readers_of_lines} only", file=raw.file)

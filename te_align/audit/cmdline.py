@@ -82,8 +82,8 @@ def parse_text(text: str, file: str, at_line: int | None = None) -> RawConfig:
     words as a shell would. ``data["commands"]`` lists the first line of every command in the file."""
     found = commands(text, file)
     if not found:
-        raise UnreadableConfig("no training command line in this file (expected a line running a training script, "
-                               "e.g. `accelerate launch flux_train_network.py …` or "
+        raise UnreadableConfig("no training command line in this file (expected a line running train_*.py or another "
+                               "training script, e.g. `accelerate launch flux_train_network.py …` or "
                                "`accelerate launch train_dreambooth_lora_sd3.py --max_sequence_length 256 …`)",
                                file=file)
     chosen = found[-1] if at_line is None else next((c for c in found if c[0] == at_line), found[-1])

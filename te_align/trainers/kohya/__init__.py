@@ -13,8 +13,7 @@ SPEC = TrainerSpec(
     source_words=("sd-scripts",),
     check=(
         Dialect("kohya", "audit", "sd-scripts TOML or command line",
-                scripts="|".join(re.escape(s) for s in sorted(SCRIPTS, key=len, reverse=True)), command_line=True,
-                writer="writer"),
+                scripts="|".join(re.escape(s) for s in sorted(SCRIPTS, key=len, reverse=True)), writer="writer"),
         Dialect("kohya-gui", "audit_gui", "kohya_ss GUI JSON", repo="bmaltais/kohya_ss",
                 env_dir="TE_ALIGN_KOHYA_GUI_DIR", writer="writer_gui"),
     ),
