@@ -358,8 +358,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     script = str(raw.data["script"])
     if script not in SCRIPTS:
         known = ", ".join(SCRIPTS)
-        raise UnreadableConfig(f"{script} is not a diffusers example script te-align reads ({known}); for an "
-                               "sd-scripts run pass its TOML with the script and args after `--`", file=raw.file)
+        at = raw.data.get("line")
+        raise UnreadableConfig(f"{script} is not a script te-align reads: not one of sd-scripts' (flux_train_network.py, "
+                               "sdxl_train_network.py, train_network.py, …), musubi-tuner's "
+                               f"(qwen_image_train_network.py, …) or the diffusers examples ({known})",
+                               file=f"{raw.file}:{at}" if at else raw.file)
     args = [*raw.data["args"], *extra_args]  # type: ignore[misc]
     text = raw.text
     written: dict[str, str] = {}
