@@ -250,8 +250,7 @@ def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Mapping[str,
 
 
 def check_files(paths: Sequence[str], **kw: Any) -> list[CheckResult]:
-    """Check each file; a file of several command lines (a musubi-tuner caching command and its training command, a
-    script that trains twice) gives one result per command, labelled ``FILE:LINE``."""
+    """Check each file; a file of several command lines (a caching command and its training command, a script that trains twice) gives one result per command, labelled ``FILE:LINE``."""
     out: list[CheckResult] = []
     for p in paths:
         starts = _command_starts(p)

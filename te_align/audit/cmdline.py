@@ -45,7 +45,7 @@ _SCRIPT = _Script()
 _ASSIGN = re.compile(r"^\s*(?:export\s+|set\s+|\$env:)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", re.I)
 #: ``set "NAME=value"`` (cmd.exe: the quotes hold the whole assignment).
 _SET_QUOTED = re.compile(r'^\s*set\s+"([A-Za-z_][A-Za-z0-9_]*)=(.*)"\s*$', re.I)
-#: ``python -m musubi_tuner.qwen_image_train_network``: a module run as a script (read as ``…/<name>.py``).
+#: ``python -m package.module``: a module run as a script (read as ``package/module.py``).
 _MODULE = re.compile(r"(?:^|\s)-m\s+((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*))(?=\s|$)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|%([A-Za-z_][A-Za-z0-9_]*)%")
 
@@ -132,7 +132,7 @@ def _runs_script(line: str) -> bool:
 
 
 def _modules_as_scripts(words: list[str]) -> list[str]:
-    """``python -m musubi_tuner.wan_train_network ARGS`` -> ``python musubi_tuner/wan_train_network.py ARGS``."""
+    """``python -m package.script_name ARGS`` -> ``python package/script_name.py ARGS``."""
     for i, w in enumerate(words[:-1]):
         if w == "-m" and _SCRIPT.search(" " + words[i + 1].rsplit(".", 1)[-1] + ".py"):
             return [*words[:i], words[i + 1].replace(".", "/") + ".py", *words[i + 2:]]

@@ -270,8 +270,8 @@ def flatten_sections(data: Mapping[str, object]) -> dict[str, object]:
 
 
 def resolve_abbrev(name: str, options: Iterable[str]) -> tuple[str | None, list[str]]:
-    """An option name as argparse resolves it (``allow_abbrev`` is on in sd-scripts, musubi-tuner and the diffusers
-    examples: none of their parsers passes ``allow_abbrev=False``): the option itself, else the one option it is a
+    """An option name as argparse resolves it (``allow_abbrev`` on, argparse's default, which
+    the trainers' parsers keep): the option itself, else the one option it is a
     prefix of. Returns (the option or None, the options an ambiguous prefix could match)."""
     opts = options if isinstance(options, (set, frozenset, dict)) else set(options)
     if name in opts:

@@ -103,7 +103,7 @@ def load(path: str, at_line: int | None = None) -> RawConfig:
     from te_align.audit import cmdline
 
     if suffix == ".env" or p.name.lower() in (".env", *(f".env{x}" for x in EXAMPLE_SUFFIXES)):
-        from te_align.audit import envfile  # SimpleTuner's env backend (config/config.env)
+        from te_align.audit import envfile  # KEY=VALUE lines (a trainer's config.env)
 
         return envfile.load(path)
     if suffix in cmdline.SUFFIXES or (not suffix and p.is_file()):  # a training command line (diffusers scripts)
@@ -112,7 +112,7 @@ def load(path: str, at_line: int | None = None) -> RawConfig:
                ".yml": ("yaml", _parse_yaml)}
     if suffix not in parsers:
         raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml, .yml or "
-                               f"SimpleTuner's .env (or a command line in .sh/.txt/.bat; each also as {'/'.join(EXAMPLE_SUFFIXES)})",
+                               f"an env file (.env) (or a command line in .sh/.txt/.bat; each also as {'/'.join(EXAMPLE_SUFFIXES)})",
                                file=path)
     try:
         size = p.stat().st_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from te_align.audit import envfile, rules
+from te_align.audit import rules
 from te_align.audit.findings import Finding
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
@@ -23,6 +23,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.trainers.simpletuner import envfile
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -256,7 +257,7 @@ def detect(raw: RawConfig) -> int | None:
     config."""
     if raw.fmt == "json" and _is_backend_config(raw.data):
         return 60
-    if raw.fmt == "env":  # config.env: SimpleTuner's env backend (te_align.audit.envfile)
+    if raw.fmt == "env":  # config.env: SimpleTuner's env backend (te_align.trainers.simpletuner.envfile)
         return 95
     if raw.fmt == "cmdline" or not isinstance(raw.data, dict):
         return None
@@ -275,9 +276,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     lines: Any = KeyLines(raw.text)
     values: dict[str, Any] = {}
     findings = []
+    data = raw.data
     if raw.fmt == "env":
         lines, findings = _env_lines(raw)
-    for k, v in raw.data.items():
+        data = envfile.read_env(raw.text)[0]
+    for k, v in data.items():
         key = str(k).lstrip("-").replace("-", "_")
         values[key] = v
         if key in valid or key in ignored:
