@@ -37,6 +37,8 @@ class Case:
     returns: tuple[str | None, ...]  # output name per returned position (None = not compared)
     #: Where the pipeline returns a tensor in another layout, how ours maps onto it (documented quirks).
     to_pipeline_layout: Callable[[str, torch.Tensor, te_align.encoding.Conditioning], torch.Tensor] | None = None
+    #: Constructor arguments of the pipeline besides its text components (Wan 2.2's expert boundary).
+    build: tuple[tuple[str, Any], ...] = ()
 
 
 def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> torch.Tensor:
@@ -98,6 +100,12 @@ CASES: dict[str, Case] = {
         )
         for name in ("flux-dev", "flux-schnell")
     },
+    # FLUX.1 Kontext: FluxKontextPipeline.encode_prompt (a copy of FluxPipeline's) against the flux-dev profile
+    "flux-kontext": Case(
+        "flux-kontext", "flux-kontext",
+        lambda pipe, x, p: pipe.encode_prompt(prompt=x, prompt_2=None, device="cpu", max_sequence_length=_t5_len(p)),
+        ("prompt_embeds", "pooled_prompt_embeds", "text_ids"),
+    ),
     "chroma": Case(
         "chroma", "chroma",
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False, max_sequence_length=_t5_len(p)),
@@ -150,13 +158,20 @@ CASES: dict[str, Case] = {
         ("prompt_embeds_t5", None, "prompt_embeds_llama3", None, "pooled_prompt_embeds", None),
     ),
     "anima": Case("anima", "anima", _anima, (*ANIMA_KEYS, None, None, None, None)),
-    "wan21": Case(
-        "wan21", "wan21",
-        lambda pipe, x, p: pipe.encode_prompt(
-            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
-        ),
-        ("prompt_embeds", None),
-    ),
+    **{
+        name: Case(
+            profile, "wan21",
+            lambda pipe, x, p: pipe.encode_prompt(
+                x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
+            ),
+            ("prompt_embeds", None),
+            build=build,
+        )
+        # Wan 2.2 A14B: WanPipeline built with a two-expert boundary (0.875, the T2V-A14B boundary of the Wan 2.2
+        # reference config, not read here: any value shows it); encode_prompt reads neither it nor transformer_2
+        # (pipeline_wan.py:158-279), so the Wan 2.2 repo ids are aliases of the wan21 profile
+        for name, profile, build in (("wan21", "wan21", ()), ("wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", (("boundary_ratio", 0.875),)))
+    },
 }  # fmt: skip
 
 
@@ -170,7 +185,7 @@ def _setup(name: str) -> tuple[Any, AlignmentProfile]:
 @functools.cache
 def _built(name: str) -> tuple[Any, AlignmentProfile]:
     case = CASES[name]
-    pipe = build_pipeline_for_encoding(case.family)
+    pipe = build_pipeline_for_encoding(case.family, **dict(case.build))
     return pipe, fit_profile(te_align.profile(case.profile), pipe)
 
 
@@ -221,6 +236,11 @@ def test_encode_equals_pipeline_encode_prompt(name):
         ref = _pipeline_outputs(name, prompts)
         ours = te_align.encode(p, prompts, pipeline=pipe)
         _assert_equal(name, label, ref, ours)
+
+
+def test_wan22_case_runs_the_two_expert_pipeline():
+    pipe, p = _setup("wan22")
+    assert pipe.config.boundary_ratio == 0.875 and p.name == "wan21"
 
 
 def test_flux_schnell_profile_differs_from_pipeline_default_and_matches_it_at_256():

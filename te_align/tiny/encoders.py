@@ -85,6 +85,7 @@ PIPELINE_CLASSES: dict[str, str] = {
     "sdxl": "StableDiffusionXLPipeline",
     "sd3": "StableDiffusion3Pipeline",
     "flux": "FluxPipeline",
+    "flux-kontext": "FluxKontextPipeline",
     "chroma": "ChromaPipeline",
     "pixart-sigma": "PixArtSigmaPipeline",
     "auraflow": "AuraFlowPipeline",
@@ -391,7 +392,7 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
       CLIPTextModelWithProjection (G).
     * ``sd3`` (SD3-medium, SD3.5-large/medium): CLIPTokenizer + CLIPTextModelWithProjection (L),
       CLIPTokenizer (pad ``!``) + CLIPTextModelWithProjection (G), T5TokenizerFast + T5EncoderModel.
-    * ``flux`` (dev/schnell): CLIPTokenizer + CLIPTextModel (L); T5TokenizerFast + T5EncoderModel.
+    * ``flux`` (dev/schnell) and ``flux-kontext``: CLIPTokenizer + CLIPTextModel (L); T5TokenizerFast + T5EncoderModel.
     * ``chroma``: T5TokenizerFast + T5EncoderModel.
     * ``pixart-sigma``: T5Tokenizer + T5EncoderModel.
     * ``auraflow``: LlamaTokenizerFast (pile-T5; official model_index, the type hint says T5Tokenizer) +
@@ -431,7 +432,7 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
             "tokenizer_3": t5_tok,
             "text_encoder_3": t5,
         }
-    if family == "flux":
+    if family in ("flux", "flux-kontext"):
         t5_tok, t5 = _t5_pair(cache_dir)
         return {
             "tokenizer": tok.clip_tokenizer(pad="<|endoftext|>", cache_dir=cache_dir),
