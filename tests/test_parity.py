@@ -302,3 +302,48 @@ def test_hunyuanimage_glyph_prompts_equal_the_pipeline():
     # the empty prompt (negative / dropped caption) is the chat template with no text and zero ByT5
     uncond = te_align.encode(p, [""], pipeline=pipe, negative=True)
     _assert_equal("hunyuanimage-2.1", "negative ''", _pipeline_outputs("hunyuanimage-2.1", [""]), uncond)
+
+
+def _image(w: int, h: int, seed: int) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize(("profile", "family", "n_images"), [
+    ("qwen-image-edit", "qwen-image-edit", 1),
+    ("qwen-image-edit-2509", "qwen-image-edit-plus", 1),
+    ("qwen-image-edit-2509", "qwen-image-edit-plus", 2),
+    ("qwen-image-edit-2511", "qwen-image-edit-plus", 2),
+])
+def test_qwen_image_edit_with_images_equals_the_pipeline(profile, family, n_images):
+    """encode_prompt is called with the condition image(s) as __call__ prepares them: resized with the pipeline's
+    own image_processor.resize to its calculate_dimensions(area, w / h) (1024² for Edit, CONDITION_IMAGE_SIZE 384²
+    for Plus); te_align.encode gets the images as the user has them and resizes by the profile. One prompt per
+    call: the pipelines give every prompt of a batch the same images, which their processor accepts for one."""
+    import importlib
+
+    reason = missing_pipeline(family)
+    if reason:
+        pytest.skip(reason)
+    pipe = build_pipeline_for_encoding(family)
+    p = fit_profile(te_align.profile(profile), pipe)
+    module = importlib.import_module(type(pipe).__module__)
+    area = getattr(module, "CONDITION_IMAGE_SIZE", 1024 * 1024)
+    images = [_image(64, 48, 0), _image(40, 72, 1)][:n_images]
+    prepared = []
+    for im in images:
+        w, h = module.calculate_dimensions(area, im.size[0] / im.size[1])[:2]
+        prepared.append(pipe.image_processor.resize(im, h, w))
+    tok = pipe.tokenizer
+    for label, prompt in {"short": "make it red", "empty": "", "long": "a red cube " * 60, "past the limit": "far " * 1200}.items():
+        with torch.no_grad():
+            ref = pipe.encode_prompt([prompt], image=prepared if n_images > 1 else prepared[0], device="cpu")
+        ours = te_align.encode(p, [prompt], pipeline=pipe, images=[images])
+        assert ours["prompt_embeds"].dtype == ref[0].dtype and torch.equal(ours["prompt_embeds"], ref[0]), f"{profile} [{label}]"
+        if ref[1] is None:
+            assert bool(ours["prompt_embeds_mask"].all())
+        else:
+            assert torch.equal(ours["prompt_embeds_mask"], ref[1])
+    assert len(tok("far " * 1200)["input_ids"]) > p.slot("qwen").tokenizer.max_length  # past the declared 1024, kept whole

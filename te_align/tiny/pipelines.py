@@ -204,6 +204,8 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "HiDreamImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "SanaPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "QwenImageEditPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "QwenImageEditPlusPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
 }
@@ -218,6 +220,8 @@ PIPELINE_SINCE: dict[str, str] = {
     "ChromaPipeline": "0.34.0",
     "FluxKontextPipeline": "0.34.0",
     "QwenImagePipeline": "0.35.0",
+    "QwenImageEditPipeline": "0.35.0",
+    "QwenImageEditPlusPipeline": "0.36.0",
     "HunyuanImagePipeline": "0.36.0",
     "AnimaModularPipeline": "0.39.0",
 }
