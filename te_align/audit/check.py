@@ -71,6 +71,26 @@ def check_file(
     return result
 
 
+def _refuse_unbundled(guess: str, why: str, file: str) -> None:
+    """A model te-align knows by name but has no profile for (a newer version of a family, a family not profiled
+    yet) is "not checked", naming the nearest bundled profile: it is never checked against another version's."""
+    from te_align.profiles.registry import bundled_names
+
+    names = bundled_names()
+    if guess in names:
+        return
+    nearest = max(names, key=lambda n: (_common_prefix(n, guess), -abs(len(n) - len(guess))))
+    near = f"; the nearest it has, {nearest}, is not used in its place" if _common_prefix(nearest, guess) >= 3 else ""
+    raise readers.NotChecked(
+        f"not checked: te-align has no profile for {guess}" + (f" ({why.strip()})" if why.strip() else "")
+        + f"{near}; pass --profile NAME to check against a profile you choose", file=file)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """How many leading characters two names share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def _command(argv: list[str], label: str) -> readers.RawConfig:
     return _cmdline.from_argv(argv, label)
 
@@ -116,6 +136,7 @@ def _check(
             raise readers.UnreadableConfig(
                 "cannot work out the model family" + (f" from {parsed.family_reason}" if parsed.family_reason else "")
                 + "; pass --profile NAME", file=raw.file)
+        _refuse_unbundled(parsed.profile_guess, parsed.family_reason, raw.file)
         prof = resolve(parsed.profile_guess)
         result.family_reason = parsed.family_reason
         if parsed.assumed:

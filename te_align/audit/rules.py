@@ -442,7 +442,25 @@ def _show(v: object) -> str:
 
 # -------------------------------------------------------------------------------- profile guess
 #: (pattern over a lower-cased model path/name, bundled profile); first match wins.
+#: Newer families come first: their names also contain an older family's word ("flux", "qwen", "wan2"), and a model
+#: of a family or version te-align has no profile for must never be read as another one. A hint may name a profile
+#: that is not bundled (a version without a profile): ``check`` then says "not checked" and names the nearest.
 _NAME_HINTS: tuple[tuple[str, str], ...] = (
+    (r"flux[-_. ]?2.*klein.*9b|klein[-_ ]?9b", "flux2-klein-9b"),
+    (r"flux[-_. ]?2.*klein|\bklein", "flux2-klein-4b"),
+    (r"flux[-_. ]?2", "flux2-dev"),
+    (r"kontext", "flux-dev"),
+    (r"z[-_ ]?image", "z-image"),
+    (r"qwen[-_ ]?image[-_ ]?edit[-_ ]?2509", "qwen-image-edit-2509"),
+    (r"qwen[-_ ]?image[-_ ]?edit[-_ ]?2511", "qwen-image-edit-2511"),
+    (r"qwen[-_ ]?image[-_ ]?edit[-_ ]?(?:plus[-_ ]?)?(\d{4})", "qwen-image-edit-\\1"),
+    (r"qwen[-_ ]?image[-_ ]?edit[-_ ]?plus", "qwen-image-edit-2509"),
+    (r"qwen[-_ ]?image[-_ ]?edit", "qwen-image-edit"),
+    (r"qwen[-_ ]?image[-_ ]?(?:2[._-]?1|21)\b", "qwen-image-2.1"),
+    (r"krea[-_ ]?2", "krea2"),
+    (r"ideogram", "ideogram4"),
+    (r"ltx[-_ ]?2", "ltx2"),
+    (r"\bwan[-_ ]?2[._]?2", "wan22"),
     (r"schnell", "flux-schnell"),
     (r"chroma", "chroma"),
     (r"flux", "flux-dev"),
@@ -470,8 +488,9 @@ def guess_from_name(*names: object) -> str | None:
             continue
         low = name.lower()
         for pat, prof in _NAME_HINTS:
-            if re.search(pat, low):
-                return prof
+            m = re.search(pat, low)
+            if m:
+                return m.expand(prof)
     return None
 
 
