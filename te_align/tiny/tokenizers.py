@@ -54,16 +54,23 @@ __all__ = [
     "CLIP_VOCAB_SIZE",
     "LLAMA3_SPECIAL_TOKENS",
     "QWEN2_SPECIAL_TOKENS",
+    "QWEN3_ADDED_TOKENS",
+    "QWEN3_CHAT_TEMPLATE_SOURCE",
     "QWEN_IMAGE_TEMPLATE",
     "QWEN_IMAGE_TEMPLATE_PREFIX_TOKENS",
+    "TEKKEN_SPECIAL_TOKENS",
     "bytes_to_unicode",
     "clip_bpe_path",
     "clip_tokenizer",
     "default_cache_dir",
     "gemma_tokenizer",
     "llama3_tokenizer",
+    "mistral_small_chat_template",
+    "mistral_tekken_tokenizer",
     "pile_t5_tokenizer",
     "qwen2_tokenizer",
+    "qwen3_chat_template",
+    "qwen3_instruct_tokenizer",
     "qwen3_tokenizer",
     "t5_tokenizer",
     "umt5_tokenizer",
@@ -930,3 +937,156 @@ def qwen3_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2Toke
     """
     folder = _materialize("qwen3", _root(cache_dir), functools.partial(_write_qwen2, eos="<|endoftext|>"))
     return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
+
+
+#: Qwen3's added tokens after :data:`QWEN2_SPECIAL_TOKENS`, in id order (real ids 151657..151668), each with its
+#: ``special`` flag as in the Qwen3 tokenizer_config.json (kohya-ss/sd-scripts@48d368f configs/qwen3_06b): only the
+#: Qwen2 markers are special; ``<think>``/``</think>`` are ordinary added tokens, matched whole.
+QWEN3_ADDED_TOKENS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+
+#: Where ``data/qwen3_chat_template.jinja`` was copied from, verbatim: the ``chat_template`` of the Qwen3
+#: tokenizer_config.json that kohya-ss/sd-scripts bundles (Apache-2.0, as the Qwen3 release).
+QWEN3_CHAT_TEMPLATE_SOURCE = "kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba8c07910eb configs/qwen3_06b/tokenizer_config.json chat_template"
+#: None of the Qwen3 additions is special in that file (its added_tokens_decoder: "special": false).
+_QWEN3_SPECIAL_FLAGS = {t: False for t in QWEN3_ADDED_TOKENS}
+
+
+def qwen3_chat_template() -> str:
+    """The real Qwen3 Jinja chat template (:data:`QWEN3_CHAT_TEMPLATE_SOURCE`), with its ``enable_thinking`` switch."""
+    return (Path(__file__).parent / "data" / "qwen3_chat_template.jinja").read_text(encoding="utf-8")
+
+
+def _write_qwen3_instruct(folder: Path) -> None:
+    _write_qwen2(folder, eos="<|im_end|>")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=_QWEN3_SPECIAL_FLAGS[t], normalized=False) for t in QWEN3_ADDED_TOKENS])
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for t in QWEN3_ADDED_TOKENS:
+        config["added_tokens_decoder"][str(tok.token_to_id(t))] = _added_token_entry(t, special=_QWEN3_SPECIAL_FLAGS[t])
+    config["add_bos_token"] = False
+    config["chat_template"] = qwen3_chat_template()
+    _write_json(folder / "tokenizer_config.json", config)
+
+
+def qwen3_instruct_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2TokenizerFast:
+    """Small Qwen3-4B / Qwen3-8B (instruct) tokenizer, loaded as ``Qwen2TokenizerFast``: the text encoder of
+    FLUX.2 klein (``Flux2KleinPipeline``) and Z-Image (``ZImagePipeline``).
+
+    The :func:`qwen2_tokenizer` recipe with the Qwen3 instruct conventions: eos ``<|im_end|>``, pad
+    ``<|endoftext|>``, no BOS (``add_bos_token`` false), nothing added around the text, right padding, the
+    :data:`QWEN3_ADDED_TOKENS` after the Qwen2 markers (``<think>``/``</think>`` matched whole, not special) and
+    the real Qwen3 chat template (:func:`qwen3_chat_template`), so ``apply_chat_template(...,
+    enable_thinking=...)`` renders as the real tokenizer does. eos/pad follow musubi-tuner@30c658c
+    src/musubi_tuner/zimage/zimage_utils.py's Qwen3-4B/8B configs (eos_token_id 151645 = ``<|im_end|>``); the
+    Qwen3-4B/8B tokenizer_config.json files themselves were not read.
+    """
+    folder = _materialize("qwen3-instruct", _root(cache_dir), _write_qwen3_instruct)
+    return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
+
+
+# --------------------------------------------------------------------------------------------------
+# Mistral tekken (byte-level BPE): Mistral-Small-3.1 (FLUX.2 [dev])
+# --------------------------------------------------------------------------------------------------
+
+#: The named control tokens at the head of a tekken vocabulary, at their real ids 0..19 (Mistral's tekken
+#: convention; the Mistral-Small-3.1 config's image_token_index 10 is ``[IMG]``, kohya-ss/musubi-tuner@30c658c
+#: src/musubi_tuner/flux_2/flux2_utils.py:531). The real vocabulary reserves ids up to 999 for control tokens; the tiny
+#: one keeps these 20 and starts the byte symbols at 20.
+TEKKEN_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CONTENT]",
+)
+# Pre-tokenization regex of tekken (cased words, single digits) as in Mistral's HF tokenizer.json conversions.
+_TEKKEN_SPLIT_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def mistral_small_chat_template() -> str:
+    """A stand-in for the Mistral-Small-3.1 chat template (``data/mistral_small_chat_template.jinja``), written for
+    te-align: the real one (the mistralai/Mistral-Small-3.1-24B-Instruct-2503 tokenizer files) was not found in a
+    readable copy. It renders the Tekken V7 layout ``<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]`` for a
+    system message (a string or a list of text blocks) and user messages whose blocks are text or images
+    (``[IMG]``), as Mistral documents it."""
+    return (Path(__file__).parent / "data" / "mistral_small_chat_template.jinja").read_text(encoding="utf-8")
+
+
+def _write_mistral_tekken(folder: Path) -> None:
+    base = list(bytes_to_unicode().values())
+    freqs = _byte_level_word_freqs(_TEKKEN_SPLIT_REGEX)
+    vocab, merges = _bpe_vocab(TEKKEN_SPECIAL_TOKENS, base, freqs, (), max_size=1000)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_TEKKEN_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TEKKEN_SPECIAL_TOKENS])
+    tok.post_processor = processors.TemplateProcessing(
+        single=["<s>:0", "$A:0"], pair=["<s>:0", "$A:0", "$B:1"], special_tokens=[("<s>", vocab["<s>"])]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "added_tokens_decoder": {str(vocab[t]): _added_token_entry(t) for t in TEKKEN_SPECIAL_TOKENS},
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": mistral_small_chat_template(),
+    }
+    _write_json(folder / "tokenizer_config.json", config)
+    _write_json(
+        folder / "special_tokens_map.json",
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+    )
+
+
+def mistral_tekken_tokenizer(cache_dir: PathLike | None = None) -> transformers.PreTrainedTokenizerFast:
+    """Small Mistral-Small-3.1 tekken tokenizer (FLUX.2 [dev]'s ``Flux2Pipeline``): byte-level BPE with the tekken
+    pre-tokenization, the :data:`TEKKEN_SPECIAL_TOKENS` at their real ids (``<s>`` 1, ``</s>`` 2, ``[INST]`` 3,
+    ``[/INST]`` 4, ``[IMG]`` 10, ``<pad>`` 11, ``[SYSTEM_PROMPT]`` 17, ``[/SYSTEM_PROMPT]`` 18), ``<s>`` added in
+    front by the post-processor, pad ``<pad>``, right padding (the transformers default: the real tokenizer_config's
+    padding side was not read) and the stand-in chat template :func:`mistral_small_chat_template`."""
+    folder = _materialize("mistral-tekken", _root(cache_dir), _write_mistral_tekken)
+    return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
