@@ -157,6 +157,11 @@ CASES: dict[str, Case] = {
         ),
         ("prompt_embeds", None),
     ),
+    "krea2": Case(
+        "krea2", "krea2",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen")),
+        ("prompt_embeds", "prompt_embeds_mask"),
+    ),
 }  # fmt: skip
 
 

@@ -30,6 +30,7 @@ EXPECTED_NAMES = [
     "flux-schnell",
     "hidream",
     "hunyuanimage-2.1",
+    "krea2",
     "lumina2",
     "pixart-sigma",
     "qwen-image",
@@ -70,6 +71,7 @@ SNAPSHOT_REPO = {
 NO_SNAPSHOT = {
     "anima": "circlestone-labs/Anima-Base-v1.0-Diffusers",
     "hunyuanimage-2.1": "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
+    "krea2": "krea/Krea-2-Raw",
 }
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
@@ -94,6 +96,7 @@ EXPECTED_OUTPUTS = {
     "wan21": ("prompt_embeds",),
     # AnimaTextEncoderStep.encode_prompt's dict / intermediate outputs (inputs of AnimaTextConditioningStep)
     "anima": ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask"),
+    "krea2": ("prompt_embeds", "prompt_embeds_mask"),
 }
 
 SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "byt5"}

@@ -205,6 +205,11 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Krea2Pipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Ideogram4Pipeline": {"vae": None, "scheduler": None, "transformer": None, "unconditional_transformer": None},
+    "LTX2Pipeline": {
+        "vae": None, "audio_vae": None, "scheduler": None, "transformer": None, "connectors": None, "vocoder": None,
+    },
 }
 
 

@@ -930,3 +930,19 @@ def qwen3_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2Toke
     """
     folder = _materialize("qwen3", _root(cache_dir), functools.partial(_write_qwen2, eos="<|endoftext|>"))
     return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
+
+
+def qwen3_vl_chat_template() -> str:
+    """The Qwen3-VL(-Instruct) chat template (Jinja), from ``te_align/tiny/data/qwen3_vl_chat_template.json``
+    (Qwen/Qwen3-VL-4B-Instruct ``chat_template.json`` as vendored in sophgo/LLM-TPU@2097a5a, its source noted there)."""
+    path = Path(__file__).parent / "data" / "qwen3_vl_chat_template.json"
+    return str(json.loads(path.read_text(encoding="utf-8"))["chat_template"])
+
+
+def qwen3_vl_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2TokenizerFast:
+    """Small Qwen3-VL tokenizer (Ideogram 4's ``tokenizer``): the :func:`qwen2_tokenizer` recipe (Qwen3-VL keeps
+    Qwen2.5-VL's ``Qwen2Tokenizer`` conventions: eos ``<|im_end|>``, pad ``<|endoftext|>``, no BOS) with the
+    Qwen3-VL chat template (:func:`qwen3_vl_chat_template`), so ``apply_chat_template`` renders as the real one."""
+    tokenizer = qwen2_tokenizer(cache_dir=cache_dir)
+    tokenizer.chat_template = qwen3_vl_chat_template()
+    return tokenizer
