@@ -37,6 +37,8 @@ class Case:
     returns: tuple[str | None, ...]  # output name per returned position (None = not compared)
     #: Where the pipeline returns a tensor in another layout, how ours maps onto it (documented quirks).
     to_pipeline_layout: Callable[[str, torch.Tensor, te_align.encoding.Conditioning], torch.Tensor] | None = None
+    #: The pipeline refuses a prompt past the limit (Ideogram 4: no truncation); te-align must refuse it too.
+    refuses_past_limit: bool = False
 
 
 def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> torch.Tensor:
@@ -69,6 +71,17 @@ def _sana_instruction() -> list[str]:
     from diffusers import SanaPipeline
 
     return inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
+
+
+def _ideogram4(pipe: Any, prompts: list[str], p: AlignmentProfile) -> tuple:
+    """Ideogram 4's packed prompt_embeds cut to the text part (the image part must be zeros), and the text mask read
+    from its indicator (LLM_TOKEN_INDICATOR on the real text tokens)."""
+    from diffusers.models.transformers.transformer_ideogram4 import LLM_TOKEN_INDICATOR
+
+    n = _t5_len(p, "qwen")
+    embeds, _, _, indicator = pipe.encode_prompt(prompts, grid_h=2, grid_w=3, max_sequence_length=n, device="cpu")
+    assert embeds.shape[1] == n + 6 and not embeds[:, n:].any()
+    return embeds[:, :n], (indicator[:, :n] == LLM_TOKEN_INDICATOR).long()
 
 
 CASES: dict[str, Case] = {
@@ -162,6 +175,7 @@ CASES: dict[str, Case] = {
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen")),
         ("prompt_embeds", "prompt_embeds_mask"),
     ),
+    "ideogram4": Case("ideogram4", "ideogram4", _ideogram4, ("prompt_embeds", "prompt_attention_mask"), refuses_past_limit=True),
 }  # fmt: skip
 
 
@@ -223,6 +237,12 @@ def _assert_equal(name: str, label: str, ref: dict[str, torch.Tensor], ours: te_
 def test_encode_equals_pipeline_encode_prompt(name):
     pipe, p = _setup(name)
     for label, prompts in prompt_suite(p, pipe).items():
+        if CASES[name].refuses_past_limit and label == "far over limit":
+            with pytest.raises(ValueError, match="exceeds max_sequence_length"):
+                _pipeline_outputs(name, prompts)
+            with pytest.raises(te_align.errors.EncodingError, match="does not truncate"):
+                te_align.encode(p, prompts, pipeline=pipe)
+            continue
         ref = _pipeline_outputs(name, prompts)
         ours = te_align.encode(p, prompts, pipeline=pipe)
         _assert_equal(name, label, ref, ours)

@@ -30,6 +30,7 @@ EXPECTED_NAMES = [
     "flux-schnell",
     "hidream",
     "hunyuanimage-2.1",
+    "ideogram4",
     "krea2",
     "lumina2",
     "pixart-sigma",
@@ -72,6 +73,7 @@ NO_SNAPSHOT = {
     "anima": "circlestone-labs/Anima-Base-v1.0-Diffusers",
     "hunyuanimage-2.1": "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
     "krea2": "krea/Krea-2-Raw",
+    "ideogram4": "ideogram-ai/ideogram-v4",
 }
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
@@ -97,6 +99,7 @@ EXPECTED_OUTPUTS = {
     # AnimaTextEncoderStep.encode_prompt's dict / intermediate outputs (inputs of AnimaTextConditioningStep)
     "anima": ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask"),
     "krea2": ("prompt_embeds", "prompt_embeds_mask"),
+    "ideogram4": ("prompt_embeds", "prompt_attention_mask"),
 }
 
 SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "byt5"}

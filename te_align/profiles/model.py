@@ -251,7 +251,7 @@ class AlignmentProfile:
                 line += "; tokenized only"
             else:
                 enc = s.encoder
-                layer = ",".join(map(str, enc.layer)) + f" ({enc.layer_combine})" if isinstance(enc.layer, tuple) else enc.layer
+                layer = _layers_text(enc.layer) + f" ({enc.layer_combine})" if isinstance(enc.layer, tuple) else enc.layer
                 line += f"; {enc.cls} layer={layer}" + (f" pooled={enc.pooled}" if enc.pooled != "none" else "")
             masks = [m for m in ("encoder", "zero_padded", "denoiser") if getattr(s.masks, m)]
             if masks:
@@ -363,6 +363,13 @@ class AlignmentProfile:
 
 #: A value named in a description: ``{slots.SLOT.PART.FIELD}``, ``{slots.SLOT.FIELD}``, ``{outputs.NAME}``, ``{family}``.
 _PLACEHOLDER = re.compile(r"\{((?:slots|outputs)(?:\.\w+)+|family|empty_prompt)\}")
+
+
+def _layers_text(layers: tuple[int, ...]) -> str:
+    """A tapped-layer list for :meth:`AlignmentProfile.__repr__`: in full up to 12 indices, else its ends and count."""
+    if len(layers) <= 12:
+        return ",".join(map(str, layers))
+    return f"{layers[0]},{layers[1]},…,{layers[-1]} [{len(layers)}]"
 
 
 def _short_value(profile: AlignmentProfile, path: str) -> str:
