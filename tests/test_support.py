@@ -389,6 +389,12 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     # AnimaTextEncoderStep.encode_prompt's dict: Qwen states + mask, T5 ids + mask ("</s>" added), then the
     # negatives of "" (zero Qwen tokens -> one position with mask 0; T5 "</s>").
     "anima": ((1, 5, 32), (1, 5), (1, 6), (1, 6), (1, 1, 32), (1, 1), (1, 1), (1, 1)),
+    # Krea 2: 12 hidden states stacked per token, 512 positions (prefix dropped, suffix after the padding), bool mask.
+    "krea2": ((1, 512, 12, 32), (1, 512)),
+    # Ideogram 4 on a 2 x 3 grid: 2048 text + 6 image positions, 13 taps interleaved; position ids, segment ids, indicator.
+    "ideogram4": ((1, 2048 + 6, 13 * 32), (1, 2048 + 6, 3), (1, 2048 + 6), (1, 2048 + 6)),
+    # LTX-2: the 49 hidden states of the 48-layer Gemma 3 interleaved, 1024 left-padded positions; negative "" (CFG on).
+    "ltx2": ((1, 1024, 49 * 32), (1, 1024), (1, 1024, 49 * 32), (1, 1024)),
 }
 
 # Positional arguments needed besides the prompt.
@@ -396,6 +402,7 @@ ENCODE_ARGS: dict[str, tuple[Any, ...]] = {
     "sd15": (torch.device("cpu"), 1, True),
     "sd21": (torch.device("cpu"), 1, True),
     "sd3": (None, None),
+    "ideogram4": (2, 3, 2048, torch.device("cpu")),  # grid_h, grid_w, max_sequence_length, device (all required)
 }
 
 _PIPELINES: dict[str, Any] = {}
@@ -456,6 +463,9 @@ def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: st
         elif (family, name) == ("wan21", "tokenizer"):
             # hint AutoTokenizer; the official model_index loads T5TokenizerFast.
             assert hint is transformers.AutoTokenizer and isinstance(component, transformers.T5TokenizerFast)
+        elif (family, name) in {("krea2", "tokenizer"), ("ideogram4", "tokenizer")}:
+            # hint AutoTokenizer, which is never an instance; Qwen3-VL ships a Qwen2 tokenizer.
+            assert hint is transformers.AutoTokenizer and isinstance(component, transformers.Qwen2TokenizerFast)
         else:
             assert isinstance(component, hint), (family, name, hint)
         if isinstance(component, torch.nn.Module):
