@@ -176,6 +176,13 @@ CASES: dict[str, Case] = {
         ("prompt_embeds", "prompt_embeds_mask"),
     ),
     "ideogram4": Case("ideogram4", "ideogram4", _ideogram4, ("prompt_embeds", "prompt_attention_mask"), refuses_past_limit=True),
+    "ltx2": Case(
+        "ltx2", "ltx2",
+        lambda pipe, x, p: pipe.encode_prompt(
+            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p, "gemma")
+        ),
+        ("prompt_embeds", "prompt_attention_mask", None, None),
+    ),
 }  # fmt: skip
 
 
@@ -307,3 +314,31 @@ def test_hunyuanimage_glyph_prompts_equal_the_pipeline():
     # the empty prompt (negative / dropped caption) is the chat template with no text and zero ByT5
     uncond = te_align.encode(p, [""], pipeline=pipe, negative=True)
     _assert_equal("hunyuanimage-2.1", "negative ''", _pipeline_outputs("hunyuanimage-2.1", [""]), uncond)
+
+
+def test_ltx2_stripped_prompts_negatives_and_uncond_equal_the_pipeline():
+    """LTX-2 strips every prompt (the negative too) before tokenizing; with guidance on a missing negative prompt
+    is "" through the same function, which te-align's unconditional branch must equal."""
+    pipe, p = _setup("ltx2")
+    n = _t5_len(p, "gemma")
+    prompts, negative = ["  a cat on a mat \n", "\ta dog", " ", "x"], ["  blurry, low quality ", "", "\n", "jpeg"]
+    for neg in (negative, None):
+        with torch.no_grad():
+            result = pipe.encode_prompt(prompts, neg, device="cpu", max_sequence_length=n)
+        names = ("prompt_embeds", "prompt_attention_mask")
+        _assert_equal("ltx2", "stripped", dict(zip(names, result[:2], strict=True)), te_align.encode(p, prompts, pipeline=pipe))
+        ref_neg = dict(zip(names, result[2:], strict=True))
+        if neg is None:
+            _assert_equal("ltx2", "uncond", ref_neg, te_align.encoding.encode_uncond(p, len(prompts), pipeline=pipe))
+        else:
+            _assert_equal("ltx2", "negative", ref_neg, te_align.encode(p, neg, pipeline=pipe, negative=True))
+    # the stripped text is what is tokenized: "  a cat on a mat \n" equals "a cat on a mat", whitespace-only equals ""
+    same = te_align.encode(p, ["a cat on a mat", "a dog", "", "x"], pipeline=pipe)
+    assert torch.equal(same["prompt_embeds"], te_align.encode(p, prompts, pipeline=pipe)["prompt_embeds"])
+    # the pipeline forces left padding on its tokenizer; te-align pads left from the profile, whatever the tokenizer says
+    pipe.tokenizer.padding_side = "right"
+    try:
+        ours = te_align.encode(p, prompts, pipeline=pipe)
+    finally:
+        pipe.tokenizer.padding_side = "left"
+    assert torch.equal(ours["prompt_embeds"], same["prompt_embeds"]) and ours["prompt_attention_mask"][:, -1].all()

@@ -32,6 +32,7 @@ EXPECTED_NAMES = [
     "hunyuanimage-2.1",
     "ideogram4",
     "krea2",
+    "ltx2",
     "lumina2",
     "pixart-sigma",
     "qwen-image",
@@ -74,6 +75,7 @@ NO_SNAPSHOT = {
     "hunyuanimage-2.1": "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
     "krea2": "krea/Krea-2-Raw",
     "ideogram4": "ideogram-ai/ideogram-v4",
+    "ltx2": "Lightricks/LTX-2",
 }
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
@@ -100,6 +102,7 @@ EXPECTED_OUTPUTS = {
     "anima": ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask"),
     "krea2": ("prompt_embeds", "prompt_embeds_mask"),
     "ideogram4": ("prompt_embeds", "prompt_attention_mask"),
+    "ltx2": ("prompt_embeds", "prompt_attention_mask"),
 }
 
 SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "byt5"}
@@ -218,6 +221,9 @@ def test_aliases_are_unique_across_profiles_and_resolve():
         ("hunyuanvideo-community/HunyuanImage-2.1-Distilled-Diffusers", "hunyuanimage-2.1"),
         ("circlestone-labs/Anima-Base-v1.0-Diffusers", "anima"),
         ("circlestone-labs/Anima", "anima"),
+        ("Lightricks/LTX-2", "ltx2"),
+        ("ltx-2.3", "ltx2"),
+        ("diffusers/LTX-2.3-Diffusers", "ltx2"),
     ],
 )
 def test_common_spellings_resolve(alias: str, name: str):
