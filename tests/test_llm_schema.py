@@ -167,3 +167,81 @@ def test_conditioning_unpad_keeps_the_masked_positions_per_prompt():
     # a bool mask selects the same rows
     cond_b = Conditioning({"prompt_embeds": embeds, "m": mask.bool()}, "x", "0" * 16)
     assert [t.shape[0] for t in cond_b.unpad("prompt_embeds", "m")] == [2, 1]
+# ------------------------------------------------------------------ Krea 2 / Ideogram 4 / LTX-2 engine steps
+def _qwen_slot(**tokenizer: object) -> te_align.profiles.model.SlotSpec:
+    import dataclasses
+
+    slot = _qwen_image().slot("qwen")
+    return dataclasses.replace(slot, tokenizer=dataclasses.replace(slot.tokenizer, **tokenizer))
+
+
+def test_the_suffix_after_padding_goes_behind_the_pad():
+    from te_align.encoding.core import tokenize_slot
+    from te_align.tiny.tokenizers import qwen2_tokenizer
+
+    tok = qwen2_tokenizer()
+    slot = _qwen_slot(padding="max_length", max_length=40, drop_start_tokens=34, tokenize_max_length=None,
+                      suffix_after_padding=True)
+    ids, mask = tokenize_slot(slot, tok, ["cat"])
+    suffix = tok("<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    assert len(suffix) == 5 and ids.shape == (1, 74)
+    assert ids[0, -5:].tolist() == suffix and mask[0, -5:].tolist() == [1] * 5
+    real = len(tok(render(slot.tokenizer, "cat")[: -len("<|im_end|>\n<|im_start|>assistant\n")])["input_ids"])
+    assert mask[0, :real].all() and not mask[0, real:-5].any()
+    assert ids[0, real:-5].eq(tok.pad_token_id).all()
+
+
+def test_real_token_positions_skip_the_padding():
+    from te_align.encoding.core import real_token_positions
+
+    mask = torch.tensor([[1, 1, 0, 0, 1], [0, 0, 1, 1, 1]])
+    assert real_token_positions(mask).tolist() == [[0, 1, 1, 1, 2], [0, 0, 0, 1, 2]]
+
+
+def test_the_denoiser_mask_is_the_tokenizer_mask_where_no_pad_stays_visible():
+    from te_align.encoding.core import denoiser_mask
+
+    slot = _qwen_slot()
+    mask = torch.tensor([[1, 1, 0, 1], [0, 0, 1, 1]])
+    assert denoiser_mask(slot, mask, torch.float32).tolist() == mask.tolist()
+
+
+def test_a_prompt_over_the_length_is_refused_when_the_profile_does_not_truncate():
+    from te_align.encoding.core import tokenize_slot
+    from te_align.errors import EncodingError
+    from te_align.tiny.tokenizers import qwen2_tokenizer
+
+    tok = qwen2_tokenizer()
+    slot = _qwen_slot(truncation=False, refuse_over_length=True, padding="max_length", padding_side="left",
+                      max_length=60, drop_start_tokens=0, tokenize_max_length=None, pad_token_id=0)
+    ids, mask = tokenize_slot(slot, tok, ["cat", ""])
+    assert ids.shape == (2, 60) and mask[:, -1].all() and not mask[:, 0].any() and ids[:, 0].eq(0).all()
+    with pytest.raises(EncodingError, match=r"prompt 1 has .* tokens .* over the 60 .* does not truncate"):
+        tokenize_slot(slot, tok, ["cat", "cat " * 60])
+
+
+def test_decoder_layer_taps_take_the_last_layer_before_the_final_norm():
+    from te_align.encoding.core import run_encoder, select_layer
+    from te_align.tiny.encoders import qwen3_vl_model
+    from te_align.tiny.tokenizers import qwen2_tokenizer
+
+    tok = qwen2_tokenizer()
+    enc = qwen3_vl_model(tok, num_hidden_layers=3)
+    import dataclasses
+
+    slot = _qwen_slot()
+    slot = dataclasses.replace(slot, encoder=dataclasses.replace(
+        slot.encoder, layer=(0, 2), layer_combine="stack", layer_taps="decoder_layers", num_layers=3, hidden_size=32))
+    ids = torch.tensor([tok("a cat")["input_ids"]])
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        tapped = select_layer(slot, enc, run_encoder(slot, enc, ids, mask))
+        ref = enc(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    assert torch.equal(tapped[:, :, 0], ref[1])  # decoder layer 0 = hidden_states[1]
+    assert not torch.equal(tapped[:, :, 1], ref[3])  # hidden_states[3] is normed, the tap is not
+    assert torch.equal(enc.language_model.norm(tapped[:, :, 1]), ref[3])
+
+
+def test_strip_cleaning():
+    spec = TokenizerSpec(cls="GemmaTokenizer", max_length=8, text_cleaning="strip")
+    assert render(spec, "  a cat \n") == "a cat"

@@ -43,6 +43,8 @@ class Case:
     #: Edit models: the condition images te_align.encode gets for a batch of n prompts (as the user has them),
     #: or None for text only; ``call`` gives the pipeline the same images as its ``__call__`` prepares them.
     images: Callable[[int], list[Any]] | None = None
+    #: The pipeline refuses a prompt past the limit (Ideogram 4: no truncation); te-align must refuse it too.
+    refuses_past_limit: bool = False
 
 
 def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> torch.Tensor:
@@ -106,6 +108,17 @@ def _sana_instruction() -> list[str]:
     from diffusers import SanaPipeline
 
     return inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
+
+
+def _ideogram4(pipe: Any, prompts: list[str], p: AlignmentProfile) -> tuple:
+    """Ideogram 4's packed prompt_embeds cut to the text part (the image part must be zeros), and the text mask read
+    from its indicator (LLM_TOKEN_INDICATOR on the real text tokens)."""
+    from diffusers.models.transformers.transformer_ideogram4 import LLM_TOKEN_INDICATOR
+
+    n = _t5_len(p, "qwen")
+    embeds, _, _, indicator = pipe.encode_prompt(prompts, grid_h=2, grid_w=3, max_sequence_length=n, device="cpu")
+    assert embeds.shape[1] == n + 6 and not embeds[:, n:].any()
+    return embeds[:, :n], (indicator[:, :n] == LLM_TOKEN_INDICATOR).long()
 
 
 CASES: dict[str, Case] = {
@@ -243,6 +256,19 @@ CASES: dict[str, Case] = {
         ("prompt_embeds", None),
         _z_image_layout,
     ),
+    "krea2": Case(
+        "krea2", "krea2",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen")),
+        ("prompt_embeds", "prompt_embeds_mask"),
+    ),
+    "ideogram4": Case("ideogram4", "ideogram4", _ideogram4, ("prompt_embeds", "prompt_attention_mask"), refuses_past_limit=True),
+    "ltx2": Case(
+        "ltx2", "ltx2",
+        lambda pipe, x, p: pipe.encode_prompt(
+            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p, "gemma")
+        ),
+        ("prompt_embeds", "prompt_attention_mask", None, None),
+    ),
 }  # fmt: skip
 
 
@@ -310,6 +336,12 @@ def _assert_equal(name: str, label: str, ref: dict[str, torch.Tensor], ours: te_
 def test_encode_equals_pipeline_encode_prompt(name):
     pipe, p = _setup(name)
     for label, prompts in prompt_suite(p, pipe).items():
+        if CASES[name].refuses_past_limit and label == "far over limit":
+            with pytest.raises(ValueError, match="exceeds max_sequence_length"):
+                _pipeline_outputs(name, prompts)
+            with pytest.raises(te_align.errors.EncodingError, match="does not truncate"):
+                te_align.encode(p, prompts, pipeline=pipe)
+            continue
         ref = _pipeline_outputs(name, prompts)
         images = CASES[name].images
         ours = te_align.encode(p, prompts, pipeline=pipe, images=images(len(prompts)) if images else None)
@@ -564,3 +596,29 @@ def test_flux2_dev_trainer_system_message_alternative_differs():
     assert alt.value == pipe.system_message.replace("\n", " ")
     a, b = te_align.encode(p, ["a cat"], pipeline=pipe), te_align.encode(q, ["a cat"], pipeline=pipe)
     assert not torch.equal(a["prompt_embeds"], b["prompt_embeds"])
+def test_ltx2_stripped_prompts_negatives_and_uncond_equal_the_pipeline():
+    """LTX-2 strips every prompt (the negative too) before tokenizing; with guidance on a missing negative prompt
+    is "" through the same function, which te-align's unconditional branch must equal."""
+    pipe, p = _setup("ltx2")
+    n = _t5_len(p, "gemma")
+    prompts, negative = ["  a cat on a mat \n", "\ta dog", " ", "x"], ["  blurry, low quality ", "", "\n", "jpeg"]
+    for neg in (negative, None):
+        with torch.no_grad():
+            result = pipe.encode_prompt(prompts, neg, device="cpu", max_sequence_length=n)
+        names = ("prompt_embeds", "prompt_attention_mask")
+        _assert_equal("ltx2", "stripped", dict(zip(names, result[:2], strict=True)), te_align.encode(p, prompts, pipeline=pipe))
+        ref_neg = dict(zip(names, result[2:], strict=True))
+        if neg is None:
+            _assert_equal("ltx2", "uncond", ref_neg, te_align.encoding.encode_uncond(p, len(prompts), pipeline=pipe))
+        else:
+            _assert_equal("ltx2", "negative", ref_neg, te_align.encode(p, neg, pipeline=pipe, negative=True))
+    # the stripped text is what is tokenized: "  a cat on a mat \n" equals "a cat on a mat", whitespace-only equals ""
+    same = te_align.encode(p, ["a cat on a mat", "a dog", "", "x"], pipeline=pipe)
+    assert torch.equal(same["prompt_embeds"], te_align.encode(p, prompts, pipeline=pipe)["prompt_embeds"])
+    # the pipeline forces left padding on its tokenizer; te-align pads left from the profile, whatever the tokenizer says
+    pipe.tokenizer.padding_side = "right"
+    try:
+        ours = te_align.encode(p, prompts, pipeline=pipe)
+    finally:
+        pipe.tokenizer.padding_side = "left"
+    assert torch.equal(ours["prompt_embeds"], same["prompt_embeds"]) and ours["prompt_attention_mask"][:, -1].all()

@@ -33,6 +33,9 @@ EXPECTED_NAMES = [
     "flux2-klein-9b",
     "hidream",
     "hunyuanimage-2.1",
+    "ideogram4",
+    "krea2",
+    "ltx2",
     "lumina2",
     "pixart-sigma",
     "qwen-image",
@@ -86,6 +89,9 @@ NO_SNAPSHOT = {
     "flux2-klein-4b": "black-forest-labs/FLUX.2-klein-4B",
     "flux2-klein-9b": "black-forest-labs/FLUX.2-klein-9B",
     "z-image": "Tongyi-MAI/Z-Image-Turbo",
+    "krea2": "krea/Krea-2-Raw",
+    "ideogram4": "ideogram-ai/ideogram-v4",
+    "ltx2": "Lightricks/LTX-2",
 }
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
@@ -118,6 +124,9 @@ EXPECTED_OUTPUTS = {
     "flux2-klein-9b": ("prompt_embeds", "text_ids"),
     # ZImagePipeline.encode_prompt returns a list; te-align's re-padded form carries its mask beside it
     "z-image": ("prompt_embeds", "prompt_embeds_mask"),
+    "krea2": ("prompt_embeds", "prompt_embeds_mask"),
+    "ideogram4": ("prompt_embeds", "prompt_attention_mask"),
+    "ltx2": ("prompt_embeds", "prompt_attention_mask"),
 }
 
 SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "qwen3", "mistral", "byt5"}
@@ -239,6 +248,9 @@ def test_aliases_are_unique_across_profiles_and_resolve():
         ("Qwen/Qwen-Image-Edit", "qwen-image-edit"),
         ("Qwen/Qwen-Image-Edit-2509", "qwen-image-edit-2509"),
         ("Qwen/Qwen-Image-Edit-2511", "qwen-image-edit-2511"),
+        ("Lightricks/LTX-2", "ltx2"),
+        ("ltx-2.3", "ltx2"),
+        ("diffusers/LTX-2.3-Diffusers", "ltx2"),
     ],
 )
 def test_common_spellings_resolve(alias: str, name: str):

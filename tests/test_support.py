@@ -403,6 +403,12 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     # lists of (real tokens, width): "<|im_start|>user\n" 3 + the prompt 5 + "<|im_end|>\n<|im_start|>assistant\n"
     # 5; the negative "" has the template's 8.
     "z-image": (((13, 16),), ((8, 16),)),
+    # Krea 2: 12 hidden states stacked per token, 512 positions (prefix dropped, suffix after the padding), bool mask.
+    "krea2": ((1, 512, 12, 32), (1, 512)),
+    # Ideogram 4 on a 2 x 3 grid: 2048 text + 6 image positions, 13 taps interleaved; position ids, segment ids, indicator.
+    "ideogram4": ((1, 2048 + 6, 13 * 32), (1, 2048 + 6, 3), (1, 2048 + 6), (1, 2048 + 6)),
+    # LTX-2: the 49 hidden states of the 48-layer Gemma 3 interleaved, 1024 left-padded positions; negative "" (CFG on).
+    "ltx2": ((1, 1024, 49 * 32), (1, 1024), (1, 1024, 49 * 32), (1, 1024)),
 }
 
 def _support_image() -> Any:
@@ -421,6 +427,7 @@ ENCODE_ARGS: dict[str, tuple[Any, ...]] = {
     # encode_prompt(prompt, image): one 56x56 condition image (the smallest the Qwen2-VL processor keeps as is)
     "qwen-image-edit": (_SUPPORT_IMAGE,),
     "qwen-image-edit-plus": (_SUPPORT_IMAGE,),
+    "ideogram4": (2, 3, 2048, torch.device("cpu")),  # grid_h, grid_w, max_sequence_length, device (all required)
 }
 
 _PIPELINES: dict[str, Any] = {}
@@ -488,6 +495,9 @@ def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: st
         elif (family, name) == ("wan21", "tokenizer"):
             # hint AutoTokenizer; the official model_index loads T5TokenizerFast.
             assert hint is transformers.AutoTokenizer and isinstance(component, transformers.T5TokenizerFast)
+        elif (family, name) in {("krea2", "tokenizer"), ("ideogram4", "tokenizer")}:
+            # hint AutoTokenizer, which is never an instance; Qwen3-VL ships a Qwen2 tokenizer.
+            assert hint is transformers.AutoTokenizer and isinstance(component, transformers.Qwen2TokenizerFast)
         else:
             assert isinstance(component, hint), (family, name, hint)
         if isinstance(component, torch.nn.Module):

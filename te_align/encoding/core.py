@@ -22,7 +22,7 @@ import torch
 
 from te_align._dtypes import DTYPE_NAMES, torch_dtype
 from te_align.encoding.conditioning import Conditioning
-from te_align.encoding.text import is_absent, render, template_prefix
+from te_align.encoding.text import is_absent, render, template_prefix, template_suffix
 from te_align.errors import EncodingError
 from te_align.profiles import profile as load
 from te_align.profiles.expr import Call, Node, Ref, output_specs
@@ -311,6 +311,63 @@ def _tokenize(
     t = slot.tokenizer
     tokenizer = prompt_tokenizer(slot, tokenizer)
     length = tokenize_length(slot, tokenizer, negative=negative)
+    suffix_ids: list[int] = []
+    if t.suffix_after_padding:
+        texts, suffix_ids = _split_suffix(slot, tokenizer, texts, negative)
+        length -= len(suffix_ids)
+    if not t.truncation and t.refuse_over_length:
+        ids, mask = _tokenize_refusing(slot, tokenizer, texts, length)
+    else:
+        ids, mask = _tokenize_padded(slot, tokenizer, texts, length)
+    if suffix_ids:
+        tail = torch.tensor(suffix_ids, dtype=ids.dtype).expand(ids.shape[0], -1)
+        ids, mask = torch.cat([ids, tail], dim=1), torch.cat([mask, torch.ones_like(tail)], dim=1)
+    return ids, mask
+
+
+def _split_suffix(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], negative: bool
+) -> tuple[list[str], list[int]]:
+    """``tokenizer.suffix_after_padding``: the rendered texts without the template's suffix, and the suffix's ids
+    (tokenized on its own, as Krea 2 does), which go after the padding: ``[prefix | prompt | PAD | suffix]``."""
+    suffix = template_suffix(slot.tokenizer, negative=negative)
+    if not suffix:
+        return texts, []
+    ids = tokenizer(suffix, add_special_tokens=slot.tokenizer.add_special_tokens)["input_ids"]
+    return [x[: len(x) - len(suffix)] for x in texts], list(ids)
+
+
+def _tokenize_refusing(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``truncation = false`` with ``refuse_over_length``: each text tokenized whole, a text over ``length`` tokens
+    refused (Ideogram 4 raises on it), the rest padded with ``pad_id_of`` on the padding side (to ``length`` with
+    ``padding = "max_length"``, else to the batch's longest)."""
+    t = slot.tokenizer
+    rows = tokenizer(texts, add_special_tokens=t.add_special_tokens, truncation=False, padding=False)["input_ids"]
+    for i, row in enumerate(rows):
+        if len(row) > length:
+            raise EncodingError(
+                f"slot '{slot.name}': prompt {i} has {len(row)} tokens (template included), over the {length} that "
+                f"profile max_length allows; this profile does not truncate (the official pipeline refuses such a prompt): "
+                "shorten the prompt"
+            )
+    width = length if t.padding == "max_length" else max((len(r) for r in rows), default=0)
+    width = max(width, t.min_length or 0)
+    pad_id = pad_id_of(slot, tokenizer)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if t.padding_side == "left" else slice(0, len(row))
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    return ids, mask
+
+
+def _tokenize_padded(
+    slot: SlotSpec, tokenizer: PreTrainedTokenizerBase, texts: list[str], length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    t = slot.tokenizer
     old_side = getattr(tokenizer, "padding_side", None)
     if old_side == t.padding_side:
         old_side = None  # nothing to switch (setting it is not free on fast tokenizers)
@@ -576,9 +633,66 @@ def run_encoder(
     if slot.masks.encoder:
         dtype = {"float": torch.float32, "bool": torch.bool}.get(slot.masks.encoder_mask_dtype)
         kwargs["attention_mask"] = mask.to(dtype) if dtype is not None else mask
+    if e.position_ids == "real_tokens":
+        kwargs["position_ids"] = real_token_positions(mask)
     if not (e.layer == "last" and e.final_layer_norm) or _is_lm_head(encoder):
         kwargs["output_hidden_states"] = True
+    if e.layer_taps == "decoder_layers":
+        return _run_tapping_decoder_layers(slot, encoder, kwargs)
     return encoder(**kwargs)
+
+
+def real_token_positions(mask: torch.Tensor) -> torch.Tensor:
+    """``encoder.position_ids = "real_tokens"``: each real token's index among the real tokens of its sample
+    (``cumsum(mask) - 1``); padding takes no position (0 before the first real token, the last one's after it).
+    A (batch, sequence) tensor: multi-axis RoPE models (Qwen3-VL) repeat it on every axis, as Krea 2 and
+    Ideogram 4 do."""
+    return (mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+#: Where a text model keeps its decoder layers, tried in order (Qwen3-VL, its generation class, plain LLMs).
+_DECODER_LAYER_PATHS = ("language_model.layers", "model.language_model.layers", "model.layers", "layers")
+
+
+def decoder_layers(slot: SlotSpec, encoder: torch.nn.Module) -> torch.nn.ModuleList:
+    """The encoder's decoder layers (``encoder.layer_taps = "decoder_layers"``)."""
+    for path in _DECODER_LAYER_PATHS:
+        obj: object = encoder
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.ModuleList):
+            return obj
+    raise EncodingError(f"slot '{slot.name}': the profile taps decoder layers but {type(encoder).__name__} has none "
+                        f"at {', '.join(_DECODER_LAYER_PATHS)}")
+
+
+def _run_tapping_decoder_layers(slot: SlotSpec, encoder: torch.nn.Module, kwargs: dict[str, Any]) -> ModelOutput:
+    """The encoder's output with ``decoder_layer_outputs``: the raw output of each tapped decoder layer, in
+    ``encoder.layer`` order (the last layer's is taken before the final norm, unlike ``hidden_states[-1]``)."""
+    layers = decoder_layers(slot, encoder)
+    taps = slot.encoder.layer if isinstance(slot.encoder.layer, tuple) else (slot.encoder.layer,)
+    captured: dict[int, torch.Tensor] = {}
+
+    def keep(k: int) -> Any:
+        def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            captured[k] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    handles = []
+    try:
+        for k in sorted(set(taps)):  # type: ignore[arg-type]
+            if not isinstance(k, int) or not 0 <= k < len(layers):
+                raise EncodingError(f"slot '{slot.name}': decoder layer {k} does not exist in a {len(layers)}-layer encoder")
+            handles.append(layers[k].register_forward_hook(keep(k)))
+        kwargs.pop("output_hidden_states", None)
+        out = encoder(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    out["decoder_layer_outputs"] = tuple(captured[k] for k in taps)  # type: ignore[union-attr]
+    return out
 
 
 def _is_lm_head(encoder: torch.nn.Module) -> bool:
@@ -597,6 +711,8 @@ def select_layer(slot: SlotSpec, encoder: torch.nn.Module, out: ModelOutput) -> 
         return out.hidden_states[-1]  # language models: the last entry is already normed
     if e.layer == "all":
         return torch.stack(tuple(out.hidden_states[1:]), dim=0)
+    if e.layer_taps == "decoder_layers":
+        return combine_layers(e.layer_combine, list(out["decoder_layer_outputs"]))
     if isinstance(e.layer, tuple):
         return combine_layers(e.layer_combine, [out.hidden_states[k] for k in e.layer])
     index = {"last": -1, "penultimate": -2}.get(e.layer, e.layer)  # type: ignore[arg-type]
@@ -797,9 +913,12 @@ def denoiser_mask(slot: SlotSpec, mask: torch.Tensor, embeds_dtype: torch.dtype)
     """The mask handed to the denoiser: the real tokens plus ``masks.denoiser_extra_pad_tokens``
     visible pad positions (Chroma: 1), in ``masks.denoiser_mask_dtype``."""
     m = slot.masks
-    lengths = mask.sum(dim=1, keepdim=True)
-    positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
-    visible = positions < lengths + m.denoiser_extra_pad_tokens
+    if m.denoiser_extra_pad_tokens:
+        lengths = mask.sum(dim=1, keepdim=True)
+        positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+        visible = positions < lengths + m.denoiser_extra_pad_tokens
+    else:  # the tokenizer's mask itself: left padding, or padding inside the sequence (Krea 2's [prompt | PAD | suffix])
+        visible = mask.bool()
     mask_dtype = {"int64": torch.long, "bool": torch.bool, "embeds": embeds_dtype}[m.denoiser_mask_dtype]
     return visible.to(mask_dtype)
 

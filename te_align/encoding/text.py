@@ -73,6 +73,8 @@ def clean(text: str, mode: str) -> str:
         return text.lower().strip()
     if mode == "drop_img_tokens":
         return text.replace("[IMG]", "")  # FLUX.2's format_input: [IMG] would break the Pixtral processor's count
+    if mode == "strip":
+        return text.strip()  # LTX-2: prompt = [p.strip() for p in prompt]
     raise ValueError(f"unknown text_cleaning {mode!r}")  # validated by the profile schema
 
 

@@ -31,7 +31,7 @@ STATUSES = ("official", "derived-copy", "code", "paper", "inferred", "unconfirme
 
 Padding = Literal["max_length", "longest"]
 PaddingSide = Literal["right", "left"]
-TextCleaning = Literal["none", "basic", "wan", "pixart", "lower", "drop_img_tokens"]
+TextCleaning = Literal["none", "basic", "wan", "pixart", "lower", "drop_img_tokens", "strip"]
 TokenWindow = Literal["all", "bos_and_tail"]
 Pooled = Literal["none", "pooler_output", "text_embeds", "first_eos"]
 Repad = Literal["none", "batch_longest", "max_length"]
@@ -44,6 +44,12 @@ TextTransform = Literal["none", "quoted_text"]
 AbsentText = Literal["empty", "zeros"]
 EncoderMaskDtype = Literal["int64", "float", "bool"]
 PadTokenInPrompt = Literal["pad_id", "text"]
+#: What the encoder is given as position ids: ``default``, none (the model numbers every position, padding
+#: included); ``real_tokens``, ``cumsum(mask) - 1`` clamped at 0, so padding takes no position (Krea 2, Ideogram 4).
+PositionIds = Literal["default", "real_tokens"]
+#: What ``encoder.layer`` indices count: ``hidden_states`` (0 = the embeddings, the last entry is normed) or
+#: ``decoder_layers`` (the raw output of decoder layer k, the last one before the final norm: Ideogram 4).
+LayerTaps = Literal["hidden_states", "decoder_layers"]
 
 FINGERPRINT_VERSION = 1
 
@@ -109,6 +115,13 @@ class TokenizerSpec:
     #: What the model's chat template writes at ``{thinking}`` when thinking is off (Qwen3: an empty
     #: ``<think>\n\n</think>\n\n`` block after the generation prompt); nothing is written when it is on.
     thinking_off_text: str = ""
+    #: The template's part after ``{prompt}`` is tokenized on its own and appended after the padding,
+    #: ``[prefix | prompt | PAD | suffix]`` (Krea 2); the prefix and prompt are padded and truncated to the
+    #: tokenize length minus the suffix's token count.
+    suffix_after_padding: bool = False
+    #: With ``truncation = false``: a prompt whose rendered text is longer than the tokenize length is
+    #: refused with an error instead of encoded wider (Ideogram 4 raises on it).
+    refuse_over_length: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,10 @@ class EncoderSpec:
     #: Run the encoder on one prompt at a time (batch of one), as pipelines that loop over prompts
     #: do (HunyuanImage's ByT5), so float results equal theirs whatever the batch.
     per_sample: bool = False
+    #: Position ids handed to the encoder (:data:`PositionIds`).
+    position_ids: PositionIds = "default"
+    #: What the ``layer`` indices count (:data:`LayerTaps`).
+    layer_taps: LayerTaps = "hidden_states"
 
 
 @dataclass(frozen=True)
@@ -254,7 +271,7 @@ class AlignmentProfile:
                 line += "; tokenized only"
             else:
                 enc = s.encoder
-                layer = ",".join(map(str, enc.layer)) + f" ({enc.layer_combine})" if isinstance(enc.layer, tuple) else enc.layer
+                layer = _layers_text(enc.layer) + f" ({enc.layer_combine})" if isinstance(enc.layer, tuple) else enc.layer
                 line += f"; {enc.cls} layer={layer}" + (f" pooled={enc.pooled}" if enc.pooled != "none" else "")
             masks = [m for m in ("encoder", "zero_padded", "denoiser") if getattr(s.masks, m)]
             if masks:
@@ -368,6 +385,13 @@ class AlignmentProfile:
 _PLACEHOLDER = re.compile(r"\{((?:slots|outputs)(?:\.\w+)+|family|empty_prompt)\}")
 
 
+def _layers_text(layers: tuple[int, ...]) -> str:
+    """A tapped-layer list for :meth:`AlignmentProfile.__repr__`: in full up to 12 indices, else its ends and count."""
+    if len(layers) <= 12:
+        return ",".join(map(str, layers))
+    return f"{layers[0]},{layers[1]},…,{layers[-1]} [{len(layers)}]"
+
+
 def _short_value(profile: AlignmentProfile, path: str) -> str:
     """The value at ``path`` for :meth:`AlignmentProfile.__repr__`, cut to 40 characters (``-``: removed)."""
     try:
@@ -396,9 +420,11 @@ ADDED_FIELDS: dict[str, Callable[[str], Any]] = {
     "pad_token_in_prompt": lambda cls: "pad_id",
     "enable_thinking": lambda cls: None,
     "thinking_off_text": lambda cls: "",
+    "suffix_after_padding": lambda cls: False,
+    "refuse_over_length": lambda cls: False,
 }
 #: Encoder fields added after fingerprint version 1 -> the value version 1 behaved as (left out of the hash there).
-ADDED_ENCODER_FIELDS: dict[str, Any] = {"layer_combine": "concat"}
+ADDED_ENCODER_FIELDS: dict[str, Any] = {"layer_combine": "concat", "position_ids": "default", "layer_taps": "hidden_states"}
 
 
 def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[tuple[str, Any]]:

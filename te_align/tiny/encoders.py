@@ -38,11 +38,13 @@ __all__ = [
     "clip_text_model_with_projection",
     "family_components",
     "gemma2_model",
+    "gemma3_model",
     "llama_for_causal_lm",
     "mistral3_text_encoder",
     "qwen2_5_vl_model",
     "qwen3_model",
     "qwen3_text_encoder",
+    "qwen3_vl_model",
     "t5_encoder_model",
     "umt5_encoder_model",
 ]
@@ -103,6 +105,9 @@ PIPELINE_CLASSES: dict[str, str] = {
     "flux2": "Flux2Pipeline",
     "flux2-klein": "Flux2KleinPipeline",
     "z-image": "ZImagePipeline",
+    "krea2": "Krea2Pipeline",
+    "ideogram4": "Ideogram4Pipeline",
+    "ltx2": "LTX2Pipeline",
 }
 #: Families whose official text encoding lives in a diffusers *modular* pipeline (diffusers.modular_pipelines).
 MODULAR_FAMILIES: tuple[str, ...] = ("anima",)
@@ -493,6 +498,94 @@ def mistral3_text_encoder(tokenizer: transformers.PreTrainedTokenizerBase, seed:
     seed = _seed_for(f"mistral3-{len(tokenizer)}") if seed is None else seed
     with _seeded(seed):
         return _finish(transformers.Mistral3ForConditionalGeneration(config))
+def qwen3_vl_model(
+    tokenizer: transformers.PreTrainedTokenizerBase, num_hidden_layers: int = 36, seed: int | None = None
+) -> transformers.Qwen3VLModel:
+    """Tiny ``Qwen3VLModel`` (Krea 2 and Ideogram 4: Qwen3-VL-4B, text 36 layers, width 2560, 32 heads, 8 KV heads,
+    head_dim 128, QK-norm, interleaved M-RoPE sections [24, 20, 20], rope theta 5e6; vision tower with deepstack).
+    Text: ``num_hidden_layers`` layers (default 36, so every tapped index of both pipelines exists), width 32,
+    2 heads of 16, 1 KV head, M-RoPE sections [3, 3, 2] for head_dim 16 (interleaved), vocabulary ``len(tokenizer)``
+    rounded up to 64. Vision: 1 block of width 16, deepstack at block 0. Special-token ids from ``tokenizer``."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN2_SPECIAL_TOKENS}
+    config = transformers.Qwen3VLConfig(
+        text_config={
+            "vocab_size": _round_up(len(tokenizer)),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-6,
+            # the hub config's spelling (rope_scaling + rope_theta), converted by transformers 5
+            "rope_scaling": {"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+            "rope_theta": 5000000.0,
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "tie_word_embeddings": True,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": 32,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    seed = _seed_for(f"qwen3-vl-{len(tokenizer)}-{num_hidden_layers}l") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.Qwen3VLModel(config))
+
+
+def gemma3_model(
+    tokenizer: transformers.PreTrainedTokenizerBase, num_hidden_layers: int = 48, seed: int | None = None
+) -> transformers.Gemma3ForConditionalGeneration:
+    """Tiny ``Gemma3ForConditionalGeneration`` (LTX-2: Gemma 3 12B, text 48 layers, width 3840, 16 heads, 8 KV heads,
+    head_dim 256, sliding window 1024 on five of every six layers, query_pre_attn_scalar 256; SigLIP vision tower).
+    Text: ``num_hidden_layers`` layers (default 48, so ``hidden_states`` has the real 49 entries), width 32, 4 heads
+    of 8, 2 KV heads, sliding window 1024, bos 2 / eos 1 / pad 0 as the tokenizer; vision: 1 layer of width 16."""
+    config = transformers.Gemma3Config(
+        text_config={
+            "vocab_size": _round_up(len(tokenizer)),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": num_hidden_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "query_pre_attn_scalar": 8,
+            "sliding_window": 1024,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": 2,
+        },
+        vision_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+        },
+        mm_tokens_per_image=1,
+        image_token_index=tokenizer.convert_tokens_to_ids("<mask>"),
+    )
+    seed = _seed_for(f"gemma3-{len(tokenizer)}-{num_hidden_layers}l") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.Gemma3ForConditionalGeneration(config))
 
 
 def byt5_encoder_model(
@@ -647,4 +740,13 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
             "tokenizer": umt5_tok,
             "text_encoder": umt5_encoder_model(_round_up(len(umt5_tok)), eos_token_id=1),
         }
+    if family == "krea2":
+        qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
+        return {"tokenizer": qwen_tok, "text_encoder": qwen3_vl_model(qwen_tok)}
+    if family == "ideogram4":
+        qwen_tok = tok.qwen3_vl_tokenizer(cache_dir=cache_dir)
+        return {"tokenizer": qwen_tok, "text_encoder": qwen3_vl_model(qwen_tok)}
+    if family == "ltx2":
+        gemma_tok = tok.gemma_tokenizer(padding_side="left", cache_dir=cache_dir)
+        return {"tokenizer": gemma_tok, "text_encoder": gemma3_model(gemma_tok)}
     raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")

@@ -211,6 +211,11 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "Flux2Pipeline": {"vae": None, "scheduler": None, "transformer": None},
     "Flux2KleinPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "ZImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Krea2Pipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Ideogram4Pipeline": {"vae": None, "scheduler": None, "transformer": None, "unconditional_transformer": None},
+    "LTX2Pipeline": {
+        "vae": None, "audio_vae": None, "scheduler": None, "transformer": None, "connectors": None, "vocoder": None,
+    },
 }
 
 

@@ -1090,3 +1090,17 @@ def mistral_tekken_tokenizer(cache_dir: PathLike | None = None) -> transformers.
     padding side was not read) and the stand-in chat template :func:`mistral_small_chat_template`."""
     folder = _materialize("mistral-tekken", _root(cache_dir), _write_mistral_tekken)
     return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
+def qwen3_vl_chat_template() -> str:
+    """The Qwen3-VL(-Instruct) chat template (Jinja), from ``te_align/tiny/data/qwen3_vl_chat_template.json``
+    (Qwen/Qwen3-VL-4B-Instruct ``chat_template.json`` as vendored in sophgo/LLM-TPU@2097a5a, its source noted there)."""
+    path = Path(__file__).parent / "data" / "qwen3_vl_chat_template.json"
+    return str(json.loads(path.read_text(encoding="utf-8"))["chat_template"])
+
+
+def qwen3_vl_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2TokenizerFast:
+    """Small Qwen3-VL tokenizer (Ideogram 4's ``tokenizer``): the :func:`qwen2_tokenizer` recipe (Qwen3-VL keeps
+    Qwen2.5-VL's ``Qwen2Tokenizer`` conventions: eos ``<|im_end|>``, pad ``<|endoftext|>``, no BOS) with the
+    Qwen3-VL chat template (:func:`qwen3_vl_chat_template`), so ``apply_chat_template`` renders as the real one."""
+    tokenizer = qwen2_tokenizer(cache_dir=cache_dir)
+    tokenizer.chat_template = qwen3_vl_chat_template()
+    return tokenizer
