@@ -1,0 +1,99 @@
+"""Trainer rules for the newer families (issue 45): sd-scripts' Anima cache and caption_dropout_rate, musubi-tuner's
+and diffusion-pipe's readers for FLUX.2, Z-Image, Qwen-Image-Edit, Kontext and Wan 2.2. Exact findings and exit codes."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+from pathlib import Path
+
+from te_align.audit import check_file
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def _npy_f32(value: float) -> bytes:
+    """A 0-d float32 .npy file (numpy's format 1.0), as np.savez writes torch.tensor(rate, dtype=float32)."""
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (), }"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1") + struct.pack("<f", value)
+
+
+def anima_npz(path: Path, rate: float) -> None:
+    """An ``*_anima_te.npz`` with the arrays sd-scripts writes (library/strategy_anima.py:238-245)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in ("prompt_embeds", "attn_mask", "t5_input_ids", "t5_attn_mask"):
+            zf.writestr(f"{name}.npy", _npy_f32(0.0))
+        zf.writestr("caption_dropout_rate.npy", _npy_f32(rate))
+    path.write_bytes(buf.getvalue())
+
+
+ANIMA = ('pretrained_model_name_or_path = "/m/anima.safetensors"\nqwen3 = "/m/qwen_3_06b_base.safetensors"\n'
+         "cache_text_encoder_outputs = true\ncache_text_encoder_outputs_to_disk = true\n")
+
+
+def _dataset(tmp_path: Path, rate: float) -> str:
+    img = tmp_path / "img"
+    img.mkdir(exist_ok=True)
+    return write(tmp_path, "ds.toml", f'[[datasets]]\n[[datasets.subsets]]\nimage_dir = "{img.as_posix()}"\n'
+                                      f"caption_dropout_rate = {rate}\n")
+
+
+def test_anima_npz_rate_is_read_back(tmp_path):
+    from te_align.audit.cachefiles import npz_scalar
+
+    anima_npz(tmp_path / "a_anima_te.npz", 0.1)
+    assert npz_scalar(tmp_path / "a_anima_te.npz", "caption_dropout_rate") == struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    assert npz_scalar(tmp_path / "a_anima_te.npz", "missing") is None
+
+
+def test_anima_changed_dropout_rate_with_an_existing_cache_is_caught(tmp_path):
+    ds = _dataset(tmp_path, 0.2)
+    for i in range(3):
+        anima_npz(tmp_path / "img" / f"{i}_anima_te.npz", 0.1 if i < 2 else 0.2)
+    r = check_file(write(tmp_path, "a.toml", ANIMA + f'dataset_config = "{Path(ds).as_posix()}"\n'),
+                   extra_args=["anima_train_network.py"])
+    assert (r.profile, r.exit_code) == ("anima", 1)
+    stale = [f for f in r.findings if f.setting == "caption_dropout_rate"]
+    assert len(stale) == 1
+    f = stale[0]
+    assert (f.kind, f.severity, f.effective) == ("stale-cache", "error", 0.2)
+    folder = (tmp_path / "img").as_posix()
+    assert f.message == (f"2 of 3 cached *_anima_te.npz files in {folder} hold another caption_dropout_rate (2 with 0.1) "
+                         "than this config gives the subset (0.2): sd-scripts reuses them (its check only asks that the "
+                         "rate is stored, not that it is the same) and drops captions at the cached rate, so the new "
+                         "rate does nothing")
+    assert f.fix == f"delete the *_anima_te.npz files in {folder} (sd-scripts caches them again with the new rate)"
+    assert "strategy_anima.py:171-195" in f.trainer_source
+
+
+def test_anima_cache_made_with_the_same_rate_is_fine(tmp_path):
+    ds = _dataset(tmp_path, 0.1)
+    anima_npz(tmp_path / "img" / "0_anima_te.npz", 0.1)
+    r = check_file(write(tmp_path, "a.toml", ANIMA + f'dataset_config = "{Path(ds).as_posix()}"\n'))
+    assert (r.profile, r.exit_code) == ("anima", 0)
+    assert [f.setting for f in r.findings if f.kind != "note"] == []
+
+
+def test_anima_command_line_rate_without_cache_files_is_a_note(tmp_path):
+    img = tmp_path / "train"
+    img.mkdir()
+    r = check_file(write(tmp_path, "a.toml", ANIMA + f'train_data_dir = "{img.as_posix()}"\n'),
+                   extra_args=["anima_train_network.py", "--caption_dropout_rate", "0.05"])
+    assert (r.profile, r.exit_code) == ("anima", 0)
+    notes = [f for f in r.findings if f.setting == "caption_dropout_rate"]
+    assert [(f.kind, f.severity, f.fix) for f in notes] == [
+        ("note", "info", "after changing caption_dropout_rate, delete the *_anima_te.npz files next to the images")]
+    # the rate on the command line applies to train_data_dir: a cache made at 0 is stale
+    anima_npz(img / "0_anima_te.npz", 0.0)
+    r = check_file(write(tmp_path, "a.toml", ANIMA + f'train_data_dir = "{img.as_posix()}"\n'),
+                   extra_args=["anima_train_network.py", "--caption_dropout_rate", "0.05"])
+    assert r.exit_code == 1
+    assert [(f.kind, f.effective) for f in r.findings if f.setting == "caption_dropout_rate"] == [("stale-cache", 0.05)]
