@@ -97,3 +97,85 @@ def test_anima_command_line_rate_without_cache_files_is_a_note(tmp_path):
                    extra_args=["anima_train_network.py", "--caption_dropout_rate", "0.05"])
     assert r.exit_code == 1
     assert [(f.kind, f.effective) for f in r.findings if f.setting == "caption_dropout_rate"] == [("stale-cache", 0.05)]
+
+
+# ------------------------------------------------------------------------------------ musubi-tuner
+def musubi(*args: str):
+    return check_file("<command line>", command=["python", *args, "--dataset_config", "d.toml"])
+
+
+def test_musubi_kontext_is_checked_with_flux_dev_and_aligned():
+    r = musubi("flux_kontext_cache_text_encoder_outputs.py", "--text_encoder1", "/m/t5xxl.safetensors",
+               "--text_encoder2", "/m/clip_l.safetensors")
+    assert (r.trainer, r.profile, r.exit_code) == ("musubi", "flux-dev", 0)
+    assert r.effective == {"t5.tokenizer.max_length": 512, "t5.tokenizer.padding": "max_length",
+                           "t5.masks.encoder": False, "t5.masks.denoiser": False, "clip_l.tokenizer.max_length": 77}
+    assert [f.message for f in r.findings] == [
+        "FLUX.1 Kontext is checked with the flux-dev profile: diffusers' FluxKontextPipeline encodes the prompt as "
+        "FluxPipeline does (T5 at 512 without a mask, CLIP-L pooled at 77)"]
+
+
+def _unbundled(profile: str, why: str, nearest: str | None) -> str:
+    near = f"; the nearest it has, {nearest}, is not used in its place" if nearest else ""
+    return (f"not checked: te-align has no profile for {profile} ({why}){near}; pass --profile NAME to check against "
+            "a profile you choose")
+
+
+def test_musubi_versions_name_their_own_profile_never_another():
+    from te_align.profiles.registry import bundled_names
+
+    have = set(bundled_names())
+    cases = [
+        (("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit"), "qwen-image-edit",
+         "script qwen_image_cache_text_encoder_outputs.py and --model_version edit", "qwen-image"),
+        (("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit-2511"), "qwen-image-edit-2511",
+         "script qwen_image_cache_text_encoder_outputs.py and --model_version edit-2511", "qwen-image"),
+        (("qwen_image_cache_text_encoder_outputs.py", "--edit_plus"), "qwen-image-edit-2509",
+         "script qwen_image_cache_text_encoder_outputs.py and --edit_plus", "qwen-image"),
+        (("flux_2_cache_text_encoder_outputs.py",), "flux2-dev",
+         "script flux_2_cache_text_encoder_outputs.py and --model_version dev (the default)", "flux-dev"),
+        (("flux_2_cache_text_encoder_outputs.py", "--model_version", "klein-9b"), "flux2-klein-9b",
+         "script flux_2_cache_text_encoder_outputs.py and --model_version klein-9b", "flux-schnell"),
+        (("zimage_cache_text_encoder_outputs.py",), "z-image", "script zimage_cache_text_encoder_outputs.py", None),
+    ]
+    for args, profile, why, nearest in cases:
+        r = musubi(*args)
+        if profile in have:  # landed since: checked with its own profile
+            assert r.profile == profile
+            continue
+        assert (r.exit_code, r.status, r.reason) == (3, "not-checked", _unbundled(profile, why, nearest)), args
+
+
+def test_musubi_unknown_version_is_refused_as_musubi_refuses_it():
+    r = musubi("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit-2603")
+    assert (r.exit_code, r.status, r.reason) == (
+        2, "not-checked", "not checked: --model_version edit-2603 is no Qwen-Image version musubi-tuner or te-align knows")
+    (bad,) = [f for f in r.findings if f.kind == "wrong-value"]
+    assert bad.message == ("wrong type/value for model_version: 'edit-2603' is not a Qwen-Image version musubi-tuner "
+                           "knows (original, layered, edit, edit-2509, edit-2511); it stops at start")
+    r = musubi("flux_2_cache_text_encoder_outputs.py", "--model_version", "klein-2b")
+    assert (r.exit_code, r.reason) == (
+        2, "not checked: --model_version klein-2b is no FLUX.2 version musubi-tuner or te-align knows")
+
+
+def test_musubi_edit_vl_image_384_only_for_the_original_edit():
+    from te_align import profile
+    from te_align.audit.rules import Context
+    from te_align.trainers.musubi import names
+    from te_align.trainers.musubi.audit import NOT_SETTABLE_UNHOOKED, _after
+
+    arch = names.BY_PREFIX["qwen_image"]
+    prof = profile("qwen-image")
+    ctx = Context(values={}, profile_name="qwen-image")
+    (f,) = _after(arch, {"model_version": "edit"})(prof, ctx)  # type: ignore[misc]
+    assert (f.kind, f.severity, f.effective, f.profile) == ("deviation", "error", "384x384 area", "1024x1024 area")
+    assert f.message == ("--model_version edit: musubi-tuner resizes each control image to a 384x384 area before "
+                         "Qwen2.5-VL sees it (CONDITION_IMAGE_RESOLUTION, the Edit-2509/2511 size), where "
+                         "Qwen-Image-Edit gives the VL encoder a 1024x1024 area: every cached caption embedding is "
+                         "made from fewer image tokens than inference gives")
+    assert f.fix == NOT_SETTABLE_UNHOOKED.format(what="Qwen-Image-Edit")
+    assert f.source == ("code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit.py:"
+                        "624,662-663 calculate_dimensions(1024 * 1024, ratio)")
+    for version in ("edit-2509", "edit-2511"):
+        assert _after(arch, {"model_version": version})(prof, ctx) == []  # type: ignore[misc]
+    assert _after(arch, {}) is None
