@@ -179,3 +179,89 @@ def test_musubi_edit_vl_image_384_only_for_the_original_edit():
     for version in ("edit-2509", "edit-2511"):
         assert _after(arch, {"model_version": version})(prof, ctx) == []  # type: ignore[misc]
     assert _after(arch, {}) is None
+
+
+# ------------------------------------------------------------------------------------ diffusion-pipe
+def dpipe_config(tmp_path: Path, model: str, control: bool = False, top: str = "") -> str:
+    """A diffusion-pipe training TOML and its dataset TOML (a control_path directory: Qwen-Image-Edit mode)."""
+    (tmp_path / "img").mkdir(exist_ok=True)
+    (tmp_path / "ctl").mkdir(exist_ok=True)
+    ctl = f"control_path = '{(tmp_path / 'ctl').as_posix()}'\n" if control else ""
+    write(tmp_path, "dataset.toml", f"resolutions = [1024]\n[[directory]]\npath = '{(tmp_path / 'img').as_posix()}'\n"
+                                    f"{ctl}num_repeats = 1\n")
+    return write(tmp_path, "train.toml", f"output_dir = '/out'\ndataset = '{(tmp_path / 'dataset.toml').as_posix()}'\n"
+                                         f"epochs = 10\n{top}\n[model]\n{model}\ndtype = 'bfloat16'\n"
+                                         "[optimizer]\ntype = 'adamw_optimi'\nlr = 2e-5\n")
+
+
+def test_diffusion_pipe_comfy_types_are_not_checked_with_the_reason(tmp_path):
+    for kind, display, module, line in (("z_image", "Z-Image", "z_image", 17), ("flux2", "FLUX.2", "flux2", 18),
+                                        ("krea2", "Krea 2", "krea2", 18), ("ideogram4", "Ideogram 4", "ideogram4", 22),
+                                        ("ltx2", "LTX-2", "ltx2", 173)):
+        r = check_file(dpipe_config(tmp_path, f"type = '{kind}'\ndiffusion_model = '/m/x.safetensors'\n"
+                                              "vae = '/m/vae.safetensors'\ntext_encoders = [{path = '/m/te.safetensors', "
+                                              "type = 'x'}]"))
+        assert (r.trainer, r.exit_code, r.status) == ("diffusion-pipe", 3, "not-checked"), kind
+        assert r.reason == (f"not checked: diffusion-pipe's [model] type '{kind}' ({display}) is a ComfyPipeline "
+                            f"(models/{module}.py:{line}, models/base.py:541): its captions are encoded by ComfyUI's "
+                            "text encoders (comfy.sd.load_clip, models/base.py:575-591) from the ComfyUI submodule "
+                            "pinned at 9a9fdb10, whose code te-align has not read, so what it does is not known")
+
+
+QI = "type = 'qwen_image'\ndiffusers_path = '/m/{name}'\n"
+
+
+def test_diffusion_pipe_edit_2509_and_2511_template_and_vl_size(tmp_path):
+    from te_align.profiles.registry import bundled_names
+    from te_align.trainers.diffusion_pipe.audit import DP_EDIT_TEMPLATE, NO_EDIT_FIX, PLUS_EDIT_TEMPLATE
+
+    for name, version in (("Qwen-Image-Edit-2509", "qwen-image-edit-2509"), ("Qwen-Image-Edit-2511", "qwen-image-edit-2511")):
+        r = check_file(dpipe_config(tmp_path, QI.format(name=name), control=True))
+        assert r.exit_code == 1, name
+        dev = [f for f in r.findings if f.kind == "deviation"]
+        assert [(f.setting, f.effective, f.profile, f.severity, f.fix) for f in dev] == [
+            ("Edit prompt template", DP_EDIT_TEMPLATE, PLUS_EDIT_TEMPLATE, "error", NO_EDIT_FIX),
+            ("control image for the VL encoder", "1024x1024 area", "384x384 area", "error", NO_EDIT_FIX)]
+        assert dev[1].message == (f"diffusion-pipe scales each control image to a 1024x1024 area for Qwen2.5-VL "
+                                  f"(vlm_image_size = 1024); {version} gives the VL encoder a 384x384 area "
+                                  "(CONDITION_IMAGE_SIZE): about 7 times as many image tokens as inference")
+        assert dev[0].trainer_source == "diffusion-pipe: models/qwen_image.py:184-185,356-360"
+        if version not in bundled_names():
+            assert r.status == "not-checked"
+            assert r.reason.startswith(f"not checked: te-align has no profile for {version} ([model] type 'qwen_image' "
+                                       "with a dataset directory that has control_path (Qwen-Image-Edit) and "
+                                       f"diffusers_path '/m/{name}'); the nearest it has, qwen-image, is not used")
+    assert PLUS_EDIT_TEMPLATE.count("Picture 1: <|vision_start|><|image_pad|><|vision_end|>{prompt}") == 1
+
+
+def test_diffusion_pipe_original_edit_matches_and_unknown_versions_are_not_guessed(tmp_path):
+    from te_align.profiles.registry import bundled_names
+
+    r = check_file(dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit"), control=True))
+    assert [f for f in r.findings if f.kind == "deviation"] == []
+    if "qwen-image-edit" not in bundled_names():
+        assert (r.exit_code, r.status) == (3, "not-checked")
+    # the version is not in the config and the names do not say it: not checked, never read as another version
+    r = check_file(dpipe_config(tmp_path, QI.format(name="my-edit-model"), control=True))
+    assert (r.exit_code, r.reason) == (3, (
+        "not checked: [model] type 'qwen_image' with a dataset directory that has control_path (Qwen-Image-Edit), and "
+        "diffusion-pipe has no key for the Edit version: the model files' names (diffusers_path) do not say which; "
+        "pass --profile qwen-image-edit|qwen-image-edit-2509|qwen-image-edit-2511"))
+    # a future version: its own name, not checked, nearest named
+    r = check_file(dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit-2603"), control=True))
+    assert r.exit_code == 3 and r.reason.startswith("not checked: te-align has no profile for qwen-image-edit-2603 (")
+    # without control_path it is the text-to-image model, checked as before
+    r = check_file(dpipe_config(tmp_path, QI.format(name="Qwen-Image"), control=False))
+    assert (r.profile, r.status) == ("qwen-image", "checked")
+
+
+def test_diffusion_pipe_edit_uncond_fraction_uses_the_text_to_image_template(tmp_path):
+    r = check_file(dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit"), control=True, top="uncond_fraction = 0.1"))
+    (f,) = [f for f in r.findings if f.kind == "deviation"]
+    assert (f.setting, f.severity, f.key, f.fix) == (
+        "empty_prompt", "warning", "uncond_fraction", "uncond_fraction = 0 (diffusion-pipe has no Edit-form "
+                                                      "unconditional embedding)")
+    assert f.message == ("uncond_fraction = 0.1: the unconditional embedding is '' encoded with no control image, so "
+                         "through the text-to-image template (34 tokens dropped), where the Edit pipelines encode the "
+                         "negative prompt with the Edit template and the image")
+    assert r.exit_code == 1

@@ -405,6 +405,14 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     mt = names.BY_TYPE.get(mt_name)
     trainer = _trainer(raw, lines, mt)
     cached = bool(model.get("cache_text_embeddings", True)) and mt_name != "sdxl"
+    if mt is not None and mt.comfy_line:
+        findings += _missing_keys(raw.data, model, mt_name, None)
+        return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
+                      not_checked=comfy_reason(mt))
+    control = dataset is not None and any(isinstance(d, dict) and "control_path" in d for d in (
+        dataset.get("directory") if isinstance(dataset.get("directory"), list) else []))
+    if mt is not None and mt.type == "qwen_image" and control:
+        return _qwen_edit(raw, model, values, trainer, cached, findings, dirs, lines)
     if mt is None or mt.profile is None:
         findings += _missing_keys(raw.data, model, mt_name, None)
         what = mt.display if mt else mt_name
@@ -428,6 +436,97 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             "diffusion-pipe encodes SDXL captions at every step (no text-embedding cache, models/sdxl.py:426-428)")))
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, guess_is_default=False,
                   caption_dirs=dirs, assumed=said)
+
+
+def comfy_reason(mt: names.ModelType) -> str:
+    """Why a ComfyPipeline model type is not checked."""
+    return (f"not checked: diffusion-pipe's [model] type {mt.type!r} ({mt.display}) is a ComfyPipeline "
+            f"(models/{mt.module}.py:{mt.comfy_line}, models/base.py:541): its captions are encoded by ComfyUI's text "
+            f"encoders (comfy.sd.load_clip, models/base.py:575-591) from the ComfyUI submodule pinned at "
+            f"{names.COMFYUI_COMMIT[:8]}, whose code te-align has not read, so what it does is not known")
+
+
+#: The Edit prompt template diffusion-pipe uses for every control image (models/qwen_image.py:184-185).
+DP_EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                    "objects, background), then explain how the user's text instruction should alter or modify the "
+                    "image. Generate a new image that meets the user's requirements while maintaining consistency with "
+                    "the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
+                    "<|vision_start|><|image_pad|><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n")
+#: Qwen-Image-Edit-2509 / 2511 (QwenImageEditPlusPipeline): "Picture N: " and the vision tokens per image, then the
+#: prompt, in the user turn (diffusers 0.42.1 pipeline_qwenimage_edit_plus.py:215,239-251).
+PLUS_EDIT_TEMPLATE = DP_EDIT_TEMPLATE.replace("user\n<|vision_start|>", "user\nPicture 1: <|vision_start|>")
+_PLUS = "code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit_plus.py"
+NO_EDIT_FIX = ("not settable in diffusion-pipe (hard-coded in models/qwen_image.py), and te-align's hooks leave the "
+               "Edit image prompts unmodified: there is no fix in config")
+
+
+def _edit_version(model: dict[str, Any]) -> tuple[str | None, str]:
+    """The Qwen-Image-Edit version the model files' names say (diffusion-pipe has no key for it), and which key."""
+    from te_align.audit.rules import guess_from_name
+
+    for key in names.MODEL_FILES:
+        value = model.get(key)
+        guess = guess_from_name(value) if isinstance(value, str) else None
+        if guess is not None and guess.startswith("qwen-image-edit"):
+            return guess, f"{key} {value!r}"
+    return None, ""
+
+
+def _qwen_edit(raw: RawConfig, model: dict[str, Any], values: dict[str, Any], trainer: Trainer, cached: bool,
+               findings: list[Finding], dirs: list[str], lines: KeyLines) -> Parsed:
+    """[model] type 'qwen_image' with a control_path: Qwen-Image-Edit, every version through the original Edit
+    template and a 1024x1024-area VL image (models/qwen_image.py:184-188,314-330,356-364)."""
+    from te_align.audit.check import _refuse_unbundled
+    from te_align.profiles.registry import bundled_names
+
+    findings += _missing_keys(raw.data, model, "qwen_image", None)
+    why = "[model] type 'qwen_image' with a dataset directory that has control_path (Qwen-Image-Edit)"
+    version, said = _edit_version(model)
+    if version is None:
+        return Parsed(trainer, values, None, why, cached, None, findings, SUPPORTED, not_checked=(
+            f"not checked: {why}, and diffusion-pipe has no key for the Edit version: the model files' names "
+            f"({', '.join(k for k in names.MODEL_FILES if isinstance(model.get(k), str)) or 'none given'}) do not say "
+            f"which; pass --profile {'|'.join(names.QWEN_EDIT_PROFILES)}"))
+    why = f"{why} and {said}"
+    if version in ("qwen-image-edit-2509", "qwen-image-edit-2511"):
+        src = "diffusion-pipe: models/qwen_image.py"
+        findings.append(Finding(
+            kind="deviation", severity="error", setting="Edit prompt template", effective=DP_EDIT_TEMPLATE,
+            profile=PLUS_EDIT_TEMPLATE, source=f"{_PLUS}:215,239-251",
+            message=(f"diffusion-pipe encodes every Edit version with the original Qwen-Image-Edit template (the "
+                     f"control image's vision tokens straight after 'user\\n'); {version} (QwenImageEditPlusPipeline) "
+                     "writes 'Picture 1: ' before them, so the text tokens and positions differ from inference"),
+            fix=NO_EDIT_FIX, trainer_source=f"{src}:184-185,356-360"))
+        findings.append(Finding(
+            kind="deviation", severity="error", setting="control image for the VL encoder",
+            effective="1024x1024 area", profile="384x384 area", source=f"{_PLUS}:66,699-705",
+            message=(f"diffusion-pipe scales each control image to a 1024x1024 area for Qwen2.5-VL (vlm_image_size = "
+                     f"1024); {version} gives the VL encoder a 384x384 area (CONDITION_IMAGE_SIZE): about 7 times as "
+                     "many image tokens as inference"),
+            fix=NO_EDIT_FIX, trainer_source=f"{src}:187-188,314-330"))
+    uncond = raw.data.get("uncond_fraction")
+    if isinstance(uncond, (int, float)) and not isinstance(uncond, bool) and uncond > 0:
+        findings.append(Finding(
+            kind="deviation", severity="warning", setting="empty_prompt", effective="T2I template, no image",
+            profile="Edit template with the control image", key="uncond_fraction", line=lines("uncond_fraction"),
+            source="code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit.py:"
+                   "689-696 (the negative prompt is encoded with the image)",
+            message=(f"uncond_fraction = {uncond:g}: the unconditional embedding is '' encoded with no control image, "
+                     "so through the text-to-image template (34 tokens dropped), where the Edit pipelines encode "
+                     "the negative prompt with the Edit template and the image"),
+            fix="uncond_fraction = 0 (diffusion-pipe has no Edit-form unconditional embedding)",
+            trainer_source="diffusion-pipe: utils/dataset.py:911-916; models/qwen_image.py:344-347"))
+    if version not in bundled_names():
+        try:
+            _refuse_unbundled(version, why, raw.file)
+        except NotChecked as e:
+            return Parsed(trainer, values, None, why, cached, None, findings, SUPPORTED, not_checked=e.reason)
+    from te_align.audit.rules import family_of
+
+    trainer.rules = tuple(r for r in trainer.rules if "qwen-image" not in r.families)  # the T2I rows
+    trainer.not_settable = NO_EDIT_FIX
+    return Parsed(trainer, values, version, why, cached, None, findings, (*SUPPORTED, family_of(version)),
+                  guess_is_default=False, caption_dirs=dirs)
 
 
 def _trainer(raw: RawConfig, lines: KeyLines, mt: names.ModelType | None) -> Trainer:
