@@ -143,7 +143,8 @@ def test_musubi_versions_name_their_own_profile_never_another():
         if profile in have:  # landed since: checked with its own profile
             assert r.profile == profile
             continue
-        assert (r.exit_code, r.status, r.reason) == (3, "not-checked", _unbundled(profile, why, nearest)), args
+        code = 1 if profile == "qwen-image-edit" else 3  # the original Edit's VL size is a finding of its own
+        assert (r.exit_code, r.status, r.reason) == (code, "not-checked", _unbundled(profile, why, nearest)), args
 
 
 def test_musubi_unknown_version_is_refused_as_musubi_refuses_it():
@@ -159,26 +160,31 @@ def test_musubi_unknown_version_is_refused_as_musubi_refuses_it():
 
 
 def test_musubi_edit_vl_image_384_only_for_the_original_edit():
-    from te_align import profile
-    from te_align.audit.rules import Context
-    from te_align.trainers.musubi import names
-    from te_align.trainers.musubi.audit import NOT_SETTABLE_UNHOOKED, _after
+    from te_align.profiles.registry import bundled_names
+    from te_align.trainers.musubi.audit import NOT_SETTABLE_UNHOOKED
 
-    arch = names.BY_PREFIX["qwen_image"]
-    prof = profile("qwen-image")
-    ctx = Context(values={}, profile_name="qwen-image")
-    (f,) = _after(arch, {"model_version": "edit"})(prof, ctx)  # type: ignore[misc]
+    r = musubi("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit")
+    assert r.exit_code == 1
+    (f,) = [f for f in r.findings if f.kind == "deviation"]
     assert (f.kind, f.severity, f.effective, f.profile) == ("deviation", "error", "384x384 area", "1024x1024 area")
     assert f.message == ("--model_version edit: musubi-tuner resizes each control image to a 384x384 area before "
                          "Qwen2.5-VL sees it (CONDITION_IMAGE_RESOLUTION, the Edit-2509/2511 size), where "
                          "Qwen-Image-Edit gives the VL encoder a 1024x1024 area: every cached caption embedding is "
                          "made from fewer image tokens than inference gives")
-    assert f.fix == NOT_SETTABLE_UNHOOKED.format(what="Qwen-Image-Edit")
+    assert f.fix == NOT_SETTABLE_UNHOOKED.format(what="Qwen-Image-Edit") == (
+        "not settable in musubi-tuner (hard-coded), and te-align's hooks do not cover Qwen-Image-Edit: there is no "
+        "fix in config")
     assert f.source == ("code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit.py:"
                         "624,662-663 calculate_dimensions(1024 * 1024, ratio)")
-    for version in ("edit-2509", "edit-2511"):
-        assert _after(arch, {"model_version": version})(prof, ctx) == []  # type: ignore[misc]
-    assert _after(arch, {}) is None
+    assert f.trainer_source == ("qwen_image_cache_text_encoder_outputs.py:43-64 (CONDITION_IMAGE_RESOLUTION, "
+                                "qwen_image/qwen_image_utils.py:904)")
+    if "qwen-image-edit" not in bundled_names():
+        assert r.status == "not-checked"
+    for version in ("edit-2509", "edit-2511"):  # 384x384 is these versions' own size
+        r = musubi("qwen_image_cache_text_encoder_outputs.py", "--model_version", version)
+        assert [f for f in r.findings if f.kind == "deviation"] == []
+    r = musubi("qwen_image_cache_text_encoder_outputs.py", "--edit")  # the older spelling of the same version
+    assert [f.effective for f in r.findings if f.kind == "deviation"] == ["384x384 area"]
 
 
 # ------------------------------------------------------------------------------------ diffusion-pipe

@@ -455,6 +455,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       SUPPORTED, not_checked=f"not checked: te-align has no profile for {arch.display} ({reason})")
     if version_key:
         reason = f"{reason} and {version_key}"
+    findings += edit_vl_findings(arch, values)
     profile = _bundled(target)
     supported = SUPPORTED
     if profile in bundled_names():  # the family of a profile the script and version name (FLUX.2, Z-Image, Edit…)
@@ -462,6 +463,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     else:  # te-align does not bundle it: "not checked", naming the nearest (the key findings still count)
         return Parsed(trainer, values, None, reason, True, None, findings, SUPPORTED,
                       not_checked=unbundled_reason(profile, reason))
+    if arch.prefix == "qwen_image" and profile != "qwen-image":  # Qwen-Image's text-to-image rows are not the Edit's
+        trainer.rules = tuple(r for r in trainer.rules if "qwen-image" not in r.families)
     if arch.prefix not in ("qwen_image", "wan") or (profile != "qwen-image" and arch.prefix == "qwen_image"):
         trainer.not_settable = NOT_SETTABLE_UNHOOKED.format(what=names.QWEN_VERSIONS.get(
             names.qwen_version(values), arch.display) if arch.prefix == "qwen_image" else arch.display)
@@ -479,8 +482,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             f"{script} reads the captions' text-encoder outputs from the cache that {te_cache_script(arch)} wrote "
             "(its text encoder runs for sample prompts only): the settings that decide training are that step's")))
     return Parsed(trainer, values, profile, reason, True, None, findings,
-                  supported, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches},
-                  after=_after(arch, values))
+                  supported, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches})
 
 
 #: Where musubi-tuner reads --model_version (argparse / resolve_model_version_args).
@@ -523,31 +525,24 @@ MUSUBI_VL_AREA = 384 * 384
 _VL_SOURCE = f"qwen_image_cache_text_encoder_outputs.py:43-64 (CONDITION_IMAGE_RESOLUTION, {_Q}:904)"
 
 
-def _after(arch: names.Arch, values: dict[str, Any]) -> Callable[[AlignmentProfile, Context], list[Finding]] | None:
-    """Findings no profile field carries: the VL image size of a Qwen-Image-Edit version."""
-    if arch.prefix != "qwen_image":
-        return None
-    version = names.qwen_version(values)
-    if version not in EDIT_VL_AREA:
-        return None
-
-    def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
-        area, where = EDIT_VL_AREA[version]
-        if area == MUSUBI_VL_AREA:
-            return []
-        side = int(area ** 0.5)
-        return [Finding(
-            kind="deviation", severity="error", setting="control image for the VL encoder",
-            effective="384x384 area", profile=f"{side}x{side} area",
-            source=f"code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/{where}",
-            message=(f"--model_version {version}: musubi-tuner resizes each control image to a 384x384 area before "
-                     f"Qwen2.5-VL sees it (CONDITION_IMAGE_RESOLUTION, the Edit-2509/2511 size), where "
-                     f"{names.QWEN_VERSIONS[version]} gives the VL encoder a {side}x{side} area: every cached caption "
-                     "embedding is made from fewer image tokens than inference gives"),
-            fix=NOT_SETTABLE_UNHOOKED.format(what=names.QWEN_VERSIONS[version]),
-            trainer_source=_VL_SOURCE)]
-
-    return after
+def edit_vl_findings(arch: names.Arch, values: dict[str, Any]) -> list[Finding]:
+    """The VL image size of a Qwen-Image-Edit version (no profile field carries it): musubi-tuner's 384x384 against
+    the version's official size."""
+    version = names.qwen_version(values) if arch.prefix == "qwen_image" else ""
+    if version not in EDIT_VL_AREA or EDIT_VL_AREA[version][0] == MUSUBI_VL_AREA:
+        return []
+    area, where = EDIT_VL_AREA[version]
+    side = int(area ** 0.5)
+    return [Finding(
+        kind="deviation", severity="error", setting="control image for the VL encoder",
+        effective="384x384 area", profile=f"{side}x{side} area",
+        source=f"code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/{where}",
+        message=(f"--model_version {version}: musubi-tuner resizes each control image to a 384x384 area before "
+                 f"Qwen2.5-VL sees it (CONDITION_IMAGE_RESOLUTION, the Edit-2509/2511 size), where "
+                 f"{names.QWEN_VERSIONS[version]} gives the VL encoder a {side}x{side} area: every cached caption "
+                 "embedding is made from fewer image tokens than inference gives"),
+        fix=NOT_SETTABLE_UNHOOKED.format(what=names.QWEN_VERSIONS[version]),
+        trainer_source=_VL_SOURCE)]
 
 
 def _dataset_findings(data: dict[str, Any], file: str, lines: KeyLines) -> list[Finding]:
