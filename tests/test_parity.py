@@ -37,6 +37,8 @@ class Case:
     returns: tuple[str | None, ...]  # output name per returned position (None = not compared)
     #: Where the pipeline returns a tensor in another layout, how ours maps onto it (documented quirks).
     to_pipeline_layout: Callable[[str, torch.Tensor, te_align.encoding.Conditioning], torch.Tensor] | None = None
+    #: Constructor arguments of the pipeline besides its text components (Wan 2.2's expert boundary).
+    build: tuple[tuple[str, Any], ...] = ()
 
 
 def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> torch.Tensor:
@@ -104,6 +106,12 @@ CASES: dict[str, Case] = {
         )
         for name in ("flux-dev", "flux-schnell")
     },
+    # FLUX.1 Kontext: FluxKontextPipeline.encode_prompt (a copy of FluxPipeline's) against the flux-dev profile
+    "flux-kontext": Case(
+        "flux-kontext", "flux-kontext",
+        lambda pipe, x, p: pipe.encode_prompt(prompt=x, prompt_2=None, device="cpu", max_sequence_length=_t5_len(p)),
+        ("prompt_embeds", "pooled_prompt_embeds", "text_ids"),
+    ),
     "chroma": Case(
         "chroma", "chroma",
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False, max_sequence_length=_t5_len(p)),
@@ -156,13 +164,20 @@ CASES: dict[str, Case] = {
         ("prompt_embeds_t5", None, "prompt_embeds_llama3", None, "pooled_prompt_embeds", None),
     ),
     "anima": Case("anima", "anima", _anima, (*ANIMA_KEYS, None, None, None, None)),
-    "wan21": Case(
-        "wan21", "wan21",
-        lambda pipe, x, p: pipe.encode_prompt(
-            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
-        ),
-        ("prompt_embeds", None),
-    ),
+    **{
+        name: Case(
+            profile, "wan21",
+            lambda pipe, x, p: pipe.encode_prompt(
+                x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
+            ),
+            ("prompt_embeds", None),
+            build=build,
+        )
+        # Wan 2.2 A14B: WanPipeline built with a two-expert boundary (0.875, the T2V-A14B boundary of the Wan 2.2
+        # reference config, not read here: any value shows it); encode_prompt reads neither it nor transformer_2
+        # (pipeline_wan.py:158-279), so the Wan 2.2 repo ids are aliases of the wan21 profile
+        for name, profile, build in (("wan21", "wan21", ()), ("wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", (("boundary_ratio", 0.875),)))
+    },
     **{
         name: Case(
             name, "flux2-klein",
@@ -192,7 +207,7 @@ def _setup(name: str) -> tuple[Any, AlignmentProfile]:
 @functools.cache
 def _built(name: str) -> tuple[Any, AlignmentProfile]:
     case = CASES[name]
-    pipe = build_pipeline_for_encoding(case.family)
+    pipe = build_pipeline_for_encoding(case.family, **dict(case.build))
     return pipe, fit_profile(te_align.profile(case.profile), pipe)
 
 
@@ -249,6 +264,11 @@ def test_encode_equals_pipeline_encode_prompt(name):
         ref = _pipeline_outputs(name, prompts)
         ours = te_align.encode(p, prompts, pipeline=pipe)
         _assert_equal(name, label, ref, ours)
+
+
+def test_wan22_case_runs_the_two_expert_pipeline():
+    pipe, p = _setup("wan22")
+    assert pipe.config.boundary_ratio == 0.875 and p.name == "wan21"
 
 
 def test_flux_schnell_profile_differs_from_pipeline_default_and_matches_it_at_256():
@@ -363,3 +383,48 @@ def test_z_image_negative_is_the_empty_prompt_through_the_template():
             _, neg = pipe.encode_prompt(list(prompts), device="cpu", negative_prompt=None if negative is None else list(negative))
         ours = te_align.encode(p, negative or [""] * len(prompts), pipeline=pipe, negative=True)
         _assert_equal("z-image", f"negative {negative!r}", {"prompt_embeds": neg}, ours)
+
+
+def _image(w: int, h: int, seed: int) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize(("profile", "family", "n_images"), [
+    ("qwen-image-edit", "qwen-image-edit", 1),
+    ("qwen-image-edit-2509", "qwen-image-edit-plus", 1),
+    ("qwen-image-edit-2509", "qwen-image-edit-plus", 2),
+    ("qwen-image-edit-2511", "qwen-image-edit-plus", 2),
+])
+def test_qwen_image_edit_with_images_equals_the_pipeline(profile, family, n_images):
+    """encode_prompt is called with the condition image(s) as __call__ prepares them: resized with the pipeline's
+    own image_processor.resize to its calculate_dimensions(area, w / h) (1024² for Edit, CONDITION_IMAGE_SIZE 384²
+    for Plus); te_align.encode gets the images as the user has them and resizes by the profile. One prompt per
+    call: the pipelines give every prompt of a batch the same images, which their processor accepts for one."""
+    import importlib
+
+    reason = missing_pipeline(family)
+    if reason:
+        pytest.skip(reason)
+    pipe = build_pipeline_for_encoding(family)
+    p = fit_profile(te_align.profile(profile), pipe)
+    module = importlib.import_module(type(pipe).__module__)
+    area = getattr(module, "CONDITION_IMAGE_SIZE", 1024 * 1024)
+    images = [_image(64, 48, 0), _image(40, 72, 1)][:n_images]
+    prepared = []
+    for im in images:
+        w, h = module.calculate_dimensions(area, im.size[0] / im.size[1])[:2]
+        prepared.append(pipe.image_processor.resize(im, h, w))
+    tok = pipe.tokenizer
+    for label, prompt in {"short": "make it red", "empty": "", "long": "a red cube " * 60, "past the limit": "far " * 1200}.items():
+        with torch.no_grad():
+            ref = pipe.encode_prompt([prompt], image=prepared if n_images > 1 else prepared[0], device="cpu")
+        ours = te_align.encode(p, [prompt], pipeline=pipe, images=[images])
+        assert ours["prompt_embeds"].dtype == ref[0].dtype and torch.equal(ours["prompt_embeds"], ref[0]), f"{profile} [{label}]"
+        if ref[1] is None:
+            assert bool(ours["prompt_embeds_mask"].all())
+        else:
+            assert torch.equal(ours["prompt_embeds_mask"], ref[1])
+    assert len(tok("far " * 1200)["input_ids"]) > p.slot("qwen").tokenizer.max_length  # past the declared 1024, kept whole

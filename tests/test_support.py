@@ -374,6 +374,7 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     "sdxl": ((1, 77, L + G), (1, 77, L + G), (1, PG), (1, PG)),
     "sd3": ((1, 77 + 256, T5), (1, 77 + 256, T5), (1, PL + PG), (1, PL + PG)),
     "flux": ((1, 512, T5), (1, PL), (512, 3)),
+    "flux-kontext": ((1, 512, T5), (1, PL), (512, 3)),
     "chroma": ((1, 512, T5), (512, 3), (1, 512), (1, 512, T5), (512, 3), (1, 512)),
     "pixart-sigma": ((1, 300, T5), (1, 300), (1, 300, T5), (1, 300)),
     # AuraFlow returns its mask expanded to the embedding shape and flattened: (B, 256 * d_model).

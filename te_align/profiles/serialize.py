@@ -17,6 +17,7 @@ from te_align.profiles.model import (
     AlignmentProfile,
     Alternative,
     EncoderSpec,
+    ImageSpec,
     MaskSpec,
     Provenance,
     SlotSpec,
@@ -41,7 +42,7 @@ _TOP_KEYS = (
     "provenance",
     "fingerprint",
 )
-_SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks")
+_SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks", "images")
 
 
 def _spec_to_dict(spec: object) -> dict[str, object]:
@@ -63,6 +64,8 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, object]:
         if not s.tokenizer_only:
             d["encoder"] = _spec_to_dict(s.encoder)
         d["masks"] = _spec_to_dict(s.masks)
+        if s.images is not None:
+            d["images"] = _spec_to_dict(s.images)
         slots[s.name] = d
     prov: dict[str, dict[str, object]] = {}
     for path, pv in p.provenance:
@@ -196,6 +199,7 @@ def _slot_from_dict(name: str, sdata: object, file: str | None) -> SlotSpec:
         masks=spec(MaskSpec, "masks", {}),
         train_dropout=dropout,
         tokenizer_only=tokenizer_only,
+        images=spec(ImageSpec, "images") if "images" in sdata else None,
     )
 
 
