@@ -138,13 +138,15 @@ def test_musubi_versions_name_their_own_profile_never_another():
          "script flux_2_cache_text_encoder_outputs.py and --model_version klein-9b", "flux-schnell"),
         (("zimage_cache_text_encoder_outputs.py",), "z-image", "script zimage_cache_text_encoder_outputs.py", None),
     ]
-    for args, profile, why, nearest in cases:
+    for args, profile, why, _nearest in cases:
         r = musubi(*args)
         if profile in have:  # landed since: checked with its own profile
             assert r.profile == profile
             continue
         code = 1 if profile == "qwen-image-edit" else 3  # the original Edit's VL size is a finding of its own
-        assert (r.exit_code, r.status, r.reason) == (code, "not-checked", _unbundled(profile, why, nearest)), args
+        assert (r.exit_code, r.status) == (code, "not-checked"), args
+        assert r.reason.startswith(f"not checked: te-align has no profile for {profile} ({why})"), args
+        assert r.reason.endswith("; pass --profile NAME to check against a profile you choose")
 
 
 def test_musubi_unknown_version_is_refused_as_musubi_refuses_it():
@@ -159,32 +161,42 @@ def test_musubi_unknown_version_is_refused_as_musubi_refuses_it():
         2, "not checked: --model_version klein-2b is no FLUX.2 version musubi-tuner or te-align knows")
 
 
-def test_musubi_edit_vl_image_384_only_for_the_original_edit():
-    from te_align.profiles.registry import bundled_names
+def test_musubi_edit_versions_vl_image_and_template():
     from te_align.trainers.musubi.audit import NOT_SETTABLE_UNHOOKED
 
+    resize = ("qwen.images.resize", "bucket_16_crop", "round_32", "warning")
     r = musubi("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit")
-    assert r.exit_code == 1
-    (f,) = [f for f in r.findings if f.kind == "deviation"]
-    assert (f.kind, f.severity, f.effective, f.profile) == ("deviation", "error", "384x384 area", "1024x1024 area")
-    assert f.message == ("--model_version edit: musubi-tuner resizes each control image to a 384x384 area before "
-                         "Qwen2.5-VL sees it (CONDITION_IMAGE_RESOLUTION, the Edit-2509/2511 size), where "
-                         "Qwen-Image-Edit gives the VL encoder a 1024x1024 area: every cached caption embedding is "
-                         "made from fewer image tokens than inference gives")
-    assert f.fix == NOT_SETTABLE_UNHOOKED.format(what="Qwen-Image-Edit") == (
-        "not settable in musubi-tuner (hard-coded), and te-align's hooks do not cover Qwen-Image-Edit: there is no "
-        "fix in config")
-    assert f.source == ("code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit.py:"
-                        "624,662-663 calculate_dimensions(1024 * 1024, ratio)")
-    assert f.trainer_source == ("qwen_image_cache_text_encoder_outputs.py:43-64 (CONDITION_IMAGE_RESOLUTION, "
-                                "qwen_image/qwen_image_utils.py:904)")
-    if "qwen-image-edit" not in bundled_names():
-        assert r.status == "not-checked"
-    for version in ("edit-2509", "edit-2511"):  # 384x384 is these versions' own size
+    assert (r.profile, r.exit_code) == ("qwen-image-edit", 1)
+    dev = {f.setting: f for f in r.findings if f.kind == "deviation"}
+    assert [(f.setting, f.effective, f.profile, f.severity) for f in dev.values()] == [
+        ("qwen.images.area", 147456, 1048576, "error"), resize]
+    fix = NOT_SETTABLE_UNHOOKED.format(what="Qwen-Image-Edit")
+    assert fix == ("not settable in musubi-tuner (hard-coded), and te-align's hooks do not cover Qwen-Image-Edit: "
+                   "there is no fix in config")
+    assert {f.fix for f in dev.values()} == {fix}
+    assert dev["qwen.images.area"].trainer_source == ("qwen_image_cache_text_encoder_outputs.py:43-61; "
+                                                      "qwen_image/qwen_image_utils.py:904")
+    assert [f.kind for f in r.findings if f.kind == "stale-cache"] == ["stale-cache"]
+    # 2509 / 2511: the template, "Picture N: " prefix and 384x384 are theirs; only the resize differs
+    for version, prof in (("edit-2509", "qwen-image-edit-2509"), ("edit-2511", "qwen-image-edit-2511")):
         r = musubi("qwen_image_cache_text_encoder_outputs.py", "--model_version", version)
-        assert [f for f in r.findings if f.kind == "deviation"] == []
-    r = musubi("qwen_image_cache_text_encoder_outputs.py", "--edit")  # the older spelling of the same version
-    assert [f.effective for f in r.findings if f.kind == "deviation"] == ["384x384 area"]
+        assert r.profile == prof
+        assert [(f.setting, f.effective, f.profile, f.severity) for f in r.findings if f.kind == "deviation"] == [resize]
+        assert {"qwen.tokenizer.template", "qwen.images.prefix", "qwen.images.area"} <= set(r.effective)
+    r = musubi("qwen_image_cache_text_encoder_outputs.py", "--edit")  # the older spelling of the original Edit
+    assert r.profile == "qwen-image-edit"
+    # the text-to-image rows (34 tokens dropped, 1024 tokens) are not applied to an Edit profile
+    assert r.effective["qwen.tokenizer.drop_start_tokens"] == 64
+
+
+def test_musubi_templates_are_the_profiles():
+    import te_align
+    from te_align.trainers.musubi.audit import EDIT_TEMPLATE, PLUS_PREFIX, PLUS_TEMPLATE
+
+    assert te_align.profile("qwen-image-edit").get("slots.qwen.tokenizer.template") == EDIT_TEMPLATE
+    for name in ("qwen-image-edit-2509", "qwen-image-edit-2511"):
+        assert te_align.profile(name).get("slots.qwen.tokenizer.template") == PLUS_TEMPLATE
+        assert te_align.profile(name).get("slots.qwen.images.prefix") == PLUS_PREFIX
 
 
 # ------------------------------------------------------------------------------------ diffusion-pipe
@@ -217,36 +229,38 @@ def test_diffusion_pipe_comfy_types_are_not_checked_with_the_reason(tmp_path):
 QI = "type = 'qwen_image'\ndiffusers_path = '/m/{name}'\n"
 
 
+D_WARN = [("qwen.images.resize", "scale", "round_32", "warning"), ("qwen.images.resample", "bicubic", "lanczos", "warning")]
+
+
 def test_diffusion_pipe_edit_2509_and_2511_template_and_vl_size(tmp_path):
-    from te_align.profiles.registry import bundled_names
-    from te_align.trainers.diffusion_pipe.audit import DP_EDIT_TEMPLATE, NO_EDIT_FIX, PLUS_EDIT_TEMPLATE
+    import te_align
+    from te_align.trainers.diffusion_pipe.audit import EDIT_TEMPLATE, NO_EDIT_FIX
 
     for name, version in (("Qwen-Image-Edit-2509", "qwen-image-edit-2509"), ("Qwen-Image-Edit-2511", "qwen-image-edit-2511")):
         r = check_file(dpipe_config(tmp_path, QI.format(name=name), control=True))
-        assert r.exit_code == 1, name
+        assert (r.profile, r.exit_code, r.status) == (version, 1, "checked"), name
+        assert r.family_reason == ("[model] type 'qwen_image' with a dataset directory that has control_path "
+                                   f"(Qwen-Image-Edit) and diffusers_path '/m/{name}'")
+        p = te_align.profile(version)
         dev = [f for f in r.findings if f.kind == "deviation"]
-        assert [(f.setting, f.effective, f.profile, f.severity, f.fix) for f in dev] == [
-            ("Edit prompt template", DP_EDIT_TEMPLATE, PLUS_EDIT_TEMPLATE, "error", NO_EDIT_FIX),
-            ("control image for the VL encoder", "1024x1024 area", "384x384 area", "error", NO_EDIT_FIX)]
-        assert dev[1].message == (f"diffusion-pipe scales each control image to a 1024x1024 area for Qwen2.5-VL "
-                                  f"(vlm_image_size = 1024); {version} gives the VL encoder a 384x384 area "
-                                  "(CONDITION_IMAGE_SIZE): about 7 times as many image tokens as inference")
-        assert dev[0].trainer_source == "diffusion-pipe: models/qwen_image.py:184-185,356-360"
-        if version not in bundled_names():
-            assert r.status == "not-checked"
-            assert r.reason.startswith(f"not checked: te-align has no profile for {version} ([model] type 'qwen_image' "
-                                       "with a dataset directory that has control_path (Qwen-Image-Edit) and "
-                                       f"diffusers_path '/m/{name}'); the nearest it has, qwen-image, is not used")
-    assert PLUS_EDIT_TEMPLATE.count("Picture 1: <|vision_start|><|image_pad|><|vision_end|>{prompt}") == 1
+        assert [(f.setting, f.effective, f.profile, f.severity) for f in dev] == [
+            ("qwen.tokenizer.template", EDIT_TEMPLATE, p.get("slots.qwen.tokenizer.template"), "error"),
+            ("qwen.images.prefix", "", "Picture {n}: <|vision_start|><|image_pad|><|vision_end|>", "error"),
+            ("qwen.images.area", 1048576, 147456, "error"), *D_WARN]
+        assert {f.fix for f in dev} == {NO_EDIT_FIX}
+        assert NO_EDIT_FIX == ("not settable in diffusion-pipe (hard-coded in models/qwen_image.py), and te-align's "
+                               "hooks leave the Edit image prompts unmodified: there is no fix in config")
+        assert dev[0].trainer_source == "models/qwen_image.py:184,356-360"
+        assert dev[2].trainer_source == "models/qwen_image.py:187-188,314-330"
 
 
 def test_diffusion_pipe_original_edit_matches_and_unknown_versions_are_not_guessed(tmp_path):
     from te_align.profiles.registry import bundled_names
 
     r = check_file(dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit"), control=True))
-    assert [f for f in r.findings if f.kind == "deviation"] == []
-    if "qwen-image-edit" not in bundled_names():
-        assert (r.exit_code, r.status) == (3, "not-checked")
+    assert (r.profile, r.exit_code) == ("qwen-image-edit", 1)  # template, prefix and 1024x1024 are the original's
+    assert [(f.setting, f.effective, f.profile, f.severity) for f in r.findings if f.kind == "deviation"] == D_WARN
+    assert "qwen-image-edit" in bundled_names()
     # the version is not in the config and the names do not say it: not checked, never read as another version
     r = check_file(dpipe_config(tmp_path, QI.format(name="my-edit-model"), control=True))
     assert (r.exit_code, r.reason) == (3, (
@@ -263,7 +277,7 @@ def test_diffusion_pipe_original_edit_matches_and_unknown_versions_are_not_guess
 
 def test_diffusion_pipe_edit_uncond_fraction_uses_the_text_to_image_template(tmp_path):
     r = check_file(dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit"), control=True, top="uncond_fraction = 0.1"))
-    (f,) = [f for f in r.findings if f.kind == "deviation"]
+    (f,) = [f for f in r.findings if f.kind == "deviation" and f.setting == "empty_prompt"]
     assert (f.setting, f.severity, f.key, f.fix) == (
         "empty_prompt", "warning", "uncond_fraction", "uncond_fraction = 0 (diffusion-pipe has no Edit-form "
                                                       "unconditional embedding)")
@@ -271,3 +285,23 @@ def test_diffusion_pipe_edit_uncond_fraction_uses_the_text_to_image_template(tmp
                          "through the text-to-image template (34 tokens dropped), where the Edit pipelines encode the "
                          "negative prompt with the Edit template and the image")
     assert r.exit_code == 1
+
+
+def test_musubi_z_image_and_klein_are_aligned_and_the_rules_compare():
+    r = musubi("zimage_cache_text_encoder_outputs.py")
+    assert (r.profile, r.exit_code, r.findings) == ("z-image", 0, [])
+    assert r.effective == {"qwen3.tokenizer.enable_thinking": True, "qwen3.tokenizer.max_length": 512,
+                           "qwen3.encoder.layer": -2, "qwen3.masks.encoder": True, "qwen3.tokenizer.padding": "max_length",
+                           "qwen3.masks.encoder_mask_dtype": "bool", "qwen3.masks.repad": "batch_longest"}
+    for version, prof in (("klein-4b", "flux2-klein-4b"), ("klein-9b", "flux2-klein-9b"), ("klein-base-4b", "flux2-klein-4b")):
+        r = musubi("flux_2_cache_text_encoder_outputs.py", "--model_version", version)
+        assert (r.profile, r.exit_code, r.findings) == (prof, 0, [])
+        assert r.effective == {"qwen3.tokenizer.enable_thinking": False, "qwen3.tokenizer.max_length": 512,
+                               "qwen3.tokenizer.padding": "max_length", "qwen3.encoder.layer": (9, 18, 27)}
+    # against a profile set to the klein training script's layers, musubi's hard-coded (9, 18, 27) is a finding
+    r = check_file("<command line>", command=["python", "flux_2_cache_text_encoder_outputs.py", "--model_version",
+                                              "klein-4b", "--dataset_config", "d.toml"], overrides={"qwen3.layer": [10, 20, 30]})
+    (f,) = [f for f in r.findings if f.kind == "deviation"]
+    assert (f.setting, f.effective, f.profile, f.fix) == (
+        "qwen3.encoder.layer", (9, 18, 27), (10, 20, 30),
+        "not settable in musubi-tuner (hard-coded), and te-align's hooks do not cover FLUX.2: there is no fix in config")

@@ -164,6 +164,39 @@ RULES: tuple[Rule, ...] = (
          f"{_M}/auraflow.py:28,99-103; docs/supported_models.md:439"),
 )
 
+_QE = ("qwen-image-edit",)
+#: diffusion-pipe's Edit template (models/qwen_image.py:184-185), the same for every version.
+EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                 "objects, background), then explain how the user's text instruction should alter or modify the image. "
+                 "Generate a new image that meets the user's requirements while maintaining consistency with the "
+                 "original input where appropriate.<|im_end|>\n<|im_start|>user\n"
+                 "<|vision_start|><|image_pad|><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n")
+
+RULES += (
+    # ---- Qwen-Image-Edit (type 'qwen_image' with control_path): one recipe for every version
+    Rule("qwen.tokenizer.template", _QE, None, EDIT_TEMPLATE,
+         "every Edit version is encoded with the original Edit template (the control image's vision tokens inline, "
+         "no 'Picture N: ')", f"{_M}/qwen_image.py:184,356-360"),
+    Rule("qwen.images.prefix", _QE, None, "", "no 'Picture N: ' prefix: one control image per caption, inside the "
+         "template", f"{_M}/qwen_image.py:356-364"),
+    Rule("qwen.images.area", _QE, None, 1024 * 1024,
+         "each control image is scaled to a 1024x1024 area for Qwen2.5-VL (vlm_image_size = 1024) for every Edit "
+         "version (2509/2511 use 384x384)", f"{_M}/qwen_image.py:187-188,314-330"),
+    Rule("qwen.images.resize", _QE, None, "scale",
+         "ImageOps.scale by 1024 / sqrt(h * w): the exact area, sides not rounded to multiples of 32 as the "
+         "pipeline's calculate_dimensions does", f"{_M}/qwen_image.py:329-330", severity="warning"),
+    Rule("qwen.images.resample", _QE, None, "bicubic", "ImageOps.scale's default filter (BICUBIC); the pipeline "
+         "resizes with LANCZOS", f"{_M}/qwen_image.py:330", severity="warning"),
+    Rule("qwen.tokenizer.drop_start_tokens", _QE, None, 64, "prompt_template_encode_start_idx_edit = 64",
+         f"{_M}/qwen_image.py:185,358,382"),
+    Rule("qwen.tokenizer.padding", _QE, None, "longest", "the processor pads to the batch's longest (padding=True)",
+         f"{_M}/qwen_image.py:365-370"),
+    Rule("qwen.encoder.layer", _QE, None, -1, "hidden_states[-1]", f"{_M}/qwen_image.py:380"),
+    Rule("qwen.masks.repad", _QE, None, "batch_longest",
+         "each caption's real tokens are cached and padded to the batch's longest with the mask",
+         f"{_M}/qwen_image.py:381-382,394-412"),
+)
+
 SUPPORTED = ("flux", "sdxl", "sd3", "chroma", "lumina2", "hidream", "wan", "qwen-image", "auraflow", "hunyuanimage",
              "anima")
 #: diffusion-pipe has no setting for its hard-coded encoding; te-align's hooks replace it where they reach.
@@ -174,7 +207,7 @@ NOT_HOOKED = "not settable in diffusion-pipe (hard-coded), and te-align's hooks 
 _CACHE = CacheSpec(("text_embeddings_*/metadata.db",), "the text encoder's index and the captions (HF datasets "
                    "fingerprint), no model or encoding setting", "utils/dataset.py:85-97,178-199; utils/cache.py:38-60",
                    "regenerate_cache = true (or --regenerate_cache), or delete <directory>/cache")
-CACHES = {f: _CACHE for f in SUPPORTED}
+CACHES = {f: _CACHE for f in (*SUPPORTED, "qwen-image-edit")}
 #: What te-align's hooks add to the text-embedding cache's fingerprint arguments.
 FINGERPRINT_TAG = "te-align:"
 
@@ -446,16 +479,6 @@ def comfy_reason(mt: names.ModelType) -> str:
             f"{names.COMFYUI_COMMIT[:8]}, whose code te-align has not read, so what it does is not known")
 
 
-#: The Edit prompt template diffusion-pipe uses for every control image (models/qwen_image.py:184-185).
-DP_EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
-                    "objects, background), then explain how the user's text instruction should alter or modify the "
-                    "image. Generate a new image that meets the user's requirements while maintaining consistency with "
-                    "the original input where appropriate.<|im_end|>\n<|im_start|>user\n"
-                    "<|vision_start|><|image_pad|><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n")
-#: Qwen-Image-Edit-2509 / 2511 (QwenImageEditPlusPipeline): "Picture N: " and the vision tokens per image, then the
-#: prompt, in the user turn (diffusers 0.42.1 pipeline_qwenimage_edit_plus.py:215,239-251).
-PLUS_EDIT_TEMPLATE = DP_EDIT_TEMPLATE.replace("user\n<|vision_start|>", "user\nPicture 1: <|vision_start|>")
-_PLUS = "code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit_plus.py"
 NO_EDIT_FIX = ("not settable in diffusion-pipe (hard-coded in models/qwen_image.py), and te-align's hooks leave the "
                "Edit image prompts unmodified: there is no fix in config")
 
@@ -488,22 +511,6 @@ def _qwen_edit(raw: RawConfig, model: dict[str, Any], values: dict[str, Any], tr
             f"({', '.join(k for k in names.MODEL_FILES if isinstance(model.get(k), str)) or 'none given'}) do not say "
             f"which; pass --profile {'|'.join(names.QWEN_EDIT_PROFILES)}"))
     why = f"{why} and {said}"
-    if version in ("qwen-image-edit-2509", "qwen-image-edit-2511"):
-        src = "diffusion-pipe: models/qwen_image.py"
-        findings.append(Finding(
-            kind="deviation", severity="error", setting="Edit prompt template", effective=DP_EDIT_TEMPLATE,
-            profile=PLUS_EDIT_TEMPLATE, source=f"{_PLUS}:215,239-251",
-            message=(f"diffusion-pipe encodes every Edit version with the original Qwen-Image-Edit template (the "
-                     f"control image's vision tokens straight after 'user\\n'); {version} (QwenImageEditPlusPipeline) "
-                     "writes 'Picture 1: ' before them, so the text tokens and positions differ from inference"),
-            fix=NO_EDIT_FIX, trainer_source=f"{src}:184-185,356-360"))
-        findings.append(Finding(
-            kind="deviation", severity="error", setting="control image for the VL encoder",
-            effective="1024x1024 area", profile="384x384 area", source=f"{_PLUS}:66,699-705",
-            message=(f"diffusion-pipe scales each control image to a 1024x1024 area for Qwen2.5-VL (vlm_image_size = "
-                     f"1024); {version} gives the VL encoder a 384x384 area (CONDITION_IMAGE_SIZE): about 7 times as "
-                     "many image tokens as inference"),
-            fix=NO_EDIT_FIX, trainer_source=f"{src}:187-188,314-330"))
     uncond = raw.data.get("uncond_fraction")
     if isinstance(uncond, (int, float)) and not isinstance(uncond, bool) and uncond > 0:
         findings.append(Finding(

@@ -169,6 +169,57 @@ RULES += (
     Rule("qwen3.encoder.layer", ("z-image",), None, "penultimate", "hidden_states[-2]", f"{_ZI}:207-218",
          convert="musubi_penultimate"),
     Rule("qwen3.masks.encoder", ("z-image",), None, True, "the tokenizer mask goes into Qwen3", f"{_ZI}:203-218"),
+    Rule("qwen3.tokenizer.padding", ("z-image",), None, "max_length", "padded to 512", f"{_ZI}:195-201"),
+    Rule("qwen3.masks.encoder_mask_dtype", ("z-image",), None, "bool", "the mask is cast with .bool()", f"{_ZI}:204"),
+    Rule("qwen3.masks.repad", ("z-image",), None, "batch_longest",
+         "each caption's real tokens are cached alone (zimage_cache_text_encoder_outputs.py:47-50); training pads "
+         "them with zeros to the batch's longest (rounded up with the image to a multiple of 32) under a bool mask",
+         "zimage_train_network.py:288-305"),
+)
+
+_EDIT_SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                "objects, background), then explain how the user's text instruction should alter or modify the image. "
+                "Generate a new image that meets the user's requirements while maintaining consistency with the "
+                "original input where appropriate.<|im_end|>\n<|im_start|>user\n")
+#: musubi-tuner's Edit templates (qwen_image/qwen_image_utils.py:397-400): the original Edit's holds the vision
+#: tokens; 2509/2511 write "Picture N: " and them before the prompt, once per image (:458-462).
+EDIT_TEMPLATE = _EDIT_SYSTEM + "<|vision_start|><|image_pad|><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n"
+PLUS_TEMPLATE = _EDIT_SYSTEM + "{prompt}<|im_end|>\n<|im_start|>assistant\n"
+PLUS_PREFIX = "Picture {n}: <|vision_start|><|image_pad|><|vision_end|>"
+_EDIT = ("qwen-image-edit",)
+_PLUS = {"qwen-image-edit-2509": PLUS_TEMPLATE, "qwen-image-edit-2511": PLUS_TEMPLATE}
+#: How musubi-tuner resizes a control image for the VL encoder: to the 384x384-area bucket of 16-pixel steps nearest
+#: in aspect (dataset/bucket.py:124-164, RESOLUTION_STEPS_QWEN_IMAGE_EDIT = 16 at :47), scaled to cover it (PIL
+#: LANCZOS up, cv2 INTER_AREA down) and centre-cropped (dataset/media_utils.py:101-137).
+MUSUBI_EDIT_RESIZE = "bucket_16_crop"
+
+RULES += (
+    # ---- Qwen-Image-Edit (original, 2509, 2511): qwen_image_cache_text_encoder_outputs.py --model_version edit*
+    Rule("qwen.tokenizer.template", _EDIT, None, rules.ByProfile({**_PLUS, "*": EDIT_TEMPLATE}),
+         "the Edit chat template of the version (the original Edit's holds the image's vision tokens)",
+         f"{_Q}:397-400,464-466"),
+    Rule("qwen.images.prefix", _EDIT, None, rules.ByProfile({**{k: PLUS_PREFIX for k in _PLUS}, "*": ""}),
+         "2509/2511: 'Picture N: ' and the vision tokens per image before the prompt; the original Edit: none (its "
+         "template holds one image, later images are ignored)", f"{_Q}:447-462"),
+    Rule("qwen.images.area", _EDIT, None, 384 * 384,
+         "every Edit version's control images go to Qwen2.5-VL at a 384x384 area (CONDITION_IMAGE_RESOLUTION, the "
+         "2509/2511 size; the original Edit pipeline uses 1024x1024)",
+         f"qwen_image_cache_text_encoder_outputs.py:43-61; {_Q}:904"),
+    Rule("qwen.images.resize", _EDIT, None, MUSUBI_EDIT_RESIZE,
+         "the control image is fitted to a 16-pixel bucket of the area nearest in aspect and centre-cropped (PIL "
+         "LANCZOS up, cv2 INTER_AREA down), where the pipeline resizes it whole to multiples of 32 with LANCZOS: "
+         "the VL encoder sees slightly different pixels", "qwen_image_cache_text_encoder_outputs.py:54-60; "
+         "dataset/bucket.py:47,124-164; dataset/media_utils.py:101-137", severity="warning"),
+    Rule("qwen.tokenizer.drop_start_tokens", _EDIT, None, 64, "the 64 template-prefix tokens are dropped", f"{_Q}:401,494"),
+    Rule("qwen.tokenizer.padding", _EDIT, None, "longest", "the processor pads to the batch's longest (padding=True)",
+         f"{_Q}:468"),
+    Rule("qwen.encoder.layer", _EDIT, None, -1, "hidden_states[-1]", f"{_Q}:489"),
+    Rule("qwen.masks.encoder", _EDIT, None, True, "the processor's mask goes into Qwen2.5-VL", f"{_Q}:468-486"),
+    Rule("qwen.masks.repad", _EDIT, None, "batch_longest",
+         "each caption's real tokens are cached alone and training pads them to the batch's longest",
+         "qwen_image_cache_text_encoder_outputs.py:98-101; qwen_image_train_network.py:513-518"),
+    Rule("qwen.masks.denoiser", _EDIT, None, True, "training hands the DiT the mask of the real tokens",
+         "qwen_image_train_network.py:520-538"),
 )
 
 SUPPORTED = ("qwen-image", "wan")
@@ -188,6 +239,15 @@ CACHES = {
                      "records the architecture and the caption, no encoder setting)", _CACHE_SOURCE,
                      "run wan_cache_text_encoder_outputs.py again without --skip_existing"),
 }
+_REUSE = ("the file's path only (--skip_existing keeps any file there; it records the architecture and the caption, "
+          "no encoder setting)")
+for _family, _globs, _script in (("qwen-image-edit", ("*_qie_te.safetensors",), "qwen_image"),
+                                 ("flux", ("*_fk_te.safetensors",), "flux_kontext"),
+                                 ("flux2", ("*_f2d_te.safetensors",), "flux_2"),
+                                 ("flux2-klein", ("*_f2k4b_te.safetensors", "*_f2k9b_te.safetensors"), "flux_2"),
+                                 ("z-image", ("*_zi_te.safetensors",), "zimage")):  # dataset/architectures.py:8-27
+    CACHES[_family] = CacheSpec(_globs, _REUSE, _CACHE_SOURCE,
+                                f"run {_script}_cache_text_encoder_outputs.py again without --skip_existing")
 #: The safetensors metadata keys te-align's hooks add to a cache file (profile name and fingerprint).
 META_PROFILE = "te_align_profile"
 META_FINGERPRINT = "te_align_fingerprint"
@@ -455,7 +515,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       SUPPORTED, not_checked=f"not checked: te-align has no profile for {arch.display} ({reason})")
     if version_key:
         reason = f"{reason} and {version_key}"
-    findings += edit_vl_findings(arch, values)
     profile = _bundled(target)
     supported = SUPPORTED
     if profile in bundled_names():  # the family of a profile the script and version name (FLUX.2, Z-Image, Edit…)
@@ -514,35 +573,6 @@ def _bundled(name: str) -> str:
     return bundled_name(name) or name
 
 
-#: The official VL image of each Qwen-Image-Edit version: the condition image resized to this area (diffusers 0.42.1).
-EDIT_VL_AREA = {
-    "edit": (1024 * 1024, "pipeline_qwenimage_edit.py:624,662-663 calculate_dimensions(1024 * 1024, ratio)"),
-    "edit-2509": (384 * 384, "pipeline_qwenimage_edit_plus.py:66,699-701 CONDITION_IMAGE_SIZE = 384 * 384"),
-    "edit-2511": (384 * 384, "pipeline_qwenimage_edit_plus.py:66,699-701 CONDITION_IMAGE_SIZE = 384 * 384"),
-}
-#: musubi-tuner resizes every Edit version's control images for the VL encoder to a 384x384 area.
-MUSUBI_VL_AREA = 384 * 384
-_VL_SOURCE = f"qwen_image_cache_text_encoder_outputs.py:43-64 (CONDITION_IMAGE_RESOLUTION, {_Q}:904)"
-
-
-def edit_vl_findings(arch: names.Arch, values: dict[str, Any]) -> list[Finding]:
-    """The VL image size of a Qwen-Image-Edit version (no profile field carries it): musubi-tuner's 384x384 against
-    the version's official size."""
-    version = names.qwen_version(values) if arch.prefix == "qwen_image" else ""
-    if version not in EDIT_VL_AREA or EDIT_VL_AREA[version][0] == MUSUBI_VL_AREA:
-        return []
-    area, where = EDIT_VL_AREA[version]
-    side = int(area ** 0.5)
-    return [Finding(
-        kind="deviation", severity="error", setting="control image for the VL encoder",
-        effective="384x384 area", profile=f"{side}x{side} area",
-        source=f"code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/{where}",
-        message=(f"--model_version {version}: musubi-tuner resizes each control image to a 384x384 area before "
-                 f"Qwen2.5-VL sees it (CONDITION_IMAGE_RESOLUTION, the Edit-2509/2511 size), where "
-                 f"{names.QWEN_VERSIONS[version]} gives the VL encoder a {side}x{side} area: every cached caption "
-                 "embedding is made from fewer image tokens than inference gives"),
-        fix=NOT_SETTABLE_UNHOOKED.format(what=names.QWEN_VERSIONS[version]),
-        trainer_source=_VL_SOURCE)]
 
 
 def _dataset_findings(data: dict[str, Any], file: str, lines: KeyLines) -> list[Finding]:
