@@ -198,7 +198,11 @@ RULES += (
 )
 
 SUPPORTED = ("flux", "sdxl", "sd3", "chroma", "lumina2", "hidream", "wan", "qwen-image", "auraflow", "hunyuanimage",
-             "anima")
+             "anima", "qwen-image-edit")
+_COMFY = ("text encoding runs in its ComfyUI submodule (ComfyPipeline, models/base.py:541; ComfyUI pinned at "
+          "9a9fdb10), whose code te-align has not read")
+#: Families diffusion-pipe trains that te-align has no rules for, and why (te_align.audit.reach).
+NOT_CHECKED = {f: _COMFY for f in ("z-image", "flux2", "flux2-klein", "krea2", "ideogram4", "ltx2")}
 #: diffusion-pipe has no setting for its hard-coded encoding; te-align's hooks replace it where they reach.
 NOT_SETTABLE = ("not settable in diffusion-pipe (hard-coded): run it with te-align's hooks (`te-align patch "
                 "DIFFUSION_PIPE_CHECKOUT`), then cache again (the hooks' fingerprint forces it)")

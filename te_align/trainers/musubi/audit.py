@@ -222,7 +222,7 @@ RULES += (
          "qwen_image_train_network.py:520-538"),
 )
 
-SUPPORTED = ("qwen-image", "wan")
+SUPPORTED = ("qwen-image", "wan", "flux", "flux2", "flux2-klein", "z-image", "qwen-image-edit")
 #: musubi-tuner has no setting for its hard-coded encoding; te-align's hooks replace it.
 NOT_SETTABLE = ("not settable in musubi-tuner (hard-coded): run it with te-align's hooks (`te-align patch "
                 "MUSUBI_TUNER_CHECKOUT`), then cache the text-encoder outputs again")
