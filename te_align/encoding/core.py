@@ -971,6 +971,9 @@ def _encode_slots(
             slot_dev = req.device or _encoder_device(enc)
         flags = req.drop_slots[slot.name]
         if slot.images is not None and req.images is not None:
+            if any(flags):
+                raise EncodingError(f"slot '{slot.name}': caption dropout (drop / drop_slots) with condition images is "
+                                    "not supported: the edit pipelines have no dropped-caption rule for an image prompt")
             processor = _processor(slot, tokenizers, pipeline)
             results[slot.name] = encode_slot_images(slot, processor, enc, req.texts, req.images, device=slot_dev, negative=req.negative)
             continue
@@ -1038,7 +1041,14 @@ def encode(
     ``images`` (edit profiles, a slot with ``images``): per prompt one PIL image or a list of them, as the
     user has them; each is resized as the profile's ``images`` table says and goes through the pipeline's
     processor with the prompt (looked up as ``tokenizers[images.processor_subfolder]`` or on ``pipeline``).
-    Without ``images`` the prompts are encoded as text only.
+    Without ``images`` the prompts are encoded as text only, where the profile's pipeline can: a profile whose
+    template holds the image's place (``images.prefix = ""``, Qwen-Image-Edit) needs exactly one image per prompt
+    and refuses text only, as the official pipeline does; a profile that writes a prefix per image
+    (Qwen-Image-Edit-2509 / 2511) encodes text only with no prefix, as its pipeline does with ``image=None``.
+    A batch of several prompts with images: with ``images.prefix = ""`` it is one processor call, as
+    ``encode_prompt(prompts, image=[one per prompt])``; with a per-image prefix each prompt is encoded alone (the
+    pipeline runs one prompt at a time: ``__call__`` refuses ``batch_size > 1``, and its ``encode_prompt`` writes
+    every image before every prompt) and the results are re-padded with zeros to the batch's longest.
 
     Components are looked up per slot by slot name (``clip_l``) or diffusers component name
     (``tokenizer_2`` / ``text_encoder_2``) in ``tokenizers`` / ``text_encoders``, or taken from a
@@ -1051,6 +1061,8 @@ def encode(
     req = _check_request(p, prompts, options=options, dtype=dtype, device=device, drop=drop, drop_slots=drop_slots, negative=negative)
     if images is not None:
         req = dataclasses.replace(req, images=_check_images(p, images, len(req.texts)))
+    else:
+        _check_text_only(p)
     with torch.set_grad_enabled(requires_grad):
         results = _encode_slots(p, req, tokenizers, text_encoders, pipeline)
         return _combine(p, results, req.dtype)
@@ -1166,7 +1178,22 @@ def _check_images(p: AlignmentProfile, images: Any, n: int) -> list[list[Any]]:
     out = [list(x) if isinstance(x, (list, tuple)) else [x] for x in per_prompt]
     if any(not x for x in out):
         raise EncodingError("every prompt needs at least one image when images are given")
+    for slot in slots:
+        assert slot.images is not None
+        if not slot.images.prefix and any(len(x) != 1 for x in out):
+            counts = sorted({len(x) for x in out if len(x) != 1})
+            raise EncodingError(f"profile '{p.name}' takes exactly one condition image per prompt (its template holds "
+                                f"one image's place), got {counts[0]}")
     return out
+
+
+def _check_text_only(p: AlignmentProfile) -> None:
+    """Refuse text only where the template itself holds an image's vision tokens (``images.prefix = ""``): the
+    official pipeline's processor refuses a text with an image place and no image."""
+    for slot in p.slots:
+        if slot.images is not None and not slot.images.prefix:
+            raise EncodingError(f"profile '{p.name}' needs one condition image per prompt (images=...): its template "
+                                "holds the image's vision tokens, and the official pipeline refuses text only")
 
 
 def _processor(slot: SlotSpec, tokenizers: Mapping[str, Any] | None, pipeline: DiffusionPipeline | None) -> Any:
@@ -1195,6 +1222,11 @@ def encode_slot_images(
     longest), the encoder given ``pixel_values`` and ``image_grid_thw``, then the slot's usual steps."""
     spec = slot.images
     assert spec is not None
+    if spec.prefix and len(prompts) > 1:
+        return _stack_results(slot, [
+            encode_slot_images(slot, processor, encoder, [text], [imgs], device=device, negative=negative)
+            for text, imgs in zip(prompts, images, strict=True)
+        ])
     texts = [render(slot.tokenizer, "".join(spec.prefix.replace("{n}", str(k + 1)) for k in range(len(imgs))) + text,
                     negative=negative)
              for text, imgs in zip(prompts, images, strict=True)]
@@ -1205,3 +1237,18 @@ def encode_slot_images(
                   image_grid_thw=inputs["image_grid_thw"].to(device), output_hidden_states=True)
     hidden = select_layer(slot, encoder, out)
     return _post_process(slot, encoder, hidden, None, ids, mask, [int(x) for x in mask.sum(dim=1)])
+
+
+def _stack_results(slot: SlotSpec, parts: list[SlotResult]) -> SlotResult:
+    """Results of one prompt each as one batch: every (1, L, D) re-padded with zeros (mask 0) to the longest L."""
+    target = max(r.hidden.shape[1] for r in parts)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        extra = target - t.shape[1]
+        return torch.nn.functional.pad(t, (0, 0, 0, extra) if t.dim() == 3 else (0, extra))
+
+    hidden = torch.cat([pad(r.hidden) for r in parts])
+    mask = torch.cat([pad(r.mask) for r in parts])
+    return SlotResult(hidden=hidden, pooled=None, mask=mask, ids=torch.cat([pad(r.ids) for r in parts]),
+                      denoiser_mask=denoiser_mask(slot, mask, hidden.dtype),
+                      token_counts=[c for r in parts for c in r.token_counts])

@@ -228,6 +228,24 @@ def _provenance_from_dict(path: str, pdata: object, file: str | None) -> Provena
     )
 
 
+def _validate_images(s: SlotSpec, file: str | None) -> None:
+    """An edit slot's ``images`` table: a positive pixel area, a processor component name, and a prefix that
+    names only the image's number (``{n}``)."""
+    where = f"slots.{s.name}.images"
+    im = s.images
+    assert im is not None
+    if im.area < 28 * 28:
+        raise ProfileError(f"expected a pixel area of at least 784 (one 28x28 merged patch), got {im.area}", file=file,
+                           key=f"{where}.area")
+    if not im.processor_subfolder.strip():
+        raise ProfileError("expected the processor's component name (e.g. 'processor')", file=file,
+                           key=f"{where}.processor_subfolder")
+    if "{" in im.prefix.replace("{n}", ""):
+        raise ProfileError("the prefix may hold only the {n} place (the image's number)", file=file, key=f"{where}.prefix")
+    if s.tokenizer_only:
+        raise ProfileError("a tokenizer-only slot runs no encoder to take images", file=file, key=where)
+
+
 def validate(p: AlignmentProfile, file: str | None = None) -> None:
     """Cross-field checks: expressions name real slots, lengths are sane, provenance paths exist."""
     from te_align.profiles.expr import check_expression, output_specs, refs
@@ -260,6 +278,8 @@ def validate(p: AlignmentProfile, file: str | None = None) -> None:
                                key=f"{where}.tokenizer.enable_thinking")
         if s.masks.denoiser_extra_pad_tokens < 0:
             raise ProfileError("expected a count >= 0", file=file, key=f"{where}.masks.denoiser_extra_pad_tokens")
+        if s.images is not None:
+            _validate_images(s, file)
         if "{prompt}" not in t.template:
             raise ProfileError("the template must contain {prompt}", file=file, key=f"{where}.tokenizer.template")
         if t.absent_text != "empty" and t.text_transform == "none":
