@@ -222,6 +222,11 @@ CASES: dict[str, Case] = {
         # (pipeline_wan.py:158-279), so the Wan 2.2 repo ids are aliases of the wan21 profile
         for name, profile, build in (("wan21", "wan21", ()), ("wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", (("boundary_ratio", 0.875),)))
     },
+    "flux2-dev": Case(
+        "flux2-dev", "flux2",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "mistral")),
+        ("prompt_embeds", "text_ids"),
+    ),
     **{
         name: Case(
             name, "flux2-klein",
@@ -519,3 +524,43 @@ def test_qwen_image_edit_refuses_text_only_and_a_second_image_as_its_pipeline_do
         te_align.encode(p, ["make it red"], pipeline=pipe, images=[_edit_images(2)])
     with pytest.raises(EncodingError, match="caption dropout"):
         te_align.encode(p, ["make it red"], pipeline=pipe, images=_edit_images(1), drop=[True])
+def test_flux2_dev_img_tokens_are_dropped_as_the_pipeline_drops_them():
+    """Flux2Pipeline's format_input removes "[IMG]" from each prompt before the chat template (so the Pixtral
+    processor's image-token count cannot change under truncation); te-align's drop_img_tokens equals it, also past
+    the limit, and the prompt encodes as the same prompt written without "[IMG]"."""
+    pipe, p = _setup("flux2-dev")
+    prompts = ["[IMG]a cat [IMG] on a mat[IMG]", "[IMG]", "[IMG][IMG] " + "far " * 600, "[INST] x [/INST]"]
+    ref = _pipeline_outputs("flux2-dev", prompts)
+    ours = te_align.encode(p, prompts, pipeline=pipe)
+    _assert_equal("flux2-dev", "[IMG] prompts", ref, ours)
+    plain = te_align.encode(p, [x.replace("[IMG]", "") for x in prompts], pipeline=pipe)
+    assert torch.equal(plain["prompt_embeds"], ours["prompt_embeds"])
+
+
+def test_flux2_dev_template_literal_is_the_chat_template_rendering():
+    """The profile's template with FLUX.2's system message equals what the tokenizer's chat template renders for
+    the conversation Flux2Pipeline builds (format_input: the system message and the prompt as text blocks, no
+    generation prompt). The template rendered is te-align's stand-in for Mistral-Small-3.1's (the real file was not
+    available; the profile marks the template unconfirmed)."""
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+
+    pipe, p = _setup("flux2-dev")
+    spec = p.slot("mistral").tokenizer
+    assert spec.system_prompt == pipe.system_message
+    for prompt in ("a red cat", "", "two\nlines", "far " * 40):
+        (conversation,) = format_input([prompt], system_message=pipe.system_message)
+        real = pipe.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False)
+        assert render(spec, prompt) == real
+    ids = pipe.tokenizer(render(spec, "a cat"), add_special_tokens=False)["input_ids"]
+    assert ids[:2] == [1, 17] and ids[-1] == 4  # <s> [SYSTEM_PROMPT] ... [/INST], one BOS
+
+
+def test_flux2_dev_trainer_system_message_alternative_differs():
+    """OneTrainer's and SimpleTuner's system message (a space for the newline) is an official alternative; the
+    profile overridden to it encodes differently from Flux2Pipeline."""
+    pipe, p = _setup("flux2-dev")
+    (alt,) = [a for key, pv in p.provenance if key == "slots.mistral.tokenizer.system_prompt" for a in pv.alternatives]
+    q = p.with_overrides({"mistral.system_prompt": alt.value})
+    assert alt.value == pipe.system_message.replace("\n", " ")
+    a, b = te_align.encode(p, ["a cat"], pipeline=pipe), te_align.encode(q, ["a cat"], pipeline=pipe)
+    assert not torch.equal(a["prompt_embeds"], b["prompt_embeds"])
