@@ -305,3 +305,15 @@ def test_musubi_z_image_and_klein_are_aligned_and_the_rules_compare():
     assert (f.setting, f.effective, f.profile, f.fix) == (
         "qwen3.encoder.layer", (9, 18, 27), (10, 20, 30),
         "not settable in musubi-tuner (hard-coded), and te-align's hooks do not cover FLUX.2: there is no fix in config")
+
+
+def test_musubi_flux2_dev_keeps_the_system_message_newline():
+    from te_align.profiles.registry import bundled_names
+
+    if "flux2-dev" not in bundled_names():
+        return
+    r = musubi("flux_2_cache_text_encoder_outputs.py")  # --model_version dev is the default
+    assert (r.profile, r.exit_code, r.findings) == ("flux2-dev", 0, [])
+    assert r.effective["mistral.tokenizer.system_prompt"].count("object\nattribution") == 1
+    assert r.effective["mistral.encoder.layer"] == (10, 20, 30)
+    assert r.effective["mistral.tokenizer.text_cleaning"] == "drop_img_tokens"

@@ -150,6 +150,9 @@ RULES += (
     Rule("mistral.tokenizer.max_length", ("flux2",), None, 512, "MAX_LENGTH = 512 (padding=max_length, truncation)",
          f"{_F2}:51,627-636"),
     Rule("mistral.tokenizer.padding", ("flux2",), None, "max_length", "padded to 512", f"{_F2}:633"),
+    Rule("mistral.tokenizer.text_cleaning", ("flux2",), None, "drop_img_tokens", "format_input removes \"[IMG]\"",
+         f"{_F2}:692"),
+    Rule("mistral.masks.encoder", ("flux2",), None, True, "the tokenizer mask goes into Mistral", f"{_F2}:640-647"),
     Rule("mistral.encoder.layer", ("flux2",), None, (10, 20, 30),
          "hidden_states 10, 20, 30 stacked and flattened per token", f"{_F2}:49,650-651"),
     # ---- FLUX.2 klein 4B / 9B (Qwen3)
