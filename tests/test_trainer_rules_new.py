@@ -317,3 +317,18 @@ def test_musubi_flux2_dev_keeps_the_system_message_newline():
     assert r.effective["mistral.tokenizer.system_prompt"].count("object\nattribution") == 1
     assert r.effective["mistral.encoder.layer"] == (10, 20, 30)
     assert r.effective["mistral.tokenizer.text_cleaning"] == "drop_img_tokens"
+
+
+def test_diffusion_pipe_edit_uncond_fraction_fix_is_written_at_the_top(tmp_path):
+    from te_align.audit.fix import fix_file
+
+    path = dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit"), control=True, top="uncond_fraction = 0.1")
+    before = Path(path).read_text(encoding="utf-8")
+    report = fix_file(path)
+    assert report.written, report.refused
+    after = Path(path).read_text(encoding="utf-8")
+    assert after == before.replace("uncond_fraction = 0.1", "uncond_fraction = 0")
+    r = check_file(path)
+    assert [f for f in r.findings if f.setting == "empty_prompt"] == []
+    # the hard-coded rows have no key: --fix leaves them (the resize/resample warnings stay)
+    assert [f.setting for f in r.findings if f.kind == "deviation"] == ["qwen.images.resize", "qwen.images.resample"]

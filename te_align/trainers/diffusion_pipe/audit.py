@@ -25,7 +25,7 @@ from typing import Any
 
 from te_align._safetensors import read_header
 from te_align.audit import rules
-from te_align.audit.findings import Finding
+from te_align.audit.findings import Edit, Finding
 from te_align.audit.models import assumption, profile_from_files
 from te_align.audit.parsed import (
     CacheSpec,
@@ -526,6 +526,7 @@ def _qwen_edit(raw: RawConfig, model: dict[str, Any], values: dict[str, Any], tr
                      "so through the text-to-image template (34 tokens dropped), where the Edit pipelines encode "
                      "the negative prompt with the Edit template and the image"),
             fix="uncond_fraction = 0 (diffusion-pipe has no Edit-form unconditional embedding)",
+            edit=Edit("uncond_fraction", 0),
             trainer_source="diffusion-pipe: utils/dataset.py:911-916; models/qwen_image.py:344-347"))
     if version not in bundled_names():
         try:
