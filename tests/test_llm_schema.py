@@ -92,7 +92,7 @@ def test_profiles_without_images_keep_their_fingerprints():
     from te_align.profiles import bundled, bundled_names
 
     without = [n for n in bundled_names() if all(s.images is None for s in bundled(n).slots)]
-    assert set(BEFORE_IMAGES) <= set(without)  # profiles added since (FLUX.2, Z-Image) have no images either
+    assert set(BEFORE_IMAGES) <= set(without)  # profiles added since have no "before"
     for name in BEFORE_IMAGES:
         assert bundled(name).fingerprint() == BEFORE_IMAGES[name], name
         assert not any(".images." in path for path in bundled(name).behaviour_paths()), name
