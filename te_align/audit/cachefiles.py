@@ -77,6 +77,20 @@ def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict
     return out
 
 
+def npz_scalar(path: Path, name: str) -> float | None:
+    """The value of the 0-d float array ``name`` in one ``.npz`` file (None: absent, or not a 0-d float32/float64
+    array): sd-scripts' Anima cache keeps the subset's ``caption_dropout_rate`` so."""
+    with zipfile.ZipFile(path) as zf:
+        if f"{name}.npy" not in set(zf.namelist()):
+            return None
+        raw = zf.read(f"{name}.npy")
+    header, off = _npy_header(raw)
+    fmt = {"<f4": "<f", "<f8": "<d", ">f4": ">f", ">f8": ">d"}.get(str(header.get("descr")))
+    if header.get("shape") != () or fmt is None or len(raw) < off + struct.calcsize(fmt):
+        return None
+    return float(struct.unpack(fmt, raw[off:off + struct.calcsize(fmt)])[0])
+
+
 def safetensors_record(
     path: Path, tensor: str | Callable[[str], bool], axis: int = -2
 ) -> dict[str, int | bool | str]:

@@ -82,6 +82,10 @@ def _refuse_unbundled(guess: str, why: str, file: str) -> None:
     names = bundled_names()
     if guess in names:
         return
+    from te_align.profiles.registry import bundled_name
+
+    if bundled_name(guess) is not None:  # an alias (wan22 -> wan21, flux-kontext -> flux-dev)
+        return
     nearest = max(names, key=lambda n: (_common_prefix(n, guess), -abs(len(n) - len(guess))))
     near = f"; the nearest it has, {nearest}, is not used in its place" if _common_prefix(nearest, guess) >= 3 else ""
     raise readers.NotChecked(

@@ -495,5 +495,9 @@ def guess_from_name(*names: object) -> str | None:
 
 
 def family_of(profile_name: str) -> str:
-    """The family of a bundled profile (loads that one profile file only)."""
+    """The family of a bundled profile, by name or alias (loads that one profile file only when given its name)."""
+    from te_align.profiles.registry import _bundled_files, bundled_name
+
+    if profile_name not in _bundled_files():
+        profile_name = bundled_name(profile_name) or profile_name
     return _load_bundled(profile_name).family

@@ -25,7 +25,7 @@ from typing import Any
 
 from te_align._safetensors import read_header
 from te_align.audit import rules
-from te_align.audit.findings import Finding
+from te_align.audit.findings import Edit, Finding
 from te_align.audit.models import assumption, profile_from_files
 from te_align.audit.parsed import (
     CacheSpec,
@@ -164,8 +164,45 @@ RULES: tuple[Rule, ...] = (
          f"{_M}/auraflow.py:28,99-103; docs/supported_models.md:439"),
 )
 
+_QE = ("qwen-image-edit",)
+#: diffusion-pipe's Edit template (models/qwen_image.py:184-185), the same for every version.
+EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                 "objects, background), then explain how the user's text instruction should alter or modify the image. "
+                 "Generate a new image that meets the user's requirements while maintaining consistency with the "
+                 "original input where appropriate.<|im_end|>\n<|im_start|>user\n"
+                 "<|vision_start|><|image_pad|><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n")
+
+RULES += (
+    # ---- Qwen-Image-Edit (type 'qwen_image' with control_path): one recipe for every version
+    Rule("qwen.tokenizer.template", _QE, None, EDIT_TEMPLATE,
+         "every Edit version is encoded with the original Edit template (the control image's vision tokens inline, "
+         "no 'Picture N: ')", f"{_M}/qwen_image.py:184,356-360"),
+    Rule("qwen.images.prefix", _QE, None, "", "no 'Picture N: ' prefix: one control image per caption, inside the "
+         "template", f"{_M}/qwen_image.py:356-364"),
+    Rule("qwen.images.area", _QE, None, 1024 * 1024,
+         "each control image is scaled to a 1024x1024 area for Qwen2.5-VL (vlm_image_size = 1024) for every Edit "
+         "version (2509/2511 use 384x384)", f"{_M}/qwen_image.py:187-188,314-330"),
+    Rule("qwen.images.resize", _QE, None, "scale",
+         "ImageOps.scale by 1024 / sqrt(h * w): the exact area, sides not rounded to multiples of 32 as the "
+         "pipeline's calculate_dimensions does", f"{_M}/qwen_image.py:329-330", severity="warning"),
+    Rule("qwen.images.resample", _QE, None, "bicubic", "ImageOps.scale's default filter (BICUBIC); the pipeline "
+         "resizes with LANCZOS", f"{_M}/qwen_image.py:330", severity="warning"),
+    Rule("qwen.tokenizer.drop_start_tokens", _QE, None, 64, "prompt_template_encode_start_idx_edit = 64",
+         f"{_M}/qwen_image.py:185,358,382"),
+    Rule("qwen.tokenizer.padding", _QE, None, "longest", "the processor pads to the batch's longest (padding=True)",
+         f"{_M}/qwen_image.py:365-370"),
+    Rule("qwen.encoder.layer", _QE, None, -1, "hidden_states[-1]", f"{_M}/qwen_image.py:380"),
+    Rule("qwen.masks.repad", _QE, None, "batch_longest",
+         "each caption's real tokens are cached and padded to the batch's longest with the mask",
+         f"{_M}/qwen_image.py:381-382,394-412"),
+)
+
 SUPPORTED = ("flux", "sdxl", "sd3", "chroma", "lumina2", "hidream", "wan", "qwen-image", "auraflow", "hunyuanimage",
-             "anima")
+             "anima", "qwen-image-edit")
+_COMFY = ("text encoding runs in its ComfyUI submodule (ComfyPipeline, models/base.py:541; ComfyUI pinned at "
+          "9a9fdb10), whose code te-align has not read")
+#: Families diffusion-pipe trains that te-align has no rules for, and why (te_align.audit.reach).
+NOT_CHECKED = {f: _COMFY for f in ("z-image", "flux2", "flux2-klein", "krea2", "ideogram4", "ltx2")}
 #: diffusion-pipe has no setting for its hard-coded encoding; te-align's hooks replace it where they reach.
 NOT_SETTABLE = ("not settable in diffusion-pipe (hard-coded): run it with te-align's hooks (`te-align patch "
                 "DIFFUSION_PIPE_CHECKOUT`), then cache again (the hooks' fingerprint forces it)")
@@ -174,7 +211,7 @@ NOT_HOOKED = "not settable in diffusion-pipe (hard-coded), and te-align's hooks 
 _CACHE = CacheSpec(("text_embeddings_*/metadata.db",), "the text encoder's index and the captions (HF datasets "
                    "fingerprint), no model or encoding setting", "utils/dataset.py:85-97,178-199; utils/cache.py:38-60",
                    "regenerate_cache = true (or --regenerate_cache), or delete <directory>/cache")
-CACHES = {f: _CACHE for f in SUPPORTED}
+CACHES = {f: _CACHE for f in (*SUPPORTED, "qwen-image-edit")}
 #: What te-align's hooks add to the text-embedding cache's fingerprint arguments.
 FINGERPRINT_TAG = "te-align:"
 
@@ -405,6 +442,14 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     mt = names.BY_TYPE.get(mt_name)
     trainer = _trainer(raw, lines, mt)
     cached = bool(model.get("cache_text_embeddings", True)) and mt_name != "sdxl"
+    if mt is not None and mt.comfy_line:
+        findings += _missing_keys(raw.data, model, mt_name, None)
+        return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
+                      not_checked=comfy_reason(mt))
+    control = dataset is not None and any(isinstance(d, dict) and "control_path" in d for d in (
+        dataset.get("directory") if isinstance(dataset.get("directory"), list) else []))
+    if mt is not None and mt.type == "qwen_image" and control:
+        return _qwen_edit(raw, model, values, trainer, cached, findings, dirs, lines)
     if mt is None or mt.profile is None:
         findings += _missing_keys(raw.data, model, mt_name, None)
         what = mt.display if mt else mt_name
@@ -428,6 +473,72 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             "diffusion-pipe encodes SDXL captions at every step (no text-embedding cache, models/sdxl.py:426-428)")))
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, guess_is_default=False,
                   caption_dirs=dirs, assumed=said)
+
+
+def comfy_reason(mt: names.ModelType) -> str:
+    """Why a ComfyPipeline model type is not checked."""
+    return (f"not checked: diffusion-pipe's [model] type {mt.type!r} ({mt.display}) is a ComfyPipeline "
+            f"(models/{mt.module}.py:{mt.comfy_line}, models/base.py:541): its captions are encoded by ComfyUI's text "
+            f"encoders (comfy.sd.load_clip, models/base.py:575-591) from the ComfyUI submodule pinned at "
+            f"{names.COMFYUI_COMMIT[:8]}, whose code te-align has not read, so what it does is not known")
+
+
+NO_EDIT_FIX = ("not settable in diffusion-pipe (hard-coded in models/qwen_image.py), and te-align's hooks leave the "
+               "Edit image prompts unmodified: there is no fix in config")
+
+
+def _edit_version(model: dict[str, Any]) -> tuple[str | None, str]:
+    """The Qwen-Image-Edit version the model files' names say (diffusion-pipe has no key for it), and which key."""
+    from te_align.audit.rules import guess_from_name
+
+    for key in names.MODEL_FILES:
+        value = model.get(key)
+        guess = guess_from_name(value) if isinstance(value, str) else None
+        if guess is not None and guess.startswith("qwen-image-edit"):
+            return guess, f"{key} {value!r}"
+    return None, ""
+
+
+def _qwen_edit(raw: RawConfig, model: dict[str, Any], values: dict[str, Any], trainer: Trainer, cached: bool,
+               findings: list[Finding], dirs: list[str], lines: KeyLines) -> Parsed:
+    """[model] type 'qwen_image' with a control_path: Qwen-Image-Edit, every version through the original Edit
+    template and a 1024x1024-area VL image (models/qwen_image.py:184-188,314-330,356-364)."""
+    from te_align.audit.check import _refuse_unbundled
+    from te_align.profiles.registry import bundled_names
+
+    findings += _missing_keys(raw.data, model, "qwen_image", None)
+    why = "[model] type 'qwen_image' with a dataset directory that has control_path (Qwen-Image-Edit)"
+    version, said = _edit_version(model)
+    if version is None:
+        return Parsed(trainer, values, None, why, cached, None, findings, SUPPORTED, not_checked=(
+            f"not checked: {why}, and diffusion-pipe has no key for the Edit version: the model files' names "
+            f"({', '.join(k for k in names.MODEL_FILES if isinstance(model.get(k), str)) or 'none given'}) do not say "
+            f"which; pass --profile {'|'.join(names.QWEN_EDIT_PROFILES)}"))
+    why = f"{why} and {said}"
+    uncond = raw.data.get("uncond_fraction")
+    if isinstance(uncond, (int, float)) and not isinstance(uncond, bool) and uncond > 0:
+        findings.append(Finding(
+            kind="deviation", severity="warning", setting="empty_prompt", effective="T2I template, no image",
+            profile="Edit template with the control image", key="uncond_fraction", line=lines("uncond_fraction"),
+            source="code: huggingface/diffusers 0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit.py:"
+                   "689-696 (the negative prompt is encoded with the image)",
+            message=(f"uncond_fraction = {uncond:g}: the unconditional embedding is '' encoded with no control image, "
+                     "so through the text-to-image template (34 tokens dropped), where the Edit pipelines encode "
+                     "the negative prompt with the Edit template and the image"),
+            fix="uncond_fraction = 0 (diffusion-pipe has no Edit-form unconditional embedding)",
+            edit=Edit("uncond_fraction", 0),
+            trainer_source="diffusion-pipe: utils/dataset.py:911-916; models/qwen_image.py:344-347"))
+    if version not in bundled_names():
+        try:
+            _refuse_unbundled(version, why, raw.file)
+        except NotChecked as e:
+            return Parsed(trainer, values, None, why, cached, None, findings, SUPPORTED, not_checked=e.reason)
+    from te_align.audit.rules import family_of
+
+    trainer.rules = tuple(r for r in trainer.rules if "qwen-image" not in r.families)  # the T2I rows
+    trainer.not_settable = NO_EDIT_FIX
+    return Parsed(trainer, values, version, why, cached, None, findings, (*SUPPORTED, family_of(version)),
+                  guess_is_default=False, caption_dirs=dirs)
 
 
 def _trainer(raw: RawConfig, lines: KeyLines, mt: names.ModelType | None) -> Trainer:

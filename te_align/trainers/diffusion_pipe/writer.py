@@ -1,4 +1,5 @@
-"""``te-align check --fix`` for diffusion-pipe: a ``[model]`` key of the training TOML, or ``caption_prefix``
+"""``te-align check --fix`` for diffusion-pipe: a ``[model]`` key of the training TOML (a top-level one such as
+``uncond_fraction`` at the top), or ``caption_prefix``
 in the dataset TOML it names (utils/dataset.py reads it per ``[[directory]]``, else from the dataset's top
 level): set in every directory that has one and at the top level when it is there, else added at the top
 level."""
@@ -13,6 +14,8 @@ from te_align.trainers.diffusion_pipe.audit import _dataset, valid_keys
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
     data = raw.data if isinstance(raw.data, dict) else {}
+    if edit.key != "caption_prefix" and edit.key in valid_keys()["top"] and edit.key not in valid_keys()["model"]:
+        return [Change(raw.file, "toml", (edit.key,), edit.value, edit.remove, edit.key)]  # uncond_fraction
     if edit.key != "caption_prefix":
         require_known(edit.key, valid_keys()["model"], raw.file, "diffusion-pipe")
         return [Change(raw.file, "toml", ("model", edit.key), edit.value, edit.remove, f"model.{edit.key}")]

@@ -8,6 +8,7 @@ Every fact below was read at kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -334,6 +335,88 @@ def caption_dirs(values: dict[str, Any]) -> list[str]:
     return dirs
 
 
+#: Where sd-scripts' Anima text-encoder cache keeps the caption dropout rate (read at 48d368f).
+ANIMA_DROPOUT_SOURCE = ("library/strategy_anima.py:171-195 (the reuse check only asks that a caption_dropout_rate "
+                        "array be present, :189), :197-204 (the cached rate is what training uses), :235-244 (written "
+                        "at caching time); anima_train_network.py:347-355")
+
+
+def subset_dropout_rates(values: dict[str, Any]) -> list[tuple[str, float]]:
+    """(image folder, caption_dropout_rate) of every subset sd-scripts builds: a dataset_config's subsets take the
+    rate from the subset, else its dataset, else [general], else the command line (library/config_util.py:408-440);
+    train_data_dir takes the command line's (default 0.0, library/train_util.py:4651)."""
+    def rate(*tables: Any) -> float:
+        for t in tables:
+            v = t.get("caption_dropout_rate") if isinstance(t, dict) else None
+            if _number(v):
+                return float(v)
+        return 0.0
+
+    out: list[tuple[str, float]] = []
+    cfg = values.get("dataset_config")
+    if isinstance(cfg, str) and cfg.endswith(".toml") and Path(cfg).is_file():
+        from te_align import _toml as tomllib
+
+        try:
+            data = tomllib.loads(Path(cfg).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+            data = {}
+        general = data.get("general") if isinstance(data.get("general"), dict) else {}
+        for ds in data.get("datasets", []) if isinstance(data.get("datasets"), list) else []:
+            for sub in ds.get("subsets", []) if isinstance(ds, dict) and isinstance(ds.get("subsets"), list) else []:
+                if isinstance(sub, dict) and isinstance(sub.get("image_dir"), str):
+                    out.append((sub["image_dir"], rate(sub, ds, general, values)))
+    elif isinstance(values.get("train_data_dir"), str):
+        out.append((values["train_data_dir"], rate(values)))
+    return out
+
+
+def anima_dropout_cache_findings(values: dict[str, Any], line: Any) -> list[Finding]:
+    """sd-scripts' Anima disk cache bakes each subset's caption_dropout_rate into every ``*_anima_te.npz`` and keeps
+    a file whose rate differs from the config's: a changed rate does nothing until the files are deleted."""
+    from te_align.audit.cachefiles import UNREADABLE, npz_scalar
+
+    out: list[Finding] = []
+    subsets = subset_dropout_rates(values)
+    set_where = "caption_dropout_rate" in values or any(r > 0 for _, r in subsets)
+    seen = 0
+    for folder, want in subsets:
+        root = Path(folder)
+        files = sorted(root.rglob("*_anima_te.npz")) if root.is_dir() else []
+        seen += len(files)
+        baked: dict[float, int] = {}
+        for f in files:
+            try:
+                got = npz_scalar(f, "caption_dropout_rate")
+            except UNREADABLE:
+                continue
+            if got is not None:
+                baked[got] = baked.get(got, 0) + 1
+        want32 = struct.unpack("<f", struct.pack("<f", want))[0]
+        stale = {r: c for r, c in baked.items() if r != want32}
+        if stale:
+            made = ", ".join(f"{c} with {r:g}" for r, c in sorted(stale.items()))
+            out.append(Finding(
+                kind="stale-cache", severity="error", setting="caption_dropout_rate", effective=want,
+                key="caption_dropout_rate", line=line("caption_dropout_rate"),
+                message=(f"{sum(stale.values())} of {len(files)} cached *_anima_te.npz files in {folder} hold another "
+                         f"caption_dropout_rate ({made}) than this config gives the subset ({want:g}): sd-scripts "
+                         "reuses them (its check only asks that the rate is stored, not that it is the same) and "
+                         "drops captions at the cached rate, so the new rate does nothing"),
+                fix=f"delete the *_anima_te.npz files in {folder} (sd-scripts caches them again with the new rate)",
+                trainer_source=f"sd-scripts: {ANIMA_DROPOUT_SOURCE}"))
+    if not seen and set_where:
+        out.append(Finding(
+            kind="note", severity="info", setting="caption_dropout_rate", key="caption_dropout_rate",
+            line=line("caption_dropout_rate"),
+            message=("sd-scripts writes each subset's caption_dropout_rate into every cached *_anima_te.npz and "
+                     "reuses a file whatever rate it holds: changing caption_dropout_rate later does nothing until "
+                     "the cache is made again (te-align found no *_anima_te.npz in the image folders to compare)"),
+            fix="after changing caption_dropout_rate, delete the *_anima_te.npz files next to the images",
+            trainer_source=f"sd-scripts: {ANIMA_DROPOUT_SOURCE}"))
+    return out
+
+
 def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig) -> Any:
     """Caption dropout (caption_dropout_rate / caption_dropout_every_n_epochs: the caption becomes "" and is
     encoded) against the profile's empty-prompt rule."""
@@ -358,6 +441,8 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig)
                 profile, rate, "encode", key=key, trainer="sd-scripts",
                 source="library/train_util.py:821-837 process_caption (a dropped caption becomes '')",
                 line=line(key), fix=f"{fix_zero(key)} (sd-scripts cannot drop captions as zeros)")
+        if profile.family == "anima" and values.get("cache_text_encoder_outputs_to_disk"):
+            out += anima_dropout_cache_findings(values, line)
         return out
 
     return after

@@ -41,6 +41,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load, read_text
 from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.profiles.registry import bundled_names
 from te_align.trainers.musubi import names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,10 +112,127 @@ RULES: tuple[Rule, ...] = (
          f"wan_cache_text_encoder_outputs.py:64-74; {_W}/t5.py:461,493-495", convert="musubi_fp8", severity="warning"),
 )
 
-SUPPORTED = ("qwen-image", "wan")
+_F2 = "flux_2/flux2_utils.py"
+_ZI = "zimage/zimage_utils.py"
+#: FLUX.2 dev's system message, newline after "object" kept (flux_2/flux2_utils.py:53-54).
+FLUX2_SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
+                        "on object relationships, object\nattribution and actions without speculation.")
+
+
+def _same_layer(v: Any, ctx: Context) -> Any:
+    """``hidden_states[-2]``: the profile's own spelling of it (``penultimate`` or -2), read from the bundled profile."""
+    from te_align.profiles.registry import _load_bundled, bundled_name
+
+    name = bundled_name(ctx.profile_name)
+    if name is not None:
+        have = _load_bundled(name).get("slots.qwen3.encoder.layer")
+        if have in ("penultimate", -2):
+            return have
+    return "penultimate"
+
+
+rules.register("musubi_penultimate", _same_layer, rules.unsettable)
+
+RULES += (
+    # ---- FLUX.1 Kontext: flux_kontext_cache_text_encoder_outputs.py (checked with flux-dev: the same T5 + CLIP-L)
+    Rule("t5.tokenizer.max_length", ("flux",), None, 512, "T5 length T5XXL_MAX_LENGTH = 512",
+         "flux/flux_models.py:413; flux_kontext_cache_text_encoder_outputs.py:37-45"),
+    Rule("t5.tokenizer.padding", ("flux",), None, "max_length", "T5 tokens padded to 512",
+         "flux_kontext_cache_text_encoder_outputs.py:40"),
+    Rule("t5.masks.encoder", ("flux",), None, False, "T5 runs with attention_mask=None",
+         "flux_kontext_cache_text_encoder_outputs.py:49"),
+    Rule("t5.masks.denoiser", ("flux",), None, False, "the DiT gets no text mask",
+         "flux_kontext_train_network.py:352-361"),
+    Rule("clip_l.tokenizer.max_length", ("flux",), None, 77, "CLIP-L pooled output at 77 tokens",
+         "flux_kontext_cache_text_encoder_outputs.py:46,55-56"),
+    # ---- FLUX.2 dev (Mistral-Small-3.1): flux_2_cache_text_encoder_outputs.py
+    Rule("mistral.tokenizer.system_prompt", ("flux2",), None, FLUX2_SYSTEM_MESSAGE,
+         "SYSTEM_MESSAGE (format_input's default), with the newline after \"object\"", f"{_F2}:53-54,674"),
+    Rule("mistral.tokenizer.max_length", ("flux2",), None, 512, "MAX_LENGTH = 512 (padding=max_length, truncation)",
+         f"{_F2}:51,627-636"),
+    Rule("mistral.tokenizer.padding", ("flux2",), None, "max_length", "padded to 512", f"{_F2}:633"),
+    Rule("mistral.tokenizer.text_cleaning", ("flux2",), None, "drop_img_tokens", "format_input removes \"[IMG]\"",
+         f"{_F2}:692"),
+    Rule("mistral.masks.encoder", ("flux2",), None, True, "the tokenizer mask goes into Mistral", f"{_F2}:640-647"),
+    Rule("mistral.encoder.layer", ("flux2",), None, (10, 20, 30),
+         "hidden_states 10, 20, 30 stacked and flattened per token", f"{_F2}:49,650-651"),
+    # ---- FLUX.2 klein 4B / 9B (Qwen3)
+    Rule("qwen3.tokenizer.enable_thinking", ("flux2-klein",), None, False,
+         "apply_chat_template(..., add_generation_prompt=True, enable_thinking=False)", f"{_F2}:768-774"),
+    Rule("qwen3.tokenizer.max_length", ("flux2-klein",), None, 512, "MAX_LENGTH = 512 (padding=max_length, truncation)",
+         f"{_F2}:51,749,776-782"),
+    Rule("qwen3.tokenizer.padding", ("flux2-klein",), None, "max_length", "padded to 512", f"{_F2}:779"),
+    Rule("qwen3.encoder.layer", ("flux2-klein",), None, (9, 18, 27),
+         "hidden_states 9, 18, 27 stacked and flattened per token", f"{_F2}:50,797-798"),
+    # ---- Z-Image (Qwen3-4B): zimage_cache_text_encoder_outputs.py
+    Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
+         "apply_chat_template(..., add_generation_prompt=True, enable_thinking=True)", f"{_ZI}:185-192"),
+    Rule("qwen3.tokenizer.max_length", ("z-image",), None, 512,
+         "DEFAULT_MAX_SEQUENCE_LENGTH = 512 (padding=max_length, truncation)",
+         f"zimage/zimage_config.py:28; {_ZI}:195-201"),
+    Rule("qwen3.encoder.layer", ("z-image",), None, "penultimate", "hidden_states[-2]", f"{_ZI}:207-218",
+         convert="musubi_penultimate"),
+    Rule("qwen3.masks.encoder", ("z-image",), None, True, "the tokenizer mask goes into Qwen3", f"{_ZI}:203-218"),
+    Rule("qwen3.tokenizer.padding", ("z-image",), None, "max_length", "padded to 512", f"{_ZI}:195-201"),
+    Rule("qwen3.masks.encoder_mask_dtype", ("z-image",), None, "bool", "the mask is cast with .bool()", f"{_ZI}:204"),
+    Rule("qwen3.masks.repad", ("z-image",), None, "batch_longest",
+         "each caption's real tokens are cached alone (zimage_cache_text_encoder_outputs.py:47-50); training pads "
+         "them with zeros to the batch's longest (rounded up with the image to a multiple of 32) under a bool mask",
+         "zimage_train_network.py:288-305"),
+)
+
+_EDIT_SYSTEM = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                "objects, background), then explain how the user's text instruction should alter or modify the image. "
+                "Generate a new image that meets the user's requirements while maintaining consistency with the "
+                "original input where appropriate.<|im_end|>\n<|im_start|>user\n")
+#: musubi-tuner's Edit templates (qwen_image/qwen_image_utils.py:397-400): the original Edit's holds the vision
+#: tokens; 2509/2511 write "Picture N: " and them before the prompt, once per image (:458-462).
+EDIT_TEMPLATE = _EDIT_SYSTEM + "<|vision_start|><|image_pad|><|vision_end|>{prompt}<|im_end|>\n<|im_start|>assistant\n"
+PLUS_TEMPLATE = _EDIT_SYSTEM + "{prompt}<|im_end|>\n<|im_start|>assistant\n"
+PLUS_PREFIX = "Picture {n}: <|vision_start|><|image_pad|><|vision_end|>"
+_EDIT = ("qwen-image-edit",)
+_PLUS = {"qwen-image-edit-2509": PLUS_TEMPLATE, "qwen-image-edit-2511": PLUS_TEMPLATE}
+#: How musubi-tuner resizes a control image for the VL encoder: to the 384x384-area bucket of 16-pixel steps nearest
+#: in aspect (dataset/bucket.py:124-164, RESOLUTION_STEPS_QWEN_IMAGE_EDIT = 16 at :47), scaled to cover it (PIL
+#: LANCZOS up, cv2 INTER_AREA down) and centre-cropped (dataset/media_utils.py:101-137).
+MUSUBI_EDIT_RESIZE = "bucket_16_crop"
+
+RULES += (
+    # ---- Qwen-Image-Edit (original, 2509, 2511): qwen_image_cache_text_encoder_outputs.py --model_version edit*
+    Rule("qwen.tokenizer.template", _EDIT, None, rules.ByProfile({**_PLUS, "*": EDIT_TEMPLATE}),
+         "the Edit chat template of the version (the original Edit's holds the image's vision tokens)",
+         f"{_Q}:397-400,464-466"),
+    Rule("qwen.images.prefix", _EDIT, None, rules.ByProfile({**{k: PLUS_PREFIX for k in _PLUS}, "*": ""}),
+         "2509/2511: 'Picture N: ' and the vision tokens per image before the prompt; the original Edit: none (its "
+         "template holds one image, later images are ignored)", f"{_Q}:447-462"),
+    Rule("qwen.images.area", _EDIT, None, 384 * 384,
+         "every Edit version's control images go to Qwen2.5-VL at a 384x384 area (CONDITION_IMAGE_RESOLUTION, the "
+         "2509/2511 size; the original Edit pipeline uses 1024x1024)",
+         f"qwen_image_cache_text_encoder_outputs.py:43-61; {_Q}:904"),
+    Rule("qwen.images.resize", _EDIT, None, MUSUBI_EDIT_RESIZE,
+         "the control image is fitted to a 16-pixel bucket of the area nearest in aspect and centre-cropped (PIL "
+         "LANCZOS up, cv2 INTER_AREA down), where the pipeline resizes it whole to multiples of 32 with LANCZOS: "
+         "the VL encoder sees slightly different pixels", "qwen_image_cache_text_encoder_outputs.py:54-60; "
+         "dataset/bucket.py:47,124-164; dataset/media_utils.py:101-137", severity="warning"),
+    Rule("qwen.tokenizer.drop_start_tokens", _EDIT, None, 64, "the 64 template-prefix tokens are dropped", f"{_Q}:401,494"),
+    Rule("qwen.tokenizer.padding", _EDIT, None, "longest", "the processor pads to the batch's longest (padding=True)",
+         f"{_Q}:468"),
+    Rule("qwen.encoder.layer", _EDIT, None, -1, "hidden_states[-1]", f"{_Q}:489"),
+    Rule("qwen.masks.encoder", _EDIT, None, True, "the processor's mask goes into Qwen2.5-VL", f"{_Q}:468-486"),
+    Rule("qwen.masks.repad", _EDIT, None, "batch_longest",
+         "each caption's real tokens are cached alone and training pads them to the batch's longest",
+         "qwen_image_cache_text_encoder_outputs.py:98-101; qwen_image_train_network.py:513-518"),
+    Rule("qwen.masks.denoiser", _EDIT, None, True, "training hands the DiT the mask of the real tokens",
+         "qwen_image_train_network.py:520-538"),
+)
+
+SUPPORTED = ("qwen-image", "wan", "flux", "flux2", "flux2-klein", "z-image", "qwen-image-edit")
 #: musubi-tuner has no setting for its hard-coded encoding; te-align's hooks replace it.
 NOT_SETTABLE = ("not settable in musubi-tuner (hard-coded): run it with te-align's hooks (`te-align patch "
                 "MUSUBI_TUNER_CHECKOUT`), then cache the text-encoder outputs again")
+#: The same, for an architecture te-align's hooks do not cover (hooks.ENCODERS: Qwen-Image and Wan only).
+NOT_SETTABLE_UNHOOKED = ("not settable in musubi-tuner (hard-coded), and te-align's hooks do not cover {what}: there "
+                         "is no fix in config")
 
 _CACHE_SOURCE = "cache_text_encoder_outputs.py:61-70,104-112; dataset/cache_io.py:487-532"
 CACHES = {
@@ -125,6 +243,15 @@ CACHES = {
                      "records the architecture and the caption, no encoder setting)", _CACHE_SOURCE,
                      "run wan_cache_text_encoder_outputs.py again without --skip_existing"),
 }
+_REUSE = ("the file's path only (--skip_existing keeps any file there; it records the architecture and the caption, "
+          "no encoder setting)")
+for _family, _globs, _script in (("qwen-image-edit", ("*_qie_te.safetensors",), "qwen_image"),
+                                 ("flux", ("*_fk_te.safetensors",), "flux_kontext"),
+                                 ("flux2", ("*_f2d_te.safetensors",), "flux_2"),
+                                 ("flux2-klein", ("*_f2k4b_te.safetensors", "*_f2k9b_te.safetensors"), "flux_2"),
+                                 ("z-image", ("*_zi_te.safetensors",), "zimage")):  # dataset/architectures.py:8-27
+    CACHES[_family] = CacheSpec(_globs, _REUSE, _CACHE_SOURCE,
+                                f"run {_script}_cache_text_encoder_outputs.py again without --skip_existing")
 #: The safetensors metadata keys te-align's hooks add to a cache file (profile name and fingerprint).
 META_PROFILE = "te_align_profile"
 META_FINGERPRINT = "te_align_fingerprint"
@@ -294,7 +421,9 @@ def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tupl
         signals.append((cached[0], f"cache files *_{cached[1]}_te.safetensors in the dataset's cache_directory"))
     dit = values.get("dit")
     by_name, detail, _ = guess_model(dit)
-    named = next((a for a in names.ARCHS if a.profile and by_name and family_of(a.profile) == family_of(by_name)), None)
+    bundled = set(bundled_names())
+    named = next((a for a in names.ARCHS if a.profile in bundled and by_name in bundled
+                  and family_of(a.profile) == family_of(by_name)), None)  # type: ignore[arg-type]
     if named:
         signals.append((named, f"dit {dit!r}{detail}"))
     if not signals:
@@ -382,15 +511,37 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       "these settings (no script, network_module or cache files name a model; give the command line "
                       "after `--`, e.g. `-- qwen_image_cache_text_encoder_outputs.py --dataset_config …`)", True,
                       None, findings, SUPPORTED)
-    if arch.profile is None:
+    target, version_key, known = names.version_profile(arch, values)
+    if not known:
+        findings.append(Finding(
+            kind="wrong-value", severity="error", setting="model_version", effective=values.get("model_version"),
+            key="model_version", line=cli_lines("model_version") if "model_version" in set(order) else lines("model_version"),
+            message=(f"wrong type/value for model_version: {values.get('model_version')!r} is not a {arch.display} "
+                     f"version musubi-tuner knows ({', '.join(_known_versions(arch))}); it stops at start"),
+            trainer_source=_VERSION_SOURCE.get(arch.prefix, "")))
+        return Parsed(trainer, values, None, reason, True, None, findings, SUPPORTED, not_checked=(
+            f"not checked: {version_key} is no {arch.display} version musubi-tuner or te-align knows"))
+    if target is None:
         return Parsed(trainer, values, None, reason, True, None, findings,
                       SUPPORTED, not_checked=f"not checked: te-align has no profile for {arch.display} ({reason})")
-    version = names.qwen_version(values) if arch.prefix == "qwen_image" else "original"
-    if version != "original":
-        return Parsed(trainer, values, None, reason, True, None, findings,
-                      SUPPORTED, not_checked=f"not checked: te-align has no profile for "
-                                            f"{names.QWEN_VERSIONS.get(version, version)} (model_version {version!r})")
-    profile = arch.profile
+    if version_key:
+        reason = f"{reason} and {version_key}"
+    profile = _bundled(target)
+    supported = SUPPORTED
+    if profile in bundled_names():  # the family of a profile the script and version name (FLUX.2, Z-Image, Edit…)
+        supported = (*SUPPORTED, family_of(profile))
+    else:  # te-align does not bundle it: "not checked", naming the nearest (the key findings still count)
+        return Parsed(trainer, values, None, reason, True, None, findings, SUPPORTED,
+                      not_checked=unbundled_reason(profile, reason))
+    if arch.prefix == "qwen_image" and profile != "qwen-image":  # Qwen-Image's text-to-image rows are not the Edit's
+        trainer.rules = tuple(r for r in trainer.rules if "qwen-image" not in r.families)
+    if arch.prefix not in ("qwen_image", "wan") or (profile != "qwen-image" and arch.prefix == "qwen_image"):
+        trainer.not_settable = NOT_SETTABLE_UNHOOKED.format(what=names.QWEN_VERSIONS.get(
+            names.qwen_version(values), arch.display) if arch.prefix == "qwen_image" else arch.display)
+    if arch.prefix == "flux_kontext":
+        findings.append(Finding(kind="note", severity="info", setting="profile", message=(
+            "FLUX.1 Kontext is checked with the flux-dev profile: diffusers' FluxKontextPipeline encodes the prompt "
+            "as FluxPipeline does (T5 at 512 without a mask, CLIP-L pooled at 77)")))
     task = str(values.get("task") or "")
     if arch.prefix == "wan" and task in names.WAN22_TASKS:
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
@@ -401,7 +552,38 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             f"{script} reads the captions' text-encoder outputs from the cache that {te_cache_script(arch)} wrote "
             "(its text encoder runs for sample prompts only): the settings that decide training are that step's")))
     return Parsed(trainer, values, profile, reason, True, None, findings,
-                  SUPPORTED, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches})
+                  supported, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches})
+
+
+#: Where musubi-tuner reads --model_version (argparse / resolve_model_version_args).
+_VERSION_SOURCE = {"qwen_image": f"musubi-tuner: {_Q}:1564-1582", "flux_2": f"musubi-tuner: {_F2}:116-118"}
+
+
+def _known_versions(arch: names.Arch) -> list[str]:
+    return list(names.QWEN_PROFILES if arch.prefix == "qwen_image" else names.FLUX2_PROFILES)
+
+
+def unbundled_reason(name: str, why: str) -> str:
+    """"not checked: te-align has no profile for NAME (why); the nearest it has, …" (check's own wording)."""
+    from te_align.audit.check import _refuse_unbundled
+    from te_align.audit.readers import NotChecked
+
+    try:
+        _refuse_unbundled(name, why, "")
+    except NotChecked as e:
+        return e.reason
+    return f"not checked: te-align has no profile for {name} ({why})"
+
+
+def _bundled(name: str) -> str:
+    """The bundled profile a name or alias stands for (the name itself where te-align bundles none)."""
+    if name in bundled_names():
+        return name
+    from te_align.profiles.registry import bundled_name
+
+    return bundled_name(name) or name
+
+
 
 
 def _dataset_findings(data: dict[str, Any], file: str, lines: KeyLines) -> list[Finding]:

@@ -34,9 +34,9 @@ ARCHS: tuple[Arch, ...] = (
     Arch("hv", "hv", "HunyuanVideo", None, "networks.lora"),
     Arch("hv_1_5", "hv15", "HunyuanVideo 1.5", None, "networks.lora_hv_1_5"),
     Arch("fpack", "fp", "FramePack", None, "networks.lora_framepack"),
-    Arch("flux_kontext", "fk", "FLUX.1 Kontext", None, "networks.lora_flux"),
+    Arch("flux_kontext", "fk", "FLUX.1 Kontext", "flux-dev", "networks.lora_flux"),
     Arch("flux_2", "f2d", "FLUX.2", None, "networks.lora_flux_2"),
-    Arch("zimage", "zi", "Z-Image", None, "networks.lora_zimage"),
+    Arch("zimage", "zi", "Z-Image", "z-image", "networks.lora_zimage"),
     Arch("kandinsky5", "k5", "Kandinsky 5", None, "networks.lora_kandinsky"),
     Arch("krea2", "kr2", "Krea 2", None, "networks.lora_krea2"),
     Arch("ideogram4", "i4", "Ideogram 4", None, "networks.lora_ideogram4"),
@@ -63,6 +63,16 @@ SCRIPTS = (r"(?:(?:" + "|".join(sorted((a.prefix for a in ARCHS), key=len, rever
 #: (qwen_image/qwen_image_utils.py:1550-1581).
 QWEN_VERSIONS = {"original": "Qwen-Image", "layered": "Qwen-Image-Layered", "edit": "Qwen-Image-Edit",
                  "edit-2509": "Qwen-Image-Edit-2509", "edit-2511": "Qwen-Image-Edit-2511"}
+#: Qwen-Image ``--model_version`` -> the te-align profile it is checked with (a name te-align does not bundle is
+#: "not checked", naming the nearest: never checked as another version).
+QWEN_PROFILES = {"original": "qwen-image", "layered": "qwen-image-layered", "edit": "qwen-image-edit",
+                 "edit-2509": "qwen-image-edit-2509", "edit-2511": "qwen-image-edit-2511"}
+#: FLUX.2 ``--model_version`` (choices, default "dev") -> the te-align profile (flux_2/flux2_utils.py:68-118). The
+#: klein base models use the distilled ones' text encoder and pipeline (Flux2KleinPipeline): their names are the
+#: klein profiles' aliases where te-align bundles them.
+FLUX2_DEFAULT = "dev"
+FLUX2_PROFILES = {"dev": "flux2-dev", "klein-4b": "flux2-klein-4b", "klein-base-4b": "flux2-klein-base-4b",
+                  "klein-9b": "flux2-klein-9b", "klein-base-9b": "flux2-klein-base-9b"}
 #: Wan ``--task`` values of Wan 2.2 (checked with the wan21 profile: the same umT5 text encoding).
 WAN22_TASKS = ("t2v-A14B", "i2v-A14B")
 
@@ -92,3 +102,25 @@ def qwen_version(values: dict[str, Any]) -> str:
     if values.get("edit"):
         return "edit"
     return "original"
+
+
+def flux2_version(values: dict[str, Any]) -> str:
+    """FLUX.2 ``--model_version`` (default "dev", flux_2/flux2_utils.py:116-118)."""
+    version = values.get("model_version")
+    return version if isinstance(version, str) and version else FLUX2_DEFAULT
+
+
+def version_profile(arch: Arch, values: dict[str, Any]) -> tuple[str | None, str, bool]:
+    """(te-align profile name, the version key as written, known to musubi-tuner) for an architecture and its
+    ``--model_version``. The name may be one te-align does not bundle (``check`` then says "not checked")."""
+    given = isinstance(values.get("model_version"), str) and bool(values.get("model_version"))
+    if arch.prefix == "qwen_image":
+        version = qwen_version(values)
+        said = (f"--model_version {version}" if given else "--edit_plus" if values.get("edit_plus")
+                else "--edit" if values.get("edit") else "")
+        return QWEN_PROFILES.get(version), said, version in QWEN_PROFILES
+    if arch.prefix == "flux_2":
+        version = flux2_version(values)
+        said = f"--model_version {version}" if given else f"--model_version {version} (the default)"
+        return FLUX2_PROFILES.get(version), said, version in FLUX2_PROFILES
+    return arch.profile, "", True
