@@ -200,8 +200,8 @@ def test_ai_toolkit_schnell_by_assistant_lora_flex_and_no_profile(tmp_path):
 
 
 @pytest.mark.parametrize(("name", "text", "reason"), [
-    ("ot.json", json.dumps({"model_type": "Z_IMAGE", "training_method": "LORA"}),
-     "not checked: te-align has no profile for Z-Image (OneTrainer model_type 'Z_IMAGE')"),
+    ("ot.json", json.dumps({"model_type": "ERNIE", "training_method": "LORA"}),
+     "not checked: te-align has no profile for ERNIE-Image (OneTrainer model_type 'ERNIE')"),
     ("config.json", json.dumps({"model_family": "z_image"}),
      "not checked: te-align has no profile for Z-Image (SimpleTuner model_family 'z_image')"),
     ("config2.json", json.dumps({"model_family": "cosmos2image"}),
