@@ -202,8 +202,8 @@ def test_ai_toolkit_schnell_by_assistant_lora_flex_and_no_profile(tmp_path):
 @pytest.mark.parametrize(("name", "text", "reason"), [
     ("ot.json", json.dumps({"model_type": "ERNIE", "training_method": "LORA"}),
      "not checked: te-align has no profile for ERNIE-Image (OneTrainer model_type 'ERNIE')"),
-    ("config.json", json.dumps({"model_family": "z_image"}),
-     "not checked: te-align has no profile for Z-Image (SimpleTuner model_family 'z_image')"),
+    ("config.json", json.dumps({"model_family": "z_image_omni"}),
+     "not checked: te-align has no profile for Z-Image Omni (SimpleTuner model_family 'z_image_omni')"),
     ("config2.json", json.dumps({"model_family": "cosmos2image"}),
      "not checked: te-align has no profile for Cosmos-Predict2 (SimpleTuner model_family 'cosmos2image')"),
 ])
