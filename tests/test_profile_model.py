@@ -233,12 +233,13 @@ def test_cli_show_list_diff(capsys, sd35):
 def test_cli_list_is_a_table_with_a_header_and_aligned_columns(capsys):
     assert main(["profile", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "FAMILY", "ENCODERS", "REPO"]
-    starts = [lines[0].index(h) for h in ("FAMILY", "ENCODERS", "REPO")]
+    assert lines[0].split() == ["NAME", "FAMILY", "ENCODERS", "CHECKED", "FOR"]
+    starts = [lines[0].index(h) for h in ("FAMILY", "ENCODERS", "CHECKED FOR")]
     row = next(line for line in lines if line.startswith("hunyuanimage-2.1 "))  # the longest name and family
-    assert row.split() == ["hunyuanimage-2.1", "hunyuanimage", "qwen+byt5", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers"]
+    assert row.split() == ["hunyuanimage-2.1", "hunyuanimage", "qwen+byt5", "kohya"]
+    lines = lines[: lines.index("")]  # the table; the not-checked pairs follow it
     for line in lines[1:]:
-        cells = line.split()
+        cells = line.split(maxsplit=3)
         assert [line.index(c, s) for c, s in zip(cells[1:], starts, strict=True)] == starts, line
     assert len(lines) == 1 + len(te_align.profiles())
 

@@ -180,6 +180,7 @@ def onetrainer(root: Path) -> dict[str, set[str]]:
         d = re.search(r"def default_values\(.*?(?=^    def |\Z)", body, re.S | re.M)
         out[section] = set(re.findall(r'data\.append\(\(\s*"(\w+)"', d.group(0) if d else ""))
     out["top"].add("__version")  # BaseConfig.to_dict / from_dict
+    out["part"].add("__version")  # every nested BaseConfig (a model part) writes and reads its own version too
     legacy: dict[str, int] = {}
     for m in re.finditer(r"def __migration_(\d+)\(self, data: dict\) -> dict:(.*?)(?=\n    def |\Z)", text, re.S):
         version = int(m.group(1))
@@ -187,8 +188,8 @@ def onetrainer(root: Path) -> dict[str, set[str]]:
         names = set(re.findall(r'key == ["\'](\w+)["\']', body))
         names |= set(re.findall(r'\.pop\(\s*["\'](\w+)["\']', body))
         names |= set(re.findall(r'["\'](\w+)["\'] in migrated_data', body))
-        for n in names:
-            legacy.setdefault(n, version + 1)
+        for n in names:  # the last migration that consumes it: the key is read below that version
+            legacy[n] = max(legacy.get(n, 0), version + 1)
     out["legacy"] = {f"{k} {v}" for k, v in legacy.items()}
     return out
 

@@ -43,10 +43,14 @@ class _Script:
 
 _SCRIPT = _Script()
 _ASSIGN = re.compile(r"^\s*(?:export\s+|set\s+|\$env:)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", re.I)
+#: ``set "NAME=value"`` (cmd.exe: the quotes hold the whole assignment).
+_SET_QUOTED = re.compile(r'^\s*set\s+"([A-Za-z_][A-Za-z0-9_]*)=(.*)"\s*$', re.I)
+#: ``python -m package.module``: a module run as a script (read as ``package/module.py``).
+_MODULE = re.compile(r"(?:^|\s)-m\s+((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*))(?=\s|$)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|%([A-Za-z_][A-Za-z0-9_]*)%")
 
 
-def load(path: str) -> RawConfig:
+def load(path: str, at_line: int | None = None) -> RawConfig:
     """A command-line file as a :class:`RawConfig` (``fmt="cmdline"``); one clear error when it holds none."""
     p = Path(path)
     if not p.is_file():
@@ -60,46 +64,79 @@ def load(path: str) -> RawConfig:
         raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
     except OSError as e:
         raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
-    return parse_text(text, path)
+    return parse_text(text, path, at_line)
 
 
 def from_argv(argv: list[str], label: str = "<command line>") -> RawConfig:
     """A command line given as words (``te-align check -- accelerate launch train_x.py --flag …``)."""
     text = shlex.join(argv)
+    argv = _modules_as_scripts(list(argv))
     script_at = _script_index(argv)
     if script_at is None:
         raise UnreadableConfig("no training script (train_*.py) in the command line", file=label)
     return RawConfig(label, "cmdline", text, {**_data(argv, script_at), "from_argv": True})
 
 
-def parse_text(text: str, file: str) -> RawConfig:
-    """Find the (last) line that runs a ``train_*.py`` script; split it into words as a shell would."""
+def parse_text(text: str, file: str, at_line: int | None = None) -> RawConfig:
+    """Find the (last) line that runs a training script, or the one that starts at ``at_line``; split it into
+    words as a shell would. ``data["commands"]`` lists the first line of every command in the file."""
+    found = commands(text, file)
+    if not found:
+        raise UnreadableConfig("no training command line in this file (expected a line running train_*.py or another "
+                               "training script, e.g. `accelerate launch flux_train_network.py …` or "
+                               "`accelerate launch train_dreambooth_lora_sd3.py --max_sequence_length 256 …`)",
+                               file=file)
+    chosen = found[-1] if at_line is None else next((c for c in found if c[0] == at_line), found[-1])
+    first, words = chosen
+    at = _script_index(words)
+    if at is None:
+        raise UnreadableConfig(f"line {first} names a training script only inside another word", file=file)
+    return RawConfig(file, "cmdline", text, {**_data(words, at), "line": first,
+                                             "commands": [c[0] for c in found]})
+
+
+def commands(text: str, file: str) -> list[tuple[int, list[str]]]:
+    """Every command in the text that runs a training or caching script: (its first line, its words), with the
+    variables set before it (``export X=…``, ``X=…``, ``set X=…``, ``set "X=…"``, ``$env:X = …``) expanded."""
     variables: dict[str, str] = {}
     windows = Path(file).suffix.lower() in (".bat", ".cmd", ".ps1")  # backslashes are path separators there
-    found: tuple[int, list[str]] | None = None
+    found: list[tuple[int, list[str]]] = []
     for first, _, line in _logical(text):
         stripped = line.strip()
-        if not stripped or stripped.startswith(("#", "REM ", "rem ", "::")):
+        if not stripped or stripped.startswith(("#", "REM ", "rem ", "::", "@REM ", "@rem ")):
+            continue
+        runs = _runs_script(stripped)
+        q = _SET_QUOTED.match(stripped)
+        if q and not runs:
+            variables[q.group(1)] = q.group(2)
             continue
         m = _ASSIGN.match(stripped)
-        if m and not _SCRIPT.search(stripped):
-            variables[m.group(1)] = _unquote(m.group(2))
+        if m and not runs:
+            variables[m.group(1)] = _unquote(_expand(m.group(2), variables))
             continue
-        if not _SCRIPT.search(stripped):
+        if not runs:
             continue
         try:
             words = _split(_expand(stripped, variables), windows)
         except ValueError as e:
             raise ConfigSyntaxError(file, first, None, f"cannot split the command line: {e}") from None
-        found = (first, words)
-    if found is None:
-        raise UnreadableConfig("no training command line in this file (expected a line running train_*.py, e.g. "
-                               "`accelerate launch train_dreambooth_lora_sd3.py --max_sequence_length 256 …`)", file=file)
-    words = found[1]
-    at = _script_index(words)
-    if at is None:
-        raise UnreadableConfig(f"line {found[0]} names a train_*.py script only inside another word", file=file)
-    return RawConfig(file, "cmdline", text, _data(words, at))
+        found.append((first, _modules_as_scripts(words)))
+    return found
+
+
+def _runs_script(line: str) -> bool:
+    if _SCRIPT.search(line):
+        return True
+    m = _MODULE.search(line)
+    return bool(m and _SCRIPT.search(" " + m.group(2) + ".py"))
+
+
+def _modules_as_scripts(words: list[str]) -> list[str]:
+    """``python -m package.script_name ARGS`` -> ``python package/script_name.py ARGS``."""
+    for i, w in enumerate(words[:-1]):
+        if w == "-m" and _SCRIPT.search(" " + words[i + 1].rsplit(".", 1)[-1] + ".py"):
+            return [*words[:i], words[i + 1].replace(".", "/") + ".py", *words[i + 2:]]
+    return words
 
 
 def _logical(text: str) -> list[tuple[int, int, str]]:
@@ -121,14 +158,16 @@ def _logical(text: str) -> list[tuple[int, int, str]]:
     return logical
 
 
-def command_lines(text: str) -> tuple[int, int] | None:
+def command_lines(text: str, at_line: int | None = None) -> tuple[int, int] | None:
     """The physical lines (1-based, first and last) of the training command :func:`parse_text` reads: the last
-    logical line that runs a training script (None: there is none)."""
+    logical line that runs a training script, or the one that starts at ``at_line`` (None: there is none)."""
     found = None
     for first, last, line in _logical(text):
         stripped = line.strip()
-        if stripped and not stripped.startswith(("#", "REM ", "rem ", "::")) and _SCRIPT.search(stripped):
+        if stripped and not stripped.startswith(("#", "REM ", "rem ", "::")) and _runs_script(stripped):
             found = (first, last)
+            if first == at_line:
+                break
     return found
 
 

@@ -92,6 +92,9 @@ class CheckResult:
     overrides: dict[str, object] = field(default_factory=dict)
     #: The profile was assumed (no signal decided between it and another profile of its family): what and why.
     assumed: str = ""
+    #: False for a command of a several-command file that was not checked while another command of it was: it does
+    #: not count in the file's exit code (:func:`te_align.audit.check.exit_code`).
+    in_exit: bool = True
 
     @property
     def exit_code(self) -> int:

@@ -267,3 +267,46 @@ def flatten_sections(data: Mapping[str, object]) -> dict[str, object]:
         else:
             out[k] = v
     return out
+
+
+def resolve_abbrev(name: str, options: Iterable[str]) -> tuple[str | None, list[str]]:
+    """An option name as argparse resolves it (``allow_abbrev`` on, argparse's default, which
+    the trainers' parsers keep): the option itself, else the one option it is a
+    prefix of. Returns (the option or None, the options an ambiguous prefix could match)."""
+    opts = options if isinstance(options, (set, frozenset, dict)) else set(options)
+    if name in opts:
+        return name, []
+    hits = sorted(o for o in opts if name and o.startswith(name))
+    if len(hits) == 1:
+        return hits[0], []
+    return None, hits
+
+
+def ambiguous_finding(name: str, matches: list[str], *, trainer: str, line: int | None = None) -> Finding:
+    """argparse's own error for a prefix that several options start with (exit 2 before training)."""
+    could = ", ".join(f"--{m}" for m in matches)
+    return Finding(kind="wrong-value", severity="error", setting=f"--{name}", key=name, line=line,
+                   message=f"ambiguous option: --{name} could match {could} (argparse stops before training)",
+                   fix=f"write the option in full ({could})", trainer_source=trainer)
+
+
+def resolve_cli_abbrevs(values: dict[str, object], order: list[str], options: Iterable[str], *, trainer: str,
+                        line: Callable[[str], int | None] = lambda key: None) -> list[Finding]:
+    """Rename the abbreviated options of ``values``/``order`` (a command line read by :func:`parse_cli`) to the
+    options argparse reads them as, in place; an ambiguous one gives argparse's error. Unknown ones stay."""
+    opts = frozenset(options)
+    out: list[Finding] = []
+    for name in list(order):
+        if name in opts or name not in values:
+            continue
+        full, matches = resolve_abbrev(name, opts)
+        if full is not None:
+            value = values.pop(name)
+            if full not in order or order.index(full) < order.index(name):  # argparse: the later one wins
+                values[full] = value
+            order[order.index(name)] = full
+        elif len(matches) > 1:
+            out.append(ambiguous_finding(name, matches, trainer=trainer, line=line(name)))
+            values.pop(name, None)
+            order.remove(name)
+    return out

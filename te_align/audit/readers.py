@@ -93,21 +93,26 @@ def read_text(path: str | Path) -> str:
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
-def load(path: str) -> RawConfig:
-    """Parse a config file; raise :class:`ConfigSyntaxError` with file, line and column."""
+def load(path: str, at_line: int | None = None) -> RawConfig:
+    """Parse a config file; raise :class:`ConfigSyntaxError` with file, line and column. ``at_line``: in a file of
+    several command lines, the one that starts at this line (default: the last)."""
     p = Path(path)
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
     suffix = config_suffix(p)
     from te_align.audit import cmdline
 
+    if suffix == ".env" or p.name.lower() in (".env", *(f".env{x}" for x in EXAMPLE_SUFFIXES)):
+        from te_align.audit import envfile  # KEY=VALUE lines (a trainer's config.env)
+
+        return envfile.load(path)
     if suffix in cmdline.SUFFIXES or (not suffix and p.is_file()):  # a training command line (diffusers scripts)
-        return cmdline.load(path)
+        return cmdline.load(path, at_line)
     parsers = {".toml": ("toml", _parse_toml), ".json": ("json", _parse_json), ".yaml": ("yaml", _parse_yaml),
                ".yml": ("yaml", _parse_yaml)}
     if suffix not in parsers:
-        raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml or .yml "
-                               f"(or a command line in .sh/.txt/.bat; each also as {'/'.join(EXAMPLE_SUFFIXES)})",
+        raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml, .yml or "
+                               f"an env file (.env) (or a command line in .sh/.txt/.bat; each also as {'/'.join(EXAMPLE_SUFFIXES)})",
                                file=path)
     try:
         size = p.stat().st_size

@@ -15,6 +15,7 @@ from te_align.profiles.resolve import build, classify
 _atomic = lazy_module("te_align._atomic")
 _overrides = lazy_module("te_align.profiles.overrides")
 _paths = lazy_module("te_align._paths")
+_reach = lazy_module("te_align.audit.reach")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,20 +52,46 @@ def parse_set(items: list[str]) -> dict[str, object]:
     return _overrides.parse_set(items)
 
 
+def reach_cells() -> list[_reach.Cell]:
+    """Every trainer × bundled family: rules, not checked (and why) or not trained (:mod:`te_align.audit.reach`)."""
+    from te_align import trainers
+    from te_align.audit.parsed import module
+
+    families: dict[str, list[str]] = {}
+    for p in profiles():
+        families.setdefault(p.family, []).append(p.name)
+    return _reach.reach(((spec.name, module(d.name)) for d, spec in trainers.dialects()), families)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    cells = reach_cells()
+    checked: dict[str, list[str]] = {}
+    unchecked: dict[str, list[str]] = {}
+    for c in cells:
+        if c.status == "rules":
+            checked.setdefault(c.family, []).append(c.trainer)
+        elif c.status == "not-checked":
+            unchecked.setdefault(c.family, []).append(f"{c.trainer} ({c.why})")
     rows = [
         {"name": p.name, "display_name": p.display_name, "family": p.family, "repo": p.repo,
-         "slots": list(p.slot_names), "aliases": list(p.aliases), "fingerprint": p.fingerprint()}
+         "slots": list(p.slot_names), "aliases": list(p.aliases), "fingerprint": p.fingerprint(),
+         "checked_for": checked.get(p.family, []),
+         "not_checked_for": [{"trainer": c.trainer, "why": c.why} for c in cells
+                             if c.family == p.family and c.status == "not-checked"]}
         for p in profiles()
     ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [("NAME", "FAMILY", "ENCODERS", "REPO")]
-    table += [(r["name"], r["family"], "+".join(r["slots"]), r["repo"]) for r in rows]
+    table = [("NAME", "FAMILY", "ENCODERS", "CHECKED FOR")]
+    table += [(r["name"], r["family"], "+".join(r["slots"]), ", ".join(r["checked_for"]) or "no trainer") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(3)]
     for row in table:
         print("  ".join(f"{cell:<{w}}" for cell, w in zip(row[:3], widths, strict=True)) + f"  {row[3]}")
+    if unchecked:
+        print("\nnot checked (the trainer trains the family; te-align has no rules for it):")
+        for family, why in sorted(unchecked.items()):
+            print(f"  {family}: " + "; ".join(why))
     return 0
 
 

@@ -35,7 +35,14 @@ from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
 from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import guess_model, profiles_of
-from te_align.audit.parsed import Parsed, dropout_form_finding, reason, unknown_key_finding
+from te_align.audit.parsed import (
+    Parsed,
+    ambiguous_finding,
+    dropout_form_finding,
+    reason,
+    resolve_abbrev,
+    unknown_key_finding,
+)
 from te_align.audit.readers import RawConfig, UnreadableConfig
 from te_align.audit.rules import Context, Rule, Trainer
 
@@ -351,7 +358,13 @@ def read_args(script: str, args: list[str], file: str, line: Any = lambda key: N
         if not a.startswith("--") or a == "--":
             continue
         name, eq, val = a[2:].partition("=")
-        full = name if name in table else _prefix(name, table)
+        full, matches = resolve_abbrev(name, table)
+        if full is None and len(matches) > 1:
+            src = f"{SCRIPTS[script].folder}/{script} parse_args (argparse)"
+            findings.append(ambiguous_finding(name, matches, trainer=f"diffusers: {src}"))
+            if not eq and i < len(args) and not args[i].startswith("--"):
+                i += 1
+            continue
         if full is None:
             src = f"{SCRIPTS[script].folder}/{script} parse_args (argparse)"
             findings.append(unknown_key_finding(
@@ -384,11 +397,6 @@ def read_args(script: str, args: list[str], file: str, line: Any = lambda key: N
             what = "a whole number" if kind == "int" else "a number"
             findings.append(_wrong(file, full, f"expected {what}, got {val!r} (argparse: invalid {kind} value)"))
     return values, findings, written
-
-
-def _prefix(name: str, table: dict[str, str]) -> str | None:
-    hits = [k for k in table if k.startswith(name)]
-    return hits[0] if len(hits) == 1 and name else None
 
 
 def _wrong(file: str, key: str, problem: str) -> Finding:
@@ -433,8 +441,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     script = str(raw.data["script"])
     if script not in SCRIPTS:
         known = ", ".join(SCRIPTS)
-        raise UnreadableConfig(f"{script} is not a diffusers example script te-align reads ({known}); for an "
-                               "sd-scripts run pass its TOML with the script and args after `--`", file=raw.file)
+        at = raw.data.get("line")
+        raise UnreadableConfig(f"{script} is not a script te-align reads: not one of sd-scripts' (flux_train_network.py, "
+                               "sdxl_train_network.py, train_network.py, …), musubi-tuner's "
+                               f"(qwen_image_train_network.py, …) or the diffusers examples ({known})",
+                               file=f"{raw.file}:{at}" if at else raw.file)
     args = [*raw.data["args"], *extra_args]  # type: ignore[misc]
     text = raw.text
     written: dict[str, str] = {}

@@ -1,6 +1,9 @@
 """kohya-ss/sd-scripts and the bmaltais/kohya_ss GUI that runs it."""
 
+import re
+
 from te_align.trainers.api import Dialect, TrainerSpec
+from te_align.trainers.kohya.names import SCRIPTS
 
 SPEC = TrainerSpec(
     name="kohya",
@@ -9,8 +12,8 @@ SPEC = TrainerSpec(
     aliases=("sd-scripts", "sd_scripts", "kohya-ss", "kohya_ss"),
     source_words=("sd-scripts",),
     check=(
-        Dialect("kohya", "audit", "sd-scripts TOML",
-                scripts=r"(?:sdxl|sd3|flux|lumina|anima|hunyuan_image)_train[\w.-]*\.py", writer="writer"),
+        Dialect("kohya", "audit", "sd-scripts TOML or command line",
+                scripts="|".join(re.escape(s) for s in sorted(SCRIPTS, key=len, reverse=True)), writer="writer"),
         Dialect("kohya-gui", "audit_gui", "kohya_ss GUI JSON", repo="bmaltais/kohya_ss",
                 env_dir="TE_ALIGN_KOHYA_GUI_DIR", writer="writer_gui"),
     ),

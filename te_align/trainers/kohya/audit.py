@@ -22,6 +22,7 @@ from te_align.audit.parsed import (
     dropout_form_finding,
     flatten_sections,
     reason,
+    resolve_cli_abbrevs,
     unknown_key_finding,
 )
 from te_align.audit.parsed import parse_cli as _parse_cli
@@ -384,8 +385,14 @@ def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None) 
         return f"{key} = {toml_literal(value)}"
 
     def fix_remove(key: str) -> str:
-        return f"remove --{key}" if key in cli_keys else f"remove {key} from {raw.file}"
+        return f"remove --{key}" if key in cli_keys or raw.fmt == "cmdline" else f"remove {key} from {raw.file}"
 
+    if raw.fmt == "cmdline":
+        from te_align.audit.cmdline import arg_line
+
+        text = raw.text
+        return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: arg_line(text, key) if key else None,
+                       not_settable=not_settable(script))
     lines = KeyLines(raw.text)
     return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: lines(key) if key not in cli_keys else None,
                    not_settable=not_settable(script))
@@ -406,6 +413,9 @@ def unknown_keys(keys: dict[str, int | None], trainer: str = "sd-scripts") -> li
 def detect(raw: RawConfig) -> int | None:
     """An sd-scripts TOML: a key of sd-scripts' argument namespace at the top or in a section (a weak sign: every
     more specific reader wins)."""
+    if raw.fmt == "cmdline":  # the script name decides: one of sd-scripts' own (names.SCRIPTS)
+        data = raw.data if isinstance(raw.data, dict) else {}
+        return 100 if data.get("script") in kohya_table.SCRIPTS else None
     if raw.fmt != "toml" or not isinstance(raw.data, dict):
         return None
     if is_dataset_config(raw.data) or is_gui_settings(raw.data):
@@ -445,7 +455,36 @@ def is_gui_settings(data: dict[str, Any]) -> bool:
             and all(isinstance(v, dict) for v in data.values()))
 
 
+def _command_values(raw: RawConfig, extra_args: list[str]) -> tuple[RawConfig, list[str], dict[str, Any]]:
+    """A command line (``accelerate launch flux_train_network.py ARGS``) as the TOML it may name by
+    ``--config_file`` (or none) plus its arguments, the way sd-scripts reads them: read_config_from_file loads the
+    TOML, then parses the command line over it (library/train_util.py:4700-4764). Also the info notes."""
+    data = raw.data if isinstance(raw.data, dict) else {}
+    args = [str(a) for a in data.get("args", [])]  # type: ignore[union-attr]
+    words = [str(data.get("script") or ""), *args, *extra_args]
+    cli, _ = parse_cli(args)
+    config = cli.get("config_file")
+    table: dict[str, Any] = {}
+    notes: dict[str, Any] = {}
+    if isinstance(config, str) and config:
+        path = Path(config if config.endswith(".toml") else config + ".toml")
+        if not path.is_absolute() and not path.is_file():
+            path = Path(raw.file).parent / path
+        if path.is_file():
+            from te_align.audit.readers import load
+
+            loaded = load(str(path))
+            if isinstance(loaded.data, dict):
+                table = loaded.data
+        else:
+            notes["config_file"] = config
+    return RawConfig(raw.file, "cmdline", raw.text, table), words, notes
+
+
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
+    notes: dict[str, Any] = {}
+    if raw.fmt == "cmdline":
+        raw, extra_args, notes = _command_values(raw, extra_args)
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a TOML table", file=raw.file)
     if is_gui_settings(raw.data):
@@ -454,17 +493,31 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         raise NotChecked("not checked: an sd-scripts dataset config names no model; check the training config or "
                          "command line that uses it (--dataset_config) — the model is set there", file=raw.file)
     values = flatten(raw.data)
-    cli, script = parse_cli(extra_args)
-    lines = KeyLines(raw.text)
-    findings = unknown_keys({k: lines(k) for k in values})
-    findings += unknown_keys({k: None for k in cli if k not in values})
+    cli, script, order = _parse_cli(extra_args)
+    if raw.fmt == "cmdline":
+        from te_align.audit.cmdline import arg_line
+
+        text = raw.text
+        lines: Any = lambda key: arg_line(text, key)  # noqa: E731
+        findings = unknown_keys({k: None for k in values}, "sd-scripts (--config_file)")
+    else:
+        lines = KeyLines(raw.text)
+        findings = unknown_keys({k: lines(k) for k in values})
+    findings += resolve_cli_abbrevs(cli, order, known_keys("kohya")[""], line=lines if raw.fmt == "cmdline" else
+                                    (lambda key: None), trainer="sd-scripts: argparse (allow_abbrev)")
+    findings += unknown_keys({k: (lines(k) if raw.fmt == "cmdline" else None) for k in cli
+                              if k not in values or raw.fmt == "cmdline"})
+    if notes.get("config_file"):
+        findings.append(Finding(kind="note", severity="info", setting="config_file", message=(
+            f"--config_file {notes['config_file']} is not here: only the command line is checked (sd-scripts reads "
+            "that TOML under it)"), fix="check the TOML too: te-align check CONFIG.toml"))
     values.update(cli)
     if script is None and isinstance(values.get("script"), str):
         script = values["script"].rsplit("/", 1)[-1]
     prof, reason = guess_profile(values, script)
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
-    trainer = make_trainer(raw, set(cli), script)
-    after = make_after(values, lambda key: lines(key) if key not in cli else None,
+    trainer = make_trainer(raw, set(cli) if raw.fmt != "cmdline" else set(), script)
+    after = make_after(values, lambda key: lines(key) if key not in cli or raw.fmt == "cmdline" else None,
                        lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
                   caption_dirs=caption_dirs(values), guess_is_default=script is None and reason.startswith(

@@ -36,6 +36,7 @@ from te_align.audit.parsed import (
     emit_key_table,
     flatten_sections,
     parse_cli,
+    resolve_cli_abbrevs,
     unknown_key_finding,
 )
 from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load, read_text
@@ -334,6 +335,13 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             script = values["script"]
     else:
         raise UnreadableConfig("expected a TOML table", file=raw.file)
+    if raw.fmt == "cmdline" or extra_args:  # argparse reads a unique prefix as its option (allow_abbrev)
+        findings += resolve_cli_abbrevs(values, order, script_options(script), line=cli_lines,
+                                        trainer=f"musubi-tuner: {script or 'the script'} parse_args (argparse)")
+        if raw.fmt == "cmdline":
+            dataset_file, config_file = values.get("dataset_config"), values.get("config_file")
+        elif dataset is None:
+            dataset_file = values.get("dataset_config")
     if isinstance(config_file, str) and config_file:
         path = config_file if config_file.endswith(".toml") else config_file + ".toml"
         from_file = _flatten(_read_toml(path, "--config_file"))

@@ -24,6 +24,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer
+from te_align.trainers.simpletuner import envfile
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -356,6 +357,8 @@ def detect(raw: RawConfig) -> int | None:
     config."""
     if raw.fmt == "json" and _is_backend_config(raw.data):
         return 60
+    if raw.fmt == "env":  # config.env: SimpleTuner's env backend (te_align.trainers.simpletuner.envfile)
+        return 95
     if raw.fmt == "cmdline" or not isinstance(raw.data, dict):
         return None
     return 95 if "model_family" in {str(k).lstrip("-") for k in raw.data} else None
@@ -370,10 +373,14 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     keys = known_keys("simpletuner")
     valid = keys[""]
     ignored = keys.get("ignored", frozenset())
-    lines = KeyLines(raw.text)
+    lines: Any = KeyLines(raw.text)
     values: dict[str, Any] = {}
     findings = []
-    for k, v in raw.data.items():
+    data = raw.data
+    if raw.fmt == "env":
+        lines, findings = _env_lines(raw)
+        data = envfile.read_env(raw.text)[0]
+    for k, v in data.items():
         key = str(k).lstrip("-").replace("-", "_")
         values[key] = v
         if key in valid or key in ignored:
@@ -403,6 +410,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             "both with the same umT5-XXL at 512 tokens")))
 
     def fix_set(key: str, value: Any) -> str:
+        if raw.fmt == "env":
+            var = next((v for v, a in envfile.ENV_TO_ARGS.items() if a == f"--{key}"), None)
+            val = ("true" if value else "false") if isinstance(value, bool) else value
+            return f"export {var}={val}" if var else f'add --{key}={val} to TRAINER_EXTRA_ARGS'
         return f"{key} = {json.dumps(value)}" if raw.fmt == "toml" else f'"{key}": {json.dumps(value)}'
 
     def fix_remove(key: str) -> str:
@@ -429,6 +440,21 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 
 def _family(prof: str) -> str:
     return bundled_families().get(prof) or prof
+
+
+def _env_lines(raw: RawConfig) -> tuple[Any, list[Finding]]:
+    """A config.env's option lines and notes: lines SimpleTuner's loader does not read as ``KEY=VALUE`` (one note
+    naming file and line; the rest is checked) and variables that set the environment only."""
+    _, at, skipped, env_only = envfile.read_env(raw.text)
+    notes = [Finding(kind="note", severity="info", setting="config.env", line=n, message=(
+        f"{raw.file}:{n}: shell syntax beyond KEY=VALUE / export ({text[:60]!r}): SimpleTuner's env loader does not "
+        "run it (env_file.py:149-188 reads KEY=VALUE lines only); checked without it (partial)"),
+        trainer_source=f"{envfile.SOURCE}:149-188") for n, text in skipped]
+    if env_only:
+        notes.append(Finding(kind="note", severity="info", setting="config.env", message=(
+            f"{', '.join(env_only[:8])}{' …' if len(env_only) > 8 else ''}: not in SimpleTuner's env_to_args_map: "
+            "they set the environment only, no option"), trainer_source=f"{envfile.SOURCE}:3-135"))
+    return (lambda key: at.get(str(key).lstrip("-").replace("-", "_")) if key else None), notes
 
 
 def caption_dirs(path: Any) -> list[str]:

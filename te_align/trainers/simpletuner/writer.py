@@ -4,7 +4,7 @@ have."""
 
 from __future__ import annotations
 
-from te_align.audit.editing import Change, require_known
+from te_align.audit.editing import CannotFix, Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
 
@@ -14,6 +14,9 @@ def _name(k: object) -> str:
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
+    if raw.fmt == "env":
+        raise CannotFix("a config.env: set it by hand (its variable, or a word of TRAINER_EXTRA_ARGS)", file=raw.file,
+                        key=edit.key)
     data = raw.data if isinstance(raw.data, dict) else {}
     keys = known_keys("simpletuner")
     require_known(edit.key, keys[""] | keys.get("ignored", frozenset()), raw.file, "SimpleTuner")
