@@ -46,6 +46,12 @@ def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditio
     return t.unsqueeze(-1).expand(cond["prompt_embeds"].shape).reshape(t.shape[0], -1)
 
 
+def _z_image_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> Any:
+    """Z-Image's encode_prompt returns a list of (length_i, width) tensors, the padding stripped per sample: the
+    documented way back from te-align's re-padded tensor and its mask is Conditioning.unpad."""
+    return cond.unpad(key, "prompt_embeds_mask") if key == "prompt_embeds" else t
+
+
 def _t5_len(p: AlignmentProfile, slot: str = "t5") -> int:
     return p.slot(slot).tokenizer.max_length
 
@@ -157,6 +163,22 @@ CASES: dict[str, Case] = {
         ),
         ("prompt_embeds", None),
     ),
+    **{
+        name: Case(
+            name, "flux2-klein",
+            lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen3")),
+            ("prompt_embeds", "text_ids"),
+        )
+        for name in ("flux2-klein-4b", "flux2-klein-9b")
+    },
+    "z-image": Case(
+        "z-image", "z-image",
+        lambda pipe, x, p: pipe.encode_prompt(
+            list(x), device="cpu", do_classifier_free_guidance=False, max_sequence_length=_t5_len(p, "qwen3")
+        ),  # a copy: ZImagePipeline._encode_prompt writes the chat-templated text back into the list it is given
+        ("prompt_embeds", None),
+        _z_image_layout,
+    ),
 }  # fmt: skip
 
 
@@ -203,6 +225,12 @@ def _assert_equal(name: str, label: str, ref: dict[str, torch.Tensor], ours: te_
     layout = CASES[name].to_pipeline_layout
     for key, expected in ref.items():
         got = layout(key, ours[key], ours) if layout else ours[key]
+        if isinstance(expected, list):  # one tensor per prompt (Z-Image): every element equal
+            assert isinstance(got, list) and len(got) == len(expected), f"{name} [{label}] {key}: list lengths differ"
+            for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+                assert g.dtype == e.dtype and g.shape == e.shape, f"{name} [{label}] {key}[{i}]: {g.dtype} {tuple(g.shape)} != {e.dtype} {tuple(e.shape)}"
+                assert torch.equal(g, e), f"{name} [{label}] {key}[{i}]: values differ"
+            continue
         if expected is None:
             # Qwen-Image returns no mask when every position is real; ours must then be all ones.
             assert bool(got.all()), f"{name} [{label}] {key}: the pipeline says no masking is needed but ours masks"
@@ -282,3 +310,56 @@ def test_hunyuanimage_glyph_prompts_equal_the_pipeline():
     # the empty prompt (negative / dropped caption) is the chat template with no text and zero ByT5
     uncond = te_align.encode(p, [""], pipeline=pipe, negative=True)
     _assert_equal("hunyuanimage-2.1", "negative ''", _pipeline_outputs("hunyuanimage-2.1", [""]), uncond)
+
+
+#: Profiles whose template is a chat template rendered by the tokenizer: (case name, slot, apply_chat_template kwargs).
+CHAT_TEMPLATES: dict[str, tuple[str, dict[str, Any]]] = {
+    "flux2-klein-4b": ("qwen3", {"add_generation_prompt": True, "enable_thinking": False}),
+    "flux2-klein-9b": ("qwen3", {"add_generation_prompt": True, "enable_thinking": False}),
+    "z-image": ("qwen3", {"add_generation_prompt": True, "enable_thinking": True}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))
+def test_the_template_literal_is_the_real_chat_template_rendering(name):
+    """The profile's template text equals what the tokenizer's real Jinja chat template renders, as the pipeline
+    calls it, for plain, empty and template-like prompts."""
+    pipe, p = _setup(name)
+    slot_name, kwargs = CHAT_TEMPLATES[name]
+    spec = p.slot(slot_name).tokenizer
+    tok = getattr(pipe, p.slot(slot_name).tokenizer_subfolder)
+    for prompt in ("a red cat", "", "two\nlines <think> x </think>", "far " * 40):
+        real = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, **kwargs)
+        assert render(spec, prompt) == real
+        assert render(spec, prompt, negative=True) == real
+
+
+def test_klein_at_the_training_script_layers_equals_the_pipeline_called_with_them():
+    """diffusers' klein training script taps hidden layers (10, 20, 30) (its --text_encoder_out_layers default);
+    the profile overridden to them equals Flux2KleinPipeline.encode_prompt called with them, and differs from the
+    pipeline's own (9, 18, 27)."""
+    pipe, p = _setup("flux2-klein-4b")
+    q = p.with_overrides({"qwen3.layer": [10, 20, 30]})
+    prompts = ["a cat", "far " * 600, ""]
+    with torch.no_grad():
+        ref = pipe.encode_prompt(prompts, device="cpu", text_encoder_out_layers=(10, 20, 30))
+    ours = te_align.encode(q, prompts, pipeline=pipe)
+    assert torch.equal(ours["prompt_embeds"], ref[0]) and torch.equal(ours["text_ids"], ref[1])
+    default = te_align.encode(p, prompts, pipeline=pipe)
+    assert default["prompt_embeds"].shape == ours["prompt_embeds"].shape
+    assert not torch.equal(default["prompt_embeds"], ours["prompt_embeds"])
+    # each third of the width is one tapped layer: none of (9, 18, 27) equals any of (10, 20, 30)
+    w = pipe.text_encoder.config.hidden_size
+    for k in range(3):
+        assert not torch.equal(default["prompt_embeds"][..., k * w : (k + 1) * w], ours["prompt_embeds"][..., k * w : (k + 1) * w])
+
+
+def test_z_image_negative_is_the_empty_prompt_through_the_template():
+    """ZImagePipeline.encode_prompt with CFG and no negative prompt encodes "" per prompt (thinking on, same template);
+    a given negative prompt goes the same way. Both equal te-align's negative encoding, element for element."""
+    pipe, p = _setup("z-image")
+    for prompts, negative in ((["a cat", "far " * 600], None), (["a cat", "x"], ["blurry, low quality", ""])):
+        with torch.no_grad():
+            _, neg = pipe.encode_prompt(list(prompts), device="cpu", negative_prompt=None if negative is None else list(negative))
+        ours = te_align.encode(p, negative or [""] * len(prompts), pipeline=pipe, negative=True)
+        _assert_equal("z-image", f"negative {negative!r}", {"prompt_embeds": neg}, ours)

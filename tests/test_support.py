@@ -389,6 +389,11 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     # AnimaTextEncoderStep.encode_prompt's dict: Qwen states + mask, T5 ids + mask ("</s>" added), then the
     # negatives of "" (zero Qwen tokens -> one position with mask 0; T5 "</s>").
     "anima": ((1, 5, 32), (1, 5), (1, 6), (1, 6), (1, 1, 32), (1, 1), (1, 1), (1, 1)),
+    # Qwen3 layers 9, 18, 27 side by side (3 x 16), padded to 512; text_ids (0, 0, 0, position).
+    "flux2-klein": ((1, 512, 3 * 16), (1, 512, 4)),
+    # lists of (real tokens, width): "<|im_start|>user\n" 3 + the prompt 5 + "<|im_end|>\n<|im_start|>assistant\n"
+    # 5; the negative "" has the template's 8.
+    "z-image": (((13, 16),), ((8, 16),)),
 }
 
 # Positional arguments needed besides the prompt.
@@ -453,6 +458,9 @@ def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: st
         if (family, name) == ("auraflow", "tokenizer"):
             # diffusers hints T5Tokenizer; the official fal/AuraFlow model_index loads LlamaTokenizerFast.
             assert hint is transformers.T5Tokenizer and isinstance(component, transformers.LlamaTokenizerFast)
+        elif (family, name) == ("z-image", "tokenizer"):
+            # hint AutoTokenizer (and PreTrainedModel for the encoder): the Qwen3 tokenizer class is Qwen2Tokenizer.
+            assert hint is transformers.AutoTokenizer and isinstance(component, transformers.Qwen2TokenizerFast)
         elif (family, name) == ("wan21", "tokenizer"):
             # hint AutoTokenizer; the official model_index loads T5TokenizerFast.
             assert hint is transformers.AutoTokenizer and isinstance(component, transformers.T5TokenizerFast)
@@ -468,7 +476,7 @@ def test_encode_prompt_runs(cache_dir: Path, family: str) -> None:
     with torch.no_grad():
         out = _encode_prompt(pipe, family, PROMPT)
     assert _shapes(out) == EXPECTED_SHAPES[family]
-    first = out[0]
+    first = out[0][0] if isinstance(out[0], list) else out[0]  # Z-Image: a list per prompt
     assert first.dtype == torch.float32 and torch.isfinite(first).all()
 
 

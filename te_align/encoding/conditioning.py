@@ -133,6 +133,13 @@ class Conditioning(Mapping[str, "torch.Tensor"]):
             counts = [n for c in items for n in (c.token_counts or [])]
         return cls(tensors, first.profile_name, first.fingerprint, counts, first.shared, first.batch_dims)
 
+    def unpad(self, name: str, mask: str) -> list[torch.Tensor]:
+        """Tensor ``name`` as one (length_i, ...) tensor per prompt, keeping the positions where ``mask`` is set:
+        the list Z-Image's ``encode_prompt`` returns (``prompt_embeds[i][mask[i]]``) from the re-padded tensor
+        and its mask (``unpad("prompt_embeds", "prompt_embeds_mask")``)."""
+        t, m = self[name], self[mask]
+        return [t[i][m[i].bool()] for i in range(t.shape[0])]
+
     # ------------------------------------------------------------------ moving
     def to(self, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False) -> Conditioning:
         """A copy on ``device``; ``dtype`` applies to floating-point tensors only (ids and masks keep theirs)."""

@@ -574,7 +574,8 @@ def run_encoder(
     e = slot.encoder
     kwargs: dict[str, torch.Tensor | bool] = {"input_ids": ids}
     if slot.masks.encoder:
-        kwargs["attention_mask"] = mask.float() if slot.masks.encoder_mask_dtype == "float" else mask
+        dtype = {"float": torch.float32, "bool": torch.bool}.get(slot.masks.encoder_mask_dtype)
+        kwargs["attention_mask"] = mask.to(dtype) if dtype is not None else mask
     if not (e.layer == "last" and e.final_layer_norm) or _is_lm_head(encoder):
         kwargs["output_hidden_states"] = True
     return encoder(**kwargs)
@@ -826,7 +827,18 @@ def evaluate(node: Node, results: Mapping[str, SlotResult]) -> torch.Tensor | in
     if node.fn == "text_ids":
         (x,) = args
         return torch.zeros(x.shape[-2], 3).to(device=x.device, dtype=x.dtype)  # type: ignore[union-attr]
+    if node.fn == "text_ids_4d":
+        (x,) = args
+        return flux2_text_ids(x)  # type: ignore[arg-type]
     raise EncodingError(f"unknown function {node.fn}")  # pragma: no cover - rejected at profile load
+
+
+def flux2_text_ids(x: torch.Tensor) -> torch.Tensor:
+    """FLUX.2's text position ids for (batch, sequence, width) states: (batch, sequence, 4) int64 whose
+    (t, h, w, l) rows are (0, 0, 0, position) (Flux2Pipeline._prepare_text_ids' cartesian product)."""
+    ids = torch.zeros((x.shape[0], x.shape[-2], 4), dtype=torch.long, device=x.device)
+    ids[..., 3] = torch.arange(x.shape[-2], device=x.device)
+    return ids
 
 
 # ---------------------------------------------------------------------------------- public

@@ -50,6 +50,7 @@ FUNCTIONS: dict[str, tuple[int, int | None, str]] = {
     "seq": (1, None, "concatenate along the sequence dimension"),
     "padw": (2, 2, "zero-pad the last dimension to the width of the second argument (tensor or integer)"),
     "text_ids": (1, 1, "zeros of shape (sequence length, 3): Flux-style text position ids"),
+    "text_ids_4d": (1, 1, "FLUX.2 text position ids (batch, sequence length, 4) int64: (t, h, w, l) = (0, 0, 0, position)"),
 }
 
 
@@ -163,6 +164,8 @@ def check_expression(text: str, slots: tuple[str, ...], *, key: str, file: str |
 # ------------------------------------------------------------------------------ typed outputs
 #: Functions whose result has no batch dimension (one tensor shared by every prompt), and its kind.
 _SHARED_FUNCTIONS: dict[str, OutputKind] = {"text_ids": "ids"}
+#: Functions whose result is batched and of a kind of its own, whatever their argument is.
+_BATCHED_FUNCTIONS: dict[str, OutputKind] = {"text_ids_4d": "ids"}
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,8 @@ def _kind(node: Node, key: str, text: str) -> tuple[OutputKind, bool] | None:
         return ATTR_KINDS[node.attr], False
     if node.fn in _SHARED_FUNCTIONS:
         return _SHARED_FUNCTIONS[node.fn], True
+    if node.fn in _BATCHED_FUNCTIONS:
+        return _BATCHED_FUNCTIONS[node.fn], False
     args = node.args[:1] if node.fn == "padw" else node.args  # padw's second argument only gives a width
     found = {k for a in args if (k := _kind(a, key, text)) is not None}
     if len(found) != 1:

@@ -42,7 +42,7 @@ LayerName = Literal["last", "penultimate", "all"]
 LayerCombine = Literal["concat", "interleave", "stack"]
 TextTransform = Literal["none", "quoted_text"]
 AbsentText = Literal["empty", "zeros"]
-EncoderMaskDtype = Literal["int64", "float"]
+EncoderMaskDtype = Literal["int64", "float", "bool"]
 PadTokenInPrompt = Literal["pad_id", "text"]
 
 FINGERPRINT_VERSION = 1
@@ -146,7 +146,7 @@ class MaskSpec:
     #: The tokenizer's attention mask is passed into the text encoder.
     encoder: bool = False
     #: dtype of that mask: the tokenizer's int64, or ``float`` (float32, ``attention_mask.float()``:
-    #: HunyuanImage's ByT5).
+    #: HunyuanImage's ByT5), or ``bool`` (``attention_mask.bool()``: Z-Image).
     encoder_mask_dtype: EncoderMaskDtype = "int64"
     #: Padded positions of the output embeddings are multiplied by zero.
     zero_padded: bool = False

@@ -41,6 +41,7 @@ __all__ = [
     "llama_for_causal_lm",
     "qwen2_5_vl_model",
     "qwen3_model",
+    "qwen3_text_encoder",
     "t5_encoder_model",
     "umt5_encoder_model",
 ]
@@ -95,6 +96,8 @@ PIPELINE_CLASSES: dict[str, str] = {
     "hunyuanimage": "HunyuanImagePipeline",
     "wan21": "WanPipeline",
     "anima": "AnimaModularPipeline",
+    "flux2-klein": "Flux2KleinPipeline",
+    "z-image": "ZImagePipeline",
 }
 #: Families whose official text encoding lives in a diffusers *modular* pipeline (diffusers.modular_pipelines).
 MODULAR_FAMILIES: tuple[str, ...] = ("anima",)
@@ -355,6 +358,49 @@ def qwen3_model(tokenizer: transformers.PreTrainedTokenizerBase, seed: int | Non
         return _finish(transformers.Qwen3Model(config))
 
 
+#: Qwen3-4B / Qwen3-8B (FLUX.2 klein 4B / 9B, Z-Image), kohya-ss/musubi-tuner@30c658c
+#: src/musubi_tuner/zimage/zimage_utils.py:37-100 config copies: 36 layers, 32 heads, 8 KV heads, head_dim 128,
+#: vocab 151936, max_position_embeddings 40960, rope theta 1e6, bfloat16; 4B: width 2560, feed-forward 9728, tied
+#: embeddings; 8B: width 4096, feed-forward 12288, untied. The tiny ones keep the 36 layers (so FLUX.2 klein's
+#: taps 9, 18, 27 and the 10, 20, 30 of the diffusers klein training script are inner layers, all different) and the
+#: tying, with widths 16 (4B) and 24 (8B).
+QWEN3_INSTRUCT_VARIANTS: dict[str, dict[str, Any]] = {
+    "4B": {"hidden_size": 16, "intermediate_size": 32, "tie_word_embeddings": True},
+    "8B": {"hidden_size": 24, "intermediate_size": 48, "tie_word_embeddings": False},
+}
+
+
+def qwen3_text_encoder(
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    cls: Literal["Qwen3ForCausalLM", "Qwen3Model"] = "Qwen3ForCausalLM",
+    variant: Literal["4B", "8B"] = "4B",
+    seed: int | None = None,
+) -> Any:
+    """Tiny Qwen3-4B/8B text encoder (:data:`QWEN3_INSTRUCT_VARIANTS`) as ``Qwen3ForCausalLM`` (FLUX.2 klein's type
+    hint) or ``Qwen3Model`` (Z-Image's tests and musubi-tuner load it as such): 36 layers of 2 heads (1 KV head) of
+    8, vocabulary ``len(tokenizer)`` rounded up to 64, bos ``<|endoftext|>`` and eos ``<|im_end|>`` as the real
+    configs (151643, 151645)."""
+    v = QWEN3_INSTRUCT_VARIANTS[variant]
+    config = transformers.Qwen3Config(
+        vocab_size=_round_up(len(tokenizer)),
+        hidden_size=v["hidden_size"],
+        intermediate_size=v["intermediate_size"],
+        num_hidden_layers=36,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=v["tie_word_embeddings"],
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+    seed = _seed_for(f"qwen3-{variant}-{cls}-{len(tokenizer)}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(getattr(transformers, cls)(config))
+
+
 def byt5_encoder_model(
     vocab_size: int, d_model: int = BYT5_D_MODEL, seed: int | None = None
 ) -> transformers.T5EncoderModel:
@@ -405,6 +451,8 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
       ``hidden_states[-3]`` is an inner layer); tokenizer_2 ByT5Tokenizer (byte level, no files) +
       T5EncoderModel (:func:`byt5_encoder_model`).
     * ``wan21``: T5TokenizerFast (umt5) + UMT5EncoderModel.
+    * ``flux2-klein``: Qwen2TokenizerFast (Qwen3 instruct, real chat template) + Qwen3ForCausalLM (4B layout).
+    * ``z-image``: Qwen2TokenizerFast (Qwen3 instruct, real chat template) + Qwen3Model (4B layout).
     * ``anima``: Qwen2TokenizerFast (Qwen3-0.6B-Base conventions) + Qwen3Model; ``t5_tokenizer``
       T5TokenizerFast (t5-v1_1 conventions) with no encoder: Anima's T5 ids go to the DiT's LLM adapter.
     """
@@ -485,6 +533,10 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
             "text_encoder": qwen3_model(qwen_tok),
             "t5_tokenizer": tok.t5_tokenizer(cache_dir=cache_dir),
         }
+    if family in ("flux2-klein", "z-image"):
+        qwen_tok = tok.qwen3_instruct_tokenizer(cache_dir=cache_dir)
+        cls = "Qwen3ForCausalLM" if family == "flux2-klein" else "Qwen3Model"
+        return {"tokenizer": qwen_tok, "text_encoder": qwen3_text_encoder(qwen_tok, cls)}
     if family == "wan21":
         umt5_tok = tok.umt5_tokenizer(cache_dir=cache_dir)
         return {

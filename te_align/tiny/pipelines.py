@@ -205,6 +205,8 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Flux2KleinPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "ZImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
 }
 
 
@@ -218,6 +220,8 @@ PIPELINE_SINCE: dict[str, str] = {
     "QwenImagePipeline": "0.35.0",
     "HunyuanImagePipeline": "0.36.0",
     "AnimaModularPipeline": "0.39.0",
+    "ZImagePipeline": "0.36.0",
+    "Flux2KleinPipeline": "0.37.0",
 }
 
 

@@ -54,6 +54,8 @@ __all__ = [
     "CLIP_VOCAB_SIZE",
     "LLAMA3_SPECIAL_TOKENS",
     "QWEN2_SPECIAL_TOKENS",
+    "QWEN3_ADDED_TOKENS",
+    "QWEN3_CHAT_TEMPLATE_SOURCE",
     "QWEN_IMAGE_TEMPLATE",
     "QWEN_IMAGE_TEMPLATE_PREFIX_TOKENS",
     "bytes_to_unicode",
@@ -64,6 +66,8 @@ __all__ = [
     "llama3_tokenizer",
     "pile_t5_tokenizer",
     "qwen2_tokenizer",
+    "qwen3_chat_template",
+    "qwen3_instruct_tokenizer",
     "qwen3_tokenizer",
     "t5_tokenizer",
     "umt5_tokenizer",
@@ -929,4 +933,63 @@ def qwen3_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2Toke
     the text (an empty prompt has no tokens at all), right padding.
     """
     folder = _materialize("qwen3", _root(cache_dir), functools.partial(_write_qwen2, eos="<|endoftext|>"))
+    return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
+
+
+#: Qwen3's added tokens after :data:`QWEN2_SPECIAL_TOKENS`, in id order (real ids 151657..151668), each with its
+#: ``special`` flag as in the Qwen3 tokenizer_config.json (kohya-ss/sd-scripts@48d368f configs/qwen3_06b): only the
+#: Qwen2 markers are special; ``<think>``/``</think>`` are ordinary added tokens, matched whole.
+QWEN3_ADDED_TOKENS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
+
+#: Where ``data/qwen3_chat_template.jinja`` was copied from, verbatim: the ``chat_template`` of the Qwen3
+#: tokenizer_config.json that kohya-ss/sd-scripts bundles (Apache-2.0, as the Qwen3 release).
+QWEN3_CHAT_TEMPLATE_SOURCE = "kohya-ss/sd-scripts@48d368fa557731ad0488c07304dfeba8c07910eb configs/qwen3_06b/tokenizer_config.json chat_template"
+#: None of the Qwen3 additions is special in that file (its added_tokens_decoder: "special": false).
+_QWEN3_SPECIAL_FLAGS = {t: False for t in QWEN3_ADDED_TOKENS}
+
+
+def qwen3_chat_template() -> str:
+    """The real Qwen3 Jinja chat template (:data:`QWEN3_CHAT_TEMPLATE_SOURCE`), with its ``enable_thinking`` switch."""
+    return (Path(__file__).parent / "data" / "qwen3_chat_template.jinja").read_text(encoding="utf-8")
+
+
+def _write_qwen3_instruct(folder: Path) -> None:
+    _write_qwen2(folder, eos="<|im_end|>")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=_QWEN3_SPECIAL_FLAGS[t], normalized=False) for t in QWEN3_ADDED_TOKENS])
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for t in QWEN3_ADDED_TOKENS:
+        config["added_tokens_decoder"][str(tok.token_to_id(t))] = _added_token_entry(t, special=_QWEN3_SPECIAL_FLAGS[t])
+    config["add_bos_token"] = False
+    config["chat_template"] = qwen3_chat_template()
+    _write_json(folder / "tokenizer_config.json", config)
+
+
+def qwen3_instruct_tokenizer(cache_dir: PathLike | None = None) -> transformers.Qwen2TokenizerFast:
+    """Small Qwen3-4B / Qwen3-8B (instruct) tokenizer, loaded as ``Qwen2TokenizerFast``: the text encoder of
+    FLUX.2 klein (``Flux2KleinPipeline``) and Z-Image (``ZImagePipeline``).
+
+    The :func:`qwen2_tokenizer` recipe with the Qwen3 instruct conventions: eos ``<|im_end|>``, pad
+    ``<|endoftext|>``, no BOS (``add_bos_token`` false), nothing added around the text, right padding, the
+    :data:`QWEN3_ADDED_TOKENS` after the Qwen2 markers (``<think>``/``</think>`` matched whole, not special) and
+    the real Qwen3 chat template (:func:`qwen3_chat_template`), so ``apply_chat_template(...,
+    enable_thinking=...)`` renders as the real tokenizer does. eos/pad follow musubi-tuner@30c658c
+    src/musubi_tuner/zimage/zimage_utils.py's Qwen3-4B/8B configs (eos_token_id 151645 = ``<|im_end|>``); the
+    Qwen3-4B/8B tokenizer_config.json files themselves were not read.
+    """
+    folder = _materialize("qwen3-instruct", _root(cache_dir), _write_qwen3_instruct)
     return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
