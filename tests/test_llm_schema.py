@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -71,3 +73,73 @@ def test_a_thinking_place_needs_the_switch():
 def test_profiles_without_the_new_fields_keep_their_fingerprints():
     # the values fingerprint version 1 hashed: adding enable_thinking, thinking_off_text and layer_combine changed none
     assert _qwen_image().fingerprint() == "cc02949d8077a7ed"
+
+
+# ------------------------------------------------------------------ condition images (edit slots, [slots.X.images])
+#: Fingerprints of every bundled profile before the images table existed (e799773): a slot without images
+#: hashes exactly what it did.
+BEFORE_IMAGES = {
+    "anima": "749c21a05bd1d92e", "auraflow": "4e9574a2c45b6b96", "chroma": "6fc0b1b801ce2e84",
+    "flux-dev": "22fbd05825cc268d", "flux-schnell": "0457a35dad4626fe", "hidream": "679d3cfbe61cf160",
+    "hunyuanimage-2.1": "bee1dfdcdad17f3a", "lumina2": "ead6b791a7fe8939", "pixart-sigma": "62531ac55feb44c1",
+    "qwen-image": "cc02949d8077a7ed", "sana": "31c8036359b112a3", "sd15": "9370320943d6c410",
+    "sd21": "748fb968e632841f", "sd3-medium": "69729c9c4c664279", "sd35-large": "69729c9c4c664279",
+    "sd35-medium": "69729c9c4c664279", "sdxl": "aa85fc557ea00a8c", "wan21": "5d73f379521a6186",
+}  # fmt: skip
+
+
+def test_profiles_without_images_keep_their_fingerprints():
+    from te_align.profiles import bundled, bundled_names
+
+    without = [n for n in bundled_names() if all(s.images is None for s in bundled(n).slots)]
+    assert sorted(without) == sorted(BEFORE_IMAGES)
+    for name in without:
+        assert bundled(name).fingerprint() == BEFORE_IMAGES[name], name
+        assert not any(".images." in path for path in bundled(name).behaviour_paths()), name
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("area", "big", "expected an integer"),
+        ("area", True, "expected an integer"),
+        ("area", -5, "expected a pixel area of at least 784"),
+        ("resize", "round_16", "expected one of 'round_32'"),
+        ("resample", "box", "expected one of 'lanczos' | 'bicubic' | 'bilinear' | 'nearest'"),
+        ("prefix", 3, "expected a string"),
+        ("prefix", "Picture {k}: ", "the prefix may hold only the {n} place"),
+        ("processor_subfolder", " ", "expected the processor's component name"),
+        ("bogus", 1, "unknown key"),
+    ],
+)
+def test_a_bad_image_value_is_one_profile_error_naming_its_key(key, value, message):
+    from te_align import _toml as tomllib
+    from te_align.profiles import profile_from_dict
+
+    data = tomllib.loads(te_align.profile("qwen-image-edit-2509").to_toml())
+    data["slots"]["qwen"]["images"][key] = value
+    with pytest.raises(ProfileError, match=re.escape(message)) as err:
+        profile_from_dict(data)
+    assert err.value.key == f"slots.qwen.images.{key}"
+    assert "\n" not in str(err.value)
+
+
+def test_an_image_override_round_trips_with_its_own_fingerprint():
+    import json
+
+    from te_align import _toml as tomllib
+    from te_align.profiles import profile_from_dict
+
+    p = te_align.profile("qwen-image-edit-2509")
+    q = p.with_overrides({"qwen.images.area": 512 * 512, "slots.qwen.images.resample": "bicubic"})
+    assert (q.slot("qwen").images.area, q.slot("qwen").images.resample) == (262144, "bicubic")
+    assert q.provenance_of("slots.qwen.images.area").status == "override"
+    assert q.fingerprint() != p.fingerprint()
+    assert profile_from_dict(tomllib.loads(q.to_toml())) == q
+    assert profile_from_dict(json.loads(q.to_json())) == q
+    assert p.with_overrides({"qwen.images.area": 147456}).fingerprint() == p.fingerprint()  # the profile's own value
+    with pytest.raises(ProfileError, match=r"must be in \[784, 67108864\]") as err:
+        p.with_overrides({"qwen.images.area": 0})
+    assert err.value.key == "qwen.images.area"
+    with pytest.raises(ProfileError, match="unknown override"):  # a text-only profile has no images table
+        _qwen_image().with_overrides({"qwen.images.area": 512 * 512})

@@ -21,6 +21,7 @@ import torch
 import te_align
 from te_align.encoding.core import tokenize_length
 from te_align.encoding.text import render
+from te_align.errors import EncodingError
 from te_align.probe.core import prompt_suite as standard_prompt_suite
 from te_align.profiles import AlignmentProfile
 from te_align.tiny.fit import fit_profile
@@ -37,6 +38,11 @@ class Case:
     returns: tuple[str | None, ...]  # output name per returned position (None = not compared)
     #: Where the pipeline returns a tensor in another layout, how ours maps onto it (documented quirks).
     to_pipeline_layout: Callable[[str, torch.Tensor, te_align.encoding.Conditioning], torch.Tensor] | None = None
+    #: Constructor arguments of the pipeline besides its text components (Wan 2.2's expert boundary).
+    build: tuple[tuple[str, Any], ...] = ()
+    #: Edit models: the condition images te_align.encode gets for a batch of n prompts (as the user has them),
+    #: or None for text only; ``call`` gives the pipeline the same images as its ``__call__`` prepares them.
+    images: Callable[[int], list[Any]] | None = None
 
 
 def _auraflow_layout(key: str, t: torch.Tensor, cond: te_align.encoding.Conditioning) -> torch.Tensor:
@@ -69,6 +75,31 @@ def _anima(pipe: Any, prompts: list[str], p: AlignmentProfile, negative: list[st
         max_sequence_length=_t5_len(p, "qwen"), device=torch.device("cpu"), dtype=pipe.text_encoder.dtype,
     )  # fmt: skip
     return (*(out[k] for k in ANIMA_KEYS), *(out[f"negative_{k}"] for k in ANIMA_KEYS))
+
+
+def _image(w: int, h: int, seed: int) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
+
+
+def _edit_images(n: int) -> list[Any]:
+    """One condition image per prompt (sizes and aspect ratios vary), as the user has them."""
+    return [_image(48 + 8 * (k % 3), 40 + 12 * (k % 2), k) for k in range(n)]
+
+
+def _edit_prepared(pipe: Any, images: list[Any]) -> list[Any]:
+    """The images as QwenImageEditPipeline.__call__ hands them to encode_prompt: image_processor.resize to
+    calculate_dimensions(1024 * 1024, w / h) (pipeline_qwenimage_edit.py:623-624, :661)."""
+    import importlib
+
+    module = importlib.import_module(type(pipe).__module__)
+    out = []
+    for im in images:
+        w, h = module.calculate_dimensions(1024 * 1024, im.size[0] / im.size[1])[:2]
+        out.append(pipe.image_processor.resize(im, h, w))
+    return out
 
 
 def _sana_instruction() -> list[str]:
@@ -104,6 +135,12 @@ CASES: dict[str, Case] = {
         )
         for name in ("flux-dev", "flux-schnell")
     },
+    # FLUX.1 Kontext: FluxKontextPipeline.encode_prompt (a copy of FluxPipeline's) against the flux-dev profile
+    "flux-kontext": Case(
+        "flux-kontext", "flux-kontext",
+        lambda pipe, x, p: pipe.encode_prompt(prompt=x, prompt_2=None, device="cpu", max_sequence_length=_t5_len(p)),
+        ("prompt_embeds", "pooled_prompt_embeds", "text_ids"),
+    ),
     "chroma": Case(
         "chroma", "chroma",
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False, max_sequence_length=_t5_len(p)),
@@ -142,6 +179,21 @@ CASES: dict[str, Case] = {
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen")),
         ("prompt_embeds", "prompt_embeds_mask"),
     ),
+    # Qwen-Image-Edit: one condition image per prompt; encode_prompt(prompts, image=[one per prompt]) runs the batch
+    # in one processor call (each text's <|image_pad|> takes the next image), as te_align.encode does
+    "qwen-image-edit": Case(
+        "qwen-image-edit", "qwen-image-edit",
+        lambda pipe, x, p: pipe.encode_prompt(x, image=_edit_prepared(pipe, _edit_images(len(x))), device="cpu"),
+        ("prompt_embeds", "prompt_embeds_mask"),
+        images=_edit_images,
+    ),
+    # Qwen-Image-Edit-2509 / 2511 text only: QwenImageEditPlusPipeline.encode_prompt with image=None writes no
+    # "Picture N:" prefix (pipeline_qwenimage_edit_plus.py:240-247); 2511's profile is the same behaviour
+    "qwen-image-edit-2509": Case(
+        "qwen-image-edit-2509", "qwen-image-edit-plus",
+        lambda pipe, x, p: pipe.encode_prompt(x, image=None, device="cpu"),
+        ("prompt_embeds", "prompt_embeds_mask"),
+    ),
     "hunyuanimage-2.1": Case(
         "hunyuanimage-2.1", "hunyuanimage",
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", batch_size=len(x)),
@@ -156,13 +208,6 @@ CASES: dict[str, Case] = {
         ("prompt_embeds_t5", None, "prompt_embeds_llama3", None, "pooled_prompt_embeds", None),
     ),
     "anima": Case("anima", "anima", _anima, (*ANIMA_KEYS, None, None, None, None)),
-    "wan21": Case(
-        "wan21", "wan21",
-        lambda pipe, x, p: pipe.encode_prompt(
-            x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
-        ),
-        ("prompt_embeds", None),
-    ),
     **{
         name: Case(
             name, "flux2-klein",
@@ -179,6 +224,20 @@ CASES: dict[str, Case] = {
         ("prompt_embeds", None),
         _z_image_layout,
     ),
+    **{
+        name: Case(
+            profile, "wan21",
+            lambda pipe, x, p: pipe.encode_prompt(
+                x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
+            ),
+            ("prompt_embeds", None),
+            build=build,
+        )
+        # Wan 2.2 A14B: WanPipeline built with a two-expert boundary (0.875, the T2V-A14B boundary of the Wan 2.2
+        # reference config, not read here: any value shows it); encode_prompt reads neither it nor transformer_2
+        # (pipeline_wan.py:158-279), so the Wan 2.2 repo ids are aliases of the wan21 profile
+        for name, profile, build in (("wan21", "wan21", ()), ("wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", (("boundary_ratio", 0.875),)))
+    },
 }  # fmt: skip
 
 
@@ -192,7 +251,7 @@ def _setup(name: str) -> tuple[Any, AlignmentProfile]:
 @functools.cache
 def _built(name: str) -> tuple[Any, AlignmentProfile]:
     case = CASES[name]
-    pipe = build_pipeline_for_encoding(case.family)
+    pipe = build_pipeline_for_encoding(case.family, **dict(case.build))
     return pipe, fit_profile(te_align.profile(case.profile), pipe)
 
 
@@ -247,8 +306,14 @@ def test_encode_equals_pipeline_encode_prompt(name):
     pipe, p = _setup(name)
     for label, prompts in prompt_suite(p, pipe).items():
         ref = _pipeline_outputs(name, prompts)
-        ours = te_align.encode(p, prompts, pipeline=pipe)
+        images = CASES[name].images
+        ours = te_align.encode(p, prompts, pipeline=pipe, images=images(len(prompts)) if images else None)
         _assert_equal(name, label, ref, ours)
+
+
+def test_wan22_case_runs_the_two_expert_pipeline():
+    pipe, p = _setup("wan22")
+    assert pipe.config.boundary_ratio == 0.875 and p.name == "wan21"
 
 
 def test_flux_schnell_profile_differs_from_pipeline_default_and_matches_it_at_256():
@@ -363,3 +428,92 @@ def test_z_image_negative_is_the_empty_prompt_through_the_template():
             _, neg = pipe.encode_prompt(list(prompts), device="cpu", negative_prompt=None if negative is None else list(negative))
         ours = te_align.encode(p, negative or [""] * len(prompts), pipeline=pipe, negative=True)
         _assert_equal("z-image", f"negative {negative!r}", {"prompt_embeds": neg}, ours)
+@pytest.mark.parametrize(("profile", "family", "n_images"), [
+    ("qwen-image-edit", "qwen-image-edit", 1),
+    ("qwen-image-edit-2509", "qwen-image-edit-plus", 1),
+    ("qwen-image-edit-2509", "qwen-image-edit-plus", 2),
+    ("qwen-image-edit-2511", "qwen-image-edit-plus", 2),
+])
+def test_qwen_image_edit_with_images_equals_the_pipeline(profile, family, n_images):
+    """encode_prompt is called with the condition image(s) as __call__ prepares them: resized with the pipeline's
+    own image_processor.resize to its calculate_dimensions(area, w / h) (1024² for Edit, CONDITION_IMAGE_SIZE 384²
+    for Plus); te_align.encode gets the images as the user has them and resizes by the profile. One prompt per
+    call: the pipelines give every prompt of a batch the same images, which their processor accepts for one."""
+    import importlib
+
+    reason = missing_pipeline(family)
+    if reason:
+        pytest.skip(reason)
+    pipe = build_pipeline_for_encoding(family)
+    p = fit_profile(te_align.profile(profile), pipe)
+    module = importlib.import_module(type(pipe).__module__)
+    area = getattr(module, "CONDITION_IMAGE_SIZE", 1024 * 1024)
+    images = [_image(64, 48, 0), _image(40, 72, 1)][:n_images]
+    prepared = []
+    for im in images:
+        w, h = module.calculate_dimensions(area, im.size[0] / im.size[1])[:2]
+        prepared.append(pipe.image_processor.resize(im, h, w))
+    tok = pipe.tokenizer
+    for label, prompt in {"short": "make it red", "empty": "", "long": "a red cube " * 60, "past the limit": "far " * 1200}.items():
+        with torch.no_grad():
+            ref = pipe.encode_prompt([prompt], image=prepared if n_images > 1 else prepared[0], device="cpu")
+        ours = te_align.encode(p, [prompt], pipeline=pipe, images=[images])
+        assert ours["prompt_embeds"].dtype == ref[0].dtype and torch.equal(ours["prompt_embeds"], ref[0]), f"{profile} [{label}]"
+        if ref[1] is None:
+            assert bool(ours["prompt_embeds_mask"].all())
+        else:
+            assert torch.equal(ours["prompt_embeds_mask"], ref[1])
+    assert len(tok("far " * 1200)["input_ids"]) > p.slot("qwen").tokenizer.max_length  # past the declared 1024, kept whole
+
+
+def test_qwen_image_edit_plus_batch_is_each_prompt_alone_padded_to_the_longest():
+    """QwenImageEditPlusPipeline has no batch of image prompts: __call__ refuses batch_size > 1
+    (pipeline_qwenimage_edit_plus.py:681-686) and encode_prompt writes every image's "Picture N:" before every
+    prompt, so its processor refuses two prompts with one image (it counts <|image_pad|>). te_align.encode runs a
+    batch one prompt at a time, as the pipeline asks, each sample equal to encode_prompt([prompt], image=its
+    images), re-padded with zeros (mask 0) to the batch's longest."""
+    import importlib
+
+    reason = missing_pipeline("qwen-image-edit-plus")
+    if reason:
+        pytest.skip(reason)
+    pipe = build_pipeline_for_encoding("qwen-image-edit-plus")
+    p = fit_profile(te_align.profile("qwen-image-edit-2511"), pipe)
+    module = importlib.import_module(type(pipe).__module__)
+    per_prompt = [[_image(64, 48, 0)], [_image(40, 72, 1), _image(56, 56, 2)], [_image(48, 48, 3)]]
+    prompts = ["make it red", "put the cat from picture 2 on the sofa of picture 1 " * 3, ""]
+    refs = []
+    with torch.no_grad():
+        for prompt, images in zip(prompts, per_prompt, strict=True):
+            prepared = []
+            for im in images:
+                w, h = module.calculate_dimensions(module.CONDITION_IMAGE_SIZE, im.size[0] / im.size[1])[:2]
+                prepared.append(pipe.image_processor.resize(im, h, w))
+            refs.append(pipe.encode_prompt([prompt], image=prepared, device="cpu")[0])
+        with pytest.raises(ValueError, match="image_pad"):  # the pipeline's own batch refuses
+            pipe.encode_prompt(prompts[:2], image=prepared, device="cpu")
+    ours = te_align.encode(p, prompts, pipeline=pipe, images=per_prompt)
+    longest = max(r.shape[1] for r in refs)
+    assert ours["prompt_embeds"].shape == (3, longest, refs[0].shape[2])
+    for i, ref in enumerate(refs):
+        n = ref.shape[1]
+        assert torch.equal(ours["prompt_embeds"][i, :n], ref[0]), i
+        assert not ours["prompt_embeds"][i, n:].any() and ours["prompt_embeds"].dtype == ref.dtype
+        assert ours["prompt_embeds_mask"][i].tolist() == [1] * n + [0] * (longest - n)
+
+
+def test_qwen_image_edit_refuses_text_only_and_a_second_image_as_its_pipeline_does():
+    """QwenImageEditPipeline's template holds one image's place: its processor refuses text only and a text
+    with one <|image_pad|> given two images; te_align.encode refuses both in one EncodingError naming the rule."""
+    reason = missing_pipeline("qwen-image-edit")
+    if reason:
+        pytest.skip(reason)
+    pipe, p = _setup("qwen-image-edit")
+    with torch.no_grad(), pytest.raises(ValueError, match="image_pad"):
+        pipe.encode_prompt(["make it red"], image=None, device="cpu")
+    with pytest.raises(EncodingError, match="needs one condition image per prompt"):
+        te_align.encode(p, ["make it red"], pipeline=pipe)
+    with pytest.raises(EncodingError, match="exactly one condition image per prompt"):
+        te_align.encode(p, ["make it red"], pipeline=pipe, images=[_edit_images(2)])
+    with pytest.raises(EncodingError, match="caption dropout"):
+        te_align.encode(p, ["make it red"], pipeline=pipe, images=_edit_images(1), drop=[True])

@@ -35,6 +35,9 @@ EXPECTED_NAMES = [
     "lumina2",
     "pixart-sigma",
     "qwen-image",
+    "qwen-image-edit",
+    "qwen-image-edit-2509",
+    "qwen-image-edit-2511",
     "sana",
     "sd15",
     "sd21",
@@ -76,6 +79,11 @@ NO_SNAPSHOT = {
     "flux2-klein-4b": "black-forest-labs/FLUX.2-klein-4B",
     "flux2-klein-9b": "black-forest-labs/FLUX.2-klein-9B",
     "z-image": "Tongyi-MAI/Z-Image-Turbo",
+    # No entry in the research either, and no copy of their config files whose source can be cited was read:
+    # their model_index / encoder values are inferred (pipeline type hints, the Qwen-Image encoder copy).
+    "qwen-image-edit": "Qwen/Qwen-Image-Edit",
+    "qwen-image-edit-2509": "Qwen/Qwen-Image-Edit-2509",
+    "qwen-image-edit-2511": "Qwen/Qwen-Image-Edit-2511",
 }
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
@@ -96,6 +104,9 @@ EXPECTED_OUTPUTS = {
     "hidream": ("prompt_embeds_t5", "prompt_embeds_llama3", "pooled_prompt_embeds"),
     "sana": ("prompt_embeds", "prompt_attention_mask"),
     "qwen-image": ("prompt_embeds", "prompt_embeds_mask"),
+    "qwen-image-edit": ("prompt_embeds", "prompt_embeds_mask"),
+    "qwen-image-edit-2509": ("prompt_embeds", "prompt_embeds_mask"),
+    "qwen-image-edit-2511": ("prompt_embeds", "prompt_embeds_mask"),
     "hunyuanimage-2.1": ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2"),
     "wan21": ("prompt_embeds",),
     # AnimaTextEncoderStep.encode_prompt's dict / intermediate outputs (inputs of AnimaTextConditioningStep)
@@ -222,6 +233,9 @@ def test_aliases_are_unique_across_profiles_and_resolve():
         ("hunyuanvideo-community/HunyuanImage-2.1-Distilled-Diffusers", "hunyuanimage-2.1"),
         ("circlestone-labs/Anima-Base-v1.0-Diffusers", "anima"),
         ("circlestone-labs/Anima", "anima"),
+        ("Qwen/Qwen-Image-Edit", "qwen-image-edit"),
+        ("Qwen/Qwen-Image-Edit-2509", "qwen-image-edit-2509"),
+        ("Qwen/Qwen-Image-Edit-2511", "qwen-image-edit-2511"),
     ],
 )
 def test_common_spellings_resolve(alias: str, name: str):
@@ -236,7 +250,10 @@ def test_round_trips_through_toml_and_json(prof: AlignmentProfile):
 
 #: Profiles whose behaviour is really identical: SD3 Medium, SD3.5 Medium and SD3.5 Large share the
 #: encoders, the StableDiffusion3Pipeline text path and (per the SD3 paper) the dropout.
-SAME_BEHAVIOUR = [{"sd3-medium", "sd35-medium", "sd35-large"}]
+#: Qwen-Image-Edit-2509 and 2511 are separate model versions run by the same QwenImageEditPlusPipeline text path
+#: (same template, prefix, condition-image area); they are declared identical here on purpose, each its own profile
+#: so a version is never read as the other.
+SAME_BEHAVIOUR = [{"sd3-medium", "sd35-medium", "sd35-large"}, {"qwen-image-edit-2509", "qwen-image-edit-2511"}]
 
 
 def test_fingerprints_are_distinct_except_identical_behaviour():
@@ -559,6 +576,9 @@ def _alternatives(p: AlignmentProfile, path: str) -> list[Any]:
         ("sd3-medium", "slots.t5.tokenizer.max_length", 256, {77, 154, 512}),
         ("sd35-medium", "slots.t5.tokenizer.max_length", 256, {77, 154, 512}),
         ("sd35-large", "slots.t5.tokenizer.max_length", 256, {77, 154, 512}),
+        ("qwen-image-edit", "slots.qwen.tokenizer.max_length", 512, {1024}),
+        ("qwen-image-edit-2509", "slots.qwen.tokenizer.max_length", 512, {1024}),
+        ("qwen-image-edit-2511", "slots.qwen.tokenizer.max_length", 512, {1024}),
     ],
 )
 def test_disagreements_are_recorded_as_alternatives(name: str, path: str, value: Any, alternatives: set[Any]):
@@ -566,6 +586,16 @@ def test_disagreements_are_recorded_as_alternatives(name: str, path: str, value:
     assert p.get(path) == value
     assert alternatives <= set(_alternatives(p, path))
     assert value not in _alternatives(p, path)
+
+
+@pytest.mark.parametrize("name", ["qwen-image-edit", "qwen-image-edit-2509", "qwen-image-edit-2511"])
+def test_qwen_image_edit_lengths_are_declared_not_applied(name: str):
+    # These profiles have no official snapshot (NO_SNAPSHOT), so test_pipeline_default_lengths_... cannot check
+    # them; the fact differs from the other families: __call__'s max_sequence_length (512) and the 1024 cap are
+    # never applied (the processor gets padding=True only), so the profile does not truncate and pads to the longest.
+    t = bundled(name).slot("qwen").tokenizer
+    assert (t.max_length, t.truncation, t.padding, t.drop_start_tokens) == (512, False, "longest", 64)
+    assert _alternatives(bundled(name), "slots.qwen.tokenizer.max_length") == [1024]
 
 
 def test_sd3_family_records_the_untruncated_reference_tokenizer():

@@ -374,6 +374,7 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     "sdxl": ((1, 77, L + G), (1, 77, L + G), (1, PG), (1, PG)),
     "sd3": ((1, 77 + 256, T5), (1, 77 + 256, T5), (1, PL + PG), (1, PL + PG)),
     "flux": ((1, 512, T5), (1, PL), (512, 3)),
+    "flux-kontext": ((1, 512, T5), (1, PL), (512, 3)),
     "chroma": ((1, 512, T5), (512, 3), (1, 512), (1, 512, T5), (512, 3), (1, 512)),
     "pixart-sigma": ((1, 300, T5), (1, 300), (1, 300, T5), (1, 300)),
     # AuraFlow returns its mask expanded to the embedding shape and flattened: (B, 256 * d_model).
@@ -383,6 +384,12 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     "sana": ((1, 300, 32), (1, 300), (1, 300, 32), (1, 300)),
     # 5 prompt tokens + "<|im_end|>\n<|im_start|>assistant\n" (5 tokens); mask None when all ones.
     "qwen-image": ((1, 10, 32), None),
+    # With one 56x56 image (ENCODE_ARGS): 4x4 patches of 14 merged 2x2 -> 4 <|image_pad|> tokens. Edit: template
+    # before the prompt 143 tokens (its one <|image_pad|> becomes 4: +3), prompt 5, after 5, minus 64 dropped = 92.
+    "qwen-image-edit": ((1, 92, 32), None),
+    # Plus: template before 140, "Picture 1: <|vision_start|><|image_pad|><|vision_end|>" 9 (+3), prompt 5,
+    # after 5, minus 64 = 98.
+    "qwen-image-edit-plus": ((1, 98, 32), None),
     "wan21": ((1, 226, 64), (1, 226, 64)),
     # Qwen 1000 positions after the 34 dropped; ByT5 128 (zeros here: the prompt has no quoted text).
     "hunyuanimage": ((1, 1000, 32), (1, 1000), (1, 128, enc.BYT5_D_MODEL), (1, 128)),
@@ -396,11 +403,22 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     "z-image": (((13, 16),), ((8, 16),)),
 }
 
+def _support_image() -> Any:
+    from PIL import Image
+
+    return Image.new("RGB", (56, 56), (120, 40, 200))
+
+
+_SUPPORT_IMAGE = _support_image()
+
 # Positional arguments needed besides the prompt.
 ENCODE_ARGS: dict[str, tuple[Any, ...]] = {
     "sd15": (torch.device("cpu"), 1, True),
     "sd21": (torch.device("cpu"), 1, True),
     "sd3": (None, None),
+    # encode_prompt(prompt, image): one 56x56 condition image (the smallest the Qwen2-VL processor keeps as is)
+    "qwen-image-edit": (_SUPPORT_IMAGE,),
+    "qwen-image-edit-plus": (_SUPPORT_IMAGE,),
 }
 
 _PIPELINES: dict[str, Any] = {}

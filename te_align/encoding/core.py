@@ -26,7 +26,7 @@ from te_align.encoding.text import is_absent, render, template_prefix
 from te_align.errors import EncodingError
 from te_align.profiles import profile as load
 from te_align.profiles.expr import Call, Node, Ref, output_specs
-from te_align.profiles.model import AlignmentProfile, SlotSpec
+from te_align.profiles.model import AlignmentProfile, ImageSpec, SlotSpec
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -871,6 +871,8 @@ class _Request:
     device: torch.device | None
     dtype: torch.dtype | None
     negative: bool
+    #: Condition images per prompt (edit models), or None for text only.
+    images: list[list[Any]] | None = None
 
 
 def _check_request(
@@ -968,6 +970,13 @@ def _encode_slots(
             check_components(p, slot, tok, enc, req.device)
             slot_dev = req.device or _encoder_device(enc)
         flags = req.drop_slots[slot.name]
+        if slot.images is not None and req.images is not None:
+            if any(flags):
+                raise EncodingError(f"slot '{slot.name}': caption dropout (drop / drop_slots) with condition images is "
+                                    "not supported: the edit pipelines have no dropped-caption rule for an image prompt")
+            processor = _processor(slot, tokenizers, pipeline)
+            results[slot.name] = encode_slot_images(slot, processor, enc, req.texts, req.images, device=slot_dev, negative=req.negative)
+            continue
         if slot.tokenizer_only:
             # nothing encoded to zero: a dropped sample gets the tokens of "" (under either policy)
             texts = ["" if f else x for x, f in zip(req.texts, flags, strict=True)]
@@ -1025,8 +1034,21 @@ def encode(
     drop: Sequence[bool] | None = None,
     drop_slots: Mapping[str, Sequence[bool]] | None = None,
     requires_grad: bool = False,
+    images: Any = None,
 ) -> Conditioning:
     """Encode prompts exactly as the profile's official pipeline does.
+
+    ``images`` (edit profiles, a slot with ``images``): per prompt one PIL image or a list of them, as the
+    user has them; each is resized as the profile's ``images`` table says and goes through the pipeline's
+    processor with the prompt (looked up as ``tokenizers[images.processor_subfolder]`` or on ``pipeline``).
+    Without ``images`` the prompts are encoded as text only, where the profile's pipeline can: a profile whose
+    template holds the image's place (``images.prefix = ""``, Qwen-Image-Edit) needs exactly one image per prompt
+    and refuses text only, as the official pipeline does; a profile that writes a prefix per image
+    (Qwen-Image-Edit-2509 / 2511) encodes text only with no prefix, as its pipeline does with ``image=None``.
+    A batch of several prompts with images: with ``images.prefix = ""`` it is one processor call, as
+    ``encode_prompt(prompts, image=[one per prompt])``; with a per-image prefix each prompt is encoded alone (the
+    pipeline runs one prompt at a time: ``__call__`` refuses ``batch_size > 1``, and its ``encode_prompt`` writes
+    every image before every prompt) and the results are re-padded with zeros to the batch's longest.
 
     Components are looked up per slot by slot name (``clip_l``) or diffusers component name
     (``tokenizer_2`` / ``text_encoder_2``) in ``tokenizers`` / ``text_encoders``, or taken from a
@@ -1037,6 +1059,10 @@ def encode(
     """
     p = resolve_profile(profile)
     req = _check_request(p, prompts, options=options, dtype=dtype, device=device, drop=drop, drop_slots=drop_slots, negative=negative)
+    if images is not None:
+        req = dataclasses.replace(req, images=_check_images(p, images, len(req.texts)))
+    else:
+        _check_text_only(p)
     with torch.set_grad_enabled(requires_grad):
         results = _encode_slots(p, req, tokenizers, text_encoders, pipeline)
         return _combine(p, results, req.dtype)
@@ -1118,3 +1144,111 @@ def sample_dropout(
         draws = torch.rand(batch_size, generator=generator)
         flags[name] = [bool(x) for x in (draws < prob)]
     return flags
+
+
+# ------------------------------------------------------------------- condition images (edit models)
+def vl_image_size(spec: ImageSpec, width: int, height: int) -> tuple[int, int]:
+    """(width, height) a condition image of ``width`` x ``height`` is resized to (``images.resize = "round_32"``:
+    Qwen-Image-Edit's ``calculate_dimensions(area, width / height)``)."""
+    ratio = width / height
+    w = math.sqrt(spec.area * ratio)
+    h = w / ratio
+    return round(w / 32) * 32, round(h / 32) * 32
+
+
+def prepare_image(spec: ImageSpec, image: Any) -> Any:
+    """A PIL image resized as the profile's pipeline resizes a condition image before its processor."""
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        raise EncodingError(f"condition images must be PIL images, got {type(image).__name__}")
+    filters = {"lanczos": Image.Resampling.LANCZOS, "bicubic": Image.Resampling.BICUBIC,
+               "bilinear": Image.Resampling.BILINEAR, "nearest": Image.Resampling.NEAREST}
+    return image.resize(vl_image_size(spec, *image.size), resample=filters[spec.resample])
+
+
+def _check_images(p: AlignmentProfile, images: Any, n: int) -> list[list[Any]]:
+    """``images`` as one list of images per prompt (a single image stands for a batch of one prompt)."""
+    slots = [s for s in p.slots if s.images is not None]
+    if not slots:
+        raise EncodingError(f"profile '{p.name}' encodes text only: it takes no images")
+    per_prompt = [images] if not isinstance(images, (list, tuple)) else list(images)
+    if len(per_prompt) != n:
+        raise EncodingError(f"images has {len(per_prompt)} entries for {n} prompts (one image or list of images per prompt)")
+    out = [list(x) if isinstance(x, (list, tuple)) else [x] for x in per_prompt]
+    if any(not x for x in out):
+        raise EncodingError("every prompt needs at least one image when images are given")
+    for slot in slots:
+        assert slot.images is not None
+        if not slot.images.prefix and any(len(x) != 1 for x in out):
+            counts = sorted({len(x) for x in out if len(x) != 1})
+            raise EncodingError(f"profile '{p.name}' takes exactly one condition image per prompt (its template holds "
+                                f"one image's place), got {counts[0]}")
+    return out
+
+
+def _check_text_only(p: AlignmentProfile) -> None:
+    """Refuse text only where the template itself holds an image's vision tokens (``images.prefix = ""``): the
+    official pipeline's processor refuses a text with an image place and no image."""
+    for slot in p.slots:
+        if slot.images is not None and not slot.images.prefix:
+            raise EncodingError(f"profile '{p.name}' needs one condition image per prompt (images=...): its template "
+                                "holds the image's vision tokens, and the official pipeline refuses text only")
+
+
+def _processor(slot: SlotSpec, tokenizers: Mapping[str, Any] | None, pipeline: DiffusionPipeline | None) -> Any:
+    assert slot.images is not None
+    name = slot.images.processor_subfolder
+    found = (tokenizers or {}).get(name) if tokenizers is not None else None
+    if found is None and pipeline is not None:
+        found = getattr(pipeline, name, None)
+    if found is None:
+        raise EncodingError(f"slot '{slot.name}': no processor '{name}' (pass it in tokenizers or with the pipeline)")
+    return found
+
+
+def encode_slot_images(
+    slot: SlotSpec,
+    processor: Any,
+    encoder: torch.nn.Module,
+    prompts: Sequence[str],
+    images: list[list[Any]],
+    *,
+    device: torch.device,
+    negative: bool = False,
+) -> SlotResult:
+    """One slot of an edit model with condition images: ``images.prefix`` once per image before each prompt,
+    the template around it, the processor over texts and resized images (no truncation, padded to the
+    longest), the encoder given ``pixel_values`` and ``image_grid_thw``, then the slot's usual steps."""
+    spec = slot.images
+    assert spec is not None
+    if spec.prefix and len(prompts) > 1:
+        return _stack_results(slot, [
+            encode_slot_images(slot, processor, encoder, [text], [imgs], device=device, negative=negative)
+            for text, imgs in zip(prompts, images, strict=True)
+        ])
+    texts = [render(slot.tokenizer, "".join(spec.prefix.replace("{n}", str(k + 1)) for k in range(len(imgs))) + text,
+                    negative=negative)
+             for text, imgs in zip(prompts, images, strict=True)]
+    flat = [prepare_image(spec, im) for imgs in images for im in imgs]
+    inputs = processor(text=texts, images=flat, padding=True, return_tensors="pt")
+    ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+    out = encoder(input_ids=ids, attention_mask=mask, pixel_values=inputs["pixel_values"].to(device),
+                  image_grid_thw=inputs["image_grid_thw"].to(device), output_hidden_states=True)
+    hidden = select_layer(slot, encoder, out)
+    return _post_process(slot, encoder, hidden, None, ids, mask, [int(x) for x in mask.sum(dim=1)])
+
+
+def _stack_results(slot: SlotSpec, parts: list[SlotResult]) -> SlotResult:
+    """Results of one prompt each as one batch: every (1, L, D) re-padded with zeros (mask 0) to the longest L."""
+    target = max(r.hidden.shape[1] for r in parts)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        extra = target - t.shape[1]
+        return torch.nn.functional.pad(t, (0, 0, 0, extra) if t.dim() == 3 else (0, extra))
+
+    hidden = torch.cat([pad(r.hidden) for r in parts])
+    mask = torch.cat([pad(r.mask) for r in parts])
+    return SlotResult(hidden=hidden, pooled=None, mask=mask, ids=torch.cat([pad(r.ids) for r in parts]),
+                      denoiser_mask=denoiser_mask(slot, mask, hidden.dtype),
+                      token_counts=[c for r in parts for c in r.token_counts])

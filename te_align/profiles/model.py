@@ -140,6 +140,24 @@ class EncoderSpec:
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """How an edit model's condition images reach a vision-language text encoder (Qwen-Image-Edit).
+
+    Each image is resized to about ``area`` pixels at its own aspect ratio (``resize = "round_32"``: width
+    ``round(sqrt(area * w / h) / 32) * 32``, height ``round(width / (w / h) / 32) * 32``, the pipelines'
+    ``calculate_dimensions``) with ``resample``, then the processor (``processor_subfolder``) expands every
+    ``<|image_pad|>`` of the text and makes ``pixel_values`` and ``image_grid_thw`` for the encoder. ``prefix`` is
+    the text written before the prompt once per image (``{n}``: the image's number from 1); "" where the
+    template itself holds the vision tokens."""
+
+    processor_subfolder: str = "processor"
+    prefix: str = ""
+    area: int = 1024 * 1024
+    resize: Literal["round_32"] = "round_32"
+    resample: Literal["lanczos", "bicubic", "bilinear", "nearest"] = "lanczos"
+
+
+@dataclass(frozen=True)
 class MaskSpec:
     """The three separate mask switches, plus how masked positions are trimmed."""
 
@@ -181,6 +199,8 @@ class SlotSpec:
     #: encoder runs (Anima's T5 ids feed the LLM adapter in the DiT). Such a slot has no ``encoder``
     #: table and no ``hidden`` / ``pooled`` outputs.
     tokenizer_only: bool = False
+    #: Condition images into the text encoder (edit models); None where the encoder reads text only.
+    images: ImageSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -396,6 +416,8 @@ def _walk_behaviour(profile: AlignmentProfile, *, hashed: bool = False) -> list[
                 if hashed and part == "encoder" and f.name in ADDED_ENCODER_FIELDS and value == ADDED_ENCODER_FIELDS[f.name]:
                     continue
                 out.append((f"{base}.{part}.{f.name}", value))
+        if slot.images is not None:  # only edit profiles have images: every other fingerprint is unchanged
+            out.extend((f"{base}.images.{f.name}", getattr(slot.images, f.name)) for f in fields(slot.images))
     for name, expr in profile.outputs:
         out.append((f"outputs.{name}", expr))
     return out

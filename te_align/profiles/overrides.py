@@ -33,6 +33,7 @@ from te_align.profiles.model import (
     AlignmentProfile,
     Alternative,
     EncoderSpec,
+    ImageSpec,
     MaskSpec,
     Provenance,
     SlotSpec,
@@ -51,7 +52,7 @@ ENV_OVERRIDES = "TE_ALIGN_OVERRIDES"
 #: The profile every trainer's hooks use instead of the one they choose per model.
 ENV_PROFILE = "TE_ALIGN_PROFILE"
 
-_PARTS = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec}
+_PARTS = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec, "images": ImageSpec}
 _TOP = ("empty_prompt",)
 
 
@@ -122,6 +123,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "max_position_embeddings": (1, 1 << 20),
     "vocab_size": (1, 1 << 24),
     "denoiser_extra_pad_tokens": (0, MAX_TOKENS),
+    "area": (28 * 28, 1 << 26),  # an edit slot's condition-image pixel area (images.area)
 }
 
 
@@ -159,7 +161,7 @@ def _hint(path: str) -> object:
         return schema.hints(AlignmentProfile)[parts[0]]
     if len(parts) == 3:
         return schema.hints(SlotSpec)[parts[2]]
-    cls = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec}[parts[2]]
+    cls = _PARTS[parts[2]]
     return schema.hints(cls)[parts[3]]
 
 
@@ -169,7 +171,7 @@ def _default(path: str) -> object:
     if parts[0] != "slots" or len(parts) < 4:
         cls, name = (SlotSpec, parts[-1]) if parts[0] == "slots" else (AlignmentProfile, parts[0])
     else:
-        cls, name = {"tokenizer": TokenizerSpec, "encoder": EncoderSpec, "masks": MaskSpec}[parts[2]], parts[3]
+        cls, name = _PARTS[parts[2]], parts[3]
     f = next(f for f in fields(cls) if f.name == name)
     return f.default
 

@@ -17,6 +17,7 @@ from te_align.profiles.model import (
     AlignmentProfile,
     Alternative,
     EncoderSpec,
+    ImageSpec,
     MaskSpec,
     Provenance,
     SlotSpec,
@@ -41,7 +42,7 @@ _TOP_KEYS = (
     "provenance",
     "fingerprint",
 )
-_SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks")
+_SLOT_KEYS = ("tokenizer_subfolder", "encoder_subfolder", "train_dropout", "tokenizer_only", "tokenizer", "encoder", "masks", "images")
 
 
 def _spec_to_dict(spec: object) -> dict[str, object]:
@@ -63,6 +64,8 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, object]:
         if not s.tokenizer_only:
             d["encoder"] = _spec_to_dict(s.encoder)
         d["masks"] = _spec_to_dict(s.masks)
+        if s.images is not None:
+            d["images"] = _spec_to_dict(s.images)
         slots[s.name] = d
     prov: dict[str, dict[str, object]] = {}
     for path, pv in p.provenance:
@@ -196,6 +199,7 @@ def _slot_from_dict(name: str, sdata: object, file: str | None) -> SlotSpec:
         masks=spec(MaskSpec, "masks", {}),
         train_dropout=dropout,
         tokenizer_only=tokenizer_only,
+        images=spec(ImageSpec, "images") if "images" in sdata else None,
     )
 
 
@@ -222,6 +226,24 @@ def _provenance_from_dict(path: str, pdata: object, file: str | None) -> Provena
         note=str(pdata.get("note", "")),
         alternatives=tuple(alts),
     )
+
+
+def _validate_images(s: SlotSpec, file: str | None) -> None:
+    """An edit slot's ``images`` table: a positive pixel area, a processor component name, and a prefix that
+    names only the image's number (``{n}``)."""
+    where = f"slots.{s.name}.images"
+    im = s.images
+    assert im is not None
+    if im.area < 28 * 28:
+        raise ProfileError(f"expected a pixel area of at least 784 (one 28x28 merged patch), got {im.area}", file=file,
+                           key=f"{where}.area")
+    if not im.processor_subfolder.strip():
+        raise ProfileError("expected the processor's component name (e.g. 'processor')", file=file,
+                           key=f"{where}.processor_subfolder")
+    if "{" in im.prefix.replace("{n}", ""):
+        raise ProfileError("the prefix may hold only the {n} place (the image's number)", file=file, key=f"{where}.prefix")
+    if s.tokenizer_only:
+        raise ProfileError("a tokenizer-only slot runs no encoder to take images", file=file, key=where)
 
 
 def validate(p: AlignmentProfile, file: str | None = None) -> None:
@@ -256,6 +278,8 @@ def validate(p: AlignmentProfile, file: str | None = None) -> None:
                                key=f"{where}.tokenizer.enable_thinking")
         if s.masks.denoiser_extra_pad_tokens < 0:
             raise ProfileError("expected a count >= 0", file=file, key=f"{where}.masks.denoiser_extra_pad_tokens")
+        if s.images is not None:
+            _validate_images(s, file)
         if "{prompt}" not in t.template:
             raise ProfileError("the template must contain {prompt}", file=file, key=f"{where}.tokenizer.template")
         if t.absent_text != "empty" and t.text_transform == "none":

@@ -86,6 +86,7 @@ PIPELINE_CLASSES: dict[str, str] = {
     "sdxl": "StableDiffusionXLPipeline",
     "sd3": "StableDiffusion3Pipeline",
     "flux": "FluxPipeline",
+    "flux-kontext": "FluxKontextPipeline",
     "chroma": "ChromaPipeline",
     "pixart-sigma": "PixArtSigmaPipeline",
     "auraflow": "AuraFlowPipeline",
@@ -93,6 +94,8 @@ PIPELINE_CLASSES: dict[str, str] = {
     "hidream": "HiDreamImagePipeline",
     "sana": "SanaPipeline",
     "qwen-image": "QwenImagePipeline",
+    "qwen-image-edit": "QwenImageEditPipeline",
+    "qwen-image-edit-plus": "QwenImageEditPlusPipeline",
     "hunyuanimage": "HunyuanImagePipeline",
     "wan21": "WanPipeline",
     "anima": "AnimaModularPipeline",
@@ -332,6 +335,38 @@ def qwen2_5_vl_model(
         return _finish(transformers.Qwen2_5_VLForConditionalGeneration(config))
 
 
+#: Qwen2.5-VL's image preprocessing (Qwen/Qwen2.5-VL-7B-Instruct preprocessor_config.json conventions, as
+#: transformers' Qwen2VLImageProcessor defaults hold them): pixel bounds, 14-pixel patches, 2-frame temporal
+#: patches, 2x2 merge, OpenAI CLIP mean and std. The Qwen-Image-Edit repos' processor folder was not read.
+QWEN2_VL_IMAGE_PROCESSOR: dict[str, Any] = {
+    "min_pixels": 56 * 56,
+    "max_pixels": 28 * 28 * 1280 * 13,  # 12845056
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+
+
+def qwen2_vl_processor(tokenizer: transformers.PreTrainedTokenizerBase) -> transformers.Qwen2VLProcessor:
+    """A real ``Qwen2VLProcessor`` (the class QwenImageEditPipeline's ``processor`` is) over ``tokenizer`` with the
+    :data:`QWEN2_VL_IMAGE_PROCESSOR` image processor and no video processor: encode_prompt passes images only, and
+    transformers 5 cannot check a video processor's class without torchvision."""
+    image_cls = getattr(transformers, "Qwen2VLImageProcessorPil", None) or transformers.Qwen2VLImageProcessor
+    image_processor = image_cls(**QWEN2_VL_IMAGE_PROCESSOR)
+
+    class _ImagesOnly(transformers.Qwen2VLProcessor):  # type: ignore[misc]
+        @classmethod
+        def get_attributes(cls) -> list[str]:
+            return ["image_processor", "tokenizer"]
+
+    try:
+        return transformers.Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    except (AttributeError, TypeError, ValueError):
+        return _ImagesOnly(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+
+
 def qwen3_model(tokenizer: transformers.PreTrainedTokenizerBase, seed: int | None = None) -> transformers.Qwen3Model:
     """Tiny ``Qwen3Model`` (Anima's text encoder, Qwen3-0.6B: 28 layers, width 1024, 16 heads, 8 KV heads,
     head_dim 128, QK-norm, rope theta 1e6, tied embeddings; kohya-ss/sd-scripts@48d368f
@@ -437,7 +472,7 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
       CLIPTextModelWithProjection (G).
     * ``sd3`` (SD3-medium, SD3.5-large/medium): CLIPTokenizer + CLIPTextModelWithProjection (L),
       CLIPTokenizer (pad ``!``) + CLIPTextModelWithProjection (G), T5TokenizerFast + T5EncoderModel.
-    * ``flux`` (dev/schnell): CLIPTokenizer + CLIPTextModel (L); T5TokenizerFast + T5EncoderModel.
+    * ``flux`` (dev/schnell) and ``flux-kontext``: CLIPTokenizer + CLIPTextModel (L); T5TokenizerFast + T5EncoderModel.
     * ``chroma``: T5TokenizerFast + T5EncoderModel.
     * ``pixart-sigma``: T5Tokenizer + T5EncoderModel.
     * ``auraflow``: LlamaTokenizerFast (pile-T5; official model_index, the type hint says T5Tokenizer) +
@@ -447,6 +482,8 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
       T5Tokenizer + T5EncoderModel, PreTrainedTokenizerFast (Llama-3.1) + LlamaForCausalLM.
     * ``sana``: GemmaTokenizerFast (padding_side right) + Gemma2Model.
     * ``qwen-image``: Qwen2TokenizerFast + Qwen2_5_VLForConditionalGeneration.
+    * ``qwen-image-edit``, ``qwen-image-edit-plus``: as ``qwen-image``, and ``processor`` a Qwen2VLProcessor
+      (:func:`qwen2_vl_processor`) over the same tokenizer.
     * ``hunyuanimage``: Qwen2TokenizerFast + Qwen2_5_VLForConditionalGeneration with 4 text layers (so
       ``hidden_states[-3]`` is an inner layer); tokenizer_2 ByT5Tokenizer (byte level, no files) +
       T5EncoderModel (:func:`byt5_encoder_model`).
@@ -479,7 +516,7 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
             "tokenizer_3": t5_tok,
             "text_encoder_3": t5,
         }
-    if family == "flux":
+    if family in ("flux", "flux-kontext"):
         t5_tok, t5 = _t5_pair(cache_dir)
         return {
             "tokenizer": tok.clip_tokenizer(pad="<|endoftext|>", cache_dir=cache_dir),
@@ -517,6 +554,9 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
     if family == "qwen-image":
         qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
         return {"tokenizer": qwen_tok, "text_encoder": qwen2_5_vl_model(qwen_tok)}
+    if family in ("qwen-image-edit", "qwen-image-edit-plus"):
+        qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
+        return {"tokenizer": qwen_tok, "text_encoder": qwen2_5_vl_model(qwen_tok), "processor": qwen2_vl_processor(qwen_tok)}
     if family == "hunyuanimage":
         qwen_tok = tok.qwen2_tokenizer(cache_dir=cache_dir)
         byt5_tok = transformers.ByT5Tokenizer()

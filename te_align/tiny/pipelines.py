@@ -196,6 +196,7 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "StableDiffusionXLPipeline": {"vae": None, "unet": None, "scheduler": None, "add_watermarker": False},
     "StableDiffusion3Pipeline": {"vae": None, "scheduler": None},
     "FluxPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "FluxKontextPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "ChromaPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "PixArtSigmaPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "AuraFlowPipeline": {"vae": None, "scheduler": None, "transformer": None},
@@ -203,6 +204,8 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "HiDreamImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "SanaPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "QwenImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "QwenImageEditPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "QwenImageEditPlusPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "Flux2KleinPipeline": {"vae": None, "scheduler": None, "transformer": None},
@@ -212,12 +215,18 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
 
 #: The first diffusers release with each pipeline newer than 0.32 (the release sd-scripts 48d368f and musubi-tuner
 #: 30c658c pin), read from huggingface/diffusers' release tags; anima is a modular pipeline (diffusers.modular_pipelines).
+#: Checked in the diffusers git history: pipeline_flux_kontext.py was added by eea7689 "Flux Kontext (#11812)"
+#: (0.35.0.dev0, two days after v0.34.0; first in v0.35.0), pipeline_qwenimage_edit.py by e682af2 (0.35.0.dev0,
+#: first in v0.35.0), pipeline_qwenimage_edit_plus.py by df267ee (0.36.0.dev0, first in v0.36.0).
 PIPELINE_SINCE: dict[str, str] = {
     "Lumina2Pipeline": "0.33.0",
     "WanPipeline": "0.33.0",
     "HiDreamImagePipeline": "0.34.0",
     "ChromaPipeline": "0.34.0",
+    "FluxKontextPipeline": "0.35.0",
     "QwenImagePipeline": "0.35.0",
+    "QwenImageEditPipeline": "0.35.0",
+    "QwenImageEditPlusPipeline": "0.36.0",
     "HunyuanImagePipeline": "0.36.0",
     "AnimaModularPipeline": "0.39.0",
     "ZImagePipeline": "0.36.0",
