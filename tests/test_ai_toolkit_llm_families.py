@@ -108,3 +108,32 @@ def test_qwen_edit_vl_image_area_matches_and_bilinear_resize_is_a_warning(tmp_pa
     assert found == [("deviation", "warning", "qwen.images.resample", "bilinear", "lanczos")]
     (f,) = [f for f in r.findings if f.kind == "deviation"]
     assert f.fix == aitk.NOT_SETTABLE
+
+
+@pytest.mark.skipif("z-image" not in bundled_names(), reason="no z-image profile bundled")
+def test_z_image_through_the_pipeline_is_aligned(tmp_path):
+    r = job(tmp_path, "zimage", "Tongyi-MAI/Z-Image-Turbo")
+    assert (r.exit_code, r.profile, r.effective) == (0, "z-image", {"qwen3.tokenizer.max_length": 512})
+
+
+@pytest.mark.skipif("qwen-image-edit-2511" not in bundled_names(), reason="no qwen-image-edit profiles bundled")
+@pytest.mark.parametrize(("extra", "caught"), [
+    ("", True),
+    ("        cache_text_embeddings: true\n", False),
+])
+def test_edit_plus_batch_above_one_without_cached_embeddings_is_a_warning(tmp_path, extra, caught):
+    p = tmp_path / "plus.yaml"
+    p.write_text(BASE.format(arch="qwen_image_edit_plus", path="Qwen/Qwen-Image-Edit-2511").replace(
+        "batch_size: 1\n", "batch_size: 4\n" + extra), encoding="utf-8")
+    found = [f for f in check_file(str(p)).findings if f.setting == "train.batch_size"]
+    if not caught:
+        assert found == []
+        return
+    (f,) = found
+    assert (f.severity, f.effective, f.line) == ("warning", 4, 10)
+    assert f.fix == ("train.cache_text_embeddings: true (each caption encoded alone with its own control images), or "
+                     "train.batch_size: 1")
+    assert f.trainer_source.startswith(
+        "extensions_built_in/diffusion_models/qwen_image/qwen_image_edit_plus.py:196-219")
+    batch_one = job(tmp_path, "qwen_image_edit_plus", "Qwen/Qwen-Image-Edit-2511")
+    assert not [f for f in batch_one.findings if f.setting == "train.batch_size"]

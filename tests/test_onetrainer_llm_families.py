@@ -101,3 +101,11 @@ def test_flux2_dev_system_message_space_is_an_error_with_no_config_fix(tmp_path)
                                                            ot.FLUX2_SYSTEM_MESSAGE, ot.NOT_HOOKED)
     assert f.profile == ot.FLUX2_SYSTEM_MESSAGE.replace("object attribution", "object\nattribution")
     assert f.trainer_source.startswith("modules/model/Flux2Model.py:25,151-157")
+
+
+@pytest.mark.skipif("z-image" not in bundled_names(), reason="no z-image profile bundled")
+def test_z_image_is_aligned(tmp_path):
+    r = check_file(config(tmp_path, model_type="Z_IMAGE"))
+    assert (r.exit_code, r.profile) == (0, "z-image")
+    assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.encoder.layer": -2,
+                           "qwen3.tokenizer.enable_thinking": True}

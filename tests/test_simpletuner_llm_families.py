@@ -110,7 +110,8 @@ def test_flux2_dev_system_message_space_is_an_error_not_settable(tmp_path):
 def test_z_image_length_and_thinking(tmp_path):
     r = check_file(config(tmp_path, model_family="z_image", model_flavour="turbo"))
     assert (r.profile, deviations(r)) == ("z-image", [])
-    assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.tokenizer.enable_thinking": True}
+    assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.encoder.layer": -2,
+                           "qwen3.tokenizer.enable_thinking": True}
     r = check_file(config(tmp_path, model_family="z_image", tokenizer_max_length=1024))
     assert deviations(r) == [("error", "qwen3.tokenizer.max_length", 1024, 512, "remove tokenizer_max_length")]
 

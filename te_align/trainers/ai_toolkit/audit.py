@@ -292,6 +292,29 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
 
 
 
+def _edit_plus_batch(model: dict[str, Any], values: dict[str, Any], cached: bool, lines: KeyLines) -> list[Finding]:
+    """Qwen-Image-Edit-Plus with train.batch_size > 1 and text embeddings encoded during training: its
+    get_prompt_embeds encodes, for each batch item, every caption of the batch with that item's control images
+    (qwen_image_edit_plus.py:196-219); the edit-plus processor refuses more "Picture N" image places than images,
+    so the step fails. Cached embeddings are encoded one caption at a time (toolkit/dataloader_mixins.py:2363)."""
+    size = rules.int_or_none(values.get("train.batch_size")) or 1
+    if aitk_table.arch_name(model) != "qwen_image_edit_plus" or size <= 1 or cached:
+        return []
+    return [Finding(
+        kind="deviation", severity="warning", setting="train.batch_size", effective=size, key="train.batch_size",
+        message=(f"train.batch_size = {size} with text embeddings encoded during training: ai-toolkit's "
+                 "Qwen-Image-Edit-Plus get_prompt_embeds passes every caption of the batch with one item's control "
+                 "images to encode_prompt, once per item, so the text has more image places than images and "
+                 "encode_prompt's processor stops; with batch_size 1 or cached embeddings each caption is encoded "
+                 "with its own images"),
+        fix="train.cache_text_embeddings: true (each caption encoded alone with its own control images), or "
+            "train.batch_size: 1",
+        trainer_source=(f"{_DM}/qwen_image/qwen_image_edit_plus.py:196-219; "
+                        "extensions_built_in/sd_trainer/SDTrainer.py:1749-1755; toolkit/dataloader_mixins.py:2363; "
+                        "toolkit/config_modules.py:393,566"),
+        line=lines("batch_size"))]
+
+
 def pixart_route(model: dict[str, Any]) -> str | None:
     """ai-toolkit's own arch for a PixArt config (config_modules.py:775-809): "pixart" or "pixart_sigma"."""
     arch = aitk_table.arch_name(model)
@@ -400,10 +423,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             rates_here = [r for r in rates if not r[0].startswith("train.")]
         else:
             rates_here = rates
-        return [f for key, rate in rates_here for f in dropout_form_finding(
+        out = [f for key, rate in rates_here for f in dropout_form_finding(
             profile, rate, "encode", key=key, trainer="ai-toolkit",
             source="toolkit/dataloader_mixins.py:402-408,2245-2251 (a dropped caption becomes ''); "
                    f"{_TT}:437-441", line=lines(key.rsplit(".", 1)[-1]))]
+        return out + _edit_plus_batch(model, values, cached, lines)
 
     def fix_set(key: str, value: Any) -> str:
         return f"{key}: {json.dumps(value)}"

@@ -157,6 +157,8 @@ NEW_RULES: tuple[Rule, ...] = (
     # ---- Z-Image (model_type Z_IMAGE)
     Rule("qwen3.tokenizer.max_length", ("z-image",), None, 512, "PROMPT_MAX_LENGTH 512, padding='max_length'",
          f"{_MM}/ZImageModel.py:24,129-134; modules/dataLoader/ZImageBaseDataLoader.py:38"),
+    Rule("qwen3.encoder.layer", ("z-image",), None, -2, "hidden_states[-2]",
+         f"{_MM}/ZImageModel.py:147; modules/dataLoader/ZImageBaseDataLoader.py:42"),
     Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
          "apply_chat_template(add_generation_prompt=True, enable_thinking=True)", f"{_MM}/ZImageModel.py:120-126; modules/dataLoader/ZImageBaseDataLoader.py:39"),
 )

@@ -224,6 +224,7 @@ NEW_RULES: tuple[Rule, ...] = (
     Rule("qwen3.tokenizer.max_length", ("z-image",), "tokenizer_max_length", None,
          "tokenizer_max_length (unset = 512), padding='max_length', truncation", f"{_M}/z_image/model.py:285-292",
          convert="st_len_or_512"),
+    Rule("qwen3.encoder.layer", ("z-image",), None, -2, "hidden_states[-2]", f"{_M}/z_image/model.py:296-301"),
     Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
          "apply_chat_template(add_generation_prompt=True, enable_thinking=True)", f"{_M}/z_image/model.py:276-282"),
     # ---- Qwen-Image-Edit (model_family qwen_image, model_flavour edit-v1/-v2/-v2+/-v3): the pipeline's encode_prompt
