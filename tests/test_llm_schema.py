@@ -92,8 +92,8 @@ def test_profiles_without_images_keep_their_fingerprints():
     from te_align.profiles import bundled, bundled_names
 
     without = [n for n in bundled_names() if all(s.images is None for s in bundled(n).slots)]
-    assert sorted(without) == sorted(BEFORE_IMAGES)
-    for name in without:
+    assert set(BEFORE_IMAGES) <= set(without)  # profiles added since (FLUX.2 klein, Z-Image) have no images either
+    for name in BEFORE_IMAGES:
         assert bundled(name).fingerprint() == BEFORE_IMAGES[name], name
         assert not any(".images." in path for path in bundled(name).behaviour_paths()), name
 
