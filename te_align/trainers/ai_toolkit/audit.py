@@ -178,6 +178,7 @@ NEW_RULES: tuple[Rule, ...] = (
          f"{_DM}/qwen_image/qwen_image_edit.py:199-201; {_DM}/qwen_image/qwen_image_edit_plus.py:210-212",
          severity="warning"),
 )
+RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
 #: FLUX.1 Kontext (arch flux_kontext): its own get_prompt_embeds; model.attn_masking is not read there.
 KONTEXT_RULES: tuple[Rule, ...] = (
     Rule("t5.tokenizer.max_length", ("flux",), None, 512, "encode_prompts_flux(max_length=512)",
@@ -435,7 +436,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove {key}" + (" (or set it to false)" if key.endswith("attn_masking") else "")
 
-    table = KONTEXT_RULES if aitk_table.arch_name(model) == "flux_kontext" else RULES + NEW_RULES
+    table = KONTEXT_RULES if aitk_table.arch_name(model) == "flux_kontext" else RULES
     trainer = Trainer("ai-toolkit", table, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]))
     if aitk_table.arch_name(model) in aitk_table.CHECK_ONLY:
         trainer.not_settable = NOT_SETTABLE

@@ -162,6 +162,7 @@ NEW_RULES: tuple[Rule, ...] = (
     Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
          "apply_chat_template(add_generation_prompt=True, enable_thinking=True)", f"{_MM}/ZImageModel.py:120-126; modules/dataLoader/ZImageBaseDataLoader.py:39"),
 )
+RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana", "anima", "flux2",
              "flux2-klein", "z-image")
@@ -312,7 +313,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         return out
 
     hooked = names.profile_of(mt)[1] if mt else True
-    trainer = Trainer("onetrainer", RULES + NEW_RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
+    trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
                       not_settable=NOT_SETTABLE if hooked or mt == "ANIMA" else NOT_HOOKED)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
                   assumed=getattr(reason, "assumed", ""))

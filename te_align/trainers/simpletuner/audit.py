@@ -237,6 +237,7 @@ NEW_RULES: tuple[Rule, ...] = (
          "images are already about 1024*1024 pixels",
          f"{_M}/qwen_image/model.py:489-494,531-547,577-591", severity="warning"),
 )
+RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart",
              "auraflow", "sana", "flux2", "flux2-klein", "z-image", "qwen-image-edit")
@@ -432,7 +433,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 
     # Qwen-Image's edit flavours encode the caption with its image: the hooks leave them to SimpleTuner
     hooked = prof is not None and _family(prof) in HOOKED and not (fam == "qwen_image" and flavour.startswith("edit"))
-    trainer = Trainer("simpletuner", RULES + NEW_RULES, fix_set, fix_remove, lambda key: lines(key),
+    trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key),
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
