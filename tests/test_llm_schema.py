@@ -92,7 +92,7 @@ def test_profiles_without_images_keep_their_fingerprints():
     from te_align.profiles import bundled, bundled_names
 
     without = [n for n in bundled_names() if all(s.images is None for s in bundled(n).slots)]
-    assert set(BEFORE_IMAGES) <= set(without)  # profiles added since (FLUX.2 klein, Z-Image) have no images either
+    assert set(BEFORE_IMAGES) <= set(without)  # profiles added since have no "before"
     for name in BEFORE_IMAGES:
         assert bundled(name).fingerprint() == BEFORE_IMAGES[name], name
         assert not any(".images." in path for path in bundled(name).behaviour_paths()), name
@@ -143,3 +143,27 @@ def test_an_image_override_round_trips_with_its_own_fingerprint():
     assert err.value.key == "qwen.images.area"
     with pytest.raises(ProfileError, match="unknown override"):  # a text-only profile has no images table
         _qwen_image().with_overrides({"qwen.images.area": 512 * 512})
+def test_text_ids_4d_is_zero_time_height_width_and_the_position():
+    """FLUX.2's text ids (Flux2Pipeline._prepare_text_ids): (batch, sequence, 4) int64 rows (0, 0, 0, position),
+    the same for every prompt, whatever the states' dtype."""
+    from te_align.encoding.core import flux2_text_ids
+
+    ids = flux2_text_ids(torch.zeros(2, 3, 5, dtype=torch.bfloat16))
+    assert ids.dtype == torch.int64 and ids.shape == (2, 3, 4)
+    expected = torch.tensor([[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 2]])
+    assert torch.equal(ids[0], expected) and torch.equal(ids[1], expected)
+
+
+def test_conditioning_unpad_keeps_the_masked_positions_per_prompt():
+    """Conditioning.unpad gives one (length_i, width) tensor per prompt: the rows where the mask is set."""
+    from te_align.encoding.conditioning import Conditioning
+
+    embeds = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    cond = Conditioning({"prompt_embeds": embeds, "prompt_embeds_mask": mask}, "x", "0" * 16)
+    first, second = cond.unpad("prompt_embeds", "prompt_embeds_mask")
+    assert torch.equal(first, torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+    assert torch.equal(second, torch.tensor([[6.0, 7.0]]))
+    # a bool mask selects the same rows
+    cond_b = Conditioning({"prompt_embeds": embeds, "m": mask.bool()}, "x", "0" * 16)
+    assert [t.shape[0] for t in cond_b.unpad("prompt_embeds", "m")] == [2, 1]

@@ -210,6 +210,25 @@ CASES: dict[str, Case] = {
     "anima": Case("anima", "anima", _anima, (*ANIMA_KEYS, None, None, None, None)),
     **{
         name: Case(
+            profile, "wan21",
+            lambda pipe, x, p: pipe.encode_prompt(
+                x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
+            ),
+            ("prompt_embeds", None),
+            build=build,
+        )
+        # Wan 2.2 A14B: WanPipeline built with a two-expert boundary (0.875, the T2V-A14B boundary of the Wan 2.2
+        # reference config, not read here: any value shows it); encode_prompt reads neither it nor transformer_2
+        # (pipeline_wan.py:158-279), so the Wan 2.2 repo ids are aliases of the wan21 profile
+        for name, profile, build in (("wan21", "wan21", ()), ("wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", (("boundary_ratio", 0.875),)))
+    },
+    "flux2-dev": Case(
+        "flux2-dev", "flux2",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "mistral")),
+        ("prompt_embeds", "text_ids"),
+    ),
+    **{
+        name: Case(
             name, "flux2-klein",
             lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", max_sequence_length=_t5_len(p, "qwen3")),
             ("prompt_embeds", "text_ids"),
@@ -224,20 +243,6 @@ CASES: dict[str, Case] = {
         ("prompt_embeds", None),
         _z_image_layout,
     ),
-    **{
-        name: Case(
-            profile, "wan21",
-            lambda pipe, x, p: pipe.encode_prompt(
-                x, do_classifier_free_guidance=False, device="cpu", max_sequence_length=_t5_len(p)
-            ),
-            ("prompt_embeds", None),
-            build=build,
-        )
-        # Wan 2.2 A14B: WanPipeline built with a two-expert boundary (0.875, the T2V-A14B boundary of the Wan 2.2
-        # reference config, not read here: any value shows it); encode_prompt reads neither it nor transformer_2
-        # (pipeline_wan.py:158-279), so the Wan 2.2 repo ids are aliases of the wan21 profile
-        for name, profile, build in (("wan21", "wan21", ()), ("wan22", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", (("boundary_ratio", 0.875),)))
-    },
 }  # fmt: skip
 
 
@@ -377,57 +382,6 @@ def test_hunyuanimage_glyph_prompts_equal_the_pipeline():
     _assert_equal("hunyuanimage-2.1", "negative ''", _pipeline_outputs("hunyuanimage-2.1", [""]), uncond)
 
 
-#: Profiles whose template is a chat template rendered by the tokenizer: (case name, slot, apply_chat_template kwargs).
-CHAT_TEMPLATES: dict[str, tuple[str, dict[str, Any]]] = {
-    "flux2-klein-4b": ("qwen3", {"add_generation_prompt": True, "enable_thinking": False}),
-    "flux2-klein-9b": ("qwen3", {"add_generation_prompt": True, "enable_thinking": False}),
-    "z-image": ("qwen3", {"add_generation_prompt": True, "enable_thinking": True}),
-}
-
-
-@pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))
-def test_the_template_literal_is_the_real_chat_template_rendering(name):
-    """The profile's template text equals what the tokenizer's real Jinja chat template renders, as the pipeline
-    calls it, for plain, empty and template-like prompts."""
-    pipe, p = _setup(name)
-    slot_name, kwargs = CHAT_TEMPLATES[name]
-    spec = p.slot(slot_name).tokenizer
-    tok = getattr(pipe, p.slot(slot_name).tokenizer_subfolder)
-    for prompt in ("a red cat", "", "two\nlines <think> x </think>", "far " * 40):
-        real = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, **kwargs)
-        assert render(spec, prompt) == real
-        assert render(spec, prompt, negative=True) == real
-
-
-def test_klein_at_the_training_script_layers_equals_the_pipeline_called_with_them():
-    """diffusers' klein training script taps hidden layers (10, 20, 30) (its --text_encoder_out_layers default);
-    the profile overridden to them equals Flux2KleinPipeline.encode_prompt called with them, and differs from the
-    pipeline's own (9, 18, 27)."""
-    pipe, p = _setup("flux2-klein-4b")
-    q = p.with_overrides({"qwen3.layer": [10, 20, 30]})
-    prompts = ["a cat", "far " * 600, ""]
-    with torch.no_grad():
-        ref = pipe.encode_prompt(prompts, device="cpu", text_encoder_out_layers=(10, 20, 30))
-    ours = te_align.encode(q, prompts, pipeline=pipe)
-    assert torch.equal(ours["prompt_embeds"], ref[0]) and torch.equal(ours["text_ids"], ref[1])
-    default = te_align.encode(p, prompts, pipeline=pipe)
-    assert default["prompt_embeds"].shape == ours["prompt_embeds"].shape
-    assert not torch.equal(default["prompt_embeds"], ours["prompt_embeds"])
-    # each third of the width is one tapped layer: none of (9, 18, 27) equals any of (10, 20, 30)
-    w = pipe.text_encoder.config.hidden_size
-    for k in range(3):
-        assert not torch.equal(default["prompt_embeds"][..., k * w : (k + 1) * w], ours["prompt_embeds"][..., k * w : (k + 1) * w])
-
-
-def test_z_image_negative_is_the_empty_prompt_through_the_template():
-    """ZImagePipeline.encode_prompt with CFG and no negative prompt encodes "" per prompt (thinking on, same template);
-    a given negative prompt goes the same way. Both equal te-align's negative encoding, element for element."""
-    pipe, p = _setup("z-image")
-    for prompts, negative in ((["a cat", "far " * 600], None), (["a cat", "x"], ["blurry, low quality", ""])):
-        with torch.no_grad():
-            _, neg = pipe.encode_prompt(list(prompts), device="cpu", negative_prompt=None if negative is None else list(negative))
-        ours = te_align.encode(p, negative or [""] * len(prompts), pipeline=pipe, negative=True)
-        _assert_equal("z-image", f"negative {negative!r}", {"prompt_embeds": neg}, ours)
 @pytest.mark.parametrize(("profile", "family", "n_images"), [
     ("qwen-image-edit", "qwen-image-edit", 1),
     ("qwen-image-edit-2509", "qwen-image-edit-plus", 1),
@@ -517,3 +471,96 @@ def test_qwen_image_edit_refuses_text_only_and_a_second_image_as_its_pipeline_do
         te_align.encode(p, ["make it red"], pipeline=pipe, images=[_edit_images(2)])
     with pytest.raises(EncodingError, match="caption dropout"):
         te_align.encode(p, ["make it red"], pipeline=pipe, images=_edit_images(1), drop=[True])
+#: Profiles whose template is a chat template rendered by the tokenizer: (case name, slot, apply_chat_template kwargs).
+CHAT_TEMPLATES: dict[str, tuple[str, dict[str, Any]]] = {
+    "flux2-klein-4b": ("qwen3", {"add_generation_prompt": True, "enable_thinking": False}),
+    "flux2-klein-9b": ("qwen3", {"add_generation_prompt": True, "enable_thinking": False}),
+    "z-image": ("qwen3", {"add_generation_prompt": True, "enable_thinking": True}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_TEMPLATES))
+def test_the_template_literal_is_the_real_chat_template_rendering(name):
+    """The profile's template text equals what the tokenizer's real Jinja chat template renders, as the pipeline
+    calls it, for plain, empty and template-like prompts."""
+    pipe, p = _setup(name)
+    slot_name, kwargs = CHAT_TEMPLATES[name]
+    spec = p.slot(slot_name).tokenizer
+    tok = getattr(pipe, p.slot(slot_name).tokenizer_subfolder)
+    for prompt in ("a red cat", "", "two\nlines <think> x </think>", "far " * 40):
+        real = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, **kwargs)
+        assert render(spec, prompt) == real
+        assert render(spec, prompt, negative=True) == real
+
+
+def test_klein_at_the_training_script_layers_equals_the_pipeline_called_with_them():
+    """diffusers' klein training script taps hidden layers (10, 20, 30) (its --text_encoder_out_layers default);
+    the profile overridden to them equals Flux2KleinPipeline.encode_prompt called with them, and differs from the
+    pipeline's own (9, 18, 27)."""
+    pipe, p = _setup("flux2-klein-4b")
+    q = p.with_overrides({"qwen3.layer": [10, 20, 30]})
+    prompts = ["a cat", "far " * 600, ""]
+    with torch.no_grad():
+        ref = pipe.encode_prompt(prompts, device="cpu", text_encoder_out_layers=(10, 20, 30))
+    ours = te_align.encode(q, prompts, pipeline=pipe)
+    assert torch.equal(ours["prompt_embeds"], ref[0]) and torch.equal(ours["text_ids"], ref[1])
+    default = te_align.encode(p, prompts, pipeline=pipe)
+    assert default["prompt_embeds"].shape == ours["prompt_embeds"].shape
+    assert not torch.equal(default["prompt_embeds"], ours["prompt_embeds"])
+    # each third of the width is one tapped layer: none of (9, 18, 27) equals any of (10, 20, 30)
+    w = pipe.text_encoder.config.hidden_size
+    for k in range(3):
+        assert not torch.equal(default["prompt_embeds"][..., k * w : (k + 1) * w], ours["prompt_embeds"][..., k * w : (k + 1) * w])
+
+
+def test_z_image_negative_is_the_empty_prompt_through_the_template():
+    """ZImagePipeline.encode_prompt with CFG and no negative prompt encodes "" per prompt (thinking on, same template);
+    a given negative prompt goes the same way. Both equal te-align's negative encoding, element for element."""
+    pipe, p = _setup("z-image")
+    for prompts, negative in ((["a cat", "far " * 600], None), (["a cat", "x"], ["blurry, low quality", ""])):
+        with torch.no_grad():
+            _, neg = pipe.encode_prompt(list(prompts), device="cpu", negative_prompt=None if negative is None else list(negative))
+        ours = te_align.encode(p, negative or [""] * len(prompts), pipeline=pipe, negative=True)
+        _assert_equal("z-image", f"negative {negative!r}", {"prompt_embeds": neg}, ours)
+
+
+def test_flux2_dev_img_tokens_are_dropped_as_the_pipeline_drops_them():
+    """Flux2Pipeline's format_input removes "[IMG]" from each prompt before the chat template (so the Pixtral
+    processor's image-token count cannot change under truncation); te-align's drop_img_tokens equals it, also past
+    the limit, and the prompt encodes as the same prompt written without "[IMG]"."""
+    pipe, p = _setup("flux2-dev")
+    prompts = ["[IMG]a cat [IMG] on a mat[IMG]", "[IMG]", "[IMG][IMG] " + "far " * 600, "[INST] x [/INST]"]
+    ref = _pipeline_outputs("flux2-dev", prompts)
+    ours = te_align.encode(p, prompts, pipeline=pipe)
+    _assert_equal("flux2-dev", "[IMG] prompts", ref, ours)
+    plain = te_align.encode(p, [x.replace("[IMG]", "") for x in prompts], pipeline=pipe)
+    assert torch.equal(plain["prompt_embeds"], ours["prompt_embeds"])
+
+
+def test_flux2_dev_template_literal_is_the_chat_template_rendering():
+    """The profile's template with FLUX.2's system message equals what the tokenizer's chat template renders for
+    the conversation Flux2Pipeline builds (format_input: the system message and the prompt as text blocks, no
+    generation prompt). The template rendered is te-align's stand-in for Mistral-Small-3.1's (the real file was not
+    available; the profile marks the template unconfirmed)."""
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+
+    pipe, p = _setup("flux2-dev")
+    spec = p.slot("mistral").tokenizer
+    assert spec.system_prompt == pipe.system_message
+    for prompt in ("a red cat", "", "two\nlines", "far " * 40):
+        (conversation,) = format_input([prompt], system_message=pipe.system_message)
+        real = pipe.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False)
+        assert render(spec, prompt) == real
+    ids = pipe.tokenizer(render(spec, "a cat"), add_special_tokens=False)["input_ids"]
+    assert ids[:2] == [1, 17] and ids[-1] == 4  # <s> [SYSTEM_PROMPT] ... [/INST], one BOS
+
+
+def test_flux2_dev_trainer_system_message_alternative_differs():
+    """OneTrainer's and SimpleTuner's system message (a space for the newline) is an official alternative; the
+    profile overridden to it encodes differently from Flux2Pipeline."""
+    pipe, p = _setup("flux2-dev")
+    (alt,) = [a for key, pv in p.provenance if key == "slots.mistral.tokenizer.system_prompt" for a in pv.alternatives]
+    q = p.with_overrides({"mistral.system_prompt": alt.value})
+    assert alt.value == pipe.system_message.replace("\n", " ")
+    a, b = te_align.encode(p, ["a cat"], pipeline=pipe), te_align.encode(q, ["a cat"], pipeline=pipe)
+    assert not torch.equal(a["prompt_embeds"], b["prompt_embeds"])

@@ -28,6 +28,7 @@ EXPECTED_NAMES = [
     "chroma",
     "flux-dev",
     "flux-schnell",
+    "flux2-dev",
     "flux2-klein-4b",
     "flux2-klein-9b",
     "hidream",
@@ -76,14 +77,15 @@ SNAPSHOT_REPO = {
 NO_SNAPSHOT = {
     "anima": "circlestone-labs/Anima-Base-v1.0-Diffusers",
     "hunyuanimage-2.1": "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
-    "flux2-klein-4b": "black-forest-labs/FLUX.2-klein-4B",
-    "flux2-klein-9b": "black-forest-labs/FLUX.2-klein-9B",
-    "z-image": "Tongyi-MAI/Z-Image-Turbo",
     # No entry in the research either, and no copy of their config files whose source can be cited was read:
     # their model_index / encoder values are inferred (pipeline type hints, the Qwen-Image encoder copy).
     "qwen-image-edit": "Qwen/Qwen-Image-Edit",
     "qwen-image-edit-2509": "Qwen/Qwen-Image-Edit-2509",
     "qwen-image-edit-2511": "Qwen/Qwen-Image-Edit-2511",
+    "flux2-dev": "black-forest-labs/FLUX.2-dev",
+    "flux2-klein-4b": "black-forest-labs/FLUX.2-klein-4B",
+    "flux2-klein-9b": "black-forest-labs/FLUX.2-klein-9B",
+    "z-image": "Tongyi-MAI/Z-Image-Turbo",
 }
 
 #: Output names = the keywords of each diffusers pipeline's __call__ for the positive conditioning,
@@ -111,13 +113,14 @@ EXPECTED_OUTPUTS = {
     "wan21": ("prompt_embeds",),
     # AnimaTextEncoderStep.encode_prompt's dict / intermediate outputs (inputs of AnimaTextConditioningStep)
     "anima": ("qwen_prompt_embeds", "qwen_attention_mask", "t5_input_ids", "t5_attention_mask"),
+    "flux2-dev": ("prompt_embeds", "text_ids"),
     "flux2-klein-4b": ("prompt_embeds", "text_ids"),
     "flux2-klein-9b": ("prompt_embeds", "text_ids"),
     # ZImagePipeline.encode_prompt returns a list; te-align's re-padded form carries its mask beside it
     "z-image": ("prompt_embeds", "prompt_embeds_mask"),
 }
 
-SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "qwen3", "byt5"}
+SLOT_NAMES = {"clip_l", "clip_g", "clip_h", "t5", "gemma", "llama", "qwen", "qwen3", "mistral", "byt5"}
 
 #: Snapshot statuses that are checked for exact equality (hf_configs.md: "Keep status in the
 #: snapshot and let tests assert exact equality only on official, derived-copy and code values").

@@ -396,6 +396,8 @@ EXPECTED_SHAPES: dict[str, tuple[Any, ...]] = {
     # AnimaTextEncoderStep.encode_prompt's dict: Qwen states + mask, T5 ids + mask ("</s>" added), then the
     # negatives of "" (zero Qwen tokens -> one position with mask 0; T5 "</s>").
     "anima": ((1, 5, 32), (1, 5), (1, 6), (1, 6), (1, 1, 32), (1, 1), (1, 1), (1, 1)),
+    # Mistral layers 10, 20, 30 side by side (3 x 16), padded to 512; text_ids (0, 0, 0, position).
+    "flux2": ((1, 512, 3 * 16), (1, 512, 4)),
     # Qwen3 layers 9, 18, 27 side by side (3 x 16), padded to 512; text_ids (0, 0, 0, position).
     "flux2-klein": ((1, 512, 3 * 16), (1, 512, 4)),
     # lists of (real tokens, width): "<|im_start|>user\n" 3 + the prompt 5 + "<|im_end|>\n<|im_start|>assistant\n"
@@ -479,6 +481,10 @@ def test_family_components_match_pipeline_type_hints(cache_dir: Path, family: st
         elif (family, name) == ("z-image", "tokenizer"):
             # hint AutoTokenizer (and PreTrainedModel for the encoder): the Qwen3 tokenizer class is Qwen2Tokenizer.
             assert hint is transformers.AutoTokenizer and isinstance(component, transformers.Qwen2TokenizerFast)
+        elif (family, name) == ("flux2", "tokenizer"):
+            # hint AutoProcessor (a PixtralProcessor in FLUX.2-dev); transformers' PixtralProcessor needs torchvision,
+            # so the tiny pipeline holds the processor's tokenizer, which apply_chat_template tokenizes alike.
+            assert hint is transformers.AutoProcessor and isinstance(component, transformers.PreTrainedTokenizerFast)
         elif (family, name) == ("wan21", "tokenizer"):
             # hint AutoTokenizer; the official model_index loads T5TokenizerFast.
             assert hint is transformers.AutoTokenizer and isinstance(component, transformers.T5TokenizerFast)

@@ -39,6 +39,7 @@ __all__ = [
     "family_components",
     "gemma2_model",
     "llama_for_causal_lm",
+    "mistral3_text_encoder",
     "qwen2_5_vl_model",
     "qwen3_model",
     "qwen3_text_encoder",
@@ -99,6 +100,7 @@ PIPELINE_CLASSES: dict[str, str] = {
     "hunyuanimage": "HunyuanImagePipeline",
     "wan21": "WanPipeline",
     "anima": "AnimaModularPipeline",
+    "flux2": "Flux2Pipeline",
     "flux2-klein": "Flux2KleinPipeline",
     "z-image": "ZImagePipeline",
 }
@@ -436,6 +438,63 @@ def qwen3_text_encoder(
         return _finish(getattr(transformers, cls)(config))
 
 
+#: Mistral-Small-3.1 (FLUX.2 [dev]'s text encoder), kohya-ss/musubi-tuner@30c658c
+#: src/musubi_tuner/flux_2/flux2_utils.py:525-575 config copy: Mistral3ForConditionalGeneration, text width 5120,
+#: feed-forward 32768, 40 layers, 32 heads, 8 KV heads, head_dim 128, vocab 131072, max positions 131072, rope theta
+#: 1e9, no sliding window, bfloat16; a Pixtral vision tower (width 1024, 24 layers, 16 heads, patch 14, image 1540),
+#: spatial_merge_size 2, image_token_index 10. The tiny one keeps the 40 text layers (FLUX.2's taps 10, 20, 30 are
+#: inner layers), the rope theta and the image token, with width 16 and a one-layer vision tower of width 8.
+MISTRAL3_TEXT_LAYERS = 40
+
+
+def mistral3_text_encoder(tokenizer: transformers.PreTrainedTokenizerBase, seed: int | None = None) -> Any:
+    """Tiny ``Mistral3ForConditionalGeneration`` (:data:`MISTRAL3_TEXT_LAYERS` Mistral layers of 2 heads (1 KV
+    head) of 8, vocabulary ``len(tokenizer)`` rounded up to 64, a tiny Pixtral vision tower as the class requires);
+    bos / eos / pad / image token ids from ``tokenizer``."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<s>", "</s>", "<pad>", "[IMG]")}
+    text = {
+        "model_type": "mistral",
+        "vocab_size": _round_up(len(tokenizer)),
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": MISTRAL3_TEXT_LAYERS,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000000.0,
+        "sliding_window": None,
+        "bos_token_id": ids["<s>"],
+        "eos_token_id": ids["</s>"],
+        "pad_token_id": ids["<pad>"],
+    }
+    vision = {
+        "model_type": "pixtral",
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "head_dim": 4,
+        "image_size": 28,
+        "patch_size": 14,
+        "num_channels": 3,
+        "rope_theta": 10000.0,
+    }
+    config = transformers.Mistral3Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=ids["[IMG]"],
+        spatial_merge_size=2,
+        projector_hidden_act="gelu",
+        multimodal_projector_bias=False,
+        vision_feature_layer=-1,
+    )
+    seed = _seed_for(f"mistral3-{len(tokenizer)}") if seed is None else seed
+    with _seeded(seed):
+        return _finish(transformers.Mistral3ForConditionalGeneration(config))
+
+
 def byt5_encoder_model(
     vocab_size: int, d_model: int = BYT5_D_MODEL, seed: int | None = None
 ) -> transformers.T5EncoderModel:
@@ -488,6 +547,8 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
       ``hidden_states[-3]`` is an inner layer); tokenizer_2 ByT5Tokenizer (byte level, no files) +
       T5EncoderModel (:func:`byt5_encoder_model`).
     * ``wan21``: T5TokenizerFast (umt5) + UMT5EncoderModel.
+    * ``flux2``: the Mistral-Small-3.1 tekken tokenizer (a TokenizersBackend standing in for the PixtralProcessor,
+      whose import needs torchvision) + Mistral3ForConditionalGeneration (40 text layers).
     * ``flux2-klein``: Qwen2TokenizerFast (Qwen3 instruct, real chat template) + Qwen3ForCausalLM (4B layout).
     * ``z-image``: Qwen2TokenizerFast (Qwen3 instruct, real chat template) + Qwen3Model (4B layout).
     * ``anima``: Qwen2TokenizerFast (Qwen3-0.6B-Base conventions) + Qwen3Model; ``t5_tokenizer``
@@ -573,6 +634,9 @@ def family_components(family: str, cache_dir: tok.PathLike | None = None) -> dic
             "text_encoder": qwen3_model(qwen_tok),
             "t5_tokenizer": tok.t5_tokenizer(cache_dir=cache_dir),
         }
+    if family == "flux2":
+        mistral_tok = tok.mistral_tekken_tokenizer(cache_dir=cache_dir)
+        return {"tokenizer": mistral_tok, "text_encoder": mistral3_text_encoder(mistral_tok)}
     if family in ("flux2-klein", "z-image"):
         qwen_tok = tok.qwen3_instruct_tokenizer(cache_dir=cache_dir)
         cls = "Qwen3ForCausalLM" if family == "flux2-klein" else "Qwen3Model"

@@ -208,6 +208,7 @@ _NON_TEXT_KWARGS: dict[str, dict[str, Any]] = {
     "QwenImageEditPlusPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "HunyuanImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
     "WanPipeline": {"vae": None, "scheduler": None, "transformer": None},
+    "Flux2Pipeline": {"vae": None, "scheduler": None, "transformer": None},
     "Flux2KleinPipeline": {"vae": None, "scheduler": None, "transformer": None},
     "ZImagePipeline": {"vae": None, "scheduler": None, "transformer": None},
 }
@@ -231,6 +232,7 @@ PIPELINE_SINCE: dict[str, str] = {
     "AnimaModularPipeline": "0.39.0",
     "ZImagePipeline": "0.36.0",
     "Flux2KleinPipeline": "0.37.0",
+    "Flux2Pipeline": "0.36.0",
 }
 
 

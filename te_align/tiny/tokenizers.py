@@ -58,12 +58,15 @@ __all__ = [
     "QWEN3_CHAT_TEMPLATE_SOURCE",
     "QWEN_IMAGE_TEMPLATE",
     "QWEN_IMAGE_TEMPLATE_PREFIX_TOKENS",
+    "TEKKEN_SPECIAL_TOKENS",
     "bytes_to_unicode",
     "clip_bpe_path",
     "clip_tokenizer",
     "default_cache_dir",
     "gemma_tokenizer",
     "llama3_tokenizer",
+    "mistral_small_chat_template",
+    "mistral_tekken_tokenizer",
     "pile_t5_tokenizer",
     "qwen2_tokenizer",
     "qwen3_chat_template",
@@ -993,3 +996,97 @@ def qwen3_instruct_tokenizer(cache_dir: PathLike | None = None) -> transformers.
     """
     folder = _materialize("qwen3-instruct", _root(cache_dir), _write_qwen3_instruct)
     return transformers.Qwen2TokenizerFast.from_pretrained(str(folder))
+
+
+# --------------------------------------------------------------------------------------------------
+# Mistral tekken (byte-level BPE): Mistral-Small-3.1 (FLUX.2 [dev])
+# --------------------------------------------------------------------------------------------------
+
+#: The named control tokens at the head of a tekken vocabulary, at their real ids 0..19 (Mistral's tekken
+#: convention; the Mistral-Small-3.1 config's image_token_index 10 is ``[IMG]``, kohya-ss/musubi-tuner@30c658c
+#: src/musubi_tuner/flux_2/flux2_utils.py:531). The real vocabulary reserves ids up to 999 for control tokens; the tiny
+#: one keeps these 20 and starts the byte symbols at 20.
+TEKKEN_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+    "[IMG]",
+    "<pad>",
+    "[IMG_BREAK]",
+    "[IMG_END]",
+    "[PREFIX]",
+    "[MIDDLE]",
+    "[SUFFIX]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[TOOL_CONTENT]",
+)
+# Pre-tokenization regex of tekken (cased words, single digits) as in Mistral's HF tokenizer.json conversions.
+_TEKKEN_SPLIT_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def mistral_small_chat_template() -> str:
+    """A stand-in for the Mistral-Small-3.1 chat template (``data/mistral_small_chat_template.jinja``), written for
+    te-align: the real one (the mistralai/Mistral-Small-3.1-24B-Instruct-2503 tokenizer files) was not found in a
+    readable copy. It renders the Tekken V7 layout ``<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]`` for a
+    system message (a string or a list of text blocks) and user messages whose blocks are text or images
+    (``[IMG]``), as Mistral documents it."""
+    return (Path(__file__).parent / "data" / "mistral_small_chat_template.jinja").read_text(encoding="utf-8")
+
+
+def _write_mistral_tekken(folder: Path) -> None:
+    base = list(bytes_to_unicode().values())
+    freqs = _byte_level_word_freqs(_TEKKEN_SPLIT_REGEX)
+    vocab, merges = _bpe_vocab(TEKKEN_SPECIAL_TOKENS, base, freqs, (), max_size=1000)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_TEKKEN_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TEKKEN_SPECIAL_TOKENS])
+    tok.post_processor = processors.TemplateProcessing(
+        single=["<s>:0", "$A:0"], pair=["<s>:0", "$A:0", "$B:1"], special_tokens=[("<s>", vocab["<s>"])]
+    )
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "added_tokens_decoder": {str(vocab[t]): _added_token_entry(t) for t in TEKKEN_SPECIAL_TOKENS},
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": mistral_small_chat_template(),
+    }
+    _write_json(folder / "tokenizer_config.json", config)
+    _write_json(
+        folder / "special_tokens_map.json",
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+    )
+
+
+def mistral_tekken_tokenizer(cache_dir: PathLike | None = None) -> transformers.PreTrainedTokenizerFast:
+    """Small Mistral-Small-3.1 tekken tokenizer (FLUX.2 [dev]'s ``Flux2Pipeline``): byte-level BPE with the tekken
+    pre-tokenization, the :data:`TEKKEN_SPECIAL_TOKENS` at their real ids (``<s>`` 1, ``</s>`` 2, ``[INST]`` 3,
+    ``[/INST]`` 4, ``[IMG]`` 10, ``<pad>`` 11, ``[SYSTEM_PROMPT]`` 17, ``[/SYSTEM_PROMPT]`` 18), ``<s>`` added in
+    front by the post-processor, pad ``<pad>``, right padding (the transformers default: the real tokenizer_config's
+    padding side was not read) and the stand-in chat template :func:`mistral_small_chat_template`."""
+    folder = _materialize("mistral-tekken", _root(cache_dir), _write_mistral_tekken)
+    return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
