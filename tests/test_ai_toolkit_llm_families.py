@@ -137,3 +137,10 @@ def test_edit_plus_batch_above_one_without_cached_embeddings_is_a_warning(tmp_pa
         "extensions_built_in/diffusion_models/qwen_image/qwen_image_edit_plus.py:196-219")
     batch_one = job(tmp_path, "qwen_image_edit_plus", "Qwen/Qwen-Image-Edit-2511")
     assert not [f for f in batch_one.findings if f.setting == "train.batch_size"]
+
+
+def test_a_version_without_a_profile_is_not_read_as_the_arch_profile(tmp_path):
+    r = job(tmp_path, "qwen_image", "Qwen/Qwen-Image-2.1")
+    assert (r.exit_code, r.status) == (3, "not-checked")
+    assert r.reason.startswith("not checked: te-align has no profile for qwen-image-2.1 (model.arch 'qwen_image' and "
+                               "model.name_or_path 'Qwen/Qwen-Image-2.1')")

@@ -76,6 +76,14 @@ def test_the_model_name_names_the_profile(script, model, profile):
     assert why == f"script {script} and --pretrained_model_name_or_path {model!r}"
 
 
+def test_a_model_version_without_a_profile_is_not_checked_never_the_script_default():
+    r = cmd("train_dreambooth_lora_qwen_image.py", "--pretrained_model_name_or_path", "Qwen/Qwen-Image-2.1")
+    assert (r.exit_code, r.status) == (3, "not-checked")
+    assert r.reason.startswith("not checked: te-align has no profile for qwen-image-2.1 (script "
+                               "train_dreambooth_lora_qwen_image.py and --pretrained_model_name_or_path "
+                               "'Qwen/Qwen-Image-2.1'); the nearest it has, ")
+
+
 def test_a_family_without_a_bundled_profile_is_not_checked():
     missing = [p for p in ("flux2-dev", "z-image") if p not in bundled_names()]
     if not missing:
@@ -160,7 +168,7 @@ def test_flux2_dev_script_default_layers_are_aligned():
     r = cmd("train_dreambooth_lora_flux2.py", "--pretrained_model_name_or_path", "black-forest-labs/FLUX.2-dev",
             "--text_encoder_out_layers", "9", "18", "27")
     assert findings(r) == [("deviation", "error", "mistral.encoder.layer", (9, 18, 27), (10, 20, 30),
-                            "remove --text_encoder_out_layers")]
+                            "--text_encoder_out_layers 10 20 30")]
 
 
 @Z_IMAGE

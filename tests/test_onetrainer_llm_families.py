@@ -109,3 +109,10 @@ def test_z_image_is_aligned(tmp_path):
     assert (r.exit_code, r.profile) == (0, "z-image")
     assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.encoder.layer": -2,
                            "qwen3.tokenizer.enable_thinking": True}
+
+
+def test_a_version_without_a_profile_is_not_read_as_the_model_type_profile(tmp_path):
+    r = check_file(config(tmp_path, model_type="QWEN", base_model_name="Qwen/Qwen-Image-2.1"))
+    assert (r.exit_code, r.status) == (3, "not-checked")
+    assert r.reason.startswith("not checked: te-align has no profile for qwen-image-2.1 (model_type 'QWEN' and "
+                               "base_model_name 'Qwen/Qwen-Image-2.1')")

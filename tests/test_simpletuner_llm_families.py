@@ -51,6 +51,10 @@ def test_family_and_flavour_name_the_profile(values, profile, why):
     ({"model_family": "flux2", "model_flavour": "klein-12b"},
      "not checked: te-align has no profile for SimpleTuner model_family 'flux2' model_flavour 'klein-12b'; the nearest "
      "it has, flux2-klein-9b, is not used in its place"),
+    ({"model_family": "qwen_image", "model_flavour": "v1.0", "pretrained_model_name_or_path": "Qwen/Qwen-Image-2.1"},
+     "not checked: te-align has no profile for qwen-image-2.1 (model_family 'qwen_image' and "
+     "pretrained_model_name_or_path 'Qwen/Qwen-Image-2.1'); the nearest it has, qwen-image-edit, is not used in its "
+     "place; pass --profile NAME to check against a profile you choose"),
     ({"model_family": "qwen_image", "model_flavour": "edit-v4"},
      "not checked: te-align has no profile for SimpleTuner model_family 'qwen_image' model_flavour 'edit-v4'; the "
      "nearest it has, qwen-image-edit-2511, is not used in its place"),

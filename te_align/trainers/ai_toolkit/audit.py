@@ -27,6 +27,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 from te_align.trainers.ai_toolkit import names as aitk_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -279,6 +280,8 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
             return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"
         prof = aitk_table.ARCHS[flagged][0]
         why = f"model.{next(f for f, a in aitk_table.FLAGS if a == flagged)}"
+    if by_name and decided and bundled_name(by_name) is None:  # a version te-align has no profile for: never prof
+        return by_name, f"{why} and model.name_or_path {path!r}{files}"
     if by_name and decided and _family(by_name) == _family(prof):
         return by_name, f"{why} and model.name_or_path {path!r}{files}"
     adapter = model.get("assistant_lora_path")

@@ -45,6 +45,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import RawConfig, UnreadableConfig
 from te_align.audit.rules import Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -92,8 +93,6 @@ SCRIPTS: dict[str, Script] = {
 
 _FAMILIES = {"sd": ("sd1", "sd2"), "sdxl": ("sdxl",), "sd3": ("sd3",), "flux": ("flux",), "flux2": ("flux2",),
              "flux2-klein": ("flux2-klein",), "z-image": ("z-image",), "qwen-image": ("qwen-image",)}
-#: Profiles a model name may point at for a script's family, bundled or not (an unbundled one is "not checked").
-_UNBUNDLED = {"flux2": ("flux2-dev",), "flux2-klein": ("flux2-klein-4b", "flux2-klein-9b"), "z-image": ("z-image",)}
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image")
 #: The scripts keep no text-encoder cache on disk (they pre-compute embeddings in memory, or encode every step).
 CACHES: dict[str, Any] = {}
@@ -412,8 +411,9 @@ def guess_profile(script: str, values: dict[str, Any]) -> tuple[str, str, bool]:
     spec = SCRIPTS[script]
     path = values.get("pretrained_model_name_or_path")
     by_name, detail, decided = guess_model(path)
-    if by_name and decided and by_name not in bundled_families() and by_name in _UNBUNDLED.get(spec.kind, ()):
-        # a profile of the script's family that te-align does not bundle yet: named, so that check says "not checked"
+    if by_name and decided and bundled_name(by_name) is None:
+        # a model (or version) te-align has no profile for: named, so that check says "not checked" and names the
+        # nearest, never the script's default in its place
         return by_name, f"script {script} and --pretrained_model_name_or_path {path!r}{detail}", False
     if by_name and decided and bundled_families().get(by_name) in _FAMILIES[spec.kind]:
         return by_name, f"script {script} and --pretrained_model_name_or_path {path!r}{detail}", False

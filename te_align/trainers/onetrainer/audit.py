@@ -25,6 +25,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 from te_align.trainers.onetrainer import names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -207,6 +208,8 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     for key in ("transformer.model_name", "base_model_name"):
         path = values.get(key)
         by, detail, decided = guess_model(path)
+        if by and decided and bundled_name(by) is None:  # a version te-align has no profile for: never prof
+            return by, f"model_type {mt!r} and {key} {path!r}{detail}"
         if by and decided and _same_family(by, prof):
             return by, f"model_type {mt!r} and {key} {path!r}{detail}"
     said = assumption(prof, "base_model_name or transformer.model_name (their names or files)")

@@ -24,6 +24,7 @@ from te_align.audit.parsed import (
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 from te_align.trainers.simpletuner import envfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -279,10 +280,10 @@ _FAMILY = {
 }
 #: model_flavour -> profile where the flavour names the model (FLUX.2: flux2/model.py:149-154, default klein-9b;
 #: Qwen-Image's edit flavours: qwen_image/model.py:74-90). A flavour of these families not listed is "not checked".
-_FLAVOURS = {
+_FLAVOURS: dict[str, dict[str, str | None]] = {
     "flux2": {"dev": "flux2-dev", "klein-4b": "flux2-klein-4b", "klein-9b": "flux2-klein-9b"},
     "qwen_image": {"edit-v1": "qwen-image-edit", "edit-v2": "qwen-image-edit-2509", "edit-v2+": "qwen-image-edit-2509",
-                   "edit-v3": "qwen-image-edit-2511", "v1.0": "qwen-image", "v2.0": "qwen-image"},
+                   "edit-v3": "qwen-image-edit-2511", "v1.0": None, "v2.0": None},  # None: the path decides
 }
 
 
@@ -307,10 +308,11 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
         if flavour not in _FLAVOURS[fam]:
             # the nearest: the newest listed flavour sharing the longest prefix with it (named, never used)
             best = max(reversed(_FLAVOURS[fam]), key=lambda f: _shared(f, flavour))
-            near = _FLAVOURS[fam][best] if _shared(best, flavour) >= 3 else None
+            near = (_FLAVOURS[fam][best] or prof) if _shared(best, flavour) >= 3 else None
             raise NotChecked(f"not checked: te-align has no profile for SimpleTuner model_family {fam!r} model_flavour "
                              f"{flavour!r}" + (f"; the nearest it has, {near}, is not used in its place" if near else ""))
-        return _FLAVOURS[fam][flavour], f"model_family {fam!r}, model_flavour {flavour!r}"
+        if _FLAVOURS[fam][flavour]:
+            return _FLAVOURS[fam][flavour], f"model_family {fam!r}, model_flavour {flavour!r}"
     if fam == "flux2":
         return prof, "model_family 'flux2', model_flavour 'klein-9b' (SimpleTuner's default)"
     if fam == "flux" and flavour:
@@ -321,6 +323,8 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
         if by and _same_family(by, prof):
             return by, f"model_family {fam!r} and model_flavour {flavour!r}"
     by, detail, decided = guess_model(path)
+    if by and decided and bundled_name(by) is None:  # a version te-align has no profile for: never prof
+        return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}{detail}"
     if by and decided and _same_family(by, prof):
         return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}{detail}"
     if fam in _DEFAULT_FLAVOUR and not flavour:
