@@ -189,17 +189,21 @@ def test_ai_toolkit_schnell_by_assistant_lora_flex_and_no_profile(tmp_path):
     r = check_file(write(tmp_path, "f1.yaml", base.format(model=flex1)))
     assert r.profile == "flux-dev" and [f.kind for f in r.findings] == ["note"]
     assert r.findings[0].message.startswith("Flex.1 is checked as FLUX.1")
-    for arch, name in (("flex2", "Flex.2"), ("flux_kontext", "FLUX.1 Kontext"), ("qwen_image_edit", "Qwen-Image-Edit")):
+    for arch, name in (("flex2", "Flex.2"), ("hidream_e1", "HiDream-E1")):
         r = check_file(write(tmp_path, f"{arch}.yaml", base.format(model=f"        arch: {arch}\n        name_or_path: x\n")))
         assert (r.exit_code, r.status) == (3, "not-checked")
         assert r.reason == f"not checked: te-align has no profile for {name} (model.arch {arch!r})"
+    # Kontext is FLUX.1 dev's recipe: checked with flux-dev by its own get_prompt_embeds' rules
+    r = check_file(write(tmp_path, "k.yaml", base.format(model="        arch: flux_kontext\n        name_or_path: x\n")))
+    assert (r.exit_code, r.profile, r.family_reason) == (0, "flux-dev", "model.arch 'flux_kontext'")
+    assert r.effective == {"t5.tokenizer.max_length": 512, "t5.masks.zero_padded": False}
 
 
 @pytest.mark.parametrize(("name", "text", "reason"), [
-    ("ot.json", json.dumps({"model_type": "Z_IMAGE", "training_method": "LORA"}),
-     "not checked: te-align has no profile for Z-Image (OneTrainer model_type 'Z_IMAGE')"),
-    ("config.json", json.dumps({"model_family": "z_image"}),
-     "not checked: te-align has no profile for Z-Image (SimpleTuner model_family 'z_image')"),
+    ("ot.json", json.dumps({"model_type": "ERNIE", "training_method": "LORA"}),
+     "not checked: te-align has no profile for ERNIE-Image (OneTrainer model_type 'ERNIE')"),
+    ("config.json", json.dumps({"model_family": "z_image_omni"}),
+     "not checked: te-align has no profile for Z-Image Omni (SimpleTuner model_family 'z_image_omni')"),
     ("config2.json", json.dumps({"model_family": "cosmos2image"}),
      "not checked: te-align has no profile for Cosmos-Predict2 (SimpleTuner model_family 'cosmos2image')"),
 ])

@@ -176,8 +176,8 @@ def test_reader_unknown_option_line_and_exit_1(tmp_path):
     ("echo hello\n", "run.sh: no training command line in this file (expected a line running train_*.py"),
     ('accelerate launch train_dreambooth_lora_sd3.py --instance_prompt "unclosed\n',
      "run.sh:1:1: syntax error: cannot split the command line: No closing quotation"),
-    ("accelerate launch train_dreambooth_lora_qwen_image.py\n",
-     "run.sh:1: train_dreambooth_lora_qwen_image.py is not a script te-align reads: not one of sd-scripts' "
+    ("accelerate launch train_dreambooth_lora_hidream.py\n",
+     "run.sh:1: train_dreambooth_lora_hidream.py is not a script te-align reads: not one of sd-scripts' "
      "(flux_train_network.py, sdxl_train_network.py, train_network.py, …), musubi-tuner's"),
 ])
 def test_reader_bad_input_one_line_exit_2(tmp_path, capsys, text, expected):

@@ -53,6 +53,7 @@ def test_a_family_is_checked_by_rules_naming_it_not_by_rules_for_every_family():
 def test_profile_list_names_the_trainers_each_profile_is_checked_for(capsys):
     assert main(["profile", "list", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["qwen-image"]["checked_for"] == ["ai-toolkit", "simpletuner", "onetrainer", "musubi", "diffusion-pipe"]
+    assert rows["qwen-image"]["checked_for"] == ["ai-toolkit", "simpletuner", "onetrainer", "diffusers-examples", "musubi",
+                                                 "diffusion-pipe"]  # diffusers: train_dreambooth_lora_qwen_image.py
     assert rows["anima"]["checked_for"] == ["kohya"]
     assert {"trainer": "diffusion-pipe", "why": "no rules yet"} in rows["anima"]["not_checked_for"]

@@ -70,6 +70,8 @@ class Change:
             name = f"--{name}" if not name.startswith("--") else name
             if self.remove:
                 return f"removed {name}"
+            if isinstance(self.value, (list, tuple)):  # an nargs="+" option
+                return f"{name} " + " ".join(_shown(v) for v in self.value)
             return name if self.value is True else f"{name} {_shown(self.value)}"
         return f"removed {name}" if self.remove else f"{name} = {_shown(self.value)}"
 
@@ -137,12 +139,31 @@ def _verify_words(old: JSONValue, new: JSONValue, changes: Sequence[Change], fil
         name = str(c.path[0])
         if c.remove:
             want.pop(name, None)
+        elif isinstance(c.value, (list, tuple)):  # an nargs="+" option: every word after the flag
+            words = _list_words(list(new["args"]), name)  # type: ignore[arg-type]
+            if words != [str(v) for v in c.value]:
+                raise CannotFix(f"the edit of --{name} would not give it the values {' '.join(map(str, c.value))}; "
+                                "nothing written (please report this file)", file=file)
+            want[name] = cli_scalar(words[0]) if words else True
         else:
             want[name] = c.value if isinstance(c.value, bool) else cli_scalar(str(c.value))
     if after != want or old.get("script") != new.get("script"):
         keys = ", ".join(f"--{c.path[0]}" for c in changes)
         raise CannotFix(f"the edit of {keys} would change more of the command line than that; nothing "
                         "written (please report this file)", file=file)
+
+
+def _list_words(args: list[str], name: str) -> list[str]:
+    """The words after the last ``--name`` up to the next option (how argparse reads ``nargs="+"``)."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        if a.replace("-", "_") == f"__{name}":
+            out = []
+            for w in args[i + 1:]:
+                if w.startswith("--"):
+                    break
+                out.append(w)
+    return out
 
 
 def _nl(text: str) -> str:
@@ -436,8 +457,10 @@ def _cmdline(text: str, c: Change, file: str) -> str:
     hits = [(i, m) for i in range(first, last + 1) for m in flag.finditer(lines[i])]
     if not hits and c.remove:
         return text
+    many = isinstance(c.value, (list, tuple))  # nargs="+": the values are separate words
+    shown = " ".join(_word(v, windows) for v in c.value) if many else _word(c.value, windows)  # type: ignore[union-attr]
     if not hits:
-        new_flag = f"--{name}" if c.value is True else f"--{name} {_word(c.value, windows)}"
+        new_flag = f"--{name}" if c.value is True else f"--{name} {shown}"
         if first == last:
             line = lines[first]
             body = line.rstrip("\r\n")
@@ -461,6 +484,9 @@ def _cmdline(text: str, c: Change, file: str) -> str:
             v = _VALUE.match(line, after)
             if v and not v.group(1).startswith("-") and v.group(1) not in ("\\", "^", "`"):
                 val = (after, v.end())
+                while many and (w := _VALUE.match(line, val[1])) and not w.group(1).startswith("-") \
+                        and w.group(1) not in ("\\", "^", "`"):
+                    val = (after, w.end())  # every value of an nargs="+" option on this line
         if val is not None and re.search(r"\$|%\w+%", line[val[0]:val[1]]):
             raise CannotFix(f"--{name} takes its value from a variable ({line[val[0]:val[1]].strip(' =')}); "
                             "set the variable", file=file)
@@ -478,7 +504,7 @@ def _cmdline(text: str, c: Change, file: str) -> str:
         if c.value is True:
             lines[i] = line[:after] + line[end:]
         else:
-            lines[i] = line[:after] + " " + _word(c.value, windows) + line[end:]
+            lines[i] = line[:after] + " " + shown + line[end:]
     return "".join(lines)
 
 

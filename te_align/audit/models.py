@@ -83,6 +83,8 @@ VARIANT_WORDS: dict[str, str] = {
     "sd35-large": r"3\.?5[-_ ]?l|large",
     "sd35-medium": r"3\.?5[-_ ]?m|medium",
     "sd3-medium": r"(?<![0-9.])3[-_ ]?m|medium",
+    "flux2-klein-4b": r"(?<![0-9])4[-_ ]?b(?![a-z])",
+    "flux2-klein-9b": r"(?<![0-9])9[-_ ]?b(?![a-z])",
 }
 
 

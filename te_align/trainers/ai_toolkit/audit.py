@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from te_align.audit import rules
 from te_align.audit.cachefiles import CacheScan, safetensors_record, scan
 from te_align.audit.findings import Finding
+from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
@@ -25,13 +26,17 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.audit.rules import ByProfile, Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 from te_align.trainers.ai_toolkit import names as aitk_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
 
 _TT = "toolkit/train_tools.py"
+#: What "no key fixes this" says for the newer families: te-align's ai-toolkit hooks do not encode them.
+NOT_SETTABLE = ("not settable: hard-coded in ai-toolkit (no config key), and te-align's ai-toolkit hooks do not "
+                "encode this model; the fix is a change to ai-toolkit's code")
 _SDM = "toolkit/stable_diffusion_model.py"
 
 # ------------------------------------------------------------------------------------ converters
@@ -134,7 +139,57 @@ RULES: tuple[Rule, ...] = (
          f"{_TT}:504-505"),
 )
 
-SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart", "auraflow")
+_DM = "extensions_built_in/diffusion_models"
+_F2 = f"{_DM}/flux2/src/pipeline.py"
+#: FLUX.2 dev's system message as ai-toolkit's vendored pipeline writes it (a newline after "object", as diffusers).
+FLUX2_SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
+                        "on object relationships, object\nattribution and actions without speculation.")
+
+#: The newer families: each model class's get_prompt_embeds, read at the commit. These are checked by `te-align
+#: check`; ai-toolkit has no key for any of them (the fix is a code change, not a config key).
+NEW_RULES: tuple[Rule, ...] = (
+    # FLUX.2 dev (arch flux2): the vendored Flux2Pipeline (flux2/src/pipeline.py), Mistral chat template
+    Rule("mistral.tokenizer.max_length", ("flux2",), None, 512,
+         "the vendored Flux2Pipeline.encode_prompt: apply_chat_template(padding='max_length', truncation=True, "
+         "max_length=MAX_LENGTH 512)", f"{_F2}:40,112-120; {_DM}/flux2/flux2_model.py:466-472"),
+    Rule("mistral.encoder.layer", ("flux2",), None, (10, 20, 30), "hidden_states OUTPUT_LAYERS_MISTRAL [10, 20, 30]",
+         f"{_F2}:38,139-141"),
+    Rule("mistral.tokenizer.system_prompt", ("flux2",), None, FLUX2_SYSTEM_MESSAGE,
+         "SYSTEM_MESSAGE (with the newline after 'object') as the system turn", f"{_F2}:36-37,80-90"),
+    # FLUX.2 klein (arch flux2_klein_4b / flux2_klein_9b): the same vendored pipeline's Qwen3 branch
+    Rule("qwen3.tokenizer.max_length", ("flux2-klein",), None, 512,
+         "tokenizer(text, padding='max_length', truncation=True, max_length=MAX_LENGTH 512)", f"{_F2}:40,172-178"),
+    Rule("qwen3.encoder.layer", ("flux2-klein",), None, (9, 18, 27), "hidden_states OUTPUT_LAYERS_QWEN3 [9, 18, 27]",
+         f"{_F2}:39,194-195"),
+    Rule("qwen3.tokenizer.enable_thinking", ("flux2-klein",), None, False,
+         "apply_chat_template(add_generation_prompt=True, enable_thinking=False)", f"{_F2}:164-171"),
+    # Z-Image (arch zimage): diffusers' ZImagePipeline.encode_prompt with its defaults
+    Rule("qwen3.tokenizer.max_length", ("z-image",), None, 512,
+         "ZImagePipeline.encode_prompt(prompt, do_classifier_free_guidance=False) with its default "
+         "max_sequence_length 512", f"{_DM}/z_image/z_image.py:406-414"),
+    # Qwen-Image-Edit: the condition image is resized on the tensor (F.interpolate, bilinear) to the pipeline's area,
+    # rounded to 32, then diffusers' encode_prompt builds the template
+    Rule("qwen.images.area", ("qwen-image-edit",), None, ByProfile({"qwen-image-edit": 1024 * 1024, "*": 384 * 384}),
+         "control images resized to the pipeline's area (original Edit: 1024*1024; plus: CONDITION_IMAGE_SIZE "
+         "384*384) before encode_prompt",
+         f"{_DM}/qwen_image/qwen_image_edit.py:184-205; {_DM}/qwen_image/qwen_image_edit_plus.py:196-219"),
+    Rule("qwen.images.resample", ("qwen-image-edit",), None, "bilinear",
+         "control images are resized as tensors with F.interpolate(mode='bilinear'); the pipelines resize PIL "
+         "images with the image processor's lanczos",
+         f"{_DM}/qwen_image/qwen_image_edit.py:199-201; {_DM}/qwen_image/qwen_image_edit_plus.py:210-212",
+         severity="warning"),
+)
+RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
+#: FLUX.1 Kontext (arch flux_kontext): its own get_prompt_embeds; model.attn_masking is not read there.
+KONTEXT_RULES: tuple[Rule, ...] = (
+    Rule("t5.tokenizer.max_length", ("flux",), None, 512, "encode_prompts_flux(max_length=512)",
+         f"{_DM}/flux_kontext/flux_kontext.py:354-362"),
+    Rule("t5.masks.zero_padded", ("flux",), None, False, "encode_prompts_flux without attn_mask: padded T5 outputs "
+         "are kept", f"{_DM}/flux_kontext/flux_kontext.py:357-362; {_TT}:569-572"),
+)
+
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart", "auraflow",
+             "flux2", "flux2-klein", "z-image", "qwen-image-edit")
 
 #: Keys people add expecting a text-encoder setting that ai-toolkit does not have.
 MYTH_KEYS = {
@@ -178,9 +233,8 @@ NON_TRAINING_TYPES = {
     "Ideogram4Captioner": "captions data",
 }
 #: Archs te-align has no profile for, by the name the model goes by.
-NO_PROFILE = {"flux_kontext": "FLUX.1 Kontext", "qwen_image_edit": "Qwen-Image-Edit",
-              "qwen_image_edit_plus": "Qwen-Image-Edit-2509", "omnigen2": "OmniGen2", "flex2": "Flex.2",
-              "hidream_e1": "HiDream-E1", "zimage": "Z-Image"}
+NO_PROFILE = {"omnigen2": "OmniGen2", "flex2": "Flex.2", "hidream_e1": "HiDream-E1", "ltx2.3": "LTX-2.3 (nearest: ltx2)",
+              "ltx2.5": "LTX-2.5 (nearest: ltx2)", "wan22_14b_i2v": "Wan 2.2 I2V A14B"}
 
 
 def _process(data: Any, file: str) -> dict[str, Any]:
@@ -201,11 +255,21 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
     arch = aitk_table.arch_name(model)
     if arch:
         prof = aitk_table.ARCHS[arch][0] if arch in aitk_table.ARCHS and arch not in NO_PROFILE else None
+        prof = aitk_table.CHECK_ONLY.get(arch, prof)
         if prof is None:
             return None, f"model.arch {arch!r}"
         if arch == "pixart" and model.get("is_pixart_sigma"):
             return "pixart-sigma", "model.arch 'pixart' with is_pixart_sigma"
         why = f"model.arch {arch!r}"
+        if arch == "qwen_image_edit_plus":  # 2509 and 2511 share the arch: the model's name says which
+            named = by_name if by_name and by_name.startswith("qwen-image-edit-") else None
+            if named:
+                return named, f"{why} and model.name_or_path {path!r}{files}"
+            return prof, reason(f"{why}; {prof} assumed", f"{prof} assumed: model.name_or_path {path!r} does not say "
+                                "whether it is Qwen-Image-Edit-2509 or -2511 (pass --profile qwen-image-edit-2511 if "
+                                "it is that)")
+        if arch in aitk_table.CHECK_ONLY:  # the arch alone names the profile (not bundled: "not checked")
+            return prof, why
     else:
         flagged = aitk_table.flag_arch(model)
         if flagged is None:
@@ -216,6 +280,8 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
             return "sd15", "no model.arch or is_* flag (ai-toolkit defaults to sd1)"
         prof = aitk_table.ARCHS[flagged][0]
         why = f"model.{next(f for f, a in aitk_table.FLAGS if a == flagged)}"
+    if by_name and decided and bundled_name(by_name) is None:  # a version te-align has no profile for: never prof
+        return by_name, f"{why} and model.name_or_path {path!r}{files}"
     if by_name and decided and _family(by_name) == _family(prof):
         return by_name, f"{why} and model.name_or_path {path!r}{files}"
     adapter = model.get("assistant_lora_path")
@@ -226,6 +292,31 @@ def guess_profile(model: dict[str, Any]) -> tuple[str | None, str]:
         return prof, why  # Flex.1 is trained at 512 T5 tokens like FLUX.1 dev (the Flex.1 note says so)
     said = assumption(prof, "model.name_or_path (its name or files) or model.assistant_lora_path")
     return prof, reason(f"{why}; {prof} assumed", said) if said else why
+
+
+
+
+def _edit_plus_batch(model: dict[str, Any], values: dict[str, Any], cached: bool, lines: KeyLines) -> list[Finding]:
+    """Qwen-Image-Edit-Plus with train.batch_size > 1 and text embeddings encoded during training: its
+    get_prompt_embeds encodes, for each batch item, every caption of the batch with that item's control images
+    (qwen_image_edit_plus.py:196-219); the edit-plus processor refuses more "Picture N" image places than images,
+    so the step fails. Cached embeddings are encoded one caption at a time (toolkit/dataloader_mixins.py:2363)."""
+    size = rules.int_or_none(values.get("train.batch_size")) or 1
+    if aitk_table.arch_name(model) != "qwen_image_edit_plus" or size <= 1 or cached:
+        return []
+    return [Finding(
+        kind="deviation", severity="warning", setting="train.batch_size", effective=size, key="train.batch_size",
+        message=(f"train.batch_size = {size} with text embeddings encoded during training: ai-toolkit's "
+                 "Qwen-Image-Edit-Plus get_prompt_embeds passes every caption of the batch with one item's control "
+                 "images to encode_prompt, once per item, so the text has more image places than images and "
+                 "encode_prompt's processor stops; with batch_size 1 or cached embeddings each caption is encoded "
+                 "with its own images"),
+        fix="train.cache_text_embeddings: true (each caption encoded alone with its own control images), or "
+            "train.batch_size: 1",
+        trainer_source=(f"{_DM}/qwen_image/qwen_image_edit_plus.py:196-219; "
+                        "extensions_built_in/sd_trainer/SDTrainer.py:1749-1755; toolkit/dataloader_mixins.py:2363; "
+                        "toolkit/config_modules.py:393,566"),
+        line=lines("batch_size"))]
 
 
 def pixart_route(model: dict[str, Any]) -> str | None:
@@ -246,19 +337,17 @@ def _no_profile(model: dict[str, Any]) -> str | None:
     if pixart_route(model) == "pixart" and not model.get("is_pixart_sigma") and "sigma" not in str(
             model.get("name_or_path") or "").lower():
         return "PixArt-α (model.is_pixart / arch pixart without is_pixart_sigma)"
-    if arch and (arch in NO_PROFILE or arch not in aitk_table.ARCHS):
+    if arch and (arch in NO_PROFILE or arch not in aitk_table.ARCHS) and arch not in aitk_table.CHECK_ONLY:
         return f"{NO_PROFILE.get(arch, arch)} (model.arch {arch!r})"
     name = str(model.get("name_or_path") or "")
     low = name.lower()
     if "flex.2" in low or "flex2" in low:
         return f"Flex.2 (model.name_or_path {name!r})"
-    if "kontext" in low:
-        return f"FLUX.1 Kontext (model.name_or_path {name!r})"
     return None
 
 
 def _family(prof: str) -> str:
-    return family_of(prof)
+    return bundled_families().get(prof) or prof  # a profile not bundled is its own family here
 
 
 def detect(raw: RawConfig) -> int | None:
@@ -338,10 +427,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             rates_here = [r for r in rates if not r[0].startswith("train.")]
         else:
             rates_here = rates
-        return [f for key, rate in rates_here for f in dropout_form_finding(
+        out = [f for key, rate in rates_here for f in dropout_form_finding(
             profile, rate, "encode", key=key, trainer="ai-toolkit",
             source="toolkit/dataloader_mixins.py:402-408,2245-2251 (a dropped caption becomes ''); "
                    f"{_TT}:437-441", line=lines(key.rsplit(".", 1)[-1]))]
+        return out + _edit_plus_batch(model, values, cached, lines)
 
     def fix_set(key: str, value: Any) -> str:
         return f"{key}: {json.dumps(value)}"
@@ -349,7 +439,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         return f"remove {key}" + (" (or set it to false)" if key.endswith("attn_masking") else "")
 
-    trainer = Trainer("ai-toolkit", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]))
+    table = KONTEXT_RULES if aitk_table.arch_name(model) == "flux_kontext" else RULES
+    trainer = Trainer("ai-toolkit", table, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]))
+    if aitk_table.arch_name(model) in aitk_table.CHECK_ONLY:
+        trainer.not_settable = NOT_SETTABLE
     dirs = [ds["folder_path"] for ds in datasets if isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)]
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED,
                   guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs,

@@ -20,6 +20,15 @@ ARCHS: dict[str, tuple[str, bool]] = {
     "wan22_14b": ("wan21", True), "wan22_5b": ("wan21", True), "pixart": ("pixart-sigma", False),
     "pixart_sigma": ("pixart-sigma", True), "auraflow": ("auraflow", True),
 }  # fmt: skip
+#: ``model.arch`` -> profile, for archs `te-align check` reads but te-align's hooks do not encode (their model classes
+#: have their own get_prompt_embeds; the hooks refuse them): FLUX.2 dev and klein, Z-Image, Kontext (FLUX.1 dev's
+#: recipe), Qwen-Image-Edit (the plus arch's version, 2509 or 2511, comes from ``name_or_path``), Krea 2, Ideogram 4,
+#: LTX-2. A profile that is not bundled makes `check` say "not checked".
+CHECK_ONLY: dict[str, str] = {
+    "flux2": "flux2-dev", "flux2_klein_4b": "flux2-klein-4b", "flux2_klein_9b": "flux2-klein-9b", "zimage": "z-image",
+    "flux_kontext": "flux-dev", "qwen_image_edit": "qwen-image-edit", "qwen_image_edit_plus": "qwen-image-edit-2509",
+    "krea2": "krea2", "ideogram4": "ideogram4", "ltx2": "ltx2",
+}  # fmt: skip
 #: Archs ai-toolkit runs as another one (Flex.1 is a FLUX.1 model).
 ALIASES: dict[str, str] = {"flex1": "flux"}
 #: ``is_*`` flags of configs without ``model.arch`` -> arch, first set flag wins; then ``is_pixart``; none: sd1.

@@ -10,7 +10,16 @@ unknown flag is an error; a unique prefix of an option is accepted (argparse ``a
 Scripts covered (their text paths): SD 1.x/2.x ``train_dreambooth_lora.py``, ``train_dreambooth.py``,
 ``train_text_to_image_lora.py``, ``train_text_to_image.py``; SDXL ``train_dreambooth_lora_sdxl.py``,
 ``train_text_to_image_lora_sdxl.py``, ``train_text_to_image_sdxl.py``; SD3 ``train_dreambooth_lora_sd3.py``,
-``train_dreambooth_sd3.py``; FLUX.1 ``train_dreambooth_lora_flux.py``, ``train_dreambooth_flux.py``.
+``train_dreambooth_sd3.py``; FLUX.1 ``train_dreambooth_lora_flux.py``, ``train_dreambooth_flux.py``; FLUX.1 Kontext
+``train_dreambooth_lora_flux_kontext.py``; FLUX.2 dev ``train_dreambooth_lora_flux2.py``,
+``train_dreambooth_lora_flux2_img2img.py``; FLUX.2 klein ``train_dreambooth_lora_flux2_klein.py``,
+``train_dreambooth_lora_flux2_klein_img2img.py``; Z-Image ``train_dreambooth_lora_z_image.py``; Qwen-Image
+``train_dreambooth_lora_qwen_image.py``.
+
+The FLUX.2, klein, Z-Image and Qwen-Image scripts encode through the official pipeline's own ``encode_prompt``
+(``text_encoding_pipeline = <Pipeline>.from_pretrained(...)``), so the recipe is the pipeline's except for what
+the script passes it: ``--max_sequence_length`` and, in the FLUX.2 dev and klein (not img2img) scripts,
+``--text_encoder_out_layers``, whose default [10, 20, 30] is FLUX.2 dev's layers, also in the klein script.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from te_align.audit import rules as _rules
 from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
+from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import guess_model, profiles_of
 from te_align.audit.parsed import (
     Parsed,
@@ -34,7 +44,8 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import RawConfig, UnreadableConfig
-from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.audit.rules import Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -51,7 +62,7 @@ class Script:
     """One example script: where it lives, what it trains, the profile assumed when the model name tells nothing."""
 
     folder: str
-    kind: str  # "sd" (SD 1.x/2.x), "sdxl", "sd3", "flux"
+    kind: str  # "sd" (SD 1.x/2.x), "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image"
     default_profile: str
     #: The script tokenizes T5 at a hard-coded length when it trains the text encoders: "custom" (only with
     #: per-image captions), "instance" (only with the one --instance_prompt), "always", or "" (never).
@@ -71,10 +82,18 @@ SCRIPTS: dict[str, Script] = {
     "train_dreambooth_sd3.py": Script(_DB, "sd3", "sd3-medium", "always", 77),
     "train_dreambooth_lora_flux.py": Script(_DB, "flux", "flux-dev"),
     "train_dreambooth_flux.py": Script(_DB, "flux", "flux-dev", "instance", 512),
+    "train_dreambooth_lora_flux_kontext.py": Script(_DB, "flux", "flux-dev"),
+    "train_dreambooth_lora_flux2.py": Script(_DB, "flux2", "flux2-dev"),
+    "train_dreambooth_lora_flux2_img2img.py": Script(_DB, "flux2", "flux2-dev"),
+    "train_dreambooth_lora_flux2_klein.py": Script(_DB, "flux2-klein", "flux2-klein-4b"),
+    "train_dreambooth_lora_flux2_klein_img2img.py": Script(_DB, "flux2-klein", "flux2-klein-4b"),
+    "train_dreambooth_lora_z_image.py": Script(_DB, "z-image", "z-image"),
+    "train_dreambooth_lora_qwen_image.py": Script(_DB, "qwen-image", "qwen-image"),
 }
 
-_FAMILIES = {"sd": ("sd1", "sd2"), "sdxl": ("sdxl",), "sd3": ("sd3",), "flux": ("flux",)}
-SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux")
+_FAMILIES = {"sd": ("sd1", "sd2"), "sdxl": ("sdxl",), "sd3": ("sd3",), "flux": ("flux",), "flux2": ("flux2",),
+             "flux2-klein": ("flux2-klein",), "z-image": ("z-image",), "qwen-image": ("qwen-image",)}
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image")
 #: The scripts keep no text-encoder cache on disk (they pre-compute embeddings in memory, or encode every step).
 CACHES: dict[str, Any] = {}
 
@@ -116,7 +135,23 @@ def _fixed_t5(ctx: Context) -> int | None:
     return script.te_t5_length if when else None
 
 
+def _layers(v: Any, ctx: Context) -> Any:
+    """``--text_encoder_out_layers 9 18 27`` (argparse: nargs="+", type=int) -> the tuple of hidden_states indices."""
+    items = v if isinstance(v, (list, tuple)) else str(v).replace(",", " ").split()
+    try:
+        return tuple(int(x) for x in items)
+    except (TypeError, ValueError):
+        return tuple(items)
+
+
+def _layers_back(p: Any, ctx: Context) -> Any:
+    if not isinstance(p, (list, tuple)):
+        raise LookupError  # one layer or a name: the option takes a list of indices
+    return [int(x) for x in p]
+
+
 _rules.register("dx_clip_len", _clip_len, _clip_len_back, "int")
+_rules.register("dx_layers", _layers, _layers_back)
 _rules.register("dx_t5_len", _t5_len, _t5_len_back, "int")
 
 
@@ -175,7 +210,7 @@ def _sd3_rules(script: str, arg: str, t5: str, tok: str, clip: str) -> tuple[Rul
 
 
 def _flux_rules(script: str, arg: str, t5: str, clip: str, te_tok: str = "") -> tuple[Rule, ...]:
-    default = 512 if script == "train_dreambooth_lora_flux.py" else 77
+    default = 512 if script in ("train_dreambooth_lora_flux.py", "train_dreambooth_lora_flux_kontext.py") else 77
     extra = (f"; with --train_text_encoder and --instance_prompt only, the T5 ids come from tokenize_prompt(..., "
              f"max_sequence_length=512) ({_src(script, te_tok)})") if te_tok else ""
     return (
@@ -186,6 +221,36 @@ def _flux_rules(script: str, arg: str, t5: str, clip: str, te_tok: str = "") -> 
         Rule("clip_l.encoder.pooled", ("flux",), None, "pooler_output", "CLIP-L pooler_output", _src(script, clip)),
         Rule("clip_l.tokenizer.max_length", ("flux",), None, 77, "max_length=77", _src(script, clip)),
     )
+
+
+_LAYERS_MEANING = ("--text_encoder_out_layers (argparse default [10, 20, 30], FLUX.2 dev's Mistral layers) is passed "
+                   "to {pipe}.encode_prompt(text_encoder_out_layers=...), which taps those hidden_states; the "
+                   "instance, class, validation and caption-dropout \"\" embeddings all use it")
+
+
+def _flux2_rules(script: str, slot: str, fam: str, arg: str, enc: str, layers: str = "") -> tuple[Rule, ...]:
+    """FLUX.2 dev (``mistral``) / klein (``qwen3``): the script hands --max_sequence_length (and, where it has it,
+    --text_encoder_out_layers) to the pipeline's encode_prompt; everything else is the pipeline's."""
+    pipe = "Flux2KleinPipeline" if fam == "flux2-klein" else "Flux2Pipeline"
+    rows = [Rule(f"{slot}.tokenizer.max_length", (fam,), "max_sequence_length", 512,
+                 f"--max_sequence_length (default 512), passed to {pipe}.encode_prompt(max_sequence_length=...)",
+                 f"{_src(script, arg)}; {_src(script, enc)}")]
+    if layers:
+        rows.append(Rule(f"{slot}.encoder.layer", (fam,), "text_encoder_out_layers", [10, 20, 30],
+                         _LAYERS_MEANING.format(pipe=pipe), f"{_src(script, layers)}; {_src(script, enc)}",
+                         convert="dx_layers", severity="error"))
+    else:
+        official = (9, 18, 27) if fam == "flux2-klein" else (10, 20, 30)
+        rows.append(Rule(f"{slot}.encoder.layer", (fam,), None, official,
+                         f"no --text_encoder_out_layers option: {pipe}.encode_prompt(prompt, max_sequence_length) "
+                         f"keeps the pipeline's own layers {official}", _src(script, enc)))
+    return tuple(rows)
+
+
+def _llm_len_rules(script: str, slot: str, fam: str, pipe: str, arg: str, enc: str) -> tuple[Rule, ...]:
+    return (Rule(f"{slot}.tokenizer.max_length", (fam,), "max_sequence_length", 512,
+                 f"--max_sequence_length (default 512), passed to {pipe}.encode_prompt(max_sequence_length=...)",
+                 f"{_src(script, arg)}; {_src(script, enc)}"),)
 
 
 RULES_BY_SCRIPT: dict[str, tuple[Rule, ...]] = {
@@ -202,6 +267,20 @@ RULES_BY_SCRIPT: dict[str, tuple[Rule, ...]] = {
                                           "901-937"),
     "train_dreambooth_lora_flux.py": _flux_rules("train_dreambooth_lora_flux.py", "348-353", "943-984", "987-1028"),
     "train_dreambooth_flux.py": _flux_rules("train_dreambooth_flux.py", "328-333", "897-938", "941-982", "1437"),
+    "train_dreambooth_lora_flux_kontext.py": _flux_rules("train_dreambooth_lora_flux_kontext.py", "367-371",
+                                                         "1117-1158", "1161-1202"),
+    "train_dreambooth_lora_flux2.py": _flux2_rules("train_dreambooth_lora_flux2.py", "mistral", "flux2", "352-357",
+                                                   "1530-1537", "358-364"),
+    "train_dreambooth_lora_flux2_img2img.py": _flux2_rules("train_dreambooth_lora_flux2_img2img.py", "mistral",
+                                                           "flux2", "353-358", "1482-1487"),
+    "train_dreambooth_lora_flux2_klein.py": _flux2_rules("train_dreambooth_lora_flux2_klein.py", "qwen3",
+                                                         "flux2-klein", "352-357", "1533-1540", "358-364"),
+    "train_dreambooth_lora_flux2_klein_img2img.py": _flux2_rules("train_dreambooth_lora_flux2_klein_img2img.py",
+                                                                 "qwen3", "flux2-klein", "354-359", "1476-1481"),
+    "train_dreambooth_lora_z_image.py": _llm_len_rules("train_dreambooth_lora_z_image.py", "qwen3", "z-image",
+                                                       "ZImagePipeline", "352-357", "1517-1523"),
+    "train_dreambooth_lora_qwen_image.py": _llm_len_rules("train_dreambooth_lora_qwen_image.py", "qwen", "qwen-image",
+                                                          "QwenImagePipeline", "342-347", "1492-1496"),
 }
 #: All rows (for tools that list every trainer's table).
 RULES: tuple[Rule, ...] = tuple(r for rows in RULES_BY_SCRIPT.values() for r in rows)
@@ -332,7 +411,11 @@ def guess_profile(script: str, values: dict[str, Any]) -> tuple[str, str, bool]:
     spec = SCRIPTS[script]
     path = values.get("pretrained_model_name_or_path")
     by_name, detail, decided = guess_model(path)
-    if by_name and decided and family_of(by_name) in _FAMILIES[spec.kind]:
+    if by_name and decided and bundled_name(by_name) is None:
+        # a model (or version) te-align has no profile for: named, so that check says "not checked" and names the
+        # nearest, never the script's default in its place
+        return by_name, f"script {script} and --pretrained_model_name_or_path {path!r}{detail}", False
+    if by_name and decided and bundled_families().get(by_name) in _FAMILIES[spec.kind]:
         return by_name, f"script {script} and --pretrained_model_name_or_path {path!r}{detail}", False
     why = f"script {script} (its family's default profile; pass --profile to choose)"
     choices = profiles_of(_FAMILIES[spec.kind])
@@ -383,6 +466,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_set(key: str, value: Any) -> str:
         if value is True:
             return f"--{key}"
+        if isinstance(value, (list, tuple)):  # an nargs="+" option: its values as separate words
+            return f"--{key} " + " ".join(str(v) for v in value)
         return f"--{key} {value if not isinstance(value, str) else json.dumps(value)}"
 
     def fix_remove(key: str) -> str:

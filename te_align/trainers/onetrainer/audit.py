@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
@@ -23,7 +24,8 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.audit.rules import Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 from te_align.trainers.onetrainer import names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +128,48 @@ RULES: tuple[Rule, ...] = (
          f"{_MM}/ChromaModel.py:200-203"),
 )
 
-SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana", "anima")
+#: FLUX.2 dev's system message as OneTrainer writes it: a space after "object" where diffusers has a newline.
+FLUX2_SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
+                        "on object relationships, object attribution and actions without speculation.")
+#: What "no key fixes this" says for the model types te-align's OneTrainer hooks do not encode.
+NOT_HOOKED = ("not settable in OneTrainer (hard-coded), and te-align's OneTrainer hooks do not encode this model type: "
+              "the fix is a change to OneTrainer's code")
+_F2 = f"{_MM}/Flux2Model.py"
+_SEQ = "modules/util/config/TrainConfig.py:1152"
+_F2L = "modules/dataLoader/Flux2BaseDataLoader.py"  # the training path (mgds Tokenize + Encode*Text)
+
+NEW_RULES: tuple[Rule, ...] = (
+    # ---- FLUX.2 (model_type FLUX_2): dev (Mistral) or klein (Qwen3) by the transformer's head count
+    Rule("mistral.tokenizer.system_prompt", ("flux2",), None, FLUX2_SYSTEM_MESSAGE,
+         "MISTRAL_SYSTEM_MESSAGE has a space after 'object' where diffusers' SYSTEM_MESSAGE has a newline: other "
+         "tokens in every prompt's system turn", f"{_F2}:25,151-157; {_F2L}:43-44"),
+    Rule("mistral.tokenizer.max_length", ("flux2",), "text_encoder_sequence_length", 512,
+         "text_encoder_sequence_length (default 512) is the tokenizer's max_length over the whole chat text, "
+         "padding='max_length', truncation", f"{_F2}:158-165; {_F2L}:43; {_SEQ}"),
+    Rule("mistral.encoder.layer", ("flux2",), None, (10, 20, 30),
+         "hidden_states MISTRAL_HIDDEN_STATES_LAYERS [10, 20, 30] concatenated on the width", f"{_F2}:26,194-197; {_F2L}:46-49"),
+    Rule("qwen3.tokenizer.max_length", ("flux2-klein",), "text_encoder_sequence_length", 512,
+         "text_encoder_sequence_length (default 512): tokenizer max_length, padding='max_length', truncation",
+         f"{_F2}:176-183; {_F2L}:51; {_SEQ}"),
+    Rule("qwen3.tokenizer.enable_thinking", ("flux2-klein",), None, False,
+         "apply_chat_template(add_generation_prompt=True, enable_thinking=False)", f"{_F2}:166-174; {_F2L}:52"),
+    Rule("qwen3.encoder.layer", ("flux2-klein",), None, (9, 18, 27),
+         "hidden_states QWEN3_HIDDEN_STATES_LAYERS [9, 18, 27] concatenated on the width", f"{_F2}:27,194-197; {_F2L}:54-55"),
+    # ---- Z-Image (model_type Z_IMAGE)
+    Rule("qwen3.tokenizer.max_length", ("z-image",), None, 512, "PROMPT_MAX_LENGTH 512, padding='max_length'",
+         f"{_MM}/ZImageModel.py:24,129-134; modules/dataLoader/ZImageBaseDataLoader.py:38"),
+    Rule("qwen3.encoder.layer", ("z-image",), None, -2, "hidden_states[-2]",
+         f"{_MM}/ZImageModel.py:147; modules/dataLoader/ZImageBaseDataLoader.py:42"),
+    Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
+         "apply_chat_template(add_generation_prompt=True, enable_thinking=True)", f"{_MM}/ZImageModel.py:120-126; modules/dataLoader/ZImageBaseDataLoader.py:39"),
+)
+RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
+
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana", "anima", "flux2",
+             "flux2-klein", "z-image")
+#: Families where a text encoder's dropout_probability > 0 raises NotImplementedError (OneTrainer issue 957).
+_NO_DROPOUT = {"qwen-image": f"{_MM}/QwenModel.py:138-139", "flux2": f"{_F2}:199-200",
+               "flux2-klein": f"{_F2}:199-200", "z-image": f"{_MM}/ZImageModel.py:149-150"}
 
 #: Where a text-encoder part's dropout_probability zeroes the embeddings (a dropped caption = zeros).
 _DROPOUT_SOURCE = {
@@ -152,9 +195,21 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     prof, _ = names.profile_of(mt)
     if prof is None:
         return None, f"model_type {mt!r}"
+    if mt == "FLUX_2":  # dev or klein: OneTrainer asks the transformer (num_attention_heads == 48 is dev)
+        for key in ("transformer.model_name", "base_model_name"):
+            path = values.get(key)
+            by, detail, decided = guess_model(path)
+            if by in ("flux2-dev", "flux2-klein-4b", "flux2-klein-9b") and decided:
+                return by, f"model_type {mt!r} and {key} {path!r}{detail}"
+        # no guess: `check` asks for --profile (a dev profile on a klein model would check other slots)
+        return None, (f"model_type {mt!r} (OneTrainer tells FLUX.2 dev from klein by the transformer's head count, "
+                      f"{_F2}:204-208, and base_model_name {values.get('base_model_name')!r} does not say which: "
+                      "flux2-dev, flux2-klein-4b or flux2-klein-9b)")
     for key in ("transformer.model_name", "base_model_name"):
         path = values.get(key)
         by, detail, decided = guess_model(path)
+        if by and decided and bundled_name(by) is None:  # a version te-align has no profile for: never prof
+            return by, f"model_type {mt!r} and {key} {path!r}{detail}"
         if by and decided and _same_family(by, prof):
             return by, f"model_type {mt!r} and {key} {path!r}{detail}"
     said = assumption(prof, "base_model_name or transformer.model_name (their names or files)")
@@ -162,7 +217,8 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
 
 
 def _same_family(a: str, b: str) -> bool:
-    return family_of(a) == family_of(b)
+    fams = bundled_families()
+    return (fams.get(a) or a) == (fams.get(b) or b)  # a profile not bundled is its own family here
 
 
 _MARKERS = ("training_method", "base_model_name", "text_encoder_2_sequence_length", "concept_file_name", "__version")
@@ -244,11 +300,12 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         for part in ("text_encoder", "text_encoder_2"):
             key = f"{part}.dropout_probability"
             rate = values.get(key)
-            if profile.family == "qwen-image" and _positive(rate):
+            if profile.family in _NO_DROPOUT and _positive(rate):
+                what = "Qwen" if profile.family == "qwen-image" else profile.family
                 out.append(Finding(
                     kind="unused-value", severity="error", setting=key, effective=rate, key=key,
-                    message=f"{key} = {rate}: OneTrainer raises NotImplementedError for Qwen caption dropout",
-                    fix=fix_set(key, 0.0), trainer_source=f"OneTrainer: {_MM}/QwenModel.py:138-139",
+                    message=f"{key} = {rate}: OneTrainer raises NotImplementedError for {what} caption dropout",
+                    fix=fix_set(key, 0.0), trainer_source=f"OneTrainer: {_NO_DROPOUT[profile.family]}",
                     line=lines("dropout_probability")))
             elif profile.family in _DROPOUT_SOURCE:
                 out += dropout_form_finding(
@@ -258,8 +315,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                     fix=f"{fix_set(key, 0.0)} (OneTrainer cannot drop captions as an encoded \"\")")
         return out
 
+    hooked = names.profile_of(mt)[1] if mt else True
     trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
-                      not_settable=NOT_SETTABLE)
+                      not_settable=NOT_SETTABLE if hooked or mt == "ANIMA" else NOT_HOOKED)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
                   assumed=getattr(reason, "assumed", ""))
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
 from te_align.audit.findings import Finding
+from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
@@ -22,7 +23,8 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer, family_of
+from te_align.audit.rules import ByProfile, Context, Rule, Trainer
+from te_align.profiles.registry import bundled_name
 from te_align.trainers.simpletuner import envfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -161,8 +163,85 @@ RULES: tuple[Rule, ...] = (
          fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),)),
 )
 
+#: FLUX.2 dev's system message as SimpleTuner writes it: a space after "object" where diffusers has a newline.
+FLUX2_SYSTEM_MESSAGE = ("You are an AI that reasons about image descriptions. You give structured responses focusing "
+                        "on object relationships, object attribution and actions without speculation.")
+_F2 = f"{_M}/flux2/model.py"
+
+
+def _st_flux2_layers(v: Any, ctx: Context) -> Any:
+    # custom_text_encoder_intermediary_layers: a JSON array (or list) of hidden_states indices; unset = the flavour's
+    # own layers (dev (10, 20, 30), klein (9, 18, 27)).
+    if v is None or v == "":
+        return (9, 18, 27) if str(ctx.values.get("model_flavour") or "klein-9b").startswith("klein") else (10, 20, 30)
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return v
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _st_flux2_layers_back(p: Any, ctx: Context) -> Any:
+    if p == _st_flux2_layers(None, ctx):
+        return rules.REMOVE
+    if not isinstance(p, (list, tuple)):
+        raise LookupError
+    return json.dumps(list(p))
+
+
+def _st_len_or_512(v: Any, ctx: Context) -> Any:
+    return rules.int_or_none(v) or 512  # `getattr(config, "tokenizer_max_length", None) or 512`
+
+
+def _st_len_or_512_back(p: Any, ctx: Context) -> Any:
+    return rules.REMOVE if p == 512 else p
+
+
+rules.register("st_flux2_layers", _st_flux2_layers, _st_flux2_layers_back)
+rules.register("st_len_or_512", _st_len_or_512, _st_len_or_512_back, "int")
+
+NEW_RULES: tuple[Rule, ...] = (
+    # ---- FLUX.2 (model_family flux2; model_flavour dev, klein-4b, klein-9b)
+    Rule("mistral.tokenizer.system_prompt", ("flux2",), None, FLUX2_SYSTEM_MESSAGE,
+         "SYSTEM_MESSAGE has a space after 'object' where diffusers' has a newline: other tokens in every prompt's "
+         "system turn", f"{_F2}:52,604-618"),
+    Rule("mistral.tokenizer.max_length", ("flux2",), None, 512,
+         "apply_chat_template(padding='max_length', truncation=True, max_length=MAX_SEQUENCE_LENGTH 512)",
+         f"{_F2}:54,726-738"),
+    Rule("qwen3.tokenizer.max_length", ("flux2-klein",), None, 512,
+         "tokenizer(padding='max_length', truncation=True, max_length=MAX_SEQUENCE_LENGTH 512)", f"{_F2}:54,682-689"),
+    Rule("qwen3.tokenizer.enable_thinking", ("flux2-klein",), None, False,
+         "apply_chat_template(add_generation_prompt=True, enable_thinking=False)", f"{_F2}:676-682"),
+    Rule(None, ("flux2", "flux2-klein"), "tokenizer_max_length", None,
+         "tokenizer_max_length is set back to 512 for FLUX.2", f"{_F2}:1297-1299", honoured="never"),
+    Rule("mistral.encoder.layer", ("flux2",), "custom_text_encoder_intermediary_layers", None,
+         "custom_text_encoder_intermediary_layers (unset = OUTPUT_LAYERS [10, 20, 30]) picks the hidden_states stacked "
+         "per token", f"{_F2}:53,632-656,751-754", convert="st_flux2_layers"),
+    Rule("qwen3.encoder.layer", ("flux2-klein",), "custom_text_encoder_intermediary_layers", None,
+         "custom_text_encoder_intermediary_layers (unset = KLEIN_OUTPUT_LAYERS (9, 18, 27)) picks the hidden_states "
+         "stacked per token", f"{_F2}:57,632-656,705-708", convert="st_flux2_layers"),
+    # ---- Z-Image (model_family z_image)
+    Rule("qwen3.tokenizer.max_length", ("z-image",), "tokenizer_max_length", None,
+         "tokenizer_max_length (unset = 512), padding='max_length', truncation", f"{_M}/z_image/model.py:285-292",
+         convert="st_len_or_512"),
+    Rule("qwen3.encoder.layer", ("z-image",), None, -2, "hidden_states[-2]", f"{_M}/z_image/model.py:296-301"),
+    Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
+         "apply_chat_template(add_generation_prompt=True, enable_thinking=True)", f"{_M}/z_image/model.py:276-282"),
+    # ---- Qwen-Image-Edit (model_family qwen_image, model_flavour edit-v1/-v2/-v2+/-v3): the pipeline's encode_prompt
+    # with the prompt images SimpleTuner hands it
+    Rule("qwen.images.area", ("qwen-image-edit",), None,
+         ByProfile({"qwen-image-edit": "the conditioning image's own size", "*": 384 * 384}),
+         "edit-v2/v2+/v3 resize the prompt images to the CONDITION_IMAGE_SIZE (384*384) area, multiples of 32, "
+         "LANCZOS; edit-v1 hands the prompt image to QwenImageEditPipeline.encode_prompt as loaded, not resized to "
+         "the 1024*1024 area the pipeline's __call__ gives its processor, which matches only where the conditioning "
+         "images are already about 1024*1024 pixels",
+         f"{_M}/qwen_image/model.py:489-494,531-547,577-591", severity="warning"),
+)
+RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
+
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart",
-             "auraflow", "sana")
+             "auraflow", "sana", "flux2", "flux2-klein", "z-image", "qwen-image-edit")
 
 #: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
 NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
@@ -176,7 +255,7 @@ HOOKS_FIX = ('not settable in SimpleTuner (hard-coded); run SimpleTuner with te-
 
 #: model_family values te-align has no profile for, by the model's name (simpletuner/helpers/models/<family>).
 NO_PROFILE = {
-    "z_image": "Z-Image", "z-image": "Z-Image", "z_image_omni": "Z-Image Omni", "flux2": "FLUX.2", "kolors": "Kolors",
+    "z_image_omni": "Z-Image Omni", "kolors": "Kolors",
     "deepfloyd": "DeepFloyd IF", "cosmos": "Cosmos", "cosmos2image": "Cosmos-Predict2", "cosmos3": "Cosmos 3",
     "ltxvideo": "LTX-Video", "ltxvideo2": "LTX-2", "hunyuanvideo": "HunyuanVideo", "sanavideo": "SANA-Video",
     "wan_s2v": "Wan 2.2 S2V", "omnigen": "OmniGen", "stable_cascade": "Stable Cascade", "ace_step": "ACE-Step",
@@ -197,6 +276,14 @@ _FAMILY = {
     "sd1x": "sd15", "sd2x": "sd21", "sdxl": "sdxl", "sd3": "sd35-large", "flux": "flux-dev", "chroma": "chroma",
     "lumina2": "lumina2", "hidream": "hidream", "qwen_image": "qwen-image", "wan": "wan21",
     "pixart_sigma": "pixart-sigma", "pixart": "pixart-sigma", "auraflow": "auraflow", "sana": "sana",
+    "flux2": "flux2-klein-9b", "z_image": "z-image", "z-image": "z-image",
+}
+#: model_flavour -> profile where the flavour names the model (FLUX.2: flux2/model.py:149-154, default klein-9b;
+#: Qwen-Image's edit flavours: qwen_image/model.py:74-90). A flavour of these families not listed is "not checked".
+_FLAVOURS: dict[str, dict[str, str | None]] = {
+    "flux2": {"dev": "flux2-dev", "klein-4b": "flux2-klein-4b", "klein-9b": "flux2-klein-9b"},
+    "qwen_image": {"edit-v1": "qwen-image-edit", "edit-v2": "qwen-image-edit-2509", "edit-v2+": "qwen-image-edit-2509",
+                   "edit-v3": "qwen-image-edit-2511", "v1.0": None, "v2.0": None},  # None: the path decides
 }
 
 
@@ -217,6 +304,17 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     prof = _FAMILY.get(fam)
     if prof is None:
         return None, f"model_family {fam!r}"
+    if fam in _FLAVOURS and flavour:
+        if flavour not in _FLAVOURS[fam]:
+            # the nearest: the newest listed flavour sharing the longest prefix with it (named, never used)
+            best = max(reversed(_FLAVOURS[fam]), key=lambda f: _shared(f, flavour))
+            near = (_FLAVOURS[fam][best] or prof) if _shared(best, flavour) >= 3 else None
+            raise NotChecked(f"not checked: te-align has no profile for SimpleTuner model_family {fam!r} model_flavour "
+                             f"{flavour!r}" + (f"; the nearest it has, {near}, is not used in its place" if near else ""))
+        if _FLAVOURS[fam][flavour]:
+            return _FLAVOURS[fam][flavour], f"model_family {fam!r}, model_flavour {flavour!r}"
+    if fam == "flux2":
+        return prof, "model_family 'flux2', model_flavour 'klein-9b' (SimpleTuner's default)"
     if fam == "flux" and flavour:
         prof = "flux-schnell" if flavour == "schnell" else "flux-dev"
         return prof, f"model_family \"flux\", model_flavour {flavour!r}"
@@ -225,6 +323,8 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
         if by and _same_family(by, prof):
             return by, f"model_family {fam!r} and model_flavour {flavour!r}"
     by, detail, decided = guess_model(path)
+    if by and decided and bundled_name(by) is None:  # a version te-align has no profile for: never prof
+        return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}{detail}"
     if by and decided and _same_family(by, prof):
         return by, f"model_family {fam!r} and pretrained_model_name_or_path {path!r}{detail}"
     if fam in _DEFAULT_FLAVOUR and not flavour:
@@ -238,8 +338,14 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     return prof, f"model_family {fam!r}"
 
 
+def _shared(a: str, b: str) -> int:
+    """How many leading characters two names share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def _same_family(a: str, b: str) -> bool:
-    return family_of(a) == family_of(b)
+    fams = bundled_families()
+    return (fams.get(a) or a) == (fams.get(b) or b)  # a profile not bundled is its own family here
 
 
 #: Keys of a data backend entry (``--data_backend_config``, multidatabackend.json) besides ``id`` and ``type``.
@@ -330,12 +436,16 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             line=lines(key), fix=f'{fix_set(key, 0.0)} (SimpleTuner cannot drop captions as zeros)')
 
     # Qwen-Image's edit flavours encode the caption with its image: the hooks leave them to SimpleTuner
-    hooked = prof is not None and family_of(prof) in HOOKED and not (fam == "qwen_image" and flavour.startswith("edit"))
+    hooked = prof is not None and _family(prof) in HOOKED and not (fam == "qwen_image" and flavour.startswith("edit"))
     trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key),
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
                   caption_dirs=caption_dirs(values.get("data_backend_config")), assumed=getattr(reason, "assumed", ""))
+
+
+def _family(prof: str) -> str:
+    return bundled_families().get(prof) or prof
 
 
 def _env_lines(raw: RawConfig) -> tuple[Any, list[Finding]]:
