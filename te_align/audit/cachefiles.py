@@ -79,7 +79,7 @@ def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict
 
 def npz_scalar(path: Path, name: str) -> float | None:
     """The value of the 0-d float array ``name`` in one ``.npz`` file (None: absent, or not a 0-d float32/float64
-    array): sd-scripts' Anima cache keeps the subset's ``caption_dropout_rate`` so."""
+    array), such as a rate a trainer stored beside the cached outputs."""
     with zipfile.ZipFile(path) as zf:
         if f"{name}.npy" not in set(zf.namelist()):
             return None
