@@ -828,3 +828,15 @@ def test_tokenizer_only_slots_are_validated():
     del bad["slots"]["qwen"]["tokenizer"]["min_length"]
     with pytest.raises(Exception, match="min_length_pad_id needs a min_length"):
         profile_from_dict(bad)
+
+
+def test_the_alias_table_read_from_the_files_headers_equals_the_loaded_profiles():
+    """check resolves a name from each file's top-level keys alone; that must give what the loaded profiles say."""
+    from te_align.profiles import registry
+
+    full: dict[str, str] = {}
+    for name in sorted(registry._bundled_files()):
+        p = registry._load_bundled(name)
+        for alias in (p.name, *p.aliases):
+            full.setdefault(registry._norm(alias), name)
+    assert registry._alias_table() == full
