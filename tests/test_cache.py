@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import struct
 import unicodedata
 from pathlib import Path
@@ -467,3 +468,16 @@ def test_tokenizer_changes_the_text_encoder_hash() -> None:
     with_bang = hash_text_encoders(enc, {"clip_g": bang})
     assert with_bang == hash_text_encoders(enc, {"clip_g": clip_tokenizer(pad="!")})
     assert len({base, with_bang, hash_text_encoders(enc, {"clip_g": eot})}) == 3
+
+
+def test_top_level_help_names_the_cache_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align --help` said "show or clear", and `te-align cache show` is no command: it names info and clear."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    start = out.index("    cache ")
+    assert " ".join(out[start:out.index("    inspect ")].split()) == (
+        "cache what an embedding cache folder holds (info), or clear it (clear)")
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    assert re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M) == ["info", "clear"]

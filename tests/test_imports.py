@@ -226,12 +226,14 @@ def test_the_core_commands_run_without_any_extra(tmp_path: Path):
 @pytest.mark.parametrize(("args", "extra"), [
     (["demo", "--out", "demo"], "train"),
     (["probe", "--trainer", "sd-scripts", "--profile", "sdxl"], "encode"),
+    (["ab", "list"], "train"),  # it printed the presets it could read, then the error
 ])
 def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path: Path, args: list[str], extra: str):
     out = _core_only(*args, cwd=tmp_path)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2, out.stderr
     assert len(lines) == 1 and lines[0].startswith("te-align: error: te-align "), out.stderr
+    assert out.stdout == ""
     assert f'pip install "te-align[{extra}]"' in lines[0] or "pip install ./world" in lines[0], lines[0]
     assert not list(tmp_path.iterdir())  # nothing half-written
 

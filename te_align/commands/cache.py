@@ -21,7 +21,7 @@ _paths = lazy_module("te_align._paths")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cache", help="show or clear an embedding cache folder")
+    p = sub.add_parser("cache", help="what an embedding cache folder holds (info), or clear it (clear)")
     cs = p.add_subparsers(dest="cache_command", metavar="SUBCOMMAND", required=True)
 
     info = cs.add_parser("info", help="entries, size, profiles and corrupt files in a cache folder")
