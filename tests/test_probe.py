@@ -104,6 +104,24 @@ def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
     assert code == 2 and err.count("\n") == 0 and message in err and err.startswith("te-align: error:")
 
 
+def test_kohya_checkout_whose_requirements_are_missing_names_the_install(tmp_path, capsys):
+    """sd-scripts imports einops and imagesize, which a new user's te-align environment may lack: the one line says
+    which module is missing and how to add sd-scripts' requirements (it named the module only)."""
+    from te_align.cli import main
+
+    pytest.importorskip("diffusers")
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "library" / "strategy_base.py").write_text("", encoding="utf-8")
+    (tmp_path / "library" / "strategy_sd.py").write_text("import te_align_no_such_module_einops\n", encoding="utf-8")
+    code = main(["probe", "--trainer", "kohya", "--path", str(tmp_path), "--profile", "sd15"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"te-align: error: kohya: cannot import library.strategy_sd from {tmp_path.resolve()} (ModuleNotFoundError: No "
+        "module named 'te_align_no_such_module_einops'); sd-scripts' own requirements are missing in this Python: pip "
+        'install "te-align[kohya-test]" (einops, imagesize) or sd-scripts\' requirements.txt\n')
+
+
 @needs_at
 def test_unsupported_profile_names_the_probed_ones(monkeypatch):
     with pytest.raises(TeAlignError, match=r"ai-toolkit 0\.2\.7 has no encoding path .* 'chroma'; probed profiles: sd15"):
