@@ -407,6 +407,31 @@ def test_cache_cli_refuses_missing_and_foreign_folders(tmp_path: Path, capsys: p
     assert all(p.exists() for p in keep)
 
 
+def test_cache_cli_on_te_align_trains_cache_folder_points_at_its_text_cache(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """`te-align train` keeps OUTPUT/cache/text (embeddings) and OUTPUT/cache/latents: `te-align cache info
+    OUTPUT/cache` said "does not look like a te-align cache"; it names the text cache (or says there is none)."""
+    cache = tmp_path / "cache"
+    (cache / "latents" / "1c").mkdir(parents=True)
+    save_file({"latent": torch.zeros(2)}, str(cache / "latents" / "1c" / ("1c" + "0" * 62 + ".safetensors")))
+    for command in ("info", "clear"):
+        assert main(["cache", command, str(cache), "--yes"][: 3 if command == "info" else 4]) == 2
+        assert capsys.readouterr().err == (
+            f"te-align: error: {cache}: te-align train's cache folder with image latents only (latents/): no "
+            "text-embedding cache (text/) was written there, and te-align cache reads only that\n")
+    make_cache(cache / "text").get_or_encode(["a", "b"], Recorder())
+    before = sorted(cache.rglob("*"))
+    for command in ("info", "clear"):
+        assert main(["cache", command, str(cache), "--yes"][: 3 if command == "info" else 4]) == 2
+        assert capsys.readouterr().err == (
+            f"te-align: error: {cache}: te-align train's cache folder: its text-embedding cache is {cache / 'text'} "
+            f"(te-align cache {command} {cache / 'text'}); latents/ holds image latents, which te-align cache does "
+            "not read\n")
+    assert sorted(cache.rglob("*")) == before
+    assert main(["cache", "info", str(cache / "text")]) == 0
+    assert "2 entries" in capsys.readouterr().out
+
+
 def test_cache_clear_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _two_profile_cache(tmp_path)
     notes = tmp_path / "notes.txt"
