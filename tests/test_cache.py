@@ -506,3 +506,16 @@ def test_top_level_help_names_the_cache_subcommands(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         main(["cache", "--help"])
     assert re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M) == ["info", "clear"]
+
+
+@pytest.mark.parametrize("argv", [[], ["ab"], ["cache"], ["profile"], ["comfyui"]])
+def test_a_command_missing_exits_2_like_any_missing_argument(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align` and `te-align ab` alone printed their help and exited 0, while `te-align cache` / `profile` /
+    `comfyui` alone exit 2 (argparse: a required argument is missing); a script can trust 2 for all of them."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own exit for a required subcommand
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert (out + err).startswith(f"usage: te-align{' ' + argv[0] if argv else ''} [-h]")
