@@ -280,6 +280,7 @@ def test_bad_input_is_one_line_each(base: Path, t5_dir: Path, tmp_path: Path, ca
     small = tmp_path / "small-t5"
     tok, enc = _t5(vocab_size=64)
     enc.save_pretrained(str(small))
+    capsys.readouterr()  # this test's own save shows transformers' bar (swap leaves the bars as it found them)
     err = _bad([str(base), "--encoder", str(small), "--tokenizer", str(t5_dir), "--profile", "sd15", *_overrides(),
                 "--out", str(out)], capsys)  # fmt: skip
     assert f"{t5_dir}: key 'vocab_size': the tokenizer has {len(tok)} tokens but the encoder's vocab_size is 64" in err
@@ -292,6 +293,7 @@ def test_bad_input_is_one_line_each(base: Path, t5_dir: Path, tmp_path: Path, ca
     parts = family_components("sd15")
     parts["text_encoder"].save_pretrained(str(clip))
     parts["tokenizer"].save_pretrained(str(clip))
+    capsys.readouterr()
     err = _bad([str(base), "--encoder", str(clip), "--profile", "sd15", *_overrides(), "--out", str(out), "--max-length",
                 "100"], capsys)  # fmt: skip
     assert (f"{clip}/config.json: key 'max_position_embeddings': the new slot pads prompts to 100 tokens but the encoder "
