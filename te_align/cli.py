@@ -35,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    if not getattr(args, "func", None):  # no command: the list of commands, and exit 2 as for any missing argument
         parser.print_help()
-        return 0
+        return 2
     try:
         return int(args.func(args) or 0)
     except TeAlignError as e:

@@ -315,3 +315,23 @@ def test_ab_commands_silence_library_bars_only_when_quiet(quiet: str, monkeypatc
     finally:
         for lib in libs:
             lib.enable_progress_bar()
+
+
+def test_demo_help_describes_the_demo_that_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align --help` and `te-align demo --help` describe the demo row that runs (the Flux-shaped world base, T5
+    512 vs 256) and its real defaults, not the tiny SD3 preset the demo once was."""
+    from te_align.ab.demo import DEMO_ROW, DEMO_SEEDS, DEMO_STEPS
+    from te_align.cli import main
+
+    assert DEMO_ROW == "world-flux-t5-512"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert " ".join(out[out.index("    demo "):out.index("    comfyui ")].split()) == (
+        "demo offline A/B on the shipped Flux-shaped world base: T5 at 512 tokens (as ai-toolkit trains schnell) vs "
+        "the schnell recipe's 256, with a report (CPU, minutes)")
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"training steps per arm (default: {DEMO_STEPS})" in text
+    assert f"seeds per arm (default: {DEMO_SEEDS})" in text

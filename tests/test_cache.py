@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import struct
 import unicodedata
 from pathlib import Path
@@ -406,6 +407,31 @@ def test_cache_cli_refuses_missing_and_foreign_folders(tmp_path: Path, capsys: p
     assert all(p.exists() for p in keep)
 
 
+def test_cache_cli_on_te_align_trains_cache_folder_points_at_its_text_cache(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """`te-align train` keeps OUTPUT/cache/text (embeddings) and OUTPUT/cache/latents: `te-align cache info
+    OUTPUT/cache` said "does not look like a te-align cache"; it names the text cache (or says there is none)."""
+    cache = tmp_path / "cache"
+    (cache / "latents" / "1c").mkdir(parents=True)
+    save_file({"latent": torch.zeros(2)}, str(cache / "latents" / "1c" / ("1c" + "0" * 62 + ".safetensors")))
+    for command in ("info", "clear"):
+        assert main(["cache", command, str(cache), "--yes"][: 3 if command == "info" else 4]) == 2
+        assert capsys.readouterr().err == (
+            f"te-align: error: {cache}: te-align train's cache folder with image latents only (latents/): no "
+            "text-embedding cache (text/) was written there, and te-align cache reads only that\n")
+    make_cache(cache / "text").get_or_encode(["a", "b"], Recorder())
+    before = sorted(cache.rglob("*"))
+    for command in ("info", "clear"):
+        assert main(["cache", command, str(cache), "--yes"][: 3 if command == "info" else 4]) == 2
+        assert capsys.readouterr().err == (
+            f"te-align: error: {cache}: te-align train's cache folder: its text-embedding cache is {cache / 'text'} "
+            f"(te-align cache {command} {cache / 'text'}); latents/ holds image latents, which te-align cache does "
+            "not read\n")
+    assert sorted(cache.rglob("*")) == before
+    assert main(["cache", "info", str(cache / "text")]) == 0
+    assert "2 entries" in capsys.readouterr().out
+
+
 def test_cache_clear_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _two_profile_cache(tmp_path)
     notes = tmp_path / "notes.txt"
@@ -467,3 +493,29 @@ def test_tokenizer_changes_the_text_encoder_hash() -> None:
     with_bang = hash_text_encoders(enc, {"clip_g": bang})
     assert with_bang == hash_text_encoders(enc, {"clip_g": clip_tokenizer(pad="!")})
     assert len({base, with_bang, hash_text_encoders(enc, {"clip_g": eot})}) == 3
+
+
+def test_top_level_help_names_the_cache_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align --help` said "show or clear", and `te-align cache show` is no command: it names info and clear."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    start = out.index("    cache ")
+    assert " ".join(out[start:out.index("    inspect ")].split()) == (
+        "cache what an embedding cache folder holds (info), or clear it (clear)")
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    assert re.findall(r"^    (\w+) ", capsys.readouterr().out, re.M) == ["info", "clear"]
+
+
+@pytest.mark.parametrize("argv", [[], ["ab"], ["cache"], ["profile"], ["comfyui"]])
+def test_a_command_missing_exits_2_like_any_missing_argument(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align` and `te-align ab` alone printed their help and exited 0, while `te-align cache` / `profile` /
+    `comfyui` alone exit 2 (argparse: a required argument is missing); a script can trust 2 for all of them."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own exit for a required subcommand
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert (out + err).startswith(f"usage: te-align{' ' + argv[0] if argv else ''} [-h]")

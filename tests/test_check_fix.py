@@ -119,6 +119,39 @@ def test_fix_cli_summary_names_what_is_left(examples: Path, capsys: pytest.Captu
     assert out.splitlines()[-1].endswith("): `te-align patch` or the hooks, see its fix")
 
 
+def test_a_backup_is_checked_as_the_file_it_backs_up_and_never_fixed(examples: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align check NAME.te-align-original` (the backup --fix and patch write) reads it in its original's format,
+    saying so in one line on stderr, with the check's own exit code; --fix and --diff refuse it (exit 2, untouched)."""
+    from te_align.audit.readers import BACKUP_SUFFIX as READERS_BACKUP_SUFFIX
+    from te_align.patching.transaction import KEPT_ORIGINAL_SUFFIX
+
+    assert READERS_BACKUP_SUFFIX == BACKUP_SUFFIX == KEPT_ORIGINAL_SUFFIX
+    path = examples / "kohya" / "flux_schnell_lora.toml"
+    assert main(["check", str(path), "--fix"]) == 0
+    backup = Path(str(path) + BACKUP_SUFFIX)
+    capsys.readouterr()
+    assert main(["check", str(backup)]) == 1
+    out, err = capsys.readouterr()
+    assert err == (f"te-align: {backup} is te-align's backup of {path}; checked as a .toml config, as {path} was "
+                   "before te-align changed it\n")
+    assert out.splitlines()[0].startswith(f"{backup}: kohya · profile flux-schnell (")
+    assert out.splitlines()[-1] == "  2 error(s), 2 warning(s), 0 note(s)"
+    before = backup.read_bytes()
+    for flag in ("--fix", "--diff"):
+        assert main(["check", str(backup), flag]) == 2
+        assert capsys.readouterr() == ("", f"te-align: error: {backup}: te-align's backup of {path}; --fix and "
+                                           f"--diff edit the file itself: run it on {path} (te-align check reads "
+                                           "the backup as it is)\n")  # fmt: skip
+    assert backup.read_bytes() == before
+    assert not Path(str(backup) + BACKUP_SUFFIX).exists()
+    gui = examples / "kohya-gui" / "sdxl_lora.json"
+    assert main(["check", str(gui), "--fix"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(gui) + BACKUP_SUFFIX]) == 1
+    assert "checked as a .json config" in capsys.readouterr().err
+
+
 def test_diff_says_the_line_fix_says_for_what_no_key_fixes(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = examples / "ai-toolkit" / "flux_schnell_lora.yaml"
     before = job.read_bytes()

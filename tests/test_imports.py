@@ -11,6 +11,7 @@ is a module, else to ``te_align.a``); the implicit initialisation of parent pack
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -226,14 +227,32 @@ def test_the_core_commands_run_without_any_extra(tmp_path: Path):
 @pytest.mark.parametrize(("args", "extra"), [
     (["demo", "--out", "demo"], "train"),
     (["probe", "--trainer", "sd-scripts", "--profile", "sdxl"], "encode"),
+    (["ab", "list"], "train"),  # it printed the presets it could read, then the error
 ])
 def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path: Path, args: list[str], extra: str):
     out = _core_only(*args, cwd=tmp_path)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2, out.stderr
     assert len(lines) == 1 and lines[0].startswith("te-align: error: te-align "), out.stderr
+    assert out.stdout == ""
     assert f'pip install "te-align[{extra}]"' in lines[0] or "pip install ./world" in lines[0], lines[0]
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_demo_without_the_world_package_says_so_in_one_line_first(tmp_path: Path):
+    """With the encode extra but not te-align-world (`pip install ".[encode]"`), `te-align demo` printed its two
+    opening lines, then the error: it says only the one line, and writes nothing."""
+    code = ("import sys\n"
+            "sys.modules['te_align_world'] = None  # as where te-align-world is not installed\n"
+            "from te_align.cli import main\n"
+            "sys.exit(main(['demo', '--out', 'demo']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    assert out.stderr == ("te-align: error: the world bases are the te-align-world package, which is not installed in "
+                          f"this Python ({sys.executable}); from a te-align clone: pip install ./world \".[train]\"\n")
+    assert not list(tmp_path.iterdir())
 
 
 def test_the_api_names_the_extra_it_needs():

@@ -104,6 +104,45 @@ def test_bad_input_is_one_line_exit_2(args, message, tmp_path, capsys):
     assert code == 2 and err.count("\n") == 0 and message in err and err.startswith("te-align: error:")
 
 
+def test_kohya_checkout_whose_requirements_are_missing_names_the_install(tmp_path, capsys):
+    """sd-scripts imports einops and imagesize, which a new user's te-align environment may lack: the one line says
+    which module is missing and how to add sd-scripts' requirements (it named the module only)."""
+    from te_align.cli import main
+
+    pytest.importorskip("diffusers")
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "library" / "strategy_base.py").write_text("", encoding="utf-8")
+    (tmp_path / "library" / "strategy_sd.py").write_text("import te_align_no_such_module_einops\n", encoding="utf-8")
+    code = main(["probe", "--trainer", "kohya", "--path", str(tmp_path), "--profile", "sd15"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"te-align: error: kohya: cannot import library.strategy_sd from {tmp_path.resolve()} (ModuleNotFoundError: No "
+        "module named 'te_align_no_such_module_einops'); sd-scripts' own requirements are missing in this Python: pip "
+        'install "te-align[kohya-test]" (einops, imagesize) or sd-scripts\' requirements.txt\n')
+
+
+def test_matrix_with_nothing_to_probe_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """`te-align matrix` where no trainer found here probes the profiles asked for printed an empty table (exit 0,
+    and --out written with it); it says why in one line, exit 2, and writes nothing."""
+    from te_align.cli import main
+    from te_align.probe.matrix import find_trainers
+    from te_align.trainers import specs
+
+    for s in specs():
+        if s.env_dir:
+            monkeypatch.delenv(s.env_dir, raising=False)
+    found = sorted({f.trainer for f in find_trainers()[0]})  # ai-toolkit where its package is installed
+    out = tmp_path / "matrix.md"
+    assert main(["matrix", "--profile", "wan21", "--out", str(out)]) == 2
+    why = (f"no trainer found here ({', '.join(found)}) probes it" if found else
+           "no trainer found here; set TE_ALIGN_KOHYA_DIR, TE_ALIGN_AI_TOOLKIT_DIR, TE_ALIGN_SIMPLETUNER_DIR, "
+           "TE_ALIGN_ONETRAINER_DIR, TE_ALIGN_DIFFUSERS_EXAMPLES_DIR, TE_ALIGN_MUSUBI_DIR, TE_ALIGN_DIFFUSION_PIPE_DIR "
+           "to a checkout, or install a trainer's package")
+    assert capsys.readouterr() == ("", f"te-align: error: nothing to probe for wan21: {why} (te-align matrix --help)\n")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 @needs_at
 def test_unsupported_profile_names_the_probed_ones(monkeypatch):
     with pytest.raises(TeAlignError, match=r"ai-toolkit 0\.2\.7 has no encoding path .* 'chroma'; probed profiles: sd15"):

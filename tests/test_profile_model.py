@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -311,6 +312,78 @@ def test_every_bundled_description_names_only_its_values():
         assert "{slots." not in text and "{outputs." not in text, p.name
 
 
+def _placeholders(p: te_align.AlignmentProfile) -> list[str]:
+    from te_align.profiles.model import _PLACEHOLDER
+
+    return sorted({m.group(1) for m in _PLACEHOLDER.finditer(p.description)})
+
+
+#: Numeric placeholders over every bundled description (a new profile's adds to it).
+CHECKED_PLACEHOLDERS = 57
+
+
+def test_every_value_a_description_names_follows_its_override():
+    """Each bundled description writes the values it names as placeholders: overriding any numeric one changes the
+    text, and the new value is in it; no number a profile holds is written out in the prose."""
+    import re
+
+    from te_align.profiles.model import _PLACEHOLDER
+
+    checked = 0
+    for p in te_align.profiles():
+        text = p.describe()
+        for path in _placeholders(p):
+            value = p.get(path)
+            if isinstance(value, bool) or not isinstance(value, int):
+                continue
+            new = value - 1 if value > 1 or value < 0 else value + 1  # a value the override's validator accepts
+            try:
+                changed = p.with_overrides({path: new}).describe()
+            except ProfileError:  # one less is refused by a cross-field rule (every layer of an encoder tapped): one more
+                new = value + 1
+                changed = p.with_overrides({path: new}).describe()
+            assert changed != text, f"{p.name}: {path}"
+            assert str(new) in changed or new == 1, f"{p.name}: {path}"  # 1 may be said in words ("one padding token")
+            checked += 1
+        # numbers left in the prose are names (ViT-L/14, Qwen2.5-VL-7B, 8-line) or the 24 layers of an original
+        # encoder, never a value of this profile's max_length, hidden_size, num_layers or drop_start_tokens fields
+        prose = _PLACEHOLDER.sub("", p.description)
+        numbers = {int(n) for n in re.findall(r"(?<![\w.])\d+(?![\w.]*\d)", prose)}
+        held = {v for s in p.slots for v in (s.tokenizer.max_length, s.tokenizer.drop_start_tokens, s.encoder.hidden_size,
+                                             s.encoder.num_layers) if v > 1}  # fmt: skip
+        assert not numbers & held, f"{p.name}: {sorted(numbers & held)} written out in {prose!r}"
+    assert checked == CHECKED_PLACEHOLDERS
+
+
+def test_descriptions_say_overridden_words_and_numbers():
+    p = te_align.profile("anima").with_overrides({
+        "slots.qwen.tokenizer.padding": "max_length", "slots.qwen.tokenizer.max_length": 300, "slots.qwen.encoder.layer": -2,
+        "slots.qwen.masks.zero_padded": False, "slots.qwen.tokenizer.min_length": 2,
+    })  # fmt: skip
+    assert p.describe() == (
+        "Cosmos-Predict2 DiT with Qwen3-0.6B-Base and an LLM adapter: the prompt is tokenized twice, without any "
+        "template, padded to a fixed length and cut at 300 (Qwen) and 512 (T5) tokens. Qwen3's hidden_states[-2] (mask "
+        "into the encoder, padded positions kept) and its mask go to the text conditioner as source; the T5 token ids "
+        "and mask of the same prompt are not encoded by any model, they are the conditioner's learned query tokens. A "
+        "batch whose prompts all tokenize to nothing gets 2 Qwen ids 0 with mask 0."
+    )
+    p = te_align.profile("sd21").with_overrides({"clip_h_max_length": 64, "slots.clip_h.encoder.layer": "penultimate",
+                                                 "slots.clip_h.encoder.final_layer_norm": False})  # fmt: skip
+    assert p.describe() == (
+        'UNet with OpenCLIP ViT-H/14 converted to a 23-layer CLIPTextModel: its hidden_states[-2] (no final layer '
+        'norm) is the penultimate layer of the original 24-layer encoder; 64 tokens padded with "!", no mask, no '
+        "pooled output."
+    )
+    p = te_align.profile("chroma").with_overrides({"slots.t5.masks.denoiser_extra_pad_tokens": 0,
+                                                   "slots.t5.masks.encoder": False})  # fmt: skip
+    assert p.describe() == ("Flux-style MMDiT without CLIP: T5-XXL (512 tokens) encoded without an attention mask; the "
+                            "transformer sees every real token plus no padding token.")
+    # words for one value; any other is written as it is, or by the '*' words with '#' for it
+    q = dataclasses.replace(te_align.profile("sd15"), description="{slots.clip_l.tokenizer.max_length|77=seventy-seven}, "
+                            "{slots.clip_l.encoder.layer|*=layer #}, {slots.clip_l.encoder.pooled|text_embeds=pooled}, {nope}")
+    assert q.describe() == "seventy-seven, layer last, none, {nope}"
+
+
 def test_repr_is_one_screen():
     p = te_align.profile("flux-schnell")
     assert repr(p) == (
@@ -328,7 +401,6 @@ def test_repr_is_one_screen():
     assert q == te_align.profile("flux-schnell", t5_max_length=512) and hash(q) == hash(te_align.profile(
         "flux-schnell", t5_max_length=512))
     assert q != p
-    import dataclasses
 
     assert [f.name for f in dataclasses.fields(p)][:6] == ["name", "family", "display_name", "repo", "pipeline", "slots"]
     for each in te_align.profiles():

@@ -219,6 +219,35 @@ def test_report_measures_and_cites_the_study_and_writes_nothing(base: Path, t5_d
     assert "key '--out': give --out (the new model folder to write) or --report (measure and print only)" in err
 
 
+@pytest.mark.parametrize("quiet", ["1", "0"])
+def test_swap_hides_library_bars_only_when_quiet_and_leaves_them_as_they_were(
+        quiet: str, base: Path, t5_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """diffusers' and transformers' loading bars are off while `te-align swap` runs, as in every command that loads a
+    model (te_align/_quiet.py); TE_ALIGN_QUIET=0 shows them; either way the libraries' switches are back as they were."""
+    import diffusers
+    import transformers
+
+    libs = (diffusers.utils.logging, transformers.utils.logging)
+    monkeypatch.setenv("TE_ALIGN_QUIET", quiet)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    captions = tmp_path / "captions.txt"
+    captions.write_text(CAPTIONS[0] + "\n", encoding="utf-8")
+    for lib in libs:
+        lib.enable_progress_bar()
+    try:
+        rc = main(["swap", str(base), "--encoder", str(t5_dir), "--report", "--profile", "sd15", *_overrides(),
+                   "--captions", str(captions)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        assert [lib.is_progress_bar_enabled() for lib in libs] == [True, True]
+        assert ("Loading pipeline components" in err) is (quiet == "0"), err
+        assert (err == "") is (quiet == "1"), err
+    finally:
+        for lib in libs:
+            lib.enable_progress_bar()
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def _bad(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     rc = main(["swap", *args])
@@ -251,6 +280,7 @@ def test_bad_input_is_one_line_each(base: Path, t5_dir: Path, tmp_path: Path, ca
     small = tmp_path / "small-t5"
     tok, enc = _t5(vocab_size=64)
     enc.save_pretrained(str(small))
+    capsys.readouterr()  # this test's own save shows transformers' bar (swap leaves the bars as it found them)
     err = _bad([str(base), "--encoder", str(small), "--tokenizer", str(t5_dir), "--profile", "sd15", *_overrides(),
                 "--out", str(out)], capsys)  # fmt: skip
     assert f"{t5_dir}: key 'vocab_size': the tokenizer has {len(tok)} tokens but the encoder's vocab_size is 64" in err
@@ -263,6 +293,7 @@ def test_bad_input_is_one_line_each(base: Path, t5_dir: Path, tmp_path: Path, ca
     parts = family_components("sd15")
     parts["text_encoder"].save_pretrained(str(clip))
     parts["tokenizer"].save_pretrained(str(clip))
+    capsys.readouterr()
     err = _bad([str(base), "--encoder", str(clip), "--profile", "sd15", *_overrides(), "--out", str(out), "--max-length",
                 "100"], capsys)  # fmt: skip
     assert (f"{clip}/config.json: key 'max_position_embeddings': the new slot pads prompts to 100 tokens but the encoder "

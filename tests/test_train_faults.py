@@ -228,6 +228,25 @@ def test_previous_run_is_refused_overwrite_moves_it_and_loras_are_0644(tmp_path:
     assert second.steps == 2 and sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
 
 
+def test_resume_of_a_finished_run_without_checkpoints_is_refused_before_loading(
+        tmp_path: Path, sd15: Path, dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """`te-align train CONFIG --resume` where the run finished and kept no checkpoint (train.checkpoint_every = 0, as
+    the config `te-align demo` writes): one line that says so and what to do, before any model is loaded."""
+    out = tmp_path / "o"
+    cfg = write_config(tmp_path / "c.toml", sd15, dataset, out, train={"max_steps": 1, "checkpoint_every": 0})
+    assert cli("train", str(cfg), capsys=capsys)[0] == 0
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    assert main(["train", str(cfg), "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        f"te-align: error: {out / 'checkpoints'}: key '--resume': no checkpoint to resume from in the output folder; "
+        "the run there finished (lora.safetensors, lora_kohya.safetensors) and kept no checkpoint: --overwrite starts "
+        "over (its files are moved into a replaced-<time>/ folder there), or choose another output.dir\n")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    with pytest.raises(TrainError, match=r"no checkpoint to resume from in the output folder$"):
+        train(make_config("sd15", sd15, dataset, tmp_path / "empty", train={"max_steps": 1}), resume=True)
+    assert not (tmp_path / "empty").exists()
+
+
 # ------------------------------------------------------------------------------------------ resume
 def _damage(kind: str, ckpt: Path) -> str:
     """Damage the checkpoint as ``kind`` says; returns the file the error must name."""

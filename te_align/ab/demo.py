@@ -23,7 +23,7 @@ from te_align.ab.matrix import matrix_presets, row_result, run_matrix
 from te_align.ab.preset import ABError, Preset
 from te_align.ab.report import Block, write_report
 from te_align.ab.runner import PRIMARY, ABResult
-from te_align.tiny.bases import base_info, materialize
+from te_align.tiny.bases import base_info, data_root, materialize
 
 #: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 1,000 CPU-seconds;
 #: 2 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores (each process
@@ -58,6 +58,7 @@ def run_demo(
     seeds = seeds if seeds is not None else (_env_int("TE_ALIGN_DEMO_SEEDS") or DEMO_SEEDS)
     if seeds < 1:
         raise ABError(f"must be >= 1, got {seeds}", key="--seeds")
+    data_root()  # the world data (te-align-world) is there, before the first line is said
     root = Path(out).expanduser()
     p = next(x for x in matrix_presets() if x.name == DEMO_ROW)
     say(f"te-align demo: {p.description}")

@@ -178,6 +178,11 @@ def fix_file(
         return _refuse(FixReport(path, result), f"{path}: a symbolic link (to {os.path.realpath(p)}); --fix "
                                                 "writes regular files only: run it on the file the link "
                                                 "points to")
+    original = readers.backup_of(path)
+    if original is not None:
+        return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")),
+                       f"{path}: te-align's backup of {original}; --fix and --diff edit the file itself: run it on "
+                       f"{original} (te-align check reads the backup as it is)")
     journal = journal_path(path)
     if os.path.lexists(journal):
         unread = FixReport(path, CheckResult(file=path, status="unreadable"))

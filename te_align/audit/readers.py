@@ -136,9 +136,23 @@ def load(path: str, at_line: int | None = None) -> RawConfig:
 #: Suffixes of a trainer's example config (``config.json.example``): the file is read by the extension before it.
 EXAMPLE_SUFFIXES = (".example", ".sample", ".dist")
 
+#: The name te-align gives the backup of a file it changed (``check --fix``, ``patch``, ``unpatch --keep-changed``):
+#: ``NAME.te-align-original`` (te_align.patching.transaction.KEPT_ORIGINAL_SUFFIX, kept equal by a test).
+BACKUP_SUFFIX = ".te-align-original"
+
+
+def backup_of(p: str | Path) -> str | None:
+    """The file ``p`` is te-align's backup of (``a.toml.te-align-original`` -> ``a.toml``), or None."""
+    name = str(p)
+    return name[: -len(BACKUP_SUFFIX)] if name.endswith(BACKUP_SUFFIX) and len(Path(name).name) > len(BACKUP_SUFFIX) else None
+
 
 def config_suffix(p: Path) -> str:
-    """The extension that tells a config's format, lower case: ``config.json.example`` -> ``.json``."""
+    """The extension that tells a config's format, lower case: ``config.json.example`` -> ``.json``; te-align's
+    backup ``config.toml.te-align-original`` reads as the file it backs up (``.toml``)."""
+    original = backup_of(p)
+    if original is not None:
+        p = Path(original)
     suffixes = [x.lower() for x in p.suffixes]
     if len(suffixes) >= 2 and suffixes[-1] in EXAMPLE_SUFFIXES:
         return suffixes[-2]

@@ -21,7 +21,7 @@ _paths = lazy_module("te_align._paths")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cache", help="show or clear an embedding cache folder")
+    p = sub.add_parser("cache", help="what an embedding cache folder holds (info), or clear it (clear)")
     cs = p.add_subparsers(dest="cache_command", metavar="SUBCOMMAND", required=True)
 
     info = cs.add_parser("info", help="entries, size, profiles and corrupt files in a cache folder")
@@ -45,10 +45,19 @@ def human_bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _open_cache(directory: str) -> CacheInfo:
+def _open_cache(directory: str, command: str) -> CacheInfo:
     d = _paths.check_dir(Path(directory), CacheError, what="folder")
     info = _cache_admin.scan(d)
     if not info.is_cache:
+        # te-align train's cache folder (data.cache_dir, OUTPUT/cache): text embeddings in text/, latents in latents/
+        text = d / "text"
+        if text.is_dir() and _cache_admin.scan(text).is_cache:
+            raise CacheError(f"te-align train's cache folder: its text-embedding cache is {text} (te-align cache "
+                             f"{command} {text}); latents/ holds image latents, which te-align cache does not read",
+                             file=directory)
+        if (d / "latents").is_dir():
+            raise CacheError("te-align train's cache folder with image latents only (latents/): no text-embedding "
+                             "cache (text/) was written there, and te-align cache reads only that", file=directory)
         raise CacheError("does not look like a te-align cache (no marker file, no te-align entries)", file=directory)
     return info
 
@@ -61,7 +70,7 @@ def _current_fingerprint(name: str) -> str | None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = _open_cache(args.directory)
+    info = _open_cache(args.directory, args.cache_command)
     rows = []
     for g in info.profiles:
         current = _current_fingerprint(g.profile)
@@ -110,7 +119,7 @@ def _confirm(question: str) -> bool:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    info = _open_cache(args.directory)
+    info = _open_cache(args.directory, args.cache_command)
     names: list[str] = []
     fps: list[str] = []
     if args.profile:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from te_align._lazy import lazy_module
 from te_align.audit import check_file, check_files, exit_code
-from te_align.audit.readers import trainers
+from te_align.audit.readers import backup_of, config_suffix, trainers
 from te_align.profiles import profile
 from te_align.trainers import dialects
 
@@ -117,6 +118,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, command=extra, overrides=overrides)]
     else:
+        for c in ns.configs:  # stderr: one line each, beside the report (and --json) on stdout
+            original = backup_of(c)
+            if original is not None and Path(c).is_file():
+                kind = config_suffix(Path(c)) or "command-line"
+                print(f"te-align: {c} is te-align's backup of {original}; checked as a {kind} config, as {original} "
+                      "was before te-align changed it", file=sys.stderr)
         results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, overrides=overrides)
     code = exit_code(results)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from te_align.trainers import specs
 
@@ -41,7 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "matrix",
         help="probe every trainer found x every family it supports, with and without te-align's hooks",
         description=f"Trainers: the checkouts named by {found}, and installed packages where a trainer has one. "
-                    "Writes a markdown table (to --out atomically, else to stdout).",
+                    "Writes a markdown table (to --out atomically, else to stdout). Exit 0 with a table; 2 when "
+                    "nothing is probed (no trainer found here, or none probes the --profile asked for), in one line "
+                    "with nothing written.",
     )
     m.add_argument("--out", metavar="FILE", help="write the markdown table here (e.g. matrix.md)")
     m.add_argument("--profile", action="append", metavar="NAME", help="only these profiles (repeatable)")
@@ -103,16 +107,31 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
         text = inference_matrix()
         if args.out:
-            from pathlib import Path
-
             Path(args.out).write_text(text, encoding="utf-8")
             print(f"te-align matrix --inference: written to {args.out}")
         else:
             print(text, end="")
         return 0
-    from te_align.probe.matrix import run_matrix
+    from te_align._atomic import atomic_file
+    from te_align.probe import ProbeError
+    from te_align.probe.matrix import find_trainers, run_matrix
 
-    m = run_matrix(profiles=args.profile, out=args.out)
+    found, absent = find_trainers()
+    m = run_matrix(trainers=found, profiles=args.profile)
+    m.absent[:0] = absent  # the trainers not found here, first, as run_matrix lists them when it looks itself
+    if not m.rows:  # an empty table is no answer: say why in one line, write nothing
+        if found:
+            names = ", ".join(sorted({f.trainer for f in found}))
+            why = f"no trainer found here ({names}) probes {'it' if len(args.profile or []) < 2 else 'them'}"
+        else:
+            envs = ", ".join(s.env_dir for s in specs() if s.probe and s.env_dir)
+            why = f"no trainer found here; set {envs} to a checkout, or install a trainer's package"
+        what = f" for {', '.join(args.profile)}" if args.profile else ""
+        print(f"te-align: error: nothing to probe{what}: {why} (te-align matrix --help)", file=sys.stderr)
+        return 2
+    if args.out:
+        with atomic_file(Path(args.out), "w", error=ProbeError) as fh:
+            fh.write(m.markdown())
     if args.json:
         print(json.dumps(m.to_dict(), indent=2, ensure_ascii=False))
     elif args.out:

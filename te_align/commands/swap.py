@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from te_align import _quiet
 from te_align._lazy import lazy_module
 
 # Lazy: te_align.swap imports torch (transformers, diffusers); kept off ``te-align --help``, the CLI's cold
@@ -86,19 +87,23 @@ def cmd_swap(args: argparse.Namespace) -> int:
     if not args.report and args.out is None:
         raise _swap.SwapError("give --out (the new model folder to write) or --report (measure and print only)", key="--out")
     _swap.check_request(args.reset, args.stats, args.out)
-    import diffusers.utils.logging as diffusers_logging
-    import transformers.utils.logging as transformers_logging
-
-    # the report is the output: no loading bars, and no "Expected types for text_encoder" (the swap's own class)
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.disable_progress_bar()
-    logging.getLogger("diffusers").setLevel(logging.ERROR)
-    report, _ = _swap.swap(
-        args.base, args.encoder, args.out, tokenizer=args.tokenizer, captions=_captions(args.captions),
-        profile=args.profile, profile_overrides=_overrides(args.override), config=args.config, reset=args.reset,
-        stats=args.stats, shift=args.shift, seed=args.seed, max_length=args.max_length, encoder_mask=args.encoder_mask,
-        projection=args.projection, name=args.name,
-    )
+    captions = _captions(args.captions)
+    # the report is the output: no loading bars, and no "Expected types for text_encoder" (the swap's own class);
+    # TE_ALIGN_QUIET=0 shows both (te_align/_quiet.py), and each is back as it was once the swap is done
+    diffusers_logger = logging.getLogger("diffusers")
+    level = diffusers_logger.level
+    if _quiet.quiet():
+        diffusers_logger.setLevel(logging.ERROR)
+    try:
+        with _quiet.no_progress_bars():
+            report, _ = _swap.swap(
+                args.base, args.encoder, args.out, tokenizer=args.tokenizer, captions=captions,
+                profile=args.profile, profile_overrides=_overrides(args.override), config=args.config,
+                reset=args.reset, stats=args.stats, shift=args.shift, seed=args.seed, max_length=args.max_length,
+                encoder_mask=args.encoder_mask, projection=args.projection, name=args.name,
+            )
+    finally:
+        diffusers_logger.setLevel(level)
     data = report.as_dict()
     study = _study.summary() if args.report else None
     if args.json:

@@ -285,14 +285,21 @@ class AlignmentProfile:
 
     def describe(self) -> str:
         """:attr:`description` with each ``{dotted.path}`` replaced by this profile's value there, so an override
-        (``t5_max_length=512``) is what the prose says. A placeholder naming no value is left as written."""
+        (``t5_max_length=512``) is what the prose says. ``{dotted.path|VALUE=words|...}`` says a value in words
+        (``{slots.t5.masks.encoder|true=with its mask|false=without a mask}``); ``*=words`` is used for any other
+        value, with ``#`` standing for it; a value with no words is written as it is. A placeholder naming no value
+        is left as written."""
 
         def fill(m: re.Match[str]) -> str:
             try:
                 value = self.get(m.group(1))
             except ProfileError:
                 return m.group(0)
-            return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            text = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+            words = dict(choice.split("=", 1) for choice in m.group(2).split("|")[1:])
+            if text in words:
+                return words[text]
+            return words["*"].replace("#", text) if "*" in words else text
 
         return _PLACEHOLDER.sub(fill, self.description)
 
@@ -382,7 +389,8 @@ class AlignmentProfile:
 
 
 #: A value named in a description: ``{slots.SLOT.PART.FIELD}``, ``{slots.SLOT.FIELD}``, ``{outputs.NAME}``, ``{family}``.
-_PLACEHOLDER = re.compile(r"\{((?:slots|outputs)(?:\.\w+)+|family|empty_prompt)\}")
+#: ``{dotted.path}`` or ``{dotted.path|VALUE=words|...}`` in a description (see :meth:`AlignmentProfile.describe`).
+_PLACEHOLDER = re.compile(r"\{((?:slots|outputs)(?:\.\w+)+|family|empty_prompt)((?:\|[^{}|=]+=[^{}|]*)*)\}")
 
 
 def _layers_text(layers: tuple[int, ...]) -> str:

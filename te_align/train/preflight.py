@@ -105,6 +105,8 @@ def check_output(cfg: TrainConfig, *, resume: bool | str | Path | None, overwrit
             raise TrainError(f"{why}: the run cannot write its output here; choose another output.dir", file=str(p),
                              key="output.dir")
         break
+    if resume:
+        _check_resume(cfg, resume)
     if resume or overwrite:
         return
     found = previous_run(cfg)
@@ -215,6 +217,19 @@ def check_model_path(cfg: TrainConfig) -> None:
             raise TrainError("no such model file or folder (and not a hub repo id owner/name)", file=value, key=key)
 
 
+def _check_resume(cfg: TrainConfig, resume: bool | str | Path) -> None:
+    """``--resume`` with nothing to resume from, refused before any model loads (a finished run named as such)."""
+    if resume is True and latest_checkpoint(cfg.output.dir) is None:
+        found = previous_run(cfg)
+        finished = (f"; the run there finished ({', '.join(found)}) and kept no checkpoint: --overwrite starts "
+                    "over (its files are moved into a replaced-<time>/ folder there), or choose another output.dir"
+                    if found else "")
+        raise TrainError(f"no checkpoint to resume from in the output folder{finished}",
+                         file=str(Path(cfg.output.dir) / "checkpoints"), key="--resume")
+    if resume is not True and not (Path(resume) / "state.json").is_file():
+        raise TrainError("not a te-align checkpoint folder (no state.json)", file=str(resume), key="--resume")
+
+
 def check_run(cfg: TrainConfig, *, resume: bool | str | Path | None = None, overwrite: bool = False, dataset: bool = True) -> list[str]:
     """Everything the run would refuse before its first step, as one :class:`TrainError`; returns notes."""
     notes: list[str] = []
@@ -225,12 +240,6 @@ def check_run(cfg: TrainConfig, *, resume: bool | str | Path | None = None, over
     check_output(cfg, resume=resume, overwrite=overwrite)
     if cfg.data.cache_dir and Path(cfg.data.cache_dir).exists() and not Path(cfg.data.cache_dir).is_dir():
         raise TrainError("exists and is not a folder", file=cfg.data.cache_dir, key="data.cache_dir")
-    if resume:
-        if resume is True and latest_checkpoint(cfg.output.dir) is None:
-            raise TrainError("no checkpoint to resume from in the output folder",
-                             file=str(Path(cfg.output.dir) / "checkpoints"), key="--resume")
-        if resume is not True and not (Path(resume) / "state.json").is_file():
-            raise TrainError("not a te-align checkpoint folder (no state.json)", file=str(resume), key="--resume")
     if dataset:
         report = scan(cfg.data)
         notes.append(f"{len(report.items)} images")

@@ -101,7 +101,11 @@ class Kohya(Adapter):
                     try:
                         self.modules[name] = importlib.import_module(f"library.{name}")
                     except Exception as e:
-                        raise ProbeError(f"kohya: cannot import library.{name} from {self.root} ({type(e).__name__}: {e})") from None
+                        hint = ("; sd-scripts' own requirements are missing in this Python: pip install "
+                                "\"te-align[kohya-test]\" (einops, imagesize) or sd-scripts' requirements.txt"
+                                if isinstance(e, ModuleNotFoundError) else "")
+                        raise ProbeError(f"kohya: cannot import library.{name} from {self.root} ({type(e).__name__}: "
+                                         f"{e}){hint}") from None
                 self.cache = cache
                 self._write_tokenizers(cache)
                 logging.getLogger().setLevel(logging.WARNING)  # sd-scripts' setup_logging() says INFO; restored after
