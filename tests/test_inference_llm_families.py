@@ -92,8 +92,8 @@ def test_krea2_and_ideogram4_cite_the_commit_that_has_them(tmp_path, capsys):
             "(min_length=1, so the model gets no padding before the template's suffix) and never cuts a prompt over "
             "512 tokens (max_length=99999999), unless you keep prompts, with the chat template, under 512 Qwen3-VL "
             "tokens, or sample in diffusers, where Krea2Pipeline's default call encodes as the profile (the te-align "
-            "node does not encode Krea 2) source: comfyanonymous/ComfyUI@1e32fc1 comfy/text_encoders/krea2.py:22-34 "
-            "(template, no think block), 43-75 (taps, drops the prefix up to <|im_start|>user\\n); "
+            "node does not encode Krea 2) source: comfyanonymous/ComfyUI@1e32fc1 comfy/text_encoders/krea2.py:17-33 "
+            "(taps, template, no think block), 46-75 (drops the prefix up to <|im_start|>user\\n); "
             "comfyanonymous/ComfyUI@d763a4d comfy/text_encoders/qwen3vl.py (Qwen3VLSDTokenizer: min_length=1, "
             "max_length=99999999, weights off). Not in ComfyUI fe25114") in out
     out = comfy_out(tmp_path, capsys, "ideogram4", "ideogram-ai/ideogram-v4")
@@ -101,7 +101,7 @@ def test_krea2_and_ideogram4_cite_the_commit_that_has_them(tmp_path, capsys):
             "(min_length=1; the profile left-pads to 2048 and zeroes the padding) and encodes a prompt over 2048 tokens "
             "instead of refusing it, unless you sample in diffusers, where Ideogram4Pipeline's default call encodes as "
             "the profile (the te-align node does not encode Ideogram 4) source: comfyanonymous/ComfyUI@0f548d2 "
-            "comfy/text_encoders/ideogram4.py:18-40 (tokenizer, template, weights off), 15 and 72-76 (the 13 taps, "
+            "comfy/text_encoders/ideogram4.py:19-42 (tokenizer, template, weights off), 15-16 and 64-68 (the 13 taps, "
             "offset +1, interleaved as the profile). Not in ComfyUI fe25114") in out
 
 

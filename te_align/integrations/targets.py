@@ -222,7 +222,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "never cuts a prompt over 512 tokens (max_length=99999999)",
               "keep prompts, with the chat template, under 512 Qwen3-VL tokens, or "
               + _DIFFUSERS_DEFAULT.format(pipe="Krea2Pipeline's", family="Krea 2"),
-              f"{COMFYUI_KREA2} comfy/text_encoders/krea2.py:22-34 (template, no think block), 43-75 (taps, drops "
+              f"{COMFYUI_KREA2} comfy/text_encoders/krea2.py:17-33 (taps, template, no think block), 46-75 (drops "
               f"the prefix up to <|im_start|>user\\n); {COMFYUI_QWEN3VL} comfy/text_encoders/qwen3vl.py "
               "(Qwen3VLSDTokenizer: min_length=1, max_length=99999999, weights off). Not in ComfyUI fe25114",
               when="prompts over 512 Qwen3-VL tokens with the template"),
@@ -230,8 +230,8 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "does not pad Qwen3-VL (min_length=1; the profile left-pads to 2048 and zeroes the padding) and encodes a "
               "prompt over 2048 tokens instead of refusing it",
               _DIFFUSERS_DEFAULT.format(pipe="Ideogram4Pipeline's", family="Ideogram 4"),
-              f"{COMFYUI_IDEOGRAM4} comfy/text_encoders/ideogram4.py:18-40 (tokenizer, template, weights off), 15 and "
-              "72-76 (the 13 taps, offset +1, interleaved as the profile). Not in ComfyUI fe25114",
+              f"{COMFYUI_IDEOGRAM4} comfy/text_encoders/ideogram4.py:19-42 (tokenizer, template, weights off), 15-16 "
+              "and 64-68 (the 13 taps, offset +1, interleaved as the profile). Not in ComfyUI fe25114",
               fix_as_trained="sample in diffusers with max_sequence_length={trained} (no ComfyUI setting pads it)"),
     # ------------------------------------------------------------------------------------------ Forge
     Behaviour("forge", ("flux",), "t5.tokenizer.max_length", 256,
