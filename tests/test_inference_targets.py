@@ -152,7 +152,7 @@ def test_unknown_trained_value_is_said_to_be_unknown(capsys):
 #: Families whose ComfyUI tokenizer (fe25114) parses (word:1.2): every SDTokenizer without disable_weights=True.
 #: Qwen-Image's template tokenizer sets disable_weights=True (qwen_image.py:39); ComfyUI has no Sana encoder.
 COMFYUI_WEIGHTS = {"sd1", "sd2", "sdxl", "sd3", "flux", "hidream", "chroma", "pixart", "auraflow", "wan", "lumina2",
-                   "anima", "hunyuanimage"}
+                   "anima", "hunyuanimage", "ltx2"}
 
 
 def test_prompt_syntax_note_for_every_family_whose_comfyui_tokenizer_reads_weights():

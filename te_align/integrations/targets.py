@@ -5,8 +5,9 @@ inference matrix. Each :class:`Behaviour` names the setting it concerns (a slot-
 ``t5.tokenizer.max_length``), the value the tool effectively uses, what it does in words, how to sample as
 trained in that tool, and the upstream source (file:line at a commit) it was read from.
 
-Sources: ComfyUI upstream (comfyanonymous/ComfyUI) at fe2511468d6b (2026-02-03, v0.12.1+); Forge
-(lllyasviel/stable-diffusion-webui-forge) at dfdcbab685e5; diffusers 0.42.1.
+Sources: ComfyUI upstream (comfyanonymous/ComfyUI) at fe2511468d6b (2026-02-03, v0.12.1+); Krea 2 and Ideogram 4,
+which fe25114 does not have, at the later commits named per behaviour; Forge (lllyasviel/stable-diffusion-webui-forge)
+at dfdcbab685e5 (no engine for FLUX.2, Z-Image, Qwen-Image-Edit, Krea 2, Ideogram 4 or LTX-2); diffusers 0.42.1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
 
 COMFYUI = "comfyanonymous/ComfyUI@fe25114"
 FORGE = "lllyasviel/stable-diffusion-webui-forge@dfdcbab"
+#: Krea 2 and Ideogram 4 were added to ComfyUI after fe25114: the commits their encoders were read at.
+COMFYUI_KREA2 = "comfyanonymous/ComfyUI@1e32fc1"
+COMFYUI_IDEOGRAM4 = "comfyanonymous/ComfyUI@0f548d2"
+COMFYUI_QWEN3VL = "comfyanonymous/ComfyUI@d763a4d"
 DIFFUSERS = "huggingface/diffusers 0.42.1 src/diffusers/pipelines"
 
 #: Tool key -> the name a person knows it by.
@@ -52,8 +57,12 @@ class Behaviour:
     #: How to sample as trained when the trainer used another value than the profile's (te-align's encoders follow
     #: the profile, so they are not the way then); ``OVERRIDDEN``: the profile with the trained value. Empty: ``fix``.
     fix_as_trained: str = ""
+    #: Profile names it does not apply to, though their family is in ``applies_to``.
+    not_for: tuple[str, ...] = ()
 
     def applies(self, profile_name: str, family: str) -> bool:
+        if profile_name in self.not_for:
+            return False
         return profile_name in self.applies_to or family in self.applies_to
 
 
@@ -63,6 +72,9 @@ _T5_OPTS = "a T5TokenizerOptions node with min_length={trained} before it (promp
 #: disable_weights=True, as Qwen-Image's, Flux 2's, Z-Image's and Lumina's Gemma-3 do).
 _WEIGHTS = f"{COMFYUI} comfy/sd1_clip.py:304-349 (token_weights), 550-564 (parsed unless disable_weights), 27-62 (applied)"
 _NO_PARENS = "write prompts without ( ) or escape them as \\( \\)"
+#: The official diffusers pipeline's default call encodes these families as their profiles do.
+_DIFFUSERS_DEFAULT = "sample in diffusers, where {pipe} default call encodes as the profile (the te-align node does not " \
+                     "encode {family})"
 
 BEHAVIOURS: tuple[Behaviour, ...] = (
     # ----------------------------------------------------------------------------------------- ComfyUI
@@ -146,6 +158,81 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               _NO_PARENS + " inside quotes",
               f"{COMFYUI} comfy/text_encoders/hunyuan_image.py:20-38, comfy/text_encoders/qwen_image.py:39 "
               f"(disable_weights=True); {_WEIGHTS}"),
+    # ------------------------------------------------------- ComfyUI: the LLM-encoder families (issue 45)
+    Behaviour("comfyui", ("flux2",), "mistral.tokenizer.max_length", 0,
+              "does not pad the Mistral prompt (min_length=1, and pad_left=True where it pads) and never truncates "
+              "(max_length=99999999), so the transformer, which gets no mask, sees the prompt's tokens only, not 512",
+              _DIFFUSERS_DEFAULT.format(pipe="Flux2Pipeline's", family="FLUX.2"),
+              f"{COMFYUI} comfy/text_encoders/flux.py:118-121 (Mistral3Tokenizer), 126-138 (Flux2Tokenizer); "
+              "comfy/model_base.py:889-898 (Flux2 inherits Flux: no mask to the model)",
+              fix_as_trained="sample in diffusers with max_sequence_length={trained} (no ComfyUI setting pads it)"),
+    Behaviour("comfyui", ("flux2",), "mistral.tokenizer.text_cleaning", "none",
+              "does not remove \"[IMG]\" from the prompt (Flux2Tokenizer formats the text into its system-prompt "
+              "template as written)",
+              "remove \"[IMG]\" from prompts before sampling; prompts without it are unaffected",
+              f"{COMFYUI} comfy/text_encoders/flux.py:126-138", when="prompts containing \"[IMG]\""),
+    Behaviour("comfyui", ("flux2-klein",), "qwen3.tokenizer.truncation", False,
+              "pads Qwen3 to at least 512 tokens but never cuts a longer prompt (Qwen3Tokenizer min_length=512, "
+              "max_length=99999999)",
+              "keep prompts, with the chat template, under 512 Qwen3 tokens, or "
+              + _DIFFUSERS_DEFAULT.format(pipe="Flux2KleinPipeline's", family="FLUX.2 klein"),
+              f"{COMFYUI} comfy/text_encoders/flux.py:176-203 (template with the empty think block at :194)",
+              when="prompts over 512 Qwen3 tokens with the template"),
+    Behaviour("comfyui", ("z-image",), "qwen3.tokenizer.truncation", False,
+              "never cuts a prompt over 512 tokens (Qwen3Tokenizer min_length=1, max_length=99999999: no padding, "
+              "no truncation)",
+              "keep prompts, with the chat template, under 512 Qwen3 tokens, or "
+              + _DIFFUSERS_DEFAULT.format(pipe="ZImagePipeline's", family="Z-Image"),
+              f"{COMFYUI} comfy/text_encoders/z_image.py:6-9 (Qwen3Tokenizer), 15-23 (template, weights off)",
+              when="prompts over 512 Qwen3 tokens with the template"),
+    Behaviour("comfyui", ("qwen-image-edit",), "qwen.images.resample", "area",
+              "gives the VL encoder the image scaled to about 1024x1024 pixels by \"area\" resampling with no rounding "
+              "to a multiple of 32 in TextEncodeQwenImageEdit (CLIPTextEncode uses Qwen-Image's text-to-image template "
+              "and no image)",
+              "encode with the TextEncodeQwenImageEdit node (its template and 64-token drop are the profile's); the VL "
+              "image's resampling has no setting",
+              f"{COMFYUI} comfy_extras/nodes_qwen.py:28-50, comfy/text_encoders/qwen_image.py:17-38 (templates), "
+              "61-85 (drops the prefix up to <|im_start|>user\\n)",
+              not_for=("qwen-image-edit-2509", "qwen-image-edit-2511")),
+    Behaviour("comfyui", ("qwen-image-edit-2509", "qwen-image-edit-2511"), "qwen.images.resample", "area",
+              "gives the VL encoder each image scaled to about 384x384 pixels by \"area\" resampling with no "
+              "rounding to a multiple of 32 in TextEncodeQwenImageEditPlus (TextEncodeQwenImageEdit uses the original "
+              "Edit template and 1024x1024; CLIPTextEncode Qwen-Image's text-to-image template)",
+              "encode with the TextEncodeQwenImageEditPlus node (its \"Picture N:\" prefix and template are the "
+              "profile's); the VL image's resampling has no setting",
+              f"{COMFYUI} comfy_extras/nodes_qwen.py:73-106, comfy/text_encoders/qwen_image.py:61-85"),
+    Behaviour("comfyui", ("ltx2",), "gemma.tokenizer.max_length", 0,
+              "does not pad Gemma (min_length=1) and never truncates (max_length=99999999): the text connectors get "
+              "the prompt's tokens only, not 1024 left-padded ones",
+              _DIFFUSERS_DEFAULT.format(pipe="LTX2Pipeline's", family="LTX-2"),
+              f"{COMFYUI} comfy/text_encoders/lt.py:25-35 (Gemma3_12BTokenizer), 96-112 (all layers, normalised "
+              "over the unpadded tokens)",
+              fix_as_trained="sample in diffusers with max_sequence_length={trained} (no ComfyUI setting pads it)"),
+    Behaviour("comfyui", ("ltx2",), "gemma.tokenizer.text_cleaning", "none",
+              "does not strip spaces and line breaks from the ends of the prompt",
+              "write prompts without leading or trailing whitespace",
+              f"{COMFYUI} comfy/text_encoders/lt.py:25-35; comfy/sd1_clip.py:550-597 (no cleaning step)",
+              when="prompts with leading or trailing whitespace"),
+    Behaviour("comfyui", ("ltx2",), None, None,
+              "reads (word:1.2) and (word) in a prompt as Gemma token weights (Gemma3_12BTokenizer keeps weights on)",
+              _NO_PARENS,
+              f"{COMFYUI} comfy/text_encoders/lt.py:25-28; {_WEIGHTS}"),
+    Behaviour("comfyui", ("krea2",), "qwen.tokenizer.truncation", False,
+              "does not pad the prompt (min_length=1, so the model gets no padding before the template's suffix) and "
+              "never cuts a prompt over 512 tokens (max_length=99999999)",
+              "keep prompts, with the chat template, under 512 Qwen3-VL tokens, or "
+              + _DIFFUSERS_DEFAULT.format(pipe="Krea2Pipeline's", family="Krea 2"),
+              f"{COMFYUI_KREA2} comfy/text_encoders/krea2.py:17-33 (taps, template, no think block), 46-75 (drops "
+              f"the prefix up to <|im_start|>user\\n); {COMFYUI_QWEN3VL} comfy/text_encoders/qwen3vl.py "
+              "(Qwen3VLSDTokenizer: min_length=1, max_length=99999999, weights off). Not in ComfyUI fe25114",
+              when="prompts over 512 Qwen3-VL tokens with the template"),
+    Behaviour("comfyui", ("ideogram4",), "qwen.tokenizer.max_length", 0,
+              "does not pad Qwen3-VL (min_length=1; the profile left-pads to 2048 and zeroes the padding) and encodes a "
+              "prompt over 2048 tokens instead of refusing it",
+              _DIFFUSERS_DEFAULT.format(pipe="Ideogram4Pipeline's", family="Ideogram 4"),
+              f"{COMFYUI_IDEOGRAM4} comfy/text_encoders/ideogram4.py:19-42 (tokenizer, template, weights off), 15-16 "
+              "and 64-68 (the 13 taps, offset +1, interleaved as the profile). Not in ComfyUI fe25114",
+              fix_as_trained="sample in diffusers with max_sequence_length={trained} (no ComfyUI setting pads it)"),
     # ------------------------------------------------------------------------------------------ Forge
     Behaviour("forge", ("flux",), "t5.tokenizer.max_length", 256,
               "pads T5 to at least 256 tokens and never truncates",
