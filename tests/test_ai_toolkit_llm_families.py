@@ -27,7 +27,8 @@ def job(tmp_path: Path, arch: str, path: str = "some/model"):
 
 def test_the_new_archs_are_check_only_and_the_hooks_still_refuse_them():
     assert set(aitk_table.CHECK_ONLY) == {"flux2", "flux2_klein_4b", "flux2_klein_9b", "zimage", "flux_kontext",
-                                          "qwen_image_edit", "qwen_image_edit_plus", "krea2", "ideogram4", "ltx2"}
+                                          "qwen_image_edit", "qwen_image_edit_plus", "krea2", "ideogram4", "ltx2",
+                                          "ltx2.3"}
     assert not set(aitk_table.CHECK_ONLY) & set(aitk_table.ARCHS)  # hooks.enable refuses an arch not in ARCHS
 
 
@@ -61,10 +62,13 @@ def test_a_future_edit_version_is_not_checked_and_the_nearest_is_named(tmp_path)
                                "nearest it has, ")
 
 
-def test_ltx23_is_not_checked_naming_ltx2(tmp_path):
-    r = job(tmp_path, "ltx2.3")
-    assert (r.exit_code, r.reason) == (3, "not checked: te-align has no profile for LTX-2.3 (nearest: ltx2) "
-                                          "(model.arch 'ltx2.3')")
+def test_ltx23_is_checked_with_ltx2_and_ltx25_is_not_checked(tmp_path):
+    # LTX-2.3 keeps Gemma 3 and LTX2Pipeline.encode_prompt (the ltx2 profile's alias ltx2.3); LTX-2.5 uses Gemma 4
+    assert job(tmp_path, "ltx2.3").profile == "ltx2"
+    r = job(tmp_path, "ltx2.5")
+    assert (r.exit_code, r.reason) == (3, "not checked: te-align has no profile for LTX-2.5, a Gemma 4 text encoder "
+                                          "(the nearest te-align has, ltx2, is not used in its place) "
+                                          "(model.arch 'ltx2.5')")
 
 
 @pytest.mark.parametrize("arch", ["flux2", "zimage", "krea2", "ideogram4", "ltx2"])

@@ -162,9 +162,6 @@ NO_PROFILE = {
          "--text_encoder2", "/m/clip_l.safetensors", "--image_encoder", "/m/sigclip.safetensors",
          "--network_module", "networks.lora_framepack"],
         "FramePack (script fpack_train_network.py and network_module 'networks.lora_framepack')"),
-    "ideogram4_train_network.py": (
-        ["--dit", "/m/i4.safetensors", "--sampler_preset", "V4_DEFAULT_20", "--initial_sigma", "1.004"],
-        "Ideogram 4 (script ideogram4_train_network.py)"),
     "kandinsky5_train_network.py": (["--task", "k5-pro-t2v-5s-sd", "--dit", "/m/k5.safetensors"],
                                     "Kandinsky 5 (script kandinsky5_train_network.py)"),
     "hidream_o1_cache_text_encoder_outputs.py": (["--dit", "/m/ho1.safetensors", "--fp8_te", "--model_type", "dev"],

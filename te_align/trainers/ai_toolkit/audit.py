@@ -179,6 +179,104 @@ NEW_RULES: tuple[Rule, ...] = (
          f"{_DM}/qwen_image/qwen_image_edit.py:199-201; {_DM}/qwen_image/qwen_image_edit_plus.py:210-212",
          severity="warning"),
 )
+_K2 = f"{_DM}/krea2"
+_I4 = f"{_DM}/ideogram4"
+_LTX = f"{_DM}/ltx2/ltx2.py"
+
+
+def _aitk_krea2_len(v: Any, ctx: Context) -> Any:
+    # model_kwargs.max_text_length (default 512): prefix + caption truncated at max_text_length + 34, no padding, then
+    # the 5 suffix tokens: up to max_text_length + 5 positions after the prefix is dropped (the pipeline: 512 in all)
+    n = rules.int_or_none(v)
+    return (512 if n is None else n) + 5
+
+
+def _aitk_krea2_len_back(p: Any, ctx: Context) -> Any:
+    if not isinstance(p, int) or p <= 5:
+        raise LookupError
+    return p - 5
+
+
+rules.register("aitk_krea2_len", _aitk_krea2_len, _aitk_krea2_len_back, "int")
+rules.register("aitk_len_3072", lambda v, ctx: 3072 if rules.int_or_none(v) is None else rules.int_or_none(v),
+               rules.CONVERTERS["same"].back, "int")
+
+#: Krea 2's template as ai-toolkit's vendored text encoder writes it (prefix + caption; the suffix tokenized alone).
+KREA2_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                  "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{prompt}"
+                  "<|im_end|>\n<|im_start|>assistant\n")
+IDEOGRAM_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+#: ai-toolkit's Ideogram caption rewrite (toolkit/ideogram_caption.py:303-319 digest_caption_string).
+IDEOGRAM_DIGEST = "structured Ideogram JSON captions re-serialized (old format migrated, compact); other text as is"
+
+NEW_RULES += (
+    # Krea 2 (arch krea2): krea2.py get_prompt_embeds -> src/text_encoder.py encode_krea_prompt, one caption at a time
+    Rule("qwen.tokenizer.template", ("krea2",), None, KREA2_TEMPLATE,
+         "PROMPT_TEMPLATE_ENCODE_PREFIX + caption; PROMPT_TEMPLATE_ENCODE_SUFFIX tokenized alone and appended",
+         f"{_K2}/src/text_encoder.py:28-33,72-76,104,114"),
+    Rule("qwen.tokenizer.max_length", ("krea2",), "model.model_kwargs.max_text_length", None,
+         "each caption is encoded alone at its own length: prefix + caption truncated at max_text_length + 34 "
+         "(model_kwargs.max_text_length, default 512), then the 5 suffix tokens, so up to max_text_length + 5 "
+         "positions remain after the prefix is dropped, where the pipeline keeps 512 in all (caption cut at 507 "
+         "tokens)", f"{_K2}/krea2.py:189-191,744-755; {_K2}/src/text_encoder.py:103-112,114",
+         convert="aitk_krea2_len", captions="over512"),
+    Rule("qwen.tokenizer.drop_start_tokens", ("krea2",), None, 34, "PROMPT_TEMPLATE_ENCODE_START_IDX 34 dropped",
+         f"{_K2}/src/text_encoder.py:36,135"),
+    Rule("qwen.encoder.position_ids", ("krea2",), None, "real_tokens",
+         "no padding at all (one caption at a time), so the raw positions are the real tokens' count, as the "
+         "pipeline's cumsum positions", f"{_K2}/src/text_encoder.py:103-130"),
+    Rule("qwen.encoder.layer", ("krea2",), None, (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35),
+         "SELECT_LAYERS (2, 5, ..., 35) of hidden_states", f"{_K2}/src/text_encoder.py:23,133"),
+    Rule("qwen.encoder.layer_combine", ("krea2",), None, "stack",
+         "torch.stack(dim=2): (sequence, layers, width) per caption, restored from the flattened cache at the model "
+         "call", f"{_K2}/src/text_encoder.py:133; {_K2}/krea2.py:756-758"),
+    # Ideogram 4 (arch ideogram4): ideogram4.py get_prompt_embeds, one caption at a time at its own length
+    Rule("qwen.tokenizer.template", ("ideogram4",), None, IDEOGRAM_TEMPLATE,
+         "apply_chat_template([{'role': 'user', 'content': [{'type': 'text', ...}]}], add_generation_prompt=True)",
+         f"{_I4}/ideogram4.py:523-527"),
+    Rule("qwen.tokenizer.text_cleaning", ("ideogram4",), None, IDEOGRAM_DIGEST,
+         "digest_caption_string: a caption that is a structured Ideogram JSON caption is parsed, migrated to the "
+         "current schema and re-serialized compact before encoding; plain text passes unchanged. The pipeline encodes "
+         "the prompt as given, so only JSON captions written otherwise differ",
+         f"{_I4}/ideogram4.py:519-522; toolkit/ideogram_caption.py:303-319", severity="info"),
+    Rule("qwen.tokenizer.add_special_tokens", ("ideogram4",), None, False, "tokenizer(add_special_tokens=False)",
+         f"{_I4}/ideogram4.py:527-532"),
+    Rule("qwen.tokenizer.max_length", ("ideogram4",), "model.model_kwargs.max_text_length", 3072,
+         "model_kwargs.max_text_length (default 3072) is where a caption is cut (truncation=True); the pipeline "
+         "refuses captions over 2048 tokens, so captions of 2049-3072 tokens train on text inference cannot take",
+         f"{_I4}/ideogram4.py:183-188,527-532", convert="aitk_len_3072", severity="warning"),
+    Rule("qwen.tokenizer.truncation", ("ideogram4",), None, True,
+         "truncation=True: a caption over max_text_length tokens is cut where the pipeline raises",
+         f"{_I4}/ideogram4.py:527-532", severity="info"),
+    Rule("qwen.encoder.position_ids", ("ideogram4",), None, "real_tokens",
+         "pos = mask.cumsum - 1 over the caption's own tokens (no padding)", f"{_I4}/ideogram4.py:537-539"),
+    Rule("qwen.encoder.layer", ("ideogram4",), None, (0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 35),
+         "QWEN3_VL_ACTIVATION_LAYERS (0, 3, ..., 33, 35)", f"{_I4}/src/transformer.py:40; {_I4}/src/pipeline.py:136-150"),
+    Rule("qwen.encoder.layer_taps", ("ideogram4",), None, "decoder_layers",
+         "the outputs of those decoder layers, driven one by one (the last before the final norm)",
+         f"{_I4}/src/pipeline.py:108-150"),
+    Rule("qwen.encoder.layer_combine", ("ideogram4",), None, "interleave",
+         "stack(dim=0).permute(1, 2, 3, 0).reshape: width-major, layer fastest", f"{_I4}/src/pipeline.py:150-154"),
+    # LTX-2 / 2.3 (arch ltx2, ltx2.3): ltx2.py get_prompt_embeds (Gemma 3), the connectors run at the model call
+    Rule("gemma.tokenizer.max_length", ("ltx2",), None, 1024, "tokenizer(max_length=1024, truncation=True)",
+         f"{_LTX}:1119-1127"),
+    Rule("gemma.tokenizer.padding", ("ltx2",), None, "longest",
+         "Gemma sees the batch padded to its longest caption only (padding='longest'; 'max_length' is commented "
+         "out); the embeddings are then zero-padded on the left to 1024 with mask 0 (pad_embeds). The connectors "
+         "normalise over the mask and replace masked positions with their registers, so only the masked positions' "
+         "features differ (zeros, not Gemma's <pad> states)",
+         f"{_LTX}:1119-1127,838-859,884", severity="info"),
+    Rule("gemma.tokenizer.padding_side", ("ltx2",), None, "left", "tokenizer.padding_side = 'left'", f"{_LTX}:1113-1114"),
+    Rule("gemma.tokenizer.text_cleaning", ("ltx2",), None, "strip", "[p.strip() for p in prompt]", f"{_LTX}:1118"),
+    Rule("gemma.tokenizer.add_special_tokens", ("ltx2",), None, True, "add_special_tokens=True (<bos>)",
+         f"{_LTX}:1119-1127"),
+    Rule("gemma.encoder.layer", ("ltx2",), None, tuple(range(49)),
+         "every hidden state (the embeddings and the 48 layers)", f"{_LTX}:1134-1140"),
+    Rule("gemma.encoder.layer_combine", ("ltx2",), None, "interleave",
+         "stack(dim=-1).flatten(2, 3): width-major, layer fastest", f"{_LTX}:1139-1143"),
+    Rule("gemma.masks.denoiser", ("ltx2",), None, True, "the mask goes with the embeddings to the connectors",
+         f"{_LTX}:1150-1155,1030-1042"),
+)
 RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
 #: FLUX.1 Kontext (arch flux_kontext): its own get_prompt_embeds; model.attn_masking is not read there.
 KONTEXT_RULES: tuple[Rule, ...] = (
@@ -189,7 +287,7 @@ KONTEXT_RULES: tuple[Rule, ...] = (
 )
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart", "auraflow",
-             "flux2", "flux2-klein", "z-image", "qwen-image-edit")
+             "flux2", "flux2-klein", "z-image", "qwen-image-edit", "krea2", "ideogram4", "ltx2")
 
 #: Keys people add expecting a text-encoder setting that ai-toolkit does not have.
 MYTH_KEYS = {
@@ -233,8 +331,9 @@ NON_TRAINING_TYPES = {
     "Ideogram4Captioner": "captions data",
 }
 #: Archs te-align has no profile for, by the name the model goes by.
-NO_PROFILE = {"omnigen2": "OmniGen2", "flex2": "Flex.2", "hidream_e1": "HiDream-E1", "ltx2.3": "LTX-2.3 (nearest: ltx2)",
-              "ltx2.5": "LTX-2.5 (nearest: ltx2)", "wan22_14b_i2v": "Wan 2.2 I2V A14B"}
+NO_PROFILE = {"omnigen2": "OmniGen2", "flex2": "Flex.2", "hidream_e1": "HiDream-E1",
+              "ltx2.5": "LTX-2.5, a Gemma 4 text encoder (the nearest te-align has, ltx2, is not used in its place)",
+              "wan22_14b_i2v": "Wan 2.2 I2V A14B"}
 
 
 def _process(data: Any, file: str) -> dict[str, Any]:
@@ -387,6 +486,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         sec = expect_mapping(proc.get(section), section, raw.file, lines)
         for key, v in sec.items():
             values[f"{section}.{key}"] = v
+            if section == "model" and key == "model_kwargs" and isinstance(v, dict):
+                values.update({f"model.model_kwargs.{k}": kv for k, kv in v.items()})
             if key not in valid.get(section, frozenset()):
                 unknown(key, section, valid.get(section, frozenset()))
     datasets = proc.get("datasets")

@@ -27,7 +27,7 @@ ARCHS: dict[str, tuple[str, bool]] = {
 CHECK_ONLY: dict[str, str] = {
     "flux2": "flux2-dev", "flux2_klein_4b": "flux2-klein-4b", "flux2_klein_9b": "flux2-klein-9b", "zimage": "z-image",
     "flux_kontext": "flux-dev", "qwen_image_edit": "qwen-image-edit", "qwen_image_edit_plus": "qwen-image-edit-2509",
-    "krea2": "krea2", "ideogram4": "ideogram4", "ltx2": "ltx2",
+    "krea2": "krea2", "ideogram4": "ideogram4", "ltx2": "ltx2", "ltx2.3": "ltx2",
 }  # fmt: skip
 #: Archs ai-toolkit runs as another one (Flex.1 is a FLUX.1 model).
 ALIASES: dict[str, str] = {"flex1": "flux"}

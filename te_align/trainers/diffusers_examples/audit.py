@@ -14,9 +14,10 @@ Scripts covered (their text paths): SD 1.x/2.x ``train_dreambooth_lora.py``, ``t
 ``train_dreambooth_lora_flux_kontext.py``; FLUX.2 dev ``train_dreambooth_lora_flux2.py``,
 ``train_dreambooth_lora_flux2_img2img.py``; FLUX.2 klein ``train_dreambooth_lora_flux2_klein.py``,
 ``train_dreambooth_lora_flux2_klein_img2img.py``; Z-Image ``train_dreambooth_lora_z_image.py``; Qwen-Image
-``train_dreambooth_lora_qwen_image.py``.
+``train_dreambooth_lora_qwen_image.py``; Krea 2 ``train_dreambooth_lora_krea2.py``; Ideogram 4
+``train_dreambooth_lora_ideogram4.py``. There is no LTX-2 training script at this commit.
 
-The FLUX.2, klein, Z-Image and Qwen-Image scripts encode through the official pipeline's own ``encode_prompt``
+The FLUX.2, klein, Z-Image, Qwen-Image, Krea 2 and Ideogram 4 scripts encode through the official pipeline's own ``encode_prompt``
 (``text_encoding_pipeline = <Pipeline>.from_pretrained(...)``), so the recipe is the pipeline's except for what
 the script passes it: ``--max_sequence_length`` and, in the FLUX.2 dev and klein (not img2img) scripts,
 ``--text_encoder_out_layers``, whose default [10, 20, 30] is FLUX.2 dev's layers, also in the klein script.
@@ -62,7 +63,7 @@ class Script:
     """One example script: where it lives, what it trains, the profile assumed when the model name tells nothing."""
 
     folder: str
-    kind: str  # "sd" (SD 1.x/2.x), "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image"
+    kind: str  # "sd" (SD 1.x/2.x), "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image", "krea2", …
     default_profile: str
     #: The script tokenizes T5 at a hard-coded length when it trains the text encoders: "custom" (only with
     #: per-image captions), "instance" (only with the one --instance_prompt), "always", or "" (never).
@@ -89,11 +90,14 @@ SCRIPTS: dict[str, Script] = {
     "train_dreambooth_lora_flux2_klein_img2img.py": Script(_DB, "flux2-klein", "flux2-klein-4b"),
     "train_dreambooth_lora_z_image.py": Script(_DB, "z-image", "z-image"),
     "train_dreambooth_lora_qwen_image.py": Script(_DB, "qwen-image", "qwen-image"),
+    "train_dreambooth_lora_krea2.py": Script(_DB, "krea2", "krea2"),
+    "train_dreambooth_lora_ideogram4.py": Script(_DB, "ideogram4", "ideogram4"),
 }
 
 _FAMILIES = {"sd": ("sd1", "sd2"), "sdxl": ("sdxl",), "sd3": ("sd3",), "flux": ("flux",), "flux2": ("flux2",),
-             "flux2-klein": ("flux2-klein",), "z-image": ("z-image",), "qwen-image": ("qwen-image",)}
-SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image")
+             "flux2-klein": ("flux2-klein",), "z-image": ("z-image",), "qwen-image": ("qwen-image",), "krea2": ("krea2",),
+             "ideogram4": ("ideogram4",)}
+SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "flux2", "flux2-klein", "z-image", "qwen-image", "krea2", "ideogram4")
 #: The scripts keep no text-encoder cache on disk (they pre-compute embeddings in memory, or encode every step).
 CACHES: dict[str, Any] = {}
 
@@ -281,6 +285,21 @@ RULES_BY_SCRIPT: dict[str, tuple[Rule, ...]] = {
                                                        "ZImagePipeline", "352-357", "1517-1523"),
     "train_dreambooth_lora_qwen_image.py": _llm_len_rules("train_dreambooth_lora_qwen_image.py", "qwen", "qwen-image",
                                                           "QwenImagePipeline", "342-347", "1492-1496"),
+    # Krea 2: Krea2Pipeline.from_pretrained (its text_encoder_select_layers restored from the pipeline config) and
+    # its encode_prompt(prompt, max_sequence_length=...): template, suffix after the padding, cumsum positions and the
+    # mask to the transformer are the pipeline's
+    "train_dreambooth_lora_krea2.py": _llm_len_rules("train_dreambooth_lora_krea2.py", "qwen", "krea2",
+                                                     "Krea2Pipeline", "439-444", "1336-1345,1585-1590"),
+    # Ideogram 4: Ideogram4Pipeline.encode_prompt(prompt, grid_h, grid_w, max_sequence_length=...); the
+    # --text_encoder_out_layers option is commented out (:439-445), so the taps are the pipeline's
+    "train_dreambooth_lora_ideogram4.py": (
+        Rule("qwen.tokenizer.max_length", ("ideogram4",), "max_sequence_length", 2048,
+             "--max_sequence_length (default 2048), passed to Ideogram4Pipeline.encode_prompt(max_sequence_length=...): "
+             "the text block every caption is left-padded to (a longer caption is refused), and the text padding the "
+             "script packs in front of the image tokens",
+             f"{_src('train_dreambooth_lora_ideogram4.py', '430-438')}; "
+             f"{_src('train_dreambooth_lora_ideogram4.py', '1679-1685,1964-1972')}"),
+    ),
 }
 #: All rows (for tools that list every trainer's table).
 RULES: tuple[Rule, ...] = tuple(r for rows in RULES_BY_SCRIPT.values() for r in rows)
@@ -474,6 +493,12 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         return f"remove --{key}"
 
     def after(profile: AlignmentProfile, ctx: Context) -> list[Finding]:
+        if script == "train_dreambooth_lora_krea2.py" and values.get("caption_dropout"):
+            key = "caption_dropout"
+            return dropout_form_finding(
+                profile, values[key], "encode", key=f"--{key}", trainer="diffusers",
+                source=_src(script, "564-572,1608-1612,1814-1820") + " (a dropped caption becomes the encoding of '')",
+                line=line(key), fix=f"remove --{key} (the script cannot drop captions as zeros)")
         key = "proportion_empty_prompts"
         if script != "train_text_to_image_sdxl.py" or key not in values:
             return []

@@ -226,7 +226,93 @@ RULES += (
          "qwen_image_train_network.py:520-538"),
 )
 
-SUPPORTED = ("qwen-image", "wan", "flux", "flux2", "flux2-klein", "z-image", "qwen-image-edit")
+_K2 = "krea2/krea2_encoder.py"
+_I4 = "ideogram4/ideogram4_utils.py"
+
+
+def _krea2_te_dtype(v: Any, ctx: Context) -> Any:
+    # krea2_cache_text_encoder_outputs.py --text_encoder_dtype: unset = bfloat16, else model_utils.str_to_dtype
+    if v is None or v == "":
+        return "bfloat16"
+    name = str(v).lower().replace("torch.", "")
+    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(name, name)
+
+
+def _bf16_back(p: Any, ctx: Context) -> Any:
+    if p == "bfloat16":
+        return rules.REMOVE
+    raise LookupError
+
+
+def _i4_cache_dtype(v: Any, ctx: Context) -> Any:
+    # ideogram4_cache_text_encoder_outputs.py --text_cache_dtype (bf16, fp8_e4m3fn, float32; default bf16): the
+    # encoder runs in bfloat16 either way; float32 holds its bf16 outputs exactly, fp8 rounds them
+    return "float8_e4m3fn" if str(v) == "fp8_e4m3fn" else "bfloat16"
+
+
+rules.register("musubi_krea2_te_dtype", _krea2_te_dtype, _bf16_back, "str")
+rules.register("musubi_i4_cache_dtype", _i4_cache_dtype, _bf16_back, "choice:bf16,fp8_e4m3fn,float32")
+
+#: Krea 2's template (krea2/krea2_encoder.py:187-188: the prefix, the caption, the suffix tokenized alone).
+KREA2_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                  "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{prompt}"
+                  "<|im_end|>\n<|im_start|>assistant\n")
+#: Ideogram 4's: the Qwen3-VL chat template's rendering of one user message with the generation prompt.
+IDEOGRAM_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+
+RULES += (
+    # ---- Krea 2 (Qwen3-VL-4B): krea2_cache_text_encoder_outputs.py -> Qwen3VLConditioner.forward
+    Rule("qwen.tokenizer.template", ("krea2",), None, KREA2_TEMPLATE,
+         "prompt_template_encode_prefix + caption; the suffix tokenized alone", f"{_K2}:187-196"),
+    Rule("qwen.tokenizer.max_length", ("krea2",), None, 512,
+         "TextEncoderConfig.max_length 512: prefix + caption padded to 512 + 34 - 5 (padding='max_length', truncation)",
+         f"{_K2}:93,203-211"),
+    Rule("qwen.tokenizer.suffix_after_padding", ("krea2",), None, True,
+         "the suffix's tokens are concatenated after the padded block", f"{_K2}:195-200,212-213"),
+    Rule("qwen.tokenizer.drop_start_tokens", ("krea2",), None, 34, "the 34 prefix positions are dropped",
+         f"{_K2}:189,217-218"),
+    Rule("qwen.encoder.position_ids", ("krea2",), None, "real_tokens",
+         "no position_ids are passed: Qwen3VLModel builds them with get_rope_index, which for text-only input with a "
+         "mask counts the real tokens (mask.cumsum - 1) under the transformers musubi-tuner pins (4.57.6, "
+         "pyproject.toml:20); transformers 5 counts raw positions there, which would shift the suffix",
+         f"{_K2}:214; pyproject.toml:20"),
+    Rule("qwen.encoder.layer", ("krea2",), None, (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35),
+         "select_layers (2, 5, ..., 35) of hidden_states", f"{_K2}:94,216"),
+    Rule("qwen.encoder.layer_combine", ("krea2",), None, "stack", "torch.stack(dim=2): (batch, sequence, layers, width)",
+         f"{_K2}:216"),
+    Rule("qwen.masks.denoiser", ("krea2",), None, True,
+         "each caption's real tokens are cached alone and training pads them under a bool mask (text tokens sit at "
+         "the RoPE origin, so dropping the padding changes nothing the DiT sees)",
+         "krea2_cache_text_encoder_outputs.py:35-39; krea2_train_network.py:442-456"),
+    Rule("qwen.encoder.dtype", ("krea2",), "text_encoder_dtype", None,
+         "--text_encoder_dtype (unset = bfloat16) is the dtype Qwen3-VL runs in for every cached caption",
+         "krea2_cache_text_encoder_outputs.py:49,62-66,79", convert="musubi_krea2_te_dtype", severity="warning"),
+    # ---- Ideogram 4 (Qwen3-VL): ideogram4_cache_text_encoder_outputs.py -> encode_prompt_to_features, one caption
+    # at a time at its own length (no padding; the transformer masks padding by segment ids)
+    Rule("qwen.tokenizer.template", ("ideogram4",), None, IDEOGRAM_TEMPLATE,
+         "apply_chat_template([{'role': 'user', 'content': [{'type': 'text', ...}]}], add_generation_prompt=True)",
+         f"{_I4}:389-391"),
+    Rule("qwen.tokenizer.add_special_tokens", ("ideogram4",), None, False, "tokenizer(text, add_special_tokens=False)",
+         f"{_I4}:392"),
+    Rule("qwen.tokenizer.max_length", ("ideogram4",), None, 2048,
+         "IDEOGRAM4_MAX_TEXT_TOKENS 2048: a longer caption raises ValueError (no truncation)", f"{_I4}:102,393-396"),
+    Rule("qwen.tokenizer.truncation", ("ideogram4",), None, False, "no truncation: over 2048 tokens raises",
+         f"{_I4}:392-396"),
+    Rule("qwen.encoder.position_ids", ("ideogram4",), None, "real_tokens",
+         "positions arange from 0 over the caption's own tokens (no padding)", f"{_I4}:442-447"),
+    Rule("qwen.encoder.layer", ("ideogram4",), None, (0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 35),
+         "QWEN3_VL_ACTIVATION_LAYERS (0, 3, ..., 33, 35)", f"ideogram4/constants.py:11; {_I4}:423-438"),
+    Rule("qwen.encoder.layer_taps", ("ideogram4",), None, "decoder_layers",
+         "the outputs of those decoder layers (driven one by one, the last before the final norm)", f"{_I4}:400-438"),
+    Rule("qwen.encoder.layer_combine", ("ideogram4",), None, "interleave",
+         "stack(dim=0).permute(1, 2, 3, 0).reshape: width-major, layer fastest", f"{_I4}:448-449"),
+    Rule("qwen.encoder.dtype", ("ideogram4",), "text_cache_dtype", "bf16",
+         "--text_cache_dtype fp8_e4m3fn rounds every cached caption's features to float8 (bf16 and float32 keep the "
+         "bfloat16 encoder's values)", "ideogram4_cache_text_encoder_outputs.py:17-24,47,52-58,79",
+         convert="musubi_i4_cache_dtype", severity="warning"),
+)
+
+SUPPORTED = ("qwen-image", "wan", "flux", "flux2", "flux2-klein", "z-image", "qwen-image-edit", "krea2", "ideogram4")
 #: musubi-tuner has no setting for its hard-coded encoding; te-align's hooks replace it.
 NOT_SETTABLE = ("not settable in musubi-tuner (hard-coded): run it with te-align's hooks (`te-align patch "
                 "MUSUBI_TUNER_CHECKOUT`), then cache the text-encoder outputs again")
@@ -249,7 +335,9 @@ for _family, _globs, _script in (("qwen-image-edit", ("*_qie_te.safetensors",), 
                                  ("flux", ("*_fk_te.safetensors",), "flux_kontext"),
                                  ("flux2", ("*_f2d_te.safetensors",), "flux_2"),
                                  ("flux2-klein", ("*_f2k4b_te.safetensors", "*_f2k9b_te.safetensors"), "flux_2"),
-                                 ("z-image", ("*_zi_te.safetensors",), "zimage")):  # dataset/architectures.py:8-27
+                                 ("z-image", ("*_zi_te.safetensors",), "zimage"),
+                                 ("krea2", ("*_kr2_te.safetensors",), "krea2"),
+                                 ("ideogram4", ("*_i4_te.safetensors",), "ideogram4")):  # dataset/architectures.py:8-27
     CACHES[_family] = CacheSpec(_globs, _REUSE, _CACHE_SOURCE,
                                 f"run {_script}_cache_text_encoder_outputs.py again without --skip_existing")
 #: The safetensors metadata keys te-align's hooks add to a cache file (profile name and fingerprint).

@@ -38,8 +38,8 @@ ARCHS: tuple[Arch, ...] = (
     Arch("flux_2", "f2d", "FLUX.2", None, "networks.lora_flux_2"),
     Arch("zimage", "zi", "Z-Image", "z-image", "networks.lora_zimage"),
     Arch("kandinsky5", "k5", "Kandinsky 5", None, "networks.lora_kandinsky"),
-    Arch("krea2", "kr2", "Krea 2", None, "networks.lora_krea2"),
-    Arch("ideogram4", "i4", "Ideogram 4", None, "networks.lora_ideogram4"),
+    Arch("krea2", "kr2", "Krea 2", "krea2", "networks.lora_krea2"),
+    Arch("ideogram4", "i4", "Ideogram 4", "ideogram4", "networks.lora_ideogram4"),
     Arch("hidream_o1", "ho1", "HiDream-O1", None, "networks.lora_hidream_o1"),
 )
 BY_PREFIX = {a.prefix: a for a in ARCHS}

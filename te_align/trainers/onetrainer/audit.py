@@ -163,13 +163,77 @@ NEW_RULES: tuple[Rule, ...] = (
     Rule("qwen3.tokenizer.enable_thinking", ("z-image",), None, True,
          "apply_chat_template(add_generation_prompt=True, enable_thinking=True)", f"{_MM}/ZImageModel.py:120-126; modules/dataLoader/ZImageBaseDataLoader.py:39"),
 )
+_K2 = f"{_MM}/Krea2Model.py"
+_K2L = "modules/dataLoader/Krea2BaseDataLoader.py"  # mgds Tokenize(suffix_text=...) + EncodeQwenText(cumsum positions)
+#: Krea 2's template as OneTrainer writes it: PROMPT_TEMPLATE_PREFIX + the caption + PROMPT_TEMPLATE_SUFFIX.
+KREA2_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                  "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{prompt}"
+                  "<|im_end|>\n<|im_start|>assistant\n")
+_ID = f"{_MM}/IdeogramModel.py"
+_IDL = "modules/dataLoader/IdeogramBaseDataLoader.py"  # mgds Tokenize(apply_chat_template=...) + EncodeIdeogramText
+#: The Qwen3-VL chat template's rendering of one user message with the generation prompt (what apply_chat_template
+#: gives for [{"role": "user", "content": [{"type": "text", "text": caption}]}], add_generation_prompt=True).
+IDEOGRAM_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+
+NEW_RULES += (
+    # ---- Krea 2 (model_type KREA_2): Krea2Model.encode_text (sampling) and the data loader's mgds modules (training)
+    Rule("qwen.tokenizer.template", ("krea2",), None, KREA2_TEMPLATE,
+         "PROMPT_TEMPLATE_PREFIX + caption, PROMPT_TEMPLATE_SUFFIX tokenized alone", f"{_K2}:29-34,151-161; {_K2L}:48-50"),
+    Rule("qwen.tokenizer.max_length", ("krea2",), None, 512,
+         "PROMPT_MAX_LENGTH 512: prefix + caption padded to 512 + 34 - 5 tokens (padding='max_length', truncation)",
+         f"{_K2}:35-40,151-157; {_K2L}:48-49"),
+    Rule("qwen.tokenizer.suffix_after_padding", ("krea2",), None, True,
+         "the suffix's 5 tokens are concatenated after the padded block ([prefix | caption | PAD | suffix])",
+         f"{_K2}:158-163; {_K2L}:46-50"),
+    Rule("qwen.tokenizer.drop_start_tokens", ("krea2",), None, 34, "PROMPT_TEMPLATE_CROP_START 34 positions dropped",
+         f"{_K2}:35-36,184-185; {_K2L}:53"),
+    Rule("qwen.encoder.position_ids", ("krea2",), None, "real_tokens",
+         "position_ids = (mask.cumsum(-1) - 1).clamp(min=0) on the 3 M-RoPE axes (cumsum_position_ids=True in training)",
+         f"{_K2}:167-175; {_K2L}:53"),
+    Rule("qwen.encoder.layer", ("krea2",), None, (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35),
+         "TEXT_ENCODER_SELECT_LAYERS (2, 5, ..., 35) of hidden_states", f"{_K2}:24,181-183; {_K2L}:52"),
+    Rule("qwen.encoder.layer_combine", ("krea2",), None, "stack",
+         "stacked per token (batch, sequence, layers, width); flattened for the cache and unflattened before the "
+         "transformer", f"{_K2}:181-186,216-221"),
+    Rule("qwen.masks.denoiser", ("krea2",), None, True,
+         "the padding is pruned per caption and the bool mask of the real tokens goes to the transformer (text tokens "
+         "sit at the RoPE origin, so moving the suffix next to the caption changes nothing the transformer sees)",
+         f"{_K2}:191-222; {_K2L}:54,99"),
+    # ---- Ideogram 4 (model_type IDEOGRAM_4): IdeogramModel.encode_text (sampling), mgds Tokenize + EncodeIdeogramText
+    Rule("qwen.tokenizer.template", ("ideogram4",), None, IDEOGRAM_TEMPLATE,
+         "apply_chat_template([{'role': 'user', 'content': [{'type': 'text', ...}]}], add_generation_prompt=True)",
+         f"{_ID}:114-121; {_IDL}:40-45"),
+    Rule("qwen.tokenizer.max_length", ("ideogram4",), None, 2048, "PROMPT_MAX_LENGTH 2048, padding='max_length'",
+         f"{_ID}:5,123-130; {_IDL}:42"),
+    Rule("qwen.tokenizer.truncation", ("ideogram4",), None, True,
+         "truncation=True: a caption over 2048 tokens is cut to 2048 where the pipeline refuses it (only such "
+         "captions differ)", f"{_ID}:123-130; {_IDL}:40-45 (mgds Tokenize: truncation=True)", severity="info"),
+    Rule("qwen.tokenizer.padding_side", ("ideogram4",), None, "left",
+         "tokenized right-padded with position ids arange(L), so the real tokens sit at 0..n-1 as in the pipeline's "
+         "left-padded layout (causal attention: the padding after them is never seen), padding zeroed, then each "
+         "caption's features are moved to the end of the text block ([pad][text][image], the pipeline's layout)",
+         f"{_ID}:136-164; {_IDL}:37-39"),
+    Rule("qwen.encoder.position_ids", ("ideogram4",), None, "real_tokens",
+         "position_ids arange from 0 at the first (real) token", f"{_ID}:136-138"),
+    Rule("qwen.encoder.layer", ("ideogram4",), None, (0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 35),
+         "Ideogram4Pipeline._get_text_encoder_hidden_states: the pipeline's own decoder-layer taps",
+         f"{_ID}:139; {_IDL}:46-50"),
+    Rule("qwen.encoder.layer_taps", ("ideogram4",), None, "decoder_layers",
+         "the pipeline's _get_text_encoder_hidden_states taps decoder-layer outputs (the last before the final norm)",
+         f"{_ID}:139"),
+    Rule("qwen.encoder.layer_combine", ("ideogram4",), None, "interleave",
+         "stack(dim=0).permute(1, 2, 3, 0).reshape: width-major, layer fastest", f"{_ID}:141-143"),
+    Rule("qwen.masks.zero_padded", ("ideogram4",), None, True, "padding positions multiplied by the mask",
+         f"{_ID}:148-149"),
+)
 RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "hidream", "qwen-image", "pixart", "sana", "anima", "flux2",
-             "flux2-klein", "z-image")
+             "flux2-klein", "z-image", "krea2", "ideogram4")
 #: Families where a text encoder's dropout_probability > 0 raises NotImplementedError (OneTrainer issue 957).
 _NO_DROPOUT = {"qwen-image": f"{_MM}/QwenModel.py:138-139", "flux2": f"{_F2}:199-200",
-               "flux2-klein": f"{_F2}:199-200", "z-image": f"{_MM}/ZImageModel.py:149-150"}
+               "flux2-klein": f"{_F2}:199-200", "z-image": f"{_MM}/ZImageModel.py:149-150",
+               "krea2": f"{_K2}:188-189", "ideogram4": f"{_ID}:145-146"}
 
 #: Where a text-encoder part's dropout_probability zeroes the embeddings (a dropped caption = zeros).
 _DROPOUT_SOURCE = {

@@ -238,10 +238,107 @@ NEW_RULES: tuple[Rule, ...] = (
          "images are already about 1024*1024 pixels",
          f"{_M}/qwen_image/model.py:489-494,531-547,577-591", severity="warning"),
 )
+#: What ideogram_auto_json (default true) does to every caption before encoding.
+IDEOGRAM_AUTO_JSON = "rewritten into Ideogram 4's structured JSON caption (maybe_convert_prompt_to_ideogram_json)"
+
+
+def _st_auto_json(v: Any, ctx: Context) -> Any:
+    return IDEOGRAM_AUTO_JSON if v is None or rules.truthy(v) else "none"
+
+
+def _st_auto_json_back(p: Any, ctx: Context) -> Any:
+    if p == "none":
+        return False
+    raise LookupError
+
+
+rules.register("st_ideogram_auto_json", _st_auto_json, _st_auto_json_back, "bool")
+
+KREA2_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                  "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{prompt}"
+                  "<|im_end|>\n<|im_start|>assistant\n")
+IDEOGRAM_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+_K2 = f"{_M}/krea2"
+_ID = f"{_M}/ideogram"
+_LX = f"{_M}/ltxvideo2"
+
+NEW_RULES = (
+    *NEW_RULES,
+    # ---- Krea 2 (model_family krea2, flavours raw / turbo): the vendored Krea2Pipeline.encode_prompt with its defaults
+    Rule("qwen.tokenizer.template", ("krea2",), None, KREA2_TEMPLATE,
+         "prompt_template_encode_prefix + caption; the suffix tokenized alone", f"{_K2}/pipeline.py:229-233,276-285"),
+    Rule("qwen.tokenizer.max_length", ("krea2",), None, 512,
+         "encode_prompt without max_sequence_length (default 512): prefix + caption padded to 512 + 34 - 5",
+         f"{_K2}/model.py:198-221; {_K2}/pipeline.py:237-241,276-283,310-317"),
+    Rule(None, ("krea2", "ideogram4"), "tokenizer_max_length", None,
+         "tokenizer_max_length is never passed to Krea 2's or Ideogram 4's encoding",
+         f"{_K2}/model.py:198-221; {_ID}/model.py:275-350", honoured="never"),
+    Rule("qwen.tokenizer.suffix_after_padding", ("krea2",), None, True,
+         "the suffix's tokens are concatenated after the padded block", f"{_K2}/pipeline.py:285-288"),
+    Rule("qwen.tokenizer.drop_start_tokens", ("krea2",), None, 34, "the 34 prefix positions are dropped",
+         f"{_K2}/pipeline.py:234,306-307"),
+    Rule("qwen.encoder.position_ids", ("krea2",), None, "real_tokens", "position_ids = (mask.cumsum - 1).clamp(min=0)",
+         f"{_K2}/pipeline.py:290-301"),
+    Rule("qwen.encoder.layer", ("krea2",), None, (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35),
+         "text_encoder_select_layers (default 2, 5, ..., 35)", f"{_K2}/pipeline.py:211-214,304"),
+    Rule("qwen.encoder.layer_combine", ("krea2",), None, "stack", "torch.stack(dim=2)", f"{_K2}/pipeline.py:304"),
+    # ---- Ideogram 4 (model_family ideogram, flavours fp8 / nf4): IdeogramModel._encode_prompts
+    Rule("qwen.tokenizer.text_cleaning", ("ideogram4",), "ideogram_auto_json", True,
+         "ideogram_auto_json (default true) rewrites every caption, plain text included, into Ideogram 4's structured "
+         "JSON caption before encoding (a dropped, empty caption too); the pipeline encodes the prompt as given, so "
+         "prompts at inference must be written the same way",
+         f"{_ID}/model.py:321-326; {_ID}/prompting.py:151-165; {_M}/field_registry/ideogram.py:10-25",
+         convert="st_ideogram_auto_json", severity="warning"),
+    Rule("qwen.tokenizer.template", ("ideogram4",), None, IDEOGRAM_TEMPLATE,
+         "apply_chat_template([{'role': 'user', 'content': [{'type': 'text', ...}]}], add_generation_prompt=True)",
+         f"{_ID}/model.py:327-328"),
+    Rule("qwen.tokenizer.add_special_tokens", ("ideogram4",), None, False, "tokenizer(text, add_special_tokens=False)",
+         f"{_ID}/model.py:329"),
+    Rule("qwen.tokenizer.max_length", ("ideogram4",), None, 2048, "a caption over 2048 tokens raises ValueError",
+         f"{_ID}/model.py:332-334"),
+    Rule("qwen.tokenizer.truncation", ("ideogram4",), None, False, "no truncation", f"{_ID}/model.py:329-334"),
+    Rule("qwen.tokenizer.padding_side", ("ideogram4",), None, "left",
+         "the batch is right-padded with id 0 to its longest caption, positions arange(n) per caption: the real "
+         "tokens' features equal the pipeline's left-padded ones (causal attention never sees the padding after them), "
+         "and padding is zeroed", f"{_ID}/model.py:336-349"),
+    Rule("qwen.encoder.position_ids", ("ideogram4",), None, "real_tokens", "positions arange from 0 per caption",
+         f"{_ID}/model.py:341-345"),
+    Rule("qwen.encoder.layer", ("ideogram4",), None, (0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 35),
+         "QWEN3_VL_ACTIVATION_LAYERS (0, 3, ..., 33, 35)", f"{_ID}/constants.py:11; {_ID}/pipeline.py:813-827"),
+    Rule("qwen.encoder.layer_taps", ("ideogram4",), None, "decoder_layers",
+         "the outputs of those decoder layers, driven one by one (the last before the final norm)",
+         f"{_ID}/pipeline.py:813-827"),
+    Rule("qwen.encoder.layer_combine", ("ideogram4",), None, "interleave",
+         "stack(dim=0).permute(1, 2, 3, 0).reshape: width-major, layer fastest", f"{_ID}/pipeline.py:848-850"),
+    Rule("qwen.masks.zero_padded", ("ideogram4",), None, True, "padding positions multiplied by the mask",
+         f"{_ID}/pipeline.py:852-855; {_ID}/model.py:348"),
+    # ---- LTX-2 / 2.3 (model_family ltxvideo2): the vendored LTX2Pipeline.encode_prompt (Gemma 3)
+    Rule("gemma.tokenizer.max_length", ("ltx2",), None, 1024,
+         "check_user_config sets tokenizer_max_length to 1024; encode_prompt(max_sequence_length=1024)",
+         f"{_LX}/model.py:1535-1537,1705-1709"),
+    Rule(None, ("ltx2",), "tokenizer_max_length", None, "tokenizer_max_length is set back to 1024 for LTX-2",
+         f"{_LX}/model.py:1535-1537", honoured="never"),
+    Rule("gemma.tokenizer.padding_side", ("ltx2",), None, "left", "tokenizer.padding_side = 'left'",
+         f"{_LX}/pipeline_ltx2.py:465"),
+    Rule("gemma.tokenizer.text_cleaning", ("ltx2",), None, "strip", "[p.strip() for p in prompt]",
+         f"{_LX}/pipeline_ltx2.py:469"),
+    Rule("gemma.tokenizer.padding", ("ltx2",), None, "max_length", "padding='max_length', truncation=True",
+         f"{_LX}/pipeline_ltx2.py:470-476"),
+    Rule("gemma.encoder.layer", ("ltx2",), None, tuple(range(49)), "every hidden state, stacked on the last dim",
+         f"{_LX}/pipeline_ltx2.py:483-487"),
+    Rule("gemma.encoder.layer_combine", ("ltx2",), None, "interleave", "stack(dim=-1) then flatten(2): layer fastest",
+         f"{_LX}/pipeline_ltx2.py:487,430"),
+    Rule("gemma.masks.zero_padded", ("ltx2",), None, True,
+         "the vendored pipeline is an older copy of diffusers': its encode_prompt already normalises each layer over "
+         "the mask (x8) and zeroes the padding (_pack_text_embeds), which diffusers 0.42.1 does in the connectors in "
+         "__call__. The cached embeddings are therefore normalised, not the raw hidden states the profile describes; "
+         "te-align did not compare the vendored connectors",
+         f"{_LX}/pipeline_ltx2.py:370-433,488-496", severity="info"),
+)
 RULES = RULES + NEW_RULES  # one table (te_align.audit.reach counts RULES)
 
 SUPPORTED = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "hidream", "qwen-image", "wan", "pixart",
-             "auraflow", "sana", "flux2", "flux2-klein", "z-image", "qwen-image-edit")
+             "auraflow", "sana", "flux2", "flux2-klein", "z-image", "qwen-image-edit", "krea2", "ideogram4", "ltx2")
 
 #: SimpleTuner has no setting for hard-coded encoding and te-align cannot patch it.
 NOT_SETTABLE = "not settable in SimpleTuner (hard-coded; te-align has no SimpleTuner patch)"
@@ -257,9 +354,9 @@ HOOKS_FIX = ('not settable in SimpleTuner (hard-coded); run SimpleTuner with te-
 NO_PROFILE = {
     "z_image_omni": "Z-Image Omni", "kolors": "Kolors",
     "deepfloyd": "DeepFloyd IF", "cosmos": "Cosmos", "cosmos2image": "Cosmos-Predict2", "cosmos3": "Cosmos 3",
-    "ltxvideo": "LTX-Video", "ltxvideo2": "LTX-2", "hunyuanvideo": "HunyuanVideo", "sanavideo": "SANA-Video",
+    "ltxvideo": "LTX-Video", "hunyuanvideo": "HunyuanVideo", "sanavideo": "SANA-Video",
     "wan_s2v": "Wan 2.2 S2V", "omnigen": "OmniGen", "stable_cascade": "Stable Cascade", "ace_step": "ACE-Step",
-    "ernie": "ERNIE-Image", "ideogram": "Ideogram", "krea2": "Krea 2", "kandinsky5-image": "Kandinsky 5 Image",
+    "ernie": "ERNIE-Image", "kandinsky5-image": "Kandinsky 5 Image",
     "kandinsky5-video": "Kandinsky 5 Video", "longcat_image": "LongCat-Image", "longcat_video": "LongCat-Video",
     "mageflow": "MageFlow", "minimaxh3": "MiniMax H3", "minimaxmusic": "MiniMax Music", "heartmula": "HeartMuLa",
     "infinitetalk": "InfiniteTalk", "zlab_i1": "Z-Lab I1", "boogu_image": "Boogu Image", "anima": "Anima (SimpleTuner)",
@@ -276,7 +373,8 @@ _FAMILY = {
     "sd1x": "sd15", "sd2x": "sd21", "sdxl": "sdxl", "sd3": "sd35-large", "flux": "flux-dev", "chroma": "chroma",
     "lumina2": "lumina2", "hidream": "hidream", "qwen_image": "qwen-image", "wan": "wan21",
     "pixart_sigma": "pixart-sigma", "pixart": "pixart-sigma", "auraflow": "auraflow", "sana": "sana",
-    "flux2": "flux2-klein-9b", "z_image": "z-image", "z-image": "z-image",
+    "flux2": "flux2-klein-9b", "z_image": "z-image", "z-image": "z-image", "krea2": "krea2", "ideogram": "ideogram4",
+    "ltxvideo2": "ltx2",
 }
 #: model_flavour -> profile where the flavour names the model (FLUX.2: flux2/model.py:149-154, default klein-9b;
 #: Qwen-Image's edit flavours: qwen_image/model.py:74-90). A flavour of these families not listed is "not checked".
@@ -284,7 +382,15 @@ _FLAVOURS: dict[str, dict[str, str | None]] = {
     "flux2": {"dev": "flux2-dev", "klein-4b": "flux2-klein-4b", "klein-9b": "flux2-klein-9b"},
     "qwen_image": {"edit-v1": "qwen-image-edit", "edit-v2": "qwen-image-edit-2509", "edit-v2+": "qwen-image-edit-2509",
                    "edit-v3": "qwen-image-edit-2511", "v1.0": None, "v2.0": None},  # None: the path decides
+    # LTX-2 (ltxvideo2/model.py:193-201,740-753): 2.0 and 2.3 encode with Gemma 3 as LTX2Pipeline does
+    "ltxvideo2": {"dev": "ltx2", "dev-fp4": "ltx2", "dev-fp8": "ltx2", "2": "ltx2", "2.0": "ltx2", "2.3-dev": "ltx2",
+                  "2.3-distilled": "ltx2"},
+    "krea2": {"raw": "krea2", "turbo": "krea2"},  # krea2/model.py:46-50
+    "ideogram": {"fp8": "ideogram4", "nf4": "ideogram4"},  # ideogram/model.py:46-50
 }
+#: Flavours of a family that use another text encoder, which te-align has no profile for (the nearest named).
+_OTHER_ENCODER = {("ltxvideo2", f): "LTX-2.5 (a Gemma 4 text encoder, ltxvideo2/model.py:363-376)"
+                  for f in ("2.5", "2.5-dev", "2.5-distilled")}
 
 
 #: SimpleTuner's default flavour where a family has several profiles (the flavour it loads when the config names
@@ -304,6 +410,10 @@ def guess_profile(values: dict[str, Any]) -> tuple[str | None, str]:
     prof = _FAMILY.get(fam)
     if prof is None:
         return None, f"model_family {fam!r}"
+    if (fam, flavour.lower()) in _OTHER_ENCODER:
+        raise NotChecked(f"not checked: te-align has no profile for {_OTHER_ENCODER[(fam, flavour.lower())]} "
+                         f"(SimpleTuner model_family {fam!r} model_flavour {flavour!r}); the nearest it has, {prof}, is "
+                         "not used in its place")
     if fam in _FLAVOURS and flavour:
         if flavour not in _FLAVOURS[fam]:
             # the nearest: the newest listed flavour sharing the longest prefix with it (named, never used)
