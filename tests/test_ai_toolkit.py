@@ -283,7 +283,10 @@ def test_patched_run_py_runs_the_original(tmp_path):
     root = _fake_checkout(tmp_path / "ai-toolkit")
     (root / "run.py").write_text("import sys\nprint('original', sys.argv[1:], __name__)\n")
     apply(plan_for(detect(root), None))
-    out = subprocess.run([sys.executable, "run.py", "cfg.yaml"], cwd=root, capture_output=True, text=True, check=True)
+    # the shim imports te_align: the one under test, not whatever this Python has installed
+    on = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "run.py", "cfg.yaml"], cwd=root, capture_output=True, text=True, check=True,
+                         env=on)
     assert out.stdout.strip() == "original ['cfg.yaml'] __main__"
     env = {**os.environ, "TE_ALIGN": "off"}
     out = subprocess.run([sys.executable, "run.py", "x"], cwd=root, capture_output=True, text=True, check=True, env=env)

@@ -16,7 +16,6 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.audit.fix import BACKUP_SUFFIX, fix_file
-from te_align.profiles.registry import bundled_names
 from te_align.trainers.diffusers_examples import audit as dx
 
 KLEIN_DEFAULT = """\
@@ -27,11 +26,6 @@ accelerate launch train_dreambooth_lora_flux2_klein.py \\
   --instance_prompt="a photo of sks dog" \\
   --max_train_steps=500
 """
-
-KLEIN_PROFILES = pytest.mark.skipif("flux2-klein-4b" not in bundled_names(),
-                                    reason="the flux2-klein profiles are not bundled in this checkout")
-FLUX2_DEV = pytest.mark.skipif("flux2-dev" not in bundled_names(), reason="no flux2-dev profile bundled")
-Z_IMAGE = pytest.mark.skipif("z-image" not in bundled_names(), reason="no z-image profile bundled")
 
 
 def cmd(script: str, *args: str, **kw):
@@ -84,19 +78,7 @@ def test_a_model_version_without_a_profile_is_not_checked_never_the_script_defau
                                "'Qwen/Qwen-Image-2.1'); the nearest it has, ")
 
 
-def test_a_family_without_a_bundled_profile_is_not_checked():
-    missing = [p for p in ("flux2-dev", "z-image") if p not in bundled_names()]
-    if not missing:
-        pytest.skip("every profile of these scripts is bundled")
-    script = {"flux2-dev": "train_dreambooth_lora_flux2.py", "z-image": "train_dreambooth_lora_z_image.py"}[missing[0]]
-    r = cmd(script)
-    assert r.exit_code == 3
-    assert r.status == "not-checked"
-    assert r.reason.startswith(f"not checked: te-align has no profile for {missing[0]} (script {script}")
-
-
 # ------------------------------------------------------------------------------------ klein: the live problem
-@KLEIN_PROFILES
 def test_klein_script_left_at_its_default_layers_is_an_error(tmp_path: Path):
     p = tmp_path / "train.sh"
     p.write_text(KLEIN_DEFAULT, encoding="utf-8")
@@ -113,7 +95,6 @@ def test_klein_script_left_at_its_default_layers_is_an_error(tmp_path: Path):
     assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.encoder.layer": (10, 20, 30)}
 
 
-@KLEIN_PROFILES
 def test_klein_written_out_is_caught_on_its_line_and_aligned_with_the_fix(tmp_path: Path):
     p = tmp_path / "train.sh"
     p.write_text(KLEIN_DEFAULT.replace("--max_train_steps=500", "--text_encoder_out_layers 10 20 30 \\\n"
@@ -126,7 +107,6 @@ def test_klein_written_out_is_caught_on_its_line_and_aligned_with_the_fix(tmp_pa
     assert (r.profile, r.exit_code, findings(r)) == ("flux2-klein-9b", 0, [])
 
 
-@KLEIN_PROFILES
 @pytest.mark.parametrize("written", [False, True])
 def test_fix_writes_the_klein_layers(tmp_path: Path, written: bool):
     p = tmp_path / "train.sh"
@@ -148,7 +128,6 @@ def test_fix_writes_the_klein_layers(tmp_path: Path, written: bool):
     assert not fix_file(str(p)).changes  # idempotent
 
 
-@KLEIN_PROFILES
 def test_klein_img2img_script_keeps_the_pipeline_layers():
     r = cmd("train_dreambooth_lora_flux2_klein_img2img.py", "--pretrained_model_name_or_path",
             "black-forest-labs/FLUX.2-klein-base-4B")
@@ -160,7 +139,6 @@ def test_klein_img2img_script_keeps_the_pipeline_layers():
 
 
 # ------------------------------------------------------------------------------------ dev: the same default is right
-@FLUX2_DEV
 def test_flux2_dev_script_default_layers_are_aligned():
     r = cmd("train_dreambooth_lora_flux2.py", "--pretrained_model_name_or_path", "black-forest-labs/FLUX.2-dev")
     assert (r.profile, r.exit_code, findings(r)) == ("flux2-dev", 0, [])
@@ -171,7 +149,6 @@ def test_flux2_dev_script_default_layers_are_aligned():
                             "--text_encoder_out_layers 10 20 30")]
 
 
-@Z_IMAGE
 def test_z_image_script_length():
     r = cmd("train_dreambooth_lora_z_image.py", "--pretrained_model_name_or_path", "Tongyi-MAI/Z-Image-Turbo")
     assert (r.profile, r.exit_code, findings(r)) == ("z-image", 0, [])

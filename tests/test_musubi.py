@@ -17,7 +17,6 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.cli import main
-from te_align.profiles.registry import bundled_names
 from te_align.trainers.musubi import hooks, names
 from tests.support.files import write_sparse_safetensors
 
@@ -116,12 +115,10 @@ def test_config_file_toml_and_extra_args(tmp_path):
     assert typo.fix == "did you mean 'learning_rate'?"
     r = check_file(cfg, extra_args=["qwen_image_train_network.py", "--model_version", "edit-2509"])
     assert r.exit_code == 1  # the typo counts
-    if "qwen-image-edit-2509" not in bundled_names():
-        assert r.status == "not-checked"
-        assert r.reason == ("not checked: te-align has no profile for qwen-image-edit-2509 (script "
-                            "qwen_image_train_network.py and network_module 'networks.lora_qwen_image' and "
-                            "--model_version edit-2509); the nearest it has, qwen-image, is not used in its place; pass "
-                            "--profile NAME to check against a profile you choose")
+    assert (r.status, r.profile) == ("checked", "qwen-image-edit-2509")  # the script's --model_version decides
+    assert r.family_reason == ("script qwen_image_train_network.py and network_module 'networks.lora_qwen_image' and "
+                               "--model_version edit-2509")
+    assert [(f.key, f.line) for f in r.findings if f.kind == "unknown-key"] == [("lerning_rate", 7)]
 
 
 def test_dataset_config_alone_names_the_model_from_its_cache_files(tmp_path):

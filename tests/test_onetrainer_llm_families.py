@@ -13,11 +13,8 @@ import pytest
 
 from te_align.audit import check_file
 from te_align.cli import main
-from te_align.profiles.registry import bundled_names
 from te_align.trainers.onetrainer import audit as ot
 from te_align.trainers.onetrainer import names
-
-KLEIN = pytest.mark.skipif("flux2-klein-4b" not in bundled_names(), reason="no flux2-klein profiles bundled")
 
 
 def config(tmp_path: Path, **values) -> str:
@@ -50,17 +47,6 @@ def test_flux2_without_a_telling_name_asks_for_the_profile(tmp_path, capsys):
         "'/models/mine' does not say which: flux2-dev, flux2-klein-4b or flux2-klein-9b); pass --profile NAME")
 
 
-@pytest.mark.parametrize(("mt", "profile"), [("FLUX_2", "flux2-dev"), ("Z_IMAGE", "z-image"), ("KREA_2", "krea2"),
-                                             ("IDEOGRAM_4", "ideogram4")])
-def test_a_model_type_whose_profile_is_not_bundled_is_not_checked(tmp_path, mt, profile):
-    if profile in bundled_names():
-        pytest.skip(f"{profile} is bundled")
-    r = check_file(config(tmp_path, model_type=mt, base_model_name="black-forest-labs/FLUX.2-dev"))
-    assert (r.exit_code, r.status) == (3, "not-checked")
-    assert r.reason.startswith(f"not checked: te-align has no profile for {profile} (model_type {mt!r}")
-
-
-@KLEIN
 def test_klein_default_is_aligned(tmp_path):
     r = check_file(config(tmp_path, model_type="FLUX_2", base_model_name="black-forest-labs/FLUX.2-klein-4B"))
     assert (r.exit_code, r.profile) == (0, "flux2-klein-4b")
@@ -68,7 +54,6 @@ def test_klein_default_is_aligned(tmp_path):
                            "qwen3.encoder.layer": (9, 18, 27)}
 
 
-@KLEIN
 def test_klein_sequence_length_is_caught_and_fixed(tmp_path):
     path = config(tmp_path, model_type="FLUX_2", base_model_name="black-forest-labs/FLUX.2-klein-9B",
                   text_encoder_sequence_length=256)
@@ -80,7 +65,6 @@ def test_klein_sequence_length_is_caught_and_fixed(tmp_path):
     assert json.loads(Path(path).read_text(encoding="utf-8"))["text_encoder_sequence_length"] == 512
 
 
-@KLEIN
 def test_klein_caption_dropout_raises_in_onetrainer(tmp_path):
     r = check_file(config(tmp_path, model_type="FLUX_2", base_model_name="black-forest-labs/FLUX.2-klein-4B",
                           text_encoder={"dropout_probability": 0.1}))
@@ -92,7 +76,6 @@ def test_klein_caption_dropout_raises_in_onetrainer(tmp_path):
     assert f.trainer_source == "OneTrainer: modules/model/Flux2Model.py:199-200"
 
 
-@pytest.mark.skipif("flux2-dev" not in bundled_names(), reason="no flux2-dev profile bundled")
 def test_flux2_dev_system_message_space_is_an_error_with_no_config_fix(tmp_path):
     r = check_file(config(tmp_path, model_type="FLUX_2", base_model_name="black-forest-labs/FLUX.2-dev"))
     assert (r.exit_code, r.profile) == (1, "flux2-dev")
@@ -103,7 +86,6 @@ def test_flux2_dev_system_message_space_is_an_error_with_no_config_fix(tmp_path)
     assert f.trainer_source.startswith("modules/model/Flux2Model.py:25,151-157")
 
 
-@pytest.mark.skipif("z-image" not in bundled_names(), reason="no z-image profile bundled")
 def test_z_image_is_aligned(tmp_path):
     r = check_file(config(tmp_path, model_type="Z_IMAGE"))
     assert (r.exit_code, r.profile) == (0, "z-image")

@@ -98,7 +98,6 @@ _LOAD = (
 )
 
 
-@pytest.mark.skipif("sd15" not in SHIPPED, reason="the sd15 world base is not shipped")
 def test_loading_a_base_shows_no_third_party_progress_bars(tmp_path: Path) -> None:
     """diffusers' "Loading pipeline components..." and transformers' "Loading weights" / "Writing model shards" bars
     are third-party noise like the log lines te_align/_quiet.py drops; TE_ALIGN_QUIET=0 shows them again. The

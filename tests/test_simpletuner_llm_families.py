@@ -13,11 +13,7 @@ from pathlib import Path
 import pytest
 
 from te_align.audit import check_file
-from te_align.profiles.registry import bundled_names
 from te_align.trainers.simpletuner import audit as st
-
-KLEIN = pytest.mark.skipif("flux2-klein-9b" not in bundled_names(), reason="no flux2-klein profiles bundled")
-EDIT = pytest.mark.skipif("qwen-image-edit-2511" not in bundled_names(), reason="no qwen-image-edit profiles bundled")
 
 
 def config(tmp_path: Path, **values) -> str:
@@ -73,7 +69,6 @@ def test_layers_converter_reads_the_json_array_and_the_flavour_default():
     assert conv.back((9, 18, 27), dev) == "[9, 18, 27]"
 
 
-@KLEIN
 def test_klein_default_is_aligned(tmp_path):
     r = check_file(config(tmp_path, model_family="flux2", model_flavour="klein-4b"))
     assert (r.profile, deviations(r)) == ("flux2-klein-4b", [])
@@ -81,7 +76,6 @@ def test_klein_default_is_aligned(tmp_path):
                            "qwen3.encoder.layer": (9, 18, 27)}
 
 
-@KLEIN
 def test_klein_with_dev_layers_is_caught_and_fixed(tmp_path):
     path = config(tmp_path, model_family="flux2", model_flavour="klein-9b",
                   custom_text_encoder_intermediary_layers="[10, 20, 30]")
@@ -95,14 +89,12 @@ def test_klein_with_dev_layers_is_caught_and_fixed(tmp_path):
     assert deviations(check_file(path)) == []
 
 
-@KLEIN
 def test_tokenizer_max_length_is_ignored_for_flux2(tmp_path):
     r = check_file(config(tmp_path, model_family="flux2", model_flavour="klein-9b", tokenizer_max_length=256))
     (f,) = [f for f in r.findings if f.kind == "unused-value"]
     assert (f.setting, f.fix) == ("tokenizer_max_length", "remove tokenizer_max_length")
 
 
-@pytest.mark.skipif("flux2-dev" not in bundled_names(), reason="no flux2-dev profile bundled")
 def test_flux2_dev_system_message_space_is_an_error_not_settable(tmp_path):
     r = check_file(config(tmp_path, model_family="flux2", model_flavour="dev"))
     assert deviations(r) == [("error", "mistral.tokenizer.system_prompt", st.FLUX2_SYSTEM_MESSAGE,
@@ -110,7 +102,6 @@ def test_flux2_dev_system_message_space_is_an_error_not_settable(tmp_path):
                               st.NOT_SETTABLE)]
 
 
-@pytest.mark.skipif("z-image" not in bundled_names(), reason="no z-image profile bundled")
 def test_z_image_length_and_thinking(tmp_path):
     r = check_file(config(tmp_path, model_family="z_image", model_flavour="turbo"))
     assert (r.profile, deviations(r)) == ("z-image", [])
@@ -120,7 +111,6 @@ def test_z_image_length_and_thinking(tmp_path):
     assert deviations(r) == [("error", "qwen3.tokenizer.max_length", 1024, 512, "remove tokenizer_max_length")]
 
 
-@EDIT
 @pytest.mark.parametrize(("flavour", "found"), [
     ("edit-v2", []), ("edit-v2+", []), ("edit-v3", []),
     ("edit-v1", [("warning", "qwen.images.area", "the conditioning image's own size", 1048576, st.NOT_SETTABLE)]),

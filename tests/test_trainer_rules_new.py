@@ -115,38 +115,23 @@ def test_musubi_kontext_is_checked_with_flux_dev_and_aligned():
         "FluxPipeline does (T5 at 512 without a mask, CLIP-L pooled at 77)"]
 
 
-def _unbundled(profile: str, why: str, nearest: str | None) -> str:
-    near = f"; the nearest it has, {nearest}, is not used in its place" if nearest else ""
-    return (f"not checked: te-align has no profile for {profile} ({why}){near}; pass --profile NAME to check against "
-            "a profile you choose")
-
-
 def test_musubi_versions_name_their_own_profile_never_another():
-    from te_align.profiles.registry import bundled_names
-
-    have = set(bundled_names())
-    cases = [
+    cases = [  # (args, profile, why, exit code: the Edit models' image-resize/area deviations and the cache note)
         (("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit"), "qwen-image-edit",
-         "script qwen_image_cache_text_encoder_outputs.py and --model_version edit", "qwen-image"),
+         "script qwen_image_cache_text_encoder_outputs.py and --model_version edit", 1),
         (("qwen_image_cache_text_encoder_outputs.py", "--model_version", "edit-2511"), "qwen-image-edit-2511",
-         "script qwen_image_cache_text_encoder_outputs.py and --model_version edit-2511", "qwen-image"),
+         "script qwen_image_cache_text_encoder_outputs.py and --model_version edit-2511", 1),
         (("qwen_image_cache_text_encoder_outputs.py", "--edit_plus"), "qwen-image-edit-2509",
-         "script qwen_image_cache_text_encoder_outputs.py and --edit_plus", "qwen-image"),
+         "script qwen_image_cache_text_encoder_outputs.py and --edit_plus", 1),
         (("flux_2_cache_text_encoder_outputs.py",), "flux2-dev",
-         "script flux_2_cache_text_encoder_outputs.py and --model_version dev (the default)", "flux-dev"),
+         "script flux_2_cache_text_encoder_outputs.py and --model_version dev (the default)", 0),
         (("flux_2_cache_text_encoder_outputs.py", "--model_version", "klein-9b"), "flux2-klein-9b",
-         "script flux_2_cache_text_encoder_outputs.py and --model_version klein-9b", "flux-schnell"),
-        (("zimage_cache_text_encoder_outputs.py",), "z-image", "script zimage_cache_text_encoder_outputs.py", None),
+         "script flux_2_cache_text_encoder_outputs.py and --model_version klein-9b", 0),
+        (("zimage_cache_text_encoder_outputs.py",), "z-image", "script zimage_cache_text_encoder_outputs.py", 0),
     ]
-    for args, profile, why, _nearest in cases:
+    for args, profile, why, code in cases:
         r = musubi(*args)
-        if profile in have:  # landed since: checked with its own profile
-            assert r.profile == profile
-            continue
-        code = 1 if profile == "qwen-image-edit" else 3  # the original Edit's VL size is a finding of its own
-        assert (r.exit_code, r.status) == (code, "not-checked"), args
-        assert r.reason.startswith(f"not checked: te-align has no profile for {profile} ({why})"), args
-        assert r.reason.endswith("; pass --profile NAME to check against a profile you choose")
+        assert (r.status, r.profile, r.family_reason, r.exit_code) == ("checked", profile, why, code), args
 
 
 def test_musubi_unknown_version_is_refused_as_musubi_refuses_it():
@@ -308,10 +293,6 @@ def test_musubi_z_image_and_klein_are_aligned_and_the_rules_compare():
 
 
 def test_musubi_flux2_dev_keeps_the_system_message_newline():
-    from te_align.profiles.registry import bundled_names
-
-    if "flux2-dev" not in bundled_names():
-        return
     r = musubi("flux_2_cache_text_encoder_outputs.py")  # --model_version dev is the default
     assert (r.profile, r.exit_code, r.findings) == ("flux2-dev", 0, [])
     assert r.effective["mistral.tokenizer.system_prompt"].count("object\nattribution") == 1

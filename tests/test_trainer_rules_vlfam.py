@@ -13,10 +13,6 @@ from pathlib import Path
 import pytest
 
 from te_align.audit import check_file
-from te_align.profiles.registry import bundled_names
-
-pytestmark = pytest.mark.skipif(not {"krea2", "ideogram4", "ltx2"} <= set(bundled_names()),
-                                reason="krea2 / ideogram4 / ltx2 profiles not bundled")
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
