@@ -119,6 +119,8 @@ def test_config_file_toml_and_extra_args(tmp_path):
     assert r.family_reason == ("script qwen_image_train_network.py and network_module 'networks.lora_qwen_image' and "
                                "--model_version edit-2509")
     assert [(f.key, f.line) for f in r.findings if f.kind == "unknown-key"] == [("lerning_rate", 7)]
+    # the Edit versions are cached by the same script, so --fp8_vl quantizes their VL encoder too (:130-133)
+    assert deviations(r)["qwen.encoder.dtype"] == ("float8_e4m3fn", "bfloat16", "warning")
 
 
 def test_dataset_config_alone_names_the_model_from_its_cache_files(tmp_path):

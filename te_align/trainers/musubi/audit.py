@@ -224,6 +224,10 @@ RULES += (
          "qwen_image_cache_text_encoder_outputs.py:98-101; qwen_image_train_network.py:513-518"),
     Rule("qwen.masks.denoiser", _EDIT, None, True, "training hands the DiT the mask of the real tokens",
          "qwen_image_train_network.py:520-538"),
+    Rule("qwen.encoder.dtype", _EDIT, "fp8_vl", False,
+         "--fp8_vl loads Qwen2.5-VL in float8_e4m3fn (run under bfloat16 autocast) for every version the caching "
+         "script serves, the Edit versions included: every cached caption is encoded by a quantized text encoder",
+         "qwen_image_cache_text_encoder_outputs.py:130-133", convert="musubi_fp8", severity="warning"),
 )
 
 _K2 = "krea2/krea2_encoder.py"
