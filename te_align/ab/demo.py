@@ -80,7 +80,7 @@ def verdict_line(result: ABResult) -> str:
     m = next((r for r in result.summary if r.metric == PRIMARY), None)
     if m is None:
         return f"verdict: {result.verdict}"
-    ci = "one seed: no interval" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
+    ci = "no interval (one seed, or no spread)" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
     return (
         f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
         f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)"
