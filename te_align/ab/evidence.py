@@ -18,7 +18,7 @@ from typing import Any
 
 from te_align._types import JSONObject
 
-__all__ = ["MEASURES", "Measure", "evidence_for", "summary"]
+__all__ = ["MEASURES", "Measure", "evidence_for", "measured_direction", "summary"]
 
 SUMMARY = Path(__file__).parent / "data" / "effects.json"
 DOCUMENT = "docs/effects.md"
@@ -97,6 +97,42 @@ def _num(v: Any) -> float:
         return math.nan
 
 
+def _signed(v: float, spread: float) -> str:
+    """``v`` with a sign and the decimals its interval's half-width supports (``round_to_spread``)."""
+    from te_align.ab.stats import round_to_spread
+
+    if v == 0:
+        return "0"
+    text = round_to_spread(v, spread)
+    return text if text.startswith("-") else "+" + text
+
+
+#: Rows that measured a trainer's defaults together (one finding of that trainer cites them beside its own row):
+#: SimpleTuner's SD3 defaults are T5 at 154 and no per-encoder caption dropout at once.
+COMBINED: tuple[tuple[str, Measure], ...] = (
+    ("simpletuner", Measure("world-sd3-simpletuner-defaults", "sd3", "t5.tokenizer.max_length", 154)),
+)
+
+
+def combined_line(trainer: str | None, family: str, profile: str, setting: str, value: object, *,
+                  path: str | Path | None = None) -> str:
+    """For a trainer whose defaults were also measured together, the combined row's reading in one line ("" none)."""
+    data = summary(path)
+    for who, m in COMBINED:
+        if who != trainer or data is None or not m.matches(family, profile, setting or "", value):
+            continue
+        row = next((r for r in data["rows"] if r.get("preset") == m.row), None)
+        prim = (row or {}).get("primary") or {}
+        if not prim or str(row.get("verdict", "")).startswith("pending"):  # type: ignore[union-attr]
+            continue
+        adj = row.get("adjusted_ci") or [None, None]  # type: ignore[union-attr]
+        lo, hi = _num(adj[0]), _num(adj[1])
+        ci = f" [Holm-adjusted interval {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
+        return (f"{trainer}'s defaults together ({m.row}: {row.get('deviation') or 'all its defaults'}): "  # type: ignore[union-attr]
+                f"{_num(prim.get('diff_mean')):+.3f}{ci}: {row.get('verdict')}")  # type: ignore[union-attr]
+    return ""
+
+
 def evidence_for(
     family: str,
     profile: str,
@@ -105,6 +141,7 @@ def evidence_for(
     *,
     tool: str = "check",
     path: str | Path | None = None,
+    trainer: str | None = None,
 ) -> JSONObject:
     """The measured row for a finding: ``{"row", "verdict", "seeds", "planned", "difference", "ci", "document",
     "text"}``, or ``{"row": None, "verdict": "not measured", "text": ...}``."""
@@ -117,26 +154,88 @@ def evidence_for(
         return {"row": m.row, "verdict": "not measured", "text": f"not measured ({m.row} is not in the shipped summary)"}
     prim = row.get("primary") or {}
     diff, lo, hi = _num(prim.get("diff_mean")), _num(prim.get("ci_low")), _num(prim.get("ci_high"))
+    adj = row.get("adjusted_ci") or [None, None]
+    alo, ahi = _num(adj[0]), _num(adj[1])
     seeds, planned = int(row.get("seeds", 0)), int(row.get("planned", 0))
     verdict = str(row.get("verdict", ""))
-    if not prim or verdict.startswith("pending"):  # no number before the row is complete: nothing to read into it
+    verdict_all = str(row.get("verdict_all") or verdict)
+    complete = bool(prim) and not verdict.startswith("pending")
+    lines: list[str] = []
+    if not complete:  # no number before the row is complete: nothing to read into it
         text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
     else:
-        ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
+        adjusted = str(row.get("kind")) in ("deviation", "inference")
+        if not math.isnan(alo):
+            terms = "Holm-adjusted interval" if adjusted else "95% CI"
+            ci = f" [{terms} {alo:+.3f}, {ahi:+.3f}]"
+        elif not math.isnan(lo):
+            ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]"
+        else:
+            ci = " (no interval: a degenerate difference)"
+        holm_over = row.get("holm_family") or ""
         text = (
             f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
-            f"{diff:+.3f}{ci} on concept accuracy: {verdict}"
+            f"{diff:+.3f}{ci} on concept accuracy: {verdict}" + (f" (Holm over {holm_over})" if holm_over and adjusted else "")
         )
+        if row.get("family_differs"):
+            lines.append(
+                f"† the verdict rests on its family: among all deviation and inference rows in one Holm family it "
+                f"reads {verdict_all} (Holm p {_num(row.get('p_holm_all')):.3f})"
+            )
+        if row.get("tests_disagree"):
+            lines.append(
+                f"‡ the paired t test (p {_num(prim.get('p_t')):.3f}) and the exact sign-flip test "
+                f"(p {_num(prim.get('p_signflip')):.3f}) disagree at 0.05"
+            )
+        if not math.isnan(lo) and adjusted:
+            lines.append(f"unadjusted 95% CI {lo:+.3f}, {hi:+.3f}; smallest effect this row could detect: "
+                         f"{_num(row.get('mde')):.3f} (80% power, from the null controls' spread)")
+        sec = row.get("secondary") or {}
+        shown = []
+        for key in ("forgetting (known colours)", "validation loss (profile conditioning)"):
+            x = sec.get(key)
+            if not x:
+                continue
+            d, slo, shi = _num(x.get("diff_mean")), _num(x.get("ci_low")), _num(x.get("ci_high"))
+            better = "higher" if x.get("higher_better") else "lower"
+            half = (shi - slo) / 2
+            if math.isnan(slo):
+                shown.append(f"{key} {_signed(d, math.nan)} (no spread: no interval) ({better} is better)")
+            else:
+                shown.append(f"{key} {_signed(d, half)} [{_signed(slo, half)}, {_signed(shi, half)}] ({better} is better)")
+        both = combined_line(trainer, family, profile, setting, value, path=path)
+        if both:
+            lines.append(both)
+        if shown:
+            lines.append("trade-off, trainer's arm minus profile's, unadjusted 95% CI (secondary metrics): " + "; ".join(shown))
+
     def j(v: float) -> float | None:
         return None if math.isnan(v) else v
 
     return {
         "row": m.row,
         "verdict": verdict,
+        "verdict_all": verdict_all if complete else verdict,
+        "family_differs": bool(row.get("family_differs")) and complete,
         "seeds": seeds,
         "planned": planned,
         "difference": j(diff),
         "ci": [j(lo), j(hi)],
+        "adjusted_ci": [j(alo), j(ahi)],
+        "secondary": row.get("secondary") or {},
         "document": DOCUMENT,
         "text": text + f" (see {DOCUMENT})",
+        "lines": lines,
     }
+
+
+def measured_direction(ev: JSONObject) -> str:
+    """What the evidence lets ``check``'s severity policy act on: the verdict when it names a winner in both Holm
+    families (the pre-registered one and all rows), else ``""`` (not measured, pending, a null, or a verdict that
+    rests on its family)."""
+    v = str(ev.get("verdict", ""))
+    if ev.get("row") is None or v.startswith("pending") or v.startswith("not measured"):
+        return ""
+    if v in ("profile better", "trainer default better") and v == ev.get("verdict_all", v):
+        return v
+    return "null"

@@ -683,6 +683,7 @@ def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
                 "overrides": r.overrides,
                 "train": r.train,
                 "source": r.source,
+                "deviation": r.deviation,
                 "verdict": r.verdict,
                 "seeds": r.seeds,
                 "planned": r.planned,
