@@ -1005,6 +1005,9 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         "",
         "## Secondary metrics (final checkpoint unless named), A - B [95% CI]",
         "",
+        "Unadjusted 95% t intervals; the secondary metrics have no pre-registered verdict. 'no spread' marks a "
+        "degenerate difference (the same on every seed): no interval.",
+        "",
         "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
         "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",
         "|---|---:|---|---|---|---|---|---|",

@@ -139,17 +139,17 @@ def why_left(f: Finding) -> str:
         return f"no key sets it: {f.fix}"
     bad = unsafe(f)
     if bad:
-        from te_align.audit.policy import UNSAFE_KEYS
+        from te_align.audit.policy import unsafe_why
 
         sets = ", ".join(f"{k} = true" for k in bad)
-        return (f"not written: its fix ({f.fix}) also sets {sets}, which {UNSAFE_KEYS[bad[0]]}; "
+        return (f"not written: its fix ({f.fix}) also sets {sets}, which {unsafe_why(f)}; "
                 "run `te-align check --fix --allow-unsafe-keys` to write it anyway")
     return f"left to you: {f.fix}" if f.fix else "left to you"
 
 
 def unsafe(f: Finding) -> list[str]:
     """The keys a finding's fix would write that switch off the trainer's own safety checks
-    (:data:`te_align.audit.policy.UNSAFE_KEYS`): ``--fix`` writes them only with ``--allow-unsafe-keys``."""
+    (the trainer's rule names them): ``--fix`` writes them only with ``--allow-unsafe-keys``."""
     from te_align.audit.policy import unsafe_keys
 
     return unsafe_keys(f)

@@ -9,6 +9,7 @@ no torch. The same policy, in words, is in ``docs/severity.md``.
      more tokens than the trainer keeps (more words than fit), else a warning that says how many might and how many
      captions were read. Without captions it stays an error unless the effects matrix measured it (rule 2), and the
      finding says to pass ``--dataset``.
+   * *Image shrunk*: a condition image reaches the vision encoder at a smaller pixel area than the profile's.
    * *Measured harm*: the effects matrix reads "profile better" in the row's pre-registered Holm family **and** in one
      family of all deviation and inference rows. A verdict that holds only in its own family is read as a null.
 2. **A measured null is at most a warning**, shown with its interval (Holm-adjusted, in the verdict's terms).
@@ -17,7 +18,8 @@ no torch. The same policy, in words, is in ``docs/severity.md``.
 4. **Where the trainer's default measured better** ("trainer default better" in both families) the finding is a
    note that says so, its fix keeps the trainer's value, and ``check --fix`` does not write the profile's value.
 5. **Not measured and losing nothing** (a mask flag, a padding convention): at most a warning.
-6. ``check --fix`` never writes a key that switches off a trainer's own safety checks (:data:`UNSAFE_KEYS`) unless
+6. ``check --fix`` never writes a key that switches off a trainer's own safety checks (a trainer's rule names it in
+   :attr:`te_align.audit.rules.Rule.unsafe`) unless
    ``--allow-unsafe-keys`` asks for it; without the flag the finding says what the fix would take.
 
 Only ``deviation`` findings go through the policy; a misspelled key, a wrong value or a stale cache is a fact about
@@ -37,25 +39,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.audit.captions import CaptionStats
     from te_align.profiles import AlignmentProfile
 
-_evidence = lazy_module("te_align.ab.evidence")
+_evidence = lazy_module("te_align.audit.evidence")
 
-__all__ = ["UNSAFE_KEYS", "apply", "decide", "tokens_cut", "unsafe_keys"]
-
-#: Config keys that switch off a trainer's own safety checks: ``check --fix`` writes them only with
-#: ``--allow-unsafe-keys``. Value: what the key does, said in the finding.
-UNSAFE_KEYS: dict[str, str] = {
-    "i_know_what_i_am_doing": (
-        "bypasses SimpleTuner's built-in safety limits wherever it is read, not only the T5 length cap (its help: "
-        "'Unlock experimental overrides and bypass built-in safety limits'; read in 24 places of 10 files under "
-        "simpletuner/helpers at bghira/SimpleTuner@bc8e6ab)"
-    ),
-}
+__all__ = ["apply", "decide", "image_shrunk", "tokens_cut", "unsafe_keys", "unsafe_why"]
 
 _RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
 
 
 def _at_most(severity: str, cap: Severity) -> Severity:
     return cap if _RANK[severity] > _RANK[cap] else severity  # type: ignore[return-value]
+
+
+def image_shrunk(f: Finding) -> bool:
+    """A deviation that loses part of a condition image the user gave: the vision encoder's pixel area smaller than
+    the profile's (Qwen-Image-Edit 2509/2511 given a 384x384 image where the pipeline gives 1024x1024)."""
+    if not f.setting.endswith("images.area"):
+        return False
+    eff, prof = f.effective, f.profile
+    return isinstance(eff, int) and isinstance(prof, int) and not isinstance(eff, bool) and eff < prof
 
 
 def tokens_cut(f: Finding) -> bool:
@@ -67,8 +68,14 @@ def tokens_cut(f: Finding) -> bool:
 
 
 def unsafe_keys(f: Finding) -> list[str]:
-    """The keys of :data:`UNSAFE_KEYS` a finding's fix would write."""
-    return [k for k, _ in (f.edit.also if f.edit is not None else ()) if k in UNSAFE_KEYS]
+    """The keys a finding's fix would write that switch off the trainer's own safety checks (its rule says which,
+    :attr:`te_align.audit.rules.Rule.unsafe`)."""
+    return [k for k, _ in (f.edit.unsafe if f.edit is not None else ())]
+
+
+def unsafe_why(f: Finding) -> str:
+    """What the first such key does, in the trainer rule's words."""
+    return next((why for _, why in (f.edit.unsafe if f.edit is not None else ())), "")
 
 
 def decide(f: Finding, evidence: dict[str, object] | None, captions: CaptionStats | None) -> Finding:
@@ -111,12 +118,16 @@ def decide(f: Finding, evidence: dict[str, object] | None, captions: CaptionStat
         elif not direction and not official:
             severity = "error"
             why.append(f"captions longer than {length} tokens lose their ends; pass --dataset DIR to count yours")
+    elif image_shrunk(f) and direction not in ("trainer default better", "null"):
+        severity = "error"
+        why.append(f"the condition image reaches the encoder at {f.effective} pixels instead of {f.profile}: detail "
+                   "of every larger image you give is lost")
     elif not direction and not official and severity == "error":
         severity = "warning"
         why.append("not measured by te-align's effects matrix and it cuts no token, so a warning")
     bad = unsafe_keys(f)
     if bad and edit is not None:
-        why.append(f"the fix also sets {', '.join(f'{k} = true' for k in bad)}, which {UNSAFE_KEYS[bad[0]]}; "
+        why.append(f"the fix also sets {', '.join(f'{k} = true' for k in bad)}, which {unsafe_why(f)}; "
                    "`check --fix` writes it only with --allow-unsafe-keys")
     if severity == f.severity and not why and fix == f.fix:
         return f

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # Lazy: what only some check runs need (--set, --for, the effects matrix), loaded when used.
 _overrides = lazy_module("te_align.profiles.overrides")
-_ab_evidence = lazy_module("te_align.ab.evidence")
+_ab_evidence = lazy_module("te_align.audit.evidence")
 _targets = lazy_module("te_align.integrations.targets")
 _fix = lazy_module("te_align.audit.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
 
@@ -61,7 +61,7 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="--fix: keep no backup beside the file")
     p.add_argument("--allow-unsafe-keys", dest="allow_unsafe_keys", action="store_true",
                    help="--fix: also write a fix that needs a key switching off the trainer's own safety checks "
-                        "(SimpleTuner's i_know_what_i_am_doing); without it such a fix is left and says so")
+                        "(i_know_what_i_am_doing); without it such a fix is left and says so")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -150,7 +150,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         if ns.for_tool and r.profile is not None:
             _print_inference(ns.for_tool, notes[i])
             for n in notes[i]:
-                print(f"  measured ({n.setting}): {_note_evidence(r, ns.for_tool, n)['text']}")
+                ev = _note_evidence(r, ns.for_tool, n)
+                print(f"  measured ({n.setting}): {ev['text']}")
+                for line in ev.get("lines") or []:  # type: ignore[union-attr]
+                    print(f"  {'':<9}  {line}")
     return code
 
 
