@@ -161,3 +161,15 @@ def test_smallest_detectable_effect_is_computed_from_the_committed_null_seeds() 
     assert rows["world-sd3-t5-77"]["mde_all"] == pytest.approx(smallest_detectable(s, 6, 0.05 / 18))
     assert rows["world-chroma-t5-no-mask"]["mde"] == pytest.approx(smallest_detectable(s, 6, 0.05))  # a family of 1
     assert round(rows["world-sd3-t5-77"]["mde"], 3) == 0.116
+
+
+def test_demo_shows_the_committed_matrix_in_its_verdicts_terms() -> None:
+    from te_align.ab.demo import committed_blocks
+
+    kind, header, rows = committed_blocks()[-1]
+    assert kind == "table" and header[5] == "A - B [interval in its verdict's terms: Holm-adjusted; controls 95%]"
+    by = {r[0]: r for r in rows}
+    # world-flux-comfyui: unadjusted [+0.006, +0.165] beside "no measurable difference" was the contradiction
+    assert by["world-flux-comfyui"][5:] == ["+0.086 [-0.058, +0.230]", "no measurable difference"]
+    assert by["world-chroma-t5-no-mask"][6] == "profile better †"
+    assert by["world-sd3-null"][5] == "+0.026 [-0.012, +0.064]"  # a control: its plain 95% interval
