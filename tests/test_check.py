@@ -61,12 +61,14 @@ def test_kohya_schnell_misaligned_exact(tmp_path):
     r = check_file(write(tmp_path, "s.toml", text))
     assert r.profile == "flux-schnell" and r.exit_code == 1
     assert rows(r) == [
-        ("deviation", "error", "t5.masks.encoder", True, False, f"remove apply_t5_attn_mask from {tmp_path / 's.toml'}"),
-        ("deviation", "error", "t5.masks.denoiser", True, False, f"remove apply_t5_attn_mask from {tmp_path / 's.toml'}"),
+        # the severity policy (te_align/audit/policy.py): T5 at 512 measured null, the mask flags not measured and
+        # cutting no token: all three warnings, in the rule table's order
         ("deviation", "warning", "t5.tokenizer.max_length", 512, 256, "t5xxl_max_token_length = 256"),
+        ("deviation", "warning", "t5.masks.encoder", True, False, f"remove apply_t5_attn_mask from {tmp_path / 's.toml'}"),
+        ("deviation", "warning", "t5.masks.denoiser", True, False, f"remove apply_t5_attn_mask from {tmp_path / 's.toml'}"),
     ]
-    assert r.findings[2].line == 8
-    assert "black-forest-labs/flux" in r.findings[2].source
+    assert r.findings[0].line == 8
+    assert "black-forest-labs/flux" in r.findings[0].source
 
 
 def test_kohya_schnell_default_is_256_when_unset(tmp_path):
@@ -95,7 +97,7 @@ def test_kohya_sd3_mask_flags_ignored_live_but_used_when_cached(tmp_path):
     assert [(f.setting, f.effective, f.severity) for f in unused] == [("apply_t5_attn_mask", True, "warning")]
     assert live.effective["t5.masks.encoder"] is False
     cached = check_file(write(tmp_path, "cached.toml", base + "cache_text_encoder_outputs = true\n"))
-    assert deviations(cached)["t5.masks.encoder"] == (True, False, "error", f"remove apply_t5_attn_mask from {tmp_path / 'cached.toml'}")
+    assert deviations(cached)["t5.masks.encoder"] == (True, False, "warning", f"remove apply_t5_attn_mask from {tmp_path / 'cached.toml'}")
     assert not [f for f in cached.findings if f.kind == "unused-value"]
     assert [f.kind for f in cached.findings][-1] == "stale-cache"
 
@@ -103,7 +105,9 @@ def test_kohya_sd3_mask_flags_ignored_live_but_used_when_cached(tmp_path):
 def test_kohya_lumina_empty_system_prompt(tmp_path):
     r = check_file(write(tmp_path, "l.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\nsystem_prompt = ""\n'))
     assert r.profile == "lumina2"
-    assert deviations(r) == {"gemma.tokenizer.system_prompt": (None, LUMINA_SP, "error", f"system_prompt = {json.dumps(LUMINA_SP)}")}
+    # the severity policy: not measured and no token of the caption lost, so a warning (exit 1 all the same)
+    assert deviations(r) == {"gemma.tokenizer.system_prompt": (None, LUMINA_SP, "warning", f"system_prompt = {json.dumps(LUMINA_SP)}")}
+    assert r.exit_code == 1
     ok = check_file(write(tmp_path, "ok.toml", f"system_prompt = {json.dumps(LUMINA_SP)}\n"))
     assert ok.exit_code == 0
 
@@ -136,8 +140,9 @@ def test_kohya_sd1_clip_skip_and_chunks(tmp_path):
                          "clip_skip = 2\nmax_token_length = 225\n"))
     assert r.profile == "sd15"
     assert deviations(r) == {
-        "clip_l.encoder.layer": ("penultimate", "last", "error", f"remove clip_skip from {tmp_path / 'sd.toml'}"),
-        "clip_l.tokenizer.max_length": (227, 77, "error", f"remove max_token_length from {tmp_path / 'sd.toml'}"),
+        # both measured null on the SD 1.5 world base (world-sd15-clip-skip-2, world-sd15-max-token-225): warnings
+        "clip_l.encoder.layer": ("penultimate", "last", "warning", f"remove clip_skip from {tmp_path / 'sd.toml'}"),
+        "clip_l.tokenizer.max_length": (227, 77, "warning", f"remove max_token_length from {tmp_path / 'sd.toml'}"),
     }
 
 
@@ -174,7 +179,7 @@ def test_gui_sd3_t5_length_fix_goes_to_additional_parameters(tmp_path):
          "additional_parameters": "--t5xxl_max_token_length 154", "bogus_field": 1}
     r = check_file(write(tmp_path, "g.json", json.dumps(g)))
     assert deviations(r)["t5.tokenizer.max_length"] == (
-        154, 256, "error", 'add --t5xxl_max_token_length 256 to "additional_parameters" (the GUI has no field for it)')
+        154, 256, "warning", 'add --t5xxl_max_token_length 256 to "additional_parameters" (the GUI has no field for it)')
     unknown = [f for f in r.findings if f.kind == "unknown-key"]
     assert [(f.setting, f.severity) for f in unknown] == [("bogus_field", "warning")]
 
@@ -210,7 +215,7 @@ def test_ai_toolkit_dev_aligned_and_attn_masking(tmp_path):
     assert r.exit_code == 0 and r.findings == []
     r = check_file(write(tmp_path, "b.yaml", AT.format(path="black-forest-labs/FLUX.1-dev", flag="is_flux",
                                                       extra="        attn_masking: true")))
-    assert rows(r) == [("deviation", "error", "t5.masks.zero_padded", True, False, "remove model.attn_masking (or set it to false)")]
+    assert rows(r) == [("deviation", "warning", "t5.masks.zero_padded", True, False, "remove model.attn_masking (or set it to false)")]
 
 
 def test_ai_toolkit_misspelled_and_myth_keys(tmp_path):
@@ -238,7 +243,8 @@ def test_ai_toolkit_broken_yaml(tmp_path):
 def test_simpletuner_sd3_capped_at_154_and_fix(tmp_path):
     cfg = {"model_family": "sd3", "model_flavour": "large", "tokenizer_max_length": 256, "model_type": "lora"}
     r = check_file(write(tmp_path, "config.json", json.dumps(cfg)))
-    assert deviations(r) == {"t5.tokenizer.max_length": (154, 256, "error", '"tokenizer_max_length": 256, "i_know_what_i_am_doing": true')}
+    # measured null (world-sd3-t5-154): a warning, and --fix leaves it (i_know_what_i_am_doing needs --allow-unsafe-keys)
+    assert deviations(r) == {"t5.tokenizer.max_length": (154, 256, "warning", '"tokenizer_max_length": 256, "i_know_what_i_am_doing": true')}
     cfg["i_know_what_i_am_doing"] = True
     assert check_file(write(tmp_path, "ok.json", json.dumps(cfg))).exit_code == 0
 
@@ -440,7 +446,7 @@ def test_cli_exit_codes_and_json(capsys, tmp_path):
     assert data["exit_code"] == 1 and [r["exit_code"] for r in data["results"]] == [0, 1]
     f = data["results"][1]["findings"][0]
     assert {k: f[k] for k in ("kind", "severity", "setting", "effective", "profile")} == {
-        "kind": "deviation", "severity": "error", "setting": "t5.masks.encoder", "effective": True, "profile": False}
+        "kind": "deviation", "severity": "warning", "setting": "t5.masks.encoder", "effective": True, "profile": False}
     broken = write(tmp_path, "broken.json", "{")
     assert main(["check", good, broken]) == 2
     cap = capsys.readouterr()
@@ -498,19 +504,21 @@ def test_check_needs_no_torch():
 # ------------------------------------------------------------------------------------ examples
 EXAMPLES = {
     "kohya/flux_dev_aligned.toml": (0, []),
-    "kohya/flux_schnell_lora.toml": (1, [("deviation", "error", "t5.masks.encoder"), ("deviation", "error", "t5.masks.denoiser"),
-                                         ("deviation", "warning", "t5.tokenizer.max_length"),
+    # T5 at 512 measured null; the T5 mask flags not measured and cutting no token: warnings
+    "kohya/flux_schnell_lora.toml": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
+                                         ("deviation", "warning", "t5.masks.encoder"), ("deviation", "warning", "t5.masks.denoiser"),
                                          ("stale-cache", "warning", "text-encoder cache")]),
     "kohya/sd35_masks_live.toml": (1, [("deviation", "info", "clip_g.tokenizer.pad_token"),
                                        ("deviation", "info", "clip_l.train_dropout"), ("deviation", "info", "clip_g.train_dropout"),
                                        ("deviation", "info", "t5.train_dropout"),
                                        ("unused-value", "warning", "apply_lg_attn_mask"),
                                        ("unused-value", "warning", "apply_t5_attn_mask")]),
-    "kohya/lumina2_lora.toml": (1, [("deviation", "error", "gemma.tokenizer.system_prompt")]),
+    "kohya/lumina2_lora.toml": (1, [("deviation", "warning", "gemma.tokenizer.system_prompt")]),  # not measured, no token lost
     "kohya/sdxl_typo.toml": (1, [("deviation", "info", "clip_g.tokenizer.pad_token"), ("unused-value", "warning", "clip_skip"),
                                  ("unknown-key", "warning", "cache_text_encoder_output")]),
-    "kohya-gui/sdxl_lora.json": (1, [("deviation", "error", "clip_l.tokenizer.max_length"),
-                                     ("deviation", "error", "clip_g.tokenizer.max_length"),
+    # the severity policy: --max_token_length 225 on SDXL measured null (world-sdxl-max-token-225): warnings
+    "kohya-gui/sdxl_lora.json": (1, [("deviation", "warning", "clip_l.tokenizer.max_length"),
+                                     ("deviation", "warning", "clip_g.tokenizer.max_length"),
                                      ("deviation", "info", "clip_g.tokenizer.pad_token"),
                                      ("stale-cache", "warning", "text-encoder cache")]),
     "kohya-gui/flux_schnell_lora.json": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
@@ -518,7 +526,7 @@ EXAMPLES = {
     "ai-toolkit/flux_schnell_lora.yaml": (1, [("deviation", "warning", "t5.tokenizer.max_length"),
                                               ("unknown-key", "warning", "model.t5_max_length")]),
     "ai-toolkit/sd35_large_lora.yaml": (1, [("unknown-key", "warning", "model.t5_max_length")]),
-    "simpletuner/sd3_config.json": (1, [("deviation", "error", "t5.tokenizer.max_length"),
+    "simpletuner/sd3_config.json": (1, [("deviation", "warning", "t5.tokenizer.max_length"),  # measured null
                                         ("stale-cache", "warning", "text-encoder cache")]),
     "simpletuner/flux_schnell_config.toml": (0, []),
     "onetrainer/flux_lora.json": (1, [("deviation", "error", "t5.tokenizer.max_length")]),
@@ -667,10 +675,11 @@ def test_an_official_alternative_is_a_note_naming_it(kind, tmp_path):
         "gemma.tokenizer.system_prompt", "info", LUMINA_OFFICIAL[kind], LUMINA_SP)
     assert "This is an official alternative of lumina2: the Lumina-Image 2.0 " in dev.message
     assert f"('{kind}')" in dev.message and "Alpha-VLLM/Lumina-Image-2.0@4a4d6f8" in dev.message
-    # a system prompt nobody published stays an error
+    # a system prompt nobody published stays a deviation (exit 1): a warning by the severity policy (not measured,
+    # no token of the caption lost)
     r = check_file(write(tmp_path, "x.toml", 'pretrained_model_name_or_path = "/m/lumina.safetensors"\n'
                                              'system_prompt = "You are an assistant."\n'))  # fmt: skip
-    assert r.exit_code == 1 and deviations(r)["gemma.tokenizer.system_prompt"][2] == "error"
+    assert r.exit_code == 1 and deviations(r)["gemma.tokenizer.system_prompt"][2] == "warning"
 
 
 def test_findings_table_never_shows_two_values_as_the_same_text(tmp_path, capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from te_align.audit import check_file
-from te_align.audit.fix import BACKUP_SUFFIX, fix_file
+from te_align.audit.fix import BACKUP_SUFFIX, fix_file, why_left
 from te_align.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +38,6 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
     "onetrainer/flux_lora.json": (['    "concept_file_name": "training_concepts/concepts.json"'],
                                   ['    "concept_file_name": "training_concepts/concepts.json",',
                                    '    "text_encoder_2_sequence_length": 512']),
-    "simpletuner/sd3_config.json": (['  "resolution": 1024'], ['  "resolution": 1024,',
-                                                                '  "i_know_what_i_am_doing": true']),
 }
 
 
@@ -89,6 +87,30 @@ def test_every_example_fixed_rechecked_and_unchanged_elsewhere(examples: Path, r
     assert not second.written and not second.changes and path.read_text(encoding="utf-8") == after
 
 
+def test_fix_writes_no_safety_switch_unless_asked(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SimpleTuner lifts its SD3 T5 cap of 154 only with i_know_what_i_am_doing, which also bypasses its other safety
+    limits: --fix leaves it and says what it would take; --fix --allow-unsafe-keys writes it."""
+    path = examples / "simpletuner" / "sd3_config.json"
+    before = path.read_text(encoding="utf-8")
+    report = fix_file(str(path))
+    assert not report.written and not report.changes and path.read_text(encoding="utf-8") == before
+    (left,) = [f for f in report.left if f.kind == "deviation"]
+    assert left.setting == "t5.tokenizer.max_length" and left.severity == "warning"
+    assert why_left(left).startswith('not written: its fix ("tokenizer_max_length": 256, "i_know_what_i_am_doing": '
+                                     "true) also sets i_know_what_i_am_doing = true, which bypasses SimpleTuner's")
+    assert main(["check", str(path), "--fix"]) == 1
+    out = capsys.readouterr().out
+    assert ("  --fix left 2 finding(s): 1 not written (t5.tokenizer.max_length): the fix also sets "
+            "i_know_what_i_am_doing = true, which switches off the trainer's own safety checks; --allow-unsafe-keys "
+            "writes it; 1 left to you (text-encoder cache): see its fix") in out
+    assert path.read_text(encoding="utf-8") == before and not Path(str(path) + BACKUP_SUFFIX).exists()
+    assert main(["check", str(path), "--fix", "--allow-unsafe-keys", "--no-backup"]) == 0  # aligned once written
+    after = path.read_text(encoding="utf-8")
+    assert _changed(before, after) == (['  "resolution": 1024'], ['  "resolution": 1024,', '  "i_know_what_i_am_doing": true'])
+    assert main(["check", str(path), "--allow-unsafe-keys"]) == 2  # a flag of --fix and --diff only
+    assert "--allow-unsafe-keys goes with --fix or --diff" in capsys.readouterr().err
+
+
 def test_diff_prints_the_fix_and_writes_nothing(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = examples / "kohya" / "flux_schnell_lora.toml"
     before = path.read_bytes()
@@ -136,7 +158,7 @@ def test_a_backup_is_checked_as_the_file_it_backs_up_and_never_fixed(examples: P
     assert err == (f"te-align: {backup} is te-align's backup of {path}; checked as a .toml config, as {path} was "
                    "before te-align changed it\n")
     assert out.splitlines()[0].startswith(f"{backup}: kohya · profile flux-schnell (")
-    assert out.splitlines()[-1] == "  2 error(s), 2 warning(s), 0 note(s)"
+    assert out.splitlines()[-1] == "  0 error(s), 4 warning(s), 0 note(s)"  # the severity policy: all warnings
     before = backup.read_bytes()
     for flag in ("--fix", "--diff"):
         assert main(["check", str(backup), flag]) == 2

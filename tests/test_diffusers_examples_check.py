@@ -116,13 +116,13 @@ def test_sd15_flags_and_aligned_defaults():
         assert (r.profile, r.exit_code, findings(r)) == ("sd15", 0, []), script
     r = cmd("train_dreambooth_lora.py", "--tokenizer_max_length", "100", "--text_encoder_use_attention_mask")
     assert findings(r) == [
-        ("deviation", "error", "clip_l.tokenizer.max_length", 100, 77, "remove --tokenizer_max_length"),
-        ("deviation", "error", "clip_l.masks.encoder", True, False, "remove --text_encoder_use_attention_mask"),
+        ("deviation", "warning", "clip_l.tokenizer.max_length", 100, 77, "remove --tokenizer_max_length"),
+        ("deviation", "warning", "clip_l.masks.encoder", True, False, "remove --text_encoder_use_attention_mask"),
     ]
     r = cmd("train_dreambooth.py", "--pretrained_model_name_or_path", "stabilityai/stable-diffusion-2-1",
             "--text_encoder_use_attention_mask")
     assert (r.profile, findings(r)) == ("sd21", [
-        ("deviation", "error", "clip_h.masks.encoder", True, False, "remove --text_encoder_use_attention_mask")])
+        ("deviation", "warning", "clip_h.masks.encoder", True, False, "remove --text_encoder_use_attention_mask")])
 
 
 def test_sdxl_scripts_and_empty_prompt_dropout():

@@ -141,9 +141,10 @@ def test_lumina2_system_prompt_comes_from_the_dataset_caption_prefix(tmp_path):
 def test_sdxl_sd3_auraflow_and_models_without_a_profile(tmp_path):
     r = check_file(config(tmp_path, "type = 'sdxl'\ncheckpoint_path = '/m/sd_xl_base_1.0.safetensors'"))
     assert deviations(r) == {
-        "clip_l.tokenizer.padding": ("longest", "max_length", "error"),
-        "clip_g.tokenizer.padding": ("longest", "max_length", "error"),
-        "clip_l.tokenizer.truncation": (False, True, "error"),
+        # measured null on the SDXL world base (world-sdxl-pad-longest): warnings by the severity policy
+        "clip_l.tokenizer.padding": ("longest", "max_length", "warning"),
+        "clip_g.tokenizer.padding": ("longest", "max_length", "warning"),
+        "clip_l.tokenizer.truncation": (False, True, "warning"),
         "clip_g.tokenizer.pad_token": ("<|endoftext|>", "!", "info")}
     assert not r.cached and any("every step" in n for n in notes(r))
     r = check_file(config(tmp_path, "type = 'sd3'\ndiffusers_path = '/m/some-sd3'"))
@@ -158,7 +159,7 @@ def test_sdxl_sd3_auraflow_and_models_without_a_profile(tmp_path):
     r = check_file(config(tmp_path, f"type = 'sd3'\ndiffusers_path = '{folder}'"))
     assert (r.profile, r.assumed) == ("sd35-medium", "") and "num_layers 24 with dual_attention_layers" in r.family_reason
     r = check_file(config(tmp_path, "type = 'auraflow'\nmax_sequence_length = 768"))
-    assert deviations(r) == {"t5.tokenizer.max_length": (768, 256, "error")}
+    assert deviations(r) == {"t5.tokenizer.max_length": (768, 256, "warning")}  # longer, no token cut: a warning
     assert next(f.fix for f in r.findings if f.kind == "deviation") == "max_sequence_length = 256 (in [model])"
     r = check_file(config(tmp_path, "type = 'hunyuan-video'"))
     assert (r.exit_code, r.reason) == (3, "not checked: te-align has no profile for HunyuanVideo (diffusion-pipe "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,43 @@ def test_holm_adjusts_in_order_and_keeps_nan() -> None:
     assert holm([0.01, 0.04, 0.03, math.nan])[:3] == pytest.approx([0.03, 0.06, 0.06])
     assert math.isnan(holm([0.01, math.nan])[1])
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_degenerate_differences_get_no_interval_p_or_verdict() -> None:
+    from te_align.ab.stats import NO_VERDICT, Metric, paired
+
+    acc = Metric("false concept readings", higher_better=False)
+    # issue 47's demo: -0.125 on both seeds, once reported as -0.125 [-0.125, -0.125]: trainer default better
+    two = paired(acc, [0.0, 0.125], [0.125, 0.25])
+    assert two.diffs == (-0.125, -0.125) and two.degenerate
+    assert math.isnan(two.p_t) and all(math.isnan(v) for v in two.interval) and two.verdict == NO_VERDICT
+    assert two.p_signflip == 2 / 4  # the exact test is still defined: 2 of 4 sign patterns reach |sum| 0.25
+    assert paired(acc, [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]).verdict == NO_VERDICT  # all zero: no spread either
+    assert paired(acc, [1.0], [0.0]).verdict == NO_VERDICT
+
+
+def test_holm_multipliers_give_the_level_each_row_was_tested_at() -> None:
+    from te_align.ab.stats import holm_multipliers, t_interval, t_quantile_at
+
+    # sorted 0.01 (x3), 0.03 (x2), 0.04 (x1, but the running max 0.06 makes it 1.5)
+    assert holm_multipliers([0.01, 0.04, 0.03, math.nan])[:3] == pytest.approx([3.0, 1.5, 2.0])
+    assert math.isnan(holm_multipliers([0.01, math.nan])[1])
+    assert t_quantile_at(0.05, 5) == pytest.approx(2.5706, abs=1e-4)  # the table's 2.571
+    assert t_quantile_at(0.025, 5) == pytest.approx(3.1634, abs=1e-4)
+    assert t_quantile_at(0.4, 5) == pytest.approx(0.9195, abs=1e-4)  # t(0.80, 5)
+    diffs = [0.1, 0.2, 0.3, 0.4]
+    half = t_quantile_at(0.05 / 3, 3) * statistics.stdev(diffs) / 2
+    assert t_interval(diffs, 0.05 / 3) == pytest.approx((0.25 - half, 0.25 + half))
+    assert all(math.isnan(v) for v in t_interval([0.1, 0.1], 0.05))
+
+
+def test_smallest_detectable_effect_from_the_null_spread() -> None:
+    from te_align.ab.stats import smallest_detectable
+
+    # (t(0.975, 5) + t(0.80, 5)) x s / sqrt(6) = (2.5706 + 0.9195) x 0.05 / 2.4495
+    assert smallest_detectable(0.05, 6, 0.05) == pytest.approx(3.4901 * 0.05 / math.sqrt(6), abs=1e-4)
+    assert smallest_detectable(0.05, 6, 0.05 / 13) > smallest_detectable(0.05, 6, 0.05)
+    assert math.isnan(smallest_detectable(0.05, 1, 0.05)) and math.isnan(smallest_detectable(math.nan, 6, 0.05))
 
 
 def test_sd_ratio_interval_is_deterministic_and_brackets_the_ratio() -> None:
@@ -262,7 +300,9 @@ def test_reading_is_computed_from_the_verdicts_once_every_row_is_complete() -> N
     assert reading == [
         "- Null control **world-sd3-null**: no measurable difference (as it must).",
         f"- Positive control **{gate}** (the gate of the deviation rows): profile better; the instrument sees it.",
-        "- **profile better** (1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77 (-0.3050 [-0.3089, -0.3011]).",
+        "- Intervals here are Holm-adjusted, in the verdict's terms (the table's adjusted column).",
+        # the smaller p is doubled by Holm: its interval is the 97.5% one, t(0.9875, 5) = 3.163 x 0.002 x 1.8708 / sqrt(6) = 0.0048
+        "- **profile better** (1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77 (-0.3050 [-0.3098, -0.3002]).",
         "- **trainer default better** (1 of 2: the trainer's or tool's setting gave the better LoRA): "
         "world-sd3-t5-154 (0.0450 [0.0411, 0.0489]).",
         "- **no measurable difference** (0 of 2: no difference this study resolves; each interval bounds what it could "

@@ -55,9 +55,9 @@ def test_paired_interval_and_verdicts() -> None:
     assert paired(acc, [0.9, 0.8, 0.85], [0.5, 0.45, 0.5]).verdict == TRAINER_BETTER
     assert paired(acc, [0.5, 0.45, 0.5], [0.9, 0.8, 0.85]).verdict == PROFILE_BETTER
     assert paired(acc, [0.5, 0.6, 0.4], [0.55, 0.5, 0.45]).verdict == NO_DIFFERENCE
-    # one seed: no interval, no verdict either way
+    # one seed: no interval, no verdict either way (a degenerate difference: te_align.ab.stats.NO_VERDICT)
     one = paired(loss, [1.0], [0.0])
-    assert math.isnan(one.interval[0]) and one.verdict == NO_DIFFERENCE
+    assert math.isnan(one.interval[0]) and one.verdict == "no verdict (degenerate: fewer than 2 seeds or no spread)"
     with pytest.raises(ValueError):
         paired(loss, [1.0, 2.0], [1.0])
 
@@ -182,5 +182,6 @@ def test_summary_rows_carry_interval_and_verdict() -> None:
     assert (val.ci_low, val.ci_high) == pytest.approx((val.diff_mean - half, val.diff_mean + half))
     acc = rows["prompt accuracy: objects exact (profile conditioning)"]
     assert acc.higher_better and acc.diff_mean == pytest.approx(-0.4) and acc.verdict == PROFILE_BETTER
-    assert rows["training loss, last 20% of steps"].verdict == NO_DIFFERENCE
+    # both arms' training loss is 1.0 at every step: a zero difference on every seed is degenerate, no verdict
+    assert rows["training loss, last 20% of steps"].verdict == "no verdict (degenerate: fewer than 2 seeds or no spread)"
     assert verdict_of(list(rows.values())) == PROFILE_BETTER

@@ -80,7 +80,7 @@ def test_klein_with_dev_layers_is_caught_and_fixed(tmp_path):
     path = config(tmp_path, model_family="flux2", model_flavour="klein-9b",
                   custom_text_encoder_intermediary_layers="[10, 20, 30]")
     r = check_file(path)
-    assert deviations(r) == [("error", "qwen3.encoder.layer", (10, 20, 30), (9, 18, 27),
+    assert deviations(r) == [("warning", "qwen3.encoder.layer", (10, 20, 30), (9, 18, 27),
                               "remove custom_text_encoder_intermediary_layers")]
     from te_align.audit.fix import fix_file
 
@@ -97,7 +97,7 @@ def test_tokenizer_max_length_is_ignored_for_flux2(tmp_path):
 
 def test_flux2_dev_system_message_space_is_an_error_not_settable(tmp_path):
     r = check_file(config(tmp_path, model_family="flux2", model_flavour="dev"))
-    assert deviations(r) == [("error", "mistral.tokenizer.system_prompt", st.FLUX2_SYSTEM_MESSAGE,
+    assert deviations(r) == [("warning", "mistral.tokenizer.system_prompt", st.FLUX2_SYSTEM_MESSAGE,
                               st.FLUX2_SYSTEM_MESSAGE.replace("object attribution", "object\nattribution"),
                               st.NOT_SETTABLE)]
 
@@ -108,7 +108,7 @@ def test_z_image_length_and_thinking(tmp_path):
     assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.encoder.layer": -2,
                            "qwen3.tokenizer.enable_thinking": True}
     r = check_file(config(tmp_path, model_family="z_image", tokenizer_max_length=1024))
-    assert deviations(r) == [("error", "qwen3.tokenizer.max_length", 1024, 512, "remove tokenizer_max_length")]
+    assert deviations(r) == [("warning", "qwen3.tokenizer.max_length", 1024, 512, "remove tokenizer_max_length")]
 
 
 @pytest.mark.parametrize(("flavour", "found"), [

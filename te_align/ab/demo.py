@@ -80,7 +80,7 @@ def verdict_line(result: ABResult) -> str:
     m = next((r for r in result.summary if r.metric == PRIMARY), None)
     if m is None:
         return f"verdict: {result.verdict}"
-    ci = "one seed: no interval" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
+    ci = "no interval (one seed, or no spread)" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
     return (
         f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
         f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)"
@@ -107,9 +107,16 @@ def committed_blocks() -> list[Block]:
         if m is None or str(r["verdict"]).startswith("pending"):  # no number before a row is complete
             rows.append([r["preset"], r["kind"], r["trainer"], r["base"], f"{r['seeds']}/{r['planned']}", "", r["verdict"]])
             continue
-        ci = "" if m["ci_low"] is None or math.isnan(m["ci_low"]) else f" [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}]"
-        rows.append([r["preset"], r["kind"], r["trainer"], r["base"], f"{r['seeds']}/{r['planned']}", f"{m['diff_mean']:+.3f}{ci}", r["verdict"]])
-    blocks.append(("table", ["row", "kind", "trainer / tool", "base", "seeds", "A - B [95% CI]", "verdict"], rows))
+        # the interval in its verdict's terms: Holm-adjusted for deviation and inference rows (effects.json
+        # "adjusted_ci"), the plain 95% one for controls and for a summary written before it carried one
+        lo, hi = (r.get("adjusted_ci") or [m["ci_low"], m["ci_high"]])[:2]
+        ci = "" if lo is None or hi is None or math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]"
+        flag = " †" if r.get("family_differs") and r["kind"] in ("deviation", "inference") else ""
+        rows.append([r["preset"], r["kind"], r["trainer"], r["base"], f"{r['seeds']}/{r['planned']}", f"{m['diff_mean']:+.3f}{ci}",
+                     f"{r['verdict']}{flag}"])
+    blocks.append(("table", ["row", "kind", "trainer / tool", "base", "seeds",
+                             "A - B [interval in its verdict's terms: Holm-adjusted; controls 95%]", "verdict († differs "
+                             "when all rows are one Holm family)"], rows))
     return blocks
 
 

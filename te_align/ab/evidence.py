@@ -1,142 +1,19 @@
-"""What the committed effects matrix measured about a ``te-align check`` finding. Imports no torch.
-
-Each measured row of ``docs/effects.md`` is one trainer deviation (or inference-tool default) A/B'd on a shipped
-world base. :data:`MEASURES` says which check finding each row measures: the profile family (or profile) it was
-measured on, the finding's setting and the trainer's value. :func:`evidence_for` returns, for one finding, the
-row with its verdict, difference and interval read from the summary shipped with te-align
-(``te_align/ab/data/effects.json``, written by ``te-align ab matrix --summary``), or "not measured".
-"""
+"""What the committed effects matrix measured about a ``te-align check`` finding: :mod:`te_align.audit.evidence`,
+re-exported here where the effects matrix's readers have always found it."""
 
 from __future__ import annotations
 
-import functools
-import json
-import math
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-from te_align._types import JSONObject
-
-__all__ = ["MEASURES", "Measure", "evidence_for", "summary"]
-
-SUMMARY = Path(__file__).parent / "data" / "effects.json"
-DOCUMENT = "docs/effects.md"
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A finding a matrix row measures: ``scope`` is a profile family (``sd3``, ``sd1``) or a profile name
-    (``flux-schnell``: the Flux base was pretrained with schnell's recipe, so a flux-dev finding is not measured);
-    ``setting`` the finding's slot-relative path (``*`` matches any slot); ``value`` the trainer's effective value
-    (None: any)."""
-
-    row: str
-    scope: str
-    setting: str
-    value: object = None
-    #: ``check`` (a trainer finding) or an inference tool (``comfyui``: a ``check --for`` note).
-    tool: str = "check"
-
-    def matches(self, family: str, profile: str, setting: str, value: object, tool: str = "check") -> bool:
-        if tool != self.tool or self.scope not in (family, profile):
-            return False
-        if self.setting.startswith("*."):
-            if not setting.endswith(self.setting[1:]):
-                return False
-        elif setting != self.setting:
-            return False
-        return self.value is None or value == self.value
-
-
-MEASURES: tuple[Measure, ...] = (
-    Measure("world-sd3-t5-154", "sd3", "t5.tokenizer.max_length", 154),
-    Measure("world-sd3-t5-77", "sd3", "t5.tokenizer.max_length", 77),
-    Measure("world-sd3-no-encoder-dropout", "sd3", "*.train_dropout", 0.0),
-    Measure("world-sd3-clip-g-bang", "sd3", "clip_g.tokenizer.pad_token", "<|endoftext|>"),
-    Measure("world-sd3-clip-g-bang", "sd3", "clip_g.tokenizer.pad_token_in_prompt", "text"),
-    Measure("world-flux-t5-512", "flux-schnell", "t5.tokenizer.max_length", 512),
-    Measure("world-flux-t5-77", "flux-schnell", "t5.tokenizer.max_length", 77),
-    Measure("world-sd15-clip-skip-2", "sd1", "clip_l.encoder.layer", "penultimate"),
-    Measure("world-sd15-max-token-225", "sd1", "clip_l.tokenizer.max_length", 227),
-    Measure("world-sd15-dropout-zeros", "sd1", "empty_prompt", "zeros"),
-    Measure("world-sdxl-clip-g-bang", "sdxl", "clip_g.tokenizer.pad_token", "<|endoftext|>"),
-    Measure("world-sdxl-clip-g-bang", "sdxl", "clip_g.tokenizer.pad_token_in_prompt", "text"),
-    Measure("world-sdxl-dropout-encoded", "sdxl", "empty_prompt", "encode"),
-    Measure("world-sdxl-max-token-225", "sdxl", "*.tokenizer.max_length", 227),
-    Measure("world-sdxl-pad-longest", "sdxl", "*.tokenizer.padding", "longest"),
-    Measure("world-sdxl-pad-longest", "sdxl", "*.tokenizer.truncation", False),
-    Measure("world-chroma-t5-no-mask", "chroma", "t5.masks.encoder", False),
-    Measure("world-sd3-comfyui", "sd3", "t5.tokenizer.max_length", None, tool="comfyui"),
-    Measure("world-flux-comfyui", "flux-schnell", "t5.tokenizer.max_length", None, tool="comfyui"),
-    Measure("world-sd15-comfyui", "sd1", "prompt syntax", None, tool="comfyui"),
+from te_align.audit.evidence import (
+    DOCUMENT,
+    MEASURES,
+    SUMMARY,
+    Measure,
+    _load,
+    combined_line,
+    evidence_for,
+    measured_direction,
+    summary,
 )
 
-
-@functools.lru_cache(maxsize=4)
-def _load(path: str) -> JSONObject | None:
-    p = Path(path)
-    if not p.is_file():
-        return None
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == 1 and isinstance(data.get("rows"), list) else None
-
-
-def summary(path: str | Path | None = None) -> JSONObject | None:
-    """The shipped effects summary (or the one at ``path``), None when absent or unreadable."""
-    return _load(str(path or SUMMARY))
-
-
-def _num(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def evidence_for(
-    family: str,
-    profile: str,
-    setting: str,
-    value: object,
-    *,
-    tool: str = "check",
-    path: str | Path | None = None,
-) -> JSONObject:
-    """The measured row for a finding: ``{"row", "verdict", "seeds", "planned", "difference", "ci", "document",
-    "text"}``, or ``{"row": None, "verdict": "not measured", "text": ...}``."""
-    m = next((x for x in MEASURES if x.matches(family, profile, setting or "", value, tool)), None)
-    data = summary(path)
-    if m is None or data is None:
-        return {"row": None, "verdict": "not measured", "text": "not measured by te-align's effects matrix"}
-    row = next((r for r in data["rows"] if r.get("preset") == m.row), None)
-    if row is None:
-        return {"row": m.row, "verdict": "not measured", "text": f"not measured ({m.row} is not in the shipped summary)"}
-    prim = row.get("primary") or {}
-    diff, lo, hi = _num(prim.get("diff_mean")), _num(prim.get("ci_low")), _num(prim.get("ci_high"))
-    seeds, planned = int(row.get("seeds", 0)), int(row.get("planned", 0))
-    verdict = str(row.get("verdict", ""))
-    if not prim or verdict.startswith("pending"):  # no number before the row is complete: nothing to read into it
-        text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
-    else:
-        ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
-        text = (
-            f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
-            f"{diff:+.3f}{ci} on concept accuracy: {verdict}"
-        )
-    def j(v: float) -> float | None:
-        return None if math.isnan(v) else v
-
-    return {
-        "row": m.row,
-        "verdict": verdict,
-        "seeds": seeds,
-        "planned": planned,
-        "difference": j(diff),
-        "ci": [j(lo), j(hi)],
-        "document": DOCUMENT,
-        "text": text + f" (see {DOCUMENT})",
-    }
+__all__ = ["DOCUMENT", "MEASURES", "SUMMARY", "Measure", "_load", "combined_line", "evidence_for",
+           "measured_direction", "summary"]

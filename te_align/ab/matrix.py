@@ -36,11 +36,15 @@ from te_align.ab.evaluate import Divergence
 from te_align.ab.preset import ABError, Preset, load_preset, presets_root
 from te_align.ab.stats import (
     NO_DIFFERENCE,
+    NO_VERDICT,
     PROFILE_BETTER,
     TRAINER_BETTER,
     holm,
+    holm_multipliers,
     round_to_spread,
     sd_ratio_interval,
+    smallest_detectable,
+    t_interval,
 )
 from te_align.tiny.bases import BaseError, base_info, shipped
 from te_align.tiny.world import grid
@@ -72,6 +76,20 @@ UNINFORMATIVE = "uninformative (the gating positive control was not seen)"
 #: adding rows changes no published verdict.
 LATER_FAMILIES: dict[str, str] = {"sdxl": "the SDXL rows (amendment 7)", "chroma": "the Chroma row (amendment 8)"}
 _FIRST_CORRECTION = "holm over deviation and inference rows, paired t p-values"
+#: The second reading (issue 47): one Holm family of every deviation and inference row, whatever amendment added it.
+#: It changes no pre-registered verdict (the rows' hashes are unchanged); a row whose verdict differs between its
+#: pre-registered family and this one is flagged in the document and in ``check``.
+ALL_ROWS = "all deviation and inference rows"
+#: Power of the smallest detectable effect (:func:`te_align.ab.stats.smallest_detectable`).
+POWER = 0.8
+#: Secondary metrics carried in the summary ``check`` reads, by the start of their name (key: what check calls it).
+SECONDARIES: tuple[tuple[str, str], ...] = (
+    ("known colours", "forgetting (known colours)"),
+    ("validation loss, final (profile", "validation loss (profile conditioning)"),
+    ("concept hit rate", "concept hit rate"),
+    ("false concept readings", "false concept readings"),
+    ("spurious objects", "spurious objects per image"),
+)
 
 
 def holm_family(base: str) -> str:
@@ -104,6 +122,23 @@ class MatrixRow:
     where: list[str] = field(default_factory=list)
     #: The Holm family the row's verdict is adjusted in (:func:`holm_family`).
     holm_family: str = ""
+    #: Holm's multiplier of the row's p in its pre-registered family (:func:`te_align.ab.stats.holm_multipliers`)
+    #: and the interval at the level its verdict was tested at: ``1 - alpha / multiplier`` (excludes 0 exactly when
+    #: the verdict is not "no measurable difference"). Controls: the plain 95% interval.
+    holm_factor: float = float("nan")
+    adj_ci: tuple[float, float] = (float("nan"), float("nan"))
+    #: The same in one Holm family of all deviation and inference rows (:data:`ALL_ROWS`).
+    p_holm_all: float = float("nan")
+    holm_factor_all: float = float("nan")
+    adj_ci_all: tuple[float, float] = (float("nan"), float("nan"))
+    verdict_all: str = ""
+    #: Smallest detectable effect (80% power) from the null controls' spread: at the first Holm step of the row's
+    #: pre-registered family (alpha / rows), of the all-rows family, and unadjusted (alpha).
+    mde: float = float("nan")
+    mde_all: float = float("nan")
+    mde_unadjusted: float = float("nan")
+    #: The paired t test and the exact sign-flip test disagree at alpha (unadjusted): one rejects, the other not.
+    tests_disagree: bool = False
 
     @property
     def primary(self) -> JSONObject | None:
@@ -261,10 +296,22 @@ def row_result(p: Preset, out: Path, seeds: list[int], *, out_dir: Path | None =
     return _runner.ABResult(out_dir, p, len(seeds), runs, divergence, _runner.summarize(runs, seeds), profiles=profiles)
 
 
+def _strict(data: object) -> object:
+    """``data`` with every NaN or infinite float as None (null): strict JSON, which any reader parses."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _strict(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_strict(v) for v in data]
+    return data
+
+
 def _write_json(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(_strict(json.loads(json.dumps(data, default=float))), indent=1, sort_keys=True, allow_nan=False)
     with atomic_file(path, "w", error=ABError) as f:
-        f.write(json.dumps(data, indent=1, sort_keys=True, default=float) + "\n")
+        f.write(text + "\n")
 
 
 def read_results(results: Path, plan: str | dict[str, str] | None = None) -> dict[str, list[JSONObject]]:
@@ -367,35 +414,102 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
             if prim is not None:
                 row.sd_ratio = sd_ratio_interval(prim.a, prim.b)
         rows.append(row)
+    def complete(r: MatrixRow) -> bool:
+        return r.kind in ("deviation", "inference") and r.primary is not None and r.seeds >= r.planned
+
     for name in dict.fromkeys(r.holm_family for r in rows):
-        family = [r for r in rows if r.holm_family == name and r.kind in ("deviation", "inference") and r.primary is not None
-                  and r.seeds >= r.planned]  # fmt: skip
-        for r, adj in zip(family, holm([float(r.primary["p_t"]) for r in family if r.primary]), strict=True):  # type: ignore[index]
-            r.p_holm = adj
+        family = [r for r in rows if r.holm_family == name and complete(r)]
+        ps = [float(r.primary["p_t"]) for r in family]  # type: ignore[index]
+        for r, adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
+            r.p_holm, r.holm_factor = adj, c
+    everyone = [r for r in rows if complete(r)]
+    ps = [float(r.primary["p_t"]) for r in everyone]  # type: ignore[index]
+    for r, adj, c in zip(everyone, holm(ps), holm_multipliers(ps), strict=True):
+        r.p_holm_all, r.holm_factor_all = adj, c
+    noise = _null_spread(rows)
+    sizes = {name: sum(1 for r in rows if r.holm_family == name and complete(r)) for name in dict.fromkeys(r.holm_family for r in rows)}
     for r in rows:
         m = r.primary
-        if r.reason:
-            r.verdict = "not run"
-        elif m is None:
-            r.verdict = PENDING + f" (0 of {r.planned} seeds)"
-        elif r.seeds < r.planned:
-            r.verdict = PENDING + f" ({r.seeds} of {r.planned} seeds)"
+        r.verdict = _verdict(r, r.p_holm)
+        r.verdict_all = _verdict(r, r.p_holm_all)
+        if m is None or r.reason:
+            continue
+        diffs = [x - y for x, y in zip(m["a"], m["b"], strict=True)]
+        n = int(m["n"])
+        r.tests_disagree = not _degenerate(m) and (float(m["p_t"]) < ALPHA) != (float(m["p_signflip"]) < ALPHA)
+        r.mde_unadjusted = smallest_detectable(noise, n, ALPHA, POWER)
+        if r.kind in ("deviation", "inference"):
+            r.adj_ci = t_interval(diffs, ALPHA / r.holm_factor) if r.holm_factor > 0 else (math.nan, math.nan)
+            r.adj_ci_all = t_interval(diffs, ALPHA / r.holm_factor_all) if r.holm_factor_all > 0 else (math.nan, math.nan)
+            r.mde = smallest_detectable(noise, n, ALPHA / max(1, sizes.get(r.holm_family, 1)), POWER)
+            r.mde_all = smallest_detectable(noise, n, ALPHA / max(1, len(everyone)), POWER)
         else:
-            p = r.p_holm if r.kind in ("deviation", "inference") else float(m["p_t"])
-            if math.isnan(p) or p >= ALPHA:
-                r.verdict = NO_DIFFERENCE
-            else:
-                a_higher = m["diff_mean"] > 0
-                r.verdict = TRAINER_BETTER if a_higher == m["higher_better"] else PROFILE_BETTER
+            r.adj_ci = r.adj_ci_all = (float(m["ci_low"]), float(m["ci_high"]))
+            r.mde = r.mde_all = r.mde_unadjusted
     gate = next((r for r in rows if r.preset == GATE), None)
     if gate is not None:
         for r in rows:
-            if r.kind in ("deviation", "inference") and not r.verdict.startswith((PENDING, "not run")):
+            if r.kind not in ("deviation", "inference"):
+                continue
+            for attr in ("verdict", "verdict_all"):
+                v = getattr(r, attr)
+                if v.startswith((PENDING, "not run")) or v == NO_VERDICT:
+                    continue
                 if gate.verdict.startswith(PENDING):
-                    r.verdict = f"{PENDING} (the gating positive control, {GATE})"
+                    setattr(r, attr, f"{PENDING} (the gating positive control, {GATE})")
                 elif gate.verdict != PROFILE_BETTER:
-                    r.verdict = UNINFORMATIVE
+                    setattr(r, attr, UNINFORMATIVE)
     return rows
+
+
+def _degenerate(m: JSONObject) -> bool:
+    """Fewer than 2 seeds or no spread across seeds (:attr:`te_align.ab.stats.PairedSummary.degenerate`)."""
+    return int(m["n"]) < 2 or not float(m["diff_sd"]) > 0
+
+
+def _verdict(r: MatrixRow, p_holm: float) -> str:
+    """A row's verdict on the primary metric with ``p_holm`` (deviation and inference rows) or its own p
+    (controls, unadjusted): pending until every planned seed is in, none for a degenerate difference."""
+    m = r.primary
+    if r.reason:
+        return "not run"
+    if m is None:
+        return PENDING + f" (0 of {r.planned} seeds)"
+    if r.seeds < r.planned:
+        return PENDING + f" ({r.seeds} of {r.planned} seeds)"
+    if _degenerate(m):
+        return NO_VERDICT
+    p = p_holm if r.kind in ("deviation", "inference") else float(m["p_t"])
+    if math.isnan(p) or p >= ALPHA:
+        return NO_DIFFERENCE
+    a_higher = m["diff_mean"] > 0
+    return TRAINER_BETTER if a_higher == m["higher_better"] else PROFILE_BETTER
+
+
+def _null_spread(rows: Sequence[MatrixRow]) -> float:
+    """The spread of one seed's difference A - B when nothing differs: the pooled standard deviation of the
+    complete null controls' per-seed differences on the primary metric (variances weighted by their degrees of
+    freedom). NaN without a complete null control."""
+    num = den = 0.0
+    for r in rows:
+        m = r.primary
+        if r.kind != "null" or m is None or r.seeds < r.planned or int(m["n"]) < 2:
+            continue
+        num += (int(m["n"]) - 1) * float(m["diff_sd"]) ** 2
+        den += int(m["n"]) - 1
+    return math.sqrt(num / den) if den else math.nan
+
+
+def shared_arm_b(rows: Sequence[MatrixRow]) -> list[list[str]]:
+    """Groups of two or more complete rows whose arm B gave the same per-seed primary values: one set of arm-B
+    runs shared by those rows (same base, same arm-B settings, same seeds)."""
+    groups: dict[tuple[object, ...], list[str]] = {}
+    for r in rows:
+        m = r.primary
+        if m is None or r.reason:
+            continue
+        groups.setdefault((r.base, *m["b"]), []).append(r.preset)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -538,11 +652,26 @@ def _strip(rec: JSONObject, folder: Path, out_dir: Path) -> Path | None:
     return path
 
 
+def family_name(r: MatrixRow) -> str:
+    """The pre-registered Holm family of a row, in words."""
+    return r.holm_family or "the first plan's deviation and inference rows"
+
+
 def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
-    """What ``te-align check`` reads: per measured row its deviation, trainer, family and primary-metric result."""
+    """What ``te-align check`` reads: per measured row its deviation, trainer, family, the primary-metric result in
+    both Holm families (pre-registered and all rows) with each interval in its verdict's terms, the smallest
+    detectable effect, the secondary metrics (unadjusted) and the rows it shares arm B with. Strict JSON: a
+    missing number is null."""
+    shared = {name: g for g in shared_arm_b(rows) for name in g}
     out = []
     for r in rows:
         m = r.primary
+        secondary = {}
+        for prefix, key in SECONDARIES:
+            x = next((x for x in r.metrics if x["metric"].startswith(prefix)), None)
+            if x is not None:
+                secondary[key] = {k: x[k] for k in ("diff_mean", "ci_low", "ci_high", "p_t", "n", "higher_better", "verdict")}
+                secondary[key]["terms"] = "unadjusted 95% t interval (a secondary metric: no pre-registered verdict)"
         out.append(
             {
                 "preset": r.preset,
@@ -554,6 +683,7 @@ def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
                 "overrides": r.overrides,
                 "train": r.train,
                 "source": r.source,
+                "deviation": r.deviation,
                 "verdict": r.verdict,
                 "seeds": r.seeds,
                 "planned": r.planned,
@@ -563,9 +693,33 @@ def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
                     k: m[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip", "n")
                 },
                 "p_holm": r.p_holm,
+                "holm_family": family_name(r) if r.kind in ("deviation", "inference") else "",
+                "adjusted_ci": list(r.adj_ci),
+                "ci_terms": _terms(r, r.holm_factor, family_name(r)),
+                "verdict_all": r.verdict_all,
+                "p_holm_all": r.p_holm_all,
+                "adjusted_ci_all": list(r.adj_ci_all),
+                "ci_terms_all": _terms(r, r.holm_factor_all, ALL_ROWS),
+                "family_differs": r.verdict != r.verdict_all,
+                "tests_disagree": r.tests_disagree,
+                "mde": r.mde,
+                "mde_all": r.mde_all,
+                "mde_unadjusted": r.mde_unadjusted,
+                "secondary": secondary,
+                "shares_arm_b_with": [x for x in shared.get(r.preset, []) if x != r.preset],
             }
         )
-    return {"format": 1, "plan": plan, "document": "docs/effects.md", "rows": out}
+    return {"format": 1, "plan": plan, "document": "docs/effects.md", "alpha": ALPHA, "power": POWER, "rows": out}
+
+
+def _terms(r: MatrixRow, factor: float, family: str) -> str:
+    """How an interval beside a verdict was made, in words."""
+    if r.kind not in ("deviation", "inference"):
+        return "unadjusted 95% t interval (a control, read unadjusted)"
+    if math.isnan(factor):
+        return "none (no verdict yet, or a degenerate difference)"
+    return (f"Holm-adjusted over {family}: the t interval at {100 * (1 - ALPHA / factor):.2f}% "
+            f"(the level its Holm test was held to)")
 
 
 # ------------------------------------------------------------------------------------------ render
@@ -575,9 +729,18 @@ def _num(v: float, spread: float) -> str:
 
 def _ci(m: JSONObject, scale: float = 1.0) -> str:
     if math.isnan(m["ci_low"]):
-        return f"{_num(scale * m['diff_mean'], float('nan'))} (1 seed)"
+        why = "1 seed" if int(m.get("n", 0)) < 2 else "no spread: no interval"
+        return f"{_num(scale * m['diff_mean'], float('nan'))} ({why})"
     half = scale * (m["ci_high"] - m["ci_low"]) / 2
     return f"{_num(scale * m['diff_mean'], half)} [{_num(scale * m['ci_low'], half)}, {_num(scale * m['ci_high'], half)}]"
+
+
+def _adj(r: MatrixRow, ci: tuple[float, float]) -> str:
+    """A row's difference with an interval in its verdict's terms (``adj_ci``/``adj_ci_all``)."""
+    m = r.primary
+    if m is None:
+        return ""
+    return _ci({"diff_mean": m["diff_mean"], "ci_low": ci[0], "ci_high": ci[1], "n": m["n"]})
 
 
 def _p(v: float) -> str:
@@ -629,13 +792,17 @@ def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
             "was not seen."
         )
         return out
+    out.append("- Intervals here are Holm-adjusted, in the verdict's terms (the table's adjusted column).")
     for verdict, says in (
         (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
         (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
         (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
+        (NO_VERDICT, "a degenerate difference"),
     ):
         named = [r for r in family if r.verdict == verdict]
-        listing = ", ".join(f"{r.preset} ({_ci(r.primary)})" for r in named if r.primary) or "none"
+        if verdict == NO_VERDICT and not named:
+            continue
+        listing = ", ".join(f"{r.preset} ({_adj(r, r.adj_ci)})" for r in named if r.primary) or "none"
         out.append(f"- **{verdict}** ({len(named)} of {len(family)}: {says}): {listing}.")
     leaning = [
         r.preset
@@ -644,10 +811,141 @@ def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
     ]
     if leaning:
         out.append(
-            f"- The intervals are not adjusted for the {len(family)} rows: {len(leaning)} of the rows read "
-            f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an interval that excludes 0 but a p-value that does "
-            "not survive Holm's adjustment; they are leads for a larger study, not findings."
+            f"- The table's unadjusted 95% intervals: {len(leaning)} of the rows read "
+            f"{NO_DIFFERENCE!r} ({', '.join(leaning)}) have an unadjusted interval that excludes 0 but a p-value "
+            "that does not survive Holm's adjustment (their adjusted interval contains 0); they are leads for a "
+            "larger study, not findings."
         )
+    return out
+
+
+def _mde(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.3f}"
+
+
+def _flags(r: MatrixRow) -> str:
+    """Marks beside a verdict: † its verdict differs in the all-rows family, ‡ the t and sign-flip tests disagree."""
+    out = ""
+    if r.kind in ("deviation", "inference") and r.verdict_all and r.verdict != r.verdict_all:
+        out += " †"
+    if r.tests_disagree:
+        out += " ‡"
+    return out
+
+
+def _added_statistics(rows: Sequence[MatrixRow]) -> list[str]:
+    """The second reading and the notes issue 47 asked for, computed from the same per-seed results: one Holm family
+    of all deviation and inference rows, the rows whose verdict differs, the rows where the two tests disagree, the
+    smallest detectable effect, degenerate differences and the shared arm-B runs."""
+    done = [r for r in rows if r.primary is not None and not r.reason]
+    if not done:
+        return []
+    everyone = [r for r in done if r.kind in ("deviation", "inference") and r.seeds >= r.planned]
+    nulls = [r for r in done if r.kind == "null" and r.seeds >= r.planned]
+    noise = _null_spread(rows)
+    n_seeds = max((int(r.primary["n"]) for r in done if r.primary), default=0)  # type: ignore[index]
+    out = [
+        "",
+        "## Statistics added after the results (issue 47)",
+        "",
+        "Added after every verdict above was published; they change no pre-registered verdict (the rows' hashes and "
+        "the table's verdict column are as planned). Each is computed by `te-align ab matrix` from the committed "
+        "per-seed results.",
+        "",
+        f"- **One Holm family of all {len(everyone)} deviation and inference rows.** The plan adjusted the first "
+        "plan's rows as one family and each amendment's rows as a family of their own (amendments 7 and 8), a rule set "
+        "after the first verdicts were published. Below, every deviation and inference row is adjusted in one family; "
+        "a row whose verdict differs between the two readings is marked † in the table and in `te-align check`.",
+        "- **Intervals in the verdict's terms.** Holm's step-down procedure tests each row at its own level: its p is "
+        "multiplied by a factor c (the adjusted p before capping at 1, divided by the row's own p). The adjusted "
+        "interval is the paired t interval at confidence 1 - 0.05 / c; it excludes 0 exactly when the Holm-adjusted p "
+        "is below 0.05, so a verdict and its interval never contradict each other. Controls are read unadjusted and "
+        "show the plain 95% interval.",
+        "- **t test and sign-flip test.** A row where one of the two (unadjusted, at 0.05) rejects and the other does "
+        "not is marked ‡: the plan promised that note (bench_effects.md, *Statistics and verdicts*). With "
+        f"{n_seeds} seeds the sign-flip test's smallest p is {2 / 2 ** n_seeds if n_seeds else float('nan'):.4f}.",
+        "- **Degenerate differences.** A difference with fewer than 2 seeds, or the same value on every seed (zero "
+        "spread), gets no interval, no t p-value and no verdict (`" + NO_VERDICT + "`), not p = 0 and a zero-width "
+        "interval.",
+        f"- **Smallest detectable effect.** The null controls ({', '.join(r.preset for r in nulls) or 'none complete'}) "
+        "train arm A exactly as arm B with its own random draws, so their per-seed differences show how much one "
+        "seed's difference varies when nothing differs. Their pooled standard deviation (variances weighted by "
+        f"degrees of freedom) is s = {_mde(noise)}. A row with n seeds, tested two-sided at level a, detects a true "
+        f"difference d with {POWER:.0%} power when d >= (t(1 - a/2, n - 1) + t({POWER:.2f}, n - 1)) x s / sqrt(n). "
+        "The table's *smallest detectable* uses a = 0.05 / (rows in the row's pre-registered family), the strictest "
+        "level Holm can hold it to (controls: 0.05); the all-rows table uses 0.05 / "
+        f"{len(everyone)}. Rows on a base without a null control of its own (SD 1.5, SDXL, Chroma) borrow the SD3 and "
+        "Flux nulls' spread: an assumption. 'No measurable difference' means no effect of about this size or "
+        "more, not no effect.",
+    ]
+    if everyone:
+        out += [
+            "",
+            f"### One Holm family of all {len(everyone)} deviation and inference rows",
+            "",
+            "| row | base | A - B | p (t) | p (Holm, all rows) | adjusted interval (all rows) | smallest detectable "
+            "(all rows) | verdict (all rows) | pre-registered verdict | differs |",
+            "|---|---|---|---:|---:|---|---:|---|---|---|",
+        ]
+        for r in everyone:
+            m = r.primary
+            assert m is not None
+            differs = "**yes** †" if r.verdict != r.verdict_all else "no"
+            out.append(
+                f"| {r.preset} | {r.base} | {_num(m['diff_mean'], (m['ci_high'] - m['ci_low']) / 2)} | {_p(m['p_t'])} | "
+                f"{_p(r.p_holm_all)} | {_adj(r, r.adj_ci_all)} | {_mde(r.mde_all)} | {r.verdict_all} | {r.verdict} "
+                f"({family_name(r)}) | {differs} |"
+            )
+        differ = [r for r in everyone if r.verdict != r.verdict_all]
+        out.append("")
+        if differ:
+            out.append(
+                "- **Verdicts that rest on their family** (†): "
+                + "; ".join(f"{r.preset} reads {r.verdict!r} in {family_name(r)} (Holm p {_p(r.p_holm)}) but "
+                            f"{r.verdict_all!r} among all {len(everyone)} rows (Holm p {_p(r.p_holm_all)})" for r in differ)
+                + "."
+            )
+        else:
+            out.append("- Every verdict is the same in both readings.")
+    disagree = [r for r in done if r.tests_disagree]
+    if disagree:
+        out.append(
+            "- **The two tests disagree** (‡, unadjusted at 0.05): "
+            + "; ".join(f"{r.preset} (paired t p {_p(r.primary['p_t'])}, sign-flip p {_p(r.primary['p_signflip'])})"  # type: ignore[index]
+                        for r in disagree)
+            + ". The verdict reads the t test, as planned; the sign-flip test makes no assumption about the "
+            "differences' distribution, so where it does not reject the t test's result leans on normality."
+        )
+    degenerate = [f"{r.preset}: {x['metric'].split(',')[0]}" for r in done for x in r.metrics
+                  if x["metric"] != _runner.PRIMARY and x["n"] >= 1 and x.get("verdict") == NO_VERDICT
+                  and not x["metric"].startswith(("validation loss, final (arm", "training loss", "concept exact"))]
+    if degenerate:
+        out.append(
+            f"- **Degenerate secondary differences** (no interval, no verdict; shown as 'no spread' below): {len(degenerate)}"
+            " (" + "; ".join(degenerate) + ")."
+        )
+    groups = shared_arm_b(rows)
+    if groups:
+        out += [
+            "",
+            "### Shared arm-B runs",
+            "",
+            "Arm B is the profile's recipe on a base, and a seed fixes its images, data order, noise and LoRA "
+            "initialisation, so rows with the same base and arm-B settings share one set of arm-B runs (the per-seed "
+            "arm-B results are identical):",
+            "",
+        ]
+        out += [f"- {', '.join(g)} ({len(g)} rows)." for g in groups]
+        out += [
+            "",
+            "What it means: those rows' differences are not independent. A seed whose arm B happened to do badly makes "
+            "arm A look better in every row of its group at once, so rows of one group that lean the same way are partly "
+            "one observation, not separate confirmations. Each row's own paired interval is still right (the pairing "
+            "is by seed within the row), and Holm's adjustment holds under any dependence between rows; what does not "
+            "hold is reading agreement across rows of a group as independent evidence. A group's null control, where it "
+            "has one, reads its arm A against the same arm B, so it measures the seed-to-seed noise of exactly this "
+            "design.",
+        ]
     return out
 
 
@@ -673,31 +971,42 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
         f"Primary metric (pre-registered): **{_runner.PRIMARY}** — per checkpoint at 50, 100, 200 and 300 steps, the share of "
         "prompts asking for pink (on the held-out shape, in wording never used in training) drawn pink at the asked "
         "position, minus the share of prompts asking for another colour where pink was drawn; averaged over the "
-        "checkpoints. Difference = A - B (higher = arm A better); 95% t interval across paired seeds; p: paired t "
-        "(Holm-adjusted across the deviation and inference rows for the verdict) and exact sign-flip.",
+        "checkpoints. Difference = A - B (higher = arm A better); 95% t interval across paired seeds (unadjusted, as "
+        "pre-registered); p: paired t (Holm-adjusted within the row's pre-registered family for the verdict) and exact "
+        "sign-flip. **Adjusted interval**: the same difference with the interval in its verdict's terms (see "
+        "*Statistics added after the results* below): it excludes 0 exactly when the verdict names a winner. "
+        "**Smallest detectable**: the smallest true difference the row's verdict would have detected with "
+        f"{POWER:.0%} power, from the null controls' spread (defined below).",
         "",
-        "| row | kind | trainer(s) / tool | base | seeds | A | B | A - B [95% CI] | p (t) | p (Holm) | p (sign-flip) | verdict | CPU min |",
-        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|",
+        "| row | kind | trainer(s) / tool | base | seeds | A | B | A - B [95% CI] | p (t) | p (Holm) | p (sign-flip) | "
+        "adjusted interval | smallest detectable | verdict | CPU min |",
+        "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|---:|",
     ]
     for r in rows:
         m = r.primary
         if r.reason:
-            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | not run: {r.reason} | |")
+            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | | | not run: {r.reason} | |")
             continue
         if m is None:
-            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | {r.verdict} | |")
+            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | | | {r.verdict} | |")
             continue
+        flags = _flags(r)
         lines.append(
             f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
-            f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | **{r.verdict}** | {r.cpu_seconds / 60:.1f} |"
+            f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | {_adj(r, r.adj_ci)} | "
+            f"{_mde(r.mde)} | **{r.verdict}**{flags} | {r.cpu_seconds / 60:.1f} |"
         )
     lines += _reading(rows)
+    lines += _added_statistics(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
         lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")
     lines += [
         "",
         "## Secondary metrics (final checkpoint unless named), A - B [95% CI]",
+        "",
+        "Unadjusted 95% t intervals; the secondary metrics have no pre-registered verdict. 'no spread' marks a "
+        "degenerate difference (the same on every seed): no interval.",
         "",
         "| row | seeds | concept hit rate | known colours (forgetting) | false pink readings | spurious objects / image | "
         "validation loss (profile cond.) | spread of the primary: sd A / sd B [95% bootstrap] |",

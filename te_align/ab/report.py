@@ -233,7 +233,8 @@ def _headline(result: ABResult) -> list[Block]:
         def f(v: float, half: float = half, scale: float = scale) -> str:
             return round_to_spread(v * scale, half * scale)
 
-        interval = f"[{f(r.ci_low)}, {f(r.ci_high)}]" if math.isfinite(r.ci_low) else "(one seed: no interval)"
+        interval = f"[{f(r.ci_low)}, {f(r.ci_high)}]" if math.isfinite(r.ci_low) else (
+            "(one seed: no interval)" if r.n < 2 else f"(all {r.n} seeds differ alike: no spread, no interval)")
         a_b = f"A {f(r.a_mean)}{'%' if pct else ''} vs B {f(r.b_mean)}{'%' if pct else ''}"
         lines.append(f"{r.metric}: A - B = {f(r.diff_mean)}{unit} {interval} ({a_b}): {r.verdict}")
     out += [("p", line) for line in lines]

@@ -34,7 +34,7 @@ from te_align.ab import accuracy, evaluate
 from te_align.ab.evaluate import Divergence
 from te_align.ab.preset import ABError, Preset, _merge, load_preset, train_config_dict
 from te_align.ab.report import write_report
-from te_align.ab.stats import NO_DIFFERENCE, Metric, paired
+from te_align.ab.stats import NO_DIFFERENCE, NO_VERDICT, Metric, paired
 from te_align.profiles.overrides import resolve
 from te_align.tiny import world
 from te_align.tiny.bases import BaseError, base_info, materialize
@@ -310,12 +310,12 @@ def verdict_of(summary: list[SummaryRow]) -> str:
     if primary is not None:  # the pre-registered verdict reads the primary metric alone
         return primary.verdict or NO_DIFFERENCE
     keys = [r for r in summary if "own conditioning" not in r.metric and not r.metric.startswith("training")]
-    found = {r.verdict for r in keys} - {NO_DIFFERENCE, ""}
+    found = {r.verdict for r in keys} - {NO_DIFFERENCE, NO_VERDICT, ""}
     if not found:
         return NO_DIFFERENCE
     if len(found) == 1:
         return found.pop()
-    return "mixed (" + "; ".join(f"{r.metric}: {r.verdict}" for r in keys if r.verdict not in (NO_DIFFERENCE, "")) + ")"
+    return "mixed (" + "; ".join(f"{r.metric}: {r.verdict}" for r in keys if r.verdict not in (NO_DIFFERENCE, NO_VERDICT, "")) + ")"
 
 
 def _world_data(p: Preset, out_dir: Path, say: Callable[[str], None], *, data_seed: int | None = None) -> Path:

@@ -6,7 +6,10 @@ their mean: ``mean ± t(0.975, n - 1) · sd / sqrt(n)``. The verdict reads only 
 
 * it lies wholly on the profile's side of zero: ``"profile better"``;
 * wholly on the trainer default's side: ``"trainer default better"``;
-* it contains zero (or fewer than 2 seeds): ``"no measurable difference"``.
+* it contains zero: ``"no measurable difference"``;
+* the difference is degenerate (fewer than 2 seeds, or every seed's difference the same, so zero spread): no
+  interval, no t p-value and ``"no verdict"`` (:data:`NO_VERDICT`): a zero-width interval from two equal seeds is
+  not evidence of anything.
 
 "Better" means lower for losses and higher for accuracies (:class:`Metric` says which).
 """
@@ -20,23 +23,30 @@ from dataclasses import dataclass
 
 __all__ = [
     "NO_DIFFERENCE",
+    "NO_VERDICT",
     "PROFILE_BETTER",
     "TRAINER_BETTER",
     "Metric",
     "PairedSummary",
     "betainc",
     "holm",
+    "holm_multipliers",
     "paired",
     "round_to_spread",
     "sd_ratio_interval",
     "sign_flip_p",
+    "smallest_detectable",
+    "t_interval",
     "t_quantile",
+    "t_quantile_at",
     "t_two_sided_p",
 ]
 
 PROFILE_BETTER = "profile better"
 TRAINER_BETTER = "trainer default better"
 NO_DIFFERENCE = "no measurable difference"
+#: A degenerate difference (fewer than 2 seeds, or zero spread across seeds): no interval, no p, no verdict.
+NO_VERDICT = "no verdict (degenerate: fewer than 2 seeds or no spread)"
 
 # Two-sided 95% quantiles t(0.975, df) for df = 1..30 (standard tables); df > 30 uses the normal 1.96
 # plus the first correction term of the Cornish-Fisher expansion.
@@ -95,20 +105,24 @@ class PairedSummary:
         return statistics.stdev(self.diffs) if self.n > 1 else math.nan
 
     @property
+    def degenerate(self) -> bool:
+        """Fewer than 2 seeds, or every seed's difference equal (zero spread): no interval, p or verdict."""
+        return self.n < 2 or self.diff_sd == 0
+
+    @property
     def interval(self) -> tuple[float, float]:
-        """95% interval of the mean difference A - B (NaN with fewer than 2 seeds)."""
-        if self.n < 2:
+        """95% interval of the mean difference A - B (NaN when :attr:`degenerate`)."""
+        if self.degenerate:
             return math.nan, math.nan
         half = t_quantile(self.n - 1) * self.diff_sd / math.sqrt(self.n)
         return self.diff_mean - half, self.diff_mean + half
 
     @property
     def p_t(self) -> float:
-        """Two-sided p-value of the paired t test of mean difference 0 (NaN with fewer than 2 seeds)."""
-        if self.n < 2:
+        """Two-sided p-value of the paired t test of mean difference 0 (NaN when :attr:`degenerate`: with zero
+        spread the t statistic is 0/0 or infinite, not a p-value)."""
+        if self.degenerate:
             return math.nan
-        if self.diff_sd == 0:
-            return 1.0 if self.diff_mean == 0 else 0.0
         t = self.diff_mean / (self.diff_sd / math.sqrt(self.n))
         return t_two_sided_p(t, self.n - 1)
 
@@ -121,8 +135,10 @@ class PairedSummary:
 
     @property
     def verdict(self) -> str:
+        if self.degenerate:
+            return NO_VERDICT
         lo, hi = self.interval
-        if math.isnan(lo) or lo <= 0.0 <= hi:
+        if lo <= 0.0 <= hi:
             return NO_DIFFERENCE
         a_higher = lo > 0.0
         return TRAINER_BETTER if a_higher == self.metric.higher_better else PROFILE_BETTER
@@ -199,6 +215,63 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         out[i] = running
     return out
+
+
+def holm_multipliers(pvalues: Sequence[float]) -> list[float]:
+    """Per p-value, the factor Holm's step-down procedure multiplied it by before capping at 1:
+    ``max over the steps up to its own of (m - j) p_(j)`` divided by its own p (NaN for NaN or zero p). A row's
+    Holm-adjusted p is below alpha exactly when its own p is below ``alpha / factor``: the level its test was
+    held to, which :func:`t_interval` turns into an interval in the verdict's terms."""
+    idx = sorted((i for i, p in enumerate(pvalues) if not math.isnan(p)), key=lambda i: pvalues[i])
+    m = len(idx)
+    out = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, (m - rank) * pvalues[i])
+        out[i] = running / pvalues[i] if pvalues[i] > 0 else math.nan
+    return out
+
+
+def t_quantile_at(p: float, df: int) -> float:
+    """The t value whose two-sided tail probability is ``p`` (``t_quantile_at(0.05, 5)`` = 2.571), by bisection
+    of :func:`t_two_sided_p`."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile_at: p must be in (0, 1), got {p}")
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_two_sided_p(mid, df) > p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+def t_interval(diffs: Sequence[float], alpha: float) -> tuple[float, float]:
+    """The two-sided ``1 - alpha`` t interval of the mean of paired differences (NaN when degenerate)."""
+    n = len(diffs)
+    if n < 2 or math.isnan(alpha):
+        return math.nan, math.nan
+    sd = statistics.stdev(diffs)
+    if sd == 0:
+        return math.nan, math.nan
+    mean = statistics.fmean(diffs)
+    half = t_quantile_at(min(alpha, 1.0 - 1e-12), n - 1) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+def smallest_detectable(noise_sd: float, n: int, alpha: float, power: float = 0.8) -> float:
+    """The smallest true mean difference a paired t test on ``n`` seeds detects with probability ``power`` at
+    two-sided level ``alpha``, when one seed's difference varies with standard deviation ``noise_sd``:
+    ``(t(1 - alpha/2, n - 1) + t(power, n - 1)) * noise_sd / sqrt(n)`` (the usual normal-shift approximation of
+    the noncentral t). NaN with fewer than 2 seeds or no noise estimate."""
+    if n < 2 or math.isnan(noise_sd) or math.isnan(alpha):
+        return math.nan
+    return (t_quantile_at(alpha, n - 1) + t_quantile_at(2.0 * (1.0 - power), n - 1)) * noise_sd / math.sqrt(n)
 
 
 def sd_ratio_interval(a: Sequence[float], b: Sequence[float], *, resamples: int = 4000, seed: int = 0) -> tuple[float, float, float]:

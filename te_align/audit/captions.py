@@ -22,6 +22,16 @@ class CaptionStats:
     with_bang: int = 0
     over_512_bytes: int = 0
     truncated: bool = False
+    #: Per caption: its whitespace-separated words (each is at least one token, so a lower bound of its tokens)
+    #: and its bytes (each token covers at least one byte, so an upper bound), for the severity policy's
+    #: "tokens cut" (:mod:`te_align.audit.policy`).
+    words: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    def cut_at(self, length: int) -> tuple[int, int]:
+        """Captions a tokenizer cutting at ``length`` tokens certainly cuts (words + 1 special token > length: every
+        tokenizer here adds at least an end token) and may cut (bytes + 2 special tokens > length)."""
+        return sum(w + 1 > length for w in self.words), sum(b + 2 > length for b in self.sizes)
 
     def describe(self) -> str:
         where = ", ".join(self.folders)
@@ -52,6 +62,9 @@ def read_captions(folders: list[str], extensions: tuple[str, ...] = CAPTION_EXTE
                 stats.captions += 1
                 if b"!" in data:
                     stats.with_bang += 1
-                if len(data.strip()) > 512:
+                text = data.strip()
+                if len(text) > 512:
                     stats.over_512_bytes += 1
+                stats.words.append(len(text.split()))
+                stats.sizes.append(len(text))
     return stats

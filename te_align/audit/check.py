@@ -22,6 +22,7 @@ _cachefiles = lazy_module("te_align.audit.cachefiles")
 _captions = lazy_module("te_align.audit.captions")
 _cmdline = lazy_module("te_align.audit.cmdline")
 _overrides = lazy_module("te_align.profiles.overrides")
+_policy = lazy_module("te_align.audit.policy")
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import ModuleType
@@ -165,8 +166,12 @@ def _check(
     caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
     ctx.extra["captions"] = _captions.read_captions(caption_dirs)
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
+    after = parsed.after(prof, ctx) if parsed.after is not None else []
+    # one severity policy for every trainer's deviations (te_align.audit.policy, docs/severity.md)
+    deviations = _policy.apply(deviations, prof, ctx.extra.get("captions"))  # type: ignore[arg-type]
+    after = _policy.apply(after, prof, ctx.extra.get("captions"))  # type: ignore[arg-type]
     findings += deviations
-    findings += parsed.after(prof, ctx) if parsed.after is not None else []
+    findings += after
     result.effective = effective
     result.rules_ran = list(ctx.ran)
     if not ctx.ran:

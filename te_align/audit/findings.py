@@ -41,6 +41,9 @@ class Edit:
     value: object = None
     remove: bool = False
     also: tuple[tuple[str, object], ...] = ()
+    #: Keys of ``also`` that switch off the trainer's own safety checks, with what they do (said by the trainer's
+    #: rule): ``check --fix`` writes such a fix only with ``--allow-unsafe-keys`` (:mod:`te_align.audit.policy`).
+    unsafe: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

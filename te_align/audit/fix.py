@@ -137,11 +137,27 @@ def why_left(f: Finding) -> str:
     fix is a choice left to the user (a misspelled key, caption dropout, a cache to rebuild)."""
     if needs_patch(f):
         return f"no key sets it: {f.fix}"
+    bad = unsafe(f)
+    if bad:
+        from te_align.audit.policy import unsafe_why
+
+        sets = ", ".join(f"{k} = true" for k in bad)
+        return (f"not written: its fix ({f.fix}) also sets {sets}, which {unsafe_why(f)}; "
+                "run `te-align check --fix --allow-unsafe-keys` to write it anyway")
     return f"left to you: {f.fix}" if f.fix else "left to you"
 
 
-def _targets(result: CheckResult) -> list[Finding]:
-    return [f for f in result.findings if f.edit is not None and f.severity in FIXED_SEVERITIES]
+def unsafe(f: Finding) -> list[str]:
+    """The keys a finding's fix would write that switch off the trainer's own safety checks
+    (the trainer's rule names them): ``--fix`` writes them only with ``--allow-unsafe-keys``."""
+    from te_align.audit.policy import unsafe_keys
+
+    return unsafe_keys(f)
+
+
+def _targets(result: CheckResult, allow_unsafe: bool = False) -> list[Finding]:
+    return [f for f in result.findings if f.edit is not None and f.severity in FIXED_SEVERITIES
+            and (allow_unsafe or not unsafe(f))]
 
 
 def _refuse(report: FixReport, message: str) -> FixReport:
@@ -166,9 +182,12 @@ def fix_file(
     write: bool = True,
     backup: bool = True,
     before_write: Callable[[], object] | None = None,
+    allow_unsafe: bool = False,
 ) -> FixReport:
     """Fix one config (``write=False``: only make the diff). ``before_write`` runs after the fix is made and
-    checked, just before the files are locked, compared and replaced (tests change the file there)."""
+    checked, just before the files are locked, compared and replaced (tests change the file there).
+    ``allow_unsafe``: also write fixes that set a key switching off the trainer's own safety checks
+    (``--allow-unsafe-keys``); without it they are left, each saying what it would take."""
     opts: dict[str, object] = {"trainer": trainer, "profile": profile, "extra_args": list(extra_args),
                                "cache_dir": cache_dir, "dataset": list(dataset),
                                "overrides": dict(overrides or {})}
@@ -214,7 +233,7 @@ def fix_file(
     if result.exit_code == EXIT_UNREADABLE:
         bad = next((f for f in result.findings if f.kind in ("syntax", "wrong-value")), None)
         return _refuse(report, bad.message if bad else f"{path}: unreadable")
-    targets = _targets(result)
+    targets = _targets(result, allow_unsafe)
     if not targets:
         return report
     if result.assumed and profile is None:

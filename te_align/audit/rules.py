@@ -60,6 +60,9 @@ class Rule:
     #: writes them too. A ``fix`` template without ``{set}`` or ``{value}`` is words only: ``--fix`` leaves it
     #: to the user.
     also: tuple[tuple[str, object], ...] = ()
+    #: Keys of ``also`` that switch off the trainer's own safety checks, each with what it does: ``check --fix``
+    #: writes the fix only with ``--allow-unsafe-keys`` (:mod:`te_align.audit.policy`).
+    unsafe: tuple[tuple[str, str], ...] = ()
 
     def applies(self, profile_name: str, family: str) -> bool:
         return "*" in self.families or family in self.families or profile_name in self.families
@@ -422,8 +425,8 @@ def _edit(rule: Rule, to_trainer: ConvertFn, expected: object, ctx: Context) -> 
     except LookupError:
         return None
     if value is REMOVE:
-        return Edit(rule.key, remove=True, also=rule.also)
-    return Edit(rule.key, value, also=rule.also)
+        return Edit(rule.key, remove=True, also=rule.also, unsafe=rule.unsafe)
+    return Edit(rule.key, value, also=rule.also, unsafe=rule.unsafe)
 
 
 def _literal(v: object) -> str:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 # Lazy: what only some check runs need (--set, --for, the effects matrix), loaded when used.
 _overrides = lazy_module("te_align.profiles.overrides")
-_ab_evidence = lazy_module("te_align.ab.evidence")
+_ab_evidence = lazy_module("te_align.audit.evidence")
 _targets = lazy_module("te_align.integrations.targets")
 _fix = lazy_module("te_align.audit.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
 
@@ -59,6 +59,9 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="with or without --fix: print the fix as a unified diff, write nothing")
     p.add_argument("--no-backup", dest="no_backup", action="store_true",
                    help="--fix: keep no backup beside the file")
+    p.add_argument("--allow-unsafe-keys", dest="allow_unsafe_keys", action="store_true",
+                   help="--fix: also write a fix that needs a key switching off the trainer's own safety checks "
+                        "(i_know_what_i_am_doing); without it such a fix is left and says so")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(no profile or no rules for the model, not a training job, or no trainer config at all); "
                     "several files: 2 > 1 > 3 > 0.",
         usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--set KEY=VALUE] [--json] "
-              "[--cache-dir DIR] [--dataset DIR] [--fix [--no-backup]] [--diff] [-- EXTRA_ARGS]\n       "
+              "[--cache-dir DIR] [--dataset DIR] [--fix [--no-backup] [--allow-unsafe-keys]] [--diff] [-- EXTRA_ARGS]\n       "
               "te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
     )
     _options(p)
@@ -100,7 +103,7 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     ns = inner.parse_args(rest)
     if not ns.configs and not extra:
         inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
-    for name in ("trainer", "profile", "json", "cache_dir", "for_tool", "fix", "diff", "no_backup"):
+    for name in ("trainer", "profile", "json", "cache_dir", "for_tool", "fix", "diff", "no_backup", "allow_unsafe_keys"):
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
@@ -112,7 +115,7 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
 def cmd_check(args: argparse.Namespace) -> int:
     ns, extra = _split(args)
     overrides = _overrides.parse_set(ns.set)
-    if ns.fix or ns.diff or ns.no_backup:
+    if ns.fix or ns.diff or ns.no_backup or ns.allow_unsafe_keys:
         return _cmd_fix(ns, extra, overrides)
     if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
@@ -147,7 +150,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         if ns.for_tool and r.profile is not None:
             _print_inference(ns.for_tool, notes[i])
             for n in notes[i]:
-                print(f"  measured ({n.setting}): {_note_evidence(r, ns.for_tool, n)['text']}")
+                ev = _note_evidence(r, ns.for_tool, n)
+                print(f"  measured ({n.setting}): {ev['text']}")
+                for line in ev.get("lines") or []:  # type: ignore[union-attr]
+                    print(f"  {'':<9}  {line}")
     return code
 
 
@@ -161,9 +167,13 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
     if ns.no_backup and not ns.fix:
         print("te-align: error: --no-backup goes with --fix", file=sys.stderr)
         return 2
+    if ns.allow_unsafe_keys and not (ns.fix or ns.diff):
+        print("te-align: error: --allow-unsafe-keys goes with --fix or --diff", file=sys.stderr)
+        return 2
     reports = [_fix.fix_file(c, trainer=ns.trainer, profile=ns.profile, extra_args=extra,
                              cache_dir=ns.cache_dir, dataset=ns.dataset, overrides=overrides,
-                             write=not ns.diff, backup=not ns.no_backup) for c in ns.configs]
+                             write=not ns.diff, backup=not ns.no_backup,
+                             allow_unsafe=ns.allow_unsafe_keys) for c in ns.configs]
     code = exit_code([r.result for r in reports]) if not any(r.refused for r in reports) else 2
     if ns.json:
         dicts = []
@@ -217,8 +227,14 @@ def _left_line(r: FixReport) -> str:
         return ""
     patch = [f.setting for f in left if _fix.patch_fixes(f)]
     fixed = [f.setting for f in left if _fix.needs_patch(f) and not _fix.patch_fixes(f)]
-    yours = [f.setting for f in left if not _fix.needs_patch(f)]
+    risky = [f for f in left if not _fix.needs_patch(f) and f.edit is not None and _fix.unsafe(f)]
+    yours = [f.setting for f in left if not _fix.needs_patch(f) and f not in risky]
     parts = []
+    if risky:
+        keys = sorted({k for f in risky for k in _fix.unsafe(f)})
+        parts.append(f"{len(risky)} not written ({', '.join(f.setting for f in risky)}): the fix also sets "
+                     f"{', '.join(k + ' = true' for k in keys)}, which switches off the trainer's own safety "
+                     "checks; --allow-unsafe-keys writes it")
     if patch:
         parts.append(f"{len(patch)} no key sets ({', '.join(patch)}): `te-align patch` or the hooks, see "
                      "its fix")
@@ -242,7 +258,8 @@ def _evidence(r: CheckResult) -> list[dict[str, object] | None]:
         return [None] * len(r.findings)
     fam = _family(r)
     return [
-        _ab_evidence.evidence_for(fam, r.profile, f.setting, f.effective) if f.kind == "deviation" else None
+        _ab_evidence.evidence_for(fam, r.profile, f.setting, f.effective, trainer=r.trainer) if f.kind == "deviation"
+        else None
         for f in r.findings
     ]
 
@@ -344,6 +361,8 @@ def _print_result(r: CheckResult, evidence: list[dict[str, object] | None] | Non
             ev = evidence[r.findings.index(f)] if evidence else None
             if ev is not None:
                 print(f"  {'':<9}  measured: {ev['text']}")
+                for line in ev.get("lines") or []:  # type: ignore[union-attr]
+                    print(f"  {'':<9}    {line}")
     for f in others:
         loc = f" (line {f.line})" if f.line and f.kind != "wrong-value" else ""
         print(f"  {f.severity:<9}{f.kind}: {f.message}{loc}")

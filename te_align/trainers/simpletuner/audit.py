@@ -95,6 +95,15 @@ rules.register("st_aura_len", _st_aura_len, _same, "int")
 rules.register("st_sana_instruction", _st_sana_instruction)
 
 
+#: SimpleTuner's switch that lifts its SD3 T5 cap also bypasses its other built-in safety limits: ``check --fix`` writes
+#: it only with ``--allow-unsafe-keys`` (te_align.audit.policy).
+UNSAFE: tuple[tuple[str, str], ...] = ((
+    "i_know_what_i_am_doing",
+    "bypasses SimpleTuner's built-in safety limits wherever it is read, not only the T5 length cap (its help: 'Unlock "
+    "experimental overrides and bypass built-in safety limits', simpletuner_sdk/server/services/field_registry/"
+    "sections/advanced.py:16-30; read in 24 places of 10 files under simpletuner/helpers at bghira/SimpleTuner@bc8e6ab)",
+),)
+
 RULES: tuple[Rule, ...] = (
     Rule("clip_l.encoder.layer", ("sd1",), None, "last", "StableDiffusionPipeline.encode_prompt without clip_skip",
          f"{_M}/sd1x/model.py:136"),
@@ -107,7 +116,7 @@ RULES: tuple[Rule, ...] = (
     Rule("t5.tokenizer.max_length", ("sd3",), "tokenizer_max_length", None,
          "SD3 T5 length: unset = 154, and values above 154 are cut to 154 unless i_know_what_i_am_doing",
          f"{_M}/sd3/model.py:848-865", convert="st_sd3_len",
-         fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),)),
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),), unsafe=UNSAFE),
     Rule("t5.masks.zero_padded", ("sd3", "flux", "chroma"), "t5_padding", "unmodified",
          't5_padding "zero" multiplies padded T5 outputs by 0',
          f"{_M}/sd3/model.py:440; {_M}/flux/model.py:516-517; "
@@ -160,7 +169,7 @@ RULES: tuple[Rule, ...] = (
     Rule("t5.tokenizer.max_length", ("auraflow",), "tokenizer_max_length", None,
          "AuraFlow T5 length: unset = 120 (768 for the pony flavour), capped there unless i_know_what_i_am_doing",
          f"{_M}/auraflow/model.py:256-263,387-399", convert="st_aura_len",
-         fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),)),
+         fix='"{key}": {value}, "i_know_what_i_am_doing": true', also=(("i_know_what_i_am_doing", True),), unsafe=UNSAFE),
 )
 
 #: FLUX.2 dev's system message as SimpleTuner writes it: a space after "object" where diffusers has a newline.

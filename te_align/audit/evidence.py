@@ -1,0 +1,248 @@
+"""What the committed effects matrix measured about a ``te-align check`` finding. Imports no torch, and nothing of
+:mod:`te_align.ab` (the severity policy, :mod:`te_align.audit.policy`, reads it for every trainer's findings;
+``te_align.ab.evidence`` re-exports it).
+
+Each measured row of ``docs/effects.md`` is one trainer deviation (or inference-tool default) A/B'd on a shipped
+world base. :data:`MEASURES` says which check finding each row measures: the profile family (or profile) it was
+measured on, the finding's setting and the trainer's value. :func:`evidence_for` returns, for one finding, the
+row with its verdict, difference and interval read from the summary shipped with te-align
+(``te_align/ab/data/effects.json``, written by ``te-align ab matrix --summary``), or "not measured".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from te_align._types import JSONObject
+
+__all__ = ["MEASURES", "Measure", "evidence_for", "measured_direction", "summary"]
+
+SUMMARY = Path(__file__).resolve().parent.parent / "ab" / "data" / "effects.json"
+DOCUMENT = "docs/effects.md"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A finding a matrix row measures: ``scope`` is a profile family (``sd3``, ``sd1``) or a profile name
+    (``flux-schnell``: the Flux base was pretrained with schnell's recipe, so a flux-dev finding is not measured);
+    ``setting`` the finding's slot-relative path (``*`` matches any slot); ``value`` the trainer's effective value
+    (None: any)."""
+
+    row: str
+    scope: str
+    setting: str
+    value: object = None
+    #: ``check`` (a trainer finding) or an inference tool (``comfyui``: a ``check --for`` note).
+    tool: str = "check"
+
+    def matches(self, family: str, profile: str, setting: str, value: object, tool: str = "check") -> bool:
+        if tool != self.tool or self.scope not in (family, profile):
+            return False
+        if self.setting.startswith("*."):
+            if not setting.endswith(self.setting[1:]):
+                return False
+        elif setting != self.setting:
+            return False
+        return self.value is None or value == self.value
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure("world-sd3-t5-154", "sd3", "t5.tokenizer.max_length", 154),
+    Measure("world-sd3-t5-77", "sd3", "t5.tokenizer.max_length", 77),
+    Measure("world-sd3-no-encoder-dropout", "sd3", "*.train_dropout", 0.0),
+    Measure("world-sd3-clip-g-bang", "sd3", "clip_g.tokenizer.pad_token", "<|endoftext|>"),
+    Measure("world-sd3-clip-g-bang", "sd3", "clip_g.tokenizer.pad_token_in_prompt", "text"),
+    Measure("world-flux-t5-512", "flux-schnell", "t5.tokenizer.max_length", 512),
+    Measure("world-flux-t5-77", "flux-schnell", "t5.tokenizer.max_length", 77),
+    Measure("world-sd15-clip-skip-2", "sd1", "clip_l.encoder.layer", "penultimate"),
+    Measure("world-sd15-max-token-225", "sd1", "clip_l.tokenizer.max_length", 227),
+    Measure("world-sd15-dropout-zeros", "sd1", "empty_prompt", "zeros"),
+    Measure("world-sdxl-clip-g-bang", "sdxl", "clip_g.tokenizer.pad_token", "<|endoftext|>"),
+    Measure("world-sdxl-clip-g-bang", "sdxl", "clip_g.tokenizer.pad_token_in_prompt", "text"),
+    Measure("world-sdxl-dropout-encoded", "sdxl", "empty_prompt", "encode"),
+    Measure("world-sdxl-max-token-225", "sdxl", "*.tokenizer.max_length", 227),
+    Measure("world-sdxl-pad-longest", "sdxl", "*.tokenizer.padding", "longest"),
+    Measure("world-sdxl-pad-longest", "sdxl", "*.tokenizer.truncation", False),
+    Measure("world-chroma-t5-no-mask", "chroma", "t5.masks.encoder", False),
+    Measure("world-sd3-comfyui", "sd3", "t5.tokenizer.max_length", None, tool="comfyui"),
+    Measure("world-flux-comfyui", "flux-schnell", "t5.tokenizer.max_length", None, tool="comfyui"),
+    Measure("world-sd15-comfyui", "sd1", "prompt syntax", None, tool="comfyui"),
+)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> JSONObject | None:
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == 1 and isinstance(data.get("rows"), list) else None
+
+
+def summary(path: str | Path | None = None) -> JSONObject | None:
+    """The shipped effects summary (or the one at ``path``), None when absent or unreadable."""
+    return _load(str(path or SUMMARY))
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _signed(v: float, spread: float) -> str:
+    """``v`` with a sign and the decimals its interval's half-width supports (``round_to_spread``)."""
+    if v == 0:
+        return "0"
+    if math.isnan(v):
+        return "n/a"
+    # two significant digits of the spread, as the effects document rounds (te_align.ab.stats.round_to_spread)
+    text = f"{v:.3g}" if math.isnan(spread) or spread <= 0 else f"{v:.{max(0, 1 - math.floor(math.log10(spread)))}f}"
+    return text if text.startswith("-") else "+" + text
+
+
+def _changes(row: JSONObject) -> int:
+    return len(row.get("overrides") or {}) + sum(len(t) for t in (row.get("train") or {}).values() if isinstance(t, dict))
+
+
+def combined_line(trainer: str | None, row_name: str, *, path: str | Path | None = None) -> str:
+    """Where the same trainer's defaults were also measured together (a row of that trainer, on the same base, that
+    changes what ``row_name`` changes and more: a trainer's T5 length with its dropout default), that row's
+    reading in one line ("" where there is none)."""
+    data = summary(path)
+    if data is None or not trainer:
+        return ""
+    rows = data["rows"]
+    own = next((r for r in rows if r.get("preset") == row_name), None)
+    if own is None:
+        return ""
+    for row in rows:
+        prim = row.get("primary") or {}
+        if (row is own or row.get("kind") != "deviation" or row.get("trainer") != trainer
+                or row.get("base") != own.get("base") or not prim or str(row.get("verdict", "")).startswith("pending")
+                or _changes(row) <= _changes(own)
+                or any((row.get("overrides") or {}).get(k) != v for k, v in (own.get("overrides") or {}).items())):
+            continue
+        adj = row.get("adjusted_ci") or [None, None]
+        lo, hi = _num(adj[0]), _num(adj[1])
+        ci = f" [Holm-adjusted interval {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
+        return (f"{trainer}'s defaults together ({row.get('preset')}: {row.get('deviation') or 'its defaults'}): "
+                f"{_num(prim.get('diff_mean')):+.3f}{ci}: {row.get('verdict')}")
+    return ""
+
+
+def evidence_for(
+    family: str,
+    profile: str,
+    setting: str,
+    value: object,
+    *,
+    tool: str = "check",
+    path: str | Path | None = None,
+    trainer: str | None = None,
+) -> JSONObject:
+    """The measured row for a finding: ``{"row", "verdict", "seeds", "planned", "difference", "ci", "document",
+    "text"}``, or ``{"row": None, "verdict": "not measured", "text": ...}``."""
+    m = next((x for x in MEASURES if x.matches(family, profile, setting or "", value, tool)), None)
+    data = summary(path)
+    if m is None or data is None:
+        return {"row": None, "verdict": "not measured", "text": "not measured by te-align's effects matrix"}
+    row = next((r for r in data["rows"] if r.get("preset") == m.row), None)
+    if row is None:
+        return {"row": m.row, "verdict": "not measured", "text": f"not measured ({m.row} is not in the shipped summary)"}
+    prim = row.get("primary") or {}
+    diff, lo, hi = _num(prim.get("diff_mean")), _num(prim.get("ci_low")), _num(prim.get("ci_high"))
+    adj = row.get("adjusted_ci") or [None, None]
+    alo, ahi = _num(adj[0]), _num(adj[1])
+    seeds, planned = int(row.get("seeds", 0)), int(row.get("planned", 0))
+    verdict = str(row.get("verdict", ""))
+    verdict_all = str(row.get("verdict_all") or verdict)
+    complete = bool(prim) and not verdict.startswith("pending")
+    lines: list[str] = []
+    if not complete:  # no number before the row is complete: nothing to read into it
+        text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
+    else:
+        adjusted = str(row.get("kind")) in ("deviation", "inference")
+        if not math.isnan(alo):
+            terms = "Holm-adjusted interval" if adjusted else "95% CI"
+            ci = f" [{terms} {alo:+.3f}, {ahi:+.3f}]"
+        elif not math.isnan(lo):
+            ci = f" [95% CI {lo:+.3f}, {hi:+.3f}]"
+        else:
+            ci = " (no interval: a degenerate difference)"
+        holm_over = row.get("holm_family") or ""
+        text = (
+            f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
+            f"{diff:+.3f}{ci} on concept accuracy: {verdict}" + (f" (Holm over {holm_over})" if holm_over and adjusted else "")
+        )
+        if row.get("family_differs"):
+            lines.append(
+                f"† the verdict rests on its family: among all deviation and inference rows in one Holm family it "
+                f"reads {verdict_all} (Holm p {_num(row.get('p_holm_all')):.3f})"
+            )
+        if row.get("tests_disagree"):
+            lines.append(
+                f"‡ the paired t test (p {_num(prim.get('p_t')):.3f}) and the exact sign-flip test "
+                f"(p {_num(prim.get('p_signflip')):.3f}) disagree at 0.05"
+            )
+        if not math.isnan(lo) and adjusted:
+            lines.append(f"unadjusted 95% CI {lo:+.3f}, {hi:+.3f}; smallest effect this row could detect: "
+                         f"{_num(row.get('mde')):.3f} (80% power, from the null controls' spread)")
+        sec = row.get("secondary") or {}
+        shown = []
+        for key in ("forgetting (known colours)", "validation loss (profile conditioning)"):
+            x = sec.get(key)
+            if not x:
+                continue
+            d, slo, shi = _num(x.get("diff_mean")), _num(x.get("ci_low")), _num(x.get("ci_high"))
+            better = "higher" if x.get("higher_better") else "lower"
+            half = (shi - slo) / 2
+            if math.isnan(slo):
+                shown.append(f"{key} {_signed(d, math.nan)} (no spread: no interval) ({better} is better)")
+            else:
+                shown.append(f"{key} {_signed(d, half)} [{_signed(slo, half)}, {_signed(shi, half)}] ({better} is better)")
+        both = combined_line(trainer, m.row, path=path)
+        if both:
+            lines.append(both)
+        if shown:
+            lines.append("trade-off, trainer's arm minus profile's, unadjusted 95% CI (secondary metrics): " + "; ".join(shown))
+
+    def j(v: float) -> float | None:
+        return None if math.isnan(v) else v
+
+    return {
+        "row": m.row,
+        "verdict": verdict,
+        "verdict_all": verdict_all if complete else verdict,
+        "family_differs": bool(row.get("family_differs")) and complete,
+        "seeds": seeds,
+        "planned": planned,
+        "difference": j(diff),
+        "ci": [j(lo), j(hi)],
+        "adjusted_ci": [j(alo), j(ahi)],
+        "secondary": row.get("secondary") or {},
+        "document": DOCUMENT,
+        "text": text + f" (see {DOCUMENT})",
+        "lines": lines,
+    }
+
+
+def measured_direction(ev: JSONObject) -> str:
+    """What the evidence lets ``check``'s severity policy act on: the verdict when it names a winner in both Holm
+    families (the pre-registered one and all rows), else ``""`` (not measured, pending, a null, or a verdict that
+    rests on its family)."""
+    v = str(ev.get("verdict", ""))
+    if ev.get("row") is None or v.startswith("pending") or v.startswith("not measured"):
+        return ""
+    if v in ("profile better", "trainer default better") and v == ev.get("verdict_all", v):
+        return v
+    return "null"
