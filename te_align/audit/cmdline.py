@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 
 from te_align import _plugins
-from te_align.audit.readers import MAX_BYTES, ConfigSyntaxError, RawConfig, UnreadableConfig, read_text
+from te_align.audit.readers import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
 
 #: File suffixes read as a command line (besides a file with no suffix).
 SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
@@ -55,15 +55,7 @@ def load(path: str, at_line: int | None = None) -> RawConfig:
     p = Path(path)
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise UnreadableConfig(f"file is {size} bytes; te-align check reads files up to {MAX_BYTES} bytes", file=path)
-        text = read_text(p)
-    except UnicodeDecodeError as e:
-        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
-    except OSError as e:
-        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
+    text = read_bounded(path)
     return parse_text(text, path, at_line)
 
 

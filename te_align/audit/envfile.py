@@ -9,25 +9,15 @@ What it gives :func:`te_align.audit.check.check_file`: a :class:`~te_align.audit
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, read_text
+from te_align.audit.readers import RawConfig, read_bounded
 
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(\+?=)(.*)$")
 
 
 def load(path: str) -> RawConfig:
     """A ``config.env`` as a :class:`RawConfig` (``fmt="env"``)."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise UnreadableConfig(f"file is {size} bytes; te-align check reads files up to {MAX_BYTES} bytes", file=path)
-        text = read_text(p)
-    except UnicodeDecodeError as e:
-        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
-    except OSError as e:
-        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
+    text = read_bounded(path)
     return RawConfig(path, "env", text, variables(text)[0])
 
 

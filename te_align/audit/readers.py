@@ -90,6 +90,21 @@ def read_text(path: str | Path) -> str:
     return Path(path).read_text(encoding="utf-8") if text is None else text
 
 
+def read_bounded(path: str, what: str = "file") -> str:
+    """:func:`read_text` of a file up to :data:`MAX_BYTES`, each failure one :class:`UnreadableConfig` line
+    (``what``: the noun the size message uses, "config" or "file")."""
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_BYTES:
+            raise UnreadableConfig(f"{what} is {size} bytes; te-align check reads {what}s up to {MAX_BYTES} bytes",
+                                   file=path)
+        return read_text(path)
+    except UnicodeDecodeError as e:
+        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
+    except OSError as e:
+        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
+
+
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
@@ -114,16 +129,7 @@ def load(path: str, at_line: int | None = None) -> RawConfig:
         raise UnreadableConfig(f"unknown config format '{suffix or p.name}'; expected .toml, .json, .yaml, .yml or "
                                f"an env file (.env) (or a command line in .sh/.txt/.bat; each also as {'/'.join(EXAMPLE_SUFFIXES)})",
                                file=path)
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise UnreadableConfig(f"config is {size} bytes; te-align check reads configs up to {MAX_BYTES} bytes",
-                                   file=path)
-        text = read_text(p)
-    except UnicodeDecodeError as e:
-        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
-    except OSError as e:
-        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
+    text = read_bounded(path, "config")
     fmt, parse = parsers[suffix]
     _check_depth(path, text, fmt)
     try:
