@@ -97,23 +97,25 @@ def test_krea2_and_ideogram4_cite_the_commit_that_has_them(tmp_path, capsys):
             "comfyanonymous/ComfyUI@d763a4d comfy/text_encoders/qwen3vl.py (Qwen3VLSDTokenizer: min_length=1, "
             "max_length=99999999, weights off). Not in ComfyUI fe25114") in out
     out = comfy_out(tmp_path, capsys, "ideogram4", "ideogram-ai/ideogram-v4")
-    assert (f"note you trained with qwen.tokenizer.max_length {UNKNOWN}2048, and ComfyUI does not pad Qwen3-VL "
+    # ai-toolkit cuts Ideogram captions at model_kwargs.max_text_length, 3072 by default: the trained value is known
+    assert ("note you trained at 3072 (qwen.tokenizer.max_length), not the profile's 2048; ComfyUI does not pad Qwen3-VL "
             "(min_length=1; the profile left-pads to 2048 and zeroes the padding) and encodes a prompt over 2048 tokens "
-            "instead of refusing it, unless you sample in diffusers, where Ideogram4Pipeline's default call encodes as "
-            "the profile (the te-align node does not encode Ideogram 4) source: comfyanonymous/ComfyUI@0f548d2 "
+            "instead of refusing it, unless you sample in diffusers with max_sequence_length=3072 (no ComfyUI setting "
+            "pads it) source: comfyanonymous/ComfyUI@0f548d2 "
             "comfy/text_encoders/ideogram4.py:19-42 (tokenizer, template, weights off), 15-16 and 64-68 (the 13 taps, "
             "offset +1, interleaved as the profile). Not in ComfyUI fe25114") in out
 
 
 def test_ltx2_unpadded_unstripped_and_weighted(tmp_path, capsys):
     out = comfy_out(tmp_path, capsys, "ltx2", "Lightricks/LTX-2")
-    assert (f"note you trained with gemma.tokenizer.max_length {UNKNOWN}1024, and ComfyUI does not pad Gemma "
+    # ai-toolkit's LTX-2 rules know its length (1024, padded by pad_embeds) and its stripping
+    assert ("note you trained at 1024 (gemma.tokenizer.max_length); ComfyUI does not pad Gemma "
             "(min_length=1) and never truncates (max_length=99999999): the text connectors get the prompt's tokens "
             "only, not 1024 left-padded ones, unless you sample in diffusers, where LTX2Pipeline's default call "
             "encodes as the profile (the te-align node does not encode LTX-2) source: comfyanonymous/ComfyUI@fe25114 "
             "comfy/text_encoders/lt.py:25-35 (Gemma3_12BTokenizer), 96-112 (all layers, normalised over the unpadded "
             "tokens)") in out
-    assert (f"note you trained with gemma.tokenizer.text_cleaning {UNKNOWN}strip, and ComfyUI does not strip spaces "
+    assert ("note you trained with gemma.tokenizer.text_cleaning = strip; ComfyUI does not strip spaces "
             "and line breaks from the ends of the prompt, unless you write prompts without leading or trailing "
             "whitespace") in out
     assert ("note ComfyUI reads (word:1.2) and (word) in a prompt as Gemma token weights (Gemma3_12BTokenizer keeps "

@@ -107,7 +107,7 @@ def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
     swap_study = _driver()
     settings = swap_study.Settings()
     noise = (0.0, 0.01, -0.01)
-    for cell in swap_study.cells(settings):
+    for index, cell in enumerate(swap_study.cells(settings)):
         for seed in settings.seeds:
             exact, drawn, extra = 0.5, 1.0, 0.0
             if cell.reset == "cross" and cell.lr == 1e-4 and cell.scaling == "matched":
@@ -120,7 +120,9 @@ def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
                 exact -= 0.05  # matching helps everywhere
             if cell.scaling == "std0.2":
                 exact = 0.6
-            data = _fake(settings, cell, seed, exact + noise[seed], drawn, extra)
+            # a little noise of the cell's own, so that no paired difference is degenerate (zero spread gets no verdict)
+            jitter = 0.003 * ((index + seed) % 3)
+            data = _fake(settings, cell, seed, exact + noise[seed] + jitter, drawn, extra)
             path = tmp_path / "results" / cell.name / f"seed-{seed}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data), encoding="utf-8")
@@ -134,20 +136,20 @@ def test_the_readings_follow_the_plans_rules(tmp_path: Path) -> None:
     assert "**C4, matching the std matters: supported** (8 of 8 pairs: matching helps; 0: it hurts)" in section
     assert "C5, is 0.2 special?** The SD 1.5 world base's CLIP conditioning std is 1.654" in section
     assert "what helps is the base's own statistic" in section
-    assert "| cross | 0.80 [0.78, 0.82] | 0.45 [0.43, 0.47] |" in section
+    assert "| cross | 0.80 [0.78, 0.83] | 0.45 [0.42, 0.49] |" in section
     stats, _ = swap_study.load_results(tmp_path / "results", settings)
     summary = swap_study.study_summary(stats, settings)
     assert {k: v["verdict"] for k, v in summary["claims"].items()} == {
         "C1": "supported", "C2": "supported", "C3": "supported", "C4": "supported", "C5": "own std better"}
     assert summary["best"]["0.0001"] == {"cell": "cross-matched-lr1e-4", "reset": "cross", "scaling": "matched",
-                                         "exact": [0.8, 0.7752, 0.8248], "next": "none-matched-lr1e-4",
-                                         "difference": [0.3, 0.3, 0.3], "resolved": True}  # fmt: skip
+                                         "exact": [0.803, 0.7809, 0.8251], "next": "none-matched-lr1e-4",
+                                         "difference": [0.3, 0.2871, 0.3129], "resolved": True}  # fmt: skip
     assert summary["best"]["0.001"]["cell"] == "qk-matched-lr1e-3" and summary["base_std"] == 1.654
     from te_align.swap.study import report_lines
 
     lines = report_lines(summary, base_std=2.5)
-    assert "    reset cross, matched           0.80 [0.78, 0.82]" in lines
-    assert ("    highest: reset cross, matched (0.80 [0.78, 0.82]); against reset none, matched: +0.30 [+0.30, +0.30], "
+    assert "    reset cross, matched           0.80 [0.78, 0.83]" in lines
+    assert ("    highest: reset cross, matched (0.80 [0.78, 0.83]); against reset none, matched: +0.30 [+0.29, +0.31], "
             "resolved at 3 seeds") in lines  # fmt: skip
     assert "    C3 a full reset collapses unless the rate is raised: supported" in lines
     assert lines[-1] == ("  the study base's own conditioning std was 1.654; yours (measured above) is 2.500, and the output "
