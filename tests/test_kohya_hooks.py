@@ -571,7 +571,10 @@ def test_flux_variant_comes_from_sd_scripts_checkpoint_analysis(standin):
 
 # --------------------------------------------------------------------------------- on-disk patch
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.parts}
+    """Every file of the tree but git's and Python's own bytecode (running the trainer writes __pycache__ unless
+    PYTHONDONTWRITEBYTECODE is set; that is Python's, not te-align's, and unpatch leaves it)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".git" not in p.parts and "__pycache__" not in p.parts}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
