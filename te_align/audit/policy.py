@@ -52,7 +52,7 @@ def _at_most(severity: str, cap: Severity) -> Severity:
 
 def image_shrunk(f: Finding) -> bool:
     """A deviation that loses part of a condition image the user gave: the vision encoder's pixel area smaller than
-    the profile's (musubi-tuner's original Qwen-Image-Edit at 384x384, where its pipeline gives 1024x1024)."""
+    the profile's (the original Qwen-Image-Edit's image given at 384x384, where its pipeline gives 1024x1024)."""
     if not f.setting.endswith("images.area"):
         return False
     eff, prof = f.effective, f.profile
