@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="audit trainer configs against the model's alignment profile "
              "(exit 0 aligned, 1 deviations, 2 unreadable, 3 not checked)",
         description=f"Read {_reads()} (command lines in a .sh/.bat/.cmd/.ps1/.txt file, several per file each "
-                    "checked, with their line continuations and variables, or after `--` with no CONFIG; SimpleTuner's "
+                    "checked, with their line continuations and variables, or after `--` with no CONFIG; a trainer's "
                     "config.env through its own variable names); "
                     "work out the model family and the trainer's effective text-encoder settings; "
                     "compare them with the alignment profile. Extra CLI args (and the script name) go "
