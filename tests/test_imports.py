@@ -242,6 +242,10 @@ def test_a_command_that_needs_an_extra_says_which_in_one_line(tmp_path: Path, ar
 def test_demo_without_the_world_package_says_so_in_one_line_first(tmp_path: Path):
     """With the encode extra but not te-align-world (`pip install ".[encode]"`), `te-align demo` printed its two
     opening lines, then the error: it says only the one line, and writes nothing."""
+    import importlib.util
+
+    if importlib.util.find_spec("diffusers") is None:
+        pytest.skip("diffusers is not installed (the core alone): demo names the train extra first")
     code = ("import sys\n"
             "sys.modules['te_align_world'] = None  # as where te-align-world is not installed\n"
             "from te_align.cli import main\n"
