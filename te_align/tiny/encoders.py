@@ -498,6 +498,8 @@ def mistral3_text_encoder(tokenizer: transformers.PreTrainedTokenizerBase, seed:
     seed = _seed_for(f"mistral3-{len(tokenizer)}") if seed is None else seed
     with _seeded(seed):
         return _finish(transformers.Mistral3ForConditionalGeneration(config))
+
+
 def qwen3_vl_model(
     tokenizer: transformers.PreTrainedTokenizerBase, num_hidden_layers: int = 36, seed: int | None = None
 ) -> transformers.Qwen3VLModel:

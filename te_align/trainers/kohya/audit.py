@@ -320,19 +320,30 @@ def _assumed(why: str, prof: str, arch: str) -> str:
 def caption_dirs(values: dict[str, Any]) -> list[str]:
     """train_data_dir and the image_dir of every subset of a dataset_config TOML (when the files exist)."""
     dirs = [values["train_data_dir"]] if isinstance(values.get("train_data_dir"), str) else []
-    cfg = values.get("dataset_config")
-    if isinstance(cfg, str) and cfg.endswith(".toml") and Path(cfg).is_file():
-        from te_align import _toml as tomllib
-
-        try:
-            data = tomllib.loads(Path(cfg).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
-            data = {}
-        for ds in data.get("datasets", []) if isinstance(data.get("datasets"), list) else []:
-            for sub in ds.get("subsets", []) if isinstance(ds, dict) and isinstance(ds.get("subsets"), list) else []:
-                if isinstance(sub, dict) and isinstance(sub.get("image_dir"), str):
-                    dirs.append(sub["image_dir"])
+    data = _dataset_config(values)
+    if data is not None:
+        dirs += [sub["image_dir"] for _, sub in _subsets(data) if isinstance(sub.get("image_dir"), str)]
     return dirs
+
+
+def _dataset_config(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The dataset_config TOML the config names, as a table ({} when unreadable); None when it names none that exists."""
+    cfg = values.get("dataset_config")
+    if not (isinstance(cfg, str) and cfg.endswith(".toml") and Path(cfg).is_file()):
+        return None
+    from te_align import _toml as tomllib
+
+    try:
+        return tomllib.loads(Path(cfg).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
+        return {}
+
+
+def _subsets(data: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(dataset, subset) of every table-shaped subset of a dataset_config."""
+    return [(ds, sub) for ds in (data.get("datasets") if isinstance(data.get("datasets"), list) else [])
+            if isinstance(ds, dict) and isinstance(ds.get("subsets"), list)
+            for sub in ds["subsets"] if isinstance(sub, dict)]
 
 
 #: Where sd-scripts' Anima text-encoder cache keeps the caption dropout rate (read at 48d368f).
@@ -353,19 +364,11 @@ def subset_dropout_rates(values: dict[str, Any]) -> list[tuple[str, float]]:
         return 0.0
 
     out: list[tuple[str, float]] = []
-    cfg = values.get("dataset_config")
-    if isinstance(cfg, str) and cfg.endswith(".toml") and Path(cfg).is_file():
-        from te_align import _toml as tomllib
-
-        try:
-            data = tomllib.loads(Path(cfg).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
-            data = {}
+    data = _dataset_config(values)
+    if data is not None:
         general = data.get("general") if isinstance(data.get("general"), dict) else {}
-        for ds in data.get("datasets", []) if isinstance(data.get("datasets"), list) else []:
-            for sub in ds.get("subsets", []) if isinstance(ds, dict) and isinstance(ds.get("subsets"), list) else []:
-                if isinstance(sub, dict) and isinstance(sub.get("image_dir"), str):
-                    out.append((sub["image_dir"], rate(sub, ds, general, values)))
+        out += [(sub["image_dir"], rate(sub, ds, general, values)) for ds, sub in _subsets(data)
+                if isinstance(sub.get("image_dir"), str)]
     elif isinstance(values.get("train_data_dir"), str):
         out.append((values["train_data_dir"], rate(values)))
     return out
