@@ -30,7 +30,7 @@ import copy
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -557,6 +557,26 @@ def flat_changes(file: str, fmt: str, data: JSONValue, key: str, value: object, 
     tables = [k for k, v in data.items() if isinstance(v, dict)] if isinstance(data, dict) else []
     top = [k for k, v in data.items() if not isinstance(v, (dict, list))] if isinstance(data, dict) else []
     return [Change(file, fmt, (key,) if top or not tables else (tables[0], key), value, False, key)]
+
+
+def flag_or_flat_toml_changes(raw: readers.RawConfig, key: str, value: object, remove: bool,
+                              extra_args: Sequence[str], parse: Callable[[list[str]], tuple[dict[str, object], ...]],
+                              known: Callable[[], None] | None = None) -> list[Change]:
+    """A flag of a training command line, or a key of the ``--config_file`` TOML that the script reads flattened into
+    its arguments. ``parse``: the trainer's command-line reader; ``known``:
+    run before a TOML key is written (refuses a key the trainer does not read)."""
+    if raw.fmt == "cmdline":
+        data = raw.data if isinstance(raw.data, dict) else {}
+        given = parse([str(w) for w in data.get("args", [])])[0]  # type: ignore[union-attr]
+        if remove and key not in given and given.get("config_file"):
+            raise CannotFix(f"set in --config_file {given['config_file']}: remove it there", file=raw.file, key=key)
+        return flag_changes(raw, key, value, remove, extra_args)
+    if key in parse(list(extra_args))[0]:
+        raise CannotFix("given on the command line after `--`, which overrides the TOML: change it there",
+                        file=raw.file, key=key)
+    if known is not None:
+        known()
+    return flat_changes(raw.file, "toml", raw.data, key, value, remove)
 
 
 def flag_changes(raw: readers.RawConfig, key: str, value: object, remove: bool,
