@@ -10,6 +10,7 @@ slightly different float results with autograd recording on, so the comparison m
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -572,11 +573,17 @@ def test_flux2_dev_img_tokens_are_dropped_as_the_pipeline_drops_them():
 def test_flux2_dev_template_literal_is_the_chat_template_rendering():
     """The profile's template with FLUX.2's system message equals what the tokenizer's chat template renders for
     the conversation Flux2Pipeline builds (format_input: the system message and the prompt as text blocks, no
-    generation prompt). The template rendered is te-align's stand-in for Mistral-Small-3.1's (the real file was not
-    available; the profile marks the template unconfirmed)."""
+    generation prompt). The template rendered is Mistral-Small-3.1-24B-Instruct-2503's own (the processor FLUX.2 [dev]
+    ships), shipped verbatim from llama.cpp's copy of it."""
     pipe, p = _setup("flux2-dev")  # skips first where diffusers has no FLUX.2 (sd-scripts pins 0.32)
     from diffusers.pipelines.flux2.pipeline_flux2 import format_input
 
+    from te_align.tiny.tokenizers import mistral_small_chat_template
+
+    template = mistral_small_chat_template()
+    # the copy is verbatim: ggml-org/llama.cpp@9190da2 models/templates/mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja
+    assert (len(template), hashlib.sha256(template.encode()).hexdigest()[:16]) == (6660, "773c8c8c2ffb59c8")
+    assert pipe.tokenizer.chat_template == template
     spec = p.slot("mistral").tokenizer
     assert spec.system_prompt == pipe.system_message
     for prompt in ("a red cat", "", "two\nlines", "far " * 40):

@@ -79,7 +79,7 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 
 # Bump when any recipe below changes: it is part of the default cache folder name.
-_RECIPE_VERSION = "3"
+_RECIPE_VERSION = "4"
 
 CLIP_VOCAB_SIZE = 49408
 CLIP_BOS_ID = 49406  # <|startoftext|>
@@ -1037,12 +1037,12 @@ _TEKKEN_SPLIT_REGEX = (
 
 
 def mistral_small_chat_template() -> str:
-    """A stand-in for the Mistral-Small-3.1 chat template (``data/mistral_small_chat_template.jinja``), written for
-    te-align: the real one (the mistralai/Mistral-Small-3.1-24B-Instruct-2503 tokenizer files) was not found in a
-    readable copy. It renders the Tekken V7 layout ``<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]`` for a
-    system message (a string or a list of text blocks) and user messages whose blocks are text or images
-    (``[IMG]``), as Mistral documents it."""
-    return (Path(__file__).parent / "data" / "mistral_small_chat_template.jinja").read_text(encoding="utf-8")
+    """The Mistral-Small-3.1-24B-Instruct-2503 chat template (Jinja), from
+    ``te_align/tiny/data/mistral_small_chat_template.json`` (mistralai/Mistral-Small-3.1-24B-Instruct-2503's template
+    as vendored verbatim in ggml-org/llama.cpp@9190da2 models/templates/, its source noted there). FLUX.2 [dev]'s
+    processor is that repo's (huggingface/diffusers@58eb52c scripts/convert_flux2_to_diffusers.py:510,517)."""
+    path = Path(__file__).parent / "data" / "mistral_small_chat_template.json"
+    return str(json.loads(path.read_text(encoding="utf-8"))["chat_template"])
 
 
 def _write_mistral_tekken(folder: Path) -> None:
@@ -1087,7 +1087,7 @@ def mistral_tekken_tokenizer(cache_dir: PathLike | None = None) -> transformers.
     pre-tokenization, the :data:`TEKKEN_SPECIAL_TOKENS` at their real ids (``<s>`` 1, ``</s>`` 2, ``[INST]`` 3,
     ``[/INST]`` 4, ``[IMG]`` 10, ``<pad>`` 11, ``[SYSTEM_PROMPT]`` 17, ``[/SYSTEM_PROMPT]`` 18), ``<s>`` added in
     front by the post-processor, pad ``<pad>``, right padding (the transformers default: the real tokenizer_config's
-    padding side was not read) and the stand-in chat template :func:`mistral_small_chat_template`."""
+    padding side was not read) and the real chat template :func:`mistral_small_chat_template`."""
     folder = _materialize("mistral-tekken", _root(cache_dir), _write_mistral_tekken)
     return transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
 def qwen3_vl_chat_template() -> str:
