@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from te_align.audit import check_file
 from te_align.audit.fix import fix_file
