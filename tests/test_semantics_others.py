@@ -75,3 +75,29 @@ def test_onetrainer_trained_text_encoder_reads_its_rate(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps(data, indent=4), encoding="utf-8")
     assert unused(check_file(str(path))) == []
+
+
+def _musubi_dataset(tmp_path):
+    (tmp_path / "img").mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "img" / "a.txt").write_text("a cat", encoding="utf-8")
+    ds = tmp_path / "dataset.toml"
+    ds.write_text(f'[general]\nresolution = [1024, 1024]\ncaption_extension = ".txt"\nbatch_size = 1\n[[datasets]]\n'
+                  f'image_directory = "{(tmp_path / "img").as_posix()}"\n'
+                  f'cache_directory = "{(tmp_path / "cache").as_posix()}"\nnum_repeats = 1\n', encoding="utf-8")
+    return str(ds)
+
+
+def test_musubi_skip_existing_keeps_caches_of_other_settings(tmp_path):
+    base = ["python", "wan_cache_text_encoder_outputs.py", "--dataset_config", _musubi_dataset(tmp_path),
+            "--t5", "/m/umt5-xxl-enc-bf16.pth"]
+    r = check_file("<command line>", command=[*base, "--skip_existing"])
+    assert r.exit_code == 0
+    assert [(f.severity, f.setting, f.message, f.fix) for f in r.findings if f.setting == "skip_existing"] == [(
+        "info", "skip_existing",
+        "--skip_existing keeps every text-encoder cache file already there: it skips a caption whose cache file name "
+        "exists, and the name comes from the item's file name and the architecture alone, so files encoded with "
+        "another text encoder, length or template are kept as they are and training reads them",
+        "after changing a text-encoder setting, cache once without --skip_existing")]
+    r = check_file("<command line>", command=base)
+    assert r.exit_code == 0 and [f for f in r.findings if f.setting == "skip_existing"] == []
