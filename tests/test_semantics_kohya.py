@@ -212,3 +212,54 @@ def test_lr_tables_match_the_scripts_argparse():
         opts = _options(Path(root) / script)
         assert opts & set(semantics.LR_KEYS) == set(), script
         assert "train_text_encoder" not in opts, script
+
+
+# ------------------------------------------------------------------------ caption changes a text-encoder cache cannot hold
+LUMINA = ('pretrained_model_name_or_path = "/m/lumina_2_model_bf16.safetensors"\ngemma2 = "/m/gemma_2_2b.safetensors"\n'
+          'ae = "/m/ae.safetensors"\nnetwork_module = "networks.lora_lumina"\nsystem_prompt = "You are an assistant '
+          'designed to generate superior images with the superior degree of image-text alignment based on textual '
+          'prompts or user prompts."\ncache_text_encoder_outputs = true\nnetwork_train_unet_only = true\n')
+
+
+def test_flux_cache_with_shuffle_caption_stops_sd_scripts(tmp_path):
+    text = FLUX_DEV + "cache_text_encoder_outputs = true\nnetwork_train_unet_only = true\nshuffle_caption = true\n"
+    r = check_file(write(tmp_path, "a.toml", text))
+    assert r.exit_code == 1
+    assert effects(r) == [(
+        "unused-value", "error", "shuffle_caption", 9,
+        "shuffle_caption = true with cached text-encoder outputs: sd-scripts stops at start ('when caching Text "
+        "Encoder output, either caption_dropout_rate, shuffle_caption, token_warmup_step or caption_tag_dropout_rate "
+        "cannot be used')", "turn shuffle_caption off, or turn text-encoder output caching off")]
+    assert "flux_train_network.py:65-68" in r.findings[0].trainer_source
+    ok = check_file(write(tmp_path, "b.toml", text.replace("shuffle_caption = true", "shuffle_caption = false")))
+    assert (ok.exit_code, effects(ok)) == (0, [])
+
+
+def test_dataset_config_tag_dropout_with_a_cache(tmp_path):
+    data = write(tmp_path, "data.toml", '[[datasets]]\n[[datasets.subsets]]\nimage_dir = "/d/one"\n'
+                                        "caption_tag_dropout_rate = 0.1\n")
+    text = FLUX_DEV + f'cache_text_encoder_outputs = true\ndataset_config = "{Path(data).as_posix()}"\n'
+    r = check_file(write(tmp_path, "a.toml", text))
+    assert [(k, s, st, ln, m) for k, s, st, ln, m, _ in effects(r)] == [(
+        "unused-value", "error", "caption_tag_dropout_rate", None,
+        "caption_tag_dropout_rate = 0.1 (dataset_config subsets: /d/one) with cached text-encoder outputs: sd-scripts "
+        "stops at start ('when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, "
+        "token_warmup_step or caption_tag_dropout_rate cannot be used')")]
+    assert [f.edit for f in r.findings if f.kind == "unused-value"] == [None]
+
+
+def test_lumina_network_cache_never_applies_per_step_caption_changes(tmp_path):
+    r = check_file(write(tmp_path, "l.toml", LUMINA + "shuffle_caption = true\ncaption_dropout_rate = 0.1\n"))
+    assert r.exit_code == 1
+    assert [(k, s, st, ln) for k, s, st, ln, _, _ in effects(r)] == [
+        ("unused-value", "warning", "caption_dropout_rate", 9), ("unused-value", "warning", "shuffle_caption", 8)]
+    assert effects(r)[1][4] == (
+        "shuffle_caption = true with cached text-encoder outputs does nothing: lumina_train_network.py does not check "
+        "it (as the other scripts do) and the cache holds each caption's outputs as written, read without "
+        "process_caption")
+    # lumina_train.py checks, as the others do
+    full = check_file(write(tmp_path, "m.toml", LUMINA.replace('network_module = "networks.lora_lumina"\n', "")
+                            + "shuffle_caption = true\n"), extra_args=["lumina_train.py"])
+    assert [(k, s, st) for k, s, st, *_ in effects(full)] == [("unused-value", "error", "shuffle_caption")]
+    assert (check_file(write(tmp_path, "n.toml", LUMINA)).exit_code, effects(check_file(str(tmp_path / "n.toml")))) == (
+        0, [])

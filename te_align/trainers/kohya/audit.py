@@ -447,7 +447,8 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig,
             if key == "caption_dropout_every_n_epochs" and rate:
                 rate = 1.0 / float(rate) if _number(rate) and float(rate) > 0 else None
             if ctx.cached and key == "caption_dropout_rate" and _number(rate) and float(rate) > 0 and (
-                    profile.family not in ("anima", "sd1", "sd2")):
+                    profile.family not in ("anima", "sd1", "sd2")) and (
+                    profile.family != "lumina2" or str(script or "").endswith("lumina_train.py")):
                 out.append(Finding(
                     kind="unused-value", severity="error", setting=key, effective=rate, key=key, line=line(key),
                     message=(f"{key} = {rate} with cached text-encoder outputs: sd-scripts stops at start ('when "
@@ -465,6 +466,9 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig,
         untrained = ctx.cached and profile.family not in ("sd1", "sd2") and not semantics.trains_te(values, script)
         out += semantics.epoch_dropout_findings(values, subset_values(values, "caption_dropout_every_n_epochs"), line,
                                                 untrained)
+        if ctx.cached:
+            out += semantics.cache_caption_findings(profile.family, script, values,
+                                                    lambda key: subset_values(values, key), line, untrained)
         return out
 
     return after

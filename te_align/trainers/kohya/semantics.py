@@ -241,3 +241,81 @@ def _plain(v: Any) -> Any:
 
 def _shown(values: dict[str, Any], key: str) -> str:
     return f" = {values[key]}" if _set(values, key) else " (its default)"
+
+
+#: Families whose scripts stop at start when text-encoder outputs are cached and a subset changes its caption at
+#: every step (DatasetGroup.is_text_encoder_output_cacheable, library/train_util.py:1102-1113): where each asserts it.
+#: Anima's cache keeps caption_dropout_rate (cache_supports_dropout). lumina_train_network.py has no such check.
+CACHE_ASSERT = {
+    "sdxl": "sdxl_train_network.py:34-37; sdxl_train.py:205-208",
+    "sd3": "sd3_train_network.py:48-51; sd3_train.py:193-196",
+    "flux": "flux_train_network.py:65-68; flux_train.py:180-183",
+    "chroma": "flux_train_network.py:65-68",
+    "hunyuanimage": "hunyuan_image_train_network.py:347-350",
+    "anima": "anima_train_network.py:53-56; anima_train.py:153-156 (caption_dropout_rate allowed: the cache keeps it)",
+}
+LUMINA_FULL_ASSERT = "lumina_train.py:187-190"
+#: Caption changes made at every step, which a text-encoder cache cannot hold.
+PER_STEP = ("caption_dropout_rate", "shuffle_caption", "token_warmup_step", "caption_tag_dropout_rate")
+
+
+def _per_step_on(key: str, v: Any) -> bool:
+    if key == "shuffle_caption":
+        return _truthy(v)
+    try:
+        return float(v) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def cache_caption_findings(family: str, script: str | None, values: dict[str, Any],
+                           subsets: Callable[[str], list[tuple[str, Any, bool]]],
+                           line: Callable[[str], int | None], cached_untrained: bool) -> list[Finding]:
+    """With cached text-encoder outputs, a caption change made at every step (shuffle, warm-up, tag or caption
+    dropout): the scripts that check it stop at start; lumina_train_network.py does not check and never applies it
+    (the cache holds each caption as written). The config's own caption_dropout_rate in a checking script is the
+    reader's older finding; this adds the rest."""
+    name = script.rsplit("/", 1)[-1] if isinstance(script, str) else None
+    asserts = CACHE_ASSERT.get(family) or (LUMINA_FULL_ASSERT if family == "lumina2" and name == "lumina_train.py"
+                                           else None)
+    silent = family == "lumina2" and asserts is None and cached_untrained
+    if asserts is None and not silent:
+        return []
+    out: list[Finding] = []
+    for key in PER_STEP:
+        if key == "caption_dropout_rate" and (family == "anima" or (asserts is not None)):
+            # anima's cache keeps the rate; a checking script's top-level rate is reported by the reader already
+            places = [(w, v, d) for w, v, d in subsets(key) if d and family != "anima" and _per_step_on(key, v)]
+        else:
+            places = [(w, v, d) for w, v, d in subsets(key) if _per_step_on(key, v)]
+        if not places:
+            continue
+        in_file = [w for w, _, d in places if d]
+        here = any(not d for _, _, d in places) and key in values
+        where = f" (dataset_config subsets: {', '.join(in_file)})" if in_file and not here else ""
+        shown = places[0][1]
+        if asserts is not None:
+            out.append(Finding(
+                kind="unused-value", severity="error", setting=key, effective=shown, key=key,
+                line=line(key) if here else None,
+                message=(f"{key} = {_plain_show(shown)}{where} with cached text-encoder outputs: sd-scripts stops at "
+                         "start ('when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, "
+                         "token_warmup_step or caption_tag_dropout_rate cannot be used')"),
+                fix=f"turn {key} off{' in the dataset_config' if where else ''}, or turn text-encoder output caching off",
+                trainer_source=f"sd-scripts: library/train_util.py:1102-1113; {asserts}",
+                edit=Edit(key, remove=True) if here else None))
+        else:
+            out.append(Finding(
+                kind="unused-value", severity="warning", setting=key, effective=shown, key=key,
+                line=line(key) if here else None,
+                message=(f"{key} = {_plain_show(shown)}{where} with cached text-encoder outputs does nothing: "
+                         "lumina_train_network.py does not check it (as the other scripts do) and the cache holds "
+                         "each caption's outputs as written, read without process_caption"),
+                fix=f"turn {key} off{' in the dataset_config' if where else ''}, or turn text-encoder output caching off",
+                trainer_source=f"sd-scripts: lumina_train_network.py:39-50 (no cacheability check); {CACHED_SOURCE.removeprefix('sd-scripts: ')}",
+                edit=Edit(key, remove=True) if here else None))
+    return out
+
+
+def _plain_show(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
