@@ -43,7 +43,7 @@ def test_every_epoch_dropout_trains_unconditionally(tmp_path):
         'caption_dropout_every_n_epochs = 1: sd-scripts drops every caption in every epoch whose number is a multiple '
         'of N, so with 1 every caption of every epoch becomes the empty caption "": the run trains unconditionally '
         "and learns nothing from your captions",
-        "remove caption_dropout_every_n_epochs (for random dropout of a share of captions use caption_dropout_rate, "
+        "caption_dropout_every_n_epochs = 0 (for random dropout of a share of captions use caption_dropout_rate, "
         "e.g. 0.05)")]
     assert "library/train_util.py:829-837" in r.findings[0].trainer_source
 
@@ -70,7 +70,7 @@ def test_every_third_epoch_is_a_note_with_the_epoch_count(tmp_path):
         'unconditionally on "", not a random share of captions in each); with max_train_epochs = 10 that is 3 of '
         "10 epochs",
         "keep it if whole unconditional epochs are meant; for per-caption dropout use caption_dropout_rate (about "
-        "0.33) and remove caption_dropout_every_n_epochs")]
+        "0.33) and caption_dropout_every_n_epochs = 0")]
 
 
 def test_dataset_config_subset_every_epoch(tmp_path):
@@ -101,7 +101,7 @@ def test_cached_outputs_never_drop(tmp_path):
         "caption_dropout_every_n_epochs = 1 with cached text-encoder outputs: no caption is ever dropped, because "
         "the cache holds each caption's outputs as written and training reads them without process_caption (and "
         "sd-scripts, which refuses caption_dropout_rate with a cache, accepts this key)",
-        "remove caption_dropout_every_n_epochs, or turn text-encoder output caching off")]
+        "caption_dropout_every_n_epochs = 0, or turn text-encoder output caching off")]
     assert "library/train_util.py:1697-1718" in r.findings[0].trainer_source
 
 
@@ -263,3 +263,34 @@ def test_lumina_network_cache_never_applies_per_step_caption_changes(tmp_path):
     assert [(k, s, st) for k, s, st, *_ in effects(full)] == [("unused-value", "error", "shuffle_caption")]
     assert (check_file(write(tmp_path, "n.toml", LUMINA)).exit_code, effects(check_file(str(tmp_path / "n.toml")))) == (
         0, [])
+
+
+# ------------------------------------------------------------------------ the kohya_ss GUI writes the same keys
+def _gui(tmp_path: Path, **fields: object) -> str:
+    import json
+
+    data = {"LoRA_type": "Standard", "network_dim": 16, "network_alpha": 16, "text_encoder_lr": 0.0001,
+            "unet_lr": 0.0001, "pretrained_model_name_or_path": "/m/v1-5-pruned.safetensors", "epoch": 10, **fields}
+    return write(tmp_path, "gui.json", json.dumps(data, indent=2))
+
+
+def test_gui_every_epoch_dropout_and_its_fix(tmp_path):
+    path = _gui(tmp_path, caption_dropout_every_n_epochs=1)
+    r = check_file(path)
+    assert r.trainer == "kohya-gui" and r.exit_code == 1
+    assert [(k, s, st, ln, fx) for k, s, st, ln, _, fx in effects(r)] == [(
+        "effect", "error", "caption_dropout_every_n_epochs", 9,
+        '"caption_dropout_every_n_epochs": 0 (for random dropout of a share of captions use caption_dropout_rate, '
+        "e.g. 0.05)")]
+    report = fix_file(path, backup=False)
+    assert report.refused == ""
+    assert '"caption_dropout_every_n_epochs": 0' in Path(path).read_text(encoding="utf-8")
+    assert report.result.exit_code == 0
+    assert (check_file(_gui(tmp_path, caption_dropout_every_n_epochs=0)).exit_code) == 0
+
+
+def test_gui_text_encoder_lr_zero_is_unet_only_so_a_cache_never_drops(tmp_path):
+    path = _gui(tmp_path, caption_dropout_every_n_epochs=1, text_encoder_lr=0, sdxl=True, sdxl_cache_text_encoder_outputs=True,
+                pretrained_model_name_or_path="/m/sd_xl_base_1.0.safetensors")
+    assert [(k, s, st) for k, s, st, *_ in effects(check_file(path))] == [
+        ("unused-value", "warning", "caption_dropout_every_n_epochs")]

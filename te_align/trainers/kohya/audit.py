@@ -465,7 +465,7 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig,
             out += anima_dropout_cache_findings(values, line)
         untrained = ctx.cached and profile.family not in ("sd1", "sd2") and not semantics.trains_te(values, script)
         out += semantics.epoch_dropout_findings(values, subset_values(values, "caption_dropout_every_n_epochs"), line,
-                                                untrained)
+                                                untrained, fix_zero)
         if ctx.cached:
             out += semantics.cache_caption_findings(profile.family, script, values,
                                                     lambda key: subset_values(values, key), line, untrained)

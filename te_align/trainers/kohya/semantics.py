@@ -73,7 +73,8 @@ def _int(v: Any) -> int | None:
 
 
 def epoch_dropout_findings(values: dict[str, Any], subsets: list[tuple[str, Any, bool]],
-                           line: Callable[[str], int | None], cached_untrained: bool) -> list[Finding]:
+                           line: Callable[[str], int | None], cached_untrained: bool,
+                           fix_off: Callable[[str], str] | None = None) -> list[Finding]:
     """``caption_dropout_every_n_epochs``: every caption of a subset is dropped in every epoch whose number is a
     multiple of N. ``subsets``: (where, value, from the dataset_config) of every subset. ``cached_untrained``: text
     encoder outputs are cached and no text encoder is trained, so no caption is ever dropped."""
@@ -89,7 +90,7 @@ def epoch_dropout_findings(values: dict[str, Any], subsets: list[tuple[str, Any,
         here = not in_file and key in values
         where = (f" (dataset_config subsets: {', '.join(in_file)})" if in_file else "")
         fix_words = (f"set {key} = 0 in the dataset_config for {', '.join(in_file)}" if in_file
-                     else f"remove {key}")
+                     else fix_off(key) if fix_off is not None else f"remove {key}")
         if cached_untrained:
             out.append(Finding(
                 kind="unused-value", severity="warning", setting=key, effective=n, key=key,
