@@ -126,9 +126,11 @@ def to_sd_scripts(g: dict[str, Any], tab: str = "lora") -> tuple[dict[str, Any],
         "t5_dropout_rate": g.get("sd3_t5_dropout_rate") if sd3 else None,
         "caption_dropout_every_n_epochs": _int(g.get("caption_dropout_every_n_epochs")),
         "shuffle_caption": g.get("shuffle_caption"),
-        # the LoRA tab trains no text-encoder LoRA when its text_encoder_lr is 0 and unet_lr is not (lora_gui.py:916-923)
-        "network_train_unet_only": True if tab == "lora" and _num(g.get("text_encoder_lr")) == 0
-        and _num(g.get("unet_lr")) not in (0, None) else None,
+        # the LoRA tab trains no text-encoder LoRA when its text_encoder_lr is 0 and unet_lr is not, or for
+        # HunyuanImage (resolve_network_train_flags, lora_gui.py:908-923,2108-2115)
+        "network_train_unet_only": True if tab == "lora" and (hunyuan or (_num(g.get("text_encoder_lr")) == 0
+                                                                        and _num(g.get("unet_lr")) not in (0, None)))
+        else None,
     }
     # The GUI drops "", False and None (lora_gui.py:2558-2566), then appends additional_parameters (2592-2597).
     out = {k: v for k, v in out.items() if _on(v) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0)}
