@@ -193,7 +193,7 @@ def _check(
     result.findings = _sorted(findings)
 
 
-_ORDER = {"syntax": 0, "wrong-value": 0, "not-checked": 1, "deviation": 1, "missing-key": 1, "unused-value": 2,
+_ORDER = {"syntax": 0, "wrong-value": 0, "not-checked": 1, "deviation": 1, "missing-key": 1, "effect": 2, "unused-value": 2,
           "unknown-key": 3, "stale-cache": 4, "note": 5}
 _SEV = {"error": 0, "warning": 1, "info": 2}
 

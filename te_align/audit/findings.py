@@ -7,7 +7,9 @@ from typing import Literal
 
 Severity = Literal["error", "warning", "info"]
 Kind = Literal["deviation", "missing-key", "unknown-key", "unused-value", "stale-cache", "syntax", "wrong-value",
-               "not-checked", "note"]
+               "not-checked", "note", "effect"]
+#: ``effect``: a key the trainer reads whose effect on the text side is not what its name suggests (a trainer's own
+#: semantics: every caption dropped, a cache that ignores it); its severity says how much it costs.
 Status = Literal["checked", "not-checked", "not-training", "unreadable"]
 
 #: Exit codes of one file:

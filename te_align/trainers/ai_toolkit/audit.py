@@ -85,6 +85,11 @@ RULES: tuple[Rule, ...] = (
     Rule(None, ("sd3", "chroma", "hidream", "qwen-image", "wan"), "train.prompt_dropout_prob", 0.0,
          "prompt dropout is dropped for SD3 and for every BaseModel architecture",
          f"{_TT}:325-374; toolkit/models/base_model.py:1108-1131", honoured="never"),
+    Rule(None, ("*",), "train.text_encoder_lr", None,
+         "TrainConfig stores it and nothing reads it: a text-encoder LoRA (train.train_text_encoder) and a full "
+         "text-encoder fine-tune train at train.lr, so the text encoder does not train at this rate",
+         "toolkit/config_modules.py:383 (stored, never read); jobs/process/BaseSDTrainProcess.py:2024-2027 (network "
+         "text_encoder_lr = train.lr), :2146-2151 (fine-tune text_encoder_lr = train.lr)", honoured="never"),
     Rule("t5.tokenizer.max_length", ("flux",), None, 512,
          "encode_prompt hard-codes max_length=512 for FLUX.1 dev and schnell", f"{_SDM}:2468-2476"),
     Rule("t5.masks.zero_padded", ("flux",), "model.attn_masking", False,

@@ -47,7 +47,7 @@ from te_align.audit.readers import (
 from te_align.audit.rules import Context, Rule, Trainer
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
-from te_align.trainers.diffusion_pipe import names
+from te_align.trainers.diffusion_pipe import names, semantics
 
 COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
 NAME = "diffusion-pipe"
@@ -440,6 +440,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             "its caption_prefix and captions are not checked")))
     mt_name = str(model.get("type") or "")
     mt = names.BY_TYPE.get(mt_name)
+    findings += semantics.te_path_findings(model, mt_name, lines)
     trainer = _trainer(raw, lines, mt)
     cached = bool(model.get("cache_text_embeddings", True)) and mt_name != "sdxl"
     if mt is not None and mt.comfy_line:

@@ -30,6 +30,7 @@ from te_align.audit.parsed import parse_cli as _parse_cli
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
 from te_align.audit.rules import ByProfile, Context, Rule, Trainer, family_of
 from te_align.trainers.kohya import names as kohya_table
+from te_align.trainers.kohya import semantics
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.profiles import AlignmentProfile
@@ -374,6 +375,21 @@ def subset_dropout_rates(values: dict[str, Any]) -> list[tuple[str, float]]:
     return out
 
 
+def subset_values(values: dict[str, Any], key: str) -> list[tuple[str, Any, bool]]:
+    """(subset, value, whether the dataset_config gave it) of ``key`` for every subset sd-scripts builds: from the
+    subset, else its dataset, else [general], else the command line / config (library/config_util.py:430-433)."""
+    data = _dataset_config(values)
+    if data is None:
+        return [(str(values.get("train_data_dir") or "train_data_dir"), values.get(key), False)]
+    general = data.get("general") if isinstance(data.get("general"), dict) else {}
+    out: list[tuple[str, Any, bool]] = []
+    for i, (ds, sub) in enumerate(_subsets(data)):
+        where = sub["image_dir"] if isinstance(sub.get("image_dir"), str) else f"subset {i + 1}"
+        table = next((t for t in (sub, ds, general) if key in t), None)
+        out.append((where, table[key], True) if table is not None else (where, values.get(key), False))
+    return out
+
+
 def anima_dropout_cache_findings(values: dict[str, Any], line: Any) -> list[Finding]:
     """sd-scripts' Anima disk cache bakes each subset's caption_dropout_rate into every ``*_anima_te.npz`` and keeps
     a file whose rate differs from the config's: a changed rate does nothing until the files are deleted."""
@@ -420,7 +436,7 @@ def anima_dropout_cache_findings(values: dict[str, Any], line: Any) -> list[Find
     return out
 
 
-def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig) -> Any:
+def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig, script: str | None = None) -> Any:
     """Caption dropout (caption_dropout_rate / caption_dropout_every_n_epochs: the caption becomes "" and is
     encoded) against the profile's empty-prompt rule."""
 
@@ -431,7 +447,8 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig)
             if key == "caption_dropout_every_n_epochs" and rate:
                 rate = 1.0 / float(rate) if _number(rate) and float(rate) > 0 else None
             if ctx.cached and key == "caption_dropout_rate" and _number(rate) and float(rate) > 0 and (
-                    profile.family not in ("anima", "sd1", "sd2")):
+                    profile.family not in ("anima", "sd1", "sd2")) and (
+                    profile.family != "lumina2" or str(script or "").endswith("lumina_train.py")):
                 out.append(Finding(
                     kind="unused-value", severity="error", setting=key, effective=rate, key=key, line=line(key),
                     message=(f"{key} = {rate} with cached text-encoder outputs: sd-scripts stops at start ('when "
@@ -446,6 +463,12 @@ def make_after(values: dict[str, Any], line: Any, fix_zero: Any, raw: RawConfig)
                 line=line(key), fix=f"{fix_zero(key)} (sd-scripts cannot drop captions as zeros)")
         if profile.family == "anima" and values.get("cache_text_encoder_outputs_to_disk"):
             out += anima_dropout_cache_findings(values, line)
+        untrained = ctx.cached and profile.family not in ("sd1", "sd2") and not semantics.trains_te(values, script)
+        out += semantics.epoch_dropout_findings(values, subset_values(values, "caption_dropout_every_n_epochs"), line,
+                                                untrained, fix_zero)
+        if ctx.cached:
+            out += semantics.cache_caption_findings(profile.family, script, values,
+                                                    lambda key: subset_values(values, key), line, untrained)
         return out
 
     return after
@@ -605,8 +628,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     prof, reason = guess_profile(values, script)
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
     trainer = make_trainer(raw, set(cli) if raw.fmt != "cmdline" else set(), script)
-    after = make_after(values, lambda key: lines(key) if key not in cli or raw.fmt == "cmdline" else None,
-                       lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw)
+    key_line = lambda key: lines(key) if key not in cli or raw.fmt == "cmdline" else None  # noqa: E731
+    after = make_after(values, key_line, lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw, script)
+    findings += semantics.lr_findings(values, script, key_line, set(cli))
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
                   caption_dirs=caption_dirs(values), guess_is_default=script is None and reason.startswith(
                       "pretrained_model_name_or_path"), assumed=getattr(reason, "assumed", ""))

@@ -41,6 +41,11 @@ GUI_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "t5_dropout_rate": ("sd3_t5_dropout_rate", ("sd3",)),
     "caption_dropout_rate": ("caption_dropout_rate", ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2",
                                                       "anima", "hunyuanimage")),
+    # written into the TOML as int / bool (lora_gui.py:2182,2337)
+    "caption_dropout_every_n_epochs": ("caption_dropout_every_n_epochs", ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma",
+                                                                          "lumina2", "anima", "hunyuanimage")),
+    "shuffle_caption": ("shuffle_caption", ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "lumina2", "anima",
+                                            "hunyuanimage")),
 }
 
 #: Tabs: (keys only that tab writes, the model checkboxes in the order the tab tests them -> script, default script).
@@ -119,6 +124,13 @@ def to_sd_scripts(g: dict[str, Any], tab: str = "lora") -> tuple[dict[str, Any],
         "clip_l_dropout_rate": g.get("sd3_clip_l_dropout_rate") if sd3 else None,
         "clip_g_dropout_rate": g.get("clip_g_dropout_rate") if sd3 else None,
         "t5_dropout_rate": g.get("sd3_t5_dropout_rate") if sd3 else None,
+        "caption_dropout_every_n_epochs": _int(g.get("caption_dropout_every_n_epochs")),
+        "shuffle_caption": g.get("shuffle_caption"),
+        # the LoRA tab trains no text-encoder LoRA when its text_encoder_lr is 0 and unet_lr is not, or for
+        # HunyuanImage (resolve_network_train_flags, lora_gui.py:908-923,2108-2115)
+        "network_train_unet_only": True if tab == "lora" and (hunyuan or (_num(g.get("text_encoder_lr")) == 0
+                                                                        and _num(g.get("unet_lr")) not in (0, None)))
+        else None,
     }
     # The GUI drops "", False and None (lora_gui.py:2558-2566), then appends additional_parameters (2592-2597).
     out = {k: v for k, v in out.items() if _on(v) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v != 0)}
@@ -130,6 +142,13 @@ def to_sd_scripts(g: dict[str, Any], tab: str = "lora") -> tuple[dict[str, Any],
             cli = {}
         out.update(cli)
     return out, script
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
 
 
 def _int(v: Any) -> int | None:
@@ -203,20 +222,20 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     def fix_remove(key: str) -> str:
         field, fams = GUI_FIELDS.get(key, ("", ()))
         if field and _family(prof) in fams:
-            if key.endswith("dropout_rate"):
+            if key.endswith("dropout_rate") or key == "caption_dropout_every_n_epochs":
                 return f'"{field}": 0'
             if key in ("clip_skip",):
                 return f'"{field}": 1'
             if key == "max_token_length":
                 return f'"{field}": 75'
-            return f'"{field}": ' + ('false' if key == "apply_t5_attn_mask" else '""')
+            return f'"{field}": ' + ('false' if key in ("apply_t5_attn_mask", "shuffle_caption") else '""')
         return f'remove --{key} from "additional_parameters"'
 
     trainer = Trainer("kohya-gui", RULES, fix_set, fix_remove, lambda key: lines(GUI_FIELDS.get(key, (key,))[0]),
                       not_settable=kohya.not_settable(script))
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
     after = kohya.make_after(values, lambda key: lines(GUI_FIELDS.get(key, (key,))[0]),
-                             lambda key: f'"{GUI_FIELDS.get(key, (key,))[0]}": 0', raw)
+                             lambda key: f'"{GUI_FIELDS.get(key, (key,))[0]}": 0', raw, script)
     dirs = [g["train_data_dir"]] if isinstance(g.get("train_data_dir"), str) else []
     return Parsed(trainer, values, prof, f"kohya_ss GUI: {reason}", cached, None, findings, SUPPORTED, after=after,
                   caption_dirs=dirs + kohya.caption_dirs({"dataset_config": g.get("dataset_config")}), assumed=assumed)

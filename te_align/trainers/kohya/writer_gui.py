@@ -11,7 +11,8 @@ from te_align.trainers.kohya.audit import parse_cli
 from te_align.trainers.kohya.audit_gui import GUI_FIELDS
 
 #: What the GUI saves in a field when its flag is not given (the fixes' "remove": lora_gui.py defaults).
-GUI_DEFAULTS: dict[str, object] = {"clip_skip": 1, "max_token_length": 75, "apply_t5_attn_mask": False}
+GUI_DEFAULTS: dict[str, object] = {"clip_skip": 1, "max_token_length": 75, "apply_t5_attn_mask": False,
+                                   "caption_dropout_every_n_epochs": 0, "shuffle_caption": False}
 
 
 def _default(key: str) -> object:

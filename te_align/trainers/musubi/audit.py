@@ -639,6 +639,17 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
             f"Wan 2.2 (--task {task}) is checked with the wan21 profile: diffusers' WanPipeline encodes both with the "
             "same umT5-XXL at 512 tokens")))
+    if kind == names.TE_CACHE_KIND and values.get("skip_existing"):
+        findings.append(Finding(
+            kind="note", severity="info", setting="skip_existing", key="skip_existing",
+            line=cli_lines("skip_existing") if "skip_existing" in set(order) else lines("skip_existing"),
+            message=("--skip_existing keeps every text-encoder cache file already there: it skips a caption whose "
+                     "cache file name exists, and the name comes from the item's file name and the architecture "
+                     "alone, so files encoded with another text encoder, length or template are kept as they are and "
+                     "training reads them"),
+            fix="after changing a text-encoder setting, cache once without --skip_existing",
+            trainer_source="musubi-tuner: cache_text_encoder_outputs.py:60-69 (the existing files), :104-111 (skipped "
+                           "by file name only); dataset/image_video_dataset.py:168-171 (the name)"))
     if kind in names.TRAIN_KINDS:
         findings.append(Finding(kind="note", severity="info", setting="text-encoder cache", message=(
             f"{script} reads the captions' text-encoder outputs from the cache that {te_cache_script(arch)} wrote "

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from te_align.audit import rules
-from te_align.audit.findings import Finding
+from te_align.audit.findings import Edit, Finding
 from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
@@ -377,6 +377,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                     source=f"{_DROPOUT_SOURCE[profile.family]} (a dropped caption's embeddings are multiplied by 0)",
                     line=lines("dropout_probability"),
                     fix=f"{fix_set(key, 0.0)} (OneTrainer cannot drop captions as an encoded \"\")")
+        out += unread_lr_findings(values, lambda part: _line_in_part(raw.text, part, "learning_rate"))
         return out
 
     hooked = names.profile_of(mt)[1] if mt else True
@@ -384,6 +385,38 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       not_settable=NOT_SETTABLE if hooked or mt == "ANIMA" else NOT_HOOKED)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
                   assumed=getattr(reason, "assumed", ""))
+
+
+#: Where OneTrainer reads a model part's learning_rate: only for a part it trains (read at 23df383).
+PART_LR_SOURCE = ("modules/modelSetup/BaseModelSetup.py:185-195 (_create_model_part_parameters returns before the "
+                  "part's parameter group when its train is false); modules/util/NamedParameterGroup.py:40 (a "
+                  "learning_rate of null takes the global learning_rate)")
+
+
+def _line_in_part(text: str, part: str, key: str) -> int | None:
+    """The line of ``"key":`` inside the ``"part": {`` object of a OneTrainer JSON (None: not found)."""
+    import re
+
+    start = re.search(rf'"{re.escape(part)}"\s*:\s*\{{', text)
+    hit = re.search(rf'"{re.escape(key)}"\s*:', text[start.end():]) if start else None
+    return text.count("\n", 0, start.end() + hit.start()) + 1 if start and hit else None
+
+
+def unread_lr_findings(values: dict[str, Any], line: Any) -> list[Finding]:
+    """A text encoder's learning_rate given while its ``train`` is false: OneTrainer makes no parameter group for
+    that encoder, so nothing trains at the rate."""
+    out: list[Finding] = []
+    for part in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
+        key, lr = f"{part}.learning_rate", values.get(f"{part}.learning_rate")
+        if lr is None or _on(values.get(f"{part}.train", True)):
+            continue
+        out.append(Finding(
+            kind="unused-value", severity="warning", setting=key, effective=lr, key=key, line=line(part),
+            message=(f"{key} = {lr} is not read: {part}.train is false, so OneTrainer trains no {part} and nothing "
+                     "trains at this rate"),
+            fix=f'remove "{key}" (or set "{part}": {{"train": true}} to train it at this rate)',
+            trainer_source=f"OneTrainer: {PART_LR_SOURCE}", edit=Edit(key, remove=True)))
+    return out
 
 
 def _positive(v: Any) -> bool:
