@@ -62,16 +62,15 @@ def test_local_lazy_relative_and_submodule_imports_close_loops(tmp_path):
     assert m.measure(tmp_path)["import loops between modules"] == 4
 
 
-def test_te_align_has_no_module_level_import_loop():
+def test_te_align_has_no_module_level_import_loop_but_the_two_left_to_their_own_steps():
+    """7 loops at 2d98a53; what is left: the profile model's methods (``with_overrides``, ``to_dict``, ``to_toml``)
+    call the modules built on it, and the environment step and the transaction recover each other (issue 48's
+    "one transaction" step)."""
     shape = _metrics().measure(ROOT)
     assert [group for group, _ in shape["_module_loops"]] == [
-        ["te_align.audit.cmdline", "te_align.audit.envfile", "te_align.audit.readers"],
         ["te_align.patching.environment", "te_align.patching.transaction"],
-        ["te_align.probe", "te_align.probe.adapter", "te_align.probe.core", "te_align.probe.matrix"],
         ["te_align.profiles.model", "te_align.profiles.overrides", "te_align.profiles.registry",
          "te_align.profiles.resolve", "te_align.profiles.serialize", "te_align.profiles.sources.checkpoint",
          "te_align.profiles.sources.common", "te_align.profiles.sources.folder", "te_align.profiles.sources.hub"],
-        ["te_align.train.loop", "te_align.train.swap"],
-        ["te_align.trainers.kohya.hooks.archs", "te_align.trainers.kohya.hooks.caches"],
     ]
-    assert shape["import loops between modules"] == 6
+    assert shape["import loops between modules"] == 2
