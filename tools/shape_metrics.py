@@ -244,8 +244,8 @@ def module_loops(sources: list[Source]) -> list[tuple[list[str], list[str]]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for a, b in edges:
         graph[a].add(b)
-    files = {s.module: s.path.relative_to(s.path.parents[len(s.module.split(".")) - (
-        0 if s.path.name == "__init__.py" else 1)]).as_posix() for s in sources}
+    files = {s.module: s.module.replace(".", "/") + ("/__init__.py" if s.path.name == "__init__.py" else ".py")
+             for s in sources}
     out = []
     for group in strongly_connected(graph):
         members = set(group)
