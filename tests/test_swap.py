@@ -389,6 +389,7 @@ def test_projection_over_cached_t5_output_equals_encoding_through_the_whole_enco
     swapped: tuple[Any, Path], squares_dataset: Path, tmp_path: Path, cache_text: bool
 ) -> None:
     from te_align.train import config_from_dict
+    from te_align.train.loop import TextSource
     from te_align.train.swap import projection_models, text_source
 
     _, out = swapped
@@ -398,7 +399,7 @@ def test_projection_over_cached_t5_output_equals_encoding_through_the_whole_enco
     pipe = _pipe(out)
     models = projection_models(profile, pipe)
     source = text_source(cfg, profile, pipe, models, torch.device("cpu"), torch.float32, cache_dir=tmp_path / "text",
-                         writer=True)  # fmt: skip
+                         writer=True, base=TextSource)  # fmt: skip
     assert type(source).__name__ == "ProjectedTextSource" and source.trainable and source.use_cache == cache_text
     source.precache(CAPTIONS)
     cond = source.batch(CAPTIONS, torch.Generator().manual_seed(0))

@@ -2,7 +2,7 @@
 
 Maintainer script (standard library only, reads source, imports nothing of te_align)::
 
-    python tools/shape_metrics.py [ROOT] [--json] [--loops] [--arrows] [--local]
+    python tools/shape_metrics.py [ROOT] [--json] [--loops] [--arrows] [--local] [--dups]
 
 ``ROOT`` is a checkout (default: the one this script is in); it reads ``ROOT/te_align``. Printed:
 
@@ -19,6 +19,12 @@ a
 nodes are
   ``te_align``'s first-level packages and modules and whose arrows are every runtime import, module-level and
   function-local (imports under ``if TYPE_CHECKING:`` are not runtime and not counted);
+- ``import loops between modules``: strongly connected groups of the graph whose nodes are ``te_align``'s modules
+  (each ``.py`` file) and whose arrows are every runtime import: module-level, function-local, ``lazy_module``
+  handles, ``importlib.import_module`` with a literal name and ``lazy_exports`` tables; relative imports are
+  resolved, and ``from pkg import name`` points at module ``pkg.name`` where there is one (see
+  :func:`module_edges`). ``--loops`` lists each loop's modules and the import lines inside it, the ones that close
+  it;
 - ``arrows engine -> trainers``: import statements in ``audit/``, ``hooks/``, ``patching/``, ``probe/`` (the
 engine)
   whose target is ``te_align.trainers``;
@@ -179,6 +185,78 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(groups)
 
 
+def _lazy_exports(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, module) of each module named in a dict literal passed to ``lazy_exports(...)`` (PEP 562 exports)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _call_name(node) == "lazy_exports" and len(node.args) > 1:
+            table = node.args[1]
+            if isinstance(table, ast.Name):  # ``lazy_exports(__name__, _EXPORTS, globals())``: the module's own table
+                found = [a.value for a in tree.body if isinstance(a, ast.Assign | ast.AnnAssign)
+                         and any(isinstance(t, ast.Name) and t.id == table.id
+                                 for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))]
+                table = found[0] if found else table
+            if isinstance(table, ast.Dict):
+                for v in table.values:
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str):
+                        yield v.lineno, v.value
+
+
+def resolve_module(target: str, modules: set[str]) -> str | None:
+    """The ``te_align`` module an import target runs: ``a.b.name`` is module ``a.b.name`` when there is one
+    (``from a.b import name`` of a submodule), else the longest prefix that is a module (``a.b``)."""
+    parts = target.split(".")
+    while parts:
+        name = ".".join(parts)
+        if name in modules:
+            return name
+        parts.pop()
+    return None
+
+
+def module_edges(sources: list[Source]) -> dict[tuple[str, str], list[Import]]:
+    """Every runtime arrow between two ``te_align`` modules, with the import statements that draw it.
+
+    Counted: module-level imports, function-local imports, ``lazy_module("...")`` handles,
+    ``importlib.import_module`` with a literal name and the modules a ``lazy_exports`` table names (all run
+    when the code that needs them does). Not counted: imports under ``if TYPE_CHECKING:`` (never run), and
+    the parent packages Python runs before a submodule (``import a.b.c`` runs ``a/__init__`` and
+    ``a/b/__init__``; every submodule would otherwise close a loop with a package that re-exports it).
+    """
+    modules = {s.module for s in sources}
+    edges: dict[tuple[str, str], list[Import]] = defaultdict(list)
+    for s in sources:
+        imports = list(s.imports)
+        for line, target in _lazy_exports(s.tree):
+            if target.startswith("te_align."):
+                imports.append(Import(s.module, line, target, False, False, True))
+        for i in imports:
+            b = resolve_module(i.target, modules)
+            if i.type_only or b is None or b == s.module:
+                continue
+            edges[(s.module, b)].append(i)
+    return edges
+
+
+def module_loops(sources: list[Source]) -> list[tuple[list[str], list[str]]]:
+    """Module-level import loops: each strongly connected group of :func:`module_edges`' graph, with the
+    import lines (``file:line -> target``) of the arrows inside the group, that is the lines that close it."""
+    edges = module_edges(sources)
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        graph[a].add(b)
+    files = {s.module: s.module.replace(".", "/") + ("/__init__.py" if s.path.name == "__init__.py" else ".py")
+             for s in sources}
+    out = []
+    for group in strongly_connected(graph):
+        members = set(group)
+        lines = sorted({
+            f"{files[a]}:{i.line} -> {b}{' (function-local)' if i.local else ''}{' (lazy)' if i.lazy else ''}"
+            for (a, b), imports in edges.items() if a in members and b in members for i in imports},
+            key=lambda t: (t.split(":")[0], int(t.split(":")[1].split(" ")[0])))
+        out.append((group, lines))
+    return out
+
+
 def _code_lines(src: Source) -> list[tuple[int, str]]:
     """(line number, stripped text) of each line that is code: no blank, comment, import or docstring lines."""
     skip: set[int] = set()
@@ -249,6 +327,7 @@ def measure(root: Path) -> dict[str, object]:
             if not i.type_only and a != b:
                 graph[a].add(b)
     loops = strongly_connected(graph)
+    mod_loops = module_loops(sources)
     arrows = list({(i.module, i.line): i for s in sources for i in s.imports
                    if s.module.split(".")[1:2] and s.module.split(".")[1] in ENGINE
                    and node_of(i.target, known) == "te_align.trainers"}.values())
@@ -261,9 +340,11 @@ def measure(root: Path) -> dict[str, object]:
         "fmt: skip": fmt_skip,
         "lines > 110 cols": long_lines,
         "import loops between subpackages": len(loops),
+        "import loops between modules": len(mod_loops),
         "arrows engine -> trainers": len(arrows),
         "duplicated-code pairs": len(dups),
         "_loops": loops,
+        "_module_loops": mod_loops,
         "_arrows": [f"{i.module}:{i.line} -> {i.target}" for i in arrows],
         "_local": [f"{i.module}:{i.line} -> {i.target}" for i in local],
         "_dups": [f"{a}:{la} = {b}:{lb} ({n} lines)" for a, la, b, lb, n in dups],
@@ -274,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parents[1]), help="a checkout")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    ap.add_argument("--loops", action="store_true", help="list the nodes of each import loop")
+    ap.add_argument("--loops", action="store_true",
+                    help="list the nodes of each import loop, and each module loop with the lines that close it")
     ap.add_argument("--arrows", action="store_true", help="list the engine's imports of te_align.trainers")
     ap.add_argument("--local", action="store_true", help="list the function-local te_align imports")
     ap.add_argument("--dups", action="store_true", help="list the duplicated-code pairs")
@@ -291,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{flag}:")
             for item in res[key]:  # type: ignore[attr-defined]
                 print(f"  {' '.join(item) if isinstance(item, list) else item}")
+    if args.loops:
+        print("\nmodule loops:")
+        for group, lines in res["_module_loops"]:  # type: ignore[attr-defined]
+            print(f"  {len(group)} modules: {' '.join(group)}")
+            for line in lines:
+                print(f"    {line}")
     return 0
 
 

@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 
 from te_align import _plugins
-from te_align.audit.readers import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
+from te_align.audit.raw import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
 
 #: File suffixes read as a command line (besides a file with no suffix).
 SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")

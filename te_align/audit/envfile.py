@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from te_align.audit.readers import RawConfig, read_bounded
+from te_align.audit.raw import RawConfig, read_bounded
 
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(\+?=)(.*)$")
 

@@ -3,37 +3,28 @@ the bundled lists of valid keys, and telling the trainer from a file's shape. No
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from te_align import _plugins
+
+# MAX_BYTES, overlaid, overlay_text and read_text are re-exported: callers read them here.
+from te_align.audit.raw import MAX_BYTES as MAX_BYTES
+from te_align.audit.raw import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
+from te_align.audit.raw import overlaid as overlaid
+from te_align.audit.raw import overlay_text as overlay_text
+from te_align.audit.raw import read_text as read_text
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align._types import JSONObject, JSONValue
 
-# Function-local te_align imports in this module: would close an import loop at module level.
-
-
-class ConfigSyntaxError(TeAlignError):
-    """A config file that does not parse; carries the 1-based line and column."""
-
-    def __init__(self, file: str, line: int | None, column: int | None, message: str) -> None:
-        self.line = line
-        self.column = column
-        where = file if line is None else f"{file}:{line}:{column or 1}"
-        super().__init__(f"{where}: syntax error: {message}")
-
-
-class UnreadableConfig(TeAlignError):
-    """A missing file, an unknown format or a file whose trainer cannot be told."""
+# The format modules load() dispatches to (cmdline, envfile) are imported there, when a file needs them.
 
 
 class NotChecked(TeAlignError):
@@ -47,62 +38,8 @@ class NotChecked(TeAlignError):
         super().__init__(message, file=file)
 
 
-#: Limits on what ``check`` reads: file size, nesting depth (a 100k-deep YAML used to crash the interpreter).
-MAX_BYTES = 8 * 1024 * 1024
+#: Limit on the nesting depth ``check`` reads (a 100k-deep YAML used to crash the interpreter).
 MAX_DEPTH = 64
-
-
-@dataclass
-class RawConfig:
-    file: str
-    fmt: str  # "toml" | "json" | "yaml"
-    text: str
-    data: JSONValue
-
-
-#: Texts that stand in for files while ``check --fix`` re-checks a fix before writing it (resolved path ->
-#: text); see :func:`overlaid`. Empty outside a re-check.
-_OVERLAY: dict[str, str] = {}
-
-
-@contextlib.contextmanager
-def overlaid(texts: Mapping[str, str]) -> Iterator[None]:
-    """Within the block, :func:`load` and :func:`read_text` read ``texts[path]`` instead of the file at
-    ``path``: a config (and the dataset TOML it names) is checked as it would be after a fix, nothing
-    written."""
-    saved = dict(_OVERLAY)
-    _OVERLAY.update({str(Path(p).resolve()): t for p, t in texts.items()})
-    try:
-        yield
-    finally:
-        _OVERLAY.clear()
-        _OVERLAY.update(saved)
-
-
-def overlay_text(path: str | Path) -> str | None:
-    """The text standing in for ``path`` during a re-check (None: read the file)."""
-    return _OVERLAY.get(str(Path(path).resolve())) if _OVERLAY else None
-
-
-def read_text(path: str | Path) -> str:
-    """A config file's text (UTF-8), or the text standing in for it during a re-check."""
-    text = overlay_text(path)
-    return Path(path).read_text(encoding="utf-8") if text is None else text
-
-
-def read_bounded(path: str, what: str = "file") -> str:
-    """:func:`read_text` of a file up to :data:`MAX_BYTES`, each failure one :class:`UnreadableConfig` line
-    (``what``: the noun the size message uses, "config" or "file")."""
-    try:
-        size = Path(path).stat().st_size
-        if size > MAX_BYTES:
-            raise UnreadableConfig(f"{what} is {size} bytes; te-align check reads {what}s up to {MAX_BYTES} bytes",
-                                   file=path)
-        return read_text(path)
-    except UnicodeDecodeError as e:
-        raise UnreadableConfig(f"not UTF-8 text ({e.reason} at byte {e.start})", file=path) from None
-    except OSError as e:
-        raise UnreadableConfig(f"cannot read: {e.strerror or e}", file=path) from None
 
 
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")

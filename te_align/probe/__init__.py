@@ -17,20 +17,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.probe.core import ProbeResult, TensorComparison
 
-# Function-local te_align imports in this module: would close an import loop at module level.
+# Function-local te_align imports in this module: keep the probe's submodules (and torch) off this package's import.
 
 __all__ = ["ProbeError", "ProbeResult", "TensorComparison", "find_trainers", "probe", "run_matrix"]
 
-from te_align.errors import TeAlignError
-
-
-class ProbeError(TeAlignError):
-    """A probe that cannot run: unknown trainer, a path that is not that trainer, an unsupported profile."""
+from te_align.probe.errors import ProbeError
 
 
 def probe(trainer: str, profile: str, path: str | None = None, *, hooks: bool = False) -> ProbeResult:
-    """Probe one trainer x profile (see :func:`te_align.probe.core.probe`)."""
-    from te_align.probe.core import probe as _probe
+    """Probe one trainer x profile (see :func:`te_align.probe.run.probe`)."""
+    from te_align.probe.run import probe as _probe
 
     return _probe(trainer, profile, path, hooks=hooks)
 

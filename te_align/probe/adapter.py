@@ -15,8 +15,8 @@ from typing import Any
 
 from te_align import _plugins
 from te_align.errors import closest
-from te_align.probe import ProbeError
 from te_align.probe.core import Case
+from te_align.probe.errors import ProbeError
 from te_align.profiles import profile as load
 from te_align.tiny.fit import fit_profile
 

@@ -19,11 +19,11 @@ from typing import Any
 
 from te_align.encoding import encode as _encode
 from te_align.encoding.text import render
-from te_align.probe import ProbeError
+from te_align.probe.errors import ProbeError
 from te_align.profiles.expr import output_specs
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
-# import, the CLI's cold path; would close an import loop at module level.
+# import, the CLI's cold path.
 
 _LONG_WORDS = " ".join(f"word{i} cat, dog!" for i in range(400))
 
@@ -276,21 +276,3 @@ def quiet() -> Iterator[None]:
     finally:
         log.setLevel(level)
         torch.set_num_threads(threads)
-
-
-def probe(trainer: str, profile: str, path: str | None = None, *, hooks: bool = False) -> ProbeResult:
-    """Import ``trainer``'s real encoding path (from ``path``, or the installed package) and probe ``profile``."""
-    from te_align.probe.adapter import adapter_for
-
-    adapter = adapter_for(trainer, path)
-    name = adapter.profile_name(profile)
-    with quiet(), adapter.session():
-        case = adapter.case(name)
-        if hooks:
-            with adapter.hooked(case.profile) as hook_notes:
-                tensors, labels = compare(case)
-            notes = [*case.notes, *hook_notes]
-        else:
-            tensors, labels = compare(case)
-            notes = list(case.notes)
-    return ProbeResult(adapter.name, adapter.version, adapter.location, name, hooks, tensors, labels, notes)

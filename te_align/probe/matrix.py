@@ -18,9 +18,9 @@ from typing import Any
 from te_align import _plugins
 from te_align._atomic import atomic_file
 from te_align._version import __version__
-from te_align.probe import ProbeError
 from te_align.probe.adapter import HooksUnavailable, NotImportable, adapter_for
 from te_align.probe.core import ProbeResult, compare, quiet
+from te_align.probe.errors import ProbeError
 from te_align.profiles import profile as load
 
 

@@ -240,6 +240,9 @@ MAX_SIDE = 16384
 DEVICE = re.compile(r"auto|cpu|mps|(?:cuda|xpu|npu|hpu)(?::\d{1,3})?")
 #: Characters a file name may not hold (``output.name``), besides the path separators.
 _BAD_NAME_CHARS = set('\x00/\\') | {chr(c) for c in range(32)}
+#: Suffixes of the images a dataset folder holds (lower case): the dataset scan (:mod:`te_align.train.data`) and
+#: the ``data.caption_extension`` check read them.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _finite_floats(cfg: TrainConfig) -> list[tuple[str, float]]:
@@ -285,8 +288,6 @@ def _check(cfg: TrainConfig, file: str | None) -> None:
     need(ext.startswith("."), "data.caption_extension", f"must start with '.', got {ext!r}")
     need(len(ext) > 1 and not (set(ext) & _BAD_NAME_CHARS) and ext.strip(".") and not ext.endswith("."),
          "data.caption_extension", f"must be a file extension such as '.txt', got {ext!r}")
-    from te_align.train.data import IMAGE_EXTENSIONS
-
     need(ext.lower() not in IMAGE_EXTENSIONS, "data.caption_extension", f"{ext!r} is an image extension")
     need(d.tag_separator != "", "data.tag_separator", "must not be empty (tags are split on it)")
     for k, v in d.encoder_dropout.items():

@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from te_align._paths import check_dir, read_bytes
-from te_align.train.config import DataConfig, TrainError
+from te_align.train.config import IMAGE_EXTENSIONS, DataConfig, TrainError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 logger = logging.getLogger("te_align.train")
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 _REPEAT_DIR = re.compile(r"^(\d+)_(.*)$")
 
 

@@ -104,8 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.encoding.projected import ProjectedTextEncoder
     from te_align.profiles.model import AlignmentProfile
 
-#: te_align.train.swap imports this module's TextSource at module level (and loads transformers): deferred, or
-#: the two would close an import loop.
+#: te_align.train.swap loads transformers: imported on first use.
 _swap = lazy_module("te_align.train.swap")
 
 logger = logging.getLogger("te_align.train")
@@ -653,7 +652,7 @@ def _setup(cfg: TrainConfig, pipeline: DiffusionPipeline | None) -> Run:
     projection_params = [p for m in projections.values() for p in m.projection.parameters()]
     if projections:  # a swapped model: the projection trains on the (cached) inner encoder output
         text = _swap.text_source(cfg, profile, pipe, projections, device, cond_dtype, cache_dir=cache_dir / "text",
-                           writer=accelerator.is_main_process)
+                           writer=accelerator.is_main_process, base=TextSource)
     else:
         text = TextSource(cfg, profile, pipe, device, cond_dtype, trainable=bool(cfg.lora.text_encoders),
                           cache_dir=cache_dir / "text", writer=accelerator.is_main_process)

@@ -35,7 +35,6 @@ from te_align.metadata import stamp
 from te_align.profiles.expr import Node, Ref, output_specs, refs
 from te_align.train._io import writing
 from te_align.train.config import TrainConfig, TrainError
-from te_align.train.loop import TextSource
 from te_align.train.models import CLIP_TARGETS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from te_align.encoding.projected import ProjectedTextEncoder
     from te_align.profiles.model import AlignmentProfile
+    from te_align.train.loop import TextSource
 
 
 def projection_models(profile: AlignmentProfile, pipe: DiffusionPipeline) -> dict[str, ProjectedTextEncoder]:
@@ -170,13 +170,17 @@ def text_source(
     *,
     cache_dir: Path,
     writer: bool,
+    base: type[TextSource],
 ) -> TextSource:
     """The run's text source for a swapped model: the projection applied to cached inner outputs
-    where that is exact (see the module docstring), else live encoding through the whole encoder."""
-    if not _cacheable(cfg, profile, models):
-        return TextSource(cfg, profile, pipe, device, dtype, trainable=True, cache_dir=cache_dir, writer=writer)
+    where that is exact (see the module docstring), else live encoding through the whole encoder.
 
-    class ProjectedTextSource(TextSource):
+    ``base``: the run's text source class (:class:`te_align.train.loop.TextSource`), which the projected source
+    extends; the loop hands it down, so that this module does not import the loop that imports it."""
+    if not _cacheable(cfg, profile, models):
+        return base(cfg, profile, pipe, device, dtype, trainable=True, cache_dir=cache_dir, writer=writer)
+
+    class ProjectedTextSource(base):  # type: ignore[valid-type,misc]
         """Caches (and encodes) the inner encoders' output; :meth:`batch` applies the projections."""
 
         def __init__(self) -> None:

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from te_align._git import git_head
 from te_align.hooks.base import Hook, Lifecycle, Settings, Target
-from te_align.trainers.kohya.hooks.archs import ARCHS, Arch, all_targets
-from te_align.trainers.kohya.hooks.caches import NPZ_KEY, cache_fingerprint
+from te_align.trainers.kohya.hooks.archs import ARCHS, Arch, all_targets, cache_fingerprint
+from te_align.trainers.kohya.hooks.caches import NPZ_KEY
 from te_align.trainers.kohya.hooks.run import (
     ENV_OVERRIDES,
     ENV_PROFILE,

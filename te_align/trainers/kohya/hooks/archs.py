@@ -35,7 +35,7 @@ from te_align._lazy import lazy_module
 from te_align.hooks.base import HookError, Target, mark_wrapper
 from te_align.trainers.kohya import names as table
 from te_align.trainers.kohya.hooks import caches, sample, slots, weights
-from te_align.trainers.kohya.hooks.run import ENV_OVERRIDES, RUN, with_clip_skip
+from te_align.trainers.kohya.hooks.run import ENV_OVERRIDES, RUN, chunk_options, with_clip_skip
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -123,10 +123,10 @@ class Arch:
         ]
         if self.cache_cls:
             out.append(Target(m, f"{self.cache_cls}.is_disk_cached_outputs_expected", ("self", "npz_path"),
-                              wrap=partial(caches.cache_check_wrapper, self)))
+                              wrap=partial(caches.cache_check_wrapper, self, cache_fingerprint)))
             out.append(Target(m, f"{self.cache_cls}.cache_batch_outputs",
                               ("self", "tokenize_strategy", "models", "text_encoding_strategy", self.cache_batch_param),
-                              wrap=partial(caches.cache_write_wrapper, self)))
+                              wrap=partial(caches.cache_write_wrapper, self, cache_fingerprint)))
         if self.weighted is not None:
             out.append(Target(m, f"{self.tokenize_cls}.tokenize_with_weights", ("self", "text"),
                               wrap=partial(weights.tokenize_with_weights_wrapper, self)))
@@ -580,6 +580,22 @@ def arch_of_strategy(strategy: object) -> Arch | None:
         return None
     names = {c.__name__ for c in type(strategy).__mro__}
     return next((a for a in ARCHS if a.tokenize_cls in names), None)
+
+
+def cache_fingerprint(p: AlignmentProfile, strategy: object = None, *, weighted: bool = False) -> str:
+    """Fingerprint stored in TE-output caches: the profile's, plus sd-scripts settings that change outputs.
+
+    ``strategy``: the tokenize strategy (its architecture and ``--max_token_length`` decide long-prompt
+    chunks). ``weighted``: the cache holds --weighted_captions outputs (sd-scripts' prompt weights applied).
+    """
+    fp = p.fingerprint()
+    arch = arch_of_strategy(strategy)
+    chunks = chunk_options(arch.chunkable, strategy).long_prompt_chunks if arch is not None else 0
+    if chunks:
+        fp += f"+long_prompt_chunks={chunks}"
+    if weighted:
+        fp += "+weighted_captions=sd-scripts"
+    return fp
 
 
 def all_targets() -> list[Target]:

@@ -2,8 +2,9 @@
 
 sd-scripts' TE-output caches (``*_te*.npz``) are reused when their key names match
 (``is_disk_cached_outputs_expected``). Hooked, a cache written by ``cache_batch_outputs`` also gets
-:data:`NPZ_KEY` = :func:`cache_fingerprint`, and one whose fingerprint differs (or is missing) is
-re-encoded (counted, and logged at exit). A saved ``LoRANetwork`` gets the te_align metadata stamp.
+:data:`NPZ_KEY` = :func:`~te_align.trainers.kohya.hooks.archs.cache_fingerprint`, and one whose fingerprint
+differs (or is missing) is re-encoded (counted, and logged at exit). A saved ``LoRANetwork`` gets the te_align
+metadata stamp.
 """
 
 from __future__ import annotations
@@ -16,36 +17,17 @@ from typing import TYPE_CHECKING
 from te_align._atomic import atomic_file
 from te_align.hooks.base import HookError, mark_wrapper
 from te_align.metadata import stamp, stamp_keys
-from te_align.trainers.kohya.hooks.run import RUN, chunk_options, profile_for, tokenize_strategy
+from te_align.trainers.kohya.hooks.run import RUN, profile_for, tokenize_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from te_align.profiles import AlignmentProfile
     from te_align.trainers.kohya.hooks.archs import Arch, Models
-
-# Function-local te_align imports in this module: would close an import loop at module level.
 
 #: Key stored in every TE-output npz written while the hooks are active.
 NPZ_KEY = "te_align_fingerprint"
 #: Trainer name in the stamp of a saved LoRA.
 TRAINER = "kohya-ss/sd-scripts"
-
-
-def cache_fingerprint(p: AlignmentProfile, strategy: object = None, *, weighted: bool = False) -> str:
-    """Fingerprint stored in TE-output caches: the profile's, plus sd-scripts settings that change outputs.
-
-    ``strategy``: the tokenize strategy (its architecture and ``--max_token_length`` decide long-prompt
-    chunks). ``weighted``: the cache holds --weighted_captions outputs (sd-scripts' prompt weights applied).
-    """
-    from te_align.trainers.kohya.hooks.archs import arch_of_strategy
-
-    fp = p.fingerprint()
-    arch = arch_of_strategy(strategy)
-    chunks = chunk_options(arch.chunkable, strategy).long_prompt_chunks if arch is not None else 0
-    if chunks:
-        fp += f"+long_prompt_chunks={chunks}"
-    if weighted:
-        fp += "+weighted_captions=sd-scripts"
-    return fp
+#: ``cache_fingerprint(profile, tokenize strategy, *, weighted)``: the fingerprint a TE-output cache carries.
+Fingerprint = Callable[..., str]
 
 
 def npz_fingerprint(path: str) -> str | None:
@@ -88,19 +70,20 @@ def report_reencoded() -> None:
 atexit.register(report_reencoded)
 
 
-def _expected_fingerprint(arch: Arch, strategy: object) -> str:
+def _expected_fingerprint(arch: Arch, fingerprint: Fingerprint, strategy: object) -> str:
     tok = tokenize_strategy()
-    return cache_fingerprint(profile_for(arch.name, tok), tok, weighted=bool(getattr(strategy, "is_weighted", False)))
+    return fingerprint(profile_for(arch.name, tok), tok, weighted=bool(getattr(strategy, "is_weighted", False)))
 
 
 # ------------------------------------------------------------------------------ replacements
-def cache_check_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., bool]:
-    """``is_disk_cached_outputs_expected``: sd-scripts' check, then the fingerprint must match."""
+def cache_check_wrapper(arch: Arch, fingerprint: Fingerprint, original: Callable[..., object]) -> Callable[..., bool]:
+    """``is_disk_cached_outputs_expected``: sd-scripts' check, then the fingerprint must match (``fingerprint``:
+    :func:`~te_align.trainers.kohya.hooks.archs.cache_fingerprint`, handed down by the architecture table)."""
 
     def is_disk_cached_outputs_expected(self: object, npz_path: str) -> bool:
         if not original(self, npz_path):
             return False
-        want = _expected_fingerprint(arch, self)
+        want = _expected_fingerprint(arch, fingerprint, self)
         have = npz_fingerprint(npz_path)
         if have == want:
             return True
@@ -113,8 +96,9 @@ def cache_check_wrapper(arch: Arch, original: Callable[..., object]) -> Callable
     return mark_wrapper(is_disk_cached_outputs_expected, original)
 
 
-def cache_write_wrapper(arch: Arch, original: Callable[..., object]) -> Callable[..., object]:
-    """``cache_batch_outputs``: sd-scripts writes the npz files, then each gets the fingerprint."""
+def cache_write_wrapper(arch: Arch, fingerprint: Fingerprint, original: Callable[..., object]) -> Callable[..., object]:
+    """``cache_batch_outputs``: sd-scripts writes the npz files, then each gets the fingerprint (``fingerprint``: as
+    for :func:`cache_check_wrapper`)."""
 
     def cache_batch_outputs(
         self: object,
@@ -128,7 +112,7 @@ def cache_write_wrapper(arch: Arch, original: Callable[..., object]) -> Callable
             arch.observe(models)
         result = original(self, tokenize_strategy, models, text_encoding_strategy, infos)
         if getattr(self, "cache_to_disk", False):
-            fp = cache_fingerprint(profile_for(arch.name, tokenize_strategy), tokenize_strategy, weighted=bool(getattr(self, "is_weighted", False)))
+            fp = fingerprint(profile_for(arch.name, tokenize_strategy), tokenize_strategy, weighted=bool(getattr(self, "is_weighted", False)))
             for info in infos:
                 path = getattr(info, "text_encoder_outputs_npz", None)
                 if path and os.path.exists(path):
