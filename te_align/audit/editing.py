@@ -27,6 +27,7 @@ imported here, when a fix is made, never by ``te-align check`` itself. No torch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import shlex
@@ -62,6 +63,9 @@ class Change:
     remove: bool = False
     #: The trainer's key, for messages (``model.t5_max_length``, ``--t5xxl_max_token_length``).
     key: str = ""
+    #: Command lines: the prefixes of the option written in the file that the script's argparse reads as it
+    #: (``t5xxl_max``); the edit writes the option in full there.
+    spelled: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """``key = value`` / ``removed key`` in the file's own spelling."""
@@ -137,6 +141,9 @@ def _verify_words(old: JSONValue, new: JSONValue, changes: Sequence[Change], fil
     want = dict(before)
     for c in changes:
         name = str(c.path[0])
+        for short in c.spelled:  # the abbreviation is written in full now
+            if short.replace("-", "_") in want:
+                want[name] = want.pop(short.replace("-", "_"))
         if c.remove:
             want.pop(name, None)
         elif isinstance(c.value, (list, tuple)):  # an nargs="+" option: every word after the flag
@@ -452,8 +459,8 @@ def _cmdline(text: str, c: Change, file: str) -> str:
     name = str(c.path[0])
     lines = text.splitlines(keepends=True)
     first, last = span[0] - 1, span[1] - 1
-    spelled = re.escape(name).replace("_", "[-_]")
-    flag = re.compile(r"(?:(?<=\s)|^)--" + spelled + r"(?=[\s=]|$)")
+    spelled = "|".join([re.escape(name).replace("_", "[-_]"), *(re.escape(w) for w in c.spelled)])
+    flag = re.compile(r"(?:(?<=\s)|^)--(?:" + spelled + r")(?=[\s=]|$)")
     hits = [(i, m) for i in range(first, last + 1) for m in flag.finditer(lines[i])]
     if not hits and c.remove:
         return text
@@ -501,10 +508,11 @@ def _cmdline(text: str, c: Change, file: str) -> str:
             else:
                 lines[i] = (rest if start else rest.lstrip(" \t"))
             continue
+        head = line[:m.start()] + f"--{name}" if m.group(0)[2:] in c.spelled else line[:after]
         if c.value is True:
-            lines[i] = line[:after] + line[end:]
+            lines[i] = head + line[end:]
         else:
-            lines[i] = line[:after] + " " + shown + line[end:]
+            lines[i] = head + " " + shown + line[end:]
     return "".join(lines)
 
 
@@ -577,6 +585,17 @@ def flag_or_flat_toml_changes(raw: readers.RawConfig, key: str, value: object, r
     if known is not None:
         known()
     return flat_changes(raw.file, "toml", raw.data, key, value, remove)
+
+
+def with_spellings(raw: readers.RawConfig, changes: list[Change], options: object) -> list[Change]:
+    """``changes`` with, on each command-line change, the prefixes of its option the file writes (``options``: the
+    script's :class:`~te_align.audit.parsed.ScriptOptions`, or None)."""
+    from te_align.audit.parsed import written_prefixes
+
+    data = raw.data if isinstance(raw.data, dict) else {}
+    args = [str(w) for w in data.get("args", [])]  # type: ignore[union-attr]
+    return [dataclasses.replace(c, spelled=written_prefixes(args, options, str(c.path[0])))  # type: ignore[arg-type]
+            if c.fmt == "cmdline" else c for c in changes]
 
 
 def flag_changes(raw: readers.RawConfig, key: str, value: object, remove: bool,
