@@ -582,6 +582,8 @@ def _resolve_options(cli: dict[str, Any], order: list[str], script: str | None, 
                      written: dict[str, str], line: Any) -> list[Finding]:
     """Abbreviated options renamed to the ones the script's own parser reads them as (its setup_parser, read by
     tools/argparse_options.py); without a script, against every option sd-scripts has."""
+    if not order:
+        return []
     table = script_options(__package__, OPTIONS, script)
     if table is None:
         return resolve_cli_abbrevs(cli, order, known_keys("kohya")[""], line=line,
