@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.audit import check_file, check_files
 from te_align.audit.fix import BACKUP_SUFFIX, fix_file, why_left
 from te_align.cli import main
 
@@ -891,3 +891,72 @@ def test_full_disk_or_read_only_at_every_file_operation(tmp_path: Path, dp_pair:
         else:
             assert "nothing written" in report.refused, (at, report.refused)
         assert _snap(root) == before, (at, report.refused)
+
+
+# ------------------------------------------------------------------------- several commands in one file
+TWO_RUNS = """\
+# two sd-scripts FLUX.1 dev runs
+export T5=/m/t5xxl_fp16.safetensors
+export LEN=256
+accelerate launch flux_train_network.py --pretrained_model_name_or_path /m/flux1-dev.safetensors \\
+  --t5xxl "$T5" --t5xxl_max_token_length 128 --output_name a
+accelerate launch --mixed_precision bf16 flux_train_network.py \\
+  --pretrained_model_name_or_path /m/flux1-dev.safetensors \\
+  --t5xxl "$T5" \\
+  --t5xxl_max_token_length $LEN --output_name b
+"""
+
+
+def test_fix_edits_every_command_of_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both runs are fixed in one write: the first command's flag, and the second's value where the file sets the
+    variable it comes from ($LEN is used only there); continuations, quoting and the other variable kept."""
+    path = tmp_path / "train.sh"
+    path.write_text(TWO_RUNS, encoding="utf-8")
+    assert main(["check", str(path), "--diff"]) == 1
+    assert capsys.readouterr().out == (
+        f"--- a/{path}\n+++ b/{path}\n@@ -1,8 +1,8 @@\n # two sd-scripts FLUX.1 dev runs\n"
+        " export T5=/m/t5xxl_fp16.safetensors\n-export LEN=256\n+export LEN=512\n"
+        " accelerate launch flux_train_network.py --pretrained_model_name_or_path /m/flux1-dev.safetensors \\\n"
+        '-  --t5xxl "$T5" --t5xxl_max_token_length 128 --output_name a\n'
+        '+  --t5xxl "$T5" --t5xxl_max_token_length 512 --output_name a\n'
+        " accelerate launch --mixed_precision bf16 flux_train_network.py \\\n"
+        "   --pretrained_model_name_or_path /m/flux1-dev.safetensors \\\n"
+        '   --t5xxl "$T5" \\\n')
+    assert path.read_text(encoding="utf-8") == TWO_RUNS  # --diff writes nothing
+    report = fix_file(str(path))
+    assert report.written, report.refused
+    assert path.read_text(encoding="utf-8") == TWO_RUNS.replace("LEN=256", "LEN=512").replace(
+        "--t5xxl_max_token_length 128", "--t5xxl_max_token_length 512")
+    assert Path(str(path) + BACKUP_SUFFIX).read_text(encoding="utf-8") == TWO_RUNS
+    assert [(c.at_line, c.describe()) for c in report.changes] == [
+        (4, "--t5xxl_max_token_length 512"), (6, "--t5xxl_max_token_length 512")]
+    assert [(r.file, r.exit_code) for r in report.results] == [(f"{path}:4", 0), (f"{path}:6", 0)]
+    assert report.exit_code == 0
+
+
+def test_fix_refuses_a_variable_used_twice_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "train.sh"
+    text = TWO_RUNS.replace("--t5xxl_max_token_length 128", "--t5xxl_max_token_length $LEN")
+    path.write_text(text, encoding="utf-8")
+    assert main(["check", str(path), "--fix"]) == 2
+    assert _one_line(capsys) == (f"te-align: error: {path}: --t5xxl_max_token_length takes its value from $LEN, "
+                                 "which is used 2 times in this file; set it by hand (nothing written)")
+    assert path.read_text(encoding="utf-8") == text  # all or nothing: the first command is not fixed alone
+    assert not Path(str(path) + BACKUP_SUFFIX).exists()
+
+
+def test_fix_every_command_of_a_bat_with_carets(tmp_path: Path) -> None:
+    """cmd.exe: ``^`` continuations, CRLF, ``set "VAR=…"``, ``%VAR%``; the second command writes an abbreviation
+    (--t5xxl_max), which the fix writes in full."""
+    text = ('@echo off\r\nset "MODEL=C:\\m\\flux1-dev.safetensors"\r\n'
+            'accelerate launch ^\r\n  sd-scripts\\flux_train_network.py ^\r\n  --pretrained_model_name_or_path "%MODEL%" ^\r\n'
+            '  --t5xxl_max_token_length 256 ^\r\n  --output_name a\r\n'
+            'accelerate launch sd-scripts\\flux_train_network.py ^\r\n  --pretrained_model_name_or_path "%MODEL%" ^\r\n'
+            '  --t5xxl_max 128 ^\r\n  --output_name b\r\n')
+    path = tmp_path / "train.bat"
+    path.write_bytes(text.encode("utf-8"))
+    report = fix_file(str(path), backup=False)
+    assert report.written, report.refused
+    assert path.read_bytes() == text.replace("--t5xxl_max_token_length 256", "--t5xxl_max_token_length 512").replace(
+        "--t5xxl_max 128", "--t5xxl_max_token_length 512").encode("utf-8")
+    assert [r.exit_code for r in check_files([str(path)])] == [0, 0]

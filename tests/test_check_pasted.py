@@ -136,10 +136,13 @@ def test_ambiguous_abbreviation_is_argparses_error(tmp_path, capsys):
     r = check_file(path)
     assert r.exit_code == 2
     [f] = [f for f in r.findings if f.kind == "wrong-value"]
-    assert f.message == ("ambiguous option: --lr could match --lr_decay_steps, --lr_scheduler, --lr_scheduler_args, "
-                         "--lr_scheduler_min_lr_ratio, --lr_scheduler_num_cycles, --lr_scheduler_power, "
-                         "--lr_scheduler_timescale, --lr_scheduler_type, --lr_warmup_steps (argparse stops before "
-                         "training)")
+    # argparse's own words, the matches in the order flux_train_network.py's setup_parser registers them (the same
+    # line Python 3.10's argparse prints for that parser)
+    assert f.message == ("ambiguous option: --lr could match --lr_scheduler_type, --lr_scheduler_args, --lr_scheduler, "
+                         "--lr_warmup_steps, --lr_decay_steps, --lr_scheduler_num_cycles, --lr_scheduler_power, "
+                         "--lr_scheduler_timescale, --lr_scheduler_min_lr_ratio (argparse's error: the script stops "
+                         "with exit status 2 before training)")
+    assert (f.line, f.trainer_source) == (1, "sd-scripts: flux_train_network.py setup_parser (argparse)")
     r = check_file(write(tmp_path, "d.sh", "accelerate launch train_dreambooth_lora_sd3.py --max_seq 256 "
                                            "--pretrained_model_name_or_path stabilityai/stable-diffusion-3-medium-"
                                            "diffusers\n"))
@@ -196,3 +199,53 @@ def test_onetrainer_keys_its_migrations_read_are_not_unknown(tmp_path):
     new = _ot(11, gradient_checkpointing="ON")  # at __version 11 no migration reads it: OneTrainer ignores it
     r = check_file(write(tmp_path, "new.json", json.dumps(new, indent=2)))
     assert [f.setting for f in r.findings if f.kind == "unknown-key"] == ["gradient_checkpointing"]
+
+
+# ------------------------------------------------------------------------- argparse prefixes, per script
+def test_abbreviation_resolves_against_the_named_scripts_parser(tmp_path):
+    """sd-scripts' scripts have different options: a prefix is read against the one script the command runs."""
+    # sdxl_train.py has --learning_rate_te1 and --learning_rate_te2 (no --learning_rate_te, which sd3_train.py has)
+    r = check_file(write(tmp_path, "sdxl.sh", "accelerate launch sdxl_train.py --pretrained_model_name_or_path "
+                                              "/m/sd_xl_base_1.0.safetensors \\\n  --learning_rate_te 1e-5\n"))
+    [f] = [f for f in r.findings if f.kind == "wrong-value"]
+    assert (r.exit_code, f.line, f.message) == (2, 2, (
+        "ambiguous option: --learning_rate_te could match --learning_rate_te1, --learning_rate_te2 (argparse's error: "
+        "the script stops with exit status 2 before training)"))
+    # --mem: the only option of flux_train_network.py that starts so is --mem_eff_attn (every script's options
+    # together also have --mem_eff_attn's neighbours); argparse runs it
+    r = check_file(write(tmp_path, "flux.sh", "accelerate launch flux_train_network.py --pretrained_model_name_or_path "
+                                              "/m/flux1-dev.safetensors --mem --t5xxl_max 512\n"))
+    assert (r.exit_code, r.effective["t5.tokenizer.max_length"]) == (0, 512)
+    notes = [(f.setting, f.line, f.message) for f in r.findings if f.kind == "note" and "abbreviation" in f.message]
+    assert notes == [
+        ("--mem_eff_attn", 1, "--mem is an abbreviation: argparse reads it as --mem_eff_attn, the one option it starts"),
+        ("--t5xxl_max_token_length", 1, "--t5xxl_max is an abbreviation: argparse reads it as --t5xxl_max_token_length, "
+                                        "the one option it starts")]
+    # --gemma2_max is Lumina's --gemma2_max_token_length: sd3_train_network.py has no option it starts
+    r = check_file(write(tmp_path, "sd3.sh", "accelerate launch sd3_train_network.py --pretrained_model_name_or_path "
+                                             "/m/sd3.5_large.safetensors --gemma2_max 512\n"))
+    [f] = [f for f in r.findings if f.kind == "unknown-key"]
+    assert (f.setting, f.severity, f.line) == ("gemma2_max", "warning", 1)  # unknown, as any unknown option
+
+
+def test_abbreviated_option_keeps_its_finding_under_the_full_name(tmp_path):
+    r = check_file(write(tmp_path, "flux.sh", "accelerate launch flux_train_network.py \\\n"
+                                              "  --pretrained_model_name_or_path /m/flux1-dev.safetensors \\\n"
+                                              "  --t5xxl_max 256\n"))
+    assert r.exit_code == 1
+    assert devs(r) == [("t5.tokenizer.max_length", 256, 512, 3)]  # the line where the prefix is written
+    [note] = [f for f in r.findings if f.kind == "note" and f.setting == "--t5xxl_max_token_length"]
+    assert (note.line, note.fix) == (3, "write --t5xxl_max_token_length in full")
+
+
+def test_help_prefix_and_musubi_per_script_prefix(tmp_path):
+    r = check_file(write(tmp_path, "h.sh", "accelerate launch flux_train_network.py --pretrained_model_name_or_path "
+                                           "/m/flux1-dev.safetensors --he\n"))
+    [f] = [f for f in r.findings if f.kind == "wrong-value"]
+    assert f.message == "--he is --help to argparse: the script prints its help and exits without training"
+    # musubi-tuner: qwen_image_cache_text_encoder_outputs.py's own options (--text_encoder, --batch_size)
+    r = check_file(write(tmp_path, "q.sh", "python qwen_image_cache_text_encoder_outputs.py --dataset_config d.toml "
+                                           "--text /m/qwen.safetensors --batch 4\n"))
+    assert [(f.setting, f.message) for f in r.findings if "abbreviation" in f.message] == [
+        ("--text_encoder", "--text is an abbreviation: argparse reads it as --text_encoder, the one option it starts"),
+        ("--batch_size", "--batch is an abbreviation: argparse reads it as --batch_size, the one option it starts")]

@@ -154,7 +154,10 @@ def test_reader_variables_continuations_and_launchers(tmp_path):
     text = 'MODEL="stabilityai/stable-diffusion-3.5-medium"\ntorchrun --nproc_per_node 2 train_dreambooth_lora_sd3.py ' \
            '--pretrained_model_name_or_path "${MODEL}" --max_seq 256  # abbreviated\n'
     r = check_file(write(tmp_path, "run.txt", text))
-    assert (r.profile, r.exit_code, findings(r)) == ("sd35-medium", 0, [])
+    assert (r.profile, r.exit_code, findings(r)) == ("sd35-medium", 0, [
+        ("note", "info", "--max_sequence_length", None, None, "write --max_sequence_length in full")])
+    assert r.findings[0].line == 2 and r.findings[0].message == (
+        "--max_seq is an abbreviation: argparse reads it as --max_sequence_length, the one option it starts")
 
 
 def test_reader_unknown_option_line_and_exit_1(tmp_path):

@@ -287,15 +287,19 @@ def check_files(paths: Sequence[str], **kw: Any) -> list[CheckResult]:
         if len(starts) < 2:
             out.append(check_file(p, **kw))
             continue
-        results = [check_file(p, at_line=n, **kw) for n in starts]
-        if any(r.status == "checked" for r in results):
-            # a command that runs no text encoder (latent caching) or that te-align cannot check says so, and
-            # does not make the file "not checked" when another command of it was
-            for r in results:
-                if r.exit_code == 3:
-                    r.in_exit = False
-        out += results
+        out += several_commands([check_file(p, at_line=n, **kw) for n in starts])
     return out
+
+
+def several_commands(results: list[CheckResult]) -> list[CheckResult]:
+    """The checks of a file's commands, marked for :func:`exit_code`: a command that runs no text encoder (latent
+    caching) or that te-align cannot check says so, and does not make the file "not checked" when another
+    command of it was."""
+    if any(r.status == "checked" for r in results):
+        for r in results:
+            if r.exit_code == 3:
+                r.in_exit = False
+    return results
 
 
 def _command_starts(path: str) -> list[int]:

@@ -116,6 +116,19 @@ def commands(text: str, file: str) -> list[tuple[int, list[str]]]:
     return found
 
 
+def assignment(line: str) -> tuple[str, int, int] | None:
+    """A line that sets a variable (as :func:`commands` reads it): (its name, the start and end of its value as
+    written in the line, quotes included), or None."""
+    stripped = line.rstrip("\r\n")
+    if _runs_script(stripped.strip()):
+        return None
+    q = _SET_QUOTED.match(stripped)
+    if q:
+        return q.group(1), q.start(2), q.end(2)
+    m = _ASSIGN.match(stripped)
+    return (m.group(1), m.start(2), m.end(2)) if m else None
+
+
 def _runs_script(line: str) -> bool:
     if _SCRIPT.search(line):
         return True

@@ -27,6 +27,7 @@ imported here, when a fix is made, never by ``te-align check`` itself. No torch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import shlex
@@ -62,6 +63,11 @@ class Change:
     remove: bool = False
     #: The trainer's key, for messages (``model.t5_max_length``, ``--t5xxl_max_token_length``).
     key: str = ""
+    #: Command lines: the prefixes of the option written in the file that the script's argparse reads as it
+    #: (``t5xxl_max``); the edit writes the option in full there.
+    spelled: tuple[str, ...] = ()
+    #: Command lines: the first line of the command the change edits in a file of several (None: the last one).
+    at_line: int | None = None
 
     def describe(self) -> str:
         """``key = value`` / ``removed key`` in the file's own spelling."""
@@ -88,6 +94,8 @@ def apply(text: str, fmt: str, changes: Sequence[Change], file: str) -> str:
     if fmt == "toml":
         return _toml(text, changes, file)
     out = text
+    if fmt == "cmdline":  # the last command first: an edit that adds or drops a line moves only the commands below
+        changes = sorted(changes, key=lambda c: -(c.at_line if c.at_line is not None else 1 << 30))
     for c in changes:
         out = {"json": _json, "yaml": _yaml, "cmdline": _cmdline}[fmt](out, c, file)
     return out
@@ -120,6 +128,9 @@ def parse_text(text: str, fmt: str, file: str) -> JSONValue:
 
 def verify(old_text: str, new_text: str, fmt: str, changes: Sequence[Change], file: str) -> None:
     """Refuse an edit whose text does not parse to exactly the data the changes should give."""
+    if fmt == "cmdline" and any(c.at_line is not None for c in changes):
+        _verify_commands(old_text, new_text, changes, file)
+        return
     old, new = parse_text(old_text, fmt, file), parse_text(new_text, fmt, file)
     if fmt == "cmdline":
         _verify_words(old, new, changes, file)
@@ -130,6 +141,20 @@ def verify(old_text: str, new_text: str, fmt: str, changes: Sequence[Change], fi
                         "(please report this config)", file=file)
 
 
+def _verify_commands(old_text: str, new_text: str, changes: Sequence[Change], file: str) -> None:
+    """A file of several commands: each command of the new text reads as the same command of the old one with
+    its own changes made, and nothing else (the commands matched in order)."""
+    old_plain, new_plain = old_text.replace("\r\n", "\n"), new_text.replace("\r\n", "\n")
+    olds, news = cmdline.commands(old_plain, file), cmdline.commands(new_plain, file)
+    if len(olds) != len(news):
+        raise CannotFix("the edit would change which commands the file runs; nothing written (please report this "
+                        "file)", file=file)
+    for (old_first, _), (new_first, _) in zip(olds, news, strict=True):
+        mine = [c for c in changes if c.at_line == old_first]
+        _verify_words(cmdline.parse_text(old_plain, file, old_first).data,
+                      cmdline.parse_text(new_plain, file, new_first).data, mine, file)
+
+
 def _verify_words(old: JSONValue, new: JSONValue, changes: Sequence[Change], file: str) -> None:
     assert isinstance(old, dict) and isinstance(new, dict)
     before, _, _ = parse_cli(list(old["args"]))  # type: ignore[arg-type]
@@ -137,6 +162,9 @@ def _verify_words(old: JSONValue, new: JSONValue, changes: Sequence[Change], fil
     want = dict(before)
     for c in changes:
         name = str(c.path[0])
+        for short in c.spelled:  # the abbreviation is written in full now
+            if short.replace("-", "_") in want:
+                want[name] = want.pop(short.replace("-", "_"))
         if c.remove:
             want.pop(name, None)
         elif isinstance(c.value, (list, tuple)):  # an nargs="+" option: every word after the flag
@@ -445,15 +473,15 @@ _VALUE = re.compile(r"""[ \t]*("(?:[^"\\]|\\.)*"|'[^']*'|[^\s\\^`]+)""")
 
 
 def _cmdline(text: str, c: Change, file: str) -> str:
-    span = cmdline.command_lines(text.replace("\r\n", "\n"))
+    span = cmdline.command_lines(text.replace("\r\n", "\n"), c.at_line)
     if span is None:
         raise CannotFix("no training command line in this file", file=file)
     windows = Path(file).suffix.lower() in (".bat", ".cmd", ".ps1")
     name = str(c.path[0])
     lines = text.splitlines(keepends=True)
     first, last = span[0] - 1, span[1] - 1
-    spelled = re.escape(name).replace("_", "[-_]")
-    flag = re.compile(r"(?:(?<=\s)|^)--" + spelled + r"(?=[\s=]|$)")
+    spelled = "|".join([re.escape(name).replace("_", "[-_]"), *(re.escape(w) for w in c.spelled)])
+    flag = re.compile(r"(?:(?<=\s)|^)--(?:" + spelled + r")(?=[\s=]|$)")
     hits = [(i, m) for i in range(first, last + 1) for m in flag.finditer(lines[i])]
     if not hits and c.remove:
         return text
@@ -487,9 +515,11 @@ def _cmdline(text: str, c: Change, file: str) -> str:
                 while many and (w := _VALUE.match(line, val[1])) and not w.group(1).startswith("-") \
                         and w.group(1) not in ("\\", "^", "`"):
                     val = (after, w.end())  # every value of an nargs="+" option on this line
-        if val is not None and re.search(r"\$|%\w+%", line[val[0]:val[1]]):
-            raise CannotFix(f"--{name} takes its value from a variable ({line[val[0]:val[1]].strip(' =')}); "
-                            "set the variable", file=file)
+        if val is not None and re.search(r"\$|%\w+%", line[val[0]:val[1]]) and not c.remove:
+            if len(hits) > 1:
+                raise CannotFix(f"--{name} is written {len(hits)} times and takes its value from a variable "
+                                f"({line[val[0]:val[1]].strip(' =')}); set it by hand", file=file)
+            return _set_variable("".join(lines), line[val[0]:val[1]].strip(" ="), name, c, file, windows)
         end = val[1] if val else after
         if c.remove:
             start = m.start()
@@ -501,10 +531,43 @@ def _cmdline(text: str, c: Change, file: str) -> str:
             else:
                 lines[i] = (rest if start else rest.lstrip(" \t"))
             continue
+        head = line[:m.start()] + f"--{name}" if m.group(0)[2:] in c.spelled else line[:after]
         if c.value is True:
-            lines[i] = line[:after] + line[end:]
+            lines[i] = head + line[end:]
         else:
-            lines[i] = line[:after] + " " + shown + line[end:]
+            lines[i] = head + " " + shown + line[end:]
+    return "".join(lines)
+
+
+_REF = re.compile(r"""["']?(?:\$\{(\w+)\}|\$(\w+)|%(\w+)%)["']?""")
+
+
+def _set_variable(text: str, ref: str, name: str, c: Change, file: str, windows: bool) -> str:
+    """``--name $VAR``: the value is set where the file sets ``VAR`` when that is its one setting and this its one
+    use (``export VAR=…``, ``VAR=…``, ``set VAR=…``, ``set "VAR=…"``, ``$env:VAR = …``); else one line why not."""
+    m = _REF.fullmatch(ref)
+    if m is None:
+        raise CannotFix(f"--{name} takes its value from a variable inside a longer word ({ref}); set it by hand",
+                        file=file)
+    var = m.group(1) or m.group(2) or m.group(3)
+    lines = text.splitlines(keepends=True)
+    sets = [i for i, ln in enumerate(lines) if (a := cmdline.assignment(ln)) and a[0] == var]
+    uses = len(re.findall(r"\$\{" + var + r"\}|\$" + var + r"\b|%" + var + "%", text))
+    uses -= sum(len(re.findall(r"\$\{" + var + r"\}|\$" + var + r"\b|%" + var + "%", lines[i])) for i in sets)
+    if len(sets) != 1 or uses != 1:
+        why = ("is not set in this file" if not sets else f"is set {len(sets)} times in this file" if len(sets) > 1
+               else f"is used {uses} times in this file")
+        raise CannotFix(f"--{name} takes its value from {ref}, which {why}; set it by hand (nothing written)",
+                        file=file)
+    i = sets[0]
+    _, start, end = cmdline.assignment(lines[i])  # type: ignore[misc]
+    old = lines[i][start:end]
+    shown = str(c.value)
+    if len(old) >= 2 and old[0] == old[-1] and old[0] in "\"'":
+        new = old[0] + shown + old[0]
+    else:
+        new = _word(c.value, windows)
+    lines[i] = lines[i][:start] + new + lines[i][end:]
     return "".join(lines)
 
 
@@ -577,6 +640,17 @@ def flag_or_flat_toml_changes(raw: readers.RawConfig, key: str, value: object, r
     if known is not None:
         known()
     return flat_changes(raw.file, "toml", raw.data, key, value, remove)
+
+
+def with_spellings(raw: readers.RawConfig, changes: list[Change], options: object) -> list[Change]:
+    """``changes`` with, on each command-line change, the prefixes of its option the file writes (``options``: the
+    script's :class:`~te_align.audit.parsed.ScriptOptions`, or None)."""
+    from te_align.audit.parsed import written_prefixes
+
+    data = raw.data if isinstance(raw.data, dict) else {}
+    args = [str(w) for w in data.get("args", [])]  # type: ignore[union-attr]
+    return [dataclasses.replace(c, spelled=written_prefixes(args, options, str(c.path[0])))  # type: ignore[arg-type]
+            if c.fmt == "cmdline" else c for c in changes]
 
 
 def flag_changes(raw: readers.RawConfig, key: str, value: object, remove: bool,

@@ -50,6 +50,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -64,7 +65,7 @@ from typing import NoReturn
 from te_align import _atomic, _plugins
 from te_align._atomic import atomic_file, fault_point, fsync_dir, link_or_copy
 from te_align.audit import editing, readers
-from te_align.audit.check import check_file
+from te_align.audit.check import _command_starts, check_file, several_commands
 from te_align.audit.editing import CannotFix, Change
 from te_align.audit.findings import EXIT_UNREADABLE, CheckResult, Edit, Finding
 from te_align.errors import TeAlignError
@@ -107,16 +108,27 @@ class FixReport:
     rolled_back: list[str] = field(default_factory=list)
     #: ``--diff``: the check of the file as the fix would leave it (None: as ``result``).
     would_be: CheckResult | None = None
+    #: A file of several commands: the check of each (``FILE:LINE``), as ``result`` is of the last; with
+    #: ``--diff``, ``would_be_all`` as ``would_be``. Empty for any other file.
+    results: list[CheckResult] = field(default_factory=list)
+    would_be_all: list[CheckResult] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        return EXIT_UNREADABLE if self.refused else self.result.exit_code
+        if self.refused:
+            return EXIT_UNREADABLE
+        if self.results:
+            from te_align.audit.check import exit_code
+
+            return exit_code(self.results)
+        return self.result.exit_code
 
     @property
     def left(self) -> list[Finding]:
         """Error and warning findings still there (with ``--diff``: still there once the diff is written), each
         with why ``--fix`` left it (:func:`why_left`)."""
-        return [f for f in (self.would_be or self.result).findings if f.severity in FIXED_SEVERITIES
+        checks = (self.would_be_all or self.results) or [self.would_be or self.result]
+        return [f for r in checks for f in r.findings if f.severity in FIXED_SEVERITIES
                 and f.kind not in ("syntax", "wrong-value")]
 
 
@@ -228,19 +240,26 @@ def fix_file(
     except OSError as e:
         return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")),
                        f"{path}: cannot read: {e.strerror}")
-    result = check_file(path, **opts)  # type: ignore[arg-type]
-    report = FixReport(path, result)
-    if result.exit_code == EXIT_UNREADABLE:
-        bad = next((f for f in result.findings if f.kind in ("syntax", "wrong-value")), None)
-        return _refuse(report, bad.message if bad else f"{path}: unreadable")
-    targets = _targets(result, allow_unsafe)
+    starts: list[int | None] = list(_command_starts(path))  # a file of several commands: each is fixed
+    if len(starts) < 2:
+        starts = [None]
+    results = several_commands([check_file(path, at_line=n, **opts) for n in starts])  # type: ignore[arg-type]
+    result = results[-1]
+    report = FixReport(path, result, results=results if starts != [None] else [])
+    for r in results:
+        if r.exit_code == EXIT_UNREADABLE:
+            bad = next((f for f in r.findings if f.kind in ("syntax", "wrong-value")), None)
+            return _refuse(report, bad.message if bad else f"{r.file}: unreadable")
+    each = [(n, r, _targets(r, allow_unsafe)) for n, r in zip(starts, results, strict=True)]
+    targets = [f for _, _, t in each for f in t]
     if not targets:
         return report
-    if result.assumed and profile is None:
-        return _refuse(report, f"{path}: the model is assumed ({result.profile}: {result.assumed}); --fix "
-                               "writes only against a profile the config settles: pass --profile NAME")
+    for _, r, t in each:
+        if t and r.assumed and profile is None:
+            return _refuse(report, f"{r.file}: the model is assumed ({r.profile}: {r.assumed}); --fix "
+                                   "writes only against a profile the config settles: pass --profile NAME")
     try:
-        changes = _place(path, result, targets, list(extra_args))
+        changes = [c for n, r, t in each if t for c in _place(path, r, t, list(extra_args), n)]
         texts = _edit_texts(changes, original)
     except CannotFix as e:
         return _refuse(report, str(e))
@@ -248,21 +267,28 @@ def fix_file(
         return _refuse(report, f"{path}: {e}")
     new_texts = {f: t for f, (old, t) in texts.items() if t != old}
     with readers.overlaid({f: t.replace("\r\n", "\n") for f, t in new_texts.items()}):
-        after = check_file(path, **opts)  # type: ignore[arg-type]
-    meant = {(f.kind, f.setting) for f in targets}
-    still = [f for f in after.findings if (f.kind, f.setting) in meant and f.severity in FIXED_SEVERITIES]
-    if still:
-        f = still[0]
-        return _refuse(report, f"{path}: after the fix {f.setting} would still be {_plain(f.effective)} "
-                               f"({f.message}); nothing written")
-    if after.exit_code == EXIT_UNREADABLE:
-        return _refuse(report, f"{path}: the fixed config would not read back; nothing written (please "
-                               "report it)")
+        new_starts: list[int | None] = list(_command_starts(path)) if starts != [None] else [None]
+        if len(new_starts) != len(starts):
+            return _refuse(report, f"{path}: the fix would change which commands the file runs; nothing written "
+                                   "(please report it)")
+        afters = several_commands([check_file(path, at_line=n, **opts) for n in new_starts])  # type: ignore[arg-type]
+    for (_, _, t), after in zip(each, afters, strict=True):
+        meant = {(f.kind, f.setting) for f in t}
+        still = [f for f in after.findings if (f.kind, f.setting) in meant and f.severity in FIXED_SEVERITIES]
+        if still:
+            f = still[0]
+            return _refuse(report, f"{after.file}: after the fix {f.setting} would still be {_plain(f.effective)} "
+                                   f"({f.message}); nothing written")
+        if after.exit_code == EXIT_UNREADABLE:
+            return _refuse(report, f"{after.file}: the fixed config would not read back; nothing written (please "
+                                   "report it)")
+    after = afters[-1]
     report.changes = changes
     report.fixed = targets
     report.diff = "".join(_diff(f, old, t) for f, (old, t) in texts.items() if t != old)
     if not write or not new_texts:
         report.would_be = after
+        report.would_be_all = afters if report.results else []
         return report
     main = os.path.realpath(path)
     order = sorted(new_texts, key=lambda f: os.path.realpath(f) != main)  # the config first
@@ -281,8 +307,9 @@ def fix_file(
     except TeAlignError as e:
         return _refuse(FixReport(path, result), f"{path}: {e}; nothing written")
     report.result = after
+    report.results = afters if report.results else []
     report.written = True
-    report.after = [f.fix for f in result.findings if f.kind == "stale-cache" and f.fix]
+    report.after = [f.fix for r in results for f in r.findings if f.kind == "stale-cache" and f.fix]
     return report
 
 
@@ -290,20 +317,23 @@ def _plain(v: object) -> str:
     return "unset" if v is None else repr(v)
 
 
-def _place(path: str, result: CheckResult, targets: list[Finding], extra_args: list[str]) -> list[Change]:
+def _place(path: str, result: CheckResult, targets: list[Finding], extra_args: list[str],
+           at_line: int | None = None) -> list[Change]:
     """The changes of every target finding, from the dialect's writer; one per place (agreeing fixes
-    merged)."""
+    merged). ``at_line``: the command they edit in a file of several."""
     name = result.trainer or ""
     _, spec = _plugins.registry().dialect(name)
     writer = spec.writer(name)
     if writer is None:
-        raise CannotFix(f"te-align has no writer for {name} configs; fix by hand", file=path)
-    raw = readers.load(path)
+        raise CannotFix(f"te-align has no writer for {name} configs; fix by hand", file=result.file)
+    raw = readers.load(path, at_line)
     out: dict[tuple[str, editing.Path_], Change] = {}
     for f in targets:
         assert f.edit is not None
         for e in _edits(f.edit):
             for c in writer.place(raw, e, extra_args):
+                if c.fmt == "cmdline" and at_line is not None and c.file == path:
+                    c = dataclasses.replace(c, at_line=at_line)
                 key = (str(Path(c.file).resolve()), c.path)
                 if key in out and (out[key].value, out[key].remove) != (c.value, c.remove):
                     raise CannotFix(f"two fixes disagree on {c.key} ({out[key].describe()} / "

@@ -6,6 +6,7 @@ table), ``CACHES``, ``detect(raw) -> int | None`` and ``parse(raw, extra_args) -
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -269,6 +270,144 @@ def flatten_sections(data: Mapping[str, object]) -> dict[str, object]:
     return out
 
 
+@dataclass(frozen=True)
+class ScriptOptions:
+    """One script's argparse options, as its parser registers them (a section of a generated
+    ``data/<name>-options.txt``): every option string in order, the dest of each, and ``allow_abbrev``."""
+
+    strings: tuple[str, ...]
+    dests: Mapping[str, str]
+    allow_abbrev: bool = True
+
+    def resolve(self, typed: str) -> tuple[str | None, list[str]]:
+        """An option word (``--lear``, without ``=value``) as argparse reads it: the option string itself, else,
+        with ``allow_abbrev`` on, the one option string it is a prefix of. Returns (that option string or None,
+        every option string an ambiguous prefix matches, in the parser's order: argparse's error lists them so)."""
+        if typed in self.dests:
+            return typed, []
+        if not self.allow_abbrev or not typed.startswith("--"):
+            return None, []
+        hits = [s for s in self.strings if s.startswith(typed)]
+        return (hits[0], []) if len(hits) == 1 else (None, hits)
+
+
+@functools.cache
+def option_tables(package: str, name: str) -> dict[str, ScriptOptions]:
+    """The sections of ``<package>/data/<name>.txt`` (a trainer's generated argparse option table), by script."""
+    from importlib import resources
+
+    out: dict[str, ScriptOptions] = {}
+    current: tuple[str, list[str], dict[str, str], list[bool]] | None = None
+
+    def close() -> None:
+        if current is not None:
+            out[current[0]] = ScriptOptions(tuple(current[1]), current[2], current[3][0])
+
+    for raw in resources.files(package).joinpath("data", f"{name}.txt").read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            close()
+            current = (line[1:-1], [], {}, [True])
+            continue
+        if current is None:
+            continue
+        if line == "!allow_abbrev false":
+            current[3][0] = False
+            continue
+        strings, _, dest = line.partition(" > ")
+        opts = strings.split()
+        longs = [o for o in opts if o.startswith("--")]
+        dest = dest.strip() or (longs[0] if longs else opts[0]).lstrip("-").replace("-", "_")
+        current[1].extend(opts)
+        current[2].update(dict.fromkeys(opts, dest))
+    close()
+    return out
+
+
+def script_options(package: str, name: str, script: str | None) -> ScriptOptions | None:
+    """The options of ``script`` (a file name or path) in a trainer's option table; None for a script it has not."""
+    if not script:
+        return None
+    base = script.replace("\\", "/").rsplit("/", 1)[-1]
+    tables = option_tables(package, name)
+    if base in tables:
+        return tables[base]
+    return next((t for k, t in tables.items() if k.rsplit("/", 1)[-1] == base), None)
+
+
+def typed_names(args: Iterable[str]) -> dict[str, str]:
+    """How each option of a command line was written (``--t5xxl-max=5`` -> {"t5xxl_max": "t5xxl-max"}), keyed as
+    :func:`parse_cli` keys it."""
+    out: dict[str, str] = {}
+    for a in args:
+        if a.startswith("--") and len(a) > 2:
+            name = a[2:].partition("=")[0]
+            out[name.replace("-", "_")] = name
+    return out
+
+
+def resolve_script_options(values: dict[str, object], order: list[str], options: ScriptOptions, *, trainer: str,
+                           typed: Mapping[str, str] | None = None,
+                           line: Callable[[str], int | None] = lambda key: None) -> tuple[list[Finding], dict[str, str]]:
+    """Rename each abbreviated option of ``values``/``order`` (a command line read by :func:`parse_cli`) to the option
+    the script's own parser reads it as (:class:`ScriptOptions`), in place. Returns the findings (a note per
+    abbreviation; argparse's own error for a prefix several options start with, which stops the script with exit
+    status 2) and {the full name: the prefix as written} of the abbreviated ones. A prefix of no option stays as
+    written (the unknown-key check names it)."""
+    typed = typed or {}
+    out: list[Finding] = []
+    short: dict[str, str] = {}
+    for name in list(order):
+        if name not in values:
+            continue
+        word = "--" + typed.get(name, name)
+        found, matches = options.resolve(word)
+        if found is not None and options.dests[found] == "help":  # argparse's -h/--help action
+            out.append(Finding(kind="wrong-value", severity="error", setting=found, key=name,
+                               line=line(typed.get(name, name)), trainer_source=trainer,
+                               message=f"{word} is {found} to argparse: the script prints its help and exits "
+                                       "without training", fix=f"remove {word}"))
+            values.pop(name, None)
+            order.remove(name)
+            continue
+        if word in options.dests:
+            continue
+        if found is not None:
+            full = found[2:].replace("-", "_")
+            value = values.pop(name)
+            if full not in order or order.index(full) < order.index(name):  # argparse: the later one wins
+                values[full] = value
+            order[order.index(name)] = full
+            short[full] = typed.get(name, name)
+            out.append(Finding(kind="note", severity="info", setting=found, key=full, line=line(typed.get(name, name)),
+                               message=f"{word} is an abbreviation: argparse reads it as {found}, the one option "
+                                       "it starts",
+                               fix=f"write {found} in full", trainer_source=trainer))
+        elif len(matches) > 1:
+            out.append(ambiguous_finding(typed.get(name, name), [m[2:] for m in matches], trainer=trainer,
+                                         line=line(typed.get(name, name))))
+            values.pop(name, None)
+            order.remove(name)
+    return out, short
+
+
+def written_prefixes(args: Iterable[str], options: ScriptOptions | None, key: str) -> tuple[str, ...]:
+    """The prefixes of ``--key`` in a command line's words that the script's argparse reads as it (``t5xxl_max``)."""
+    if options is None:
+        return ()
+    out: list[str] = []
+    for a in args:
+        if not a.startswith("--"):
+            continue
+        word = a.partition("=")[0]
+        found, _ = options.resolve(word)
+        if found is not None and found != word and found[2:].replace("-", "_") == key and word[2:] not in out:
+            out.append(word[2:])
+    return tuple(out)
+
+
 def resolve_abbrev(name: str, options: Iterable[str]) -> tuple[str | None, list[str]]:
     """An option name as argparse resolves it (``allow_abbrev`` on, argparse's default, which
     the trainers' parsers keep): the option itself, else the one option it is a
@@ -286,7 +425,8 @@ def ambiguous_finding(name: str, matches: list[str], *, trainer: str, line: int 
     """argparse's own error for a prefix that several options start with (exit 2 before training)."""
     could = ", ".join(f"--{m}" for m in matches)
     return Finding(kind="wrong-value", severity="error", setting=f"--{name}", key=name, line=line,
-                   message=f"ambiguous option: --{name} could match {could} (argparse stops before training)",
+                   message=f"ambiguous option: --{name} could match {could} (argparse's error: the script stops "
+                           "with exit status 2 before training)",
                    fix=f"write the option in full ({could})", trainer_source=trainer)
 
 

@@ -175,12 +175,14 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
                              cache_dir=ns.cache_dir, dataset=ns.dataset, overrides=overrides,
                              write=not ns.diff, backup=not ns.no_backup,
                              allow_unsafe=ns.allow_unsafe_keys) for c in ns.configs]
-    code = exit_code([r.result for r in reports]) if not any(r.refused for r in reports) else 2
+    code = exit_code([x for r in reports for x in (r.results or [r.result])]) if not any(r.refused for r in reports) else 2
     if ns.json:
         dicts = []
         for r in reports:
             d = r.result.to_dict()
             d["exit_code"] = r.exit_code  # a --fix refused: 2, as the process exits
+            if r.results:  # a file of several commands: the check of each
+                d["commands"] = [x.to_dict() for x in r.results]
             left = [{"setting": f.setting, "kind": f.kind, "why": _fix.why_left(f)} for f in r.left]
             d["fix"] = {"written": r.written, "changes": [c.describe() for c in r.changes],
                         "refused": r.refused, "backups": r.backups, "diff": r.diff, "left": left}
@@ -208,7 +210,10 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
             print(f"{r.file}: fixed {len(r.fixed)} finding(s): {said}{bak}")
             for a in r.after:
                 print(f"  cache: {a} (made with the settings before this fix)")
-        _print_result(r.result)
+        for j, x in enumerate(r.results or [r.result]):
+            if j:
+                print()
+            _print_result(x)
         _print_left(r)
     return code
 

@@ -44,6 +44,7 @@ from te_align.audit.parsed import (
     resolve_abbrev,
     unknown_key_finding,
 )
+from te_align.audit.parsed import script_options as parser_options
 from te_align.audit.readers import RawConfig, UnreadableConfig
 from te_align.audit.rules import Context, Rule, Trainer
 from te_align.profiles.registry import bundled_name
@@ -306,6 +307,10 @@ RULES: tuple[Rule, ...] = tuple(r for rows in RULES_BY_SCRIPT.values() for r in 
 
 
 # ------------------------------------------------------------------------------------ flags
+#: The generated table of each script's argparse options (tools/gen_audit_keys.py diffusers-examples-options).
+OPTIONS = "diffusers-examples-options"
+
+
 @functools.cache
 def flags(script: str) -> dict[str, str]:
     """The script's options (no leading ``--``) and their kind: ``int``, ``float``, ``str``, ``flag``, ``list``."""
@@ -376,7 +381,25 @@ def read_args(script: str, args: list[str], file: str, line: Any = lambda key: N
         if not a.startswith("--") or a == "--":
             continue
         name, eq, val = a[2:].partition("=")
-        full, matches = resolve_abbrev(name, table)
+        options = parser_options(__package__, OPTIONS, script)
+        if options is None:
+            full, matches = resolve_abbrev(name, table)
+        else:  # the script's own parser: its -h/--help too, ambiguous matches in its order
+            found, matches = options.resolve("--" + name)
+            matches = [m[2:] for m in matches]
+            full = found[2:] if found else None
+            src = f"{SCRIPTS[script].folder}/{script} parse_args (argparse)"
+            if found is not None and options.dests[found] == "help":
+                findings.append(Finding(kind="wrong-value", severity="error", setting=found, key=name,
+                                        message=f"--{name} is {found} to argparse: {script} prints its help and "
+                                                "exits without training", fix=f"remove --{name}",
+                                        trainer_source=f"diffusers: {src}"))
+                continue
+            if found is not None and full != name:
+                findings.append(Finding(kind="note", severity="info", setting=found, key=full, line=line(name),
+                                        message=f"--{name} is an abbreviation: argparse reads it as {found}, the one "
+                                                "option it starts", fix=f"write {found} in full",
+                                        trainer_source=f"diffusers: {src}"))
         if full is None and len(matches) > 1:
             src = f"{SCRIPTS[script].folder}/{script} parse_args (argparse)"
             findings.append(ambiguous_finding(name, matches, trainer=f"diffusers: {src}"))

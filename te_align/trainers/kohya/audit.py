@@ -24,6 +24,9 @@ from te_align.audit.parsed import (
     flatten_sections,
     reason,
     resolve_cli_abbrevs,
+    resolve_script_options,
+    script_options,
+    typed_names,
     unknown_key_finding,
 )
 from te_align.audit.parsed import parse_cli as _parse_cli
@@ -489,7 +492,8 @@ def not_settable(script: str | None) -> str:
     return NOT_SETTABLE
 
 
-def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None) -> Trainer:
+def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None,
+                 written: dict[str, str] | None = None) -> Trainer:
     def fix_set(key: str, value: Any) -> str:
         if key in cli_keys or raw.fmt != "toml":
             return f"--{key}" if value is True else f"--{key} {value if not isinstance(value, str) else json.dumps(value)}"
@@ -501,8 +505,8 @@ def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None) 
     if raw.fmt == "cmdline":
         from te_align.audit.cmdline import arg_line
 
-        text = raw.text
-        return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: arg_line(text, key) if key else None,
+        text, short = raw.text, written or {}  # an option written abbreviated: the line of its prefix
+        return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: arg_line(text, short.get(key, key)) if key else None,
                        not_settable=not_settable(script))
     lines = KeyLines(raw.text)
     return Trainer("kohya", RULES, fix_set, fix_remove, lambda key: lines(key) if key not in cli_keys else None,
@@ -573,7 +577,8 @@ def _command_values(raw: RawConfig, extra_args: list[str]) -> tuple[RawConfig, l
     data = raw.data if isinstance(raw.data, dict) else {}
     args = [str(a) for a in data.get("args", [])]  # type: ignore[union-attr]
     words = [str(data.get("script") or ""), *args, *extra_args]
-    cli, _ = parse_cli(args)
+    cli, script, order = _parse_cli(words)
+    _resolve_options(cli, order, script, typed_names(args), {}, lambda key: None)
     config = cli.get("config_file")
     table: dict[str, Any] = {}
     notes: dict[str, Any] = {}
@@ -590,6 +595,26 @@ def _command_values(raw: RawConfig, extra_args: list[str]) -> tuple[RawConfig, l
         else:
             notes["config_file"] = config
     return RawConfig(raw.file, "cmdline", raw.text, table), words, notes
+
+
+#: The generated table of each script's argparse options (tools/gen_audit_keys.py kohya-options).
+OPTIONS = "kohya-options"
+
+
+def _resolve_options(cli: dict[str, Any], order: list[str], script: str | None, typed: dict[str, str],
+                     written: dict[str, str], line: Any) -> list[Finding]:
+    """Abbreviated options renamed to the ones the script's own parser reads them as (its setup_parser, read by
+    tools/argparse_options.py); without a script, against every option sd-scripts has."""
+    if not order:
+        return []
+    table = script_options(__package__, OPTIONS, script)
+    if table is None:
+        return resolve_cli_abbrevs(cli, order, known_keys("kohya")[""], line=line,
+                                   trainer="sd-scripts: argparse (allow_abbrev)")
+    found, short = resolve_script_options(cli, order, table, typed=typed, line=line,
+                                          trainer=f"sd-scripts: {script} setup_parser (argparse)")
+    written.update(short)
+    return found
 
 
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
@@ -614,8 +639,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     else:
         lines = KeyLines(raw.text)
         findings = unknown_keys({k: lines(k) for k in values})
-    findings += resolve_cli_abbrevs(cli, order, known_keys("kohya")[""], line=lines if raw.fmt == "cmdline" else
-                                    (lambda key: None), trainer="sd-scripts: argparse (allow_abbrev)")
+    written: dict[str, str] = {}  # options written abbreviated: full name -> the prefix (their lines)
+    if raw.fmt == "cmdline":
+        lines = lambda key: arg_line(text, written.get(key, key))  # noqa: E731
+    findings += _resolve_options(cli, order, script, typed_names(extra_args), written,
+                                 lines if raw.fmt == "cmdline" else (lambda key: None))
     findings += unknown_keys({k: (lines(k) if raw.fmt == "cmdline" else None) for k in cli
                               if k not in values or raw.fmt == "cmdline"})
     if notes.get("config_file"):
@@ -627,7 +655,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         script = values["script"].rsplit("/", 1)[-1]
     prof, reason = guess_profile(values, script)
     cached = bool(values.get("cache_text_encoder_outputs") or values.get("cache_text_encoder_outputs_to_disk"))
-    trainer = make_trainer(raw, set(cli) if raw.fmt != "cmdline" else set(), script)
+    trainer = make_trainer(raw, set(cli) if raw.fmt != "cmdline" else set(), script, written)
     key_line = lambda key: lines(key) if key not in cli or raw.fmt == "cmdline" else None  # noqa: E731
     after = make_after(values, key_line, lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw, script)
     findings += semantics.lr_findings(values, script, key_line, set(cli))

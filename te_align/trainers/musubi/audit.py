@@ -37,8 +37,11 @@ from te_align.audit.parsed import (
     flatten_sections,
     parse_cli,
     resolve_cli_abbrevs,
+    resolve_script_options,
+    typed_names,
     unknown_key_finding,
 )
+from te_align.audit.parsed import script_options as parser_options
 from te_align.audit.readers import MAX_BYTES, RawConfig, UnreadableConfig, known_keys, load, read_text
 from te_align.audit.rules import Context, Rule, Trainer, family_of
 from te_align.profiles.registry import bundled_names
@@ -557,8 +560,18 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     else:
         raise UnreadableConfig("expected a TOML table", file=raw.file)
     if raw.fmt == "cmdline" or extra_args:  # argparse reads a unique prefix as its option (allow_abbrev)
-        findings += resolve_cli_abbrevs(values, order, script_options(script), line=cli_lines,
-                                        trainer=f"musubi-tuner: {script or 'the script'} parse_args (argparse)")
+        table = parser_options(__package__, "musubi-options", script)
+        if table is None:
+            findings += resolve_cli_abbrevs(values, order, script_options(script), line=cli_lines,
+                                            trainer=f"musubi-tuner: {script or 'the script'} parse_args (argparse)")
+        else:
+            typed = typed_names([*raw.data["args"], *extra_args] if raw.fmt == "cmdline" else extra_args)  # type: ignore[index]
+            found, short = resolve_script_options(values, order, table, typed=typed, line=cli_lines,
+                                                  trainer=f"musubi-tuner: {script} main (argparse)")
+            findings += found
+            if raw.fmt == "cmdline" and not raw.data.get("from_argv"):  # type: ignore[union-attr]
+                text = raw.text
+                cli_lines = lambda key: arg_line(text, short.get(key, key))  # noqa: E731
         if raw.fmt == "cmdline":
             dataset_file, config_file = values.get("dataset_config"), values.get("config_file")
         elif dataset is None:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from te_align.audit.editing import Change, flag_or_flat_toml_changes
+from te_align.audit.editing import Change, flag_or_flat_toml_changes, with_spellings
 from te_align.audit.findings import Edit
-from te_align.audit.parsed import parse_cli
+from te_align.audit.parsed import parse_cli, script_options
 from te_align.audit.readers import RawConfig
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
-    return flag_or_flat_toml_changes(raw, edit.key, edit.value, edit.remove, extra_args, parse_cli)
+    changes = flag_or_flat_toml_changes(raw, edit.key, edit.value, edit.remove, extra_args, parse_cli)
+    script = raw.data.get("script") if isinstance(raw.data, dict) else None
+    return with_spellings(raw, changes, script_options("te_align.trainers.musubi", "musubi-options", str(script or "")))
