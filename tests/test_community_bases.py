@@ -175,3 +175,17 @@ def test_a_trainer_without_clip_skip_is_told_on_a_nai_base(tmp_path):
     assert (r.exit_code, r.profile) == (1, "sd15-nai")
     (f,) = [f for f in r.findings if f.kind == "deviation"]
     assert (f.setting, f.effective, f.profile) == ("clip_l.encoder.layer", "last", "penultimate")
+    # the script cannot take the penultimate layer; te-align's hooks can, once told which base this is
+    assert f.fix.endswith(" (with TE_ALIGN_PROFILE=sd15-nai in the environment: the hooks otherwise use sd15's recipe, "
+                          "the architecture's)")
+
+
+def test_ai_toolkit_on_a_nai_base_names_the_profile_for_its_hooks(tmp_path):
+    text = ("job: extension\nconfig:\n  name: x\n  process:\n    - type: sd_trainer\n      model:\n"
+            "        name_or_path: /m/anything-v4.5.safetensors\n")
+    r = check_file(write(tmp_path, "a.yaml", text))
+    assert (r.exit_code, r.profile, r.family_reason) == (1, "sd15-nai", "model.name_or_path '/m/anything-v4.5.safetensors'")
+    (f,) = [f for f in r.findings if f.kind == "deviation"]
+    assert (f.setting, f.effective, f.profile, f.severity) == ("clip_l.encoder.layer", "last", "penultimate", "warning")
+    assert f.fix == ("not settable: use `te-align patch` (with TE_ALIGN_PROFILE=sd15-nai in the environment: the hooks "
+                     "otherwise use sd15's recipe, the architecture's)")
