@@ -127,18 +127,24 @@ def guess_model(*paths: Any) -> Guess:
 
 
 @functools.lru_cache(maxsize=1)
-def _families() -> dict[str, str]:
-    """Bundled profile -> family, read from each profile file's ``family =`` line (no profile is built)."""
+def _heads() -> dict[str, dict[str, str]]:
+    """Bundled profile -> its ``family``, ``repo`` and ``display_name`` lines, read from each profile file's top-level
+    keys with one pattern (no profile is built, no TOML parsed)."""
     import re
     from importlib import resources
 
-    out: dict[str, str] = {}
+    out: dict[str, dict[str, str]] = {}
     for f in resources.files("te_align.profiles").joinpath("data/profiles").iterdir():
         if f.name.endswith(".toml"):
-            m = re.search(r'^family\s*=\s*"([^"]+)"', f.read_text(encoding="utf-8"), re.M)
-            if m:
-                out[f.name[:-5]] = m.group(1)
+            text = f.read_text(encoding="utf-8")
+            head = text[: m.start()] if (m := re.search(r"^\[", text, re.M)) else text
+            out[f.name[:-5]] = dict(re.findall(r'^(family|repo|display_name)\s*=\s*"((?:[^"\\]|\\.)*)"', head, re.M))
     return out
+
+
+def _families() -> dict[str, str]:
+    """Bundled profile -> family, read from each profile file's ``family =`` line (no profile is built)."""
+    return {name: h["family"] for name, h in _heads().items() if "family" in h}
 
 
 def siblings(profile: str) -> list[str]:
@@ -158,16 +164,13 @@ def profiles_of(families: Iterable[str]) -> list[str]:
 def community_bases() -> dict[str, tuple[str, str]]:
     """Community base -> (the architecture's profile, its display name): a bundled profile whose ``repo`` is another
     bundled profile's of its family (sd15-nai loads the SD 1.5 encoder files, its recipe differs)."""
-    from te_align.profiles.registry import _header, bundled_names
-
-    heads = {n: _header(n) for n in bundled_names()}
-    fams = _families()
+    heads = _heads()
     out: dict[str, tuple[str, str]] = {}
     for name, head in heads.items():
-        arch = next((o for o, h in heads.items() if o != name and h.get("repo") == head.get("repo")
-                     and fams.get(o) == fams.get(name) and not _is_variant_name(o, name)), None)
+        arch = next((o for o, h in sorted(heads.items()) if o != name and h.get("repo") == head.get("repo")
+                     and h.get("family") == head.get("family") and not _is_variant_name(o, name)), None)
         if arch is not None:
-            out[name] = (arch, str(head.get("display_name", name)))
+            out[name] = (arch, head.get("display_name", name).replace('\\"', '"'))
     return out
 
 
