@@ -169,6 +169,16 @@ def test_kohya_gui_preset_on_a_nai_base(tmp_path):
     assert (r.exit_code, r.profile, r.findings) == (0, "sd15-nai", [])
 
 
+def test_kohya_gui_preset_on_a_pony_base(tmp_path):
+    g = {"LoRA_type": "Standard", "sdxl": True, "pretrained_model_name_or_path": PONY, "clip_skip": 2}
+    r = check_file(write(tmp_path, "lora.json", json.dumps(g, indent=2)))
+    assert (r.exit_code, r.profile) == (0, "sdxl-pony")
+    assert [(f.kind, f.severity, f.setting) for f in r.findings] == [
+        ("deviation", "info", "clip_g.tokenizer.pad_token"), ("note", "info", "clip_skip")]
+    # sdxl-pony encodes as sdxl: te-align's hooks need no profile of their own for it
+    assert r.findings[0].fix == "not settable: use `te-align patch`"
+
+
 def test_a_trainer_without_clip_skip_is_told_on_a_nai_base(tmp_path):
     r = check_file("run.sh", command=["accelerate", "launch", "train_text_to_image_lora.py",
                                       "--pretrained_model_name_or_path", "/m/anything-v4.5.safetensors"])
