@@ -62,7 +62,9 @@ def test_gui_finetune_sdxl_checkbox_runs_sdxl_train(tmp_path):
          "train_dir": "/d", "image_folder": "/d/img", "learning_rate_te1": 1e-5, "learning_rate_te2": 1e-5,
          "create_caption": True, "create_buckets": True, "max_token_length": 75}
     r = check_file(write(tmp_path, "ft.json", json.dumps(g, indent=2)))
-    assert (r.profile, r.family_reason) == ("sdxl", "kohya_ss GUI: Finetune tab, script sdxl_train.py")
+    # a model name that names no base: SDXL's own recipe, assumed and said (it could be Pony, sdxl-pony)
+    assert (r.profile, r.family_reason) == ("sdxl", "kohya_ss GUI: Finetune tab, script sdxl_train.py; sdxl assumed")
+    assert r.assumed.startswith("assumed sdxl (the architecture's own recipe)")
     assert [f for f in r.findings if f.kind == "unknown-key"] == []
 
 
@@ -75,7 +77,7 @@ def test_gui_textual_inversion_tab(tmp_path):
     g["sdxl"] = False
     g["pretrained_model_name_or_path"] = "/m/model.safetensors"
     r = check_file(write(tmp_path, "ti15.json", json.dumps(g, indent=2)))
-    assert r.family_reason.endswith("script train_textual_inversion.py") and r.profile == "sd15"
+    assert r.family_reason.endswith("script train_textual_inversion.py; sd15 assumed") and r.profile == "sd15"
 
 
 def test_gui_key_no_tab_reads_is_still_reported(tmp_path):
@@ -226,7 +228,8 @@ def test_profile_of_another_family_is_refused(tmp_path):
     r = check_file(path, extra_args=["sdxl_train_network.py"], profile="flux-dev")
     assert r.exit_code == 2
     assert r.findings[0].message == (
-        f"{path}: --profile flux-dev is a flux profile, but this config trains sdxl (script sdxl_train_network.py); "
+        f"{path}: --profile flux-dev is a flux profile, but this config trains sdxl (script sdxl_train_network.py; "
+        "sdxl assumed); "
         "pass a sdxl profile or leave --profile out")
     assert check_file(path, profile="flux-dev").exit_code == 0  # nothing in the config names a model
 
@@ -282,7 +285,8 @@ def test_caption_dropout_form_against_empty_prompt(tmp_path):
     ot = {"model_type": "STABLE_DIFFUSION_15", "training_method": "LORA", "text_encoder": {"dropout_probability": 0.1}}
     r = check_file(write(tmp_path, "ot.json", json.dumps(ot, indent=2)))
     assert [(f.setting, f.effective, f.profile, f.key) for f in r.findings] == [
-        ("empty_prompt", "zeros", "encode", "text_encoder.dropout_probability")]
+        ("empty_prompt", "zeros", "encode", "text_encoder.dropout_probability"), ("profile", None, None, None)]
+    assert r.assumed.startswith("assumed sd15 (the architecture's own recipe)")
     ot["model_type"] = "STABLE_DIFFUSION_XL_10_BASE"
     assert check_file(write(tmp_path, "otxl.json", json.dumps(ot))).exit_code == 0
     st = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "sdxl"})))

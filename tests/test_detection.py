@@ -53,10 +53,12 @@ def test_guess_model_reads_files_first_and_knows_when_a_name_decides(tmp_path):
     assert guess_model("black-forest-labs/FLUX.1-dev") == ("flux-dev", "", True)
     assert guess_model("/models/my_flux_finetune") == ("flux-dev", "", False)  # "flux" decides nothing
     assert guess_model("stabilityai/stable-diffusion-3.5-medium") == ("sd35-medium", "", True)
-    assert guess_model("/m/sd_xl_base_1.0.safetensors") == ("sdxl", "", True)  # one SDXL profile
+    assert guess_model("/m/sd_xl_base_1.0.safetensors") == ("sdxl", "", True)  # the base's name: not sdxl-pony
     assert guess_model("/no/such/thing") == (None, "", False)
-    assert siblings("flux-dev") == ["flux-schnell"] and siblings("sdxl") == []
-    assert assumption("sdxl") == "" and assumption("flux-dev").startswith("flux-dev assumed: nothing in")
+    assert siblings("flux-dev") == ["flux-schnell"] and siblings("sdxl") == ["sdxl-pony"] and siblings("sd21") == []
+    assert assumption("sd21") == "" and assumption("sdxl").startswith(
+        "assumed sdxl (the architecture's own recipe): nothing in the config and the model's files names another base; "
+        "if your base is Pony Diffusion V6 XL or a descendant") and assumption("flux-dev").startswith("flux-dev assumed: nothing in")
 
 
 # ------------------------------------------------------------------------------------ sd-scripts
@@ -144,7 +146,9 @@ def test_onetrainer_model_type_then_the_base_model_files(tmp_path):
     assert r.profile == "flux-dev" and r.assumed.startswith("flux-dev assumed")
     r = check_file(write(tmp_path, "ot3.json", json.dumps({"model_type": "STABLE_DIFFUSION_XL_10_BASE",
                                                            "training_method": "LORA", "base_model_name": "/m/x"})))
-    assert (r.profile, r.assumed) == ("sdxl", "")
+    # a name that matches nothing: the architecture's own recipe, assumed, naming the community base it could be
+    assert r.profile == "sdxl" and r.assumed.startswith("assumed sdxl (the architecture's own recipe)")
+    assert r.assumed.endswith("pass --profile sdxl-pony")
 
 
 # ------------------------------------------------------------------------------------ SimpleTuner

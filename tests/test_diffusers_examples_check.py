@@ -54,7 +54,13 @@ def test_a_default_profile_is_said_to_be_assumed_where_the_family_has_several():
     r = cmd("train_dreambooth_lora_flux.py")  # no model named: the script's default
     assert r.profile == "flux-dev" and r.assumed.startswith("flux-dev assumed: --pretrained_model_name_or_path None")
     assert [f.message for f in r.findings if f.setting == "profile"] == [r.assumed]
-    assert cmd("train_dreambooth_lora_sdxl.py").assumed == ""  # one SDXL profile: nothing to assume
+    # SDXL's other profile is a community base (Pony): the assumption names it and the --profile to pass
+    assert cmd("train_dreambooth_lora_sdxl.py").assumed == (
+        "assumed sdxl (the architecture's own recipe): nothing in --pretrained_model_name_or_path None (its name or "
+        "files) names another base; if your base is Pony Diffusion V6 XL or a descendant (SDXL; its authors' clip skip "
+        "2), pass --profile sdxl-pony")
+    assert cmd("train_dreambooth_lora_sdxl.py", "--pretrained_model_name_or_path",
+               "stabilityai/stable-diffusion-xl-base-1.0").assumed == ""
     assert cmd("train_dreambooth_lora_flux.py", "--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev"
                ).assumed == ""
 

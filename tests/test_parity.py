@@ -122,11 +122,35 @@ def _ideogram4(pipe: Any, prompts: list[str], p: AlignmentProfile) -> tuple:
     return embeds[:, :n], (indicator[:, :n] == LLM_TOKEN_INDICATOR).long()
 
 
+def _clip_skip_1(pipe: Any) -> Any:
+    """The SD pipeline, where its clip_skip path can run: it reads ``text_encoder.text_model.final_layer_norm``, which
+    transformers 5's CLIPTextModel no longer has (the layer norm is ``text_encoder.final_layer_norm`` there)."""
+    import transformers
+
+    if not hasattr(pipe.text_encoder, "text_model"):
+        pytest.skip(f"diffusers' encode_prompt clip_skip path reads text_encoder.text_model.final_layer_norm, which "
+                    f"CLIPTextModel of transformers {transformers.__version__} does not have "
+                    "(test_nai_penultimate_layer_is_hidden_states_minus_2_through_the_final_norm checks the values)")
+    return pipe
+
+
 CASES: dict[str, Case] = {
     "sd15": Case("sd15", "sd15", lambda pipe, x, p: pipe.encode_prompt(x, "cpu", 1, False), ("prompt_embeds", None)),
+    # the NovelAI lineage's clip skip 2 is diffusers' clip_skip=1: hidden_states[-2] through final_layer_norm
+    # (pipeline_stable_diffusion.py encode_prompt's clip_skip path)
+    "sd15-nai": Case("sd15-nai", "sd15", lambda pipe, x, p: _clip_skip_1(pipe).encode_prompt(x, "cpu", 1, False,
+                                                                                            clip_skip=1),
+                     ("prompt_embeds", None)),
     "sd21": Case("sd21", "sd21", lambda pipe, x, p: pipe.encode_prompt(x, "cpu", 1, False), ("prompt_embeds", None)),
     "sdxl": Case(
         "sdxl", "sdxl",
+        lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False),
+        ("prompt_embeds", None, "pooled_prompt_embeds", None),
+    ),
+    # Pony's clip skip 2 is SDXL's own penultimate layer: diffusers' SDXL pipeline with clip_skip None (its clip_skip=1
+    # would be hidden_states[-3])
+    "sdxl-pony": Case(
+        "sdxl-pony", "sdxl",
         lambda pipe, x, p: pipe.encode_prompt(x, device="cpu", do_classifier_free_guidance=False),
         ("prompt_embeds", None, "pooled_prompt_embeds", None),
     ),
@@ -629,3 +653,23 @@ def test_ltx2_stripped_prompts_negatives_and_uncond_equal_the_pipeline():
     finally:
         pipe.tokenizer.padding_side = "left"
     assert torch.equal(ours["prompt_embeds"], same["prompt_embeds"]) and ours["prompt_attention_mask"][:, -1].all()
+
+
+def test_nai_penultimate_layer_is_hidden_states_minus_2_through_the_final_norm():
+    """sd15-nai by value, in any transformers: what diffusers' clip_skip=1, sd-scripts' clip_skip 2 and ComfyUI's
+    CLIPSetLastLayer -2 compute for SD 1.x, the penultimate hidden state through CLIP's final layer norm (NovelAI's
+    recipe); and it is not sd15's last_hidden_state."""
+    pipe, p = _setup("sd15-nai")
+    prompts = ["a red dress", "hatsune miku, red dress, long hair, twintails"]
+    ids = pipe.tokenizer(prompts, padding="max_length", max_length=pipe.tokenizer.model_max_length, truncation=True,
+                         return_tensors="pt").input_ids
+    enc = pipe.text_encoder
+    norm = enc.text_model.final_layer_norm if hasattr(enc, "text_model") else enc.final_layer_norm
+    with torch.no_grad():
+        out = enc(ids, output_hidden_states=True)
+        want = norm(out.hidden_states[-2])
+    got = te_align.encode(p, prompts, pipeline=pipe)["prompt_embeds"]
+    assert got.dtype == want.dtype and got.shape == want.shape == (2, 77, enc.config.hidden_size)
+    assert torch.equal(got, want)
+    last = te_align.encode(fit_profile(te_align.profile("sd15"), pipe), prompts, pipeline=pipe)["prompt_embeds"]
+    assert torch.equal(last, out.last_hidden_state) and not torch.equal(last, got)

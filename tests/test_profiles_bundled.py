@@ -44,11 +44,13 @@ EXPECTED_NAMES = [
     "qwen-image-edit-2511",
     "sana",
     "sd15",
+    "sd15-nai",
     "sd21",
     "sd3-medium",
     "sd35-large",
     "sd35-medium",
     "sdxl",
+    "sdxl-pony",
     "wan21",
     "z-image",
 ]
@@ -61,6 +63,9 @@ SNAPSHOT_REPO = {
     "sd15": "runwayml/stable-diffusion-v1-5",
     "sd21": "stabilityai/stable-diffusion-2-1",
     "sdxl": "stabilityai/stable-diffusion-xl-base-1.0",
+    # community bases load their architecture's encoder files: the same snapshot holds for them
+    "sd15-nai": "runwayml/stable-diffusion-v1-5",
+    "sdxl-pony": "stabilityai/stable-diffusion-xl-base-1.0",
     "sd3-medium": "stabilityai/stable-diffusion-3-medium-diffusers",
     "sd35-large": "stabilityai/stable-diffusion-3.5-large",
     "sd35-medium": "stabilityai/stable-diffusion-3.5-medium",
@@ -100,6 +105,8 @@ EXPECTED_OUTPUTS = {
     "sd15": ("prompt_embeds",),
     "sd21": ("prompt_embeds",),
     "sdxl": ("prompt_embeds", "pooled_prompt_embeds"),
+    "sd15-nai": ("prompt_embeds",),
+    "sdxl-pony": ("prompt_embeds", "pooled_prompt_embeds"),
     "sd3-medium": ("prompt_embeds", "pooled_prompt_embeds"),
     "sd35-medium": ("prompt_embeds", "pooled_prompt_embeds"),
     "sd35-large": ("prompt_embeds", "pooled_prompt_embeds"),
@@ -212,12 +219,37 @@ def test_aliases_are_unique_across_profiles_and_resolve():
             owner[alias] = name
         for alias in p.aliases:
             assert bundled(alias).name == name
-        assert bundled(p.repo).name == name
+        # a community base names its architecture's repo (the encoder files it loads): that repo is the architecture's
+        assert bundled(p.repo).name == COMMUNITY_BASES.get(name, (name,))[0]
+
+
+#: Community base -> (its architecture's profile, the behaviour paths where their recipes differ).
+COMMUNITY_BASES: dict[str, tuple[str, set[str]]] = {
+    "sd15-nai": ("sd15", {"slots.clip_l.encoder.layer"}),
+    # clip skip 2 on SDXL is SDXL's own penultimate layer: the same behaviour, another published source
+    "sdxl-pony": ("sdxl", set()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMUNITY_BASES))
+def test_a_community_base_differs_from_its_architecture_only_where_its_source_says(name: str):
+    arch, paths = COMMUNITY_BASES[name]
+    base, p = bundled(arch), bundled(name)
+    assert (p.family, p.repo, p.pipeline) == (base.family, base.repo, base.pipeline)
+    a, b = base.behaviour(), p.behaviour()
+    assert a.keys() == b.keys() and {k for k in a if a[k] != b[k]} == paths
+    for path in paths:  # each difference cites its base's own published source
+        assert p.provenance_of(path).status == "official", path
+    assert (p.fingerprint() == base.fingerprint()) == (not paths)
 
 
 @pytest.mark.parametrize(
     ("alias", "name"),
     [
+        ("pony", "sdxl-pony"),
+        ("pony-diffusion-v6-xl", "sdxl-pony"),
+        ("sd1-nai", "sd15-nai"),
+        ("animefull", "sd15-nai"),
         ("sd1.5", "sd15"),
         ("sd-1.5", "sd15"),
         ("runwayml/stable-diffusion-v1-5", "sd15"),
@@ -268,7 +300,8 @@ def test_round_trips_through_toml_and_json(prof: AlignmentProfile):
 #: Qwen-Image-Edit-2509 and 2511 are separate model versions run by the same QwenImageEditPlusPipeline text path
 #: (same template, prefix, condition-image area); they are declared identical here on purpose, each its own profile
 #: so a version is never read as the other.
-SAME_BEHAVIOUR = [{"sd3-medium", "sd35-medium", "sd35-large"}, {"qwen-image-edit-2509", "qwen-image-edit-2511"}]
+SAME_BEHAVIOUR = [{"sd3-medium", "sd35-medium", "sd35-large"}, {"qwen-image-edit-2509", "qwen-image-edit-2511"},
+                  {"sdxl", "sdxl-pony"}]
 
 
 def test_fingerprints_are_distinct_except_identical_behaviour():
@@ -401,7 +434,7 @@ def test_snapshot_comparison_covers_the_strict_values():
 
 
 def test_every_profile_has_a_snapshot_and_every_snapshot_a_profile():
-    assert sorted(SNAPSHOT_REPO.values()) == official_repos()
+    assert sorted(set(SNAPSHOT_REPO.values())) == official_repos()
     assert set(SNAPSHOT_REPO) | set(NO_SNAPSHOT) == set(EXPECTED_NAMES) and not set(SNAPSHOT_REPO) & set(NO_SNAPSHOT)
     for name, repo in SNAPSHOT_REPO.items():
         p = bundled(name)

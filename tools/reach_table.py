@@ -16,13 +16,15 @@ END = "<!-- end of reach table -->"
 
 
 def table() -> str:
+    from te_align.audit.models import community_bases
     from te_align.audit.reach import markdown_table
     from te_align.commands.profile import reach_cells
     from te_align.profiles import profiles
 
     labels: dict[str, list[str]] = {}
-    for p in profiles():
-        labels.setdefault(p.family, []).append(p.display_name)
+    community = community_bases()
+    for p in profiles():  # a community base is checked by its architecture's rules: named, not described
+        labels.setdefault(p.family, []).append(f"community base {p.name}" if p.name in community else p.display_name)
     return markdown_table(reach_cells(), {f: ", ".join(names) for f, names in labels.items()})
 
 

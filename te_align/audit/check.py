@@ -166,6 +166,7 @@ def _check(
     caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
     ctx.extra["captions"] = _captions.read_captions(caption_dirs)
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
+    deviations = _community_hooks(deviations, prof, parsed.trainer.not_settable)
     after = parsed.after(prof, ctx) if parsed.after is not None else []
     # one severity policy for every trainer's deviations (te_align.audit.policy, docs/severity.md)
     deviations = _policy.apply(deviations, prof, ctx.extra.get("captions"))  # type: ignore[arg-type]
@@ -191,6 +192,21 @@ def _check(
             fix=f"after fixing, {spec.rebuild}", trainer_source=spec.source,
         ))
     result.findings = _sorted(findings)
+
+
+def _community_hooks(findings: list[Finding], prof: AlignmentProfile, not_settable: str) -> list[Finding]:
+    """A community base's hard-coded deviations: te-align's hooks pick a profile by architecture, so where the base's
+    recipe differs from it the fix names the environment variable that makes them use this one."""
+    import dataclasses
+
+    from te_align.audit.models import community_bases
+
+    base = community_bases().get(prof.name)
+    if base is None or resolve(base[0]).fingerprint() == prof.fingerprint():
+        return findings
+    add = (f" (with {_overrides.ENV_PROFILE}={prof.name} in the environment: the hooks otherwise use {base[0]}'s "
+           "recipe, the architecture's)")
+    return [dataclasses.replace(f, fix=f.fix + add) if f.fix == not_settable else f for f in findings]
 
 
 _ORDER = {"syntax": 0, "wrong-value": 0, "not-checked": 1, "deviation": 1, "missing-key": 1, "effect": 2, "unused-value": 2,

@@ -59,8 +59,10 @@ MEASURES: tuple[Measure, ...] = (
     Measure("world-sd3-clip-g-bang", "sd3", "clip_g.tokenizer.pad_token_in_prompt", "text"),
     Measure("world-flux-t5-512", "flux-schnell", "t5.tokenizer.max_length", 512),
     Measure("world-flux-t5-77", "flux-schnell", "t5.tokenizer.max_length", 77),
-    Measure("world-sd15-clip-skip-2", "sd1", "clip_l.encoder.layer", "penultimate"),
-    Measure("world-sd15-max-token-225", "sd1", "clip_l.tokenizer.max_length", 227),
+    # the sd15 profile, not the sd1 family: the world base was pretrained with sd15's recipe (the last layer, 77
+    # tokens), which the NovelAI lineage (sd15-nai) does not share
+    Measure("world-sd15-clip-skip-2", "sd15", "clip_l.encoder.layer", "penultimate"),
+    Measure("world-sd15-max-token-225", "sd15", "clip_l.tokenizer.max_length", 227),
     Measure("world-sd15-dropout-zeros", "sd1", "empty_prompt", "zeros"),
     Measure("world-sdxl-clip-g-bang", "sdxl", "clip_g.tokenizer.pad_token", "<|endoftext|>"),
     Measure("world-sdxl-clip-g-bang", "sdxl", "clip_g.tokenizer.pad_token_in_prompt", "text"),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from te_align._lazy import lazy_module
-from te_align.audit.rules import guess_from_name
+from te_align.audit.rules import NAI_WORDS, PONY_WORDS, guess_from_name
 from te_align.errors import TeAlignError
 
 # Lazy: read only when a config names a local model folder or checkpoint (``check`` stays cold otherwise).
@@ -60,9 +60,21 @@ def _folder(p: Path, shown: str) -> tuple[str, str] | None:
 
 def _checkpoint(p: Path, shown: str) -> tuple[str, str] | None:
     try:
-        profile, why, _ = _checkpoint_source._detect_checkpoint(_safetensors.read_header(p), shown)
+        header = _safetensors.read_header(p)
+        profile, why, _ = _checkpoint_source._detect_checkpoint(header, shown)
     except TeAlignError:
         return None
+    return _community(profile, why, header.metadata)
+
+
+def _community(profile: str, why: str, metadata: dict[str, str]) -> tuple[str, str]:
+    """The architecture's profile the tensors say, or a community base of that architecture that the checkpoint's
+    own metadata names (``modelspec.title = "Pony Diffusion V6 XL"``)."""
+    for key in NAME_METADATA:
+        value = metadata.get(key)
+        named = guess_from_name(value) if isinstance(value, str) else None
+        if named and named != profile and named in siblings(profile) and named in community_bases():
+            return named, f"{why}; its metadata {key} = {value[:80]!r}"
     return profile, why
 
 
@@ -85,7 +97,16 @@ VARIANT_WORDS: dict[str, str] = {
     "sd3-medium": r"(?<![0-9.])3[-_ ]?m|medium",
     "flux2-klein-4b": r"(?<![0-9])4[-_ ]?b(?![a-z])",
     "flux2-klein-9b": r"(?<![0-9])9[-_ ]?b(?![a-z])",
+    # an architecture's own base against the community bases of its family (sd15-nai, sdxl-pony)
+    "sd15": r"(sd|stable[-_ ]?diffusion)[-_ ]?v?1[._-]?[45]|v1-5",
+    "sd15-nai": NAI_WORDS,
+    "sdxl": r"(stable[-_ ]?diffusion|sd)[-_ ]?xl[-_ ]?(base|1[._-]?0)|sdxl[-_ ]?(base|1[._-]?0)",
+    "sdxl-pony": PONY_WORDS,
 }
+
+#: The ``__metadata__`` keys of a ``.safetensors`` checkpoint that name the model or the one it was made from
+#: (the SAI model spec's title, the ss_sd_model_name a trainer records): read for a community base's name.
+NAME_METADATA = ("modelspec.title", "ss_sd_model_name", "ss_output_name", "name")
 
 
 def guess_model(*paths: Any) -> Guess:
@@ -106,18 +127,24 @@ def guess_model(*paths: Any) -> Guess:
 
 
 @functools.lru_cache(maxsize=1)
-def _families() -> dict[str, str]:
-    """Bundled profile -> family, read from each profile file's ``family =`` line (no profile is built)."""
+def _heads() -> dict[str, dict[str, str]]:
+    """Bundled profile -> its ``family``, ``repo`` and ``display_name`` lines, read from each profile file's top-level
+    keys with one pattern (no profile is built, no TOML parsed)."""
     import re
     from importlib import resources
 
-    out: dict[str, str] = {}
+    out: dict[str, dict[str, str]] = {}
     for f in resources.files("te_align.profiles").joinpath("data/profiles").iterdir():
         if f.name.endswith(".toml"):
-            m = re.search(r'^family\s*=\s*"([^"]+)"', f.read_text(encoding="utf-8"), re.M)
-            if m:
-                out[f.name[:-5]] = m.group(1)
+            text = f.read_text(encoding="utf-8")
+            head = text[: m.start()] if (m := re.search(r"^\[", text, re.M)) else text
+            out[f.name[:-5]] = dict(re.findall(r'^(family|repo|display_name)\s*=\s*"((?:[^"\\]|\\.)*)"', head, re.M))
     return out
+
+
+def _families() -> dict[str, str]:
+    """Bundled profile -> family, read from each profile file's ``family =`` line (no profile is built)."""
+    return {name: h["family"] for name, h in _heads().items() if "family" in h}
 
 
 def siblings(profile: str) -> list[str]:
@@ -133,6 +160,25 @@ def profiles_of(families: Iterable[str]) -> list[str]:
     return sorted(p for p, f in _families().items() if f in wanted)
 
 
+@functools.lru_cache(maxsize=1)
+def community_bases() -> dict[str, tuple[str, str]]:
+    """Community base -> (the architecture's profile, its display name): a bundled profile whose ``repo`` is another
+    bundled profile's of its family (sd15-nai loads the SD 1.5 encoder files, its recipe differs)."""
+    heads = _heads()
+    out: dict[str, tuple[str, str]] = {}
+    for name, head in heads.items():
+        arch = next((o for o, h in sorted(heads.items()) if o != name and h.get("repo") == head.get("repo")
+                     and h.get("family") == head.get("family") and not _is_variant_name(o, name)), None)
+        if arch is not None:
+            out[name] = (arch, head.get("display_name", name).replace('\\"', '"'))
+    return out
+
+
+def _is_variant_name(arch: str, name: str) -> bool:
+    """Whether ``arch`` is itself named as a variant of ``name`` (its name extends it): never the architecture then."""
+    return arch.startswith(name + "-")
+
+
 def assumption(profile: str | None, what: str = "") -> str:
     """What ``check`` says when ``profile`` was picked without a signal that decides between it and the other
     profiles of its family ("" when it has none). ``what``: the signals that were looked at."""
@@ -140,8 +186,13 @@ def assumption(profile: str | None, what: str = "") -> str:
     if not others:
         return ""
     where = what or "the config and the model's files"
+    bases = community_bases()
+    community = [o for o in others if bases.get(o, ("",))[0] == profile]
+    if community and len(community) == len(others):
+        ifs = "; ".join(f"if your base is {bases[o][1]}, pass --profile {o}" for o in community)
+        return f"assumed {profile} (the architecture's own recipe): nothing in {where} names another base; {ifs}"
     return (f"{profile} assumed: nothing in {where} tells it from {' or '.join(others)} "
             f"(pass --profile {others[0]} if the model is that)")
 
 
-__all__ = ["Guess", "assumption", "guess_model", "profile_from_files", "profiles_of", "siblings"]
+__all__ = ["Guess", "assumption", "community_bases", "guess_model", "profile_from_files", "profiles_of", "siblings"]

@@ -63,6 +63,11 @@ class Rule:
     #: Keys of ``also`` that switch off the trainer's own safety checks, each with what it does: ``check --fix``
     #: writes the fix only with ``--allow-unsafe-keys`` (:mod:`te_align.audit.policy`).
     unsafe: tuple[tuple[str, str], ...] = ()
+    #: For a key the trainer ignores (``honoured`` never): the profile path its value asks for, through ``convert``
+    #: (a ``clip_skip`` that an SDXL trainer ignores asks for an encoder layer). Where that is the profile's own value and the
+    #: model's authors publish it (status ``official``: Pony's "clip skip 2"), the key is their recipe, which the
+    #: trainer follows anyway: a note, never "remove it".
+    asks: str | None = None
 
     def applies(self, profile_name: str, family: str) -> bool:
         return "*" in self.families or family in self.families or profile_name in self.families
@@ -322,7 +327,17 @@ def evaluate(
             continue
         honoured = rule.honoured == "always" or (rule.honoured == "cached" and ctx.cached)
         if present and not honoured and rule.key is not None:
-            if _differs(to_profile, raw, default, ctx) and rule.key not in reported:
+            recipe = _published_recipe(rule, profile, to_profile, raw, ctx)
+            if recipe is not None and rule.key not in reported:
+                reported.add(rule.key)
+                findings.append(Finding(
+                    kind="note", severity="info", setting=rule.key, effective=raw, key=rule.key,
+                    message=(f"{rule.key} = {_show(raw)} is the recipe published for {profile.name}, "
+                             f"{profile.display_name} ({recipe}); {trainer.name} does not read the key "
+                             f"({rule.meaning}) and already encodes {rule.asks} = {_show(profile.get('slots.' + rule.asks))}, "
+                             "which is what the value asks for: nothing to change"),
+                    trainer_source=rule.source, line=trainer.key_line(rule.key)))
+            elif _differs(to_profile, raw, default, ctx) and rule.key not in reported:
                 reported.add(rule.key)
                 when = "" if rule.honoured == "never" else " while text-encoder outputs are not cached"
                 findings.append(Finding(
@@ -364,7 +379,9 @@ def evaluate(
             effective=eff,
             profile=expected,
             source=f"{pv.status}: {pv.source}" if pv else "",
-            fix=_fix(trainer, rule, to_trainer, expected, ctx),
+            fix=_fix(trainer, rule, to_trainer, expected, ctx) if official is None else (
+                f"keep it (an official alternative of {profile.name}); for the profile's {_show(expected)}: "
+                + _fix(trainer, rule, to_trainer, expected, ctx)),
             message=meaning,
             key=rule.key,
             trainer_source=rule.source,
@@ -372,6 +389,22 @@ def evaluate(
             edit=_edit(rule, to_trainer, expected, ctx),
         ))
     return findings, effective
+
+
+def _published_recipe(rule: Rule, profile: AlignmentProfile, to_profile: ConvertFn, raw: object,
+                      ctx: Context) -> str | None:
+    """The published source when an ignored key's value asks for what the profile holds at ``rule.asks`` and the
+    model's authors publish that value (provenance status ``official``); None otherwise."""
+    if rule.asks is None or rule.honoured != "never" or rule.asks.split(".", 1)[0] not in profile.slot_names:
+        return None
+    pv = profile.provenance_of(f"slots.{rule.asks}")
+    try:
+        asked = to_profile(raw, ctx)
+    except Exception:  # a value the converter cannot read asks for nothing
+        return None
+    if pv is None or pv.status != "official" or not _same_value(asked, profile.get(f"slots.{rule.asks}")):
+        return None
+    return pv.source
 
 
 def _by_captions(which: str, stats: CaptionStats | None, meaning: str) -> tuple[str, str]:
@@ -444,6 +477,13 @@ def _show(v: object) -> str:
 
 
 # -------------------------------------------------------------------------------- profile guess
+#: A model name of the Pony Diffusion V6 XL line (its V5 was SD 2.1 and its V7 AuraFlow: not these).
+PONY_WORDS = r"pony(?![-_ ]?(?:diffusion[-_ ]?)?v?[57](?![0-9]))|autism[-_ ]?mix"
+#: A model name of the NovelAI lineage of SD 1.x: NovelAI's leaked model (animefull) and its best-known descendants.
+#: A name with "xl" in it is an SDXL model of the same name (CounterfeitXL, AnythingXL), never this.
+NAI_WORDS = (r"^(?!.*xl)(?=.*(?:novel[-_ ]?ai|animefull|(?<![a-z0-9])nai(?![a-z0-9])|anything[-_ ]?v?[345]"
+             r"|abyss[-_ ]?orange|orange[-_ ]?mixs?|(?<![a-z0-9])aom[-_ ]?[1-3]|counterfeit))")
+
 #: (pattern over a lower-cased model path/name, bundled profile); first match wins.
 #: Newer families come first: their names also contain an older family's word ("flux", "qwen", "wan2"), and a model
 #: of a family or version te-align has no profile for must never be read as another one. A hint may name a profile
@@ -478,6 +518,11 @@ _NAME_HINTS: tuple[tuple[str, str], ...] = (
     (r"qwen", "qwen-image"),
     (r"\bwan[-_ ]?2", "wan21"),
     (r"\bsana", "sana"),
+    # Community bases whose recipe differs from their architecture's (each profile's provenance cites its source):
+    # Pony Diffusion V6 XL and its descendants (V5 was SD 2.1, V7 AuraFlow: never these), and the NovelAI lineage of
+    # SD 1.x (NovelAI's leaked animefull model, Anything, AbyssOrangeMix, Counterfeit; their XL namesakes are SDXL).
+    (PONY_WORDS, "sdxl-pony"),
+    (NAI_WORDS, "sd15-nai"),
     (r"xl|pony|illustrious|noobai", "sdxl"),
     (r"(sd|stable[-_ ]?diffusion)[-_ ]?(v?2[._-]?[01]?)\b|768-v", "sd21"),
     (r"(sd|stable[-_ ]?diffusion)[-_ ]?v?1[._-]?[45]|v1-5", "sd15"),

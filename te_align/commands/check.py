@@ -345,6 +345,8 @@ def _print_result(r: CheckResult, evidence: list[dict[str, object] | None] | Non
               f"({r.family_reason})")
     table = [f for f in r.findings if f.kind == "deviation"]
     others = [f for f in r.findings if f.kind not in ("deviation", "not-checked", "wrong-value")]
+    if r.assumed and r.profile is not None:  # the assumption up front, before any finding that rests on it
+        print(f"  {r.assumed}")
     if r.exit_code == 0 and r.assumed:
         print(f"  aligned if the model is {r.profile} (assumed, see the note): {len(r.rules_ran)} rule(s) for "
               f"{r.trainer}/{r.profile} ran; no error or warning")

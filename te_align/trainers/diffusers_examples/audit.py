@@ -35,7 +35,7 @@ from te_align.audit import rules as _rules
 from te_align.audit.cmdline import arg_line
 from te_align.audit.findings import Finding
 from te_align.audit.models import _families as bundled_families
-from te_align.audit.models import guess_model, profiles_of
+from te_align.audit.models import assumption, community_bases, guess_model, profiles_of
 from te_align.audit.parsed import (
     Parsed,
     ambiguous_finding,
@@ -463,6 +463,12 @@ def guess_profile(script: str, values: dict[str, Any]) -> tuple[str, str, bool]:
     choices = profiles_of(_FAMILIES[spec.kind])
     if len(choices) < 2:
         return spec.default_profile, why, True
+    bases = community_bases()
+    if len([c for c in choices if bases.get(c, ("",))[0] != spec.default_profile]) < 2:
+        # the only other choices are community bases of the default (sdxl-pony): say which base was assumed and how
+        # to pass one
+        return spec.default_profile, reason(why, assumption(
+            spec.default_profile, f"--pretrained_model_name_or_path {path!r} (its name or files)")), True
     said = (f"{spec.default_profile} assumed: --pretrained_model_name_or_path {path!r} (its name or files) does not "
             f"say which of {', '.join(choices)} it is; pass --profile NAME for another")
     return spec.default_profile, reason(why, said), True

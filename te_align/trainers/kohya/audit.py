@@ -105,7 +105,7 @@ RULES: tuple[Rule, ...] = (
     Rule(None, ("sdxl",), "clip_skip", None,
          "SDXL ignores clip_skip (warning 'clip_skip will be unexpected')",
          "library/sdxl_train_util.py:350-352; sdxl_train_network.py:81-82", convert="sd_clip_skip",
-         honoured="never"),
+         honoured="never", asks="clip_l.encoder.layer"),
     Rule("clip_l.tokenizer.max_length", ("sdxl",), "max_token_length", None,
          "max_token_length 150/225 encodes BOS/EOS-wrapped 75-token chunks (pooled from chunk 1)",
          "library/strategy_sdxl.py:28-38,143-167; library/train_util.py:3902", convert="sd_tokens"),
