@@ -482,9 +482,11 @@ def test_cli_trainer_profile_and_extra_args(capsys, tmp_path):
     assert main(["check", path, "--profile", "flux-schnell", "--trainer", "kohya", "--", "--t5xxl_max_token_length", "512"]) == 1
     out = capsys.readouterr().out
     assert "t5.tokenizer.max_length" in out and "fix: --t5xxl_max_token_length 256" in out
-    assert main(["check", "--trainer", "simpletuner", path]) == 2
+    # readable, but nothing names the model: not checked (exit 3), saying what would decide it; not a read error
+    assert main(["check", "--trainer", "simpletuner", path]) == 3
     cap = capsys.readouterr()
-    assert cap.out == "" and cap.err.startswith("te-align: error: ") and "cannot work out the model family" in cap.err
+    assert cap.err == "" and f"{path}: simpletuner · cannot work out the model family" in cap.out
+    assert cap.out.rstrip().endswith("pass --profile NAME")
 
 
 def test_check_needs_no_torch():
@@ -689,3 +691,18 @@ def test_findings_table_never_shows_two_values_as_the_same_text(tmp_path, capsys
     row = next(line for line in capsys.readouterr().out.splitlines() if "gemma.tokenizer.system_prompt" in line)
     assert row.split() == ["info", "gemma.tokenizer.system_prompt", "…high-quality…", "…superior", "images", "with",
                            "the", "superior…", "(line", "2)"]
+
+
+def test_kohya_toml_naming_no_script_and_no_known_model_is_not_checked_with_what_decides(capsys, tmp_path):
+    """A readable sd-scripts TOML that names neither its script nor a model te-align knows: exit 3 naming what is
+    missing and how to give it, its keys still read; with the script after -- it is checked."""
+    path = write(tmp_path, "run.toml", 'pretrained_model_name_or_path = "/models/mymodel.safetensors"\n'
+                 'network_module = "networks.lora"\nclip_skip = 2\n')
+    assert main(["check", path]) == 3
+    cap = capsys.readouterr()
+    assert cap.err == "" and cap.out.splitlines()[0] == (
+        f"{path}: kohya · cannot work out the model family from pretrained_model_name_or_path "
+        "'/models/mymodel.safetensors' (a model te-align does not know by name) and no training script: name the "
+        "script after --, as sd-scripts runs it (te-align check CONFIG -- sdxl_train_network.py); pass --profile NAME")
+    assert main(["check", path, "--", "train_network.py"]) == 1
+    assert "profile sd15 (script train_network.py; sd15 assumed)" in capsys.readouterr().out

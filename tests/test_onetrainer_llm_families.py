@@ -40,9 +40,10 @@ def test_flux2_base_model_name_decides_dev_or_klein(base, profile):
 
 def test_flux2_without_a_telling_name_asks_for_the_profile(tmp_path, capsys):
     path = config(tmp_path, model_type="FLUX_2", base_model_name="/models/mine")
-    assert main(["check", path]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"te-align: error: {path}: cannot work out the model family from model_type 'FLUX_2' (OneTrainer tells FLUX.2 "
+    assert main(["check", path]) == 3
+    cap = capsys.readouterr()
+    assert cap.err == "" and cap.out.splitlines()[0] == (
+        f"{path}: onetrainer · cannot work out the model family from model_type 'FLUX_2' (OneTrainer tells FLUX.2 "
         "dev from klein by the transformer's head count, modules/model/Flux2Model.py:204-208, and base_model_name "
         "'/models/mine' does not say which: flux2-dev, flux2-klein-4b or flux2-klein-9b); pass --profile NAME")
 

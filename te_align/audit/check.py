@@ -141,9 +141,15 @@ def _check(
                     f"({parsed.family_reason}); pass a {guessed.family} profile or leave --profile out", file=raw.file)
     else:
         if not parsed.profile_guess:
-            raise readers.UnreadableConfig(
-                "cannot work out the model family" + (f" from {parsed.family_reason}" if parsed.family_reason else "")
-                + "; pass --profile NAME", file=raw.file)
+            # a readable config whose model nothing names: its keys are still checked (exit 1 if any finding), the
+            # alignment is not (exit 3), and the line says what would decide it
+            result.status = "not-checked"
+            result.reason = ("cannot work out the model family" + (f" from {parsed.family_reason}" if
+                             parsed.family_reason else "") + "; pass --profile NAME")
+            result.family_reason = parsed.family_reason
+            result.findings = _sorted([*findings, Finding(kind="not-checked", severity="info", setting="",
+                                                          message=result.reason)])
+            return
         _refuse_unbundled(parsed.profile_guess, parsed.family_reason, raw.file)
         prof = resolve(parsed.profile_guess)
         result.family_reason = parsed.family_reason

@@ -100,7 +100,7 @@ def decide(f: Finding, evidence: dict[str, object] | None, captions: CaptionStat
     elif direction == "null":
         severity = _at_most(severity, "warning")
         if f.severity == "error":
-            why.append("a measured null (no difference this study resolves), so at most a warning; its interval is below")
+            why.append("a measured null (no difference this study resolves), so at most a warning (its interval: the measured line below)")
     elif official:
         severity = "info"
     if tokens_cut(f) and direction != "trainer default better":

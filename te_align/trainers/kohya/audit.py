@@ -310,7 +310,10 @@ def guess_profile(values: dict[str, Any], script: str | None) -> tuple[str | Non
     if by_name:
         said = f"pretrained_model_name_or_path {path!r}{files}"
         return by_name, said if decided else _assumed(said, by_name, family_of(by_name))
-    return None, ""
+    model = f"pretrained_model_name_or_path {path!r} (a model te-align does not know by name{files})" if isinstance(
+        path, str) else "no pretrained_model_name_or_path"
+    return None, (f"{model} and no training script: name the script after --, as sd-scripts runs it "
+                  "(te-align check CONFIG -- sdxl_train_network.py)")
 
 
 def _assumed(why: str, prof: str, arch: str) -> str:
