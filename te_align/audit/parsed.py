@@ -34,6 +34,26 @@ class CacheSpec:
     rebuild: str
 
 
+@dataclass(frozen=True)
+class CaptionSource:
+    """A caption folder as the trainer reads it, for ``check --dataset``: which files hold captions and what the
+    trainer does to a caption's text before its tokenizers see it (in the trainer's own terms, ``handling``)."""
+
+    folder: str
+    #: The caption files' extension (".txt"); None: te-align's default, .txt and .caption.
+    extension: str | None = None
+    prefix: str = ""
+    suffix: str = ""
+    #: The text joined between prefix, caption and suffix.
+    joiner: str = " "
+    #: Only a file's first line is the caption (the rest is ignored).
+    first_line: bool = False
+    #: The trainer's caption handling that keeps the token count (shuffled tags, kept tokens), said in its terms.
+    length_invariant: tuple[str, ...] = ()
+    #: Where the trainer's handling was read (``owner/repo path:LINE``).
+    source: str = ""
+
+
 @dataclass
 class Parsed:
     """A config read the way the trainer reads it."""
@@ -59,6 +79,15 @@ class Parsed:
     after: Callable[[AlignmentProfile, Context], list[Finding]] | None = None
     #: Folders the config trains on, where ``check`` counts captions (with ``--dataset DIR``).
     caption_dirs: list[str] = field(default_factory=list)
+    #: The same folders with the trainer's caption handling (``check --dataset``), where the reader knows it; a folder
+    #: of ``caption_dirs`` without one here is read with te-align's defaults.
+    caption_sources: list[CaptionSource] = field(default_factory=list)
+    #: Model paths the config names (a diffusers folder, a hub repo id, a checkpoint file): where ``check --dataset``
+    #: looks for the profile's tokenizers before the Hugging Face cache.
+    model_paths: list[str] = field(default_factory=list)
+    #: Per encoder slot, where the trainer itself loads that slot's tokenizer from (a tokenizer folder, or a hub repo
+    #: id whose snapshot holds the tokenizer's files at its root): looked in before ``model_paths``.
+    tokenizer_paths: dict[str, list[str]] = field(default_factory=dict)
     #: Set when no signal in the config decided between ``profile_guess`` and another profile of its family: what
     #: was assumed and why (:func:`te_align.audit.models.assumption`). ``check`` says it instead of a bare "aligned".
     assumed: str = ""
