@@ -37,6 +37,8 @@ class CaptionStats:
     texts: list[str] = field(default_factory=list)
     undecodable: list[tuple[str, str]] = field(default_factory=list)
     tokens: dict[str, list[int]] = field(default_factory=dict)
+    #: The same with the profile's own template, where the trainer's differs.
+    official_tokens: dict[str, list[int]] = field(default_factory=dict)
     #: Slots whose padding reaches what the model sees (:func:`te_align.audit.dataset.padding_seen`).
     padding_seen: set[str] = field(default_factory=set)
 
@@ -124,7 +126,15 @@ def _add(stats: CaptionStats, src: CaptionSource, text: str) -> None:
     if src.first_line:
         lines = text.splitlines()
         text = lines[0] if lines else ""
-    text = text.strip()
+    if src.strip:
+        text = text.strip()
+    if src.rejoin is not None:
+        text = src.rejoin[1].join(text.split(src.rejoin[0]))
+    if src.trigger:
+        for tag in ("[name]", "[trigger]"):
+            text = text.replace(tag, src.trigger)
+        if src.trigger.strip() and src.trigger not in text:
+            text = src.trigger + " " + text
     if src.prefix:
         text = src.prefix + src.joiner + text
     if src.suffix:

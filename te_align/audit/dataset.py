@@ -72,6 +72,8 @@ class SlotLengths:
             d["missing"] = self.missing
             return d
         d["tokens"] = self.stats()
+        if self.official_counts:
+            d["tokens_with_profile_template"] = distribution(self.official_counts)
         d["longer_than_trainer_length"] = self.longer(self.trainer_length)
         d["longer_than_official_length"] = self.longer(self.official_length, official=True)
         d["padding_seen"] = self.padding_seen
@@ -275,10 +277,13 @@ def _spec_with(spec: TokenizerSpec, slot: str, effective: dict[str, object]) -> 
     """The slot's tokenizer spec with the trainer's template, system prompt and dropped prefix, where the check read
     them (its effective values)."""
     changes: dict[str, Any] = {}
-    for key in ("template", "system_prompt"):
-        v = effective.get(f"{slot}.tokenizer.{key}")
-        if isinstance(v, str):
-            changes[key] = v
+    template = effective.get(f"{slot}.tokenizer.template")
+    if isinstance(template, str):
+        changes["template"] = template
+    if f"{slot}.tokenizer.system_prompt" in effective:  # None: the trainer adds no system prompt
+        v = effective[f"{slot}.tokenizer.system_prompt"]
+        if v is None or isinstance(v, str):
+            changes["system_prompt"] = v
     drop = effective.get(f"{slot}.tokenizer.drop_start_tokens")
     if isinstance(drop, int) and not isinstance(drop, bool):
         changes["drop_start_tokens"] = drop
@@ -334,6 +339,7 @@ def measure(stats: CaptionStats, prof: AlignmentProfile, effective: dict[str, ob
         official = [render(spec, t) for t in stats.texts]
         if official != texts or eff.drop_start_tokens != spec.drop_start_tokens:
             rep.official_counts = [n - spec.drop_start_tokens for n in count(counter, official, f"{slot.name} tokens")]
+            stats.official_tokens[slot.name] = rep.official_counts
         stats.tokens[slot.name] = rep.counts
         if rep.padding_seen:
             stats.padding_seen.add(slot.name)
@@ -348,6 +354,10 @@ def describe(rep: SlotLengths, captions: int) -> list[str]:
     head = (f"{rep.slot} ({rep.tokenizer_cls}, {rep.tokenizer}): tokens per caption min {d['min']} · median "
             f"{d['median']} · p90 {d['p90']} · p99 {d['p99']} · max {d['max']}")
     lines = [head]
+    if rep.official_counts:
+        o = distribution(rep.official_counts)
+        lines.append(f"  with the profile's template: min {o['min']} · median {o['median']} · p90 {o['p90']} · p99 "
+                     f"{o['p99']} · max {o['max']}")
     lengths = [(rep.trainer_length, "the trainer's length", False)]
     if rep.official_length != rep.trainer_length or rep.official_counts:
         lengths.append((rep.official_length, "the official length", True))
@@ -360,7 +370,8 @@ def describe(rep: SlotLengths, captions: int) -> list[str]:
                          f"past {length}")
         else:
             none_cut = not any(rep.longer(x, official=o) for x, _, o in lengths)
-            tail = "; only padding differs" if rep.official_length != rep.trainer_length and none_cut else ""
+            tail = "; only padding differs" if (rep.official_length != rep.trainer_length and none_cut
+                                                and not official) else ""
             lines.append(f"  at {length} ({which}): 0 of {captions} captions are longer{tail}")
     return lines
 
@@ -401,6 +412,13 @@ def handling(src: CaptionSource) -> str:
     parts = [f"{src.extension if src.extension else '.txt/.caption'} files"]
     if src.first_line:
         parts.append("first line only")
+    if not src.strip:
+        parts.append("kept as written (not stripped)")
+    if src.rejoin is not None:
+        parts.append(f"split at {json.dumps(src.rejoin[0])} and joined with {json.dumps(src.rejoin[1])}")
+    if src.trigger:
+        parts.append(f"trigger word {json.dumps(src.trigger, ensure_ascii=False)} (for [trigger]/[name], else put "
+                     "first)")
     if src.prefix:
         parts.append(f"prefix {json.dumps(src.prefix, ensure_ascii=False)}")
     if src.suffix:

@@ -48,6 +48,13 @@ class CaptionSource:
     joiner: str = " "
     #: Only a file's first line is the caption (the rest is ignored).
     first_line: bool = False
+    #: The caption's ends are stripped of whitespace.
+    strip: bool = True
+    #: (separator, joiner): the caption is split at the separator and joined again with the joiner (tags re-joined).
+    rejoin: tuple[str, str] | None = None
+    #: A trigger word: it replaces each "[trigger]" and "[name]", and is put before the caption (with a space) when
+    #: the caption does not contain it.
+    trigger: str = ""
     #: The trainer's caption handling that keeps the token count (shuffled tags, kept tokens), said in its terms.
     length_invariant: tuple[str, ...] = ()
     #: Where the trainer's handling was read (``owner/repo path:LINE``).

@@ -161,14 +161,15 @@ def _by_counts(f: Finding, counts: list[int], captions: CaptionStats, severity: 
     eff, prof = int(f.effective), int(f.profile)  # type: ignore[call-overload]
     slot = f.setting.split(".", 1)[0]
     total = len(counts)
-    short = min(eff, prof)
+    short = min(eff, prof) if captions.official_tokens.get(slot) is None else f"{eff} (trainer) or {prof} (profile)"
+    official = captions.official_tokens.get(slot) or counts
     cut = sum(n > eff for n in counts)
-    past = sum(n > short for n in counts)
+    past = sum(n > prof for n in official)
     if tokens_cut(f) and cut:
         why.append(f"{cut} of your {total} captions ({_pct(cut, total)}) lose tokens past {eff} (counted with the "
                    f"{slot} tokenizer)")
         return "error"
-    if past == 0:
+    if cut == 0 and past == 0:
         if direction == "profile better":
             why.append(f"none of your {total} captions has more than {short} tokens ({slot} tokenizer), but the "
                        "padding difference measured a harm")
@@ -181,8 +182,12 @@ def _by_counts(f: Finding, counts: list[int], captions: CaptionStats, severity: 
         why.append(f"none of your {total} captions has more than {short} tokens ({slot} tokenizer): only padding "
                    "differs and the model does not see it, so this changes nothing for this dataset")
         return "info"
-    why.append(f"{past} of your {total} captions ({_pct(past, total)}) have more than {prof} tokens ({slot} "
-               f"tokenizer): training sees tokens past {prof} that the official pipeline cuts")
+    if eff > prof:
+        why.append(f"{past} of your {total} captions ({_pct(past, total)}) have more than {prof} tokens ({slot} "
+                   f"tokenizer): training sees tokens past {prof} that the official pipeline cuts")
+    else:
+        why.append(f"no caption of your {total} loses tokens past {eff}; {past} have more than {prof} tokens with "
+                   "the profile's template ({slot} tokenizer)")
     if not direction and severity == "error":
         why.append("not measured by te-align's effects matrix and it cuts no token, so a warning")
         return "warning"
