@@ -181,7 +181,7 @@ def _check(
     if report is not None:
         stats = ctx.extra.get("captions")
         result.dataset = _dataset.report(stats, missing, prof, effective, parsed.model_paths, report[0], sources,
-                                        parsed.tokenizer_paths)  # type: ignore[arg-type]
+                                        parsed.tokenizer_paths, parsed.templates)  # type: ignore[arg-type]
         findings += _dataset.unreadable_findings(stats)  # type: ignore[arg-type]
     after = parsed.after(prof, ctx) if parsed.after is not None else []
     # one severity policy for every trainer's deviations (te_align.audit.policy, docs/severity.md)

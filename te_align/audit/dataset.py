@@ -219,9 +219,10 @@ def load_counter(folder: Path, spec: TokenizerSpec) -> Counter:
         try:
             import transformers
         except ImportError as e:
-            raise ImportError(f"counting tokens with {folder} needs transformers (pip install transformers)"
-                              + ("" if (folder / "tokenizer.json").is_file() else
-                                 ": it has no tokenizer.json that the tokenizers package could read alone")) from e
+            if (folder / "tokenizer.json").is_file():
+                raise ImportError("counting tokens needs the tokenizers package (pip install tokenizers)") from e
+            raise ImportError("counting tokens needs transformers (pip install transformers): the folder has no "
+                              "tokenizer.json that the tokenizers package could read alone") from e
         cls = (getattr(transformers, _base(spec.cls) + "Fast", None) or getattr(transformers, spec.cls, None)
                or transformers.AutoTokenizer)
         tok = cls.from_pretrained(str(folder))
@@ -273,11 +274,12 @@ def count(counter: Counter, texts: list[str], label: str) -> list[int]:
     return out
 
 
-def _spec_with(spec: TokenizerSpec, slot: str, effective: dict[str, object]) -> TokenizerSpec:
+def _spec_with(spec: TokenizerSpec, slot: str, effective: dict[str, object],
+               template_of: dict[str, str] | None = None) -> TokenizerSpec:
     """The slot's tokenizer spec with the trainer's template, system prompt and dropped prefix, where the check read
-    them (its effective values)."""
+    them (its effective values, or the reader's ``templates``)."""
     changes: dict[str, Any] = {}
-    template = effective.get(f"{slot}.tokenizer.template")
+    template = (template_of or {}).get(slot, effective.get(f"{slot}.tokenizer.template"))
     if isinstance(template, str):
         changes["template"] = template
     if f"{slot}.tokenizer.system_prompt" in effective:  # None: the trainer adds no system prompt
@@ -304,14 +306,15 @@ def padding_seen(prof: AlignmentProfile, slot: SlotSpec) -> bool:
 
 
 def measure(stats: CaptionStats, prof: AlignmentProfile, effective: dict[str, object], model_paths: Sequence[str],
-            tokenizer_dirs: Sequence[str], tokenizer_paths: dict[str, list[str]] | None = None) -> list[SlotLengths]:
+            tokenizer_dirs: Sequence[str], tokenizer_paths: dict[str, list[str]] | None = None,
+            templates: dict[str, str] | None = None) -> list[SlotLengths]:
     """Per slot of the profile: the token counts of the captions (``stats.texts``) with the trainer's handling,
     or the one line saying which tokenizer is missing. Fills ``stats.tokens`` for the severity policy."""
     out: list[SlotLengths] = []
     loaded: dict[tuple[str, str], Counter] = {}
     for slot in prof.slots:
         spec = slot.tokenizer
-        eff = _spec_with(spec, slot.name, effective)
+        eff = _spec_with(spec, slot.name, effective, templates)
         trainer_length = effective.get(f"{slot.name}.tokenizer.max_length", spec.max_length)
         if not isinstance(trainer_length, int) or isinstance(trainer_length, bool):
             trainer_length = spec.max_length
@@ -429,14 +432,15 @@ def handling(src: CaptionSource) -> str:
 
 def report(stats: CaptionStats | None, missing: str, prof: AlignmentProfile, effective: dict[str, object],
            model_paths: Sequence[str], tokenizer_dirs: Sequence[str],
-           srcs: Sequence[CaptionSource] = (), tokenizer_paths: dict[str, list[str]] | None = None) -> dict[str, object]:
+           srcs: Sequence[CaptionSource] = (), tokenizer_paths: dict[str, list[str]] | None = None,
+           templates: dict[str, str] | None = None) -> dict[str, object]:
     """``result.dataset``: the captions read, per slot their token lengths (or what is missing), and the report
     lines (``lines``) ``check`` prints."""
     if stats is None or not stats.captions:
         why = missing or (f"no caption files in {', '.join(stats.folders)}" if stats is not None else
                           "no caption folder")
         return {"captions": 0, "note": why, "lines": [f"dataset: {why}"]}
-    slots = measure(stats, prof, effective, model_paths, tokenizer_dirs, tokenizer_paths)
+    slots = measure(stats, prof, effective, model_paths, tokenizer_dirs, tokenizer_paths, templates)
     where = ", ".join(stats.folders)
     partial = f" ({len(stats.undecodable)} not UTF-8, left out: a partial verdict)" if stats.undecodable else ""
     lines = [f"dataset: {stats.captions} captions in {where}{' (first files only)' if stats.truncated else ''}"
@@ -447,7 +451,10 @@ def report(stats: CaptionStats | None, missing: str, prof: AlignmentProfile, eff
         if rep.template != "{prompt}" and not rep.missing:
             lines.append("    (the slot's template and special tokens are counted; a dropped template prefix is not)")
         if rep.missing:
-            for length, which in dict.fromkeys([(rep.trainer_length, "the trainer's"), (rep.official_length, "the official")]):
+            pairs = [(rep.trainer_length, "the trainer's"), (rep.official_length, "the official")]
+            if rep.trainer_length == rep.official_length:
+                pairs = [(rep.trainer_length, "the trainer's and the official")]
+            for length, which in pairs:
                 certain, maybe = stats.cut_at(length)
                 lines.append(f"    byte/word bounds at {length} ({which} length): {certain} of {stats.captions} captions "
                              f"certainly longer (more words), {maybe} may be (more bytes)")

@@ -95,6 +95,9 @@ class Parsed:
     #: Per encoder slot, where the trainer itself loads that slot's tokenizer from (a tokenizer folder, or a hub repo
     #: id whose snapshot holds the tokenizer's files at its root): looked in before ``model_paths``.
     tokenizer_paths: dict[str, list[str]] = field(default_factory=dict)
+    #: Per encoder slot, the text the trainer wraps a caption in ("{prompt}" marks the caption; "{system_prompt}" is
+    #: filled from the effective system prompt) where the effective values alone do not say it.
+    templates: dict[str, str] = field(default_factory=dict)
     #: Set when no signal in the config decided between ``profile_guess`` and another profile of its family: what
     #: was assumed and why (:func:`te_align.audit.models.assumption`). ``check`` says it instead of a bare "aligned".
     assumed: str = ""

@@ -336,8 +336,9 @@ def caption_dirs(values: dict[str, Any]) -> list[str]:
 CAPTION_SOURCE = "kohya-ss/sd-scripts@48d368f library/train_util.py:822-826,1946-1967, library/config_util.py:408-463"
 
 #: Where sd-scripts loads each slot's tokenizer from, per family (hub ids; under --tokenizer_cache_dir as
-#: ID with "/" replaced by "_", library/strategy_base.py:54-71): library/strategy_sd.py:17-18,
-#: strategy_sdxl.py:18-19, strategy_sd3.py:21-23, strategy_flux.py:19-20, strategy_lumina.py:23 (at 48d368f).
+#: ID with "/" replaced by "_", library/strategy_base.py:54-71, except Lumina's, which takes it as a hub cache,
+#: strategy_lumina.py:30-32): library/strategy_sd.py:17-18, strategy_sdxl.py:18-19, strategy_sd3.py:21-23,
+#: strategy_flux.py:19-20, strategy_lumina.py:23 (at 48d368f).
 TOKENIZER_IDS: dict[str, dict[str, str]] = {
     "sd1": {"clip_l": "openai/clip-vit-large-patch14"},
     "sdxl": {"clip_l": "openai/clip-vit-large-patch14", "clip_g": "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k"},
@@ -380,9 +381,19 @@ def caption_sources(values: dict[str, Any]) -> list[CaptionSource]:
     return out
 
 
+def templates(values: dict[str, Any], family: str) -> dict[str, str]:
+    """What sd-scripts wraps a caption in, per slot, where its effective values do not say it: Lumina 2's
+    f"{system_prompt} <Prompt Start> " before the caption only when system_prompt is non-empty
+    (kohya-ss/sd-scripts@48d368f library/strategy_lumina.py:35-39)."""
+    if family != "lumina2":
+        return {}
+    sp = values.get("system_prompt")
+    return {"gemma": "{system_prompt} <Prompt Start> {prompt}" if isinstance(sp, str) and sp else "{prompt}"}
+
+
 def tokenizer_paths(values: dict[str, Any], family: str) -> dict[str, list[str]]:
     """Per slot, where sd-scripts loads its tokenizer: under tokenizer_cache_dir first, then the hub id."""
-    cache = values.get("tokenizer_cache_dir")
+    cache = values.get("tokenizer_cache_dir") if family != "lumina2" else None
     out: dict[str, list[str]] = {}
     for slot, repo in TOKENIZER_IDS.get(family, {}).items():
         out[slot] = ([str(Path(cache) / repo.replace("/", "_"))] if isinstance(cache, str) and cache else []) + [repo]
@@ -675,5 +686,6 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                   model_paths=[values["pretrained_model_name_or_path"]] if isinstance(
                       values.get("pretrained_model_name_or_path"), str) else [],
                   tokenizer_paths=tokenizer_paths(values, family_of(prof) if prof else ""),
+                  templates=templates(values, family_of(prof) if prof else ""),
                   guess_is_default=script is None and reason.startswith(
                       "pretrained_model_name_or_path"), assumed=getattr(reason, "assumed", ""))
