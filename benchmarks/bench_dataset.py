@@ -66,8 +66,9 @@ def main() -> None:
             cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             if out.returncode not in (0, 1):
                 sys.exit(f"check failed ({out.returncode}): {out.stderr[-2000:]}")
-        report = [ln for ln in out.stdout.splitlines() if "dataset:" in ln or "tokens per caption" in ln]
-        print("\n".join(report))
+        lines = out.stdout.splitlines()
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("  dataset:"))
+        print("\n".join(ln.replace(tmp, "TMP") for ln in lines[start:]))
         print(f"te-align check CONFIG --dataset, {args.captions} captions, 2 slots: median {statistics.median(times):.2f} s "
               f"over {args.runs} run(s) (min {min(times):.2f}, max {max(times):.2f}); CPU time (user + system, all "
               f"threads) median {statistics.median(cpus):.2f} s; {os.cpu_count()} CPU(s), load average "
