@@ -295,3 +295,25 @@ def test_without_tokenizers_installed_it_says_what_is_needed(tmp_path: Path, flu
     assert (f"    t5 tokenizer at {flux_model / 'tokenizer_2'}: counting tokens needs the tokenizers package (pip "
             "install tokenizers)\n      byte/word bounds at 64 (the trainer's length): 3 of 6 captions certainly "
             "longer (more words), 5 may be (more bytes)\n") in out.stdout, out.stdout
+
+
+def test_only_dataset_imports_a_tokenizer_library(tmp_path: Path, flux_model: Path) -> None:
+    """`check` without --dataset imports neither tokenizers nor transformers; with it and tokenizer.json folders,
+    tokenizers only (no transformers, no torch)."""
+    import re
+    import subprocess
+    import sys
+
+    cfg, _ = _kohya(tmp_path, flux_model)
+
+    def imported(*extra: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-X", "importtime", "-m", "te_align", "check", str(cfg), *extra],
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        assert out.returncode == 1, out.stderr[-2000:]
+        return {m.group(1) for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)", out.stderr, re.M)}
+
+    plain = imported()
+    assert not {"tokenizers", "transformers", "torch"} & plain
+    counted = imported("--dataset")
+    assert "tokenizers" in counted
+    assert not {"transformers", "torch"} & counted
