@@ -317,3 +317,51 @@ def test_only_dataset_imports_a_tokenizer_library(tmp_path: Path, flux_model: Pa
     counted = imported("--dataset")
     assert "tokenizers" in counted
     assert not {"transformers", "torch"} & counted
+
+
+def test_musubi_dataset_config_with_the_chat_template(tmp_path: Path) -> None:
+    """musubi-tuner's Qwen-Image caching command: the dataset_config's image_directory with its caption_extension
+    (from [general]); each caption counted inside Qwen-Image's chat template, the 34 template-prefix tokens dropped
+    (what the encoder keeps), against musubi's 1024 and the profile's 512."""
+    model = tmp_path / "model"
+    tiny.qwen2_tokenizer().save_pretrained(str(model / "tokenizer"))
+    img = tmp_path / "img"
+    texts = _captions(img, [1, 200], ext=".md")
+    ds = tmp_path / "dataset.toml"
+    ds.write_text(f'[general]\nresolution = [1024, 1024]\ncaption_extension = ".md"\nbatch_size = 1\n\n[[datasets]]\n'
+                  f'image_directory = "{img.as_posix()}"\n', encoding="utf-8")
+    r = check_file("<command line>", command=["python", "qwen_image_cache_text_encoder_outputs.py", "--dataset_config",
+                                              str(ds), "--text_encoder", "q.safetensors"],
+                   dataset_report=True, tokenizer_dirs=[str(model)])
+    qwen = r.dataset["slots"][0]  # type: ignore[index]
+    spec = profile("qwen-image").slot("qwen").tokenizer
+    oracle = tiny.qwen2_tokenizer()
+    # musubi-tuner reads the whole file, stripped: the second line is part of the caption
+    whole = [t + "\nsecond line: sd-scripts reads the first line only" for t in texts]
+    kept = [len(oracle(spec.template.replace("{prompt}", t))["input_ids"]) - 34 for t in whole]
+    assert qwen["tokens"] == distribution(kept)
+    assert (qwen["trainer_length"], qwen["official_length"]) == (1024, 512)
+    assert qwen["longer_than_trainer_length"] == sum(n > 1024 for n in kept)
+    assert qwen["longer_than_official_length"] == sum(n > 512 for n in kept) == 1
+
+
+def test_diffusion_pipe_prefix_is_joined_as_is(tmp_path: Path, flux_model: Path) -> None:
+    """diffusion-pipe: the valueless --dataset reads [[directory]] path (IMAGE.txt, whole file, stripped) with the
+    dataset's caption_prefix put before the caption without a space; the tokenizers from [model] diffusers_path."""
+    img = tmp_path / "img"
+    img.mkdir()
+    (img / "a.txt").write_text("a red circle\n", encoding="utf-8")
+    (tmp_path / "dataset.toml").write_text(f"resolutions = [1024]\ncaption_prefix = 'photo of '\n\n[[directory]]\n"
+                                           f"path = '{img.as_posix()}'\nnum_repeats = 1\n", encoding="utf-8")
+    cfg = tmp_path / "train.toml"
+    cfg.write_text(f"output_dir = '{(tmp_path / 'out').as_posix()}'\ndataset = '{(tmp_path / 'dataset.toml').as_posix()}'\n"
+                   "epochs = 1\nmicro_batch_size_per_gpu = 1\n\n[model]\ntype = 'flux'\n"
+                   f"diffusers_path = '{flux_model.as_posix()}'\ndtype = 'bfloat16'\n\n[adapter]\ntype = 'lora'\nrank = 4\n"
+                   "\n[optimizer]\ntype = 'adamw_optimi'\nlr = 2e-5\n", encoding="utf-8")
+    r = check_file(str(cfg), dataset_report=True)
+    assert r.dataset is not None and r.dataset["captions"] == 1, (r.findings, r.dataset)
+    assert r.dataset["handling"] == ['.txt files, prefix "photo of " [tdrussell/diffusion-pipe@8f83dbf '  # type: ignore[index]
+                                     "utils/dataset.py:48-57,646-658,734,751-763]"]
+    clip = r.dataset["slots"][0]  # type: ignore[index]
+    assert clip["tokenizer"] == str(flux_model / "tokenizer")
+    assert clip["tokens"]["max"] == 7  # BOS photo of a red circle EOS
