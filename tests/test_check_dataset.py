@@ -365,3 +365,36 @@ def test_diffusion_pipe_prefix_is_joined_as_is(tmp_path: Path, flux_model: Path)
     clip = r.dataset["slots"][0]  # type: ignore[index]
     assert clip["tokenizer"] == str(flux_model / "tokenizer")
     assert clip["tokens"]["max"] == 7  # BOS photo of a red circle EOS
+
+
+def test_simpletuner_textfile_backends_only(tmp_path: Path, flux_model: Path) -> None:
+    """SimpleTuner: the valueless --dataset reads the local image backends of data_backend_config whose
+    caption_strategy is "textfile" (IMAGE.txt as is, each non-empty line a caption, instance_prompt + " " first with
+    prepend_instance_prompt); a backend left at the default "filename" strategy is named, not read."""
+    text_dir, name_dir = tmp_path / "txt", tmp_path / "named"
+    text_dir.mkdir()
+    name_dir.mkdir()
+    (text_dir / "a.txt").write_text("a red circle\n\na blue square", encoding="utf-8")
+    (name_dir / "b.txt").write_text(" ".join(["word"] * 300), encoding="utf-8")
+    backends = [
+        {"id": "t", "type": "local", "instance_data_dir": text_dir.as_posix(), "caption_strategy": "textfile",
+         "prepend_instance_prompt": True, "instance_prompt": "sks"},
+        {"id": "n", "type": "local", "instance_data_dir": name_dir.as_posix()},
+        {"id": "text-embeds", "type": "local", "dataset_type": "text_embeds", "default": True, "cache_dir": "c"},
+    ]
+    (tmp_path / "multidatabackend.json").write_text(json.dumps(backends), encoding="utf-8")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "lora", "model_family": "flux", "model_flavour": "dev",
+                               "pretrained_model_name_or_path": flux_model.as_posix(),
+                               "data_backend_config": (tmp_path / "multidatabackend.json").as_posix()}),
+                   encoding="utf-8")
+    r = check_file(str(cfg), dataset_report=True)
+    assert r.dataset is not None and r.dataset["captions"] == 2, (r.findings, r.dataset)
+    clip = r.dataset["slots"][0]  # type: ignore[index]
+    assert clip["tokenizer"] == str(flux_model / "tokenizer")
+    assert (clip["tokens"]["min"], clip["tokens"]["max"]) == (6, 6)  # BOS sks a red circle EOS / … blue square …
+    lines = r.dataset["lines"]  # type: ignore[index]
+    assert (f"  not read: {name_dir.as_posix()}: caption_strategy 'filename': SimpleTuner does not take these captions "
+            "from .txt files") in lines
+    assert r.dataset["handling"][0].startswith(  # type: ignore[index]
+        '.txt files, kept as written (not stripped), prefix "sks", each line a caption [bghira/SimpleTuner@bc8e6ab')

@@ -88,7 +88,7 @@ def read_dataset(sources: list[CaptionSource]) -> CaptionStats | None:
     """The captions of ``sources`` with each trainer's caption handling (its extension, first line only, prefix and
     suffix), decoded as UTF-8: ``texts`` holds them; a file that is not UTF-8 is listed in ``undecodable`` and left
     out. None when no folder exists."""
-    existing = [s for s in sources if s.folder and Path(s.folder).is_dir()]
+    existing = [s for s in sources if s.folder and not s.skip and Path(s.folder).is_dir()]
     if not existing:
         return None
     stats = CaptionStats(folders=list(dict.fromkeys(s.folder for s in existing)))
@@ -118,7 +118,8 @@ def read_dataset(sources: list[CaptionSource]) -> CaptionStats | None:
                 except UnicodeDecodeError as e:
                     stats.undecodable.append((path, f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"))
                     continue
-                _add(stats, src, text)
+                for caption in ([x for x in text.split("\n") if x] if src.each_line and "\n" in text else [text]):
+                    _add(stats, src, caption)
     return stats
 
 

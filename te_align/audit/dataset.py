@@ -393,6 +393,7 @@ def sources(given: list[str], named: Sequence[CaptionSource], named_dirs: Sequen
 
     known = list(named) + [CaptionSource(folder=str(d)) for d in named_dirs
                            if str(d) not in {s.folder for s in named}]
+    skipped = [s for s in known if s.skip]
     if given:
         def same(a: str, b: str) -> bool:
             try:
@@ -403,6 +404,8 @@ def sources(given: list[str], named: Sequence[CaptionSource], named_dirs: Sequen
         return out, ""
     if not known:
         return [], "the config names no dataset; pass --dataset DIR"
+    if skipped and len(skipped) == len(known):
+        return [], "; ".join(f"{s.folder}: {s.skip}" for s in skipped) + "; pass --dataset DIR to count caption files"
     here = [s for s in known if Path(s.folder).is_dir()]
     if not here:
         gone = ", ".join(dict.fromkeys(s.folder for s in known))
@@ -426,6 +429,8 @@ def handling(src: CaptionSource) -> str:
         parts.append(f"prefix {json.dumps(src.prefix, ensure_ascii=False)}")
     if src.suffix:
         parts.append(f"suffix {json.dumps(src.suffix, ensure_ascii=False)}")
+    if src.each_line:
+        parts.append("each line a caption")
     parts += [f"{x} (keeps the length)" for x in src.length_invariant]
     return ", ".join(parts) + (f" [{src.source}]" if src.source else "")
 
@@ -446,6 +451,7 @@ def report(stats: CaptionStats | None, missing: str, prof: AlignmentProfile, eff
     lines = [f"dataset: {stats.captions} captions in {where}{' (first files only)' if stats.truncated else ''}"
              f"{partial}"]
     lines += [f"  caption handling: {handling(s)}" for s in srcs if s.folder in stats.folders]
+    lines += [f"  not read: {s.folder}: {s.skip}" for s in srcs if s.skip]
     for rep in slots:
         lines += ["  " + x for x in describe(rep, stats.captions)]
         if rep.template != "{prompt}" and not rep.missing:

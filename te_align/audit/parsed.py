@@ -55,6 +55,11 @@ class CaptionSource:
     #: A trigger word: it replaces each "[trigger]" and "[name]", and is put before the caption (with a space) when
     #: the caption does not contain it.
     trigger: str = ""
+    #: Each non-empty line of a file is a caption of its own (the trainer picks one of them per step).
+    each_line: bool = False
+    #: Set when the trainer takes this folder's captions from elsewhere (file names, a fixed prompt): why, in its
+    #: terms; the folder is not read.
+    skip: str = ""
     #: The trainer's caption handling that keeps the token count (shuffled tags, kept tokens), said in its terms.
     length_invariant: tuple[str, ...] = ()
     #: Where the trainer's handling was read (``owner/repo path:LINE``).
