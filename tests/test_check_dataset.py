@@ -79,7 +79,7 @@ def test_kohya_dataset_config_read_by_the_valueless_flag(tmp_path: Path, flux_mo
     d = distribution(t5)
     expected = [
         f"  dataset: 6 captions in {img.as_posix()}",
-        f'    caption handling: .txt files, first line only, prefix "photo of", shuffle_caption (keeps the length), '
+        f'    caption handling: .txt files, this folder only (no sub-folders), first line only, prefix "photo of", shuffle_caption (keeps the length), '
         f"keep_tokens = 1 (keeps the length) {KOHYA_SOURCE}",
         # CLIP-L: 3 tokens per "a red circle", 2 for "photo of", BOS and EOS
         f"    clip_l (CLIPTokenizer, {(flux_model / 'tokenizer').as_posix()}): tokens per caption min 7 · median 64 · "
@@ -256,7 +256,7 @@ def test_an_explicit_dir_keeps_the_trainers_handling_of_that_folder(tmp_path: Pa
     cfg, _ = _kohya(tmp_path, flux_model)
     r = check_file(str(cfg), dataset=[str(tmp_path / "img")], dataset_report=True)
     assert r.dataset["captions"] == 6 and r.dataset["handling"][0].startswith(  # type: ignore[index]
-        '.txt files, first line only, prefix "photo of"')
+        '.txt files, this folder only (no sub-folders), first line only, prefix "photo of"')
     other = tmp_path / "other"
     _captions(other, [2], ext=".caption")
     r = check_file(str(cfg), dataset=[str(other)], dataset_report=True)
@@ -360,8 +360,8 @@ def test_diffusion_pipe_prefix_is_joined_as_is(tmp_path: Path, flux_model: Path)
                    "\n[optimizer]\ntype = 'adamw_optimi'\nlr = 2e-5\n", encoding="utf-8")
     r = check_file(str(cfg), dataset_report=True)
     assert r.dataset is not None and r.dataset["captions"] == 1, (r.findings, r.dataset)
-    assert r.dataset["handling"] == ['.txt files, prefix "photo of " [tdrussell/diffusion-pipe@8f83dbf '  # type: ignore[index]
-                                     "utils/dataset.py:48-57,646-658,734,751-763]"]
+    assert r.dataset["handling"] == ['.txt files, this folder only (no sub-folders), prefix "photo of " [tdrussell/diffusion-pipe@8f83dbf '  # type: ignore[index]
+                                     "utils/dataset.py:48-57,628,646-658,734,751-763]"]
     clip = r.dataset["slots"][0]  # type: ignore[index]
     assert clip["tokenizer"] == str(flux_model / "tokenizer")
     assert clip["tokens"]["max"] == 7  # BOS photo of a red circle EOS

@@ -97,7 +97,7 @@ def read_dataset(sources: list[CaptionSource]) -> CaptionStats | None:
         exts = (src.extension if src.extension.startswith(".") else f".{src.extension}",) if src.extension \
             else CAPTION_EXTENSIONS
         for root, dirs, files in os.walk(src.folder, followlinks=False):
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "_t_e_cache")
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "_t_e_cache") if src.recursive else []
             for name in sorted(files):
                 if not name.lower().endswith(exts):
                     continue
@@ -118,7 +118,8 @@ def read_dataset(sources: list[CaptionSource]) -> CaptionStats | None:
                 except UnicodeDecodeError as e:
                     stats.undecodable.append((path, f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"))
                     continue
-                for caption in ([x for x in text.split("\n") if x] if src.each_line and "\n" in text else [text]):
+                pieces = [x for x in text.split("\n") if (x.strip() if src.strip else x)]
+                for caption in (pieces if src.each_line and "\n" in text else [text]):
                     _add(stats, src, caption)
     return stats
 

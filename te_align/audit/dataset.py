@@ -416,6 +416,8 @@ def sources(given: list[str], named: Sequence[CaptionSource], named_dirs: Sequen
 def handling(src: CaptionSource) -> str:
     """A source's caption handling in words."""
     parts = [f"{src.extension if src.extension else '.txt/.caption'} files"]
+    if not src.recursive:
+        parts.append("this folder only (no sub-folders)")
     if src.first_line:
         parts.append("first line only")
     if not src.strip:

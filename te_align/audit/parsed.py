@@ -55,6 +55,8 @@ class CaptionSource:
     #: A trigger word: it replaces each "[trigger]" and "[name]", and is put before the caption (with a space) when
     #: the caption does not contain it.
     trigger: str = ""
+    #: Caption files in sub-folders are read too.
+    recursive: bool = True
     #: Each non-empty line of a file is a caption of its own (the trainer picks one of them per step).
     each_line: bool = False
     #: Set when the trainer takes this folder's captions from elsewhere (file names, a fixed prompt): why, in its

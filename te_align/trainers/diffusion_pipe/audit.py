@@ -51,10 +51,11 @@ from te_align.profiles import profile as resolve
 from te_align.trainers.diffusion_pipe import names
 
 COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
-#: diffusion-pipe's captions (at 8f83dbf): an image's caption is IMAGE.txt (utils/dataset.py:646-658), read whole and
+#: diffusion-pipe's captions (at 8f83dbf): the directory's own files (path.glob('*'), utils/dataset.py:628), an
+#: image's caption is IMAGE.txt (:646-658), read whole and
 #: stripped (:751-753), with the directory's caption_prefix (else the dataset's, :734) put before it as is, no space
 #: (:48-57, :763).
-CAPTION_SOURCE = "tdrussell/diffusion-pipe@8f83dbf utils/dataset.py:48-57,646-658,734,751-763"
+CAPTION_SOURCE = "tdrussell/diffusion-pipe@8f83dbf utils/dataset.py:48-57,628,646-658,734,751-763"
 NAME = "diffusion-pipe"
 #: The system prompt te-align's lumina2 profile (diffusers' Lumina2Pipeline) puts in front of a caption.
 LUMINA_START = " <Prompt Start> "
@@ -430,7 +431,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             if isinstance(d.get("path"), str):
                 dirs.append(d["path"])
                 prefix = d.get("caption_prefix", dataset.get("caption_prefix", ""))
-                srcs.append(CaptionSource(folder=d["path"], extension=".txt", joiner="",
+                srcs.append(CaptionSource(folder=d["path"], extension=".txt", joiner="", recursive=False,
                                           prefix=prefix if isinstance(prefix, str) else "", source=CAPTION_SOURCE))
             for k in d:
                 if k not in keys["directory"]:

@@ -332,7 +332,8 @@ def caption_dirs(values: dict[str, Any]) -> list[str]:
 #: [general], else the command line (library/config_util.py:408-463); caption_extension defaults to ".caption"
 #: (library/config_util.py:99, library/train_util.py:4493); a caption is the file's first line, stripped, unless
 #: enable_wildcard (library/train_util.py:1946-1967); the prefix and suffix are joined with a space
-#: (library/train_util.py:822-826); shuffle_caption and keep_tokens reorder tags and keep the count.
+#: (library/train_util.py:822-826); shuffle_caption and keep_tokens reorder tags and keep the count; a subset's
+#: images are the image_dir's own files, no sub-folders (library/train_util.py:1999,2847-2856).
 CAPTION_SOURCE = "kohya-ss/sd-scripts@48d368f library/train_util.py:822-826,1946-1967, library/config_util.py:408-463"
 
 #: Where sd-scripts loads each slot's tokenizer from, per family (hub ids; under --tokenizer_cache_dir as
@@ -359,7 +360,7 @@ def caption_sources(values: dict[str, Any]) -> list[CaptionSource]:
                 return v
         return default
 
-    def source(folder: str, tables: list[Any]) -> CaptionSource:
+    def source(folder: str, tables: list[Any], recursive: bool = False) -> CaptionSource:
         ext = pick("caption_extension", tables, ".caption")
         ext = ext if isinstance(ext, str) and ext else ".caption"
         keep = pick("keep_tokens", tables, 0)
@@ -370,9 +371,10 @@ def caption_sources(values: dict[str, Any]) -> list[CaptionSource]:
                              prefix=prefix if isinstance(prefix, str) else "",
                              suffix=suffix if isinstance(suffix, str) else "",
                              first_line=pick("enable_wildcard", tables, False) is not True,
-                             length_invariant=same, source=CAPTION_SOURCE)
+                             recursive=recursive, length_invariant=same, source=CAPTION_SOURCE)
 
-    out = [source(values["train_data_dir"], [values])] if isinstance(values.get("train_data_dir"), str) else []
+    # train_data_dir's sub-folders are its subsets (library/config_util.py:607-640): read below it
+    out = [source(values["train_data_dir"], [values], True)] if isinstance(values.get("train_data_dir"), str) else []
     data = _dataset_config(values)
     if data is not None:
         general = data.get("general") if isinstance(data.get("general"), dict) else {}

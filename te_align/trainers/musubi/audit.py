@@ -454,7 +454,8 @@ def parse_args(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
 
 #: musubi-tuner's captions, read at kohya-ss/musubi-tuner@30c658c: a dataset's caption_extension, else [general]'s
 #: (src/musubi_tuner/dataset/config_utils.py:227-238); the whole file, stripped
-#: (src/musubi_tuner/dataset/datasources.py:241-246, :550-555 for videos).
+#: (src/musubi_tuner/dataset/datasources.py:241-246, :550-555 for videos); the folder's own images, no sub-folders
+#: (dataset/media_utils.py:58-66).
 CAPTION_SOURCE = ("kohya-ss/musubi-tuner@30c658c src/musubi_tuner/dataset/datasources.py:241-246, "
                   "dataset/config_utils.py:227-238")
 
@@ -469,7 +470,7 @@ def caption_sources(config: dict[str, Any]) -> list[CaptionSource]:
             continue
         ext = ds.get("caption_extension") or general.get("caption_extension")
         out.append(CaptionSource(folder=folder, extension=ext if isinstance(ext, str) and ext else None,
-                                 source=CAPTION_SOURCE))
+                                 recursive=False, source=CAPTION_SOURCE))
     return out
 
 
