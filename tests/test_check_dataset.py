@@ -398,3 +398,59 @@ def test_simpletuner_textfile_backends_only(tmp_path: Path, flux_model: Path) ->
             "from .txt files") in lines
     assert r.dataset["handling"][0].startswith(  # type: ignore[index]
         '.txt files, kept as written (not stripped), prefix "sks", each line a caption [bghira/SimpleTuner@bc8e6ab')
+
+
+def test_onetrainer_concepts_file(tmp_path: Path, flux_model: Path) -> None:
+    """OneTrainer: the valueless --dataset reads the concepts file concept_file_name names (beside the config here),
+    each enabled concept's path without sub-folders, IMAGE.txt with each non-empty line a caption; a "filename"
+    concept is named, not read. FLUX.1-dev's T5 at 77 (OneTrainer's) cuts the long caption: an error counted."""
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "examples" / "onetrainer" / "flux_lora.json").read_text(encoding="utf-8"))
+    img, names, sub = tmp_path / "img", tmp_path / "names", tmp_path / "img" / "sub"
+    sub.mkdir(parents=True)
+    names.mkdir()
+    (img / "a.txt").write_text("a red circle\n  \n" + " ".join([CIRCLE] * 40) + "\n", encoding="utf-8")
+    (sub / "b.txt").write_text(" ".join([CIRCLE] * 90), encoding="utf-8")  # include_subdirectories is false
+    (tmp_path / "concepts.json").write_text(json.dumps([
+        {"name": "c", "path": img.as_posix(), "enabled": True, "text": {"prompt_source": "sample"}},
+        {"name": "n", "path": names.as_posix(), "text": {"prompt_source": "filename"}},
+        {"name": "off", "path": sub.as_posix(), "enabled": False},
+    ]), encoding="utf-8")
+    data.update(base_model_name=flux_model.as_posix(), concept_file_name="concepts.json")
+    cfg = tmp_path / "flux.json"
+    cfg.write_text(json.dumps(data), encoding="utf-8")
+    r = check_file(str(cfg), dataset_report=True)
+    assert r.dataset is not None and r.dataset["captions"] == 2, r.dataset
+    clip = r.dataset["slots"][0]  # type: ignore[index]
+    assert clip["tokens"] == {"min": 5, "median": 5, "p90": 122, "p99": 122, "max": 122}  # 3 and 120 + BOS/EOS
+    assert (f"  not read: {names.as_posix()}: prompt_source 'filename': the captions are the image file names"
+            in r.dataset["lines"])  # type: ignore[operator]
+    t5 = next(f for f in r.findings if f.setting == "t5.tokenizer.max_length")
+    assert (t5.severity, t5.effective) == ("error", 77)
+    assert "Severity: 1 of your 2 captions (50%) lose tokens past 77 (counted with the t5 tokenizer)" in t5.message
+
+
+def test_the_progress_bar_shows_on_a_terminal_after_a_second() -> None:
+    import io
+
+    from te_align.audit.dataset import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    quick = Terminal()
+    bar = Progress(10, "t5 tokens", stream=quick)
+    bar.update(5)
+    bar.close()
+    assert quick.getvalue() == ""  # under a second: nothing
+    slow = Terminal()
+    bar = Progress(10, "t5 tokens", stream=slow)
+    bar.start -= 2.0
+    bar.update(5)
+    assert slow.getvalue() == "\r  t5 tokens [###############...............] 5/10"
+    pipe = io.StringIO()  # not a terminal: never
+    bar = Progress(10, "t5 tokens", stream=pipe)
+    bar.start -= 2.0
+    bar.update(5)
+    assert pipe.getvalue() == ""
