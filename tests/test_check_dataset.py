@@ -24,11 +24,17 @@ KOHYA_SOURCE = ("[kohya-ss/sd-scripts@48d368f library/train_util.py:822-826,1946
                 "408-463]")
 
 
+@pytest.fixture(autouse=True)
+def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads the machine's Hugging Face cache: tokenizers come from the tmp folders each test writes."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+
+
 @pytest.fixture(scope="module")
 def flux_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A FLUX.1 model folder's tokenizers: CLIP-L at tokenizer/, T5 at tokenizer_2/."""
     root = tmp_path_factory.mktemp("flux-model")
-    tiny.clip_tokenizer().save_pretrained(str(root / "tokenizer"))
+    tiny.clip_tokenizer(fast=True).save_pretrained(str(root / "tokenizer"))  # a tokenizer.json, as HF's CLIP-L has
     tiny.t5_tokenizer().save_pretrained(str(root / "tokenizer_2"))
     return root
 
@@ -189,7 +195,6 @@ def test_a_missing_tokenizer_is_one_line_and_the_bounds_still_hold(tmp_path: Pat
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """Offline, with neither the model folder nor the hub cache holding a tokenizer: one line per slot saying what is
     needed, and the byte/word bounds at each length."""
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     cfg, _ = _kohya(tmp_path, tmp_path / "no-such-model")
     assert main(["check", str(cfg), "--dataset"]) == 1
     out = capsys.readouterr().out
