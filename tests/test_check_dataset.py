@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
-from te_align.audit import check_file
-from te_align.audit.dataset import distribution, load_counter
-from te_align.cli import main
-from te_align.profiles import profile
-from te_align.tiny import tokenizers as tiny
+from te_align.audit import check_file  # noqa: E402
+from te_align.audit.dataset import distribution, load_counter  # noqa: E402
+from te_align.cli import main  # noqa: E402
+from te_align.profiles import profile  # noqa: E402
+from te_align.tiny import tokenizers as tiny  # noqa: E402
 
 CIRCLE = "a red circle"  # three CLIP BPE tokens: "a</w>", "red</w>", "circle</w>"
 KOHYA_SOURCE = ("[kohya-ss/sd-scripts@48d368f library/train_util.py:822-826,1946-1967, library/config_util.py:"
@@ -34,7 +34,10 @@ def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def flux_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A FLUX.1 model folder's tokenizers: CLIP-L at tokenizer/, T5 at tokenizer_2/."""
     root = tmp_path_factory.mktemp("flux-model")
-    tiny.clip_tokenizer(fast=True).save_pretrained(str(root / "tokenizer"))  # a tokenizer.json, as HF's CLIP-L has
+    tiny.clip_tokenizer().save_pretrained(str(root / "tokenizer"))
+    # a tokenizer.json beside vocab.json/merges.txt, as HF's CLIP-L folders have (transformers 4 writes none for the
+    # Python CLIPTokenizer): the fast class converts and saves it
+    transformers.CLIPTokenizerFast.from_pretrained(str(root / "tokenizer")).save_pretrained(str(root / "tokenizer"))
     tiny.t5_tokenizer().save_pretrained(str(root / "tokenizer_2"))
     return root
 
