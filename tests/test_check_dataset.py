@@ -462,3 +462,14 @@ def test_the_progress_bar_shows_on_a_terminal_after_a_second() -> None:
     bar.start -= 2.0
     bar.update(5)
     assert pipe.getvalue() == ""
+
+
+def test_the_flag_placement(tmp_path: Path, flux_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`check --dataset CONFIG [CONFIG]`: a file given to the valueless flag is a config; --tokenizer-dir alone is one
+    error line."""
+    cfg, _ = _kohya(tmp_path, flux_model)
+    assert main(["check", "--dataset", str(cfg), str(cfg)]) == 1
+    assert capsys.readouterr().out.count("  dataset: 6 captions in ") == 2
+    assert main(["check", str(cfg), "--tokenizer-dir", str(flux_model)]) == 2
+    assert capsys.readouterr().err == ("te-align: error: --tokenizer-dir goes with --dataset (it says where the "
+                                       "tokenizers that count your captions are)\n")

@@ -112,12 +112,11 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
             setattr(ns, name, outer)
     ns.dataset = list(getattr(args, "dataset", []) or []) + list(ns.dataset)
     ns.tokenizer_dir = list(getattr(args, "tokenizer_dir", []) or []) + list(ns.tokenizer_dir)
-    if ns.dataset and not ns.configs and not extra:
-        # `check --dataset CONFIG`: argparse gave the config to --dataset; a file is the config, --dataset valueless
-        files = [d for d in ns.dataset if d and Path(d).is_file()]
-        if files:
-            ns.configs = files
-            ns.dataset = ["" if d in files else d for d in ns.dataset]
+    # `check --dataset CONFIG`: argparse gave a config to the valueless --dataset; a file is a config, not a folder
+    files = [d for d in ns.dataset if d and Path(d).is_file()]
+    if files:
+        ns.configs = files + list(ns.configs)
+        ns.dataset = ["" if d in files else d for d in ns.dataset]
     if not ns.configs and not extra:
         inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
     ns.set = list(getattr(args, "set", []) or []) + list(ns.set)
@@ -128,6 +127,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     ns, extra = _split(args)
     overrides = _overrides.parse_set(ns.set)
     report = bool(ns.dataset)  # --dataset, with or without DIR: the captions' token lengths
+    if ns.tokenizer_dir and not report:
+        print("te-align: error: --tokenizer-dir goes with --dataset (it says where the tokenizers that count your "
+              "captions are)", file=sys.stderr)
+        return 2
     ns.dataset = [d for d in ns.dataset if d]
     if ns.fix or ns.diff or ns.no_backup or ns.allow_unsafe_keys:
         return _cmd_fix(ns, extra, overrides)
