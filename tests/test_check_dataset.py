@@ -231,6 +231,10 @@ def test_tokenizer_dir_and_the_hub_cache(tmp_path: Path, flux_model: Path, monke
     slots = r.dataset["slots"]  # type: ignore[index]
     assert slots[1]["tokenizer"] == str(snap / "tokenizer_2") and "missing" not in slots[1]
     assert slots[0]["missing"].startswith("clip_l tokenizer (CLIPTokenizer) not found")
+    # sd-scripts' own CLIP-L id, the config's model path, the profile's repo, in that order
+    assert slots[0]["looked_in"] == ["openai/clip-vit-large-patch14 in the hub cache",
+                                     f"{(tmp_path / 'no-such-model').as_posix()} (not here)", str(snap / "tokenizer"),
+                                     f"(hub cache: {tmp_path / 'cache'})"]
 
 
 def test_an_undecodable_caption_file_is_one_line_and_a_partial_verdict(tmp_path: Path, flux_model: Path,

@@ -57,6 +57,8 @@ class SlotLengths:
     #: hidden states reach the denoiser without a mask): then a length that cuts nothing still changes the input.
     padding_seen: bool = False
     template: str = "{prompt}"
+    #: Where the tokenizer was looked for, in order (the ``--json`` output's ``looked_in`` when it was not found).
+    looked: list[str] = field(default_factory=list)
 
     def stats(self) -> dict[str, int]:
         return distribution(self.counts)
@@ -70,6 +72,7 @@ class SlotLengths:
                                 "trainer_length": self.trainer_length, "official_length": self.official_length}
         if self.missing:
             d["missing"] = self.missing
+            d["looked_in"] = list(self.looked)
             return d
         d["tokens"] = self.stats()
         if self.official_counts:
@@ -173,7 +176,9 @@ def find_tokenizer(slot: SlotSpec, prof: AlignmentProfile, model_paths: Sequence
                 looked.append(f"{m} in the hub cache")
                 return None
             return folder_of(snap, itself)
-        return None  # a checkpoint file: its tokenizer is the trainer's or the profile repo's (below)
+        # a checkpoint file holds no tokenizer: the trainer's or the profile repo's is looked for
+        looked.append(f"{m} ({'a file' if p.exists() else 'not here'})")
+        return None
 
     for d in tokenizer_dirs:
         hit = folder_of(Path(d), True)
@@ -186,6 +191,7 @@ def find_tokenizer(slot: SlotSpec, prof: AlignmentProfile, model_paths: Sequence
     hit = resolve(prof.repo, False)
     if hit is not None:
         return hit, looked
+    looked.append(f"(hub cache: {hub_cache()})")
     return None, looked
 
 
@@ -322,7 +328,8 @@ def measure(stats: CaptionStats, prof: AlignmentProfile, effective: dict[str, ob
                           official_length=spec.max_length, padding_seen=padding_seen(prof, slot),
                           template=eff.template)
         out.append(rep)
-        folder, _ = find_tokenizer(slot, prof, model_paths, tokenizer_dirs, (tokenizer_paths or {}).get(slot.name, ()))
+        folder, rep.looked = find_tokenizer(slot, prof, model_paths, tokenizer_dirs,
+                                            (tokenizer_paths or {}).get(slot.name, ()))
         if folder is None:
             rep.missing = missing_line(slot, prof)
             continue
