@@ -191,7 +191,7 @@ def test_ai_toolkit_datasets_read_with_the_trigger_word(tmp_path: Path, flux_mod
     assert r.dataset["handling"] == [  # type: ignore[index]
         '.md files, kept as written (not stripped), split at "," and joined with ", ", trigger word "sks" (for '
         "[trigger]/[name], else put first) [ostris/ai-toolkit@27a03a9 toolkit/dataloader_mixins.py:350-353,411-436, "
-        "toolkit/prompt_utils.py:715-745, toolkit/config_modules.py:941-944]"]
+        "toolkit/prompt_utils.py:715-745, toolkit/config_modules.py:941-944, toolkit/data_loader.py:437-441]"]
 
 
 def test_a_missing_tokenizer_is_one_line_and_the_bounds_still_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -557,9 +557,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 #: added, toolkit/config_modules.py:941-944); the whole file read, not stripped (toolkit/dataloader_mixins.py:350-
 #: 353, clean_caption returns it as is, :99-110); split at "," and joined with ", " (:411,434-435); the trigger word
 #: (the dataset's, else the job's, jobs/process/BaseSDTrainProcess.py:135,168-169) replaces [trigger]/[name] or goes
-#: first with a space (:436, toolkit/prompt_utils.py:715-745); shuffle_tokens reorders the tags (:431-432).
+#: first with a space (:436, toolkit/prompt_utils.py:715-745); shuffle_tokens reorders the tags (:431-432); the
+#: folder is walked with its sub-folders, hidden ones pruned (toolkit/data_loader.py:437-441).
 CAPTION_SOURCE = ("ostris/ai-toolkit@27a03a9 toolkit/dataloader_mixins.py:350-353,411-436, toolkit/prompt_utils.py:"
-                  "715-745, toolkit/config_modules.py:941-944")
+                  "715-745, toolkit/config_modules.py:941-944, toolkit/data_loader.py:437-441")
 
 
 def caption_sources(datasets: list[Any], job_trigger: Any) -> list[CaptionSource]:
