@@ -20,7 +20,7 @@ from te_align.profiles import profile  # noqa: E402
 from te_align.tiny import tokenizers as tiny  # noqa: E402
 
 CIRCLE = "a red circle"  # three CLIP BPE tokens: "a</w>", "red</w>", "circle</w>"
-KOHYA_SOURCE = ("[kohya-ss/sd-scripts@48d368f library/train_util.py:822-826,1946-1967, library/config_util.py:"
+KOHYA_SOURCE = ("[kohya-ss/sd-scripts@48d368f library/train_util.py:822-915,1946-1967, library/config_util.py:"
                 "408-463]")
 
 
@@ -88,8 +88,9 @@ def test_kohya_dataset_config_read_by_the_valueless_flag(tmp_path: Path, flux_mo
     d = distribution(t5)
     expected = [
         f"  dataset: 6 captions in {img.as_posix()}",
-        f'    caption handling: .txt files, this folder only (no sub-folders), first line only, prefix "photo of", shuffle_caption (keeps the length), '
-        f"keep_tokens = 1 (keeps the length) {KOHYA_SOURCE}",
+        '    caption handling: .txt files, this folder only (no sub-folders), first line only, split at ",", each tag '
+        'stripped, and joined with ", " (prefix and suffix included), prefix "photo of", shuffle_caption (keeps the '
+        f"length), keep_tokens = 1 (keeps the length) {KOHYA_SOURCE}",
         # CLIP-L: 3 tokens per "a red circle", 2 for "photo of", BOS and EOS
         f"    clip_l (CLIPTokenizer, {(flux_model / 'tokenizer').as_posix()}): tokens per caption min 7 · median 64 · "
         "p90 94 · p99 94 · max 94",
@@ -268,7 +269,7 @@ def test_an_explicit_dir_keeps_the_trainers_handling_of_that_folder(tmp_path: Pa
     cfg, _ = _kohya(tmp_path, flux_model)
     r = check_file(str(cfg), dataset=[str(tmp_path / "img")], dataset_report=True)
     assert r.dataset["captions"] == 6 and r.dataset["handling"][0].startswith(  # type: ignore[index]
-        '.txt files, this folder only (no sub-folders), first line only, prefix "photo of"')
+        '.txt files, this folder only (no sub-folders), first line only, split at ","')
     other = tmp_path / "other"
     _captions(other, [2], ext=".caption")
     r = check_file(str(cfg), dataset=[str(other)], dataset_report=True)
@@ -477,3 +478,24 @@ def test_the_flag_placement(tmp_path: Path, flux_model: Path, capsys: pytest.Cap
     assert main(["check", str(cfg), "--tokenizer-dir", str(flux_model)]) == 2
     assert capsys.readouterr().err == ("te-align: error: --tokenizer-dir goes with --dataset (it says where the "
                                        "tokenizers that count your captions are)\n")
+
+
+def test_kohya_re_joins_tags_when_it_shuffles(tmp_path: Path, flux_model: Path) -> None:
+    """sd-scripts with shuffle_caption: prefix, then the caption split at caption_separator, each tag stripped, joined
+    with ", " ("photo of" + " " + "red ,  circle,,square" becomes "photo of red, circle, , square"); without it the
+    first line as written."""
+    cfg, _ = _kohya(tmp_path, flux_model)
+    for p in (tmp_path / "img").glob("*.txt"):
+        p.unlink()
+    (tmp_path / "img" / "a.txt").write_text("red ,  circle,,square", encoding="utf-8")
+    oracle = tiny.clip_tokenizer()
+    r = check_file(str(cfg), dataset_report=True)
+    want = len(oracle("photo of red, circle, , square")["input_ids"])
+    assert want != len(oracle("photo of red ,  circle,,square")["input_ids"])
+    assert r.dataset["slots"][0]["tokens"]["max"] == want  # type: ignore[index]
+    ds = tmp_path / "dataset.toml"
+    ds.write_text(ds.read_text(encoding="utf-8").replace("shuffle_caption = true", "shuffle_caption = false"),
+                  encoding="utf-8")
+    r = check_file(str(cfg), dataset_report=True)
+    assert r.dataset["slots"][0]["tokens"]["max"] == len(  # type: ignore[index]
+        oracle("photo of red ,  circle,,square")["input_ids"])

@@ -130,17 +130,18 @@ def _add(stats: CaptionStats, src: CaptionSource, text: str) -> None:
         text = lines[0] if lines else ""
     if src.strip:
         text = text.strip()
+    if src.affix_first:
+        text = _affix(src, text).strip()
     if src.rejoin is not None:
-        text = src.rejoin[1].join(text.split(src.rejoin[0]))
+        pieces = text.split(src.rejoin[0])
+        text = src.rejoin[1].join(p.strip() for p in pieces) if src.rejoin_strip else src.rejoin[1].join(pieces)
     if src.trigger:
         for tag in ("[name]", "[trigger]"):
             text = text.replace(tag, src.trigger)
         if src.trigger.strip() and src.trigger not in text:
             text = src.trigger + " " + text
-    if src.prefix:
-        text = src.prefix + src.joiner + text
-    if src.suffix:
-        text = text + src.joiner + src.suffix
+    if not src.affix_first:
+        text = _affix(src, text)
     raw = text.encode("utf-8")
     stats.captions += 1
     stats.with_bang += "!" in text
@@ -148,3 +149,11 @@ def _add(stats: CaptionStats, src: CaptionSource, text: str) -> None:
     stats.words.append(len(text.split()))
     stats.sizes.append(len(raw))
     stats.texts.append(text)
+
+
+def _affix(src: CaptionSource, text: str) -> str:
+    if src.prefix:
+        text = src.prefix + src.joiner + text
+    if src.suffix:
+        text = text + src.joiner + src.suffix
+    return text

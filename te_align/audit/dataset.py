@@ -430,7 +430,9 @@ def handling(src: CaptionSource) -> str:
     if not src.strip:
         parts.append("kept as written (not stripped)")
     if src.rejoin is not None:
-        parts.append(f"split at {json.dumps(src.rejoin[0])} and joined with {json.dumps(src.rejoin[1])}")
+        parts.append(f"split at {json.dumps(src.rejoin[0])}" + (", each tag stripped," if src.rejoin_strip else "")
+                     + f" and joined with {json.dumps(src.rejoin[1])}" + (" (prefix and suffix included)"
+                                                                         if src.affix_first else ""))
     if src.trigger:
         parts.append(f"trigger word {json.dumps(src.trigger, ensure_ascii=False)} (for [trigger]/[name], else put "
                      "first)")

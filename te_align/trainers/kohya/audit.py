@@ -330,11 +330,15 @@ def caption_dirs(values: dict[str, Any]) -> list[str]:
 #: sd-scripts' caption handling, read at kohya-ss/sd-scripts@48d368f: a subset's caption_extension, caption_prefix,
 #: caption_suffix, enable_wildcard, shuffle_caption and keep_tokens come from the subset, else its dataset, else
 #: [general], else the command line (library/config_util.py:408-463); caption_extension defaults to ".caption"
-#: (library/config_util.py:99, library/train_util.py:4493); a caption is the file's first line, stripped, unless
-#: enable_wildcard (library/train_util.py:1946-1967); the prefix and suffix are joined with a space
-#: (library/train_util.py:822-826); shuffle_caption and keep_tokens reorder tags and keep the count; a subset's
-#: images are the image_dir's own files, no sub-folders (library/train_util.py:1999,2847-2856).
-CAPTION_SOURCE = "kohya-ss/sd-scripts@48d368f library/train_util.py:822-826,1946-1967, library/config_util.py:408-463"
+#: (library/config_util.py:99, library/train_util.py:4493); a caption is the file's first line, stripped, or with
+#: enable_wildcard one of its non-empty lines, stripped (library/train_util.py:1946-1967,839-842); the prefix and
+#: suffix are joined with a space first (library/train_util.py:822-826); with shuffle_caption,
+#: caption_tag_dropout_rate or token_warmup_step the caption is split at caption_separator (default ","), each tag
+#: stripped, and joined with ", " (library/train_util.py:867-915, config_util.py:59); the shuffle and keep_tokens
+#: reorder tags and keep the count; a subset's images are the image_dir's own files, no sub-folders
+#: (library/train_util.py:1999,2847-2856).
+CAPTION_SOURCE = ("kohya-ss/sd-scripts@48d368f library/train_util.py:822-915,1946-1967, library/config_util.py:"
+                  "408-463")
 
 #: Where sd-scripts loads each slot's tokenizer from, per family (hub ids; under --tokenizer_cache_dir as
 #: ID with "/" replaced by "_", library/strategy_base.py:54-71, except Lumina's, which takes it as a hub cache,
@@ -364,13 +368,22 @@ def caption_sources(values: dict[str, Any]) -> list[CaptionSource]:
         ext = pick("caption_extension", tables, ".caption")
         ext = ext if isinstance(ext, str) and ext else ".caption"
         keep = pick("keep_tokens", tables, 0)
-        same = tuple(x for x, on in (("shuffle_caption", pick("shuffle_caption", tables, False) is True),
-                                     (f"keep_tokens = {keep}", isinstance(keep, int) and keep > 0)) if on)
+        wildcard = pick("enable_wildcard", tables, False) is True
+        shuffle = pick("shuffle_caption", tables, False) is True
+        rate, warm = pick("caption_tag_dropout_rate", tables, 0), pick("token_warmup_step", tables, 0)
+        tags = shuffle or (_number(rate) and rate > 0) or (_number(warm) and warm > 0)
+        sep = pick("caption_separator", tables, ",")
+        same = tuple(x for x, on in (("shuffle_caption", shuffle),
+                                     (f"keep_tokens = {keep}", isinstance(keep, int) and keep > 0),
+                                     ("enable_wildcard: one line and each {a|b} choice is picked per step (each line "
+                                      "counted here, the prefix and suffix on every line)", wildcard)) if on)
         prefix, suffix = pick("caption_prefix", tables, ""), pick("caption_suffix", tables, "")
         return CaptionSource(folder=folder, extension=ext if ext.startswith(".") else f".{ext}",
                              prefix=prefix if isinstance(prefix, str) else "",
                              suffix=suffix if isinstance(suffix, str) else "",
-                             first_line=pick("enable_wildcard", tables, False) is not True,
+                             first_line=not wildcard, each_line=wildcard,
+                             rejoin=(sep if isinstance(sep, str) and sep else ",", ", ") if tags else None,
+                             rejoin_strip=True, affix_first=True,
                              recursive=recursive, length_invariant=same, source=CAPTION_SOURCE)
 
     # train_data_dir's sub-folders are its subsets (library/config_util.py:607-640): read below it
