@@ -499,3 +499,23 @@ def test_kohya_re_joins_tags_when_it_shuffles(tmp_path: Path, flux_model: Path) 
     r = check_file(str(cfg), dataset_report=True)
     assert r.dataset["slots"][0]["tokens"]["max"] == len(  # type: ignore[index]
         oracle("photo of red ,  circle,,square")["input_ids"])
+
+
+def test_onetrainer_tag_shuffling_re_joins(tmp_path: Path, flux_model: Path) -> None:
+    """OneTrainer with text.enable_tag_shuffling: tags split at tag_delimiter, stripped, empty ones dropped, joined
+    with the delimiter and a space ("red ;; circle;square" with ";" becomes "red; circle; square")."""
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "examples" / "onetrainer" / "flux_lora.json").read_text(encoding="utf-8"))
+    img = tmp_path / "img"
+    img.mkdir()
+    (img / "a.txt").write_text("red ;; circle;square", encoding="utf-8")
+    data.update(base_model_name=flux_model.as_posix(), concepts=[
+        {"name": "c", "path": img.as_posix(), "text": {"enable_tag_shuffling": True, "tag_delimiter": ";"}}])
+    cfg = tmp_path / "flux.json"
+    cfg.write_text(json.dumps(data), encoding="utf-8")
+    r = check_file(str(cfg), dataset_report=True)
+    oracle = tiny.clip_tokenizer()
+    assert r.dataset["slots"][0]["tokens"]["max"] == len(oracle("red; circle; square")["input_ids"])  # type: ignore[index]
+    assert r.dataset["handling"][0].startswith(  # type: ignore[index]
+        '.txt files, this folder only (no sub-folders), split at ";", each tag stripped, empty tags dropped, and joined '
+        'with "; ", each line a caption, enable_tag_shuffling (keeps the length)')

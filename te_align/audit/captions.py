@@ -133,8 +133,8 @@ def _add(stats: CaptionStats, src: CaptionSource, text: str) -> None:
     if src.affix_first:
         text = _affix(src, text).strip()
     if src.rejoin is not None:
-        pieces = text.split(src.rejoin[0])
-        text = src.rejoin[1].join(p.strip() for p in pieces) if src.rejoin_strip else src.rejoin[1].join(pieces)
+        pieces = [p.strip() for p in text.split(src.rejoin[0])] if src.rejoin_strip else text.split(src.rejoin[0])
+        text = src.rejoin[1].join(p for p in pieces if p or not src.rejoin_drop_empty)
     if src.trigger:
         for tag in ("[name]", "[trigger]"):
             text = text.replace(tag, src.trigger)

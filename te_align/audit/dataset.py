@@ -431,6 +431,7 @@ def handling(src: CaptionSource) -> str:
         parts.append("kept as written (not stripped)")
     if src.rejoin is not None:
         parts.append(f"split at {json.dumps(src.rejoin[0])}" + (", each tag stripped," if src.rejoin_strip else "")
+                     + (" empty tags dropped," if src.rejoin_drop_empty else "")
                      + f" and joined with {json.dumps(src.rejoin[1])}" + (" (prefix and suffix included)"
                                                                          if src.affix_first else ""))
     if src.trigger:

@@ -52,8 +52,9 @@ class CaptionSource:
     strip: bool = True
     #: (separator, joiner): the caption is split at the separator and joined again with the joiner (tags re-joined).
     rejoin: tuple[str, str] | None = None
-    #: Each piece of ``rejoin`` is stripped before the join.
+    #: Each piece of ``rejoin`` is stripped before the join; ``rejoin_drop_empty``: empty pieces are dropped.
     rejoin_strip: bool = False
+    rejoin_drop_empty: bool = False
     #: The prefix and suffix are added before the caption is re-joined (they are re-joined with it).
     affix_first: bool = False
     #: A trigger word: it replaces each "[trigger]" and "[name]", and is put before the caption (with a space) when

@@ -395,7 +395,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
 #: only with include_subdirectories (default false; ConceptConfig.py:186-192,
 #: modules/dataLoader/mixin/DataLoaderText2ImageMixin.py:70-72); text.prompt_source "sample" (the default,
 #: ConceptConfig.py:109) reads IMAGE.txt (:78), each line stripped, empty lines dropped, one line chosen per step
-#: (mgds src/mgds/pipelineModules/LoadMultipleTexts.py:25-50; DataLoaderText2ImageMixin.py:105-113).
+#: (mgds src/mgds/pipelineModules/LoadMultipleTexts.py:25-50; DataLoaderText2ImageMixin.py:105-113); with
+#: text.enable_tag_shuffling the line is split at tag_delimiter (default ","), tags stripped, empty ones dropped, and
+#: joined with the delimiter and a space (mgds ShuffleTags.py:40-47; DataLoaderText2ImageMixin.py:234;
+#: ConceptConfig.py:111-113).
 CAPTION_SOURCE = ("Nerogar/OneTrainer@23df383 modules/dataLoader/mixin/DataLoaderText2ImageMixin.py:70-113, "
                   "Nerogar/mgds@3a6994a src/mgds/pipelineModules/LoadMultipleTexts.py:25-50")
 
@@ -421,10 +424,14 @@ def caption_sources(data: Any, file: str) -> list[CaptionSource]:
                 str(source), "not a caption file per image")
             out.append(CaptionSource(folder=c["path"], source=CAPTION_SOURCE, skip=f"prompt_source {source!r}: {why}"))
             continue
+        shuffle = text.get("enable_tag_shuffling") is True
+        delimiter = text.get("tag_delimiter", ",")
+        delimiter = delimiter if isinstance(delimiter, str) and delimiter else ","
         out.append(CaptionSource(folder=c["path"], extension=".txt", each_line=True,
                                  recursive=c.get("include_subdirectories") is True,
-                                 length_invariant=("enable_tag_shuffling",) if text.get("enable_tag_shuffling") is True
-                                 else (), source=CAPTION_SOURCE))
+                                 rejoin=(delimiter, delimiter + " ") if shuffle else None, rejoin_strip=True,
+                                 rejoin_drop_empty=True, length_invariant=("enable_tag_shuffling",) if shuffle else (),
+                                 source=CAPTION_SOURCE))
     return out
 
 
