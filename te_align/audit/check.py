@@ -20,6 +20,7 @@ from te_align.profiles import profile as resolve
 # when used so that ``te-align --help`` and a plain ``check`` stay cold.
 _cachefiles = lazy_module("te_align.audit.cachefiles")
 _captions = lazy_module("te_align.audit.captions")
+_dataset = lazy_module("te_align.audit.dataset")  # check --dataset: the captions' token counts (tokenizers on use)
 _cmdline = lazy_module("te_align.audit.cmdline")
 _overrides = lazy_module("te_align.profiles.overrides")
 _policy = lazy_module("te_align.audit.policy")
@@ -42,6 +43,8 @@ def check_file(
     command: Sequence[str] | None = None,
     overrides: Mapping[str, object] | None = None,
     at_line: int | None = None,
+    dataset_report: bool = False,
+    tokenizer_dirs: Sequence[str] = (),
 ) -> CheckResult:
     """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
     cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
@@ -49,7 +52,10 @@ def check_file(
     training command line given as words instead of a file (``path`` is then only its label). ``overrides``: profile
     overrides (``--set``) applied to the profile the file is checked against (given or detected). ``at_line``: in a
     file of several command lines, check the one that starts at this line (default: the last; see
-    :func:`check_files`, which checks each)."""
+    :func:`check_files`, which checks each). ``dataset_report``: read the captions (``dataset``, else the folders the
+    config names) with the trainer's caption handling and count their tokens per encoder slot with the profile's
+    tokenizers (found in ``tokenizer_dirs``, the config's model paths or the hub cache): ``result.dataset``, and
+    the policy's length findings measured on them (:mod:`te_align.audit.dataset`)."""
     reset_suggestion_budget()
     result = CheckResult(file=str(path) if at_line is None else f"{path}:{at_line}")
     try:
@@ -60,7 +66,8 @@ def check_file(
         if name not in readers.trainers():
             raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.trainers())}")
         result.trainer = name
-        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset), dict(overrides or {}))
+        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset), dict(overrides or {}),
+               (list(tokenizer_dirs),) if dataset_report else None)
     except readers.ConfigSyntaxError as e:
         result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
@@ -112,6 +119,7 @@ def _check(
     result: CheckResult,
     dataset: list[str] | None = None,
     overrides: dict[str, object] | None = None,
+    report: tuple[list[str]] | None = None,
 ) -> None:
     registry = _plugins.registry()
     if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line and not module(name).detect(raw):
@@ -169,10 +177,19 @@ def _check(
         for d in dataset:
             if not Path(d).is_dir():
                 raise readers.UnreadableConfig("--dataset: no such folder", file=d)
-    caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
-    ctx.extra["captions"] = _captions.read_captions(caption_dirs)
+    if report is None:
+        caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
+        ctx.extra["captions"] = _captions.read_captions(caption_dirs)
+    else:
+        sources, missing = _dataset.sources(list(dataset or []), parsed.caption_sources, parsed.caption_dirs)
+        ctx.extra["captions"] = _captions.read_dataset(sources) if sources else None
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
     deviations = _community_hooks(deviations, prof, parsed.trainer.not_settable)
+    if report is not None:
+        stats = ctx.extra.get("captions")
+        result.dataset = _dataset.report(stats, missing, prof, effective, parsed.model_paths, report[0], sources,
+                                        parsed.tokenizer_paths, parsed.templates)  # type: ignore[arg-type]
+        findings += _dataset.unreadable_findings(stats)  # type: ignore[arg-type]
     after = parsed.after(prof, ctx) if parsed.after is not None else []
     # one severity policy for every trainer's deviations (te_align.audit.policy, docs/severity.md)
     deviations = _policy.apply(deviations, prof, ctx.extra.get("captions"))  # type: ignore[arg-type]

@@ -100,6 +100,8 @@ class CheckResult:
     #: False for a command of a several-command file that was not checked while another command of it was: it does
     #: not count in the file's exit code (:func:`te_align.audit.check.exit_code`).
     in_exit: bool = True
+    #: ``check --dataset``: the captions' token lengths per encoder slot (:func:`te_align.audit.dataset.report`).
+    dataset: dict[str, object] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -126,4 +128,5 @@ class CheckResult:
             "assumed": self.assumed,
             "effective": self.effective,
             "findings": [f.to_dict() for f in self.findings],
+            **({"dataset": self.dataset} if self.dataset is not None else {}),
         }

@@ -35,6 +35,45 @@ class CacheSpec:
     rebuild: str
 
 
+@dataclass(frozen=True)
+class CaptionSource:
+    """A caption folder as the trainer reads it, for ``check --dataset``: which files hold captions and what the
+    trainer does to a caption's text before its tokenizers see it (in the trainer's own terms, ``handling``)."""
+
+    folder: str
+    #: The caption files' extension (".txt"); None: te-align's default, .txt and .caption.
+    extension: str | None = None
+    prefix: str = ""
+    suffix: str = ""
+    #: The text joined between prefix, caption and suffix.
+    joiner: str = " "
+    #: Only a file's first line is the caption (the rest is ignored).
+    first_line: bool = False
+    #: The caption's ends are stripped of whitespace.
+    strip: bool = True
+    #: (separator, joiner): the caption is split at the separator and joined again with the joiner (tags re-joined).
+    rejoin: tuple[str, str] | None = None
+    #: Each piece of ``rejoin`` is stripped before the join; ``rejoin_drop_empty``: empty pieces are dropped.
+    rejoin_strip: bool = False
+    rejoin_drop_empty: bool = False
+    #: The prefix and suffix are added before the caption is re-joined (they are re-joined with it).
+    affix_first: bool = False
+    #: A trigger word: it replaces each "[trigger]" and "[name]", and is put before the caption (with a space) when
+    #: the caption does not contain it.
+    trigger: str = ""
+    #: Caption files in sub-folders are read too.
+    recursive: bool = True
+    #: Each non-empty line of a file is a caption of its own (the trainer picks one of them per step).
+    each_line: bool = False
+    #: Set when the trainer takes this folder's captions from elsewhere (file names, a fixed prompt): why, in its
+    #: terms; the folder is not read.
+    skip: str = ""
+    #: The trainer's caption handling that keeps the token count (shuffled tags, kept tokens), said in its terms.
+    length_invariant: tuple[str, ...] = ()
+    #: Where the trainer's handling was read (``owner/repo path:LINE``).
+    source: str = ""
+
+
 @dataclass
 class Parsed:
     """A config read the way the trainer reads it."""
@@ -60,6 +99,18 @@ class Parsed:
     after: Callable[[AlignmentProfile, Context], list[Finding]] | None = None
     #: Folders the config trains on, where ``check`` counts captions (with ``--dataset DIR``).
     caption_dirs: list[str] = field(default_factory=list)
+    #: The same folders with the trainer's caption handling (``check --dataset``), where the reader knows it; a folder
+    #: of ``caption_dirs`` without one here is read with te-align's defaults.
+    caption_sources: list[CaptionSource] = field(default_factory=list)
+    #: Model paths the config names (a diffusers folder, a hub repo id, a checkpoint file): where ``check --dataset``
+    #: looks for the profile's tokenizers before the Hugging Face cache.
+    model_paths: list[str] = field(default_factory=list)
+    #: Per encoder slot, where the trainer itself loads that slot's tokenizer from (a tokenizer folder, or a hub repo
+    #: id whose snapshot holds the tokenizer's files at its root): looked in before ``model_paths``.
+    tokenizer_paths: dict[str, list[str]] = field(default_factory=dict)
+    #: Per encoder slot, the text the trainer wraps a caption in ("{prompt}" marks the caption; "{system_prompt}" is
+    #: filled from the effective system prompt) where the effective values alone do not say it.
+    templates: dict[str, str] = field(default_factory=dict)
     #: Set when no signal in the config decided between ``profile_guess`` and another profile of its family: what
     #: was assumed and why (:func:`te_align.audit.models.assumption`). ``check`` says it instead of a bare "aligned".
     assumed: str = ""

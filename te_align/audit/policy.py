@@ -4,7 +4,11 @@ no torch. The same policy, in words, is in ``docs/severity.md``.
 
 1. **error**: the deviation loses information the user gave, or te-align measured a harm.
 
-   * *Tokens cut*: the trainer's tokenizer length is shorter than the profile's. With captions in view (``--dataset``
+   * *Tokens cut*: the trainer's tokenizer length is shorter than the profile's. With ``--dataset`` and the slot's
+     tokenizer found, the captions' real token counts decide (:mod:`te_align.audit.dataset`): an error when at least
+     one caption has more tokens than the trainer keeps; when no caption reaches either length (this holds for any
+     length finding, longer or shorter) a note that only padding differs, or at most a warning where the model sees
+     the padding (no mask). Else, with captions in view (``--dataset``
      or the config's own data folders) this is counted on them: an error when at least one caption certainly has
      more tokens than the trainer keeps (more words than fit), else a warning that says how many might and how many
      captions were read. Without captions it stays an error unless the effects matrix measured it (rule 2), and the
@@ -103,7 +107,10 @@ def decide(f: Finding, evidence: dict[str, object] | None, captions: CaptionStat
             why.append("a measured null (no difference this study resolves), so at most a warning (its interval: the measured line below)")
     elif official:
         severity = "info"
-    if tokens_cut(f) and direction != "trainer default better":
+    counts = _counted(f, captions)
+    if counts is not None and direction != "trainer default better":
+        severity = _by_counts(f, counts, captions, severity, direction, why)  # type: ignore[arg-type]
+    elif tokens_cut(f) and direction != "trainer default better":
         length = int(f.effective)  # type: ignore[call-overload]
         if captions is not None and captions.captions:
             certain, maybe = captions.cut_at(length)
@@ -133,6 +140,63 @@ def decide(f: Finding, evidence: dict[str, object] | None, captions: CaptionStat
         return f
     message = f.message + (". Severity: " + "; ".join(why) if why else "")
     return dataclasses.replace(f, severity=severity, message=message, fix=fix, edit=edit)
+
+
+def _counted(f: Finding, captions: CaptionStats | None) -> list[int] | None:
+    """The token counts of the user's captions in the finding's slot (``check --dataset`` with its tokenizer found),
+    for a length finding; None otherwise."""
+    if captions is None or not captions.tokens or not f.setting.endswith("tokenizer.max_length"):
+        return None
+    eff, prof = f.effective, f.profile
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (eff, prof)):
+        return None
+    return captions.tokens.get(f.setting.split(".", 1)[0])
+
+
+def _by_counts(f: Finding, counts: list[int], captions: CaptionStats, severity: Severity, direction: str,
+               why: list[str]) -> Severity:
+    """A length finding measured on the user's captions: tokens cut → an error with the count; no caption reaching
+    either length → a note (only padding differs) unless the model sees the padding (then at most a warning);
+    captions past the profile's shorter length kept by a longer trainer length → the rules' severity, with the count."""
+    eff, prof = int(f.effective), int(f.profile)  # type: ignore[call-overload]
+    slot = f.setting.split(".", 1)[0]
+    total = len(counts)
+    short = min(eff, prof) if captions.official_tokens.get(slot) is None else f"{eff} (trainer) or {prof} (profile)"
+    official = captions.official_tokens.get(slot) or counts
+    cut = sum(n > eff for n in counts)
+    past = sum(n > prof for n in official)
+    if tokens_cut(f) and cut:
+        why.append(f"{cut} of your {total} captions ({_pct(cut, total)}) lose tokens past {eff} (counted with the "
+                   f"{slot} tokenizer)")
+        return "error"
+    if cut == 0 and past == 0:
+        if direction == "profile better":
+            why.append(f"none of your {total} captions has more than {short} tokens ({slot} tokenizer), but the "
+                       "padding difference measured a harm")
+            return severity
+        if slot in captions.padding_seen:
+            why.append(f"none of your {total} captions has more than {short} tokens ({slot} tokenizer): no token is "
+                       f"cut, only padding differs ({eff} against {prof} positions), and the model sees the padding "
+                       "(no mask), so at most a warning")
+            return _at_most(severity, "warning")
+        why.append(f"none of your {total} captions has more than {short} tokens ({slot} tokenizer): only padding "
+                   "differs and the model does not see it, so this changes nothing for this dataset")
+        return "info"
+    if eff > prof:
+        why.append(f"{past} of your {total} captions ({_pct(past, total)}) have more than {prof} tokens ({slot} "
+                   f"tokenizer): training sees tokens past {prof} that the official pipeline cuts")
+    else:
+        why.append(f"no caption of your {total} loses tokens past {eff}; {past} have more than {prof} tokens with "
+                   "the profile's template ({slot} tokenizer)")
+    if not direction and severity == "error":
+        why.append("not measured by te-align's effects matrix and it cuts no token, so a warning")
+        return "warning"
+    return severity
+
+
+def _pct(n: int, total: int) -> str:
+    p = 100 * n / total if total else 0.0
+    return f"{p:.0f}%" if p >= 1 or n == 0 else f"{p:.1f}%"
 
 
 def apply(findings: Sequence[Finding], profile: AlignmentProfile, captions: CaptionStats | None,

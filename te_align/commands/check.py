@@ -45,9 +45,13 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a value of the profile checked against (repeatable), e.g. t5_max_length=512")
     p.add_argument("--cache-dir", metavar="DIR", help="also read cached text-encoder files here and flag stale ones")
-    p.add_argument("--dataset", metavar="DIR", action="append", default=[],
-                   help="caption folder (repeatable): count the captions a deviation affects (CLIP-G '!', Qwen over "
-                        "512 tokens); the config's own data folders are read too")
+    p.add_argument("--dataset", metavar="DIR", action="append", nargs="?", const="", default=[],
+                   help="your captions (repeatable): the token lengths per text encoder with the profile's tokenizers "
+                        "and the trainer's caption handling, how many the trainer's and the official length cut, and "
+                        "the length findings measured on them; without DIR, the dataset folders the config names")
+    p.add_argument("--tokenizer-dir", dest="tokenizer_dir", metavar="DIR", action="append", default=[],
+                   help="--dataset: a model folder with tokenizer/, tokenizer_2/ … or a tokenizer's own folder "
+                        "(repeatable), looked in before the config's model path and the Hugging Face cache")
     p.add_argument("--for", dest="for_tool", metavar="TOOL", choices=("comfyui", "forge", "diffusers"),
                    help="also say where sampling in comfyui, forge or diffusers gives other conditioning than this "
                         "training (notes; the exit code is unchanged)")
@@ -79,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(no profile or no rules for the model, not a training job, or no trainer config at all); "
                     "several files: 2 > 1 > 3 > 0.",
         usage="te-align check CONFIG [CONFIG ...] [--trainer T] [--profile NAME] [--set KEY=VALUE] [--json] "
-              "[--cache-dir DIR] [--dataset DIR] [--fix [--no-backup] [--allow-unsafe-keys]] [--diff] [-- EXTRA_ARGS]\n       "
+              "[--cache-dir DIR] [--dataset [DIR]] [--tokenizer-dir DIR] [--fix [--no-backup] [--allow-unsafe-keys]] [--diff] [-- EXTRA_ARGS]\n       "
               "te-align check [OPTIONS] -- accelerate launch train_*.py ARGS",
     )
     _options(p)
@@ -102,13 +106,19 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
     _options(inner)
     inner.add_argument("configs", nargs="*", metavar="CONFIG")
     ns = inner.parse_args(rest)
-    if not ns.configs and not extra:
-        inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
     for name in ("trainer", "profile", "json", "cache_dir", "for_tool", "fix", "diff", "no_backup", "allow_unsafe_keys"):
         outer = getattr(args, name)
         if outer not in (None, False, "auto"):
             setattr(ns, name, outer)
     ns.dataset = list(getattr(args, "dataset", []) or []) + list(ns.dataset)
+    ns.tokenizer_dir = list(getattr(args, "tokenizer_dir", []) or []) + list(ns.tokenizer_dir)
+    # `check --dataset CONFIG`: argparse gave a config to the valueless --dataset; a file is a config, not a folder
+    files = [d for d in ns.dataset if d and Path(d).is_file()]
+    if files:
+        ns.configs = files + list(ns.configs)
+        ns.dataset = ["" if d in files else d for d in ns.dataset]
+    if not ns.configs and not extra:
+        inner.error("the following arguments are required: CONFIG (or `-- accelerate launch train_*.py ARGS`)")
     ns.set = list(getattr(args, "set", []) or []) + list(ns.set)
     return ns, extra
 
@@ -116,11 +126,18 @@ def _split(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str]]:
 def cmd_check(args: argparse.Namespace) -> int:
     ns, extra = _split(args)
     overrides = _overrides.parse_set(ns.set)
+    report = bool(ns.dataset)  # --dataset, with or without DIR: the captions' token lengths
+    if ns.tokenizer_dir and not report:
+        print("te-align: error: --tokenizer-dir goes with --dataset (it says where the tokenizers that count your "
+              "captions are)", file=sys.stderr)
+        return 2
+    ns.dataset = [d for d in ns.dataset if d]
     if ns.fix or ns.diff or ns.no_backup or ns.allow_unsafe_keys:
         return _cmd_fix(ns, extra, overrides)
     if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
         results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
-                              dataset=ns.dataset, command=extra, overrides=overrides)]
+                              dataset=ns.dataset, command=extra, overrides=overrides, dataset_report=report,
+                              tokenizer_dirs=ns.tokenizer_dir)]
     else:
         for c in ns.configs:  # stderr: one line each, beside the report (and --json) on stdout
             original = backup_of(c)
@@ -129,7 +146,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print(f"te-align: {c} is te-align's backup of {original}; checked as a {kind} config, as {original} "
                       "was before te-align changed it", file=sys.stderr)
         results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
-                              dataset=ns.dataset, overrides=overrides)
+                              dataset=ns.dataset, overrides=overrides, dataset_report=report,
+                              tokenizer_dirs=ns.tokenizer_dir)
     code = exit_code(results)
     notes = [_inference(r, ns.for_tool) for r in results]
     evidence = [_evidence(r) for r in results]
@@ -148,6 +166,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if i:
             print()
         _print_result(r, evidence[i])
+        _print_dataset(r)
         if ns.for_tool and r.profile is not None:
             _print_inference(ns.for_tool, notes[i])
             for n in notes[i]:
@@ -156,6 +175,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                 for line in ev.get("lines") or []:  # type: ignore[union-attr]
                     print(f"  {'':<9}  {line}")
     return code
+
+
+def _print_dataset(r: CheckResult) -> None:
+    """``--dataset``: the captions' token lengths, after the findings."""
+    if r.dataset is None:
+        return
+    for line in r.dataset.get("lines") or []:  # type: ignore[union-attr]
+        print(f"  {line}")
 
 
 def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, object]) -> int:

@@ -18,6 +18,7 @@ from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
+    CaptionSource,
     KeyLines,
     Parsed,
     dropout_form_finding,
@@ -552,4 +553,33 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     dirs = [ds["folder_path"] for ds in datasets if isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)]
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED,
                   guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs,
+                  caption_sources=caption_sources(datasets, proc.get("trigger_word")),
+                  model_paths=[model["name_or_path"]] if isinstance(model.get("name_or_path"), str) else [],
                   assumed=getattr(reason, "assumed", ""))
+
+
+#: ai-toolkit's caption handling, read at ostris/ai-toolkit@27a03a9: a dataset's caption_ext (default ".txt", a dot
+#: added, toolkit/config_modules.py:941-944); the whole file read, not stripped (toolkit/dataloader_mixins.py:350-
+#: 353, clean_caption returns it as is, :99-110); split at "," and joined with ", " (:411,434-435); the trigger word
+#: (the dataset's, else the job's, jobs/process/BaseSDTrainProcess.py:135,168-169) replaces [trigger]/[name] or goes
+#: first with a space (:436, toolkit/prompt_utils.py:715-745); shuffle_tokens reorders the tags (:431-432); the
+#: folder is walked with its sub-folders, hidden ones pruned (toolkit/data_loader.py:437-441).
+CAPTION_SOURCE = ("ostris/ai-toolkit@27a03a9 toolkit/dataloader_mixins.py:350-353,411-436, toolkit/prompt_utils.py:"
+                  "715-745, toolkit/config_modules.py:941-944, toolkit/data_loader.py:437-441")
+
+
+def caption_sources(datasets: list[Any], job_trigger: Any) -> list[CaptionSource]:
+    """Each dataset's folder_path with ai-toolkit's caption handling."""
+    out: list[CaptionSource] = []
+    for ds in datasets:
+        if not (isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)):
+            continue
+        ext = ds.get("caption_ext", ".txt")
+        ext = ext if isinstance(ext, str) and ext else ".txt"
+        trigger = ds.get("trigger_word") if isinstance(ds.get("trigger_word"), str) else job_trigger
+        out.append(CaptionSource(folder=ds["folder_path"], extension=ext if ext.startswith(".") else f".{ext}",
+                                 strip=False, rejoin=(",", ", "),
+                                 trigger=trigger if isinstance(trigger, str) else "",
+                                 length_invariant=("shuffle_tokens",) if ds.get("shuffle_tokens") is True else (),
+                                 source=CAPTION_SOURCE))
+    return out

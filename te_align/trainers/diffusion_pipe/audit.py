@@ -29,6 +29,7 @@ from te_align.audit.findings import Edit, Finding
 from te_align.audit.models import assumption, profile_from_files
 from te_align.audit.parsed import (
     CacheSpec,
+    CaptionSource,
     KeyLines,
     Parsed,
     checkout_commit,
@@ -50,6 +51,11 @@ from te_align.profiles import profile as resolve
 from te_align.trainers.diffusion_pipe import names, semantics
 
 COMMIT = "8f83dbf25d03219df705570ec03e62be04bc402f"
+#: diffusion-pipe's captions (at 8f83dbf): the directory's own files (path.glob('*'), utils/dataset.py:628), an
+#: image's caption is IMAGE.txt (:646-658), read whole and
+#: stripped (:751-753), with the directory's caption_prefix (else the dataset's, :734) put before it as is, no space
+#: (:48-57, :763).
+CAPTION_SOURCE = "tdrussell/diffusion-pipe@8f83dbf utils/dataset.py:48-57,628,646-658,734,751-763"
 NAME = "diffusion-pipe"
 #: The system prompt te-align's lumina2 profile (diffusers' Lumina2Pipeline) puts in front of a caption.
 LUMINA_START = " <Prompt Start> "
@@ -409,6 +415,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                                                 behaviour="diffusion-pipe never reads this key"))
     dataset, dataset_file = _dataset(raw.data.get("dataset"), raw.file)
     dirs: list[str] = []
+    srcs: list[CaptionSource] = []
     values: dict[str, Any] = dict(model)
     if dataset is not None and dataset_file is not None:
         dlines = KeyLines(read_text(dataset_file))
@@ -423,6 +430,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                 continue
             if isinstance(d.get("path"), str):
                 dirs.append(d["path"])
+                prefix = d.get("caption_prefix", dataset.get("caption_prefix", ""))
+                srcs.append(CaptionSource(folder=d["path"], extension=".txt", joiner="", recursive=False,
+                                          prefix=prefix if isinstance(prefix, str) else "", source=CAPTION_SOURCE))
             for k in d:
                 if k not in keys["directory"]:
                     findings.append(unknown_key_finding(k, keys["directory"], trainer="diffusion-pipe: utils/dataset.py",
@@ -450,7 +460,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     control = dataset is not None and any(isinstance(d, dict) and "control_path" in d for d in (
         dataset.get("directory") if isinstance(dataset.get("directory"), list) else []))
     if mt is not None and mt.type == "qwen_image" and control:
-        return _qwen_edit(raw, model, values, trainer, cached, findings, dirs, lines)
+        edit = _qwen_edit(raw, model, values, trainer, cached, findings, dirs, lines)
+        edit.caption_sources = srcs
+        return edit
     if mt is None or mt.profile is None:
         findings += _missing_keys(raw.data, model, mt_name, None)
         what = mt.display if mt else mt_name
@@ -473,7 +485,9 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         findings.append(Finding(kind="note", severity="info", setting="text-encoder cache", message=(
             "diffusion-pipe encodes SDXL captions at every step (no text-embedding cache, models/sdxl.py:426-428)")))
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, guess_is_default=False,
-                  caption_dirs=dirs, assumed=said)
+                  caption_dirs=dirs, caption_sources=srcs, assumed=said,
+                  # the pipeline's from_pretrained(diffusers_path) loads its tokenizers (models/flux.py:194 at 8f83dbf)
+                  model_paths=[model["diffusers_path"]] if isinstance(model.get("diffusers_path"), str) else [])
 
 
 def comfy_reason(mt: names.ModelType) -> str:

@@ -18,6 +18,7 @@ from te_align.audit.findings import NOT_SETTABLE, Finding
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
+    CaptionSource,
     KeyLines,
     Parsed,
     dropout_form_finding,
@@ -331,6 +332,94 @@ def caption_dirs(values: dict[str, Any]) -> list[str]:
     if data is not None:
         dirs += [sub["image_dir"] for _, sub in _subsets(data) if isinstance(sub.get("image_dir"), str)]
     return dirs
+
+
+#: sd-scripts' caption handling, read at kohya-ss/sd-scripts@48d368f: a subset's caption_extension, caption_prefix,
+#: caption_suffix, enable_wildcard, shuffle_caption and keep_tokens come from the subset, else its dataset, else
+#: [general], else the command line (library/config_util.py:408-463); caption_extension defaults to ".caption"
+#: (library/config_util.py:99, library/train_util.py:4493); a caption is the file's first line, stripped, or with
+#: enable_wildcard one of its non-empty lines, stripped (library/train_util.py:1946-1967,839-842); the prefix and
+#: suffix are joined with a space first (library/train_util.py:822-826); with shuffle_caption,
+#: caption_tag_dropout_rate or token_warmup_step the caption is split at caption_separator (default ","), each tag
+#: stripped, and joined with ", " (library/train_util.py:867-915, config_util.py:59); the shuffle and keep_tokens
+#: reorder tags and keep the count; a subset's images are the image_dir's own files, no sub-folders
+#: (library/train_util.py:1999,2847-2856).
+CAPTION_SOURCE = ("kohya-ss/sd-scripts@48d368f library/train_util.py:822-915,1946-1967, library/config_util.py:"
+                  "408-463")
+
+#: Where sd-scripts loads each slot's tokenizer from, per family (hub ids; under --tokenizer_cache_dir as
+#: ID with "/" replaced by "_", library/strategy_base.py:54-71, except Lumina's, which takes it as a hub cache,
+#: strategy_lumina.py:30-32): library/strategy_sd.py:17-18, strategy_sdxl.py:18-19, strategy_sd3.py:21-23,
+#: strategy_flux.py:19-20, strategy_lumina.py:23 (at 48d368f).
+TOKENIZER_IDS: dict[str, dict[str, str]] = {
+    "sd1": {"clip_l": "openai/clip-vit-large-patch14"},
+    "sdxl": {"clip_l": "openai/clip-vit-large-patch14", "clip_g": "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k"},
+    "sd3": {"clip_l": "openai/clip-vit-large-patch14", "clip_g": "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k",
+            "t5": "google/t5-v1_1-xxl"},
+    "flux": {"clip_l": "openai/clip-vit-large-patch14", "t5": "google/t5-v1_1-xxl"},
+    "lumina2": {"gemma": "google/gemma-2-2b"},
+}
+
+
+def caption_sources(values: dict[str, Any]) -> list[CaptionSource]:
+    """The caption folders sd-scripts reads with its caption handling: train_data_dir with the command line's, and
+    every dataset_config subset's image_dir with the subset's (falling back as sd-scripts does)."""
+    def pick(key: str, tables: list[Any], default: Any) -> Any:
+        for t in tables:
+            v = t.get(key) if isinstance(t, dict) else None
+            if v is not None:
+                return v
+        return default
+
+    def source(folder: str, tables: list[Any], recursive: bool = False) -> CaptionSource:
+        ext = pick("caption_extension", tables, ".caption")
+        ext = ext if isinstance(ext, str) and ext else ".caption"
+        keep = pick("keep_tokens", tables, 0)
+        wildcard = pick("enable_wildcard", tables, False) is True
+        shuffle = pick("shuffle_caption", tables, False) is True
+        rate, warm = pick("caption_tag_dropout_rate", tables, 0), pick("token_warmup_step", tables, 0)
+        tags = shuffle or (_number(rate) and rate > 0) or (_number(warm) and warm > 0)
+        sep = pick("caption_separator", tables, ",")
+        same = tuple(x for x, on in (("shuffle_caption", shuffle),
+                                     (f"keep_tokens = {keep}", isinstance(keep, int) and keep > 0),
+                                     ("enable_wildcard: one line and each {a|b} choice is picked per step (each line "
+                                      "counted here, the prefix and suffix on every line)", wildcard)) if on)
+        prefix, suffix = pick("caption_prefix", tables, ""), pick("caption_suffix", tables, "")
+        return CaptionSource(folder=folder, extension=ext if ext.startswith(".") else f".{ext}",
+                             prefix=prefix if isinstance(prefix, str) else "",
+                             suffix=suffix if isinstance(suffix, str) else "",
+                             first_line=not wildcard, each_line=wildcard,
+                             rejoin=(sep if isinstance(sep, str) and sep else ",", ", ") if tags else None,
+                             rejoin_strip=True, affix_first=True,
+                             recursive=recursive, length_invariant=same, source=CAPTION_SOURCE)
+
+    # train_data_dir's sub-folders are its subsets (library/config_util.py:607-640): read below it
+    out = [source(values["train_data_dir"], [values], True)] if isinstance(values.get("train_data_dir"), str) else []
+    data = _dataset_config(values)
+    if data is not None:
+        general = data.get("general") if isinstance(data.get("general"), dict) else {}
+        out += [source(sub["image_dir"], [sub, ds, general, values]) for ds, sub in _subsets(data)
+                if isinstance(sub.get("image_dir"), str)]
+    return out
+
+
+def templates(values: dict[str, Any], family: str) -> dict[str, str]:
+    """What sd-scripts wraps a caption in, per slot, where its effective values do not say it: Lumina 2's
+    f"{system_prompt} <Prompt Start> " before the caption only when system_prompt is non-empty
+    (kohya-ss/sd-scripts@48d368f library/strategy_lumina.py:35-39)."""
+    if family != "lumina2":
+        return {}
+    sp = values.get("system_prompt")
+    return {"gemma": "{system_prompt} <Prompt Start> {prompt}" if isinstance(sp, str) and sp else "{prompt}"}
+
+
+def tokenizer_paths(values: dict[str, Any], family: str) -> dict[str, list[str]]:
+    """Per slot, where sd-scripts loads its tokenizer: under tokenizer_cache_dir first, then the hub id."""
+    cache = values.get("tokenizer_cache_dir") if family != "lumina2" else None
+    out: dict[str, list[str]] = {}
+    for slot, repo in TOKENIZER_IDS.get(family, {}).items():
+        out[slot] = ([str(Path(cache) / repo.replace("/", "_"))] if isinstance(cache, str) and cache else []) + [repo]
+    return out
 
 
 def _dataset_config(values: dict[str, Any]) -> dict[str, Any] | None:
@@ -663,5 +752,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     after = make_after(values, key_line, lambda key: f"remove --{key}" if key in cli else f"{key} = 0", raw, script)
     findings += semantics.lr_findings(values, script, key_line, set(cli))
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
-                  caption_dirs=caption_dirs(values), guess_is_default=script is None and reason.startswith(
+                  caption_dirs=caption_dirs(values), caption_sources=caption_sources(values),
+                  model_paths=[values["pretrained_model_name_or_path"]] if isinstance(
+                      values.get("pretrained_model_name_or_path"), str) else [],
+                  tokenizer_paths=tokenizer_paths(values, family_of(prof) if prof else ""),
+                  templates=templates(values, family_of(prof) if prof else ""),
+                  guess_is_default=script is None and reason.startswith(
                       "pretrained_model_name_or_path"), assumed=getattr(reason, "assumed", ""))

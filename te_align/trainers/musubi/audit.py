@@ -30,6 +30,7 @@ from te_align.audit.findings import Finding
 from te_align.audit.models import guess_model
 from te_align.audit.parsed import (
     CacheSpec,
+    CaptionSource,
     KeyLines,
     Parsed,
     checkout_commit,
@@ -454,6 +455,28 @@ def parse_args(args: list[str]) -> tuple[dict[str, Any], str | None, list[str]]:
     return parse_cli(args)
 
 
+#: musubi-tuner's captions, read at kohya-ss/musubi-tuner@30c658c: a dataset's caption_extension, else [general]'s
+#: (src/musubi_tuner/dataset/config_utils.py:227-238); the whole file, stripped
+#: (src/musubi_tuner/dataset/datasources.py:241-246, :550-555 for videos); the folder's own images, no sub-folders
+#: (dataset/media_utils.py:58-66).
+CAPTION_SOURCE = ("kohya-ss/musubi-tuner@30c658c src/musubi_tuner/dataset/datasources.py:241-246, "
+                  "dataset/config_utils.py:227-238")
+
+
+def caption_sources(config: dict[str, Any]) -> list[CaptionSource]:
+    """Each dataset's image_directory / video_directory with musubi-tuner's caption file reading."""
+    general = config.get("general") if isinstance(config.get("general"), dict) else {}
+    out: list[CaptionSource] = []
+    for ds in config.get("datasets", []) if isinstance(config.get("datasets"), list) else []:
+        folder = (ds.get("image_directory") or ds.get("video_directory")) if isinstance(ds, dict) else None
+        if not isinstance(folder, str):
+            continue
+        ext = ds.get("caption_extension") or general.get("caption_extension")
+        out.append(CaptionSource(folder=folder, extension=ext if isinstance(ext, str) and ext else None,
+                                 recursive=False, source=CAPTION_SOURCE))
+    return out
+
+
 def dataset_dirs(config: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(caption folders, cache folders) of a dataset config: each dataset's ``image_directory`` /
     ``video_directory``, and its ``cache_directory`` (else the media folder: dataset/config_utils.py)."""
@@ -668,7 +691,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             f"{script} reads the captions' text-encoder outputs from the cache that {te_cache_script(arch)} wrote "
             "(its text encoder runs for sample prompts only): the settings that decide training are that step's")))
     return Parsed(trainer, values, profile, reason, True, None, findings,
-                  supported, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches})
+                  supported, guess_is_default=False, caption_dirs=media, extra={"cache_dirs": caches},
+                  caption_sources=caption_sources(dataset or {}))
 
 
 #: Where musubi-tuner reads --model_version (argparse / resolve_model_version_args).

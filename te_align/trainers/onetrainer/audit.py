@@ -16,6 +16,7 @@ from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
+    CaptionSource,
     KeyLines,
     Parsed,
     dropout_form_finding,
@@ -383,8 +384,71 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     hooked = names.profile_of(mt)[1] if mt else True
     trainer = Trainer("onetrainer", RULES, fix_set, fix_remove, lambda key: lines(key.rsplit(".", 1)[-1]),
                       not_settable=NOT_SETTABLE if hooked or mt == "ANIMA" else NOT_HOOKED)
+    srcs = caption_sources(raw.data, raw.file)
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, after=after,
-                  assumed=getattr(reason, "assumed", ""))
+                  assumed=getattr(reason, "assumed", ""), caption_sources=srcs,
+                  model_paths=[values["base_model_name"]] if isinstance(values.get("base_model_name"), str) else [])
+
+
+#: OneTrainer's captions, read at Nerogar/OneTrainer@23df383 (with Nerogar/mgds@3a6994a): the concepts are the
+#: config's "concepts", else the JSON file concept_file_name (default "training_concepts/concepts.json",
+#: modules/util/config/TrainConfig.py:982-987,1051); an enabled concept's images are its path's files, sub-folders
+#: only with include_subdirectories (default false; ConceptConfig.py:186-192,
+#: modules/dataLoader/mixin/DataLoaderText2ImageMixin.py:70-72); text.prompt_source "sample" (the default,
+#: ConceptConfig.py:109) reads IMAGE.txt (:78), each line stripped, empty lines dropped, one line chosen per step
+#: (mgds src/mgds/pipelineModules/LoadMultipleTexts.py:25-50; DataLoaderText2ImageMixin.py:105-113); with
+#: text.enable_tag_shuffling the line is split at tag_delimiter (default ","), tags stripped, empty ones dropped, and
+#: joined with the delimiter and a space (mgds ShuffleTags.py:40-47; DataLoaderText2ImageMixin.py:234;
+#: ConceptConfig.py:111-113).
+CAPTION_SOURCE = ("Nerogar/OneTrainer@23df383 modules/dataLoader/mixin/DataLoaderText2ImageMixin.py:70-113, "
+                  "Nerogar/mgds@3a6994a src/mgds/pipelineModules/LoadMultipleTexts.py:25-50")
+
+
+def caption_sources(data: Any, file: str) -> list[CaptionSource]:
+    """The enabled training concepts' folders with OneTrainer's caption reading ("sample" prompts); a concept whose
+    prompts come from elsewhere is named, not read."""
+    concepts = data.get("concepts") if isinstance(data, dict) else None
+    if not isinstance(concepts, list):
+        name = data.get("concept_file_name", "training_concepts/concepts.json") if isinstance(data, dict) else None
+        concepts = _concepts_file(name, file) if isinstance(name, str) else []
+    out: list[CaptionSource] = []
+    for c in concepts:
+        if not (isinstance(c, dict) and isinstance(c.get("path"), str) and c["path"]) or c.get("enabled") is False:
+            continue
+        if str(c.get("type", "STANDARD")).upper().endswith("VALIDATION"):
+            continue
+        text = c.get("text") if isinstance(c.get("text"), dict) else {}
+        source = text.get("prompt_source", "sample")
+        if source != "sample":
+            why = {"filename": "the captions are the image file names",
+                   "concept": f"one prompt file for the whole concept ({text.get('prompt_path', '')})"}.get(
+                str(source), "not a caption file per image")
+            out.append(CaptionSource(folder=c["path"], source=CAPTION_SOURCE, skip=f"prompt_source {source!r}: {why}"))
+            continue
+        shuffle = text.get("enable_tag_shuffling") is True
+        delimiter = text.get("tag_delimiter", ",")
+        delimiter = delimiter if isinstance(delimiter, str) and delimiter else ","
+        out.append(CaptionSource(folder=c["path"], extension=".txt", each_line=True,
+                                 recursive=c.get("include_subdirectories") is True,
+                                 rejoin=(delimiter, delimiter + " ") if shuffle else None, rejoin_strip=True,
+                                 rejoin_drop_empty=True, length_invariant=("enable_tag_shuffling",) if shuffle else (),
+                                 source=CAPTION_SOURCE))
+    return out
+
+
+def _concepts_file(name: str, config_file: str) -> list[Any]:
+    """The concepts JSON OneTrainer reads (relative to where OneTrainer runs; te-align also tries beside the
+    config); [] when it is not here or not readable."""
+    from pathlib import Path
+
+    for p in (Path(name), Path(config_file).parent / name):
+        if p.is_file():
+            try:
+                data = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+                return []
+            return data if isinstance(data, list) else []
+    return []
 
 
 #: Where OneTrainer reads a model part's learning_rate: only for a part it trains (read at 23df383).

@@ -16,6 +16,7 @@ from te_align.audit.models import _families as bundled_families
 from te_align.audit.models import assumption, guess_model
 from te_align.audit.parsed import (
     CacheSpec,
+    CaptionSource,
     KeyLines,
     Parsed,
     dropout_form_finding,
@@ -560,7 +561,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
-                  caption_dirs=caption_dirs(values.get("data_backend_config")), assumed=getattr(reason, "assumed", ""))
+                  caption_dirs=caption_dirs(values.get("data_backend_config")), assumed=getattr(reason, "assumed", ""),
+                  caption_sources=caption_sources(values),
+                  model_paths=[values["pretrained_model_name_or_path"]] if isinstance(
+                      values.get("pretrained_model_name_or_path"), str) else [])
 
 
 def _family(prof: str) -> str:
@@ -580,6 +584,54 @@ def _env_lines(raw: RawConfig) -> tuple[Any, list[Finding]]:
             f"{', '.join(env_only[:8])}{' …' if len(env_only) > 8 else ''}: not in SimpleTuner's env_to_args_map: "
             "they set the environment only, no option"), trainer_source=f"{envfile.SOURCE}:3-135"))
     return (lambda key: at.get(str(key).lstrip("-").replace("-", "_")) if key else None), notes
+
+
+#: SimpleTuner's captions, read at bghira/SimpleTuner@bc8e6ab: a backend's caption_strategy, else the config's
+#: (simpletuner/helpers/data_backend/factory.py:620-626), default "filename" (simpletuner_sdk/server/services/
+#: field_registry/sections/data.py:86-93, the argparse default through helpers/configuration/cmd_args.py:430);
+#: "textfile" reads IMAGE.txt as is, each non-empty line a caption unless
+#: disable_multiline_split, instance_prompt + " " before it with prepend_instance_prompt (helpers/prompts.py:397-430;
+#: the backend's key, else the config's, factory.py:3505-3506,3576).
+CAPTION_SOURCE = ("bghira/SimpleTuner@bc8e6ab simpletuner/helpers/prompts.py:397-430, helpers/data_backend/factory.py:"
+                  "620-626,3505-3506,3576")
+
+
+def caption_sources(values: dict[str, Any]) -> list[CaptionSource]:
+    """The local image backends' folders with SimpleTuner's caption strategy: "textfile" folders read as SimpleTuner
+    reads them; the others named, not read (their captions are not the folder's text files)."""
+    path = values.get("data_backend_config")
+    out: list[CaptionSource] = []
+    for b in _backends(path):
+        folder = b["instance_data_dir"]
+        strategy = b.get("caption_strategy", values.get("caption_strategy") or "filename")
+        if strategy != "textfile":
+            out.append(CaptionSource(folder=folder, source=CAPTION_SOURCE, skip=(
+                f"caption_strategy {strategy!r}: SimpleTuner does not take these captions from .txt files")))
+            continue
+        prepend = b.get("prepend_instance_prompt", values.get("prepend_instance_prompt"))
+        prompt = b.get("instance_prompt", values.get("instance_prompt"))
+        out.append(CaptionSource(folder=folder, extension=".txt", strip=False,
+                                 each_line=not b.get("disable_multiline_split", False),
+                                 prefix=prompt if prepend is True and isinstance(prompt, str) else "",
+                                 source=CAPTION_SOURCE))
+    return out
+
+
+def _backends(path: Any) -> list[dict[str, Any]]:
+    """The local image backends of the data_backend_config JSON (when it exists and is readable)."""
+    from pathlib import Path
+
+    if not isinstance(path, str) or not path.endswith(".json") or not Path(path).is_file():
+        return []
+    try:
+        if Path(path).stat().st_size > 1 << 20:
+            return []
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    return [b for b in (data if isinstance(data, list) else []) if isinstance(b, dict)
+            and b.get("type", "local") == "local" and b.get("dataset_type", "image") == "image"
+            and isinstance(b.get("instance_data_dir"), str)]
 
 
 def caption_dirs(path: Any) -> list[str]:
