@@ -249,3 +249,17 @@ def test_help_prefix_and_musubi_per_script_prefix(tmp_path):
     assert [(f.setting, f.message) for f in r.findings if "abbreviation" in f.message] == [
         ("--text_encoder", "--text is an abbreviation: argparse reads it as --text_encoder, the one option it starts"),
         ("--batch_size", "--batch is an abbreviation: argparse reads it as --batch_size, the one option it starts")]
+
+
+def test_a_command_running_a_script_te_align_does_not_read_names_file_and_line(tmp_path, capsys):
+    """A pasted file whose only command runs some other Python script: one line naming the file, the line and the
+    script (exit 2), not the generic "no training command line"."""
+    from te_align.cli import main as cli_main
+
+    path = tmp_path / "run.sh"
+    path.write_text("#!/bin/bash\nset -e\n\npython my_train.py --foo 1\n", encoding="utf-8")
+    assert cli_main(["check", str(path)]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == (
+        f"te-align: error: {path}:4: my_train.py is not a training or caching script te-align reads (e.g. `accelerate "
+        "launch flux_train_network.py …`, `accelerate launch train_dreambooth_lora_sd3.py …`); nothing checked\n")

@@ -74,6 +74,11 @@ def parse_text(text: str, file: str, at_line: int | None = None) -> RawConfig:
     words as a shell would. ``data["commands"]`` lists the first line of every command in the file."""
     found = commands(text, file)
     if not found:
+        other = _first_python_script(text)
+        if other is not None:
+            raise UnreadableConfig(f"{other[1]} is not a training or caching script te-align reads (e.g. "
+                                   "`accelerate launch flux_train_network.py …`, `accelerate launch "
+                                   "train_dreambooth_lora_sd3.py …`); nothing checked", file=f"{file}:{other[0]}")
         raise UnreadableConfig("no training command line in this file (expected a line running train_*.py or another "
                                "training script, e.g. `accelerate launch flux_train_network.py …` or "
                                "`accelerate launch train_dreambooth_lora_sd3.py --max_sequence_length 256 …`)",
@@ -85,6 +90,21 @@ def parse_text(text: str, file: str, at_line: int | None = None) -> RawConfig:
         raise UnreadableConfig(f"line {first} names a training script only inside another word", file=file)
     return RawConfig(file, "cmdline", text, {**_data(words, at), "line": first,
                                              "commands": [c[0] for c in found]})
+
+
+_PY_SCRIPT = re.compile(r"(?:^|[\s\"'])([^\s\"'=]*?([A-Za-z0-9_.-]+\.py))(?=[\s\"']|$)")
+
+
+def _first_python_script(text: str) -> tuple[int, str] | None:
+    """(line, script name) of the first command that runs some ``.py`` file, for the error of a file whose commands
+    run no script te-align reads."""
+    for first, _, line in _logical(text):
+        stripped = line.strip()
+        if stripped and not stripped.startswith(("#", "REM ", "rem ", "::")):
+            m = _PY_SCRIPT.search(stripped)
+            if m:
+                return first, m.group(2)
+    return None
 
 
 def commands(text: str, file: str) -> list[tuple[int, list[str]]]:
