@@ -328,14 +328,21 @@ def test_qwen_1024_matters_only_for_long_captions(tmp_path):
 def test_simpletuner_qwen_reads_captions_from_its_data_backend_config(tmp_path):
     data = tmp_path / "img"
     write(data, "1.txt", "x" * 600)
-    backends = [{"id": "d", "type": "local", "instance_data_dir": str(data)},
+    backends = [{"id": "d", "type": "local", "instance_data_dir": str(data), "caption_strategy": "textfile"},
                 {"id": "t", "type": "local", "dataset_type": "text_embeds", "cache_dir": str(tmp_path / "te")}]
     db = write(tmp_path, "multidatabackend.json", json.dumps(backends))
-    r = check_file(write(tmp_path, "config.json", json.dumps({"model_family": "qwen_image", "data_backend_config": db,
-                                                              "caption_dropout_probability": 0.0})))
+    config = write(tmp_path, "config.json", json.dumps({"model_family": "qwen_image", "data_backend_config": db,
+                                                        "caption_dropout_probability": 0.0}))
+    r = check_file(config)
     assert devs(r) == {"qwen.tokenizer.max_length": (1024, 512, "warning"), "qwen.tokenizer.padding": ("max_length", "longest", "info")}
     assert r.findings[0].message.endswith(f"1 of 1 caption file(s) in {data} are longer than 512 bytes (so may pass "
                                           "512 tokens)")
+    # with SimpleTuner's default caption_strategy "filename" the .txt files are not its captions: none are counted
+    del backends[0]["caption_strategy"]
+    write(tmp_path, "multidatabackend.json", json.dumps(backends))
+    r = check_file(config)
+    assert "1 of 1" not in r.findings[0].message and r.findings[0].message.endswith(
+        "te-align cannot see the captions (pass --dataset DIR to count them)")
 
 
 def test_text_output_never_cuts_source_text(tmp_path, capsys):

@@ -561,7 +561,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
-                  caption_dirs=caption_dirs(values.get("data_backend_config")), assumed=getattr(reason, "assumed", ""),
+                  caption_dirs=caption_dirs(values), assumed=getattr(reason, "assumed", ""),
                   caption_sources=caption_sources(values),
                   model_paths=[values["pretrained_model_name_or_path"]] if isinstance(
                       values.get("pretrained_model_name_or_path"), str) else [])
@@ -634,18 +634,7 @@ def _backends(path: Any) -> list[dict[str, Any]]:
             and isinstance(b.get("instance_data_dir"), str)]
 
 
-def caption_dirs(path: Any) -> list[str]:
-    """``instance_data_dir`` of the local image backends in the data_backend_config JSON (when it exists)."""
-    from pathlib import Path
-
-    if not isinstance(path, str) or not path.endswith(".json") or not Path(path).is_file():
-        return []
-    try:
-        if Path(path).stat().st_size > 1 << 20:
-            return []
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-        return []
-    backends = data if isinstance(data, list) else []
-    return [b["instance_data_dir"] for b in backends if isinstance(b, dict) and b.get("type", "local") == "local"
-            and b.get("dataset_type", "image") == "image" and isinstance(b.get("instance_data_dir"), str)]
+def caption_dirs(values: dict[str, Any]) -> list[str]:
+    """The folders whose .txt files are captions: the local image backends with caption_strategy "textfile"
+    (with "filename", SimpleTuner's default, a .txt beside an image is not read)."""
+    return [s.folder for s in caption_sources(values) if not s.skip]
