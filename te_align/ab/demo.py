@@ -110,7 +110,8 @@ def committed_blocks() -> list[Block]:
             "p",
             f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
             "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
-            "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in.",
+            "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in. A - B is a "
+            "fraction of the probe prompts here (-0.013 is -1.3 points in this report's summary).",
         )
     )
     rows = []

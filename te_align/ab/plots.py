@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from te_align.tiny.world.grid import draw_text, wrap
+from te_align.tiny.world.grid import draw_text, text_width, wrap
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
@@ -55,7 +55,7 @@ def ticks(lo: float, hi: float, n: int = 5) -> list[tuple[float, str]]:
 
 def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", size: tuple[int, int] = (860, 420)) -> bytes:
     """Lines with optional min-max bands, axes with 5 ticks each and a legend; PNG bytes."""
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
 
     w, h = size
     left, right, top, bottom = 70, 20, 34, 46
@@ -99,9 +99,11 @@ def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", siz
             for cx, cy in pts:
                 d.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], fill=s.colour)
     ly = top + 6
+    font = ImageFont.load_default()
+    lx = w - right - 8 - max((text_width(s.label, font) for s in series), default=0) - 18  # inside the frame
     for s in series:
-        d.rectangle([w - right - 250, ly + 3, w - right - 238, ly + 11], fill=s.colour)
-        draw_text(d, (w - right - 232, ly), s.label)
+        d.rectangle([lx, ly + 3, lx + 12, ly + 11], fill=s.colour)
+        draw_text(d, (lx + 18, ly), s.label, font=font)
         ly += 16
     return _png(img)
 

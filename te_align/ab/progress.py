@@ -168,7 +168,7 @@ class Progress:
         out: Callable[[str], None] | None = None,
         tty: bool | None = None,
         interval: float = 30.0,
-        refresh: float = 0.5,
+        refresh: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         stage: str = "starting",
     ) -> None:
@@ -176,7 +176,9 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.out = out or (lambda line: print(line, flush=True))
         self.tty = self.stream.isatty() if tty is None else tty
-        self.interval, self.refresh, self.clock = interval, refresh, clock
+        # how often the units' files are read: twice a second for the TTY line, every 2 s for plain lines
+        self.interval, self.clock = interval, clock
+        self.refresh = refresh if refresh is not None else (0.5 if self.tty else 2.0)
         self.t0 = clock()
         self.units: dict[str, _Unit] = {}
         self.finished: dict[str, float] = {}
@@ -267,7 +269,7 @@ class Progress:
                 self._last_key, self._last_emit = key, now
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.refresh if self.tty else max(self.refresh, 2.0)):
+        while not self._stop.wait(self.refresh):
             self.update()
 
     def __enter__(self) -> Progress:

@@ -148,10 +148,10 @@ def _plots(result: ABResult) -> dict[str, Path]:
         series = []
         for arm in ("A", "B"):
             runs = [r for r in result.runs if r.arm == arm]
-            x, m, lo, hi = _band([{s: c["net"] for s, c in r.curve} for r in runs])
+            x, m, lo, hi = _band([{s: 100 * c["net"] for s, c in r.curve} for r in runs])
             series.append(Series(f"{names[arm]} (mean, min-max of {len(runs)} seeds)", COLOURS[arm], x, m, lo, hi, markers=True))
         out["curve"] = plots / "concept_curve.png"
-        _write(out["curve"], band_plot(series, title="concept net accuracy per checkpoint (hits minus false pinks), as sampled"))
+        _write(out["curve"], band_plot(series, title="concept net accuracy per checkpoint in points (hits minus false pinks, % of the probe prompts), as sampled"))
     if result.runs and all(r.probe_samples for r in result.runs):
         out["probes"] = plots / "probe_samples.png"
         _write(out["probes"], _probe_grid(result))

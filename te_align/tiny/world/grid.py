@@ -57,9 +57,9 @@ def grid(
 
 
 def word_gap(font: Any) -> float:
-    """The space between two words: the font's own, at least 0.4 of its size. Pillow's built-in default font draws a
+    """The space between two words: the font's own, at least half its size. Pillow's built-in default font draws a
     space 2 pixels wide at its size 10, so labels read as one word ("Aasked:", "crosscenter")."""
-    return max(float(font.getlength(" ")), round(0.4 * float(getattr(font, "size", 10))))
+    return max(float(font.getlength(" ")), round(0.5 * float(getattr(font, "size", 10))))
 
 
 def text_width(text: str, font: Any) -> float:
