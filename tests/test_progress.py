@@ -197,3 +197,19 @@ def test_summary_of_the_committed_demo_row_reads_at_a_glance() -> None:
     # the primary metric's interval is the committed per-seed differences' 95% t interval, in points
     m = summary[0]
     assert (round(100 * m.ci_low, 1), round(100 * m.ci_high, 1)) == (-4.8, 2.2)
+
+
+def test_ab_matrix_shows_its_stages_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`te-align ab matrix --dry-run` on the committed results of the demo's row: its stages on stderr (not a TTY
+    here), the table on stdout."""
+    pytest.importorskip("diffusers")
+    from te_align.cli import main
+
+    assert main(["ab", "matrix", "--dry-run", "--only", "world-flux-t5-512", "--results", str(DEMO_RESULTS.parent),
+                 "--out", str(tmp_path / "m")]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    stages = [line.split(" | ")[0] for line in err.splitlines()]
+    assert stages[:2] == ["te-align ab matrix: loading torch, diffusers and transformers",
+                          "te-align ab matrix: reading the plan and its results"]  # fmt: skip
+    assert stages[2].startswith("te-align ab matrix: done in ") and len(stages) == 3
+    assert "world-flux-t5-512" in out and "6/6 seeds  no measurable difference" in out
