@@ -66,6 +66,7 @@ def run_with_load(args: list[str], cwd: Path, every: float = 5.0) -> dict[str, o
     env = {k: v for k, v in os.environ.items() if k not in _THREAD_VARS}
     env["HF_HUB_OFFLINE"] = "1"
     cores = len(os.sched_getaffinity(0))
+    started = datetime.datetime.now(datetime.timezone.utc)
     start = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
@@ -85,7 +86,7 @@ def run_with_load(args: list[str], cwd: Path, every: float = 5.0) -> dict[str, o
     mean_load = statistics.fmean(samples) if samples else end[0]
     others = max(0.0, mean_load - 1.0)  # the demo keeps about one thread busy itself
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "started": started.strftime("%Y-%m-%d %H:%M UTC"),
         "command": "te-align " + " ".join(args),
         "cores": cores,
         "cpu": platform.processor() or platform.machine(),
@@ -98,6 +99,7 @@ def run_with_load(args: list[str], cwd: Path, every: float = 5.0) -> dict[str, o
         "peak_rss_mb": round(max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024),
         "verdict": next((ln for ln in out.splitlines() if ln.startswith("verdict:")), "(no verdict line)"),
         "progress_lines": len(err.splitlines()),
+        "stderr": err,
     }
 
 
@@ -106,6 +108,9 @@ def _load_main(keep: str | None, record: str | None) -> None:
         root = Path(keep).resolve() if keep else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         m = run_with_load(["demo"], root)  # into root/te-align-demo, as the README runs it
+        if keep:  # the progress lines as a user saw them (stderr, not a terminal)
+            (root / "te-align-demo" / "progress.txt").write_text(str(m["stderr"]), encoding="utf-8")
+        m.pop("stderr")
     print(f"te-align demo: {m['wall_s']} s ({float(m['wall_s']) / 60:.1f} min) on {m['cores']} core(s), "  # type: ignore[arg-type]
           f"{m['condition']}: load average {m['load_start'][0]} at the start, {m['load_end'][0]} at the end, "  # type: ignore[index]
           f"{m['load_mean_1min']} on average while it ran ({m['load_of_others']} from other processes); "
