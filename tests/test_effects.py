@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -413,33 +414,69 @@ def test_dropped_encoder_in_a_chunked_batch_gets_the_batch_chunk_count() -> None
 # -------------------------------------------------------------------------------------- matrix, demo
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import io
+
     from te_align.ab.demo import run_demo
+    from te_align.ab.progress import Progress
 
     out = tmp_path_factory.mktemp("world-demo")
     said: list[str] = []
-    result = run_demo(out, steps=4, seeds=2, workers=2, say=said.append)
-    return out, result, said
+    err = io.StringIO()  # the progress lines, as `te-align demo` shows them on a stderr that is not a terminal
+    with Progress("te-align demo", stream=err, out=said.append, tty=False, refresh=0.1, stage="loading") as progress:
+        result = run_demo(out, steps=4, seeds=2, workers=2, say=progress.say, progress=progress)
+    return out, result, said, err.getvalue().splitlines()
 
 
 def test_demo_runs_the_planned_row_on_the_shipped_base(demo: Any) -> None:
     from te_align.ab.demo import DEMO_ROW
     from te_align.ab.runner import PRIMARY
 
-    out, result, said = demo
+    out, result, said, _ = demo
     assert result.preset.name == DEMO_ROW and result.seeds == 2 and len(result.runs) == 4
     for r in result.runs:
         assert r.steps == 4 and [s for s, _ in r.curve] == [4] and len(r.probes) == 24 and len(r.probe_samples) == 24
     m = next(x for x in result.summary if x.metric == PRIMARY)
-    verdict = next(s for s in said if s.startswith("verdict: "))
-    assert verdict.startswith(f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}")
+    # the summary is said once: the verdict, then one line per metric (the primary first), then the report
+    assert [s for s in said if s.startswith("verdict: ")] == [
+        f"verdict: {result.verdict} (2 seed(s) x 4 steps, paired by seed; A = T5 at 512 tokens, B = the profile's 256; "
+        f"each A - B with its 95% interval; {result.seconds:.0f} s)"]  # fmt: skip
+    i = said.index(next(s for s in said if s.startswith("verdict: ")))
+    assert said[i + 1].startswith(f"  {PRIMARY}: A ") and said[i + 1].endswith(f": {m.verdict}")
+    assert len(said[i + 1 : i + 1 + len(result.summary)]) == len(result.summary)
+    assert [s for s in said if s.startswith(f"  {PRIMARY}")] == [said[i + 1]]
+    assert [s for s in said if s.startswith("report: ")] == [f"report: {result.report_html}"]
     results = sorted((out / "matrix" / "results" / DEMO_ROW).glob("seed-*.json"))
     assert [p.name for p in results] == ["seed-0.json", "seed-1.json"]
     per_seed = [json.loads(p.read_text())["arms"]["A"]["curve_mean"] for p in results]
     assert per_seed == pytest.approx(m.a)
 
 
+def test_demo_shows_each_phase_with_an_eta(demo: Any) -> None:
+    """The progress lines of the real run (two workers): every phase named, in order, the ETA once a unit is
+    measured, and no silent stretch (a plain line at least every 30 s)."""
+    _, _, _, lines = demo
+    assert lines[0] == "te-align demo: loading | 0:00 elapsed"
+    assert lines[1].startswith("te-align demo: finding the world data and the shipped base | ")
+    assert lines[-1].startswith("te-align demo: done in ")
+    phases = [ln.split(" | ")[0] for ln in lines]
+    want = ["loading the base, encoding arm A's captions", "training arm A, step", "loading the base, encoding arm B's "
+            "captions", "training arm B, step", "loading the base for scoring", "sampling and scoring arm A",
+            "sampling and scoring arm B", "writing the report"]  # fmt: skip
+    seen = [next((k for k, ph in enumerate(phases) if w in ph), -1) for w in want]
+    assert -1 not in seen and seen[:2] == sorted(seen[:2]) and seen[5:] == sorted(seen[5:]), phases
+    both = [ln for ln in lines if "running]" in ln]
+    assert both and all(ln.startswith("te-align demo: [0/2 done, 2 running] world-flux-t5-512 seed 0: ") and
+                        "; world-flux-t5-512 seed 1: " in ln for ln in both)  # fmt: skip
+    # once the first unit is measured, the other shows the time left
+    after = [ln for ln in lines if ln.startswith("te-align demo: [2/2] ")]
+    assert after and all(" | about " in ln and ln.endswith(" left") for ln in after)
+    # no silent stretch: a plain line at least every 30 s (elapsed m:ss in each line)
+    times = [int(t.split(":")[0]) * 60 + int(t.split(":")[1]) for t in (ln.split(" | ")[1].split()[0] for ln in lines[:-1])]
+    assert times == sorted(times) and max(b - a for a, b in itertools.pairwise(times)) <= 31
+
+
 def test_demo_report_leads_with_the_verdict_then_samples_accuracy_and_the_matrix(demo: Any) -> None:
-    _, result, _ = demo
+    _, result, _, _ = demo
     md = result.report_md.read_text(encoding="utf-8")
     heads = [line for line in md.splitlines() if line.startswith(("# ", "## ", "**Verdict"))]
     assert heads[0] == f"# A/B: {result.preset.name}" and heads[1].startswith(f"**Verdict: {result.verdict}**")
@@ -457,7 +494,7 @@ def test_interrupted_matrix_resumes_and_does_not_rerun_finished_seeds(demo: Any)
     from te_align.ab.demo import DEMO_ROW
     from te_align.ab.matrix import run_matrix
 
-    out, _, _ = demo
+    out, _, _, _ = demo
     said: list[str] = []
     rows = run_matrix(out / "matrix", only=[DEMO_ROW], seeds=2, max_steps=4, say=said.append)
     assert said[0].endswith("0 unit(s) to run (row x seed), 2 done; results in " + str(out / "matrix" / "results"))

@@ -16,14 +16,18 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from te_align._atomic import atomic_file
 from te_align.ab.evidence import summary
 from te_align.ab.matrix import matrix_presets, row_result, run_matrix
 from te_align.ab.preset import ABError, Preset
-from te_align.ab.report import Block, write_report
-from te_align.ab.runner import PRIMARY, ABResult
+from te_align.ab.report import Block, summary_lines, write_report
+from te_align.ab.runner import ABResult
 from te_align.tiny.bases import base_info, data_root, materialize
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.ab.progress import Progress
 
 #: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 1,000 CPU-seconds;
 #: 2 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores (each process
@@ -52,38 +56,46 @@ def run_demo(
     seeds: int | None = None,
     workers: int | None = None,
     say: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> ABResult:
-    """Run the demo row; returns the :class:`te_align.ab.runner.ABResult` of all its seeds (report written)."""
+    """Run the demo row; returns the :class:`te_align.ab.runner.ABResult` of all its seeds (report written). Says
+    what runs, one line per finished seed, then the summary once (:func:`verdict_line` and
+    :func:`te_align.ab.report.summary_lines`). ``progress`` shows each phase with an ETA (``te-align demo``)."""
     steps = steps if steps is not None else (_env_int("TE_ALIGN_DEMO_STEPS") or DEMO_STEPS)
     seeds = seeds if seeds is not None else (_env_int("TE_ALIGN_DEMO_SEEDS") or DEMO_SEEDS)
     if seeds < 1:
         raise ABError(f"must be >= 1, got {seeds}", key="--seeds")
+    if progress is not None:
+        progress.stage("finding the world data and the shipped base")
     data_root()  # the world data (te-align-world) is there, before the first line is said
     root = Path(out).expanduser()
     p = next(x for x in matrix_presets() if x.name == DEMO_ROW)
     say(f"te-align demo: {p.description}")
-    say(f"{seeds} seed(s), two arms each, on the shipped Flux-shaped world base; output in {root}")
+    say(f"{seeds} seed(s) x {steps} steps, two arms each, on the shipped Flux-shaped world base; output in {root}")
     t0 = time.perf_counter()
-    run_matrix(root / "matrix", only=[DEMO_ROW], seeds=seeds, max_steps=steps, workers=workers or DEMO_WORKERS, say=say)
+    run_matrix(root / "matrix", only=[DEMO_ROW], seeds=seeds, max_steps=steps, workers=workers or DEMO_WORKERS, say=say,
+               progress=progress)  # fmt: skip
+    if progress is not None:
+        progress.stage("writing the report")
     result = row_result(p, root / "matrix", list(range(seeds)), out_dir=root / "ab")
     result.seconds = time.perf_counter() - t0  # the report's wall time: this run's training and evaluation
     result.report_md, result.report_html = write_report(result, appendix=committed_blocks())
-    say(verdict_line(result))
     train_toml = write_train_example(root, p)
+    say("")
+    say(verdict_line(result))
+    for line in summary_lines(result):
+        say(f"  {line}")
     say(f"report: {result.report_html}")
     say(f"train your own LoRA on the demo's base (denoiser + CLIP-L): te-align train {train_toml}")
     return result
 
 
 def verdict_line(result: ABResult) -> str:
-    """The demo's verdict with the primary metric's paired difference and 95% interval."""
-    m = next((r for r in result.summary if r.metric == PRIMARY), None)
-    if m is None:
-        return f"verdict: {result.verdict}"
-    ci = "no interval (one seed, or no spread)" if math.isnan(m.ci_low) else f"95% CI [{m.ci_low:+.3f}, {m.ci_high:+.3f}]"
+    """The demo's verdict (read from the primary metric, the first summary line) with what A and B are."""
     return (
-        f"verdict: {result.verdict} — {PRIMARY}: A (T5 512) {m.a_mean:.3f}, B (profile, T5 256) {m.b_mean:.3f}, "
-        f"A - B {m.diff_mean:+.3f} ({ci}, paired t p = {m.p_t:.3g}, {m.n} seeds)"
+        f"verdict: {result.verdict} ({result.seeds} seed(s) x {result.runs[0].steps if result.runs else 0} steps, "
+        f"paired by seed; A = T5 at 512 tokens, B = the profile's 256; each A - B with its 95% interval; "
+        f"{result.seconds:.0f} s)"
     )
 
 
@@ -98,7 +110,8 @@ def committed_blocks() -> list[Block]:
             "p",
             f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
             "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
-            "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in.",
+            "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in. A - B is a "
+            "fraction of the probe prompts here (-0.013 is -1.3 points in this report's summary).",
         )
     )
     rows = []

@@ -50,6 +50,7 @@ from te_align.tiny.bases import BaseError, base_info, shipped
 from te_align.tiny.world import grid
 
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align.ab.progress import Progress
     from te_align.ab.runner import ABResult, ArmRun
 
 #: The A/B runner, loaded on first use: a worker process (:func:`_unit`) sets torch to one thread before it and
@@ -527,8 +528,10 @@ def run_matrix(
     device: str = "cpu",
     dry_run: bool = False,
     say: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> list[MatrixRow]:
-    """Run the plan's units not yet done (or those of the rows in ``only``) and rebuild the table after each."""
+    """Run the plan's units not yet done (or those of the rows in ``only``) and rebuild the table after each.
+    ``progress`` shows each running unit's phase and the ETA (:mod:`te_align.ab.progress`)."""
     t0 = time.perf_counter()
     presets = matrix_presets()
     names = {p.name for p in presets}
@@ -580,11 +583,18 @@ def run_matrix(
         return publish()
     tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device) for name, s in units]
     finished = 0
+    if progress is not None:
+        by_name = {p.name: p for p in presets}
+        progress.plan([(f"{name} seed {s}", Path(folder), s, steps or int(by_name[name].train.get("train", {}).get("max_steps") or 0),
+                        ("B", "A") if by_name[name].baseline.kind == "inference" else ("A", "B"))
+                       for name, s, folder, steps, *_ in tasks], workers=workers)  # fmt: skip
 
     def collect(rec: JSONObject) -> None:
         nonlocal finished
         finished += 1
         _write_json(res_dir / rec["preset"] / f"seed-{rec['seed']}.json", rec)
+        if progress is not None:
+            progress.unit_done(f"{rec['preset']} seed {rec['seed']}")
         if strips is not None and rec["seed"] == 0:
             _strip(rec, Path(strips), out_dir)
         say(

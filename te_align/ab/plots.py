@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from te_align.tiny.world.grid import draw_text, text_width, wrap
+
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
@@ -33,13 +35,27 @@ def _png(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def _nice(v: float) -> str:
-    return f"{v:.4g}"
+def ticks(lo: float, hi: float, n: int = 5) -> list[tuple[float, str]]:
+    """Round tick values across [lo, hi] (a step of 1, 2, 2.5 or 5 times a power of ten, the one nearest ``n`` steps), each
+    with a label of as many decimals as the step needs: 0.10, 0.12, 0.14 rather than 0.09688, 0.1125."""
+    span = hi - lo
+    if not span > 0:
+        return [(lo, f"{lo:.3g}")]
+    mag = 10.0 ** math.floor(math.log10(span / n))
+    mult = min((1.0, 2.0, 2.5, 5.0, 10.0), key=lambda m: abs(span / (m * mag) - n))
+    step = mult * mag
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9) + (1 if mult == 2.5 else 0))
+    out, k = [], math.ceil(lo / step - 1e-9)
+    while k * step <= hi + step * 1e-9:
+        v = k * step
+        out.append((v, f"{v:.{decimals}f}".replace("-0.00", "0.00") if v else f"{0:.{decimals}f}"))
+        k += 1
+    return out
 
 
 def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", size: tuple[int, int] = (860, 420)) -> bytes:
     """Lines with optional min-max bands, axes with 5 ticks each and a legend; PNG bytes."""
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
 
     w, h = size
     left, right, top, bottom = 70, 20, 34, 46
@@ -60,19 +76,18 @@ def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", siz
     def px(x: float, y: float) -> tuple[float, float]:
         return left + (x - x0) / (x1 - x0) * (w - left - right), top + (y1 - y) / (y1 - y0) * (h - top - bottom)
 
-    d.text((left, 10), title, fill="black")
+    draw_text(d, (left, 10), title)
     d.rectangle([left, top, w - right, h - bottom], outline="black")
-    for i in range(5):
-        fy = y0 + (y1 - y0) * i / 4
+    for fy, label in ticks(y0, y1):
         _, py = px(x0, fy)
         d.line([(left - 4, py), (left, py)], fill="black")
         d.line([(left, py), (w - right, py)], fill=(0, 0, 0, 25))
-        d.text((4, py - 6), _nice(fy), fill="black")
-        fx = x0 + (x1 - x0) * i / 4
+        d.text((4, py - 6), label, fill="black")
+    for fx, label in ticks(x0, x1):
         qx, _ = px(fx, y0)
         d.line([(qx, h - bottom), (qx, h - bottom + 4)], fill="black")
-        d.text((qx - 10, h - bottom + 8), _nice(fx), fill="black")
-    d.text(((w - left) // 2 + left - 20, h - 18), xlabel, fill="black")
+        d.text((qx - 10, h - bottom + 8), label, fill="black")
+    draw_text(d, ((w - left) // 2 + left - 20, h - 18), xlabel)
     for s in series:
         if s.lo is not None and s.hi is not None and len(s.x) > 1:
             poly = [px(x, y) for x, y in zip(s.x, s.hi, strict=True)] + [px(x, y) for x, y in reversed(list(zip(s.x, s.lo, strict=True)))]
@@ -84,38 +99,33 @@ def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", siz
             for cx, cy in pts:
                 d.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], fill=s.colour)
     ly = top + 6
+    font = ImageFont.load_default()
+    lx = w - right - 8 - max((text_width(s.label, font) for s in series), default=0) - 18  # inside the frame
     for s in series:
-        d.rectangle([w - right - 250, ly + 3, w - right - 238, ly + 11], fill=s.colour)
-        d.text((w - right - 232, ly), s.label, fill="black")
+        d.rectangle([lx, ly + 3, lx + 12, ly + 11], fill=s.colour)
+        draw_text(d, (lx + 18, ly), s.label, font=font)
         ly += 16
     return _png(img)
 
 
 def image_grid(rows: Sequence[tuple[str, Sequence[Image.Image]]], columns: Sequence[str], *, cell: int = 128, title: str = "") -> bytes:
     """A grid of PIL images: one labelled row per (label, images), one labelled column per ``columns``."""
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
 
     label_w, head_h, gap = 260, 40 if title else 22, 6
     w = label_w + len(columns) * (cell + gap) + gap
     h = head_h + len(rows) * (cell + gap) + gap
     img = Image.new("RGB", (w, h), "white")
     d = ImageDraw.Draw(img)
+    font = ImageFont.load_default()
     if title:
-        d.text((6, 4), title, fill="black")
+        draw_text(d, (6, 4), title, font=font)
     for j, name in enumerate(columns):
-        d.text((label_w + gap + j * (cell + gap), head_h - 16), name, fill="black")
+        draw_text(d, (label_w + gap + j * (cell + gap), head_h - 16), name, font=font)
     for i, (label, images) in enumerate(rows):
         y = head_h + gap + i * (cell + gap)
-        words, line, lines = label.split(), "", []
-        for word in words:
-            if len(line) + len(word) + 1 > 38:
-                lines.append(line)
-                line = word
-            else:
-                line = f"{line} {word}".strip()
-        lines.append(line)
-        for k, text in enumerate(lines[: cell // 14]):
-            d.text((6, y + k * 14), text, fill="black")
+        for k, text in enumerate(wrap(label, label_w - 12, font)[: cell // 14]):
+            draw_text(d, (6, y + k * 14), text, font=font)
         for j, im in enumerate(images):
             if im is None:
                 continue

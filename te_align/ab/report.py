@@ -12,10 +12,12 @@ import io
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import atomic_file
+from te_align._types import JSONObject
 from te_align.ab.plots import Series, band_plot, image_grid
 from te_align.ab.preset import ABError
 from te_align.ab.stats import round_to_spread
@@ -24,15 +26,70 @@ from te_align.tiny import world
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
-    from te_align.ab.runner import ABResult
+    from te_align.ab.runner import ABResult, SummaryRow
 
 COLOURS = {"A": (214, 96, 40), "B": (40, 90, 200)}
 Block = tuple[Any, ...]
 
 
 def fmt(v: float) -> str:
-    """Numbers in the report tables (parsed back by the tests)."""
-    return "nan" if not math.isfinite(v) else f"{v:.6g}"
+    """Numbers in the report's detail tables (losses, divergences): four significant digits (parsed back by the
+    tests)."""
+    return "nan" if not math.isfinite(v) else f"{v:.4g}"
+
+
+def _percent(metric: str) -> bool:
+    """Whether a summary metric is a rate (shown in percent, its differences in points): all but the losses and the
+    object counts."""
+    return not any(k in metric for k in ("loss", "per image"))
+
+
+def _signed(text: str) -> str:
+    """A rounded difference with its sign: "+2", "-0.013", "0" (a value that rounds to zero has none)."""
+    if text.startswith("-"):
+        return "0" if not text.strip("-0.") else text
+    return text if not text.strip("0.") or text == "n/a" else "+" + text
+
+
+def metric_cells(r: SummaryRow) -> tuple[str, str, str, str]:
+    """A summary row as a person reads it: (A, B, A - B, interval), each rounded to what the 95% interval's
+    half-width supports (:func:`te_align.ab.stats.round_to_spread`); rates in percent, their differences in points,
+    the interval in the same terms as the row's verdict (the 95% t interval the verdict is read from)."""
+    pct = _percent(r.metric)
+    scale = 100.0 if pct else 1.0
+    finite = math.isfinite(r.ci_low) and math.isfinite(r.ci_high)
+    half = (r.ci_high - r.ci_low) / 2 * scale if finite else float("nan")
+
+    def f(v: float) -> str:
+        return round_to_spread(v * scale, half)
+
+    unit = "%" if pct else ""
+    diff = _signed(f(r.diff_mean)) + (" points" if pct else "")
+    if finite:
+        interval = f"[{_signed(f(r.ci_low))}, {_signed(f(r.ci_high))}]"
+    else:
+        interval = "no interval (one seed)" if r.n < 2 else f"no interval (all {r.n} seeds differ alike)"
+    return f"{f(r.a_mean)}{unit}", f"{f(r.b_mean)}{unit}", diff, interval
+
+
+def summary_lines(result: ABResult) -> list[str]:
+    """The summary, once, as the terminal shows it: one line per metric (its verdict last)."""
+    out = []
+    for r in result.summary:
+        a, b, diff, interval = metric_cells(r)
+        out.append(f"{r.metric}: A {a} vs B {b}; A - B {diff}{' ' if interval.startswith('[') else ', '}{interval}: {r.verdict}")
+    return out
+
+
+def object_text(o: Sequence[Any]) -> str:
+    """One shapes-world object as a label reads it: "pink triangle, middle left"."""
+    return f"{o[0]} {o[1]}, {o[2]}"
+
+
+def probe_label(arm: str, probe: JSONObject, read: Sequence[Sequence[Any]]) -> str:
+    """The label under a probe image: what the prompt asked, then (a line of its own) what the reader read."""
+    found = "; ".join(object_text(o) for o in read) or "nothing"
+    return f"{arm} asked: {object_text(probe['objects'][0])}\nread: {found}"
 
 
 def _ema(values: list[float], alpha: float = 0.1) -> list[float]:
@@ -91,10 +148,10 @@ def _plots(result: ABResult) -> dict[str, Path]:
         series = []
         for arm in ("A", "B"):
             runs = [r for r in result.runs if r.arm == arm]
-            x, m, lo, hi = _band([{s: c["net"] for s, c in r.curve} for r in runs])
+            x, m, lo, hi = _band([{s: 100 * c["net"] for s, c in r.curve} for r in runs])
             series.append(Series(f"{names[arm]} (mean, min-max of {len(runs)} seeds)", COLOURS[arm], x, m, lo, hi, markers=True))
         out["curve"] = plots / "concept_curve.png"
-        _write(out["curve"], band_plot(series, title="concept net accuracy per checkpoint (hits minus false pinks), as sampled"))
+        _write(out["curve"], band_plot(series, title="concept net accuracy per checkpoint in points (hits minus false pinks, % of the probe prompts), as sampled"))
     if result.runs and all(r.probe_samples for r in result.runs):
         out["probes"] = plots / "probe_samples.png"
         _write(out["probes"], _probe_grid(result))
@@ -109,8 +166,7 @@ GRID_PROMPTS = 6
 
 
 def _reading(img: np.ndarray) -> str:
-    found = world.read_image(img)
-    return "; ".join(" ".join(k) for k in found) if found else "nothing"
+    return "; ".join(object_text(k) for k in world.read_image(img)) or "nothing"
 
 
 def _accuracy_grid(result: ABResult) -> bytes:
@@ -130,12 +186,12 @@ def _accuracy_grid(result: ABResult) -> bytes:
         with Image.open(truth_file) as im:
             truth = np.asarray(im.convert("RGB"))
         images.append(truth)
-        labels.append(f"prompt: {caption[:150]}")
+        labels.append(f"truth: {caption[:150]}")
         for r in runs:
             with Image.open(r.accuracy_samples[k]) as im:
                 arr = np.asarray(im.convert("RGB"))
             images.append(arr)
-            labels.append(f"{r.arm} seed {r.seed} read: {_reading(arr)}")
+            labels.append(f"{r.arm} seed {r.seed}\nread: {_reading(arr)}")
     buf = io.BytesIO()
     world.grid(images, labels, columns=1 + len(runs), label_lines=6).save(buf, format="PNG")
     return buf.getvalue()
@@ -160,9 +216,10 @@ def _probe_grid(result: ABResult) -> bytes:
         for i in pick:
             with Image.open(r.probe_samples[i]) as im:
                 arr = np.asarray(im.convert("RGB"))
-            o = probes[i]["objects"][0]
             images.append(arr)
-            labels.append(f"{r.arm} asked: {o[0]} {o[1]}, {o[2]}; read: {_reading(arr)}")
+            # the reading the arm was scored with (a result from before it was kept: read again)
+            read = r.probe_reads[i] if len(r.probe_reads) == len(probes) else world.read_image(arr)
+            labels.append(probe_label(r.arm, probes[i], read))
     buf = io.BytesIO()
     world.grid(images, labels, columns=len(pick), label_lines=5).save(buf, format="PNG")
     return buf.getvalue()
@@ -185,9 +242,10 @@ def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     out.append(
         (
             "p",
-            "Per checkpoint: hit = pink drawn at the asked position when pink was asked; false = pink drawn when "
-            "another colour was asked; net = hit - false (the primary metric is its mean over the checkpoints); "
-            "known = the other colours drawn as asked (forgetting); exact = colour, shape and position.",
+            "Per checkpoint, in percent of the probe prompts: hit = pink drawn at the asked position when pink was "
+            "asked; false = pink drawn when another colour was asked; net = hit - false, in points (the primary "
+            "metric is its mean over the checkpoints); known = the other colours drawn as asked (forgetting); "
+            "exact = colour, shape and position.",
         )
     )
     rows = []
@@ -198,46 +256,32 @@ def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
                     str(r.seed),
                     r.arm,
                     str(step),
-                    f"{c['net']:+.3f}",
-                    f"{c['hit']:.3f}",
-                    f"{c['false']:.3f}",
-                    f"{c['known']:.3f}",
-                    f"{c['exact']:.3f}",
+                    _signed(f"{100 * c['net']:.1f}"),
+                    f"{100 * c['hit']:.1f}%",
+                    f"{100 * c['false']:.1f}%",
+                    f"{100 * c['known']:.1f}%",
+                    f"{100 * c['exact']:.1f}%",
                     f"{c['extra']:.2f}",
                 ]
             )
-    out.append(("table", ["seed", "arm", "step", "net", "hit", "false", "known", "exact", "extra objects / image"], rows))
+    out.append(("table", ["seed", "arm", "step", "net (points)", "hit", "false", "known", "exact", "extra objects / image"], rows))
     if "curve" in plots:
         out.append(("img", "concept net accuracy per checkpoint", plots["curve"]))
     return out
 
 
 def _headline(result: ABResult) -> list[Block]:
-    """The verdict first, then each deciding metric's mean difference and 95% interval, rounded to its spread."""
+    """The verdict first, then the one summary: every metric's means, paired difference and 95% interval, rounded to
+    the interval's spread (:func:`metric_cells`)."""
     out: list[Block] = [
         (
             "p",
             f"**Verdict: {result.verdict}** ({result.seeds} seed(s), paired by seed; scored as the "
-            "official pipeline conditions at inference).",
+            "official pipeline conditions at inference; each verdict reads its row's 95% t interval of A - B).",
         )
     ]
-    lines = []
-    for r in result.summary:
-        if "own conditioning" in r.metric or r.metric.startswith("training"):
-            continue
-        half = (r.ci_high - r.ci_low) / 2 if math.isfinite(r.ci_high) else float("nan")
-        pct = r.higher_better
-        scale = 100.0 if pct else 1.0
-        unit = " points" if pct else ""
-
-        def f(v: float, half: float = half, scale: float = scale) -> str:
-            return round_to_spread(v * scale, half * scale)
-
-        interval = f"[{f(r.ci_low)}, {f(r.ci_high)}]" if math.isfinite(r.ci_low) else (
-            "(one seed: no interval)" if r.n < 2 else f"(all {r.n} seeds differ alike: no spread, no interval)")
-        a_b = f"A {f(r.a_mean)}{'%' if pct else ''} vs B {f(r.b_mean)}{'%' if pct else ''}"
-        lines.append(f"{r.metric}: A - B = {f(r.diff_mean)}{unit} {interval} ({a_b}): {r.verdict}")
-    out += [("p", line) for line in lines]
+    rows = [[r.metric, *metric_cells(r), r.verdict] for r in result.summary]
+    out.append(("table", ["metric", "A", "B", "A - B", "95% interval of A - B", "verdict"], rows))
     return out
 
 
@@ -290,39 +334,6 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
         blocks += _probe_blocks(result, plots)
         blocks.append(("h2", "Validation loss per checkpoint"))
         blocks.append(("img", "validation loss per checkpoint", plots["val_loss"]))
-    blocks.append(("h2", f"Summary ({result.seeds} seed(s); difference = A - B: mean, standard deviation and 95% t interval across seeds)"))
-    blocks.append(
-        (
-            "table",
-            [
-                "metric",
-                "A mean",
-                "A sd",
-                "B mean",
-                "B sd",
-                "A-B mean",
-                "A-B sd",
-                "seeds",
-                "A-B 95% interval",
-                "verdict",
-            ],
-            [
-                [
-                    r.metric,
-                    fmt(r.a_mean),
-                    fmt(r.a_sd),
-                    fmt(r.b_mean),
-                    fmt(r.b_sd),
-                    fmt(r.diff_mean),
-                    fmt(r.diff_sd),
-                    str(r.n),
-                    f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]",
-                    r.verdict,
-                ]
-                for r in result.summary
-            ],
-        )
-    )
     if result.runs and all(r.accuracy for r in result.runs):
         blocks.append(("h2", "Prompt accuracy on held-out prompts"))
         blocks.append(

@@ -40,7 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     # the defaults as te_align.ab.demo has them (DEMO_STEPS, DEMO_SEEDS; a test keeps them equal): importing it
     # here would put the A/B machinery on the path of every --help
     d = sub.add_parser("demo", help="offline A/B on the shipped Flux-shaped world base: T5 at 512 tokens (as ai-toolkit "
-                       "trains schnell) vs the schnell recipe's 256, with a report (CPU, minutes)")
+                       "trains schnell) vs the schnell recipe's 256, with a report (CPU, minutes)",
+                       description="One row of te-align's pre-registered effects matrix (world-flux-t5-512), live and "
+                       "offline: a LoRA teaches the shipped Flux-shaped world base (a tiny FLUX.1-schnell-style model "
+                       "pretrained on coloured shapes, pink never seen) the colour pink, per seed twice: arm A with T5 "
+                       "at 512 tokens as ai-toolkit, diffusion-pipe and the diffusers Flux examples train schnell, arm "
+                       "B by the schnell recipe (256). Both arms are sampled on probe prompts and scored by the world's "
+                       "reader. Shows each phase with an ETA on stderr, then prints the verdict and the summary, and "
+                       "writes OUT/ab/report.html.")
     d.add_argument("--out", default="te-align-demo", metavar="DIR", help="output folder (default: te-align-demo)")
     d.add_argument("--steps", type=int, default=None, help="training steps per arm (default: 100)")
     d.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per arm (default: 2)")
@@ -93,12 +100,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_matrix(args: argparse.Namespace) -> int:
-    _quiet()
-    from te_align.ab.matrix import run_matrix
+def _libraries_first() -> None:
+    """A missing training library as the command's one error line (te_align.cli names the extra), before the first
+    progress line: the libraries themselves load (seconds) while the progress shows it."""
+    import importlib.util
 
-    rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc, results=args.results,
-                      summary=args.summary, strips=args.strips, workers=args.workers, device=args.device, dry_run=args.dry_run)
+    for name in ("diffusers", "transformers", "torch", "peft", "accelerate"):
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from te_align.ab.progress import Progress
+
+    _libraries_first()
+    with Progress("te-align ab matrix", stage="loading torch, diffusers and transformers") as progress:
+        _quiet()
+        from te_align.ab.matrix import run_matrix
+
+        progress.stage("reading the plan and its results")
+        rows = run_matrix(args.out, only=args.only, seeds=args.seeds, max_steps=args.max_steps, doc=args.doc,
+                          results=args.results, summary=args.summary, strips=args.strips, workers=args.workers,
+                          device=args.device, dry_run=args.dry_run, say=progress.say, progress=progress)  # fmt: skip
     print(f"\n{len(rows)} row(s); table: {args.out}/matrix.md")
     for r in rows:
         print(f"  {r.preset:34} {r.seeds}/{r.planned} seeds  {r.verdict}")
@@ -118,8 +141,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _check_seeds(args.seeds)
-    _quiet()
-    from te_align.ab.demo import run_demo
+    from te_align.ab.progress import Progress
+    from te_align.tiny.bases import data_root
 
-    _summary(run_demo(args.out, steps=args.steps, seeds=args.seeds))
+    _libraries_first()
+    data_root()  # the world package and its data, before the first progress line
+    with Progress("te-align demo", stage="loading torch, diffusers and transformers") as progress:
+        _quiet()
+        from te_align.ab.demo import run_demo
+
+        run_demo(args.out, steps=args.steps, seeds=args.seeds, say=progress.say, progress=progress)  # says its summary once
     return 0

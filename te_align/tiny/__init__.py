@@ -14,7 +14,7 @@ Modules (import the one you need; importing this package imports no torch):
   and ``family_components(family)``: a family's tokenizers and encoders under the diffusers component names.
 * :mod:`te_align.tiny.pipelines`: the real diffusers pipelines around them: for ``encode_prompt`` only
   (``build_pipeline_for_encoding``), complete trainable ones with tiny UNets / transformers / VAEs
-  (``build_pipeline``, ``build_model_folder``), and the demo's SD3-shaped model (``build_tiny_sd3``).
+  (``build_pipeline``, ``build_model_folder``), and the tiny-demo preset's SD3-shaped model (``build_tiny_sd3``).
 * :mod:`te_align.tiny.fit`: fitting a bundled profile's architecture numbers (hidden sizes, layer counts,
   token ids) to the tiny encoders, leaving every behaviour field as bundled.
 * :mod:`te_align.tiny.datasets`: synthetic captioned images (the demo's coloured shapes, coloured squares).

@@ -7,7 +7,7 @@ adopts the values it reads.
 
 * :func:`architecture_overrides` / :func:`fit_profile`: from a pipeline (or a dict of components).
 * :func:`profile_overrides`: for a training family of :func:`te_align.tiny.pipelines.build_pipeline`.
-* :func:`tiny_profile_overrides`: for the demo's model folder (:func:`te_align.tiny.pipelines.build_tiny_sd3`),
+* :func:`tiny_profile_overrides`: for the tiny-demo preset's model folder (:func:`te_align.tiny.pipelines.build_tiny_sd3`),
   read from its configs and tokenizers without loading a weight.
 """
 

@@ -12,8 +12,9 @@ Three kinds, all deterministic (fixed seeds, the caller's RNG untouched):
   complete sd15, sdxl, sd3, flux, flux-schnell and chroma pipelines (tiny UNet or transformer, tiny VAE, a real
   scheduler) that can be trained and sampled; ``build_model_folder`` saves one with ``save_pretrained``
   so the trainer exercises the real loading path.
-* :func:`build_tiny_sd3_pipeline` / :func:`build_tiny_sd3` (``te-align demo``): the demo's SD3-shaped
-  model, a little wider than the training one.
+* :func:`build_tiny_sd3_pipeline` / :func:`build_tiny_sd3` (``te-align ab run tiny-demo``, the test suite): the
+  tiny-demo preset's random SD3-shaped model, a little wider than the training one (``te-align demo`` runs the
+  shipped Flux-shaped world base instead, :mod:`te_align.ab.demo`).
 """
 
 from __future__ import annotations
@@ -404,7 +405,7 @@ def build_tiny_sd3_pipeline() -> diffusers.StableDiffusion3Pipeline:
 
 
 def build_tiny_sd3(path: str | Path) -> Path:
-    """Save the demo's tiny SD3 pipeline as a diffusers folder at ``path`` (skipped when a complete one is there)."""
+    """Save the tiny-demo preset's SD3 pipeline as a diffusers folder at ``path`` (skipped when a complete one is there)."""
     folder = Path(path)
     if (folder / "model_index.json").is_file() and (folder / "transformer").is_dir():
         return folder
