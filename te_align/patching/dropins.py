@@ -50,23 +50,23 @@ def _module_file(root: Path, module: str) -> Path:
     return root.joinpath(*module.split(".")).with_suffix(".py")
 
 
-def _find_def(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
+def _find_def(tree: ast.Module, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The (last) definition of ``qualname`` (``Class.method`` through nested classes) in ``tree``."""
     body: list[ast.stmt] = tree.body
     parts = qualname.split(".")
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        found = None
+    for part in parts[:-1]:
+        cls: ast.ClassDef | None = None
         for node in body:
-            if last and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == part:
-                found = node
-            elif not last and isinstance(node, ast.ClassDef) and node.name == part:
-                found = node
-        if found is None:
+            if isinstance(node, ast.ClassDef) and node.name == part:
+                cls = node
+        if cls is None:
             return None
-        if last:
-            return found  # type: ignore[return-value]
-        body = found.body  # type: ignore[union-attr]
-    return None
+        body = cls.body
+    found: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == parts[-1]:
+            found = node
+    return found
 
 
 def _parse(f: Path) -> ast.Module | None:
@@ -148,7 +148,7 @@ def _restore_hint(root: Path, script: str, name: str) -> str:
 
 
 def _original_for(
-    root: Path, state: Path, script: str, entry: dict, orig_entry: dict | None, cur_bytes: bytes | None
+    root: Path, state: Path, script: str, entry: dict[str, Any], orig_entry: dict[str, Any] | None, cur_bytes: bytes | None
 ) -> bytes:
     """The original of a script patched before: the saved one (or the user's edit of the copy in
     te_align_originals/), or the script's new upstream bytes when something other than te-align

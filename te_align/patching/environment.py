@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from te_align._atomic import fault_point
 from te_align._version import __version__
 from te_align.patching import transaction as tx
 from te_align.patching.transaction import PatchError
@@ -265,7 +266,8 @@ def _own_metadata() -> tuple[str, list[str]]:
 
     try:
         meta = md.metadata(DIST)
-        return meta.get("Requires-Python") or MIN_PYTHON, list(md.requires(DIST) or [])
+        requires_python = meta["Requires-Python"] if "Requires-Python" in meta else None
+        return requires_python or MIN_PYTHON, list(md.requires(DIST) or [])
     except md.PackageNotFoundError:
         return MIN_PYTHON, []
 
@@ -277,7 +279,7 @@ def inspect(exe: str | Path) -> Python:
     proc, info = _run_json(exe, _PROBE)
     if info is None:
         raise PatchError(f"{exe} does not run as a Python ({_last_error(proc)}); pick the trainer's Python with --python PATH")
-    py = Python(exe, tuple(info["version"]), info["prefix"], info["purelib"], info["scripts"], dict(info["markers"]))  # type: ignore[arg-type]
+    py = Python(exe, tuple(info["version"]), info["prefix"], info["purelib"], info["scripts"], dict(info["markers"]))
     requires_python, _ = _own_metadata()
     spec = _packaging().specifiers.SpecifierSet(requires_python)
     if not spec.contains(py.markers["python_full_version"], prereleases=True):
@@ -416,7 +418,7 @@ def _diff(before: dict[str, str], after: dict[str, str]) -> tuple[dict[str, str]
     """(new: name -> version, gone: name -> version, changed: name -> (before, after))."""
     new = {n: v for n, v in after.items() if n not in before}
     gone = {n: v for n, v in before.items() if n not in after}
-    changed = {n: (v, after[n]) for n, v in before.items() if n in after and after[n] != v}
+    changed: dict[str, tuple[str, str | None]] = {n: (v, after[n]) for n, v in before.items() if n in after and after[n] != v}
     return new, gone, changed
 
 
@@ -448,13 +450,13 @@ def install(root: str | Path, plan: EnvPlan) -> EnvResult:
             "purelib": py.purelib, "scripts": py.scripts,
             "te_align_dir_existed": os.path.lexists(purelib / "te_align"),
         })
-        tx.fault_point("pip", py.executable)
+        fault_point("pip", py.executable)
         proc = _run([py.executable, "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-warn-script-location",
                      *plan.options.args(), wheel.path])
         if proc.returncode != 0:
             _fail(root, f"installing te-align into {py.prefix} failed: {_last_error(proc)}")
         if plan.add:
-            tx.fault_point("pip", py.executable)
+            fault_point("pip", py.executable)
             cfile = Path(tmp) / "constraints.txt"
             cfile.write_text(_constraints(plan.before_all), encoding="utf-8")
             proc = _run([py.executable, "-m", "pip", "install", "--no-warn-script-location", "-c", cfile,
@@ -462,7 +464,7 @@ def install(root: str | Path, plan: EnvPlan) -> EnvResult:
             if proc.returncode != 0:
                 _fail(root, f"adding te-align's requirements {', '.join(plan.add)} to {py.prefix} would need a change to "
                       f"a package the trainer has, or failed ({_last_error(proc)})")
-    tx.fault_point("verify", py.executable)  # installed, not yet committed: crash tests stop here
+    fault_point("verify", py.executable)  # installed, not yet committed: crash tests stop here
     after_all, after = packages(py.executable)
     new, _, _ = _diff(plan.before, after)
     _, gone, changed = _diff(plan.before_all, after_all)

@@ -69,7 +69,7 @@ def detect(path: str | Path, trainer: str = "auto") -> Detection:
         raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(available())}")
     names = [spec.name] if spec is not None else available()
     for name in names:
-        found = _module(name).detect(p)
+        found: Detection | None = _module(name).detect(p)
         if found is not None:
             return found
     raise PatchError(
@@ -82,7 +82,8 @@ def plan_for(detection: Detection, profile: str | None) -> Plan:
     hold :func:`te_align.patching.transaction.lock` around this and ``apply`` to make both one step)."""
     with lock(detection.root):
         recover(detection.root)
-        return _module(detection.trainer).plan(detection, profile)
+        plan: Plan = _module(detection.trainer).plan(detection, profile)
+        return plan
 
 
 def patched_root(path: str | Path) -> Path:

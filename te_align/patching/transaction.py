@@ -904,7 +904,7 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
             else:
                 rec.update(original_sha256=sha256_bytes(c.restore_to), backup=entry["backup"])
                 backups_new[entry["backup"]] = (c.restore_to, 0o600)
-        elif intact:
+        elif entry is not None and intact:
             rec = {k: entry[k] for k in ("original_sha256", "original_mode", "backup", "created_dirs") if k in entry}
         else:
             if entry is not None and entry.get("backup"):
@@ -1012,23 +1012,23 @@ def revert_report(root: str | Path, *, keep_changed: bool = False) -> RevertResu
         kept: dict[str, str] = {p: "changed since te-align patched it" for p in changed}
         extra: dict[str, tuple[bytes, int | None]] = {}
         for p in changed:
-            e = files[p]
+            entry = files[p]
             for q, qe in files.items():
                 if q in kept or not (root / q).is_file():
                     continue
                 # declared by the planner, or (manifests of older te-align) a file te-align created that holds p's original
                 if qe.get("original_of") == p or (
-                    e.get("original_sha256") and qe.get("original_sha256") is None and sha256_file(root / q) == e["original_sha256"]
+                    entry.get("original_sha256") and qe.get("original_sha256") is None and sha256_file(root / q) == entry["original_sha256"]
                 ):
                     kept[q] = f"the original that {p} runs"
-            if e.get("backup") is None:
+            if entry.get("backup") is None:
                 continue
-            if any(sha256_file(root / q) == e["original_sha256"] for q in kept if q != p):
+            if any(sha256_file(root / q) == entry["original_sha256"] for q in kept if q != p):
                 continue
             side = f"{p}{KEPT_ORIGINAL_SUFFIX}"
             if os.path.lexists(root / side):
                 raise PatchError(f"unpatch --keep-changed would keep the original of {p} as {root / side}, which exists; move it away, then run again")
-            extra[side] = ((_state(root) / e["backup"]).read_bytes(), e.get("original_mode"))
+            extra[side] = ((_state(root) / entry["backup"]).read_bytes(), entry.get("original_mode"))
             kept[side] = f"the original of {p}, which no other file holds"
         todo = [p for p in files if p not in kept]
         dirs = [d for p in todo for d in files[p].get("created_dirs", ())]

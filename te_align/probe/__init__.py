@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.probe.core import ProbeResult, TensorComparison
+    from te_align.probe.matrix import Found
 
 # Function-local te_align imports in this module: keep the probe's submodules (and torch) off this package's import.
 
@@ -31,8 +32,8 @@ def probe(trainer: str, profile: str, path: str | None = None, *, hooks: bool = 
     return _probe(trainer, profile, path, hooks=hooks)
 
 
-def find_trainers() -> list[Any]:
-    """Trainers present here (see :func:`te_align.probe.matrix.find_trainers`)."""
+def find_trainers() -> tuple[list[Found], list[str]]:
+    """(trainers present here, one line per trainer that is not) (see :func:`te_align.probe.matrix.find_trainers`)."""
     from te_align.probe.matrix import find_trainers as _find
 
     return _find()

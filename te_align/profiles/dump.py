@@ -10,10 +10,12 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from _typeshed import DataclassInstance
+
     from te_align.profiles.model import AlignmentProfile
 
 
-def _spec_to_dict(spec: object) -> dict[str, object]:
+def _spec_to_dict(spec: DataclassInstance) -> dict[str, object]:
     return {f.name: getattr(spec, f.name) for f in fields(spec) if getattr(spec, f.name) is not None}
 
 
@@ -35,17 +37,6 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, object]:
         if s.images is not None:
             d["images"] = _spec_to_dict(s.images)
         slots[s.name] = d
-    prov: dict[str, dict[str, object]] = {}
-    for path, pv in p.provenance:
-        e: dict[str, object] = {"source": pv.source, "status": pv.status}
-        if pv.note:
-            e["note"] = pv.note
-        if pv.alternatives:
-            e["alternatives"] = [
-                {k: v for k, v in (("value", a.value), ("source", a.source), ("status", a.status), ("note", a.note)) if v != ""}
-                for a in pv.alternatives
-            ]
-        prov[path] = e
     return {
         "name": p.name,
         "family": p.family,
@@ -57,8 +48,24 @@ def profile_to_dict(p: AlignmentProfile) -> dict[str, object]:
         "empty_prompt": p.empty_prompt,
         "slots": slots,
         "outputs": dict(p.outputs),
-        "provenance": prov,
+        "provenance": provenance_to_dict(p),
     }
+
+
+def provenance_to_dict(p: AlignmentProfile) -> dict[str, dict[str, object]]:
+    """The ``provenance`` table of :func:`profile_to_dict`: path -> entry."""
+    prov: dict[str, dict[str, object]] = {}
+    for path, pv in p.provenance:
+        e: dict[str, object] = {"source": pv.source, "status": pv.status}
+        if pv.note:
+            e["note"] = pv.note
+        if pv.alternatives:
+            e["alternatives"] = [
+                {k: v for k, v in (("value", a.value), ("source", a.source), ("status", a.status), ("note", a.note)) if v != ""}
+                for a in pv.alternatives
+            ]
+        prov[path] = e
+    return prov
 
 
 def profile_to_toml(p: AlignmentProfile) -> str:

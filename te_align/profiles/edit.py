@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from te_align import _schema as schema
 from te_align._dtypes import DTYPE_NAMES
@@ -179,8 +179,9 @@ def typed_value(profile: AlignmentProfile, path: str, value: object, key: str) -
     return value
 
 
-def _replace(profile: AlignmentProfile, path: str, value: object) -> AlignmentProfile:
-    """``profile`` with the field at ``path`` replaced (``dataclasses.replace`` at each level)."""
+def _replace(profile: AlignmentProfile, path: str, value: Any) -> AlignmentProfile:
+    """``profile`` with the field at ``path`` replaced (``dataclasses.replace`` at each level). ``value`` has been
+    checked against that field's type hint (:func:`typed_value`); its static type depends on ``path``, hence Any."""
     parts = path.split(".")
     if parts[0] == "outputs":
         outputs = [(n, e) for n, e in profile.outputs if n != parts[1] or value is not None]

@@ -168,7 +168,7 @@ class AlignmentProfile:
 
     def fingerprint(self) -> str:
         """A stable 16-hex-digit hash of the behaviour fields (not names, aliases or provenance)."""
-        cached = self.__dict__.get("_fingerprint")
+        cached: str | None = self.__dict__.get("_fingerprint")
         if cached is not None:
             return cached
         payload = json.dumps(

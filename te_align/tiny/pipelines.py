@@ -20,7 +20,7 @@ Three kinds, all deterministic (fixed seeds, the caller's RNG untouched):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import diffusers
 
@@ -34,6 +34,10 @@ from te_align.tiny.encoders import (
     T5_D_MODEL,
     family_components,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    # the class itself: type checkers resolve diffusers' lazy top-level names to its dummy (torch-less) objects
+    from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 
 __all__ = [
     "PIPELINE_SINCE",
@@ -277,7 +281,7 @@ def _fill_non_text(cls_name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def build_pipeline_for_encoding(
     family: str, cache_dir: tok.PathLike | None = None, **overrides: Any
-) -> diffusers.DiffusionPipeline:
+) -> DiffusionPipeline:
     """The real diffusers pipeline of ``family`` with tiny text components, ready for ``encode_prompt``.
 
     ``overrides`` replace components or constructor arguments (e.g. ``text_encoder_3=None,

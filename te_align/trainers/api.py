@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never 
     from te_align.patching.trainers import Detection
     from te_align.patching.transaction import Plan
     from te_align.probe.adapter import Adapter
+    from te_align.probe.matrix import Found
 
 #: The module parts a trainer package may have (each named in its spec; ``check`` dialects are listed apart).
 PARTS = ("names", "hooks", "patch", "probe")
@@ -119,7 +120,7 @@ class ProbePart(Protocol):
 
     ADAPTER: type[Adapter]
 
-    def find(self, environ: Mapping[str, str]) -> tuple[list, list[str]]:
+    def find(self, environ: Mapping[str, str]) -> tuple[list[Found], list[str]]:
         """(installations to probe, one line per installation that is not here)."""
 
 

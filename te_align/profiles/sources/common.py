@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from te_align.errors import ProfileError
+from te_align.profiles.dump import provenance_to_dict
 from te_align.profiles.model import AlignmentProfile
 from te_align.profiles.registry import bundled, bundled_names
 from te_align.profiles.serialize import profile_from_dict, profile_to_dict, set_dict_path
@@ -175,7 +176,7 @@ class Collector:
     def apply(self, *, name: str, kind: SourceKind, source: str, reason: str, repo: str) -> BuildReport:
         base = self.base
         data = profile_to_dict(base)
-        prov = data["provenance"]
+        data["provenance"] = prov = provenance_to_dict(base)
         differences: list[Difference] = []
         confirmed = 0
         for path, (value, file, detail) in self.findings.items():

@@ -356,8 +356,8 @@ def _token_text(value: Any, label: str, key: str) -> str | None:
         return None
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, dict) and isinstance(content := value.get("content"), str):
+        return content
     raise ProfileError(f"expected a token string or an object with 'content', got {value!r}", file=label, key=key)
 
 
