@@ -108,8 +108,10 @@ def band_plot(series: Sequence[Series], *, title: str, xlabel: str = "step", siz
     return _png(img)
 
 
-def image_grid(rows: Sequence[tuple[str, Sequence[Image.Image]]], columns: Sequence[str], *, cell: int = 128, title: str = "") -> bytes:
-    """A grid of PIL images: one labelled row per (label, images), one labelled column per ``columns``."""
+def image_grid(rows: Sequence[tuple[str, Sequence[Image.Image | None]]], columns: Sequence[str], *, cell: int = 128,
+               title: str = "") -> bytes:
+    """A grid of PIL images: one labelled row per (label, images), one labelled column per ``columns`` (None: an
+    empty cell)."""
     from PIL import Image, ImageDraw, ImageFont
 
     label_w, head_h, gap = 260, 40 if title else 22, 6

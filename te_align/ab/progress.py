@@ -228,7 +228,7 @@ class Progress:
 
     # -- the display
     def _running(self, now: float) -> list[tuple[str, Phase, float]]:
-        out = []
+        out: list[tuple[str, Phase, float]] = []
         for u in self.units.values():
             if u.name in self.finished:
                 continue

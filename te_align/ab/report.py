@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._atomic import atomic_file
-from te_align._types import JSONObject
+from te_align._types import JSONObject, JSONValue
 from te_align.ab.plots import Series, band_plot, image_grid
 from te_align.ab.preset import ABError
 from te_align.ab.stats import round_to_spread
@@ -89,7 +89,17 @@ def object_text(o: Sequence[Any]) -> str:
 def probe_label(arm: str, probe: JSONObject, read: Sequence[Sequence[Any]]) -> str:
     """The label under a probe image: what the prompt asked, then (a line of its own) what the reader read."""
     found = "; ".join(object_text(o) for o in read) or "nothing"
-    return f"{arm} asked: {object_text(probe['objects'][0])}\nread: {found}"
+    objects = probe["objects"]
+    if not isinstance(objects, list) or not isinstance(objects[0], list):
+        raise TypeError(f"a probe's objects are a list of [colour, shape, position, …] lists, not {objects!r}")
+    return f"{arm} asked: {object_text(objects[0])}\nread: {found}"
+
+
+def _number(v: JSONValue) -> float:
+    """A rate of a probe summary (``net``, ``hit``, …: :func:`te_align.ab.runner._probe_summary`), as stored."""
+    if not isinstance(v, (int, float)):
+        raise TypeError(f"a probe summary's rate is a number, not {v!r}")
+    return v
 
 
 def _ema(values: list[float], alpha: float = 0.1) -> list[float]:
@@ -148,7 +158,7 @@ def _plots(result: ABResult) -> dict[str, Path]:
         series = []
         for arm in ("A", "B"):
             runs = [r for r in result.runs if r.arm == arm]
-            x, m, lo, hi = _band([{s: 100 * c["net"] for s, c in r.curve} for r in runs])
+            x, m, lo, hi = _band([{s: 100 * _number(c["net"]) for s, c in r.curve} for r in runs])
             series.append(Series(f"{names[arm]} (mean, min-max of {len(runs)} seeds)", COLOURS[arm], x, m, lo, hi, markers=True))
         out["curve"] = plots / "concept_curve.png"
         _write(out["curve"], band_plot(series, title="concept net accuracy per checkpoint in points (hits minus false pinks, % of the probe prompts), as sampled"))
@@ -256,11 +266,11 @@ def _probe_blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
                     str(r.seed),
                     r.arm,
                     str(step),
-                    _signed(f"{100 * c['net']:.1f}"),
-                    f"{100 * c['hit']:.1f}%",
-                    f"{100 * c['false']:.1f}%",
-                    f"{100 * c['known']:.1f}%",
-                    f"{100 * c['exact']:.1f}%",
+                    _signed(f"{100 * _number(c['net']):.1f}"),
+                    f"{100 * _number(c['hit']):.1f}%",
+                    f"{100 * _number(c['false']):.1f}%",
+                    f"{100 * _number(c['known']):.1f}%",
+                    f"{100 * _number(c['exact']):.1f}%",
                     f"{c['extra']:.2f}",
                 ]
             )

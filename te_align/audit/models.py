@@ -72,7 +72,9 @@ def _community(profile: str, why: str, metadata: dict[str, str]) -> tuple[str, s
     own metadata names (``modelspec.title = "Pony Diffusion V6 XL"``)."""
     for key in NAME_METADATA:
         value = metadata.get(key)
-        named = guess_from_name(value) if isinstance(value, str) else None
+        if not isinstance(value, str):
+            continue
+        named = guess_from_name(value)
         if named and named != profile and named in siblings(profile) and named in community_bases():
             return named, f"{why}; its metadata {key} = {value[:80]!r}"
     return profile, why

@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, SupportsIndex, SupportsInt, TypeAlias
 
 from te_align import _plugins
-from te_align.audit.findings import NOT_SETTABLE, Edit, Finding
+from te_align.audit.findings import NOT_SETTABLE, Edit, Finding, Severity
 from te_align.profiles.registry import _load_bundled
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +52,7 @@ class Rule:
     #: Fix template in the trainer's terms; ``{key}``/``{value}`` are filled in. ``""`` = not settable.
     fix: str | None = None
     #: Severity override for deviations (``info`` for training-recipe values such as dropout).
-    severity: str | None = None
+    severity: Severity | None = None
     #: The deviation matters only for some captions: ``bang`` (captions with a literal "!") or ``over512`` (captions
     #: that can pass 512 tokens). Warning with the count when captions are visible and some are affected, else info.
     captions: str | None = None
@@ -101,8 +101,8 @@ REMOVE = Remove()
 
 
 def _int_or_none(v: object) -> int | None:
-    if v is None or v == "":
-        return None
+    if v is None or v == "" or not isinstance(v, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return None  # int() of anything else raises TypeError
     try:
         return int(v)
     except (TypeError, ValueError):
@@ -256,6 +256,12 @@ class Trainer:
     not_settable: str = NOT_SETTABLE
 
 
+def no_fix_set(key: str, value: object) -> str:
+    """``fix_set`` of the :class:`Trainer` of a config that is not checked (no profile: :func:`evaluate` never runs,
+    so nothing asks it for a fix)."""
+    return f"no fix for {key}: te-align does not check this config"
+
+
 def _same_value(a: object, b: object) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b if isinstance(a, bool) and isinstance(b, bool) else False
@@ -270,7 +276,7 @@ def _trainer_source(text: str) -> bool:
     return "trainer choice" in low or any(w in low for w in _plugins.registry().source_words())
 
 
-def _severity(profile: AlignmentProfile, path: str, effective: object) -> str:
+def _severity(profile: AlignmentProfile, path: str, effective: object) -> Severity:
     """``warning`` when a model or pipeline source (not another trainer) documents the effective value
     as an alternative (FLUX.1 schnell at 512: the diffusers default); ``error`` otherwise."""
     pv = profile.provenance_of(f"slots.{path}")
@@ -328,7 +334,7 @@ def evaluate(
         honoured = rule.honoured == "always" or (rule.honoured == "cached" and ctx.cached)
         if present and not honoured and rule.key is not None:
             recipe = _published_recipe(rule, profile, to_profile, raw, ctx)
-            if recipe is not None and rule.key not in reported:
+            if recipe is not None and rule.asks is not None and rule.key not in reported:  # a recipe has rule.asks
                 reported.add(rule.key)
                 findings.append(Finding(
                     kind="note", severity="info", setting=rule.key, effective=raw, key=rule.key,
@@ -342,7 +348,7 @@ def evaluate(
                 when = "" if rule.honoured == "never" else " while text-encoder outputs are not cached"
                 findings.append(Finding(
                     kind="unused-value",
-                    severity=rule.severity if rule.severity in ("error",) else "warning",
+                    severity="error" if rule.severity == "error" else "warning",
                     setting=rule.key,
                     effective=raw,
                     message=f"{rule.key} = {_show(raw)} is accepted but never used{when}: {rule.meaning}",
@@ -371,7 +377,10 @@ def evaluate(
             meaning = (f"{meaning}. This is an official alternative of {profile.name}: {what} ({official.source}); "
                        f"the profile holds {_show(expected)}")
         if rule.captions:
-            severity, meaning = _by_captions(rule.captions, ctx.extra.get("captions"), meaning)
+            from te_align.audit.captions import CaptionStats
+
+            stats = ctx.extra.get("captions")  # check stores a CaptionStats or None
+            severity, meaning = _by_captions(rule.captions, stats if isinstance(stats, CaptionStats) else None, meaning)
         findings.append(Finding(
             kind="deviation",
             severity=severity,
@@ -407,7 +416,7 @@ def _published_recipe(rule: Rule, profile: AlignmentProfile, to_profile: Convert
     return pv.source
 
 
-def _by_captions(which: str, stats: CaptionStats | None, meaning: str) -> tuple[str, str]:
+def _by_captions(which: str, stats: CaptionStats | None, meaning: str) -> tuple[Severity, str]:
     """Severity and message of a deviation that only some captions feel."""
     what = {"bang": ('contain a literal "!"', "with_bang"),
             "over512": ("are longer than 512 bytes (so may pass 512 tokens)", "over_512_bytes")}[which]

@@ -21,6 +21,8 @@ from te_align.profiles import profile
 from te_align.trainers import dialects
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from te_align.audit.findings import CheckResult
     from te_align.audit.fix import FixReport
     from te_align.integrations.targets import InferenceNote
@@ -154,7 +156,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if ns.json:
         dicts = [r.to_dict() for r in results]
         for d, ev in zip(dicts, evidence, strict=True):
-            for f, e in zip(d.get("findings", []), ev, strict=True):
+            found = d.get("findings", [])
+            for f, e in zip(found if isinstance(found, list) else [], ev, strict=True):  # to_dict's list of dicts
                 if e is not None:
                     f["evidence"] = e
         if ns.for_tool:
@@ -169,10 +172,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         _print_dataset(r)
         if ns.for_tool and r.profile is not None:
             _print_inference(ns.for_tool, notes[i])
-            for n in notes[i]:
-                ev = _note_evidence(r, ns.for_tool, n)
-                print(f"  measured ({n.setting}): {ev['text']}")
-                for line in ev.get("lines") or []:  # type: ignore[union-attr]
+            for note in notes[i]:
+                note_ev = _note_evidence(r, ns.for_tool, note)
+                print(f"  measured ({note.setting}): {note_ev['text']}")
+                for line in _lines(note_ev):
                     print(f"  {'':<9}  {line}")
     return code
 
@@ -181,8 +184,15 @@ def _print_dataset(r: CheckResult) -> None:
     """``--dataset``: the captions' token lengths, after the findings."""
     if r.dataset is None:
         return
-    for line in r.dataset.get("lines") or []:  # type: ignore[union-attr]
+    for line in _lines(r.dataset):
         print(f"  {line}")
+
+
+def _lines(d: Mapping[str, object]) -> list[object]:
+    """The ``lines`` a measured row or a ``--dataset`` report prints (:mod:`te_align.audit.evidence`,
+    :func:`te_align.audit.dataset.report`): a list, or none."""
+    lines = d.get("lines")
+    return lines if isinstance(lines, list) else []
 
 
 def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, object]) -> int:
@@ -225,9 +235,9 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
             if r.result.status in ("not-checked", "not-training") and r.result.profile is None:
                 head = f"{r.result.trainer} · " if r.result.trainer else ""
                 print(f"{r.file}: {head}{r.result.reason}", file=sys.stderr)
-            left = _left_line(r)
-            if left:
-                print(f"{r.file}: {left}", file=sys.stderr)
+            left_line = _left_line(r)
+            if left_line:
+                print(f"{r.file}: {left_line}", file=sys.stderr)
             continue
         if i:
             print()
@@ -279,6 +289,8 @@ def _left_line(r: FixReport) -> str:
 
 
 def _family(r: CheckResult) -> str:
+    if r.profile is None:  # no profile resolves: the check said so
+        return ""
     try:
         return str(profile(r.profile).family)
     except Exception:  # a profile that does not resolve was reported by the check itself
@@ -396,7 +408,7 @@ def _print_result(r: CheckResult, evidence: list[dict[str, object] | None] | Non
             ev = evidence[r.findings.index(f)] if evidence else None
             if ev is not None:
                 print(f"  {'':<9}  measured: {ev['text']}")
-                for line in ev.get("lines") or []:  # type: ignore[union-attr]
+                for line in _lines(ev):
                     print(f"  {'':<9}    {line}")
     for f in others:
         loc = f" (line {f.line})" if f.line and f.kind != "wrong-value" else ""

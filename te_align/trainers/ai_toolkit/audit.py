@@ -27,7 +27,7 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import ConfigSyntaxError, NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import ByProfile, Context, Rule, Trainer
+from te_align.audit.rules import ByProfile, Context, Rule, Trainer, no_fix_set
 from te_align.profiles.registry import bundled_name
 from te_align.trainers.ai_toolkit import names as aitk_table
 
@@ -463,7 +463,7 @@ def detect(raw: RawConfig) -> int | None:
 
 def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     proc = _process(raw.data, raw.file)
-    job = str(raw.data.get("job") or "")
+    job = str(raw.data.get("job") or "") if isinstance(raw.data, dict) else ""  # a dict: _process read it
     ptype = str(proc.get("type") or "")
     if job in NON_TRAINING_JOBS:
         raise NotChecked(f"not a training job: job: {job} {NON_TRAINING_JOBS[job]}; nothing to check",
@@ -511,7 +511,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     values["model._pixart_route"] = pixart_route(model)
     missing = _no_profile(model)
     if missing:
-        return Parsed(Trainer("ai-toolkit", RULES, str, str), values, None, "", False, None, findings, SUPPORTED,
+        return Parsed(Trainer("ai-toolkit", RULES, no_fix_set, str), values, None, "", False, None, findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {missing}")
     prof, reason = guess_profile(model)
     if aitk_table.arch_name(model).startswith("wan22"):
@@ -551,10 +551,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if aitk_table.arch_name(model) in aitk_table.CHECK_ONLY:
         trainer.not_settable = NOT_SETTABLE
     dirs = [ds["folder_path"] for ds in datasets if isinstance(ds, dict) and isinstance(ds.get("folder_path"), str)]
+    name_or_path = model.get("name_or_path")
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED,
                   guess_is_default=reason.startswith("no model.arch"), after=after, caption_dirs=dirs,
                   caption_sources=caption_sources(datasets, proc.get("trigger_word")),
-                  model_paths=[model["name_or_path"]] if isinstance(model.get("name_or_path"), str) else [],
+                  model_paths=[name_or_path] if isinstance(name_or_path, str) else [],
                   assumed=getattr(reason, "assumed", ""))
 
 

@@ -315,6 +315,12 @@ def detect(raw: RawConfig) -> int | None:
     return None
 
 
+def _directories(dataset: dict[str, Any]) -> list[Any]:
+    """A dataset TOML's ``[[directory]]`` entries (none when it has no list of them)."""
+    directory = dataset.get("directory")
+    return directory if isinstance(directory, list) else []
+
+
 def _dataset(path: Any, config_file: str) -> tuple[dict[str, Any] | None, str | None]:
     """The dataset TOML a training TOML names (relative to the working folder, as train.py opens it, else to the
     training TOML's folder or one above it: the shipped examples name ``examples/dataset.toml``, relative to the
@@ -423,7 +429,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             if k not in keys["dataset"]:
                 findings.append(unknown_key_finding(k, keys["dataset"], trainer="diffusion-pipe: utils/dataset.py",
                                                     line=dlines(k), behaviour="diffusion-pipe never reads this key"))
-        directories = dataset.get("directory") if isinstance(dataset.get("directory"), list) else []
+        directories = _directories(dataset)
         prefixes = {str(d.get("caption_prefix", dataset.get("caption_prefix", ""))) for d in directories if isinstance(d, dict)}
         for i, d in enumerate(directories):
             if not isinstance(d, dict):
@@ -457,8 +463,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         findings += _missing_keys(raw.data, model, mt_name, None)
         return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
                       not_checked=comfy_reason(mt))
-    control = dataset is not None and any(isinstance(d, dict) and "control_path" in d for d in (
-        dataset.get("directory") if isinstance(dataset.get("directory"), list) else []))
+    control = dataset is not None and any(isinstance(d, dict) and "control_path" in d for d in _directories(dataset))
     if mt is not None and mt.type == "qwen_image" and control:
         edit = _qwen_edit(raw, model, values, trainer, cached, findings, dirs, lines)
         edit.caption_sources = srcs
@@ -469,6 +474,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
         return Parsed(trainer, values, None, f"[model] type {mt_name!r}", cached, None, findings, SUPPORTED,
                       not_checked=f"not checked: te-align has no profile for {what} (diffusion-pipe [model] type "
                                   f"{mt_name!r})")
+    diffusers_path = model.get("diffusers_path")
     prof, reason, assumed = _variant(mt, model)
     findings += _missing_keys(raw.data, model, mt_name, prof)
     said = ""
@@ -487,7 +493,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     return Parsed(trainer, values, prof, reason, cached, None, findings, SUPPORTED, guess_is_default=False,
                   caption_dirs=dirs, caption_sources=srcs, assumed=said,
                   # the pipeline's from_pretrained(diffusers_path) loads its tokenizers (models/flux.py:194 at 8f83dbf)
-                  model_paths=[model["diffusers_path"]] if isinstance(model.get("diffusers_path"), str) else [])
+                  model_paths=[diffusers_path] if isinstance(diffusers_path, str) else [])
 
 
 def comfy_reason(mt: names.ModelType) -> str:
@@ -521,6 +527,8 @@ def _qwen_edit(raw: RawConfig, model: dict[str, Any], values: dict[str, Any], tr
     from te_align.audit.check import _refuse_unbundled
     from te_align.profiles.registry import bundled_names
 
+    if not isinstance(raw.data, dict):  # parse read it as a table
+        raise UnreadableConfig("expected a TOML table", file=raw.file)
     findings += _missing_keys(raw.data, model, "qwen_image", None)
     why = "[model] type 'qwen_image' with a dataset directory that has control_path (Qwen-Image-Edit)"
     version, said = _edit_version(model)
@@ -650,7 +658,8 @@ def _defaulted(tree: Any, spellings: tuple[str, ...]) -> set[str]:
 
     return {n.args[0].value for n in ast.walk(tree)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "setdefault" and n.args
-            and isinstance(n.args[0], ast.Constant) and ast.unparse(n.func.value) in spellings}
+            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+            and ast.unparse(n.func.value) in spellings}
 
 
 def _example(value: Any, key: str) -> Any:

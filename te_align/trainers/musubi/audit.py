@@ -465,7 +465,8 @@ CAPTION_SOURCE = ("kohya-ss/musubi-tuner@30c658c src/musubi_tuner/dataset/dataso
 
 def caption_sources(config: dict[str, Any]) -> list[CaptionSource]:
     """Each dataset's image_directory / video_directory with musubi-tuner's caption file reading."""
-    general = config.get("general") if isinstance(config.get("general"), dict) else {}
+    general_section = config.get("general")
+    general: dict[str, Any] = general_section if isinstance(general_section, dict) else {}
     out: list[CaptionSource] = []
     for ds in config.get("datasets", []) if isinstance(config.get("datasets"), list) else []:
         folder = (ds.get("image_directory") or ds.get("video_directory")) if isinstance(ds, dict) else None
@@ -540,10 +541,10 @@ def guess(values: dict[str, Any], script: str | None, caches: list[str]) -> tupl
     dit = values.get("dit")
     by_name, detail, _ = guess_model(dit)
     bundled = set(bundled_names())
-    named = next((a for a in names.ARCHS if a.profile in bundled and by_name in bundled
-                  and family_of(a.profile) == family_of(by_name)), None)  # type: ignore[arg-type]
-    if named:
-        signals.append((named, f"dit {dit!r}{detail}"))
+    by_dit = next((a for a in names.ARCHS if a.profile in bundled and by_name in bundled
+                   and family_of(a.profile) == family_of(by_name)), None)  # type: ignore[arg-type]
+    if by_dit:
+        signals.append((by_dit, f"dit {dit!r}{detail}"))
     if not signals:
         return None, "", []
     arch, why = signals[0]
@@ -559,7 +560,11 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if raw.fmt == "cmdline":
         if not isinstance(raw.data, dict):
             raise UnreadableConfig("expected a musubi-tuner command line", file=raw.file)
-        words = [*raw.data["args"], *extra_args]  # type: ignore[misc]
+        cmd_args = raw.data["args"]
+        if not isinstance(cmd_args, list):  # the command-line reader's list of words
+            raise UnreadableConfig("expected a musubi-tuner command line", file=raw.file)
+        cmd_words: list[str] = [str(w) for w in cmd_args]
+        words = [*cmd_words, *extra_args]
         values, _, order = parse_args(words)
         script: str | None = str(raw.data["script"])
         if not raw.data.get("from_argv"):
@@ -588,7 +593,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
             findings += resolve_cli_abbrevs(values, order, script_options(script), line=cli_lines,
                                             trainer=f"musubi-tuner: {script or 'the script'} parse_args (argparse)")
         else:
-            typed = typed_names([*raw.data["args"], *extra_args] if raw.fmt == "cmdline" else extra_args)  # type: ignore[index]
+            typed = typed_names([*cmd_words, *extra_args] if raw.fmt == "cmdline" else extra_args)
             found, short = resolve_script_options(values, order, table, typed=typed, line=cli_lines,
                                                   trainer=f"musubi-tuner: {script} main (argparse)")
             findings += found
@@ -620,7 +625,8 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                 key, valid, trainer=f"musubi-tuner: {script or 'the script'} parse_args (argparse)", line=cli_lines(key),
                 severity="error", behaviour="argparse stops with 'unrecognized arguments'"))
     arch, reason, others = guess(values, script, caches)
-    kind = names.script_arch(script)[1] if names.script_arch(script) else None
+    script_found = names.script_arch(script)
+    kind = script_found[1] if script_found else None
     for other in others:
         findings.append(Finding(kind="note", severity="info", setting="profile", message=(
             f"{other} names another model than {reason}; checked as {arch.display if arch else '-'}")))
@@ -655,7 +661,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if version_key:
         reason = f"{reason} and {version_key}"
     profile = _bundled(target)
-    supported = SUPPORTED
+    supported: tuple[str, ...] = SUPPORTED
     if profile in bundled_names():  # the family of a profile the script and version name (FLUX.2, Z-Image, Edit…)
         supported = (*SUPPORTED, family_of(profile))
     else:  # te-align does not bundle it: "not checked", naming the nearest (the key findings still count)
@@ -880,7 +886,7 @@ def _schema_keys(root: Path) -> dict[str, set[str]]:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
             for t in node.targets:
                 if isinstance(t, ast.Name):
-                    tables[t.id] = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                    tables[t.id] = {k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     general = tables["DATASET_ASCENDABLE_SCHEMA"]
     return {"dataset": {"general", "datasets"}, "dataset.general": set(general),
             "dataset.image": general | tables["IMAGE_DATASET_DISTINCT_SCHEMA"],

@@ -25,7 +25,7 @@ from te_align.audit.parsed import (
     unknown_key_finding,
 )
 from te_align.audit.readers import NotChecked, RawConfig, UnreadableConfig, known_keys
-from te_align.audit.rules import Context, Rule, Trainer
+from te_align.audit.rules import Context, Rule, Trainer, no_fix_set
 from te_align.profiles.registry import bundled_name
 from te_align.trainers.onetrainer import names
 
@@ -342,7 +342,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     prof, reason = guess_profile(values)
     mt = str(values.get("model_type") or "")
     if mt in names.NO_PROFILE:
-        return Parsed(Trainer("onetrainer", RULES, str, str), values, None, reason, False, None, findings,
+        return Parsed(Trainer("onetrainer", RULES, no_fix_set, str), values, None, reason, False, None, findings,
                       SUPPORTED, not_checked=f"not checked: te-align has no profile for {names.NO_PROFILE[mt]} "
                                             f"(OneTrainer model_type {mt!r})")
     te_trained = any(_on(values.get(f"{p}.train", p != "transformer")) for p in ("text_encoder", "text_encoder_2"))
@@ -417,7 +417,8 @@ def caption_sources(data: Any, file: str) -> list[CaptionSource]:
             continue
         if str(c.get("type", "STANDARD")).upper().endswith("VALIDATION"):
             continue
-        text = c.get("text") if isinstance(c.get("text"), dict) else {}
+        text_section = c.get("text")
+        text: dict[str, Any] = text_section if isinstance(text_section, dict) else {}
         source = text.get("prompt_source", "sample")
         if source != "sample":
             why = {"filename": "the captions are the image file names",
