@@ -413,6 +413,7 @@ def run_ab(
     first_seed: int = 0,
     on_seed: Callable[[ABResult], None] | None = None,
     say: Callable[[str], None] = print,
+    done: Mapping[str, JSONObject] | None = None,
 ) -> ABResult:
     """Train arm A (trainer default) and arm B (profile) over ``seeds`` seeds, evaluate, write the report.
 
@@ -421,7 +422,9 @@ def run_ab(
     profile to a custom model's architecture (applied to both arms before the baseline overrides; the demo's tiny
     model needs them). ``max_steps`` shortens training (tests). ``plan`` (a hash) is recorded with the state: a
     folder holding results of another plan is refused, never mixed. ``first_seed`` numbers the seeds from there
-    (one seed of a matrix row per folder: ``seeds=1, first_seed=s``).
+    (one seed of a matrix row per folder: ``seeds=1, first_seed=s``). ``done``: runs (by ``"seed/arm"``) taken as
+    trained and evaluated, from a committed result whose draws a changed trainer reproduces (the matrix's arm B of a
+    re-drawn row, amendment 9 of the plan).
     """
 
     t0 = time.perf_counter()
@@ -488,6 +491,8 @@ def run_ab(
         )
     state = state or {"format": STATE_FORMAT, "key": key, "preset": p.name, "plan": plan, "runs": {}}
     runs_state: JSONObject = state.setdefault("runs", {})
+    for tag, run in (done or {}).items():
+        runs_state.setdefault(tag, dict(run))
     save = lambda: _write_state(state_path, state)  # noqa: E731
 
     if data is None and not per_seed:
