@@ -52,7 +52,7 @@ class _Arms:
         p = _small(p)
         data = runner._world_data(p, self.root / "data" / p.world.base / "seed-0", lambda _: None, data_seed=p.world.data_seed)
         train_dir, _ = runner.split_data(data, self.root / "data" / p.world.base / "seed-0", p.eval.holdout)
-        if arm == "A" and p.baseline.kind == "positive":
+        if arm == "A" and p.baseline.kind == "positive" and not p.baseline.cut_before:  # cut_before: arm B's LoRA
             train_dir = runner._arm_data(p, train_dir, self.root / "data" / p.name, 0)
         model = runner.resolve_model(f"world:{p.world.base}")
         base = resolve(p.profile, ("model.profile_overrides", runner._world_overrides(p, None, f"world:{p.world.base}") or None))
@@ -105,7 +105,7 @@ def test_both_arms_share_every_draw_but_their_setting(arms: _Arms, name: str) ->
         assert torch.equal(da["noise"], db["noise"])
         assert torch.equal(da["timesteps"], db["timesteps"])
         assert da["drop"] == db["drop"]  # caption dropout
-        if p.baseline.kind == "positive":  # arm A's captions are the setting that differs
+        if p.baseline.kind == "positive" and not p.baseline.cut_before:  # arm A's captions are the setting that differs
             assert da["texts"] != db["texts"]
         else:
             assert da["texts"] == db["texts"]

@@ -101,6 +101,11 @@ REDRAWN: dict[str, str] = {
 }
 #: Where the results of the rows in :data:`REDRAWN` from before amendment 9 stay on record: beside the results folder.
 SUPERSEDED = "superseded-amendment-9"
+#: The positive control on the deviations' own axis (amendment 10): arm B's LoRA sampled with each probe prompt cut
+#: before the concept's word. A verdict new since amendment 9 (a re-drawn row's, or one that moved with them) counts
+#: only once this control reads "profile better"; until then it is pending, and if it reads otherwise, uninformative.
+AXIS_GATE = "world-sd3-positive-cut"
+UNINFORMATIVE_AXIS = f"uninformative (the positive control on the deviations' axis, {AXIS_GATE}, was not seen)"
 
 
 def holm_family(base: str) -> str:
@@ -168,6 +173,8 @@ def _deviation(p: Preset) -> str:
     if b.kind == "null":
         return "null control (arm A = arm B, own random draws)"
     if b.kind == "positive":
+        if b.cut_before:
+            return "positive control: arm B's LoRA sampled with each probe prompt cut before " + ", ".join(repr(w) for w in b.cut_before)
         if b.shuffle_captions:
             return "positive control: arm A's captions shuffled among its images"
         return "positive control: arm A's captions without " + ", ".join(repr(w) for w in b.remove_words)
@@ -602,6 +609,7 @@ def run_matrix(
         current = read_results(res_dir, rows_hash)
         rows = aggregate(chosen if only else presets, current, planned=seeds)
         before = superseded_rows(chosen if only else presets, current, res_dir, planned=seeds)
+        gate_new_verdicts(rows, before)
         command = _command(seeds, max_steps)
         text = render_effects(rows, command=command, plan=plan, strips=Path(strips) if strips else None, doc=Path(doc) if doc else None,
                               before=before)
@@ -670,6 +678,26 @@ def superseded_rows(
     if not old:
         return []
     return aggregate(presets, {**current, **old}, planned=planned)
+
+
+def gate_new_verdicts(rows: Sequence[MatrixRow], before: Sequence[MatrixRow]) -> None:
+    """Amendment 10: the verdicts new since amendment 9 (:func:`_changed`) wait for :data:`AXIS_GATE` to read
+    "profile better" (pending until it is complete; uninformative if it reads otherwise). No-op without that row or
+    without results on record from before amendment 9."""
+    gate = next((r for r in rows if r.preset == AXIS_GATE), None)
+    if gate is None or not before:
+        return
+    new = {r.preset for _, r in _changed(before, rows)}
+    for r in rows:
+        if r.kind not in ("deviation", "inference") or r.preset not in new:
+            continue
+        for attr in ("verdict", "verdict_all"):
+            v = getattr(r, attr)
+            if v.startswith((PENDING, "not run", "uninformative")) or v == NO_VERDICT:
+                continue
+            if gate.verdict != PROFILE_BETTER:
+                waiting = gate.verdict.startswith((PENDING, "not run"))
+                setattr(r, attr, f"{PENDING} (the positive control on the deviations' axis, {AXIS_GATE})" if waiting else UNINFORMATIVE_AXIS)
 
 
 def _changed(before: Sequence[MatrixRow], rows: Sequence[MatrixRow]) -> list[tuple[MatrixRow, MatrixRow]]:
