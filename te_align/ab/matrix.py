@@ -91,6 +91,22 @@ SECONDARIES: tuple[tuple[str, str], ...] = (
     ("false concept readings", "false concept readings"),
     ("spurious objects", "spurious objects per image"),
 )
+#: Rows whose arm A draws anew under amendment 9 of the plan (issue 47, item 1): before it, a run that dropped fewer
+#: text encoders than the profile publishes skipped the dropout draws on the step's random stream, so its timesteps
+#: were not arm B's. Its row hash now names the amendment (its results before it are refused, never mixed), and the
+#: results it had stay on record in ``SUPERSEDED`` beside the results folder. Arm B is unchanged (its draws are as
+#: before), so each unit re-runs arm A and takes arm B's committed record of the same seed.
+REDRAWN: dict[str, str] = {
+    "world-sd3-no-encoder-dropout": "amendment 9: arm A draws the per-encoder dropout numbers arm B draws (shared timesteps)",
+    "world-sd3-simpletuner-defaults": "amendment 9: arm A draws the per-encoder dropout numbers arm B draws (shared timesteps)",
+}
+#: Where the results of the rows in :data:`REDRAWN` from before amendment 9 stay on record: beside the results folder.
+SUPERSEDED = "superseded-amendment-9"
+#: The positive control on the deviations' own axis (amendment 10): arm B's LoRA sampled with each probe prompt cut
+#: before the concept's word. A verdict new since amendment 9 (a re-drawn row's, or one that moved with them) counts
+#: only once this control reads "profile better"; until then it is pending, and if it reads otherwise, uninformative.
+AXIS_GATE = "world-sd3-positive-cut"
+UNINFORMATIVE_AXIS = f"uninformative (the positive control on the deviations' axis, {AXIS_GATE}, was not seen)"
 
 
 def holm_family(base: str) -> str:
@@ -158,6 +174,8 @@ def _deviation(p: Preset) -> str:
     if b.kind == "null":
         return "null control (arm A = arm B, own random draws)"
     if b.kind == "positive":
+        if b.cut_before:
+            return "positive control: arm B's LoRA sampled with each probe prompt cut before " + ", ".join(repr(w) for w in b.cut_before)
         if b.shuffle_captions:
             return "positive control: arm A's captions shuffled among its images"
         return "positive control: arm A's captions without " + ", ".join(repr(w) for w in b.remove_words)
@@ -199,6 +217,7 @@ def row_hash(p: Preset, *, seeds: int | None, max_steps: int | None) -> str:
             "primary": _runner.PRIMARY,
             "alpha": ALPHA,
             "correction": correction,
+            **({"draws": REDRAWN[p.name]} if p.name in REDRAWN else {}),
         }
     )
 
@@ -209,9 +228,10 @@ def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | 
 
 
 # ------------------------------------------------------------------------------------------- units
-def _unit(args: tuple[str, int, str, int | None, str, str]) -> JSONObject:
-    """One seed of one row, in a worker process (single-threaded); returns the per-seed result."""
-    name, seed, out, max_steps, plan, device = args
+def _unit(args: tuple[str, int, str, int | None, str, str, JSONObject | None]) -> JSONObject:
+    """One seed of one row, in a worker process (single-threaded); returns the per-seed result. ``reuse``: the
+    committed result whose arm B this unit takes instead of training it again (:data:`REDRAWN`)."""
+    name, seed, out, max_steps, plan, device, reuse = args
     import torch
 
     torch.set_num_threads(1)
@@ -228,12 +248,41 @@ def _unit(args: tuple[str, int, str, int | None, str, str]) -> JSONObject:
         p.train.setdefault("train", {})["device"] = device
     t0, c0 = time.perf_counter(), time.process_time()
     lines: list[str] = []
-    result = _runner.run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False, say=lines.append)
+    done = {f"{seed}/B": _arm_state(reuse["record"], seed)} if reuse else None
+    result = _runner.run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False,
+                            say=lines.append, done=done)
     rec = _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
+    if reuse:
+        rec["arm_b_from"] = {"file": reuse["file"], "plan": reuse["record"]["plan"], "why": REDRAWN[name]}
+        rec["samples"]["B"] = list(reuse["record"].get("samples", {}).get("B", []))
     # sample paths relative to the matrix folder (OUT/<row>/seed-<s>/...): a committed result names no machine path
     root = Path(out).parent.parent
     rec["samples"] = {arm: [os.path.relpath(f, root) for f in files] for arm, files in rec["samples"].items()}
     return rec
+
+
+def _arm_state(rec: JSONObject, seed: int) -> JSONObject:
+    """Arm B of a committed per-seed result as an A/B state's trained and evaluated run (:func:`_unit`'s ``reuse``)."""
+    b = rec["arms"]["B"]
+    return {
+        "seed": seed, "arm": "B", "trained": True, "evaluated": True, "dir": "", "steps": b["steps"],
+        "seconds": b["train_seconds"], "cpu_seconds": b["train_cpu_seconds"], "shares": b.get("shares", ""),
+        **{k: b[k] for k in ("losses", "val", "val_own", "curve", "probes", "probe_reads")},
+    }
+
+
+def _reusable(res_dir: Path, name: str, seed: int) -> JSONObject | None:
+    """The committed result of a :data:`REDRAWN` row's seed from before amendment 9, whose arm B a re-run takes."""
+    if name not in REDRAWN:
+        return None
+    f = res_dir.parent / SUPERSEDED / name / f"seed-{seed}.json"
+    if not f.is_file():
+        return None
+    try:
+        rec = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ABError(f"unreadable result ({e})", file=str(f)) from None
+    return {"file": f"{SUPERSEDED}/{name}/{f.name}", "record": rec}
 
 
 def _machine() -> str:
@@ -560,9 +609,13 @@ def run_matrix(
     say(f"plan {plan}: {len(units)} unit(s) to run (row x seed), {sum(len(v) for v in done.values())} done; results in {res_dir}")
 
     def publish() -> list[MatrixRow]:
-        rows = aggregate(chosen if only else presets, read_results(res_dir, rows_hash), planned=seeds)
+        current = read_results(res_dir, rows_hash)
+        rows = aggregate(chosen if only else presets, current, planned=seeds)
+        before = superseded_rows(chosen if only else presets, current, res_dir, planned=seeds)
+        gate_new_verdicts(rows, before)
         command = _command(seeds, max_steps)
-        text = render_effects(rows, command=command, plan=plan, strips=Path(strips) if strips else None, doc=Path(doc) if doc else None)
+        text = render_effects(rows, command=command, plan=plan, strips=Path(strips) if strips else None, doc=Path(doc) if doc else None,
+                              before=before)
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(out_dir / "matrix.md", "w", error=ABError) as f:
             f.write(text)
@@ -571,7 +624,7 @@ def run_matrix(
             with atomic_file(Path(doc), "w", error=ABError) as f:
                 f.write(text)
         if summary is not None:
-            _write_json(Path(summary), summary_of(rows, plan))
+            _write_json(Path(summary), summary_of(rows, plan, before=before))
         return rows
 
     if dry_run or not units:
@@ -581,7 +634,8 @@ def run_matrix(
                     if rec["seed"] == 0 and all(f.is_file() for arm in ("A", "B") for f in _samples(rec, arm, out_dir)):
                         _strip(rec, Path(strips), out_dir)
         return publish()
-    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device) for name, s in units]
+    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device, _reusable(res_dir, name, s))
+             for name, s in units]
     finished = 0
     if progress is not None:
         by_name = {p.name: p for p in presets}
@@ -620,6 +674,77 @@ def run_matrix(
     return publish()
 
 
+def superseded_rows(
+    presets: Sequence[Preset], current: dict[str, list[JSONObject]], res_dir: Path, *, planned: int | None
+) -> list[MatrixRow]:
+    """The table as it stood before amendment 9: the :data:`REDRAWN` rows from their results on record
+    (``SUPERSEDED`` beside the results folder), every other row from its current results (unchanged by the
+    amendment). Empty when no such result is on record."""
+    old = {}
+    for name in REDRAWN:
+        files = sorted((res_dir.parent / SUPERSEDED / name).glob("seed-*.json"))
+        if files:
+            old[name] = sorted((json.loads(f.read_text(encoding="utf-8")) for f in files), key=lambda d: int(d["seed"]))
+    if not old:
+        return []
+    return aggregate(presets, {**current, **old}, planned=planned)
+
+
+def gate_new_verdicts(rows: Sequence[MatrixRow], before: Sequence[MatrixRow]) -> None:
+    """Amendment 10: the verdicts new since amendment 9 (:func:`_changed`) wait for :data:`AXIS_GATE` to read
+    "profile better" (pending until it is complete; uninformative if it reads otherwise). No-op without that row or
+    without results on record from before amendment 9."""
+    gate = next((r for r in rows if r.preset == AXIS_GATE), None)
+    if gate is None or not before:
+        return
+    new = {r.preset for _, r in _changed(before, rows)}
+    for r in rows:
+        if r.kind not in ("deviation", "inference") or r.preset not in new:
+            continue
+        for attr in ("verdict", "verdict_all"):
+            v = getattr(r, attr)
+            if v.startswith((PENDING, "not run", "uninformative")) or v == NO_VERDICT:
+                continue
+            if gate.verdict != PROFILE_BETTER:
+                waiting = gate.verdict.startswith((PENDING, "not run"))
+                setattr(r, attr, f"{PENDING} (the positive control on the deviations' axis, {AXIS_GATE})" if waiting else UNINFORMATIVE_AXIS)
+
+
+def _changed(before: Sequence[MatrixRow], rows: Sequence[MatrixRow]) -> list[tuple[MatrixRow, MatrixRow]]:
+    """(before, now) of every row re-drawn by amendment 9 or whose verdict (either family) differs from before it."""
+    now = {r.preset: r for r in rows}
+    return [(b, now[b.preset]) for b in before if b.preset in now
+            and (b.preset in REDRAWN or (b.verdict, b.verdict_all) != (now[b.preset].verdict, now[b.preset].verdict_all))]
+
+
+def _before_section(before: Sequence[MatrixRow], rows: Sequence[MatrixRow]) -> list[str]:
+    pairs = _changed(before, rows)
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "## Before amendment 9: the verdicts on record",
+        "",
+        "Before amendment 9 of the plan, arm A of the rows that remove SD3's per-encoder dropout drew no dropout numbers "
+        "from the training step's random stream, so it trained on other timesteps than arm B (the noise, data order and "
+        "LoRA initialisation were shared). Amendment 9 gives both arms the same numbers and re-runs those arms A; arm B "
+        "is unchanged and taken from the same seeds' results. The earlier results stay on record in "
+        f"`benchmarks/effects/{SUPERSEDED}/`; below, each re-drawn row and each row whose verdict moved with them (Holm "
+        "families share rows), as it read then and as it reads now.",
+        "",
+        "| row | seeds then | A - B then [95% CI] | p (Holm) then | verdict then | all-rows verdict then | A - B now [95% CI] | "
+        "verdict now | all-rows verdict now |",
+        "|---|---:|---|---:|---|---|---|---|---|",
+    ]
+    for b, r in pairs:
+        mb, mr = b.primary, r.primary
+        lines.append(
+            f"| {b.preset} | {b.seeds} | {_ci(mb) if mb else ''} | {_p(b.p_holm)} | {b.verdict} | {b.verdict_all} | "
+            f"{_ci(mr) if mr else ''} | {r.verdict} | {r.verdict_all} |"
+        )
+    return lines
+
+
 def _command(seeds: int | None, max_steps: int | None) -> str:
     return (
         "te-align ab matrix"
@@ -641,7 +766,7 @@ def _strip(rec: JSONObject, folder: Path, out_dir: Path) -> Path | None:
 
     a, b = _samples(rec, "A", out_dir), _samples(rec, "B", out_dir)
     probes = rec["arms"]["A"].get("probes") or []
-    if not a or not b or not probes:
+    if not a or not b or not probes or not all(f.is_file() for f in a + b):  # a re-drawn row's arm B has no images here
         return None
     short = [i for i, q in enumerate(probes) if q["length"] == "short"]
     concept = [i for i in short if probes[i]["objects"][0][3]]
@@ -667,7 +792,7 @@ def family_name(r: MatrixRow) -> str:
     return r.holm_family or "the first plan's deviation and inference rows"
 
 
-def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
+def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixRow] = ()) -> JSONObject:
     """What ``te-align check`` reads: per measured row its deviation, trainer, family, the primary-metric result in
     both Holm families (pre-registered and all rows) with each interval in its verdict's terms, the smallest
     detectable effect, the secondary metrics (unadjusted) and the rows it shares arm B with. Strict JSON: a
@@ -719,7 +844,18 @@ def summary_of(rows: Sequence[MatrixRow], plan: str) -> JSONObject:
                 "shares_arm_b_with": [x for x in shared.get(r.preset, []) if x != r.preset],
             }
         )
-    return {"format": 1, "plan": plan, "document": "docs/effects.md", "alpha": ALPHA, "power": POWER, "rows": out}
+    summary: JSONObject = {"format": 1, "plan": plan, "document": "docs/effects.md", "alpha": ALPHA, "power": POWER, "rows": out}
+    pairs = _changed(before, rows)
+    if pairs:  # the verdicts on record before amendment 9, beside the current ones
+        summary["before_amendment_9"] = [
+            {
+                "preset": b.preset, "seeds": b.seeds, "verdict": b.verdict, "verdict_all": b.verdict_all,
+                "p_holm": b.p_holm, "p_holm_all": b.p_holm_all,
+                "primary": None if b.primary is None else {k: b.primary[k] for k in ("diff_mean", "ci_low", "ci_high", "p_t", "n")},
+            }
+            for b, _ in pairs
+        ]
+    return summary
 
 
 def _terms(r: MatrixRow, factor: float, family: str) -> str:
@@ -959,7 +1095,10 @@ def _added_statistics(rows: Sequence[MatrixRow]) -> list[str]:
     return out
 
 
-def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips: Path | None = None, doc: Path | None = None) -> str:
+def render_effects(
+    rows: Sequence[MatrixRow], *, command: str, plan: str, strips: Path | None = None, doc: Path | None = None,
+    before: Sequence[MatrixRow] = (),
+) -> str:
     """The evidence document: the table (primary metric, interval, p-values, verdict), secondary metrics, the
     sample strips, and the method as it ran."""
     done = sum(r.seeds for r in rows)
@@ -1006,6 +1145,7 @@ def render_effects(rows: Sequence[MatrixRow], *, command: str, plan: str, strips
             f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | {_adj(r, r.adj_ci)} | "
             f"{_mde(r.mde)} | **{r.verdict}**{flags} | {r.cpu_seconds / 60:.1f} |"
         )
+    lines += _before_section(before, rows)
     lines += _reading(rows)
     lines += _added_statistics(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
@@ -1059,8 +1199,10 @@ _METHOD = """## Method (as it ran)
   their own.
 - **Finetune.** Per seed, 64 images that always show pink (one filled object on white, never a pink triangle) are
   drawn from the world with the default caption mix (tags, short sentences, long captions past T5 positions 77, 154
-  and 256; some with "!" or weight syntax); both arms of a seed share the images, data order, noise and LoRA
-  initialisation (a null control's arm A draws its own). LoRA rank 8 on the denoiser, batch 8, learning rate per base by the plan's calibration rule (SD3 3e-4, Flux 1e-4, SD 1.5 and SDXL 1e-3),
+  and 256; some with "!" or weight syntax); both arms of a seed share the images, data order, noise, timesteps and
+  LoRA initialisation (a null control's arm A draws its own; the timesteps of the two rows without per-encoder
+  dropout only since amendment 9, and the rows whose arm A chunks long captions batch them by chunk count, so their
+  data order differs: amendment 9). LoRA rank 8 on the denoiser, batch 8, learning rate per base by the plan's calibration rule (SD3 3e-4, Flux 1e-4, SD 1.5 and SDXL 1e-3),
   300 steps, checkpoints every 50 steps. SD3 rows train with the profile's 46.4% per-encoder dropout in arm B (the
   base's recipe), SD 1.5 rows with the profile's 10% caption dropout.
 - **Scoring as sampled.** At 50, 100, 200 and 300 steps, each arm samples 24 probe prompts per seed, in sentence

@@ -95,6 +95,10 @@ class Baseline:
     #: A positive control whose arm A trains on the same images with their captions shuffled among them (a fixed
     #: permutation per seed): every text-image correspondence, the concept's included, is destroyed.
     shuffle_captions: bool = False
+    #: A positive control on the deviations' own axis (the plan's amendment 10): arm A is the very LoRA arm B trains,
+    #: sampled with each probe prompt cut just before the first of these words (whole words, any case), as a length
+    #: cut there leaves it; a prompt without them is sampled whole. The concept's word never reaches the conditioning.
+    cut_before: list[str] = field(default_factory=list)
     #: An inference-side row: arm A is the very LoRA arm B trains (by the profile), sampled and scored with the
     #: conditioning an inference tool gives it by default: the profile changed by ``inference_overrides`` and,
     #: with ``inference_chunks`` N >= 1, prompts over 75 CLIP tokens encoded as up to N 77-token chunks
@@ -207,6 +211,8 @@ class Preset:
     def to_dict(self) -> JSONObject:
         d = dataclasses.asdict(self)
         d.pop("source", None)
+        if not d["baseline"]["cut_before"]:  # added by amendment 10: the other rows' hashes stay as they were
+            d["baseline"].pop("cut_before")
         return d
 
 
@@ -250,16 +256,17 @@ def preset_from_dict(data: JSONObject, *, file: str = "") -> Preset:
                 file=file,
                 key="baseline",
             )
-    elif baseline.positive or baseline.remove_words or baseline.shuffle_captions:
-        if not baseline.positive or not (baseline.remove_words or baseline.shuffle_captions):
+    elif baseline.positive or baseline.remove_words or baseline.shuffle_captions or baseline.cut_before:
+        if not baseline.positive or sum(map(bool, (baseline.remove_words, baseline.shuffle_captions, baseline.cut_before))) != 1:
             raise ABError(
-                "a positive control (positive = true) names the words arm A's captions lose (remove_words) or "
-                "shuffles them (shuffle_captions = true), and both are only for a positive control",
+                "a positive control (positive = true) names the words arm A's captions lose (remove_words), "
+                "shuffles them (shuffle_captions = true) or cuts its probe prompts before a word (cut_before): one of "
+                "them, and each only for a positive control",
                 file=file,
                 key="baseline.remove_words",
             )
         if baseline.overrides or baseline.train or inference:
-            raise ABError("a positive control differs only in remove_words or shuffle_captions", file=file, key="baseline")
+            raise ABError("a positive control differs only in remove_words, shuffle_captions or cut_before", file=file, key="baseline")
     elif inference:
         if baseline.overrides or baseline.train:
             raise ABError(

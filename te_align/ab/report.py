@@ -304,7 +304,9 @@ def _blocks(result: ABResult, plots: dict[str, Path]) -> list[Block]:
     arm_a = {
         "null": f"the profile, with its own random draws (a null control): {b.why}",
         "positive": (
-            "captions shuffled among the images"
+            f"arm B's LoRA, sampled with each probe prompt cut before {', '.join(repr(w) for w in b.cut_before)}"
+            if b.cut_before
+            else "captions shuffled among the images"
             if b.shuffle_captions
             else f"captions without {', '.join(repr(w) for w in b.remove_words)}"
         )

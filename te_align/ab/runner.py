@@ -21,7 +21,7 @@ import logging
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -413,6 +413,7 @@ def run_ab(
     first_seed: int = 0,
     on_seed: Callable[[ABResult], None] | None = None,
     say: Callable[[str], None] = print,
+    done: Mapping[str, JSONObject] | None = None,
 ) -> ABResult:
     """Train arm A (trainer default) and arm B (profile) over ``seeds`` seeds, evaluate, write the report.
 
@@ -421,7 +422,9 @@ def run_ab(
     profile to a custom model's architecture (applied to both arms before the baseline overrides; the demo's tiny
     model needs them). ``max_steps`` shortens training (tests). ``plan`` (a hash) is recorded with the state: a
     folder holding results of another plan is refused, never mixed. ``first_seed`` numbers the seeds from there
-    (one seed of a matrix row per folder: ``seeds=1, first_seed=s``).
+    (one seed of a matrix row per folder: ``seeds=1, first_seed=s``). ``done``: runs (by ``"seed/arm"``) taken as
+    trained and evaluated, from a committed result whose draws a changed trainer reproduces (the matrix's arm B of a
+    re-drawn row, amendment 9 of the plan).
     """
 
     t0 = time.perf_counter()
@@ -488,13 +491,15 @@ def run_ab(
         )
     state = state or {"format": STATE_FORMAT, "key": key, "preset": p.name, "plan": plan, "runs": {}}
     runs_state: JSONObject = state.setdefault("runs", {})
+    for tag, run in (done or {}).items():
+        runs_state.setdefault(tag, dict(run))
     save = lambda: _write_state(state_path, state)  # noqa: E731
 
     if data is None and not per_seed:
         data_dir = _world_data(p, out_dir, say)
     evaluator: _Evaluator | None = None
     val_dirs: dict[int, Path] = {}
-    inference_row = p.baseline.kind == "inference"
+    inference_row = p.baseline.kind == "inference" or bool(p.baseline.cut_before)  # arm A samples arm B's LoRA
     for s in seed_list:
         if per_seed:
             assert p.world is not None
@@ -577,6 +582,8 @@ def _arm_label(p: Preset, arm: str, profile: str) -> str:
     if kind == "null":
         return f"profile {profile}, own random draws"
     if kind == "positive":
+        if p.baseline.cut_before:
+            return "arm B's LoRA, probe prompts cut before " + ", ".join(repr(w) for w in p.baseline.cut_before)
         if p.baseline.shuffle_captions:
             return "captions shuffled among the images"
         return "captions without " + ", ".join(repr(w) for w in p.baseline.remove_words)
@@ -792,8 +799,9 @@ class _Evaluator:
                 val.append((step, vloss(cond_b, self.prof_b)))
                 val_own.append((step, vloss(own, own_profile) if own is not cond_b else val[-1][1]))
                 if probes and (step in curve_steps or (step == ckpts[-1][0] and not curve_steps)):
+                    texts = [cut_before(q.text, p.baseline.cut_before) if arm == "A" else q.text for q in probes]
                     images = accuracy.sample_prompts(
-                        pipe, inf, [q.text for q in probes], steps=p.eval.accuracy_steps,
+                        pipe, inf, texts, steps=p.eval.accuracy_steps,
                         guidance=p.eval.accuracy_guidance, size=sample_size, seed=0, options=opts,
                     )
                     reads = accuracy.read_probes(images, [q.objects for q in probes], concept_colour=_concept_colour(p))
@@ -841,6 +849,17 @@ class _Evaluator:
                 acc = f", prompt accuracy {r['accuracy']['object_accuracy']:.1%}"
             self.say(f"seed {r['seed']} arm {arm}: validation loss {val[-1][1]:.5f} (profile conditioning), {val_own[-1][1]:.5f} (own){acc}")
         self.load(self.zero)
+
+
+def cut_before(text: str, words: Sequence[str]) -> str:
+    """``text`` cut just before the first whole-word occurrence (any case) of any of ``words``, trailing spaces
+    dropped: what a length cut right before the word leaves. Unchanged without such a word (or ``words``)."""
+    import re
+
+    if not words:
+        return text
+    m = re.search(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b", text, re.IGNORECASE)
+    return text if m is None else text[: m.start()].rstrip()
 
 
 def _curve_steps(p: Preset, max_steps: int | None) -> list[int]:

@@ -279,8 +279,9 @@ def process_caption(caption: str, cfg: DataConfig, gen: torch.Generator) -> str:
     return joiner.join(keep + rest)
 
 
-def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
-    """A generator whose state depends only on (seed, step, stream): resumed runs draw the same numbers."""
+def step_generator(seed: int, step: int, stream: int | str = 0) -> torch.Generator:
+    """A generator whose state depends only on (seed, step, stream): resumed runs draw the same numbers. ``stream``
+    names a purpose (the micro-batch index for the step's main stream; a string for a stream of its own)."""
     import torch
 
     mixed = int.from_bytes(hashlib.sha256(f"{seed}:{step}:{stream}".encode()).digest()[:8], "little") & ((1 << 63) - 1)

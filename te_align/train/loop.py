@@ -227,6 +227,13 @@ class TextSource:
                     raise TrainError(str(e), key=f"data.encoder_dropout.{k}") from None
                 probs[k] = float(v)
         self.slot_probs = probs
+        #: The slots whose dropout rate the profile publishes (its own order). Their uniforms are drawn from the step's
+        #: stream for every run on this profile, whatever rate the run sets (0 when it drops none): a run's rates set
+        #: only the thresholds, so two runs that differ in per-encoder dropout consume the same numbers and share every
+        #: later draw (timesteps). A rate for a slot the profile publishes none for draws from a stream of its own.
+        self.published = [s.name for s in profile.slots if s.train_dropout]
+        #: The dropout draws of the last :meth:`batch` (whole global batch), kept while draws are recorded.
+        self.last_draws: JSONObject = {}
         longest = cfg.data.long_prompt_padding == "longest"
         self.use_cache = cfg.data.cache_text and not trainable and not cfg.data.shuffle_tags and not longest
         if cfg.data.cache_text and not self.use_cache:
@@ -309,11 +316,25 @@ class TextSource:
             _, old = self._memo.popitem(last=False)
             self._memo_bytes -= _nbytes(old)
 
-    def batch(self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None) -> Conditioning:
+    def slot_dropout(self, n: int, gen: torch.Generator, own: torch.Generator | None = None) -> dict[str, list[bool]]:
+        """Per-encoder dropout flags of ``n`` captions for the slots this run drops: the profile's published slots from
+        ``gen`` (always drawn, see :attr:`published`), any other slot from ``own`` (its own stream)."""
+        shared = {s: self.slot_probs.get(s, 0.0) for s in self.published}
+        flags = sample_dropout(self.profile, n, shared, gen) if shared else {}
+        rest = {k: v for k, v in self.slot_probs.items() if k not in shared}
+        if rest:
+            flags.update(sample_dropout(self.profile, n, rest, own if own is not None else gen))
+        return {k: flags[k] for k in self.slot_probs}
+
+    def batch(
+        self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None,
+        dropout_gen: torch.Generator | None = None,
+    ) -> Conditioning:
         """Conditioning for ``captions[lo:hi]`` (``span``; default all).
 
         Caption processing and dropout are drawn for the whole (global) batch, so every process
-        consumes ``gen`` exactly as a single process training the whole batch would.
+        consumes ``gen`` exactly as a single process training the whole batch would. ``dropout_gen`` is the stream of
+        per-encoder dropout for slots the profile publishes no rate for (:meth:`slot_dropout`).
         """
         import torch
 
@@ -328,7 +349,9 @@ class TextSource:
                         texts[i] = self.cfg.dropout_caption
                     else:
                         drop[i] = True
-        slot_flags = sample_dropout(self.profile, n, self.slot_probs, gen) if self.slot_probs else {}
+        slot_flags = self.slot_dropout(n, gen, dropout_gen)
+        if _DRAWS is not None:
+            self.last_draws = {"texts": list(texts), "drop": list(drop), "slots": {k: list(v) for k, v in slot_flags.items()}}
         if span is not None:
             lo, hi = span
             texts, drop = texts[lo:hi], drop[lo:hi]
@@ -1041,6 +1064,8 @@ def _accumulate_gradients(run: Run, stream: Iterator[tuple[Position, list[int]]]
     for micro in range(t.gradient_accumulation):
         run.pos, batch = next(stream)  # the global batch; this process trains batch[lo:hi]
         gen = step_generator(t.seed, run.step, micro)
+        # per-encoder dropout of slots the profile publishes no rate for: a stream of its own (TextSource.slot_dropout)
+        dropout_gen = step_generator(t.seed, run.step, f"{micro}:encoder-dropout")
         lo, hi = run.order.shard(len(batch))
         # the loss of this shard, weighted so that the all-reduce *mean* of the gradients over
         # processes is the gradient of the mean loss over the whole global batch
@@ -1050,7 +1075,7 @@ def _accumulate_gradients(run: Run, stream: Iterator[tuple[Position, list[int]]]
         sync = micro == t.gradient_accumulation - 1
         ctx = contextlib.nullcontext() if sync or accelerator.num_processes == 1 else accelerator.no_sync(run.model)
         with ctx:
-            loss = _micro_step(run, batch=batch, gen=gen, span=(lo, hi))
+            loss = _micro_step(run, batch=batch, gen=gen, span=(lo, hi), dropout_gen=dropout_gen)
             if accelerator.num_processes > 1:
                 loss = loss * weight
                 # sum over processes of weight x shard mean / N = mean loss over the global batch
@@ -1115,7 +1140,10 @@ def _lora_metadata(run: Run) -> JSONObject:
     }
 
 
-def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple[int, int] | None = None) -> torch.Tensor:
+def _micro_step(
+    run: Run, *, batch: list[int], gen: torch.Generator, span: tuple[int, int] | None = None,
+    dropout_gen: torch.Generator | None = None,
+) -> torch.Tensor:
     """One micro-batch: latents, noise, conditioning, denoiser, loss (float32 scalar).
 
     ``batch`` is the global batch; only ``batch[lo:hi]`` (``span``, default all) is computed, the
@@ -1143,7 +1171,7 @@ def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple
     if cfg.train.noise_offset:
         noise = noise + cfg.train.noise_offset * torch.randn((n, x0.shape[1], 1, 1), generator=gen)[lo:hi]
     noise = noise.to(device)
-    cond = run.text.batch([items[i].caption for i in batch], gen, span=(lo, hi))
+    cond = run.text.batch([items[i].caption for i in batch], gen, span=(lo, hi), dropout_gen=dropout_gen)
     time_ids = None
     if family.name == "sdxl":
         rows = []
@@ -1162,10 +1190,44 @@ def _micro_step(run: Run, *, batch: list[int], gen: torch.Generator, span: tuple
         timesteps = torch.randint(0, noise_sched.config.num_train_timesteps, (n,), generator=gen)[lo:hi].to(device)
         noisy = noise_sched.add_noise(x0, noise, timesteps)
         target = noise if run.objective == "eps" else noise_sched.get_velocity(x0, noise, timesteps)
+    if _DRAWS is not None:
+        _DRAWS.append({
+            "step": run.step, "batch": list(batch), "flips": list(flips), "noise": noise.detach().cpu().clone(),
+            "timesteps": timesteps.detach().cpu().clone(), **run.text.last_draws,
+            "lora": _params_digest(run) if run.step == 0 else "",
+        })
     with run.accelerator.autocast():
         pred = denoise(family, run.model, noisy.to(run.compute_dtype), timesteps, cond, time_ids=time_ids,
                        guidance=cfg.train.guidance, config=run.denoiser.config, denoiser_mask=run.denoiser_mask)
     return torch.nn.functional.mse_loss(pred.float(), target.float())
 
 
-__all__ = ["Run", "TrainResult", "train"]
+#: Every random draw of the training steps, while :func:`recording_draws` is active (None otherwise).
+_DRAWS: list[dict[str, Any]] | None = None
+
+
+@contextlib.contextmanager
+def recording_draws() -> Iterator[list[dict[str, Any]]]:
+    """Record every micro-step's random draws of the runs trained inside (in this process): the global batch's item
+    indices (data order), flips, noise, timesteps, processed captions, caption-dropout and per-encoder dropout flags,
+    and at the first step a digest of the trainable parameters as initialised (the LoRA's initial weights). For
+    checking that two arms of an A/B share every draw but the one their setting changes."""
+    global _DRAWS
+    previous, _DRAWS = _DRAWS, []
+    try:
+        yield _DRAWS
+    finally:
+        _DRAWS = previous
+
+
+def _params_digest(run: Run) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, param in sorted(run.named_trainable.items()):
+        h.update(name.encode())
+        h.update(param.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+__all__ = ["Run", "TrainResult", "recording_draws", "train"]

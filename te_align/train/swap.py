@@ -224,11 +224,12 @@ def text_source(
             return dataclasses.replace(cond, profile_name=self.profile.name, fingerprint=self.profile.fingerprint())
 
         def batch(
-            self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None
+            self, captions: list[str], gen: torch.Generator, span: tuple[int, int] | None = None,
+            dropout_gen: torch.Generator | None = None,
         ) -> Conditioning:
             import dataclasses
 
-            cond = super().batch(captions, gen, span)
+            cond = super().batch(captions, gen, span, dropout_gen)
             tensors = dict(cond.tensors)
             for name, model in self.outputs.items():
                 tensors[name] = model.project(tensors[name]).to(self.dtype)
