@@ -29,20 +29,41 @@ def _deviation(r, setting: str) -> Finding:
     return next(f for f in r.findings if f.kind == "deviation" and f.setting == setting)
 
 
-def test_trainer_default_measured_better_is_a_note_and_fix_keeps_it(tmp_path: Path) -> None:
-    """kohya's SD3 per-encoder dropout at 0.0 measured better than the profile's 0.464 (world-sd3-no-encoder-dropout):
-    a note saying so, a fix that keeps 0.0, no edit, and --fix writes nothing of it."""
+def test_an_uninformative_reading_is_no_measurement_and_shows_its_numbers(tmp_path: Path) -> None:
+    """kohya's SD3 per-encoder dropout at 0.0 against the profile's 0.464 (world-sd3-no-encoder-dropout): re-run
+    paired under amendment 9, its verdict is uninformative (amendment 10's positive control was not seen), so check
+    does not act on it: the rule's own note, the profile's fix, the numbers and the trade-off shown beside it."""
     r = check_file(str(EX / "kohya" / "sd35_masks_live.toml"))
     for enc in ("clip_l", "clip_g", "t5"):
         f = _deviation(r, f"{enc}.train_dropout")
-        assert (f.severity, f.effective, f.profile, f.edit) == ("info", 0.0, 0.464, None)
-        assert f.fix == f"keep 0.0: it measured better than the profile's 0.464 (the profile's fix would be: {enc}_dropout_rate = 0.464)"
-        assert "te-align measured the trainer's value (0.0) better than the profile's (0.464)" in f.message
+        assert (f.severity, f.effective, f.profile, f.fix) == ("info", 0.0, 0.464, f"{enc}_dropout_rate = 0.464")
+    ev = evidence_for("sd3", "sd35-large", "clip_l.train_dropout", 0.0, trainer="kohya")
+    assert measured_direction(ev) == ""
+    assert ev["text"] == (
+        "world-sd3-no-encoder-dropout (sd3 world base, 6 of 6 seeds): trainer's arm minus profile's +0.091 "
+        "[Holm-adjusted interval +0.053, +0.129] on concept accuracy: uninformative (the positive control on the "
+        "deviations' axis, world-sd3-positive-cut, was not seen) (Holm over the first plan's deviation and inference "
+        "rows) (see docs/effects.md)")
+    assert "forgetting (known colours) -0.146 [-0.245, -0.047] (higher is better)" in ev["lines"][-1]
     cfg = tmp_path / "sd35.toml"
     shutil.copy(EX / "kohya" / "sd35_masks_live.toml", cfg)
-    report = fix_file(str(cfg), backup=False)
+    report = fix_file(str(cfg), backup=False)  # --fix writes warnings' and errors' fixes, not a note's
     assert not any(c.describe().startswith(("clip_l_dropout", "clip_g_dropout", "t5_dropout")) for c in report.changes)
     assert "dropout_rate" not in cfg.read_text(encoding="utf-8")
+
+
+def test_trainer_default_measured_better_is_a_note_and_fix_keeps_it() -> None:
+    """A row read "trainer default better" in both Holm families: a note saying so, a fix that keeps the trainer's
+    value and no edit (the policy, on the kohya SD3 dropout finding with that reading)."""
+    r = check_file(str(EX / "kohya" / "sd35_masks_live.toml"))
+    f = dataclass_replace(_deviation(r, "clip_l.train_dropout"), severity="warning")
+    ev = evidence_for("sd3", "sd35-large", "clip_l.train_dropout", 0.0, trainer="kohya")
+    better = {**ev, "verdict": "trainer default better", "verdict_all": "trainer default better"}
+    assert measured_direction(better) == "trainer default better"
+    g = decide(f, better, None)
+    assert (g.severity, g.edit) == ("info", None)
+    assert g.fix == "keep 0.0: it measured better than the profile's 0.464 (the profile's fix would be: clip_l_dropout_rate = 0.464)"
+    assert "te-align measured the trainer's value (0.0) better than the profile's (0.464)" in g.message
 
 
 def test_a_measured_null_is_a_warning_with_its_interval() -> None:
@@ -59,9 +80,10 @@ def test_a_measured_null_is_a_warning_with_its_interval() -> None:
                                  "[Holm-adjusted interval -0.039, +0.122] on concept accuracy: no measurable difference")
     assert ev["lines"][0] == ("unadjusted 95% CI -0.004, +0.088; smallest effect this row could detect: 0.116 (80% "
                               "power, from the null controls' spread)")
-    assert ev["lines"][1].startswith("simpletuner's defaults together (world-sd3-simpletuner-defaults: t5_max_length = "
-                                     "154, train.data.encoder_dropout = {}): +0.081 [Holm-adjusted interval +0.013, "
-                                     "+0.149]: trainer default better")
+    assert ev["lines"][1] == ("simpletuner's defaults together (world-sd3-simpletuner-defaults: t5_max_length = 154, "
+                              "train.data.encoder_dropout = {}): +0.089 [Holm-adjusted interval +0.023, +0.154]: "
+                              "uninformative (the positive control on the deviations' axis, world-sd3-positive-cut, was "
+                              "not seen)")
     assert ev["lines"][2] == ("trade-off, trainer's arm minus profile's, unadjusted 95% CI (secondary metrics): "
                               "forgetting (known colours) -0.083 [-0.151, -0.016] (higher is better); validation loss "
                               "(profile conditioning) +0.00115 [+0.00091, +0.00139] (lower is better)")
@@ -139,7 +161,7 @@ def test_effects_summary_is_strict_json_with_both_holm_readings() -> None:
             lo, hi = r["adjusted_ci"]
             assert (lo > 0 or hi < 0) == (r["verdict"] != "no measurable difference"), r["preset"]
     assert rows["world-sd3-no-encoder-dropout"]["secondary"]["forgetting (known colours)"]["ci_low"] == pytest.approx(
-        -0.158, abs=1e-3)
+        -0.245, abs=1e-3)
     assert "world-sd3-simpletuner-defaults" in rows["world-sd3-no-encoder-dropout"]["shares_arm_b_with"]
 
 

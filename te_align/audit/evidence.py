@@ -240,11 +240,11 @@ def evidence_for(
 
 def measured_direction(ev: JSONObject) -> str:
     """What the evidence lets ``check``'s severity policy act on: the verdict when it names a winner in both Holm
-    families (the pre-registered one and all rows), else ``""`` (not measured, pending, a null, or a verdict that
-    rests on its family)."""
+    families (the pre-registered one and all rows), ``"null"`` for a measured null or a verdict that rests on its
+    family, else ``""`` (not measured, pending, or uninformative: its gating positive control was not seen)."""
     v = str(ev.get("verdict", ""))
-    if ev.get("row") is None or v.startswith("pending") or v.startswith("not measured"):
-        return ""
+    if ev.get("row") is None or v.startswith(("pending", "not measured", "uninformative")):
+        return ""  # an uninformative verdict (its gating positive control not seen) is no measurement to act on
     if v in ("profile better", "trainer default better") and v == ev.get("verdict_all", v):
         return v
     return "null"
