@@ -201,9 +201,11 @@ def test_diffusion_pipe_comfy_types_are_not_checked_with_the_reason(tmp_path):
     for kind, display, module, line in (("z_image", "Z-Image", "z_image", 17), ("flux2", "FLUX.2", "flux2", 18),
                                         ("krea2", "Krea 2", "krea2", 18), ("ideogram4", "Ideogram 4", "ideogram4", 22),
                                         ("ltx2", "LTX-2", "ltx2", 173)):
+        # each type's own text-encoder key (LTX-2 reads text_encoder, not text_encoders: another key is a finding)
+        te = ("text_encoder = '/m/te.safetensors'" if kind == "ltx2" else
+              "text_encoders = [{path = '/m/te.safetensors', type = 'x'}]")
         r = check_file(dpipe_config(tmp_path, f"type = '{kind}'\ndiffusion_model = '/m/x.safetensors'\n"
-                                              "vae = '/m/vae.safetensors'\ntext_encoders = [{path = '/m/te.safetensors', "
-                                              "type = 'x'}]"))
+                                              f"vae = '/m/vae.safetensors'\n{te}"))
         assert (r.trainer, r.exit_code, r.status) == ("diffusion-pipe", 3, "not-checked"), kind
         assert r.reason == (f"not checked: diffusion-pipe's [model] type '{kind}' ({display}) is a ComfyPipeline "
                             f"(models/{module}.py:{line}, models/base.py:541): its captions are encoded by ComfyUI's "
