@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from te_align.audit.findings import Edit, Finding
+from te_align.audit.findings import Edit, Finding, Severity
 
 EVERY_N_SOURCE = ("sd-scripts: library/train_util.py:829-837 (process_caption: a caption becomes \"\" when "
                   "current_epoch % caption_dropout_every_n_epochs == 0); train_network.py:1401-1403 (the epoch number "
@@ -295,26 +295,24 @@ def cache_caption_findings(family: str, script: str | None, values: dict[str, An
         here = any(not d for _, _, d in places) and key in values
         where = f" (dataset_config subsets: {', '.join(in_file)})" if in_file and not here else ""
         shown = places[0][1]
-        if asserts is not None:
-            out.append(Finding(
-                kind="unused-value", severity="error", setting=key, effective=shown, key=key,
-                line=line(key) if here else None,
-                message=(f"{key} = {_plain_show(shown)}{where} with cached text-encoder outputs: sd-scripts stops at "
-                         "start ('when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, "
-                         "token_warmup_step or caption_tag_dropout_rate cannot be used')"),
-                fix=f"turn {key} off{' in the dataset_config' if where else ''}, or turn text-encoder output caching off",
-                trainer_source=f"sd-scripts: library/train_util.py:1102-1113; {asserts}",
-                edit=Edit(key, remove=True) if here else None))
-        else:
-            out.append(Finding(
-                kind="unused-value", severity="warning", setting=key, effective=shown, key=key,
-                line=line(key) if here else None,
-                message=(f"{key} = {_plain_show(shown)}{where} with cached text-encoder outputs does nothing: "
-                         "lumina_train_network.py does not check it (as the other scripts do) and the cache holds "
-                         "each caption's outputs as written, read without process_caption"),
-                fix=f"turn {key} off{' in the dataset_config' if where else ''}, or turn text-encoder output caching off",
-                trainer_source=f"sd-scripts: lumina_train_network.py:39-50 (no cacheability check); {CACHED_SOURCE.removeprefix('sd-scripts: ')}",
-                edit=Edit(key, remove=True) if here else None))
+        if asserts is not None:  # the script stops at start
+            severity: Severity = "error"
+            said = (f"{key} = {_plain_show(shown)}{where} with cached text-encoder outputs: sd-scripts stops at "
+                    "start ('when caching Text Encoder output, either caption_dropout_rate, shuffle_caption, "
+                    "token_warmup_step or caption_tag_dropout_rate cannot be used')")
+            source = f"sd-scripts: library/train_util.py:1102-1113; {asserts}"
+        else:  # lumina_train_network.py: no such check, the setting silently does nothing
+            severity = "warning"
+            said = (f"{key} = {_plain_show(shown)}{where} with cached text-encoder outputs does nothing: "
+                    "lumina_train_network.py does not check it (as the other scripts do) and the cache holds "
+                    "each caption's outputs as written, read without process_caption")
+            source = ("sd-scripts: lumina_train_network.py:39-50 (no cacheability check); "
+                      f"{CACHED_SOURCE.removeprefix('sd-scripts: ')}")
+        out.append(Finding(
+            kind="unused-value", severity=severity, setting=key, effective=shown, key=key,
+            line=line(key) if here else None, message=said,
+            fix=f"turn {key} off{' in the dataset_config' if where else ''}, or turn text-encoder output caching off",
+            trainer_source=source, edit=Edit(key, remove=True) if here else None))
     return out
 
 
