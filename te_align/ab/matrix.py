@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from te_align import _quiet
 from te_align._atomic import atomic_file
 from te_align._lazy import lazy_module
-from te_align._types import JSONObject
+from te_align._types import JSONObject, JSONValue
 from te_align.ab.evaluate import Divergence
 from te_align.ab.preset import ABError, Preset, load_preset, presets_root
 from te_align.ab.stats import (
@@ -228,7 +228,15 @@ def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | 
 
 
 # ------------------------------------------------------------------------------------------- units
-def _unit(args: tuple[str, int, str, int | None, str, str, JSONObject | None]) -> JSONObject:
+class Reuse(TypedDict):
+    """A committed per-seed result whose arm B a re-run unit takes (:func:`_reusable`): its path under the results'
+    parent and the record as read (JSON)."""
+
+    file: str
+    record: dict[str, Any]
+
+
+def _unit(args: tuple[str, int, str, int | None, str, str, Reuse | None]) -> JSONObject:
     """One seed of one row, in a worker process (single-threaded); returns the per-seed result. ``reuse``: the
     committed result whose arm B this unit takes instead of training it again (:data:`REDRAWN`)."""
     name, seed, out, max_steps, plan, device, reuse = args
@@ -254,14 +262,16 @@ def _unit(args: tuple[str, int, str, int | None, str, str, JSONObject | None]) -
     rec = _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
     if reuse:
         rec["arm_b_from"] = {"file": reuse["file"], "plan": reuse["record"]["plan"], "why": REDRAWN[name]}
-        rec["samples"]["B"] = list(reuse["record"].get("samples", {}).get("B", []))
+        samples = rec["samples"]
+        assert isinstance(samples, dict)  # _seed_record writes {arm: [paths]}
+        samples["B"] = [str(x) for x in reuse["record"].get("samples", {}).get("B", [])]
     # sample paths relative to the matrix folder (OUT/<row>/seed-<s>/...): a committed result names no machine path
     root = Path(out).parent.parent
     rec["samples"] = {arm: [os.path.relpath(f, root) for f in files] for arm, files in rec["samples"].items()}
     return rec
 
 
-def _arm_state(rec: JSONObject, seed: int) -> JSONObject:
+def _arm_state(rec: dict[str, Any], seed: int) -> JSONObject:
     """Arm B of a committed per-seed result as an A/B state's trained and evaluated run (:func:`_unit`'s ``reuse``)."""
     b = rec["arms"]["B"]
     return {
@@ -271,7 +281,7 @@ def _arm_state(rec: JSONObject, seed: int) -> JSONObject:
     }
 
 
-def _reusable(res_dir: Path, name: str, seed: int) -> JSONObject | None:
+def _reusable(res_dir: Path, name: str, seed: int) -> Reuse | None:
     """The committed result of a :data:`REDRAWN` row's seed from before amendment 9, whose arm B a re-run takes."""
     if name not in REDRAWN:
         return None
@@ -847,7 +857,7 @@ def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixR
     summary: JSONObject = {"format": 1, "plan": plan, "document": "docs/effects.md", "alpha": ALPHA, "power": POWER, "rows": out}
     pairs = _changed(before, rows)
     if pairs:  # the verdicts on record before amendment 9, beside the current ones
-        summary["before_amendment_9"] = [
+        on_record: list[JSONValue] = [
             {
                 "preset": b.preset, "seeds": b.seeds, "verdict": b.verdict, "verdict_all": b.verdict_all,
                 "p_holm": b.p_holm, "p_holm_all": b.p_holm_all,
@@ -855,6 +865,7 @@ def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixR
             }
             for b, _ in pairs
         ]
+        summary["before_amendment_9"] = on_record
     return summary
 
 
