@@ -560,9 +560,10 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     trainer = Trainer("simpletuner", RULES, fix_set, fix_remove, lambda key: lines(key),
                       not_settable=HOOKS_FIX if hooked else NOT_SETTABLE)
     # SimpleTuner always encodes captions through its text-embed cache (TextEmbeddingCache).
+    sources = caption_sources(values)  # reads the data_backend_config JSON once
     return Parsed(trainer, values, prof, reason, True, None, findings, SUPPORTED, after=after,
-                  caption_dirs=caption_dirs(values), assumed=getattr(reason, "assumed", ""),
-                  caption_sources=caption_sources(values),
+                  caption_dirs=[s.folder for s in sources if not s.skip], assumed=getattr(reason, "assumed", ""),
+                  caption_sources=sources,
                   model_paths=[values["pretrained_model_name_or_path"]] if isinstance(
                       values.get("pretrained_model_name_or_path"), str) else [])
 
@@ -634,7 +635,3 @@ def _backends(path: Any) -> list[dict[str, Any]]:
             and isinstance(b.get("instance_data_dir"), str)]
 
 
-def caption_dirs(values: dict[str, Any]) -> list[str]:
-    """The folders whose .txt files are captions: the local image backends with caption_strategy "textfile"
-    (with "filename", SimpleTuner's default, a .txt beside an image is not read)."""
-    return [s.folder for s in caption_sources(values) if not s.skip]
