@@ -80,16 +80,7 @@ def _encoder_dropout_differs(p: Preset) -> bool:
     return "encoder_dropout" in p.baseline.train.get("data", {})
 
 
-#: Rows whose arm A encodes long captions as chunks: the trainer buckets batches by chunk count
-#: (``te_align.train.data.BatchOrder``), so arm A's batches are not arm B's (amendment 9: found, not yet re-run).
-CHUNK_BUCKETED = ("world-sd15-max-token-225", "world-sdxl-max-token-225", "world-sdxl-pad-longest")
-
-
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="arm A's batches are bucketed by chunk count (amendment 9)"))
-     if n in CHUNK_BUCKETED else n for n in sorted(PRESETS)],
-)
+@pytest.mark.parametrize("name", sorted(PRESETS))
 def test_both_arms_share_every_draw_but_their_setting(arms: _Arms, name: str) -> None:
     p = PRESETS[name]
     a, _ = arms.draws(p, "A")

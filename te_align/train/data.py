@@ -45,7 +45,6 @@ class Item:
     repeats: int
     size: tuple[int, int]  # original (width, height)
     bucket: tuple[int, int] = (0, 0)  # (width, height) in pixels
-    chunks: int = 1
 
 
 @dataclass
@@ -298,7 +297,11 @@ class Position:
 
 
 class BatchOrder:
-    """Deterministic per-epoch global batches of item indices, bucketed by (bucket, chunks).
+    """Deterministic per-epoch global batches of item indices, bucketed by image bucket.
+
+    Captions of different long-prompt chunk counts share a batch (the text source pads each to the batch's chunk
+    count, as kohya pads every caption to ``max_token_length``), so a run's batches never depend on how its captions
+    are encoded: two runs that differ only in text conditioning train on the same batches.
 
     A global batch holds ``batch_size * world`` indices and is the same on every process; process
     ``rank`` trains the slice :meth:`shard` gives it. With ``world = 1`` this is the plain batch order.
@@ -324,9 +327,9 @@ class BatchOrder:
 
         size = self.global_batch_size
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        groups: dict[tuple[int, int, int], list[int]] = {}
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, it in enumerate(self.items):
-            groups.setdefault((it.bucket[0], it.bucket[1], it.chunks), []).extend([i] * it.repeats)
+            groups.setdefault((it.bucket[0], it.bucket[1]), []).extend([i] * it.repeats)
         batches: list[list[int]] = []
         for key in sorted(groups):
             idx = groups[key]

@@ -36,7 +36,7 @@ from te_align._lazy import lazy_module
 from te_align._paths import read_bytes
 from te_align._threads import fit
 from te_align._types import JSONObject
-from te_align.encoding import Conditioning, EncodeOptions, long_prompt_chunks, sample_dropout
+from te_align.encoding import Conditioning, EncodeOptions, sample_dropout
 from te_align.encoding.cache.keys import hash_text_encoders, tensors_digest
 from te_align.encoding.cache.store import EmbeddingCache
 from te_align.errors import CacheError
@@ -278,6 +278,14 @@ class TextSource:
         """Positions of one long-prompt chunk (the chunkable slot's max_length, 77 for CLIP)."""
         return next(s.tokenizer.max_length for s in self.profile.slots if s.tokenizer.chunkable)
 
+    def chunks_of(self, cond: Conditioning) -> int:
+        """How many long-prompt chunks a (chunked) conditioning holds."""
+        return _seq_len(cond) // self.chunk_positions
+
+    def padded_options(self, chunks: int) -> EncodeOptions:
+        """The options that encode a caption padded to exactly ``chunks`` long-prompt chunks (a batch's chunk count)."""
+        return dataclasses.replace(self.options, long_prompt_chunks=chunks, pad_chunks=True)
+
     def _cached(self, pattern: str, text: str, dropped: list[str], options: EncodeOptions | None = None) -> Conditioning:
         """One caption's conditioning from the memo or the disk cache (``pattern``: the dropped slots, ``*`` all)."""
 
@@ -371,14 +379,14 @@ class TextSource:
 
                 parts.append(self._cached(pattern, text, dropped))
             if self.options.long_prompt_chunks and len({_seq_len(c) for c in parts}) > 1:
-                # a dropped caption encodes as one chunk: give it the batch's chunk count (bucketed by chunks)
+                # each caption is cached with its own chunk count: pad the shorter ones to the batch's chunk count,
+                # as the uncached path (one encode of the whole batch) does
                 longest = max(_seq_len(c) for c in parts)
                 for i in range(n):
-                    if _seq_len(parts[i]) != longest and (drop[i] or any(f[i] for f in slot_flags.values())):
+                    if _seq_len(parts[i]) != longest:
                         pattern = "*" if drop[i] else ",".join(s for s, f in slot_flags.items() if f[i])
                         dropped = [s for s in self.slot_probs if pattern == "*" or s in pattern.split(",")]
-                        chunks = longest // self.chunk_positions
-                        opts = dataclasses.replace(self.options, long_prompt_chunks=chunks, pad_chunks=True)
+                        opts = self.padded_options(longest // self.chunk_positions)
                         parts[i] = self._cached(pattern, "" if drop[i] else texts[i], dropped, opts)
             cond = Conditioning.cat(parts)
         return cond.to(self.device, dtype=self.dtype)
@@ -666,7 +674,7 @@ def _setup(cfg: TrainConfig, pipeline: DiffusionPipeline | None) -> Run:
 
     out_dir = Path(cfg.output.dir)
     cache_dir = Path(cfg.data.cache_dir) if cfg.data.cache_dir else out_dir / "cache"
-    latents = _bucket_and_cache_latents(cfg, report.items, profile, family, pipe, device, accelerator, cache_dir)
+    latents = _bucket_and_cache_latents(cfg, report.items, family, pipe, device, accelerator, cache_dir)
     shift, scaling = latent_transform(pipe.vae)
 
     lora_models, denoiser_params, text_encoder_params = _add_lora(cfg, profile, family, pipe)
@@ -741,23 +749,18 @@ def _load_model(
 def _bucket_and_cache_latents(
     cfg: TrainConfig,
     items: list[Item],
-    profile: AlignmentProfile,
     family: Family,
     pipe: DiffusionPipeline,
     device: torch.device,
     accelerator: Accelerator,
     cache_dir: Path,
 ) -> LatentStore:
-    """Assign every image its bucket (and chunk count), then fill the latent cache when it is on."""
+    """Assign every image its bucket, then fill the latent cache when it is on."""
     vae = pipe.vae
     check_sizes(cfg, vae_scale_factor(vae) * family.patch)
     buckets = make_buckets(cfg.data, vae_scale_factor(vae) * family.patch)
     for it in items:
         it.bucket = assign_bucket(it.size, buckets)
-    if cfg.data.long_prompt_chunks:
-        counts = long_prompt_chunks(profile, [it.caption for it in items], cfg.data.long_prompt_chunks, pipeline=pipe)
-        for it, c in zip(items, counts, strict=True):
-            it.chunks = c
     latents = LatentStore(vae, cache_dir / "latents" if cfg.data.cache_latents else None, device, vae.dtype)
     if cfg.data.cache_latents:
         with accelerator.main_process_first():  # the main process writes the disk cache, the others read it

@@ -77,6 +77,24 @@ def precache_variants(text: TextSource, captions: list[str], batch: int = 1) -> 
             for caption, cond in zip(chunk, cache.get_or_encode(chunk, fn, store=text.writer), strict=True):
                 text._remember((pattern, caption), cond)
                 n += 1
+    return n + _precache_padded(text, captions)
+
+
+def _precache_padded(text: TextSource, captions: list[str]) -> int:
+    """With long-prompt chunks padded to ``max_length``, a batch pads each caption to its longest caption's chunk count:
+    cache every variant at every chunk count above its own (one caption per encoder call, as
+    :meth:`TextSource.batch` encodes one on first use), so that the encoders can be freed."""
+    top = text.options.long_prompt_chunks
+    if not top or text.options.chunk_padding != "max_length":
+        return 0
+    n = 0
+    for pattern, texts in variants(text, captions):
+        dropped = [s for s in text.slot_probs if pattern == "*" or s in pattern.split(",")]
+        for caption in texts:
+            own = text.chunks_of(text._cached(pattern, caption, dropped))
+            for chunks in range(own + 1, top + 1):
+                text._cached(pattern, caption, dropped, text.padded_options(chunks))
+                n += 1
     return n
 
 
