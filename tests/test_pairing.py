@@ -179,15 +179,15 @@ def test_a_redrawn_row_reruns_arm_a_and_takes_arm_b_from_its_record(tmp_path: Pa
 
 
 def test_the_redrawn_rows_results_on_record_are_refused_as_current_and_no_other_rows() -> None:
-    """The re-drawn rows' hashes name amendment 9, so their results from before it (on record beside the results) are
-    never mixed with the new ones; every other row keeps the hash its committed results carry."""
-    from te_align.ab.matrix import REDRAWN, SUPERSEDED, matrix_presets, row_hash
+    """The re-drawn rows' hashes name their amendment (9 or 11), so their results from before it (on record beside the
+    results) are never mixed with the new ones; every other row keeps the hash its committed results carry."""
+    from te_align.ab.matrix import REDRAWN, matrix_presets, row_hash, superseded_folder
 
     root = Path(__file__).resolve().parent.parent / "benchmarks" / "effects"
     for p in matrix_presets():
         h = row_hash(p, seeds=None, max_steps=None)
         if p.name in REDRAWN:
-            old = sorted((root / SUPERSEDED / p.name).glob("seed-*.json"))
+            old = sorted((root / superseded_folder(p.name) / p.name).glob("seed-*.json"))
             assert len(old) == 6 and {json.loads(f.read_text(encoding="utf-8"))["plan"] for f in old} != {h}
         new = sorted((root / "results" / p.name).glob("seed-*.json"))
         assert {json.loads(f.read_text(encoding="utf-8"))["plan"] for f in new} <= {h}

@@ -96,12 +96,24 @@ SECONDARIES: tuple[tuple[str, str], ...] = (
 #: were not arm B's. Its row hash now names the amendment (its results before it are refused, never mixed), and the
 #: results it had stay on record in ``SUPERSEDED`` beside the results folder. Arm B is unchanged (its draws are as
 #: before), so each unit re-runs arm A and takes arm B's committed record of the same seed.
+#: Amendment 11 adds the rows whose arm A chunks long captions: the trainer grouped a batch by its captions' chunk
+#: count, so their arm A trained on other batches than arm B; batches no longer depend on the encoding.
 REDRAWN: dict[str, str] = {
     "world-sd3-no-encoder-dropout": "amendment 9: arm A draws the per-encoder dropout numbers arm B draws (shared timesteps)",
     "world-sd3-simpletuner-defaults": "amendment 9: arm A draws the per-encoder dropout numbers arm B draws (shared timesteps)",
+    "world-sd15-max-token-225": "amendment 11: arm A trains on arm B's batches (no grouping by long-prompt chunk count)",
+    "world-sdxl-max-token-225": "amendment 11: arm A trains on arm B's batches (no grouping by long-prompt chunk count)",
+    "world-sdxl-pad-longest": "amendment 11: arm A trains on arm B's batches (no grouping by long-prompt chunk count)",
 }
-#: Where the results of the rows in :data:`REDRAWN` from before amendment 9 stay on record: beside the results folder.
+#: Where the results of the rows in :data:`REDRAWN` from before their amendment stay on record: beside the results
+#: folder, one folder per amendment (:func:`superseded_folder`).
 SUPERSEDED = "superseded-amendment-9"
+SUPERSEDED_11 = "superseded-amendment-11"
+
+
+def superseded_folder(name: str) -> str:
+    """The folder (beside the results folder) holding a :data:`REDRAWN` row's results from before its amendment."""
+    return SUPERSEDED_11 if REDRAWN.get(name, "").startswith("amendment 11") else SUPERSEDED
 #: The positive control on the deviations' own axis (amendment 10): arm B's LoRA sampled with each probe prompt cut
 #: before the concept's word. A verdict new since amendment 9 (a re-drawn row's, or one that moved with them) counts
 #: only once this control reads "profile better"; until then it is pending, and if it reads otherwise, uninformative.
@@ -282,17 +294,18 @@ def _arm_state(rec: dict[str, Any], seed: int) -> JSONObject:
 
 
 def _reusable(res_dir: Path, name: str, seed: int) -> Reuse | None:
-    """The committed result of a :data:`REDRAWN` row's seed from before amendment 9, whose arm B a re-run takes."""
+    """The committed result of a :data:`REDRAWN` row's seed from before its amendment, whose arm B a re-run takes."""
     if name not in REDRAWN:
         return None
-    f = res_dir.parent / SUPERSEDED / name / f"seed-{seed}.json"
+    folder = superseded_folder(name)
+    f = res_dir.parent / folder / name / f"seed-{seed}.json"
     if not f.is_file():
         return None
     try:
         rec = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ABError(f"unreadable result ({e})", file=str(f)) from None
-    return {"file": f"{SUPERSEDED}/{name}/{f.name}", "record": rec}
+    return {"file": f"{folder}/{name}/{f.name}", "record": rec}
 
 
 def _machine() -> str:
@@ -573,6 +586,11 @@ def shared_arm_b(rows: Sequence[MatrixRow]) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------------------------- run
+def seed_range(p: Preset, seeds: int | None = None) -> range:
+    """The seeds of a row's units: ``eval.first_seed`` on, ``seeds`` (or the preset's ``eval.seeds``) of them."""
+    return range(p.eval.first_seed, p.eval.first_seed + (seeds or p.eval.seeds))
+
+
 def run_matrix(
     out: str | Path = "te-align-matrix",
     *,
@@ -609,10 +627,9 @@ def run_matrix(
     chosen = [p for p in presets if not only or p.name in only]
     ready = set(shipped())
     units: list[tuple[str, int]] = []
-    for s in range(max(seeds or p.eval.seeds for p in chosen) if chosen else 0):
-        for p in chosen:
-            n = seeds or p.eval.seeds
-            if s < n and p.world is not None and p.world.base in ready and not any(int(d["seed"]) == s for d in done.get(p.name, [])):
+    for p in chosen:
+        for s in seed_range(p, seeds):
+            if p.world is not None and p.world.base in ready and not any(int(d["seed"]) == s for d in done.get(p.name, [])):
                 units.append((p.name, s))
     # controls first: every control seed before any deviation seed
     units.sort(key=lambda u: (KIND_ORDER[next(p for p in presets if p.name == u[0]).baseline.kind] > 1, u[1]))
@@ -687,12 +704,12 @@ def run_matrix(
 def superseded_rows(
     presets: Sequence[Preset], current: dict[str, list[JSONObject]], res_dir: Path, *, planned: int | None
 ) -> list[MatrixRow]:
-    """The table as it stood before amendment 9: the :data:`REDRAWN` rows from their results on record
-    (``SUPERSEDED`` beside the results folder), every other row from its current results (unchanged by the
-    amendment). Empty when no such result is on record."""
+    """The table as it stood before amendments 9 and 11: the :data:`REDRAWN` rows from their results on record
+    (:func:`superseded_folder` beside the results folder), every other row from its current results (unchanged by the
+    amendments). Empty when no such result is on record."""
     old = {}
     for name in REDRAWN:
-        files = sorted((res_dir.parent / SUPERSEDED / name).glob("seed-*.json"))
+        files = sorted((res_dir.parent / superseded_folder(name) / name).glob("seed-*.json"))
         if files:
             old[name] = sorted((json.loads(f.read_text(encoding="utf-8")) for f in files), key=lambda d: int(d["seed"]))
     if not old:
@@ -733,14 +750,16 @@ def _before_section(before: Sequence[MatrixRow], rows: Sequence[MatrixRow]) -> l
         return []
     lines = [
         "",
-        "## Before amendment 9: the verdicts on record",
+        "## Before amendments 9 and 11: the verdicts on record",
         "",
         "Before amendment 9 of the plan, arm A of the rows that remove SD3's per-encoder dropout drew no dropout numbers "
         "from the training step's random stream, so it trained on other timesteps than arm B (the noise, data order and "
-        "LoRA initialisation were shared). Amendment 9 gives both arms the same numbers and re-runs those arms A; arm B "
-        "is unchanged and taken from the same seeds' results. The earlier results stay on record in "
-        f"`benchmarks/effects/{SUPERSEDED}/`; below, each re-drawn row and each row whose verdict moved with them (Holm "
-        "families share rows), as it read then and as it reads now.",
+        "LoRA initialisation were shared). Before amendment 11, arm A of the rows that chunk long captions trained on "
+        "other batches than arm B (the trainer grouped a batch by its captions' chunk count). Each amendment gives both "
+        "arms the same draws and re-runs those arms A; arm B is unchanged and taken from the same seeds' results. The "
+        f"earlier results stay on record in `benchmarks/effects/{SUPERSEDED}/` and `benchmarks/effects/{SUPERSEDED_11}/`; "
+        "below, each re-drawn row and each row whose verdict moved with them (Holm families share rows), as it read then "
+        "and as it reads now.",
         "",
         "| row | seeds then | A - B then [95% CI] | p (Holm) then | verdict then | all-rows verdict then | A - B now [95% CI] | "
         "verdict now | all-rows verdict now |",

@@ -177,6 +177,9 @@ class EvalSettings:
     sample_size: int = 0
     #: Default number of training seeds (``--seeds`` overrides).
     seeds: int = 1
+    #: The first seed (seeds run ``first_seed`` .. ``first_seed + seeds - 1``): a confirmatory row runs on seeds
+    #: (so data and probe prompts) that no earlier row used (amendment 11 of benchmarks/bench_effects.md).
+    first_seed: int = 0
     #: Prompt accuracy (validation folders with a shapes-world answer key): sampler steps and guidance.
     accuracy_steps: int = 16
     accuracy_guidance: float = 4.0
@@ -213,6 +216,8 @@ class Preset:
         d.pop("source", None)
         if not d["baseline"]["cut_before"]:  # added by amendment 10: the other rows' hashes stay as they were
             d["baseline"].pop("cut_before")
+        if not d["eval"]["first_seed"]:  # added by amendment 11: likewise
+            d["eval"].pop("first_seed")
         return d
 
 
@@ -336,8 +341,8 @@ def preset_from_dict(data: JSONObject, *, file: str = "") -> Preset:
         raise ABError(f"[train]: {e}", file=file) from None
     if preset.world is not None:
         _check_world(preset.world, file)
-    if ev.every < 0 or not 0.0 < ev.holdout < 1.0 or ev.seeds < 1 or ev.sample_steps < 1:
-        raise ABError("every >= 0, 0 < holdout < 1, seeds >= 1, sample_steps >= 1", file=file, key="eval")
+    if ev.every < 0 or not 0.0 < ev.holdout < 1.0 or ev.seeds < 1 or ev.sample_steps < 1 or ev.first_seed < 0:
+        raise ABError("every >= 0, 0 < holdout < 1, seeds >= 1, sample_steps >= 1, first_seed >= 0", file=file, key="eval")
     if any(not 0.0 < t < 1.0 for t in ev.timesteps):
         raise ABError("timesteps must lie in (0, 1)", file=file, key="eval.timesteps")
     if not ev.prompts:
