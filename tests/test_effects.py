@@ -155,7 +155,10 @@ def test_matrix_rows_of_every_kind_validate() -> None:
 
     rows = matrix_presets()
     kinds = [p.baseline.kind for p in rows]
-    assert kinds[:3] == ["positive"] * 3 and kinds[3:5] == ["null", "null"]  # controls first (the third: amendment 10)
+    # controls first (the third: amendment 10; the fourth, on seeds 6-11: amendment 11)
+    assert kinds[:4] == ["positive"] * 4 and kinds[4:6] == ["null", "null"]
+    confirm = next(p for p in rows if p.name == "world-sd3-positive-cut-confirm")
+    assert (confirm.eval.first_seed, confirm.eval.seeds) == (6, 6)
     # the first plan's rows; the SDXL (amendment 7) and Chroma (amendment 8) rows are deviations added later
     shipped = [p for p in rows if p.world is not None and p.world.base not in ("sdxl", "chroma")]
     later = [p for p in rows if p.world is not None and p.world.base in ("sdxl", "chroma")]

@@ -119,6 +119,13 @@ def superseded_folder(name: str) -> str:
 #: only once this control reads "profile better"; until then it is pending, and if it reads otherwise, uninformative.
 AXIS_GATE = "world-sd3-positive-cut"
 UNINFORMATIVE_AXIS = f"uninformative (the positive control on the deviations' axis, {AXIS_GATE}, was not seen)"
+#: Instrument 2 (amendment 11): concept net accuracy at the last checkpoint, one Holm family of every deviation and
+#: inference row, gated by a positive control run on new seeds. Its readings of rows whose arm A ran before the
+#: amendment are post hoc (the readout was chosen after seeing amendment 10's control; the rows' 300-step readings were
+#: published as secondaries); only the rows in :data:`CONFIRMATORY_2` have a confirmatory reading.
+GATE_2 = "world-sd3-positive-cut-confirm"
+UNINFORMATIVE_2 = f"uninformative (instrument 2's confirmatory control, {GATE_2}, was not seen)"
+CONFIRMATORY_2 = frozenset(n for n, why in REDRAWN.items() if why.startswith("amendment 11"))
 
 
 def holm_family(base: str) -> str:
@@ -168,10 +175,25 @@ class MatrixRow:
     mde_unadjusted: float = float("nan")
     #: The paired t test and the exact sign-flip test disagree at alpha (unadjusted): one rejects, the other not.
     tests_disagree: bool = False
+    #: Instrument 2 (amendment 11; :attr:`final_net`): Holm over all deviation and inference rows, the interval at
+    #: its verdict's level, the verdict (gated by :data:`GATE_2`), the smallest detectable effect at the family's
+    #: first Holm step, whether the two tests disagree, and whether the reading is confirmatory (else post hoc).
+    p_holm_2: float = float("nan")
+    holm_factor_2: float = float("nan")
+    adj_ci_2: tuple[float, float] = (float("nan"), float("nan"))
+    verdict_2: str = ""
+    mde_2: float = float("nan")
+    tests_disagree_2: bool = False
+    confirmatory_2: bool = False
 
     @property
     def primary(self) -> JSONObject | None:
         return next((m for m in self.metrics if m["metric"] == _runner.PRIMARY), None)
+
+    @property
+    def final_net(self) -> JSONObject | None:
+        """Instrument 2's reading (:data:`te_align.ab.runner.FINAL_NET`)."""
+        return next((m for m in self.metrics if m["metric"] == _runner.FINAL_NET), None)
 
 
 def matrix_presets() -> list[Preset]:
@@ -532,7 +554,46 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
                     setattr(r, attr, f"{PENDING} (the gating positive control, {GATE})")
                 elif gate.verdict != PROFILE_BETTER:
                     setattr(r, attr, UNINFORMATIVE)
+    _instrument_2(rows)
     return rows
+
+
+def _instrument_2(rows: Sequence[MatrixRow]) -> None:
+    """Amendment 11's readout on every row: one Holm family of the complete deviation and inference rows, controls
+    unadjusted, every deviation and inference verdict gated by :data:`GATE_2` (pending until it is complete,
+    uninformative unless it reads "profile better")."""
+    def complete(r: MatrixRow) -> bool:
+        return r.kind in ("deviation", "inference") and r.final_net is not None and r.seeds >= r.planned and not r.reason
+
+    family = [r for r in rows if complete(r)]
+    ps = [float(r.final_net["p_t"]) for r in family]  # type: ignore[index]
+    for r, adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
+        r.p_holm_2, r.holm_factor_2 = adj, c
+    noise = _null_spread(rows, _runner.FINAL_NET)
+    for r in rows:
+        m = r.final_net
+        r.confirmatory_2 = r.preset in CONFIRMATORY_2 or r.kind in ("positive", "null")
+        r.verdict_2 = _verdict(r, r.p_holm_2, m, primary=False)
+        if m is None or r.reason:
+            continue
+        n = int(m["n"])
+        r.tests_disagree_2 = not _degenerate(m) and (float(m["p_t"]) < ALPHA) != (float(m["p_signflip"]) < ALPHA)
+        if r.kind in ("deviation", "inference"):
+            diffs = [x - y for x, y in zip(m["a"], m["b"], strict=True)]
+            r.adj_ci_2 = t_interval(diffs, ALPHA / r.holm_factor_2) if r.holm_factor_2 > 0 else (math.nan, math.nan)
+            r.mde_2 = smallest_detectable(noise, n, ALPHA / max(1, len(family)), POWER)
+        else:
+            r.adj_ci_2 = (float(m["ci_low"]), float(m["ci_high"]))
+            r.mde_2 = smallest_detectable(noise, n, ALPHA, POWER)
+    gate = next((r for r in rows if r.preset == GATE_2), None)
+    for r in rows:
+        v = r.verdict_2
+        if r.kind not in ("deviation", "inference") or v.startswith((PENDING, "not run")) or v == NO_VERDICT:
+            continue
+        if gate is None or gate.verdict_2.startswith((PENDING, "not run")):
+            r.verdict_2 = f"{PENDING} (instrument 2's confirmatory control, {GATE_2})"
+        elif gate.verdict_2 != PROFILE_BETTER:
+            r.verdict_2 = UNINFORMATIVE_2
 
 
 def _degenerate(m: JSONObject) -> bool:
@@ -540,10 +601,11 @@ def _degenerate(m: JSONObject) -> bool:
     return int(m["n"]) < 2 or not float(m["diff_sd"]) > 0
 
 
-def _verdict(r: MatrixRow, p_holm: float) -> str:
-    """A row's verdict on the primary metric with ``p_holm`` (deviation and inference rows) or its own p
-    (controls, unadjusted): pending until every planned seed is in, none for a degenerate difference."""
-    m = r.primary
+def _verdict(r: MatrixRow, p_holm: float, m: JSONObject | None = None, *, primary: bool = True) -> str:
+    """A row's verdict on the primary metric (or on ``m``, another readout, with ``primary=False``) with ``p_holm``
+    (deviation and inference rows) or its own p (controls, unadjusted): pending until every planned seed is in, none
+    for a degenerate difference."""
+    m = r.primary if primary else m
     if r.reason:
         return "not run"
     if m is None:
@@ -559,13 +621,13 @@ def _verdict(r: MatrixRow, p_holm: float) -> str:
     return TRAINER_BETTER if a_higher == m["higher_better"] else PROFILE_BETTER
 
 
-def _null_spread(rows: Sequence[MatrixRow]) -> float:
+def _null_spread(rows: Sequence[MatrixRow], metric: str = _runner.PRIMARY) -> float:
     """The spread of one seed's difference A - B when nothing differs: the pooled standard deviation of the
-    complete null controls' per-seed differences on the primary metric (variances weighted by their degrees of
+    complete null controls' per-seed differences on ``metric`` (variances weighted by their degrees of
     freedom). NaN without a complete null control."""
     num = den = 0.0
     for r in rows:
-        m = r.primary
+        m = next((x for x in r.metrics if x["metric"] == metric), None)
         if r.kind != "null" or m is None or r.seeds < r.planned or int(m["n"]) < 2:
             continue
         num += (int(m["n"]) - 1) * float(m["diff_sd"]) ** 2
@@ -871,6 +933,17 @@ def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixR
                 "mde_unadjusted": r.mde_unadjusted,
                 "secondary": secondary,
                 "shares_arm_b_with": [x for x in shared.get(r.preset, []) if x != r.preset],
+                "instrument_2": None if r.final_net is None else {
+                    **{k: r.final_net[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip", "n")},
+                    "p_holm": r.p_holm_2,
+                    "adjusted_ci": list(r.adj_ci_2),
+                    "ci_terms": _terms(r, r.holm_factor_2, ALL_ROWS),
+                    "verdict": r.verdict_2,
+                    "mde": r.mde_2,
+                    "tests_disagree": r.tests_disagree_2,
+                    "confirmatory": r.confirmatory_2,
+                    "metric": _runner.FINAL_NET,
+                },
             }
         )
     summary: JSONObject = {"format": 1, "plan": plan, "document": "docs/effects.md", "alpha": ALPHA, "power": POWER, "rows": out}
@@ -1125,6 +1198,60 @@ def _added_statistics(rows: Sequence[MatrixRow]) -> list[str]:
     return out
 
 
+def _instrument_2_section(rows: Sequence[MatrixRow]) -> list[str]:
+    """Amendment 11's readout: every row on concept net accuracy at the last checkpoint, its gate, and which readings
+    are confirmatory (rows whose arm A ran after the amendment) and which post hoc."""
+    done = [r for r in rows if r.final_net is not None and not r.reason]
+    if not done:
+        return []
+    gate = next((r for r in rows if r.preset == GATE_2), None)
+    family = [r for r in done if r.kind in ("deviation", "inference") and not math.isnan(r.holm_factor_2)]
+    state = ("has not run" if gate is None or gate.final_net is None else
+             f"reads **{gate.verdict_2}**" + (f" ({gate.seeds} of {gate.planned} seeds)" if gate.seeds < gate.planned else ""))
+    out = [
+        "",
+        "## Instrument 2 (amendment 11): concept net accuracy at 300 steps",
+        "",
+        f"A second readout of every row, added by amendment 11 after amendment 10's positive control ({AXIS_GATE}) was "
+        "not seen on the primary metric: **" + _runner.FINAL_NET + "** (the primary's terms at the last checkpoint, the "
+        "LoRA a user keeps; the primary's early checkpoints differ the other way in that control). One Holm family of "
+        f"all {len(family)} complete deviation and inference rows; controls unadjusted; the adjusted interval and the "
+        "smallest detectable effect as in the section above, from the null controls' spread of this readout. Its gate "
+        f"is a positive control on seeds no row had used, **{GATE_2}** (seeds 6-11), which {state}; a verdict is "
+        "printed only once it reads \"profile better\".",
+        "",
+        "**Post hoc or confirmatory.** The readout was chosen after seeing amendment 10's control, and the rows' 300-step "
+        "hit and false-pink readings were published as secondaries before it, so every reading of a row whose arm A ran "
+        "before the amendment is **post hoc**: shown, never used by `te-align check` to set a severity. A row whose "
+        f"arm A ran after it ({', '.join(sorted(CONFIRMATORY_2))}) has a **confirmatory** reading, and `check` "
+        "acts on it where the row's pre-registered verdict is uninformative.",
+        "",
+        "| row | kind | base | seeds | A | B | A - B [95% CI] | p (t) | p (sign-flip) | p (Holm, all rows) | adjusted "
+        "interval | smallest detectable | verdict | reading |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|---|",
+    ]
+    for r in done:
+        m = r.final_net
+        assert m is not None
+        adj = _ci({"diff_mean": m["diff_mean"], "ci_low": r.adj_ci_2[0], "ci_high": r.adj_ci_2[1], "n": m["n"]})
+        reading = "control" if r.kind in ("positive", "null") else ("confirmatory" if r.confirmatory_2 else "post hoc")
+        out.append(
+            f"| {r.preset} | {r.kind} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | {_ci(m)} | "
+            f"{_p(m['p_t'])} | {_p(m['p_signflip'])} | {_p(r.p_holm_2)} | {adj} | {_mde(r.mde_2)} | "
+            f"**{r.verdict_2}**{' ‡' if r.tests_disagree_2 else ''} | {reading} |"
+        )
+    disagree = [r for r in done if r.tests_disagree_2]
+    out.append("")
+    if disagree:
+        out.append(
+            "- **The two tests disagree** (‡, unadjusted at 0.05): "
+            + "; ".join(f"{r.preset} (paired t p {_p(r.final_net['p_t'])}, sign-flip p {_p(r.final_net['p_signflip'])})"  # type: ignore[index]
+                        for r in disagree) + "."
+        )
+    out.append(f"- Null controls' spread of this readout: s = {_mde(_null_spread(rows, _runner.FINAL_NET))}.")
+    return out
+
+
 def render_effects(
     rows: Sequence[MatrixRow], *, command: str, plan: str, strips: Path | None = None, doc: Path | None = None,
     before: Sequence[MatrixRow] = (),
@@ -1178,6 +1305,7 @@ def render_effects(
     lines += _before_section(before, rows)
     lines += _reading(rows)
     lines += _added_statistics(rows)
+    lines += _instrument_2_section(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
         lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")

@@ -252,6 +252,7 @@ def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
     if runs and all(r.curve for r in runs):
         metrics += [
             (Metric(PRIMARY, True), lambda r: r.curve_mean),
+            (Metric(FINAL_NET, True), lambda r: r.final("net")),
             (Metric("concept hit rate, final (asked pink at the asked position)", True), lambda r: r.final("hit")),
             (Metric("concept exact, final (colour, shape and position)", True), lambda r: r.final("exact")),
             (Metric("known colours, final (forgetting: asked colour at the asked position)", True), lambda r: r.final("known")),
@@ -301,6 +302,8 @@ def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
 
 #: The pre-registered primary metric of the shapes-world A/Bs with probe prompts (benchmarks/bench_effects.md).
 PRIMARY = "concept net accuracy, learning-curve mean (as sampled at inference)"
+#: Instrument 2 of the effects matrix (amendment 11): the primary's terms at the last checkpoint only.
+FINAL_NET = "concept net accuracy, final (hit minus false pink at the last checkpoint)"
 
 
 def verdict_of(summary: list[SummaryRow]) -> str:

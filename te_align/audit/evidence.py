@@ -212,6 +212,9 @@ def evidence_for(
                 shown.append(f"{key} {_signed(d, math.nan)} (no spread: no interval) ({better} is better)")
             else:
                 shown.append(f"{key} {_signed(d, half)} [{_signed(slo, half)}, {_signed(shi, half)}] ({better} is better)")
+        second = _instrument_2_line(row)
+        if second:
+            lines.append(second)
         both = combined_line(trainer, m.row, path=path)
         if both:
             lines.append(both)
@@ -232,17 +235,39 @@ def evidence_for(
         "ci": [j(lo), j(hi)],
         "adjusted_ci": [j(alo), j(ahi)],
         "secondary": row.get("secondary") or {},
+        "instrument_2": row.get("instrument_2") if complete else None,
         "document": DOCUMENT,
         "text": text + f" (see {DOCUMENT})",
         "lines": lines,
     }
 
 
+def _instrument_2_line(row: JSONObject) -> str:
+    """The row's reading on instrument 2 (amendment 11: concept net accuracy at 300 steps, one Holm family of all
+    rows), labelled confirmatory or post hoc; "" where the summary has none."""
+    x = row.get("instrument_2")
+    if not isinstance(x, dict) or str(row.get("kind")) not in ("deviation", "inference"):
+        return ""
+    d, adj = _num(x.get("diff_mean")), x.get("adjusted_ci") or [None, None]
+    lo, hi = _num(adj[0]), _num(adj[1])
+    ci = f" [Holm-adjusted interval, all rows, {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
+    how = "confirmatory" if x.get("confirmatory") else "post hoc: shown, not acted on"
+    return f"instrument 2 (concept net accuracy at 300 steps, amendment 11; {how}): {d:+.3f}{ci}: {x.get('verdict')}"
+
+
 def measured_direction(ev: JSONObject) -> str:
     """What the evidence lets ``check``'s severity policy act on: the verdict when it names a winner in both Holm
     families (the pre-registered one and all rows), ``"null"`` for a measured null or a verdict that rests on its
-    family, else ``""`` (not measured, pending, or uninformative: its gating positive control was not seen)."""
+    family, else ``""`` (not measured, pending, or uninformative: its gating positive control was not seen). Where
+    the pre-registered verdict is uninformative, a confirmatory instrument-2 verdict (amendment 11) counts in its
+    place; a post-hoc one never does."""
     v = str(ev.get("verdict", ""))
+    second = ev.get("instrument_2")
+    if v.startswith("uninformative") and isinstance(second, dict) and second.get("confirmatory"):
+        v2 = str(second.get("verdict", ""))
+        if v2 in ("profile better", "trainer default better"):
+            return v2
+        return "null" if v2 == "no measurable difference" else ""
     if ev.get("row") is None or v.startswith(("pending", "not measured", "uninformative")):
         return ""  # an uninformative verdict (its gating positive control not seen) is no measurement to act on
     if v in ("profile better", "trainer default better") and v == ev.get("verdict_all", v):

@@ -21,7 +21,10 @@ no torch. The same policy, in words, is in ``docs/severity.md``.
    :func:`te_align.audit.rules.official_alternative`); a measured harm still makes it an error.
 4. **Where the trainer's default measured better** ("trainer default better" in both families) the finding is a
    note that says so, its fix keeps the trainer's value, and ``check --fix`` does not write the profile's value.
-5. **Not measured and losing nothing** (a mask flag, a padding convention): at most a warning.
+5. **Not measured and losing nothing** (a mask flag, a padding convention): at most a warning. An *uninformative*
+   verdict (its gating positive control not seen) is read as not measured, unless the row has a confirmatory
+   instrument-2 verdict (amendment 11 of the plan), which then counts in its place
+   (:func:`te_align.audit.evidence.measured_direction`); a post-hoc instrument-2 reading is shown, never acted on.
 6. ``check --fix`` never writes a key that switches off a trainer's own safety checks (a trainer's rule names it in
    :attr:`te_align.audit.rules.Rule.unsafe`) unless
    ``--allow-unsafe-keys`` asks for it; without the flag the finding says what the fix would take.
