@@ -3,20 +3,15 @@ backed by a rule that ran. Each trainer needs its checkout in an environment var
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from te_align.audit import check_file
+from tests.support.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("check_corpus", ROOT / "tools" / "check_corpus.py")
-corpus = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("check_corpus", corpus)  # dataclasses look their module up
-_spec.loader.exec_module(corpus)
+corpus = load_script("tools/check_corpus.py")
 
 
 @pytest.mark.parametrize("trainer", sorted(corpus.ENV))

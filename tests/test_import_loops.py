@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
+
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _metrics():
-    spec = importlib.util.spec_from_file_location("shape_metrics", ROOT / "tools" / "shape_metrics.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("shape_metrics", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/shape_metrics.py")
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:

@@ -5,21 +5,15 @@ command or to its finished result. The full sweep, on real checkouts too, is ``t
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from te_align import _atomic
+from tests.support.scripts import load_script
 
-REPO = Path(__file__).resolve().parents[1]
-if "te_align_fault_campaign" not in sys.modules:  # tools/ is not a package
-    _spec = importlib.util.spec_from_file_location("te_align_fault_campaign", REPO / "tools" / "fault_campaign.py")
-    sys.modules["te_align_fault_campaign"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["te_align_fault_campaign"])  # type: ignore[union-attr]
-campaign = sys.modules["te_align_fault_campaign"]
+campaign = load_script("tools/fault_campaign.py")
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the kill sweep forks a process per command (no os.fork here)")
 

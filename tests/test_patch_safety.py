@@ -6,7 +6,6 @@ GUI and ai-toolkit come from tools/fault_campaign.py (the same builders the camp
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -21,13 +20,10 @@ from te_align import _atomic
 from te_align.cli import main
 from te_align.patching import FileChange, Plan, apply, revert, sha256_file, status
 from te_align.patching.transaction import STATE_DIR, revert_report
+from tests.support.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-if "te_align_fault_campaign" not in sys.modules:  # tools/ is not a package: load the campaign's tree builders
-    _spec = importlib.util.spec_from_file_location("te_align_fault_campaign", REPO / "tools" / "fault_campaign.py")
-    sys.modules["te_align_fault_campaign"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["te_align_fault_campaign"])  # type: ignore[union-attr]
-campaign = sys.modules["te_align_fault_campaign"]
+campaign = load_script("tools/fault_campaign.py")  # tools/ is not a package: the campaign's tree builders
 
 
 def _cli(*args: str) -> tuple[int, str, str]:

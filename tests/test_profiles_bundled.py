@@ -3,7 +3,6 @@ behaviour value, keep the recorded disagreements between sources, and round-trip
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from te_align import _toml as tomllib
 from te_align.profiles import bundled, bundled_names, profile_from_dict
 from te_align.profiles.model import STATUSES, AlignmentProfile, EncoderSpec, MaskSpec, SlotSpec, TokenizerSpec
 from te_align.profiles.official import official_repos, official_snapshot
+from tests.support.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The research record the snapshots were compiled from (tools/snapshot_official.py); not in the repository.
@@ -486,13 +486,7 @@ def test_pipeline_default_lengths_are_the_profile_value_or_an_alternative(prof: 
 
 
 def _load_tool() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "snapshot_official", REPO_ROOT / "tools" / "snapshot_official.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/snapshot_official.py")
 
 
 def test_snapshot_generator_keeps_every_leaf(tmp_path: Path):

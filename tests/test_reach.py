@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import types
 from pathlib import Path
@@ -10,16 +9,13 @@ from pathlib import Path
 from te_align.audit.reach import Cell, family_cells, markdown_table
 from te_align.audit.rules import Rule
 from te_align.cli import main
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("reach_table", ROOT / "tools" / "reach_table.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/reach_table.py")
 
 
 def test_the_readme_table_is_the_one_the_rule_tables_make():

@@ -3,7 +3,6 @@ its readings of the plan's claims on made-up complete results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "benchmarks" / "swap_study.py"
 TINY = ["--steps", "4", "--checkpoints", "0,2,4", "--train-images", "16", "--val-images", "4", "--probes", "4",
@@ -20,12 +21,7 @@ TINY = ["--steps", "4", "--checkpoints", "0,2,4", "--train-images", "16", "--val
 
 
 def _driver() -> Any:
-    spec = importlib.util.spec_from_file_location("swap_study", DRIVER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["swap_study"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/swap_study.py")
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ registry line. No torch, no trainer checkout."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import textwrap
 from pathlib import Path
@@ -22,16 +21,13 @@ from te_align.trainers.api import (
     find_checkout,
     target_mismatch,
 )
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _metrics():
-    spec = importlib.util.spec_from_file_location("shape_metrics", ROOT / "tools" / "shape_metrics.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("shape_metrics", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tools/shape_metrics.py")
 
 
 def test_registration_refuses_duplicate_names_and_aliases():
