@@ -286,6 +286,66 @@ def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
 
 
 
+def test_instrument_2_reads_the_last_checkpoint_in_one_family_gated_by_its_confirmatory_control() -> None:
+    """Amendment 11: concept net accuracy at the last checkpoint, Holm over every complete deviation and inference row,
+    each verdict pending until world-sd3-positive-cut-confirm is complete and uninformative unless it reads "profile
+    better"; confirmatory only for the rows re-run under the amendment, post hoc for the others."""
+    from te_align.ab.matrix import GATE_2, aggregate, matrix_presets, render_effects, summary_of
+    from te_align.ab.runner import FINAL_NET
+
+    presets = {p.name: p for p in matrix_presets()}
+    # the curve mean favours A (early checkpoints), the last checkpoint favours B: instrument 2 sees B better
+    a = [[0.5, 0.5, 0.3, 0.1 + 0.01 * s] for s in range(6)]
+    b = [[0.0, 0.1, 0.3, 0.6 + 0.012 * s] for s in range(6)]
+    recs = {n: [_record(n, s, a[s], b[s]) for s in range(6)] for n in ("world-sd3-t5-77", "world-sd15-max-token-225")}
+    recs["world-sd3-null"] = [_record("world-sd3-null", s, [0.4] * 3 + [0.4 + 0.01 * (-1) ** s], [0.4] * 4) for s in range(6)]
+    recs[GATE_2] = [_record(GATE_2, 6 + s, [0.2] * 3 + [0.1 + 0.02 * s], [0.2] * 3 + [0.5]) for s in range(6)]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    gate = rows[GATE_2]
+    assert gate.final_net is not None and gate.final_net["metric"] == FINAL_NET and gate.verdict_2 == "profile better"
+    dev = rows["world-sd3-t5-77"]
+    m = dev.final_net
+    assert m is not None and m["diff_mean"] == pytest.approx(sum((0.1 + 0.01 * s) - (0.6 + 0.012 * s) for s in range(6)) / 6)
+    assert dev.primary is not None and dev.primary["diff_mean"] > 0  # the primary reads the other way
+    assert dev.holm_factor_2 == 2 and dev.p_holm_2 == pytest.approx(min(1.0, 2 * max(
+        float(rows[n].final_net["p_t"]) for n in ("world-sd3-t5-77", "world-sd15-max-token-225"))))  # type: ignore[index]
+    assert dev.verdict_2 == "profile better" and not dev.confirmatory_2
+    assert rows["world-sd15-max-token-225"].confirmatory_2
+    text = render_effects(list(rows.values()), command="te-align ab matrix", plan="p1")
+    assert "## Instrument 2 (amendment 11): concept net accuracy at 300 steps" in text
+    line = next(x for x in text.splitlines() if x.startswith("| world-sd3-t5-77 | deviation | sd3 | 6 | 0.125 |"))
+    assert line.endswith("| **profile better** | post hoc |")
+    line = next(x for x in text.splitlines() if x.startswith("| world-sd15-max-token-225 | deviation | sd15 | 6 | 0.125 |"))
+    assert line.endswith("| **profile better** | confirmatory |")
+    second = next(r for r in summary_of(list(rows.values()), "p1")["rows"] if r["preset"] == "world-sd3-t5-77")["instrument_2"]
+    assert (second["verdict"], second["confirmatory"], second["metric"]) == ("profile better", False, FINAL_NET)
+    # the gate not seen: every deviation verdict on instrument 2 is uninformative; incomplete: pending
+    recs[GATE_2] = [_record(GATE_2, 6 + s, [0.2] * 4, [0.2] * 3 + [0.2 + 0.01 * (-1) ** s]) for s in range(6)]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows["world-sd3-t5-77"].verdict_2 == f"uninformative (instrument 2's confirmatory control, {GATE_2}, was not seen)"
+    recs[GATE_2] = recs[GATE_2][:2]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows["world-sd3-t5-77"].verdict_2 == f"pending (instrument 2's confirmatory control, {GATE_2})"
+
+
+def test_instrument_2_is_the_committed_seeds_last_checkpoint() -> None:
+    """Recomputed from the committed per-seed results: the positive control of amendment 10 on instrument 2 (the
+    numbers amendment 11 cites) and the confirmatory control's seeds, which no other row uses."""
+    from te_align.ab.matrix import GATE_2, matrix_presets, row_hash
+
+    diffs = []
+    for s in range(6):
+        arms = json.loads((RESULTS / "world-sd3-positive-cut" / f"seed-{s}.json").read_text(encoding="utf-8"))["arms"]
+        diffs.append(arms["A"]["curve"][-1][1]["net"] - arms["B"]["curve"][-1][1]["net"])
+    assert [round(d, 4) for d in diffs] == [-0.3125, -0.0625, -0.0625, -0.4375, -0.125, -0.375]
+    assert statistics.fmean(diffs) == pytest.approx(-0.2291667, abs=1e-6)
+    presets = {p.name: p for p in matrix_presets()}
+    used = {int(json.loads(f.read_text(encoding="utf-8"))["seed"]) for f in RESULTS.glob("*/seed-*.json")
+            if f.parent.name != GATE_2}
+    assert used == set(range(6))
+    assert row_hash(presets[GATE_2], seeds=None, max_steps=None) != row_hash(presets["world-sd3-positive-cut"], seeds=None, max_steps=None)
+
+
 def test_reading_is_computed_from_the_verdicts_once_every_row_is_complete() -> None:
     from te_align.ab.matrix import aggregate, matrix_presets, render_effects
 

@@ -558,6 +558,18 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
     return rows
 
 
+def _fv(m: JSONObject, key: str) -> float:
+    """A number of a metric's record (NaN where it holds none)."""
+    v = m.get(key)
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def _lv(m: JSONObject, key: str) -> list[float]:
+    """A list of numbers of a metric's record (the per-seed values of an arm)."""
+    v = m.get(key)
+    return [float(x) for x in v if isinstance(x, (int, float))] if isinstance(v, list) else []
+
+
 def _instrument_2(rows: Sequence[MatrixRow]) -> None:
     """Amendment 11's readout on every row: one Holm family of the complete deviation and inference rows, controls
     unadjusted, every deviation and inference verdict gated by :data:`GATE_2` (pending until it is complete,
@@ -565,9 +577,9 @@ def _instrument_2(rows: Sequence[MatrixRow]) -> None:
     def complete(r: MatrixRow) -> bool:
         return r.kind in ("deviation", "inference") and r.final_net is not None and r.seeds >= r.planned and not r.reason
 
-    family = [r for r in rows if complete(r)]
-    ps = [float(r.final_net["p_t"]) for r in family]  # type: ignore[index]
-    for r, adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
+    family = [(r, m) for r in rows if complete(r) and (m := r.final_net) is not None]
+    ps = [_fv(m, "p_t") for _, m in family]
+    for (r, _), adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
         r.p_holm_2, r.holm_factor_2 = adj, c
     noise = _null_spread(rows, _runner.FINAL_NET)
     for r in rows:
@@ -576,14 +588,14 @@ def _instrument_2(rows: Sequence[MatrixRow]) -> None:
         r.verdict_2 = _verdict(r, r.p_holm_2, m, primary=False)
         if m is None or r.reason:
             continue
-        n = int(m["n"])
-        r.tests_disagree_2 = not _degenerate(m) and (float(m["p_t"]) < ALPHA) != (float(m["p_signflip"]) < ALPHA)
+        n = int(_fv(m, "n"))
+        r.tests_disagree_2 = not _degenerate(m) and (_fv(m, "p_t") < ALPHA) != (_fv(m, "p_signflip") < ALPHA)
         if r.kind in ("deviation", "inference"):
-            diffs = [x - y for x, y in zip(m["a"], m["b"], strict=True)]
+            diffs = [x - y for x, y in zip(_lv(m, "a"), _lv(m, "b"), strict=True)]
             r.adj_ci_2 = t_interval(diffs, ALPHA / r.holm_factor_2) if r.holm_factor_2 > 0 else (math.nan, math.nan)
             r.mde_2 = smallest_detectable(noise, n, ALPHA / max(1, len(family)), POWER)
         else:
-            r.adj_ci_2 = (float(m["ci_low"]), float(m["ci_high"]))
+            r.adj_ci_2 = (_fv(m, "ci_low"), _fv(m, "ci_high"))
             r.mde_2 = smallest_detectable(noise, n, ALPHA, POWER)
     gate = next((r for r in rows if r.preset == GATE_2), None)
     for r in rows:
@@ -729,7 +741,7 @@ def run_matrix(
     if progress is not None:
         by_name = {p.name: p for p in presets}
         progress.plan([(f"{name} seed {s}", Path(folder), s, steps or int(by_name[name].train.get("train", {}).get("max_steps") or 0),
-                        ("B", "A") if by_name[name].baseline.kind == "inference" else ("A", "B"))
+                        ("B", "A") if by_name[name].baseline.kind == "inference" or by_name[name].baseline.cut_before else ("A", "B"))
                        for name, s, folder, steps, *_ in tasks], workers=workers)  # fmt: skip
 
     def collect(rec: JSONObject) -> None:
@@ -934,7 +946,8 @@ def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixR
                 "secondary": secondary,
                 "shares_arm_b_with": [x for x in shared.get(r.preset, []) if x != r.preset],
                 "instrument_2": None if r.final_net is None else {
-                    **{k: r.final_net[k] for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip", "n")},
+                    **{k: _fv(r.final_net, k) for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip")},
+                    "n": int(_fv(r.final_net, "n")),
                     "p_holm": r.p_holm_2,
                     "adjusted_ci": list(r.adj_ci_2),
                     "ci_terms": _terms(r, r.holm_factor_2, ALL_ROWS),
@@ -1230,24 +1243,22 @@ def _instrument_2_section(rows: Sequence[MatrixRow]) -> list[str]:
         "interval | smallest detectable | verdict | reading |",
         "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|---|",
     ]
+    disagree = []
     for r in done:
         m = r.final_net
         assert m is not None
         adj = _ci({"diff_mean": m["diff_mean"], "ci_low": r.adj_ci_2[0], "ci_high": r.adj_ci_2[1], "n": m["n"]})
         reading = "control" if r.kind in ("positive", "null") else ("confirmatory" if r.confirmatory_2 else "post hoc")
         out.append(
-            f"| {r.preset} | {r.kind} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | {_ci(m)} | "
-            f"{_p(m['p_t'])} | {_p(m['p_signflip'])} | {_p(r.p_holm_2)} | {adj} | {_mde(r.mde_2)} | "
+            f"| {r.preset} | {r.kind} | {r.base} | {r.seeds} | {_fv(m, 'a_mean'):.3f} | {_fv(m, 'b_mean'):.3f} | {_ci(m)} | "
+            f"{_p(_fv(m, 'p_t'))} | {_p(_fv(m, 'p_signflip'))} | {_p(r.p_holm_2)} | {adj} | {_mde(r.mde_2)} | "
             f"**{r.verdict_2}**{' ‡' if r.tests_disagree_2 else ''} | {reading} |"
         )
-    disagree = [r for r in done if r.tests_disagree_2]
+        if r.tests_disagree_2:
+            disagree.append(f"{r.preset} (paired t p {_p(_fv(m, 'p_t'))}, sign-flip p {_p(_fv(m, 'p_signflip'))})")
     out.append("")
     if disagree:
-        out.append(
-            "- **The two tests disagree** (‡, unadjusted at 0.05): "
-            + "; ".join(f"{r.preset} (paired t p {_p(r.final_net['p_t'])}, sign-flip p {_p(r.final_net['p_signflip'])})"  # type: ignore[index]
-                        for r in disagree) + "."
-        )
+        out.append("- **The two tests disagree** (‡, unadjusted at 0.05): " + "; ".join(disagree) + ".")
     out.append(f"- Null controls' spread of this readout: s = {_mde(_null_spread(rows, _runner.FINAL_NET))}.")
     return out
 

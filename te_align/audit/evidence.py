@@ -159,7 +159,7 @@ def evidence_for(
     if m is None or data is None:
         return {"row": None, "verdict": "not measured", "text": "not measured by te-align's effects matrix"}
     row = next((r for r in data["rows"] if r.get("preset") == m.row), None)
-    if row is None:
+    if not isinstance(row, dict):
         return {"row": m.row, "verdict": "not measured", "text": f"not measured ({m.row} is not in the shipped summary)"}
     prim = row.get("primary") or {}
     diff, lo, hi = _num(prim.get("diff_mean")), _num(prim.get("ci_low")), _num(prim.get("ci_high"))
@@ -248,8 +248,9 @@ def _instrument_2_line(row: JSONObject) -> str:
     x = row.get("instrument_2")
     if not isinstance(x, dict) or str(row.get("kind")) not in ("deviation", "inference"):
         return ""
-    d, adj = _num(x.get("diff_mean")), x.get("adjusted_ci") or [None, None]
-    lo, hi = _num(adj[0]), _num(adj[1])
+    adj = x.get("adjusted_ci")
+    d = _num(x.get("diff_mean"))
+    lo, hi = (_num(adj[0]), _num(adj[1])) if isinstance(adj, list) and len(adj) == 2 else (math.nan, math.nan)
     ci = f" [Holm-adjusted interval, all rows, {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
     how = "confirmatory" if x.get("confirmatory") else "post hoc: shown, not acted on"
     return f"instrument 2 (concept net accuracy at 300 steps, amendment 11; {how}): {d:+.3f}{ci}: {x.get('verdict')}"
