@@ -96,6 +96,10 @@ def _round_up(n: int, multiple: int = 64) -> int:
     return -(-n // multiple) * multiple
 
 
+def _token_id(tokenizer: Any, token: str) -> int:
+    return int(tokenizer.convert_tokens_to_ids(token))
+
+
 def klein_text_encoder(
     tokenizer: transformers.PreTrainedTokenizerBase | None = None, *, num_hidden_layers: int = KLEIN_TEXT_LAYERS,
     seed: int | None = None,
@@ -106,8 +110,8 @@ def klein_text_encoder(
     config = transformers.Qwen3Config(
         vocab_size=_round_up(len(tokenizer)),
         num_hidden_layers=num_hidden_layers,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        bos_token_id=_token_id(tokenizer, "<|endoftext|>"),
+        eos_token_id=_token_id(tokenizer, "<|im_end|>"),
         **KLEIN_TEXT,
     )
     seed = seed_for(f"klein-qwen3-{len(tokenizer)}-{num_hidden_layers}l") if seed is None else seed
@@ -121,7 +125,8 @@ def klein_transformer(seed: int | None = None, **changes: Any) -> Any:
 
     config = {**KLEIN_TRANSFORMER, **changes}
     with seeded(seed_for("klein-transformer") if seed is None else seed):
-        return finish(diffusers.Flux2Transformer2DModel(**config))
+        model: Any = diffusers.Flux2Transformer2DModel(**config)
+    return finish(model)
 
 
 def klein_vae(vae: Any = None, latent_channels: int = 8) -> Any:
@@ -142,7 +147,7 @@ def klein_vae(vae: Any = None, latent_channels: int = 8) -> Any:
               "block_out_channels": [16, 32], "layers_per_block": 1, "norm_num_groups": 8, "sample_size": 32,
               "use_quant_conv": False, "use_post_quant_conv": False}  # fmt: skip
     with seeded(seed_for("klein-vae")):
-        out = diffusers.AutoencoderKLFlux2(latent_channels=latent_channels, **kw)
+        out: Any = diffusers.AutoencoderKLFlux2(latent_channels=latent_channels, **kw)
     if vae is not None:
         missing, unexpected = out.load_state_dict(vae.state_dict(), strict=False)
         bn = {k for k in missing if k.startswith("bn.")}
@@ -180,7 +185,7 @@ def build_klein_pipeline(
     import diffusers
 
     tokenizer = tok.qwen3_instruct_tokenizer() if tokenizer is None else tokenizer
-    pipe = diffusers.Flux2KleinPipeline(
+    pipe: Any = diffusers.Flux2KleinPipeline(
         scheduler=klein_scheduler(),
         vae=klein_vae() if vae is None else vae,
         text_encoder=klein_text_encoder(tokenizer) if text_encoder is None else text_encoder,
