@@ -9,7 +9,7 @@ as the median of ``--repeat`` steps after one warm-up step, with ``torch.set_num
 * facts the design rests on: the tiny Qwen3's ``hidden_states`` has 32 entries, the last equals ``last_hidden_state``
   (after the final norm), taps 9/18/27 and 10/20/30 are different tensors; the templated caption lengths in tokens;
 * **encoder step**: the 31-layer Qwen3ForCausalLM (width 32), batch 32 chat-templated captions (thinking off), padded
-  to the batch's longest; loss = next-token cross-entropy on the real tokens (every layer trained, as a causal LM) +
+  to the batch's longest and to 512 (the profile's window: the pad states the denoiser reads); loss = next-token cross-entropy on the real tokens (every layer trained, as a causal LM) +
   four linear attribute heads (colour, shape, position, size) on the stacked taps 9/18/27 (96 wide) at every token;
   backward, AdamW. (The heads' exact targets are the plan's; their cost does not depend on which tokens are scored.)
 * **denoiser step**: the tiny Flux2Transformer2DModel, batch 16, cached conditioning (B, T, 96) for T = 512 (the
@@ -79,12 +79,15 @@ def captions(n: int) -> list[str]:
     return [s.caption for s in full + simple]
 
 
-def encoder_step(encoder: Any, tokenizer: Any, texts: list[str], taps: tuple[int, ...]) -> Callable[[], float]:
+def encoder_step(
+    encoder: Any, tokenizer: Any, texts: list[str], taps: tuple[int, ...], pad_to: int = 0
+) -> Callable[[], float]:
     width = encoder.config.hidden_size
     heads = torch.nn.ModuleList([torch.nn.Linear(len(taps) * width, k) for k in (8, 4, 9, 3)])
     params = list(encoder.parameters()) + list(heads.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
-    batch = tokenizer(texts, padding="longest", return_tensors="pt")
+    batch = (tokenizer(texts, padding="max_length", max_length=pad_to, truncation=True, return_tensors="pt") if pad_to
+             else tokenizer(texts, padding="longest", return_tensors="pt"))  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     targets = [torch.randint(0, h.out_features, batch["input_ids"].shape, generator=gen) for h in heads]
     encoder.train()
@@ -207,7 +210,12 @@ def main() -> None:
     r["encoder_step_b32_s"] = timed(encoder_step(klein.klein_text_encoder(tokenizer), tokenizer, batch_caps, (9, 18, 27)), args.repeat)
     r["encoder_step_b32_4layers_s"] = timed(encoder_step(klein.klein_text_encoder(tokenizer, num_hidden_layers=4),
                                                          tokenizer, batch_caps, (1, 2, 3)), args.repeat)  # fmt: skip
-    print(f"encoder step, batch 32: {r['encoder_step_b32_s']:.3f} s (31 layers), {r['encoder_step_b32_4layers_s']:.3f} s (4 layers)")
+    r["encoder_step_b32_longest"] = max(len(x) for x in tokenizer(batch_caps)["input_ids"])
+    r["encoder_step_b32_t512_s"] = timed(encoder_step(klein.klein_text_encoder(tokenizer), tokenizer, batch_caps, (9, 18, 27),
+                                                      pad_to=512), args.repeat)  # fmt: skip
+    print(f"encoder step, batch 32 padded to its longest ({r['encoder_step_b32_longest']}): "
+          f"{r['encoder_step_b32_s']:.3f} s (31 layers), {r['encoder_step_b32_4layers_s']:.3f} s (4 layers); "
+          f"padded to 512: {r['encoder_step_b32_t512_s']:.3f} s (31 layers)")
 
     # denoiser pretraining steps
     for n in (512, 256):

@@ -123,3 +123,30 @@ def test_a_klein_base_in_a_world_root_loads_as_flux2kleinpipeline(pipe, tmp_path
     assert torch.equal(te_align.encode(profile, PROMPTS[:2], pipeline=loaded)["prompt_embeds"], embeds)
     image = loaded(prompt="a red square", generator=torch.Generator().manual_seed(0)).images[0]
     assert image.size == (32, 32)
+
+
+@pytest.mark.parametrize(("override", "thinking", "raw", "side"), [
+    ({"qwen3.enable_thinking": True}, True, False, "right"),  # enable_thinking flipped (Z-Image's value)
+    ({"qwen3.template": "{prompt}"}, False, True, "right"),  # the chat template dropped: the caption alone
+    ({"qwen3.padding_side": "left"}, False, False, "left"),  # padded on the other side
+])  # fmt: skip
+def test_the_rows_arm_a_encodings_are_profile_overrides(pipe, override, thinking, raw, side) -> None:
+    """Each deviation the plan names is one profile override, and te_align.encode by it equals the pipeline's own
+    steps done by hand the deviating way (template rendered with the flag or not at all, padding side, same taps)."""
+    tok = pipe.tokenizer
+    caption = "a red square at the top left"
+    text = caption if raw else tok.apply_chat_template([{"role": "user", "content": caption}], tokenize=False,
+                                                       add_generation_prompt=True, enable_thinking=thinking)
+    assert ("<think>" in text) == (not thinking and not raw)
+    tok.padding_side = side
+    try:
+        batch = tok([text], padding="max_length", truncation=True, max_length=512, return_tensors="pt")
+    finally:
+        tok.padding_side = "right"
+    with torch.no_grad():
+        out = pipe.text_encoder(**batch, output_hidden_states=True, use_cache=False)
+    by_hand = torch.stack([out.hidden_states[k] for k in (9, 18, 27)], dim=1).permute(0, 2, 1, 3).reshape(1, 512, 96)
+    p = klein.klein_profile(pipe)
+    ours = te_align.encode(p.with_overrides(override), [caption], pipeline=pipe)["prompt_embeds"]
+    assert torch.equal(ours, by_hand)
+    assert not torch.equal(ours, te_align.encode(p, [caption], pipeline=pipe)["prompt_embeds"])
