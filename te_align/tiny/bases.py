@@ -291,9 +291,22 @@ class _CallDefaults:
     call_defaults: dict[str, Any]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and "prompt" not in kwargs and _is_text(args[0]) and _first_parameter(super().__call__) != "prompt":  # type: ignore[misc]
+            # Flux2KleinPipeline.__call__ takes ``image`` first: a plain ``pipe(prompt)`` still means the prompt
+            kwargs["prompt"], args = args[0], args[1:]
         for k, v in self.call_defaults.items():
             kwargs.setdefault(k, v)
         return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value))
+
+
+def _first_parameter(method: Any) -> str | None:
+    import inspect
+
+    return next(iter(inspect.signature(method).parameters), None)
 
 
 _CLASSES: dict[type, type] = {}
