@@ -130,5 +130,5 @@ def test_unshipped_or_unknown_base_is_one_line(tmp_path: Path) -> None:
         bases.base_info("sdxl", tmp_path)
     with pytest.raises(bases.BaseError, match="the chroma world base is not shipped"):
         bases.load("chroma", source=tmp_path)  # a world data root without it
-    with pytest.raises(bases.BaseError, match="no world base 'sd9'; known: sd3, flux, sdxl, sd15, chroma"):
+    with pytest.raises(bases.BaseError, match="no world base 'sd9'; known: sd3, flux, sdxl, sd15, chroma, klein"):
         bases.load("sd9")

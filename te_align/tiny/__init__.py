@@ -24,4 +24,7 @@ Modules (import the one you need; importing this package imports no torch):
 * :mod:`te_align.tiny.bases`: the pretrained world bases shipped in the ``te_align_world`` package (``world/`` in a clone) (float16, SHA-256 checked on
   every load), materialized as diffusers folders and loaded as their official pipelines. How they were pretrained
   is in ``tools/world_pretrain/`` (not shipped).
+* :mod:`te_align.tiny.klein`: the parts of a FLUX.2 klein-shaped world base (a 31-layer Qwen3 text encoder, a tiny
+  Flux2Transformer2DModel on its three stacked taps, the shared autoencoder as an AutoencoderKLFlux2) and the
+  official Flux2KleinPipeline around them; planned in ``benchmarks/bench_klein.md``, not pretrained yet.
 """

@@ -64,6 +64,8 @@ BASES: dict[str, BaseSpec] = {
     "sdxl": BaseSpec("sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet"),
     "sd15": BaseSpec("sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet"),
     "chroma": BaseSpec("chroma", "chroma", "chroma", "ChromaPipeline", "transformer"),
+    # issue 49, not shipped yet: FLUX.2 klein's recipe at tiny size (te_align.tiny.klein; plan benchmarks/bench_klein.md)
+    "klein": BaseSpec("klein", "klein", "flux2-klein-4b", "Flux2KleinPipeline", "transformer"),
 }
 
 #: Per family: text-encoder component -> (shared encoder folder, transformers class); tokenizer component ->
@@ -81,6 +83,7 @@ ENCODERS: dict[str, dict[str, tuple[str, str]]] = {
     },
     "sd15": {"text_encoder": ("clip_l", "CLIPTextModel")},
     "chroma": {"text_encoder": ("t5_cased", "T5EncoderModel")},
+    "klein": {"text_encoder": ("qwen3_klein", "Qwen3ForCausalLM")},
 }
 TOKENIZERS: dict[str, dict[str, tuple[str, str]]] = {
     "sd3": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!"), "tokenizer_3": ("t5", "")},
@@ -88,6 +91,7 @@ TOKENIZERS: dict[str, dict[str, tuple[str, str]]] = {
     "sdxl": {"tokenizer": ("clip", "<|endoftext|>"), "tokenizer_2": ("clip", "!")},
     "sd15": {"tokenizer": ("clip", "<|endoftext|>")},
     "chroma": {"tokenizer": ("t5", "")},
+    "klein": {"tokenizer": ("qwen3", "")},
 }
 #: Constructor arguments of the official pipelines besides their components.
 PIPELINE_KWARGS: dict[str, dict[str, Any]] = {
@@ -186,6 +190,9 @@ def _tokenizers(family: str) -> dict[str, Any]:
 
     out = {}
     for comp, (kind, pad) in TOKENIZERS[family].items():
+        if kind == "qwen3":  # the Qwen3 instruct tokenizer with its real chat template (the klein base)
+            out[comp] = tok.qwen3_instruct_tokenizer()
+            continue
         out[comp] = tok.clip_tokenizer(pad=pad) if kind == "clip" else tok.t5_tokenizer()
     return out
 
@@ -210,6 +217,13 @@ def _assemble(spec: BaseSpec, root: Path, info: dict[str, Any]) -> Any:
             model = cls.from_pretrained(str(src), dtype=torch.float32)
         comps[comp] = model.float().eval()
     vae = diffusers.AutoencoderKL.from_pretrained(str(root / "vae"), dtype=torch.float32)
+    if spec.family == "klein":  # the shared autoencoder as an AutoencoderKLFlux2, its latent statistics from base.json
+        from te_align.tiny.klein import klein_vae
+
+        vae = klein_vae(vae)
+        bn = info["pretrain"]["vae_bn"]
+        vae.bn.running_mean.copy_(torch.tensor(bn["mean"], dtype=torch.float32))
+        vae.bn.running_var.copy_(torch.tensor(bn["var"], dtype=torch.float32))
     if spec.family in UNSHIFTED:
         vae.register_to_config(shift_factor=None)
     comps["vae"] = vae.eval()
@@ -277,9 +291,22 @@ class _CallDefaults:
     call_defaults: dict[str, Any]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and "prompt" not in kwargs and _is_text(args[0]) and _first_parameter(super().__call__) != "prompt":  # type: ignore[misc]
+            # Flux2KleinPipeline.__call__ takes ``image`` first: a plain ``pipe(prompt)`` still means the prompt
+            kwargs["prompt"], args = args[0], args[1:]
         for k, v in self.call_defaults.items():
             kwargs.setdefault(k, v)
         return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value))
+
+
+def _first_parameter(method: Any) -> str | None:
+    import inspect
+
+    return next(iter(inspect.signature(method).parameters), None)
 
 
 _CLASSES: dict[type, type] = {}
