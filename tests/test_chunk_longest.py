@@ -305,7 +305,7 @@ def test_train_config_long_prompt_padding() -> None:
 
 
 def test_training_text_source_pads_each_batch_to_its_longest(tmp_path) -> None:
-    from te_align.train.loop import TextSource
+    from te_align.train.text import TextSource
 
     pipe, p = _sdxl()
     cfg = _config(long_prompt_chunks=16, long_prompt_padding="longest")

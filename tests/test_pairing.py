@@ -2,7 +2,7 @@
 amendment 9 of benchmarks/bench_effects.md), and runs whose draws did not depend on the arm draw exactly as before.
 
 Each row's two arms are trained for two steps, by the row's own settings (``train_config_dict``, the arms' profiles),
-on a smaller draw of its world data; the trainer records its draws (``te_align.train.loop.recording_draws``)."""
+on a smaller draw of its world data; the trainer records its draws (``te_align.train.record.recording_draws``)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from te_align.tiny.bases import base_info, shipped  # noqa: E402
 from te_align.tiny.pipelines import missing_pipeline  # noqa: E402
 from te_align.train import config_from_dict  # noqa: E402
 from te_align.train.data import step_generator  # noqa: E402
-from te_align.train.loop import recording_draws, train  # noqa: E402
+from te_align.train.loop import train  # noqa: E402
 from te_align.train.models import FAMILIES, default_flow_shift, flow_timestep_scale, logit_normal  # noqa: E402
+from te_align.train.record import recording_draws  # noqa: E402
 
 STEPS = 2
 PRESETS = {p.name: p for p in matrix_presets() if p.world is not None and p.world.base in shipped()}

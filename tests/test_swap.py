@@ -389,8 +389,8 @@ def test_projection_over_cached_t5_output_equals_encoding_through_the_whole_enco
     swapped: tuple[Any, Path], squares_dataset: Path, tmp_path: Path, cache_text: bool
 ) -> None:
     from te_align.train import config_from_dict
-    from te_align.train.loop import TextSource
     from te_align.train.swap import projection_models, text_source
+    from te_align.train.text import TextSource
 
     _, out = swapped
     cfg = config_from_dict({"model": {"path": str(out)}, "data": {"path": str(squares_dataset), "cache_text": cache_text},

@@ -351,16 +351,16 @@ def test_adamw8bit_keeps_8_bit_state_and_resumes_exactly(tmp_path: Path, models:
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (it is in the [test] extra)")
     import bitsandbytes as bnb
 
-    from te_align.train import loop
+    from te_align.train import run as run_module
 
     made: list[Any] = []
-    real = loop._make_optimizer
+    real = run_module.make_optimizer
 
     def recording(*a: Any, **k: Any) -> Any:
         made.append(real(*a, **k))
         return made[-1]
 
-    monkeypatch.setattr(loop, "_make_optimizer", recording)
+    monkeypatch.setattr(run_module, "make_optimizer", recording)
     # rank 128 makes some LoRA matrices reach bitsandbytes' min_8bit_size (4096 elements); smaller ones keep
     # 32-bit moments by bitsandbytes' own rule
     sections: dict[str, Any] = {"train": {"max_steps": 4, "checkpoint_every": 2, "optimizer": "adamw8bit"},
@@ -390,7 +390,7 @@ def test_direct_optimizer_step_matches_accelerate(precision: str) -> None:
     from accelerate import Accelerator
     from accelerate.optimizer import AcceleratedOptimizer
 
-    from te_align.train.loop import _direct_step
+    from te_align.train.optim import direct_step
 
     def run(direct: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)
@@ -399,7 +399,7 @@ def test_direct_optimizer_step_matches_accelerate(precision: str) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         model, opt = acc.prepare(model, opt)
         params = list(model.parameters())
-        step, clip = _direct_step(acc, opt, params) if direct else (opt.step, lambda n: acc.clip_grad_norm_(params, n))
+        step, clip = direct_step(acc, opt, params) if direct else (opt.step, lambda n: acc.clip_grad_norm_(params, n))
         for i in range(5):
             x = torch.randn(3, 8, generator=torch.Generator().manual_seed(i))
             acc.backward(model(x).pow(2).mean())
@@ -412,7 +412,7 @@ def test_direct_optimizer_step_matches_accelerate(precision: str) -> None:
         assert all(torch.equal(a, b) for a, b in zip(run(True), run(False), strict=True))
         acc = Accelerator(cpu=True)
         opt = acc.prepare(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
-        step, _ = _direct_step(acc, opt, [])
+        step, _ = direct_step(acc, opt, [])
         assert isinstance(opt, AcceleratedOptimizer) and step == opt.optimizer.step
     else:
         class Scaled:  # an AcceleratedOptimizer with a gradient scaler (fp16 on CUDA) keeps accelerate's step
@@ -425,26 +425,26 @@ def test_direct_optimizer_step_matches_accelerate(precision: str) -> None:
 
         acc = Accelerator(cpu=True)
         wrapped = Scaled()
-        step, _ = _direct_step(acc, wrapped, [])
+        step, _ = direct_step(acc, wrapped, [])
         assert step == wrapped.step
 
 
 def test_text_memo_is_bounded_and_evicted_entries_come_back_from_the_disk_cache(
     tmp_path: Path, models: dict[str, Path], dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from te_align.train import loop
+    from te_align.train import text
 
     sections: dict[str, Any] = {"train": {"max_steps": 4}, "data": {"caption_dropout": 0.3}}
     full = train(make_config("sd3", models["sd3"], dataset, tmp_path / "a", **sections))
     sizes: list[int] = []
-    real = loop.TextSource._remember
+    real = text.TextSource._remember
 
     def recording(self: Any, key: Any, cond: Any) -> None:
         real(self, key, cond)
         sizes.append(len(self._memo))
 
-    monkeypatch.setattr(loop, "MEMO_BYTES", 1)  # keep one conditioning in memory at a time
-    monkeypatch.setattr(loop.TextSource, "_remember", recording)
+    monkeypatch.setattr(text, "MEMO_BYTES", 1)  # keep one conditioning in memory at a time
+    monkeypatch.setattr(text.TextSource, "_remember", recording)
     small = train(make_config("sd3", models["sd3"], dataset, tmp_path / "b", **sections))
     assert sizes and max(sizes) == 1
     a, b = load_file(str(full.lora_path)), load_file(str(small.lora_path))

@@ -14,7 +14,7 @@ _EXPORTS = {
     "TrainError": "te_align.train.config",
     "config_from_dict": "te_align.train.config",
     "load_config": "te_align.train.config",
-    "TrainResult": "te_align.train.loop",
+    "TrainResult": "te_align.train.run",
     "train": "te_align.train.loop",
 }
 

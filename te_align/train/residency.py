@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from te_align.encoding import Conditioning
     from te_align.profiles.model import AlignmentProfile
     from te_align.train.config import TrainConfig
-    from te_align.train.loop import LatentStore, TextSource
+    from te_align.train.latents import LatentStore
+    from te_align.train.text import TextSource
 
 logger = logging.getLogger("te_align.train")
 

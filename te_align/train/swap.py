@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from te_align.encoding.projected import ProjectedTextEncoder
     from te_align.profiles.model import AlignmentProfile
-    from te_align.train.loop import TextSource
+    from te_align.train.text import TextSource
 
 
 def projection_models(profile: AlignmentProfile, pipe: DiffusionPipeline) -> dict[str, ProjectedTextEncoder]:
@@ -175,7 +175,7 @@ def text_source(
     """The run's text source for a swapped model: the projection applied to cached inner outputs
     where that is exact (see the module docstring), else live encoding through the whole encoder.
 
-    ``base``: the run's text source class (:class:`te_align.train.loop.TextSource`), which the projected source
+    ``base``: the run's text source class (:class:`te_align.train.text.TextSource`), which the projected source
     extends; the loop hands it down, so that this module does not import the loop that imports it."""
     if not _cacheable(cfg, profile, models):
         return base(cfg, profile, pipe, device, dtype, trainable=True, cache_dir=cache_dir, writer=writer)
