@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("check_corpus", ROOT / "tools" / "check_corpus.py")

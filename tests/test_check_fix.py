@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file, check_files
-from te_align.audit.fix import BACKUP_SUFFIX, fix_file, why_left
+from te_align.audit.fix import BACKUP_SUFFIX, why_left
+from te_align.checking import check_file, check_files, fix_file
 from te_align.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -76,7 +76,7 @@ def test_every_part_a_spec_names_exists_with_its_interface():
 
 
 def test_every_list_of_trainers_is_derived_from_the_registry():
-    from te_align.audit.readers import trainers as check_trainers
+    from te_align.checking import trainers as check_trainers
     from te_align.commands.check import trainer_choices
     from te_align.patching.trainers import available
     from te_align.probe.adapter import trainers as probe_trainers
@@ -159,7 +159,7 @@ def test_a_new_trainer_is_one_folder_and_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "PACKAGES", (*PACKAGES, "fake_trainer"))
     registry.specs.cache_clear()
     try:
-        from te_align.audit import check_file
+        from te_align.checking import check_file
         from te_align.commands.check import trainer_choices
         from te_align.patching.trainers import available
         from te_align.probe.adapter import trainers as probe_trainers

@@ -12,6 +12,6 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
     section, dot, name = edit.key.partition(".")
     if not dot or "[" in section:
         raise CannotFix("--fix has no place for this key in a job YAML", file=raw.file, key=edit.key)
-    require_known(name, known_keys("ai-toolkit").get(section, frozenset()), raw.file, "ai-toolkit")
+    require_known(name, known_keys("ai-toolkit", "te_align.trainers.ai_toolkit").get(section, frozenset()), raw.file, "ai-toolkit")
     path = ("config", "process", 0, section, name)
     return [Change(raw.file, "yaml", path, edit.value, edit.remove, edit.key)]

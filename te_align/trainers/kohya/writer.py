@@ -15,6 +15,6 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
     """A flag of the command line (accelerate launch flux_train_network.py …) or a key of the TOML."""
     changes = flag_or_flat_toml_changes(
         raw, edit.key, edit.value, edit.remove, extra_args, parse_cli,
-        known=lambda: require_known(edit.key, known_keys("kohya")[""], raw.file, "sd-scripts"))
+        known=lambda: require_known(edit.key, known_keys("kohya", "te_align.trainers.kohya")[""], raw.file, "sd-scripts"))
     script = raw.data.get("script") if isinstance(raw.data, dict) else None
     return with_spellings(raw, changes, script_options("te_align.trainers.kohya", OPTIONS, str(script or "")))

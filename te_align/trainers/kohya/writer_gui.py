@@ -32,7 +32,7 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
         if isinstance(old, str) and not isinstance(value, str):  # the GUI saved this field as text
             value = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         return [Change(raw.file, "json", (field,), value, False, edit.key)]
-    require_known(edit.key, known_keys("kohya")[""], raw.file, "sd-scripts")
+    require_known(edit.key, known_keys("kohya", "te_align.trainers.kohya")[""], raw.file, "sd-scripts")
     extra = data.get("additional_parameters", "")
     if not isinstance(extra, str):
         raise CannotFix("additional_parameters is not a string", file=raw.file, key=edit.key)

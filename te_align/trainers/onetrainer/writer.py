@@ -9,7 +9,7 @@ from te_align.audit.readers import RawConfig, known_keys
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
-    valid = known_keys("onetrainer")
+    valid = known_keys("onetrainer", "te_align.trainers.onetrainer")
     part, dot, sub = edit.key.partition(".")
     if dot:
         require_known(sub, valid["part"], raw.file, "OneTrainer")

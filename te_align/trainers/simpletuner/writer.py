@@ -18,7 +18,7 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
         raise CannotFix("a config.env: set it by hand (its variable, or a word of TRAINER_EXTRA_ARGS)", file=raw.file,
                         key=edit.key)
     data = raw.data if isinstance(raw.data, dict) else {}
-    keys = known_keys("simpletuner")
+    keys = known_keys("simpletuner", "te_align.trainers.simpletuner")
     require_known(edit.key, keys[""] | keys.get("ignored", frozenset()), raw.file, "SimpleTuner")
     spelled = [str(k) for k in data if _name(k) == edit.key]
     if edit.remove or spelled:
