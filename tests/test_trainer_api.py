@@ -152,7 +152,7 @@ def test_a_new_trainer_is_one_folder_and_one_registry_line(new_trainer, tmp_path
     pytest.importorskip("torch", reason="the new trainer's probe part runs on tiny models (the encode extra)")
     from te_align.checking import check_file
     from te_align.commands.check import trainer_choices
-    from te_align.patching.trainers import available
+    from te_align.parts import available
     from te_align.probe.adapter import trainers as probe_trainers
     from te_align.probe.matrix import Found, find_trainers
 

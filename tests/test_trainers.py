@@ -78,7 +78,7 @@ def test_every_part_a_spec_names_exists_with_its_interface():
 def test_every_list_of_trainers_is_derived_from_the_registry():
     from te_align.checking import trainers as check_trainers
     from te_align.commands.check import trainer_choices
-    from te_align.patching.trainers import available
+    from te_align.parts import available
     from te_align.probe.adapter import trainers as probe_trainers
     from te_align.probe.matrix import find_trainers
 
@@ -161,7 +161,7 @@ def test_a_new_trainer_is_one_folder_and_one_line(tmp_path, monkeypatch):
     try:
         from te_align.checking import check_file
         from te_align.commands.check import trainer_choices
-        from te_align.patching.trainers import available
+        from te_align.parts import available
         from te_align.probe.adapter import trainers as probe_trainers
         from te_align.probe.matrix import find_trainers
 

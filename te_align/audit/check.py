@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from te_align._lazy import lazy_module
 from te_align.audit import readers
@@ -248,7 +248,7 @@ def _check(
         result.status = "not-checked"
         result.reason = f"not checked: te-align has no rules for {name}/{prof.family}"
         findings.append(Finding(kind="not-checked", severity="info", setting="", message=result.reason))
-    spec = parts.reader.CACHES.get(prof.family)
+    spec = cast("CacheSpec | None", parts.reader.CACHES.get(prof.family))
     if cache_dir is not None:
         findings += _scan_cache(cache_dir, name, mod, prof, effective, spec)
     if parsed.cached and spec is not None and any(
@@ -399,7 +399,7 @@ def command_starts(path: str, scripts: str) -> list[int]:
         return []
     data = raw.data if isinstance(raw.data, dict) else {}
     starts = data.get("commands") if raw.fmt == "cmdline" else None
-    return [int(n) for n in starts] if isinstance(starts, list) else []
+    return [n for n in starts if isinstance(n, int)] if isinstance(starts, list) else []
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:

@@ -186,4 +186,4 @@ def adapter_for(trainer: str, path: str | None) -> Adapter:
     if spec is None:
         known = trainers()
         raise ProbeError(f"unknown trainer '{trainer}'; known: {', '.join(known)}{closest(trainer, known)}")
-    return spec.part("probe").ADAPTER(path)  # type: ignore[no-any-return]
+    return spec.part("probe").ADAPTER(path)
