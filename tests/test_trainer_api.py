@@ -152,9 +152,8 @@ def test_a_new_trainer_is_one_folder_and_one_registry_line(new_trainer, tmp_path
     pytest.importorskip("torch", reason="the new trainer's probe part runs on tiny models (the encode extra)")
     from te_align.checking import check_file
     from te_align.commands.check import trainer_choices
-    from te_align.parts import available
-    from te_align.probe.adapter import trainers as probe_trainers
-    from te_align.probe.matrix import Found, find_trainers
+    from te_align.parts import available, find_trainers, probe_trainers
+    from te_align.probe.matrix import Found
 
     assert sorted(p.name for p in new_trainer.iterdir() if p.suffix == ".py") == [
         "__init__.py", "audit.py", "broken.py", "patch.py", "probe.py"]

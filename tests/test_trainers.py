@@ -78,9 +78,7 @@ def test_every_part_a_spec_names_exists_with_its_interface():
 def test_every_list_of_trainers_is_derived_from_the_registry():
     from te_align.checking import trainers as check_trainers
     from te_align.commands.check import trainer_choices
-    from te_align.parts import available
-    from te_align.probe.adapter import trainers as probe_trainers
-    from te_align.probe.matrix import find_trainers
+    from te_align.parts import available, find_trainers, probe_trainers
 
     assert check_trainers() == tuple(d.name for s in specs() for d in s.check)
     assert trainer_choices() == ("auto", *check_trainers())
@@ -161,9 +159,7 @@ def test_a_new_trainer_is_one_folder_and_one_line(tmp_path, monkeypatch):
     try:
         from te_align.checking import check_file
         from te_align.commands.check import trainer_choices
-        from te_align.parts import available
-        from te_align.probe.adapter import trainers as probe_trainers
-        from te_align.probe.matrix import find_trainers
+        from te_align.parts import available, find_trainers, probe_trainers
 
         cfg = tmp_path / "job.toml"
         cfg.write_text('fake_model = "flux-dev"\nt5_len = 256\n')

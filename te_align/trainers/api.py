@@ -330,6 +330,9 @@ def _spec_problems(spec: TrainerSpec) -> list[str]:
             out.append(f"{spec.package}: {what} must name a module, not {module!r}")
         elif not _exists(spec.module_path(module)):
             out.append(f"{spec.package}: {what} names {spec.module_path(module)}, which does not exist")
+    if spec.hooks is not None and spec.hooks != "hooks":
+        out.append(f"{spec.package}: hooks must be the module 'hooks' (te_align.hooks.{spec.package} is it), "
+                   f"not {spec.hooks!r}")
     if spec.env_dir is not None and not (isinstance(spec.env_dir, str) and spec.env_dir.isupper()):
         out.append(f"{spec.package}: env_dir must be an environment variable name, not {spec.env_dir!r}")
     return out
