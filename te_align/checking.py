@@ -16,7 +16,7 @@ from te_align.trainers import registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.audit.findings import CheckResult
-    from te_align.audit.fix import FixReport
+    from te_align.fixing.fix import FixReport
     from te_align.trainers.api import CheckLanguages
 
 
@@ -42,8 +42,8 @@ def check_files(paths: Sequence[str], *, trainer: str = "auto", **kw: Any) -> li
 
 
 def fix_file(path: str, *, trainer: str = "auto", **kw: Any) -> FixReport:
-    """``te-align check --fix`` on one config (options: :func:`te_align.audit.fix.fix_file`)."""
-    from te_align.audit.fix import fix_file as fix
+    """``te-align check --fix`` on one config (options: :func:`te_align.fixing.fix.fix_file`)."""
+    from te_align.fixing.fix import fix_file as fix
 
     return fix(path, languages(trainer), **kw)
 

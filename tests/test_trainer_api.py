@@ -179,3 +179,24 @@ def test_a_part_without_what_its_protocol_asks_is_one_error(new_trainer):
     assert spec.part("patch").__name__ == "te_align.trainers.toy_trainer.patch"
     with pytest.raises(LookupError):
         spec.part("hooks")
+
+
+def test_the_lint_engine_imports_no_writer():
+    """audit/ is the read-only lint engine: writing a fix lives in te_align/fixing/ (on the locks of
+    te_align/patching/), neither of which it imports, at module level, in a function or through lazy_module."""
+    import ast
+
+    found = []
+    for f in sorted((ROOT / "te_align" / "audit").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "lazy_module" and node.args:
+                names = [getattr(node.args[0], "value", "")]
+            else:
+                continue
+            found += [f"{f.name}: {n}" for n in names if n.startswith(("te_align.fixing", "te_align.patching"))]
+    assert found == []
+    assert not (ROOT / "te_align" / "audit" / "fix.py").exists() and not (ROOT / "te_align" / "audit" / "editing.py").exists()

@@ -17,7 +17,7 @@ from te_align.trainers import PACKAGES, dialects, specs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The machinery every trainer goes through; it reads trainers from the registry only.
-SHARED = ("te_align/audit", "te_align/hooks", "te_align/patching", "te_align/probe", "te_align/cli.py",
+SHARED = ("te_align/audit", "te_align/fixing", "te_align/hooks", "te_align/patching", "te_align/probe", "te_align/cli.py",
           "te_align/commands/check.py", "te_align/commands/patch.py", "te_align/commands/probe.py")
 #: Names of te-align's own dependencies that a trainer also goes by (diffusers-examples' alias "diffusers").
 LIBRARIES = {"diffusers"}

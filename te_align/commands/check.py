@@ -24,14 +24,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from te_align.audit.findings import CheckResult
-    from te_align.audit.fix import FixReport
+    from te_align.fixing.fix import FixReport
     from te_align.integrations.targets import InferenceNote
 
 # Lazy: what only some check runs need (--set, --for, the effects matrix), loaded when used.
 _overrides = lazy_module("te_align.profiles.overrides")
 _ab_evidence = lazy_module("te_align.audit.evidence")
 _targets = lazy_module("te_align.integrations.targets")
-_fix = lazy_module("te_align.audit.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
+_fix = lazy_module("te_align.fixing.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
 
 
 def trainer_choices() -> tuple[str, ...]:

@@ -51,11 +51,11 @@ from te_align._git import git_dir
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never imports this package)
-    from te_align.audit.editing import Change
     from te_align.audit.findings import Edit
     from te_align.audit.parsed import Parsed
     from te_align.audit.readers import RawConfig
     from te_align.audit.rules import Rule
+    from te_align.fixing.editing import Change
     from te_align.patching.trainers import Detection
     from te_align.patching.transaction import Plan
     from te_align.probe.adapter import Adapter
@@ -95,11 +95,11 @@ class CheckDialect(Protocol):
 class ConfigWriter(Protocol):
     """``te-align check --fix``: where a finding's fix (:class:`~te_align.audit.findings.Edit`) goes in a
     config of one dialect, in the trainer's own terms: the file (the config, or the dataset TOML it names),
-    the path inside it and the value. The engine (:mod:`te_align.audit.editing`) then edits the text, keeping
+    the path inside it and the value. The engine (:mod:`te_align.fixing.editing`) then edits the text, keeping
     everything else."""
 
     def place(self, raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
-        """The changes that make ``edit`` (raise :class:`te_align.audit.editing.CannotFix` with the reason: a
+        """The changes that make ``edit`` (raise :class:`te_align.fixing.editing.CannotFix` with the reason: a
         key given on the command line, one this dialect has no place for, a value from a shell variable)."""
 
 

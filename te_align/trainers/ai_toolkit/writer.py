@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import CannotFix, Change, require_known
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:

@@ -4,10 +4,10 @@ and a new one goes to the top level, or into the first table of a file that has 
 
 from __future__ import annotations
 
-from te_align.audit.editing import Change, flag_or_flat_toml_changes, require_known, with_spellings
 from te_align.audit.findings import Edit
 from te_align.audit.parsed import script_options
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import Change, flag_or_flat_toml_changes, require_known, with_spellings
 from te_align.trainers.kohya.audit import OPTIONS, parse_cli
 
 

@@ -4,9 +4,9 @@ removed flag becomes the field's default, as the GUI saves it); any other sd-scr
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, flag_words, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import CannotFix, Change, flag_words, require_known
 from te_align.trainers.kohya.audit import parse_cli
 from te_align.trainers.kohya.audit_gui import GUI_FIELDS
 

@@ -4,9 +4,9 @@ have."""
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import CannotFix, Change, require_known
 
 
 def _name(k: object) -> str:

@@ -2,7 +2,7 @@
 
 For every error or warning finding whose fix is a key or flag the trainer reads (:attr:`Finding.edit`), the
 trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goes and
-:mod:`te_align.audit.editing` edits the text, keeping every other byte. The fix is a transaction, as
+:mod:`te_align.fixing.editing` edits the text, keeping every other byte. The fix is a transaction, as
 ``te-align patch`` makes them:
 
 1. refuse, with one line and the file untouched: a symbolic link (``--fix`` writes regular files only: it
@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from te_align import _atomic
 from te_align._atomic import atomic_file, fault_point, fsync_dir, link_or_copy
-from te_align.audit import editing, readers
+from te_align.audit import readers
 from te_align.audit.check import (
     check_file,
     command_starts,
@@ -74,9 +74,10 @@ from te_align.audit.check import (
     several_commands,
 )
 from te_align.audit.cmdline import script_pattern
-from te_align.audit.editing import CannotFix, Change
 from te_align.audit.findings import EXIT_UNREADABLE, CheckResult, Edit, Finding
 from te_align.errors import TeAlignError
+from te_align.fixing import editing
+from te_align.fixing.editing import CannotFix, Change
 from te_align.patching.transaction import KEPT_ORIGINAL_SUFFIX, lock
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -220,11 +221,11 @@ def fix_file(
         return _refuse(FixReport(path, result), f"{path}: a symbolic link (to {os.path.realpath(p)}); --fix "
                                                 "writes regular files only: run it on the file the link "
                                                 "points to")
-    original = readers.backup_of(path)
-    if original is not None:
+    backed_up = readers.backup_of(path)
+    if backed_up is not None:
         return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")),
-                       f"{path}: te-align's backup of {original}; --fix and --diff edit the file itself: run it on "
-                       f"{original} (te-align check reads the backup as it is)")
+                       f"{path}: te-align's backup of {backed_up}; --fix and --diff edit the file itself: run it on "
+                       f"{backed_up} (te-align check reads the backup as it is)")
     journal = journal_path(path)
     if os.path.lexists(journal):
         unread = FixReport(path, CheckResult(file=path, status="unreadable"))
@@ -308,14 +309,14 @@ def fix_file(
     main = os.path.realpath(path)
     order = sorted(new_texts, key=lambda f: os.path.realpath(f) != main)  # the config first
     try:
-        for f in order:
-            _writable(f)
+        for name in order:
+            _writable(name)
         if not os.access(journal.parent, os.W_OK):
             raise CannotFix(f"its folder {journal.parent} is not writable (--fix keeps its journal there); "
                             "nothing written", file=path)
         if before_write is not None:
             before_write()
-        report.backups += _write_all(path, [(f, original[f], new_texts[f].encode("utf-8")) for f in order],
+        report.backups += _write_all(path, [(n, original[n], new_texts[n].encode("utf-8")) for n in order],
                                      backup)
     except CannotFix as e:
         return _refuse(FixReport(path, result), str(e))
@@ -757,9 +758,9 @@ def _read_journal(journal: Path, config: str) -> tuple[list[_Entry], bool]:
             old = base64.b64decode(f.get("original"), validate=True)  # type: ignore[arg-type]
         except (TypeError, ValueError, binascii.Error):
             raise bad(f"{path}: no original") from None
-        e = _Entry(path, old, sha, f.get("backup") is not None, f.get("older_backup") is not None)
-        if (e.backup and f["backup"] != str(e.bak)) or (e.older and (not e.backup or f["older_backup"]
-                                                                     != str(e.older_path))):
+        entry = _Entry(path, old, sha, f.get("backup") is not None, f.get("older_backup") is not None)
+        if (entry.backup and f["backup"] != str(entry.bak)) or (
+                entry.older and (not entry.backup or f["older_backup"] != str(entry.older_path))):
             raise bad(f"{path}: a backup name --fix does not give")
-        out.append(e)
+        out.append(entry)
     return out, committed

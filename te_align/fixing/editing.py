@@ -389,7 +389,7 @@ class _Obj:
 
 def _json_scan(text: str) -> tuple[dict[Path_, tuple[int, int, int]], dict[Path_, _Obj]]:
     """Every member's (key start, value start, value end) and every object's braces and keys, by path."""
-    from json.decoder import scanstring
+    from json.decoder import scanstring  # type: ignore[attr-defined]  # (not in typeshed)
 
     members: dict[Path_, tuple[int, int, int]] = {}
     objects: dict[Path_, _Obj] = {}
@@ -497,7 +497,8 @@ def _cmdline(text: str, c: Change, file: str, scripts: re.Pattern[str]) -> str:
     if not hits and c.remove:
         return text
     many = isinstance(c.value, (list, tuple))  # nargs="+": the values are separate words
-    shown = " ".join(_word(v, windows) for v in c.value) if many else _word(c.value, windows)  # type: ignore[union-attr]
+    shown = (" ".join(_word(v, windows) for v in c.value) if isinstance(c.value, (list, tuple))
+             else _word(c.value, windows))
     if not hits:
         new_flag = f"--{name}" if c.value is True else f"--{name} {shown}"
         if first == last:
