@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from te_align import _plugins, _quiet, encoding, integrations
+from te_align import _quiet, encoding, integrations
 from te_align._version import __version__
 from te_align.errors import TeAlignError
 from te_align.profiles import AlignmentProfile, profile, profiles
@@ -18,20 +18,10 @@ from te_align.profiles import AlignmentProfile, profile, profiles
 _quiet.install()  # drop the third-party log lines a user cannot act on (te_align/_quiet.py says which and why)
 
 
-def _trainer_registry() -> _trainers_api.Registry:
-    """The trainer registry, for the engine (read on first use; the engine never imports te_align.trainers)."""
-    from te_align.trainers import registry
-
-    return registry()
-
-
-_plugins.install(_trainer_registry)
-
 if TYPE_CHECKING:  # pragma: no cover
     from diffusers import DiffusionPipeline
 
     from te_align.encoding import Conditioning
-    from te_align.trainers import api as _trainers_api
 
 
 def encode(profile: AlignmentProfile | str, prompts: str | list[str], **kwargs: Any) -> Conditioning:

@@ -32,8 +32,8 @@ import torch
 
 import te_align
 from te_align.hooks import HookError
+from te_align.parts import detect, plan_for
 from te_align.patching import apply, revert, status
-from te_align.patching.trainers import detect, plan_for
 from te_align.tiny.fit import architecture_overrides, fit_profile
 from te_align.tiny.pipelines import build_pipeline_for_encoding
 from te_align.trainers.ai_toolkit import probe_models as am

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from te_align.trainers.ai_toolkit import audit as aitk
 from te_align.trainers.ai_toolkit import names as aitk_table
 

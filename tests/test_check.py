@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
 from te_align.audit.findings import NOT_SETTABLE
+from te_align.checking import check_file
 from te_align.cli import main
 from te_align.trainers.onetrainer.audit import NOT_SETTABLE as OT_NOT_SETTABLE
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from tests.support.scripts import load_script
 
 corpus = load_script("tools/check_corpus.py")

@@ -13,8 +13,8 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from te_align.audit import check_file  # noqa: E402
 from te_align.audit.dataset import distribution, load_counter  # noqa: E402
+from te_align.checking import check_file  # noqa: E402
 from te_align.cli import main  # noqa: E402
 from te_align.profiles import profile  # noqa: E402
 from te_align.tiny import tokenizers as tiny  # noqa: E402

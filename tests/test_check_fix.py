@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file, check_files
-from te_align.audit.fix import BACKUP_SUFFIX, fix_file, why_left
+from te_align.checking import check_file, check_files, fix_file
 from te_align.cli import main
+from te_align.fixing.fix import BACKUP_SUFFIX, why_left
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -286,7 +286,7 @@ def test_yaml_new_key_and_quoting(tmp_path: Path) -> None:
     text = text.replace("is_flux: true", "is_flux: true\n        arch: 'flux'")
     path.write_text(text, encoding="utf-8")
     assert fix_file(str(path)).changes == []  # aligned already: nothing to write
-    from te_align.audit import editing
+    from te_align.fixing import editing
 
     proc = ("config", "process", 0)
     changes = [editing.Change(str(path), "yaml", (*proc, "model", "arch"), "flux2"),

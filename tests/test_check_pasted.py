@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from te_align.audit import check_file, check_files, exit_code
+from te_align.checking import check_file, check_files, exit_code
 from te_align.cli import main
 
 FLUXGYM_BAT = """\

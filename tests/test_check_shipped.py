@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
 from te_align.audit.findings import EXIT_NOT_CHECKED, NOT_SETTABLE
+from te_align.checking import check_file
 from te_align.cli import main
 
 

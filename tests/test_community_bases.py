@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
 from te_align.audit.models import assumption, community_bases, guess_model
 from te_align.audit.rules import guess_from_name
+from te_align.checking import check_file
 from tests.support.files import unet_keys, write_sparse_safetensors
 
 NAI = "/models/animefull-final-pruned.safetensors"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
 from te_align.audit.models import assumption, guess_model, siblings
+from te_align.checking import check_file
 from te_align.cli import main
 from tests.support.files import write_sparse_safetensors
 

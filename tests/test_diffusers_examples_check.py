@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from te_align.cli import main
 from te_align.trainers.diffusers_examples import audit as dx
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
-from te_align.audit.fix import BACKUP_SUFFIX, fix_file
+from te_align.checking import check_file, fix_file
+from te_align.fixing.fix import BACKUP_SUFFIX
 from te_align.trainers.diffusers_examples import audit as dx
 
 KLEIN_DEFAULT = """\

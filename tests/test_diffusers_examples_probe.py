@@ -33,7 +33,7 @@ def _checkout() -> str:
 
 
 def test_no_checkout_is_one_clear_error(monkeypatch, tmp_path):
-    from te_align.probe.adapter import adapter_for
+    from te_align.parts import adapter_for
 
     monkeypatch.delenv(ENV, raising=False)
     with pytest.raises(ProbeError, match=f"give --path to a huggingface/diffusers checkout \\(or set {ENV}\\)"):
@@ -54,7 +54,8 @@ def test_fix_flags_come_from_check():
 
 @pytest.fixture(scope="module")
 def matrix():
-    from te_align.probe.matrix import Found, run_matrix
+    from te_align.parts import run_matrix
+    from te_align.probe.matrix import Found
 
     root = _checkout()
     return run_matrix(trainers=[Found("diffusers-examples", root, f"{ENV}={root}")],
@@ -115,7 +116,8 @@ def test_probe_cli_with_a_differing_shared_output(capsys):
 
 
 def test_matrix_finds_the_scripts_and_simpletuner_by_environment():
-    from te_align.probe.matrix import Found, find_trainers
+    from te_align.parts import find_trainers
+    from te_align.probe.matrix import Found
 
     found, absent = find_trainers({ENV: "/d", "TE_ALIGN_SIMPLETUNER_DIR": "/s"})
     assert Found("diffusers-examples", "/d", f"{ENV}=/d") in found

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from te_align.cli import main
 from te_align.trainers.diffusion_pipe import hooks, names
 from tests.support.files import write_sparse_safetensors
@@ -350,7 +350,7 @@ def test_key_tables_are_generated_from_the_checkout():
     if not CHECKOUT:
         pytest.skip(f"{ENV} is not set (path of a tdrussell/diffusion-pipe checkout)")
     root = Path(CHECKOUT)
-    bundled = known_keys("diffusion-pipe")
+    bundled = known_keys("diffusion-pipe", "te_align.trainers.diffusion_pipe")
     assert {k: frozenset(v) for k, v in _config_keys(root).items()} == {
         k: v for k, v in bundled.items() if not k.startswith("required")}
     assert _required(root) == required_keys()

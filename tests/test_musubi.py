@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from te_align.cli import main
 from te_align.trainers.musubi import hooks, names
 from tests.support.files import write_sparse_safetensors

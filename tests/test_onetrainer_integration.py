@@ -325,7 +325,7 @@ def test_uninstall_restores_every_original(adapter: Any) -> None:
 
 
 def test_matrix_has_onetrainer_rows_with_and_without_hooks() -> None:
-    from te_align.probe.matrix import find_trainers, run_matrix
+    from te_align.parts import find_trainers, run_matrix
 
     found, absent = find_trainers({ENV: str(ROOT)})
     ot = [f for f in found if f.trainer == "onetrainer"]

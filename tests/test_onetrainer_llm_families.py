@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from te_align.cli import main
 from te_align.trainers.onetrainer import audit as ot
 from te_align.trainers.onetrainer import names

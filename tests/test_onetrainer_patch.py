@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from te_align.parts import detect as detect_any
+from te_align.parts import plan_for
 from te_align.patching import apply, revert, status
-from te_align.patching.trainers import detect as detect_any
-from te_align.patching.trainers import plan_for
 from te_align.patching.transaction import STATE_DIR, PatchError
 from te_align.trainers.onetrainer.patch import ORIGINALS, SCRIPTS, detect, static_problems
 

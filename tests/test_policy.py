@@ -14,10 +14,9 @@ import pytest
 
 from te_align.ab.evidence import evidence_for, measured_direction
 from te_align.ab.stats import smallest_detectable
-from te_align.audit import check_file
 from te_align.audit.findings import Finding
-from te_align.audit.fix import fix_file
 from te_align.audit.policy import decide
+from te_align.checking import check_file, fix_file
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"

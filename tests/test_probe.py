@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from te_align.errors import TeAlignError
-from te_align.probe import ProbeError, probe
-from te_align.probe.matrix import Found, find_trainers, run_matrix
+from te_align.parts import find_trainers, probe, run_matrix
+from te_align.probe import ProbeError
+from te_align.probe.matrix import Found
 
 HAVE_AT = importlib.util.find_spec("ostris_ai_toolkit") is not None
 needs_at = pytest.mark.skipif(not HAVE_AT, reason="ostris-ai-toolkit 0.2.7 is not installed (pip install --no-deps ostris-ai-toolkit==0.2.7)")
@@ -126,7 +127,7 @@ def test_matrix_with_nothing_to_probe_is_one_line_exit_2_and_writes_nothing(tmp_
     """`te-align matrix` where no trainer found here probes the profiles asked for printed an empty table (exit 0,
     and --out written with it); it says why in one line, exit 2, and writes nothing."""
     from te_align.cli import main
-    from te_align.probe.matrix import find_trainers
+    from te_align.parts import find_trainers
     from te_align.trainers import specs
 
     for s in specs():

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
-from te_align.audit.fix import fix_file
+from te_align.checking import check_file, fix_file
 from te_align.trainers.diffusion_pipe import names, semantics
 
 TOP = "output_dir = '/out'\ndataset = '/nowhere/dataset.toml'\nepochs = 10\n"

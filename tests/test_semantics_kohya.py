@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
-from te_align.audit.fix import fix_file
+from te_align.checking import check_file, fix_file
 from te_align.trainers.kohya import semantics
 
 FLUX_DEV = """

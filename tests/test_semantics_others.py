@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 
-from te_align.audit import check_file
-from te_align.audit.fix import fix_file
+from te_align.checking import check_file, fix_file
 
 AITK = """job: extension
 config:

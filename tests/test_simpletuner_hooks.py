@@ -273,7 +273,7 @@ def test_check_fix_text_names_the_hooks_for_hooked_families(tmp_path):
     the hooks; the families it names are the hooks' own."""
     import json
 
-    from te_align.audit import check_file
+    from te_align.checking import check_file
     from te_align.trainers.simpletuner import audit
 
     assert set(audit.HOOKED) == {f for fam in st.FAMILIES.values() for f in fam.families}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 from te_align.trainers.simpletuner import audit as st
 
 
@@ -82,7 +82,7 @@ def test_klein_with_dev_layers_is_caught_and_fixed(tmp_path):
     r = check_file(path)
     assert deviations(r) == [("warning", "qwen3.encoder.layer", (10, 20, 30), (9, 18, 27),
                               "remove custom_text_encoder_intermediary_layers")]
-    from te_align.audit.fix import fix_file
+    from te_align.checking import fix_file
 
     assert fix_file(path).written
     assert "custom_text_encoder_intermediary_layers" not in json.loads(Path(path).read_text(encoding="utf-8"))

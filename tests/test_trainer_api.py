@@ -146,11 +146,10 @@ def new_trainer(tmp_path, monkeypatch):
 
 def test_a_new_trainer_is_one_folder_and_one_registry_line(new_trainer, tmp_path):
     pytest.importorskip("torch", reason="the new trainer's probe part runs on tiny models (the encode extra)")
-    from te_align.audit import check_file
+    from te_align.checking import check_file
     from te_align.commands.check import trainer_choices
-    from te_align.patching.trainers import available
-    from te_align.probe.adapter import trainers as probe_trainers
-    from te_align.probe.matrix import Found, find_trainers
+    from te_align.parts import available, find_trainers, probe_trainers
+    from te_align.probe.matrix import Found
 
     assert sorted(p.name for p in new_trainer.iterdir() if p.suffix == ".py") == [
         "__init__.py", "audit.py", "broken.py", "patch.py", "probe.py"]
@@ -176,3 +175,76 @@ def test_a_part_without_what_its_protocol_asks_is_one_error(new_trainer):
     assert spec.part("patch").__name__ == "te_align.trainers.toy_trainer.patch"
     with pytest.raises(LookupError):
         spec.part("hooks")
+
+
+def test_the_lint_engine_imports_no_writer():
+    """audit/ is the read-only lint engine: writing a fix lives in te_align/fixing/ (on the locks of
+    te_align/patching/), neither of which it imports, at module level, in a function or through lazy_module."""
+    import ast
+
+    found = []
+    for f in sorted((ROOT / "te_align" / "audit").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "lazy_module" and node.args:
+                names = [getattr(node.args[0], "value", "")]
+            else:
+                continue
+            found += [f"{f.name}: {n}" for n in names if n.startswith(("te_align.fixing", "te_align.patching"))]
+    assert found == []
+    assert not (ROOT / "te_align" / "audit" / "fix.py").exists() and not (ROOT / "te_align" / "audit" / "editing.py").exists()
+
+
+def test_the_check_engine_uses_the_parts_it_is_handed(tmp_path):
+    """audit.check_file reads no registry: a reader no trainer registers checks a config when it is handed one."""
+    import types
+
+    from te_align.audit import check_file
+    from te_align.audit.parsed import Parsed
+    from te_align.audit.readers import RawConfig
+    from te_align.audit.rules import Rule, Trainer
+    from te_align.trainers.api import CheckParts
+
+    rules = (Rule("clip_l.tokenizer.max_length", ("sd1",), "len", 77, "CLIP length", "unregistered.py:1"),)
+    reader = types.SimpleNamespace(
+        RULES=rules, CACHES={}, detect=lambda raw: 1,
+        parse=lambda raw, extra: Parsed(Trainer("unregistered", rules, lambda k, v: f"{k} = {v}", lambda k: k),
+                                        dict(raw.data), "sd15", "model", False, None, [], ("sd1",)))
+    parts = CheckParts(name="unregistered", reader=reader, command_line=False, package="nowhere", line_readers=(),
+                       source_words=(), spec=registry.get("kohya"))
+    raw = RawConfig(str(tmp_path / "job.toml"), "toml", "len = 225\n", {"len": 225})
+    r = check_file(raw, parts)
+    assert (r.trainer, r.profile, r.exit_code, r.file) == ("unregistered", "sd15", 1, str(tmp_path / "job.toml"))
+    assert [(f.setting, f.effective, f.profile) for f in r.findings if f.kind == "deviation"] == [
+        ("clip_l.tokenizer.max_length", 225, 77)]
+    assert check_file(raw, parts, label="x:3").file == "x:3"
+
+
+def test_a_hooks_part_is_the_module_hooks():
+    """``te_align.hooks.<package>`` is ``te_align.trainers.<package>.hooks`` by name: a spec naming another
+    module for its hooks is refused when it registers."""
+    odd = TrainerSpec(name="delta", display_name="Delta", repo="someone/delta", hooks="audit", package="kohya")
+    with pytest.raises(RegistryError) as e:
+        Registry([odd])
+    assert str(e.value) == ("cannot register the trainers: kohya: hooks must be the module 'hooks' "
+                            "(te_align.hooks.kohya is it), not 'audit'")
+
+
+def test_a_part_is_checked_against_its_protocol_tables_too(new_trainer):
+    """What a part lacks comes from its Protocol: a missing member, a method that is not callable, a table of
+    another type."""
+    (new_trainer / "odd.py").write_text("RULES = []\nCACHES = {}\ndetect = 1\n", encoding="utf-8")
+    (new_trainer / "odd_probe.py").write_text("ADAPTER = 1\n", encoding="utf-8")
+    spec = TrainerSpec(name="toy", display_name="Toy Trainer", repo="someone/toy", probe="odd_probe",
+                       check=(Dialect("toy", "odd", "Toy TOML"),), package="toy_trainer")
+    with pytest.raises(TrainerSpecError) as e:
+        spec.reader("toy")
+    assert str(e.value) == "trainer toy: its check part te_align.trainers.toy_trainer.odd has no RULES as a tuple, " \
+                           "detect, parse"
+    with pytest.raises(TrainerSpecError) as e:
+        spec.part("probe")
+    assert str(e.value) == ("trainer toy: its probe part te_align.trainers.toy_trainer.odd_probe has no ADAPTER as "
+                            "a class, find")

@@ -8,7 +8,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -304,7 +304,7 @@ def test_musubi_flux2_dev_keeps_the_system_message_newline():
 
 
 def test_diffusion_pipe_edit_uncond_fraction_fix_is_written_at_the_top(tmp_path):
-    from te_align.audit.fix import fix_file
+    from te_align.checking import fix_file
 
     path = dpipe_config(tmp_path, QI.format(name="Qwen-Image-Edit"), control=True, top="uncond_fraction = 0.1")
     before = Path(path).read_text(encoding="utf-8")

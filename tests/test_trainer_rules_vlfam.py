@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from te_align.audit import check_file
+from te_align.checking import check_file
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -206,7 +206,7 @@ def test_simpletuner_ltx25_is_not_checked(tmp_path):
 
 
 def test_fix_writes_the_keys(tmp_path):
-    from te_align.audit.fix import fix_file
+    from te_align.checking import fix_file
 
     path = st(tmp_path, model_family="ideogram", caption_dropout_probability=0.0)
     assert fix_file(path).written

@@ -17,7 +17,7 @@ from te_align.trainers import PACKAGES, dialects, specs
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The machinery every trainer goes through; it reads trainers from the registry only.
-SHARED = ("te_align/audit", "te_align/hooks", "te_align/patching", "te_align/probe", "te_align/cli.py",
+SHARED = ("te_align/audit", "te_align/fixing", "te_align/hooks", "te_align/patching", "te_align/probe", "te_align/cli.py",
           "te_align/commands/check.py", "te_align/commands/patch.py", "te_align/commands/probe.py")
 #: Names of te-align's own dependencies that a trainer also goes by (diffusers-examples' alias "diffusers").
 LIBRARIES = {"diffusers"}
@@ -76,11 +76,9 @@ def test_every_part_a_spec_names_exists_with_its_interface():
 
 
 def test_every_list_of_trainers_is_derived_from_the_registry():
-    from te_align.audit.readers import trainers as check_trainers
+    from te_align.checking import trainers as check_trainers
     from te_align.commands.check import trainer_choices
-    from te_align.patching.trainers import available
-    from te_align.probe.adapter import trainers as probe_trainers
-    from te_align.probe.matrix import find_trainers
+    from te_align.parts import available, find_trainers, probe_trainers
 
     assert check_trainers() == tuple(d.name for s in specs() for d in s.check)
     assert trainer_choices() == ("auto", *check_trainers())
@@ -159,11 +157,9 @@ def test_a_new_trainer_is_one_folder_and_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "PACKAGES", (*PACKAGES, "fake_trainer"))
     registry.specs.cache_clear()
     try:
-        from te_align.audit import check_file
+        from te_align.checking import check_file
         from te_align.commands.check import trainer_choices
-        from te_align.patching.trainers import available
-        from te_align.probe.adapter import trainers as probe_trainers
-        from te_align.probe.matrix import find_trainers
+        from te_align.parts import available, find_trainers, probe_trainers
 
         cfg = tmp_path / "job.toml"
         cfg.write_text('fake_model = "flux-dev"\nt5_len = 256\n')

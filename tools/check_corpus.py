@@ -29,7 +29,7 @@ What it reads, per trainer:
   put in place of the ``[model]`` table of ``examples/main_example.toml`` (the way its docs say to configure a
   model; Lumina 2 with ``examples/recommended_lumina_dataset_config.toml``, which its section recommends).
 
-It runs :func:`te_align.audit.check_file` in-process on each (timing each) and prints per trainer: configs,
+It runs :func:`te_align.checking.check_file` in-process on each (timing each) and prints per trainer: configs,
 exit-code counts, tracebacks, unknown-key findings, "not checked" results, exits 0 without a rule that ran,
 and the median time per file; ``--kinds`` adds the count of every finding kind/severity per trainer. "unknown"
 counts unknown-key findings at warning or error severity (a kohya_ss
@@ -269,7 +269,7 @@ ENV = {name: env for name, (env, _) in checkout_env().items()}
 
 
 def run(cases: list[Case], show: str | None, listing: bool) -> dict[str, object]:
-    from te_align.audit import check_file
+    from te_align.checking import check_file
 
     codes: Counter[int] = Counter()
     kinds: Counter[str] = Counter()

@@ -27,7 +27,8 @@ nodes are
   it;
 - ``arrows engine -> trainers``: import statements in ``audit/``, ``hooks/``, ``patching/``, ``probe/`` (the
 engine)
-  whose target is ``te_align.trainers``;
+  whose target is ``te_align.trainers``; an import under ``if TYPE_CHECKING:`` is not one (the engine is typed by
+  the trainer contract's Protocols, the parts it is handed, and never runs an import of it);
 - ``duplicated-code pairs``: maximal runs of six or more identical code lines (stripped; blank lines, comments,
   imports and docstrings left out) found in two places of ``te_align/``, each pair of places once.
 """
@@ -329,7 +330,7 @@ def measure(root: Path) -> dict[str, object]:
     loops = strongly_connected(graph)
     mod_loops = module_loops(sources)
     arrows = list({(i.module, i.line): i for s in sources for i in s.imports
-                   if s.module.split(".")[1:2] and s.module.split(".")[1] in ENGINE
+                   if not i.type_only and s.module.split(".")[1:2] and s.module.split(".")[1] in ENGINE
                    and node_of(i.target, known) == "te_align.trainers"}.values())
     dups = duplicate_pairs(sources)
     return {

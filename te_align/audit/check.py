@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from te_align import _plugins
 from te_align._lazy import lazy_module
 from te_align.audit import readers
 from te_align.audit.findings import CheckResult, Finding, combine_exit_codes
-from te_align.audit.parsed import module, reset_suggestion_budget
+from te_align.audit.parsed import reset_suggestion_budget
 from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
@@ -26,16 +25,15 @@ _overrides = lazy_module("te_align.profiles.overrides")
 _policy = lazy_module("te_align.audit.policy")
 
 if TYPE_CHECKING:  # pragma: no cover
-    from types import ModuleType
-
     from te_align.audit.parsed import CacheSpec
     from te_align.profiles import AlignmentProfile
+    from te_align.trainers.api import CheckDialect, CheckLanguages, CheckParts
 
 
-def check_file(
+def check_path(
     path: str,
+    languages: CheckLanguages,
     *,
-    trainer: str = "auto",
     profile: AlignmentProfile | str | None = None,
     extra_args: Sequence[str] = (),
     cache_dir: str | None = None,
@@ -46,39 +44,92 @@ def check_file(
     dataset_report: bool = False,
     tokenizer_dirs: Sequence[str] = (),
 ) -> CheckResult:
-    """Check one config file. Unreadable input becomes a ``syntax`` finding (exit code 2); a config te-align
-    cannot check (no profile, no rules, not a training job) has status ``not-checked``/``not-training`` (exit 3).
-    ``dataset``: caption folders to count captions in (besides the ones the config names). ``command``: a
-    training command line given as words instead of a file (``path`` is then only its label). ``overrides``: profile
-    overrides (``--set``) applied to the profile the file is checked against (given or detected). ``at_line``: in a
-    file of several command lines, check the one that starts at this line (default: the last; see
-    :func:`check_files`, which checks each). ``dataset_report``: read the captions (``dataset``, else the folders the
-    config names) with the trainer's caption handling and count their tokens per encoder slot with the profile's
-    tokenizers (found in ``tokenizer_dirs``, the config's model paths or the hub cache): ``result.dataset``, and
-    the policy's length findings measured on them (:mod:`te_align.audit.dataset`)."""
-    reset_suggestion_budget()
-    result = CheckResult(file=str(path) if at_line is None else f"{path}:{at_line}")
+    """Check one config file: read it, resolve its language once (``languages``: the one ``--trainer`` names, or
+    the best-scoring for ``auto``) and :func:`check_file` it. Unreadable input becomes a ``syntax`` finding (exit
+    code 2). ``command``: a training command line given as words instead of a file (``path`` is then only its
+    label). ``at_line``: in a file of several command lines, check the one that starts at this line (default: the
+    last; see :func:`check_files`, which checks each). The other options are :func:`check_file`'s."""
+    label = str(path) if at_line is None else f"{path}:{at_line}"
     try:
-        raw = readers.load(str(path), at_line) if command is None else _command(list(command), str(path))
-        if raw.data in (None, {}, [], "") and not extra_args:
-            raise readers.UnreadableConfig("empty config: nothing to check", file=raw.file)
-        name = readers.detect_trainer(raw) if trainer == "auto" else trainer
-        if name not in readers.trainers():
-            raise readers.UnreadableConfig(f"unknown trainer '{name}'; choose one of {', '.join(readers.trainers())}")
-        result.trainer = name
-        _check(raw, name, profile, list(extra_args), cache_dir, result, list(dataset), dict(overrides or {}),
-               (list(tokenizer_dirs),) if dataset_report else None)
-    except readers.ConfigSyntaxError as e:
+        raw = read_config(str(path), languages.scripts, at_line=at_line, command=command, extra_args=extra_args)
+        parts = resolve_parts(raw, languages)
+    except TeAlignError as e:
+        return failed(CheckResult(file=label), e)
+    return check_file(raw, parts, profile, extra_args=extra_args, cache_dir=cache_dir, dataset=dataset,
+                      overrides=overrides, dataset_report=dataset_report, tokenizer_dirs=tokenizer_dirs,
+                      label=label)
+
+
+def read_config(path: str, scripts: str, *, at_line: int | None = None, command: Sequence[str] | None = None,
+                extra_args: Sequence[str] = ()) -> readers.RawConfig:
+    """The config ``check`` reads (``command``: a command line given as words, ``path`` its label); an empty one
+    is refused. ``scripts``: the training scripts whose command lines are read (:attr:`CheckLanguages.scripts`)."""
+    pattern = _cmdline.script_pattern(scripts)
+    raw = readers.load(path, at_line, pattern) if command is None else _cmdline.from_argv(list(command), pattern,
+                                                                                           path)
+    if raw.data in (None, {}, [], "") and not extra_args:
+        raise readers.UnreadableConfig("empty config: nothing to check", file=raw.file)
+    return raw
+
+
+def resolve_parts(raw: readers.RawConfig, languages: CheckLanguages) -> CheckParts:
+    """The parts of ``raw``'s language: the one ``--trainer`` names, or the best-scoring reader's (``auto``)."""
+    if languages.trainer == "auto":
+        return readers.detect_trainer(raw, languages.candidates())
+    try:
+        return languages.parts(languages.trainer)
+    except LookupError:
+        raise readers.UnreadableConfig(f"unknown trainer '{languages.trainer}'; choose one of "
+                                       f"{', '.join(languages.names)}") from None
+
+
+def failed(result: CheckResult, e: TeAlignError) -> CheckResult:
+    """``result`` for a config that could not be checked: unreadable (a ``syntax`` finding, exit 2), or not
+    checked / not a training job (exit 3)."""
+    if isinstance(e, readers.ConfigSyntaxError):
         result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e),
                                        line=e.line, column=e.column))
-    except readers.NotChecked as e:
+    elif isinstance(e, readers.NotChecked):
         result.status = "not-training" if e.status == "not-training" else "not-checked"
         result.reason = e.reason
         result.findings.append(Finding(kind="not-checked", severity="info", setting="", message=e.reason))
-    except TeAlignError as e:
+    else:
         result.status = "unreadable"
         result.findings.append(Finding(kind="syntax", severity="error", setting="", message=str(e)))
+    return result
+
+
+def check_file(
+    raw: readers.RawConfig,
+    parts: CheckParts,
+    profile: AlignmentProfile | str | None = None,
+    *,
+    extra_args: Sequence[str] = (),
+    cache_dir: str | None = None,
+    dataset: Sequence[str] = (),
+    overrides: Mapping[str, object] | None = None,
+    dataset_report: bool = False,
+    tokenizer_dirs: Sequence[str] = (),
+    label: str | None = None,
+) -> CheckResult:
+    """Check one read config (``raw``) with the parts of its language (``parts``, resolved by the caller). A
+    config te-align cannot check (no profile, no rules, not a training job) has status
+    ``not-checked``/``not-training`` (exit 3); one it cannot read, ``unreadable`` (exit 2). ``dataset``: caption
+    folders to count captions in (besides the ones the config names). ``overrides``: profile overrides
+    (``--set``) applied to the profile the file is checked against (given or detected). ``dataset_report``: read
+    the captions (``dataset``, else the folders the config names) with the trainer's caption handling and count
+    their tokens per encoder slot with the profile's tokenizers (found in ``tokenizer_dirs``, the config's model
+    paths or the hub cache): ``result.dataset``, and the policy's length findings measured on them
+    (:mod:`te_align.audit.dataset`). ``label``: the result's file (default: ``raw.file``)."""
+    reset_suggestion_budget()
+    result = CheckResult(file=raw.file if label is None else label)
+    try:
+        result.trainer = parts.name
+        _check(raw, parts, profile, list(extra_args), cache_dir, result, list(dataset), dict(overrides or {}),
+               (list(tokenizer_dirs),) if dataset_report else None)
+    except TeAlignError as e:
+        return failed(result, e)
     return result
 
 
@@ -106,13 +157,9 @@ def _common_prefix(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def _command(argv: list[str], label: str) -> readers.RawConfig:
-    return _cmdline.from_argv(argv, label)
-
-
 def _check(
     raw: readers.RawConfig,
-    name: str,
+    parts: CheckParts,
     profile: AlignmentProfile | str | None,
     extra_args: list[str],
     cache_dir: str | None,
@@ -121,12 +168,11 @@ def _check(
     overrides: dict[str, object] | None = None,
     report: tuple[list[str]] | None = None,
 ) -> None:
-    registry = _plugins.registry()
-    if raw.fmt == "cmdline" and not registry.dialect(name)[0].command_line and not module(name).detect(raw):
-        readers_of_lines = " or ".join(d.name for d, _ in registry.dialects() if d.command_line)
+    name, mod = parts.name, parts.reader
+    if raw.fmt == "cmdline" and not parts.command_line and not mod.detect(raw):
+        readers_of_lines = " or ".join(parts.line_readers)
         raise readers.UnreadableConfig(f"a command line; te-align reads {name} configs from their config file, and "
                                        f"command lines for --trainer {readers_of_lines} only", file=raw.file)
-    mod = module(name)
     parsed = mod.parse(raw, extra_args)
     result.cached = parsed.cached
     findings = list(parsed.findings)
@@ -172,7 +218,7 @@ def _check(
     if prof.family not in parsed.supported:
         raise readers.UnreadableConfig(f"{name} does not train {prof.family} models (profile {prof.name})", file=raw.file)
     ctx = Context(values=parsed.values, profile_name=prof.name, cached=parsed.cached, file=raw.file,
-                  extra=dict(parsed.extra))
+                  extra=dict(parsed.extra), trainer_words=parts.source_words)
     if dataset:
         for d in dataset:
             if not Path(d).is_dir():
@@ -202,8 +248,7 @@ def _check(
         result.status = "not-checked"
         result.reason = f"not checked: te-align has no rules for {name}/{prof.family}"
         findings.append(Finding(kind="not-checked", severity="info", setting="", message=result.reason))
-    caches = getattr(mod, "CACHES", {})
-    spec = caches.get(prof.family)
+    spec = cast("CacheSpec | None", parts.reader.CACHES.get(prof.family))
     if cache_dir is not None:
         findings += _scan_cache(cache_dir, name, mod, prof, effective, spec)
     if parsed.cached and spec is not None and any(
@@ -244,7 +289,7 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
 def _scan_cache(
     cache_dir: str,
     name: str,
-    mod: ModuleType,
+    mod: CheckDialect,
     prof: AlignmentProfile,
     effective: dict[str, object],
     spec: CacheSpec | None,
@@ -318,15 +363,16 @@ def _fingerprint_findings(cache_dir: str, found: int, fingerprints: Mapping[str,
     return out
 
 
-def check_files(paths: Sequence[str], **kw: Any) -> list[CheckResult]:
-    """Check each file; a file of several command lines (a caching command and its training command, a script that trains twice) gives one result per command, labelled ``FILE:LINE``."""
+def check_files(paths: Sequence[str], languages: CheckLanguages, **kw: Any) -> list[CheckResult]:
+    """Check each file (:func:`check_path`); a file of several command lines (a caching command and its training
+    command, a script that trains twice) gives one result per command, labelled ``FILE:LINE``."""
     out: list[CheckResult] = []
     for p in paths:
-        starts = _command_starts(p)
+        starts = command_starts(p, languages.scripts)
         if len(starts) < 2:
-            out.append(check_file(p, **kw))
+            out.append(check_path(p, languages, **kw))
             continue
-        out += several_commands([check_file(p, at_line=n, **kw) for n in starts])
+        out += several_commands([check_path(p, languages, at_line=n, **kw) for n in starts])
     return out
 
 
@@ -341,18 +387,19 @@ def several_commands(results: list[CheckResult]) -> list[CheckResult]:
     return results
 
 
-def _command_starts(path: str) -> list[int]:
-    """The first line of every training/caching command in a command-line file ([] for any other file)."""
+def command_starts(path: str, scripts: str) -> list[int]:
+    """The first line of every training/caching command in a command-line file ([] for any other file).
+    ``scripts``: the training scripts whose command lines are read (:attr:`CheckLanguages.scripts`)."""
     p = Path(path)
     if readers.config_suffix(p) not in _cmdline.SUFFIXES and readers.config_suffix(p):
         return []
     try:
-        raw = readers.load(path)
+        raw = readers.load(path, scripts=_cmdline.script_pattern(scripts))
     except TeAlignError:
         return []
     data = raw.data if isinstance(raw.data, dict) else {}
     starts = data.get("commands") if raw.fmt == "cmdline" else None
-    return [int(n) for n in starts] if isinstance(starts, list) else []
+    return [n for n in starts if isinstance(n, int)] if isinstance(starts, list) else []
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:

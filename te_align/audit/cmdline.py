@@ -13,35 +13,24 @@ shell would for these plain forms; anything fancier is left as written.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from pathlib import Path
 
-from te_align import _plugins
 from te_align.audit.raw import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
 
 #: File suffixes read as a command line (besides a file with no suffix).
 SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
 
 
-def _script_pattern() -> re.Pattern[str]:
-    """A training script's name in a command line: the scripts of every ``check`` reader (the trainer registry)."""
-    names = "|".join(f"(?:{d.scripts})" for d, _ in _plugins.registry().dialects() if d.scripts)
-    return re.compile(r"(?:^|[\\/\s\"'])(" + names + r")\b")
+@functools.cache
+def script_pattern(scripts: str) -> re.Pattern[str]:
+    """A training script's name in a command line: ``scripts``, the alternation of every ``check`` reader's
+    script names (:attr:`te_align.trainers.api.CheckLanguages.scripts`, handed down by the caller), compiled once."""
+    return re.compile(r"(?:^|[\\/\s\"'])(" + scripts + r")\b")
 
 
-class _Script:
-    """The compiled pattern, built on first use (the registry is read once)."""
-
-    pattern: re.Pattern[str] | None = None
-
-    def search(self, text: str) -> re.Match[str] | None:
-        if self.pattern is None:
-            self.pattern = _script_pattern()
-        return self.pattern.search(text)
-
-
-_SCRIPT = _Script()
 _ASSIGN = re.compile(r"^\s*(?:export\s+|set\s+|\$env:)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$", re.I)
 #: ``set "NAME=value"`` (cmd.exe: the quotes hold the whole assignment).
 _SET_QUOTED = re.compile(r'^\s*set\s+"([A-Za-z_][A-Za-z0-9_]*)=(.*)"\s*$', re.I)
@@ -50,29 +39,29 @@ _MODULE = re.compile(r"(?:^|\s)-m\s+((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*))(?=\s|$
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|%([A-Za-z_][A-Za-z0-9_]*)%")
 
 
-def load(path: str, at_line: int | None = None) -> RawConfig:
+def load(path: str, scripts: re.Pattern[str], at_line: int | None = None) -> RawConfig:
     """A command-line file as a :class:`RawConfig` (``fmt="cmdline"``); one clear error when it holds none."""
     p = Path(path)
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
     text = read_bounded(path)
-    return parse_text(text, path, at_line)
+    return parse_text(text, path, scripts, at_line)
 
 
-def from_argv(argv: list[str], label: str = "<command line>") -> RawConfig:
+def from_argv(argv: list[str], scripts: re.Pattern[str], label: str = "<command line>") -> RawConfig:
     """A command line given as words (``te-align check -- accelerate launch train_x.py --flag …``)."""
     text = shlex.join(argv)
-    argv = _modules_as_scripts(list(argv))
-    script_at = _script_index(argv)
+    argv = _modules_as_scripts(list(argv), scripts)
+    script_at = _script_index(argv, scripts)
     if script_at is None:
         raise UnreadableConfig("no training script (train_*.py) in the command line", file=label)
     return RawConfig(label, "cmdline", text, {**_data(argv, script_at), "from_argv": True})
 
 
-def parse_text(text: str, file: str, at_line: int | None = None) -> RawConfig:
+def parse_text(text: str, file: str, scripts: re.Pattern[str], at_line: int | None = None) -> RawConfig:
     """Find the (last) line that runs a training script, or the one that starts at ``at_line``; split it into
     words as a shell would. ``data["commands"]`` lists the first line of every command in the file."""
-    found = commands(text, file)
+    found = commands(text, file, scripts)
     if not found:
         other = _first_python_script(text)
         if other is not None:
@@ -85,7 +74,7 @@ def parse_text(text: str, file: str, at_line: int | None = None) -> RawConfig:
                                file=file)
     chosen = found[-1] if at_line is None else next((c for c in found if c[0] == at_line), found[-1])
     first, words = chosen
-    at = _script_index(words)
+    at = _script_index(words, scripts)
     if at is None:
         raise UnreadableConfig(f"line {first} names a training script only inside another word", file=file)
     return RawConfig(file, "cmdline", text, {**_data(words, at), "line": first,
@@ -107,7 +96,7 @@ def _first_python_script(text: str) -> tuple[int, str] | None:
     return None
 
 
-def commands(text: str, file: str) -> list[tuple[int, list[str]]]:
+def commands(text: str, file: str, scripts: re.Pattern[str]) -> list[tuple[int, list[str]]]:
     """Every command in the text that runs a training or caching script: (its first line, its words), with the
     variables set before it (``export X=…``, ``X=…``, ``set X=…``, ``set "X=…"``, ``$env:X = …``) expanded."""
     variables: dict[str, str] = {}
@@ -117,7 +106,7 @@ def commands(text: str, file: str) -> list[tuple[int, list[str]]]:
         stripped = line.strip()
         if not stripped or stripped.startswith(("#", "REM ", "rem ", "::", "@REM ", "@rem ")):
             continue
-        runs = _runs_script(stripped)
+        runs = _runs_script(stripped, scripts)
         q = _SET_QUOTED.match(stripped)
         if q and not runs:
             variables[q.group(1)] = q.group(2)
@@ -132,15 +121,15 @@ def commands(text: str, file: str) -> list[tuple[int, list[str]]]:
             words = _split(_expand(stripped, variables), windows)
         except ValueError as e:
             raise ConfigSyntaxError(file, first, None, f"cannot split the command line: {e}") from None
-        found.append((first, _modules_as_scripts(words)))
+        found.append((first, _modules_as_scripts(words, scripts)))
     return found
 
 
-def assignment(line: str) -> tuple[str, int, int] | None:
+def assignment(line: str, scripts: re.Pattern[str]) -> tuple[str, int, int] | None:
     """A line that sets a variable (as :func:`commands` reads it): (its name, the start and end of its value as
     written in the line, quotes included), or None."""
     stripped = line.rstrip("\r\n")
-    if _runs_script(stripped.strip()):
+    if _runs_script(stripped.strip(), scripts):
         return None
     q = _SET_QUOTED.match(stripped)
     if q:
@@ -149,17 +138,17 @@ def assignment(line: str) -> tuple[str, int, int] | None:
     return (m.group(1), m.start(2), m.end(2)) if m else None
 
 
-def _runs_script(line: str) -> bool:
-    if _SCRIPT.search(line):
+def _runs_script(line: str, scripts: re.Pattern[str]) -> bool:
+    if scripts.search(line):
         return True
     m = _MODULE.search(line)
-    return bool(m and _SCRIPT.search(" " + m.group(2) + ".py"))
+    return bool(m and scripts.search(" " + m.group(2) + ".py"))
 
 
-def _modules_as_scripts(words: list[str]) -> list[str]:
+def _modules_as_scripts(words: list[str], scripts: re.Pattern[str]) -> list[str]:
     """``python -m package.script_name ARGS`` -> ``python package/script_name.py ARGS``."""
     for i, w in enumerate(words[:-1]):
-        if w == "-m" and _SCRIPT.search(" " + words[i + 1].rsplit(".", 1)[-1] + ".py"):
+        if w == "-m" and scripts.search(" " + words[i + 1].rsplit(".", 1)[-1] + ".py"):
             return [*words[:i], words[i + 1].replace(".", "/") + ".py", *words[i + 2:]]
     return words
 
@@ -183,23 +172,23 @@ def _logical(text: str) -> list[tuple[int, int, str]]:
     return logical
 
 
-def command_lines(text: str, at_line: int | None = None) -> tuple[int, int] | None:
+def command_lines(text: str, scripts: re.Pattern[str], at_line: int | None = None) -> tuple[int, int] | None:
     """The physical lines (1-based, first and last) of the training command :func:`parse_text` reads: the last
     logical line that runs a training script, or the one that starts at ``at_line`` (None: there is none)."""
     found = None
     for first, last, line in _logical(text):
         stripped = line.strip()
-        if stripped and not stripped.startswith(("#", "REM ", "rem ", "::")) and _runs_script(stripped):
+        if stripped and not stripped.startswith(("#", "REM ", "rem ", "::")) and _runs_script(stripped, scripts):
             found = (first, last)
             if first == at_line:
                 break
     return found
 
 
-def _script_index(words: list[str]) -> int | None:
+def _script_index(words: list[str], scripts: re.Pattern[str]) -> int | None:
     for i, w in enumerate(words):
         name = w.replace("\\", "/").rsplit("/", 1)[-1]
-        if name.endswith(".py") and _SCRIPT.search(" " + name):
+        if name.endswith(".py") and scripts.search(" " + name):
             return i
     return None
 

@@ -11,10 +11,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-from te_align import _plugins
 from te_align.audit.findings import Finding
 from te_align.audit.readers import ConfigSyntaxError
 from te_align.audit.rules import Context, Trainer
@@ -127,12 +125,6 @@ def reason(text: str, assumed: str = "") -> Reason:
     r = Reason(text)
     r.assumed = assumed
     return r
-
-
-def module(name: str) -> ModuleType:
-    """The reader of a ``check`` dialect (``--trainer NAME``), from the trainer registry."""
-    _, spec = _plugins.registry().dialect(name)
-    return spec.reader(name)
 
 
 #: At most this many unknown keys per file get a "did you mean" suggestion (each one costs a difflib scan of every

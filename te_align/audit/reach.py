@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.trainers.api import CheckDialect
 
 Status = Literal["rules", "not-checked", "not-trained"]
 
@@ -29,7 +31,7 @@ class Cell:
     why: str = ""
 
 
-def family_cells(trainer: str, module: ModuleType, families: Mapping[str, Iterable[str]]) -> list[Cell]:
+def family_cells(trainer: str, module: CheckDialect, families: Mapping[str, Iterable[str]]) -> list[Cell]:
     """The cells of one dialect module; ``families``: family -> its bundled profile names."""
     supported = set(getattr(module, "SUPPORTED", ()))
     not_checked: Mapping[str, str] = getattr(module, "NOT_CHECKED", {})
@@ -47,7 +49,7 @@ def family_cells(trainer: str, module: ModuleType, families: Mapping[str, Iterab
     return out
 
 
-def reach(dialects: Iterable[tuple[str, ModuleType]], families: Mapping[str, Iterable[str]]) -> list[Cell]:
+def reach(dialects: Iterable[tuple[str, CheckDialect]], families: Mapping[str, Iterable[str]]) -> list[Cell]:
     """Every trainer × family cell, trainers merged over their dialects (the best status of any dialect wins)."""
     rank = {"rules": 2, "not-checked": 1, "not-trained": 0}
     best: dict[tuple[str, str], Cell] = {}

@@ -11,8 +11,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from te_align import _plugins
-
 # MAX_BYTES, overlaid, overlay_text and read_text are re-exported: callers read them here.
 from te_align.audit.raw import MAX_BYTES as MAX_BYTES
 from te_align.audit.raw import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
@@ -22,7 +20,10 @@ from te_align.audit.raw import read_text as read_text
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from te_align._types import JSONObject, JSONValue
+    from te_align.trainers.api import CheckParts
 
 # The format modules load() dispatches to (cmdline, envfile) are imported there, when a file needs them.
 
@@ -45,9 +46,11 @@ MAX_DEPTH = 64
 _TOML_POS = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
-def load(path: str, at_line: int | None = None) -> RawConfig:
+def load(path: str, at_line: int | None = None, scripts: re.Pattern[str] | None = None) -> RawConfig:
     """Parse a config file; raise :class:`ConfigSyntaxError` with file, line and column. ``at_line``: in a file of
-    several command lines, the one that starts at this line (default: the last)."""
+    several command lines, the one that starts at this line (default: the last). ``scripts``: the training scripts
+    whose command lines are read (:func:`te_align.audit.cmdline.script_pattern`; None: a command-line file is
+    refused, as where a trainer's reader loads a file its config names)."""
     p = Path(path)
     if not p.is_file():
         raise UnreadableConfig("no such file" if not p.exists() else "not a file", file=path)
@@ -59,7 +62,9 @@ def load(path: str, at_line: int | None = None) -> RawConfig:
 
         return envfile.load(path)
     if suffix in cmdline.SUFFIXES or (not suffix and p.is_file()):  # a training command line (diffusers scripts)
-        return cmdline.load(path, at_line)
+        if scripts is None:
+            raise UnreadableConfig("a command-line file; expected a config file (.toml, .json, .yaml)", file=path)
+        return cmdline.load(path, scripts, at_line)
     parsers = {".toml": ("toml", _parse_toml), ".json": ("json", _parse_json), ".yaml": ("yaml", _parse_yaml),
                ".yml": ("yaml", _parse_yaml)}
     if suffix not in parsers:
@@ -197,11 +202,10 @@ def key_line(text: str, key: str) -> int | None:
 
 # ---------------------------------------------------------------------------------- valid keys
 @functools.cache
-def known_keys(name: str) -> dict[str, frozenset[str]]:
-    """The bundled list of valid keys of a ``check`` dialect (``data/<name>.txt`` in its trainer's folder), by
-    section (``""`` when it has none)."""
-    _, spec = _plugins.registry().dialect(name)
-    res = resources.files(f"te_align.trainers.{spec.package}").joinpath("data", f"{name}.txt")
+def known_keys(name: str, package: str) -> dict[str, frozenset[str]]:
+    """The bundled list of valid keys of a ``check`` dialect (``data/<name>.txt`` in ``package``, its trainer's
+    folder: each trainer reads its own), by section (``""`` when it has none)."""
+    res = resources.files(package).joinpath("data", f"{name}.txt")
     sections: dict[str, set[str]] = {}
     current = ""
     for raw in res.read_text(encoding="utf-8").splitlines():
@@ -216,24 +220,18 @@ def known_keys(name: str) -> dict[str, frozenset[str]]:
 
 
 # ------------------------------------------------------------------------------ trainer shape
-def trainers() -> tuple[str, ...]:
-    """Every ``--trainer`` value ``check`` reads (the config languages of the trainer registry)."""
-    return tuple(d.name for d, _ in _plugins.registry().dialects())
-
-
-def detect_trainer(raw: RawConfig) -> str:
-    """Tell the config language from the file's shape (each reader scores it; the highest wins, the registry's
-    order breaks ties), or raise :class:`UnreadableConfig`."""
-    dialects = _plugins.registry().dialects()
-    best: tuple[int, str] | None = None
-    for d, spec in dialects:
-        score = spec.reader(d.name).detect(raw)
+def detect_trainer(raw: RawConfig, candidates: Sequence[CheckParts]) -> CheckParts:
+    """Tell the config language from the file's shape: each candidate's reader scores it (the highest wins, the
+    candidates' order breaks ties), or raise :class:`UnreadableConfig`."""
+    best: tuple[int, CheckParts] | None = None
+    for parts in candidates:
+        score = parts.reader.detect(raw)
         if score and (best is None or score > best[0]):
-            best = (score, d.name)
+            best = (score, parts)
     if best is not None:
         return best[1]
-    files = [d.name for d, _ in dialects if not d.command_line]
-    if raw.fmt != "cmdline" and not _trainer_keys(raw.data, [d.name for d, _ in dialects]):
+    files = [c.name for c in candidates if not c.command_line]
+    if raw.fmt != "cmdline" and not _trainer_keys(raw.data, candidates):
         raise NotChecked(f"not a trainer config: no key in it is one a trainer te-align checks reads "
                          f"({', '.join(files)}); nothing to check", status="not-training", file=raw.file)
     if raw.fmt != "cmdline" and not isinstance(raw.data, dict):
@@ -253,14 +251,14 @@ def _keys(data: JSONValue) -> Iterator[str]:
             yield from _keys(v)
 
 
-def _trainer_keys(data: JSONValue, dialects: list[str]) -> set[str]:
+def _trainer_keys(data: JSONValue, dialects: Sequence[CheckParts]) -> set[str]:
     """The keys of ``data`` some trainer reads (by the dialects' bundled key lists). Only keys of a trainer's own
     shape count (``learning_rate``, ``t5xxl-max-length``): a plain word such as ``name`` or ``version`` is a
     key of every kind of file."""
     known: set[str] = set()
-    for name in dialects:
+    for d in dialects:
         try:
-            lists = known_keys(name)
+            lists = known_keys(d.name, d.package)
         except (FileNotFoundError, ModuleNotFoundError):  # a plug-in dialect without a bundled key list
             continue
         for keys in lists.values():

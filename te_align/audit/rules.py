@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, SupportsIndex, SupportsInt, TypeAlias
 
-from te_align import _plugins
 from te_align.audit.findings import NOT_SETTABLE, Edit, Finding, Severity
 from te_align.profiles.registry import _load_bundled
 
@@ -87,6 +86,9 @@ class Context:
     extra: dict[str, object] = field(default_factory=dict)
     file: str = ""
     ran: list[str] = field(default_factory=list)
+    #: Every word by which a profile's provenance names a trainer (:attr:`te_align.trainers.api.CheckParts.
+    #: source_words`, handed down): a source naming one is a trainer's choice, not a model's.
+    trainer_words: tuple[str, ...] = ()
 
 
 #: A converter: a trainer value -> a profile value (``to``), or back for a fix (``back``).
@@ -270,18 +272,18 @@ def _same_value(a: object, b: object) -> bool:
     return a == b
 
 
-def _trainer_source(text: str) -> bool:
-    """Whether a provenance source names a trainer (a "trainer choice", or a trainer of the registry)."""
+def _trainer_source(text: str, words: tuple[str, ...]) -> bool:
+    """Whether a provenance source names a trainer (a "trainer choice", or one of ``words``)."""
     low = text.lower()
-    return "trainer choice" in low or any(w in low for w in _plugins.registry().source_words())
+    return "trainer choice" in low or any(w in low for w in words)
 
 
-def _severity(profile: AlignmentProfile, path: str, effective: object) -> Severity:
+def _severity(profile: AlignmentProfile, path: str, effective: object, words: tuple[str, ...]) -> Severity:
     """``warning`` when a model or pipeline source (not another trainer) documents the effective value
     as an alternative (FLUX.1 schnell at 512: the diffusers default); ``error`` otherwise."""
     pv = profile.provenance_of(f"slots.{path}")
     if pv is not None and any(
-        _same_value(_plain(a.value), effective) and not _trainer_source(a.source) for a in pv.alternatives
+        _same_value(_plain(a.value), effective) and not _trainer_source(a.source, words) for a in pv.alternatives
     ):
         return "warning"
     return "error"
@@ -368,7 +370,7 @@ def evaluate(
         if _same_value(eff, expected):
             continue
         pv = profile.provenance_of(f"slots.{rule.path}")
-        severity = rule.severity or _severity(profile, rule.path, eff)
+        severity = rule.severity or _severity(profile, rule.path, eff, ctx.trainer_words)
         meaning = rule.meaning
         official = official_alternative(profile, rule.path, eff) if not rule.severity else None
         if official is not None:

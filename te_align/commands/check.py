@@ -15,28 +15,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from te_align._lazy import lazy_module
-from te_align.audit import check_file, check_files, exit_code
-from te_align.audit.readers import backup_of, config_suffix, trainers
+from te_align.audit import check_files, check_path, exit_code
+from te_align.audit.readers import backup_of, config_suffix
 from te_align.profiles import profile
-from te_align.trainers import dialects
+from te_align.trainers import dialects, registry
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from te_align.audit.findings import CheckResult
-    from te_align.audit.fix import FixReport
+    from te_align.fixing.fix import FixReport
     from te_align.integrations.targets import InferenceNote
 
 # Lazy: what only some check runs need (--set, --for, the effects matrix), loaded when used.
 _overrides = lazy_module("te_align.profiles.overrides")
 _ab_evidence = lazy_module("te_align.audit.evidence")
 _targets = lazy_module("te_align.integrations.targets")
-_fix = lazy_module("te_align.audit.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
+_fix = lazy_module("te_align.fixing.fix")  # check --fix / --diff (tomlkit, ruamel.yaml): only when asked
 
 
 def trainer_choices() -> tuple[str, ...]:
     """``auto`` and every config language of the trainer registry."""
-    return ("auto", *trainers())
+    return ("auto", *(d.name for d, _ in dialects()))
 
 
 def _options(p: argparse.ArgumentParser) -> None:
@@ -136,8 +136,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     ns.dataset = [d for d in ns.dataset if d]
     if ns.fix or ns.diff or ns.no_backup or ns.allow_unsafe_keys:
         return _cmd_fix(ns, extra, overrides)
+    languages = registry().check_languages(ns.trainer)  # the trainer, resolved once: its parts go down
     if not ns.configs:  # te-align check -- accelerate launch SCRIPT ARGS (a command line instead of a file)
-        results = [check_file("<command line>", trainer=ns.trainer, profile=ns.profile, cache_dir=ns.cache_dir,
+        results = [check_path("<command line>", languages, profile=ns.profile, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, command=extra, overrides=overrides, dataset_report=report,
                               tokenizer_dirs=ns.tokenizer_dir)]
     else:
@@ -147,7 +148,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 kind = config_suffix(Path(c)) or "command-line"
                 print(f"te-align: {c} is te-align's backup of {original}; checked as a {kind} config, as {original} "
                       "was before te-align changed it", file=sys.stderr)
-        results = check_files(ns.configs, trainer=ns.trainer, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
+        results = check_files(ns.configs, languages, profile=ns.profile, extra_args=extra, cache_dir=ns.cache_dir,
                               dataset=ns.dataset, overrides=overrides, dataset_report=report,
                               tokenizer_dirs=ns.tokenizer_dir)
     code = exit_code(results)
@@ -208,7 +209,8 @@ def _cmd_fix(ns: argparse.Namespace, extra: list[str], overrides: dict[str, obje
     if ns.allow_unsafe_keys and not (ns.fix or ns.diff):
         print("te-align: error: --allow-unsafe-keys goes with --fix or --diff", file=sys.stderr)
         return 2
-    reports = [_fix.fix_file(c, trainer=ns.trainer, profile=ns.profile, extra_args=extra,
+    languages = registry().check_languages(ns.trainer)
+    reports = [_fix.fix_file(c, languages, profile=ns.profile, extra_args=extra,
                              cache_dir=ns.cache_dir, dataset=ns.dataset, overrides=overrides,
                              write=not ns.diff, backup=not ns.no_backup,
                              allow_unsafe=ns.allow_unsafe_keys) for c in ns.configs]

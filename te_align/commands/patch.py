@@ -13,7 +13,7 @@ from te_align.trainers import specs
 
 # Lazy: what only one command needs, loaded when it runs (the CLI's other commands stay cold).
 _patching = lazy_module("te_align.patching")
-_patch_trainers = lazy_module("te_align.patching.trainers")
+_patch_trainers = lazy_module("te_align.parts")  # the patchers, resolved once from the registry
 _transaction = lazy_module("te_align.patching.transaction")
 _environment = lazy_module("te_align.patching.environment")
 

@@ -61,7 +61,7 @@ def _fmt_shape(s: Iterable[int] | None) -> str:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from te_align.probe import probe
+    from te_align.parts import probe
 
     r = probe(args.trainer, args.profile, args.path, hooks=args.hooks)
     code = 0 if r.aligned else 1
@@ -113,8 +113,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             print(text, end="")
         return 0
     from te_align._atomic import atomic_file
+    from te_align.parts import find_trainers, run_matrix
     from te_align.probe import ProbeError
-    from te_align.probe.matrix import find_trainers, run_matrix
 
     found, absent = find_trainers()
     m = run_matrix(trainers=found, profiles=args.profile)

@@ -55,12 +55,11 @@ def parse_set(items: list[str]) -> dict[str, object]:
 def reach_cells() -> list[_reach.Cell]:
     """Every trainer × bundled family: rules, not checked (and why) or not trained (:mod:`te_align.audit.reach`)."""
     from te_align import trainers
-    from te_align.audit.parsed import module
 
     families: dict[str, list[str]] = {}
     for p in profiles():
         families.setdefault(p.family, []).append(p.name)
-    return _reach.reach(((spec.name, module(d.name)) for d, spec in trainers.dialects()), families)
+    return _reach.reach(((spec.name, spec.reader(d.name)) for d, spec in trainers.dialects()), families)
 
 
 def cmd_list(args: argparse.Namespace) -> int:

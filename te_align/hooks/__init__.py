@@ -3,7 +3,8 @@ wrappers live in its folder (``te_align/trainers/<package>/hooks``, see :mod:`te
 
 ``te_align.hooks.<package>`` is that trainer's hooks module under a short, stable name (``import
 te_align.hooks.<package>``, ``python -m te_align.hooks.<package> …``; drop-ins written by earlier te-align
-versions import it): the same module object, resolved from the registry when first imported.
+versions import it): the same module object, ``te_align.trainers.<package>.hooks`` (every trainer's hooks part
+is its module ``hooks``: the registry refuses a spec naming another), found by that name, not in the registry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import sys
 from collections.abc import Sequence
 from types import CodeType, ModuleType
 
-from te_align import _plugins
 from te_align.hooks.base import ENV_SWITCH, OFF_WORDS, Hook, HookError, Target, hooks_disabled
 
 __all__ = ["ENV_SWITCH", "OFF_WORDS", "Hook", "HookError", "Target", "hooks_disabled"]
@@ -30,8 +30,11 @@ def _real_name(fullname: str) -> str | None:
     head, _, tail = fullname[len(prefix):].partition(".")
     if head == "base":
         return None
-    real = _plugins.registry().hooks_module(head)
-    if real is None:
+    real = f"te_align.trainers.{head}.hooks"  # a trainer's hooks part is its module "hooks" (the registry checks it)
+    try:
+        if not head.isidentifier() or importlib.util.find_spec(real) is None:
+            return None
+    except ModuleNotFoundError:  # no such trainer package
         return None
     return f"{real}.{tail}" if tail else real
 

@@ -6,20 +6,23 @@ Each trainer's ``patch`` module (:mod:`te_align.trainers`) exposes::
     plan(detection: Detection, profile: str | None) -> Plan
 
 ``te-align patch PATH`` asks every trainer that has one (or the one named with ``--trainer``), in the
-registry's order, and patches with the first that recognises PATH.
+registry's order, and patches with the first that recognises PATH: the command resolves the patchers from the
+registry (:mod:`te_align.parts`) and hands them down; this module looks nothing up.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
 
-from te_align import _plugins
 from te_align._git import git_head
 from te_align.patching.transaction import REMOVING, STATE_DIR, PatchError, Plan, lock, recover
+
+if TYPE_CHECKING:  # the trainer contract, for annotations only
+    from te_align.trainers.api import Patcher
 
 
 @dataclass(frozen=True)
@@ -48,46 +51,35 @@ def commit_version(root: Path, supported: Iterable[str]) -> tuple[str, tuple[str
                       "checked in the source",)
 
 
-def _module(name: str) -> ModuleType:
-    return _plugins.registry().get(name).part("patch")
-
-
-def available() -> list[str]:
-    """The trainers ``te-align patch`` can patch (the registry's trainers with a ``patch`` part)."""
-    return list(_plugins.registry().names("patch"))
-
-
-def detect(path: str | Path, trainer: str = "auto") -> Detection:
-    """Find which trainer installation ``path`` is; one-line errors name what was looked for."""
+def detect(path: str | Path, patchers: Mapping[str, Patcher]) -> Detection:
+    """Find which trainer installation ``path`` is: each of ``patchers`` (trainer name -> its
+    :class:`~te_align.trainers.api.Patcher`, handed down by the caller; in order) is asked, the first that
+    recognises it wins. One-line errors name what was looked for."""
     p = Path(path).expanduser()
     if not p.exists():
         raise PatchError(f"no such folder: {p}")
     if not p.is_dir():
         raise PatchError(f"not a folder: {p} (give the trainer's folder)")
-    spec = None if trainer == "auto" else _plugins.registry().lookup(trainer, "patch")
-    if trainer != "auto" and spec is None:
-        raise PatchError(f"unknown trainer '{trainer}'; known: {', '.join(available())}")
-    names = [spec.name] if spec is not None else available()
-    for name in names:
-        found: Detection | None = _module(name).detect(p)
+    for patcher in patchers.values():
+        found = patcher.detect(p)
         if found is not None:
             return found
     raise PatchError(
-        f"{p} is not a trainer installation te-align can patch (looked for: {', '.join(names)})"
+        f"{p} is not a trainer installation te-align can patch (looked for: {', '.join(patchers)})"
     )
 
 
-def plan_for(detection: Detection, profile: str | None) -> Plan:
-    """The trainer's plan, made after recovering an interrupted earlier command (under the tree's lock:
-    hold :func:`te_align.patching.transaction.lock` around this and ``apply`` to make both one step)."""
+def plan_for(detection: Detection, patcher: Patcher, profile: str | None) -> Plan:
+    """The plan of ``patcher`` (the detected trainer's), made after recovering an interrupted earlier command
+    (under the tree's lock: hold :func:`te_align.patching.transaction.lock` around this and ``apply`` to make
+    both one step)."""
     with lock(detection.root):
         recover(detection.root)
-        plan: Plan = _module(detection.trainer).plan(detection, profile)
-        return plan
+        return patcher.plan(detection, profile)
 
 
-def patched_root(path: str | Path) -> Path:
-    """The folder holding te-align's patch state for ``path`` (PATH itself or a detected sub-folder)."""
+def patched_root(path: str | Path, patchers: Mapping[str, Patcher]) -> Path:
+    """The folder holding te-align's patch state for ``path`` (PATH itself or a sub-folder ``patchers`` detect)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise PatchError(f"no such folder: {p}")
@@ -96,6 +88,6 @@ def patched_root(path: str | Path) -> Path:
     if any(os.path.lexists(p / name) for name in (STATE_DIR, REMOVING)):
         return p
     try:
-        return detect(p).root
+        return detect(p, patchers).root
     except PatchError:
         return p

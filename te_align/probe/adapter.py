@@ -10,15 +10,17 @@ encode paths call is a stand-in. No trainer is named here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from te_align import _plugins
 from te_align.errors import closest
 from te_align.probe.core import Case
 from te_align.probe.errors import ProbeError
 from te_align.profiles import profile as load
 from te_align.tiny.fit import fit_profile
+
+if TYPE_CHECKING:  # the trainer contract, for annotations only
+    from te_align.trainers.api import ProbePart
 
 # Function-local te_align imports in this module: keep torch (transformers, diffusers) off this module's
 # import, the CLI's cold path.
@@ -175,15 +177,11 @@ def _ordered(table: dict[str, Any], kind: str) -> list[Any]:
     return [table[k] for k in sorted(table, key=lambda k: (len(k), k)) if k.startswith(kind)]
 
 
-def trainers() -> tuple[str, ...]:
-    """The trainers ``te-align probe`` can run (the registry's trainers with a ``probe`` part)."""
-    return _plugins.registry().names("probe")
-
-
-def adapter_for(trainer: str, path: str | None) -> Adapter:
-    """The probe adapter of a trainer (by name or alias) for the installation at ``path``."""
-    spec = _plugins.registry().lookup(trainer, "probe")
-    if spec is None:
-        known = trainers()
+def adapter_for(trainer: str, path: str | None, probes: Mapping[str, ProbePart]) -> Adapter:
+    """The probe adapter of ``trainer`` for the installation at ``path``: ``probes`` (trainer name -> its
+    :class:`~te_align.trainers.api.ProbePart`, handed down by the caller) holds its part."""
+    part = probes.get(trainer)
+    if part is None:
+        known = tuple(probes)
         raise ProbeError(f"unknown trainer '{trainer}'; known: {', '.join(known)}{closest(trainer, known)}")
-    return spec.part("probe").ADAPTER(path)  # type: ignore[no-any-return]
+    return part.ADAPTER(path)

@@ -13,15 +13,17 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from te_align import _plugins
 from te_align._atomic import atomic_file
 from te_align._version import __version__
 from te_align.probe.adapter import HooksUnavailable, NotImportable, adapter_for
 from te_align.probe.core import ProbeResult, compare, quiet
 from te_align.probe.errors import ProbeError
 from te_align.profiles import profile as load
+
+if TYPE_CHECKING:  # the trainer contract, for annotations only
+    from te_align.trainers.api import ProbePart
 
 
 @dataclass
@@ -106,35 +108,38 @@ class Matrix:
         }
 
 
-def find_trainers(environ: Mapping[str, str] | None = None) -> tuple[list[Found], list[str]]:
-    """(trainers to probe, lines for trainers that are not here): each trainer's probe ``find``, in the
-    registry's order."""
+def find_trainers(probes: Mapping[str, ProbePart],
+                  environ: Mapping[str, str] | None = None) -> tuple[list[Found], list[str]]:
+    """(trainers to probe, lines for trainers that are not here): each probe part's ``find`` (``probes``: trainer
+    name -> :class:`~te_align.trainers.api.ProbePart`, handed down by the caller), in their order."""
     env = os.environ if environ is None else environ
     found: list[Found] = []
     absent: list[str] = []
-    for spec in _plugins.registry().specs():
-        if spec.probe:
-            here, missing = spec.part("probe").find(env)
-            found += here
-            absent += missing
+    for part in probes.values():
+        here, missing = part.find(env)
+        found += here
+        absent += missing
     return found, absent
 
 
 def run_matrix(
+    probes: Mapping[str, ProbePart],
     *,
     trainers: Sequence[Found] | None = None,
     profiles: Sequence[str] | None = None,
     out: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Matrix:
-    """Probe every trainer found x profile (optionally only ``profiles``); write markdown to ``out``."""
+    """Probe every trainer found (``trainers``, else each of ``probes`` finds its own) x profile (optionally only
+    ``profiles``); write markdown to ``out``. ``probes``: trainer name -> its
+    :class:`~te_align.trainers.api.ProbePart`, handed down by the caller."""
     wanted = None if profiles is None else {load(p).name for p in profiles}
     matrix = Matrix()
     if trainers is None:
-        trainers, matrix.absent = find_trainers(environ)
+        trainers, matrix.absent = find_trainers(probes, environ)
     for f in trainers:
         try:
-            adapter = adapter_for(f.trainer, f.path)
+            adapter = adapter_for(f.trainer, f.path, probes)
         except ProbeError as e:
             matrix.absent.append(f"{f.trainer} ({f.how}): {e}")
             continue

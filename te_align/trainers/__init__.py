@@ -22,11 +22,11 @@ the trainer's parts, each a module of the same package, each typed by a Protocol
 :data:`PACKAGES` is the one list. Every other list of trainers (the CLI's choices, ``check --trainer auto``
 detection, ``patch`` dispatch, ``probe``, ``matrix``, the docs, the maintainer tools) is derived from it here.
 
-The registry is read at the top only: by ``commands/`` and the public API. The engine (:mod:`te_align.audit`,
-:mod:`te_align.hooks`, :mod:`te_align.patching`, :mod:`te_align.probe`) never imports this package; it is
-handed the registry (or the part it needs) from above: ``te_align/__init__`` installs :func:`registry` into
-:mod:`te_align._plugins`, from where the engine reads it. A new trainer is one folder and one line in
-:data:`PACKAGES`.
+The registry is read at the top only: by ``commands/`` and the public API (:mod:`te_align.checking`,
+:mod:`te_align.parts`), which resolve a trainer once into its typed parts (``registry().check_languages(name)``,
+``spec.part("patch")``, ``spec.part("probe")``) and hand them down. The engine (:mod:`te_align.audit`,
+:mod:`te_align.hooks`, :mod:`te_align.patching`, :mod:`te_align.probe`) never imports this package nor reads a
+registry. A new trainer is one folder and one line in :data:`PACKAGES`.
 
 Importing this module imports no trainer package; :func:`specs` imports each package's ``__init__`` (a spec,
 nothing else), never a part, and validates them together (:class:`~te_align.trainers.api.Registry`).

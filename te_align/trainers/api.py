@@ -45,17 +45,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, cast, overload, runtime_checkable
 
 from te_align._git import git_dir
 from te_align.errors import TeAlignError
 
 if TYPE_CHECKING:  # the engine's types, for annotations only (the engine never imports this package)
-    from te_align.audit.editing import Change
     from te_align.audit.findings import Edit
     from te_align.audit.parsed import Parsed
     from te_align.audit.readers import RawConfig
     from te_align.audit.rules import Rule
+    from te_align.fixing.editing import Change
     from te_align.patching.trainers import Detection
     from te_align.patching.transaction import Plan
     from te_align.probe.adapter import Adapter
@@ -95,11 +95,11 @@ class CheckDialect(Protocol):
 class ConfigWriter(Protocol):
     """``te-align check --fix``: where a finding's fix (:class:`~te_align.audit.findings.Edit`) goes in a
     config of one dialect, in the trainer's own terms: the file (the config, or the dataset TOML it names),
-    the path inside it and the value. The engine (:mod:`te_align.audit.editing`) then edits the text, keeping
+    the path inside it and the value. The engine (:mod:`te_align.fixing.editing`) then edits the text, keeping
     everything else."""
 
     def place(self, raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
-        """The changes that make ``edit`` (raise :class:`te_align.audit.editing.CannotFix` with the reason: a
+        """The changes that make ``edit`` (raise :class:`te_align.fixing.editing.CannotFix` with the reason: a
         key given on the command line, one this dialect has no place for, a value from a shell variable)."""
 
 
@@ -137,18 +137,30 @@ def _has_lifecycle(module: ModuleType) -> bool:
                for v in vars(module).values())
 
 
-#: What each part must have, for :meth:`TrainerSpec.part`: (Protocol or check, what it lacks when it fails).
-_CHECKS: dict[str, Callable[[ModuleType], list[str]]] = {
-    "check": lambda m: [n for n in ("RULES", "CACHES", "detect", "parse") if not hasattr(m, n)]
-    + ([] if not hasattr(m, "RULES") or isinstance(m.RULES, tuple) else ["RULES as a tuple"])
-    + ([] if not hasattr(m, "CACHES") or isinstance(m.CACHES, dict) else ["CACHES as a dict"]),
-    "patch": lambda m: [n for n in ("detect", "plan") if not callable(getattr(m, n, None))],
-    "probe": lambda m: [n for n in ("ADAPTER", "find") if not hasattr(m, n)]
-    + ([] if not hasattr(m, "ADAPTER") or isinstance(m.ADAPTER, type) else ["ADAPTER as a class"]),
-    "hooks": lambda m: [] if _has_lifecycle(m) else ["a te_align.hooks.base.Lifecycle"],
-    "names": lambda m: [],
-    "writer": lambda m: [] if callable(getattr(m, "place", None)) else ["place"],
-}
+#: The Protocol each typed part is checked against when it loads (``hooks`` and ``names`` are checked apart).
+_PROTOCOLS: dict[str, type] = {"check": CheckDialect, "writer": ConfigWriter, "patch": Patcher, "probe": ProbePart}
+#: The run-time type of a Protocol's annotated table, by the annotation's head (``tuple[Rule, ...]`` -> tuple).
+_TABLE_TYPES: dict[str, type] = {"tuple": tuple, "Mapping": Mapping, "type": type}
+
+
+def _lacks(part: str, module: ModuleType) -> list[str]:
+    """What ``module`` lacks of the Protocol of ``part``: each member it does not have (a method that is not
+    callable, a table of another type, named "NAME as a TYPE"), in the Protocol's order."""
+    if part == "hooks":
+        return [] if _has_lifecycle(module) else ["a te_align.hooks.base.Lifecycle"]
+    protocol = _PROTOCOLS.get(part)
+    if protocol is None:  # names: a table the other parts read, no fixed interface
+        return []
+    out = []
+    for name, annotation in vars(protocol).get("__annotations__", {}).items():
+        kind = _TABLE_TYPES.get(str(annotation).split("[", 1)[0])
+        if not hasattr(module, name):
+            out.append(name)
+        elif kind is not None and not isinstance(getattr(module, name), kind):
+            out.append(f"{name} as a {'class' if kind is type else kind.__name__}")
+    out += [name for name, value in vars(protocol).items()
+            if callable(value) and not name.startswith("_") and not callable(getattr(module, name, None))]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the spec
@@ -218,29 +230,46 @@ class TrainerSpec:
     def module_path(self, module: str) -> str:
         return f"te_align.trainers.{self.package}.{module}"
 
-    def part(self, part: str) -> ModuleType:
-        """Import one of the trainer's parts (``hooks``, ``patch``, ``probe``, ``names``), checked against its
-        Protocol."""
+    @overload
+    def part(self, part: Literal["patch"]) -> Patcher: ...
+
+    @overload
+    def part(self, part: Literal["probe"]) -> ProbePart: ...
+
+    @overload
+    def part(self, part: Literal["hooks"]) -> HookPart: ...
+
+    @overload
+    def part(self, part: Literal["names"]) -> ModuleType: ...
+
+    @overload
+    def part(self, part: str) -> object: ...
+
+    def part(self, part: str) -> object:
+        """One of the trainer's parts (``hooks``, ``patch``, ``probe``, ``names``), typed by its Protocol: imported
+        and checked against it the first time it loads."""
         name = getattr(self, part, None) if part in PARTS else None
         if not name:
             raise LookupError(f"{self.display_name} has no {part} in te-align")
         return _checked(self, part, importlib.import_module(self.module_path(name)))
 
-    def reader(self, dialect: str) -> ModuleType:
-        """The module that reads one of the trainer's config languages (a :class:`CheckDialect`)."""
-        for d in self.check:
-            if d.name == dialect:
-                return _checked(self, "check", importlib.import_module(self.module_path(d.module)))
-        raise LookupError(f"{self.display_name} has no config language {dialect!r}")
+    def reader(self, dialect: str) -> CheckDialect:
+        """The reader of one of the trainer's config languages (a :class:`CheckDialect`)."""
+        d = self._dialect(dialect)
+        return cast("CheckDialect", _checked(self, "check", importlib.import_module(self.module_path(d.module))))
 
-    def writer(self, dialect: str) -> ModuleType | None:
+    def writer(self, dialect: str) -> ConfigWriter | None:
         """The :class:`ConfigWriter` of one of the trainer's config languages (None: it has none)."""
+        d = self._dialect(dialect)
+        if not d.writer:
+            return None
+        return cast("ConfigWriter", _checked(self, "writer", importlib.import_module(self.module_path(d.writer))))
+
+    def _dialect(self, name: str) -> Dialect:
         for d in self.check:
-            if d.name == dialect:
-                if not d.writer:
-                    return None
-                return _checked(self, "writer", importlib.import_module(self.module_path(d.writer)))
-        raise LookupError(f"{self.display_name} has no config language {dialect!r}")
+            if d.name == name:
+                return d
+        raise LookupError(f"{self.display_name} has no config language {name!r}")
 
     def dialect_repo(self, dialect: Dialect) -> str:
         """The repository whose configs a dialect reads."""
@@ -255,9 +284,11 @@ _VERIFIED: set[str] = set()
 
 
 def _checked(spec: TrainerSpec, part: str, module: ModuleType) -> ModuleType:
+    """``module`` once it has what the Protocol of ``part`` asks for (checked once per module), else one
+    :class:`TrainerSpecError` naming the trainer, the part and what it lacks."""
     if module.__name__ in _VERIFIED:
         return module
-    lacks = _CHECKS[part](module)
+    lacks = _lacks(part, module)
     if lacks:
         raise TrainerSpecError(f"trainer {spec.name}: its {part} part {module.__name__} has no "
                                + ", ".join(lacks))
@@ -299,9 +330,65 @@ def _spec_problems(spec: TrainerSpec) -> list[str]:
             out.append(f"{spec.package}: {what} must name a module, not {module!r}")
         elif not _exists(spec.module_path(module)):
             out.append(f"{spec.package}: {what} names {spec.module_path(module)}, which does not exist")
+    if spec.hooks is not None and spec.hooks != "hooks":
+        out.append(f"{spec.package}: hooks must be the module 'hooks' (te_align.hooks.{spec.package} is it), "
+                   f"not {spec.hooks!r}")
     if spec.env_dir is not None and not (isinstance(spec.env_dir, str) and spec.env_dir.isupper()):
         out.append(f"{spec.package}: env_dir must be an environment variable name, not {spec.env_dir!r}")
     return out
+
+
+@dataclass(frozen=True)
+class CheckParts:
+    """One config language's typed parts for ``te-align check`` and ``check --fix``, resolved once from the
+    registry (:meth:`CheckLanguages.parts`) and handed down: the engine looks nothing up."""
+
+    #: The ``--trainer`` value (``kohya-gui``).
+    name: str
+    #: Its reader.
+    reader: CheckDialect
+    #: Whether it reads command lines (:attr:`Dialect.command_line`).
+    command_line: bool
+    #: The package whose ``data/`` holds its bundled key list (``te_align.trainers.kohya``).
+    package: str
+    #: The config languages that read command lines (for the line that refuses one given to another).
+    line_readers: tuple[str, ...]
+    #: Every word by which a profile's provenance names a trainer (lower-case): such a source is a trainer's
+    #: choice, not a model's.
+    source_words: tuple[str, ...]
+    spec: TrainerSpec = field(compare=False, repr=False)
+
+    def writer(self) -> ConfigWriter | None:
+        """Its :class:`ConfigWriter` (None: ``--fix`` leaves its findings as they are), loaded on first use."""
+        return self.spec.writer(self.name)
+
+
+class CheckLanguages:
+    """The config languages ``te-align check`` reads, as the engine is handed them: the training scripts whose
+    command lines they read, every ``--trainer`` value, and the :class:`CheckParts` of a config's language (the
+    one ``--trainer`` names, or, for ``auto``, every candidate the engine scores)."""
+
+    def __init__(self, registry: Registry, trainer: str = "auto") -> None:
+        self._registry = registry
+        #: ``auto`` or a ``--trainer`` value.
+        self.trainer = trainer
+        dialects = registry.dialects()
+        #: Every ``--trainer`` value, in registry order.
+        self.names: tuple[str, ...] = tuple(d.name for d, _ in dialects)
+        #: A regular expression matching the name of a training script whose command line some language reads.
+        self.scripts: str = "|".join(f"(?:{d.scripts})" for d, _ in dialects if d.scripts)
+
+    def parts(self, name: str) -> CheckParts:
+        """The parts of the language ``--trainer name`` reads (LookupError: no such language)."""
+        dialect, spec = self._registry.dialect(name)
+        return CheckParts(name=dialect.name, reader=spec.reader(dialect.name), command_line=dialect.command_line,
+                          package=f"te_align.trainers.{spec.package}",
+                          line_readers=tuple(d.name for d, _ in self._registry.dialects() if d.command_line),
+                          source_words=self._registry.source_words(), spec=spec)
+
+    def candidates(self) -> tuple[CheckParts, ...]:
+        """Every language's parts, in registry order (``--trainer auto``: each reader scores the config)."""
+        return tuple(self.parts(name) for name in self.names)
 
 
 class Registry:
@@ -355,6 +442,10 @@ class Registry:
                 return d, s
         raise LookupError(name)
 
+    def check_languages(self, trainer: str = "auto") -> CheckLanguages:
+        """What ``te-align check --trainer TRAINER`` hands the engine (:class:`CheckLanguages`)."""
+        return CheckLanguages(self, trainer)
+
     def source_words(self) -> tuple[str, ...]:
         """Every word by which provenance names a trainer (lower-case)."""
         return tuple(w.lower() for s in self._specs for w in (s.name, *s.source_words))
@@ -399,6 +490,6 @@ def target_mismatch(name: str, version: str, root: Path | str, problems: Sequenc
             f"({'; '.join(problems)}). te-align was verified with {name} {commit}; {how} or upgrade te-align")
 
 
-__all__ = ["PARTS", "CheckDialect", "ConfigWriter", "Dialect", "HookPart", "Patcher", "ProbePart", "Registry",
+__all__ = ["PARTS", "CheckDialect", "CheckLanguages", "CheckParts", "ConfigWriter", "Dialect", "HookPart", "Patcher", "ProbePart", "Registry",
            "RegistryError",
            "TrainerSpec", "TrainerSpecError", "checkout", "find_checkout", "target_mismatch"]

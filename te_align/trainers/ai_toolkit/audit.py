@@ -471,7 +471,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if ptype in NON_TRAINING_TYPES:
         raise NotChecked(f"not a training job: process type {ptype!r} {NON_TRAINING_TYPES[ptype]}; nothing to check",
                          status="not-training", file=raw.file)
-    valid = known_keys("ai-toolkit")
+    valid = known_keys("ai-toolkit", "te_align.trainers.ai_toolkit")
     findings = []
     values: dict[str, Any] = {}
     lines = KeyLines(raw.text)

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import CannotFix, Change, require_known
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
     section, dot, name = edit.key.partition(".")
     if not dot or "[" in section:
         raise CannotFix("--fix has no place for this key in a job YAML", file=raw.file, key=edit.key)
-    require_known(name, known_keys("ai-toolkit").get(section, frozenset()), raw.file, "ai-toolkit")
+    require_known(name, known_keys("ai-toolkit", "te_align.trainers.ai_toolkit").get(section, frozenset()), raw.file, "ai-toolkit")
     path = ("config", "process", 0, section, name)
     return [Change(raw.file, "yaml", path, edit.value, edit.remove, edit.key)]

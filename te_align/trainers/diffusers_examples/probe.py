@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from te_align._git import git_head
-from te_align.audit import check_file
+from te_align.audit import check_path
 from te_align.probe import ProbeError, _stubs
 from te_align.probe.adapter import Adapter, _hf_quiet, _ordered, _tiny
 from te_align.probe.core import Case
@@ -209,7 +209,10 @@ class DiffusersExamples(Adapter):
 def fix_flags(profile: Any) -> list[str]:
     """The flags ``te-align check`` gives for this profile's probed script at its defaults."""
     probed = PROBED[profile.name if profile.name in PROBED else _base(profile.name)]
-    result = check_file("<probe>", profile=profile.name if profile.name in PROBED else _base(profile.name),
+    from te_align.trainers import registry
+
+    result = check_path("<probe>", registry().check_languages(),
+                        profile=profile.name if profile.name in PROBED else _base(profile.name),
                         command=["accelerate", "launch", probed.script])
     out: list[str] = []
     for f in result.findings:

@@ -3,10 +3,10 @@ in a .sh/.bat/.txt file): the flag is set, added or removed in the file, continu
 
 from __future__ import annotations
 
-from te_align.audit.editing import Change, flag_changes, with_spellings
 from te_align.audit.findings import Edit
 from te_align.audit.parsed import script_options
 from te_align.audit.readers import RawConfig
+from te_align.fixing.editing import Change, flag_changes, with_spellings
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:

@@ -226,7 +226,7 @@ FINGERPRINT_TAG = "te-align:"
 @functools.cache
 def valid_keys() -> dict[str, frozenset[str]]:
     """The keys diffusion-pipe reads, by section: ``top``, ``model``, ``dataset``, ``directory``."""
-    return {k: v for k, v in known_keys("diffusion-pipe").items() if not k.startswith("required")}
+    return {k: v for k, v in known_keys("diffusion-pipe", "te_align.trainers.diffusion_pipe").items() if not k.startswith("required")}
 
 
 @functools.cache
@@ -237,7 +237,7 @@ def required_keys() -> dict[str, dict[str, tuple[Any, str]]]:
     from te_align import _toml as tomllib
 
     out: dict[str, dict[str, tuple[Any, str]]] = {}
-    for section, lines in known_keys("diffusion-pipe").items():
+    for section, lines in known_keys("diffusion-pipe", "te_align.trainers.diffusion_pipe").items():
         if section != "required" and not section.startswith("required."):
             continue
         table = out.setdefault(section.partition(".")[2], {})

@@ -6,9 +6,9 @@ level."""
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig
+from te_align.fixing.editing import CannotFix, Change, require_known
 from te_align.trainers.diffusion_pipe.audit import _dataset, valid_keys
 
 

@@ -606,7 +606,7 @@ def make_trainer(raw: RawConfig, cli_keys: set[str], script: str | None = None,
 
 
 def unknown_keys(keys: dict[str, int | None], trainer: str = "sd-scripts") -> list:
-    valid = known_keys("kohya")[""]
+    valid = known_keys("kohya", "te_align.trainers.kohya")[""]
     out = []
     for key, line in keys.items():
         if key not in valid:
@@ -631,7 +631,7 @@ def detect(raw: RawConfig) -> int | None:
     for v in raw.data.values():
         if isinstance(v, dict):
             flat.update(v)
-    return 10 if flat & known_keys("kohya")[""] else None
+    return 10 if flat & known_keys("kohya", "te_align.trainers.kohya")[""] else None
 
 
 def is_dataset_config(data: dict[str, Any]) -> bool:
@@ -701,7 +701,7 @@ def _resolve_options(cli: dict[str, Any], order: list[str], script: str | None, 
         return []
     table = script_options(__package__, OPTIONS, script)
     if table is None:
-        return resolve_cli_abbrevs(cli, order, known_keys("kohya")[""], line=line,
+        return resolve_cli_abbrevs(cli, order, known_keys("kohya", "te_align.trainers.kohya")[""], line=line,
                                    trainer="sd-scripts: argparse (allow_abbrev)")
     found, short = resolve_script_options(cli, order, table, typed=typed, line=line,
                                           trainer=f"sd-scripts: {script} setup_parser (argparse)")

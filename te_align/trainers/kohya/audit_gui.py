@@ -171,7 +171,7 @@ def detect(raw: RawConfig) -> int | None:
     if any(k in keys for k in _MARKERS):
         return 90
     if len(keys) >= 3:
-        gui = frozenset().union(*known_keys("kohya-gui").values())
+        gui = frozenset().union(*known_keys("kohya-gui", "te_align.trainers.kohya").values())
         if sum(k in gui for k in keys) >= 0.8 * len(keys):
             return 30
     return None
@@ -182,7 +182,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
     if not isinstance(g, dict):
         raise UnreadableConfig("expected a JSON object", file=raw.file)
     tab = tab_of(g)
-    keys = known_keys("kohya-gui")
+    keys = known_keys("kohya-gui", "te_align.trainers.kohya")
     valid = keys[tab] | keys.get("legacy", frozenset())
     lines = KeyLines(raw.text)
     gui_file = TAB_FILES[tab]

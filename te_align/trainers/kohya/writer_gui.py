@@ -4,9 +4,9 @@ removed flag becomes the field's default, as the GUI saves it); any other sd-scr
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, flag_words, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import CannotFix, Change, flag_words, require_known
 from te_align.trainers.kohya.audit import parse_cli
 from te_align.trainers.kohya.audit_gui import GUI_FIELDS
 
@@ -32,7 +32,7 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
         if isinstance(old, str) and not isinstance(value, str):  # the GUI saved this field as text
             value = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         return [Change(raw.file, "json", (field,), value, False, edit.key)]
-    require_known(edit.key, known_keys("kohya")[""], raw.file, "sd-scripts")
+    require_known(edit.key, known_keys("kohya", "te_align.trainers.kohya")[""], raw.file, "sd-scripts")
     extra = data.get("additional_parameters", "")
     if not isinstance(extra, str):
         raise CannotFix("additional_parameters is not a string", file=raw.file, key=edit.key)

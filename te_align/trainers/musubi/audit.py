@@ -358,7 +358,7 @@ META_FINGERPRINT = "te_align_fingerprint"
 def valid_keys() -> dict[str, frozenset[str]]:
     """The bundled option names per script (``[qwen_image_train_network]``…) and dataset-config keys
     (``[dataset]`` top level, ``[dataset.general]``, ``[dataset.image]``, ``[dataset.video]``)."""
-    return known_keys("musubi")
+    return known_keys("musubi", "te_align.trainers.musubi")
 
 
 def _stem(script: str | None) -> str:

@@ -312,7 +312,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                          "it (concept_file_name) — the model is set there", file=raw.file)
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a JSON object", file=raw.file)
-    valid = known_keys("onetrainer")
+    valid = known_keys("onetrainer", "te_align.trainers.onetrainer")
     legacy = {}
     for entry in valid.get("legacy", ()):
         name, _, below = entry.partition(" ")

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from te_align.audit.editing import Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import Change, require_known
 
 
 def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
-    valid = known_keys("onetrainer")
+    valid = known_keys("onetrainer", "te_align.trainers.onetrainer")
     part, dot, sub = edit.key.partition(".")
     if dot:
         require_known(sub, valid["part"], raw.file, "OneTrainer")

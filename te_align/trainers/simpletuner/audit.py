@@ -496,7 +496,7 @@ def parse(raw: RawConfig, extra_args: list[str]) -> Parsed:
                          "uses it (data_backend_config) — the model is set there", file=raw.file)
     if not isinstance(raw.data, dict):
         raise UnreadableConfig("expected a JSON object / TOML table", file=raw.file)
-    keys = known_keys("simpletuner")
+    keys = known_keys("simpletuner", "te_align.trainers.simpletuner")
     valid = keys[""]
     ignored = keys.get("ignored", frozenset())
     lines: Any = KeyLines(raw.text)

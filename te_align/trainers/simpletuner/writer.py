@@ -4,9 +4,9 @@ have."""
 
 from __future__ import annotations
 
-from te_align.audit.editing import CannotFix, Change, require_known
 from te_align.audit.findings import Edit
 from te_align.audit.readers import RawConfig, known_keys
+from te_align.fixing.editing import CannotFix, Change, require_known
 
 
 def _name(k: object) -> str:
@@ -18,7 +18,7 @@ def place(raw: RawConfig, edit: Edit, extra_args: list[str]) -> list[Change]:
         raise CannotFix("a config.env: set it by hand (its variable, or a word of TRAINER_EXTRA_ARGS)", file=raw.file,
                         key=edit.key)
     data = raw.data if isinstance(raw.data, dict) else {}
-    keys = known_keys("simpletuner")
+    keys = known_keys("simpletuner", "te_align.trainers.simpletuner")
     require_known(edit.key, keys[""] | keys.get("ignored", frozenset()), raw.file, "SimpleTuner")
     spelled = [str(k) for k in data if _name(k) == edit.key]
     if edit.remove or spelled:

@@ -2,7 +2,7 @@
 
 For every error or warning finding whose fix is a key or flag the trainer reads (:attr:`Finding.edit`), the
 trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goes and
-:mod:`te_align.audit.editing` edits the text, keeping every other byte. The fix is a transaction, as
+:mod:`te_align.fixing.editing` edits the text, keeping every other byte. The fix is a transaction, as
 ``te-align patch`` makes them:
 
 1. refuse, with one line and the file untouched: a symbolic link (``--fix`` writes regular files only: it
@@ -60,16 +60,28 @@ import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from te_align import _atomic, _plugins
+from te_align import _atomic
 from te_align._atomic import atomic_file, fault_point, fsync_dir, link_or_copy
-from te_align.audit import editing, readers
-from te_align.audit.check import _command_starts, check_file, several_commands
-from te_align.audit.editing import CannotFix, Change
+from te_align.audit import readers
+from te_align.audit.check import (
+    check_file,
+    command_starts,
+    failed,
+    read_config,
+    resolve_parts,
+    several_commands,
+)
+from te_align.audit.cmdline import script_pattern
 from te_align.audit.findings import EXIT_UNREADABLE, CheckResult, Edit, Finding
 from te_align.errors import TeAlignError
+from te_align.fixing import editing
+from te_align.fixing.editing import CannotFix, Change
 from te_align.patching.transaction import KEPT_ORIGINAL_SUFFIX, lock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align.trainers.api import CheckLanguages, CheckParts
 
 #: The backup beside a fixed file: ``NAME`` + this suffix (the name ``te-align unpatch --keep-changed`` uses).
 BACKUP_SUFFIX = KEPT_ORIGINAL_SUFFIX
@@ -184,8 +196,8 @@ def _edits(edit: Edit) -> list[Edit]:
 
 def fix_file(
     path: str,
+    languages: CheckLanguages,
     *,
-    trainer: str = "auto",
     profile: str | None = None,
     extra_args: Sequence[str] = (),
     cache_dir: str | None = None,
@@ -196,24 +208,24 @@ def fix_file(
     before_write: Callable[[], object] | None = None,
     allow_unsafe: bool = False,
 ) -> FixReport:
-    """Fix one config (``write=False``: only make the diff). ``before_write`` runs after the fix is made and
+    """Fix one config (``write=False``: only make the diff). ``languages``: the config languages ``check`` reads
+    (:class:`te_align.trainers.api.CheckLanguages`, handed down by the caller); each command's is resolved once,
+    and the fixed text is checked again with the same parts. ``before_write`` runs after the fix is made and
     checked, just before the files are locked, compared and replaced (tests change the file there).
     ``allow_unsafe``: also write fixes that set a key switching off the trainer's own safety checks
     (``--allow-unsafe-keys``); without it they are left, each saying what it would take."""
-    opts: dict[str, object] = {"trainer": trainer, "profile": profile, "extra_args": list(extra_args),
-                               "cache_dir": cache_dir, "dataset": list(dataset),
-                               "overrides": dict(overrides or {})}
+    opts = _Opts(profile, list(extra_args), cache_dir, list(dataset), dict(overrides or {}))
     p = Path(path)
     if p.is_symlink():
         result = CheckResult(file=path, status="unreadable")
         return _refuse(FixReport(path, result), f"{path}: a symbolic link (to {os.path.realpath(p)}); --fix "
                                                 "writes regular files only: run it on the file the link "
                                                 "points to")
-    original = readers.backup_of(path)
-    if original is not None:
+    backed_up = readers.backup_of(path)
+    if backed_up is not None:
         return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")),
-                       f"{path}: te-align's backup of {original}; --fix and --diff edit the file itself: run it on "
-                       f"{original} (te-align check reads the backup as it is)")
+                       f"{path}: te-align's backup of {backed_up}; --fix and --diff edit the file itself: run it on "
+                       f"{backed_up} (te-align check reads the backup as it is)")
     journal = journal_path(path)
     if os.path.lexists(journal):
         unread = FixReport(path, CheckResult(file=path, status="unreadable"))
@@ -230,7 +242,7 @@ def fix_file(
             return _refuse(unread, f"{path}: rolling back an interrupted --fix failed ({e.filename}: {e.strerror}); "
                                    f"its journal {journal} is kept: run --fix again")
         if restored is not None:
-            report = FixReport(path, check_file(path, **opts), rolled_back=restored)  # type: ignore[arg-type]
+            report = FixReport(path, _checked(path, languages, None, opts)[0], rolled_back=restored)
             said = (f"{', '.join(restored)} restored to the bytes before it" if restored
                     else "every file it names already held its bytes from before it")
             return _refuse(report, f"{path}: an interrupted --fix was rolled back ({said}; its backups as "
@@ -240,39 +252,43 @@ def fix_file(
     except OSError as e:
         return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")),
                        f"{path}: cannot read: {e.strerror}")
-    starts: list[int | None] = list(_command_starts(path))  # a file of several commands: each is fixed
+    starts: list[int | None] = list(command_starts(path, languages.scripts))  # several commands: each is fixed
     if len(starts) < 2:
         starts = [None]
-    results = several_commands([check_file(path, at_line=n, **opts) for n in starts])  # type: ignore[arg-type]
+    checked = [_checked(path, languages, n, opts) for n in starts]
+    results = several_commands([r for r, _ in checked])
     result = results[-1]
     report = FixReport(path, result, results=results if starts != [None] else [])
     for r in results:
         if r.exit_code == EXIT_UNREADABLE:
             bad = next((f for f in r.findings if f.kind in ("syntax", "wrong-value")), None)
             return _refuse(report, bad.message if bad else f"{r.file}: unreadable")
-    each = [(n, r, _targets(r, allow_unsafe)) for n, r in zip(starts, results, strict=True)]
-    targets = [f for _, _, t in each for f in t]
+    each = [(n, r, _targets(r, allow_unsafe), parts) for n, r, (_, parts) in zip(starts, results, checked,
+                                                                                   strict=True)]
+    targets = [f for _, _, t, _ in each for f in t]
     if not targets:
         return report
-    for _, r, t in each:
+    for _, r, t, _ in each:
         if t and r.assumed and profile is None:
             return _refuse(report, f"{r.file}: the model is assumed ({r.profile}: {r.assumed}); --fix "
                                    "writes only against a profile the config settles: pass --profile NAME")
     try:
-        changes = [c for n, r, t in each if t for c in _place(path, r, t, list(extra_args), n)]
-        texts = _edit_texts(changes, original)
+        changes = [c for n, r, t, parts in each if t
+                   for c in _place(path, parts, languages.scripts, r, t, list(extra_args), n)]
+        texts = _edit_texts(changes, original, languages.scripts)
     except CannotFix as e:
         return _refuse(report, str(e))
     except (TeAlignError, OSError) as e:
         return _refuse(report, f"{path}: {e}")
     new_texts = {f: t for f, (old, t) in texts.items() if t != old}
     with readers.overlaid({f: t.replace("\r\n", "\n") for f, t in new_texts.items()}):
-        new_starts: list[int | None] = list(_command_starts(path)) if starts != [None] else [None]
+        new_starts: list[int | None] = list(command_starts(path, languages.scripts)) if starts != [None] else [None]
         if len(new_starts) != len(starts):
             return _refuse(report, f"{path}: the fix would change which commands the file runs; nothing written "
                                    "(please report it)")
-        afters = several_commands([check_file(path, at_line=n, **opts) for n in new_starts])  # type: ignore[arg-type]
-    for (_, _, t), after in zip(each, afters, strict=True):
+        afters = several_commands([_checked(path, languages, n, opts, parts)[0]
+                                   for n, (_, parts) in zip(new_starts, checked, strict=True)])
+    for (_, _, t, _), after in zip(each, afters, strict=True):
         meant = {(f.kind, f.setting) for f in t}
         still = [f for f in after.findings if (f.kind, f.setting) in meant and f.severity in FIXED_SEVERITIES]
         if still:
@@ -293,14 +309,14 @@ def fix_file(
     main = os.path.realpath(path)
     order = sorted(new_texts, key=lambda f: os.path.realpath(f) != main)  # the config first
     try:
-        for f in order:
-            _writable(f)
+        for name in order:
+            _writable(name)
         if not os.access(journal.parent, os.W_OK):
             raise CannotFix(f"its folder {journal.parent} is not writable (--fix keeps its journal there); "
                             "nothing written", file=path)
         if before_write is not None:
             before_write()
-        report.backups += _write_all(path, [(f, original[f], new_texts[f].encode("utf-8")) for f in order],
+        report.backups += _write_all(path, [(n, original[n], new_texts[n].encode("utf-8")) for n in order],
                                      backup)
     except CannotFix as e:
         return _refuse(FixReport(path, result), str(e))
@@ -317,16 +333,41 @@ def _plain(v: object) -> str:
     return "unset" if v is None else repr(v)
 
 
-def _place(path: str, result: CheckResult, targets: list[Finding], extra_args: list[str],
-           at_line: int | None = None) -> list[Change]:
-    """The changes of every target finding, from the dialect's writer; one per place (agreeing fixes
-    merged). ``at_line``: the command they edit in a file of several."""
+@dataclass(frozen=True)
+class _Opts:
+    """The options every check of a fix runs with."""
+
+    profile: str | None
+    extra_args: list[str]
+    cache_dir: str | None
+    dataset: list[str]
+    overrides: dict[str, object]
+
+
+def _checked(path: str, languages: CheckLanguages, at_line: int | None, opts: _Opts,
+             parts: CheckParts | None = None) -> tuple[CheckResult, CheckParts | None]:
+    """The check of one command of ``path`` (``at_line``; None: the file) and the parts it was checked with:
+    ``parts`` when given (the fixed text is checked as the original was), else resolved from ``languages``
+    (None: the config could not be read or resolved)."""
+    label = path if at_line is None else f"{path}:{at_line}"
+    try:
+        raw = read_config(path, languages.scripts, at_line=at_line, extra_args=opts.extra_args)
+        parts = parts or resolve_parts(raw, languages)
+    except TeAlignError as e:
+        return failed(CheckResult(file=label), e), None
+    return check_file(raw, parts, opts.profile, extra_args=opts.extra_args, cache_dir=opts.cache_dir,
+                      dataset=opts.dataset, overrides=opts.overrides, label=label), parts
+
+
+def _place(path: str, parts: CheckParts | None, scripts: str, result: CheckResult, targets: list[Finding],
+           extra_args: list[str], at_line: int | None = None) -> list[Change]:
+    """The changes of every target finding, from the dialect's writer (``parts``: the ones it was checked with);
+    one per place (agreeing fixes merged). ``at_line``: the command they edit in a file of several."""
     name = result.trainer or ""
-    _, spec = _plugins.registry().dialect(name)
-    writer = spec.writer(name)
+    writer = parts.writer() if parts is not None else None
     if writer is None:
         raise CannotFix(f"te-align has no writer for {name} configs; fix by hand", file=result.file)
-    raw = readers.load(path, at_line)
+    raw = readers.load(path, at_line, script_pattern(scripts))
     out: dict[tuple[str, editing.Path_], Change] = {}
     for f in targets:
         assert f.edit is not None
@@ -342,7 +383,7 @@ def _place(path: str, result: CheckResult, targets: list[Finding], extra_args: l
     return list(out.values())
 
 
-def _edit_texts(changes: list[Change], original: dict[str, bytes]) -> dict[str, tuple[str, str]]:
+def _edit_texts(changes: list[Change], original: dict[str, bytes], scripts: str) -> dict[str, tuple[str, str]]:
     """file -> (text now, text after the changes), each edit verified by parsing it back."""
     by_file: dict[str, list[Change]] = {}
     for c in changes:
@@ -363,9 +404,9 @@ def _edit_texts(changes: list[Change], original: dict[str, bytes]) -> dict[str, 
             data = editing.parse_text(text, cs[0].fmt, f)
             cs = [c for c in cs if editing.expected_data(data, [c]) != data]
             changes[:] = [c for c in changes if c.file != f or c in cs]
-        new = editing.apply(text, cs[0].fmt, cs, f) if cs else text
+        new = editing.apply(text, cs[0].fmt, cs, f, script_pattern(scripts)) if cs else text
         if new != text:
-            editing.verify(text, new, cs[0].fmt, cs, f)
+            editing.verify(text, new, cs[0].fmt, cs, f, script_pattern(scripts))
         out[f] = (text, new)
     return out
 
@@ -717,9 +758,9 @@ def _read_journal(journal: Path, config: str) -> tuple[list[_Entry], bool]:
             old = base64.b64decode(f.get("original"), validate=True)  # type: ignore[arg-type]
         except (TypeError, ValueError, binascii.Error):
             raise bad(f"{path}: no original") from None
-        e = _Entry(path, old, sha, f.get("backup") is not None, f.get("older_backup") is not None)
-        if (e.backup and f["backup"] != str(e.bak)) or (e.older and (not e.backup or f["older_backup"]
-                                                                     != str(e.older_path))):
+        entry = _Entry(path, old, sha, f.get("backup") is not None, f.get("older_backup") is not None)
+        if (entry.backup and f["backup"] != str(entry.bak)) or (
+                entry.older and (not entry.backup or f["older_backup"] != str(entry.older_path))):
             raise bad(f"{path}: a backup name --fix does not give")
-        out.append(e)
+        out.append(entry)
     return out, committed

@@ -89,16 +89,25 @@ def _shown(v: object) -> str:
 
 
 # ------------------------------------------------------------------------------------ apply + verify
-def apply(text: str, fmt: str, changes: Sequence[Change], file: str) -> str:
-    """``text`` with ``changes`` made (all of one file and format); everything else byte for byte."""
+def apply(text: str, fmt: str, changes: Sequence[Change], file: str, scripts: re.Pattern[str] | None = None) -> str:
+    """``text`` with ``changes`` made (all of one file and format); everything else byte for byte. ``scripts``: the
+    training scripts whose command lines are read (:func:`te_align.audit.cmdline.script_pattern`; for a command
+    line)."""
     if fmt == "toml":
         return _toml(text, changes, file)
     out = text
     if fmt == "cmdline":  # the last command first: an edit that adds or drops a line moves only the commands below
         changes = sorted(changes, key=lambda c: -(c.at_line if c.at_line is not None else 1 << 30))
     for c in changes:
-        out = {"json": _json, "yaml": _yaml, "cmdline": _cmdline}[fmt](out, c, file)
+        out = _cmdline(out, c, file, _scripts(scripts, file)) if fmt == "cmdline" else \
+            {"json": _json, "yaml": _yaml}[fmt](out, c, file)
     return out
+
+
+def _scripts(scripts: re.Pattern[str] | None, file: str) -> re.Pattern[str]:
+    if scripts is None:
+        raise CannotFix("a command line, and no training scripts to find its command by", file=file)
+    return scripts
 
 
 def expected_data(data: JSONValue, changes: Sequence[Change]) -> JSONValue:
@@ -117,21 +126,22 @@ def expected_data(data: JSONValue, changes: Sequence[Change]) -> JSONValue:
     return out
 
 
-def parse_text(text: str, fmt: str, file: str) -> JSONValue:
+def parse_text(text: str, fmt: str, file: str, scripts: re.Pattern[str] | None = None) -> JSONValue:
     """A config's text parsed as ``check`` parses it (line endings as Python reads files)."""
     plain = text.replace("\r\n", "\n")
     if fmt == "cmdline":
-        return cmdline.parse_text(plain, file).data
+        return cmdline.parse_text(plain, file, _scripts(scripts, file)).data
     parse = {"toml": readers._parse_toml, "json": readers._parse_json, "yaml": readers._parse_yaml}[fmt]
     return parse(file, plain)
 
 
-def verify(old_text: str, new_text: str, fmt: str, changes: Sequence[Change], file: str) -> None:
+def verify(old_text: str, new_text: str, fmt: str, changes: Sequence[Change], file: str,
+           scripts: re.Pattern[str] | None = None) -> None:
     """Refuse an edit whose text does not parse to exactly the data the changes should give."""
     if fmt == "cmdline" and any(c.at_line is not None for c in changes):
-        _verify_commands(old_text, new_text, changes, file)
+        _verify_commands(old_text, new_text, changes, file, _scripts(scripts, file))
         return
-    old, new = parse_text(old_text, fmt, file), parse_text(new_text, fmt, file)
+    old, new = parse_text(old_text, fmt, file, scripts), parse_text(new_text, fmt, file, scripts)
     if fmt == "cmdline":
         _verify_words(old, new, changes, file)
         return
@@ -141,18 +151,19 @@ def verify(old_text: str, new_text: str, fmt: str, changes: Sequence[Change], fi
                         "(please report this config)", file=file)
 
 
-def _verify_commands(old_text: str, new_text: str, changes: Sequence[Change], file: str) -> None:
+def _verify_commands(old_text: str, new_text: str, changes: Sequence[Change], file: str,
+                     scripts: re.Pattern[str]) -> None:
     """A file of several commands: each command of the new text reads as the same command of the old one with
     its own changes made, and nothing else (the commands matched in order)."""
     old_plain, new_plain = old_text.replace("\r\n", "\n"), new_text.replace("\r\n", "\n")
-    olds, news = cmdline.commands(old_plain, file), cmdline.commands(new_plain, file)
+    olds, news = cmdline.commands(old_plain, file, scripts), cmdline.commands(new_plain, file, scripts)
     if len(olds) != len(news):
         raise CannotFix("the edit would change which commands the file runs; nothing written (please report this "
                         "file)", file=file)
     for (old_first, _), (new_first, _) in zip(olds, news, strict=True):
         mine = [c for c in changes if c.at_line == old_first]
-        _verify_words(cmdline.parse_text(old_plain, file, old_first).data,
-                      cmdline.parse_text(new_plain, file, new_first).data, mine, file)
+        _verify_words(cmdline.parse_text(old_plain, file, scripts, old_first).data,
+                      cmdline.parse_text(new_plain, file, scripts, new_first).data, mine, file)
 
 
 def _verify_words(old: JSONValue, new: JSONValue, changes: Sequence[Change], file: str) -> None:
@@ -378,7 +389,7 @@ class _Obj:
 
 def _json_scan(text: str) -> tuple[dict[Path_, tuple[int, int, int]], dict[Path_, _Obj]]:
     """Every member's (key start, value start, value end) and every object's braces and keys, by path."""
-    from json.decoder import scanstring
+    from json.decoder import scanstring  # type: ignore[attr-defined]  # (not in typeshed)
 
     members: dict[Path_, tuple[int, int, int]] = {}
     objects: dict[Path_, _Obj] = {}
@@ -472,8 +483,8 @@ def _word(v: object, windows: bool = False) -> str:
 _VALUE = re.compile(r"""[ \t]*("(?:[^"\\]|\\.)*"|'[^']*'|[^\s\\^`]+)""")
 
 
-def _cmdline(text: str, c: Change, file: str) -> str:
-    span = cmdline.command_lines(text.replace("\r\n", "\n"), c.at_line)
+def _cmdline(text: str, c: Change, file: str, scripts: re.Pattern[str]) -> str:
+    span = cmdline.command_lines(text.replace("\r\n", "\n"), scripts, c.at_line)
     if span is None:
         raise CannotFix("no training command line in this file", file=file)
     windows = Path(file).suffix.lower() in (".bat", ".cmd", ".ps1")
@@ -486,7 +497,8 @@ def _cmdline(text: str, c: Change, file: str) -> str:
     if not hits and c.remove:
         return text
     many = isinstance(c.value, (list, tuple))  # nargs="+": the values are separate words
-    shown = " ".join(_word(v, windows) for v in c.value) if many else _word(c.value, windows)  # type: ignore[union-attr]
+    shown = (" ".join(_word(v, windows) for v in c.value) if isinstance(c.value, (list, tuple))
+             else _word(c.value, windows))
     if not hits:
         new_flag = f"--{name}" if c.value is True else f"--{name} {shown}"
         if first == last:
@@ -519,7 +531,7 @@ def _cmdline(text: str, c: Change, file: str) -> str:
             if len(hits) > 1:
                 raise CannotFix(f"--{name} is written {len(hits)} times and takes its value from a variable "
                                 f"({line[val[0]:val[1]].strip(' =')}); set it by hand", file=file)
-            return _set_variable("".join(lines), line[val[0]:val[1]].strip(" ="), name, c, file, windows)
+            return _set_variable("".join(lines), line[val[0]:val[1]].strip(" ="), name, c, file, windows, scripts)
         end = val[1] if val else after
         if c.remove:
             start = m.start()
@@ -542,7 +554,8 @@ def _cmdline(text: str, c: Change, file: str) -> str:
 _REF = re.compile(r"""["']?(?:\$\{(\w+)\}|\$(\w+)|%(\w+)%)["']?""")
 
 
-def _set_variable(text: str, ref: str, name: str, c: Change, file: str, windows: bool) -> str:
+def _set_variable(text: str, ref: str, name: str, c: Change, file: str, windows: bool,
+                  scripts: re.Pattern[str]) -> str:
     """``--name $VAR``: the value is set where the file sets ``VAR`` when that is its one setting and this its one
     use (``export VAR=…``, ``VAR=…``, ``set VAR=…``, ``set "VAR=…"``, ``$env:VAR = …``); else one line why not."""
     m = _REF.fullmatch(ref)
@@ -551,7 +564,7 @@ def _set_variable(text: str, ref: str, name: str, c: Change, file: str, windows:
                         file=file)
     var = m.group(1) or m.group(2) or m.group(3)
     lines = text.splitlines(keepends=True)
-    sets = [i for i, ln in enumerate(lines) if (a := cmdline.assignment(ln)) and a[0] == var]
+    sets = [i for i, ln in enumerate(lines) if (a := cmdline.assignment(ln, scripts)) and a[0] == var]
     uses = len(re.findall(r"\$\{" + var + r"\}|\$" + var + r"\b|%" + var + "%", text))
     uses -= sum(len(re.findall(r"\$\{" + var + r"\}|\$" + var + r"\b|%" + var + "%", lines[i])) for i in sets)
     if len(sets) != 1 or uses != 1:
@@ -560,7 +573,7 @@ def _set_variable(text: str, ref: str, name: str, c: Change, file: str, windows:
         raise CannotFix(f"--{name} takes its value from {ref}, which {why}; set it by hand (nothing written)",
                         file=file)
     i = sets[0]
-    _, start, end = cmdline.assignment(lines[i])  # type: ignore[misc]
+    _, start, end = cmdline.assignment(lines[i], scripts)  # type: ignore[misc]
     old = lines[i][start:end]
     shown = str(c.value)
     if len(old) >= 2 and old[0] == old[-1] and old[0] in "\"'":
