@@ -200,7 +200,7 @@ def build_klein_pipeline(
 def klein_profile(pipe: Any, **overrides: Any) -> Any:
     """:data:`KLEIN_PROFILE` fitted to ``pipe``'s tiny text encoder (width, depth, vocabulary, token ids), with
     ``overrides`` (dotted path -> value, e.g. the world's window ``{"qwen3.max_length": 512}``)."""
-    import te_align
+    from te_align.profiles import profile
     from te_align.tiny.fit import fit_profile
 
-    return fit_profile(te_align.profile(KLEIN_PROFILE), pipe, **overrides)
+    return fit_profile(profile(KLEIN_PROFILE), pipe, **overrides)
