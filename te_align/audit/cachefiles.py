@@ -65,7 +65,7 @@ def npz_record(path: Path, array: str | None, flags: Sequence[str] = ()) -> dict
         if array and f"{array}.npy" in names:
             with zf.open(f"{array}.npy") as f:
                 header, _ = _npy_header(f.read(4096))
-            shape = header.get("shape") or ()
+            shape: tuple[int, ...] = header.get("shape") or ()
             if len(shape) >= 2:
                 out["length"] = int(shape[-2])
         for flag in flags:
@@ -126,9 +126,11 @@ def scan(directory: str, kinds: Sequence[tuple[str, Record | None, str]]) -> Cac
             except UNREADABLE:
                 bad += 1
                 continue
-            if "length" in rec:
-                lengths[rec["length"]] += 1
+            length = rec.get("length")
+            if isinstance(length, int):  # a record's length is an int; bool (a flag) is never stored under it
+                lengths[length] += 1
                 path_of = path_of or ppath
             if "fingerprint" in rec:
-                fingerprints[rec["fingerprint"] or ""] += 1
+                fingerprint = rec["fingerprint"]
+                fingerprints[fingerprint if isinstance(fingerprint, str) else ""] += 1
     return CacheScan(found, lengths, bad, path_of, fingerprints)

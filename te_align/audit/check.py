@@ -15,19 +15,26 @@ from te_align.audit.rules import Context, evaluate
 from te_align.errors import TeAlignError
 from te_align.profiles import profile as resolve
 
-# Lazy: what only some ``check`` runs need (a command line, --set, --dataset, --cache-dir), loaded
-# when used so that ``te-align --help`` and a plain ``check`` stay cold.
-_cachefiles = lazy_module("te_align.audit.cachefiles")
-_captions = lazy_module("te_align.audit.captions")
-_dataset = lazy_module("te_align.audit.dataset")  # check --dataset: the captions' token counts (tokenizers on use)
-_cmdline = lazy_module("te_align.audit.cmdline")
-_overrides = lazy_module("te_align.profiles.overrides")
-_policy = lazy_module("te_align.audit.policy")
-
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align.audit import cachefiles as _cachefiles
+    from te_align.audit import captions as _captions
+    from te_align.audit import cmdline as _cmdline
+    from te_align.audit import dataset as _dataset
+    from te_align.audit import policy as _policy
+    from te_align.audit.captions import CaptionStats
     from te_align.audit.parsed import CacheSpec
     from te_align.profiles import AlignmentProfile
+    from te_align.profiles import overrides as _overrides
     from te_align.trainers.api import CheckDialect, CheckLanguages, CheckParts
+else:
+    # Lazy: what only some ``check`` runs need (a command line, --set, --dataset, --cache-dir), loaded
+    # when used so that ``te-align --help`` and a plain ``check`` stay cold.
+    _cachefiles = lazy_module("te_align.audit.cachefiles")
+    _captions = lazy_module("te_align.audit.captions")
+    _dataset = lazy_module("te_align.audit.dataset")  # check --dataset: the captions' token counts (tokenizers on use)
+    _cmdline = lazy_module("te_align.audit.cmdline")
+    _overrides = lazy_module("te_align.profiles.overrides")
+    _policy = lazy_module("te_align.audit.policy")
 
 
 def check_path(
@@ -223,23 +230,24 @@ def _check(
         for d in dataset:
             if not Path(d).is_dir():
                 raise readers.UnreadableConfig("--dataset: no such folder", file=d)
+    captions: CaptionStats | None  # ctx.extra["captions"], typed: the rules read it there, nothing replaces it
     if report is None:
         caption_dirs = list(dataset or []) + [str(d) for d in parsed.caption_dirs]
-        ctx.extra["captions"] = _captions.read_captions(caption_dirs)
+        captions = _captions.read_captions(caption_dirs)
     else:
         sources, missing = _dataset.sources(list(dataset or []), parsed.caption_sources, parsed.caption_dirs)
-        ctx.extra["captions"] = _captions.read_dataset(sources) if sources else None
+        captions = _captions.read_dataset(sources) if sources else None
+    ctx.extra["captions"] = captions
     deviations, effective = evaluate(parsed.trainer, prof, ctx)
     deviations = _community_hooks(deviations, prof, parsed.trainer.not_settable)
     if report is not None:
-        stats = ctx.extra.get("captions")
-        result.dataset = _dataset.report(stats, missing, prof, effective, parsed.model_paths, report[0], sources,
-                                        parsed.tokenizer_paths, parsed.templates)  # type: ignore[arg-type]
-        findings += _dataset.unreadable_findings(stats)  # type: ignore[arg-type]
+        result.dataset = _dataset.report(captions, missing, prof, effective, parsed.model_paths, report[0], sources,
+                                        parsed.tokenizer_paths, parsed.templates)
+        findings += _dataset.unreadable_findings(captions)
     after = parsed.after(prof, ctx) if parsed.after is not None else []
     # one severity policy for every trainer's deviations (te_align.audit.policy, docs/severity.md)
-    deviations = _policy.apply(deviations, prof, ctx.extra.get("captions"))  # type: ignore[arg-type]
-    after = _policy.apply(after, prof, ctx.extra.get("captions"))  # type: ignore[arg-type]
+    deviations = _policy.apply(deviations, prof, captions)
+    after = _policy.apply(after, prof, captions)
     findings += deviations
     findings += after
     result.effective = effective

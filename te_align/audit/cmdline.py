@@ -17,8 +17,12 @@ import functools
 import re
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from te_align.audit.raw import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align._types import JSONObject, JSONValue
 
 #: File suffixes read as a command line (besides a file with no suffix).
 SUFFIXES = (".sh", ".bash", ".zsh", ".txt", ".cmd", ".bat", ".ps1", ".command")
@@ -193,12 +197,13 @@ def _script_index(words: list[str], scripts: re.Pattern[str]) -> int | None:
     return None
 
 
-def _data(words: list[str], at: int) -> dict[str, object]:
+def _data(words: list[str], at: int) -> JSONObject:
+    args: list[JSONValue] = list(words[at + 1:])
     return {
         "script": words[at].replace("\\", "/").rsplit("/", 1)[-1],
         "script_path": words[at],
         "launcher": " ".join(w for w in words[:at] if not w.startswith("-"))[:80],
-        "args": words[at + 1:],
+        "args": args,
     }
 
 

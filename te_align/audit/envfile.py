@@ -9,8 +9,12 @@ What it gives :func:`te_align.audit.check.check_file`: a :class:`~te_align.audit
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from te_align.audit.raw import RawConfig, read_bounded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align._types import JSONObject
 
 _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(\+?=)(.*)$")
 
@@ -18,7 +22,8 @@ _LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*(\+?=)(.*)$")
 def load(path: str) -> RawConfig:
     """A ``config.env`` as a :class:`RawConfig` (``fmt="env"``)."""
     text = read_bounded(path)
-    return RawConfig(path, "env", text, variables(text)[0])
+    data: JSONObject = dict(variables(text)[0])
+    return RawConfig(path, "env", text, data)
 
 
 def variables(text: str) -> tuple[dict[str, str], dict[str, int], list[tuple[int, str]]]:

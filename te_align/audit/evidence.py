@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import SupportsFloat, SupportsInt
 
-from te_align._types import JSONObject
+from te_align._types import JSONObject, JSONValue
 
 __all__ = ["MEASURES", "Measure", "evidence_for", "measured_direction", "summary"]
 
@@ -83,7 +84,7 @@ def _load(path: str) -> JSONObject | None:
     if not p.is_file():
         return None
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data: JSONValue = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("format") == 1 and isinstance(data.get("rows"), list) else None
@@ -94,11 +95,40 @@ def summary(path: str | Path | None = None) -> JSONObject | None:
     return _load(str(path or SUMMARY))
 
 
-def _num(v: Any) -> float:
+# The summary is JSON: its fields are read through these, which give each use the type it needs.
+def _num(v: object) -> float:
+    """A number field as a float; nan where it is absent, null or not a number."""
+    if not isinstance(v, (str, SupportsFloat)):
+        return math.nan
     try:
         return float(v)
     except (TypeError, ValueError):
         return math.nan
+
+
+def _count(v: object) -> int:
+    """A count field (``seeds``, ``planned``) as an int; what ``int()`` cannot read raises, as ``int()`` does."""
+    if isinstance(v, (str, SupportsInt)):
+        return int(v)
+    raise TypeError(f"not a count: {v!r}")
+
+
+def _obj(v: JSONValue | None) -> JSONObject:
+    """A table field (``primary``, ``overrides``…): the table, or an empty one where it is absent or null."""
+    return v if isinstance(v, dict) else {}
+
+
+def _interval(v: JSONValue | None) -> tuple[float, float]:
+    """An interval field ``[low, high]`` as two floats (nan, nan where it is absent or null)."""
+    if isinstance(v, list) and v:
+        return _num(v[0]), _num(v[1])
+    return math.nan, math.nan
+
+
+def _rows(data: JSONObject) -> list[JSONObject]:
+    """The summary's rows (:func:`_load` has checked that ``rows`` is a list)."""
+    rows = data.get("rows")
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
 def _signed(v: float, spread: float) -> str:
@@ -113,7 +143,7 @@ def _signed(v: float, spread: float) -> str:
 
 
 def _changes(row: JSONObject) -> int:
-    return len(row.get("overrides") or {}) + sum(len(t) for t in (row.get("train") or {}).values() if isinstance(t, dict))
+    return len(_obj(row.get("overrides"))) + sum(len(t) for t in _obj(row.get("train")).values() if isinstance(t, dict))
 
 
 def combined_line(trainer: str | None, row_name: str, *, path: str | Path | None = None) -> str:
@@ -123,19 +153,18 @@ def combined_line(trainer: str | None, row_name: str, *, path: str | Path | None
     data = summary(path)
     if data is None or not trainer:
         return ""
-    rows = data["rows"]
+    rows = _rows(data)
     own = next((r for r in rows if r.get("preset") == row_name), None)
     if own is None:
         return ""
     for row in rows:
-        prim = row.get("primary") or {}
+        prim = _obj(row.get("primary"))
         if (row is own or row.get("kind") != "deviation" or row.get("trainer") != trainer
                 or row.get("base") != own.get("base") or not prim or str(row.get("verdict", "")).startswith("pending")
                 or _changes(row) <= _changes(own)
-                or any((row.get("overrides") or {}).get(k) != v for k, v in (own.get("overrides") or {}).items())):
+                or any(_obj(row.get("overrides")).get(k) != v for k, v in _obj(own.get("overrides")).items())):
             continue
-        adj = row.get("adjusted_ci") or [None, None]
-        lo, hi = _num(adj[0]), _num(adj[1])
+        lo, hi = _interval(row.get("adjusted_ci"))
         ci = f" [Holm-adjusted interval {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
         return (f"{trainer}'s defaults together ({row.get('preset')}: {row.get('deviation') or 'its defaults'}): "
                 f"{_num(prim.get('diff_mean')):+.3f}{ci}: {row.get('verdict')}")
@@ -158,18 +187,17 @@ def evidence_for(
     data = summary(path)
     if m is None or data is None:
         return {"row": None, "verdict": "not measured", "text": "not measured by te-align's effects matrix"}
-    row = next((r for r in data["rows"] if r.get("preset") == m.row), None)
-    if not isinstance(row, dict):
+    row = next((r for r in _rows(data) if r.get("preset") == m.row), None)
+    if row is None:
         return {"row": m.row, "verdict": "not measured", "text": f"not measured ({m.row} is not in the shipped summary)"}
-    prim = row.get("primary") or {}
+    prim = _obj(row.get("primary"))
     diff, lo, hi = _num(prim.get("diff_mean")), _num(prim.get("ci_low")), _num(prim.get("ci_high"))
-    adj = row.get("adjusted_ci") or [None, None]
-    alo, ahi = _num(adj[0]), _num(adj[1])
-    seeds, planned = int(row.get("seeds", 0)), int(row.get("planned", 0))
+    alo, ahi = _interval(row.get("adjusted_ci"))
+    seeds, planned = _count(row.get("seeds", 0)), _count(row.get("planned", 0))
     verdict = str(row.get("verdict", ""))
     verdict_all = str(row.get("verdict_all") or verdict)
     complete = bool(prim) and not verdict.startswith("pending")
-    lines: list[str] = []
+    lines: list[JSONValue] = []  # the measured lines shown under the finding (text)
     if not complete:  # no number before the row is complete: nothing to read into it
         text = f"{m.row} ({row.get('base')} world base): {verdict}; no verdict until all {planned} seeds are in"
     else:
@@ -199,10 +227,10 @@ def evidence_for(
         if not math.isnan(lo) and adjusted:
             lines.append(f"unadjusted 95% CI {lo:+.3f}, {hi:+.3f}; smallest effect this row could detect: "
                          f"{_num(row.get('mde')):.3f} (80% power, from the null controls' spread)")
-        sec = row.get("secondary") or {}
+        sec = _obj(row.get("secondary"))
         shown = []
         for key in ("forgetting (known colours)", "validation loss (profile conditioning)"):
-            x = sec.get(key)
+            x = _obj(sec.get(key))
             if not x:
                 continue
             d, slo, shi = _num(x.get("diff_mean")), _num(x.get("ci_low")), _num(x.get("ci_high"))
@@ -256,7 +284,7 @@ def _instrument_2_line(row: JSONObject) -> str:
     return f"instrument 2 (concept net accuracy at 300 steps, amendment 11; {how}): {d:+.3f}{ci}: {x.get('verdict')}"
 
 
-def measured_direction(ev: JSONObject) -> str:
+def measured_direction(ev: Mapping[str, object]) -> str:
     """What the evidence lets ``check``'s severity policy act on: the verdict when it names a winner in both Holm
     families (the pre-registered one and all rows), ``"null"`` for a measured null or a verdict that rests on its
     family, else ``""`` (not measured, pending, or uninformative: its gating positive control was not seen). Where

@@ -16,16 +16,21 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from te_align._lazy import lazy_module
 from te_align.audit.rules import NAI_WORDS, PONY_WORDS, guess_from_name
 from te_align.errors import TeAlignError
 
-# Lazy: read only when a config names a local model folder or checkpoint (``check`` stays cold otherwise).
-_safetensors = lazy_module("te_align._safetensors")
-_checkpoint_source = lazy_module("te_align.profiles.sources.checkpoint")
-_folder_source = lazy_module("te_align.profiles.sources.folder")
+if TYPE_CHECKING:  # pragma: no cover
+    from te_align import _safetensors
+    from te_align.profiles.sources import checkpoint as _checkpoint_source
+    from te_align.profiles.sources import folder as _folder_source
+else:
+    # Lazy: read only when a config names a local model folder or checkpoint (``check`` stays cold otherwise).
+    _safetensors = lazy_module("te_align._safetensors")
+    _checkpoint_source = lazy_module("te_align.profiles.sources.checkpoint")
+    _folder_source = lazy_module("te_align.profiles.sources.folder")
 
 
 @functools.lru_cache(maxsize=64)

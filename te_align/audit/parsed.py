@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, SupportsFloat
 
 from te_align.audit.findings import Finding
 from te_align.audit.readers import ConfigSyntaxError
@@ -19,6 +19,7 @@ from te_align.audit.rules import Context, Trainer
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align._types import StrPath
+    from te_align.audit.findings import Severity
     from te_align.profiles import AlignmentProfile
 
 
@@ -90,7 +91,7 @@ class Parsed:
     #: Set when the config cannot be checked: the reason ("te-align has no profile for Z-Image …").
     not_checked: str = ""
     #: ``not-checked`` or ``not-training``.
-    not_checked_status: str = "not-checked"
+    not_checked_status: Literal["not-checked", "not-training"] = "not-checked"
     #: Extra facts for converters (``Context.extra``), e.g. caption statistics.
     extra: dict[str, object] = field(default_factory=dict)
     #: Trainer-specific findings computed once the profile is known: ``after(profile, ctx) -> [Finding]``.
@@ -178,6 +179,8 @@ def dropout_form_finding(
     """Caption dropout against the profile's empty-prompt rule: a trainer that drops captions as ``form``
     ("encode": the empty caption "" is encoded; "zeros": the embeddings are zeroed) where the profile's
     empty/unconditional prompt is the other one teaches the model an unconditional input inference never gives."""
+    if not isinstance(rate, (str, SupportsFloat)):  # what float() cannot read (None, a list): no rate
+        return []
     try:
         value = float(rate)
     except (TypeError, ValueError):
@@ -202,7 +205,7 @@ def unknown_key_finding(
     *,
     trainer: str,
     line: int | None,
-    severity: str = "warning",
+    severity: Severity = "warning",
     behaviour: str,
     hint: str | None = None,
     section: str = "",

@@ -36,17 +36,18 @@ the config, not a recipe choice.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from te_align._lazy import lazy_module
 from te_align.audit.findings import Finding, Severity
 
 if TYPE_CHECKING:  # pragma: no cover
+    from te_align.audit import evidence as _evidence
     from te_align.audit.captions import CaptionStats
     from te_align.profiles import AlignmentProfile
-
-_evidence = lazy_module("te_align.audit.evidence")
+else:
+    _evidence = lazy_module("te_align.audit.evidence")
 
 __all__ = ["apply", "decide", "image_shrunk", "tokens_cut", "unsafe_keys", "unsafe_why"]
 
@@ -85,7 +86,7 @@ def unsafe_why(f: Finding) -> str:
     return next((why for _, why in (f.edit.unsafe if f.edit is not None else ())), "")
 
 
-def decide(f: Finding, evidence: dict[str, object] | None, captions: CaptionStats | None) -> Finding:
+def decide(f: Finding, evidence: Mapping[str, object] | None, captions: CaptionStats | None) -> Finding:
     """One deviation finding with the severity, message and fix the policy gives it (others unchanged)."""
     if f.kind != "deviation":
         return f
@@ -203,10 +204,10 @@ def _pct(n: int, total: int) -> str:
 
 
 def apply(findings: Sequence[Finding], profile: AlignmentProfile, captions: CaptionStats | None,
-          evidence: Callable[[Finding], dict[str, object] | None] | None = None) -> list[Finding]:
+          evidence: Callable[[Finding], Mapping[str, object] | None] | None = None) -> list[Finding]:
     """Every finding through :func:`decide`; ``evidence`` (default: the shipped effects summary) gives a deviation's
     measured row."""
-    def shipped(f: Finding) -> dict[str, object]:
+    def shipped(f: Finding) -> Mapping[str, object]:
         return _evidence.evidence_for(profile.family, profile.name, f.setting, f.effective)
 
     look = evidence or shipped

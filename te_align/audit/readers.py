@@ -11,11 +11,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# MAX_BYTES, overlaid, overlay_text and read_text are re-exported: callers read them here.
+# MAX_BYTES, overlaid, overlay_text, read_text and the config and error types are re-exported: callers read them
+# here.
 from te_align.audit.raw import MAX_BYTES as MAX_BYTES
-from te_align.audit.raw import ConfigSyntaxError, RawConfig, UnreadableConfig, read_bounded
+from te_align.audit.raw import ConfigSyntaxError as ConfigSyntaxError
+from te_align.audit.raw import RawConfig as RawConfig
+from te_align.audit.raw import UnreadableConfig as UnreadableConfig
 from te_align.audit.raw import overlaid as overlaid
 from te_align.audit.raw import overlay_text as overlay_text
+from te_align.audit.raw import read_bounded
 from te_align.audit.raw import read_text as read_text
 from te_align.errors import TeAlignError
 
@@ -172,9 +176,10 @@ def _parse_toml(path: str, text: str) -> JSONObject:
 
 def _parse_json(path: str, text: str) -> JSONValue:
     try:
-        return json.loads(text)
+        data: JSONValue = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigSyntaxError(path, e.lineno, e.colno, e.msg) from None
+    return data
 
 
 def _parse_yaml(path: str, text: str) -> JSONValue:
@@ -182,7 +187,7 @@ def _parse_yaml(path: str, text: str) -> JSONValue:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(text, Loader=loader)
+        data: JSONValue = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
@@ -191,6 +196,7 @@ def _parse_yaml(path: str, text: str) -> JSONValue:
         if mark is not None:
             raise ConfigSyntaxError(path, mark.line + 1, mark.column + 1, msg) from None
         raise ConfigSyntaxError(path, None, None, msg) from None
+    return data
 
 
 def key_line(text: str, key: str) -> int | None:
