@@ -5,8 +5,8 @@ Maintainer script::
     python tools/mypy_baseline.py [--update] [--baseline FILE]
 
 Runs ``python -m mypy`` with the configuration in ``pyproject.toml`` (``[tool.mypy]``: strict flags on
-``te_align.trainers.api``, ``te_align.profiles``, ``te_align.probe`` and ``te_align.patching``, mypy's defaults
-elsewhere), counts the errors of each file and compares them with ``tools/mypy_baseline.txt``. A file whose count
+``te_align.trainers.api``, ``te_align.profiles``, ``te_align.probe``, ``te_align.patching``, ``te_align.audit``,
+``te_align.fixing``, ``te_align.parts`` and ``te_align.checking``, mypy's defaults elsewhere), counts the errors of each file and compares them with ``tools/mypy_baseline.txt``. A file whose count
 rises, or that has errors and is not listed, fails the check (exit 1): a strict module is never listed, so its count
 is held at 0. A count that falls passes and is printed; ``--update`` then writes the lower counts (and, after new
 code, the current ones) to the baseline. Prints the whole package's count and the count per subpackage.
