@@ -378,10 +378,12 @@ def _product(python: Path, venv: Path, torch: str | None) -> int:
 #: the test files of the code that runs where only the core is installed (inside a trainer's environment, before
 #: its extras): check, patch, profiles, the hooks' lifecycle and the trainers' parts that need no model
 CORE_TESTS = (
-    "tests/audit/test_check.py", "tests/audit/test_check_corpus.py", "tests/audit/test_check_fix.py", "tests/audit/test_check_shipped.py",
-    "tests/audit/test_detection.py", "tests/trainers/diffusers_examples/test_diffusers_examples_check.py", "tests/hooks/test_hooks_base.py",
-    "tests/repo/test_imports.py", "tests/integrations/test_inference_targets.py", "tests/repo/test_lazy.py", "tests/profiles/test_overrides.py",
-    "tests/patching/test_patch_faults.py", "tests/patching/test_patch_safety.py", "tests/patching/test_patching.py",
+    "tests/audit/test_check.py", "tests/audit/test_check_corpus.py", "tests/audit/test_check_fix.py",
+    "tests/audit/test_check_shipped.py", "tests/audit/test_detection.py",
+    "tests/trainers/diffusers_examples/test_diffusers_examples_check.py", "tests/hooks/test_hooks_base.py",
+    "tests/repo/test_imports.py", "tests/integrations/test_inference_targets.py", "tests/repo/test_lazy.py",
+    "tests/profiles/test_overrides.py", "tests/patching/test_patch_faults.py",
+    "tests/patching/test_patch_safety.py", "tests/patching/test_patching.py",
     "tests/profiles/test_profile_faults.py", "tests/trainers/test_trainer_api.py",
 )
 
