@@ -42,4 +42,4 @@ def test_a_script_that_raises_is_not_kept(tmp_path: Path):
 def test_no_test_loads_a_script_its_own_way():
     own = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "tests").rglob("*.py"))
            if "spec_from_file_location" in p.read_text(encoding="utf-8")]
-    assert own == ["tests/support/scripts.py", "tests/repo/test_scripts_loader.py"]
+    assert own == ["tests/repo/test_scripts_loader.py", "tests/support/scripts.py"]
