@@ -1,5 +1,5 @@
 """Build hook: ship the repository's presets/ folder inside the wheel as te_align/_presets (the name
-te_align._shipped.SHIPPED reads; tests/test_repo.py builds a wheel and checks). The trainers' drop-in templates
+te_align._shipped.SHIPPED reads; tests/repo/test_repo.py builds a wheel and checks). The trainers' drop-in templates
 are package data of their folders (te_align/trainers/<trainer>/templates).
 
 All project metadata lives in pyproject.toml; this file only extends setuptools' build_py.

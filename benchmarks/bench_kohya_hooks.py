@@ -47,7 +47,7 @@ def main(rounds: int = 11, batch: int = 4, pairs: int = 400) -> None:
     import te_align
     from te_align.tiny.tokenizers import clip_tokenizer
     from te_align.trainers.kohya import hooks as hk
-    from tests.test_kohya_integration import import_sd_scripts
+    from tests.trainers.kohya.test_kohya_integration import import_sd_scripts
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     sd = import_sd_scripts(str(Path(kohya_dir).resolve()))["strategy_sd"]

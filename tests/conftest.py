@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # `te-align patch` installs te-align into the trainer's venv; the trainer trees of the test suite have none, so the
-# suite patches files only (= `te-align patch --no-install`). tests/test_patch_environment.py turns it back on.
+# suite patches files only (= `te-align patch --no-install`). tests/patching/test_patch_environment.py turns it back on.
 os.environ.setdefault("TE_ALIGN_NO_INSTALL", "1")
 
 

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lowest", action="store_true", help="core: the core's dependencies at their lowest releases")
     ap.add_argument("--venv", type=Path, help="build (or reuse) the environment here and keep it")
     ap.add_argument("--torch", help=f"torch requirement (default {DEFAULT_TORCH}; newest: pip's choice)")
-    ap.add_argument("--pytest-args", default="", help="instead of the whole suite (e.g. 'tests/test_train.py -x')")
+    ap.add_argument("--pytest-args", default="", help="instead of the whole suite (e.g. 'tests/train/test_train.py -x')")
     ap.add_argument("--json", type=Path, help="also write the report as JSON here")
     args = ap.parse_args(argv)
     torch = args.torch or (DEFAULT_TORCH if args.job == "lock" else None)  # lowest: the lower bound pins it
@@ -378,11 +378,13 @@ def _product(python: Path, venv: Path, torch: str | None) -> int:
 #: the test files of the code that runs where only the core is installed (inside a trainer's environment, before
 #: its extras): check, patch, profiles, the hooks' lifecycle and the trainers' parts that need no model
 CORE_TESTS = (
-    "tests/test_check.py", "tests/test_check_corpus.py", "tests/test_check_fix.py", "tests/test_check_shipped.py",
-    "tests/test_detection.py", "tests/test_diffusers_examples_check.py", "tests/test_hooks_base.py",
-    "tests/test_imports.py", "tests/test_inference_targets.py", "tests/test_lazy.py", "tests/test_overrides.py",
-    "tests/test_patch_faults.py", "tests/test_patch_safety.py", "tests/test_patching.py",
-    "tests/test_profile_faults.py", "tests/test_trainer_api.py",
+    "tests/audit/test_check.py", "tests/audit/test_check_corpus.py", "tests/audit/test_check_fix.py",
+    "tests/audit/test_check_shipped.py", "tests/audit/test_detection.py",
+    "tests/trainers/diffusers_examples/test_diffusers_examples_check.py", "tests/hooks/test_hooks_base.py",
+    "tests/repo/test_imports.py", "tests/integrations/test_inference_targets.py", "tests/repo/test_lazy.py",
+    "tests/profiles/test_overrides.py", "tests/patching/test_patch_faults.py",
+    "tests/patching/test_patch_safety.py", "tests/patching/test_patching.py",
+    "tests/profiles/test_profile_faults.py", "tests/trainers/test_trainer_api.py",
 )
 
 

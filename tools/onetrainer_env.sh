@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a virtual environment that runs a OneTrainer checkout's scripts/train.py on CPU, with te-align installed,
-# for tests/test_onetrainer_launch.py (TE_ALIGN_ONETRAINER_PYTHON=<VENV>/bin/python).
+# for tests/trainers/onetrainer/test_onetrainer_launch.py (TE_ALIGN_ONETRAINER_PYTHON=<VENV>/bin/python).
 #
 #   tools/onetrainer_env.sh VENV ONETRAINER_DIR MGDS_DIR [DIFFUSERS_DIR]
 #

@@ -1,7 +1,7 @@
 """Print the README's trainer × family table of what ``te-align check`` covers (``--write`` puts it in README.md).
 
 The table is made from the trainers' own rule tables (te_align.audit.reach), so it cannot drift from the code:
-tests/test_reach.py fails when README.md holds another one. Usage: python tools/reach_table.py [--write]
+tests/audit/test_reach.py fails when README.md holds another one. Usage: python tools/reach_table.py [--write]
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 _Pipe = TypeVar("_Pipe", bound="DiffusionPipeline")
 
-#: Pipelines whose ``__call__`` takes the profile's outputs under these names, checked by tests/test_apply.py.
+#: Pipelines whose ``__call__`` takes the profile's outputs under these names, checked by tests/integrations/test_apply.py.
 SUPPORTED: dict[str, str] = {
     "FluxPipeline": "flux",
     "StableDiffusion3Pipeline": "sd3",

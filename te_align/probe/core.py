@@ -63,7 +63,7 @@ def _at_limit(slot: Any, tokenizer: Any) -> str:
 
 
 def prompt_suite(profile: Any, tokenizers: Mapping[str, Any]) -> dict[str, list[str]]:
-    """The standard prompt suite (the groups of ``tests/test_parity.py``), one batch per group.
+    """The standard prompt suite (the groups of ``tests/encoding/test_parity.py``), one batch per group.
 
     ``tokenizers`` maps diffusers component names (``tokenizer``, ``tokenizer_2``...) to tokenizers.
     """

@@ -1,7 +1,7 @@
 """Denoiser and VAE configs of the real base models the bundled presets name, for ``te-align train --estimate``
 on a hub id without downloading it (the text-encoder configs come from the bundled official snapshot JSONs in
 ``te_align/profiles/data/official``). Built on the meta device they give the published parameter counts
-(tests/test_train_scale.py checks them).
+(tests/train/test_train_scale.py checks them).
 
 Sources: the ``transformer/config.json`` / ``unet/config.json`` / ``vae/config.json`` of each hub repo as
 diffusers' own conversion scripts and single-file loader write them (diffusers

@@ -1,7 +1,7 @@
 """ai-toolkit's model objects on tiny encoders: ``StableDiffusion`` and the ``BaseModel`` families.
 
 Shared by the probe (:class:`te_align.probe.adapter.AiToolkit`, checkout layout) and
-``tests/test_ai_toolkit_checkout.py``. ai-toolkit's model modules import its whole image/video stack
+``tests/trainers/ai_toolkit/test_ai_toolkit_checkout.py``. ai-toolkit's model modules import its whole image/video stack
 (torchvision, torchaudio, OpenCV...); where that stack is missing they do not import, and
 :func:`import_model_classes` raises with the reason (nothing is stood in for them here).
 

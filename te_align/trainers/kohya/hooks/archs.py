@@ -426,7 +426,7 @@ def _encode_anima(arch: Arch, p: AlignmentProfile, strategy: object, tokenize_st
     So zero padding is exact in exact arithmetic. In float, attention over 512 instead of the batch's
     longest keys rounds differently: on the tiny test models (fp32) the conditioner output moves by at
     most 7.2e-7, the same as the official pipeline's own change when a prompt shares its batch with a
-    longer one (tests/test_kohya_integration.py::test_anima_padding_is_invisible_to_sd_scripts_llm_adapter).
+    longer one (tests/trainers/kohya/test_kohya_integration.py::test_anima_padding_is_invisible_to_sd_scripts_llm_adapter).
     """
     import torch
 

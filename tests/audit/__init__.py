@@ -1,0 +1,1 @@
+"""Tests of te_align.audit: `te-align check` and `--fix` across trainers (detection, datasets, policy, reach)."""

@@ -1,0 +1,1 @@
+"""Tests of te_align.hooks: the shared hook machinery."""

@@ -1,0 +1,1 @@
+"""Tests of te_align.probe: `te-align probe` / `matrix`."""

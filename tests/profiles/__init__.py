@@ -1,0 +1,1 @@
+"""Tests of te_align.profiles: the profile model, sources, bundled profiles, overrides, faults."""

@@ -1,0 +1,1 @@
+"""Tests of te_align.swap: `te-align swap` and its study driver."""

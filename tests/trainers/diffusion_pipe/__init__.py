@@ -1,0 +1,1 @@
+"""Tests of te_align.trainers.diffusion_pipe."""
