@@ -79,7 +79,7 @@ def test_preset_errors_name_the_key(change: Any, message: str) -> None:
         (lambda d: d["baseline"].update(trainer=3), "x.toml: key 'baseline.trainer': expected a string, got 3"),
         (lambda d: d.update(name=3), "x.toml: key 'name': expected a string, got 3"),
         (lambda d: d.update(train=[1]), "x.toml: key 'train': expected a table, got [1]"),
-        (lambda d: d["eval"].update(seed=3), "x.toml: key 'eval.seed': unknown key (did you mean: seeds, noise_seed, sample_seeds?)"),
+        (lambda d: d["eval"].update(seed=3), "x.toml: key 'eval.seed': unknown key (did you mean: seeds, noise_seed, first_seed?)"),
     ],
 )
 def test_wrongly_typed_preset_values_are_one_line_errors(change: Any, message: str) -> None:

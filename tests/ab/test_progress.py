@@ -178,6 +178,8 @@ def test_summary_of_the_committed_demo_row_reads_at_a_glance() -> None:
     assert lines == [
         "concept net accuracy, learning-curve mean (as sampled at inference): A 43.0% vs B 44.3%; A - B -1.3 points "
         "[-4.8, +2.2]: no measurable difference",
+        "concept net accuracy, final (hit minus false pink at the last checkpoint): A 56.2% vs B 59.4%; A - B -3.1 "
+        "points [-12.2, +5.9]: no measurable difference",
         "concept hit rate, final (asked pink at the asked position): A 79.2% vs B 80.2%; A - B -1.0 points [-6.0, +3.9]: "
         "no measurable difference",
         "concept exact, final (colour, shape and position): A 50.0% vs B 58.3%; A - B -8.3 points [-17.3, +0.6]: "
