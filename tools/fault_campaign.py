@@ -16,7 +16,10 @@ ai-toolkit; and copies of real checkouts given with ``--kohya DIR`` / ``--ai-too
   error persists from N on); the command must exit 2 with one line naming the path, and the tree
   must come back byte-identical (in-process, or by a later ``status``);
 * crafted and damaged state files, two commands at once (real processes), ``unpatch
-  --keep-changed`` after an edited drop-in, a deleted state folder, missing paths.
+  --keep-changed`` after an edited drop-in, a deleted state folder, missing paths;
+* with ``--fake``, ``te-align check CONFIG --fix`` (:func:`fix_sweep`), which runs the same transaction: kill,
+  double-fault, full-disk and read-only sweeps of a fix of a shipped example with an earlier fix's backup beside
+  it (``--commands check-fix`` for it alone).
 
 Every command runs in a forked child of this process (``te_align.cli.main``), so a kill is a real
 SIGKILL of a real process. Counts: cases, tracebacks, data-loss cases (an original file's bytes
@@ -696,6 +699,77 @@ def concurrent(lay: Layout, tally: Tally, runs: int = 10) -> None:
 
 
 # ------------------------------------------------------------------------------------- main
+#: The config the ``check --fix`` sweep fixes (a shipped example), and the backup an earlier fix left beside it.
+FIX_EXAMPLE = REPO / "examples" / "kohya" / "flux_schnell_lora.toml"
+FIX_OLDER = b"# the backup an earlier fix left\n"
+
+
+def fix_sweep(work: Path, tally: Tally, *, every: int = 1, double_every: int = 1, disk_every: int = 1,
+              log: Callable[[str], None] = lambda s: None) -> None:
+    """``te-align check CONFIG --fix``, the other command on the same transaction, swept the same way: killed at
+    each file operation (the next ``--fix`` rolls back to the folder before, one line, exit 2, or finds only
+    leftovers and fixes; the one after it ends in the clean result); the rollback killed at each of its own
+    operations; a full disk / read-only file system from each operation on (one line, exit 2, the folder as
+    before, or only leftovers the next ``--fix`` removes; or the fixed folder)."""
+    tpl, root = work / "fix-kohya.before", work / "fix-kohya"
+    shutil.rmtree(tpl, ignore_errors=True)
+    tpl.mkdir(parents=True)
+    shutil.copy2(FIX_EXAMPLE, tpl / FIX_EXAMPLE.name)
+    (tpl / f"{FIX_EXAMPLE.name}.te-align-original").write_bytes(FIX_OLDER)
+    before = snapshot(tpl)
+    root.mkdir(exist_ok=True)
+    argv = ["check", str(root / FIX_EXAMPLE.name), "--fix"]
+    reset(root, tpl, before)
+    n_ops, ref = count_ops(argv)
+    after = snapshot(root)
+    if ref.rc != 0 or same(after, before) or n_ops < 4:
+        tally.add("fix/reference", f"exit {ref.rc}, {n_ops} operations: {ref.output[-300:]}", traceback=ref.traceback)
+        return
+    log(f"fix-kohya check --fix: {n_ops} file operations")
+
+    def judge(klass: str, at: str, first: Run) -> None:
+        """After a faulted --fix: the next one rolls back (or fixes), and the folder ends as a clean fix."""
+        now = snapshot(root)
+        problem = None
+        if first.traceback or (first.rc == 2 and len(first.error_lines) != 1):
+            problem = f"not one line: {first.output.strip()[-300:]}"
+        nxt = run_cli(argv)
+        if problem is None and nxt.rc == 2:
+            if "an interrupted --fix was rolled back" not in nxt.output or not same(snapshot(root), before):
+                problem = f"the next --fix: {nxt.output.strip()[-200:]} ({differences(before, snapshot(root))})"
+            else:
+                nxt = run_cli(argv)
+        if problem is None and (nxt.rc != 0 or not same(snapshot(root), after)):
+            problem = f"--fix after it: exit {nxt.rc}: {differences(after, snapshot(root))}"
+        ident = "before" if same(now, before) else "after" if same(now, after) else "neither"
+        tally.add(klass, problem and f"fix-kohya {at}: {problem}", traceback=first.traceback or nxt.traceback,
+                  lost=before[FIX_EXAMPLE.name][2] not in contents(root),  # the config's original bytes
+                  identical=ident if problem is None and ident != "neither" else None)
+
+    for n in range(1, n_ops + 1):
+        if (n - 1) % every == 0 or n == n_ops:
+            reset(root, tpl, before)
+            judge("kill+rerun/check --fix", f"op {n}", run_cli(argv, fault_at=n))
+        if double_every and (n - 1) % double_every == 0:
+            m = 1
+            while True:
+                reset(root, tpl, before)
+                run_cli(argv, fault_at=n)
+                r = run_cli(argv, fault_at=m)
+                if not r.killed:
+                    break
+                judge("double-fault/check --fix", f"op {n}, recovery op {m}", Run(0, True, ""))
+                m += 1
+        if disk_every and ((n - 1) % disk_every == 0 or n == n_ops):
+            for mode, words in (("enospc", "No space left"), ("erofs", "Read-only")):
+                reset(root, tpl, before)
+                r = run_cli(argv, fault_at=n, mode=mode)
+                bad = r.rc == 2 and words not in (r.error_lines or [""])[0]
+                judge(f"{mode}/check --fix", f"op {n}", Run(r.rc, r.killed, r.output + ("\nTraceback (most recent call last)"
+                                                                                      if bad else "")))
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _kohya_root(p: Path) -> Path:
     return p / "sd-scripts" if (p / "kohya_gui").is_dir() else p
 
@@ -713,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-double-every", type=int, default=25, help="--double-every for real checkouts")
     ap.add_argument("--real-rerun-every", type=int, default=3)
     ap.add_argument("--real-disk-every", type=int, default=5)
-    ap.add_argument("--commands", help="comma-separated subset of " + ", ".join(c for c, _, _ in COMMANDS))
+    ap.add_argument("--commands", help="comma-separated subset of " + ", ".join(c for c, _, _ in COMMANDS)
+                    + ", check-fix (the check --fix sweep, with --fake)")
     ap.add_argument("--layouts", help="comma-separated subset of the layout names (fake-sd-scripts, fake-kohya_ss-gui, ...)")
     ap.add_argument("--no-sweep", action="store_true", help="only the other classes (state files, users, two at once)")
     ap.add_argument("--no-extra", action="store_true", help="only the sweeps")
@@ -766,6 +841,13 @@ def main(argv: list[str] | None = None) -> int:
     partial = False
     try:
         _run_jobs(jobs, work, args, commands, per, total, log)
+        if args.fake and not args.no_sweep and (commands is None or "check-fix" in commands):
+            tally = Tally()
+            try:
+                fix_sweep(work, tally, every=args.every, double_every=args.double_every, disk_every=args.disk_every,
+                          log=log)
+            finally:
+                _add_up("fix-kohya", tally, per, total, log)
     except _Stop:
         partial = True
         log("stopped by SIGTERM: the counts below are partial")
@@ -794,15 +876,19 @@ def _run_jobs(jobs: list, work: Path, args: argparse.Namespace, commands: list[s
                 user_cases(lay, tally, root_of)
                 concurrent(lay, tally, runs=10)
         finally:  # also when stopped: count what was done
-            per[name] = tally.as_dict()
-            log(f"{name}: {json.dumps(per[name])}")
-            for f in tally.failures[:20]:
-                log(f"  FAIL {f}")
-            for k in ("cases", "tracebacks", "data_loss", "identical_before", "identical_after", "not_identical"):
-                setattr(total, k, getattr(total, k) + getattr(tally, k))
-            total.failures += tally.failures
-            for k, v in tally.classes.items():
-                total.classes[k] = total.classes.get(k, 0) + v
+            _add_up(name, tally, per, total, log)
+
+
+def _add_up(name: str, tally: Tally, per: dict, total: Tally, log: Callable[[str], None]) -> None:
+    per[name] = tally.as_dict()
+    log(f"{name}: {json.dumps(per[name])}")
+    for f in tally.failures[:20]:
+        log(f"  FAIL {f}")
+    for k in ("cases", "tracebacks", "data_loss", "identical_before", "identical_after", "not_identical"):
+        setattr(total, k, getattr(total, k) + getattr(tally, k))
+    total.failures += tally.failures
+    for k, v in tally.classes.items():
+        total.classes[k] = total.classes.get(k, 0) + v
 
 
 def merge(files: list[Path], out: Path | None) -> int:

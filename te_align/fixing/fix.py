@@ -11,59 +11,50 @@ trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goe
    bits, so also for root) or in a folder that cannot be written;
 2. check the new text (in memory, :func:`te_align.audit.readers.overlaid`) before anything is written: if a
    finding the fix was meant to remove is still there, nothing is written;
-3. under the lock of every folder it writes in (:func:`te_align.patching.transaction.lock`, taken in the order
-   of their real paths), compare every file's bytes with the ones the fix was made from (one changed
-   meanwhile: nothing written), write the journal, then per file keep a backup beside it
-   (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses; ``--no-backup`` skips it)
-   and replace it atomically (:func:`te_align._atomic.atomic_file`, its permission bits kept): the config
-   first, then the files it names (a dataset TOML the training config names). The commit point: the journal
-   removed (or, when older backups are to be deleted, rewritten with ``"committed": true``, then removed after them).
+3. under the lock of every folder it writes in (:func:`te_align.patching.transaction.lock_all`, taken in the
+   order of their real paths), compare every file's bytes with the ones the fix was made from (one changed
+   meanwhile: nothing written), then run one transaction of :mod:`te_align.patching.transaction`, the one
+   ``te-align patch`` runs: its journal names every file the fix replaces, each backup included, then per file
+   a backup is linked beside it (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses;
+   ``--no-backup`` skips it) just before the file is replaced atomically (``.NAME.te-align-tmp``, then a rename;
+   its permission bits kept): the config first, then the files it names (a dataset TOML the training config
+   names). The commit point: the journal removed.
 
 The fix may write two files (a training TOML and the dataset TOML it names); they change together or not at
-all. The journal, ``.NAME.te-align-fix-journal`` beside the config (:func:`journal_path`, mode 0600), is JSON::
+all. The transaction lives in ``.NAME.te-align-fix/`` beside the config (:func:`journal_path`): ``journal.json``
+in ``patch``'s format with absolute paths (each file's sha256 and mode before, its bytes copied into
+``journal-data/`` by number, mode 0600; the sha256 of the bytes the fix writes), removed with the folder after
+the commit point. A backup already beside a file (from an earlier fix) is one more file the transaction replaces:
+a rollback gives it back its bytes and mode.
 
-    {"te_align": "check --fix journal", "version": 1, "committed": false, "config": "/abs/config.toml",
-     "files": [{"path": "/abs/file", "original": "<base64 of its bytes before the fix>",
-                "new_sha256": "<hex digest of the bytes the fix writes>",
-                "backup": "/abs/file.te-align-original" or null (--no-backup),
-                "older_backup": "/abs/.file.te-align-original.te-align-fix-older" or null}, ...]}
-
-``older_backup``: a backup already beside the file (from an earlier fix) is linked there before this run's
-backup replaces it, so that a rollback puts it back (after the commit it is deleted: a successful fix replaces
-the old backup, as it always did). A write that fails half-way (the file changed under the lock, permission,
-full disk, Ctrl-C) is rolled back in-process: every file already replaced gets its original bytes back (the
-backup this run made is a hard link to the original file: renamed back, so a full disk does not stop it; else
-written atomically, permission bits kept), the backups this run made are removed (an older backup is put
-back), the journal is removed, and one line says nothing was written; a rollback that cannot write either
-keeps the journal and says so. A killed process leaves the journal: the next ``--fix`` on that config rolls it
-back under the same locks (each journalled file must hold its original bytes or the fixed ones; a file with
-other bytes is refused in one line naming it, and nothing is touched), removes te-align's temp files beside
-those files, says so in one line (exit 2) and stops: run ``--fix`` again to fix. A committed journal is
-finished instead (the older backups' links and the journal removed), and the fix goes on. ``--diff`` refuses
-while a journal is there (it writes nothing, not even a rollback).
+A write that fails half-way (the file changed under the lock, permission, full disk, Ctrl-C) is rolled back
+in-process by the transaction's rollback: every file gets its bytes and mode from before (the journal's copy
+renamed into place, so a full disk does not stop it), a backup this run made is removed, a file someone else
+wrote meanwhile is left as it is, the folder is removed, and one line says nothing was written; a rollback that
+cannot write either keeps the journal and says so. A killed process leaves the journal: the next ``--fix`` on that
+config rolls it back under the same locks (each journalled file must hold its bytes from before or the ones the
+fix wrote; a file with other bytes is refused in one line naming it, and nothing is touched), says so in one line
+(exit 2) and stops: run ``--fix`` again to fix. What a fix killed before its journal was written or after its
+commit point leaves (the folder, copies, temp files) is removed by the next ``--fix``, which then goes on.
+``--diff`` refuses while a journal is there (it writes nothing, not even a rollback). The journal file of te-align
+before this (``.NAME.te-align-fix-journal``, originals in base64) is refused in one line saying what to do.
 
 Running it again changes nothing: the fixed findings are gone. No torch.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import dataclasses
 import difflib
 import hashlib
-import json
 import os
-import re
 import stat
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from te_align import _atomic
-from te_align._atomic import atomic_file, fault_point, fsync_dir, link_or_copy
 from te_align.audit import readers
 from te_align.audit.check import (
     check_file,
@@ -78,18 +69,22 @@ from te_align.audit.findings import EXIT_UNREADABLE, CheckResult, Edit, Finding
 from te_align.errors import TeAlignError
 from te_align.fixing import editing
 from te_align.fixing.editing import CannotFix, Change
-from te_align.patching.transaction import KEPT_ORIGINAL_SUFFIX, lock
+from te_align.patching import transaction
+from te_align.patching.transaction import JOURNAL_DATA, KEPT_ORIGINAL_SUFFIX, PatchError, Place, lock_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.trainers.api import CheckLanguages, CheckParts
 
 #: The backup beside a fixed file: ``NAME`` + this suffix (the name ``te-align unpatch --keep-changed`` uses).
 BACKUP_SUFFIX = KEPT_ORIGINAL_SUFFIX
-#: The journal of a ``--fix`` being written: ``.NAME`` + this suffix beside the config (:func:`journal_path`).
-JOURNAL_SUFFIX = ".te-align-fix-journal"
-#: While a fix is written, a backup that was already beside a file is also linked at ``.BACKUP`` + this suffix.
+#: The folder of a ``--fix`` being written (its journal and copies): ``.NAME`` + this suffix beside the config.
+STATE_SUFFIX = ".te-align-fix"
+#: The journal file ``.NAME`` + this suffix of te-align before ``--fix`` shared ``patch``'s transaction: refused
+#: in one line (:func:`_legacy_line`).
+LEGACY_JOURNAL_SUFFIX = ".te-align-fix-journal"
+#: Where te-align before the shared transaction kept an older backup while it wrote a fix (named in
+#: :func:`_legacy_line`).
 OLDER_BACKUP_SUFFIX = ".te-align-fix-older"
-_JOURNAL_TAG = "check --fix journal"
 _CHANGED = "changed while it was being fixed; nothing written: run --fix again"
 #: What ``--fix`` writes: findings of these severities (``info`` notes, such as a per-encoder dropout the
 #: profile documents, stay notes).
@@ -227,11 +222,16 @@ def fix_file(
                        f"{path}: te-align's backup of {backed_up}; --fix and --diff edit the file itself: run it on "
                        f"{backed_up} (te-align check reads the backup as it is)")
     journal = journal_path(path)
-    if os.path.lexists(journal):
+    legacy = _legacy_journal(path)
+    if os.path.lexists(legacy):
+        return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")), _legacy_line(path, legacy))
+    if os.path.lexists(journal) and not write:
+        return _refuse(FixReport(path, CheckResult(file=path, status="unreadable")),
+                       f"{path}: an interrupted --fix left its journal {journal}: run --fix to roll it back first "
+                       "(--diff writes nothing)")
+    place = _txn_place(path)
+    if write and (os.path.lexists(place.state) or os.path.lexists(place.removing)):
         unread = FixReport(path, CheckResult(file=path, status="unreadable"))
-        if not write:
-            return _refuse(unread, f"{path}: an interrupted --fix left its journal {journal}: run --fix to roll "
-                                   "it back first (--diff writes nothing)")
         try:
             restored = roll_back_interrupted(path)
         except CannotFix as e:
@@ -311,8 +311,8 @@ def fix_file(
     try:
         for name in order:
             _writable(name)
-        if not os.access(journal.parent, os.W_OK):
-            raise CannotFix(f"its folder {journal.parent} is not writable (--fix keeps its journal there); "
+        if not os.access(place.state.parent, os.W_OK):
+            raise CannotFix(f"its folder {place.state.parent} is not writable (--fix keeps its journal there); "
                             "nothing written", file=path)
         if before_write is not None:
             before_write()
@@ -427,41 +427,33 @@ def _writable(file: str) -> None:
 
 
 def journal_path(config: str | os.PathLike[str]) -> Path:
-    """Where ``--fix`` keeps its journal while it writes the fix of ``config``: ``.NAME.te-align-fix-journal``
-    beside it."""
+    """Where ``--fix`` keeps its journal while it writes the fix of ``config``: ``journal.json`` in the folder
+    ``.NAME.te-align-fix`` beside it (:func:`_place`)."""
+    return _txn_place(config).journal
+
+
+def _txn_place(config: str | os.PathLike[str]) -> Place:
+    """The transaction of a fix of ``config``: journal and copies in ``.NAME.te-align-fix/`` beside it, every
+    path in it absolute (the files may sit in two folders)."""
+    p = Path(os.path.abspath(config))
+    state = p.with_name(f".{p.name}{STATE_SUFFIX}")
+    return Place(state, state.with_name(state.name + ".removing"), None,
+                 f"check the files it names (each one's bytes from before the fix are in {state / JOURNAL_DATA}, "
+                 f"named by its 'copy'), then delete {state}")
+
+
+def _legacy_journal(config: str | os.PathLike[str]) -> Path:
     p = Path(config)
-    return p.with_name(f".{p.name}{JOURNAL_SUFFIX}")
+    return p.with_name(f".{p.name}{LEGACY_JOURNAL_SUFFIX}")
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One file of a fix being written (or of a journal read back: ``new`` is then unknown)."""
-
-    path: str
-    old: bytes
-    new_sha256: str
-    backup: bool
-    #: A backup was already beside the file: kept at :attr:`older_path` until the commit.
-    older: bool
-    new: bytes | None = None
-
-    @property
-    def bak(self) -> Path:
-        p = Path(self.path)
-        return p.with_name(p.name + BACKUP_SUFFIX)
-
-    @property
-    def older_path(self) -> Path:
-        return self.bak.with_name(f".{self.bak.name}{OLDER_BACKUP_SUFFIX}")
-
-
-@contextlib.contextmanager
-def _locked(folders: Iterable[Path]) -> Iterator[None]:
-    """The lock of every folder, each once, in the order of their real paths (two fixes never deadlock)."""
-    with contextlib.ExitStack() as stack:
-        for folder in sorted({os.path.realpath(f) for f in folders}):
-            stack.enter_context(lock(folder))
-        yield
+def _legacy_line(config: str, legacy: Path) -> str:
+    """The one line for the journal an interrupted ``--fix`` of te-align before the shared transaction left."""
+    return (f"{config}: an interrupted --fix of an older te-align left its journal {legacy}, which this te-align "
+            f"does not roll back: run --fix with the te-align that wrote it to roll it back; or by hand: each file "
+            f"it names ('path') holds its bytes from before that --fix (its 'original', base64) or the fixed ones, "
+            f"and an older backup may wait at .NAME{BACKUP_SUFFIX}{OLDER_BACKUP_SUFFIX} beside it: restore what "
+            "you keep, delete the journal, then run --fix again")
 
 
 def _sha256(data: bytes) -> str:
@@ -470,127 +462,79 @@ def _sha256(data: bytes) -> str:
 
 def _write_all(config: str, files: list[tuple[str, bytes, bytes]], backup: bool) -> list[str]:
     """Replace every file by its new bytes, all or none: under the lock of every folder, if each still holds
-    the bytes the fix was made from; journalled beside ``config`` (see the module docstring). The backups
-    made."""
-    journal = journal_path(config)
-    with _locked([Path(f).parent for f, _, _ in files] + [journal.parent]):
-        if os.path.lexists(journal):  # a --fix killed since this one looked
-            raise CannotFix(f"an interrupted --fix left its journal {journal} meanwhile: run --fix again to "
+    the bytes the fix was made from; one transaction of :mod:`te_align.patching.transaction` journalled
+    beside ``config`` (see the module docstring). The backups made."""
+    place = _txn_place(config)
+    todo = [(os.path.abspath(f), old, new) for f, old, new in files]
+    baks = {f: f + BACKUP_SUFFIX for f, _, _ in todo}
+    with lock_all([Path(f).parent for f, _, _ in todo] + [place.state.parent]):
+        if any(os.path.lexists(q) for q in (place.state, place.removing, _legacy_journal(config))):
+            # a --fix killed since this one looked
+            raise CannotFix(f"an interrupted --fix left its journal {place.journal} meanwhile: run --fix again to "
                             "roll it back; nothing written", file=config)
-        for f, old, _ in files:
+        for (f, old, _), (name, _, _) in zip(todo, files, strict=True):
             try:
                 now = Path(f).read_bytes()
             except OSError as e:
-                raise CannotFix(f"cannot read: {e.strerror}; nothing written", file=f) from None
+                raise CannotFix(f"cannot read: {e.strerror}; nothing written", file=name) from None
             if now != old:
-                raise CannotFix(_CHANGED, file=f)
-        entries = []
-        for f, old, new in files:
-            bak = Path(f).with_name(Path(f).name + BACKUP_SUFFIX)
-            entries.append(_Entry(f, old, _sha256(new), backup, backup and os.path.lexists(bak), new))
-        _sweep(entries, journal, older=True)  # what a killed run left after its commit point
-        _write_journal(journal, config, entries)
-        current = entries[0]
+                raise CannotFix(_CHANGED, file=name)
+        paths: list[str] = []
+        new_sha: dict[str, str] = {}
+        for f, old, new in todo:
+            paths.append(f)
+            new_sha[f] = _sha256(new)
+            if backup:  # an older backup there is a file this fix replaces: journalled like the others
+                paths.append(baks[f])
+                new_sha[baks[f]] = _sha256(old)
+        current = files[0][0]
         try:
-            for current in entries:
-                _replace(current)
-            if any(e.older for e in entries):  # the commit point: the journal says so, then the cleanup
-                _write_journal(journal, config, entries, committed=True)
-            else:  # the commit point: no journal
-                fault_point("unlink", journal)
-                journal.unlink()
-                fsync_dir(journal.parent)
+            transaction._begin_in(place, "check --fix", paths, new_sha)
+            for (f, old, new), (current, _, _) in zip(todo, files, strict=True):
+                _replace(Path(f), old, new, Path(baks[f]) if backup else None, current)
+            transaction._unlink(place.journal)  # the commit point
         except BaseException as exc:
-            _fail(exc, entries[:entries.index(current) + 1], journal, config, current)
-        with contextlib.suppress(OSError):  # else the next --fix finishes it
-            _finish(entries, journal)
-    return [str(e.bak) for e in entries if e.backup]
+            _fail(exc, place, current)
+        with contextlib.suppress(OSError):  # leftovers only: the next --fix removes them
+            transaction._drop_in(place)
+    return [files[i][0] + BACKUP_SUFFIX for i in range(len(files))] if backup else []
 
 
-def _finish(entries: list[_Entry], journal: Path) -> None:
-    """The cleanup after the commit point: the older backups' extra links, then the journal."""
-    for e in entries:
-        if e.older and os.path.lexists(e.older_path):
-            fault_point("unlink", e.older_path)
-            e.older_path.unlink()
-    for folder in {e.bak.parent for e in entries if e.older}:
-        fsync_dir(folder)
-    if os.path.lexists(journal):
-        fault_point("unlink", journal)
-        journal.unlink()
-        fsync_dir(journal.parent)
-
-
-def _write_journal(journal: Path, config: str, entries: list[_Entry], *, committed: bool = False) -> None:
-    """The journal, atomically and durably (mode 0600: it holds the files' bytes): before the first replace,
-    and (``committed``) after the last one when older backups are to be deleted."""
-    body = {"te_align": _JOURNAL_TAG, "version": 1, "committed": committed, "config": os.path.abspath(config),
-            "files": [
-        {"path": os.path.abspath(e.path), "original": base64.b64encode(e.old).decode("ascii"),
-         "new_sha256": e.new_sha256, "backup": os.path.abspath(e.bak) if e.backup else None,
-         "older_backup": os.path.abspath(e.older_path) if e.older else None} for e in entries]}
-    tmp = journal.with_name(f".{journal.name}.{os.getpid()}.tmp")
-    try:
-        fault_point("create", tmp)
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fault_point("write", tmp)
-            fh.write(json.dumps(body, indent=1).encode("utf-8") + b"\n")
-            fh.flush()
-            if _atomic.FSYNC:
-                os.fsync(fh.fileno())
-        fault_point("rename", journal)
-        os.replace(tmp, journal)
-        fsync_dir(journal.parent)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise CannotFix(f"cannot write its --fix journal {journal}: {e.strerror}; nothing written",
-                        file=config) from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _replace(e: _Entry) -> None:
-    """Replace one file atomically (permission bits kept), its backup made just before the rename."""
-    p = Path(e.path)
-    assert e.new is not None
-    if e.older:
-        fault_point("link", e.older_path)
-        link_or_copy(e.bak, e.older_path)
-
+def _replace(p: Path, old: bytes, new: bytes, bak: Path | None, name: str) -> None:
+    """Replace one file atomically (permission bits kept); just before the rename, check it still holds its
+    bytes from before and link its backup."""
     def unchanged_then_backup() -> None:
-        if p.read_bytes() != e.old:
-            raise CannotFix(_CHANGED, file=e.path)
-        if e.backup:
-            fault_point("link", e.bak)
-            link_or_copy(p, e.bak)
+        if p.read_bytes() != old:
+            raise CannotFix(_CHANGED, file=name)
+        if bak is not None:
+            transaction._link(p, bak)
 
-    with atomic_file(p, "wb", error=CannotFix, mode_from=p, before_replace=unchanged_then_backup) as fh:
-        fh.write(e.new)
+    transaction._write(p, new, p.stat().st_mode & 0o7777, before_rename=unchanged_then_backup)
 
 
-def _fail(exc: BaseException, attempted: list[_Entry], journal: Path, config: str, current: _Entry) -> NoReturn:
+def _fail(exc: BaseException, place: Place, current: str) -> NoReturn:
     """Roll back a write that failed half-way (or was interrupted), then raise the one line (or re-raise a
     ``KeyboardInterrupt``/``SystemExit``). A rollback that cannot write keeps the journal for the next
     ``--fix``."""
     try:
-        _undo(attempted, journal, strict=False)
+        _recover(place, strict=False)
     except Exception as again:
         if not isinstance(exc, Exception):
             raise exc from None
-        first = exc.file if isinstance(exc, TeAlignError) and exc.file else current.path
+        first = exc.file if isinstance(exc, TeAlignError) and exc.file else current
         why = _why(exc).replace("; nothing written", "")
-        raise CannotFix(f"{why}; rolling back failed too ({_why(again, named=True)}): its journal {journal} is "
-                        "kept: run --fix again to roll it back", file=first) from None
+        if os.path.lexists(place.journal):
+            raise CannotFix(f"{why}; rolling back failed too ({_why(again, named=True)}): its journal "
+                            f"{place.journal} is kept: run --fix again to roll it back", file=first) from None
+        raise CannotFix(f"{why}; nothing written (te-align's leftovers in {place.state} could not be removed: "
+                        f"{_why(again, named=True)}; the next --fix removes them)", file=first) from None
     if not isinstance(exc, Exception):
         raise exc
     if isinstance(exc, TeAlignError) and "nothing written" in exc.message:
         raise exc
     if isinstance(exc, TeAlignError):
-        raise CannotFix(f"{exc.message}; nothing written", file=exc.file or current.path, key=exc.key) from None
-    raise CannotFix(f"{_why(exc)}; nothing written", file=current.path) from None
+        raise CannotFix(f"{exc.message}; nothing written", file=exc.file or current, key=exc.key) from None
+    raise CannotFix(f"{_why(exc)}; nothing written", file=current) from None
 
 
 def _why(e: BaseException, *, named: bool = False) -> str:
@@ -601,166 +545,57 @@ def _why(e: BaseException, *, named: bool = False) -> str:
     return str(e) or type(e).__name__
 
 
-def _undo(entries: list[_Entry], journal: Path, *, strict: bool) -> list[str]:
-    """Give every file holding its fixed bytes its original ones back (atomically, permission bits kept), put
-    the backups back as they were, remove te-align's temp files and the journal. ``strict`` (a journal left
-    by a killed run): a file holding other bytes than its original or fixed ones stops it before anything is
-    touched. The files restored."""
-    todo: list[_Entry] = []
-    for e in entries:
-        try:
-            now: bytes | None = Path(e.path).read_bytes()
-        except FileNotFoundError:
-            now = None
-        if now == e.old:
-            continue
-        if now is not None and _sha256(now) == e.new_sha256:
-            todo.append(e)
-        elif strict:
-            raise CannotFix(f"holds neither its bytes from before the interrupted --fix nor the fixed ones; "
-                            f"nothing rolled back: its original is in {journal} (base64), restore it or keep "
-                            "the file as it is, then delete the journal", file=e.path)
-    for e in todo:
-        p = Path(e.path)
-        if _backup_is_original(e):  # the original file itself (a hard link made just before the rename):
-            fault_point("rename", p)  # a rename, so a full disk does not stop it
-            os.replace(e.bak, p)
-            continue
-        with atomic_file(p, "wb", error=CannotFix, mode_from=p) as fh:
-            fh.write(e.old)
-    for e in entries:
-        if not e.backup:
-            continue
-        if e.older:
-            if not os.path.lexists(e.older_path):
-                continue  # the older backup was never moved
-            if os.path.lexists(e.bak) and os.path.samefile(e.older_path, e.bak):
-                fault_point("unlink", e.older_path)  # rename() of two links to one file does nothing
-                e.older_path.unlink()
-            else:
-                fault_point("rename", e.bak)
-                os.replace(e.older_path, e.bak)
-        elif os.path.lexists(e.bak):
-            fault_point("unlink", e.bak)
-            e.bak.unlink()
-    for folder in {Path(e.path).parent for e in entries}:
-        fsync_dir(folder)
-    _sweep(entries, journal, older=False)
-    fault_point("unlink", journal)
-    journal.unlink(missing_ok=True)
-    fsync_dir(journal.parent)
-    return [e.path for e in todo]
-
-
-def _backup_is_original(e: _Entry) -> bool:
-    """The backup this run made holds the file's original bytes (and is not the older backup)."""
-    if not e.backup or e.bak.is_symlink() or not e.bak.is_file():
-        return False
-    if e.older and (not os.path.lexists(e.older_path) or os.path.samefile(e.older_path, e.bak)):
-        return False  # the backup there is still the older one
-    try:
-        return e.bak.read_bytes() == e.old
-    except OSError:
-        return False
-
-
-#: The temp names :func:`atomic_file` (``mkstemp``: 8 characters), :func:`link_or_copy` and the journal
-#: writer (the pid) give a file beside ``NAME``.
-_TEMP = r"\.{name}\.(?:[a-z0-9_]{{8}}|[0-9]+)\.tmp"
-
-
-def _sweep(entries: list[_Entry], journal: Path, *, older: bool) -> None:
-    """Remove what a killed ``--fix`` can leave beside its files (under their locks): temp files, and with
-    ``older`` (no journal: that fix was committed) an older backup not yet deleted."""
-    names: dict[Path, set[str]] = {journal.parent: {journal.name}}
-    for e in entries:
-        p = Path(e.path)
-        names.setdefault(p.parent, set()).update({p.name, e.bak.name, e.older_path.name})
-    for folder, mine in names.items():
-        pattern = re.compile("|".join(_TEMP.format(name=re.escape(n)) for n in sorted(mine)))
-        try:
-            listing = list(os.scandir(folder))
-        except OSError:
-            continue
-        gone = False
-        for d in listing:
-            if d.is_file(follow_symlinks=False) and pattern.fullmatch(d.name):
-                with contextlib.suppress(OSError):  # litter only: the next --fix tries again
-                    fault_point("unlink", d.path)
-                    Path(d.path).unlink(missing_ok=True)
-                    gone = True
-        if gone:
-            fsync_dir(folder)
-    if older:
-        for e in entries:
-            if e.older_path.is_file() and not e.older_path.is_symlink():
-                with contextlib.suppress(OSError):
-                    fault_point("unlink", e.older_path)
-                    e.older_path.unlink(missing_ok=True)
+def _recover(place: Place, *, strict: bool) -> list[str] | None:
+    """The shared recovery (caller holds the locks): roll an interrupted fix back (the paths it gave their
+    bytes back), or remove the leftovers of one killed before its journal was written or after its commit
+    point (None)."""
+    if os.path.lexists(place.removing):
+        transaction._rmtree(place.removing)
+    if not os.path.lexists(place.state):
+        return None
+    if place.state.is_symlink() or not place.state.is_dir():
+        raise CannotFix(f"{place.state} is not a folder (a symbolic link or a file); --fix keeps its journal only "
+                        "in a real folder there: remove it, then run again")
+    journal = transaction._read_journal_in(place)
+    if journal is None:
+        transaction._cleanup_in(place)
+        transaction._drop_in(place)
+        return None
+    return transaction._rollback_in(place, journal, strict=strict)
 
 
 def roll_back_interrupted(config: str) -> list[str] | None:
     """Roll back the ``--fix`` of ``config`` a killed process left half-written (its journal is there): under
-    the lock of every folder it names, each journalled file holding its fixed bytes gets its original ones
-    back, the backups are put back as they were and the journal is removed. The files restored. None when
-    there is nothing to roll back: no journal (any more: another te-align finished it), or one past its
-    commit point (the fix is whole: its cleanup is finished here). A file holding other bytes, or a journal
-    that does not read, is refused (:class:`CannotFix`, one line) and nothing is touched."""
-    journal = journal_path(config)
+    the lock of every folder it names, each journalled file gets its bytes and mode from before back (the
+    backups too: one this fix made is removed, an older one put back) and the journal is removed. The files
+    restored (backups not named). None when there is nothing to roll back: no journal (any more: another
+    te-align finished it; the leftovers of a fix killed before its journal or after its commit point are
+    removed here). A file holding other bytes than its original or fixed ones, or a journal that does not
+    read, is refused (:class:`CannotFix`, one line) and nothing is touched."""
+    place = _txn_place(config)
     for _ in range(3):
-        if not os.path.lexists(journal):
+        if not os.path.lexists(place.state) and not os.path.lexists(place.removing):
             return None
-        folders = {Path(e.path).parent for e in _read_journal(journal, config)[0]} | {journal.parent}
-        with _locked(folders):
-            if not os.path.lexists(journal):
-                return None
-            entries, committed = _read_journal(journal, config)
-            if {Path(e.path).parent for e in entries} | {journal.parent} != folders:
+        folders = _folders(place)
+        with lock_all(folders):
+            if _folders(place) != folders:
                 continue
-            if committed:
-                _sweep(entries, journal, older=False)
-                _finish(entries, journal)
+            try:
+                rolled = _recover(place, strict=True)
+            except PatchError as e:
+                raise CannotFix(e.message, file=e.file or config) from None
+            if rolled is None:
                 return None
-            return _undo(entries, journal, strict=True)
-    raise CannotFix(f"its --fix journal {journal} keeps changing; nothing rolled back: run --fix again",
+            return [p for p in rolled if not p.endswith(BACKUP_SUFFIX)]
+    raise CannotFix(f"its --fix journal {place.journal} keeps changing; nothing rolled back: run --fix again",
                     file=config)
 
 
-def _read_journal(journal: Path, config: str) -> tuple[list[_Entry], bool]:
-    """The entries of a journal, every field checked (the backup names must be the ones --fix gives)."""
-    def bad(why: str) -> CannotFix:
-        return CannotFix(f"its --fix journal {journal} is unreadable ({why}); nothing rolled back: check the "
-                         "files it names (their originals are in it, base64), then delete it", file=config)
-
-    if journal.is_symlink() or not journal.is_file():
-        raise bad("not a regular file")
+def _folders(place: Place) -> set[Path]:
+    """The folders a fix's transaction touches: its own, and those of the files its journal names."""
     try:
-        data = json.loads(journal.read_bytes())
-    except (OSError, ValueError, RecursionError) as e:
-        raise bad(getattr(e, "strerror", None) or type(e).__name__) from None
-    if not isinstance(data, dict) or data.get("te_align") != _JOURNAL_TAG or data.get("version") != 1:
-        raise bad("not a te-align --fix journal of this version")
-    committed = data.get("committed")
-    if not isinstance(committed, bool):
-        raise bad("committed: not true or false")
-    files = data.get("files")
-    if not isinstance(files, list) or not files:
-        raise bad("no files")
-    out = []
-    for f in files:
-        if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not os.path.isabs(f["path"]):
-            raise bad("a file without an absolute path")
-        path = f["path"]
-        sha = f.get("new_sha256")
-        if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-            raise bad(f"{path}: no new_sha256")
-        try:
-            old = base64.b64decode(f.get("original"), validate=True)  # type: ignore[arg-type]
-        except (TypeError, ValueError, binascii.Error):
-            raise bad(f"{path}: no original") from None
-        entry = _Entry(path, old, sha, f.get("backup") is not None, f.get("older_backup") is not None)
-        if (entry.backup and f["backup"] != str(entry.bak)) or (
-                entry.older and (not entry.backup or f["older_backup"] != str(entry.older_path))):
-            raise bad(f"{path}: a backup name --fix does not give")
-        out.append(entry)
-    return out, committed
+        journal = transaction._read_journal_in(place) if place.state.is_dir() else None
+    except PatchError as e:
+        raise CannotFix(e.message, file=e.file) from None
+    names = [e["path"] for e in journal["files"]] if journal else []
+    return {place.state.parent, *(Path(n).parent for n in names)}

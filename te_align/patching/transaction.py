@@ -40,6 +40,13 @@ Every change to the disk goes through :func:`te_align._atomic.fault_point`, whic
 ``tools/fault_campaign.py`` use to kill the process (or fail with ENOSPC/EROFS) at the N-th one.
 
 State lives in ``<root>/.te-align/`` (with a ``.gitignore`` so git ignores it).
+
+The same transaction (journal format, rollback, recovery, fault points) writes ``te-align check --fix``
+(:mod:`te_align.fixing.fix`): a :class:`Place` says where a transaction keeps its journal and whether the paths
+it names are relative to a tree (``patch``) or absolute (``--fix``: a config and the dataset TOML it names may
+sit in two folders, locked together by :func:`lock_all`). A journal entry may carry ``new_sha256``, the bytes
+the operation writes: the rollback of a killed operation then refuses a file holding neither those nor its
+bytes from before (someone else's edit), before it touches anything.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -254,8 +261,9 @@ def _rmtree(d: Path) -> None:
     _rmdir(d)
 
 
-def _write(path: Path, content: bytes, mode: int | None) -> None:
-    """Whole file or nothing: ``.NAME.te-align-tmp`` beside it, fsync, mode, rename."""
+def _write(path: Path, content: bytes, mode: int | None, before_rename: Callable[[], object] | None = None) -> None:
+    """Whole file or nothing: ``.NAME.te-align-tmp`` beside it, fsync, mode, rename. ``before_rename`` runs just
+    before the rename (``check --fix``: the file still holds the bytes the fix was made from; its backup)."""
     tmp = _tmp(path)
     _unlink(tmp)
     fault_point("create", tmp)
@@ -268,9 +276,31 @@ def _write(path: Path, content: bytes, mode: int | None) -> None:
             if _atomic.FSYNC:
                 os.fsync(f.fileno())
         _chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
+        if before_rename is not None:
+            before_rename()
         _rename(tmp, path)
     except BaseException:
         # the journal names this temp file, so recovery removes it if this cannot
+        with contextlib.suppress(OSError):
+            _unlink(tmp)
+        raise
+
+
+def _link(src: Path, dst: Path) -> None:
+    """``dst`` holds ``src``'s bytes and mode: a hard link (no space needed; a copy where links cannot be made),
+    made at ``.NAME.te-align-tmp`` and renamed over ``dst``."""
+    tmp = _tmp(dst)
+    _unlink(tmp)
+    fault_point("link", dst)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copy2(src, tmp)
+    try:
+        _rename(tmp, dst)
+    except BaseException:
         with contextlib.suppress(OSError):
             _unlink(tmp)
         raise
@@ -322,6 +352,16 @@ def lock(root: str | Path) -> Iterator[None]:
     finally:
         del _HELD[key]
         release()
+
+
+@contextlib.contextmanager
+def lock_all(folders: Iterable[str | Path]) -> Iterator[None]:
+    """The lock of every folder (:func:`lock`), each once, taken in the order of their real paths (two
+    commands locking overlapping folders never deadlock)."""
+    with contextlib.ExitStack() as stack:
+        for folder in sorted({os.path.realpath(f) for f in folders}):
+            stack.enter_context(lock(folder))
+        yield
 
 
 def _flock(root: Path, deadline: float) -> Any:
@@ -442,21 +482,24 @@ def _inside(root: Path, rel: Any, *, what: str, state_file: Path, base: Path | N
     return full
 
 
-def _load_json(path: Path, root: Path) -> dict[str, Any] | None:
+def _load_json(path: Path, root: Path, bad: Callable[[str], PatchError] | None = None) -> dict[str, Any] | None:
+    def unreadable(why: str) -> PatchError:
+        return bad(why) if bad is not None else _unreadable(path, root, why)
+
     try:
         if os.path.islink(path):
-            raise _unreadable(path, root, "it is a symbolic link")
+            raise unreadable("it is a symbolic link")
         raw = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as e:
-        raise _unreadable(path, root, e.strerror or str(e)) from None
+        raise unreadable(e.strerror or str(e)) from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _unreadable(path, root, f"not JSON: {str(e)[:80]}") from None
+        raise unreadable(f"not JSON: {str(e)[:80]}") from None
     if not isinstance(data, dict):
-        raise _unreadable(path, root, f"expected a JSON object, found {type(data).__name__}")
+        raise unreadable(f"expected a JSON object, found {type(data).__name__}")
     return data
 
 
@@ -524,78 +567,151 @@ def read_manifest(root: str | Path) -> dict[str, Any] | None:
     return None if data is None else _check_manifest(root, data)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where one transaction keeps its journal (``journal.json``, and the copies of the files it replaces in
+    ``journal-data/``, inside ``state``) and how the paths the journal names read: relative to ``root`` (a
+    trainer tree: ``patch``, ``unpatch``), or absolute when ``root`` is None (``check --fix``: a config and
+    the dataset TOML it names may sit in two folders). ``removing``: ``state`` while it is deleted. ``way_out``:
+    what a user does by hand when the journal does not read."""
+
+    state: Path
+    removing: Path
+    root: Path | None
+    way_out: str
+
+    @property
+    def journal(self) -> Path:
+        return self.state / JOURNAL
+
+    @property
+    def data(self) -> Path:
+        return self.state / JOURNAL_DATA
+
+    def unreadable(self, why: str) -> PatchError:
+        return PatchError(f"te-align state file is unreadable ({why}); {self.way_out}", file=str(self.journal))
+
+    def file(self, name: Any, what: str) -> Path:
+        """The path the journal names ``name``: checked (inside the tree, crossing no symbolic link; or an
+        absolute, normalised path)."""
+        if self.root is not None:
+            return _inside(self.root, name, what=what, state_file=self.journal)
+        if not isinstance(name, str) or not os.path.isabs(name) or os.path.normpath(name) != name or "\0" in name:
+            raise self.unreadable(f"{what} must be an absolute path, found {name!r}")
+        return Path(name)
+
+    def name(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix() if self.root is not None else str(path)
+
+
+def _place(root: Path) -> Place:
+    """A trainer tree's transaction: ``<root>/.te-align/journal.json``, paths relative to the tree."""
+    return Place(_state(root), root / REMOVING, root, _way_out(root))
+
+
 def _read_journal(root: Path) -> dict[str, Any] | None:
-    path = _state(root) / JOURNAL
-    j = _load_json(path, root)
+    return _read_journal_in(_place(root))
+
+
+def _read_journal_in(place: Place) -> dict[str, Any] | None:
+    """The journal of an interrupted transaction (every field checked), or None."""
+    j = _load_json(place.journal, place.root or place.state, place.unreadable)
     if j is None:
         return None
     if not isinstance(j.get("op"), str) or not isinstance(j.get("state_existed"), bool):
-        raise _unreadable(path, root, "no 'op' / 'state_existed'")
+        raise place.unreadable("no 'op' / 'state_existed'")
     entries, dirs = j.get("files"), j.get("dirs", [])
     if not isinstance(entries, list) or not isinstance(dirs, list):
-        raise _unreadable(path, root, "'files' and 'dirs' must be lists")
+        raise place.unreadable("'files' and 'dirs' must be lists")
     for e in entries:
         if not isinstance(e, dict) or not isinstance(e.get("existed"), bool):
-            raise _unreadable(path, root, "a 'files' entry is not a table with 'existed'")
-        _inside(root, e.get("path"), what="file", state_file=path)
+            raise place.unreadable("a 'files' entry is not a table with 'existed'")
+        place.file(e.get("path"), "file")
         if e["existed"]:
             if not isinstance(e.get("sha256"), str) or not _SHA.fullmatch(e["sha256"]) or not _is_mode(e.get("mode")):
-                raise _unreadable(path, root, f"entry {e['path']} has no sha256/mode")
+                raise place.unreadable(f"entry {e['path']} has no sha256/mode")
+            copy = e.get("copy")
+            if place.root is None and not (isinstance(copy, str) and copy.isascii() and copy.isdigit()):
+                raise place.unreadable(f"entry {e['path']} has no copy")
+        new = e.get("new_sha256")
+        if new is not None and not (isinstance(new, str) and _SHA.fullmatch(new)):
+            raise place.unreadable(f"entry {e['path']}: 'new_sha256' is not a sha256")
     for d in dirs:
-        _inside(root, d, what="folder", state_file=path)
+        place.file(d, "folder")
     return j
 
 
 # ------------------------------------------------------------------------------- journal
 def _begin(root: Path, op: str, paths: Sequence[str]) -> None:
+    _begin_in(_place(root), op, paths)
+
+
+def _begin_in(place: Place, op: str, paths: Sequence[str], new_sha256: Mapping[str, str] | None = None) -> None:
     """Copy every file's pre-operation bytes into journal-data/, then write the journal (atomically).
 
-    ``paths`` are relative to the root and may name state files (``.te-align/manifest.json``,
-    ``.te-align/backup/...``). Folders that do not exist yet are listed: recovery removes them again.
+    ``paths`` name files as ``place`` reads them: relative to the tree (they may name state files,
+    ``.te-align/manifest.json``, ``.te-align/backup/...``), or absolute. Folders that do not exist yet are
+    listed: recovery removes them again. ``new_sha256``: the checksum of the bytes the operation writes to a
+    path; recovery refuses a file that holds neither those nor its bytes from before (someone else's edit).
     """
-    state = _state(root)
+    state = place.state
     state_existed = state.is_dir()
     if not state_existed:
         _mkdir(state)
-        _write(state / ".gitignore", b"*\n", None)
-    data_dir = state / JOURNAL_DATA
+        if place.root is not None:
+            _write(state / ".gitignore", b"*\n", None)
+    data_dir = place.data
     if os.path.lexists(data_dir):
         _rmtree(data_dir)
     entries: list[dict[str, Any]] = []
     dirs: list[str] = []
-    for rel in dict.fromkeys(paths):
-        f = root / rel
+    for i, name in enumerate(dict.fromkeys(paths)):
+        f = place.root / name if place.root is not None else Path(name)
+        entry: dict[str, Any] = {"path": name}
         if f.is_file():
             content = f.read_bytes()
-            keep = data_dir / rel
+            copy = name if place.root is not None else str(i)
+            keep = data_dir / copy
             _makedirs(keep.parent, state)
             _write(keep, content, 0o600)
-            entries.append({"path": rel, "existed": True, "sha256": sha256_bytes(content), "mode": f.stat().st_mode & 0o7777})
+            entry.update(existed=True, sha256=sha256_bytes(content), mode=f.stat().st_mode & 0o7777)
+            if place.root is None:
+                entry["copy"] = copy
         else:
-            entries.append({"path": rel, "existed": False})
+            entry["existed"] = False
+        if new_sha256 is not None and name in new_sha256:
+            entry["new_sha256"] = new_sha256[name]
+        entries.append(entry)
         d = f.parent
-        while d != root and not d.is_dir():
-            dirs.append(d.relative_to(root).as_posix())
+        while d != place.root and d != d.parent and not d.is_dir():
+            dirs.append(place.name(d))
             d = d.parent
     body = {"op": op, "started": time.time(), "state_existed": state_existed, "files": entries, "dirs": sorted(set(dirs))}
-    _write(state / JOURNAL, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode(), None)
+    _write(place.journal, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode(), None)
 
 
 def _commit(root: Path) -> None:
+    _commit_in(_place(root))
+
+
+def _commit_in(place: Place) -> None:
     """The operation is complete once the journal is gone; its copies are then only leftovers (a
     failure to delete them is not a failure of the operation: the next command removes them)."""
-    state = _state(root)
-    _unlink(state / JOURNAL)
+    _unlink(place.journal)
     with contextlib.suppress(OSError):
-        _cleanup_leftovers(root)
+        _cleanup_in(place)
 
 
 def _cleanup_leftovers(root: Path) -> bool:
+    return _cleanup_in(_place(root))
+
+
+def _cleanup_in(place: Place) -> bool:
     """Remove the journal's copies and temp files of the state folder; True if there were any."""
-    state = _state(root)
+    state = place.state
     found = False
-    if os.path.lexists(state / JOURNAL_DATA):
-        _rmtree(state / JOURNAL_DATA)
+    if os.path.lexists(place.data):
+        _rmtree(place.data)
         found = True
     for f in sorted(state.iterdir()):
         if f.name.endswith(TMP_SUFFIX):
@@ -605,11 +721,15 @@ def _cleanup_leftovers(root: Path) -> bool:
 
 
 def _drop_state(root: Path) -> None:
+    _drop_in(_place(root))
+
+
+def _drop_in(place: Place) -> None:
     """Remove the whole state folder: one rename (the commit point), then the deletion (what a failure
-    leaves of ``.te-align.removing`` the next command deletes)."""
-    _rename(_state(root), root / REMOVING)
+    leaves of the ``removing`` folder the next command deletes)."""
+    _rename(place.state, place.removing)
     with contextlib.suppress(OSError):
-        _rmtree(root / REMOVING)
+        _rmtree(place.removing)
 
 
 def _depth_first(dirs: Sequence[str]) -> list[str]:
@@ -617,10 +737,86 @@ def _depth_first(dirs: Sequence[str]) -> list[str]:
 
 
 def _remove_empty_dirs(root: Path, dirs: Sequence[str]) -> None:
+    _remove_empty_dirs_in(_place(root), dirs)
+
+
+def _remove_empty_dirs_in(place: Place, dirs: Sequence[str]) -> None:
     for d in _depth_first(dirs):
-        folder = root / d
+        folder = place.root / d if place.root is not None else Path(d)
         if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
             _rmdir(folder)
+
+
+def _rollback_in(place: Place, journal: dict[str, Any], *, strict: bool = True) -> list[str]:
+    """Give every file the journal names its bytes and mode from before the operation (the journal's copy
+    renamed into place: no free space needed), remove the files and folders it created and te-align's temp
+    files, then drop the journal (the state folder too when the operation made it). The paths rolled back.
+
+    A file with a ``new_sha256`` that holds neither its bytes from before nor those: ``strict`` (a journal a
+    killed process left) refuses before anything is touched; else (the rollback of a failure in-process: someone
+    else wrote it meanwhile) that file is left as it is.
+    """
+    entries = journal["files"]
+    op = journal["op"]
+    files = {e["path"]: place.file(e["path"], "file") for e in entries}
+    left: set[str] = set()
+    for e in entries:  # before anything is touched
+        if "new_sha256" not in e:
+            continue
+        f = files[e["path"]]
+        if sha256_file(f) in (e["sha256"] if e["existed"] else None, e["new_sha256"]):
+            continue
+        if strict:
+            before = f"its copy {place.data / e['copy']}" if e["existed"] and "copy" in e else "none: it did not exist"
+            raise PatchError(
+                f"holds neither its bytes from before the interrupted te-align {op} nor the ones it wrote; nothing "
+                f"rolled back: restore its bytes from before ({before}) or keep the file as it is, then delete "
+                f"{place.journal}", file=str(f))
+        left.add(e["path"])
+    data_dir = place.data
+    rolled: list[str] = []
+    for e in entries:
+        _unlink(_tmp(files[e["path"]]))
+    for e in entries:  # files the operation created: removing them first frees space for the restores
+        f = files[e["path"]]
+        if not e["existed"] and e["path"] not in left and os.path.lexists(f):
+            if f.is_dir() and not f.is_symlink():
+                raise PatchError(f"{f} is a folder now; it did not exist before the interrupted te-align '{op}'. Move it away, then run again")
+            _unlink(f)
+            rolled.append(e["path"])
+    for e in entries:
+        if not e["existed"] or e["path"] in left:
+            continue
+        f = files[e["path"]]
+        if sha256_file(f) != e["sha256"] or f.is_symlink():
+            if place.root is not None:
+                keep = _inside(place.root, e["path"], what="journal copy", state_file=place.journal, base=data_dir)
+            else:
+                keep = data_dir / e["copy"]
+            try:
+                content = keep.read_bytes()
+            except OSError:
+                content = None
+            if content is None or sha256_bytes(content) != e["sha256"]:
+                raise place.unreadable(f"the journal copy of {e['path']} is missing or damaged")
+            if f.is_dir() and not f.is_symlink():
+                raise PatchError(f"{f} is a folder now; it was a file before the interrupted te-align '{op}'. Move it away, then run again")
+            if f.is_symlink():
+                _unlink(f)
+            _makedirs(f.parent, place.root if place.root is not None else Path(f.anchor))
+            # rename the journal's copy into place: a rollback needs no free space
+            _chmod(keep, e["mode"])
+            _rename(keep, f)
+            rolled.append(e["path"])
+        elif f.stat().st_mode & 0o7777 != e["mode"]:
+            _chmod(f, e["mode"])
+            rolled.append(e["path"])
+    _remove_empty_dirs_in(place, journal["dirs"])
+    if journal["state_existed"]:
+        _commit_in(place)
+    else:
+        _drop_in(place)
+    return rolled
 
 
 def _recover(root: Path) -> str | None:
@@ -662,49 +858,8 @@ def _recover(root: Path) -> str | None:
 
 
 def _rollback_files(root: Path, journal: dict[str, Any]) -> str:
-    state = _state(root)
-    entries = journal["files"]
-    data_dir = state / JOURNAL_DATA
-    rolled = 0
-    for e in entries:
-        _unlink(_tmp(root / e["path"]))
-    for e in entries:  # files the operation created: removing them first frees space for the restores
-        f = root / e["path"]
-        if not e["existed"] and os.path.lexists(f):
-            if f.is_dir() and not f.is_symlink():
-                raise PatchError(f"{f} is a folder now; it did not exist before the interrupted te-align '{journal['op']}'. Move it away, then run again")
-            _unlink(f)
-            rolled += 1
-    for e in entries:
-        if not e["existed"]:
-            continue
-        f = root / e["path"]
-        if sha256_file(f) != e["sha256"] or f.is_symlink():
-            keep = _inside(root, e["path"], what="journal copy", state_file=state / JOURNAL, base=data_dir)
-            try:
-                content = keep.read_bytes()
-            except OSError:
-                content = None
-            if content is None or sha256_bytes(content) != e["sha256"]:
-                raise _unreadable(state / JOURNAL, root, f"the journal copy of {e['path']} is missing or damaged")
-            if f.is_dir() and not f.is_symlink():
-                raise PatchError(f"{f} is a folder now; it was a file before the interrupted te-align '{journal['op']}'. Move it away, then run again")
-            if f.is_symlink():
-                _unlink(f)
-            _makedirs(f.parent, root)
-            # rename the journal's copy into place: a rollback needs no free space
-            _chmod(keep, e["mode"])
-            _rename(keep, f)
-            rolled += 1
-        elif f.stat().st_mode & 0o7777 != e["mode"]:
-            _chmod(f, e["mode"])
-            rolled += 1
-    _remove_empty_dirs(root, journal["dirs"])
-    if journal["state_existed"]:
-        _commit(root)
-    else:
-        _drop_state(root)
-    return f"recovered from an interrupted '{journal['op']}' ({rolled} file(s) rolled back)"
+    rolled = _rollback_in(_place(root), journal)
+    return f"recovered from an interrupted '{journal['op']}' ({len(rolled)} file(s) rolled back)"
 
 
 def recover(root: str | Path) -> str | None:

@@ -658,7 +658,7 @@ def test_second_replace_fails_first_file_restored(dp_pair: tuple[Path, Path], mo
     if older is not None:
         bak = Path(str(config) + BACKUP_SUFFIX)
         bak.write_bytes(older)
-        inode = bak.stat().st_ino
+        bak.chmod(0o604)
     before = _snap(root)
     _fail_replace_of(monkeypatch, dataset, OSError(28, "No space left on device"))
     report = fix_file(str(config))
@@ -667,8 +667,8 @@ def test_second_replace_fails_first_file_restored(dp_pair: tuple[Path, Path], mo
     assert not report.written and not report.backups
     assert _snap(root) == before  # the config restored byte-identical (mode 0640 too), no backup of this run
     assert stat.S_IMODE(config.stat().st_mode) == 0o640
-    if older is not None:
-        assert bak.stat().st_ino == inode  # the older backup itself, not a copy
+    if older is not None:  # the older backup back: its bytes and mode (the journal's copy renamed into place)
+        assert bak.read_bytes() == older and stat.S_IMODE(bak.stat().st_mode) == 0o604
 
 
 def test_interrupt_during_the_second_replace_rolls_back_then_propagates(dp_pair: tuple[Path, Path],
@@ -745,26 +745,31 @@ def test_killed_between_the_two_replaces_is_rolled_back_by_the_next_fix(
     config, dataset = dp_pair
     root = config.parent
     before = _snap(root)
+    dataset_mode = stat.S_IMODE(dataset.stat().st_mode)
     ops = _ops(config, tmp_path)
     at = ops.index(f"rename {dataset}") + 1  # the rename of the second file
     assert _fix_in_child(config, kill_at=at) is None
-    journal = root / f".{config.name}.te-align-fix-journal"
+    journal = root / f".{config.name}.te-align-fix" / "journal.json"
     assert config.read_bytes() == DP_TRAIN_FIXED.encode("utf-8") and dataset.read_bytes() == DP_DATASET.encode()
-    # the journal: each file's path, original bytes (base64) and the new bytes' sha256; private
-    import base64
+    # the journal of patch's transaction: each file the fix replaces (the backups too) by absolute path, whether
+    # it existed, the sha256 and mode of its bytes before (copied into journal-data/, private) and of the new ones
     import hashlib
     import json
 
+    def sha(b: bytes) -> str:
+        return hashlib.sha256(b).hexdigest()
+
     data = json.loads(journal.read_bytes())
-    assert stat.S_IMODE(journal.stat().st_mode) == 0o600
-    assert data["te_align"] == "check --fix journal" and data["version"] == 1 and data["committed"] is False
-    assert data["config"] == str(config)
-    assert [(f["path"], base64.b64decode(f["original"]), f["new_sha256"], f["backup"], f["older_backup"])
-            for f in data["files"]] == [
-        (str(config), DP_TRAIN.encode(), hashlib.sha256(DP_TRAIN_FIXED.encode()).hexdigest(),
-         str(config) + BACKUP_SUFFIX, None),
-        (str(dataset), DP_DATASET.encode(), hashlib.sha256(DP_DATASET_FIXED.encode()).hexdigest(),
-         str(dataset) + BACKUP_SUFFIX, None)]
+    assert data["op"] == "check --fix" and data["state_existed"] is False and data["dirs"] == []
+    assert data["files"] == [
+        {"path": str(config), "existed": True, "sha256": sha(DP_TRAIN.encode()), "mode": 0o640, "copy": "0",
+         "new_sha256": sha(DP_TRAIN_FIXED.encode())},
+        {"path": str(config) + BACKUP_SUFFIX, "existed": False, "new_sha256": sha(DP_TRAIN.encode())},
+        {"path": str(dataset), "existed": True, "sha256": sha(DP_DATASET.encode()), "mode": dataset_mode, "copy": "2",
+         "new_sha256": sha(DP_DATASET_FIXED.encode())},
+        {"path": str(dataset) + BACKUP_SUFFIX, "existed": False, "new_sha256": sha(DP_DATASET.encode())}]
+    copy = journal.parent / "journal-data" / "0"
+    assert copy.read_bytes() == DP_TRAIN.encode() and stat.S_IMODE(copy.stat().st_mode) == 0o600
     # --diff writes nothing, not even the rollback
     assert main(["check", str(config), "--diff"]) == 2
     assert _one_line(capsys) == (f"te-align: error: {config}: an interrupted --fix left its journal {journal}: "
@@ -788,25 +793,49 @@ def test_journal_of_a_file_with_other_bytes_is_refused(dp_pair: tuple[Path, Path
     assert _fix_in_child(config, kill_at=ops.index(f"rename {dataset}") + 1) is None
     config.write_text(DP_TRAIN_FIXED + "# edited after the crash\n", encoding="utf-8")
     left = _snap(root)
-    journal = root / f".{config.name}.te-align-fix-journal"
+    state = root / f".{config.name}.te-align-fix"
     report = fix_file(str(config))
-    assert report.refused == (f"{config}: holds neither its bytes from before the interrupted --fix nor the "
-                              f"fixed ones; nothing rolled back: its original is in {journal} (base64), restore "
-                              "it or keep the file as it is, then delete the journal")
+    assert report.refused == (f"{config}: holds neither its bytes from before the interrupted te-align check --fix "
+                              "nor the ones it wrote; nothing rolled back: restore its bytes from before (its copy "
+                              f"{state}/journal-data/0) or keep the file as it is, then delete {state}/journal.json")
     assert not report.written and _snap(root) == left  # nothing touched: journal, backup, both files
 
 
 def test_damaged_journal_is_refused(dp_pair: tuple[Path, Path]) -> None:
     config, _ = dp_pair
-    journal = config.parent / f".{config.name}.te-align-fix-journal"
-    journal.write_text('{"te_align": "check --fix journal", "version": 1, "committed": false, '
-                       '"files": [{"path": "x"}]}')
+    state = config.parent / f".{config.name}.te-align-fix"
+    state.mkdir()
+    (state / "journal.json").write_text('{"op": "check --fix", "state_existed": false, "dirs": [], '
+                                        '"files": [{"path": "x", "existed": false}]}')
     left = _snap(config.parent)
     report = fix_file(str(config))
-    assert report.refused == (f"{config}: its --fix journal {journal} is unreadable (a file without an absolute "
-                              "path); nothing rolled back: check the files it names (their originals are in "
-                              "it, base64), then delete it")
+    assert report.refused == (f"{state}/journal.json: te-align state file is unreadable (file must be an absolute "
+                              f"path, found 'x'); check the files it names (each one's bytes from before the fix "
+                              f"are in {state}/journal-data, named by its 'copy'), then delete {state}")
+    assert report.exit_code == 2 and not report.written
     assert _snap(config.parent) == left
+
+
+def test_journal_of_an_older_te_align_is_refused_in_one_line(dp_pair: tuple[Path, Path],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The journal an interrupted --fix of te-align before the shared transaction left (its own format) is never
+    ignored: --fix and --diff refuse in one line saying what to do, and touch nothing."""
+    config, _ = dp_pair
+    legacy = config.parent / f".{config.name}.te-align-fix-journal"
+    legacy.write_text('{"te_align": "check --fix journal", "version": 1, "committed": false, "files": []}')
+    left = _snap(config.parent)
+    want = (f"{config}: an interrupted --fix of an older te-align left its journal {legacy}, which this te-align "
+            "does not roll back: run --fix with the te-align that wrote it to roll it back; or by hand: each file "
+            "it names ('path') holds its bytes from before that --fix (its 'original', base64) or the fixed ones, "
+            "and an older backup may wait at .NAME.te-align-original.te-align-fix-older beside it: restore what "
+            "you keep, delete the journal, then run --fix again")
+    assert fix_file(str(config)).refused == want
+    for flag in ("--fix", "--diff"):
+        assert main(["check", str(config), flag]) == 2
+        assert _one_line(capsys) == f"te-align: error: {want}"
+    assert _snap(config.parent) == left
+    legacy.unlink()
+    assert fix_file(str(config)).written
 
 
 def test_killed_at_every_file_operation_recovers_byte_identical(tmp_path: Path,
@@ -850,12 +879,19 @@ def test_rollback_killed_at_every_file_operation_is_rolled_back_again(tmp_path: 
     assert _fix_in_child(config, log=log) == 1  # the rollback (it writes no fix)
     n = len(log.read_text(encoding="utf-8").splitlines())
     assert n >= 4
+    finished: list[int] = []
     for k in range(1, n + 1):
         killed_fix()
         assert _fix_in_child(config, kill_at=k) is None, k
         report = fix_file(str(config))
+        if report.written:  # killed after the rollback's commit point (its state folder renamed away): the next
+            assert not report.refused  # --fix removes the leftovers and fixes
+            assert _snap(root) == _fixed_snap(before), k
+            finished.append(k)
+            continue
         assert "an interrupted --fix was rolled back" in report.refused, (k, report.refused)
         assert _snap(root) == before, k
+    assert finished == list(range(n - len(finished) + 1, n + 1)), finished  # only the last operations, after it
 
 
 @pytest.mark.parametrize("mode", ["enospc", "erofs"])
@@ -878,16 +914,22 @@ def test_full_disk_or_read_only_at_every_file_operation(tmp_path: Path, dp_pair:
         report = fix_file(str(config))
         monkeypatch.delenv("TE_ALIGN_FAULT_AT")
         if report.written:  # the fault came after the commit point
-            assert _snap(root) == _fixed_snap(before) or "train.toml.te-align-fix-journal" in str(_snap(root))
+            assert _snap(root) == _fixed_snap(before) or ".train.toml.te-align-fix" in str(_snap(root))
             report = fix_file(str(config))  # finishes a committed journal's cleanup
             assert not report.refused and _snap(root) == _fixed_snap(before), at
             continue
         assert "\n" not in report.refused, (at, report.refused)
         if "rolling back failed too" in report.refused:  # the journal stays for the next --fix
-            assert report.refused.endswith(f"its journal {root}/.train.toml.te-align-fix-journal is kept: run "
+            assert report.refused.endswith(f"its journal {root}/.train.toml.te-align-fix/journal.json is kept: run "
                                            "--fix again to roll it back"), (at, report.refused)
             again = fix_file(str(config))
             assert "an interrupted --fix was rolled back" in again.refused, (at, again.refused)
+        elif "could not be removed" in report.refused:  # failed before its journal was written: no file touched,
+            assert report.refused.endswith("the next --fix removes them)"), (at, report.refused)  # only leftovers
+            assert {k: v for k, v in _snap(root).items() if not k.startswith(".train.toml.te-align-fix")} == before
+            again = fix_file(str(config))
+            assert again.written and _snap(root) == _fixed_snap(before), (at, again.refused)
+            continue
         else:
             assert "nothing written" in report.refused, (at, report.refused)
         assert _snap(root) == before, (at, report.refused)
