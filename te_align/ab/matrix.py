@@ -1228,7 +1228,8 @@ def _instrument_2_section(rows: Sequence[MatrixRow]) -> list[str]:
         f"A second readout of every row, added by amendment 11 after amendment 10's positive control ({AXIS_GATE}) was "
         "not seen on the primary metric: **" + _runner.FINAL_NET + "** (the primary's terms at the last checkpoint, the "
         "LoRA a user keeps; the primary's early checkpoints differ the other way in that control). One Holm family of "
-        f"all {len(family)} complete deviation and inference rows; controls unadjusted; the adjusted interval and the "
+        f"the {len(family)} complete deviation and inference rows with a p value (a degenerate difference has none); "
+        "controls unadjusted; the adjusted interval and the "
         "smallest detectable effect as in the section above, from the null controls' spread of this readout. Its gate "
         f"is a positive control on seeds no row had used, **{GATE_2}** (seeds 6-11), which {state}; a verdict is "
         "printed only once it reads \"profile better\".",

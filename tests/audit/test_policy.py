@@ -44,11 +44,40 @@ def test_an_uninformative_reading_is_no_measurement_and_shows_its_numbers(tmp_pa
         "deviations' axis, world-sd3-positive-cut, was not seen) (Holm over the first plan's deviation and inference "
         "rows) (see docs/effects.md)")
     assert "forgetting (known colours) -0.146 [-0.245, -0.047] (higher is better)" in ev["lines"][-1]
+    # instrument 2 (amendment 11) is shown, labelled post hoc: this row's arm A ran before the amendment
+    assert ev["lines"][-2] == (
+        "instrument 2 (concept net accuracy at 300 steps, amendment 11; post hoc: shown, not acted on): +0.062 "
+        "[Holm-adjusted interval, all rows, -0.105, +0.230]: no measurable difference")
+    assert ev["instrument_2"]["confirmatory"] is False and measured_direction(ev) == ""
     cfg = tmp_path / "sd35.toml"
     shutil.copy(EX / "kohya" / "sd35_masks_live.toml", cfg)
     report = fix_file(str(cfg), backup=False)  # --fix writes warnings' and errors' fixes, not a note's
     assert not any(c.describe().startswith(("clip_l_dropout", "clip_g_dropout", "t5_dropout")) for c in report.changes)
     assert "dropout_rate" not in cfg.read_text(encoding="utf-8")
+
+
+def test_a_confirmatory_instrument_2_verdict_counts_where_the_preregistered_one_is_uninformative(tmp_path: Path) -> None:
+    """sd-scripts' --max_token_length 225 on SD 1.5 (world-sd15-max-token-225): re-run paired under amendment 11, its
+    pre-registered verdict is uninformative (amendment 10's control was not seen on the primary) and its instrument-2
+    reading is confirmatory (its arm A ran after the amendment, whose control on new seeds read "profile better"): a
+    measured null, so at most a warning, with both readings printed."""
+    cfg = tmp_path / "sd15.toml"
+    cfg.write_text('pretrained_model_name_or_path = "runwayml/stable-diffusion-v1-5"\nmax_token_length = 225\n',
+                   encoding="utf-8")
+    f = _deviation(check_file(str(cfg), trainer="kohya"), "clip_l.tokenizer.max_length")
+    assert (f.severity, f.effective, f.profile) == ("warning", 227, 77)
+    ev = evidence_for("sd15", "sd15", "clip_l.tokenizer.max_length", 227, trainer="kohya")
+    assert ev["verdict"].startswith("uninformative") and ev["instrument_2"]["confirmatory"] is True
+    assert ev["instrument_2"]["verdict"] == "no measurable difference" and measured_direction(ev) == "null"
+    assert ev["lines"][1] == (
+        "instrument 2 (concept net accuracy at 300 steps, amendment 11; confirmatory): +0.167 "
+        "[Holm-adjusted interval, all rows, -0.055, +0.389]: no measurable difference")
+    # the same reading recomputed from the committed per-seed results: the last checkpoint's net, A - B
+    diffs = []
+    for seed in range(6):
+        arms = json.loads((RESULTS / "world-sd15-max-token-225" / f"seed-{seed}.json").read_text(encoding="utf-8"))["arms"]
+        diffs.append(arms["A"]["curve"][-1][1]["net"] - arms["B"]["curve"][-1][1]["net"])
+    assert ev["instrument_2"]["diff_mean"] == pytest.approx(statistics.fmean(diffs))
 
 
 def test_trainer_default_measured_better_is_a_note_and_fix_keeps_it() -> None:
@@ -76,14 +105,16 @@ def test_a_measured_null_is_a_warning_with_its_interval() -> None:
     ev = evidence_for("sd3", "sd35-large", "t5.tokenizer.max_length", 154, trainer="simpletuner")
     assert measured_direction(ev) == "null"
     assert ev["text"].startswith("world-sd3-t5-154 (sd3 world base, 6 of 6 seeds): trainer's arm minus profile's +0.042 "
-                                 "[Holm-adjusted interval -0.039, +0.122] on concept accuracy: no measurable difference")
+                                 "[Holm-adjusted interval -0.036, +0.120] on concept accuracy: no measurable difference")
     assert ev["lines"][0] == ("unadjusted 95% CI -0.004, +0.088; smallest effect this row could detect: 0.116 (80% "
                               "power, from the null controls' spread)")
-    assert ev["lines"][1] == ("simpletuner's defaults together (world-sd3-simpletuner-defaults: t5_max_length = 154, "
+    assert ev["lines"][1] == ("instrument 2 (concept net accuracy at 300 steps, amendment 11; post hoc: shown, not acted "
+                              "on): +0.083 [Holm-adjusted interval, all rows, -0.055, +0.222]: no measurable difference")
+    assert ev["lines"][2] == ("simpletuner's defaults together (world-sd3-simpletuner-defaults: t5_max_length = 154, "
                               "train.data.encoder_dropout = {}): +0.089 [Holm-adjusted interval +0.023, +0.154]: "
                               "uninformative (the positive control on the deviations' axis, world-sd3-positive-cut, was "
                               "not seen)")
-    assert ev["lines"][2] == ("trade-off, trainer's arm minus profile's, unadjusted 95% CI (secondary metrics): "
+    assert ev["lines"][3] == ("trade-off, trainer's arm minus profile's, unadjusted 95% CI (secondary metrics): "
                               "forgetting (known colours) -0.083 [-0.151, -0.016] (higher is better); validation loss "
                               "(profile conditioning) +0.00115 [+0.00091, +0.00139] (lower is better)")
 
@@ -123,7 +154,7 @@ def test_a_verdict_that_rests_on_its_family_is_read_as_a_null() -> None:
     assert (ev["verdict"], ev["verdict_all"], ev["family_differs"]) == ("profile better", "no measurable difference", True)
     assert measured_direction(ev) == "null"
     assert ev["lines"][0] == ("† the verdict rests on its family: among all deviation and inference rows in one Holm "
-                              "family it reads no measurable difference (Holm p 0.530)")
+                              "family it reads no measurable difference (Holm p 0.492)")
     assert ev["lines"][1] == ("‡ the paired t test (p 0.038) and the exact sign-flip test (p 0.125) disagree at 0.05")
     f = Finding(kind="deviation", severity="error", setting="t5.masks.encoder", effective=False, profile=True,
                 message="T5 encodes without its mask")
@@ -151,12 +182,13 @@ def test_effects_summary_is_strict_json_with_both_holm_readings() -> None:
     differs = sorted(n for n, r in rows.items() if r["family_differs"] and r["kind"] in ("deviation", "inference"))
     assert differs == ["world-chroma-t5-no-mask"]
     assert rows["world-chroma-t5-no-mask"]["p_holm"] == pytest.approx(0.0379, abs=1e-4)
-    assert rows["world-chroma-t5-no-mask"]["p_holm_all"] == pytest.approx(0.530, abs=1e-3)
+    assert rows["world-chroma-t5-no-mask"]["p_holm_all"] == pytest.approx(0.492, abs=1e-3)
     assert sorted(n for n, r in rows.items() if r["tests_disagree"]) == [
-        "world-chroma-t5-no-mask", "world-flux-comfyui", "world-sd15-max-token-225"]
-    # an adjusted interval excludes 0 exactly when the verdict names a winner
+        "world-chroma-t5-no-mask", "world-flux-comfyui", "world-sd3-positive-cut-confirm"]
+    # an adjusted interval excludes 0 exactly when the verdict names a winner (a gated verdict, uninformative, is not
+    # the test's reading: its interval is the test's all the same)
     for r in rows.values():
-        if r["kind"] in ("deviation", "inference"):
+        if r["kind"] in ("deviation", "inference") and not r["verdict"].startswith("uninformative"):
             lo, hi = r["adjusted_ci"]
             assert (lo > 0 or hi < 0) == (r["verdict"] != "no measurable difference"), r["preset"]
     assert rows["world-sd3-no-encoder-dropout"]["secondary"]["forgetting (known colours)"]["ci_low"] == pytest.approx(
@@ -191,6 +223,6 @@ def test_demo_shows_the_committed_matrix_in_its_verdicts_terms() -> None:
     assert kind == "table" and header[5] == "A - B [interval in its verdict's terms: Holm-adjusted; controls 95%]"
     by = {r[0]: r for r in rows}
     # world-flux-comfyui: unadjusted [+0.006, +0.165] beside "no measurable difference" was the contradiction
-    assert by["world-flux-comfyui"][5:] == ["+0.086 [-0.058, +0.230]", "no measurable difference"]
+    assert by["world-flux-comfyui"][5:] == ["+0.086 [-0.054, +0.226]", "no measurable difference"]
     assert by["world-chroma-t5-no-mask"][6] == "profile better †"
     assert by["world-sd3-null"][5] == "+0.026 [-0.012, +0.064]"  # a control: its plain 95% interval
