@@ -2,7 +2,7 @@
 
 torch's default is one intra-op thread per core. Every parallel op then waits for all of its threads; when another
 process holds a core, the thread that shares it runs only in that core's time slices and each op waits for it.
-Measured with ``benchmarks/bench_threads.py`` (the README's demo, 2 cores, another process busy on one core):
+Measured with ``benchmarks/demo/bench_threads.py`` (the README's demo, 2 cores, another process busy on one core):
 one thread finished in a fraction of the time two threads took (see the benchmark's table). On a free machine the
 tiny models gain little from a second thread, since their ops are too small to split well.
 

@@ -1,6 +1,6 @@
 """``te-align demo``: one row of the pre-registered effects matrix, live, on a shipped world base (CPU, minutes).
 
-The row is ``world-flux-t5-512`` (chosen in ``benchmarks/bench_effects.md`` before the matrix ran): T5 at 512 tokens
+The row is ``world-flux-t5-512`` (chosen in ``benchmarks/effects/bench_effects.md`` before the matrix ran): T5 at 512 tokens
 for FLUX.1 schnell, as ai-toolkit, diffusion-pipe and the diffusers Flux examples train it, against the 256 the
 schnell recipe (the profile) uses, on the shipped Flux-shaped base that never saw pink. Two seeds of 100 steps run in
 one single-thread worker process (:func:`te_align.ab.matrix.run_matrix`, resumable in ``OUT/matrix``); the
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The matrix row the demo runs, its seeds and steps: the row's own 6 seeds x 300 steps need about 1,000 CPU-seconds;
 #: 2 seeds x 100 steps (learning curve at 50 and 100) in one process fit 5 minutes and 1 GB on 2 cores (each process
 #: holds about 500 MB of torch, diffusers and transformers, so two would not fit 1 GB; 3 seeds took 6.7 minutes;
-#: benchmarks/bench_effects.md, amendments 4 and 5).
+#: benchmarks/effects/bench_effects.md, amendments 4 and 5).
 DEMO_ROW = "world-flux-t5-512"
 DEMO_SEEDS = 2
 DEMO_STEPS = 100
@@ -108,7 +108,7 @@ def committed_blocks() -> list[Block]:
     blocks.append(
         (
             "p",
-            f"Plan {data['plan']}, pre-registered in benchmarks/bench_effects.md; every row a LoRA finetune of a shipped "
+            f"Plan {data['plan']}, pre-registered in benchmarks/effects/bench_effects.md; every row a LoRA finetune of a shipped "
             "world base, arm A as the trainer or tool does, arm B by the profile; primary metric as in this report; "
             "verdicts Holm-adjusted across the deviation rows, given once all planned seeds are in. A - B is a "
             "fraction of the probe prompts here (-0.013 is -1.3 points in this report's summary).",

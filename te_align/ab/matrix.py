@@ -1,7 +1,7 @@
 """``te-align ab matrix``: every known trainer deviation A/B-tested on the pretrained shapes-world bases.
 
 Each bundled world preset (``presets/world/*.toml``) is one row of the pre-registered plan
-(``benchmarks/bench_effects.md``): a deviation (arm A as a trainer conditions by default, arm B by the profile the
+(``benchmarks/effects/bench_effects.md``): a deviation (arm A as a trainer conditions by default, arm B by the profile the
 base was pretrained with), an inference-side row (one LoRA, sampled as an inference tool does vs by the profile),
 a null control or a positive control. The unit of work is one seed of one row (``OUT/<row>/seed-<s>/``, a
 resumable :func:`te_align.ab.runner.run_ab`); units run in ``workers`` single-thread processes, controls first.
@@ -1279,7 +1279,7 @@ def render_effects(
         "# Measured effects: trainer deviations A/B'd on the shapes-world bases",
         "",
         f"Generated from the per-seed results in `benchmarks/effects/results/` (plan `{plan}`, pre-registered in "
-        "`benchmarks/bench_effects.md`); regenerate the table without training with "
+        "`benchmarks/effects/bench_effects.md`); regenerate the table without training with "
         f"`{command} --dry-run`, continue the study with the same command without `--dry-run`.",
         "",
         f"**Progress: {done} of {planned} row-seeds** ({wall / 3600:.2f} h of unit wall time, {cpu / 3600:.2f} h of CPU time, "

@@ -178,7 +178,7 @@ class EvalSettings:
     #: Default number of training seeds (``--seeds`` overrides).
     seeds: int = 1
     #: The first seed (seeds run ``first_seed`` .. ``first_seed + seeds - 1``): a confirmatory row runs on seeds
-    #: (so data and probe prompts) that no earlier row used (amendment 11 of benchmarks/bench_effects.md).
+    #: (so data and probe prompts) that no earlier row used (amendment 11 of benchmarks/effects/bench_effects.md).
     first_seed: int = 0
     #: Prompt accuracy (validation folders with a shapes-world answer key): sampler steps and guidance.
     accuracy_steps: int = 16

@@ -300,7 +300,7 @@ def summarize(runs: list[ArmRun], seeds: int | list[int]) -> list[SummaryRow]:
     return rows
 
 
-#: The pre-registered primary metric of the shapes-world A/Bs with probe prompts (benchmarks/bench_effects.md).
+#: The pre-registered primary metric of the shapes-world A/Bs with probe prompts (benchmarks/effects/bench_effects.md).
 PRIMARY = "concept net accuracy, learning-curve mean (as sampled at inference)"
 #: Instrument 2 of the effects matrix (amendment 11): the primary's terms at the last checkpoint only.
 FINAL_NET = "concept net accuracy, final (hit minus false pink at the last checkpoint)"

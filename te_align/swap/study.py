@@ -1,9 +1,9 @@
 """What te-align's swap study measured, as ``te-align swap --report`` prints it. Imports no torch.
 
-The study (issue 35; plan ``benchmarks/bench_swap.md``, results ``docs/swap.md``) swapped the CLIP of te-align's SD 1.5
+The study (issue 35; plan ``benchmarks/swap/bench_swap.md``, results ``docs/swap.md``) swapped the CLIP of te-align's SD 1.5
 world base for the world's T5 with :func:`te_align.swap.swap` and fine-tuned the whole UNet plus the projection for
 every reset mode, matched or unscaled output statistics and two learning rates, 3 seeds each. Its numbers and verdicts
-ship as ``te_align/swap/data/study.json``, written by ``python benchmarks/swap_study.py --dry-run`` from the committed
+ship as ``te_align/swap/data/study.json``, written by ``python benchmarks/swap/swap_study.py --dry-run`` from the committed
 per-seed results once every unit is in; nothing here computes or rounds a number anew.
 """
 

@@ -26,5 +26,5 @@ Modules (import the one you need; importing this package imports no torch):
   is in ``tools/world_pretrain/`` (not shipped).
 * :mod:`te_align.tiny.klein`: the parts of a FLUX.2 klein-shaped world base (a 31-layer Qwen3 text encoder, a tiny
   Flux2Transformer2DModel on its three stacked taps, the shared autoencoder as an AutoencoderKLFlux2) and the
-  official Flux2KleinPipeline around them; planned in ``benchmarks/bench_klein.md``, not pretrained yet.
+  official Flux2KleinPipeline around them; planned in ``benchmarks/klein/bench_klein.md``, not pretrained yet.
 """

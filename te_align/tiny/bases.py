@@ -1,13 +1,13 @@
 """Pretrained shapes-world base models shipped with te-align (float16, SHA-256 checked on every load).
 
 A base is a real diffusers pipeline pretrained from scratch on :mod:`te_align.tiny.world` with exactly its
-family's profile (``tools/world_build.py``; how in ``benchmarks/bench_learnability.md``). The package ships, under
+family's profile (``tools/world_build.py``; how in ``benchmarks/learnability/bench_learnability.md``). The package ships, under
 ``world/te_align_world/``, each neural component's config and float16 weights once:
 
 * ``encoders/clip_l``, ``encoders/clip_g``, ``encoders/t5``: the text encoders, pretrained on world captions and
   shared by every base, as SD 1.5, SDXL, SD3 and Flux share CLIP-L and SD3 and Flux share T5;
   ``encoders/t5_cased``: the Chroma base's own T5, the shared one continued on captions with capitalised words
-  (``benchmarks/bench_learnability.md`` amendment 11; the SD3 and Flux bases keep the shared one);
+  (``benchmarks/learnability/bench_learnability.md`` amendment 11; the SD3 and Flux bases keep the shared one);
 * ``vae``: the autoencoder, shared by every base;
 * ``<name>/``: the base's denoiser, its scheduler config, ``model_index.json`` and ``base.json`` (what was trained
   how, for how many samples and how long, its measured held-out accuracy, its sampling settings, and the
@@ -64,7 +64,7 @@ BASES: dict[str, BaseSpec] = {
     "sdxl": BaseSpec("sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet"),
     "sd15": BaseSpec("sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet"),
     "chroma": BaseSpec("chroma", "chroma", "chroma", "ChromaPipeline", "transformer"),
-    # issue 49, not shipped yet: FLUX.2 klein's recipe at tiny size (te_align.tiny.klein; plan benchmarks/bench_klein.md)
+    # issue 49, not shipped yet: FLUX.2 klein's recipe at tiny size (te_align.tiny.klein; plan benchmarks/klein/bench_klein.md)
     "klein": BaseSpec("klein", "klein", "flux2-klein-4b", "Flux2KleinPipeline", "transformer"),
 }
 

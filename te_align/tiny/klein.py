@@ -17,14 +17,14 @@
 **Depth.** The pipeline taps ``hidden_states[9, 18, 27]``; diffusers' klein training script defaults to
 ``[10, 20, 30]`` (diffusers #13445). ``hidden_states`` of an L-layer transformers Qwen3 has L + 1 entries and its
 last one, ``hidden_states[L]``, is the output *after* the final RMSNorm (it equals ``last_hidden_state``;
-``benchmarks/bench_klein_steps.py`` checks it). In the real 36-layer Qwen3-4B/8B all six taps are raw residual
+``benchmarks/klein/bench_klein_steps.py`` checks it). In the real 36-layer Qwen3-4B/8B all six taps are raw residual
 states of inner layers. The smallest depth that keeps that true for tap 30 is **31 layers** (32 hidden states): with
 30 layers, tap 30 would be the final-normed output, a different kind of tensor from the raw states the official taps
 are, which would make the deviation trivially different. No tap is remapped: the profile's ``layer`` list is used as
 it is, so the official and deviating taps are the real indices.
 
 Nothing here is trained: these are the parts' shapes and random initial weights (deterministic, the caller's RNG
-untouched). The world base built from them is pretrained by the plan in ``benchmarks/bench_klein.md``.
+untouched). The world base built from them is pretrained by the plan in ``benchmarks/klein/bench_klein.md``.
 """
 
 from __future__ import annotations

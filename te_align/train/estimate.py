@@ -25,7 +25,7 @@ On CPU the estimate counts live bytes; the resident set follows them because the
 threshold (:func:`steady_cpu_heap`). With glibc's default, dynamic threshold (raised to the size of each
 large block freed, up to 32 MiB: the model load frees many) the activations of a step come from the heap,
 and freed ones stay resident, so the peak depends on the allocation history rather than on what is alive:
-``benchmarks/bench_train_scale.py`` with and without ``--glibc-heap`` shows both (numbers in its docstring).
+``benchmarks/speed/bench_train_scale.py`` with and without ``--glibc-heap`` shows both (numbers in its docstring).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def steady_cpu_heap() -> bool:
     mapping and goes back to the OS when freed. glibc's default threshold is dynamic: freeing a mapped block
     raises it to that block's size (up to 32 MiB), after which such blocks come from the heap, where freed
     ones stay resident (see the module docstring for what that cost). The price is a page fault per fresh
-    page of each large tensor, i.e. more system time per step (benchmarks/bench_train_scale.py's speed column
+    page of each large tensor, i.e. more system time per step (benchmarks/speed/bench_train_scale.py's speed column
     with and without ``--glibc-heap`` compares both); tensors below 1 MiB are not affected. Left alone when the user set
     ``MALLOC_MMAP_THRESHOLD_``; a no-op off glibc. True when the threshold was set."""
     import ctypes
@@ -695,7 +695,7 @@ def _estimate(cfg: TrainConfig, model: _Model, device: str, available: int, trac
     # Temporaries beside the saved activations: the forward's intermediates that are not saved live only inside
     # the block that makes them, and the backward frees each block's saved tensors as it makes their gradients,
     # so what is alive on top is bounded by one block's activations: the largest block's. A bound, not a fit:
-    # no constant is calibrated here (benchmarks/bench_train_scale.py compares the total with measured peaks).
+    # no constant is calibrated here (benchmarks/speed/bench_train_scale.py compares the total with measured peaks).
     block_key = ("block", t.batch_size, lat, str(compute), str(wdt))
     if block_key not in traces:
         traces[block_key] = largest_block(model.meta[den], fam, batch=t.batch_size, latent_hw=(lat, lat),

@@ -1,5 +1,5 @@
 """Both arms of every effects-matrix row share every random draw except the one their setting changes (issue 47 item 1,
-amendment 9 of benchmarks/bench_effects.md), and runs whose draws did not depend on the arm draw exactly as before.
+amendment 9 of benchmarks/effects/bench_effects.md), and runs whose draws did not depend on the arm draw exactly as before.
 
 Each row's two arms are trained for two steps, by the row's own settings (``train_config_dict``, the arms' profiles),
 on a smaller draw of its world data; the trainer records its draws (``te_align.train.record.recording_draws``)."""

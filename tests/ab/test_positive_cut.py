@@ -1,4 +1,4 @@
-"""The positive control on the deviations' own axis (amendment 10 of benchmarks/bench_effects.md, issue 47 item 2):
+"""The positive control on the deviations' own axis (amendment 10 of benchmarks/effects/bench_effects.md, issue 47 item 2):
 arm B's LoRA sampled with each probe prompt cut before the concept's word, and the gate it puts on new verdicts."""
 
 from __future__ import annotations

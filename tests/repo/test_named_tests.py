@@ -75,3 +75,31 @@ names agree),
     names = [p.name for p in tests.rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
     assert sorted(p.name for p in tests.glob("test_*.py")) == []  # none left at the top: each is in its group
+
+
+#: ``benchmarks/<study>/<file>`` as the README, docs, package, tools and tests name it; a placeholder (``<row>``,
+#: ``{row}``, ``*``) ends the path at the folder before it
+BENCH = re.compile(r"(?<![\w./-])benchmarks/[\w.-]+(?:/[\w.-]+)*")
+
+
+def _bench_paths(text: str) -> list[str]:
+    return [m.group(0).rstrip(".-") for m in BENCH.finditer(text)]
+
+
+def test_every_named_benchmark_path_exists():
+    """Every ``benchmarks/...`` path named outside the records exists (issue 48: the studies' folders moved; a
+    reference that did not follow would point nowhere). CHANGELOG.md and benchmarks/**/*.md are records: they name the
+    files where they were (benchmarks/README.md maps old to new)."""
+    assert _bench_paths("see `benchmarks/effects/results/<row>/` and benchmarks/klein/bench_klein.md.") == [
+        "benchmarks/effects/results", "benchmarks/klein/bench_klein.md"]
+    wrong = []
+    named = 0
+    for rel, text in _texts():
+        if _records(rel) or (rel.startswith("benchmarks/") and not rel.endswith(".py")):
+            continue  # records, and a study's results (they name the files where they were when written)
+        for path in _bench_paths(text):
+            named += 1
+            if not (ROOT / path).exists():
+                wrong.append(f"{rel}: {path}")
+    assert named > 50  # the README, docs/effects.md and the presets name dozens
+    assert sorted(set(wrong)) == []

@@ -1,4 +1,4 @@
-"""``benchmarks/swap_study.py`` (issue 35): the driver end to end at a tiny size on the shipped SD 1.5 world base, and
+"""``benchmarks/swap/swap_study.py`` (issue 35): the driver end to end at a tiny size on the shipped SD 1.5 world base, and
 its readings of the plan's claims on made-up complete results."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pytest
 from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-DRIVER = ROOT / "benchmarks" / "swap_study.py"
+DRIVER = ROOT / "benchmarks" / "swap" / "swap_study.py"
 TINY = ["--steps", "4", "--checkpoints", "0,2,4", "--train-images", "16", "--val-images", "4", "--probes", "4",
         "--grid-prompts", "2", "--seeds", "1"]  # fmt: skip
 
 
 def _driver() -> Any:
-    return load_script("benchmarks/swap_study.py")
+    return load_script("benchmarks/swap/swap_study.py")
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -223,5 +223,5 @@ def test_caveats_cite_the_guidance_and_the_post_study_check(tmp_path: Path) -> N
     sweep = {g: {"exact": e} for g, e in (("1", 0.9), ("1.5", 1.0), ("2", 1.0), ("4", 0.3125))}
     (tmp_path / "cfg.json").write_text(json.dumps({"runs": {"baseline-lr1e-4:0": sweep}}), encoding="utf-8")
     assert swap_study.caveats(settings, tmp_path / "cfg.json")[1] == (
-        "a check after the study (benchmarks/swap_cfg_check.py, seed 0): the unswapped baseline-lr1e-4 reads exact 0.31 "
+        "a check after the study (benchmarks/swap/swap_cfg_check.py, seed 0): the unswapped baseline-lr1e-4 reads exact 0.31 "
         "at guidance 4 and 1.00 at 1.5")

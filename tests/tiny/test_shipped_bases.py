@@ -4,7 +4,7 @@ Loaded exactly as users load them (``te_align.tiny.world.base(name)``: SHA-256 c
 pipeline, the base's own sampling settings in a plain call), offline. The numbers a base's ``base.json`` records
 were measured by ``tools/ship_base.py`` on 64 held-out prompts per caption style; these tests check the record
 meets the colour target every shipped base must meet, and sample four prompts fixed when the test was written.
-The sceptic's evaluation (benchmarks/bench_base_eval.md: 600 prompts new in wording) is re-measured on a fixed
+The sceptic's evaluation (benchmarks/base_eval/bench_base_eval.md: 600 prompts new in wording) is re-measured on a fixed
 sample of 12 prompts per base through the shipped pipeline, against its committed per-prompt readings.
 """
 
@@ -37,7 +37,7 @@ def test_the_bases_that_met_their_targets_are_shipped_within_30_mb() -> None:
     assert SHIPPED == ["sd3", "flux", "sdxl", "sd15", "chroma"]
     folders = sorted(p.name for p in bases.data_root().iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == ["chroma", "encoders", "flux", "sd15", "sd3", "sdxl", "vae"]  # nothing the loader does not know
-    # the shared encoders, and the Chroma base's own T5 (benchmarks/bench_learnability.md amendment 11)
+    # the shared encoders, and the Chroma base's own T5 (benchmarks/learnability/bench_learnability.md amendment 11)
     assert sorted(p.name for p in (bases.data_root() / "encoders").iterdir()) == ["clip_g", "clip_l", "t5", "t5_cased"]
     size = sum(p.stat().st_size for p in bases.data_root().rglob("*") if p.is_file())
     assert size <= 30 * 1024 * 1024, f"{size / 2**20:.1f} MB shipped"
@@ -70,7 +70,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "base_eval" / "re
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_base_reads_as_recorded_on_prompts_new_in_wording(name: str, tmp_path: Path) -> None:
     """Re-measure the model, not the record: the first four prompts of each style of the sceptic's evaluation
-    (benchmarks/bench_base_eval.md), sampled through the shipped pipeline with the recorded seeds, read exactly as
+    (benchmarks/base_eval/bench_base_eval.md), sampled through the shipped pipeline with the recorded seeds, read exactly as
     benchmarks/base_eval/results/<name>.jsonl records."""
     from te_align.tiny.world import evalset
 

@@ -262,7 +262,7 @@ def _scenes(seed: int, n: int) -> list[world.Scene]:
 
 def test_reader_on_clean_renders():
     """Exact figures on a fixed set: 120 scenes at 64 px, 60 at 32 px, 8 at 128 px (all backgrounds,
-    sizes and styles). The 2,000-scene validation runs in benchmarks/bench_world.py and the slow test."""
+    sizes and styles). The 2,000-scene validation runs in benchmarks/world/bench_world.py and the slow test."""
     for size, n, objects in ((64, 120, 237), (32, 60, 115), (128, 8, 14)):
         scenes = _scenes(size, n)
         result = world.evaluate([world.render(s, size) for s in scenes], scenes)

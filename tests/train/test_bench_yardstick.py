@@ -1,4 +1,4 @@
-"""benchmarks/bench_yardstick.py: the te-align config it builds does the diffusers example script's work (checked
+"""benchmarks/yardstick/bench_yardstick.py: the te-align config it builds does the diffusers example script's work (checked
 against the script's own ``parse_args`` when ``TE_ALIGN_DIFFUSERS_EXAMPLES_DIR`` is set), its TOML reads back as
 the same config, and its torchvision stand-in is the script's alone and transforms as torchvision documents."""
 
@@ -15,7 +15,7 @@ import pytest
 from te_align import _toml as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "yardstick"))
 
 import bench_yardstick as yard  # noqa: E402
 

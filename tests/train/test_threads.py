@@ -1,7 +1,7 @@
 """CPU threads for te-align's runs (te_align/_threads.py): small models run on one thread, the user's choice wins.
 
 The collapse this prevents (two intra-op threads on a 2-core machine with one core busy) is measured by
-benchmarks/bench_threads.py, not timed here.
+benchmarks/demo/bench_threads.py, not timed here.
 """
 
 from __future__ import annotations

@@ -384,7 +384,7 @@ def test_estimate_is_within_15_percent_of_the_measured_peak_on_cpu(
     tmp_path: Path, tiny_model_folder: Callable[[str], Path], squares_dataset: Path
 ) -> None:
     """The --estimate peak against the peak resident set of a fresh process training the tiny Flux model (float32
-    files loaded in bfloat16); the medium size is benchmarks/bench_train_scale.py's (numbers in its docstring)."""
+    files loaded in bfloat16); the medium size is benchmarks/speed/bench_train_scale.py's (numbers in its docstring)."""
     folder = tiny_model_folder("flux")
     toml = tmp_path / "c.toml"
     overrides = ", ".join(f'"{k}" = {json.dumps(v)}' for k, v in profile_overrides("flux").items())

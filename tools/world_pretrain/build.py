@@ -254,7 +254,7 @@ def build_base(args: argparse.Namespace) -> Path:
 # one command per base
 # --------------------------------------------------------------------------------------------------
 
-#: The shipped bases' recipes (benchmarks/bench_learnability.md says how each was chosen): PretrainConfig fields on
+#: The shipped bases' recipes (benchmarks/learnability/bench_learnability.md says how each was chosen): PretrainConfig fields on
 #: top of the family's defaults, steps, and evaluation points; ``encoders``: EncoderConfig fields of the base's own
 #: encoder set, continued from the shared one (``init`` is the shared set), when it does not use the shared set.
 _SIMPLE = {"batch": 16, "train_size": 20000, "world": "simple"}

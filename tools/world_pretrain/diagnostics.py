@@ -3,7 +3,7 @@
 * :func:`conditioning_gap`: the relative rise of the denoiser's x0 error when every image gets another image's
   caption (moves long before prompt accuracy does).
 * :func:`degrade`: noisy, blurred or JPEG-compressed renders, to measure the world's reader on images like
-  generated samples (``benchmarks/bench_world.py``, ``tests/tiny/test_world.py``).
+  generated samples (``benchmarks/world/bench_world.py``, ``tests/tiny/test_world.py``).
 * :func:`probe_conditioning`: linear read-outs of a profile's conditioning (the pooled vector, the mean of
   the sequence, an attention-pooled sequence) trained on some captions and scored on others: can the
   object's colour, shape, position and size be read from what the denoiser is given?

@@ -183,7 +183,8 @@ PROFILE_CHANGES: dict[str, dict[str, Any]] = {
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "sd3": {},
     # 2 double-stream + 2 single-stream blocks of the SD3 model's width 64 (2 heads x 32): four blocks as the
-    # SD3 model's four joint blocks, about its step time (benchmarks/bench_pretrain.py --family flux)
+    # SD3 model's four joint blocks, about its step time (bench_pretrain.py --family flux, retired in
+    # issue 25: its record is benchmarks/learnability/bench_pretrain.md)
     "flux": {"layers": 2, "single_layers": 2},
     # 3 levels (16, 8, 4 latent px), cross-attention on the two lower ones as SDXL (none at full size);
     # (32, 64, 64) rather than SDXL's 1:2:4 widths: at most the SD3 model's step time and 1.7 M parameters
@@ -195,7 +196,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # 32 modulation vectors of four blocks, once per sample whatever the token count: 2 residual layers
     # instead of Chroma's 5, of the model's width 64 (Chroma's 5120 is wider than its 3072, so no narrower
     # layer squeezes the modulation): 25 k of the 334 k parameters (7.5%; Chroma's 5 x 5120 are 3% of
-    # 8.9 B), little time next to the blocks (benchmarks/bench_world_steps.py --only chroma)
+    # 8.9 B), little time next to the blocks (benchmarks/world/bench_world_steps.py --only chroma)
     "chroma": {"layers": 2, "single_layers": 2, "approximator_hidden_dim": 64, "approximator_layers": 2},
 }
 
@@ -223,7 +224,7 @@ class PretrainConfig:
     image_size: int = 32
     train_size: int = 10000
     # VAE
-    # VAE: benchmarks/bench_pretrain.md run3 (97.3% of objects survive the round trip on the full world)
+    # VAE: benchmarks/learnability/bench_pretrain.md run3 (97.3% of objects survive the round trip on the full world)
     vae_channels: tuple[int, ...] = (16, 32)
     latent_channels: int = 8
     vae_steps: int = 3000

@@ -1,0 +1,183 @@
+"""What the shipped tiny text encoders carry about a prompt's colour, read by small probes (a diagnosis, issue 34).
+
+    python benchmarks/base_eval/encoder_probe.py                 # seed 1: prompts no base decision was taken on
+    python benchmarks/base_eval/encoder_probe.py --seed 2
+    python benchmarks/base_eval/encoder_probe.py --t5 RUNS/encoders-t5c --label t5c   # another T5 (e.g. a continued one)
+
+For each encoder, read the way a pipeline reads it (T5: Chroma's/Flux's 256-token window with its attention mask,
+last hidden state, and Flux's/SD3's the same without the mask, as the encoders were trained; CLIP-L: SD 1.5's 77 tokens, penultimate layer), two probes are fitted on 3,000 training
+captions of the denoisers' data (the simple world, seed 0) to name the caption's colour (7 classes):
+
+* ``mean``: a linear read-out of the mean over the real tokens;
+* ``attention``: four learned queries attending over the tokens, then a linear read-out.
+
+They are then asked the colour of the 600 prompts of ``evalset.eval_set(200, SEED)`` (new wording; another seed than
+the 600 the bases are judged on). Long prompts whose colour word is capitalised (``Cyan square alone``) are counted
+apart: no training caption capitalises a colour word, and T5's tokenizer, unlike CLIP's, keeps case.
+
+A probe that fails where a denoiser fails says the encoder's output does not carry the colour in a form a small
+read-out finds; a probe that succeeds where the denoiser fails puts the loss in the denoiser. Beside the probes, the
+same prompts' reads by a candidate base scored with ``base_eval.py score --seed`` are summarised the same way (from
+``base_eval/diagnostic/*-seedS.jsonl``). Writes ``base_eval/diagnostic/encoder-probe-seedS.json``; with ``--t5``
+(another encoder set's T5, read as Chroma reads it) ``encoder-probe-seedS-LABEL.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+OUT = ROOT / "benchmarks" / "base_eval" / "diagnostic"
+COLOURS = ("red", "orange", "yellow", "green", "cyan", "blue", "purple")
+N_TRAIN = 3000
+STEPS = 300
+BATCH = 256
+
+
+def group(text: str, style: str, colour: str) -> str:
+    """The prompt's style, with ``-capitalised`` when its colour word is written with a capital."""
+    return style + ("-capitalised" if re.search(r"\b" + colour.capitalize() + r"\b", text) else "")
+
+
+def _colour_of(caption: str) -> int:
+    for k, word in enumerate(COLOURS):
+        if re.search(r"\b" + word + r"\b", caption):
+            return k
+    return -1
+
+
+def _encode(tokenizer: Any, encoder: Any, texts: list[str], length: int, layer: int, masked: bool) -> tuple[Any, Any]:
+    import torch
+
+    hs, ms = [], []
+    for i in range(0, len(texts), 64):
+        tok = tokenizer(texts[i : i + 64], padding="max_length", max_length=length, truncation=True,
+                        return_tensors="pt")  # fmt: skip
+        with torch.no_grad():
+            out = encoder(tok.input_ids, attention_mask=tok.attention_mask if masked else None,
+                          output_hidden_states=True)  # fmt: skip
+        hs.append(out.hidden_states[layer])
+        ms.append(tok.attention_mask)
+    return torch.cat(hs), torch.cat(ms)
+
+
+def _probes(width: int) -> dict[str, Any]:
+    import torch
+
+    class Mean(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.out = torch.nn.Linear(width, len(COLOURS))
+
+        def forward(self, h: Any, m: Any) -> Any:
+            m = m[..., None].to(h.dtype)
+            return self.out((h * m).sum(1) / m.sum(1))
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.queries = torch.nn.Parameter(torch.randn(4, width) * 0.1)
+            self.keys = torch.nn.Linear(width, width)
+            self.out = torch.nn.Linear(4 * width, len(COLOURS))
+
+        def forward(self, h: Any, m: Any) -> Any:
+            scores = (self.keys(h) @ self.queries.T) / width**0.5
+            weights = scores.masked_fill(m[..., None] == 0, -1e9).softmax(1)
+            return self.out((weights.transpose(1, 2) @ h).flatten(1))
+
+    return {"mean": Mean, "attention": Attention}
+
+
+def probe(seed: int, t5: Path | None = None) -> dict[str, Any]:
+    import torch
+
+    from te_align.tiny import world
+    from te_align.tiny.world import evalset
+
+    torch.set_num_threads(1)
+    pink = world.Concept("colour", "pink")
+    data = world.make_dataset(20000, 0, image_size=None, tokenizer=False, split="base", concept=pink,
+                              space=world.SPACES["simple"])  # fmt: skip
+    train = [(s.caption, _colour_of(s.caption)) for s in data[:N_TRAIN]]
+    train = [(c, y) for c, y in train if y >= 0]
+    prompts = evalset.eval_set(200, seed)
+    groups = [group(p.text, p.style, p.colour) for p in prompts]
+    flux, sd15 = world.base("flux"), world.base("sd15")
+    readers = {
+        "t5 (chroma: 256 tokens, mask, last layer)": (flux.tokenizer_2, flux.text_encoder_2, 256, -1, True),
+        "t5 (flux, sd3: 256 tokens, no mask, last layer)": (flux.tokenizer_2, flux.text_encoder_2, 256, -1, False),
+        "clip-l (sd 1.5: 77 tokens, penultimate layer)": (sd15.tokenizer, sd15.text_encoder, 77, -2, False),
+    }
+    if t5 is not None:
+        import transformers
+
+        other = transformers.T5EncoderModel.from_pretrained(str(t5 / "t5")).float().eval().requires_grad_(False)
+        readers = {f"t5 of {t5.name} (chroma: 256 tokens, mask, last layer)": (flux.tokenizer_2, other, 256, -1, True)}
+    result: dict[str, Any] = {"seed": seed, "train_captions": len(train), "prompts": len(prompts), "encoders": {}}
+    for name, (tok, enc, length, layer, masked) in readers.items():
+        h_tr, m_tr = _encode(tok, enc, [c for c, _ in train], length, layer, masked)
+        h_ev, m_ev = _encode(tok, enc, [p.text for p in prompts], length, layer, masked)
+        y_tr = torch.tensor([y for _, y in train])
+        y_ev = torch.tensor([COLOURS.index(p.colour) for p in prompts])
+        per: dict[str, Any] = {}
+        for kind, cls in _probes(h_tr.shape[-1]).items():
+            torch.manual_seed(0)
+            model = cls()
+            opt = torch.optim.Adam(model.parameters(), 1e-2)
+            gen = torch.Generator().manual_seed(0)
+            for _ in range(STEPS):
+                idx = torch.randint(0, len(y_tr), (BATCH,), generator=gen)
+                loss = torch.nn.functional.cross_entropy(model(h_tr[idx], m_tr[idx]), y_tr[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                train_acc = float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean())
+                hit = (model(h_ev, m_ev).argmax(1) == y_ev).tolist()
+            per[kind] = {"train": round(train_acc, 4), **_tally(groups, hit)}
+        result["encoders"][name] = per
+    result["denoisers"] = {}
+    for path in sorted(OUT.glob(f"*-seed{seed}.jsonl")):
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        hit = [any(r[0] == row["colour"] for r in row["read"]) for row in rows]
+        result["denoisers"][path.stem] = _tally([group(r["text"], r["style"], r["colour"]) for r in rows], hit)
+    return result
+
+
+def _tally(groups: list[str], hit: list[bool]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for g, h in zip(groups, hit, strict=True):
+        k, n = out.get(g, [0, 0])
+        out[g] = [k + int(h), n + 1]
+    return dict(sorted(out.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--t5", type=Path, default=None, help="an encoder set (world_build.py encoders OUT) whose T5 to probe")
+    ap.add_argument("--label", default="", help="with --t5: the result's name")
+    args = ap.parse_args(argv)
+    if args.t5 is not None and not (args.label and (args.t5 / "t5" / "model.safetensors").is_file()):
+        ap.error("--t5 needs --label and a folder with t5/model.safetensors")
+    if args.seed == 0:
+        ap.error("seed 0 is the prompt set the bases are judged on; a diagnosis uses another")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    result = probe(args.seed, args.t5)
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = f"encoder-probe-seed{args.seed}" + (f"-{args.label}" if args.t5 is not None else "")
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
