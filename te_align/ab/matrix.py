@@ -525,8 +525,8 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
     sizes = {name: sum(1 for r in rows if r.holm_family == name and complete(r)) for name in dict.fromkeys(r.holm_family for r in rows)}
     for r in rows:
         m = r.primary
-        r.verdict = _verdict(r, r.p_holm)
-        r.verdict_all = _verdict(r, r.p_holm_all)
+        r.verdict = _verdict(r, r.p_holm, m)
+        r.verdict_all = _verdict(r, r.p_holm_all, m)
         if m is None or r.reason:
             continue
         diffs = [x - y for x, y in zip(m["a"], m["b"], strict=True)]
@@ -585,7 +585,7 @@ def _instrument_2(rows: Sequence[MatrixRow]) -> None:
     for r in rows:
         m = r.final_net
         r.confirmatory_2 = r.preset in CONFIRMATORY_2 or r.kind in ("positive", "null")
-        r.verdict_2 = _verdict(r, r.p_holm_2, m, primary=False)
+        r.verdict_2 = _verdict(r, r.p_holm_2, m)
         if m is None or r.reason:
             continue
         n = int(_fv(m, "n"))
@@ -613,11 +613,10 @@ def _degenerate(m: JSONObject) -> bool:
     return int(m["n"]) < 2 or not float(m["diff_sd"]) > 0
 
 
-def _verdict(r: MatrixRow, p_holm: float, m: JSONObject | None = None, *, primary: bool = True) -> str:
-    """A row's verdict on the primary metric (or on ``m``, another readout, with ``primary=False``) with ``p_holm``
-    (deviation and inference rows) or its own p (controls, unadjusted): pending until every planned seed is in, none
-    for a degenerate difference."""
-    m = r.primary if primary else m
+def _verdict(r: MatrixRow, p_holm: float, m: JSONObject | None) -> str:
+    """A row's verdict on the readout ``m`` (its primary metric, or instrument 2's) with ``p_holm`` (deviation and
+    inference rows) or its own p (controls, unadjusted): pending until every planned seed is in, none for a
+    degenerate difference."""
     if r.reason:
         return "not run"
     if m is None:
