@@ -2,6 +2,7 @@
 
     python tools/world_build.py vae --out OUT/vae                       # the shared autoencoder
     python tools/world_build.py encoders --out OUT/encoders             # the shared text encoders
+    python tools/world_build.py klein-encoder --out OUT/encoders-klein  # the klein base's Qwen3 (resumable)
     python tools/world_build.py base sd3 --out OUT/sd3 --vae OUT/vae --encoders OUT/encoders \\
         --steps 20000 --eval-at 5000,10000,20000 [--resume] [--device cuda] [--config JSON]
     python tools/world_build.py all sd3 --out OUT                       # all three, with each part's defaults
@@ -123,6 +124,30 @@ def build_encoders(args: argparse.Namespace) -> Path:
     metrics["threads"] = args.threads
     tmp = out.with_name(out.name + ".partial")
     encoders.save_encoders(comps, tmp, config=cfg.as_dict(), metrics=metrics)
+    for p in tmp.iterdir():
+        p.rename(out / p.name)
+    tmp.rmdir()
+    return out
+
+
+def build_klein_encoder(args: argparse.Namespace) -> Path:
+    """Pretrain the klein base's Qwen3 text encoder on world captions (:mod:`world_pretrain.klein_encoder`) into
+    ``OUT``; a killed run resumes from ``OUT/work/checkpoint.pt`` when started again with the same config."""
+    from world_pretrain import klein_encoder
+
+    out = Path(args.out)
+    if (out / klein_encoder.MANIFEST).is_file():
+        return out
+    try:
+        cfg = klein_encoder.KleinEncoderConfig(**json.loads(args.config))
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"world_build.py klein-encoder --config: {exc}") from None
+    log = Log(out / "log.jsonl")
+    log({"phase": "config", "part": "klein-encoder", **cfg.as_dict(), "threads": args.threads})
+    model, metrics = klein_encoder.pretrain_klein_encoder(cfg, out / "work", log)
+    metrics["threads"] = args.threads
+    tmp = out.with_name(out.name + ".partial")
+    klein_encoder.save_klein_encoder(model, tmp, config=cfg.as_dict(), metrics=metrics)
     for p in tmp.iterdir():
         p.rename(out / p.name)
     tmp.rmdir()
@@ -323,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-every", type=int, default=1000, help="round-trip evaluation every N VAE steps")
     p = sub.add_parser("encoders", help="the text encoders (shared by every base)")
     common(p)
+    p = sub.add_parser("klein-encoder", help="the klein base's Qwen3 text encoder (resumable)")
+    common(p)
     p = sub.add_parser("base", help="a family's denoiser")
     common(p)
     p.add_argument("family", choices=list(recipe.FAMILIES))
@@ -350,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
         build_vae(args)
     elif args.part == "encoders":
         build_encoders(args)
+    elif args.part == "klein-encoder":
+        build_klein_encoder(args)
     elif args.part == "all":
         build_all(args)
     else:
