@@ -3,6 +3,7 @@
     python benchmarks/base_eval/encoder_probe.py                 # seed 1: prompts no base decision was taken on
     python benchmarks/base_eval/encoder_probe.py --seed 2
     python benchmarks/base_eval/encoder_probe.py --t5 RUNS/encoders-t5c --label t5c   # another T5 (e.g. a continued one)
+    python benchmarks/base_eval/encoder_probe.py --klein RUNS/encoders-klein --label klein   # the klein base's Qwen3
 
 For each encoder, read the way a pipeline reads it (T5: Chroma's/Flux's 256-token window with its attention mask,
 last hidden state, and Flux's/SD3's the same without the mask, as the encoders were trained; CLIP-L: SD 1.5's 77 tokens, penultimate layer), two probes are fitted on 3,000 training
@@ -20,6 +21,12 @@ read-out finds; a probe that succeeds where the denoiser fails puts the loss in 
 same prompts' reads by a candidate base scored with ``base_eval.py score --seed`` are summarised the same way (from
 ``base_eval/diagnostic/*-seedS.jsonl``). Writes ``base_eval/diagnostic/encoder-probe-seedS.json``; with ``--t5``
 (another encoder set's T5, read as Chroma reads it) ``encoder-probe-seedS-LABEL.json``.
+
+With ``--klein`` (a klein encoder set, ``world_build.py klein-encoder``) the Qwen3 is read as ``Flux2KleinPipeline``
+reads it (the caption in its chat template, thinking off, 512 tokens padded on the right, the mask into the encoder)
+at the official taps (9, 18, 27) stacked per token and, beside them, at the deviating taps (10, 20, 30); the result
+also holds each official tap's mean cosine similarity to its deviating one over the prompts' real tokens. The klein
+plan's encoder gate (benchmarks/klein/bench_klein.md decision 4) reads the better probe of the official taps.
 """
 
 from __future__ import annotations
@@ -96,6 +103,100 @@ def _probes(width: int) -> dict[str, Any]:
     return {"mean": Mean, "attention": Attention}
 
 
+#: Flux2KleinPipeline's taps (the profile's) and the diffusers klein training script's default (the layers row).
+KLEIN_TAPS = {"official (9, 18, 27)": (9, 18, 27), "deviating (10, 20, 30)": (10, 20, 30)}
+
+
+def _encode_klein(encoder: Any, texts: list[str], taps: tuple[int, ...], pairs: Any = ()) -> tuple[Any, Any, Any]:
+    """The prompts as the klein pipeline encodes them: stacked taps (N, 512, 3 x width), mask, and per pair of
+    layers ``(a, b)`` in ``pairs`` the cosine similarities of their states at the real tokens."""
+    import torch
+
+    from te_align.tiny import tokenizers as tok
+
+    tokenizer = tok.qwen3_instruct_tokenizer()
+    hs, ms, alls = [], [], []
+    for i in range(0, len(texts), 64):
+        chat = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                              add_generation_prompt=True, enable_thinking=False)
+                for t in texts[i : i + 64]]  # fmt: skip
+        enc = tokenizer(chat, padding="max_length", max_length=512, truncation=True, return_tensors="pt")
+        with torch.no_grad():
+            out = encoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True,
+                          use_cache=False)  # fmt: skip
+        hs.append(torch.cat([out.hidden_states[k] for k in taps], dim=-1))
+        ms.append(enc.attention_mask)
+        real = enc.attention_mask.bool()
+        alls.append([torch.nn.functional.cosine_similarity(out.hidden_states[a][real], out.hidden_states[b][real], dim=-1)
+                     for a, b in pairs])  # fmt: skip
+    cos = [torch.cat([batch[k] for batch in alls]) for k in range(len(pairs))]
+    return torch.cat(hs), torch.cat(ms), cos
+
+
+def _fit(cls: Any, h_tr: Any, m_tr: Any, y_tr: Any) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    model = cls()
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(STEPS):
+        idx = torch.randint(0, len(y_tr), (BATCH,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(model(h_tr[idx], m_tr[idx]), y_tr[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+def _training_captions() -> list[tuple[str, int]]:
+    from te_align.tiny import world
+
+    pink = world.Concept("colour", "pink")
+    data = world.make_dataset(20000, 0, image_size=None, tokenizer=False, split="base", concept=pink,
+                              space=world.SPACES["simple"])  # fmt: skip
+    train = [(s.caption, _colour_of(s.caption)) for s in data[:N_TRAIN]]
+    return [(c, y) for c, y in train if y >= 0]
+
+
+def probe_klein(seed: int, folder: Path) -> dict[str, Any]:
+    """The klein encoder's colour read-outs at the official and deviating taps (module doc), with the gate's verdict."""
+    import torch
+    import transformers
+
+    from te_align.tiny.world import evalset
+
+    torch.set_num_threads(1)
+    encoder = transformers.Qwen3ForCausalLM.from_pretrained(str(folder / "qwen3")).float().eval().requires_grad_(False)
+    train = _training_captions()
+    prompts = evalset.eval_set(200, seed)
+    groups = [group(p.text, p.style, p.colour) for p in prompts]
+    y_tr = torch.tensor([y for _, y in train])
+    y_ev = torch.tensor([COLOURS.index(p.colour) for p in prompts])
+    result: dict[str, Any] = {"seed": seed, "encoder": folder.name, "train_captions": len(train), "prompts": len(prompts),
+                              "taps": {}}  # fmt: skip
+    similarity: dict[str, float] = {}
+    for name, taps in KLEIN_TAPS.items():
+        pairs = () if similarity else tuple(zip(*KLEIN_TAPS.values(), strict=True))
+        h_tr, m_tr, _ = _encode_klein(encoder, [c for c, _ in train], taps)
+        h_ev, m_ev, cos = _encode_klein(encoder, [p.text for p in prompts], taps, pairs)
+        per: dict[str, Any] = {}
+        for kind, cls in _probes(h_tr.shape[-1]).items():
+            model = _fit(cls, h_tr, m_tr, y_tr)
+            with torch.no_grad():
+                train_acc = float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean())
+                hit = (model(h_ev, m_ev).argmax(1) == y_ev).tolist()
+            per[kind] = {"train": round(train_acc, 4), "correct": sum(hit), **_tally(groups, hit)}
+        result["taps"][name] = per
+        for (a, b), c in zip(pairs, cos, strict=True):
+            similarity[f"{a} vs {b}"] = round(float(c.mean()), 4)
+    result["cosine_official_vs_deviating"] = similarity
+    best = max(v["correct"] for v in result["taps"]["official (9, 18, 27)"].values())
+    result["gate"] = {"rule": "the better probe of the official taps reads >= 95.0% of the prompts' colours",
+                      "best_correct": best, "of": len(prompts), "passed": best >= 0.95 * len(prompts)}  # fmt: skip
+    return result
+
+
 def probe(seed: int, t5: Path | None = None) -> dict[str, Any]:
     import torch
 
@@ -164,16 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--t5", type=Path, default=None, help="an encoder set (world_build.py encoders OUT) whose T5 to probe")
-    ap.add_argument("--label", default="", help="with --t5: the result's name")
+    ap.add_argument("--klein", type=Path, default=None, help="a klein encoder set (world_build.py klein-encoder OUT)")
+    ap.add_argument("--label", default="", help="with --t5 or --klein: the result's name")
     args = ap.parse_args(argv)
+    if args.klein is not None and not (args.label and (args.klein / "qwen3" / "config.json").is_file()):
+        ap.error("--klein needs --label and a folder with qwen3/config.json")
     if args.t5 is not None and not (args.label and (args.t5 / "t5" / "model.safetensors").is_file()):
         ap.error("--t5 needs --label and a folder with t5/model.safetensors")
     if args.seed == 0:
         ap.error("seed 0 is the prompt set the bases are judged on; a diagnosis uses another")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    result = probe(args.seed, args.t5)
+    result = probe_klein(args.seed, args.klein) if args.klein is not None else probe(args.seed, args.t5)
     OUT.mkdir(parents=True, exist_ok=True)
-    name = f"encoder-probe-seed{args.seed}" + (f"-{args.label}" if args.t5 is not None else "")
+    labelled = args.t5 is not None or args.klein is not None
+    name = f"encoder-probe-seed{args.seed}" + (f"-{args.label}" if labelled else "")
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=1))
     return 0

@@ -144,7 +144,10 @@ def build_klein_encoder(args: argparse.Namespace) -> Path:
         raise SystemExit(f"world_build.py klein-encoder --config: {exc}") from None
     log = Log(out / "log.jsonl")
     log({"phase": "config", "part": "klein-encoder", **cfg.as_dict(), "threads": args.threads})
-    model, metrics = klein_encoder.pretrain_klein_encoder(cfg, out / "work", log)
+    done = klein_encoder.pretrain_klein_encoder(cfg, out / "work", log, stop_after=args.stop_after)
+    if done is None:
+        return out
+    model, metrics = done
     metrics["threads"] = args.threads
     tmp = out.with_name(out.name + ".partial")
     klein_encoder.save_klein_encoder(model, tmp, config=cfg.as_dict(), metrics=metrics)
@@ -350,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     common(p)
     p = sub.add_parser("klein-encoder", help="the klein base's Qwen3 text encoder (resumable)")
     common(p)
+    p.add_argument("--stop-after", type=int, default=0, help="stop after this step's checkpoint (a time box); "
+                   "the same command continues")  # fmt: skip
     p = sub.add_parser("base", help="a family's denoiser")
     common(p)
     p.add_argument("family", choices=list(recipe.FAMILIES))

@@ -184,10 +184,12 @@ def _initial(cfg: KleinEncoderConfig) -> tuple[Any, Any]:
 
 
 def pretrain_klein_encoder(
-    cfg: KleinEncoderConfig, work: str | Path, log: Callable[[dict[str, Any]], None] | None = None
-) -> tuple[Any, dict[str, Any]]:
+    cfg: KleinEncoderConfig, work: str | Path, log: Callable[[dict[str, Any]], None] | None = None, *,
+    stop_after: int = 0, heldout: int = 1000,
+) -> tuple[Any, dict[str, Any]] | None:
     """Train the klein encoder on world captions (checkpointing into ``work``, resuming from it); returns
-    (the trained, frozen ``Qwen3ForCausalLM``, metrics)."""
+    (the trained, frozen ``Qwen3ForCausalLM``, metrics), or ``None`` when ``stop_after`` (a time box: stop once the
+    checkpoint of that step is written) stopped it. ``heldout``: captions of the final held-out read."""
     import torch
 
     work = Path(work)
@@ -195,7 +197,7 @@ def pretrain_klein_encoder(
     tokenizer, model = _initial(cfg)
     t0 = time.perf_counter()
     train = _samples(cfg, cfg.captions, cfg.seed)
-    held = _samples(cfg, 1000, cfg.seed + 50_000)
+    held = _samples(cfg, heldout, cfg.seed + 50_000)
     data = klein_targets(train, tokenizer)
     held_data = klein_targets(held, tokenizer)
     if log:
@@ -235,12 +237,14 @@ def pretrain_klein_encoder(
         if log and (step + 1) % 50 == 0:
             log({"phase": "klein_encoder", "step": step + 1, "loss": round(float(loss), 4), "lm": round(parts["lm"], 4),
                  "attributes": round(parts["attributes"], 4), "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+        if ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == stop_after) and step + 1 < cfg.steps:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"config": cfg.as_dict(), "step": step + 1, "seconds": time.perf_counter() - t0,
                         "model": model.state_dict(), "heads": heads.state_dict(), "optimizer": opt.state_dict(),
                         "generator": gen.get_state()}, tmp)  # fmt: skip
             tmp.replace(ckpt)
+            if step + 1 == stop_after:
+                return None
     metrics: dict[str, Any] = {"train_seconds": round(time.perf_counter() - t0, 1)}
     with torch.no_grad():
         model.eval().requires_grad_(False)
