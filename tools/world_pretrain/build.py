@@ -280,6 +280,9 @@ RECIPES: dict[str, dict[str, Any]] = {
         "gap_every": 500,
         "encoders": {"train_only": ["t5"], "steps": 4000, "case": 0.1},
     },
+    # issue 49 (benchmarks/klein/bench_klein.md section 1): the decision checkpoint is 4,000 steps, evaluated at 2,000;
+    # the text encoder is the klein encoder set OUT/encoders-klein (Qwen3, tools/world_pretrain/klein_encoder.py)
+    "klein": {"config": _SIMPLE, "steps": 4000, "eval_at": [2000], "gap_every": 500, "klein_encoders": "encoders-klein"},
 }
 
 
@@ -290,8 +293,13 @@ def build_all(args: argparse.Namespace) -> Path:
         raise SystemExit(f"no chosen recipe for {args.family} yet; known: {', '.join(RECIPES) or 'none'}")
     out = Path(args.out)
     vae = build_vae(argparse.Namespace(out=str(out), threads=args.threads, config="{}", eval_every=1000))
-    enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
-    if "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
+    if "klein_encoders" not in recipe_:
+        enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
+    if "klein_encoders" in recipe_:  # a Qwen3 set written by world_pretrain.klein_encoder, not by build_encoders
+        enc = out / recipe_["klein_encoders"]
+        if not enc.is_dir():
+            raise SystemExit(f"world_build.py all {args.family}: {enc} (the klein encoder set) does not exist; write it first")
+    elif "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
         own = {"init": str(enc), **recipe_["encoders"]}
         enc = build_encoders(argparse.Namespace(out=str(out / f"encoders-{args.family}"), threads=args.threads,
                                                 config=json.dumps(own)))  # fmt: skip
