@@ -148,6 +148,52 @@ def test_world_build_klein_runs_and_resumes_to_the_weights_of_one_run(tmp_path: 
     with torch.no_grad():
         ref, _ = pipe.encode_prompt(["a red square"], device="cpu")
     assert torch.equal(te_align.encode(recipe.fitted_profile("klein"), ["a red square"], pipeline=pipe)["prompt_embeds"], ref)
+    _ship_and_score(tmp_path, pipe, bn)
+
+
+def _ship_and_score(tmp_path: Path, pipe: object, bn: dict) -> None:
+    """tools/ship_base.py ships the run's model-3 into a world data root that te_align.tiny.bases.load reads (the
+    shared autoencoder, the klein encoder set's Qwen3 as encoders/qwen3_klein, the statistics in pretrain.vae_bn), and
+    benchmarks/base_eval/base_eval.py scores the pipeline folder as a klein candidate."""
+    import ship_base
+
+    from te_align.tiny import bases
+
+    root = tmp_path / "world"
+    ship_base.main(["--name", "klein", "--run", str(tmp_path / "one"), "--step", "3", "--dest", str(root), "--eval-n", "1"])
+    info = bases.base_info("klein", root)
+    assert info["pretrain"]["vae_bn"] == {k: bn[k] for k in ("renders", "seed", "mean", "var")}
+    assert info["profile_overrides"] == recipe.fitted_overrides("klein") and info["sampling"] == ship_base.SAMPLING["klein"]
+    assert info["denoiser_class"] == "Flux2Transformer2DModel" and info["pretrain"]["encoders"] == {
+        "command": "tools/world_pretrain/klein_encoder.py", "encoders": ["qwen3"]}
+    assert sorted({f.split("/")[0] + "/" + f.split("/")[1] for f in info["files"]}) == [
+        "encoders/qwen3_klein", "klein/scheduler", "klein/transformer", "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors"]  # fmt: skip
+    assert info["metrics"]["heldout"]["prompts"] == 3
+    loaded = bases.load("klein", cache_dir=tmp_path / "cache", source=root)
+    assert type(loaded).__name__ == "Flux2KleinPipeline" and loaded.config.is_distilled is False
+    assert torch.equal(loaded.vae.bn.running_mean, pipe.vae.bn.running_mean)  # type: ignore[attr-defined]
+    assert torch.equal(loaded.vae.bn.running_var, pipe.vae.bn.running_var)  # type: ignore[attr-defined]
+    for name in ("transformer", "text_encoder"):
+        a, b = getattr(loaded, name).state_dict(), getattr(pipe, name).state_dict()
+        assert all(torch.equal(v, b[k].half().float()) for k, v in a.items()), name
+    with torch.no_grad():
+        ref, _ = loaded.encode_prompt(["a red square"], device="cpu")
+    assert torch.equal(te_align.encode(bases.base_profile("klein", root), ["a red square"], pipeline=loaded)["prompt_embeds"], ref)
+    # base_eval.py score --pipeline RUN/model-3 --label klein-3 --family klein (results under a temporary OUT)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "base_eval"))
+    import base_eval
+
+    out = base_eval.OUT
+    base_eval.OUT = tmp_path / "base_eval"
+    try:
+        assert base_eval.main(["score", "--pipeline", str(tmp_path / "one" / "model-3"), "--label", "klein-3",
+                               "--family", "klein", "--limit", "2"]) == 0  # fmt: skip
+    finally:
+        base_eval.OUT = out
+    rows = [json.loads(x) for x in (tmp_path / "base_eval" / "candidates" / "klein-3.jsonl").read_text().splitlines()]
+    assert [r["i"] for r in rows] == [0, 1] and all(isinstance(r["read"], list) for r in rows)
+    assert [r["text"] for r in rows] == [p.text for p in base_eval.prompts()[:2]]
 
 
 def test_klein_recipe_is_the_plans() -> None:

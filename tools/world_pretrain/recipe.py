@@ -1502,7 +1502,8 @@ def visible(profile: Any, samples: Sequence[Any]) -> list[bool]:
     toks = {slot.name: tokenizer(slot.tokenizer.cls) for slot in profile.slots}
     # a chat template (klein's Qwen3) puts tokens before the prompt and ends with the generation prompt, which
     # truncation cuts first: the prompt's tokens see max_length minus the prefix
-    prefix = {slot.name: _template_prefix(toks[slot.name]) if slot.tokenizer.template else 0 for slot in profile.slots}
+    prefix = {slot.name: _template_prefix(toks[slot.name]) if slot.tokenizer.cls == "Qwen2TokenizerFast" else 0
+              for slot in profile.slots}  # fmt: skip
     out = []
     for s in samples:
         spans = [(sp.char_start, sp.char_end) for sp in s.spans]
