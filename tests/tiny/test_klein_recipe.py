@@ -5,6 +5,7 @@ and a few steps run end to end through tools/world_build.py with a resumed run e
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -202,3 +203,10 @@ def test_klein_recipe_is_the_plans() -> None:
     assert (cfg.world, cfg.held_out, cfg.train_size, cfg.batch, cfg.lr, cfg.warmup, cfg.ema_decay, cfg.grad_clip,
             cfg.seed, cfg.steps) == ("simple", "colour=pink", 20000, 16, 1e-3, 200, 0.999, 1.0, 0, 4000)  # fmt: skip
     assert (chosen["eval_at"], chosen["gap_every"], cfg.vae_bn_renders) == ([2000], 500, 10000)
+
+
+def test_world_build_all_klein_needs_the_klein_encoder_set(tmp_path: Path) -> None:
+    msg = f"{tmp_path / 'encoders-klein'} (the klein encoder set, tools/world_pretrain/klein_encoder.py) does not exist"
+    with pytest.raises(SystemExit, match=re.escape(msg)):
+        build.main(["all", "klein", "--out", str(tmp_path)])
+    assert not (tmp_path / "vae").exists()

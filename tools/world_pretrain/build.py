@@ -292,14 +292,16 @@ def build_all(args: argparse.Namespace) -> Path:
     if recipe_ is None:
         raise SystemExit(f"no chosen recipe for {args.family} yet; known: {', '.join(RECIPES) or 'none'}")
     out = Path(args.out)
+    klein_set = out / recipe_["klein_encoders"] if "klein_encoders" in recipe_ else None
+    if klein_set is not None and not (klein_set / "encoders.json").is_file():
+        raise SystemExit(f"world_build.py all {args.family}: {klein_set} (the klein encoder set, "
+                         "tools/world_pretrain/klein_encoder.py) does not exist; write it first")  # fmt: skip
     vae = build_vae(argparse.Namespace(out=str(out), threads=args.threads, config="{}", eval_every=1000))
-    if "klein_encoders" not in recipe_:
+    if klein_set is not None:  # a Qwen3 set written by world_pretrain.klein_encoder, not by build_encoders
+        enc = klein_set
+    else:
         enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
-    if "klein_encoders" in recipe_:  # a Qwen3 set written by world_pretrain.klein_encoder, not by build_encoders
-        enc = out / recipe_["klein_encoders"]
-        if not enc.is_dir():
-            raise SystemExit(f"world_build.py all {args.family}: {enc} (the klein encoder set) does not exist; write it first")
-    elif "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
+    if klein_set is None and "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
         own = {"init": str(enc), **recipe_["encoders"]}
         enc = build_encoders(argparse.Namespace(out=str(out / f"encoders-{args.family}"), threads=args.threads,
                                                 config=json.dumps(own)))  # fmt: skip
@@ -307,7 +309,7 @@ def build_all(args: argparse.Namespace) -> Path:
         out=str(out / args.family), threads=args.threads, config=json.dumps(recipe_["config"]), family=args.family,
         vae=str(vae), encoders=str(enc), steps=recipe_["steps"], eval_at=",".join(map(str, recipe_["eval_at"])),
         eval_n=args.eval_n, sample_steps=16, guidance=4.0, gap_every=recipe_.get("gap_every", 500), resume=True,
-        device=args.device, stop_after=0, cond_cache="",
+        device=args.device, stop_after=0, cond_cache=getattr(args, "cond_cache", ""),
     )  # fmt: skip
     return build_base(ns)
 
@@ -352,6 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-n", type=int, default=32, help="held-out prompts per caption style")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--cond-cache", default="", help="keep the encoded captions in this folder (a resume skips encoding)")
     args = ap.parse_args(argv)
     _setup(args.threads)
     if args.part == "vae":
