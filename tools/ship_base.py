@@ -49,6 +49,9 @@ SAMPLING: dict[str, dict[str, Any]] = {
     # (diffusers 0.42.1 pipelines/chroma/pipeline_chroma.py:596-614, 869-882); T5 256: recipe.PROFILE_CHANGES
     "chroma": {"num_inference_steps": 16, "guidance_scale": 4.0, "negative_prompt": "",
                "max_sequence_length": 256, "height": 32, "width": 32},
+    # Flux2KleinPipeline(is_distilled=False): guidance_scale is true classifier-free guidance against the encoded ""
+    # (diffusers 0.42.1 pipelines/flux2/pipeline_flux2_klein.py:595-596, 749-760, 864-877); the Qwen3 window 512
+    "klein": {"num_inference_steps": 16, "guidance_scale": 4.0, "max_sequence_length": 512, "height": 32, "width": 32},
 }  # fmt: skip
 
 
@@ -125,10 +128,13 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
                       "config": {k: v for k, v in vae_rs[0].items() if k.startswith("vae_") or k in ("image_size", "train_size", "seed")},
                       "roundtrip": {r["world"]: {k: r[k] for k in ("object_accuracy", "colour", "shape", "position")}
                                     for r in rts[-2:]}}  # fmt: skip
+    bn = [r for r in rs if r.get("phase") == "vae_bn"]
+    if bn:  # klein: the autoencoder's BatchNorm statistics, set from seeded full-world renders before training
+        out["vae_bn"] = {k: bn[-1][k] for k in ("renders", "seed", "mean", "var")}
     enc = Path(config["encoders"]) if config.get("encoders") else None
     if enc is not None and (enc / "encoders.json").is_file():
-        out["encoders"] = {"command": "python tools/world_build.py encoders",
-                           **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}  # fmt: skip
+        command = "tools/world_pretrain/klein_encoder.py" if config.get("family") == "klein" else "python tools/world_build.py encoders"
+        out["encoders"] = {"command": command, **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}
         init = out["encoders"].get("config", {}).get("init")
         if init:  # a base's own encoder set continued from the shared one: that set's training record too
             start = Path(init) if Path(init).is_absolute() else ROOT / init
@@ -209,6 +215,8 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
             if k not in shared or not torch.equal(v.half(), shared[k].half()):
                 raise SystemExit(f"{name}: {comp} differs from the shared {folder} encoder at {k}")
     for k, v in pipe.vae.state_dict().items():
+        if k.startswith("bn.") and spec.family == "klein":  # the statistics travel in base.json (pretrain.vae_bn)
+            continue
         if not torch.equal(v.half(), vae.state_dict()[k].half()):
             raise SystemExit(f"{name}: the autoencoder differs from the shared one at {k}")
     root.mkdir(parents=True, exist_ok=True)
@@ -230,6 +238,10 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
     used = sorted({f"encoders/{f}" for f, _ in bases.ENCODERS[spec.family].values()} | {"vae", name})
     files = {p.relative_to(root).as_posix(): bases._sha256(p)
              for top in used for p in sorted((root / top).rglob("*")) if p.is_file() and p.name != bases.MANIFEST}  # fmt: skip
+    if spec.family == "klein":  # the shipped autoencoder is the shared one; the pipeline's statistics are in base.json
+        bn = pretrain.get("vae_bn")
+        if bn is None or bn["mean"] != recipe.vae_bn_record(pipe.vae)["mean"] or bn["var"] != recipe.vae_bn_record(pipe.vae)["var"]:
+            raise SystemExit(f"{name}: pretrain.vae_bn is missing or differs from the pipeline's autoencoder BatchNorm")
     fitted = recipe.fitted_overrides(spec.family)  # the tiny encoders' numbers and chroma's T5 256
     info: dict[str, Any] = {
         "format": bases.FORMAT, "name": name, "family": spec.family, "profile": spec.profile, "pipeline": spec.pipeline,
@@ -241,7 +253,24 @@ def ship_pipeline(pipe: Any, name: str, root: Path, *, encoders: dict[str, Any],
     return info
 
 
-def main() -> None:
+def ship_encoders(family: str, folder: str) -> dict[str, Any]:
+    """The encoder folders a base of ``family`` ships (name -> module, float16 values), from the run's encoder set.
+
+    The shared set's three folders; a base with a folder of its own (chroma's t5_cased: the shared T5 continued)
+    ships only the folders it uses; the klein base its klein encoder set's Qwen3 (``encoders/qwen3_klein``)."""
+    from world_pretrain import recipe
+    from world_pretrain.encoders import COMPONENTS
+
+    if family == "klein":
+        return {"qwen3_klein": recipe._components("klein", folder)["text_encoder"]}
+    enc = recipe._components("sd3", folder)  # the shared set: CLIP-L and CLIP-G with projection, T5
+    used = {name for name, _ in bases.ENCODERS[family].values()}
+    shared = ("clip_l", "clip_g", "t5")
+    names = shared if used <= set(shared) else sorted(used)
+    return {name: enc[COMPONENTS[SET_FOLDER.get(name, name)]] for name in names}
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True, choices=list(bases.BASES))
     ap.add_argument("--run", required=True, help="the base's world_build.py output folder")
@@ -250,12 +279,11 @@ def main() -> None:
     ap.add_argument("--eval-n", type=int, default=64, help="held-out prompts per caption style")
     ap.add_argument("--grid", default=None, help="also write a grid of the first 24 evaluation samples here (PNG)")
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import diffusers
     import torch
     from world_pretrain import recipe
-    from world_pretrain.encoders import COMPONENTS
 
     torch.set_num_threads(args.threads)
     diffusers.logging.set_verbosity_error()
@@ -266,15 +294,9 @@ def main() -> None:
     cfg = record["config"]
     paths = [r for r in _records(run / "log.jsonl") if r.get("phase") == "config"][-1]  # the run's own folders
     pipe = getattr(diffusers, spec.pipeline).from_pretrained(str(run / f"model-{args.step}"), dtype=torch.float32)
-    enc = recipe._components("sd3", paths["encoders"])  # the shared set: CLIP-L and CLIP-G with projection, T5
     vae = diffusers.AutoencoderKL.from_pretrained(paths["vae_from"])
     recipe._round_to_half(vae)
-    # the shared set's three folders; a base with a folder of its own (chroma's t5_cased: the shared T5 continued)
-    # ships only the folders it uses
-    used = {folder for folder, _ in bases.ENCODERS[spec.family].values()}
-    shared = ("clip_l", "clip_g", "t5")
-    names = shared if used <= set(shared) else sorted(used)
-    encoders = {folder: enc[COMPONENTS[SET_FOLDER.get(folder, folder)]] for folder in names}
+    encoders = ship_encoders(spec.family, paths["encoders"])
     info = ship_pipeline(pipe, args.name, root, encoders=encoders, vae=vae, world=cfg["world"], held_out=cfg["held_out"],
                          pretrain=record)  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:

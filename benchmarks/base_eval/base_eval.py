@@ -124,10 +124,13 @@ def _candidate(folder: Path, family: str, call: dict[str, object]) -> object:
 
     pipe = diffusers.DiffusionPipeline.from_pretrained(str(folder))
     pipe.set_progress_bar_config(disable=True)
+    if family not in SAMPLING:
+        raise SystemExit(f"base_eval.py score --family: expected one of {', '.join(SAMPLING)}, got {family!r}")
     settings = {**SAMPLING[family], **call}
 
     def run(text: str, **kwargs: object) -> object:
-        return pipe(text, **{**settings, **kwargs})
+        # by keyword: Flux2KleinPipeline's first positional argument is `image`
+        return pipe(prompt=text, **{**settings, **kwargs})
 
     return run
 

@@ -267,7 +267,7 @@ def test_family_configs_and_profiles():
     assert (sdxl.unet_channels, sdxl.caption_dropout_rate) == ((32, 64, 64), 0.2)
     assert pretrain.PretrainConfig().caption_dropout_rate == 0.0
     with pytest.raises(
-        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, sd15, chroma, got 'sd21'"
+        ValueError, match=r"PretrainConfig\.family: expected one of sd3, flux, sdxl, sd15, chroma, klein, got 'sd21'"
     ):
         pretrain.PretrainConfig(family="sd21")
     assert [pretrain.fitted_profile(f).name for f in ("sd3", "flux", "sdxl", "sd15", "chroma")] == [

@@ -308,6 +308,9 @@ RECIPES: dict[str, dict[str, Any]] = {
         "gap_every": 500,
         "encoders": {"train_only": ["t5"], "steps": 4000, "case": 0.1},
     },
+    # issue 49 (benchmarks/klein/bench_klein.md section 1): the decision checkpoint is 4,000 steps, evaluated at 2,000;
+    # the text encoder is the klein encoder set OUT/encoders-klein (Qwen3, tools/world_pretrain/klein_encoder.py)
+    "klein": {"config": _SIMPLE, "steps": 4000, "eval_at": [2000], "gap_every": 500, "klein_encoders": "encoders-klein"},
 }
 
 
@@ -317,9 +320,16 @@ def build_all(args: argparse.Namespace) -> Path:
     if recipe_ is None:
         raise SystemExit(f"no chosen recipe for {args.family} yet; known: {', '.join(RECIPES) or 'none'}")
     out = Path(args.out)
+    klein_set = out / recipe_["klein_encoders"] if "klein_encoders" in recipe_ else None
+    if klein_set is not None and not (klein_set / "encoders.json").is_file():
+        raise SystemExit(f"world_build.py all {args.family}: {klein_set} (the klein encoder set, "
+                         "tools/world_pretrain/klein_encoder.py) does not exist; write it first")  # fmt: skip
     vae = build_vae(argparse.Namespace(out=str(out), threads=args.threads, config="{}", eval_every=1000))
-    enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
-    if "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
+    if klein_set is not None:  # a Qwen3 set written by world_pretrain.klein_encoder, not by build_encoders
+        enc = klein_set
+    else:
+        enc = build_encoders(argparse.Namespace(out=str(out / "encoders"), threads=args.threads, config="{}"))
+    if klein_set is None and "encoders" in recipe_:  # the base's own encoder set, continued from the shared one (e.g. chroma's cased T5)
         own = {"init": str(enc), **recipe_["encoders"]}
         enc = build_encoders(argparse.Namespace(out=str(out / f"encoders-{args.family}"), threads=args.threads,
                                                 config=json.dumps(own)))  # fmt: skip
@@ -327,7 +337,7 @@ def build_all(args: argparse.Namespace) -> Path:
         out=str(out / args.family), threads=args.threads, config=json.dumps(recipe_["config"]), family=args.family,
         vae=str(vae), encoders=str(enc), steps=recipe_["steps"], eval_at=",".join(map(str, recipe_["eval_at"])),
         eval_n=args.eval_n, sample_steps=16, guidance=4.0, gap_every=recipe_.get("gap_every", 500), resume=True,
-        device=args.device, stop_after=0, cond_cache="",
+        device=args.device, stop_after=0, cond_cache=getattr(args, "cond_cache", ""),
     )  # fmt: skip
     return build_base(ns)
 
@@ -376,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--eval-n", type=int, default=32, help="held-out prompts per caption style")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--cond-cache", default="", help="keep the encoded captions in this folder (a resume skips encoding)")
     args = ap.parse_args(argv)
     _setup(args.threads)
     if args.part == "vae":

@@ -104,6 +104,12 @@ def _predict_x0(
 
         h, w = x0.shape[-2:]
         v = diffusers.FluxPipeline._unpack_latents(v, h * 8, w * 8, 8)  # vae_scale_factor 8: h * 8 // 8 latent rows
+    elif cfg.family == "klein":  # tokens back to the patchified latents by their ids, as Flux2KleinPipeline does
+        import diffusers
+
+        klein = diffusers.Flux2KleinPipeline
+        h, w = x0.shape[-2:]
+        v = klein._unpack_latents_with_ids(v, klein._prepare_latent_ids(x0).to(x0.device), h, w)
     # x_t = (1 - t) x0 + t e and v = e - x0  =>  x0 = x_t - t v
     return xt - frac * v
 

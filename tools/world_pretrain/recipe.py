@@ -161,7 +161,12 @@ FAMILIES: dict[str, FamilySpec] = {
     "sd15": FamilySpec("sd15", "sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet", 0.0),
     # chroma publishes no caption dropout (the profile's train_dropout is unconfirmed): 10% as flux and sdxl
     "chroma": FamilySpec("chroma", "chroma", "chroma", "chroma", "ChromaPipeline", "transformer", 0.1),
+    # FLUX.2 klein at tiny size (te_align.tiny.klein, issue 49): no caption dropout published; 10% as flux and chroma
+    "klein": FamilySpec("klein", "flux2-klein-4b", "klein", "klein", "Flux2KleinPipeline", "transformer", 0.1),
 }
+
+#: The klein family: FLUX.2 klein's recipe (Flux2KleinPipeline, Qwen3 encoder, AutoencoderKLFlux2 latents).
+KLEIN = "klein"
 
 #: Families whose denoiser reads 2 x 2 packed latents (the Flux layout) and returns them packed.
 PACKED_FAMILIES = ("flux", "chroma")
@@ -198,6 +203,10 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     # layer squeezes the modulation): 25 k of the 334 k parameters (7.5%; Chroma's 5 x 5120 are 3% of
     # 8.9 B), little time next to the blocks (benchmarks/world/bench_world_steps.py --only chroma)
     "chroma": {"layers": 2, "single_layers": 2, "approximator_hidden_dim": 64, "approximator_layers": 2},
+    # te_align.tiny.klein.KLEIN_TRANSFORMER's blocks (2 double- + 2 single-stream, 2 heads of 32: width and head_dim
+    # are the class defaults): new_transformer builds klein_transformer() and changes only what a config changes
+    # (tests/tiny/test_klein_recipe.py checks that this configuration gives KLEIN_TRANSFORMER exactly)
+    "klein": {"layers": 2, "single_layers": 2},
 }
 
 
@@ -277,6 +286,10 @@ class PretrainConfig:
     encoders: str = ""
     # curriculum: for the first N denoiser steps draw only captions of the "tags" style (0: no curriculum)
     curriculum_tags_steps: int = 0
+    # klein: the autoencoder's BatchNorm statistics (what Flux2KleinPipeline normalises latents with) are those of
+    # the patchified posterior means of this many full-world renders drawn with this dataset seed
+    vae_bn_renders: int = 10000
+    vae_bn_seed: int = 30_000
 
     def __post_init__(self) -> None:
         family_spec(self.family)
@@ -370,7 +383,48 @@ def fitted_overrides(family: str = FAMILY) -> dict[str, Any]:
     256)."""
     from te_align.tiny.fit import profile_overrides
 
+    if family == KLEIN:
+        return {**_klein_overrides(), **PROFILE_CHANGES.get(family, {})}
     return {**profile_overrides(family_spec(family).fit), **PROFILE_CHANGES.get(family, {})}
+
+
+@functools.cache
+def _klein_overrides_cached() -> tuple[tuple[str, Any], ...]:
+    from te_align.profiles import profile
+    from te_align.tiny.fit import architecture_overrides
+    from te_align.tiny.klein import klein_text_encoder
+    from te_align.tiny.tokenizers import qwen3_instruct_tokenizer
+
+    tok = qwen3_instruct_tokenizer()
+    comps = {"tokenizer": tok, "text_encoder": klein_text_encoder(tok)}
+    return tuple(architecture_overrides(profile(family_spec(KLEIN).profile), comps).items())
+
+
+def _klein_overrides() -> dict[str, Any]:
+    """flux2-klein-4b fitted to the tiny klein text encoder of :func:`te_align.tiny.klein.klein_text_encoder` (31
+    layers, width 32, the tiny Qwen3 tokenizer's vocabulary and ids); a trained encoder set has the same shape
+    (:func:`prepare` checks it)."""
+    return dict(_klein_overrides_cached())
+
+
+def load_klein_encoder(folder: str | Path) -> Any:
+    """The Qwen3 text encoder of a klein encoder set ``folder`` (``folder/qwen3``: a ``Qwen3ForCausalLM``
+    saved with ``save_pretrained``, and ``folder/encoders.json``), float32, eval, frozen.
+
+    ``world_pretrain.klein_encoder.load_klein_encoder`` when that module exists (it writes the sets); until then the
+    layout is read here directly."""
+    try:
+        from world_pretrain.klein_encoder import load_klein_encoder as load
+    except ModuleNotFoundError as exc:
+        if exc.name != "world_pretrain.klein_encoder":
+            raise
+    else:
+        return load(folder)
+    import torch
+    import transformers
+
+    model = transformers.Qwen3ForCausalLM.from_pretrained(str(Path(folder) / "qwen3"), dtype=torch.float32)
+    return model.float().eval().requires_grad_(False)
 
 
 def fitted_profile(family: str = FAMILY) -> Any:
@@ -491,7 +545,11 @@ def train_vae(
 def encode_latents(vae: Any, images: Sequence[np.ndarray], batch: int = 256) -> Any:
     """``(mean - shift) * scale`` of each image's posterior, as the denoiser is trained on.
 
-    A VAE without ``shift_factor`` (the SDXL family's) gives ``mean * scale``, as the SDXL pipeline decodes.
+    A VAE without ``shift_factor`` (the SDXL family's) gives ``mean * scale``, as the SDXL pipeline decodes. The
+    klein family's ``AutoencoderKLFlux2`` gives what ``Flux2KleinPipeline._encode_vae_image`` gives (diffusers 0.42.1
+    pipelines/flux2/pipeline_flux2_klein.py:464-477): the posterior mean (its ``argmax``) patchified 2 x 2 by
+    ``_patchify_latents`` and normalised with the BatchNorm's running statistics, ``(x - mean) / sqrt(var + eps)``
+    (the pipeline inverts it before decoding, :911-916): (N, 4 C, H / 2, W / 2).
     """
     import torch
 
@@ -500,6 +558,13 @@ def encode_latents(vae: Any, images: Sequence[np.ndarray], batch: int = 256) -> 
         z = torch.cat(
             [vae.encode(x_all[i : i + batch]).latent_dist.mean for i in range(0, len(x_all), batch)]
         )
+    if getattr(vae, "bn", None) is not None:
+        import diffusers
+
+        z = diffusers.Flux2KleinPipeline._patchify_latents(z)
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(z.device, z.dtype)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(z.device, z.dtype)
+        return (z - mean) / std
     if vae.config.shift_factor is None:
         return z * vae.config.scaling_factor
     return (z - vae.config.shift_factor) * vae.config.scaling_factor
@@ -510,13 +575,43 @@ def family_vae(cfg: PretrainConfig, vae: Any) -> Any:
 
     ``StableDiffusionXLPipeline`` decodes ``latents / scaling_factor`` and ignores a shift (and te-align
     train applies one when the config has it), so the SDXL model is trained and saved without it, as
-    SDXL's own VAE config. The flow families use the VAE as trained (SD3 / Flux normalise with both).
+    SDXL's own VAE config. The flow families use the VAE as trained (SD3 / Flux normalise with both). The klein
+    family's is :func:`klein_family_vae`.
     """
+    if cfg.family == KLEIN:
+        return klein_family_vae(cfg, vae)
     if cfg.family not in EPS_FAMILIES or vae.config.shift_factor is None:
         return vae
     vae = copy.deepcopy(vae)
     vae.register_to_config(shift_factor=None)
     return vae
+
+
+def klein_family_vae(cfg: PretrainConfig, vae: Any, log: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """The shared autoencoder as an ``AutoencoderKLFlux2`` (:func:`te_align.tiny.klein.klein_vae`; the same weights,
+    rounded to float16 values as shipped) whose BatchNorm statistics :func:`te_align.tiny.klein.set_latent_statistics`
+    sets from ``cfg.vae_bn_renders`` full-world renders of dataset seed ``cfg.vae_bn_seed`` (every concept, as the
+    autoencoder sees the whole world). An ``AutoencoderKLFlux2`` is returned as it is. ``log`` gets the statistics
+    (``phase`` ``vae_bn``)."""
+    from te_align.tiny import world
+    from te_align.tiny.klein import klein_vae, set_latent_statistics
+
+    if getattr(vae, "bn", None) is not None:
+        return vae
+    out = klein_vae(vae)
+    _round_to_half(out)
+    renders = world.make_dataset(cfg.vae_bn_renders, cfg.vae_bn_seed, image_size=cfg.image_size, tokenizer=False)
+    t0 = time.perf_counter()
+    set_latent_statistics(out, _images_to_tensor([s.image for s in renders]))
+    if log is not None:
+        log({"phase": "vae_bn", "renders": cfg.vae_bn_renders, "seed": cfg.vae_bn_seed, "seconds": time.perf_counter() - t0,
+             **vae_bn_record(out)})  # fmt: skip
+    return out
+
+
+def vae_bn_record(vae: Any) -> dict[str, list[float]]:
+    """An ``AutoencoderKLFlux2``'s BatchNorm statistics as lists (float32 values; exact through JSON)."""
+    return {"mean": [float(v) for v in vae.bn.running_mean], "var": [float(v) for v in vae.bn.running_var]}
 
 
 def vae_roundtrip_accuracy(vae: Any, samples: Sequence[Any]) -> dict[str, float]:
@@ -575,7 +670,13 @@ def _components(family: str = FAMILY, encoders: str | Path = "") -> dict[str, An
     """
     import torch
 
-    if encoders:
+    if family == KLEIN:  # the tiny Qwen3 instruct tokenizer and a klein encoder set's Qwen3 (or the random one)
+        from te_align.tiny.klein import klein_text_encoder
+        from te_align.tiny.tokenizers import qwen3_instruct_tokenizer
+
+        tok = qwen3_instruct_tokenizer()
+        components = {"tokenizer": tok, "text_encoder": load_klein_encoder(encoders) if encoders else klein_text_encoder(tok)}
+    elif encoders:
         from world_pretrain.encoders import components_for, load_encoders
 
         components = components_for(family_spec(family).components, load_encoders(encoders))
@@ -592,25 +693,36 @@ def _components(family: str = FAMILY, encoders: str | Path = "") -> dict[str, An
 def encode_captions(
     profile: Any, components: dict[str, Any], captions: Sequence[str], batch: int = 64
 ) -> ConditioningTable:
-    """Every caption encoded by ``te_align.encode`` (no dropout), batched; float32 as the pipeline encodes."""
+    """Every caption encoded by ``te_align.encode`` (no dropout), batched; float32 as the pipeline encodes.
+
+    The rows are written into one tensor per output (no second copy: klein's table is 20,000 x 512 x 96). FLUX.2's
+    ``text_ids`` (batched, (B, L, 4), but the same (0, 0, 0, position) rows for every prompt; the transformer reads
+    the first, diffusers 0.42.1 models/transformers/transformer_flux2.py:1324-1325) are checked to be equal and kept
+    once, as a shared (1, L, 4)."""
     import torch
 
     import te_align
 
-    parts: dict[str, list[Any]] = {}
+    out: dict[str, Any] = {}
     shared: dict[str, Any] = {}
     for i in range(0, len(captions), batch):
         cond = te_align.encode(
             profile, list(captions[i : i + batch]), tokenizers=components, text_encoders=components
         )
         for k, v in cond.items():
-            if k in cond.shared:
+            if k == "text_ids" and k not in cond.shared and v.dim() == 3:
+                if not bool((v == v[:1]).all()):
+                    raise AssertionError("encode_captions: text_ids differ between prompts")
+                k, v = "text_ids", v[:1]
+            if k in cond.shared or k == "text_ids":
                 if k in shared and not torch.equal(shared[k], v):
                     raise AssertionError(f"encode_captions: shared output {k} differs between batches")
                 shared[k] = v
             else:
-                parts.setdefault(k, []).append(v)
-    return ConditioningTable({k: torch.cat(v) for k, v in parts.items()}, list(captions), shared)
+                if k not in out:
+                    out[k] = torch.empty((len(captions), *v.shape[1:]), dtype=v.dtype, device=v.device)
+                out[k][i : i + len(v)] = v
+    return ConditioningTable(out, list(captions), shared)
 
 
 def _on(t: Any, device: Any) -> Any:
@@ -897,12 +1009,36 @@ def new_transformer(cfg: PretrainConfig, joint_dim: int, pooled_dim: int) -> Any
             return diffusers.FluxTransformer2DModel(**_flux_config(cfg, joint_dim, pooled_dim))
         if cfg.family == "chroma":
             return diffusers.ChromaTransformer2DModel(**_chroma_config(cfg, joint_dim))
+        if cfg.family == KLEIN:
+            from te_align.tiny.klein import klein_transformer
+
+            return klein_transformer(seed=cfg.seed * 1000 + 3, **_klein_changes(cfg, joint_dim))
         if cfg.family in EPS_FAMILIES:
             return diffusers.UNet2DConditionModel(**_unet_config(cfg, joint_dim, pooled_dim))
         return diffusers.SD3Transformer2DModel(**_transformer_config(cfg, joint_dim, pooled_dim))
 
 
 new_denoiser = new_transformer
+
+
+def _klein_changes(cfg: PretrainConfig, joint_dim: int) -> dict[str, Any]:
+    """What ``cfg`` changes in :data:`te_align.tiny.klein.KLEIN_TRANSFORMER` (nothing for klein's own configuration
+    and the tiny encoder's 3 x 32 text width): the blocks, the heads, the 2 x 2 patchified latent channels, the
+    text width; the four RoPE axes (t, h, w, l) stay equal and sum to the head width."""
+    from te_align.tiny.klein import KLEIN_TRANSFORMER
+
+    if cfg.width % cfg.head_dim or cfg.head_dim % 8:
+        raise ValueError(f"PretrainConfig: klein needs width a multiple of head_dim and head_dim of 8 ({cfg.width}, {cfg.head_dim})")
+    wanted = {
+        "in_channels": 4 * cfg.latent_channels,  # _patchify_latents: 2 x 2 patches into channels
+        "num_layers": cfg.layers,
+        "num_single_layers": cfg.single_layers,
+        "attention_head_dim": cfg.head_dim,
+        "num_attention_heads": cfg.width // cfg.head_dim,
+        "joint_attention_dim": joint_dim,
+        "axes_dims_rope": (cfg.head_dim // 4,) * 4,
+    }
+    return {k: v for k, v in wanted.items() if v != KLEIN_TRANSFORMER[k]}
 
 
 def sdxl_time_ids(cfg: PretrainConfig) -> tuple[int, ...]:
@@ -937,6 +1073,8 @@ def training_loss(
       ids and the profile's text ids, the transformer fed ``t``; MSE to the packed ``e - x_0``.
     * chroma: as flux (``ChromaPipeline``'s packing and image ids), no pooled vector, and the profile's
       ``prompt_attention_mask`` extended to the image tokens as the pipeline extends it (:func:`_denoise`).
+    * klein: the same flow on the patchified, BatchNorm-normalised latents (:func:`encode_latents`), packed by
+      ``Flux2KleinPipeline._pack_latents`` into tokens; MSE to the packed ``e - x_0``.
     * sdxl: epsilon prediction, ``x_t = sqrt(a_t) x_0 + sqrt(1 - a_t) e`` on SDXL's scaled-linear schedule,
       uniform integer timesteps in [0, 1000), time ids :func:`sdxl_time_ids`; MSE to ``e``.
     * sd15: the same epsilon prediction on the same schedule (SD 1.5's), no time ids or pooled vector.
@@ -960,6 +1098,10 @@ def training_loss(
     tt = t.view(-1, 1, 1, 1)
     xt = (1 - tt) * x0 + tt * noise
     pred = _denoise(cfg, model, xt, t, rows, shared)
+    if cfg.family == KLEIN:  # x0 is patchified (N, 4 C, H / 2, W / 2); the transformer reads and returns it packed
+        import diffusers
+
+        return torch.nn.functional.mse_loss(pred.float(), diffusers.Flux2KleinPipeline._pack_latents(noise - x0))
     if cfg.family in PACKED_FAMILIES:
         import diffusers
 
@@ -1013,6 +1155,16 @@ def _denoise(cfg: PretrainConfig, model: Any, xt: Any, t: Any, rows: dict[str, A
             attention_mask=mask,
             return_dict=False,
         )[0]
+    if cfg.family == KLEIN:
+        import diffusers
+
+        klein = diffusers.Flux2KleinPipeline
+        # Flux2KleinPipeline.__call__ (diffusers 0.42.1 pipeline_flux2_klein.py:841-856): packed latents, the
+        # timestep / 1000 (= t), no guidance, _prepare_latent_ids' image ids, the prompt's text ids
+        return model(
+            hidden_states=klein._pack_latents(xt), timestep=t, guidance=None, encoder_hidden_states=rows["prompt_embeds"],
+            txt_ids=shared["text_ids"], img_ids=klein._prepare_latent_ids(xt).to(xt.device), return_dict=False,
+        )[0]  # fmt: skip
     if cfg.family == "flux":
         import diffusers
 
@@ -1173,6 +1325,12 @@ def build_pipeline(
     import diffusers
 
     components = components or _components(cfg.family, cfg.encoders)
+    if cfg.family == KLEIN:  # Flux2KleinPipeline(is_distilled=False): true CFG against the encoded empty prompt
+        from te_align.tiny.klein import build_klein_pipeline
+
+        return build_klein_pipeline(
+            text_encoder=components["text_encoder"], transformer=transformer, vae=vae, tokenizer=components["tokenizer"]
+        )
     if cfg.family in PACKED_FAMILIES:
         scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
             shift=cfg.scheduler_shift, use_dynamic_shifting=False, base_image_seq_len=256, max_image_seq_len=4096,
@@ -1252,6 +1410,8 @@ def evaluate_pipeline(
       ``max_sequence_length`` = the profile's T5 length (flux-schnell: 256; the pipeline's default is 512).
     * ChromaPipeline: true classifier-free guidance, which it calls ``guidance_scale`` (against
       ``negative_prompt=""``), and ``max_sequence_length`` = the fitted profile's T5 length (256).
+    * Flux2KleinPipeline (``is_distilled=False``): true classifier-free guidance ``guidance_scale`` against the
+      encoded empty prompt (the pipeline's fixed negative), ``max_sequence_length`` = the profile's Qwen3 window (512).
     * StableDiffusionXLPipeline: classifier-free guidance ``guidance`` with zeros as the negative
       (``force_zeros_for_empty_prompt``, no negative prompt passed); ``shift`` does not apply.
 
@@ -1284,6 +1444,14 @@ def evaluate_pipeline(
             out = pipe(
                 prompt=prompts, negative_prompt=[""] * len(chunk), true_cfg_scale=guidance, height=size, width=size,
                 max_sequence_length=t5.tokenizer.max_length, num_inference_steps=steps, generator=gens, output_type="np",
+            ).images  # fmt: skip
+        elif family == KLEIN:
+            # guidance_scale is true CFG against "" (is_distilled=False); the first positional argument is `image`
+            size = pipe.vae.config.sample_size
+            out = pipe(
+                prompt=prompts, guidance_scale=guidance, height=size, width=size,
+                max_sequence_length=profile.slots[0].tokenizer.max_length, num_inference_steps=steps, generator=gens,
+                output_type="np",
             ).images  # fmt: skip
         elif family == "chroma":
             size = pipe.vae.config.sample_size
@@ -1326,8 +1494,16 @@ def visible(profile: Any, samples: Sequence[Any]) -> list[bool]:
     """
     from te_align.tiny import tokenizers, world
 
-    toks = {slot.name: tokenizers.clip_tokenizer() if slot.tokenizer.cls == "CLIPTokenizer" else tokenizers.t5_tokenizer()
-            for slot in profile.slots}  # fmt: skip
+    def tokenizer(cls: str) -> Any:
+        if cls == "CLIPTokenizer":
+            return tokenizers.clip_tokenizer()
+        return tokenizers.qwen3_instruct_tokenizer() if cls == "Qwen2TokenizerFast" else tokenizers.t5_tokenizer()
+
+    toks = {slot.name: tokenizer(slot.tokenizer.cls) for slot in profile.slots}
+    # a chat template (klein's Qwen3) puts tokens before the prompt and ends with the generation prompt, which
+    # truncation cuts first: the prompt's tokens see max_length minus the prefix
+    prefix = {slot.name: _template_prefix(toks[slot.name]) if slot.tokenizer.cls == "Qwen2TokenizerFast" else 0
+              for slot in profile.slots}  # fmt: skip
     out = []
     for s in samples:
         spans = [(sp.char_start, sp.char_end) for sp in s.spans]
@@ -1335,10 +1511,17 @@ def visible(profile: Any, samples: Sequence[Any]) -> list[bool]:
         for slot in profile.slots:
             tok = toks[slot.name]
             _, got = world.token_spans(tok, s.caption, spans)
-            limit = slot.tokenizer.max_length - 1
+            limit = slot.tokenizer.max_length - 1 if not prefix[slot.name] else slot.tokenizer.max_length - prefix[slot.name]
             ok = [o or (g.token_end <= limit) for o, g in zip(ok, got, strict=True)]
         out.append(all(ok))
     return out
+
+
+def _template_prefix(tok: Any) -> int:
+    """How many tokens a chat template puts before the user's prompt (Qwen3's ``<|im_start|>user\\n``: 3)."""
+    text = tok.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False, add_generation_prompt=True,
+                                   enable_thinking=False)  # fmt: skip
+    return len(tok(text[: text.index("\x00")], add_special_tokens=False)["input_ids"])
 
 
 def profile_family(profile: Any) -> str:
@@ -1414,16 +1597,24 @@ def prepare(
         vae = train_vae(
             cfg, [s.image for s in vae_data], log, callback=vae_callback, callback_every=vae_callback_every
         )
-    vae = family_vae(cfg, vae)
+    vae = klein_family_vae(cfg, vae, log) if cfg.family == KLEIN else family_vae(cfg, vae)
     _round_to_half(vae)  # shipped in float16: the latents are those of the shipped autoencoder
-    log({"phase": "vae_done", "seconds": time.perf_counter() - t0, "shift_factor": vae.config.shift_factor,
-         "scaling_factor": vae.config.scaling_factor})  # fmt: skip
+    log({"phase": "vae_done", "seconds": time.perf_counter() - t0, "shift_factor": vae.config.get("shift_factor"),
+         "scaling_factor": vae.config.get("scaling_factor")})  # fmt: skip
     latents = encode_latents(vae, [s.image for s in train])
     profile = fitted_profile(cfg.family)
     components = _components(cfg.family, cfg.encoders)
     for enc in ("text_encoder", "text_encoder_2", "text_encoder_3"):
         if enc in components:
             components[enc].requires_grad_(False)
+    if cfg.family == KLEIN:  # a klein encoder set must have the tiny klein encoder's shape (the fitted profile's)
+        import te_align
+        from te_align.tiny.fit import architecture_overrides
+
+        got = architecture_overrides(te_align.profile(cfg.spec.profile), components)
+        if got != _klein_overrides():
+            raise ValueError(f"prepare: the klein text encoder of {cfg.encoders or 'the tiny random set'} does not have "
+                             f"the tiny klein encoder's shape: {got} != {_klein_overrides()}")  # fmt: skip
     t0 = time.perf_counter()
     captions_ = [s.caption for s in train]
     key = _table_key(cfg, components, captions_) if cond_cache else ""
