@@ -133,7 +133,7 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
         out["vae_bn"] = {k: bn[-1][k] for k in ("renders", "seed", "mean", "var")}
     enc = Path(config["encoders"]) if config.get("encoders") else None
     if enc is not None and (enc / "encoders.json").is_file():
-        command = "tools/world_pretrain/klein_encoder.py" if config.get("family") == "klein" else "python tools/world_build.py encoders"
+        command = "python tools/world_build.py " + ("klein-encoder" if config.get("family") == "klein" else "encoders")
         out["encoders"] = {"command": command, **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}
         init = out["encoders"].get("config", {}).get("init")
         if init:  # a base's own encoder set continued from the shared one: that set's training record too

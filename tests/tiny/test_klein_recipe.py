@@ -37,10 +37,10 @@ TINY = {"train_size": 24, "vae_channels": [8, 16], "latent_channels": 4, "vae_st
 
 
 def write_klein_encoder_set(folder: Path, encoder: object) -> Path:
-    """A klein encoder set in its layout (``folder/qwen3``: the Qwen3ForCausalLM, ``folder/encoders.json``)."""
-    encoder.save_pretrained(str(folder / "qwen3"), safe_serialization=True)  # type: ignore[attr-defined]
-    (folder / "encoders.json").write_text(json.dumps({"encoders": ["qwen3"]}), encoding="utf-8")
-    return folder
+    """A klein encoder set as ``world_build.py klein-encoder`` writes it (an untrained encoder, an empty record)."""
+    from world_pretrain.klein_encoder import save_klein_encoder
+
+    return save_klein_encoder(encoder, folder, config={}, metrics={})
 
 
 def test_klein_defaults_build_the_klein_transformer() -> None:
@@ -166,7 +166,7 @@ def _ship_and_score(tmp_path: Path, pipe: object, bn: dict) -> None:
     assert info["pretrain"]["vae_bn"] == {k: bn[k] for k in ("renders", "seed", "mean", "var")}
     assert info["profile_overrides"] == recipe.fitted_overrides("klein") and info["sampling"] == ship_base.SAMPLING["klein"]
     assert info["denoiser_class"] == "Flux2Transformer2DModel" and info["pretrain"]["encoders"] == {
-        "command": "tools/world_pretrain/klein_encoder.py", "encoders": ["qwen3"]}
+        "command": "python tools/world_build.py klein-encoder", "config": {}, "metrics": {}, "kind": "klein"}
     assert sorted({f.split("/")[0] + "/" + f.split("/")[1] for f in info["files"]}) == [
         "encoders/qwen3_klein", "klein/scheduler", "klein/transformer", "vae/config.json",
         "vae/diffusion_pytorch_model.safetensors"]  # fmt: skip

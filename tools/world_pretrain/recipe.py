@@ -408,23 +408,11 @@ def _klein_overrides() -> dict[str, Any]:
 
 
 def load_klein_encoder(folder: str | Path) -> Any:
-    """The Qwen3 text encoder of a klein encoder set ``folder`` (``folder/qwen3``: a ``Qwen3ForCausalLM``
-    saved with ``save_pretrained``, and ``folder/encoders.json``), float32, eval, frozen.
+    """The Qwen3 text encoder of a klein encoder set ``folder`` (written by ``world_build.py klein-encoder``:
+    :mod:`world_pretrain.klein_encoder`), float32, eval, frozen."""
+    from world_pretrain.klein_encoder import load_klein_encoder as load
 
-    ``world_pretrain.klein_encoder.load_klein_encoder`` when that module exists (it writes the sets); until then the
-    layout is read here directly."""
-    try:
-        from world_pretrain.klein_encoder import load_klein_encoder as load
-    except ModuleNotFoundError as exc:
-        if exc.name != "world_pretrain.klein_encoder":
-            raise
-    else:
-        return load(folder)
-    import torch
-    import transformers
-
-    model = transformers.Qwen3ForCausalLM.from_pretrained(str(Path(folder) / "qwen3"), dtype=torch.float32)
-    return model.float().eval().requires_grad_(False)
+    return load(folder)
 
 
 def fitted_profile(family: str = FAMILY) -> Any:
