@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from te_align.ab.preset import ABError
-from te_align.train.models import Family, denoise, latent_transform
+from te_align.train.models import (
+    Family,
+    denoise,
+    has_latent_batchnorm,
+    latent_norm,
+    latent_transform,
+    patchify_normalize,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -76,7 +83,8 @@ def conditioning_divergence(
 
 # ----------------------------------------------------------------------------------- validation
 def load_val_latents(pipe: DiffusionPipeline, files: Sequence[Path], resolution: int) -> torch.Tensor:
-    """(N, C, h, w) scaled latents (distribution mean) of square centre crops of the validation images."""
+    """(N, C, h, w) scaled latents (distribution mean) of square centre crops of the validation images (FLUX.2:
+    patchified and normalised, (N, 4C, h/2, w/2))."""
     import numpy as np
     import torch
     from PIL import Image
@@ -93,6 +101,8 @@ def load_val_latents(pipe: DiffusionPipeline, files: Sequence[Path], resolution:
     shift, scaling = latent_transform(pipe.vae)
     with torch.no_grad():
         mean = pipe.vae.encode(torch.stack(xs).to(pipe.vae.dtype)).latent_dist.mean.float()
+    if has_latent_batchnorm(pipe.vae):  # FLUX.2: patchified and normalised, as the training latents
+        return patchify_normalize(latent_norm(pipe.vae), mean)[0]
     return (mean - shift) * scaling
 
 
