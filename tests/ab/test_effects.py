@@ -612,3 +612,28 @@ def test_rows_added_by_an_amendment_are_a_holm_family_of_their_own() -> None:
     assert reading.index(first_plan) < reading.index("the SDXL rows (amendment 7)") < reading.index(chroma)
     assert "- Not read yet: 1 of 2 rows have all their seeds." in reading
     assert "(1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77" in reading
+
+
+def test_rows_without_results_stay_out_of_the_table_and_hypothetical_rows_say_so() -> None:
+    """Issue 49: the klein rows join the plan before their base ships; a row without any result is left out of the
+    table (so docs/effects.md and effects.json stay as they were until its first result), a study with no result yet
+    shows its whole plan, and a hypothetical deviation is named so in the tables and the summary."""
+    from te_align.ab.matrix import aggregate, documented, matrix_presets, render_effects, summary_of
+
+    presets = matrix_presets()
+    by_name = {p.name: p for p in presets}
+    recs = {"world-sd3-t5-77": [_record("world-sd3-t5-77", 0, [0.2] * 4, [0.5] * 4)]}
+    assert [p.name for p in documented(presets, recs)] == ["world-sd3-t5-77"]
+    assert documented(presets, {}) == presets
+    hypo = sorted(p.name for p in presets if p.baseline.hypothetical)
+    assert hypo == ["world-klein-no-template", "world-klein-thinking-on"]
+    rows = aggregate([by_name[n] for n in (*hypo, "world-klein-layers-10-20-30")], {}, planned=None)
+    text = render_effects(rows, command="te-align ab matrix", plan="p1")
+    line = next(x for x in text.splitlines() if x.startswith("| world-klein-thinking-on |"))
+    assert line.startswith("| world-klein-thinking-on | deviation (hypothetical) | (hypothetical) | klein | 0 |")
+    layers = next(x for x in text.splitlines() if x.startswith("| world-klein-layers-10-20-30 |"))
+    assert layers.startswith("| world-klein-layers-10-20-30 | deviation | diffusers-examples | klein | 0 |")
+    assert "- **world-klein-no-template** (deviation (hypothetical); (hypothetical)): qwen3.template = '{prompt}'." in text
+    summary = {r["preset"]: r for r in summary_of(rows, "p1")["rows"]}  # type: ignore[union-attr]
+    assert summary["world-klein-thinking-on"]["hypothetical"] is True
+    assert "hypothetical" not in summary["world-klein-layers-10-20-30"]
