@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from te_align import _quiet
 from te_align._compat import require_peft
@@ -347,7 +347,7 @@ def vae_scale_factor(vae: ModelMixin) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1)
 
 
-def latent_transform(vae: ModelMixin) -> tuple[float, float]:
+def latent_transform(vae: Any) -> tuple[float, float]:
     """(shift, scale): latents = (vae_latents - shift) * scale. A FLUX.2 VAE (``AutoencoderKLFlux2``) has neither:
     its latents are normalised per patchified channel by :func:`patchify_normalize` instead, so (0, 1) here."""
     if has_latent_batchnorm(vae):
@@ -375,7 +375,7 @@ def unpatchify(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(b, c4 // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, c4 // 4, h * 2, w * 2)
 
 
-def latent_norm(vae: ModelMixin) -> tuple[torch.Tensor, torch.Tensor]:
+def latent_norm(vae: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, std) of a FLUX.2 VAE's patchified latents, (1, 4C, 1, 1) float32: the BatchNorm's running mean and
     sqrt(running variance + ``batch_norm_eps``), as ``Flux2KleinPipeline`` normalises encoded images with them and
     un-normalises its samples (diffusers 0.42.1 pipelines/flux2/pipeline_flux2_klein.py:471-475, :911-916)."""
