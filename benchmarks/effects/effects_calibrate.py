@@ -10,9 +10,11 @@ effect is seen.
 
     python benchmarks/effects/effects_calibrate.py [--bases sd3 flux sd15 sdxl chroma] [--out benchmarks/effects/calibration.json]
 
-The klein base (issue 49; once shipped), before any klein row runs, its chosen rate then set in every klein preset:
+The klein base (issue 49; once shipped), before any klein row runs, into a file of its own beside the others (as
+calibration-sdxl.json and calibration-chroma.json; the default --out would be overwritten), its chosen rate then set in
+every klein preset:
 
-    python benchmarks/effects/effects_calibrate.py --bases klein --out benchmarks/effects/calibration-klein.json
+    python benchmarks/effects/effects_calibrate.py --bases klein --out FILE
 """
 
 from __future__ import annotations
