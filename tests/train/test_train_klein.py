@@ -126,6 +126,11 @@ def test_a_lora_step_changes_only_lora_weights_and_its_loss_is_exact(base, data,
             for n, p in params.items():
                 key = n if n in after else n.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")
                 assert torch.equal(after[key], p), (name, n)
+        if k == 0:  # the diffusers-format file loads into the pipeline as trained (pipe.load_lora_weights)
+            loaded = _pipe(folder)
+            loaded.load_lora_weights(str(res.lora_path))
+            got = {n.replace(".default_0.", ".default."): q for n, q in loaded.transformer.named_parameters() if "lora_" in n}
+            assert sorted(got) == sorted(lora) and all(torch.equal(got[n], q) for n, q in lora.items())
     assert losses[0] == losses[1]
 
 
