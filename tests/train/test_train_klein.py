@@ -194,3 +194,19 @@ def test_samples_by_the_profile_are_the_pipeline_called_with_its_prompt(base) ->
                    generator=[torch.Generator().manual_seed(i) for i in range(2)], output_type="np").images  # fmt: skip
     theirs = [np.clip(np.rint(im * 255), 0, 255).astype(np.uint8) for im in out]
     assert len(ours) == 2 and all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_the_memory_estimate_reads_the_klein_model(base, data, tmp_path: Path) -> None:
+    """``--estimate`` on a klein run: the LoRA it counts is the one training adds, the text cache holds each caption's
+    (512, 96) float32 taps, and the denoiser's activations are traced on the patchified latent (not refused)."""
+    from te_align.train.estimate import estimate
+
+    folder, info = base
+    cfg = _config(folder, info, data, tmp_path / "est")
+    est = estimate(cfg, device="cpu")
+    pipe = _pipe(folder)
+    train(_config(folder, info, data, tmp_path / "run", max_steps=1), pipeline=pipe)
+    assert est.params["lora"] == sum(p.numel() for n, p in pipe.transformer.named_parameters() if "lora_" in n)
+    cache = next(x for x in est.lines_training if x.what.startswith("text cache"))
+    assert cache.bytes == len(CAPTIONS) * 512 * 96 * 4
+    assert est.activations["saved"] > 0 and est.activations["transient"] > 0
