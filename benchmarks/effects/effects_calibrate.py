@@ -9,6 +9,12 @@ learning rates 1e-4, 3e-4 and 1e-3, and take the highest at which the known colo
 effect is seen.
 
     python benchmarks/effects/effects_calibrate.py [--bases sd3 flux sd15 sdxl chroma] [--out benchmarks/effects/calibration.json]
+
+The klein base (issue 49; once shipped), before any klein row runs, into a file of its own beside the others (as
+calibration-sdxl.json and calibration-chroma.json; the default --out would be overwritten), its chosen rate then set in
+every klein preset:
+
+    python benchmarks/effects/effects_calibrate.py --bases klein --out FILE
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 
 #: the null row whose profile arm is trained; a base without a null row (sd15, sdxl, chroma) uses the SD3 null settings on itself
 NULL = {"sd3": "world-sd3-null", "flux": "world-flux-null", "sd15": "world-sd3-null", "sdxl": "world-sd3-null",
-        "chroma": "world-sd3-null"}
+        "chroma": "world-sd3-null", "klein": "world-klein-null"}
 RATES = (1e-4, 3e-4, 1e-3)
 PILOT_SEED = 100
 

@@ -13,10 +13,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from te_align.ab.preset import ABError
-from te_align.train.models import Family, denoise, latent_transform
+from te_align.train.models import (
+    Family,
+    denoise,
+    has_latent_batchnorm,
+    latent_norm,
+    latent_transform,
+    patchify_normalize,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -76,7 +83,8 @@ def conditioning_divergence(
 
 # ----------------------------------------------------------------------------------- validation
 def load_val_latents(pipe: DiffusionPipeline, files: Sequence[Path], resolution: int) -> torch.Tensor:
-    """(N, C, h, w) scaled latents (distribution mean) of square centre crops of the validation images."""
+    """(N, C, h, w) scaled latents (distribution mean) of square centre crops of the validation images (FLUX.2:
+    patchified and normalised, (N, 4C, h/2, w/2))."""
     import numpy as np
     import torch
     from PIL import Image
@@ -90,9 +98,12 @@ def load_val_latents(pipe: DiffusionPipeline, files: Sequence[Path], resolution:
             left, top = (im.size[0] - resolution) // 2, (im.size[1] - resolution) // 2
             im = im.crop((left, top, left + resolution, top + resolution))
             xs.append(torch.from_numpy(np.asarray(im, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1))
-    shift, scaling = latent_transform(pipe.vae)
+    vae: Any = pipe.vae  # type: ignore[attr-defined]  # every diffusers pipeline the A/B trains has one
+    shift, scaling = latent_transform(vae)
     with torch.no_grad():
-        mean = pipe.vae.encode(torch.stack(xs).to(pipe.vae.dtype)).latent_dist.mean.float()
+        mean = vae.encode(torch.stack(xs).to(vae.dtype)).latent_dist.mean.float()
+    if has_latent_batchnorm(vae):  # FLUX.2: patchified and normalised, as the training latents
+        return patchify_normalize(latent_norm(vae), mean)[0]
     return (mean - shift) * scaling
 
 

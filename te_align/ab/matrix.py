@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the training libraries load.
 _runner = lazy_module("te_align.ab.runner")
 
-__all__ = ["MatrixRow", "aggregate", "matrix_presets", "plan_hash", "render_effects", "row_hash", "row_result", "run_matrix"]
+__all__ = ["MatrixRow", "aggregate", "documented", "matrix_presets", "plan_hash", "render_effects", "row_hash", "row_result", "run_matrix"]
 
 logger = logging.getLogger("te_align.ab")
 
@@ -75,7 +75,8 @@ UNINFORMATIVE = "uninformative (the gating positive control was not seen)"
 #: Holm families (bench_effects.md, amendment 7): the first plan's deviation and inference rows are one family; rows
 #: an amendment added after those verdicts were published form a family of their own, keyed by their base, so that
 #: adding rows changes no published verdict.
-LATER_FAMILIES: dict[str, str] = {"sdxl": "the SDXL rows (amendment 7)", "chroma": "the Chroma row (amendment 8)"}
+LATER_FAMILIES: dict[str, str] = {"sdxl": "the SDXL rows (amendment 7)", "chroma": "the Chroma row (amendment 8)",
+                                  "klein": "the klein rows (issue 49)"}
 _FIRST_CORRECTION = "holm over deviation and inference rows, paired t p-values"
 #: The second reading (issue 47): one Holm family of every deviation and inference row, whatever amendment added it.
 #: It changes no pre-registered verdict (the rows' hashes are unchanged); a row whose verdict differs between its
@@ -185,6 +186,13 @@ class MatrixRow:
     mde_2: float = float("nan")
     tests_disagree_2: bool = False
     confirmatory_2: bool = False
+    #: A deviation no trainer at the commits read is known to make (the preset's ``baseline.hypothetical``).
+    hypothetical: bool = False
+
+    @property
+    def kind_label(self) -> str:
+        """The row's kind as the tables print it: a hypothetical deviation says so."""
+        return f"{self.kind} (hypothetical)" if self.hypothetical else self.kind
 
     @property
     def primary(self) -> JSONObject | None:
@@ -457,6 +465,8 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
         assert p.world is not None
         b = p.baseline
         who = {"null": "(control)", "positive": "(control)", "inference": b.inference_tool}.get(b.kind, b.trainer)
+        if b.hypothetical:
+            who = "(hypothetical)"
         row = MatrixRow(
             p.name,
             b.kind,
@@ -470,6 +480,7 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
             train=dict(b.train),
             profile=p.profile,
             holm_family=holm_family(p.world.base),
+            hypothetical=b.hypothetical,
         )
         try:
             row.family = str(base_info(p.world.base)["family"])
@@ -710,21 +721,23 @@ def run_matrix(
 
     def publish() -> list[MatrixRow]:
         current = read_results(res_dir, rows_hash)
-        rows = aggregate(chosen if only else presets, current, planned=seeds)
-        before = superseded_rows(chosen if only else presets, current, res_dir, planned=seeds)
+        shown = documented(chosen if only else presets, current)
+        shown_plan = plan_hash(shown, seeds=seeds, max_steps=max_steps) if len(shown) < len(chosen if only else presets) else plan
+        rows = aggregate(shown, current, planned=seeds)
+        before = superseded_rows(shown, current, res_dir, planned=seeds)
         gate_new_verdicts(rows, before)
         command = _command(seeds, max_steps)
-        text = render_effects(rows, command=command, plan=plan, strips=Path(strips) if strips else None, doc=Path(doc) if doc else None,
-                              before=before)
+        text = render_effects(rows, command=command, plan=shown_plan, strips=Path(strips) if strips else None,
+                              doc=Path(doc) if doc else None, before=before)
         out_dir.mkdir(parents=True, exist_ok=True)
         with atomic_file(out_dir / "matrix.md", "w", error=ABError) as f:
             f.write(text)
-        _write_json(out_dir / "matrix.json", {"plan": plan, "command": command, "rows": [r.__dict__ for r in rows]})
+        _write_json(out_dir / "matrix.json", {"plan": shown_plan, "command": command, "rows": [r.__dict__ for r in rows]})
         if doc is not None:
             with atomic_file(Path(doc), "w", error=ABError) as f:
                 f.write(text)
         if summary is not None:
-            _write_json(Path(summary), summary_of(rows, plan, before=before))
+            _write_json(Path(summary), summary_of(rows, shown_plan, before=before))
         return rows
 
     if dry_run or not units:
@@ -772,6 +785,14 @@ def run_matrix(
                 for fut in ready_f:
                     collect(fut.result())
     return publish()
+
+
+def documented(presets: Sequence[Preset], results: dict[str, list[JSONObject]]) -> list[Preset]:
+    """The rows the table shows (``matrix.md``, the document, the summary): once any row has a result, the rows with
+    at least one; a row an amendment adds (the klein rows, issue 49) appears with its first result, so the document
+    and the summary stay as they were until then. A study without any result yet shows its whole plan."""
+    started = [p for p in presets if results.get(p.name)]
+    return started or list(presets)
 
 
 def superseded_rows(
@@ -944,6 +965,7 @@ def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixR
                 "mde_unadjusted": r.mde_unadjusted,
                 "secondary": secondary,
                 "shares_arm_b_with": [x for x in shared.get(r.preset, []) if x != r.preset],
+                **({"hypothetical": True} if r.hypothetical else {}),
                 "instrument_2": None if r.final_net is None else {
                     **{k: _fv(r.final_net, k) for k in ("a_mean", "b_mean", "diff_mean", "ci_low", "ci_high", "p_t", "p_signflip")},
                     "n": int(_fv(r.final_net, "n")),
@@ -1250,7 +1272,7 @@ def _instrument_2_section(rows: Sequence[MatrixRow]) -> list[str]:
         adj = _ci({"diff_mean": m["diff_mean"], "ci_low": r.adj_ci_2[0], "ci_high": r.adj_ci_2[1], "n": m["n"]})
         reading = "control" if r.kind in ("positive", "null") else ("confirmatory" if r.confirmatory_2 else "post hoc")
         out.append(
-            f"| {r.preset} | {r.kind} | {r.base} | {r.seeds} | {_fv(m, 'a_mean'):.3f} | {_fv(m, 'b_mean'):.3f} | {_ci(m)} | "
+            f"| {r.preset} | {r.kind_label} | {r.base} | {r.seeds} | {_fv(m, 'a_mean'):.3f} | {_fv(m, 'b_mean'):.3f} | {_ci(m)} | "
             f"{_p(_fv(m, 'p_t'))} | {_p(_fv(m, 'p_signflip'))} | {_p(r.p_holm_2)} | {adj} | {_mde(r.mde_2)} | "
             f"**{r.verdict_2}**{' ‡' if r.tests_disagree_2 else ''} | {reading} |"
         )
@@ -1302,14 +1324,14 @@ def render_effects(
     for r in rows:
         m = r.primary
         if r.reason:
-            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | | | not run: {r.reason} | |")
+            lines.append(f"| {r.preset} | {r.kind_label} | {r.trainer} | {r.base} | 0 | | | | | | | | | not run: {r.reason} | |")
             continue
         if m is None:
-            lines.append(f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | 0 | | | | | | | | | {r.verdict} | |")
+            lines.append(f"| {r.preset} | {r.kind_label} | {r.trainer} | {r.base} | 0 | | | | | | | | | {r.verdict} | |")
             continue
         flags = _flags(r)
         lines.append(
-            f"| {r.preset} | {r.kind} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
+            f"| {r.preset} | {r.kind_label} | {r.trainer} | {r.base} | {r.seeds} | {m['a_mean']:.3f} | {m['b_mean']:.3f} | "
             f"{_ci(m)} | {_p(m['p_t'])} | {_p(r.p_holm)} | {_p(m['p_signflip'])} | {_adj(r, r.adj_ci)} | "
             f"{_mde(r.mde)} | **{r.verdict}**{flags} | {r.cpu_seconds / 60:.1f} |"
         )
@@ -1319,7 +1341,7 @@ def render_effects(
     lines += _instrument_2_section(rows)
     lines += ["", "## What each row changes, and where it comes from", ""]
     for r in rows:
-        lines.append(f"- **{r.preset}** ({r.kind}; {r.trainer}): {r.deviation}. Source: {r.source}.")
+        lines.append(f"- **{r.preset}** ({r.kind_label}; {r.trainer}): {r.deviation}. Source: {r.source}.")
     lines += [
         "",
         "## Secondary metrics (final checkpoint unless named), A - B [95% CI]",

@@ -110,6 +110,9 @@ class Baseline:
     #: How users of the trainer sample arm A's LoRA: ``profile`` (the official pipeline: a T5 length is not carried
     #: to inference) or ``trained`` (as trained: a CLIP skip or long-prompt chunking usually is).
     sample_as: str = "profile"
+    #: A deviation no trainer at the commits read is known to make (the klein plan's thinking and template rows): the
+    #: row measures what the mistake would cost; every table of the matrix names it "hypothetical".
+    hypothetical: bool = False
 
     @property
     def kind(self) -> str:
@@ -218,6 +221,8 @@ class Preset:
             d["baseline"].pop("cut_before")
         if not d["eval"]["first_seed"]:  # added by amendment 11: likewise
             d["eval"].pop("first_seed")
+        if not d["baseline"]["hypothetical"]:  # added for the klein rows (issue 49): likewise
+            d["baseline"].pop("hypothetical")
         return d
 
 
@@ -293,6 +298,9 @@ def preset_from_dict(data: JSONObject, *, file: str = "") -> Preset:
         )
     if baseline.sample_as not in ("profile", "trained"):
         raise ABError(f"expected profile or trained, got {baseline.sample_as!r}", file=file, key="baseline.sample_as")
+    if baseline.hypothetical and baseline.kind != "deviation":
+        raise ABError("only a deviation row is hypothetical (a control or an inference row is not a trainer's)", file=file,
+                      key="baseline.hypothetical")
     if baseline.sample_as == "trained" and baseline.kind != "deviation":
         raise ABError("only a deviation row samples arm A as trained", file=file, key="baseline.sample_as")
     if baseline.inference_chunks < 0:

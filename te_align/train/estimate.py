@@ -37,7 +37,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from te_align._dtypes import dtype_name, torch_dtype
 from te_align._types import JSONObject
@@ -322,11 +322,21 @@ def _meta_inputs(
     conf = denoiser.config
     h, w = latent_hw
     c = conf.in_channels // (4 if family.packed else 1)
+    taps = 0
+    if family.patchified:  # FLUX.2: the model's latent is the VAE's patchified 2x2 (in_channels = 4 x latent channels)
+        h, w = h // 2, w // 2
+        flux2: Any = conf  # diffusers' FrozenDict: the stacked taps' width
+        taps = int(flux2.joint_attention_dim)
     cond: dict[str, torch.Tensor] = {}
     with torch.device("meta"):
         noisy = torch.empty(batch, c, h, w, dtype=compute_dtype)
-        t = torch.full((batch,), 0.5 if family.packed else 500.0)
-        if family.name == "chroma":  # no pooled vector; the T5 mask in the embeddings' dtype
+        t = torch.full((batch,), 0.5 if family.packed or family.patchified else 500.0)
+        if family.patchified:  # the stacked Qwen3 taps and their (t, h, w, l) ids; no pooled vector, no mask
+            cond = {
+                "prompt_embeds": torch.empty(batch, text_len, taps, dtype=compute_dtype),
+                "text_ids": torch.zeros(batch, text_len, 4, dtype=torch.int64),
+            }
+        elif family.name == "chroma":  # no pooled vector; the T5 mask in the embeddings' dtype
             cond = {
                 "prompt_embeds": torch.empty(batch, text_len, conf.joint_attention_dim, dtype=compute_dtype),
                 "text_ids": torch.zeros(text_len, 3),
@@ -578,8 +588,11 @@ def _load_meta(cfg: TrainConfig) -> _Model:
 
 
 def _sequence_length(profile: AlignmentProfile, family: Family) -> int:
-    """Tokens of the conditioning sequence the denoiser sees (SD3: CLIP 77 + T5; Flux, Chroma: T5; UNets: 77 x chunks)."""
+    """Tokens of the conditioning sequence the denoiser sees (SD3: CLIP 77 + T5; Flux, Chroma: T5; FLUX.2: its one
+    LLM slot's window; UNets: 77 x chunks)."""
     lengths = {s.name: int(getattr(s.tokenizer, "max_length", 77) or 77) for s in profile.slots}
+    if family.patchified:
+        return max(lengths.values(), default=512)
     if family.name == "sd3":
         return 77 + max((v for k, v in lengths.items() if k == "t5"), default=0)
     if family.packed:

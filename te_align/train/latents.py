@@ -1,5 +1,6 @@
 """The VAE latent store of a training run: each image's latent distribution, encoded once and kept in memory and,
-when ``data.cache_latents`` is on, on disk (verified by digest when read back)."""
+when ``data.cache_latents`` is on, on disk (verified by digest when read back). A FLUX.2 VAE's distributions are
+handed out patchified and normalised by its BatchNorm statistics (``models.patchify_normalize``; stored as encoded)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from te_align.encoding.cache.keys import hash_text_encoders, tensors_digest
 from te_align.train._io import write_atomic
 from te_align.train.config import TrainError
 from te_align.train.data import Item, file_digest, load_pixels
+from te_align.train.models import has_latent_batchnorm, latent_norm, patchify_normalize
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -30,6 +32,18 @@ class LatentStore:
         self.dtype = dtype
         self.mem: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.vae_hash = hash_text_encoders({"vae": vae}) if directory is not None else ""
+        #: FLUX.2: the BatchNorm statistics the (mean, std) are normalised by when handed out (the store keeps them as
+        #: encoded); read now, since the VAE may be freed once every latent is cached (te_align.train.residency)
+        self.norm = latent_norm(vae) if has_latent_batchnorm(vae) else None
+
+    def get(self, index: int, item: Item, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the image's latent distribution, in the layout the model's latents have."""
+        mean, std = self._get(index, item, flip)
+        if self.norm is None:
+            return mean, std
+        pm, ps = patchify_normalize(self.norm, mean, std)
+        assert ps is not None
+        return pm, ps
 
     def _encode(self, item: Item, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -39,7 +53,7 @@ class LatentStore:
             dist = self.vae.encode(px[None].to(self.device, self.dtype)).latent_dist
         return dist.mean[0].float().cpu(), dist.std[0].float().cpu()
 
-    def get(self, index: int, item: Item, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _get(self, index: int, item: Item, flip: bool) -> tuple[torch.Tensor, torch.Tensor]:
         key = (index, flip)
         if key in self.mem:
             return self.mem[key]

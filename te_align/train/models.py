@@ -4,7 +4,8 @@ Families: ``sd1`` / ``sd2`` (UNet, eps or v), ``sdxl`` (UNet with pooled + size 
 or flow), ``sd3`` (MMDiT, rectified flow), ``flux`` (packed latents, image/text position ids,
 guidance embedding for dev; rectified flow), ``chroma`` (Flux's packing and ids, no pooled vector or
 guidance embedding, the T5 attention mask into the transformer as ``ChromaPipeline`` passes it;
-rectified flow). Conditioning always comes from ``te_align.encode`` with the run's profile; this
+rectified flow), ``flux2-klein`` (FLUX.2 [klein]: 2x2-patchified latents normalised by the VAE's BatchNorm
+statistics, one token per patch with 4-axis ids, no guidance embedding; rectified flow). Conditioning always comes from ``te_align.encode`` with the run's profile; this
 module only routes its named tensors into the denoiser.
 """
 
@@ -15,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from te_align import _quiet
 from te_align._compat import require_peft
@@ -37,7 +38,7 @@ _encoding_core = lazy_module("te_align.encoding.core")
 
 logger = logging.getLogger("te_align.train")
 
-SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma")
+SUPPORTED_FAMILIES = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "flux2-klein")
 
 #: Default LoRA targets, as diffusers' LoRA example scripts use them.
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
@@ -69,6 +70,12 @@ FLUX_TARGETS = [
 #: modulation Linear: every block's modulation comes from ``distilled_guidance_layer``, the approximator,
 #: which is not a default target).
 CHROMA_TARGETS = list(FLUX_TARGETS)
+#: FLUX.2 [klein] (``Flux2Transformer2DModel``): the diffusers klein LoRA script's default targets, the double blocks'
+#: attention projections, every single block's fused ``to_qkv_mlp_proj`` and single blocks 0-23's ``attn.to_out``
+#: (huggingface/diffusers@58eb52c examples/dreambooth/train_dreambooth_lora_flux2_klein.py:1300-1303; 24 = the 9B's
+#: single blocks, the 4B has 20: names of blocks a model lacks match nothing).
+KLEIN_TARGETS = ["to_k", "to_q", "to_v", "to_out.0", "to_qkv_mlp_proj",
+                 *[f"single_transformer_blocks.{i}.attn.to_out" for i in range(24)]]
 CLIP_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]
 
 @dataclass
@@ -84,6 +91,9 @@ class Family:
     packed: bool = False
     #: The denoiser's keyword for the text attention mask, when it takes one (chroma: ``attention_mask``).
     mask_arg: str | None = None
+    #: FLUX.2: the model's latents are the VAE's 2x2-patchified posterior normalised by its BatchNorm statistics
+    #: (:func:`patchify_normalize`); the denoiser reads them one token per patch with (t, h, w, l) ids.
+    patchified: bool = False
 
     @property
     def lora_prefix(self) -> str:
@@ -97,6 +107,7 @@ FAMILIES: dict[str, Family] = {
     "sd3": Family("sd3", "transformer", SD3_TARGETS, True, patch=2),
     "flux": Family("flux", "transformer", FLUX_TARGETS, True, patch=2, packed=True),
     "chroma": Family("chroma", "transformer", CHROMA_TARGETS, True, patch=2, packed=True, mask_arg="attention_mask"),
+    "flux2-klein": Family("flux2-klein", "transformer", KLEIN_TARGETS, True, patch=2, patchified=True),
 }
 
 
@@ -105,7 +116,7 @@ def family_of(profile: AlignmentProfile) -> Family:
     if fam is None:
         raise TrainError(
             f"profile '{profile.name}' is a {profile.family} model; te-align train supports "
-            "SD1.5/SD2 (sd1, sd2), SDXL, SD3/3.5, Flux and Chroma",
+            "SD1.5/SD2 (sd1, sd2), SDXL, SD3/3.5, Flux, Chroma and FLUX.2 [klein]",
             key="model.profile",
         )
     return fam
@@ -266,7 +277,7 @@ def _load(path: Path, cfg: ModelConfig, profile: AlignmentProfile, common: dict[
 
 #: Denoiser class per denoiser attribute and family, for denoiser-only single-file checkpoints.
 _DENOISER_CLASSES = {"unet": "UNet2DConditionModel", "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel",
-                     "chroma": "ChromaTransformer2DModel"}
+                     "chroma": "ChromaTransformer2DModel", "flux2-klein": "Flux2Transformer2DModel"}
 
 
 def _load_single_file(
@@ -336,10 +347,62 @@ def vae_scale_factor(vae: ModelMixin) -> int:
     return 2 ** (len(vae.config.block_out_channels) - 1)
 
 
-def latent_transform(vae: ModelMixin) -> tuple[float, float]:
-    """(shift, scale): latents = (vae_latents - shift) * scale."""
+def latent_transform(vae: Any) -> tuple[float, float]:
+    """(shift, scale): latents = (vae_latents - shift) * scale. A FLUX.2 VAE (``AutoencoderKLFlux2``) has neither:
+    its latents are normalised per patchified channel by :func:`patchify_normalize` instead, so (0, 1) here."""
+    if has_latent_batchnorm(vae):
+        return 0.0, 1.0
     shift = getattr(vae.config, "shift_factor", None) or 0.0
     return float(shift), float(vae.config.scaling_factor)
+
+
+def has_latent_batchnorm(vae: object) -> bool:
+    """A FLUX.2 VAE: a ``bn`` BatchNorm over the 2x2-patchified latents whose running statistics normalise them."""
+    import torch
+
+    return isinstance(getattr(vae, "bn", None), torch.nn.BatchNorm2d) and "batch_norm_eps" in dict(getattr(vae, "config", {}) or {})
+
+
+def patchify(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, 4C, H/2, W/2): each 2x2 patch's pixels as channels, channel-major (c, row, column)."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+
+
+def unpatchify(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`patchify`."""
+    b, c4, h, w = x.shape
+    return x.reshape(b, c4 // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, c4 // 4, h * 2, w * 2)
+
+
+def latent_norm(vae: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, std) of a FLUX.2 VAE's patchified latents, (1, 4C, 1, 1) float32: the BatchNorm's running mean and
+    sqrt(running variance + ``batch_norm_eps``), as ``Flux2KleinPipeline`` normalises encoded images with them and
+    un-normalises its samples (diffusers 0.42.1 pipelines/flux2/pipeline_flux2_klein.py:471-475, :911-916)."""
+    import torch
+
+    bn = vae.bn
+    mean = bn.running_mean.detach().float().cpu().view(1, -1, 1, 1)
+    std = torch.sqrt(bn.running_var.detach().float().cpu().view(1, -1, 1, 1) + vae.config.batch_norm_eps)
+    return mean, std
+
+
+def patchify_normalize(
+    norm: tuple[torch.Tensor, torch.Tensor], mean: torch.Tensor, std: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A FLUX.2 model's latents from the VAE posterior (``mean``, ``std``: (B, C, H, W) or (C, H, W)): patchified,
+    then (x - bn mean) / bn std per patchified channel (``norm``: :func:`latent_norm`); ``std`` patchified and divided
+    by the same std (so that ``mean' + std' * noise`` is the normalised patchified posterior sample)."""
+    single = mean.dim() == 3
+    m, s = norm
+    x = patchify(mean[None] if single else mean)
+    x = (x - m.to(x.dtype)) / s.to(x.dtype)
+    sd = None
+    if std is not None:
+        sd = patchify(std[None] if single else std) / s.to(std.dtype)
+    if single:
+        return x[0], (sd[0] if sd is not None else None)
+    return x, sd
 
 
 def prepare_frozen(
@@ -428,6 +491,29 @@ def unpack_latents(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return x.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
+def latent_ids(b: int, h: int, w: int, device: torch.device) -> torch.Tensor:
+    """FLUX.2 image position ids (B, H*W, 4) int64 of a (B, C, H, W) patchified latent: (t, h, w, l) = (0, row, column,
+    0) in row-major order, the order :func:`pack_patches` lays the tokens in."""
+    import torch
+
+    ids = torch.zeros(h, w, 4, dtype=torch.int64)
+    ids[..., 1] = torch.arange(h)[:, None]
+    ids[..., 2] = torch.arange(w)[None, :]
+    return ids.reshape(1, h * w, 4).expand(b, -1, -1).to(device)
+
+
+def pack_patches(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H*W, C): one token per position of a patchified latent, row-major."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h * w).permute(0, 2, 1)
+
+
+def unpack_patches(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Inverse of :func:`pack_patches`."""
+    b, _, c = x.shape
+    return x.permute(0, 2, 1).reshape(b, c, h, w)
+
+
 def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Flux image position ids (H/2 * W/2, 3): (0, row, column)."""
     import torch
@@ -475,6 +561,8 @@ def denoise(
         )[0]
     if family.name == "chroma":
         return _chroma(model, noisy, timesteps, cond, denoiser_mask)
+    if family.patchified:
+        return _flux2(model, noisy, timesteps, cond)
     # flux
     b, _, h, w = noisy.shape
     g = None
@@ -518,6 +606,25 @@ def _chroma(
         return_dict=False,
     )[0]
     return unpack_latents(out, h, w)
+
+
+def _flux2(model: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor, cond: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``Flux2Transformer2DModel`` called as ``Flux2KleinPipeline.__call__`` calls it (diffusers 0.42.1
+    pipelines/flux2/pipeline_flux2_klein.py:850-860): ``noisy`` is the patchified, normalised latent (B, C, H, W)
+    handed over as one token per position, flow time t in [0, 1] (the pipeline's ``timestep / 1000``), no guidance,
+    the stacked text states and their (0, 0, 0, position) ids, the latent's (0, row, column, 0) ids. Returns the
+    prediction in the same (B, C, H, W) layout."""
+    b, _, h, w = noisy.shape
+    out = model(
+        hidden_states=pack_patches(noisy),
+        timestep=timesteps,
+        guidance=None,
+        encoder_hidden_states=cond["prompt_embeds"],
+        txt_ids=cond["text_ids"],
+        img_ids=latent_ids(b, h, w, noisy.device),
+        return_dict=False,
+    )[0]
+    return unpack_patches(out[:, : h * w], h, w)
 
 
 def denoiser_mask_on(profile: AlignmentProfile) -> bool:
@@ -574,9 +681,9 @@ def default_flow_shift(family: Family) -> float:
 
 
 def flow_timestep_scale(family: Family) -> float:
-    """What the denoiser takes for flow time t in [0, 1]: t * 1000 (SD3, SDXL-flow) or t (Flux, Chroma: their
+    """What the denoiser takes for flow time t in [0, 1]: t * 1000 (SD3, SDXL-flow) or t (Flux, Chroma, FLUX.2: their
     pipelines pass ``timestep / 1000`` and the transformer multiplies by 1000 itself)."""
-    return 1.0 if family.packed else 1000.0
+    return 1.0 if family.packed or family.patchified else 1000.0
 
 
 def logit_normal(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
@@ -600,14 +707,22 @@ __all__ = [
     "denoiser_mask_on",
     "enable_gradient_checkpointing",
     "family_of",
+    "has_latent_batchnorm",
     "image_ids",
     "is_quantized",
+    "latent_ids",
+    "latent_norm",
     "load_pipeline",
     "pack_latents",
+    "pack_patches",
+    "patchify",
+    "patchify_normalize",
     "place_denoiser",
     "prepare_frozen",
     "quantized_components",
     "resolve_profile",
     "unpack_latents",
+    "unpack_patches",
+    "unpatchify",
     "weight_dtype_name",
 ]

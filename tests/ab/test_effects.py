@@ -155,18 +155,21 @@ def test_matrix_rows_of_every_kind_validate() -> None:
 
     rows = matrix_presets()
     kinds = [p.baseline.kind for p in rows]
-    # controls first (the third: amendment 10; the fourth, on seeds 6-11: amendment 11)
-    assert kinds[:4] == ["positive"] * 4 and kinds[4:6] == ["null", "null"]
+    # controls first (the third: amendment 10; the fourth, on seeds 6-11: amendment 11; the klein base's, issue 49)
+    assert kinds[:5] == ["positive"] * 5 and kinds[5:8] == ["null"] * 3
     confirm = next(p for p in rows if p.name == "world-sd3-positive-cut-confirm")
     assert (confirm.eval.first_seed, confirm.eval.seeds) == (6, 6)
-    # the first plan's rows; the SDXL (amendment 7) and Chroma (amendment 8) rows are deviations added later
-    shipped = [p for p in rows if p.world is not None and p.world.base not in ("sdxl", "chroma")]
-    later = [p for p in rows if p.world is not None and p.world.base in ("sdxl", "chroma")]
-    assert sorted((p.world.base, p.baseline.kind) for p in later) == [  # type: ignore[union-attr]
-        ("chroma", "deviation"), *[("sdxl", "deviation")] * 4]
+    # the first plan's rows; the SDXL (amendment 7) and Chroma (amendment 8) rows are deviations added later, the
+    # klein rows (issue 49) a null and a positive control and three deviations, two of them hypothetical
+    shipped = [p for p in rows if p.world is not None and p.world.base not in ("sdxl", "chroma", "klein")]
+    later = [p for p in rows if p.world is not None and p.world.base in ("sdxl", "chroma", "klein")]
+    assert sorted((p.world.base, p.baseline.kind, p.baseline.hypothetical) for p in later) == [  # type: ignore[union-attr]
+        ("chroma", "deviation", False), ("klein", "deviation", False), *[("klein", "deviation", True)] * 2,
+        ("klein", "null", False), ("klein", "positive", False), *[("sdxl", "deviation", False)] * 4]
     assert sum(p.baseline.kind == "deviation" for p in shipped) == 10
     assert sum(p.baseline.kind == "inference" for p in shipped) == 3
-    assert {p.world.base for p in rows if p.baseline.kind == "null"} == {"sd3", "flux"}  # type: ignore[union-attr]
+    assert {p.world.base for p in rows if p.baseline.kind == "null"} == {"sd3", "flux", "klein"}  # type: ignore[union-attr]
+    assert not any(p.baseline.hypothetical for p in shipped)
     for p in [*shipped, *later]:
         assert p.eval.curve_steps == [50, 100, 200, 300] and p.eval.seeds == 6
         assert sum(p.eval.probe_concept.values()) == 16 and sum(p.eval.probe_control.values()) == 8
@@ -576,8 +579,9 @@ def test_rows_added_by_an_amendment_are_a_holm_family_of_their_own() -> None:
     presets = {p.name: p for p in matrix_presets()}
     later = {n for n, p in presets.items() if holm_family(p.world.base)}
     assert later == {"world-sdxl-clip-g-bang", "world-sdxl-dropout-encoded", "world-sdxl-max-token-225",
-                     "world-sdxl-pad-longest", "world-chroma-t5-no-mask"}
-    assert holm_family("chroma") != holm_family("sdxl")  # each amendment's rows are a family of their own
+                     "world-sdxl-pad-longest", "world-chroma-t5-no-mask", "world-klein-null", "world-klein-positive-cut",
+                     "world-klein-layers-10-20-30", "world-klein-thinking-on", "world-klein-no-template"}
+    assert len({holm_family(b) for b in ("chroma", "sdxl", "klein")}) == 3  # each amendment's rows are a family of their own
     # the first plan's row hashes as committed with its results (benchmarks/effects/results)
     committed = json.loads((RESULTS / "world-sd3-t5-77" / "seed-0.json").read_text(encoding="utf-8"))["plan"]
     assert row_hash(presets["world-sd3-t5-77"], seeds=None, max_steps=None) == committed
@@ -608,3 +612,28 @@ def test_rows_added_by_an_amendment_are_a_holm_family_of_their_own() -> None:
     assert reading.index(first_plan) < reading.index("the SDXL rows (amendment 7)") < reading.index(chroma)
     assert "- Not read yet: 1 of 2 rows have all their seeds." in reading
     assert "(1 of 2: the profile's recipe gave the better LoRA): world-sd3-t5-77" in reading
+
+
+def test_rows_without_results_stay_out_of_the_table_and_hypothetical_rows_say_so() -> None:
+    """Issue 49: the klein rows join the plan before their base ships; a row without any result is left out of the
+    table (so docs/effects.md and effects.json stay as they were until its first result), a study with no result yet
+    shows its whole plan, and a hypothetical deviation is named so in the tables and the summary."""
+    from te_align.ab.matrix import aggregate, documented, matrix_presets, render_effects, summary_of
+
+    presets = matrix_presets()
+    by_name = {p.name: p for p in presets}
+    recs = {"world-sd3-t5-77": [_record("world-sd3-t5-77", 0, [0.2] * 4, [0.5] * 4)]}
+    assert [p.name for p in documented(presets, recs)] == ["world-sd3-t5-77"]
+    assert documented(presets, {}) == presets
+    hypo = sorted(p.name for p in presets if p.baseline.hypothetical)
+    assert hypo == ["world-klein-no-template", "world-klein-thinking-on"]
+    rows = aggregate([by_name[n] for n in (*hypo, "world-klein-layers-10-20-30")], {}, planned=None)
+    text = render_effects(rows, command="te-align ab matrix", plan="p1")
+    line = next(x for x in text.splitlines() if x.startswith("| world-klein-thinking-on |"))
+    assert line.startswith("| world-klein-thinking-on | deviation (hypothetical) | (hypothetical) | klein | 0 |")
+    layers = next(x for x in text.splitlines() if x.startswith("| world-klein-layers-10-20-30 |"))
+    assert layers.startswith("| world-klein-layers-10-20-30 | deviation | diffusers-examples | klein | 0 |")
+    assert "- **world-klein-no-template** (deviation (hypothetical); (hypothetical)): qwen3.template = '{prompt}'." in text
+    summary = {r["preset"]: r for r in summary_of(rows, "p1")["rows"]}  # type: ignore[union-attr]
+    assert summary["world-klein-thinking-on"]["hypothetical"] is True
+    assert "hypothetical" not in summary["world-klein-layers-10-20-30"]

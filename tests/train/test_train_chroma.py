@@ -339,7 +339,7 @@ def test_ab_on_a_chroma_folder_with_a_mask_dropped_arm(tmp_path: Path, folder: P
 # --------------------------------------------------------------------------------------------- (d)
 def test_an_unsupported_family_is_refused_in_one_line(tmp_path: Path, folder: Path, one_image: Path) -> None:
     want = ("profile 'pixart-sigma' is a pixart model; te-align train supports SD1.5/SD2 (sd1, sd2), SDXL, "
-            "SD3/3.5, Flux and Chroma")  # fmt: skip
+            "SD3/3.5, Flux, Chroma and FLUX.2 [klein]")  # fmt: skip
     cfg = _config(folder, one_image, tmp_path / "o")
     cfg.model.profile, cfg.model.profile_overrides = "pixart-sigma", {}
     with pytest.raises(TrainError) as info:
