@@ -127,6 +127,18 @@ UNINFORMATIVE_AXIS = f"uninformative (the positive control on the deviations' ax
 GATE_2 = "world-sd3-positive-cut-confirm"
 UNINFORMATIVE_2 = f"uninformative (instrument 2's confirmatory control, {GATE_2}, was not seen)"
 CONFIRMATORY_2 = frozenset(n for n, why in REDRAWN.items() if why.startswith("amendment 11"))
+#: Bases whose rows were pre-registered with instrument 2 as their **primary** readout (benchmarks/klein/bench_klein.md
+#: decisions 7 and 10, committed before any of their units ran): per base, the positive control that gates them. Their
+#: instrument-2 readings are confirmatory, Holm-adjusted over that base's rows only (not amendment 11's family of the
+#: CLIP/T5-era rows, whose adjusted values they would otherwise move), their smallest detectable effect from that
+#: base's null control; their curve mean is a secondary there.
+INSTRUMENT_2_PRIMARY: dict[str, str] = {"klein": "world-klein-positive-cut"}
+
+
+def instrument_2_family(base: str) -> str:
+    """The instrument-2 Holm family of a row on ``base``: ``""`` for amendment 11's family of all rows, else the base's
+    own (:data:`INSTRUMENT_2_PRIMARY`)."""
+    return LATER_FAMILIES.get(base, base) if base in INSTRUMENT_2_PRIMARY else ""
 
 
 def holm_family(base: str) -> str:
@@ -584,39 +596,44 @@ def _lv(m: JSONObject, key: str) -> list[float]:
 def _instrument_2(rows: Sequence[MatrixRow]) -> None:
     """Amendment 11's readout on every row: one Holm family of the complete deviation and inference rows, controls
     unadjusted, every deviation and inference verdict gated by :data:`GATE_2` (pending until it is complete,
-    uninformative unless it reads "profile better")."""
+    uninformative unless it reads "profile better"). Rows on a base of :data:`INSTRUMENT_2_PRIMARY` read it as their
+    pre-registered primary: Holm over their base's rows, gated by their base's positive control, noise from their
+    base's null control."""
     def complete(r: MatrixRow) -> bool:
         return r.kind in ("deviation", "inference") and r.final_net is not None and r.seeds >= r.planned and not r.reason
 
-    family = [(r, m) for r in rows if complete(r) and (m := r.final_net) is not None]
-    ps = [_fv(m, "p_t") for _, m in family]
-    for (r, _), adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
-        r.p_holm_2, r.holm_factor_2 = adj, c
-    noise = _null_spread(rows, _runner.FINAL_NET)
-    for r in rows:
-        m = r.final_net
-        r.confirmatory_2 = r.preset in CONFIRMATORY_2 or r.kind in ("positive", "null")
-        r.verdict_2 = _verdict(r, r.p_holm_2, m)
-        if m is None or r.reason:
-            continue
-        n = int(_fv(m, "n"))
-        r.tests_disagree_2 = not _degenerate(m) and (_fv(m, "p_t") < ALPHA) != (_fv(m, "p_signflip") < ALPHA)
-        if r.kind in ("deviation", "inference"):
-            diffs = [x - y for x, y in zip(_lv(m, "a"), _lv(m, "b"), strict=True)]
-            r.adj_ci_2 = t_interval(diffs, ALPHA / r.holm_factor_2) if r.holm_factor_2 > 0 else (math.nan, math.nan)
-            r.mde_2 = smallest_detectable(noise, n, ALPHA / max(1, len(family)), POWER)
-        else:
-            r.adj_ci_2 = (_fv(m, "ci_low"), _fv(m, "ci_high"))
-            r.mde_2 = smallest_detectable(noise, n, ALPHA, POWER)
-    gate = next((r for r in rows if r.preset == GATE_2), None)
+    for name in dict.fromkeys(instrument_2_family(r.base) for r in rows):
+        group = [r for r in rows if instrument_2_family(r.base) == name]
+        family = [(r, m) for r in group if complete(r) and (m := r.final_net) is not None]
+        ps = [_fv(m, "p_t") for _, m in family]
+        for (r, _), adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
+            r.p_holm_2, r.holm_factor_2 = adj, c
+        noise = _null_spread(group, _runner.FINAL_NET)
+        for r in group:
+            m = r.final_net
+            r.confirmatory_2 = r.preset in CONFIRMATORY_2 or r.kind in ("positive", "null") or bool(name)
+            r.verdict_2 = _verdict(r, r.p_holm_2, m)
+            if m is None or r.reason:
+                continue
+            n = int(_fv(m, "n"))
+            r.tests_disagree_2 = not _degenerate(m) and (_fv(m, "p_t") < ALPHA) != (_fv(m, "p_signflip") < ALPHA)
+            if r.kind in ("deviation", "inference"):
+                diffs = [x - y for x, y in zip(_lv(m, "a"), _lv(m, "b"), strict=True)]
+                r.adj_ci_2 = t_interval(diffs, ALPHA / r.holm_factor_2) if r.holm_factor_2 > 0 else (math.nan, math.nan)
+                r.mde_2 = smallest_detectable(noise, n, ALPHA / max(1, len(family)), POWER)
+            else:
+                r.adj_ci_2 = (_fv(m, "ci_low"), _fv(m, "ci_high"))
+                r.mde_2 = smallest_detectable(noise, n, ALPHA, POWER)
     for r in rows:
         v = r.verdict_2
         if r.kind not in ("deviation", "inference") or v.startswith((PENDING, "not run")) or v == NO_VERDICT:
             continue
+        name = INSTRUMENT_2_PRIMARY.get(r.base, GATE_2)
+        gate = next((x for x in rows if x.preset == name), None)
         if gate is None or gate.verdict_2.startswith((PENDING, "not run")):
-            r.verdict_2 = f"{PENDING} (instrument 2's confirmatory control, {GATE_2})"
+            r.verdict_2 = f"{PENDING} (instrument 2's confirmatory control, {name})"
         elif gate.verdict_2 != PROFILE_BETTER:
-            r.verdict_2 = UNINFORMATIVE_2
+            r.verdict_2 = f"uninformative (instrument 2's confirmatory control, {name}, was not seen)"
 
 
 def _degenerate(m: JSONObject) -> bool:
@@ -971,12 +988,13 @@ def summary_of(rows: Sequence[MatrixRow], plan: str, *, before: Sequence[MatrixR
                     "n": int(_fv(r.final_net, "n")),
                     "p_holm": r.p_holm_2,
                     "adjusted_ci": list(r.adj_ci_2),
-                    "ci_terms": _terms(r, r.holm_factor_2, ALL_ROWS),
+                    "ci_terms": _terms(r, r.holm_factor_2, instrument_2_family(r.base) or ALL_ROWS),
                     "verdict": r.verdict_2,
                     "mde": r.mde_2,
                     "tests_disagree": r.tests_disagree_2,
                     "confirmatory": r.confirmatory_2,
                     "metric": _runner.FINAL_NET,
+                    **({"primary": True, "holm_family": instrument_2_family(r.base)} if r.base in INSTRUMENT_2_PRIMARY else {}),
                 },
             }
         )

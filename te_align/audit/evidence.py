@@ -75,6 +75,8 @@ MEASURES: tuple[Measure, ...] = (
     Measure("world-sd3-comfyui", "sd3", "t5.tokenizer.max_length", None, tool="comfyui"),
     Measure("world-flux-comfyui", "flux-schnell", "t5.tokenizer.max_length", None, tool="comfyui"),
     Measure("world-sd15-comfyui", "sd1", "prompt syntax", None, tool="comfyui"),
+    # issue 49 (benchmarks/klein/bench_klein.md): the diffusers klein script's default taps; on the klein world base
+    Measure("world-klein-layers-10-20-30", "flux2-klein", "qwen3.encoder.layer", [10, 20, 30]),
 )
 
 
@@ -279,8 +281,11 @@ def _instrument_2_line(row: JSONObject) -> str:
     adj = x.get("adjusted_ci")
     d = _num(x.get("diff_mean"))
     lo, hi = (_num(adj[0]), _num(adj[1])) if isinstance(adj, list) and len(adj) == 2 else (math.nan, math.nan)
-    ci = f" [Holm-adjusted interval, all rows, {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
+    over = str(x.get("holm_family") or "all rows")
+    ci = f" [Holm-adjusted interval, {over}, {lo:+.3f}, {hi:+.3f}]" if not math.isnan(lo) else ""
     how = "confirmatory" if x.get("confirmatory") else "post hoc: shown, not acted on"
+    if x.get("primary"):
+        how = "the row's pre-registered primary readout"
     return f"instrument 2 (concept net accuracy at 300 steps, amendment 11; {how}): {d:+.3f}{ci}: {x.get('verdict')}"
 
 
@@ -289,11 +294,13 @@ def measured_direction(ev: Mapping[str, object]) -> str:
     families (the pre-registered one and all rows), ``"null"`` for a measured null or a verdict that rests on its
     family, else ``""`` (not measured, pending, or uninformative: its gating positive control was not seen). Where
     the pre-registered verdict is uninformative, a confirmatory instrument-2 verdict (amendment 11) counts in its
-    place; a post-hoc one never does."""
+    place; a post-hoc one never does. A row pre-registered with instrument 2 as its primary readout (the klein rows,
+    benchmarks/klein/bench_klein.md) is read on instrument 2 alone."""
     v = str(ev.get("verdict", ""))
     second = ev.get("instrument_2")
-    if v.startswith("uninformative") and isinstance(second, dict) and second.get("confirmatory"):
-        v2 = str(second.get("verdict", ""))
+    primary_2 = isinstance(second, dict) and bool(second.get("primary"))  # a row pre-registered on instrument 2
+    if primary_2 or (v.startswith("uninformative") and isinstance(second, dict) and second.get("confirmatory")):
+        v2 = str(second.get("verdict", "")) if isinstance(second, dict) else ""
         if v2 in ("profile better", "trainer default better"):
             return v2
         return "null" if v2 == "no measurable difference" else ""

@@ -637,3 +637,60 @@ def test_rows_without_results_stay_out_of_the_table_and_hypothetical_rows_say_so
     summary = {r["preset"]: r for r in summary_of(rows, "p1")["rows"]}  # type: ignore[union-attr]
     assert summary["world-klein-thinking-on"]["hypothetical"] is True
     assert "hypothetical" not in summary["world-klein-layers-10-20-30"]
+
+
+def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(monkeypatch, tmp_path: Path) -> None:
+    """bench_klein.md decisions 7 and 10: the klein rows' primary is instrument 2, Holm over the klein rows alone,
+    confirmatory, gated by world-klein-positive-cut (not amendment 11's control), noise from the klein null; `check`
+    acts on that reading whatever the curve mean says."""
+    import te_align_world
+
+    from te_align.ab.matrix import aggregate, matrix_presets, summary_of
+    from te_align.audit.evidence import evidence_for, measured_direction
+    from te_align.tiny import bases
+
+    (tmp_path / "klein").mkdir()
+    (tmp_path / "klein" / bases.MANIFEST).write_text(json.dumps({"format": bases.FORMAT, "name": "klein",
+                                                                 "family": "flux2-klein", "files": {}}))  # fmt: skip
+    monkeypatch.setattr(te_align_world, "ROOT", tmp_path)  # the klein base is not shipped yet: a manifest stands in
+    presets = {p.name: p for p in matrix_presets()}
+    layers, gate, null = "world-klein-layers-10-20-30", "world-klein-positive-cut", "world-klein-null"
+    # the curve mean favours A (early checkpoints), the last checkpoint favours B
+    a = [[0.5, 0.5, 0.3, 0.1 + 0.01 * s] for s in range(6)]
+    b = [[0.0, 0.1, 0.3, 0.6 + 0.012 * s] for s in range(6)]
+    recs = {layers: [_record(layers, s, a[s], b[s]) for s in range(6)],
+            "world-klein-thinking-on": [_record("world-klein-thinking-on", s, [0.4] * 3 + [0.4 + 0.01 * (-1) ** s], [0.4] * 4)
+                                        for s in range(6)],
+            null: [_record(null, s, [0.4] * 3 + [0.4 + 0.02 * (-1) ** s], [0.4] * 4) for s in range(6)],
+            gate: [_record(gate, s, [0.2] * 3 + [0.1 + 0.02 * s], [0.2] * 3 + [0.5]) for s in range(6)]}  # fmt: skip
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows[gate].verdict_2 == "profile better"
+    dev = rows[layers]
+    assert dev.primary is not None and dev.primary["diff_mean"] > 0  # the curve mean reads the other way
+    assert dev.confirmatory_2 and rows["world-klein-thinking-on"].confirmatory_2
+    ps = [float(rows[n].final_net["p_t"]) for n in (layers, "world-klein-thinking-on")]  # type: ignore[index]
+    assert dev.holm_factor_2 == 2 and dev.p_holm_2 == pytest.approx(min(1.0, 2 * min(ps)))
+    assert dev.verdict_2 == "profile better"
+    assert rows["world-klein-thinking-on"].verdict_2 == "no measurable difference"
+    # the smallest detectable effect comes from the klein null's spread (sd 0.02 * sqrt(6/5)) at alpha / 2
+    from te_align.ab.stats import smallest_detectable
+
+    assert dev.mde_2 == pytest.approx(smallest_detectable(0.02 * (6 / 5) ** 0.5, 6, 0.025, 0.8))
+    row = next(r for r in summary_of(list(rows.values()), "p1")["rows"] if r["preset"] == layers)  # type: ignore[union-attr]
+    second = row["instrument_2"]
+    assert (second["primary"], second["confirmatory"], second["holm_family"]) == (True, True, "the klein rows (issue 49)")
+    summary = tmp_path / "effects.json"
+    summary.write_text(json.dumps(summary_of(list(rows.values()), "p1")))
+    ev = evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.encoder.layer", [10, 20, 30], path=summary)
+    assert ev["row"] == layers and measured_direction(ev) == "profile better"
+    assert any("the row's pre-registered primary readout" in str(x) and "the klein rows (issue 49)" in str(x) for x in ev["lines"])
+    # its own gate: amendment 11's control is not theirs; their control not seen makes them uninformative
+    recs[gate] = [_record(gate, s, [0.2] * 4, [0.2] * 3 + [0.2 + 0.01 * (-1) ** s]) for s in range(6)]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows[layers].verdict_2 == f"uninformative (instrument 2's confirmatory control, {gate}, was not seen)"
+    unseen = tmp_path / "effects-unseen.json"  # another file: summaries are read once per path
+    unseen.write_text(json.dumps(summary_of(list(rows.values()), "p1")))
+    assert measured_direction(evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.encoder.layer", [10, 20, 30], path=unseen)) == ""
+    del recs[gate]
+    rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    assert rows[layers].verdict_2 == f"pending (instrument 2's confirmatory control, {gate})"
