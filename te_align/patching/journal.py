@@ -467,8 +467,8 @@ def _read_journal_in(place: Place) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------- journal
-def _begin(root: Path, op: str, paths: Sequence[str]) -> None:
-    _begin_in(_place(root), op, paths)
+def _begin(root: Path, op: str, paths: Sequence[str], new_sha256: Mapping[str, str] | None = None) -> None:
+    _begin_in(_place(root), op, paths, new_sha256)
 
 
 def _begin_in(place: Place, op: str, paths: Sequence[str], new_sha256: Mapping[str, str] | None = None) -> None:
@@ -592,7 +592,8 @@ def _rollback_in(place: Place, journal: dict[str, Any], *, strict: bool = True) 
         if sha256_file(f) in (e["sha256"] if e["existed"] else None, e["new_sha256"]):
             continue
         if strict:
-            before = f"its copy {place.data / e['copy']}" if e["existed"] and "copy" in e else "none: it did not exist"
+            # a tree's journal keeps the copy under the file's own path, an absolute one's by its number
+            before = f"its copy {place.data / e.get('copy', e['path'])}" if e["existed"] else "none: it did not exist"
             raise PatchError(
                 f"holds neither its bytes from before the interrupted te-align {op} nor the ones it wrote; nothing "
                 f"rolled back: restore its bytes from before ({before}) or keep the file as it is, then delete "

@@ -457,10 +457,17 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
     }
     if environment is not None:
         new_manifest["environment"] = environment
+    manifest_bytes = (json.dumps(new_manifest, indent=2, sort_keys=True) + "\n").encode()
+    # The bytes this operation writes to each path: a rollback refuses a file that holds neither them nor its
+    # bytes from before (someone edited it after the operation was killed), as it does for check --fix.
+    new_sha: dict[str, str] = {c.path: files[c.path]["patched_sha256"] for c in plan.changes}
+    new_sha.update({p: known[p]["original_sha256"] for p in stale if known[p].get("backup")})
+    new_sha.update({(state_rel / b).as_posix(): sha256_bytes(content) for b, (content, _) in backups_new.items()})
+    new_sha[(state_rel / MANIFEST).as_posix()] = sha256_bytes(manifest_bytes)
     need = sum(len(c.content) for c in plan.changes) * 2 + sum(len(b) for b, _ in backups_new.values()) * 2 + 65536
     state = _state(root)
     try:
-        _begin(root, "apply", [*paths, *stale, *state_paths])
+        _begin(root, "apply", [*paths, *stale, *state_paths], new_sha)
         for p in stale:  # files a previous patch touched that this plan no longer changes: restore them
             _restore_one(root, p, known[p])
         _remove_empty_dirs(root, [d for p in stale for d in known[p].get("created_dirs", ())])
@@ -473,7 +480,7 @@ def _apply_locked(plan: Plan, replan: bool, dry_run: bool, recovered: str | None
             f = root / c.path
             _makedirs(f.parent, root)
             _write(f, c.content, files[c.path]["original_mode"])
-        _write(state / MANIFEST, (json.dumps(new_manifest, indent=2, sort_keys=True) + "\n").encode(), None)
+        _write(state / MANIFEST, manifest_bytes, None)
         _commit(root)
         _unlink(state / ENV_JOURNAL)  # the manifest names the install: it is committed
     except OSError as e:
@@ -554,7 +561,9 @@ def revert_report(root: str | Path, *, keep_changed: bool = False) -> RevertResu
         if manifest.get("environment") is not None:  # first, while the manifest still names what to remove
             env_lines = environment.uninstall(manifest["environment"])
         try:
-            _begin(root, "revert", [*todo, *extra])
+            new_sha = {p: files[p]["original_sha256"] for p in todo if files[p].get("backup")}
+            new_sha.update({side: sha256_bytes(content) for side, (content, _) in extra.items()})
+            _begin(root, "revert", [*todo, *extra], new_sha)
             for p in todo:
                 _restore_one(root, p, files[p])
             for side, (content, mode) in extra.items():
