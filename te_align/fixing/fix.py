@@ -11,9 +11,9 @@ trainer's writer (:class:`te_align.trainers.api.ConfigWriter`) says where it goe
    bits, so also for root) or in a folder that cannot be written;
 2. check the new text (in memory, :func:`te_align.audit.readers.overlaid`) before anything is written: if a
    finding the fix was meant to remove is still there, nothing is written;
-3. under the lock of every folder it writes in (:func:`te_align.patching.transaction.lock_all`, taken in the
+3. under the lock of every folder it writes in (:func:`te_align.patching.journal.lock_all`, taken in the
    order of their real paths), compare every file's bytes with the ones the fix was made from (one changed
-   meanwhile: nothing written), then run one transaction of :mod:`te_align.patching.transaction`, the one
+   meanwhile: nothing written), then run one transaction of :mod:`te_align.patching.journal`, the one
    ``te-align patch`` runs: its journal names every file the fix replaces, each backup included, then per file
    a backup is linked beside it (``NAME.te-align-original``, the name ``te-align unpatch --keep-changed`` uses;
    ``--no-backup`` skips it) just before the file is replaced atomically (``.NAME.te-align-tmp``, then a rename;
@@ -69,8 +69,8 @@ from te_align.audit.findings import EXIT_UNREADABLE, CheckResult, Edit, Finding
 from te_align.errors import TeAlignError
 from te_align.fixing import editing
 from te_align.fixing.editing import CannotFix, Change
-from te_align.patching import transaction
-from te_align.patching.transaction import JOURNAL_DATA, KEPT_ORIGINAL_SUFFIX, PatchError, Place, lock_all
+from te_align.patching import journal as engine
+from te_align.patching.journal import JOURNAL_DATA, KEPT_ORIGINAL_SUFFIX, PatchError, Place, lock_all
 
 if TYPE_CHECKING:  # pragma: no cover
     from te_align.trainers.api import CheckLanguages, CheckParts
@@ -462,7 +462,7 @@ def _sha256(data: bytes) -> str:
 
 def _write_all(config: str, files: list[tuple[str, bytes, bytes]], backup: bool) -> list[str]:
     """Replace every file by its new bytes, all or none: under the lock of every folder, if each still holds
-    the bytes the fix was made from; one transaction of :mod:`te_align.patching.transaction` journalled
+    the bytes the fix was made from; one transaction of :mod:`te_align.patching.journal` journalled
     beside ``config`` (see the module docstring). The backups made."""
     place = _txn_place(config)
     todo = [(os.path.abspath(f), old, new) for f, old, new in files]
@@ -489,14 +489,14 @@ def _write_all(config: str, files: list[tuple[str, bytes, bytes]], backup: bool)
                 new_sha[baks[f]] = _sha256(old)
         current = files[0][0]
         try:
-            transaction._begin_in(place, "check --fix", paths, new_sha)
+            engine._begin_in(place, "check --fix", paths, new_sha)
             for (f, old, new), (current, _, _) in zip(todo, files, strict=True):
                 _replace(Path(f), old, new, Path(baks[f]) if backup else None, current)
-            transaction._unlink(place.journal)  # the commit point
+            engine._unlink(place.journal)  # the commit point
         except BaseException as exc:
             _fail(exc, place, current)
         with contextlib.suppress(OSError):  # leftovers only: the next --fix removes them
-            transaction._drop_in(place)
+            engine._drop_in(place)
     return [files[i][0] + BACKUP_SUFFIX for i in range(len(files))] if backup else []
 
 
@@ -507,9 +507,9 @@ def _replace(p: Path, old: bytes, new: bytes, bak: Path | None, name: str) -> No
         if p.read_bytes() != old:
             raise CannotFix(_CHANGED, file=name)
         if bak is not None:
-            transaction._link(p, bak)
+            engine._link(p, bak)
 
-    transaction._write(p, new, p.stat().st_mode & 0o7777, before_rename=unchanged_then_backup)
+    engine._write(p, new, p.stat().st_mode & 0o7777, before_rename=unchanged_then_backup)
 
 
 def _fail(exc: BaseException, place: Place, current: str) -> NoReturn:
@@ -550,18 +550,18 @@ def _recover(place: Place, *, strict: bool) -> list[str] | None:
     bytes back), or remove the leftovers of one killed before its journal was written or after its commit
     point (None)."""
     if os.path.lexists(place.removing):
-        transaction._rmtree(place.removing)
+        engine._rmtree(place.removing)
     if not os.path.lexists(place.state):
         return None
     if place.state.is_symlink() or not place.state.is_dir():
         raise CannotFix(f"{place.state} is not a folder (a symbolic link or a file); --fix keeps its journal only "
                         "in a real folder there: remove it, then run again")
-    journal = transaction._read_journal_in(place)
+    journal = engine._read_journal_in(place)
     if journal is None:
-        transaction._cleanup_in(place)
-        transaction._drop_in(place)
+        engine._cleanup_in(place)
+        engine._drop_in(place)
         return None
-    return transaction._rollback_in(place, journal, strict=strict)
+    return engine._rollback_in(place, journal, strict=strict)
 
 
 def roll_back_interrupted(config: str) -> list[str] | None:
@@ -594,7 +594,7 @@ def roll_back_interrupted(config: str) -> list[str] | None:
 def _folders(place: Place) -> set[Path]:
     """The folders a fix's transaction touches: its own, and those of the files its journal names."""
     try:
-        journal = transaction._read_journal_in(place) if place.state.is_dir() else None
+        journal = engine._read_journal_in(place) if place.state.is_dir() else None
     except PatchError as e:
         raise CannotFix(e.message, file=e.file) from None
     names = [e["path"] for e in journal["files"]] if journal else []

@@ -37,8 +37,18 @@ from typing import Any
 
 from te_align._atomic import fault_point
 from te_align._version import __version__
-from te_align.patching import transaction as tx
-from te_align.patching.transaction import PatchError
+from te_align.patching.journal import (
+    STATE_DIR,
+    PatchError,
+    StepJournal,
+    _load_json,
+    _mkdir,
+    _still_interrupted,
+    _unlink,
+    _unreadable,
+    _write,
+    recover_tree,
+)
 
 #: The environment folders looked for in a trainer's folder, in this order.
 CANDIDATES = ("venv", ".venv")
@@ -47,7 +57,9 @@ NO_INSTALL_ENV = "TE_ALIGN_NO_INSTALL"
 #: te-align's core needs this Python at least (when its metadata has no Requires-Python).
 MIN_PYTHON = ">=3.10"
 DIST = "te-align"
-ENV_JOURNAL = tx.ENV_JOURNAL
+#: The environment step's journal in the tree's state folder; its id in the manifest's ``environment``
+#: entry is its commit point.
+ENV_JOURNAL = "environment-journal.json"
 
 # Runs in the TARGET Python (any version: no f-strings): what te-align needs to know about it.
 _PROBE = r"""
@@ -407,11 +419,11 @@ def _constraints(before_all: dict[str, str]) -> str:
 
 
 def _write_journal(root: Path, body: dict[str, Any]) -> None:
-    state = root / tx.STATE_DIR
+    state = root / STATE_DIR
     if not state.is_dir():
-        tx._mkdir(state)
-        tx._write(state / ".gitignore", b"*\n", None)
-    tx._write(state / ENV_JOURNAL, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode(), None)
+        _mkdir(state)
+        _write(state / ".gitignore", b"*\n", None)
+    _write(state / ENV_JOURNAL, (json.dumps(body, indent=2, sort_keys=True) + "\n").encode(), None)
 
 
 def _diff(before: dict[str, str], after: dict[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, tuple[str, str | None]]]:
@@ -494,9 +506,9 @@ def install(root: str | Path, plan: EnvPlan) -> EnvResult:
 def _fail(root: Path, message: str) -> None:
     """Roll the interrupted environment step back (through the tree's recovery) and refuse in one line."""
     try:
-        done = tx._recover(root)
+        done = recover_tree(root, (_UNCOMMITTED,))
     except (OSError, PatchError) as e:
-        raise PatchError(f"{message}; rolling back failed too ({e}){tx._still_interrupted(root)}") from None
+        raise PatchError(f"{message}; rolling back failed too ({e}){_still_interrupted(root)}") from None
     tail = "" if done and "as before" in done else f" ({done})" if done else ""
     raise PatchError(f"{message}; rolled back, nothing changed{tail}")
 
@@ -552,17 +564,17 @@ def rollback(journal: dict[str, Any]) -> str:
 
 
 def _read_env_journal(path: Path, root: Path) -> dict[str, Any]:
-    j = tx._load_json(path, root)
+    j = _load_json(path, root)
     if j is None or not isinstance(j.get("id"), str) or not isinstance(j.get("python"), str) or not isinstance(
         j.get("before"), dict
     ) or not isinstance(j.get("purelib"), str) or not isinstance(j.get("files", []), list):
-        raise tx._unreadable(path, root, "no 'id' / 'python' / 'before' / 'purelib'")
+        raise _unreadable(path, root, "no 'id' / 'python' / 'before' / 'purelib'")
     return j
 
 
 def recover_environment(root: Path, manifest: dict[str, Any] | None) -> str | None:
     """The environment part of :func:`te_align.patching.transaction.recover` (the caller holds the lock)."""
-    path = root / tx.STATE_DIR / ENV_JOURNAL
+    path = root / STATE_DIR / ENV_JOURNAL
     if not os.path.lexists(path):
         return None
     journal = _read_env_journal(path, root)
@@ -570,8 +582,13 @@ def recover_environment(root: Path, manifest: dict[str, Any] | None) -> str | No
         manifest["environment"].get("id") == journal["id"]
     )
     done = None if committed else rollback(journal)
-    tx._unlink(path)
+    _unlink(path)
     return done
+
+
+#: The tree's recovery of a step that failed in-process (:func:`_fail`): its journal, just written, is named
+#: by no manifest, so it is rolled back (``te-align patch``'s recovery hands the manifest it reads instead).
+_UNCOMMITTED = StepJournal(ENV_JOURNAL, lambda root: recover_environment(root, None))
 
 
 def uninstall(record: dict[str, Any]) -> tuple[str, ...]:

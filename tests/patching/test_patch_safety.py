@@ -396,3 +396,46 @@ def test_status_unpatch_patch_on_a_missing_path_or_a_file(tmp_path):
         assert rc == 2 and "no such folder" in _error_line(err) and "not patched" not in out
         rc, out, err = _cli(cmd, str(tmp_path / "file.py"))
         assert rc == 2 and "not a folder" in _error_line(err)
+
+
+# ------------------------------------------------------------------------------ 15: an edit after a killed command
+@pytest.mark.parametrize("cmd", ["patch", "unpatch"])
+def test_a_file_edited_after_a_killed_patch_or_unpatch_is_never_rolled_over(kohya, cmd):
+    """``patch`` and ``unpatch`` journal the bytes they write to each file (``new_sha256``), as ``check --fix``
+    does: after a kill, a file holding neither its bytes from before the command nor the ones it wrote (someone
+    edited it since) makes the recovery refuse, in one line naming the file, before it touches anything; once
+    the file holds its bytes from before again (its copy in the journal), the recovery rolls everything back."""
+    if cmd == "unpatch":
+        assert _cli("patch", str(kohya))[0] == 0
+    before = campaign.snapshot(kohya)
+    start = {p.name: p.read_bytes() for p in kohya.glob("*.py")}  # before the command
+    log = kohya.parent / "ops.log"
+    assert campaign.run_cli([cmd, str(kohya)], log=log).rc == 0  # where its file operations are (from 1)
+    assert _cli("unpatch" if cmd == "patch" else "patch", str(kohya))[0] == 0  # undone: the same tree again
+    assert campaign.same(before, campaign.snapshot(kohya), loose=True)  # loose: a manifest's patched_at aside
+    target = kohya / "train_network.py"
+    ops = [line.split(" ", 2) for line in log.read_text(encoding="utf-8").splitlines()]
+    renamed = [int(n) for n, op, path in ops if op == "rename" and path == str(target)]
+    assert len(renamed) == 1
+    killed = campaign.run_cli([cmd, str(kohya)], fault_at=renamed[0] + 1)  # just after it was written
+    assert killed.killed and not killed.error_lines
+    journal = kohya / STATE_DIR / "journal.json"
+    copy = kohya / STATE_DIR / "journal-data" / "train_network.py"
+    assert copy.read_bytes() == start["train_network.py"] and target.read_bytes() != copy.read_bytes()
+    entries = {e["path"]: e for e in json.loads(journal.read_text(encoding="utf-8"))["files"]}
+    assert entries["train_network.py"]["new_sha256"] == sha256_file(target)  # the bytes the command wrote
+    assert entries["train_network.py"]["sha256"] == sha256_file(copy)
+    target.write_bytes(b"# my edit, made after te-align was killed\n")
+    op = {"patch": "apply", "unpatch": "revert"}[cmd]
+    expected = (f"te-align: error: {target}: holds neither its bytes from before the interrupted te-align {op} nor "
+                f"the ones it wrote; nothing rolled back: restore its bytes from before (its copy {copy}) or keep "
+                f"the file as it is, then delete {journal}")
+    edited = campaign.snapshot(kohya)
+    for again in ("status", "unpatch", "patch"):
+        rc, out, err = _cli(again, str(kohya))
+        assert (rc, out, _error_line(err)) == (2, "", expected)
+        assert campaign.snapshot(kohya) == edited  # nothing touched
+    target.write_bytes(copy.read_bytes())  # the way out the line names
+    rc, out, _ = _cli("status", str(kohya))
+    assert rc == 0 and f"recovered from an interrupted '{op}'" in out
+    assert campaign.same(before, campaign.snapshot(kohya), loose=True)
