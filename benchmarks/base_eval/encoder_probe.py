@@ -204,11 +204,7 @@ def probe(seed: int, t5: Path | None = None) -> dict[str, Any]:
     from te_align.tiny.world import evalset
 
     torch.set_num_threads(1)
-    pink = world.Concept("colour", "pink")
-    data = world.make_dataset(20000, 0, image_size=None, tokenizer=False, split="base", concept=pink,
-                              space=world.SPACES["simple"])  # fmt: skip
-    train = [(s.caption, _colour_of(s.caption)) for s in data[:N_TRAIN]]
-    train = [(c, y) for c, y in train if y >= 0]
+    train = _training_captions()
     prompts = evalset.eval_set(200, seed)
     groups = [group(p.text, p.style, p.colour) for p in prompts]
     flux, sd15 = world.base("flux"), world.base("sd15")
@@ -230,16 +226,7 @@ def probe(seed: int, t5: Path | None = None) -> dict[str, Any]:
         y_ev = torch.tensor([COLOURS.index(p.colour) for p in prompts])
         per: dict[str, Any] = {}
         for kind, cls in _probes(h_tr.shape[-1]).items():
-            torch.manual_seed(0)
-            model = cls()
-            opt = torch.optim.Adam(model.parameters(), 1e-2)
-            gen = torch.Generator().manual_seed(0)
-            for _ in range(STEPS):
-                idx = torch.randint(0, len(y_tr), (BATCH,), generator=gen)
-                loss = torch.nn.functional.cross_entropy(model(h_tr[idx], m_tr[idx]), y_tr[idx])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+            model = _fit(cls, h_tr, m_tr, y_tr)
             with torch.no_grad():
                 train_acc = float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean())
                 hit = (model(h_ev, m_ev).argmax(1) == y_ev).tolist()

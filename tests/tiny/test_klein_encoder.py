@@ -21,6 +21,7 @@ if _REASON:
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # tools/ is not installed
 
 from world_pretrain import klein_encoder as ke  # noqa: E402
+from world_pretrain.encoders import _attr_index  # noqa: E402
 
 TINY = ke.KleinEncoderConfig(captions=24, steps=4, batch=4, warmup=2, checkpoint_every=100)
 
@@ -61,7 +62,7 @@ def test_targets_start_where_a_description_ends_and_run_through_the_padding():
     span = sample.spans[0]
     _, (tokens,) = world.token_spans(tokenizer, text, [(at + span.char_start, at + span.char_end)])
     attrs = data["attrs"][0].long()
-    expected = torch.tensor(ke._attr_index(sample.objects[0]))
+    expected = torch.tensor(_attr_index(sample.objects[0]))
     assert bool((attrs[: tokens.token_end - 1] == -1).all())
     assert bool((attrs[tokens.token_end - 1 :] == expected).all())  # the description's end, the suffix, the padding
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking off, as the pipeline

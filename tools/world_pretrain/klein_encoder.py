@@ -90,13 +90,6 @@ def templated(tokenizer: Any, caption: str, *, enable_thinking: bool = False) ->
     return text
 
 
-def _attr_index(obj: Any) -> tuple[int, int, int, int]:
-    from te_align.tiny import world
-
-    return (list(world.COLOURS).index(obj.colour), world.SHAPES.index(obj.shape),
-            world.POSITIONS.index(obj.position), list(world.SIZES).index(obj.size))  # fmt: skip
-
-
 def klein_targets(samples: Sequence[Any], tokenizer: Any, length: int = WINDOW) -> dict[str, Any]:
     """Token ids, mask and per-token attribute targets of ``samples`` (world :class:`Sample` records), templated.
 
@@ -107,6 +100,7 @@ def klein_targets(samples: Sequence[Any], tokenizer: Any, length: int = WINDOW) 
     import torch
 
     from te_align.tiny import world
+    from world_pretrain.encoders import _attr_index
 
     texts = [templated(tokenizer, s.caption) for s in samples]
     enc = tokenizer(texts, padding="max_length", max_length=length, truncation=True, return_tensors="pt")
@@ -123,18 +117,10 @@ def klein_targets(samples: Sequence[Any], tokenizer: Any, length: int = WINDOW) 
 
 
 def _samples(cfg: KleinEncoderConfig, n: int, seed: int) -> list[Any]:
-    from te_align.tiny import world
+    """``n`` world captions without the held-out concept, half from each scene space (the shared encoders' draw)."""
+    from world_pretrain.encoders import _training_samples
 
-    concept = None
-    if cfg.held_out:
-        attribute, _, value = cfg.held_out.partition("=")
-        concept = world.Concept(attribute, value)
-    per = [n // len(cfg.worlds) + (1 if k < n % len(cfg.worlds) else 0) for k in range(len(cfg.worlds))]
-    out: list[Any] = []
-    for name, m in zip(cfg.worlds, per, strict=True):
-        out += world.make_dataset(m, seed, space=world.SPACES[name], image_size=None, tokenizer=False,
-                                  split="base" if concept else "all", concept=concept)  # fmt: skip
-    return out
+    return _training_samples(cfg, n, seed)  # type: ignore[arg-type]  # reads held_out and worlds only
 
 
 def _heads(width: int, seed: int) -> Any:
