@@ -107,15 +107,17 @@ def _probes(width: int) -> dict[str, Any]:
 KLEIN_TAPS = {"official (9, 18, 27)": (9, 18, 27), "deviating (10, 20, 30)": (10, 20, 30)}
 
 
-def _encode_klein(encoder: Any, texts: list[str], taps: tuple[int, ...], pairs: Any = ()) -> tuple[Any, Any, Any]:
-    """The prompts as the klein pipeline encodes them: stacked taps (N, 512, 3 x width), mask, and per pair of
-    layers ``(a, b)`` in ``pairs`` the cosine similarities of their states at the real tokens."""
+def _encode_klein(encoder: Any, texts: list[str], pairs: Any = ()) -> tuple[dict[str, Any], Any, list[Any]]:
+    """The prompts as the klein pipeline encodes them, in one encoder pass: per tap set of :data:`KLEIN_TAPS` the
+    stacked taps (N, 512, 3 x width), the mask, and per pair of layers ``(a, b)`` in ``pairs`` the cosine
+    similarities of their states at the real tokens."""
     import torch
 
     from te_align.tiny import tokenizers as tok
 
     tokenizer = tok.qwen3_instruct_tokenizer()
-    hs, ms, alls = [], [], []
+    hs: dict[str, list[Any]] = {name: [] for name in KLEIN_TAPS}
+    ms, cos = [], []
     for i in range(0, len(texts), 64):
         chat = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                               add_generation_prompt=True, enable_thinking=False)
@@ -124,13 +126,14 @@ def _encode_klein(encoder: Any, texts: list[str], taps: tuple[int, ...], pairs: 
         with torch.no_grad():
             out = encoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True,
                           use_cache=False)  # fmt: skip
-        hs.append(torch.cat([out.hidden_states[k] for k in taps], dim=-1))
+        for name, taps in KLEIN_TAPS.items():
+            hs[name].append(torch.cat([out.hidden_states[k] for k in taps], dim=-1))
         ms.append(enc.attention_mask)
         real = enc.attention_mask.bool()
-        alls.append([torch.nn.functional.cosine_similarity(out.hidden_states[a][real], out.hidden_states[b][real], dim=-1)
-                     for a, b in pairs])  # fmt: skip
-    cos = [torch.cat([batch[k] for batch in alls]) for k in range(len(pairs))]
-    return torch.cat(hs), torch.cat(ms), cos
+        cos.append([torch.nn.functional.cosine_similarity(out.hidden_states[a][real], out.hidden_states[b][real], dim=-1)
+                    for a, b in pairs])  # fmt: skip
+    return ({name: torch.cat(h) for name, h in hs.items()}, torch.cat(ms),
+            [torch.cat([batch[k] for batch in cos]) for k in range(len(pairs))])  # fmt: skip
 
 
 def _fit(cls: Any, h_tr: Any, m_tr: Any, y_tr: Any) -> Any:
@@ -147,6 +150,19 @@ def _fit(cls: Any, h_tr: Any, m_tr: Any, y_tr: Any) -> Any:
         loss.backward()
         opt.step()
     return model
+
+
+def _read(h_tr: Any, m_tr: Any, y_tr: Any, h_ev: Any, m_ev: Any, y_ev: Any) -> dict[str, tuple[float, list[bool]]]:
+    """Per probe kind: its accuracy on the training captions and whether it names each prompt's colour."""
+    import torch
+
+    out = {}
+    for kind, cls in _probes(h_tr.shape[-1]).items():
+        model = _fit(cls, h_tr, m_tr, y_tr)
+        with torch.no_grad():
+            out[kind] = (float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean()),
+                         (model(h_ev, m_ev).argmax(1) == y_ev).tolist())  # fmt: skip
+    return out
 
 
 def _training_captions() -> list[tuple[str, int]]:
@@ -175,21 +191,13 @@ def probe_klein(seed: int, folder: Path) -> dict[str, Any]:
     y_ev = torch.tensor([COLOURS.index(p.colour) for p in prompts])
     result: dict[str, Any] = {"seed": seed, "encoder": folder.name, "train_captions": len(train), "prompts": len(prompts),
                               "taps": {}}  # fmt: skip
-    similarity: dict[str, float] = {}
-    for name, taps in KLEIN_TAPS.items():
-        pairs = () if similarity else tuple(zip(*KLEIN_TAPS.values(), strict=True))
-        h_tr, m_tr, _ = _encode_klein(encoder, [c for c, _ in train], taps)
-        h_ev, m_ev, cos = _encode_klein(encoder, [p.text for p in prompts], taps, pairs)
-        per: dict[str, Any] = {}
-        for kind, cls in _probes(h_tr.shape[-1]).items():
-            model = _fit(cls, h_tr, m_tr, y_tr)
-            with torch.no_grad():
-                train_acc = float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean())
-                hit = (model(h_ev, m_ev).argmax(1) == y_ev).tolist()
-            per[kind] = {"train": round(train_acc, 4), "correct": sum(hit), **_tally(groups, hit)}
-        result["taps"][name] = per
-        for (a, b), c in zip(pairs, cos, strict=True):
-            similarity[f"{a} vs {b}"] = round(float(c.mean()), 4)
+    pairs = tuple(zip(*KLEIN_TAPS.values(), strict=True))
+    train_h, m_tr, _ = _encode_klein(encoder, [c for c, _ in train])
+    eval_h, m_ev, cos = _encode_klein(encoder, [p.text for p in prompts], pairs)
+    for name in KLEIN_TAPS:
+        result["taps"][name] = {kind: {"train": round(acc, 4), "correct": sum(hit), **_tally(groups, hit)}
+                                for kind, (acc, hit) in _read(train_h[name], m_tr, y_tr, eval_h[name], m_ev, y_ev).items()}  # fmt: skip
+    similarity = {f"{a} vs {b}": round(float(c.mean()), 4) for (a, b), c in zip(pairs, cos, strict=True)}
     result["cosine_official_vs_deviating"] = similarity
     best = max(v["correct"] for v in result["taps"]["official (9, 18, 27)"].values())
     result["gate"] = {"rule": "the better probe of the official taps reads >= 95.0% of the prompts' colours",
@@ -224,14 +232,8 @@ def probe(seed: int, t5: Path | None = None) -> dict[str, Any]:
         h_ev, m_ev = _encode(tok, enc, [p.text for p in prompts], length, layer, masked)
         y_tr = torch.tensor([y for _, y in train])
         y_ev = torch.tensor([COLOURS.index(p.colour) for p in prompts])
-        per: dict[str, Any] = {}
-        for kind, cls in _probes(h_tr.shape[-1]).items():
-            model = _fit(cls, h_tr, m_tr, y_tr)
-            with torch.no_grad():
-                train_acc = float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean())
-                hit = (model(h_ev, m_ev).argmax(1) == y_ev).tolist()
-            per[kind] = {"train": round(train_acc, 4), **_tally(groups, hit)}
-        result["encoders"][name] = per
+        result["encoders"][name] = {kind: {"train": round(acc, 4), **_tally(groups, hit)}
+                                    for kind, (acc, hit) in _read(h_tr, m_tr, y_tr, h_ev, m_ev, y_ev).items()}  # fmt: skip
     result["denoisers"] = {}
     for path in sorted(OUT.glob(f"*-seed{seed}.jsonl")):
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -122,8 +122,14 @@ def build_encoders(args: argparse.Namespace) -> Path:
     log({"phase": "config", "part": "encoders", **cfg.as_dict(), "threads": args.threads})
     comps, metrics = encoders.pretrain_encoders(cfg, log)
     metrics["threads"] = args.threads
+    return _publish(out, lambda tmp: encoders.save_encoders(comps, tmp, config=cfg.as_dict(), metrics=metrics))
+
+
+def _publish(out: Path, save: Any) -> Path:
+    """Write an encoder set with ``save(folder)`` into ``OUT.partial``, then move its files into ``OUT`` (whose
+    manifest, written last by the move of its file, marks the set complete)."""
     tmp = out.with_name(out.name + ".partial")
-    encoders.save_encoders(comps, tmp, config=cfg.as_dict(), metrics=metrics)
+    save(tmp)
     for p in tmp.iterdir():
         p.rename(out / p.name)
     tmp.rmdir()
@@ -149,12 +155,7 @@ def build_klein_encoder(args: argparse.Namespace) -> Path:
         return out
     model, metrics = done
     metrics["threads"] = args.threads
-    tmp = out.with_name(out.name + ".partial")
-    klein_encoder.save_klein_encoder(model, tmp, config=cfg.as_dict(), metrics=metrics)
-    for p in tmp.iterdir():
-        p.rename(out / p.name)
-    tmp.rmdir()
-    return out
+    return _publish(out, lambda tmp: klein_encoder.save_klein_encoder(model, tmp, config=cfg.as_dict(), metrics=metrics))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from world_pretrain.encoders import ATTRIBUTE_SIZES
+
 __all__ = ["KleinEncoderConfig", "klein_targets", "load_klein_encoder", "pretrain_klein_encoder", "templated"]
 
 MANIFEST = "encoders.json"
 FOLDER = "qwen3"
 CHECKPOINT = "checkpoint.pt"
-#: Classes per attribute head (colour includes the held-out colour, which is never a target).
-ATTRIBUTE_SIZES: dict[str, int] = {"colour": 8, "shape": 4, "position": 9, "size": 3}
 #: The window the pipeline pads to (``max_sequence_length`` 512, pipeline_flux2_klein.py:214).
 WINDOW = 512
 
