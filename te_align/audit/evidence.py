@@ -77,6 +77,10 @@ MEASURES: tuple[Measure, ...] = (
     Measure("world-sd15-comfyui", "sd1", "prompt syntax", None, tool="comfyui"),
     # issue 49 (benchmarks/klein/bench_klein.md): the diffusers klein script's default taps; on the klein world base
     Measure("world-klein-layers-10-20-30", "flux2-klein", "qwen3.encoder.layer", [10, 20, 30]),
+    # the two hypothetical klein rows (no trainer at the commits read does them): cited where a config or a trainer's
+    # code does (thinking switched on; the caption tokenized without the chat template)
+    Measure("world-klein-thinking-on", "flux2-klein", "qwen3.tokenizer.enable_thinking", True),
+    Measure("world-klein-no-template", "flux2-klein", "qwen3.tokenizer.template", "{prompt}"),
 )
 
 

@@ -684,6 +684,13 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
     ev = evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.encoder.layer", [10, 20, 30], path=summary)
     assert ev["row"] == layers and measured_direction(ev) == "profile better"
     assert any("the row's pre-registered primary readout" in str(x) and "the klein rows (issue 49)" in str(x) for x in ev["lines"])
+    # the hypothetical rows are cited where a config switches thinking on or drops the template, and only there
+    thinking = evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.tokenizer.enable_thinking", True, path=summary)
+    assert thinking["row"] == "world-klein-thinking-on" and measured_direction(thinking) == "null"
+    template = evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.tokenizer.template", "{prompt}", path=summary)
+    assert template["row"] == "world-klein-no-template" and template["verdict"] == "not measured"  # no seeds in it
+    assert evidence_for("z-image", "z-image", "qwen3.tokenizer.enable_thinking", True, path=summary)["row"] is None
+    assert evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.tokenizer.enable_thinking", False, path=summary)["row"] is None
     # its own gate: amendment 11's control is not theirs; their control not seen makes them uninformative
     recs[gate] = [_record(gate, s, [0.2] * 4, [0.2] * 3 + [0.2 + 0.01 * (-1) ** s]) for s in range(6)]
     rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
