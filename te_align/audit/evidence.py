@@ -49,7 +49,15 @@ class Measure:
                 return False
         elif setting != self.setting:
             return False
-        return self.value is None or value == self.value
+        # a finding's sequence value is a tuple (the effective value), a measure's a list: compared as sequences
+        return self.value is None or _same(value, self.value)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values, a list equal to the tuple of the same items (``[10, 20, 30]`` is ``(10, 20, 30)``)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
 
 
 MEASURES: tuple[Measure, ...] = (

@@ -93,6 +93,11 @@ def test_klein_script_left_at_its_default_layers_is_an_error(tmp_path: Path):
                                 "layers) is passed to Flux2KleinPipeline.encode_prompt(")
     assert f.line is None  # not written: the default
     assert r.effective == {"qwen3.tokenizer.max_length": 512, "qwen3.encoder.layer": (10, 20, 30)}
+    # the finding's value is a tuple, the measure's a list: check cites the layers row all the same (issue 49)
+    from te_align.commands.check import _evidence
+
+    (ev,) = [e for e in _evidence(r) if e is not None]
+    assert ev["row"] == "world-klein-layers-10-20-30"
 
 
 def test_klein_written_out_is_caught_on_its_line_and_aligned_with_the_fix(tmp_path: Path):
