@@ -136,11 +136,13 @@ def _candidate(folder: Path, family: str, call: dict[str, object]) -> object:
 
 
 def score(name: str, *, limit: int | None = None, folder: Path | None = None, family: str = "",
-          call: dict[str, object] | None = None, seed: int = SEED) -> None:  # fmt: skip
+          call: dict[str, object] | None = None, seed: int = SEED, shard: tuple[int, int] = (0, 1)) -> None:  # fmt: skip
     """Score shipped base ``name``, or (``folder``) a candidate pipeline folder under the label ``name``.
 
     ``seed`` other than the plan's draws another prompt set of the same generator (a diagnosis: prompts that no
-    decision was taken on); its lines go to ``base_eval/diagnostic/NAME-seedS.jsonl`` and no table reads them."""
+    decision was taken on); its lines go to ``base_eval/diagnostic/NAME-seedS.jsonl`` and no table reads them.
+    ``shard`` (k, n): only the prompts whose index is k modulo n, so n processes score one set side by side (each
+    appends whole lines; a resume skips what either wrote)."""
     import numpy as np
     import torch
 
@@ -152,7 +154,7 @@ def score(name: str, *, limit: int | None = None, folder: Path | None = None, fa
     if seed != SEED:
         path = OUT / "diagnostic" / f"{name}-seed{seed}.jsonl"
     done = {r["i"] for r in _read(path)}
-    todo = [(i, p) for i, p in enumerate(ps) if i not in done]
+    todo = [(i, p) for i, p in enumerate(ps) if i not in done and i % shard[1] == shard[0]]
     print(f"{name}: {len(todo)} of {len(ps)} prompts to score", flush=True)
     if not todo:
         return
@@ -295,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     sc = sub.add_parser("score")
     sc.add_argument("--only", action="append", default=None)
     sc.add_argument("--limit", type=int, default=None, help="score only the first N prompts (timing)")
+    sc.add_argument("--shard", default="0/1", help="K/N: score only prompts K modulo N (N processes side by side)")
     sc.add_argument("--pipeline", type=Path, default=None,
                     help="a candidate base's pipeline folder (tools/world_build.py base); needs --label and --family")
     sc.add_argument("--label", default="", help="the candidate's name: results in base_eval/candidates/LABEL.jsonl")
@@ -305,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    shard = (0, 1)
+    if args.cmd == "score":
+        try:
+            k, n = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            ap.error(f"--shard {args.shard!r}: expected K/N, e.g. 0/2")
+        if not 0 <= k < n:
+            ap.error(f"--shard {args.shard!r}: expected 0 <= K < N")
+        shard = (k, n)
     if args.cmd == "novelty":
         result = novelty()
         print(json.dumps(result, indent=1))
@@ -319,10 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.label and args.family):
                 ap.error("--pipeline needs --label and --family")
             score(args.label, limit=args.limit, folder=args.pipeline, family=args.family, call=json.loads(args.call),
-                  seed=args.seed)
+                  seed=args.seed, shard=shard)
             return 0
         for name in args.only or bases.shipped():
-            score(name, limit=args.limit, seed=args.seed)
+            score(name, limit=args.limit, seed=args.seed, shard=shard)
         return 0
     s = summary()
     (OUT / "summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")

@@ -190,10 +190,14 @@ def _ship_and_score(tmp_path: Path, pipe: object, bn: dict) -> None:
     try:
         assert base_eval.main(["score", "--pipeline", str(tmp_path / "one" / "model-3"), "--label", "klein-3",
                                "--family", "klein", "--limit", "2"]) == 0  # fmt: skip
+        # a second shard of the first four: only index 3 is left to it (0 and 1 are done, 2 is the other shard's)
+        assert base_eval.main(["score", "--pipeline", str(tmp_path / "one" / "model-3"), "--label", "klein-3",
+                               "--family", "klein", "--limit", "4", "--shard", "1/2"]) == 0  # fmt: skip
     finally:
         base_eval.OUT = out
     rows = [json.loads(x) for x in (tmp_path / "base_eval" / "candidates" / "klein-3.jsonl").read_text().splitlines()]
-    assert [r["i"] for r in rows] == [0, 1] and all(isinstance(r["read"], list) for r in rows)
+    assert [r["i"] for r in rows] == [0, 1, 3] and all(isinstance(r["read"], list) for r in rows)
+    rows = rows[:2]
     assert [r["text"] for r in rows] == [p.text for p in base_eval.prompts()[:2]]
 
 
