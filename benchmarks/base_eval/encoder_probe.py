@@ -27,6 +27,11 @@ reads it (the caption in its chat template, thinking off, 512 tokens padded on t
 at the official taps (9, 18, 27) stacked per token and, beside them, at the deviating taps (10, 20, 30); the result
 also holds each official tap's mean cosine similarity to its deviating one over the prompts' real tokens. The klein
 plan's encoder gate (benchmarks/klein/bench_klein.md decision 4) reads the better probe of the official taps.
+
+With ``--klein ... --diagnose`` (bench_effects.md amendment 13's diagnosis) the same probes name the prompt's colour
+**and its position** (9 classes) from three tap sets: the official taps, the deviating taps and the encoder's final
+normed output (``hidden_states[-1]``, where its training read-outs sit). Written as
+``encoder-probe-seedS-LABEL-diagnosis.json``; it decides nothing.
 """
 
 from __future__ import annotations
@@ -76,13 +81,13 @@ def _encode(tokenizer: Any, encoder: Any, texts: list[str], length: int, layer: 
     return torch.cat(hs), torch.cat(ms)
 
 
-def _probes(width: int) -> dict[str, Any]:
+def _probes(width: int, classes: int = len(COLOURS)) -> dict[str, Any]:
     import torch
 
     class Mean(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.out = torch.nn.Linear(width, len(COLOURS))
+            self.out = torch.nn.Linear(width, classes)
 
         def forward(self, h: Any, m: Any) -> Any:
             m = m[..., None].to(h.dtype)
@@ -93,7 +98,7 @@ def _probes(width: int) -> dict[str, Any]:
             super().__init__()
             self.queries = torch.nn.Parameter(torch.randn(4, width) * 0.1)
             self.keys = torch.nn.Linear(width, width)
-            self.out = torch.nn.Linear(4 * width, len(COLOURS))
+            self.out = torch.nn.Linear(4 * width, classes)
 
         def forward(self, h: Any, m: Any) -> Any:
             scores = (self.keys(h) @ self.queries.T) / width**0.5
@@ -107,7 +112,8 @@ def _probes(width: int) -> dict[str, Any]:
 KLEIN_TAPS = {"official (9, 18, 27)": (9, 18, 27), "deviating (10, 20, 30)": (10, 20, 30)}
 
 
-def _encode_klein(encoder: Any, texts: list[str], pairs: Any = ()) -> tuple[dict[str, Any], Any, list[Any]]:
+def _encode_klein(encoder: Any, texts: list[str], pairs: Any = (),
+                  taps: dict[str, tuple[int, ...]] = KLEIN_TAPS) -> tuple[dict[str, Any], Any, list[Any]]:
     """The prompts as the klein pipeline encodes them, in one encoder pass: per tap set of :data:`KLEIN_TAPS` the
     stacked taps (N, 512, 3 x width), the mask, and per pair of layers ``(a, b)`` in ``pairs`` the cosine
     similarities of their states at the real tokens."""
@@ -116,7 +122,7 @@ def _encode_klein(encoder: Any, texts: list[str], pairs: Any = ()) -> tuple[dict
     from te_align.tiny import tokenizers as tok
 
     tokenizer = tok.qwen3_instruct_tokenizer()
-    hs: dict[str, list[Any]] = {name: [] for name in KLEIN_TAPS}
+    hs: dict[str, list[Any]] = {name: [] for name in taps}
     ms, cos = [], []
     for i in range(0, len(texts), 64):
         chat = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
@@ -126,8 +132,8 @@ def _encode_klein(encoder: Any, texts: list[str], pairs: Any = ()) -> tuple[dict
         with torch.no_grad():
             out = encoder(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True,
                           use_cache=False)  # fmt: skip
-        for name, taps in KLEIN_TAPS.items():
-            hs[name].append(torch.cat([out.hidden_states[k] for k in taps], dim=-1))
+        for name, layers in taps.items():
+            hs[name].append(torch.cat([out.hidden_states[k] for k in layers], dim=-1))
         ms.append(enc.attention_mask)
         real = enc.attention_mask.bool()
         cos.append([torch.nn.functional.cosine_similarity(out.hidden_states[a][real], out.hidden_states[b][real], dim=-1)
@@ -152,12 +158,13 @@ def _fit(cls: Any, h_tr: Any, m_tr: Any, y_tr: Any) -> Any:
     return model
 
 
-def _read(h_tr: Any, m_tr: Any, y_tr: Any, h_ev: Any, m_ev: Any, y_ev: Any) -> dict[str, tuple[float, list[bool]]]:
+def _read(h_tr: Any, m_tr: Any, y_tr: Any, h_ev: Any, m_ev: Any, y_ev: Any,
+          classes: int = len(COLOURS)) -> dict[str, tuple[float, list[bool]]]:
     """Per probe kind: its accuracy on the training captions and whether it names each prompt's colour."""
     import torch
 
     out = {}
-    for kind, cls in _probes(h_tr.shape[-1]).items():
+    for kind, cls in _probes(h_tr.shape[-1], classes).items():
         model = _fit(cls, h_tr, m_tr, y_tr)
         with torch.no_grad():
             out[kind] = (float((model(h_tr, m_tr).argmax(1) == y_tr).float().mean()),
@@ -202,6 +209,45 @@ def probe_klein(seed: int, folder: Path) -> dict[str, Any]:
     best = max(v["correct"] for v in result["taps"]["official (9, 18, 27)"].values())
     result["gate"] = {"rule": "the better probe of the official taps reads >= 95.0% of the prompts' colours",
                       "best_correct": best, "of": len(prompts), "passed": best >= 0.95 * len(prompts)}  # fmt: skip
+    return result
+
+
+#: The diagnosis's tap sets: the gate's two and the encoder's final normed output (its training read-outs' input).
+DIAGNOSIS_TAPS = {**KLEIN_TAPS, "final output (31)": (31,)}
+
+
+def diagnose_klein(seed: int, folder: Path) -> dict[str, Any]:
+    """Colour and position read-outs of the klein encoder at :data:`DIAGNOSIS_TAPS` (module doc); decides nothing."""
+    import torch
+    import transformers
+
+    from te_align.tiny import world
+    from te_align.tiny.world import evalset
+    from te_align.tiny.world.scenes import POSITIONS
+
+    torch.set_num_threads(1)
+    encoder = transformers.Qwen3ForCausalLM.from_pretrained(str(folder / "qwen3")).float().eval().requires_grad_(False)
+    pink = world.Concept("colour", "pink")
+    data = world.make_dataset(N_TRAIN, 0, image_size=None, tokenizer=False, split="base", concept=pink,
+                              space=world.SPACES["simple"])  # fmt: skip
+    data = [s for s in data if len(s.objects) == 1]
+    prompts = evalset.eval_set(200, seed)
+    groups = [group(p.text, p.style, p.colour) for p in prompts]
+    labels = {
+        "colour": ([COLOURS.index(s.objects[0].colour) for s in data], [COLOURS.index(p.colour) for p in prompts]),
+        "position": ([POSITIONS.index(s.objects[0].position) for s in data], [POSITIONS.index(p.position) for p in prompts]),
+    }
+    train_h, m_tr, _ = _encode_klein(encoder, [s.caption for s in data], taps=DIAGNOSIS_TAPS)
+    eval_h, m_ev, _ = _encode_klein(encoder, [p.text for p in prompts], taps=DIAGNOSIS_TAPS)
+    result: dict[str, Any] = {"seed": seed, "encoder": folder.name, "train_captions": len(data), "prompts": len(prompts),
+                              "decides": "nothing (a diagnosis)", "read": {}}  # fmt: skip
+    for attribute, (y_tr, y_ev) in labels.items():
+        classes = len(POSITIONS) if attribute == "position" else len(COLOURS)
+        for name in DIAGNOSIS_TAPS:
+            read = _read(train_h[name], m_tr, torch.tensor(y_tr), eval_h[name], m_ev, torch.tensor(y_ev), classes)
+            result["read"].setdefault(attribute, {})[name] = {
+                kind: {"train": round(acc, 4), "correct": sum(hit), **_tally(groups, hit)} for kind, (acc, hit) in read.items()
+            }
     return result
 
 
@@ -256,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--t5", type=Path, default=None, help="an encoder set (world_build.py encoders OUT) whose T5 to probe")
     ap.add_argument("--klein", type=Path, default=None, help="a klein encoder set (world_build.py klein-encoder OUT)")
     ap.add_argument("--label", default="", help="with --t5 or --klein: the result's name")
+    ap.add_argument("--diagnose", action="store_true", help="with --klein: colour and position at three tap sets")
     args = ap.parse_args(argv)
     if args.klein is not None and not (args.label and (args.klein / "qwen3" / "config.json").is_file()):
         ap.error("--klein needs --label and a folder with qwen3/config.json")
@@ -264,10 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed == 0:
         ap.error("seed 0 is the prompt set the bases are judged on; a diagnosis uses another")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    result = probe_klein(args.seed, args.klein) if args.klein is not None else probe(args.seed, args.t5)
+    if args.diagnose and args.klein is None:
+        ap.error("--diagnose needs --klein")
+    if args.diagnose:
+        result = diagnose_klein(args.seed, args.klein)
+    else:
+        result = probe_klein(args.seed, args.klein) if args.klein is not None else probe(args.seed, args.t5)
     OUT.mkdir(parents=True, exist_ok=True)
     labelled = args.t5 is not None or args.klein is not None
-    name = f"encoder-probe-seed{args.seed}" + (f"-{args.label}" if labelled else "")
+    name = f"encoder-probe-seed{args.seed}" + (f"-{args.label}" if labelled else "") + ("-diagnosis" if args.diagnose else "")
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=1))
     return 0

@@ -3,6 +3,7 @@ and padded exactly as Flux2KleinPipeline writes them, the read-out targets, a re
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -98,3 +99,61 @@ def test_saved_set_loads_frozen(tmp_path):
     loaded = ke.load_klein_encoder(tmp_path)
     assert not loaded.training and not any(p.requires_grad for p in loaded.parameters())
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_vary_inserts_and_deletes_other_words_only_and_carries_the_spans():
+    samples = _samples(60)
+    assert ke.vary(samples, 0.0, 0.0, 1) == list(samples)
+    varied = ke.vary(samples, 0.2, 0.2, 1)
+    assert varied == ke.vary(samples, 0.2, 0.2, 1)  # seeded
+    assert varied != ke.vary(samples, 0.2, 0.2, 2)
+    changed = 0
+    for old, new in zip(samples, varied, strict=True):
+        assert new.objects == old.objects
+        words = [w.lower() for w in ke._WORD.findall(new.caption)]
+        old_words = [w.lower() for w in ke._WORD.findall(old.caption)]
+        # the attribute words are the same, in the same order
+        assert [w for w in words if w in ke.ATTRIBUTE_WORDS] == [w for w in old_words if w in ke.ATTRIBUTE_WORDS]
+        for a, b in zip(old.spans, new.spans, strict=True):
+            keep = [w for w in ke._WORD.findall(old.caption[a.char_start : a.char_end]) if w in ke.ATTRIBUTE_WORDS]
+            got = ke._WORD.findall(new.caption[b.char_start : b.char_end])
+            assert [w for w in got if w in ke.ATTRIBUTE_WORDS] == keep
+            assert got[0] in ke.ATTRIBUTE_WORDS and got[-1] in ke.ATTRIBUTE_WORDS  # a span still starts and ends on one
+        assert "  " not in new.caption and new.caption == new.caption.strip()
+        changed += new.caption != old.caption
+    assert changed > 40
+
+
+def test_vary_by_hand():
+    from te_align.tiny.world.captions import ObjectSpan
+
+    sample = _samples(1)[0]
+    text = "a drawing of a red circle in the top left on a plain white background"
+    span = (text.index("red"), text.index(" on a"))
+    one = dataclasses.replace(sample, caption=text, spans=(ObjectSpan(*span, 0, 0),))
+    # delete everything deletable, insert nothing: only the attribute words and the punctuation-free gaps remain
+    (out,) = ke.vary([one], 0.0, 1.0, 0)
+    assert out.caption == "red circle top left"
+    assert out.caption[out.spans[0].char_start : out.spans[0].char_end] == "red circle top left"
+    (ins,) = ke.vary([one], 1.0, 0.0, 0)
+    words = ins.caption.split()
+    assert words[::2] == text.split() and all(w not in ke.ATTRIBUTE_WORDS for w in words[1::2])
+    inside = ins.caption[ins.spans[0].char_start : ins.spans[0].char_end].split()
+    assert inside[0] == "red" and inside[-1] == "left" and len(inside) == 11  # 6 words, 5 inserted between them
+
+
+def test_varied_and_recased_captions_give_the_same_targets_per_object():
+    from te_align.tiny import tokenizers as tok
+
+    tokenizer = tok.qwen3_instruct_tokenizer()
+    sample = next(s for s in _samples(40) if len(s.objects) == 1)
+    (varied,) = ke.vary([sample], 0.3, 0.3, 4)
+    data = ke.klein_targets([varied], tokenizer)
+    attrs = data["attrs"][0].long()
+    real = int(data["lengths"][0])
+    assert bool((attrs[real - 1] == torch.tensor(_attr_index(sample.objects[0]))).all())
+    cfg = ke.KleinEncoderConfig(insert=0.1, delete=0.1, case=0.1)
+    assert cfg.as_dict()["insert"] == 0.1 and "init" not in cfg.as_dict()
+    assert "insert" not in TINY.as_dict() and "case" not in TINY.as_dict()  # the older manifests' form
+    with pytest.raises(ValueError, match=r"KleinEncoderConfig\.delete"):
+        ke.KleinEncoderConfig(delete=1.5)

@@ -29,15 +29,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from world_pretrain.encoders import ATTRIBUTE_SIZES
+from world_pretrain.encoders import ATTRIBUTE_SIZES, recase
 
-__all__ = ["KleinEncoderConfig", "klein_targets", "load_klein_encoder", "pretrain_klein_encoder", "templated"]
+__all__ = ["ATTRIBUTE_WORDS", "KleinEncoderConfig", "klein_targets", "load_klein_encoder", "pretrain_klein_encoder", "templated", "vary"]
 
 MANIFEST = "encoders.json"
 FOLDER = "qwen3"
@@ -64,6 +65,17 @@ class KleinEncoderConfig:
     checkpoint_every: int = 250
     # continue from this encoder set's weights (a folder written by save_klein_encoder); fresh read-out heads
     init: str = ""
+    # each word of each training caption is written with a capital first letter with this probability (one seeded
+    # draw per word, world_pretrain.encoders.recase: the T5's case of bench_learnability.md amendment 11); the
+    # held-out captions are never recased. 0.0: the captions as the grammar writes them (every set before amendment 13)
+    case: float = 0.0
+    # random insertion and deletion of words (EDA, Wei & Zou 2019, "easy data augmentation", its alpha 0.1): after each
+    # word of a training caption another word is inserted with probability ``insert``, and each word is deleted
+    # with probability ``delete``; attribute words (:data:`ATTRIBUTE_WORDS`) are never deleted nor inserted, the
+    # inserted words are drawn from the training captions' own other words, and every object's span follows the
+    # edit (:func:`vary`). The held-out captions are never varied. 0.0: as the grammar writes them (before amendment 13)
+    insert: float = 0.0
+    delete: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "worlds", tuple(self.worlds))
@@ -71,6 +83,9 @@ class KleinEncoderConfig:
         if any(x < 0 or x > WINDOW for x in self.pad_cycle) or not self.pad_cycle:
             raise ValueError(f"KleinEncoderConfig.pad_cycle: expected lengths 0..{WINDOW} (0: the batch's longest), "
                              f"got {list(self.pad_cycle)}")  # fmt: skip
+        for key in ("case", "insert", "delete"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"KleinEncoderConfig.{key}: {getattr(self, key)} is not a probability (expected 0.0 to 1.0)")
         if self.init and not (Path(self.init) / FOLDER / "config.json").is_file():
             raise ValueError(f"KleinEncoderConfig.init: {self.init} is not a klein encoder set (expected {FOLDER}/config.json)")
 
@@ -78,8 +93,9 @@ class KleinEncoderConfig:
         d = dataclasses.asdict(self)
         d["worlds"] = list(self.worlds)
         d["pad_cycle"] = list(self.pad_cycle)
-        if not self.init:
-            d.pop("init")
+        for key, default in (("init", ""), ("case", 0.0), ("insert", 0.0), ("delete", 0.0)):  # absent at their defaults: the older manifests' form
+            if d[key] == default:
+                d.pop(key)
         return d
 
 
@@ -121,6 +137,76 @@ def _samples(cfg: KleinEncoderConfig, n: int, seed: int) -> list[Any]:
     from world_pretrain.encoders import _training_samples
 
     return _training_samples(cfg, n, seed)  # type: ignore[arg-type]  # reads held_out and worlds only
+
+
+#: Words that name an object's attribute (colour, shape, position, size, the outline style): :func:`vary` never
+#: deletes or inserts them, so a varied caption describes its scene as the original does.
+ATTRIBUTE_WORDS: frozenset[str] = frozenset(
+    ("small", "medium", "large", "outlined", "top", "middle", "bottom", "left", "center", "right",
+     "red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "square", "circle", "triangle", "cross")
+)  # fmt: skip
+_WORD = re.compile(r"[A-Za-z']+")
+
+
+def vary(samples: Sequence[Any], insert: float, delete: float, seed: int) -> list[Any]:
+    """``samples`` with words randomly inserted and deleted (EDA's random insertion and deletion; seeded).
+
+    Per word of a caption, in order: it is deleted with probability ``delete`` unless it is an attribute word
+    (:data:`ATTRIBUTE_WORDS`; the space before it goes with it, or the one after it where none is before); a word
+    kept is then followed, with probability ``insert``, by a space and a word drawn uniformly from the other (non-attribute, lower-case) words of
+    all of ``samples``' captions follow it. Each object's character span is carried through the edit (a word
+    inserted inside a span is inside it); the spans' T5 token fields are set to -1 (nothing here reads them: the
+    klein targets are found from the characters). ``insert == delete == 0`` returns the samples unchanged.
+    """
+    import random
+
+    from te_align.tiny.world.captions import ObjectSpan
+
+    if insert <= 0.0 and delete <= 0.0:
+        return list(samples)
+    vocab = sorted({w for s in samples for w in _WORD.findall(s.caption) if w.islower()} - ATTRIBUTE_WORDS)
+    rng = random.Random(seed)
+    out = []
+    for s in samples:
+        text = s.caption
+        new: list[str] = []
+        size = 0
+        where = [0] * (len(text) + 1)  # old character -> its new index (a deleted one: where it would have been)
+        pos = 0
+        for m in _WORD.finditer(text):
+            gap = text[pos : m.start()]
+            cut = m.group(0).lower() not in ATTRIBUTE_WORDS and rng.random() < delete
+            lead = cut and gap.endswith(" ")  # a word deleted takes the space before it (at the start: after it)
+            if lead:
+                gap = gap[:-1]
+            for i in range(pos, m.start()):
+                where[i] = size + min(i - pos, len(gap))
+            new.append(gap)
+            size += len(gap)
+            end = m.end()
+            if cut:
+                for i in range(m.start(), m.end()):
+                    where[i] = size
+                if not lead and text[end : end + 1] == " ":
+                    where[end] = size
+                    end += 1
+            else:
+                for i in range(m.start(), m.end()):
+                    where[i] = size + i - m.start()
+                new.append(m.group(0))
+                size += len(m.group(0))
+            if not cut and rng.random() < insert:
+                word = " " + vocab[rng.randrange(len(vocab))]
+                new.append(word)
+                size += len(word)
+            pos = end
+        for i in range(pos, len(text) + 1):
+            where[i] = size + i - pos
+        new.append(text[pos:])
+        caption = "".join(new)
+        spans = tuple(ObjectSpan(where[sp.char_start], where[sp.char_end - 1] + 1, -1, -1) for sp in s.spans)
+        out.append(dataclasses.replace(s, caption=caption, spans=spans))
+    return out
 
 
 def _heads(width: int, seed: int) -> Any:
@@ -183,6 +269,7 @@ def pretrain_klein_encoder(
     tokenizer, model = _initial(cfg)
     t0 = time.perf_counter()
     train = _samples(cfg, cfg.captions, cfg.seed)
+    train = recase(vary(train, cfg.insert, cfg.delete, cfg.seed * 1000 + 15), cfg.case, cfg.seed * 1000 + 14)
     held = _samples(cfg, heldout, cfg.seed + 50_000)
     data = klein_targets(train, tokenizer)
     held_data = klein_targets(held, tokenizer)
