@@ -314,15 +314,20 @@ def _unit(args: tuple[str, int, str, int | None, str, str, Reuse | None]) -> JSO
     result = _runner.run_ab(p, seeds=1, first_seed=seed, out=out, max_steps=max_steps, plan=plan, report=False,
                             say=lines.append, done=done)
     rec = _seed_record(p, seed, result, plan, time.perf_counter() - t0, time.process_time() - c0, device or "cpu")
+    samples = rec["samples"]
+    assert isinstance(samples, dict)  # _seed_record writes {arm: [paths]}
+    rec["samples"] = relative_samples(samples, Path(out).parent.parent)
     if reuse:
         rec["arm_b_from"] = {"file": reuse["file"], "plan": reuse["record"]["plan"], "why": REDRAWN[name]}
-        samples = rec["samples"]
-        assert isinstance(samples, dict)  # _seed_record writes {arm: [paths]}
-        samples["B"] = [str(x) for x in reuse["record"].get("samples", {}).get("B", [])]
-    # sample paths relative to the matrix folder (OUT/<row>/seed-<s>/...): a committed result names no machine path
-    root = Path(out).parent.parent
-    rec["samples"] = {arm: [os.path.relpath(f, root) for f in files] for arm, files in rec["samples"].items()}
+        rec["samples"]["B"] = [str(x) for x in reuse["record"].get("samples", {}).get("B", [])]  # stored relative
     return rec
+
+
+def relative_samples(samples: dict[str, list[Any]], root: Path) -> dict[str, list[str]]:
+    """This run's sample paths relative to the matrix folder ``root`` (OUT/<row>/seed-<s>/...), so a committed
+    result names no machine path. Only paths this run wrote: a reused arm's are already relative to its own
+    matrix folder (made relative again they climbed out of it, ``../../../<machine folder>/...``)."""
+    return {arm: [os.path.relpath(f, root) for f in files] for arm, files in samples.items()}
 
 
 def _arm_state(rec: dict[str, Any], seed: int) -> JSONObject:

@@ -701,3 +701,23 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
     del recs[gate]
     rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
     assert rows[layers].verdict_2 == f"pending (instrument 2's confirmatory control, {gate})"
+
+
+def test_committed_sample_paths_stay_inside_the_matrix_folder() -> None:
+    """Every committed result names its probe images relative to its matrix folder; a row whose arm B is reused
+    names arm B's images as the reused record does (they were made relative twice once and climbed out of the
+    folder to a machine's own: ``../../../work/...``)."""
+    from te_align.ab.matrix import relative_samples
+
+    reused = 0
+    for path in sorted(RESULTS.glob("*/seed-*.json")):
+        rec = json.loads(path.read_text(encoding="utf-8"))
+        for arm, files in rec.get("samples", {}).items():
+            assert all(not f.startswith(("/", "..")) and f.startswith(f"{path.parent.name}/") for f in files), (path, arm)
+        if "arm_b_from" in rec:
+            source = json.loads((RESULTS.parent / rec["arm_b_from"]["file"]).read_text(encoding="utf-8"))
+            assert rec["samples"]["B"] == source["samples"]["B"], path
+            reused += 1
+    assert reused == 30
+    root = Path("out")
+    assert relative_samples({"A": [root / "row" / "seed-0" / "a.png"]}, root) == {"A": [str(Path("row/seed-0/a.png"))]}
