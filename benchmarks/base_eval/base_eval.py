@@ -212,6 +212,36 @@ def summarise(rows: Sequence[dict]) -> dict[str, object]:
     return out
 
 
+#: The bases' pre-registered targets (bench_base_eval.md's reading rules): colour and position rates, and shape's
+#: Wilson lower bound above chance (4 shapes).
+TARGETS = {"colour": 0.90, "position": 0.80, "shape_lower_bound": 0.25}
+
+
+def meets(s: dict) -> bool:
+    """Whether one draw's :func:`summarise` meets :data:`TARGETS`."""
+    return bool(s["colour"]["rate"] >= TARGETS["colour"] and s["position"]["rate"] >= TARGETS["position"]  # type: ignore[index]
+                and s["shape"]["ci95"][0] > TARGETS["shape_lower_bound"])  # type: ignore[index]  # fmt: skip
+
+
+def decide(label: str, seeds: Sequence[int]) -> int:
+    """Print a candidate's colour / position / shape on each draw in ``seeds`` and the verdict: 0 when every draw is
+    complete (``N_PER_STYLE`` x 3 prompts) and meets :data:`TARGETS`; 3 when a complete draw misses; else 1 (a draw
+    is incomplete)."""
+    states = []
+    for seed in seeds:
+        path = OUT / "candidates" / f"{label}.jsonl" if seed == SEED else OUT / "diagnostic" / f"{label}-seed{seed}.jsonl"
+        rows = _read(path)
+        s = summarise(rows)
+        state = "incomplete" if len({r["i"] for r in rows}) != 3 * N_PER_STYLE else "meets" if meets(s) else "misses"
+        parts = ", ".join(f"{k} {s[k]['k']}/{len(rows)} = {_pct(s[k])}" for k in ("colour", "position", "shape"))  # type: ignore[index]
+        print(f"{label}, seed {seed} ({path.relative_to(OUT)}): {parts}: {state}")
+        states.append(state)
+    verdict = 3 if "misses" in states else 1 if "incomplete" in states else 0
+    print(f"{label}: " + {0: "SHIPS (every draw meets the targets)", 3: "NOT SHIPPED (a draw misses the targets)",
+                          1: "undecided (a draw is incomplete)"}[verdict])  # fmt: skip
+    return verdict
+
+
 def summary() -> dict[str, object]:
     from te_align.tiny import bases
 
@@ -306,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--seed", type=int, default=SEED,
                     help="another prompt set of the same generator (diagnosis only: base_eval/diagnostic/)")
     sub.add_parser("table")
+    de = sub.add_parser("decide", help="a candidate against the bases' targets on one or more prompt draws")
+    de.add_argument("--label", required=True, help="the candidate's name (as scored: base_eval/candidates/LABEL.jsonl)")
+    de.add_argument("--seeds", type=int, nargs="+", default=[SEED], help="the draws that must all meet the targets")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     shard = (0, 1)
@@ -336,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.only or bases.shipped():
             score(name, limit=args.limit, seed=args.seed, shard=shard)
         return 0
+    if args.cmd == "decide":
+        return decide(args.label, args.seeds)
     s = summary()
     (OUT / "summary.json").write_text(json.dumps(s, indent=1) + "\n", encoding="utf-8")
     print(table(s))

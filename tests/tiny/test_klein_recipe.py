@@ -214,3 +214,17 @@ def test_world_build_all_klein_needs_the_klein_encoder_set(tmp_path: Path) -> No
     with pytest.raises(SystemExit, match=re.escape(msg)):
         build.main(["all", "klein", "--out", str(tmp_path)])
     assert not (tmp_path / "vae").exists()
+
+
+def test_decide_reads_every_draw_against_the_bases_targets(capsys):
+    """`base_eval.py decide` on committed scores: the Chroma base that shipped on two draws ships, the klein
+    candidate that missed does not, and a draw not scored leaves the decision open."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "base_eval"))
+    import base_eval
+
+    assert base_eval.main(["decide", "--label", "chroma-t5case-8000", "--seeds", "0", "2"]) == 0
+    assert "colour 575/600 = 95.8% [93.9%, 97.2%], position 598/600 = 99.7%" in capsys.readouterr().out
+    assert base_eval.main(["decide", "--label", "klein-8000"]) == 3
+    assert "colour 512/600 = 85.3%" in capsys.readouterr().out
+    assert base_eval.main(["decide", "--label", "chroma-t5case-8000", "--seeds", "0", "7"]) == 1
+    assert "undecided" in capsys.readouterr().out
