@@ -135,6 +135,14 @@ def _candidate(folder: Path, family: str, call: dict[str, object]) -> object:
     return run
 
 
+def _scores(name: str, seed: int, *, candidate: bool) -> Path:
+    """Where :func:`score` writes ``name``'s lines: a shipped base's or a candidate's file for the plan's draw, and
+    ``base_eval/diagnostic/NAME-seedS.jsonl`` for another draw."""
+    if seed != SEED:
+        return OUT / "diagnostic" / f"{name}-seed{seed}.jsonl"
+    return OUT / "candidates" / f"{name}.jsonl" if candidate else RESULTS / f"{name}.jsonl"
+
+
 def score(name: str, *, limit: int | None = None, folder: Path | None = None, family: str = "",
           call: dict[str, object] | None = None, seed: int = SEED, shard: tuple[int, int] = (0, 1)) -> None:  # fmt: skip
     """Score shipped base ``name``, or (``folder``) a candidate pipeline folder under the label ``name``.
@@ -150,9 +158,7 @@ def score(name: str, *, limit: int | None = None, folder: Path | None = None, fa
 
     torch.set_num_threads(1)
     ps = prompts(seed)[:limit]
-    path = RESULTS / f"{name}.jsonl" if folder is None else OUT / "candidates" / f"{name}.jsonl"
-    if seed != SEED:
-        path = OUT / "diagnostic" / f"{name}-seed{seed}.jsonl"
+    path = _scores(name, seed, candidate=folder is not None)
     done = {r["i"] for r in _read(path)}
     todo = [(i, p) for i, p in enumerate(ps) if i not in done and i % shard[1] == shard[0]]
     print(f"{name}: {len(todo)} of {len(ps)} prompts to score", flush=True)
@@ -212,24 +218,19 @@ def summarise(rows: Sequence[dict]) -> dict[str, object]:
     return out
 
 
-#: The bases' pre-registered targets (bench_base_eval.md's reading rules): colour and position rates, and shape's
-#: Wilson lower bound above chance (4 shapes).
-TARGETS = {"colour": 0.90, "position": 0.80, "shape_lower_bound": 0.25}
-
-
 def meets(s: dict) -> bool:
-    """Whether one draw's :func:`summarise` meets :data:`TARGETS`."""
-    return bool(s["colour"]["rate"] >= TARGETS["colour"] and s["position"]["rate"] >= TARGETS["position"]  # type: ignore[index]
-                and s["shape"]["ci95"][0] > TARGETS["shape_lower_bound"])  # type: ignore[index]  # fmt: skip
+    """Whether one draw's :func:`summarise` meets the plan's rules (as :func:`table`'s verdicts read them): every rate
+    in :data:`TARGETS` reached, and shape's interval above :data:`CHANCE`."""
+    return all(s[k]["rate"] >= t for k, t in TARGETS.items()) and s["shape"]["ci95"][0] > CHANCE["shape"]
 
 
 def decide(label: str, seeds: Sequence[int]) -> int:
     """Print a candidate's colour / position / shape on each draw in ``seeds`` and the verdict: 0 when every draw is
-    complete (``N_PER_STYLE`` x 3 prompts) and meets :data:`TARGETS`; 3 when a complete draw misses; else 1 (a draw
+    complete (``N_PER_STYLE`` x 3 prompts) and :func:`meets` the targets; 3 when a complete draw misses; else 1 (a draw
     is incomplete)."""
     states = []
     for seed in seeds:
-        path = OUT / "candidates" / f"{label}.jsonl" if seed == SEED else OUT / "diagnostic" / f"{label}-seed{seed}.jsonl"
+        path = _scores(label, seed, candidate=True)
         rows = _read(path)
         s = summarise(rows)
         state = "incomplete" if len({r["i"] for r in rows}) != 3 * N_PER_STYLE else "meets" if meets(s) else "misses"

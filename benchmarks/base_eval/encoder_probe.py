@@ -172,25 +172,36 @@ def _read(h_tr: Any, m_tr: Any, y_tr: Any, h_ev: Any, m_ev: Any, y_ev: Any,
     return out
 
 
-def _training_captions() -> list[tuple[str, int]]:
+def _training_samples() -> list[Any]:
+    """The probes' training data: the first :data:`N_TRAIN` scenes of the denoisers' data (the simple world, seed 0,
+    pink held out; a dataset's first scenes do not depend on its size)."""
     from te_align.tiny import world
 
     pink = world.Concept("colour", "pink")
-    data = world.make_dataset(20000, 0, image_size=None, tokenizer=False, split="base", concept=pink,
+    return world.make_dataset(N_TRAIN, 0, image_size=None, tokenizer=False, split="base", concept=pink,
                               space=world.SPACES["simple"])  # fmt: skip
-    train = [(s.caption, _colour_of(s.caption)) for s in data[:N_TRAIN]]
+
+
+def _training_captions() -> list[tuple[str, int]]:
+    train = [(s.caption, _colour_of(s.caption)) for s in _training_samples()]
     return [(c, y) for c, y in train if y >= 0]
+
+
+def _klein_encoder(folder: Path) -> Any:
+    """The Qwen3 of a klein encoder set, float32, frozen."""
+    import transformers
+
+    return transformers.Qwen3ForCausalLM.from_pretrained(str(folder / "qwen3")).float().eval().requires_grad_(False)
 
 
 def probe_klein(seed: int, folder: Path) -> dict[str, Any]:
     """The klein encoder's colour read-outs at the official and deviating taps (module doc), with the gate's verdict."""
     import torch
-    import transformers
 
     from te_align.tiny.world import evalset
 
     torch.set_num_threads(1)
-    encoder = transformers.Qwen3ForCausalLM.from_pretrained(str(folder / "qwen3")).float().eval().requires_grad_(False)
+    encoder = _klein_encoder(folder)
     train = _training_captions()
     prompts = evalset.eval_set(200, seed)
     groups = [group(p.text, p.style, p.colour) for p in prompts]
@@ -219,18 +230,13 @@ DIAGNOSIS_TAPS = {**KLEIN_TAPS, "final output (31)": (31,)}
 def diagnose_klein(seed: int, folder: Path) -> dict[str, Any]:
     """Colour and position read-outs of the klein encoder at :data:`DIAGNOSIS_TAPS` (module doc); decides nothing."""
     import torch
-    import transformers
 
-    from te_align.tiny import world
     from te_align.tiny.world import evalset
     from te_align.tiny.world.scenes import POSITIONS
 
     torch.set_num_threads(1)
-    encoder = transformers.Qwen3ForCausalLM.from_pretrained(str(folder / "qwen3")).float().eval().requires_grad_(False)
-    pink = world.Concept("colour", "pink")
-    data = world.make_dataset(N_TRAIN, 0, image_size=None, tokenizer=False, split="base", concept=pink,
-                              space=world.SPACES["simple"])  # fmt: skip
-    data = [s for s in data if len(s.objects) == 1]
+    encoder = _klein_encoder(folder)
+    data = [s for s in _training_samples() if len(s.objects) == 1]
     prompts = evalset.eval_set(200, seed)
     groups = [group(p.text, p.style, p.colour) for p in prompts]
     labels = {

@@ -228,3 +228,6 @@ def test_decide_reads_every_draw_against_the_bases_targets(capsys):
     assert "colour 512/600 = 85.3%" in capsys.readouterr().out
     assert base_eval.main(["decide", "--label", "chroma-t5case-8000", "--seeds", "0", "7"]) == 1
     assert "undecided" in capsys.readouterr().out
+    # the table's verdicts read the same targets (a second TARGETS once shadowed them and broke the table)
+    assert ("- **chroma**: colour >= 90%: met (interval clears it); position >= 80%: met (interval clears it); shape "
+            "above chance.") in base_eval.table(base_eval.summary()).splitlines()  # fmt: skip

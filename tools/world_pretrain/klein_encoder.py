@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from te_align.tiny.world import scenes
 from world_pretrain.encoders import ATTRIBUTE_SIZES, recase
 
 __all__ = ["ATTRIBUTE_WORDS", "KleinEncoderConfig", "klein_targets", "load_klein_encoder", "pretrain_klein_encoder", "templated", "vary"]
@@ -142,9 +143,8 @@ def _samples(cfg: KleinEncoderConfig, n: int, seed: int) -> list[Any]:
 #: Words that name an object's attribute (colour, shape, position, size, the outline style): :func:`vary` never
 #: deletes or inserts them, so a varied caption describes its scene as the original does.
 ATTRIBUTE_WORDS: frozenset[str] = frozenset(
-    ("small", "medium", "large", "outlined", "top", "middle", "bottom", "left", "center", "right",
-     "red", "orange", "yellow", "green", "cyan", "blue", "purple", "pink", "square", "circle", "triangle", "cross")
-)  # fmt: skip
+    (*scenes.COLOURS, *scenes.SHAPES, *scenes.SIZES, *(w for p in scenes.POSITIONS for w in p.split()), "outlined")
+)
 _WORD = re.compile(r"[A-Za-z']+")
 
 
@@ -153,8 +153,8 @@ def vary(samples: Sequence[Any], insert: float, delete: float, seed: int) -> lis
 
     Per word of a caption, in order: it is deleted with probability ``delete`` unless it is an attribute word
     (:data:`ATTRIBUTE_WORDS`; the space before it goes with it, or the one after it where none is before); a word
-    kept is then followed, with probability ``insert``, by a space and a word drawn uniformly from the other (non-attribute, lower-case) words of
-    all of ``samples``' captions follow it. Each object's character span is carried through the edit (a word
+    kept is then followed, with probability ``insert``, by a space and a word drawn uniformly from the lower-case
+    non-attribute words of all of ``samples``' captions. Each object's character span is carried through the edit (a word
     inserted inside a span is inside it); the spans' T5 token fields are set to -1 (nothing here reads them: the
     klein targets are found from the characters). ``insert == delete == 0`` returns the samples unchanged.
     """
