@@ -1,7 +1,8 @@
 """Carry issue 49's runs from one session to the next: a session's machine keeps only what is committed.
 
-    python benchmarks/klein/keep_state.py save ../runs encoders-klein-2 encoders-klein-13b   # at a session's end
-    python benchmarks/klein/keep_state.py restore ../runs                                  # at the next one's start
+    python benchmarks/klein/keep_state.py save ../runs encoders-klein-13a encoders-klein-13b   # at a session's end
+    python benchmarks/klein/keep_state.py save ../runs encoders-klein-2 --skip work            # a finished set
+    python benchmarks/klein/keep_state.py restore ../runs                                       # at the next one's start
 
 ``save`` copies each named run folder of RUNS (an encoder set, or a run still going with its ``checkpoint.pt``)
 into the state folder beside this script (``state/NAME``), replacing what an earlier save kept there, and lists
@@ -27,19 +28,21 @@ LIMIT = 64 * 2**20
 SKIP = frozenset({"cond-cache", "__pycache__"})
 
 
-def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and not SKIP & set(p.relative_to(folder).parts))
+def _files(folder: Path, skip: frozenset[str]) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not skip & set(p.relative_to(folder).parts))
 
 
-def save(runs: Path, names: list[str], state: Path = STATE) -> list[str]:
-    """Copy each ``runs/NAME`` into ``state/NAME`` (whole, but the skipped); returns one line per folder kept."""
+def save(runs: Path, names: list[str], state: Path = STATE, skip: tuple[str, ...] = ()) -> list[str]:
+    """Copy each ``runs/NAME`` into ``state/NAME`` (whole, but the caption cache and the folders or files named in
+    ``skip``); returns one line per folder kept."""
     lines = []
     for name in names:
         src = runs / name
         if not src.is_dir():
             raise SystemExit(f"keep_state.py save: {src} is not a run folder (expected a folder of {runs})")
-        files = [p for p in _files(src) if p.stat().st_size <= LIMIT]
-        left = [p for p in _files(src) if p.stat().st_size > LIMIT]
+        every = _files(src, SKIP | frozenset(skip))
+        files = [p for p in every if p.stat().st_size <= LIMIT]
+        left = [p for p in every if p.stat().st_size > LIMIT]
         tmp = state / f".{name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         for p in files:
@@ -82,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("save", help="keep run folders in the repository")
     s.add_argument("runs", type=Path)
     s.add_argument("names", nargs="+")
+    s.add_argument("--skip", action="append", default=[], metavar="PART",
+                   help="leave out files or folders of this name (a finished encoder set's work/ checkpoint)")
     r = sub.add_parser("restore", help="put the kept run folders back")
     r.add_argument("runs", type=Path)
     args = ap.parse_args(argv)
-    lines = save(args.runs, args.names) if args.cmd == "save" else restore(args.runs)
+    lines = save(args.runs, args.names, skip=tuple(args.skip)) if args.cmd == "save" else restore(args.runs)
     print("\n".join(lines))
     return 0
 

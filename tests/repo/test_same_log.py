@@ -85,7 +85,9 @@ def test_kept_runs_come_back_byte_for_byte_and_a_present_run_is_left_alone(tmp_p
     assert sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file()) == [
         "enc/log.jsonl", "enc/work/checkpoint.pt"]
     (runs / "enc" / "log.jsonl").write_text('{"phase": "config"}\n{"step": 50}\n', encoding="utf-8")
-    keep.save(runs, ["enc"], state)  # a later save replaces the earlier one
+    assert keep.save(runs, ["enc"], state, skip=("work",)) == ["enc: 1 files, 0.0 MiB kept"]  # replaces the earlier
+    assert sorted(str(p.relative_to(state)) for p in state.rglob("*") if p.is_file()) == ["enc/log.jsonl"]
+    keep.save(runs, ["enc"], state)
     assert (state / "enc" / "log.jsonl").read_text(encoding="utf-8").count("\n") == 2
     fresh = tmp_path / "fresh"
     assert keep.restore(fresh, state) == [f"enc: restored into {fresh / 'enc'}"]
