@@ -134,19 +134,29 @@ def pretrain_record(run: Path, step: int) -> dict[str, Any]:
     enc = Path(config["encoders"]) if config.get("encoders") else None
     if enc is not None and (enc / "encoders.json").is_file():
         command = "python tools/world_build.py " + ("klein-encoder" if config.get("family") == "klein" else "encoders")
-        out["encoders"] = {"command": command, **json.loads((enc / "encoders.json").read_text(encoding="utf-8"))}
-        init = out["encoders"].get("config", {}).get("init")
-        if init:  # a base's own encoder set continued from the shared one: that set's training record too
-            start = Path(init) if Path(init).is_absolute() else ROOT / init
-            record = shipped_part_record(start, "encoders")
-            if record is not None:
-                out["encoders"]["init_record"] = record
+        out["encoders"] = encoder_record(enc, command)
     # a base trained on the shipped parts (world_build.py base --vae DATA/vae --encoders DATA/encoders)
     for part, folder in (("vae", Path(config["vae_from"])), ("encoders", enc)):
         if part not in out and folder is not None:
             record = shipped_part_record(folder, part)
             if record is not None:
                 out[part] = record
+    return out
+
+
+def encoder_record(folder: Path, command: str) -> dict[str, Any]:
+    """An encoder set's own record (``encoders.json``) under ``command``; a set continued from another (``init``)
+    carries that one's record as ``init_record``: the shipped shared set's (chroma's T5), or the earlier set's own,
+    link by link (the klein base's chain of Qwen3 sets)."""
+    out = {"command": command, **json.loads((folder / "encoders.json").read_text(encoding="utf-8"))}
+    init = out.get("config", {}).get("init")
+    if init:
+        start = Path(init) if Path(init).is_absolute() else ROOT / init
+        record = shipped_part_record(start, "encoders")
+        if record is None and (start / "encoders.json").is_file():
+            record = encoder_record(start, command)
+        if record is not None:
+            out["init_record"] = record
     return out
 
 

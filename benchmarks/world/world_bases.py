@@ -18,6 +18,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from te_align.tiny import bases
 
 
+def _chain(enc: dict) -> str:
+    """A klein encoder chain (``init_record`` links, the last set first) as one sentence, first set first."""
+    links = []
+    while enc:
+        links.append(enc)
+        enc = enc.get("init_record") or {}
+    parts = []
+    for i, link in enumerate(reversed(links)):
+        c = link["config"]
+        what = "trained from scratch" if i == 0 else "continued"
+        extra = [f"{k} {c[k]:g}" for k in ("insert", "delete", "case") if c.get(k)]
+        if c.get("lm_weight", 1.0) != 1.0:
+            extra.append(f"next-token weight {c['lm_weight']:g}")
+        parts.append(f"{what} {c['steps']:,} steps" + (f" ({', '.join(extra)})" if extra else "")
+                     + f" ({link['metrics']['train_seconds']:,.0f} s)")  # fmt: skip
+    return ", then ".join(parts)
+
+
 def main() -> None:
     root = bases.data_root()
     infos = [bases.base_info(name) for name in bases.shipped()]
@@ -36,7 +54,9 @@ def main() -> None:
               f"encoders ({p['encoders']['metrics']['train_seconds']:,.0f} s).")  # fmt: skip
         for info in infos:  # a base with an encoder set of its own, continued from the shared one
             enc = info["pretrain"].get("encoders", {})
-            if enc.get("config", {}).get("init"):
+            if enc.get("kind") == "klein":  # its own Qwen3, trained from scratch as a chain of sets
+                print(f"The {info['name']} base's own Qwen3: {_chain(enc)}.")
+            elif enc.get("config", {}).get("init"):
                 c = enc["config"]
                 print(f"The {info['name']} base's own {' and '.join(c['train_only'])}: the shared one continued "
                       f"{c['steps']:,} steps" + (f" on captions recased with probability {c['case']:g}" if c.get("case")

@@ -64,7 +64,7 @@ BASES: dict[str, BaseSpec] = {
     "sdxl": BaseSpec("sdxl", "sdxl", "sdxl", "StableDiffusionXLPipeline", "unet"),
     "sd15": BaseSpec("sd15", "sd15", "sd15", "StableDiffusionPipeline", "unet"),
     "chroma": BaseSpec("chroma", "chroma", "chroma", "ChromaPipeline", "transformer"),
-    # issue 49, not shipped yet: FLUX.2 klein's recipe at tiny size (te_align.tiny.klein; plan benchmarks/klein/bench_klein.md)
+    # issue 49: FLUX.2 klein's recipe at tiny size (te_align.tiny.klein; plan and decision benchmarks/klein/bench_klein.md)
     "klein": BaseSpec("klein", "klein", "flux2-klein-4b", "Flux2KleinPipeline", "transformer"),
 }
 

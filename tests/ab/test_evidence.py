@@ -77,12 +77,28 @@ def test_world_presets_validate_and_cite_sources() -> None:
     assert {p.stem for p in WORLD} >= {"sd3-t5-77", "sd3-t5-154", "sd3-no-encoder-dropout", "sd3-null"}
     for path in WORLD:
         p = load_preset(path)
-        assert p.world is not None and p.world.base in BASES  # a known world base (klein's rows precede its files)
+        assert p.world is not None and p.world.base in BASES  # a known world base
         assert p.name.startswith("world-")
         if p.baseline.kind in ("null", "positive"):
             assert not p.baseline.overrides and not p.baseline.train
             continue
         assert re.search(r"[\w-]+/[\w.-]+@[0-9a-f]{7,40} \S+:\d+", p.baseline.source), p.baseline.source
+
+
+def test_every_world_row_trains_at_the_rate_its_base_was_calibrated_to() -> None:
+    """The calibration rule fixes one learning rate per base before its rows run (bench_effects.md; the files written
+    by benchmarks/effects/effects_calibrate.py); every row on that base trains at it, none at a placeholder."""
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "effects"
+    chosen: dict[str, float] = {}
+    for path in sorted(root.glob("calibration*.json")):
+        for base, rate in json.loads(path.read_text(encoding="utf-8"))["chosen"].items():
+            assert base not in chosen, f"{base} calibrated twice ({path.name})"
+            chosen[base] = rate
+    assert chosen == {"sd3": 3e-4, "flux": 1e-4, "sd15": 1e-3, "sdxl": 1e-3, "chroma": 3e-4, "klein": 1e-3}
+    for path in WORLD:
+        p = load_preset(path)
+        assert p.world is not None
+        assert p.train["train"]["learning_rate"] == chosen[p.world.base], path.name
 
 
 def test_null_control_arm_a_conditions_like_b_with_its_own_seed() -> None:

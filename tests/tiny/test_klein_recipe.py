@@ -5,7 +5,6 @@ and a few steps run end to end through tools/world_build.py with a resumed run e
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -209,11 +208,23 @@ def test_klein_recipe_is_the_plans() -> None:
     assert (chosen["eval_at"], chosen["gap_every"], cfg.vae_bn_renders) == ([2000], 500, 10000)
 
 
-def test_world_build_all_klein_needs_the_klein_encoder_set(tmp_path: Path) -> None:
-    msg = f"{tmp_path / 'encoders-klein'} (the klein encoder set, tools/world_pretrain/klein_encoder.py) does not exist"
-    with pytest.raises(SystemExit, match=re.escape(msg)):
-        build.main(["all", "klein", "--out", str(tmp_path)])
-    assert not (tmp_path / "vae").exists()
+def test_world_build_all_klein_writes_its_encoder_chain_first(tmp_path: Path) -> None:
+    """`all klein` writes the chain of klein encoder sets before anything else, each continued from the one before
+    (amendment 13's 13b last); a set already written is kept, and a bad link stops it with one line."""
+    chain = build.RECIPES["klein"]["klein_encoders"]
+    assert [name for name, _ in chain] == ["encoders-klein", "encoders-klein-2", "encoders-klein-13b"]
+    assert chain[2][1] == {"init": "encoders-klein-2", "insert": 0.1, "delete": 0.1, "case": 0.1, "lm_weight": 0.1}
+    for name, _ in chain[:2]:  # written already: kept as they are (a manifest is what marks a finished set)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "encoders.json").write_text("{}")
+    bad = [*chain[:2], ("encoders-klein-13b", {**chain[2][1], "lm_weight": "heavy"})]
+    with pytest.raises(SystemExit, match=r"^world_build\.py klein-encoder --config: KleinEncoderConfig\.lm_weight: "
+                                         r"expected a number >= 0, got 'heavy'$"):  # fmt: skip
+        build.build_klein_chain(tmp_path, bad, 1)
+    # the third set is continued from the second, which here is a manifest alone: refused before any training
+    with pytest.raises(SystemExit, match=f"KleinEncoderConfig.init: {tmp_path / 'encoders-klein-2'} is not a klein"):
+        build.build_klein_chain(tmp_path, chain, 1)
+    assert not (tmp_path / "encoders-klein-13b" / "encoders.json").exists()
 
 
 def test_decide_reads_every_draw_against_the_bases_targets(capsys):

@@ -34,11 +34,13 @@ PROMPTS = [
 
 
 def test_the_bases_that_met_their_targets_are_shipped_within_30_mb() -> None:
-    assert SHIPPED == ["sd3", "flux", "sdxl", "sd15", "chroma"]
+    assert SHIPPED == ["sd3", "flux", "sdxl", "sd15", "chroma", "klein"]
     folders = sorted(p.name for p in bases.data_root().iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert folders == ["chroma", "encoders", "flux", "sd15", "sd3", "sdxl", "vae"]  # nothing the loader does not know
-    # the shared encoders, and the Chroma base's own T5 (benchmarks/learnability/bench_learnability.md amendment 11)
-    assert sorted(p.name for p in (bases.data_root() / "encoders").iterdir()) == ["clip_g", "clip_l", "t5", "t5_cased"]
+    assert folders == ["chroma", "encoders", "flux", "klein", "sd15", "sd3", "sdxl", "vae"]  # nothing the loader does not know
+    # the shared encoders, the Chroma base's own T5 (benchmarks/learnability/bench_learnability.md amendment 11) and the
+    # klein base's own Qwen3 (benchmarks/klein/bench_klein.md amendment 13)
+    assert sorted(p.name for p in (bases.data_root() / "encoders").iterdir()) == [
+        "clip_g", "clip_l", "qwen3_klein", "t5", "t5_cased"]
     size = sum(p.stat().st_size for p in bases.data_root().rglob("*") if p.is_file())
     assert size <= 30 * 1024 * 1024, f"{size / 2**20:.1f} MB shipped"
 

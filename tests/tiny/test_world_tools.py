@@ -181,6 +181,16 @@ def test_the_one_command_rebuilds_the_shipped_recipe(name: str) -> None:
     if "encoders" in chosen:  # a base with its own encoder set: continued from the shared one as the recipe says
         own = shipped["encoders"]["config"]
         assert own.pop("init") and own == encoders.EncoderConfig(**chosen["encoders"]).as_dict()
+    if "klein_encoders" in chosen:  # its own Qwen3, a chain of sets: every link trained as the recipe writes it
+        from world_pretrain.klein_encoder import KleinEncoderConfig
+
+        record = shipped["encoders"]
+        for _, link in reversed(chosen["klein_encoders"]):
+            own = dict(record["config"])
+            assert bool(own.pop("init", "")) == ("init" in link)
+            assert own == KleinEncoderConfig(**{k: v for k, v in link.items() if k != "init"}).as_dict()
+            record = record.get("init_record")
+        assert record is None  # nothing before the chain's first set
 
 
 def test_encoder_continuation_trains_only_the_named_encoder(tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ class KleinEncoderConfig:
         if any(x < 0 or x > WINDOW for x in self.pad_cycle) or not self.pad_cycle:
             raise ValueError(f"KleinEncoderConfig.pad_cycle: expected lengths 0..{WINDOW} (0: the batch's longest), "
                              f"got {list(self.pad_cycle)}")  # fmt: skip
+        if isinstance(self.lm_weight, bool) or not isinstance(self.lm_weight, (int, float)) or self.lm_weight < 0:
+            raise ValueError(f"KleinEncoderConfig.lm_weight: expected a number >= 0, got {self.lm_weight!r}")
         for key in ("case", "insert", "delete"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"KleinEncoderConfig.{key}: {getattr(self, key)} is not a probability (expected 0.0 to 1.0)")
