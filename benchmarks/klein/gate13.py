@@ -2,7 +2,7 @@
 
     python benchmarks/klein/gate13.py klein-13a-remade klein-13b-remade
 
-Reads ``benchmarks/base_eval/diagnostic/encoder-probe-seed2-LABEL-diagnosis.json`` for each label (written by
+Reads each label's ``encoder-probe-seed2-LABEL-diagnosis.json`` in ``benchmarks/base_eval/diagnostic/`` (written by
 ``encoder_probe.py --klein ... --label LABEL --seed 2 --diagnose``). An encoder passes when the better probe (mean or
 attention) of its **official taps** names the colour of at least 570 and the position of at least 480 of the 600
 prompts. Of those that pass, the one with the larger sum of the two counts is chosen; on a tie the first label named

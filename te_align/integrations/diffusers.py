@@ -11,8 +11,8 @@ How: the pipeline object's class is swapped for a subclass whose ``__call__`` en
 the pipeline's own ``__call__`` with ``prompt_embeds=...`` (and the profile's other outputs under the keyword
 names the pipeline takes). Prompt embeddings a caller passes are used as they are. Without a negative prompt,
 pipelines that take ``negative_prompt_embeds`` get the profile's empty prompt (:func:`te_align.encoding.encode_uncond`:
-zeros for SDXL, the encoded "" for SD3 and Chroma, with its mask); FluxPipeline gets a negative only when one is given
-(true CFG).
+zeros for SDXL, the encoded "" for SD3, Chroma (with its mask) and FLUX.2 klein); FluxPipeline gets a negative only when
+one is given (true CFG).
 :func:`remove` restores the original class. No weights are copied.
 
 A pipeline class that wraps an official one (te-align's world bases fill their sampling settings in a ``__call__(*args,
@@ -51,6 +51,9 @@ SUPPORTED: dict[str, str] = {
     "StableDiffusionXLPipeline": "sdxl",
     "StableDiffusionPipeline": "sd1",
     "ChromaPipeline": "chroma",
+    # takes no negative_prompt: true CFG (guidance_scale > 1, not distilled) against negative_prompt_embeds, its own
+    # encoded "" when none are given (diffusers 0.42.1 pipelines/flux2/pipeline_flux2_klein.py:595-596, 749-760)
+    "Flux2KleinPipeline": "flux2-klein",
 }
 #: Pipelines that take a negative only when the caller gives one (it switches on true CFG).
 NEGATIVE_ONLY_WHEN_GIVEN = ("FluxPipeline",)
@@ -159,7 +162,8 @@ def apply(pipe: _Pipe, profile: AlignmentProfile | str | None = None, **encode_k
     return pipe
 
 
-_EXAMPLE = {"flux": "flux-dev", "sd3": "sd35-large", "sdxl": "sdxl", "sd1": "sd15"}
+_EXAMPLE = {"flux": "flux-dev", "sd3": "sd35-large", "sdxl": "sdxl", "sd1": "sd15", "chroma": "chroma",
+            "flux2-klein": "flux2-klein-4b"}
 
 
 def remove(pipe: _Pipe) -> _Pipe:

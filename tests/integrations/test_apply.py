@@ -107,6 +107,40 @@ def test_chroma_prompt_and_empty_negative_match_encode_with_their_masks():
     assert not torch.equal(pipe(PROMPT, generator=torch.Generator().manual_seed(0), **kw).images, got)
 
 
+def test_flux2_klein_aligned_to_its_own_profile_samples_its_images_and_the_deviating_layers_do_not():
+    """Flux2KleinPipeline (true CFG against negative_prompt_embeds; no negative_prompt): aligned to its own recipe it
+    samples exactly the images of its plain call; aligned to the diffusers klein script's layers (10, 20, 30) it
+    samples exactly the images of te_align.encode's embeddings (prompt and the encoded "") handed to it."""
+    from te_align.tiny.pipelines import missing_pipeline
+
+    if missing_pipeline("flux2-klein"):
+        pytest.skip(missing_pipeline("flux2-klein"))
+    from te_align.tiny import klein
+
+    pipe = klein.build_klein_pipeline()
+    prof = klein.klein_profile(pipe)
+    kw = {"height": 32, "width": 32, "num_inference_steps": 2, "guidance_scale": 4.0, "output_type": "pt"}
+
+    def sample(**call):
+        return pipe(generator=torch.Generator().manual_seed(0), **kw, **call).images
+
+    plain, one = sample(prompt=[PROMPT, "a blue sphere"]), sample(prompt=PROMPT)
+    te_align.apply(pipe, prof)
+    assert torch.equal(sample(prompt=[PROMPT, "a blue sphere"]), plain)
+    deviating = prof.with_overrides({"qwen3.layer": [10, 20, 30]})
+    te_align.apply(pipe, deviating)
+    got = sample(prompt=PROMPT)
+    cond = te_align.encode(deviating, PROMPT, pipeline=pipe)
+    neg = encode_uncond(deviating, 1, pipeline=pipe)
+    remove(pipe)
+    ref = sample(prompt_embeds=cond["prompt_embeds"], negative_prompt_embeds=neg["prompt_embeds"])
+    assert torch.equal(got, ref) and not torch.equal(got, one)
+    with pytest.raises(TeAlignError, match="profile 'sd15' is a sd1 profile, but Flux2KleinPipeline samples flux2-klein"):
+        te_align.apply(pipe, "sd15")
+    with pytest.raises(TeAlignError, match=r"carries none; pass one, e\.g\. te_align\.apply\(pipe, 'flux2-klein-4b'\)$"):
+        te_align.apply(pipe)
+
+
 def test_refusals():
     pipe = build_pipeline("sd15")
     with pytest.raises(TeAlignError, match="profile 'flux-dev' is a flux profile, but StableDiffusionPipeline samples sd1"):
@@ -155,9 +189,9 @@ def test_world_base_sampling_is_identical_with_its_own_profile(name, world_cache
     aligned = _sample(pipe, "a red cube on the left")  # the prompt positionally, as pipe(prompt) takes it
     assert torch.equal(aligned, plain)
     assert torch.equal(_sample(pipe, prompt="a red cube on the left"), plain)
-    # a shorter window (every CLIP at once where they are concatenated, as SDXL's)
+    # a shorter window (every CLIP at once where they are concatenated, as SDXL's; the klein base's Qwen3 at 64)
     clips = {f"{s}_max_length": 32 for s in prof.slot_names if s.startswith("clip")}
-    other = {"t5_max_length": 64} if "t5" in prof.slot_names else clips
+    other = {"t5_max_length": 64} if "t5" in prof.slot_names else {"qwen3_max_length": 64} if "qwen3" in prof.slot_names else clips
     te_align.apply(pipe, te_align.profile(prof, **other))  # the aligned call is the one that encodes
     assert not torch.equal(_sample(pipe, "a red cube on the left"), plain)
     remove(pipe)
