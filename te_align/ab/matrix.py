@@ -1054,15 +1054,19 @@ def _p(v: float) -> str:
 
 
 def _reading(rows: Sequence[MatrixRow]) -> list[str]:
-    """The plain reading of the table, computed from the verdicts (no hand-written conclusion): per Holm family, once
-    every row of it (and every control) has all its seeds, the controls, then the deviation and inference rows grouped
-    by verdict."""
+    """The plain reading of the table, computed from the verdicts (no hand-written conclusion): the controls (one
+    still running is named pending), then per Holm family, once every row of it has all its seeds, its deviation and
+    inference rows grouped by verdict (each row's verdict already waits for the control that gates it). Nothing
+    before some family is complete."""
     out = ["", "## Reading", ""]
     controls = [r for r in rows if not r.reason and r.kind in ("null", "positive")]
-    if not controls or any(r.seeds < r.planned for r in controls):
+    if not controls:
         return []
     for r in controls:
-        if r.kind == "null":
+        if r.seeds < r.planned:
+            what = "Null control" if r.kind == "null" else "Positive control"
+            out.append(f"- {what} **{r.preset}**: pending ({r.seeds} of {r.planned} seeds).")
+        elif r.kind == "null":
             fp = "a false positive: the instrument reads noise as an effect" if r.verdict != NO_DIFFERENCE else "as it must"
             out.append(f"- Null control **{r.preset}**: {r.verdict} ({fp}).")
         else:

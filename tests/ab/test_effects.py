@@ -375,6 +375,12 @@ def test_reading_is_computed_from_the_verdicts_once_every_row_is_complete() -> N
         "- **no measurable difference** (0 of 2: no difference this study resolves; each interval bounds what it could "
         "have missed): none.",
     ]
+    # a later base's control still running (the klein null, issue 49): named pending, the complete family still read
+    klein = {**recs, "world-klein-null": [_record("world-klein-null", s, [0.3] * 4, [0.3 + 0.01 * s] * 4) for s in range(2)]}
+    rows = list(aggregate([presets[n] for n in klein], klein, planned=None))
+    text = render_effects(rows, command="te-align ab matrix", plan="p1")
+    assert text.split("## Reading\n\n")[1].split("\n\n")[0].splitlines() == [
+        *reading[:2], "- Null control **world-klein-null**: pending (2 of 6 seeds).", *reading[2:]]
     # a row with seeds missing: no reading at all
     recs["world-sd3-t5-154"] = recs["world-sd3-t5-154"][:5]
     rows = list(aggregate([presets[n] for n in recs], recs, planned=None))
