@@ -549,7 +549,9 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
     ps = [float(r.primary["p_t"]) for r in everyone]  # type: ignore[index]
     for r, adj, c in zip(everyone, holm(ps), holm_multipliers(ps), strict=True):
         r.p_holm_all, r.holm_factor_all = adj, c
-    noise = _null_spread(rows)
+    # the first plan's nulls for every row; a base whose rows read instrument 2 as primary (klein) has its own null
+    noise = _null_spread([r for r in rows if r.base not in INSTRUMENT_2_PRIMARY])
+    own = {b: _null_spread([r for r in rows if r.base == b]) for b in INSTRUMENT_2_PRIMARY}
     sizes = {name: sum(1 for r in rows if r.holm_family == name and complete(r)) for name in dict.fromkeys(r.holm_family for r in rows)}
     for r in rows:
         m = r.primary
@@ -560,12 +562,13 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
         diffs = [x - y for x, y in zip(m["a"], m["b"], strict=True)]
         n = int(m["n"])
         r.tests_disagree = not _degenerate(m) and (float(m["p_t"]) < ALPHA) != (float(m["p_signflip"]) < ALPHA)
-        r.mde_unadjusted = smallest_detectable(noise, n, ALPHA, POWER)
+        s = own.get(r.base, noise)
+        r.mde_unadjusted = smallest_detectable(s, n, ALPHA, POWER)
         if r.kind in ("deviation", "inference"):
             r.adj_ci = t_interval(diffs, ALPHA / r.holm_factor) if r.holm_factor > 0 else (math.nan, math.nan)
             r.adj_ci_all = t_interval(diffs, ALPHA / r.holm_factor_all) if r.holm_factor_all > 0 else (math.nan, math.nan)
-            r.mde = smallest_detectable(noise, n, ALPHA / max(1, sizes.get(r.holm_family, 1)), POWER)
-            r.mde_all = smallest_detectable(noise, n, ALPHA / max(1, len(everyone)), POWER)
+            r.mde = smallest_detectable(s, n, ALPHA / max(1, sizes.get(r.holm_family, 1)), POWER)
+            r.mde_all = smallest_detectable(s, n, ALPHA / max(1, len(everyone)), POWER)
         else:
             r.adj_ci = r.adj_ci_all = (float(m["ci_low"]), float(m["ci_high"]))
             r.mde = r.mde_all = r.mde_unadjusted
@@ -1151,8 +1154,8 @@ def _added_statistics(rows: Sequence[MatrixRow]) -> list[str]:
     if not done:
         return []
     everyone = [r for r in done if r.kind in ("deviation", "inference") and r.seeds >= r.planned]
-    nulls = [r for r in done if r.kind == "null" and r.seeds >= r.planned]
-    noise = _null_spread(rows)
+    nulls = [r for r in done if r.kind == "null" and r.seeds >= r.planned and r.base not in INSTRUMENT_2_PRIMARY]
+    noise = _null_spread([r for r in rows if r.base not in INSTRUMENT_2_PRIMARY])
     n_seeds = max((int(r.primary["n"]) for r in done if r.primary), default=0)  # type: ignore[index]
     out = [
         "",
@@ -1185,7 +1188,8 @@ def _added_statistics(rows: Sequence[MatrixRow]) -> list[str]:
         "The table's *smallest detectable* uses a = 0.05 / (rows in the row's pre-registered family), the strictest "
         "level Holm can hold it to (controls: 0.05); the all-rows table uses 0.05 / "
         f"{len(everyone)}. Rows on a base without a null control of its own (SD 1.5, SDXL, Chroma) borrow the SD3 and "
-        "Flux nulls' spread: an assumption. 'No measurable difference' means no effect of about this size or "
+        "Flux nulls' spread: an assumption. Rows on a base whose rows read instrument 2 as their primary (klein) use their "
+        "own base's null instead, on every readout. 'No measurable difference' means no effect of about this size or "
         "more, not no effect.",
     ]
     if everyone:
@@ -1308,7 +1312,13 @@ def _instrument_2_section(rows: Sequence[MatrixRow]) -> list[str]:
     out.append("")
     if disagree:
         out.append("- **The two tests disagree** (‡, unadjusted at 0.05): " + "; ".join(disagree) + ".")
-    out.append(f"- Null controls' spread of this readout: s = {_mde(_null_spread(rows, _runner.FINAL_NET))}.")
+    first = _null_spread([r for r in rows if r.base not in INSTRUMENT_2_PRIMARY], _runner.FINAL_NET)
+    line = f"- Null controls' spread of this readout: s = {_mde(first)}"
+    for base in INSTRUMENT_2_PRIMARY:  # a base with its own null for this readout (its rows' primary)
+        own = _null_spread([r for r in rows if r.base == base], _runner.FINAL_NET)
+        if not math.isnan(own):
+            line += f"; the {base} rows' own null: s = {_mde(own)}"
+    out.append(line + ".")
     return out
 
 

@@ -381,6 +381,11 @@ def test_reading_is_computed_from_the_verdicts_once_every_row_is_complete() -> N
     text = render_effects(rows, command="te-align ab matrix", plan="p1")
     assert text.split("## Reading\n\n")[1].split("\n\n")[0].splitlines() == [
         *reading[:2], "- Null control **world-klein-null**: pending (2 of 6 seeds).", *reading[2:]]
+    # a complete klein null with a wide spread: the first plan's rows keep their own nulls' smallest detectable effect
+    wide = {**recs, "world-klein-null": [_record("world-klein-null", s, [0.3 + 0.2 * (-1) ** s] * 4, [0.3] * 4) for s in range(6)]}
+    before = {r.preset: r.mde for r in aggregate([presets[n] for n in recs], recs, planned=None)}
+    after = {r.preset: r.mde for r in aggregate([presets[n] for n in wide], wide, planned=None)}
+    assert after["world-sd3-t5-77"] == before["world-sd3-t5-77"] and not math.isnan(before["world-sd3-t5-77"])
     # a row with seeds missing: no reading at all
     recs["world-sd3-t5-154"] = recs["world-sd3-t5-154"][:5]
     rows = list(aggregate([presets[n] for n in recs], recs, planned=None))
