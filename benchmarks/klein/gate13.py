@@ -34,9 +34,13 @@ def read(label: str, folder: Path = DIAGNOSTIC) -> dict[str, int]:
     return {attr: max(int(probe["correct"]) for probe in data["read"][attr][TAPS].values()) for attr in BARS}
 
 
+def passes(count: dict[str, int]) -> bool:
+    return all(count[attr] >= bar for attr, bar in BARS.items())
+
+
 def choose(counts: dict[str, dict[str, int]]) -> str | None:
     """The label chosen by the rule (insertion order breaks a tie), or None when no encoder passes."""
-    passing = [label for label, c in counts.items() if all(c[a] >= bar for a, bar in BARS.items())]
+    passing = [label for label, c in counts.items() if passes(c)]
     if not passing:
         return None
     return max(passing, key=lambda label: (sum(counts[label].values()), -passing.index(label)))
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gate13: {label}: cannot read its diagnosis file ({exc.__class__.__name__}: {exc})", file=sys.stderr)
             return 2
     for label, c in counts.items():
-        verdict = "passes" if all(c[a] >= bar for a, bar in BARS.items()) else "misses"
+        verdict = "passes" if passes(c) else "misses"
         print(f"{label}: colour {c['colour']}/{PROMPTS} (>= {BARS['colour']}), position {c['position']}/{PROMPTS} "
               f"(>= {BARS['position']}), sum {sum(c.values())}: {verdict}")
     chosen = choose(counts)

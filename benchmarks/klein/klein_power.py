@@ -60,8 +60,8 @@ def main() -> None:
     if args.null is not None:
         holm3 = smallest_detectable(1.0, 6, 0.05 / 3) * args.sd
         print(f"amendment 12's rule: Holm-3 smallest detectable effect at 6 seeds {holm3:.3f} "
-              + ("> 0.20: every klein row and both controls run 10 seeds (seeds 6-9 added, controls first)"
-                 if holm3 > RULE else "<= 0.20: 6 seeds"))  # fmt: skip
+              + (f"> {RULE:.2f}: every klein row and both controls run 10 seeds (seeds 6-9 added, controls first)"
+                 if holm3 > RULE else f"<= {RULE:.2f}: 6 seeds"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -549,9 +549,7 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
     ps = [float(r.primary["p_t"]) for r in everyone]  # type: ignore[index]
     for r, adj, c in zip(everyone, holm(ps), holm_multipliers(ps), strict=True):
         r.p_holm_all, r.holm_factor_all = adj, c
-    # the first plan's nulls for every row; a base whose rows read instrument 2 as primary (klein) has its own null
-    noise = _null_spread([r for r in rows if r.base not in INSTRUMENT_2_PRIMARY])
-    own = {b: _null_spread([r for r in rows if r.base == b]) for b in INSTRUMENT_2_PRIMARY}
+    noise = _spreads(rows)
     sizes = {name: sum(1 for r in rows if r.holm_family == name and complete(r)) for name in dict.fromkeys(r.holm_family for r in rows)}
     for r in rows:
         m = r.primary
@@ -562,7 +560,7 @@ def aggregate(presets: Sequence[Preset], results: dict[str, list[JSONObject]], *
         diffs = [x - y for x, y in zip(m["a"], m["b"], strict=True)]
         n = int(m["n"])
         r.tests_disagree = not _degenerate(m) and (float(m["p_t"]) < ALPHA) != (float(m["p_signflip"]) < ALPHA)
-        s = own.get(r.base, noise)
+        s = noise[instrument_2_family(r.base)]
         r.mde_unadjusted = smallest_detectable(s, n, ALPHA, POWER)
         if r.kind in ("deviation", "inference"):
             r.adj_ci = t_interval(diffs, ALPHA / r.holm_factor) if r.holm_factor > 0 else (math.nan, math.nan)
@@ -610,13 +608,14 @@ def _instrument_2(rows: Sequence[MatrixRow]) -> None:
     def complete(r: MatrixRow) -> bool:
         return r.kind in ("deviation", "inference") and r.final_net is not None and r.seeds >= r.planned and not r.reason
 
-    for name in dict.fromkeys(instrument_2_family(r.base) for r in rows):
+    spread = _spreads(rows, _runner.FINAL_NET)
+    for name in spread:
         group = [r for r in rows if instrument_2_family(r.base) == name]
         family = [(r, m) for r in group if complete(r) and (m := r.final_net) is not None]
         ps = [_fv(m, "p_t") for _, m in family]
         for (r, _), adj, c in zip(family, holm(ps), holm_multipliers(ps), strict=True):
             r.p_holm_2, r.holm_factor_2 = adj, c
-        noise = _null_spread(group, _runner.FINAL_NET)
+        noise = spread[name]
         for r in group:
             m = r.final_net
             r.confirmatory_2 = r.preset in CONFIRMATORY_2 or r.kind in ("positive", "null") or bool(name)
@@ -666,6 +665,14 @@ def _verdict(r: MatrixRow, p_holm: float, m: JSONObject | None) -> str:
         return NO_DIFFERENCE
     a_higher = m["diff_mean"] > 0
     return TRAINER_BETTER if a_higher == m["higher_better"] else PROFILE_BETTER
+
+
+def _spreads(rows: Sequence[MatrixRow], metric: str = _runner.PRIMARY) -> dict[str, float]:
+    """:func:`_null_spread` per instrument-2 family (:func:`instrument_2_family`), the nulls a row's noise comes from:
+    ``""`` pools the first plan's nulls (SD3, Flux; bases without a null of their own borrow it), a base of
+    :data:`INSTRUMENT_2_PRIMARY` has its own null, on every readout."""
+    families = dict.fromkeys(instrument_2_family(r.base) for r in rows)
+    return {f: _null_spread([r for r in rows if instrument_2_family(r.base) == f], metric) for f in families}
 
 
 def _null_spread(rows: Sequence[MatrixRow], metric: str = _runner.PRIMARY) -> float:
@@ -1154,8 +1161,8 @@ def _added_statistics(rows: Sequence[MatrixRow]) -> list[str]:
     if not done:
         return []
     everyone = [r for r in done if r.kind in ("deviation", "inference") and r.seeds >= r.planned]
-    nulls = [r for r in done if r.kind == "null" and r.seeds >= r.planned and r.base not in INSTRUMENT_2_PRIMARY]
-    noise = _null_spread([r for r in rows if r.base not in INSTRUMENT_2_PRIMARY])
+    nulls = [r for r in done if r.kind == "null" and r.seeds >= r.planned and not instrument_2_family(r.base)]
+    noise = _spreads(rows).get("", math.nan)
     n_seeds = max((int(r.primary["n"]) for r in done if r.primary), default=0)  # type: ignore[index]
     out = [
         "",
@@ -1312,10 +1319,10 @@ def _instrument_2_section(rows: Sequence[MatrixRow]) -> list[str]:
     out.append("")
     if disagree:
         out.append("- **The two tests disagree** (‡, unadjusted at 0.05): " + "; ".join(disagree) + ".")
-    first = _null_spread([r for r in rows if r.base not in INSTRUMENT_2_PRIMARY], _runner.FINAL_NET)
-    line = f"- Null controls' spread of this readout: s = {_mde(first)}"
+    spread = _spreads(rows, _runner.FINAL_NET)
+    line = f"- Null controls' spread of this readout: s = {_mde(spread.get('', math.nan))}"
     for base in INSTRUMENT_2_PRIMARY:  # a base with its own null for this readout (its rows' primary)
-        own = _null_spread([r for r in rows if r.base == base], _runner.FINAL_NET)
+        own = spread.get(instrument_2_family(base), math.nan)
         if not math.isnan(own):
             line += f"; the {base} rows' own null: s = {_mde(own)}"
     out.append(line + ".")

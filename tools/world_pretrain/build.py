@@ -326,17 +326,15 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def build_klein_chain(out: Path, chain: list[tuple[str, dict[str, Any]]], threads: int) -> Path | None:
+def build_klein_chain(out: Path, chain: list[tuple[str, dict[str, Any]]], threads: int) -> Path:
     """Write (or resume) each klein encoder set of ``chain`` into ``OUT/NAME``, an ``init`` naming an earlier set of
-    the chain; returns the last set, or None when a set stopped before its end (``--stop-after``)."""
-    folder = None
-    for name, cfg in chain:
-        cfg = {**cfg, "init": str(out / cfg["init"])} if "init" in cfg else cfg
-        folder = build_klein_encoder(argparse.Namespace(out=str(out / name), threads=threads, config=json.dumps(cfg),
-                                                        stop_after=0))  # fmt: skip
-        if not (folder / "encoders.json").is_file():
-            return None
-    return folder
+    the chain; returns the last set."""
+    folders = [
+        build_klein_encoder(argparse.Namespace(out=str(out / name), threads=threads, stop_after=0, config=json.dumps(
+            {**cfg, "init": str(out / cfg["init"])} if "init" in cfg else cfg)))
+        for name, cfg in chain
+    ]  # fmt: skip
+    return folders[-1]
 
 
 def build_all(args: argparse.Namespace) -> Path:
@@ -345,11 +343,8 @@ def build_all(args: argparse.Namespace) -> Path:
     if recipe_ is None:
         raise SystemExit(f"no chosen recipe for {args.family} yet; known: {', '.join(RECIPES) or 'none'}")
     out = Path(args.out)
-    klein_set = None
-    if "klein_encoders" in recipe_:  # the base's own Qwen3, written by world_pretrain.klein_encoder, not build_encoders
-        klein_set = build_klein_chain(out, recipe_["klein_encoders"], args.threads)
-        if klein_set is None:
-            raise SystemExit(f"world_build.py all {args.family}: a klein encoder set stopped before its end; run again")
+    # the base's own Qwen3, written by world_pretrain.klein_encoder (not build_encoders), first
+    klein_set = build_klein_chain(out, recipe_["klein_encoders"], args.threads) if "klein_encoders" in recipe_ else None
     vae = build_vae(argparse.Namespace(out=str(out), threads=args.threads, config="{}", eval_every=1000))
     if klein_set is not None:
         enc = klein_set
