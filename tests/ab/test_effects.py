@@ -171,7 +171,8 @@ def test_matrix_rows_of_every_kind_validate() -> None:
     assert {p.world.base for p in rows if p.baseline.kind == "null"} == {"sd3", "flux", "klein"}  # type: ignore[union-attr]
     assert not any(p.baseline.hypothetical for p in shipped)
     for p in [*shipped, *later]:
-        assert p.eval.curve_steps == [50, 100, 200, 300] and p.eval.seeds == 6
+        # amendment 13's power rule: the klein rows and controls run 10 seeds (benchmarks/klein/bench_klein.md)
+        assert p.eval.curve_steps == [50, 100, 200, 300] and p.eval.seeds == (10 if p.world.base == "klein" else 6)  # type: ignore[union-attr]
         assert sum(p.eval.probe_concept.values()) == 16 and sum(p.eval.probe_control.values()) == 8
         if p.baseline.kind in ("deviation", "inference"):
             assert re.search(r"[\w-]+/[\w.-]+@[0-9a-f]{7,40} \S+:\d+", p.baseline.source), p.name
@@ -250,6 +251,31 @@ def test_results_of_another_plan_or_unreadable_are_refused(tmp_path: Path) -> No
     (tmp_path / "world-sd3-t5-77" / "seed-1.json").write_text("{not json")
     with pytest.raises(ABError, match=r"seed-1.json: unreadable result"):
         read_results(tmp_path, "p1")
+
+
+def test_a_row_extended_by_the_power_rule_keeps_its_first_seeds_and_refuses_any_other_change(tmp_path: Path) -> None:
+    """Amendment 13: the klein controls' seeds 0-5 ran at 6 planned seeds; at 10 their results stay current (a unit does
+    not depend on its row's seed count), a result of the row with any other setting changed is still refused."""
+    from dataclasses import replace
+
+    from te_align.ab.matrix import EXTENDED, accepted_hashes, matrix_presets, read_results, row_hash
+
+    p = next(p for p in matrix_presets() if p.name == "world-klein-null")
+    assert EXTENDED == {"world-klein-null": 6, "world-klein-positive-cut": 6} and p.eval.seeds == 10
+    now, then = accepted_hashes(p, seeds=None, max_steps=None)
+    assert now == row_hash(p, seeds=None, max_steps=None)
+    assert then == row_hash(replace(p, eval=replace(p.eval, seeds=6)), seeds=None, max_steps=None) != now
+    other = row_hash(replace(p, eval=replace(p.eval, seeds=6, noise_seed=1)), seeds=None, max_steps=None)
+    (tmp_path / p.name).mkdir()
+    for seed, plan in ((0, then), (6, now)):
+        (tmp_path / p.name / f"seed-{seed}.json").write_text(json.dumps({**_record(p.name, seed, [0.1] * 4, [0.2] * 4), "plan": plan}))
+    assert [d["seed"] for d in read_results(tmp_path, {p.name: (now, then)})[p.name]] == [0, 6]
+    (tmp_path / p.name / "seed-1.json").write_text(json.dumps({**_record(p.name, 1, [0.1] * 4, [0.2] * 4), "plan": other}))
+    with pytest.raises(ABError, match=rf"seed-1.json: a result of another plan \({other}; this plan is {now} or {then}\)"):
+        read_results(tmp_path, {p.name: (now, then)})
+    # a row never extended accepts its present hash alone
+    q = next(p for p in matrix_presets() if p.name == "world-klein-thinking-on")
+    assert accepted_hashes(q, seeds=None, max_steps=None) == (row_hash(q, seeds=None, max_steps=None),)
 
 
 def test_aggregate_gives_verdicts_only_when_complete_with_holm() -> None:
@@ -380,7 +406,7 @@ def test_reading_is_computed_from_the_verdicts_once_every_row_is_complete() -> N
     rows = list(aggregate([presets[n] for n in klein], klein, planned=None))
     text = render_effects(rows, command="te-align ab matrix", plan="p1")
     assert text.split("## Reading\n\n")[1].split("\n\n")[0].splitlines() == [
-        *reading[:2], "- Null control **world-klein-null**: pending (2 of 6 seeds).", *reading[2:]]
+        *reading[:2], "- Null control **world-klein-null**: pending (2 of 10 seeds).", *reading[2:]]
     # a complete klein null with a wide spread: the first plan's rows keep their own nulls' smallest detectable effect
     wide = {**recs, "world-klein-null": [_record("world-klein-null", s, [0.3 + 0.2 * (-1) ** s] * 4, [0.3] * 4) for s in range(6)]}
     before = {r.preset: r.mde for r in aggregate([presets[n] for n in recs], recs, planned=None)}
@@ -665,15 +691,16 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
                                                                  "family": "flux2-klein", "files": {}}))  # fmt: skip
     monkeypatch.setattr(te_align_world, "ROOT", tmp_path)  # the klein base is not shipped yet: a manifest stands in
     presets = {p.name: p for p in matrix_presets()}
+    n = 10  # the klein rows' seeds (amendment 13's power rule)
     layers, gate, null = "world-klein-layers-10-20-30", "world-klein-positive-cut", "world-klein-null"
     # the curve mean favours A (early checkpoints), the last checkpoint favours B
-    a = [[0.5, 0.5, 0.3, 0.1 + 0.01 * s] for s in range(6)]
-    b = [[0.0, 0.1, 0.3, 0.6 + 0.012 * s] for s in range(6)]
-    recs = {layers: [_record(layers, s, a[s], b[s]) for s in range(6)],
+    a = [[0.5, 0.5, 0.3, 0.1 + 0.01 * s] for s in range(n)]
+    b = [[0.0, 0.1, 0.3, 0.6 + 0.012 * s] for s in range(n)]
+    recs = {layers: [_record(layers, s, a[s], b[s]) for s in range(n)],
             "world-klein-thinking-on": [_record("world-klein-thinking-on", s, [0.4] * 3 + [0.4 + 0.01 * (-1) ** s], [0.4] * 4)
-                                        for s in range(6)],
-            null: [_record(null, s, [0.4] * 3 + [0.4 + 0.02 * (-1) ** s], [0.4] * 4) for s in range(6)],
-            gate: [_record(gate, s, [0.2] * 3 + [0.1 + 0.02 * s], [0.2] * 3 + [0.5]) for s in range(6)]}  # fmt: skip
+                                        for s in range(n)],
+            null: [_record(null, s, [0.4] * 3 + [0.4 + 0.02 * (-1) ** s], [0.4] * 4) for s in range(n)],
+            gate: [_record(gate, s, [0.2] * 3 + [0.1 + 0.02 * s], [0.2] * 3 + [0.5]) for s in range(n)]}  # fmt: skip
     rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
     assert rows[gate].verdict_2 == "profile better"
     dev = rows[layers]
@@ -683,10 +710,10 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
     assert dev.holm_factor_2 == 2 and dev.p_holm_2 == pytest.approx(min(1.0, 2 * min(ps)))
     assert dev.verdict_2 == "profile better"
     assert rows["world-klein-thinking-on"].verdict_2 == "no measurable difference"
-    # the smallest detectable effect comes from the klein null's spread (sd 0.02 * sqrt(6/5)) at alpha / 2
+    # the smallest detectable effect comes from the klein null's spread (sd 0.02 * sqrt(n/(n-1))) at alpha / 2
     from te_align.ab.stats import smallest_detectable
 
-    assert dev.mde_2 == pytest.approx(smallest_detectable(0.02 * (6 / 5) ** 0.5, 6, 0.025, 0.8))
+    assert dev.mde_2 == pytest.approx(smallest_detectable(0.02 * (n / (n - 1)) ** 0.5, n, 0.025, 0.8))
     row = next(r for r in summary_of(list(rows.values()), "p1")["rows"] if r["preset"] == layers)  # type: ignore[union-attr]
     second = row["instrument_2"]
     assert (second["primary"], second["confirmatory"], second["holm_family"]) == (True, True, "the klein rows (issue 49)")
@@ -703,7 +730,7 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
     assert evidence_for("z-image", "z-image", "qwen3.tokenizer.enable_thinking", True, path=summary)["row"] is None
     assert evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.tokenizer.enable_thinking", False, path=summary)["row"] is None
     # its own gate: amendment 11's control is not theirs; their control not seen makes them uninformative
-    recs[gate] = [_record(gate, s, [0.2] * 4, [0.2] * 3 + [0.2 + 0.01 * (-1) ** s]) for s in range(6)]
+    recs[gate] = [_record(gate, s, [0.2] * 4, [0.2] * 3 + [0.2 + 0.01 * (-1) ** s]) for s in range(n)]
     rows = {r.preset: r for r in aggregate([presets[n] for n in recs], recs, planned=None)}
     assert rows[layers].verdict_2 == f"uninformative (instrument 2's confirmatory control, {gate}, was not seen)"
     unseen = tmp_path / "effects-unseen.json"  # another file: summaries are read once per path
