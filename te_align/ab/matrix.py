@@ -299,11 +299,39 @@ def plan_hash(presets: Sequence[Preset], *, seeds: int | None, max_steps: int | 
 
 # ------------------------------------------------------------------------------------------- units
 class Reuse(TypedDict):
-    """A committed per-seed result whose arm B a re-run unit takes (:func:`_reusable`): its path under the results'
-    parent and the record as read (JSON)."""
+    """A committed per-seed result whose arm B a unit takes (:func:`_reusable`): its path under the results' parent,
+    the record as read (JSON) and why its arm B is this unit's."""
 
     file: str
     record: dict[str, Any]
+    why: str
+
+
+def arm_b_key(p: Preset, *, max_steps: int | None) -> str:
+    """What arm B of one seed of row ``p`` is a function of: the profile, the world data, the finetune and evaluation
+    settings, the base's files and the step count; not the baseline, which only arm A reads
+    (:func:`te_align.ab.preset.train_config_dict`, :meth:`te_align.ab.preset.Preset.arm_profiles`), nor the row's
+    name, seed count or first seed. Two rows with the same key train and score the same arm B for a seed, to the bit
+    (the klein null's and positive control's arm B records agree in every field but their timings)."""
+    d = p.to_dict()
+    base = p.world.base if p.world is not None else ""
+    return _hash(
+        {
+            "profile": d["profile"],
+            "model": d["model"],
+            "world": d["world"],
+            "train": d["train"],
+            "eval": {k: v for k, v in d["eval"].items() if k not in ("seeds", "first_seed")},
+            "base": _base_digest(base) if base else "",
+            "max_steps": max_steps,
+        }
+    )
+
+
+def _takes_shared_b(p: Preset) -> bool:
+    """A row whose unit may take arm B from another row's committed result: not one whose arm A samples arm B's own
+    LoRA (an inference row, a cut-prompt control: arm A needs the trained files) and not a re-drawn row."""
+    return p.baseline.kind != "inference" and not p.baseline.cut_before and p.name not in REDRAWN
 
 
 def _unit(args: tuple[str, int, str, int | None, str, str, Reuse | None]) -> JSONObject:
@@ -334,7 +362,7 @@ def _unit(args: tuple[str, int, str, int | None, str, str, Reuse | None]) -> JSO
     assert isinstance(samples, dict)  # _seed_record writes {arm: [paths]}
     rec["samples"] = relative_samples(samples, Path(out).parent.parent)
     if reuse:
-        rec["arm_b_from"] = {"file": reuse["file"], "plan": reuse["record"]["plan"], "why": REDRAWN[name]}
+        rec["arm_b_from"] = {"file": reuse["file"], "plan": reuse["record"]["plan"], "why": reuse["why"]}
         rec["samples"]["B"] = [str(x) for x in reuse["record"].get("samples", {}).get("B", [])]  # stored relative
     return rec
 
@@ -368,7 +396,35 @@ def _reusable(res_dir: Path, name: str, seed: int) -> Reuse | None:
         rec = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ABError(f"unreadable result ({e})", file=str(f)) from None
-    return {"file": f"{folder}/{name}/{f.name}", "record": rec}
+    return {"file": f"{folder}/{name}/{f.name}", "record": rec, "why": REDRAWN[name]}
+
+
+def shared_b(
+    p: Preset,
+    seed: int,
+    presets: Sequence[Preset],
+    results: Path,
+    done: Mapping[str, list[JSONObject]],
+    *,
+    max_steps: int | None,
+    machine: str,
+) -> Reuse | None:
+    """A current committed result (``done``, read from ``results``) of the same seed of another row whose arm B is this row's (:func:`arm_b_key`), which
+    trained its arm B itself, on a machine like this one (``machine``: bit-identical arm B needs the same processor,
+    torch and transformers); the first such row by name. ``None``: the unit trains its own arm B."""
+    if not _takes_shared_b(p):
+        return None
+    key = arm_b_key(p, max_steps=max_steps)
+    steps = max_steps or int(p.train.get("train", {}).get("max_steps") or 0)
+    for q in sorted(presets, key=lambda x: x.name):
+        if q.name == p.name or arm_b_key(q, max_steps=max_steps) != key:
+            continue
+        rec = next((d for d in done.get(q.name, []) if int(d["seed"]) == seed), None)
+        if rec is None or "arm_b_from" in rec or rec.get("machine") != machine or int(rec["arms"]["B"]["steps"]) != steps:
+            continue
+        why = f"arm B is {q.name}'s: the same profile, world data, finetune and evaluation settings and base (one computation)"
+        return {"file": f"{results.name}/{q.name}/seed-{seed}.json", "record": rec, "why": why}
+    return None
 
 
 def _machine() -> str:
@@ -798,14 +854,17 @@ def run_matrix(
                     if rec["seed"] == 0 and all(f.is_file() for arm in ("A", "B") for f in _samples(rec, arm, out_dir)):
                         _strip(rec, Path(strips), out_dir)
         return publish()
-    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device, _reusable(res_dir, name, s))
-             for name, s in units]
+    by_name = {p.name: p for p in presets}
+    machine = _machine() if any(_takes_shared_b(by_name[name]) for name, _ in units) else ""
+    tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device,
+              _reusable(res_dir, name, s) or shared_b(by_name[name], s, presets, res_dir, done, max_steps=max_steps, machine=machine))
+             for name, s in units]  # fmt: skip
     finished = 0
     if progress is not None:
-        by_name = {p.name: p for p in presets}
         progress.plan([(f"{name} seed {s}", Path(folder), s, steps or int(by_name[name].train.get("train", {}).get("max_steps") or 0),
+                        ("A",) if reuse else
                         ("B", "A") if by_name[name].baseline.kind == "inference" or by_name[name].baseline.cut_before else ("A", "B"))
-                       for name, s, folder, steps, *_ in tasks], workers=workers)  # fmt: skip
+                       for name, s, folder, steps, _plan, _device, reuse in tasks], workers=workers)  # fmt: skip
 
     def collect(rec: JSONObject) -> None:
         nonlocal finished
@@ -1082,6 +1141,15 @@ def _p(v: float) -> str:
     return "n/a" if math.isnan(v) else (f"{v:.3f}" if v >= 0.001 else "<0.001")
 
 
+def _primary_2(r: MatrixRow) -> str:
+    """For a control of a base whose rows read instrument 2 as their primary: that this table's reading is their
+    secondary, and what their primary reads (its verdict is in instrument 2's section)."""
+    if r.base not in INSTRUMENT_2_PRIMARY or not r.verdict_2:
+        return ""
+    return (f"; this readout is a secondary for the {r.base} rows, whose primary is instrument 2, where this control "
+            f"reads {r.verdict_2}")
+
+
 def _reading(rows: Sequence[MatrixRow]) -> list[str]:
     """The plain reading of the table, computed from the verdicts (no hand-written conclusion): the controls (one
     still running is named pending), then per Holm family, once every row of it has all its seeds, its deviation and
@@ -1097,11 +1165,11 @@ def _reading(rows: Sequence[MatrixRow]) -> list[str]:
             out.append(f"- {what} **{r.preset}**: pending ({r.seeds} of {r.planned} seeds).")
         elif r.kind == "null":
             fp = "a false positive: the instrument reads noise as an effect" if r.verdict != NO_DIFFERENCE else "as it must"
-            out.append(f"- Null control **{r.preset}**: {r.verdict} ({fp}).")
+            out.append(f"- Null control **{r.preset}**: {r.verdict} ({fp}){_primary_2(r)}.")
         else:
             seen = "the instrument sees it" if r.verdict == PROFILE_BETTER else "the instrument does not resolve it"
             gate = " (the gate of the deviation rows)" if r.preset == GATE else ""
-            out.append(f"- Positive control **{r.preset}**{gate}: {r.verdict}; {seen}.")
+            out.append(f"- Positive control **{r.preset}**{gate}: {r.verdict}; {seen}{_primary_2(r)}.")
     families: dict[str, list[MatrixRow]] = {}
     for r in rows:
         if not r.reason and r.kind in ("deviation", "inference"):

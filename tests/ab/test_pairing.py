@@ -205,3 +205,63 @@ def test_the_redrawn_rows_results_on_record_are_refused_as_current_and_no_other_
         # a row extended by amendment 13's power rule: its first seeds carry the hash it had then, later seeds the new one
         then = accepted_hashes(p, seeds=None, max_steps=None)[1]
         assert then != h and all(plan == (then if seed < EXTENDED[p.name] else h) for seed, plan in plans.items())
+
+
+def test_rows_with_one_arm_b_key_have_one_arm_b_on_record() -> None:
+    """Every committed result of rows that share :func:`~te_align.ab.matrix.arm_b_key` has, seed for seed, the same arm
+    B in every field but its timings (152 records in 7 groups when this was written): the key leaves out nothing arm B
+    depends on, so a unit may take arm B from such a row's result (:func:`~te_align.ab.matrix.shared_b`)."""
+    from te_align.ab.matrix import arm_b_key, matrix_presets
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "effects" / "results"
+    groups: dict[str, list[str]] = {}
+    for p in matrix_presets():
+        groups.setdefault(arm_b_key(p, max_steps=None), []).append(p.name)
+    compared = 0
+    for names in groups.values():
+        by_seed: dict[int, set[str]] = {}
+        for n in names:
+            for f in (root / n).glob("seed-*.json"):
+                rec = json.loads(f.read_text(encoding="utf-8"))
+                b = {k: v for k, v in rec["arms"]["B"].items() if k not in ("train_seconds", "train_cpu_seconds")}
+                by_seed.setdefault(int(rec["seed"]), set()).add(json.dumps(b, sort_keys=True))
+                compared += 1
+        assert all(len(v) == 1 for v in by_seed.values()), names
+    assert compared >= 152 and len([g for g in groups.values() if len(g) > 1]) == 5
+
+
+def test_a_row_takes_arm_b_from_a_row_with_its_arm_b_key(tmp_path: Path) -> None:
+    """A unit of a row whose arm B is another row's (same profile, world data, finetune and evaluation settings, base)
+    trains arm A alone and takes arm B from that row's result of the same seed; both arms come out as a unit that trains
+    both gives them. Not from a row with another key, a result of another machine or one whose arm B was taken itself;
+    never for a row whose arm A samples arm B's LoRA."""
+    from te_align.ab.matrix import _machine, arm_b_key, matrix_presets, read_results, run_matrix, shared_b
+
+    presets = {p.name: p for p in matrix_presets()}
+    null, row = "world-sd3-null", "world-sd3-t5-77"
+    assert arm_b_key(presets[null], max_steps=2) == arm_b_key(presets[row], max_steps=2)
+    alone = tmp_path / "alone"
+    run_matrix(alone, only=[row], seeds=1, max_steps=2, say=lambda _: None)
+    own = json.loads((alone / "results" / row / "seed-0.json").read_text(encoding="utf-8"))
+    out = tmp_path / "m"
+    run_matrix(out, only=[null], seeds=1, max_steps=2, say=lambda _: None)
+    source = json.loads((out / "results" / null / "seed-0.json").read_text(encoding="utf-8"))
+    run_matrix(out, only=[row], seeds=1, max_steps=2, say=lambda _: None)
+    shared = json.loads((out / "results" / row / "seed-0.json").read_text(encoding="utf-8"))
+    assert shared["arm_b_from"]["file"] == f"results/{null}/seed-0.json" and shared["arm_b_from"]["plan"] == source["plan"]
+    assert shared["arms"]["B"] == source["arms"]["B"] and shared["samples"]["B"] == source["samples"]["B"]
+    for key in ("losses", "val", "val_own", "curve", "probes", "probe_reads", "curve_mean"):
+        assert shared["arms"]["A"][key] == own["arms"]["A"][key], key
+        assert shared["arms"]["B"][key] == own["arms"]["B"][key], key
+    assert not (out / row / "seed-0" / "runs" / "seed-0" / "B").exists()  # arm B was not trained again
+    done = read_results(out / "results")
+    machine = _machine()
+    ps = list(presets.values())
+    assert shared_b(presets[row], 0, ps, out / "results", done, max_steps=2, machine=machine) is not None
+    assert shared_b(presets[row], 1, ps, out / "results", done, max_steps=2, machine=machine) is None  # no such seed
+    assert shared_b(presets[row], 0, ps, out / "results", done, max_steps=None, machine=machine) is None  # other steps
+    assert shared_b(presets[row], 0, ps, out / "results", done, max_steps=2, machine="elsewhere") is None
+    assert shared_b(presets["world-flux-t5-77"], 0, ps, out / "results", done, max_steps=2, machine=machine) is None
+    assert shared_b(presets["world-sd3-comfyui"], 0, ps, out / "results", done, max_steps=2, machine=machine) is None
+    only_taken = {null: [{**source, "arm_b_from": {"file": "x"}}]}
+    assert shared_b(presets[row], 0, ps, out / "results", only_taken, max_steps=2, machine=machine) is None
