@@ -24,7 +24,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -321,7 +321,7 @@ def arm_b_key(p: Preset, *, max_steps: int | None) -> str:
             "model": d["model"],
             "world": d["world"],
             "train": d["train"],
-            "eval": {k: v for k, v in d["eval"].items() if k not in ("seeds", "first_seed")},
+            "eval": {k: v for k, v in asdict(p.eval).items() if k not in ("seeds", "first_seed")},
             "base": _base_digest(base) if base else "",
             "max_steps": max_steps,
         }
@@ -404,7 +404,7 @@ def shared_b(
     seed: int,
     presets: Sequence[Preset],
     results: Path,
-    done: Mapping[str, list[JSONObject]],
+    done: Mapping[str, list[dict[str, Any]]],
     *,
     max_steps: int | None,
     machine: str,
@@ -1129,9 +1129,10 @@ def _ci(m: JSONObject, scale: float = 1.0) -> str:
     return f"{_num(scale * m['diff_mean'], half)} [{_num(scale * m['ci_low'], half)}, {_num(scale * m['ci_high'], half)}]"
 
 
-def _adj(r: MatrixRow, ci: tuple[float, float]) -> str:
-    """A row's difference with an interval in its verdict's terms (``adj_ci``/``adj_ci_all``)."""
-    m = r.primary
+def _adj(r: MatrixRow, ci: tuple[float, float], metric: Mapping[str, Any] | None = None) -> str:
+    """A row's difference (``metric``, default its primary) with an interval in its verdict's terms
+    (``adj_ci``/``adj_ci_all``/``adj_ci_2``)."""
+    m = r.primary if metric is None else metric
     if m is None:
         return ""
     return _ci({"diff_mean": m["diff_mean"], "ci_low": ci[0], "ci_high": ci[1], "n": m["n"]})
@@ -1191,7 +1192,10 @@ def _reading(rows: Sequence[MatrixRow]) -> list[str]:
 
 
 def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
-    """One Holm family's deviation and inference rows grouped by verdict."""
+    """One Holm family's deviation and inference rows grouped by verdict. A family pre-registered on instrument 2
+    (:data:`INSTRUMENT_2_PRIMARY`) is read on it, its curve mean listed after as the secondary it is."""
+    if family and all(r.base in INSTRUMENT_2_PRIMARY for r in family):
+        return _family_reading_2(family)
     out: list[str] = []
     if any(r.verdict == UNINFORMATIVE for r in family):
         out.append(
@@ -1223,6 +1227,29 @@ def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
             "that does not survive Holm's adjustment (their adjusted interval contains 0); they are leads for a "
             "larger study, not findings."
         )
+    return out
+
+
+def _family_reading_2(family: Sequence[MatrixRow]) -> list[str]:
+    """The reading of a family whose pre-registered primary is instrument 2 (the klein rows): its verdicts, with the
+    intervals in their terms, then the table's curve mean as a secondary."""
+    gate = INSTRUMENT_2_PRIMARY[family[0].base]
+    out = [f"- Read on their pre-registered primary, instrument 2 (concept net accuracy at 300 steps; its section below; "
+           f"gated by {gate}). Intervals Holm-adjusted, in the verdict's terms."]  # fmt: skip
+    verdicts = (
+        (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
+        (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
+        (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
+    )
+    for verdict, says in verdicts:
+        named = [r for r in family if r.verdict_2 == verdict and r.final_net]
+        listing = ", ".join(f"{r.preset} ({_adj(r, r.adj_ci_2, r.final_net)})" for r in named) or "none"
+        out.append(f"- **{verdict}** ({len(named)} of {len(family)}: {says}): {listing}.")
+    other = [r for r in family if r.verdict_2 not in {v for v, _ in verdicts}]
+    if other:
+        out.append("- Otherwise: " + "; ".join(f"{r.preset}: {r.verdict_2}" for r in other) + ".")
+    secondary = "; ".join(f"{r.preset} {r.verdict} ({_adj(r, r.adj_ci)})" for r in family if r.primary)
+    out.append(f"- The table's curve mean, a secondary for these rows (not what they were pre-registered on): {secondary}.")
     return out
 
 

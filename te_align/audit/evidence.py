@@ -255,7 +255,27 @@ def evidence_for(
             else:
                 shown.append(f"{key} {_signed(d, half)} [{_signed(slo, half)}, {_signed(shi, half)}] ({better} is better)")
         second = _instrument_2_line(row)
-        if second:
+        x2 = _obj(row.get("instrument_2"))
+        if x2.get("primary") and second:
+            # pre-registered on instrument 2 (the klein rows): it heads the finding; the curve mean follows as the
+            # secondary it is (on the klein base it also read the null control as an effect)
+            lo2, hi2 = _interval(x2.get("adjusted_ci"))
+            ci2 = f" [Holm-adjusted interval {lo2:+.3f}, {hi2:+.3f}]" if not math.isnan(lo2) else ""
+            curve = text.split(": trainer's arm minus profile's ", 1)[1]
+            text = (
+                f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
+                f"{_num(x2.get('diff_mean')):+.3f}{ci2} on concept net accuracy at 300 steps (instrument 2, the row's "
+                f"pre-registered primary): {x2.get('verdict')} (Holm over {x2.get('holm_family')})"
+            )
+            lines[:] = [
+                f"unadjusted 95% CI {_num(x2.get('ci_low')):+.3f}, {_num(x2.get('ci_high')):+.3f}; smallest effect this "
+                f"row could detect: {_num(x2.get('mde')):.3f} (80% power, from its base's null control)",
+                f"secondary, not acted on: the learning-curve mean {curve}",
+            ]
+            if x2.get("tests_disagree"):
+                lines.append(f"‡ the paired t test (p {_num(x2.get('p_t')):.3f}) and the exact sign-flip test "
+                             f"(p {_num(x2.get('p_signflip')):.3f}) disagree at 0.05")
+        elif second:
             lines.append(second)
         both = combined_line(trainer, m.row, path=path)
         if both:

@@ -722,7 +722,10 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
     summary.write_text(json.dumps(summary_of(list(rows.values()), "p1")))
     ev = evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.encoder.layer", [10, 20, 30], path=summary)
     assert ev["row"] == layers and measured_direction(ev) == "profile better"
-    assert any("the row's pre-registered primary readout" in str(x) and "the klein rows (issue 49)" in str(x) for x in ev["lines"])
+    # instrument 2 heads the finding; the curve mean (which reads the other way here) follows as a secondary
+    assert "on concept net accuracy at 300 steps (instrument 2, the row's pre-registered primary): profile better (Holm over the klein rows (issue 49))" in str(ev["text"])
+    assert any(str(x).startswith("secondary, not acted on: the learning-curve mean +") and "trainer default better" in str(x)
+               for x in ev["lines"])  # fmt: skip
     # the hypothetical rows are cited where a config switches thinking on or drops the template, and only there
     thinking = evidence_for("flux2-klein", "flux2-klein-4b", "qwen3.tokenizer.enable_thinking", True, path=summary)
     assert thinking["row"] == "world-klein-thinking-on" and measured_direction(thinking) == "null"
