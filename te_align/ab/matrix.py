@@ -409,9 +409,10 @@ def shared_b(
     max_steps: int | None,
     machine: str,
 ) -> Reuse | None:
-    """A current committed result (``done``, read from ``results``) of the same seed of another row whose arm B is this row's (:func:`arm_b_key`), which
-    trained its arm B itself, on a machine like this one (``machine``: bit-identical arm B needs the same processor,
-    torch and transformers); the first such row by name. ``None``: the unit trains its own arm B."""
+    """A current committed result (``done``, read from ``results``) of the same seed of another row whose arm B is
+    this row's (:func:`arm_b_key`), which trained its arm B itself, on a machine like this one (``machine``:
+    bit-identical arm B needs the same processor, torch and transformers); the first such row by name. ``None``: the
+    unit trains its own arm B."""
     if not _takes_shared_b(p):
         return None
     key = arm_b_key(p, max_steps=max_steps)

@@ -711,6 +711,22 @@ def test_the_klein_rows_read_instrument_2_as_their_primary_in_their_own_family(m
     assert dev.holm_factor_2 == 2 and dev.p_holm_2 == pytest.approx(min(1.0, 2 * min(ps)))
     assert dev.verdict_2 == "profile better"
     assert rows["world-klein-thinking-on"].verdict_2 == "no measurable difference"
+    # docs/effects.md's Reading reads the family on instrument 2; the curve mean follows as a secondary
+    from te_align.ab.matrix import _reading
+
+    reading = _reading(list(rows.values()))
+    start = reading.index("Adjusted on their own (Holm over 2 rows), the klein rows (issue 49):")
+    family = reading[start + 2:]
+    assert family[0].startswith("- Read on their pre-registered primary, instrument 2 (concept net accuracy at 300 steps;")
+    assert family[1].startswith(f"- **profile better** (1 of 2: the profile's recipe gave the better LoRA): {layers} (-")
+    assert family[3].startswith("- **no measurable difference** (1 of 2: no difference this study resolves; each interval "
+                                "bounds what it could have missed): world-klein-thinking-on (")  # fmt: skip
+    assert family[4].startswith("- The table's curve mean, a secondary for these rows (not what they were pre-registered "
+                                f"on): {layers} {dev.verdict} (0.")  # fmt: skip
+    assert dev.verdict != "profile better"  # the curve mean reads the other way: the Reading does not follow it
+    null_line = next(x for x in reading if x.startswith(f"- Null control **{null}**"))
+    assert null_line.endswith("this readout is a secondary for the klein rows, whose primary is instrument 2, where this "
+                              "control reads no measurable difference.")  # fmt: skip
     # the smallest detectable effect comes from the klein null's spread (sd 0.02 * sqrt(n/(n-1))) at alpha / 2
     from te_align.ab.stats import smallest_detectable
 
