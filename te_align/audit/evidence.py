@@ -224,10 +224,8 @@ def evidence_for(
         else:
             ci = " (no interval: a degenerate difference)"
         holm_over = row.get("holm_family") or ""
-        text = (
-            f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
-            f"{diff:+.3f}{ci} on concept accuracy: {verdict}" + (f" (Holm over {holm_over})" if holm_over and adjusted else "")
-        )
+        curve = f"{diff:+.3f}{ci} on concept accuracy: {verdict}" + (f" (Holm over {holm_over})" if holm_over and adjusted else "")
+        text = f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's {curve}"
         if row.get("family_differs"):
             lines.append(
                 f"† the verdict rests on its family: among all deviation and inference rows in one Holm family it "
@@ -261,7 +259,6 @@ def evidence_for(
             # secondary it is (on the klein base it also read the null control as an effect)
             lo2, hi2 = _interval(x2.get("adjusted_ci"))
             ci2 = f" [Holm-adjusted interval {lo2:+.3f}, {hi2:+.3f}]" if not math.isnan(lo2) else ""
-            curve = text.split(": trainer's arm minus profile's ", 1)[1]
             text = (
                 f"{m.row} ({row.get('base')} world base, {seeds} of {planned} seeds): trainer's arm minus profile's "
                 f"{_num(x2.get('diff_mean')):+.3f}{ci2} on concept net accuracy at 300 steps (instrument 2, the row's "
