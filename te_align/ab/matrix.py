@@ -402,7 +402,7 @@ def _reusable(res_dir: Path, name: str, seed: int) -> Reuse | None:
 def shared_b(
     p: Preset,
     seed: int,
-    presets: Sequence[Preset],
+    keys: Mapping[str, str],
     results: Path,
     done: Mapping[str, list[dict[str, Any]]],
     *,
@@ -410,21 +410,18 @@ def shared_b(
     machine: str,
 ) -> Reuse | None:
     """A current committed result (``done``, read from ``results``) of the same seed of another row whose arm B is
-    this row's (:func:`arm_b_key`), which trained its arm B itself, on a machine like this one (``machine``:
-    bit-identical arm B needs the same processor, torch and transformers); the first such row by name. ``None``: the
-    unit trains its own arm B."""
+    this row's (``keys``: each row's :func:`arm_b_key` at ``max_steps``), which trained its arm B itself, on a machine
+    like this one (``machine``: bit-identical arm B needs the same processor, torch and transformers); the first such
+    row by name. ``None``: the unit trains its own arm B."""
     if not _takes_shared_b(p):
         return None
-    key = arm_b_key(p, max_steps=max_steps)
     steps = max_steps or int(p.train.get("train", {}).get("max_steps") or 0)
-    for q in sorted(presets, key=lambda x: x.name):
-        if q.name == p.name or arm_b_key(q, max_steps=max_steps) != key:
-            continue
-        rec = next((d for d in done.get(q.name, []) if int(d["seed"]) == seed), None)
+    for name in sorted(n for n, key in keys.items() if key == keys[p.name] and n != p.name):
+        rec = next((d for d in done.get(name, []) if int(d["seed"]) == seed), None)
         if rec is None or "arm_b_from" in rec or rec.get("machine") != machine or int(rec["arms"]["B"]["steps"]) != steps:
             continue
-        why = f"arm B is {q.name}'s: the same profile, world data, finetune and evaluation settings and base (one computation)"
-        return {"file": f"{results.name}/{q.name}/seed-{seed}.json", "record": rec, "why": why}
+        why = f"arm B is {name}'s: the same profile, world data, finetune and evaluation settings and base (one computation)"
+        return {"file": f"{results.name}/{name}/seed-{seed}.json", "record": rec, "why": why}
     return None
 
 
@@ -810,9 +807,9 @@ def run_matrix(
         raise ABError(f"must be >= 1, got {seeds}", key="--seeds")
     if workers < 1:
         raise ABError(f"must be >= 1, got {workers}", key="--workers")
-    plan = plan_hash(presets, seeds=seeds, max_steps=max_steps)
-    rows_hash = {p.name: row_hash(p, seeds=seeds, max_steps=max_steps) for p in presets}
     accepted = {p.name: accepted_hashes(p, seeds=seeds, max_steps=max_steps) for p in presets}
+    rows_hash = {name: hashes[0] for name, hashes in accepted.items()}  # each row's present hash
+    plan = _hash(rows_hash)  # plan_hash(presets, ...), from the hashes already computed
     out_dir = Path(out).expanduser()
     res_dir = Path(results).expanduser() if results is not None else out_dir / "results"
     done = read_results(res_dir, accepted)
@@ -857,8 +854,9 @@ def run_matrix(
         return publish()
     by_name = {p.name: p for p in presets}
     machine = _machine() if any(_takes_shared_b(by_name[name]) for name, _ in units) else ""
+    keys = {p.name: arm_b_key(p, max_steps=max_steps) for p in presets} if machine else {}
     tasks = [(name, s, str(out_dir / name / f"seed-{s}"), max_steps, rows_hash[name], device,
-              _reusable(res_dir, name, s) or shared_b(by_name[name], s, presets, res_dir, done, max_steps=max_steps, machine=machine))
+              _reusable(res_dir, name, s) or shared_b(by_name[name], s, keys, res_dir, done, max_steps=max_steps, machine=machine))
              for name, s in units]  # fmt: skip
     finished = 0
     if progress is not None:
@@ -1192,6 +1190,15 @@ def _reading(rows: Sequence[MatrixRow]) -> list[str]:
     return out
 
 
+#: The Reading's verdicts in their order, with what each says.
+_VERDICTS_SAY: tuple[tuple[str, str], ...] = (
+    (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
+    (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
+    (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
+    (NO_VERDICT, "a degenerate difference"),
+)
+
+
 def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
     """One Holm family's deviation and inference rows grouped by verdict. A family pre-registered on instrument 2
     (:data:`INSTRUMENT_2_PRIMARY`) is read on it, its curve mean listed after as the secondary it is."""
@@ -1205,12 +1212,7 @@ def _family_reading(family: Sequence[MatrixRow]) -> list[str]:
         )
         return out
     out.append("- Intervals here are Holm-adjusted, in the verdict's terms (the table's adjusted column).")
-    for verdict, says in (
-        (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
-        (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
-        (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
-        (NO_VERDICT, "a degenerate difference"),
-    ):
+    for verdict, says in _VERDICTS_SAY:
         named = [r for r in family if r.verdict == verdict]
         if verdict == NO_VERDICT and not named:
             continue
@@ -1237,11 +1239,7 @@ def _family_reading_2(family: Sequence[MatrixRow]) -> list[str]:
     gate = INSTRUMENT_2_PRIMARY[family[0].base]
     out = [f"- Read on their pre-registered primary, instrument 2 (concept net accuracy at 300 steps; its section below; "
            f"gated by {gate}). Intervals Holm-adjusted, in the verdict's terms."]  # fmt: skip
-    verdicts = (
-        (PROFILE_BETTER, "the profile's recipe gave the better LoRA"),
-        (TRAINER_BETTER, "the trainer's or tool's setting gave the better LoRA"),
-        (NO_DIFFERENCE, "no difference this study resolves; each interval bounds what it could have missed"),
-    )
+    verdicts = _VERDICTS_SAY[:3]  # a degenerate one is listed with the others below
     for verdict, says in verdicts:
         named = [r for r in family if r.verdict_2 == verdict and r.final_net]
         listing = ", ".join(f"{r.preset} ({_adj(r, r.adj_ci_2, r.final_net)})" for r in named) or "none"

@@ -256,10 +256,11 @@ def test_a_row_takes_arm_b_from_a_row_with_its_arm_b_key(tmp_path: Path) -> None
     assert not (out / row / "seed-0" / "runs" / "seed-0" / "B").exists()  # arm B was not trained again
     done = read_results(out / "results")
     machine = _machine()
-    ps = list(presets.values())
+    ps = {q.name: arm_b_key(q, max_steps=2) for q in presets.values()}
+    unbounded = {q.name: arm_b_key(q, max_steps=None) for q in presets.values()}
     assert shared_b(presets[row], 0, ps, out / "results", done, max_steps=2, machine=machine) is not None
     assert shared_b(presets[row], 1, ps, out / "results", done, max_steps=2, machine=machine) is None  # no such seed
-    assert shared_b(presets[row], 0, ps, out / "results", done, max_steps=None, machine=machine) is None  # other steps
+    assert shared_b(presets[row], 0, unbounded, out / "results", done, max_steps=None, machine=machine) is None  # other steps
     assert shared_b(presets[row], 0, ps, out / "results", done, max_steps=2, machine="elsewhere") is None
     assert shared_b(presets["world-flux-t5-77"], 0, ps, out / "results", done, max_steps=2, machine=machine) is None
     assert shared_b(presets["world-sd3-comfyui"], 0, ps, out / "results", done, max_steps=2, machine=machine) is None
